@@ -1,0 +1,1 @@
+"""One module per `tailscope` command; each exposes `register(app)`."""

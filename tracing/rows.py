@@ -1,0 +1,181 @@
+"""Columnar span batches: every writer appends spans here, promotion happens once, in one place.
+
+A `SpanBatch` collects spans as Python column lists and turns them into a pyarrow table
+with `schema.SPAN_SCHEMA`. Promotion (stage, request flag, outcome, replica, model,
+tenant, tokens, TTFT) follows the attribute convention in `schema` and docs/convention.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from tracing import schema as S
+
+_STAGE_SET = frozenset(S.ALL_STAGES)
+_OUTCOME_SET = frozenset(S.OUTCOMES)
+_TIMEOUT_WORDS = ("timeout", "timedout", "deadline")
+
+
+def attr_str(value: Any) -> str:
+    """The stored string form of an attribute value (the same for SDK, OTLP/JSON and protobuf)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Mapping):
+        return json.dumps({k: _jsonable(v) for k, v in value.items()}, separators=(",", ":"))
+    if isinstance(value, Sequence):
+        return json.dumps([_jsonable(v) for v in value], separators=(",", ":"))
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _first(attrs: Mapping[str, str], keys: Iterable[str]) -> str | None:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(float(text))
+        except ValueError:
+            return None
+
+
+def stage_of(name: str, attrs: Mapping[str, str]) -> str | None:
+    """The stage a span declares: `tailscope.stage`, else a span name from the vocabulary."""
+    declared = attrs.get(S.ATTR_STAGE)
+    if declared in _STAGE_SET:
+        return declared
+    return name if name in _STAGE_SET else None
+
+
+def is_request(kind: str, stage: str | None, attrs: Mapping[str, str]) -> bool:
+    """True for the span that is one inference request (see docs/convention.md)."""
+    flag = attrs.get(S.ATTR_REQUEST)
+    if flag is not None:
+        return flag.lower() == "true"
+    return stage is None and kind in ("Server", "Internal") and S.ATTR_OPERATION in attrs
+
+
+def outcome_of(status_code: str, attrs: Mapping[str, str]) -> str:
+    """ok, error, timeout or cancelled: the declared outcome, else one read off the status."""
+    declared = attrs.get(S.ATTR_OUTCOME)
+    if declared in _OUTCOME_SET:
+        return declared
+    if status_code != "Error":
+        return "ok"
+    err = attrs.get(S.ATTR_ERROR_TYPE, "").lower().replace("_", "")
+    if any(word in err for word in _TIMEOUT_WORDS):
+        return "timeout"
+    if "cancel" in err:
+        return "cancelled"
+    return "error"
+
+
+def replica_of(resource: Mapping[str, str]) -> str | None:
+    """The replica id: service.instance.id, else host.name, else process.pid."""
+    return _first(resource, S.REPLICA_RESOURCE_KEYS)
+
+
+class SpanBatch:
+    """Spans gathered column by column; `to_table()` gives a table in `SPAN_SCHEMA`."""
+
+    __slots__ = ("_cols",)
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list[Any]] = {name: [] for name in S.COLUMN_NAMES}
+
+    def __len__(self) -> int:
+        return len(self._cols["SpanId"])
+
+    def append(
+        self,
+        *,
+        trace_id: str,
+        span_id: str,
+        parent_span_id: str,
+        name: str,
+        kind: str,
+        start_ns: int,
+        end_ns: int,
+        service: str,
+        resource: Mapping[str, str],
+        attrs: Mapping[str, str],
+        status_code: str = "Unset",
+        status_message: str = "",
+        trace_state: str = "",
+        scope_name: str = "",
+        scope_version: str = "",
+        events: Sequence[dict[str, Any]] = (),
+        links: Sequence[dict[str, Any]] = (),
+        replica: str | None = None,
+    ) -> None:
+        """Add one span; attribute values must already be strings (see `attr_str`)."""
+        c = self._cols
+        stage = stage_of(name, attrs)
+        request = is_request(kind, stage, attrs)
+        c["Timestamp"].append(start_ns // 1000)
+        c["TimestampNs"].append(start_ns)
+        c["TraceId"].append(trace_id)
+        c["SpanId"].append(span_id)
+        c["ParentSpanId"].append(parent_span_id)
+        c["TraceState"].append(trace_state)
+        c["SpanName"].append(name)
+        c["SpanKind"].append(kind)
+        c["ServiceName"].append(service)
+        c["ResourceAttributes"].append(list(resource.items()))
+        c["ScopeName"].append(scope_name)
+        c["ScopeVersion"].append(scope_version)
+        c["SpanAttributes"].append(list(attrs.items()))
+        c["Duration"].append(end_ns - start_ns)
+        c["StatusCode"].append(status_code)
+        c["StatusMessage"].append(status_message)
+        c["Events"].append(list(events))
+        c["Links"].append(list(links))
+        c["Stage"].append(stage)
+        c["IsRequest"].append(request)
+        c["Outcome"].append(outcome_of(status_code, attrs) if request else None)
+        c["Replica"].append(replica if replica is not None else replica_of(resource))
+        c["Model"].append(_first(attrs, S.MODEL_KEYS))
+        c["ModelVersion"].append(_first(attrs, S.MODEL_VERSION_KEYS))
+        c["Tenant"].append(_first(attrs, S.TENANT_KEYS))
+        c["InputTokens"].append(_int_or_none(_first(attrs, S.INPUT_TOKEN_KEYS)))
+        c["OutputTokens"].append(_int_or_none(_first(attrs, S.OUTPUT_TOKEN_KEYS)))
+        c["TtftNs"].append(_int_or_none(attrs.get(S.ATTR_TTFT_NS)))
+
+    def to_table(self) -> pa.Table:
+        """The batch as a pyarrow table in `SPAN_SCHEMA`."""
+        return pa.Table.from_pydict(self._cols, schema=S.SPAN_SCHEMA)
+
+    def clear(self) -> None:
+        """Drop every gathered span."""
+        for col in self._cols.values():
+            col.clear()

@@ -1,0 +1,140 @@
+"""The one owner of the stored span schema, the stage vocabulary and the attribute convention.
+
+Writers (the tracing exporter, `tailscope ingest`, `tailscope collect`) and readers
+(`analysis`) both import this module, so a column or a stage name is defined once.
+Columns follow the OpenTelemetry Collector ClickHouse exporter's `otel_traces` table
+with portable Parquet types; a few promoted columns make the request model cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+# --- the stage vocabulary -------------------------------------------------------------
+
+#: Top-level stages of one inference request, in pipeline order.
+STAGES: Final[tuple[str, ...]] = (
+    "network",
+    "queue_wait",
+    "preprocess",
+    "model_load",
+    "generation",
+    "streaming",
+)
+#: Stages that live inside `generation` when the data splits it.
+GENERATION_PARTS: Final[tuple[str, ...]] = ("prefill", "decode")
+#: Every stage name a span may declare.
+ALL_STAGES: Final[tuple[str, ...]] = STAGES + GENERATION_PARTS
+#: The parent stage of a nested stage.
+STAGE_PARENT: Final[dict[str, str]] = {"prefill": "generation", "decode": "generation"}
+#: Stage columns of the `requests` view, in order; they sum exactly to `e2e_ns`.
+CRITICAL_PATH_COLUMNS: Final[tuple[str, ...]] = (
+    "network",
+    "queue_wait",
+    "preprocess",
+    "model_load",
+    "generation",
+    "prefill",
+    "decode",
+    "streaming",
+    "other",
+)
+#: Stages that own only the instants no other stage holds (the stream waits on generation).
+YIELDING_STAGES: Final[tuple[str, ...]] = ("streaming",)
+#: Request outcomes; failures are counted, never dropped.
+OUTCOMES: Final[tuple[str, ...]] = ("ok", "error", "timeout", "cancelled")
+
+# --- the attribute convention -----------------------------------------------------------
+# Plain OpenTelemetry code (no tailscope import) follows the same convention: see
+# docs/convention.md. GenAI semantic-convention keys are used where one exists.
+
+ATTR_REQUEST: Final = "tailscope.request"  # "true" on the span that is one inference request
+ATTR_STAGE: Final = "tailscope.stage"  # one of ALL_STAGES on a stage span
+ATTR_OUTCOME: Final = "tailscope.outcome"  # one of OUTCOMES on the request span
+ATTR_TTFT_NS: Final = "tailscope.ttft_ns"  # integer ns from request start to first token
+ATTR_TENANT: Final = "tailscope.tenant"
+ATTR_MODEL_VERSION: Final = "tailscope.model.version"
+ATTR_STREAMING: Final = "gen_ai.request.stream"
+ATTR_OPERATION: Final = "gen_ai.operation.name"
+ATTR_ERROR_TYPE: Final = "error.type"
+
+#: Keys tried in order for each promoted field (first present wins).
+MODEL_KEYS: Final[tuple[str, ...]] = ("gen_ai.request.model", "gen_ai.response.model")
+MODEL_VERSION_KEYS: Final[tuple[str, ...]] = (ATTR_MODEL_VERSION, "gen_ai.request.model.version")
+TENANT_KEYS: Final[tuple[str, ...]] = (ATTR_TENANT, "tenant.id", "enduser.id")
+INPUT_TOKEN_KEYS: Final[tuple[str, ...]] = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+OUTPUT_TOKEN_KEYS: Final[tuple[str, ...]] = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+)
+#: Resource keys tried in order for the replica.
+REPLICA_RESOURCE_KEYS: Final[tuple[str, ...]] = ("service.instance.id", "host.name", "process.pid")
+
+# --- enum spellings as stored (the ClickHouse exporter's strings) -----------------------
+
+SPAN_KINDS: Final[tuple[str, ...]] = (
+    "Unspecified",
+    "Internal",
+    "Server",
+    "Client",
+    "Producer",
+    "Consumer",
+)
+STATUS_CODES: Final[tuple[str, ...]] = ("Unset", "Ok", "Error")
+
+# --- the Parquet schema -----------------------------------------------------------------
+
+ATTRS = pa.map_(pa.string(), pa.string())
+EVENT = pa.struct(
+    [("TimestampNs", pa.int64()), ("Name", pa.string()), ("Attributes", ATTRS)]
+)
+LINK = pa.struct(
+    [
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("TraceState", pa.string()),
+        ("Attributes", ATTRS),
+    ]
+)
+
+#: (column, type, meaning) for every stored column; docs/schema.md is checked against it.
+SPAN_COLUMNS: Final[tuple[tuple[str, pa.DataType, str], ...]] = (
+    ("Timestamp", pa.timestamp("us", tz="UTC"), "span start, UTC, microseconds"),
+    ("TimestampNs", pa.int64(), "span start, integer ns since the Unix epoch"),
+    ("TraceId", pa.string(), "32 lowercase hex digits"),
+    ("SpanId", pa.string(), "16 lowercase hex digits"),
+    ("ParentSpanId", pa.string(), "16 lowercase hex digits, '' for a root span"),
+    ("TraceState", pa.string(), "W3C tracestate, '' when absent"),
+    ("SpanName", pa.string(), "span name"),
+    ("SpanKind", pa.string(), "Unspecified, Internal, Server, Client, Producer or Consumer"),
+    ("ServiceName", pa.string(), "resource service.name"),
+    ("ResourceAttributes", ATTRS, "resource attributes, values as strings"),
+    ("ScopeName", pa.string(), "instrumentation scope name"),
+    ("ScopeVersion", pa.string(), "instrumentation scope version"),
+    ("SpanAttributes", ATTRS, "span attributes, values as strings"),
+    ("Duration", pa.int64(), "end minus start, integer ns"),
+    ("StatusCode", pa.string(), "Unset, Ok or Error"),
+    ("StatusMessage", pa.string(), "status description"),
+    ("Events", pa.list_(EVENT), "span events (TimestampNs, Name, Attributes)"),
+    ("Links", pa.list_(LINK), "span links (TraceId, SpanId, TraceState, Attributes)"),
+    ("Stage", pa.string(), "promoted: the stage this span measures (vocabulary), else null"),
+    ("IsRequest", pa.bool_(), "promoted: true on the span that is one inference request"),
+    ("Outcome", pa.string(), "promoted, request spans: ok, error, timeout or cancelled"),
+    ("Replica", pa.string(), "promoted: service.instance.id, else host.name, else process.pid"),
+    ("Model", pa.string(), "promoted: gen_ai.request.model"),
+    ("ModelVersion", pa.string(), "promoted: tailscope.model.version"),
+    ("Tenant", pa.string(), "promoted: tailscope.tenant"),
+    ("InputTokens", pa.int64(), "promoted: gen_ai.usage.input_tokens (or prompt_tokens)"),
+    ("OutputTokens", pa.int64(), "promoted: gen_ai.usage.output_tokens (or completion_tokens)"),
+    ("TtftNs", pa.int64(), "promoted: time to first token in ns, when the span states it"),
+)
+SPAN_SCHEMA: Final = pa.schema([(name, typ) for name, typ, _ in SPAN_COLUMNS])
+COLUMN_NAMES: Final[tuple[str, ...]] = tuple(name for name, _, _ in SPAN_COLUMNS)
+
+#: Segment store layout: STORE/spans/dt=YYYY-MM-DD/hr=HH/<writer>-<seq>.parquet
+SPANS_DIR: Final = "spans"
+SEGMENT_GLOB: Final = "spans/*/*/*.parquet"
+STORE_MARKER: Final = "tailscope-store.json"
+STORE_FORMAT_VERSION: Final = 1
