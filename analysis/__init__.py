@@ -4,6 +4,6 @@
 `requests`, `stages`); see docs/schema.md for every column.
 """
 
-from analysis.connect import connect
+from analysis.connect import connect, refresh
 
-__all__ = ["connect"]
+__all__ = ["connect", "refresh"]

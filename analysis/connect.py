@@ -1,7 +1,9 @@
 """Open a store for querying: a DuckDB connection with the `spans`, `requests`, `stages` views.
 
-The views read the segment files at query time, so a reader sees segments committed by
-other processes while it runs and never blocks them (no DuckDB file, no lock). With
+A connection reads a snapshot: the segments committed when it opened (or at the last
+`refresh(con, store)`). Writers in other processes keep adding segments meanwhile and are
+never blocked (no DuckDB file, no lock); every scan inside one query sees the same files,
+so a request never shows up with half its stages. With
 `sandbox=True` the connection can read only the store: external access is off, the
 store is the only allowed directory, and the configuration is locked.
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from analysis.views import VIEW_SQL, parquet_source, spans_sql
+from analysis.views import VIEW_SQL, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 
@@ -26,8 +28,8 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
             memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the store's views registered.
 
-    Raises StoreError if `store` is not a store. An empty store gives empty views; reconnect
-    to see segments written after that (a non-empty store's views always see new segments).
+    Raises StoreError if `store` is not a store. The views see the segments present now;
+    call `refresh(con, store)` (or reconnect) to see segments written later.
     """
     store = require_store(Path(store)).resolve()
     con = duckdb.connect(":memory:")
@@ -35,14 +37,10 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:
         con.execute("SET memory_limit = ?", [memory_limit])
-    if segment_files(store):
-        source = parquet_source(str(store / S.SEGMENT_GLOB))
-    else:
-        con.register("_empty_spans_arrow", _empty_spans())
-        con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
-        con.unregister("_empty_spans_arrow")
-        source = "_empty_spans"
-    con.execute(f"CREATE VIEW spans AS {spans_sql(source)}")
+    con.register("_empty_spans_arrow", _empty_spans())
+    con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
+    con.unregister("_empty_spans_arrow")
+    refresh(con, store)
     for name, sql in VIEW_SQL.items():
         con.execute(f"CREATE VIEW {name} AS {sql}")
     if sandbox:
@@ -52,3 +50,11 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         con.execute("SET autoload_known_extensions = false")
         con.execute("SET lock_configuration = true")
     return con
+
+
+def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
+    """Point the `spans` view (and all views on it) at the segments committed now; return their count."""
+    files = [str(f) for f in segment_files(Path(store).resolve())]
+    source = files_source(files) if files else "_empty_spans"
+    con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(source)}")
+    return len(files)

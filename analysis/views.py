@@ -27,9 +27,9 @@ def spans_sql(source: str) -> str:
     return f"SELECT *, TimestampNs + Duration AS EndNs FROM {source}"
 
 
-def parquet_source(glob: str) -> str:
-    """A read_parquet FROM item for the store's segment glob."""
-    return f"read_parquet({_quote(glob)}, union_by_name = true)"
+def files_source(files: list[str]) -> str:
+    """A read_parquet FROM item over a fixed list of segment files (one snapshot)."""
+    return "read_parquet([" + ", ".join(_quote(f) for f in files) + "], union_by_name = true)"
 
 
 YIELDING_SQL = "(" + ", ".join(_quote(s) for s in S.YIELDING_STAGES) + ")"
