@@ -29,7 +29,7 @@ def spans_sql(source: str) -> str:
 
 def files_source(files: list[str]) -> str:
     """A read_parquet FROM item over a fixed list of segment files (one snapshot)."""
-    return "read_parquet([" + ", ".join(_quote(f) for f in files) + "], union_by_name = true)"
+    return "read_parquet([" + ", ".join(_quote(f) for f in files) + "], union_by_name = true, hive_partitioning = false)"
 
 
 YIELDING_SQL = "(" + ", ".join(_quote(s) for s in S.YIELDING_STAGES) + ")"
@@ -131,7 +131,7 @@ SELECT
     t.ttft_ns,
     CASE WHEN t.ttft_ns IS NOT NULL AND r.OutputTokens > 1
          THEN round((r.end_ns - r.start_ns - t.ttft_ns) / (r.OutputTokens - 1))::BIGINT END AS tpot_ns,
-    {", ".join(f"coalesce(k.{s}_ns, 0) AS {s}_ns" for s in S.ALL_STAGES)},
+    {", ".join(f"coalesce(k.{s}_ns, 0) AS {s}_ns" for s in S.CRITICAL_PATH_COLUMNS if s != "other")},
     (r.end_ns - r.start_ns) - coalesce(k.covered_ns, 0) AS other_ns,
     r.SpanName AS span_name
 FROM _request_spans r
