@@ -59,6 +59,9 @@ ATTR_MODEL_VERSION: Final = "tailscope.model.version"
 ATTR_STREAMING: Final = "gen_ai.request.stream"
 ATTR_OPERATION: Final = "gen_ai.operation.name"
 ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_SYNTHETIC: Final = "tailscope.synthetic"  # "true" on a stage span derived from an engine's native trace
+ATTR_ENGINE: Final = "tailscope.engine"  # the serving engine a mapped request came from (vllm, sglang, tgi, triton)
+ATTR_DERIVED_FROM: Final = "tailscope.derived_from"  # the native field(s) or span a synthetic stage span was laid from
 
 #: Keys tried in order for each promoted field (first present wins).
 MODEL_KEYS: Final[tuple[str, ...]] = ("gen_ai.request.model", "gen_ai.response.model")
@@ -70,7 +73,12 @@ OUTPUT_TOKEN_KEYS: Final[tuple[str, ...]] = (
     "gen_ai.usage.completion_tokens",
 )
 #: Resource keys tried in order for the replica.
-REPLICA_RESOURCE_KEYS: Final[tuple[str, ...]] = ("service.instance.id", "host.name", "process.pid")
+REPLICA_RESOURCE_KEYS: Final[tuple[str, ...]] = (
+    "service.instance.id",
+    "host.name",
+    "process.pid",
+    "vllm.process_id",  # vLLM sets only this one by default (docs/engines.md)
+)
 
 # --- enum spellings as stored (the ClickHouse exporter's strings) -----------------------
 
