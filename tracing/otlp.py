@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -24,6 +25,14 @@ from tracing.rows import SpanBatch, attr_str, replica_of
 _KIND_NAMES = {f"SPAN_KIND_{k.upper()}": i for i, k in enumerate(S.SPAN_KINDS)}
 _KIND_NAMES["SPAN_KIND_UNSPECIFIED"] = 0
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+
+
+class MalformedField(ValueError):
+    """A JSON field of the wrong type or spelling: the request itself is malformed (HTTP 400).
+
+    `decode_json` (non-strict) still counts it as one rejected span; the receiver uses
+    `decode_json_request`, which raises it instead, and rejects only unstorable spans.
+    """
 
 
 @dataclass
@@ -131,7 +140,7 @@ def _check_ids(trace_id: str, span_id: str, parent: str) -> str | None:
 def _json_int(obj: Mapping[str, Any], key: str, where: str) -> int:
     value = obj.get(key, 0)
     if isinstance(value, bool):
-        raise ValueError(f"{where}.{key} must be an integer, got {value!r}")
+        raise MalformedField(f"{where}.{key} must be an integer, got {value!r}")
     if isinstance(value, int):
         return value
     if isinstance(value, str):
@@ -139,12 +148,12 @@ def _json_int(obj: Mapping[str, Any], key: str, where: str) -> int:
             return int(value)
         except ValueError:
             pass
-    raise ValueError(f"{where}.{key} must be an integer (number or decimal string), got {value!r}")
+    raise MalformedField(f"{where}.{key} must be an integer (number or decimal string), got {value!r}")
 
 
 def _json_value(value: Any, where: str) -> Any:
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be an AnyValue object, got {type(value).__name__}")
+        raise MalformedField(f"{where} must be an AnyValue object, got {type(value).__name__}")
     if "stringValue" in value:
         return str(value["stringValue"])
     if "boolValue" in value:
@@ -156,7 +165,7 @@ def _json_value(value: Any, where: str) -> Any:
         try:
             return float(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}.doubleValue must be a number, got {raw!r}") from None
+            raise MalformedField(f"{where}.doubleValue must be a number, got {raw!r}") from None
     if "arrayValue" in value:
         return [_json_value(v, where) for v in (value["arrayValue"] or {}).get("values", [])]
     if "kvlistValue" in value:
@@ -166,7 +175,7 @@ def _json_value(value: Any, where: str) -> Any:
         try:
             return base64.b64decode(value["bytesValue"], validate=True)
         except (binascii.Error, TypeError):
-            raise ValueError(f"{where}.bytesValue must be base64") from None
+            raise MalformedField(f"{where}.bytesValue must be base64") from None
     return ""
 
 
@@ -174,11 +183,11 @@ def _json_attrs(kvs: Any, where: str) -> dict[str, str]:
     if kvs is None:
         return {}
     if not isinstance(kvs, list):
-        raise ValueError(f"{where} must be a list of key/value objects")
+        raise MalformedField(f"{where} must be a list of key/value objects")
     out: dict[str, str] = {}
     for kv in kvs:
         if not isinstance(kv, Mapping) or not isinstance(kv.get("key"), str):
-            raise ValueError(f"{where} holds an entry without a string 'key'")
+            raise MalformedField(f"{where} holds an entry without a string 'key'")
         out[kv["key"]] = attr_str(_json_value(kv.get("value", {}), f"{where}[{kv['key']}]"))
     return out
 
@@ -190,18 +199,18 @@ def _json_enum(raw: Any, names: Mapping[str, int], where: str) -> int:
         return raw
     if isinstance(raw, str) and raw in names:
         return names[raw]
-    raise ValueError(f"{where} must be an integer enum, got {raw!r}")
+    raise MalformedField(f"{where} must be an integer enum, got {raw!r}")
 
 
 def _hex_id(raw: Any, where: str) -> str:
     if raw is None or raw == "":
         return ""
     if not isinstance(raw, str):
-        raise ValueError(f"{where} must be a hex string, got {type(raw).__name__}")
+        raise MalformedField(f"{where} must be a hex string, got {type(raw).__name__}")
     try:
         bytes.fromhex(raw)
     except ValueError:
-        raise ValueError(f"{where} must be hex, got {raw!r}") from None
+        raise MalformedField(f"{where} must be hex, got {raw!r}") from None
     return raw.lower()
 
 
@@ -213,12 +222,16 @@ def _list(obj: Mapping[str, Any], key: str, where: str, *alt: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise ValueError(f"{where}.{key} must be a list, got {type(value).__name__}")
+        raise MalformedField(f"{where}.{key} must be a list, got {type(value).__name__}")
     return value
 
 
 def decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool = False) -> DecodeResult:
     """Decode one OTLP/JSON ExportTraceServiceRequest (already parsed) into `batch`."""
+    return _decode_json_obj(payload, batch, strict=strict, malformed_raises=False)
+
+
+def _decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool, malformed_raises: bool) -> DecodeResult:
     if not isinstance(payload, Mapping):
         raise ValueError(f"expected an ExportTraceServiceRequest object, got {type(payload).__name__}")
     result = DecodeResult()
@@ -239,7 +252,7 @@ def decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool = False) -> 
                 try:
                     batch_args = _json_span(sp, where)
                 except ValueError as exc:
-                    if strict:
+                    if strict or (malformed_raises and isinstance(exc, MalformedField)):
                         raise
                     result.reject(str(exc))
                     continue
@@ -252,7 +265,7 @@ def decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool = False) -> 
 
 def _json_span(sp: Any, where: str) -> dict[str, Any]:
     if not isinstance(sp, Mapping):
-        raise ValueError(f"{where} must be an object")
+        raise MalformedField(f"{where} must be an object")
     trace_id = _hex_id(sp.get("traceId"), f"{where}.traceId")
     span_id = _hex_id(sp.get("spanId"), f"{where}.spanId")
     parent = _hex_id(sp.get("parentSpanId"), f"{where}.parentSpanId")
@@ -266,22 +279,22 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     kind = _json_enum(sp.get("kind"), _KIND_NAMES, f"{where}.kind")
     status = sp.get("status") or {}
     if not isinstance(status, Mapping):
-        raise ValueError(f"{where}.status must be an object")
+        raise MalformedField(f"{where}.status must be an object")
     code = _json_enum(status.get("code"), _STATUS_NAMES, f"{where}.status.code")
     name = sp.get("name", "")
     if not isinstance(name, str):
-        raise ValueError(f"{where}.name must be a string")
+        raise MalformedField(f"{where}.name must be a string")
     events = []
     for e, ev in enumerate(_list(sp, "events", where)):
         if not isinstance(ev, Mapping):
-            raise ValueError(f"{where}.events[{e}] must be an object")
+            raise MalformedField(f"{where}.events[{e}] must be an object")
         ev_attrs = _json_attrs(ev.get("attributes"), f"{where}.events[{e}].attributes")
         events.append({"TimestampNs": _json_int(ev, "timeUnixNano", f"{where}.events[{e}]"),
                        "Name": str(ev.get("name", "")), "Attributes": list(ev_attrs.items())})
     links = []
     for n, ln in enumerate(_list(sp, "links", where)):
         if not isinstance(ln, Mapping):
-            raise ValueError(f"{where}.links[{n}] must be an object")
+            raise MalformedField(f"{where}.links[{n}] must be an object")
         links.append({"TraceId": _hex_id(ln.get("traceId"), f"{where}.links[{n}].traceId"),
                       "SpanId": _hex_id(ln.get("spanId"), f"{where}.links[{n}].spanId"),
                       "TraceState": str(ln.get("traceState", "")),
@@ -310,3 +323,25 @@ def decode_json(text: str | bytes, batch: SpanBatch, *, strict: bool = False) ->
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
     return decode_json_obj(payload, batch, strict=strict)
+
+
+def decode_json_request(text: str | bytes, batch: SpanBatch) -> DecodeResult:
+    """Decode an OTLP/JSON request for a receiver: a wrong-typed field raises `MalformedField`
+    (the request is malformed: 400), while spans that cannot be stored are only rejected."""
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"invalid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
+    return _decode_json_obj(payload, batch, strict=False, malformed_raises=True)
+
+
+def decode_protobuf_table(data: bytes) -> tuple[pa.Table, DecodeResult]:
+    """Decode one serialized ExportTraceServiceRequest straight to a table in SPAN_SCHEMA.
+
+    The same rows `decode_protobuf` appends to a `SpanBatch`, for receivers that want a table.
+    """
+    batch = SpanBatch()
+    result = decode_protobuf(data, batch)
+    return batch.to_table(), result
