@@ -1,0 +1,263 @@
+"""The incident catalogue: tail-latency incidents injectable into a fleet run, each with ground truth.
+
+Each incident perturbs a copy of the fleet configuration during a window of the run
+and states what a correct diagnosis says: the window, the stage whose critical-path
+time grew, and the dimension value that singles out the affected requests. `accept`
+lists every (dimension, value) that identifies the same requests in the report's
+vocabulary (the new replica *is* the cold start; a tenant's very long prompts are also
+the only requests in the top input-token buckets), so a test can check the report's
+first dimension against it without guessing.
+
+Every incident touches a few percent of the requests of its window, hard: p99 rises
+a lot while p50 stays within a few percent, as in real incidents.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sample_traces.fleet import (
+    NS,
+    START_NS,
+    Burst,
+    FleetConfig,
+    NetworkFault,
+    ReplicaSpec,
+    ShapeShift,
+    SimRequest,
+    Throttle,
+    default_config,
+    simulate,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """One acceptable answer: a dimension and its value, or a numeric bucket starting at or above `lo_min`."""
+
+    dimension: str
+    value: str | None = None
+    lo_min: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form written to truth files."""
+        out: dict[str, Any] = {"dimension": self.dimension}
+        if self.value is not None:
+            out["value"] = self.value
+        if self.lo_min is not None:
+            out["lo_min"] = self.lo_min
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One catalogue entry: how to inject it (relative to the run) and what a diagnosis must name."""
+
+    name: str
+    title: str
+    description: str
+    stage: str | None
+    dimension: str | None
+    value: str | None
+    #: Perturb the config; gets the config and the injected window [start_s, end_s).
+    inject: Callable[[FleetConfig, float, float], FleetConfig]
+    #: Length of the affected window as a share of the run (cold starts last as long as the load).
+    accept: tuple[Accept, ...] = ()
+    affected_window: Callable[[float, float], tuple[float, float]] | None = None
+
+
+def _add(items: tuple[Any, ...], item: Any) -> tuple[Any, ...]:
+    return (*items, item)
+
+
+LONG_PROMPT_TENANT = "wayne"
+LONG_OUTPUT_TENANT = "tyrell"
+SLOW_CLIENT_TENANT = "tyrell"
+BURST_TENANT = "cyberdyne"
+SLOW_REPLICA = "replica-07"
+NEW_REPLICA = "replica-32"
+SLOW_ZONE = "us-east-1c"
+CANARY_VERSION = "v2"
+MODEL_LOAD_S = 90.0
+#: Share of traffic the gateway sends to the canary.
+CANARY_SHARE = 0.03
+
+
+def _slow_replica(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    return replace(cfg, throttles=_add(cfg.throttles, Throttle(SLOW_REPLICA, t0, t1, factor=6.0)))
+
+
+def _cold_start(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    spec = ReplicaSpec(NEW_REPLICA, zone="us-east-1a", joins_s=t0, load_s=MODEL_LOAD_S)
+    return replace(cfg, replicas=_add(cfg.replicas, spec))
+
+
+def _long_prompts(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    shift = ShapeShift(LONG_PROMPT_TENANT, t0, t1, input_median=96_000, input_sigma=0.15, max_input=126_000)
+    return replace(cfg, shifts=_add(cfg.shifts, shift))
+
+
+def _long_outputs(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    shift = ShapeShift(LONG_OUTPUT_TENANT, t0, t1, output_median=1_600, output_sigma=0.3, max_output=4_096)
+    return replace(cfg, shifts=_add(cfg.shifts, shift))
+
+
+def _burst(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    every = 60.0
+    burst = Burst(BURST_TENANT, t0, count=12, spread_s=2.0, repeat_every_s=every,
+                  repeats=max(1, int((t1 - t0) // every)))
+    return replace(cfg, bursts=_add(cfg.bursts, burst))
+
+
+def _canary(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    stable = sum(r.weight for r in cfg.replicas if r.joins_s <= t0 < r.leaves_s)
+    weight = stable * CANARY_SHARE / (1 - CANARY_SHARE) / 2
+    canaries = tuple(
+        ReplicaSpec(f"canary-{i:02d}", zone=zone, version=CANARY_VERSION, joins_s=t0, leaves_s=t1,
+                    weight=weight, decode_factor=4.0)
+        for i, zone in enumerate(("us-east-1a", "us-east-1b"))
+    )
+    return replace(cfg, replicas=cfg.replicas + canaries)
+
+
+def _slow_clients(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    shift = ShapeShift(SLOW_CLIENT_TENANT, t0, t1, client_tps=(3.0, 8.0))
+    return replace(cfg, shifts=_add(cfg.shifts, shift))
+
+
+def _zone_network(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    fault = NetworkFault(SLOW_ZONE, t0, t1, probability=0.5, extra_s=(5.0, 30.0))
+    return replace(cfg, network_faults=_add(cfg.network_faults, fault))
+
+
+def _zone_replicas() -> tuple[str, ...]:
+    return tuple(r.name for r in default_config().replicas if r.zone == SLOW_ZONE)
+
+
+CATALOGUE: tuple[Incident, ...] = (
+    Incident("clean", "Clean run", "No incident: the fleet as it runs every day.", None, None, None,
+             lambda cfg, t0, t1: cfg),
+    Incident("slow_replica", "Slow replica (throttled GPU)",
+             f"{SLOW_REPLICA}'s GPU throttles (thermal/power cap) and is stuck at its lowest clock (HW slowdown) and computes 6x slower: prefill and decode.",
+             "decode", "replica", SLOW_REPLICA, _slow_replica, (Accept("replica", SLOW_REPLICA),)),
+    Incident("cold_start", "Cold starts after a scale-up",
+             f"The autoscaler adds {NEW_REPLICA}; the gateway routes to it before the model has loaded, "
+             f"so its first requests wait {MODEL_LOAD_S:.0f} s for weights.",
+             "model_load", "replica", NEW_REPLICA, _cold_start, (Accept("replica", NEW_REPLICA),),
+             affected_window=lambda t0, t1: (t0, t0 + MODEL_LOAD_S)),
+    Incident("tenant_long_prompts", "Tenant shape shift: very long prompts",
+             f"Tenant {LONG_PROMPT_TENANT} starts sending whole documents: ~96k-token prompts; prefill grows.",
+             "prefill", "tenant", LONG_PROMPT_TENANT, _long_prompts,
+             (Accept("tenant", LONG_PROMPT_TENANT), Accept("input_tokens", lo_min=16_384))),
+    Incident("tenant_long_outputs", "Tenant shape shift: very long outputs",
+             f"Tenant {LONG_OUTPUT_TENANT} raises max_tokens and asks for ~1.6k-token answers; decode grows.",
+             "decode", "tenant", LONG_OUTPUT_TENANT, _long_outputs,
+             (Accept("tenant", LONG_OUTPUT_TENANT), Accept("output_tokens", lo_min=2_048))),
+    Incident("queue_backlog", "Queue backlog from a traffic burst",
+             f"Tenant {BURST_TENANT}'s batch job fires 12 requests at once every minute; its concurrency "
+             "limit (2) queues them at the gateway.",
+             "queue_wait", "tenant", BURST_TENANT, _burst, (Accept("tenant", BURST_TENANT),)),
+    Incident("canary_slow_version", "Slow model version on a canary",
+             f"Model version {CANARY_VERSION} goes to a canary ({CANARY_SHARE:.0%} of traffic, two replicas) "
+             "with a decode regression: 4x slower steps.",
+             "decode", "model_version", CANARY_VERSION, _canary, (Accept("model_version", CANARY_VERSION),)),
+    Incident("slow_clients", "Slow clients stretching streaming",
+             f"Tenant {SLOW_CLIENT_TENANT} ships a client that reads the stream at 3-8 tokens/s; the server's "
+             "stream stays open long after decode.",
+             "streaming", "tenant", SLOW_CLIENT_TENANT, _slow_clients, (Accept("tenant", SLOW_CLIENT_TENANT),)),
+    Incident("zone_network", "Network hop adding latency on one zone",
+             f"The gateway's hop into {SLOW_ZONE} drops packets: half its requests wait 5-30 s on retransmits.",
+             "network", "zone", SLOW_ZONE, _zone_network,
+             (Accept("zone", SLOW_ZONE), *(Accept("replica", r) for r in _zone_replicas()))),
+)
+
+BY_NAME: dict[str, Incident] = {i.name: i for i in CATALOGUE}
+
+#: Incident window as shares of the run: [0.5, 0.8) of a 600 s run is minutes 5 to 8.
+WINDOW_SHARE = (0.5, 0.8)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One simulated run of one incident: its requests and its ground truth."""
+
+    incident: Incident
+    seed: int
+    config: FleetConfig
+    requests: list[SimRequest]
+    window_s: tuple[float, float]
+
+    def truth(self, clean: Sequence[SimRequest] | None = None) -> dict[str, Any]:
+        """Ground truth as JSON: window (s and ns and ISO), stage, dimension, value, accept, effect."""
+        inc = self.incident
+        t0, t1 = self.window_s
+        out: dict[str, Any] = {
+            "scenario": inc.name,
+            "title": inc.title,
+            "description": inc.description,
+            "seed": self.seed,
+            "duration_s": self.config.duration_s,
+            "requests": len(self.requests),
+            "spike": inc.stage is not None,
+        }
+        if inc.stage is not None:
+            out["window"] = {
+                "start_s": t0, "end_s": t1,
+                "start_ns": START_NS + round(t0 * NS), "end_ns": START_NS + round(t1 * NS),
+                "start": _iso(t0), "end": _iso(t1),
+            }
+            out.update(stage=inc.stage, dimension=inc.dimension, value=inc.value,
+                       accept=[a.to_json() for a in inc.accept])
+            out["effect"] = effect(self.requests, clean, t0, t1)
+        return out
+
+
+def _iso(t_s: float) -> str:
+    return datetime.fromtimestamp(START_NS / NS + t_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (DuckDB quantile_cont's convention)."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float) -> dict[str, Any]:
+    """p50 and p99 (ms) of the requests arriving in [t0, t1), with the incident and, if given, without."""
+
+    def stats(rs: Sequence[SimRequest]) -> dict[str, float]:
+        e2e = [r.e2e_s * 1000 for r in rs if t0 <= r.arrival_s < t1]
+        return {"requests": len(e2e), "p50_ms": round(_quantile(e2e, 0.5), 1), "p99_ms": round(_quantile(e2e, 0.99), 1)}
+
+    out: dict[str, Any] = {"incident": stats(reqs)}
+    if clean is not None:
+        out["clean"] = stats(clean)
+    return out
+
+
+def run(name: str, seed: int = 1, duration_s: float = 600.0, rate: float = 7.0,
+        base: FleetConfig | None = None) -> Scenario:
+    """Simulate one catalogue entry: the default fleet (or `base`) with the incident injected."""
+    inc = BY_NAME[name]
+    cfg = base if base is not None else default_config(duration_s=duration_s, rate=rate)
+    t0, t1 = WINDOW_SHARE[0] * cfg.duration_s, WINDOW_SHARE[1] * cfg.duration_s
+    injected = inc.inject(cfg, t0, t1)
+    window = inc.affected_window(t0, t1) if inc.affected_window else (t0, t1)
+    return Scenario(inc, seed, injected, simulate(injected, seed), window)
+
+
+def write_truth(path: Path, truth: dict[str, Any]) -> Path:
+    """Write a truth file (sorted keys, stable formatting) and return its path."""
+    path.write_text(json.dumps(truth, indent=2, sort_keys=True) + "\n")
+    return path
