@@ -1,0 +1,279 @@
+"""`tracing.configure(...)`: build the tracer provider, its batch processor and exporters.
+
+Every setting is taken from the argument, else from its environment variable (each one a
+constant below, listed in `ENV_VARS` and in docs/instrumentation.md), else the default.
+Exporters: the segment store (default: a local directory) and/or OTLP over HTTP or gRPC
+(to `tailscope collect` or any collector). Telemetry never crashes or blocks the host:
+exporter failures are logged and counted (`Telemetry.stats()`), and the span queue is
+bounded, so memory stays bounded when a backend is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from opentelemetry import trace
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from tracing.exporters import BoundedBatchProcessor, SegmentStoreExporter
+    from tracing.lean import LeanRecorder
+
+__all__ = [
+    "DEFAULTS",
+    "ENV_EXPORTERS",
+    "ENV_EXPORT_DELAY_MS",
+    "ENV_MAX_QUEUE_SIZE",
+    "ENV_OTLP_ENDPOINT",
+    "ENV_OTLP_PROTOCOL",
+    "ENV_REPLICA_ID",
+    "ENV_SERVICE_NAME",
+    "ENV_STORE",
+    "ENV_STORE_FLUSH_S",
+    "ENV_VARS",
+    "EXPORTER_NAMES",
+    "Telemetry",
+    "configure",
+]
+
+_log = logging.getLogger("tailscope.configure")
+
+#: Service name (resource `service.name`); OTEL_SERVICE_NAME is read when this is unset.
+ENV_SERVICE_NAME: Final = "TAILSCOPE_SERVICE_NAME"
+#: Replica id (resource `service.instance.id`); default "<host>-<pid>".
+ENV_REPLICA_ID: Final = "TAILSCOPE_REPLICA_ID"
+#: Comma-separated exporters: store, otlp, none.
+ENV_EXPORTERS: Final = "TAILSCOPE_EXPORTERS"
+#: The segment store directory (shared with the CLI: the same variable as tracing.store.ENV_STORE).
+ENV_STORE: Final = "TAILSCOPE_STORE"
+#: OTLP endpoint: a URL for http/protobuf (…/v1/traces), host:port for grpc.
+ENV_OTLP_ENDPOINT: Final = "TAILSCOPE_OTLP_ENDPOINT"
+#: OTLP protocol: http/protobuf or grpc.
+ENV_OTLP_PROTOCOL: Final = "TAILSCOPE_OTLP_PROTOCOL"
+#: Most spans held in memory waiting for export; beyond it the oldest is dropped and counted.
+ENV_MAX_QUEUE_SIZE: Final = "TAILSCOPE_MAX_QUEUE_SIZE"
+#: Milliseconds between two exports of the span queue.
+ENV_EXPORT_DELAY_MS: Final = "TAILSCOPE_EXPORT_DELAY_MS"
+#: Seconds the store exporter buffers rows before writing a segment.
+ENV_STORE_FLUSH_S: Final = "TAILSCOPE_STORE_FLUSH_SECONDS"
+
+#: Exporter names accepted by `exporters=` / TAILSCOPE_EXPORTERS.
+EXPORTER_NAMES: Final[tuple[str, ...]] = ("store", "otlp", "none")
+_OTLP_PROTOCOLS: Final = ("http/protobuf", "grpc")
+
+#: Every environment variable with its default and meaning (docs/instrumentation.md is checked against it).
+ENV_VARS: Final[dict[str, tuple[str, str]]] = {
+    ENV_SERVICE_NAME: ("$OTEL_SERVICE_NAME, else 'tailscope-service'", "service name (resource service.name)"),
+    ENV_REPLICA_ID: ("'<hostname>-<pid>'", "replica id (resource service.instance.id)"),
+    ENV_EXPORTERS: ("'store' (or 'otlp' when an OTLP endpoint is given)", "comma-separated: store, otlp, none"),
+    ENV_STORE: ("~/.local/share/tailscope/store", "segment store directory for the store exporter"),
+    ENV_OTLP_ENDPOINT: ("http://127.0.0.1:4318/v1/traces (grpc: 127.0.0.1:4317)", "OTLP endpoint"),
+    ENV_OTLP_PROTOCOL: ("http/protobuf", "OTLP protocol: http/protobuf or grpc"),
+    ENV_MAX_QUEUE_SIZE: ("8192", "spans held for export at most; the oldest is dropped and counted beyond"),
+    ENV_EXPORT_DELAY_MS: ("1000", "milliseconds between exports"),
+    ENV_STORE_FLUSH_S: ("5", "seconds the store exporter buffers rows before writing a segment"),
+}
+
+#: Defaults used when neither argument nor environment variable gives a value.
+DEFAULTS: Final[dict[str, Any]] = {
+    "service_name": "tailscope-service",
+    "otlp_endpoint_http": "http://127.0.0.1:4318/v1/traces",
+    "otlp_endpoint_grpc": "127.0.0.1:4317",
+    "otlp_protocol": "http/protobuf",
+    "max_queue_size": 8192,
+    "export_delay_ms": 1000,
+    "store_flush_s": 5.0,
+}
+
+
+@dataclass
+class Telemetry:
+    """What `configure` built: the provider, its processor and exporters, with counters."""
+
+    provider: TracerProvider
+    processor: BoundedBatchProcessor
+    exporters: dict[str, SpanExporter]
+    resource: Resource
+    store: Path | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: spans exported / failed per exporter, spans dropped by the full queue."""
+        out: dict[str, int] = {"dropped_spans": self.processor.dropped_spans,
+                               "queued_spans": len(self.processor._queue)}
+        for name, exporter in self.exporters.items():
+            out[f"{name}.exported_spans"] = getattr(exporter, "exported_spans", 0)
+            out[f"{name}.failed_spans"] = getattr(exporter, "failed_spans", 0)
+            inner = getattr(exporter, "inner", None)
+            if inner is not None and hasattr(inner, "dropped_spans"):
+                out[f"{name}.dropped_spans"] = inner.dropped_spans
+        return out
+
+    def store_exporter(self) -> SegmentStoreExporter | None:
+        """The segment store exporter, if one is configured."""
+        guarded = self.exporters.get("store")
+        return getattr(guarded, "inner", None) if guarded is not None else None
+
+    def lean(self) -> LeanRecorder:
+        """A lean recorder writing to this configuration's store with the same resource."""
+        from tracing.lean import LeanRecorder
+
+        if self.store is None:
+            raise ValueError("the lean path writes to a segment store; configure with exporters including 'store'")
+        return LeanRecorder(self.store, resource=self.resource)
+
+    def flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything finished so far (and write it to the store); True on success."""
+        return self.processor.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Flush and stop exporting (call at process exit; never raises)."""
+        try:
+            self.provider.shutdown()
+        except Exception:
+            _log.warning("tailscope: shutdown failed", exc_info=True)
+
+
+def _env(name: str, env: Mapping[str, str]) -> str | None:
+    value = env.get(name)
+    return value if value not in (None, "") else None
+
+
+def _int_setting(arg: int | None, name: str, default: int, env: Mapping[str, str]) -> int:
+    if arg is not None:
+        return arg
+    raw = _env(name, env)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        _log.warning("tailscope: %s=%r is not an integer; using %d", name, raw, default)
+        return default
+    return value
+
+
+def _float_setting(arg: float | None, name: str, default: float, env: Mapping[str, str]) -> float:
+    if arg is not None:
+        return arg
+    raw = _env(name, env)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        _log.warning("tailscope: %s=%r is not a number; using %s", name, raw, default)
+        return default
+
+
+def _exporter_names(arg: str | Iterable[str] | None, otlp_given: bool, env: Mapping[str, str]) -> list[str]:
+    raw: Iterable[str]
+    if arg is not None:
+        raw = arg.split(",") if isinstance(arg, str) else arg
+    elif (from_env := _env(ENV_EXPORTERS, env)) is not None:
+        raw = from_env.split(",")
+    else:
+        raw = ["otlp"] if otlp_given else ["store"]
+    names = [n.strip().lower() for n in raw if n.strip()]
+    for n in names:
+        if n not in EXPORTER_NAMES:
+            raise ValueError(f"exporters must be among {', '.join(EXPORTER_NAMES)}, got {n!r}")
+    return [n for n in dict.fromkeys(names) if n != "none"]
+
+
+def _otlp_exporter(endpoint: str, protocol: str) -> SpanExporter:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        target = endpoint.split("://", 1)[-1]
+        return GrpcExporter(endpoint=target, insecure=not endpoint.startswith("https://"))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint)
+
+
+def configure(
+    service_name: str | None = None,
+    *,
+    replica_id: str | None = None,
+    exporters: str | Sequence[str] | None = None,
+    store: Path | str | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: str | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    max_queue_size: int | None = None,
+    export_delay_ms: int | None = None,
+    store_flush_s: float | None = None,
+    extra_exporters: Sequence[SpanExporter] = (),
+    set_global: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Telemetry:
+    """Build and (by default) install the global tracer provider for this process.
+
+    Each setting: argument, else environment variable (see ENV_VARS), else default. Raises
+    ValueError on a setting that breaks a rule (unknown exporter or protocol, sizes <= 0).
+    """
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
+
+    environ: Mapping[str, str] = os.environ if env is None else env
+    service = service_name or _env(ENV_SERVICE_NAME, environ) or _env("OTEL_SERVICE_NAME", environ) \
+        or DEFAULTS["service_name"]
+    replica = replica_id or _env(ENV_REPLICA_ID, environ) or f"{socket.gethostname()}-{os.getpid()}"
+    endpoint = otlp_endpoint or _env(ENV_OTLP_ENDPOINT, environ)
+    protocol = (otlp_protocol or _env(ENV_OTLP_PROTOCOL, environ) or DEFAULTS["otlp_protocol"]).lower()
+    if protocol not in _OTLP_PROTOCOLS:
+        raise ValueError(f"otlp_protocol must be one of {', '.join(_OTLP_PROTOCOLS)}, got {protocol!r}")
+    names = _exporter_names(exporters, endpoint is not None, environ)
+    queue = _int_setting(max_queue_size, ENV_MAX_QUEUE_SIZE, DEFAULTS["max_queue_size"], environ)
+    delay = _int_setting(export_delay_ms, ENV_EXPORT_DELAY_MS, DEFAULTS["export_delay_ms"], environ)
+    flush_s = _float_setting(store_flush_s, ENV_STORE_FLUSH_S, DEFAULTS["store_flush_s"], environ)
+    if queue <= 0 or delay <= 0 or flush_s < 0:
+        raise ValueError("max_queue_size and export_delay_ms must be > 0 and store_flush_s >= 0")
+
+    attrs: dict[str, Any] = dict(resource_attributes or {})
+    attrs["service.name"] = service
+    attrs["service.instance.id"] = replica
+    resource = Resource.create(attrs)
+
+    built: dict[str, SpanExporter] = {}
+    store_dir: Path | None = None
+    if "store" in names:
+        if store is not None:
+            store_dir = Path(store).expanduser()
+        elif (env_store := _env(ENV_STORE, environ)) is not None:
+            store_dir = Path(env_store).expanduser()
+        else:
+            from tracing.store import default_store
+
+            store_dir = default_store()
+        built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
+    if "otlp" in names:
+        target = endpoint or DEFAULTS["otlp_endpoint_grpc" if protocol == "grpc" else "otlp_endpoint_http"]
+        built["otlp"] = GuardedExporter(_otlp_exporter(target, protocol), f"otlp-{protocol}")
+    for i, extra in enumerate(extra_exporters):
+        built[f"extra{i}"] = GuardedExporter(extra)
+
+    processor = BoundedBatchProcessor(list(built.values()), max_queue_size=queue, schedule_delay_millis=delay,
+                                      max_export_batch_size=min(512, queue))
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(processor)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    settings = {"service_name": service, "replica_id": replica, "exporters": names, "store": store_dir,
+                "otlp_endpoint": endpoint, "otlp_protocol": protocol, "max_queue_size": queue,
+                "export_delay_ms": delay, "store_flush_s": flush_s}
+    return Telemetry(provider, processor, built, resource, store_dir, settings)

@@ -1,0 +1,470 @@
+"""The request / stage API: one trace per inference request, one child span per stage.
+
+    with tracing.request(model="llama-3-8b", tenant="acme", input_tokens=412) as req:
+        with req.stage("queue_wait"): ...
+        with req.stage("generation"):
+            with req.stage("prefill"): ...
+            with req.stage("decode"): ...
+        req.set(output_tokens=128)
+
+The request span is kind SERVER with `tailscope.request=true` and the request shape;
+stage spans are children of the request span (prefill / decode of the open generation
+span) named after their stage. An exception marks the stage and the request as errors
+(`error.type`, status ERROR) and is re-raised; `TimeoutError` gives outcome `timeout`,
+cancellation or a client that went away gives `cancelled`. The current request travels in
+the OpenTelemetry context, so sync code, asyncio tasks and threads (pass `req` or copy the
+context) each see their own. Only the OpenTelemetry API is used here: spans go wherever the
+global tracer provider sends them (see `tracing.configure`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Final, TypeVar, cast
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from tracing import schema as S
+
+__all__ = [
+    "DECODE",
+    "GENERATION",
+    "MODEL_LOAD",
+    "NETWORK",
+    "PREFILL",
+    "PREPROCESS",
+    "QUEUE_WAIT",
+    "SCOPE_NAME",
+    "SCOPE_VERSION",
+    "STREAMING",
+    "ClientDisconnected",
+    "Request",
+    "Stage",
+    "StageSpan",
+    "current_request",
+    "error_type_of",
+    "outcome_of_exception",
+    "request",
+    "stage",
+    "traced_request",
+]
+
+#: Instrumentation scope of every span this library makes.
+SCOPE_NAME: Final = "tailscope"
+SCOPE_VERSION: Final = "0.1.0"
+
+#: Attribute keys of the request shape (GenAI semantic conventions where one exists).
+ATTR_MODEL: Final = S.MODEL_KEYS[0]
+ATTR_INPUT_TOKENS: Final = S.INPUT_TOKEN_KEYS[0]
+ATTR_OUTPUT_TOKENS: Final = S.OUTPUT_TOKEN_KEYS[0]
+
+#: The stage names, one constant each (unpacked from the schema, so a renamed stage fails here loudly).
+NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, STREAMING = S.STAGES
+PREFILL, DECODE = S.GENERATION_PARTS
+
+_STAGE_SET: Final = frozenset(S.ALL_STAGES)
+_GEN_PARTS: Final = frozenset(S.GENERATION_PARTS)
+_GENERATION: Final = S.STAGE_PARENT[PREFILL]
+_OUTCOME_SET: Final = frozenset(S.OUTCOMES)
+_OK, _ERROR, _TIMEOUT, _CANCELLED = S.OUTCOMES
+_REQUEST_KEY: Final = otel_context.create_key("tailscope-request")
+_SERVER = SpanKind.SERVER
+_INTERNAL = SpanKind.INTERNAL
+_ERROR_STATUS = StatusCode.ERROR
+_now = time.time_ns
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ClientDisconnected(ConnectionError):
+    """The client went away before the response was complete (the request ends `cancelled`)."""
+
+
+def error_type_of(exc: BaseException) -> str:
+    """The `error.type` of an exception: its class name, module-qualified unless built in."""
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def outcome_of_exception(exc: BaseException, *, streaming: bool = False) -> str:
+    """The outcome an exception gives a request: timeout, cancelled or error.
+
+    Connection errors count as a client disconnect (`cancelled`) only while streaming to it.
+    """
+    if isinstance(exc, TimeoutError):
+        return _TIMEOUT
+    if isinstance(exc, (asyncio.CancelledError, ClientDisconnected, GeneratorExit, KeyboardInterrupt)):
+        return _CANCELLED
+    if streaming and isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
+        return _CANCELLED
+    return _ERROR
+
+
+_provider_seen: object = None
+_tracer_cached: trace.Tracer | None = None
+
+
+def _tracer() -> trace.Tracer:
+    """The tailscope tracer of the current global provider (refreshed when the provider changes)."""
+    global _provider_seen, _tracer_cached
+    provider = trace.get_tracer_provider()
+    if provider is not _provider_seen or _tracer_cached is None:
+        _tracer_cached = provider.get_tracer(SCOPE_NAME, SCOPE_VERSION)
+        _provider_seen = provider
+    return _tracer_cached
+
+
+def _mark_failed(span: Span, exc: BaseException | None, error_type: str, record: bool) -> None:
+    span.set_attribute(S.ATTR_ERROR_TYPE, error_type)
+    span.set_status(Status(_ERROR_STATUS, str(exc) if exc is not None and str(exc) else error_type))
+    if record and exc is not None and span.is_recording():
+        span.record_exception(exc)
+
+
+def current_request() -> Request | None:
+    """The request open in the current context (task, thread), or None."""
+    value = otel_context.get_value(_REQUEST_KEY)
+    return value if isinstance(value, Request) else None
+
+
+class Request:
+    """One inference request: the SERVER span, its request shape and its outcome.
+
+    Made by `tracing.request(...)`. Use it as a (sync or async) context manager, or call
+    `end()` yourself (for example when a stream finishes after the handler returned).
+    """
+
+    __slots__ = (
+        "_attached",
+        "_ctx",
+        "_ended",
+        "_error_type",
+        "_gen_ctx",
+        "_marked",
+        "_outcome",
+        "_recorded",
+        "_stream_open",
+        "_token",
+        "_tracer",
+        "end_ns",
+        "output_tokens",
+        "span",
+        "start_ns",
+        "ttft_ns",
+    )
+
+    def __init__(self, span: Span, ctx: Context, start_ns: int, tracer: trace.Tracer) -> None:
+        self.span = span
+        self._ctx = ctx
+        self._tracer = tracer
+        self.start_ns = start_ns
+        self.end_ns: int | None = None
+        self._gen_ctx: Context | None = None
+        self.ttft_ns: int | None = None
+        self.output_tokens: int | None = None
+        self._outcome: str | None = None
+        self._error_type: str | None = None
+        self._recorded: BaseException | None = None
+        self._stream_open = False
+        self._marked = False
+        self._ended = False
+        self._token: object = None
+        self._attached = False
+
+    # --- request shape and outcome ------------------------------------------------------
+
+    @property
+    def context(self) -> Context:
+        """The OpenTelemetry context holding this request's span (for propagation)."""
+        return self._ctx
+
+    @property
+    def outcome(self) -> str | None:
+        """The outcome set so far (None until set or until the request ends ok)."""
+        return self._outcome
+
+    def set(self, *, output_tokens: int | None = None, input_tokens: int | None = None,
+            model: str | None = None, model_version: str | None = None, tenant: str | None = None,
+            stream: bool | None = None, **attributes: AttributeValue) -> None:
+        """Add request shape learned after the request started (tokens, model, tenant, ...)."""
+        if output_tokens is not None:
+            self.output_tokens = output_tokens
+        attrs = _shape(model, model_version, tenant, input_tokens, stream)
+        if attributes:
+            attrs.update(attributes)
+        if attrs:
+            self.span.set_attributes(attrs)
+
+    def first_token(self, at_ns: int | None = None) -> None:
+        """Record the time to first token (once; later calls are ignored)."""
+        if self.ttft_ns is None:
+            self.ttft_ns = (at_ns if at_ns is not None else _now()) - self.start_ns
+
+    def set_outcome(self, outcome: str, error_type: str | None = None) -> None:
+        """Declare the outcome (ok, error, timeout, cancelled); failures get `error.type`."""
+        if outcome not in _OUTCOME_SET:
+            raise ValueError(f"outcome must be one of {', '.join(S.OUTCOMES)}, got {outcome!r}")
+        self._outcome = outcome
+        if outcome != _OK:
+            self._error_type = error_type or self._error_type or outcome
+
+    def fail(self, exc: BaseException, *, streaming: bool | None = None) -> None:
+        """Mark the request failed by `exc` (outcome from its type) without raising."""
+        if self._outcome in (None, _OK):
+            stream = self._stream_open if streaming is None else streaming
+            self._outcome = outcome_of_exception(exc, streaming=stream)
+            self._error_type = error_type_of(exc)
+            _mark_failed(self.span, exc, self._error_type, record=exc is not self._recorded)
+            self._recorded = exc
+            self._marked = True
+
+    def end(self, end_ns: int | None = None) -> None:
+        """End the request span with its outcome, output tokens and TTFT (idempotent)."""
+        if self._ended:
+            return
+        self._ended = True
+        outcome = self._outcome or _OK
+        attrs: dict[str, AttributeValue] = {S.ATTR_OUTCOME: outcome}
+        if self.output_tokens is not None:
+            attrs[ATTR_OUTPUT_TOKENS] = self.output_tokens
+        if self.ttft_ns is not None:
+            attrs[S.ATTR_TTFT_NS] = self.ttft_ns
+        span = self.span
+        if outcome != _OK and not self._marked:
+            _mark_failed(span, None, self._error_type or outcome, record=False)
+        span.set_attributes(attrs)
+        self.end_ns = end_ns if end_ns is not None else _now()
+        span.end(self.end_ns)
+
+    # --- stages -------------------------------------------------------------------------
+
+    def stage(self, name: str, **attributes: AttributeValue) -> Stage:
+        """A stage of this request, as a context manager or decorator (`with req.stage("decode"):`)."""
+        return Stage(name, attributes, self)
+
+    def start_stage(self, name: str, *, start_ns: int | None = None,
+                    attributes: Mapping[str, AttributeValue] | None = None) -> StageSpan:
+        """Start a stage span now or at `start_ns`; end it with `.end()` (for stages timed elsewhere)."""
+        if name not in _STAGE_SET:
+            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
+        parent = self._gen_ctx if (name in _GEN_PARTS and self._gen_ctx is not None) else self._ctx
+        attrs: dict[str, AttributeValue] = {S.ATTR_STAGE: name}
+        if attributes:
+            attrs.update(attributes)
+        span = self._tracer.start_span(name, parent, _INTERNAL, attrs, start_time=start_ns,
+                                       record_exception=False, set_status_on_exception=False)
+        ctx = trace.set_span_in_context(span, parent)
+        if name == _GENERATION:
+            self._gen_ctx = ctx
+        return StageSpan(self, name, span, ctx)
+
+    def record_stage(self, name: str, start_ns: int, end_ns: int, **attributes: AttributeValue) -> None:
+        """Record a stage whose start and end were measured already (integer ns since the epoch)."""
+        self.start_stage(name, start_ns=start_ns, attributes=attributes).end(end_ns)
+
+    # --- context management -------------------------------------------------------------
+
+    def __enter__(self) -> Request:
+        self._token = otel_context.attach(self._ctx)
+        self._attached = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None:
+            self.fail(exc)
+        self.end()
+        if self._attached:
+            self._attached = False
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+
+    async def __aenter__(self) -> Request:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class StageSpan:
+    """An open stage span (from `Request.start_stage`); `end()` closes it, `fail()` marks it failed."""
+
+    __slots__ = ("ctx", "ended", "name", "request", "span")
+
+    def __init__(self, request: Request, name: str, span: Span, ctx: Context) -> None:
+        self.request = request
+        self.name = name
+        self.span = span
+        self.ctx = ctx
+        self.ended = False
+
+    def fail(self, exc: BaseException) -> None:
+        """Mark this stage failed by `exc` (status ERROR, `error.type`, exception event)."""
+        req = self.request
+        _mark_failed(self.span, exc, error_type_of(exc), record=exc is not req._recorded)
+        req._recorded = exc
+
+    def end(self, end_ns: int | None = None) -> None:
+        """End the stage span now or at `end_ns` (idempotent)."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.name == _GENERATION and self.request._gen_ctx is self.ctx:
+            self.request._gen_ctx = None
+        self.span.end(end_ns)
+
+
+class Stage:
+    """A stage as a context manager (sync or async) or, called on a function, a decorator.
+
+    Without an explicit request it belongs to the request current at entry; outside any
+    request it is still recorded, as a child of the current span.
+    """
+
+    __slots__ = ("_attrs", "_name", "_open", "_request", "_token")
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None,
+                 req: Request | None = None) -> None:
+        if name not in _STAGE_SET:
+            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
+        self._name = name
+        self._attrs = attributes
+        self._request = req
+        self._open: StageSpan | None = None
+        self._token: object = None
+
+    def __enter__(self) -> StageSpan:
+        req = self._request or current_request()
+        if req is None:
+            req = _orphan_request()
+        opened = req.start_stage(self._name, attributes=self._attrs)
+        self._open = opened
+        self._token = otel_context.attach(opened.ctx)
+        return opened
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        opened = self._open
+        if opened is None:
+            return
+        self._open = None
+        if exc is not None:
+            opened.fail(exc)
+        opened.end()
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+
+    async def __aenter__(self) -> StageSpan:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: F) -> F:
+        """Decorate a sync or async function: each call runs inside a fresh stage."""
+        name, attrs, req = self._name, self._attrs, self._request
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(f"{fn.__qualname__} is a generator; wrap its output with tracing.stream(...) instead")
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with Stage(name, attrs, req):
+                    return await fn(*args, **kwargs)
+            return cast(F, async_wrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with Stage(name, attrs, req):
+                return fn(*args, **kwargs)
+        return cast(F, wrapper)
+
+
+def _orphan_request() -> Request:
+    """A stand-in parent for a stage opened outside any request: the current span, never ended."""
+    span = trace.get_current_span()
+    ctx = otel_context.get_current()
+    return Request(span, ctx, _now(), _tracer())
+
+
+def _shape(model: str | None, model_version: str | None, tenant: str | None,
+           input_tokens: int | None, stream: bool | None) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {}
+    if model is not None:
+        attrs[ATTR_MODEL] = model
+    if model_version is not None:
+        attrs[S.ATTR_MODEL_VERSION] = model_version
+    if tenant is not None:
+        attrs[S.ATTR_TENANT] = tenant
+    if input_tokens is not None:
+        attrs[ATTR_INPUT_TOKENS] = input_tokens
+    if stream is not None:
+        attrs[S.ATTR_STREAMING] = stream
+    return attrs
+
+
+def request(name: str | None = None, *, model: str | None = None, model_version: str | None = None,
+            tenant: str | None = None, input_tokens: int | None = None, stream: bool | None = None,
+            operation: str | None = None, attributes: Mapping[str, AttributeValue] | None = None,
+            carrier: Mapping[str, str] | None = None, context: Context | None = None,
+            start_ns: int | None = None) -> Request:
+    """Start one inference request (a SERVER span); use it with `with` / `async with` or call `end()`.
+
+    `carrier` (incoming HTTP headers or a queued message) continues a W3C trace context;
+    `context` names the parent context directly. The span name defaults to
+    "{operation} {model}" as in the GenAI conventions.
+    """
+    tracer = _tracer()
+    if carrier is not None:
+        from tracing.propagation import extract
+
+        context = extract(carrier, context)
+    attrs: dict[str, AttributeValue] = {S.ATTR_REQUEST: True}
+    if operation is not None:
+        attrs[S.ATTR_OPERATION] = operation
+    attrs.update(_shape(model, model_version, tenant, input_tokens, stream))
+    if attributes:
+        attrs.update(attributes)
+    if name is None:
+        name = f"{operation or 'inference'} {model}" if model else (operation or "inference")
+    begin = start_ns if start_ns is not None else _now()
+    span = tracer.start_span(name, context, _SERVER, attrs, start_time=begin,
+                             record_exception=False, set_status_on_exception=False)
+    parent = context if context is not None else otel_context.get_current()
+    req = Request(span, Context(), begin, tracer)
+    req._ctx = otel_context.set_value(_REQUEST_KEY, req, trace.set_span_in_context(span, parent))
+    return req
+
+
+def stage(name: str, **attributes: AttributeValue) -> Stage:
+    """A stage of the current request, as a context manager or a decorator (`@tracing.stage("preprocess")`)."""
+    return Stage(name, attributes or None)
+
+
+def traced_request(name: str | None = None, **shape: Any) -> Callable[[F], F]:
+    """Decorate a sync or async handler so that each call is one request (see `request`)."""
+
+    def decorate(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with request(name, **shape):
+                    return await fn(*args, **kwargs)
+            return cast(F, async_wrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with request(name, **shape):
+                return fn(*args, **kwargs)
+        return cast(F, wrapper)
+
+    return decorate
