@@ -1,17 +1,67 @@
-"""Map native traces of serving engines (vLLM, SGLang, TGI, Triton) onto the request model."""
+"""Map native traces of serving engines (vLLM, SGLang, TGI, Triton) onto the request model.
+
+`normalize(table)` runs on every ingested table and every `tailscope collect` batch. It finds
+the traces holding an engine's request span (by span name, then confirmed by attributes),
+promotes that span (IsRequest, Outcome, TtftNs, Model, tokens, replica) and appends synthetic
+stage spans under it, so the `requests` view's stage columns work for foreign traces as for
+native ones. Spans that follow the tailscope convention (`tailscope.request` /
+`tailscope.stage`) are never remapped, and a table without engine spans is returned as is.
+The per-engine mapping is documented in docs/engines.md.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import ModuleType
+
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracing import schema as S
+from tracing.engines import sglang, tgi, triton, vllm
+from tracing.engines._common import Row, Trace
+
+#: The engine mappers, tried in this order on each trace.
+ENGINES: tuple[ModuleType, ...] = (vllm, sglang, tgi, triton)
 
 
 def normalize(table: pa.Table) -> pa.Table:
-    """Return `table` with engine-native spans mapped onto stages (identity until engines land)."""
-    return table
+    """Return `table` with engine-native request spans promoted and synthetic stage spans appended."""
+    if table.num_rows == 0:
+        return table
+    names = table.column("SpanName")
+    hits: list[tuple[ModuleType, set[str]]] = []
+    for engine in ENGINES:
+        mask = engine.candidate_mask(names)
+        if pc.any(mask).as_py():
+            hits.append((engine, set(table.column("TraceId").filter(mask).to_pylist())))
+    if not hits:
+        return table
+    trace_ids = set().union(*(ids for _, ids in hits))
+    in_traces = pc.is_in(table.column("TraceId"), value_set=pa.array(sorted(trace_ids), pa.string()))
+    touched = table.filter(in_traces)
+    rows = touched.to_pylist()
+    by_trace: dict[str, list[Row]] = {}
+    for row in rows:
+        by_trace.setdefault(row["TraceId"], []).append(row)
+    synthetic: list[Row] = []
+    for trace_id, spans in by_trace.items():
+        trace = Trace(spans)
+        for engine, ids in hits:
+            if trace_id in ids:
+                synthetic.extend(engine.map_trace(trace))
+    if not synthetic and not any(r["IsRequest"] for r in rows):
+        return table
+    out_rows = rows + synthetic
+    for row in out_rows:
+        row["Timestamp"] = int(row["TimestampNs"]) // 1000
+    rest = table.filter(pc.invert(in_traces))
+    return pa.concat_tables([rest, pa.Table.from_pylist(out_rows, schema=S.SPAN_SCHEMA)])
 
 
 def read_json_array(path: object, data: bytes, *, skip_bad: bool, report: object) -> list[pa.Table]:
-    """Decode a JSON-array trace file (Triton's trace file format)."""
-    from tracing.errors import InputError
+    """Decode a JSON-array trace file (Triton's `--trace-config triton,file=...` format)."""
+    return triton.read_json_array(Path(str(path)), data, skip_bad=skip_bad, report=report)
 
-    raise InputError(str(path), 1, "JSON array trace files (Triton) are not readable yet")
+
+__all__ = ["ENGINES", "normalize", "read_json_array"]

@@ -1,0 +1,288 @@
+"""Shared machinery of the engine mappers: one trace's spans as rows, and synthetic stage spans.
+
+A mapper gets every span of one trace as a row (a dict of `SPAN_SCHEMA` columns), marks the
+engine's request span (IsRequest, Outcome, TtftNs, ...) in place and returns synthetic stage
+spans laid on the request's timeline. Synthetic spans are children of the request span (prefill
+and decode are children of a synthetic `generation` span), carry `tailscope.stage`,
+`tailscope.synthetic = "true"` and `tailscope.derived_from`, and have span ids derived from a
+hash of trace id + request span id + stage, so re-ingesting a file adds no duplicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from tracing import schema as S
+from tracing.rows import outcome_of
+
+Row = dict[str, Any]
+
+#: Scope name of synthetic stage spans.
+SCOPE = "tailscope.engines"
+_NS_PER_S = 1_000_000_000
+
+
+def attrs_of(row: Row) -> dict[str, str]:
+    """The span attributes of a row as a dict."""
+    return dict(row["SpanAttributes"] or ())
+
+
+def resource_of(row: Row) -> dict[str, str]:
+    """The resource attributes of a row as a dict."""
+    return dict(row["ResourceAttributes"] or ())
+
+
+def end_of(row: Row) -> int:
+    """End of a span in ns since the epoch."""
+    return int(row["TimestampNs"]) + int(row["Duration"])
+
+
+def is_native(attrs: Mapping[str, str]) -> bool:
+    """True for spans that already follow the tailscope convention: never remapped."""
+    return S.ATTR_REQUEST in attrs or S.ATTR_STAGE in attrs or S.ATTR_SYNTHETIC in attrs
+
+
+def seconds_ns(text: str | None) -> int | None:
+    """Float seconds as stored (e.g. '0.0123') to integer ns; None when absent or not a number."""
+    if text is None or text == "":
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not value.is_finite() or value < 0:
+        return None
+    return int((value * _NS_PER_S).to_integral_value())
+
+
+_RUST_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ns|µs|μs|us|ms|s)\s*$")
+_RUST_UNITS = {"ns": 1, "µs": 1_000, "μs": 1_000, "us": 1_000, "ms": 1_000_000, "s": _NS_PER_S}
+
+
+def rust_duration_ns(text: str | None) -> int | None:
+    """A Rust `Debug` Duration string ('12.3ms', '1.2s', '850µs', '7ns') to integer ns, else None."""
+    if not text:
+        return None
+    match = _RUST_DURATION.match(text)
+    if match is None:
+        return None
+    return int((Decimal(match.group(1)) * _RUST_UNITS[match.group(2)]).to_integral_value())
+
+
+def derived_span_id(trace_id: str, span_id: str, key: str) -> str:
+    """A deterministic 16-hex span id for the synthetic span `key` of request `span_id`."""
+    digest = hashlib.blake2b(f"{trace_id}/{span_id}/{key}".encode(), digest_size=8).hexdigest()
+    return digest if digest != "0" * 16 else "0" * 15 + "1"
+
+
+def finish_reason_outcome(status_code: str, attrs: Mapping[str, str]) -> str:
+    """Outcome from the status, then from `gen_ai.response.finish_reasons` (abort → cancelled)."""
+    outcome = outcome_of(status_code, attrs)
+    if outcome != "ok":
+        return outcome
+    reasons = attrs.get("gen_ai.response.finish_reasons", "").lower()
+    if "abort" in reasons or "cancel" in reasons:
+        return "cancelled"
+    if "error" in reasons:
+        return "error"
+    return "ok"
+
+
+def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = None,
+                 model: str | None = None, model_version: str | None = None,
+                 input_tokens: int | None = None, output_tokens: int | None = None,
+                 replica: str | None = None, streaming: bool | None = None) -> None:
+    """Promote `row` to the request span of one inference request (in place)."""
+    row["IsRequest"] = True
+    row["Outcome"] = outcome
+    if ttft_ns is not None:
+        row["TtftNs"] = ttft_ns
+    if model and not row["Model"]:
+        row["Model"] = model
+    if model_version and not row["ModelVersion"]:
+        row["ModelVersion"] = model_version
+    if input_tokens is not None and row["InputTokens"] is None:
+        row["InputTokens"] = input_tokens
+    if output_tokens is not None and row["OutputTokens"] is None:
+        row["OutputTokens"] = output_tokens
+    if replica and not row["Replica"]:
+        row["Replica"] = replica
+    extra = {S.ATTR_ENGINE: engine}
+    if streaming is not None:
+        extra[S.ATTR_STREAMING] = "true" if streaming else "false"
+    attrs = attrs_of(row)
+    attrs.update({k: v for k, v in extra.items() if k not in attrs or k == S.ATTR_ENGINE})
+    row["SpanAttributes"] = list(attrs.items())
+
+
+def int_or_none(text: str | None) -> int | None:
+    """An integer attribute value, or None."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(float(text))
+        except ValueError:
+            return None
+
+
+def json_list(text: str | None) -> list[Any]:
+    """A JSON-array attribute value (engines store lists as JSON strings), or []."""
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text]
+    return value if isinstance(value, list) else [value]
+
+
+@dataclass
+class Piece:
+    """One stretch of the request's timeline that a stage holds."""
+
+    stage: str
+    start: int
+    end: int
+    source: str
+
+
+@dataclass
+class Timeline:
+    """Synthetic stage spans of one request span, clipped to it."""
+
+    request: Row
+    engine: str
+    replica: str | None = None
+    pieces: list[Piece] = field(default_factory=list)
+
+    def add(self, stage: str, start: int | None, end: int | None, source: str) -> None:
+        """Add a stretch for `stage` (ignored when unknown or empty after clipping to the request)."""
+        if start is None or end is None:
+            return
+        lo = max(int(start), int(self.request["TimestampNs"]))
+        hi = min(int(end), end_of(self.request))
+        if hi > lo:
+            self.pieces.append(Piece(stage, lo, hi, source))
+
+    def rows(self) -> list[Row]:
+        """The synthetic spans: level-1 stages under the request, prefill/decode under generation."""
+        req = self.request
+        trace_id, req_id = req["TraceId"], req["SpanId"]
+        out: list[Row] = []
+        counts: dict[str, int] = {}
+
+        def key(stage: str) -> str:
+            n = counts.get(stage, 0)
+            counts[stage] = n + 1
+            return stage if n == 0 else f"{stage}#{n}"
+
+        parts = sorted((p for p in self.pieces if p.stage in S.STAGE_PARENT), key=lambda p: (p.start, p.end))
+        for level1 in [p for p in self.pieces if p.stage not in S.STAGE_PARENT]:
+            out.append(self._row(derived_span_id(trace_id, req_id, key(level1.stage)), req_id, level1))
+        # prefill/decode go under a synthetic generation span, one per run of touching parts, so a
+        # gap between them (SGLang's decode_waiting) stays with the stage that holds it
+        run: list[Piece] = []
+        nxt: list[Piece | None] = [*parts, None]
+        for piece in nxt:
+            if piece is not None and (not run or piece.start <= max(p.end for p in run)):
+                run.append(piece)
+                continue
+            if run:
+                sources = " + ".join(dict.fromkeys(p.source for p in run))
+                gen = Piece("generation", run[0].start, max(p.end for p in run), f"span of {sources}")
+                gen_id = derived_span_id(trace_id, req_id, key("generation"))
+                out.append(self._row(gen_id, req_id, gen))
+                out.extend(self._row(derived_span_id(trace_id, req_id, key(p.stage)), gen_id, p) for p in run)
+            run = [piece] if piece is not None else []
+        return out
+
+    def _row(self, span_id: str, parent: str, piece: Piece) -> Row:
+        req = self.request
+        return {
+            "Timestamp": piece.start // 1000,
+            "TimestampNs": piece.start,
+            "TraceId": req["TraceId"],
+            "SpanId": span_id,
+            "ParentSpanId": parent,
+            "TraceState": "",
+            "SpanName": piece.stage,
+            "SpanKind": "Internal",
+            "ServiceName": req["ServiceName"],
+            "ResourceAttributes": req["ResourceAttributes"],
+            "ScopeName": SCOPE,
+            "ScopeVersion": "",
+            "SpanAttributes": [
+                (S.ATTR_STAGE, piece.stage),
+                (S.ATTR_SYNTHETIC, "true"),
+                (S.ATTR_ENGINE, self.engine),
+                (S.ATTR_DERIVED_FROM, piece.source),
+            ],
+            "Duration": piece.end - piece.start,
+            "StatusCode": "Unset",
+            "StatusMessage": "",
+            "Events": [],
+            "Links": [],
+            "Stage": piece.stage,
+            "IsRequest": False,
+            "Outcome": None,
+            "Replica": self.replica or req["Replica"],
+            "Model": None,
+            "ModelVersion": None,
+            "Tenant": None,
+            "InputTokens": None,
+            "OutputTokens": None,
+            "TtftNs": None,
+        }
+
+
+class Trace:
+    """All spans of one trace in a table, indexed by span id and by parent."""
+
+    def __init__(self, spans: list[Row]) -> None:
+        self.spans = spans
+        self.by_id: dict[str, Row] = {s["SpanId"]: s for s in spans}
+        self.children: dict[str, list[Row]] = {}
+        for span in spans:
+            self.children.setdefault(span["ParentSpanId"], []).append(span)
+
+    def descendants(self, span_id: str) -> Iterator[Row]:
+        """Every span below `span_id`, breadth first (cycles are cut)."""
+        seen = {span_id}
+        queue = list(self.children.get(span_id, ()))
+        while queue:
+            span = queue.pop(0)
+            if span["SpanId"] in seen:
+                continue
+            seen.add(span["SpanId"])
+            yield span
+            queue.extend(self.children.get(span["SpanId"], ()))
+
+    def ancestors(self, span: Row) -> Iterator[Row]:
+        """The parents of `span`, nearest first, as far as the table holds them."""
+        seen = {span["SpanId"]}
+        parent = self.by_id.get(span["ParentSpanId"])
+        while parent is not None and parent["SpanId"] not in seen:
+            seen.add(parent["SpanId"])
+            yield parent
+            parent = self.by_id.get(parent["ParentSpanId"])
+
+
+def first_of(values: Iterable[int | None]) -> int | None:
+    """The smallest known value, or None."""
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def last_of(values: Iterable[int | None]) -> int | None:
+    """The largest known value, or None."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
