@@ -1,0 +1,36 @@
+"""tailscope dashboard: the router. Run with `tailscope dashboard [--store DIR]`.
+
+Opens the store once (shared by every session), draws the shared sidebar filters, then
+runs the chosen page. Pages live in dashboard/pages/ and stay thin; data comes from
+dashboard/data.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+HERE = Path(__file__).parent
+if str(HERE.parent) not in sys.path:  # `streamlit run dashboard/app.py` from a checkout
+    sys.path.insert(0, str(HERE.parent))
+
+from dashboard import data, sidebar  # noqa: E402
+
+st.set_page_config(page_title="tailscope", page_icon="⏱", layout="wide")
+
+PAGES = [
+    st.Page(HERE / "pages" / "overview.py", title="Overview", icon="📈", default=True),
+    st.Page(HERE / "pages" / "spike.py", title="Spike", icon="🔥"),
+    st.Page(HERE / "pages" / "traces.py", title="Traces", icon="🧵"),
+    st.Page(HERE / "pages" / "shape.py", title="Request shape", icon="🧮"),
+    st.Page(HERE / "pages" / "replicas.py", title="Replicas", icon="🖥"),
+    st.Page(HERE / "pages" / "whatif.py", title="What-if", icon="🔮"),
+    st.Page(HERE / "pages" / "sql.py", title="SQL", icon="🔎"),
+]
+
+page = st.navigation(PAGES)
+db = data.open_store()
+sidebar.render(db)
+page.run()

@@ -1,0 +1,215 @@
+"""Altair charts of the dashboard, with one stage colour map so a stage looks the same everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from tracing import schema as S
+
+#: One colour per critical-path stage (and `other`), used by every chart and table.
+STAGE_COLORS: dict[str, str] = {
+    "network": "#8c564b",
+    "queue_wait": "#ff7f0e",
+    "preprocess": "#bcbd22",
+    "model_load": "#9467bd",
+    "generation": "#1f77b4",
+    "prefill": "#17becf",
+    "decode": "#1f4e9c",
+    "streaming": "#2ca02c",
+    "other": "#a0a0a0",
+}
+assert set(STAGE_COLORS) == set(S.CRITICAL_PATH_COLUMNS)
+#: Percentile line colours.
+PCT_COLORS: dict[str, str] = {"p50": "#4c78a8", "p90": "#9ecae9", "p99": "#e45756"}
+OUTCOME_COLORS: dict[str, str] = {"ok": "#9ecae9", "error": "#e45756", "timeout": "#f58518", "cancelled": "#b279a2"}
+SPIKE_FILL = "#f2b701"
+
+
+def stage_scale() -> alt.Scale:
+    """The colour scale of stages (same domain and range everywhere)."""
+    return alt.Scale(domain=list(STAGE_COLORS), range=list(STAGE_COLORS.values()))
+
+
+def _spike_rects(spikes: list[tuple[pd.Timestamp, pd.Timestamp]]) -> alt.Chart | None:
+    if not spikes:
+        return None
+    df = pd.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
+                       "label": ["spike"] * len(spikes)})
+    return alt.Chart(df).mark_rect(color=SPIKE_FILL, opacity=0.25).encode(
+        x="start:T", x2="end:T", tooltip=[alt.Tooltip("start:T", format="%H:%M:%S"),
+                                          alt.Tooltip("end:T", format="%H:%M:%S")])
+
+
+def percentiles(df: pd.DataFrame, prefix: str, title: str, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
+                brush: alt.Parameter | None = None, height: int = 220) -> alt.LayerChart | alt.Chart:
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window, spikes shaded, optional x brush."""
+    cols = {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}
+    long = df.melt(id_vars=["window"], value_vars=list(cols), var_name="pct", value_name="ms").dropna()
+    long["pct"] = long["pct"].map(cols)
+    lines = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
+        x=alt.X("window:T", title=None),
+        y=alt.Y("ms:Q", title=f"{title} (ms)"),
+        color=alt.Color("pct:N", title=None, scale=alt.Scale(domain=list(PCT_COLORS), range=list(PCT_COLORS.values()))),
+        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "pct:N", alt.Tooltip("ms:Q", format=",.0f")],
+    )
+    if brush is not None:
+        lines = lines.add_params(brush)
+    rect = _spike_rects(spikes)
+    chart: alt.LayerChart | alt.Chart = (rect + lines) if rect is not None else lines
+    return chart.properties(height=height, title=title)
+
+
+def counts(df: pd.DataFrame, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
+           height: int = 140) -> alt.LayerChart | alt.Chart:
+    """Requests per window stacked by outcome."""
+    present = [o for o in S.OUTCOMES if o in df.columns]
+    long = df.melt(id_vars=["window"], value_vars=present, var_name="outcome", value_name="n")
+    bars = alt.Chart(long).mark_bar().encode(
+        x=alt.X("window:T", title=None),
+        y=alt.Y("n:Q", title="requests"),
+        color=alt.Color("outcome:N", scale=alt.Scale(domain=list(OUTCOME_COLORS), range=list(OUTCOME_COLORS.values()))),
+        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "outcome:N", alt.Tooltip("n:Q", title="requests")],
+    )
+    rect = _spike_rects(spikes)
+    chart: alt.LayerChart | alt.Chart = (rect + bars) if rect is not None else bars
+    return chart.properties(height=height)
+
+
+def stage_compare(df: pd.DataFrame) -> alt.Chart:
+    """Mean critical-path ms per stage: tail of the spike vs the same slice of the baseline."""
+    long = df.melt(id_vars=["stage"], value_vars=["tail_ms", "baseline_ms"], var_name="slice", value_name="ms")
+    long["slice"] = long["slice"].map({"tail_ms": "spike tail", "baseline_ms": "baseline tail"})
+    return alt.Chart(long).mark_bar().encode(
+        y=alt.Y("stage:N", sort=list(STAGE_COLORS), title=None),
+        yOffset=alt.YOffset("slice:N", sort=["baseline tail", "spike tail"]),
+        x=alt.X("ms:Q", title="mean critical-path time (ms)"),
+        color=alt.Color("stage:N", scale=stage_scale(), legend=None),
+        opacity=alt.Opacity("slice:N", scale=alt.Scale(domain=["baseline tail", "spike tail"], range=[0.35, 1.0]),
+                            title=None),
+        tooltip=["stage:N", "slice:N", alt.Tooltip("ms:Q", format=",.0f")],
+    ).properties(height=max(120, 34 * len(df)))
+
+
+def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
+    """p99 of the window without each candidate, beside the observed p99 (a rule)."""
+    data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
+    bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
+        y=alt.Y("label:N", sort=None, title=None),
+        x=alt.X("p99_without_ms:Q", title="p99 without it (ms)"),
+        tooltip=["label:N", alt.Tooltip("p99_without_ms:Q", format=",.0f"), alt.Tooltip("tail_share:Q", format=".0%")],
+    )
+    rule = alt.Chart(pd.DataFrame({"p99": [p99_ms]})).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="p99:Q")
+    return (bars + rule).properties(height=max(120, 26 * len(df)))
+
+
+def waterfall(spans: pd.DataFrame) -> alt.LayerChart:
+    """Spans of one trace as bars; the critical-path stretches drawn dark on top, coloured by stage."""
+    df = spans.copy()
+    df["row"] = [f"{i:02d} {n}" for i, n in enumerate(df["name"])]
+    df["stage_c"] = df["stage"].fillna("other")
+    base = alt.Chart(df).mark_bar(opacity=0.35, height=14).encode(
+        y=alt.Y("row:N", sort=None, title=None, axis=alt.Axis(labelLimit=260)),
+        x=alt.X("start_ms:Q", title="ms since request start"),
+        x2="end_ms:Q",
+        color=alt.Color("stage_c:N", scale=stage_scale(), title="stage"),
+        tooltip=["name:N", "stage:N", alt.Tooltip("duration_ms:Q", format=",.1f"),
+                 alt.Tooltip("critical_ms:Q", format=",.1f", title="on critical path (ms)"), "replica:N"],
+    )
+    rows: list[dict[str, Any]] = []
+    for r in df.itertuples():
+        for a, b in r.critical_stretches:
+            rows.append({"row": r.row, "a": a, "b": b, "stage_c": r.stage_c, "name": r.name})
+    crit = pd.DataFrame(rows, columns=["row", "a", "b", "stage_c", "name"])
+    top = alt.Chart(crit).mark_bar(height=14, stroke="black", strokeWidth=1).encode(
+        y=alt.Y("row:N", sort=list(df["row"])), x="a:Q", x2="b:Q",
+        color=alt.Color("stage_c:N", scale=stage_scale(), title="stage"),
+        tooltip=[alt.Tooltip("name:N", title="critical path"), alt.Tooltip("a:Q", format=",.1f"),
+                 alt.Tooltip("b:Q", format=",.1f")],
+    )
+    return (base + top).properties(height=max(160, 24 * len(df)))
+
+
+def stage_stack(df: pd.DataFrame) -> alt.Chart:
+    """Critical-path ms per stage of each exemplar, stacked (sums to its latency)."""
+    stage_cols = [c for c in df.columns if c.endswith("_ms") and c.removesuffix("_ms") in STAGE_COLORS
+                  and c != "generation_ms"]
+    long = df.melt(id_vars=["trace_id"], value_vars=stage_cols, var_name="stage", value_name="ms")
+    long["stage"] = long["stage"].str.removesuffix("_ms")
+    long = long[long["ms"] > 0]
+    return alt.Chart(long).mark_bar().encode(
+        y=alt.Y("trace_id:N", sort=list(df["trace_id"]), title=None, axis=alt.Axis(labelLimit=120)),
+        x=alt.X("ms:Q", title="critical-path ms"),
+        color=alt.Color("stage:N", scale=stage_scale()),
+        tooltip=["trace_id:N", "stage:N", alt.Tooltip("ms:Q", format=",.0f")],
+    ).properties(height=max(160, 16 * len(df)))
+
+
+def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
+    """p99 (colour) over input-token × output-token buckets; counts in the tooltip."""
+    return alt.Chart(df).mark_rect().encode(
+        x=alt.X("input_lo:O", title="input tokens (bucket start)"),
+        y=alt.Y("output_lo:O", title="output tokens (bucket start)", sort="descending"),
+        color=alt.Color(f"{value}:Q", title=value.replace("_", " "), scale=alt.Scale(scheme="orangered")),
+        tooltip=["input_lo:O", "output_lo:O", "requests:Q", alt.Tooltip("p50_ms:Q", format=",.0f"),
+                 alt.Tooltip("p99_ms:Q", format=",.0f")],
+    ).properties(height=320)
+
+
+def bucket_p99(df: pd.DataFrame, title: str) -> alt.Chart:
+    """p50 and p99 per token bucket."""
+    data = df.assign(bucket=df["lo"].astype(str) + "–" + df["hi"].astype(str))
+    long = data.melt(id_vars=["bucket", "lo", "requests"], value_vars=["p50_ms", "p99_ms"], var_name="pct",
+                     value_name="ms")
+    long["pct"] = long["pct"].str.removesuffix("_ms")
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("bucket:N", sort=alt.EncodingSortField("lo"), title=title),
+        xOffset="pct:N",
+        y=alt.Y("ms:Q", title="ms"),
+        color=alt.Color("pct:N", scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
+        tooltip=["bucket:N", "pct:N", alt.Tooltip("ms:Q", format=",.0f"), "requests:Q"],
+    ).properties(height=240)
+
+
+def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
+    """p50 (tick) and p99 (bar) per replica; outliers in red."""
+    data = df.assign(kind=df["outlier"].map({True: "outlier", False: "normal"}))
+    bars = alt.Chart(data).mark_bar().encode(
+        x=alt.X("replica:N", title=None),
+        y=alt.Y("p99_ms:Q", title="ms"),
+        color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=["normal", "outlier"],
+                                                               range=["#9ecae9", "#e45756"])),
+        tooltip=["replica:N", "requests:Q", alt.Tooltip("p50_ms:Q", format=",.0f"),
+                 alt.Tooltip("p99_ms:Q", format=",.0f"), "error:Q", "timeout:Q"],
+    )
+    ticks = alt.Chart(data).mark_tick(color="#1f4e9c", thickness=3, size=28).encode(x="replica:N", y="p50_ms:Q")
+    return (bars + ticks).properties(height=280)
+
+
+def whatif_chart(df: pd.DataFrame, observed_replicas: int | None) -> alt.LayerChart | alt.Chart:
+    """Predicted p50/p99 against replica count, observed replica count marked."""
+    long = df.melt(id_vars=["replicas"], value_vars=["p50_ms", "p99_ms"], var_name="pct", value_name="ms")
+    long["pct"] = long["pct"].str.removesuffix("_ms")
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("replicas:O", title="replicas"), y=alt.Y("ms:Q", title="predicted ms"),
+        color=alt.Color("pct:N", scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
+        tooltip=["replicas:O", "pct:N", alt.Tooltip("ms:Q", format=",.0f")],
+    )
+    if observed_replicas is None:
+        return lines.properties(height=260)
+    rule = alt.Chart(pd.DataFrame({"replicas": [observed_replicas]})).mark_rule(strokeDash=[4, 3]).encode(
+        x="replicas:O")
+    return (lines + rule).properties(height=260)
+
+
+def fmt_ms(ms: float | None) -> str:
+    """A latency for people: 850 ms, 2.4 s, 38 s."""
+    if ms is None or ms != ms:
+        return "–"
+    if ms < 1_000:
+        return f"{ms:,.0f} ms"
+    if ms < 10_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 1000:,.0f} s"

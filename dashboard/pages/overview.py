@@ -1,0 +1,44 @@
+"""Overview: p50/p90/p99 over time for e2e, TTFT and TPOT with spikes shaded; outcome counts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, sidebar
+
+db = data.open_store()
+f = sidebar.current()
+key = (db, str(db.store), db.version)
+
+st.title("Overview")
+s = data.summary(*key, f)
+if not s["requests"]:
+    st.info("No requests match: the store is empty or the filters exclude everything. "
+            "Ingest traces with `tailscope ingest FILE` or widen the filters.")
+    st.stop()
+
+spikes = data.spikes(*key, f, "e2e_ns")
+cols = st.columns(6)
+cols[0].metric("requests", f"{s['requests']:,}")
+cols[1].metric("errors", f"{s['error']:,}")
+cols[2].metric("timeouts", f"{s['timeout']:,}")
+cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
+cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
+cols[5].metric("spikes", len(spikes))
+
+rng = (f.since_ns, f.until_ns)
+c = data.choices(*key)
+bucket = data.bucket_seconds(rng[0] or c["min_ns"], rng[1] or c["max_ns"])
+df = data.over_time(*key, f, bucket)
+shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
+for sp, (a, b) in zip(spikes, shade, strict=True):
+    st.warning(f"**Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
+               f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
+               "Open the Spike page to see what explains it.")
+st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: detected spikes")
+for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
+    if df[f"{prefix}_p50_ms"].notna().any():
+        st.altair_chart(charts.percentiles(df, prefix, label, shade if prefix == "e2e" else []),
+                        width="stretch")
+st.altair_chart(charts.counts(df, shade), width="stretch")

@@ -1,0 +1,102 @@
+"""Spike: what explains one p99 spike (chosen, or brushed on the chart): stages, dimensions, pairs."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, sidebar
+
+db = data.open_store()
+f = sidebar.current()
+key = (db, str(db.store), db.version)
+st.title("Spike")
+c = data.choices(*key)
+if not data.summary(*key, f)["requests"]:
+    st.info("No requests match the filters, so there is no spike to explain.")
+    st.stop()
+
+spikes = data.spikes(*key, f, "e2e_ns")
+bucket = data.bucket_seconds(f.since_ns or c["min_ns"], f.until_ns or c["max_ns"])
+df = data.over_time(*key, f, bucket)
+shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
+brush = alt.selection_interval(encodings=["x"], name="brush")
+event = st.altair_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush=brush), on_select="rerun",
+                        key="spike_brush", width="stretch")
+st.caption("Drag on the chart to inspect any window; double-click to clear.")
+brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
+
+options: dict[str, tuple[int, int, dict | None]] = {}
+if brushed.get("window"):
+    a_ms, b_ms = brushed["window"][:2]
+    a, b = int(float(a_ms) * 1e6), int(float(b_ms) * 1e6)
+    options[f"brushed {pd.Timestamp(a, unit='ns'):%H:%M:%S}–{pd.Timestamp(b, unit='ns'):%H:%M:%S}"] = (a, b, None)
+for sp, (ta, tb) in zip(spikes, shade, strict=True):
+    options[f"spike {ta:%H:%M:%S}–{tb:%H:%M:%S} · p99 {charts.fmt_ms(sp.get('p99_ms'))}"] = (
+        *data.spike_times_ns(sp), sp)
+if not options:
+    st.info("No spike detected under these filters: p99 stayed with p50. Brush a window on the chart to "
+            "inspect it anyway.")
+    st.stop()
+label = st.selectbox("Window", list(options), key="spike_choice")
+start, end, spike = options[label]
+win = data.window_stats(*key, f, start, end)
+base = data.baseline_stats(*key, f, start, end)
+cols = st.columns(4)
+cols[0].metric("requests in window", f"{win['requests']:,}")
+cols[1].metric("p99", charts.fmt_ms(win["p99_ms"]), delta=charts.fmt_ms((win["p99_ms"] or 0) - (base["p99_ms"] or 0)),
+               delta_color="inverse")
+cols[2].metric("baseline p99", charts.fmt_ms(base["p99_ms"]))
+cols[3].metric("p50 (baseline)", f"{charts.fmt_ms(win['p50_ms'])} ({charts.fmt_ms(base['p50_ms'])})")
+
+st.subheader("Which stage grew in the tail")
+stages = (pd.DataFrame(spike["stages"]) if spike and spike.get("stages")
+          else data.stage_breakdown(*key, f, start, end))
+if stages.empty:
+    st.info("No stage data in this window.")
+else:
+    top = stages.sort_values("share", ascending=False).iloc[0]
+    st.markdown(f"Tail requests spent **{charts.fmt_ms(top['tail_ms'])}** in **{top['stage']}** against "
+                f"{charts.fmt_ms(top['baseline_ms'])} in the baseline tail: **{top['share']:.0%}** of the excess.")
+    st.altair_chart(charts.stage_compare(stages), width="stretch")
+
+st.subheader("Who is in the tail: dimensions and counterfactual p99")
+dims = data.dimension_contrast(*key, f, start, end)
+if spike and spike.get("dimensions"):
+    rep = pd.DataFrame(spike["dimensions"])
+    for r in rep.head(3).itertuples():
+        st.markdown(f"- without **{r.dimension} = {r.value}**: p99 {charts.fmt_ms(r.p99_without_ms)}"
+                    + (f" ({r.explained:.0%} of the excess)" if pd.notna(getattr(r, "explained", None)) else ""))
+if dims.empty:
+    st.info("Too few requests in this window to rank dimensions.")
+else:
+    lead = dims.iloc[0]
+    st.success(f"Without **{lead['dimension']} = {lead['value']}**: p99 {charts.fmt_ms(lead['p99_without_ms'])} "
+               f"instead of {charts.fmt_ms(lead['p99_ms'])}; it holds {lead['tail_share']:.0%} of the tail "
+               f"and {lead['share']:.0%} of all requests.")
+    shown = dims.head(12)
+    st.altair_chart(charts.counterfactual(shown, float(lead["p99_ms"])), width="stretch")
+    st.dataframe(shown[["dimension", "value", "requests", "tail_requests", "tail_share", "share", "lift",
+                        "p99_without_ms"]], hide_index=True,
+                 column_config={"tail_share": st.column_config.NumberColumn(format="percent"),
+                                "share": st.column_config.NumberColumn(format="percent"),
+                                "lift": st.column_config.NumberColumn(format="%.1f×"),
+                                "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")})
+
+st.subheader("Pairs")
+pairs = data.dimension_pairs(*key, f, start, end)
+if pairs.empty:
+    st.caption("No pair of values reaches 5 tail requests in this window.")
+else:
+    st.dataframe(pairs, hide_index=True,
+                 column_config={"tail_share": st.column_config.NumberColumn(format="percent"),
+                                "share": st.column_config.NumberColumn(format="percent"),
+                                "lift": st.column_config.NumberColumn(format="%.1f×")})
+
+st.subheader("Exemplars")
+ex = data.exemplars(*key, f.narrowed(start, end), 10)
+st.dataframe(ex[["trace_id", "start", "replica", "status", "latency_ms"]], hide_index=True)
+if not ex.empty and st.button("Open the slowest trace", key="open_trace"):
+    st.session_state["trace_id"] = ex.iloc[0]["trace_id"]
+    st.switch_page("pages/traces.py")

@@ -1,0 +1,91 @@
+"""The sidebar every page shares: filters (time range, service, model, replica, tenant) and live mode.
+
+`render()` runs from the router before the page, so the widgets (and their values) survive
+page switches; pages read the result with `current()`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import streamlit as st
+
+from dashboard import data
+
+_KEY = "tailscope_filters"
+LIVE_INTERVALS_S: tuple[int, ...] = (5, 15, 60)
+
+
+def _dt(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).replace(tzinfo=None)
+
+
+def _ns(dt: datetime) -> int:
+    return int(dt.replace(tzinfo=UTC).timestamp() * 1_000_000) * 1000
+
+
+def render(db: data.Workbench) -> data.Filters:
+    """Draw the filters and live controls; store and return the filters they describe."""
+    with st.sidebar:
+        _live_controls(db)
+        c = data.choices(db, str(db.store), db.version)
+        if not c["requests"]:
+            st.caption("No requests in the store yet.")
+            filters = data.Filters()
+            st.session_state[_KEY] = filters
+            return filters
+        lo, hi = _dt(c["min_ns"]), _dt(c["max_ns"]) + timedelta(seconds=1)
+        lo = lo.replace(second=0, microsecond=0)
+        since_ns = until_ns = None
+        if hi - lo > timedelta(minutes=1):
+            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
+                               step=timedelta(minutes=1), format="MM-DD HH:mm", key="f_time")
+            a, b = picked
+            if a > lo:
+                since_ns = _ns(a)
+            if b < hi:
+                until_ns = _ns(b)
+        picks: dict[str, tuple[str, ...]] = {}
+        for dim in data.FILTER_DIMENSIONS:
+            options = c[dim]
+            if len(options) > 1 or st.session_state.get(f"f_{dim}"):
+                chosen = st.multiselect(dim.capitalize(), options, key=f"f_{dim}", placeholder=f"all {dim}s")
+            else:
+                chosen = []
+            picks[dim] = tuple(sorted(chosen))
+        filters = data.Filters(since_ns, until_ns, **picks)
+        st.session_state[_KEY] = filters
+        return filters
+
+
+def _live_controls(db: data.Workbench) -> None:
+    """Refresh now, or every N seconds while the store grows (no lock: segments are immutable files)."""
+    cols = st.columns([1, 1])
+    if cols[0].button("Refresh", key="refresh", help="Read segments written since the last refresh"):
+        _refresh(db)
+    st.session_state["_seen_version"] = db.version
+    live = cols[1].toggle("Live", key="live", help="Refresh on an interval while `tailscope collect` writes")
+    if live:
+        every = st.select_slider("every (s)", LIVE_INTERVALS_S, value=LIVE_INTERVALS_S[0], key="live_every")
+
+        @st.fragment(run_every=every)
+        def _tick() -> None:
+            db.refresh()
+            if st.session_state.get("_seen_version") != db.version:
+                st.rerun(scope="app")
+
+        _tick()
+    st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s):%H:%M:%S}")
+
+
+def _refresh(db: data.Workbench, quiet: bool = False) -> bool:
+    changed = db.refresh()
+    if not quiet:
+        st.toast("New data loaded." if changed else "No new segments.")
+    return changed
+
+
+def current() -> data.Filters:
+    """The filters the sidebar set on this run."""
+    value = st.session_state.get(_KEY)
+    return value if isinstance(value, data.Filters) else data.Filters()
