@@ -144,7 +144,8 @@ CATALOGUE: tuple[Incident, ...] = (
     Incident("clean", "Clean run", "No incident: the fleet as it runs every day.", None, None, None,
              lambda cfg, t0, t1: cfg),
     Incident("slow_replica", "Slow replica (throttled GPU)",
-             f"{SLOW_REPLICA}'s GPU throttles (thermal/power cap) and is stuck at its lowest clock (HW slowdown) and computes 6x slower: prefill and decode.",
+             f"{SLOW_REPLICA}'s GPU is stuck at its lowest clock (a power-brake slowdown): prefill and decode "
+             "run 6x slower.",
              "decode", "replica", SLOW_REPLICA, _slow_replica, (Accept("replica", SLOW_REPLICA),)),
     Incident("cold_start", "Cold starts after a scale-up",
              f"The autoscaler adds {NEW_REPLICA}; the gateway routes to it before the model has loaded, "
@@ -261,3 +262,45 @@ def write_truth(path: Path, truth: dict[str, Any]) -> Path:
     """Write a truth file (sorted keys, stable formatting) and return its path."""
     path.write_text(json.dumps(truth, indent=2, sort_keys=True) + "\n")
     return path
+
+
+#: The demo's 30-minute timeline: three incidents, each with quiet time around it.
+DEMO_PLAN: tuple[tuple[str, float, float], ...] = (
+    ("slow_replica", 300.0, 480.0),
+    ("queue_backlog", 840.0, 1020.0),
+    ("slow_clients", 1380.0, 1560.0),
+)
+DEMO_DURATION_S = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """One run with several incidents at given times, and the truth of each."""
+
+    seed: int
+    config: FleetConfig
+    requests: list[SimRequest]
+    incidents: tuple[tuple[Incident, tuple[float, float]], ...]
+
+    def truth(self, clean: Sequence[SimRequest] | None = None) -> dict[str, Any]:
+        """Ground truth of every incident of the run, in time order."""
+        out = []
+        for inc, (t0, t1) in self.incidents:
+            single = Scenario(inc, self.seed, self.config, self.requests, (t0, t1)).truth(clean)
+            for key in ("seed", "duration_s", "requests"):
+                single.pop(key)
+            out.append(single)
+        return {"scenario": "timeline", "seed": self.seed, "duration_s": self.config.duration_s,
+                "requests": len(self.requests), "incidents": out}
+
+
+def run_timeline(plan: Sequence[tuple[str, float, float]] = DEMO_PLAN, seed: int = 1,
+                 duration_s: float = DEMO_DURATION_S, rate: float = 7.0) -> Timeline:
+    """Simulate the default fleet with each (incident, start_s, end_s) of `plan` injected."""
+    cfg = default_config(duration_s=duration_s, rate=rate)
+    placed = []
+    for name, t0, t1 in plan:
+        inc = BY_NAME[name]
+        cfg = inc.inject(cfg, t0, t1)
+        placed.append((inc, inc.affected_window(t0, t1) if inc.affected_window else (t0, t1)))
+    return Timeline(seed, cfg, simulate(cfg, seed), tuple(placed))

@@ -1,0 +1,174 @@
+"""Turn simulated requests into the spans real instrumentation makes, and write them as OTLP/JSON lines.
+
+Each replica gets its own OpenTelemetry SDK `TracerProvider` (resource `service.name`,
+`service.instance.id` = the replica, `cloud.availability_zone`) with seeded trace and
+span ids, so the output is byte-for-byte the same for the same requests. Spans follow
+the convention of `tracing.instrument` (docs/convention.md): the request span is kind
+SERVER with `tailscope.request=true` and the request shape; each stage is an INTERNAL
+child named after its stage with `tailscope.stage`; `prefill` and `decode` sit under
+`generation`; the request span ends with `tailscope.outcome`, `tailscope.ttft_ns` and the
+output tokens, and failures carry status ERROR and `error.type`.
+
+Why the SDK directly and not `tracing.request(...)`: that API takes its tracer from the
+process-wide provider, and one process here plays dozens of replicas, each with its own
+resource. The span tree and attributes are the same.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.util.types import AttributeValue
+
+from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest
+from tracing import schema as S
+from tracing.otlp_json import spans_to_json_line
+
+#: Instrumentation scope of the emitted spans (as `tracing.instrument` names it).
+SCOPE_NAME = "tailscope"
+SCOPE_VERSION = "0.1.0"
+#: Spans per OTLP/JSON line (one export batch).
+SPANS_PER_LINE = 256
+ATTR_ZONE = "cloud.availability_zone"
+
+NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, STREAMING = S.STAGES
+PREFILL, DECODE = S.GENERATION_PARTS
+OK, ERROR, TIMEOUT, _CANCELLED = S.OUTCOMES
+_SERVER = trace.SpanKind.SERVER
+_INTERNAL = trace.SpanKind.INTERNAL
+
+
+class SeededIds(IdGenerator):
+    """Deterministic trace and span ids from a seeded generator."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def generate_span_id(self) -> int:
+        """A random non-zero 64-bit span id."""
+        return self._rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        """A random non-zero 128-bit trace id."""
+        return self._rng.getrandbits(128) or 1
+
+
+class _ListExporter(SpanExporter):
+    """Keeps finished spans in a list the emitter drains."""
+
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Append the spans."""
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _ns(t_s: float) -> int:
+    return START_NS + round(t_s * NS)
+
+
+def _request_spans(tracer: trace.Tracer, cfg: FleetConfig, req: SimRequest) -> None:
+    """Make the request span and its stage children for one simulated request."""
+    start, end = _ns(req.arrival_s), _ns(req.end_s)
+    attrs: dict[str, AttributeValue] = {
+        S.ATTR_REQUEST: True,
+        S.ATTR_OPERATION: "chat",
+        S.MODEL_KEYS[0]: cfg.model,
+        S.ATTR_MODEL_VERSION: req.version,
+        S.ATTR_TENANT: req.tenant,
+        S.INPUT_TOKEN_KEYS[0]: req.input_tokens,
+        S.ATTR_STREAMING: req.streaming,
+    }
+    root = tracer.start_span(f"chat {cfg.model}", kind=_SERVER, start_time=start, attributes=attrs)
+    ctx = trace.set_span_in_context(root)
+
+    def stage(name: str, s: float, e: float, parent: trace.Context = ctx) -> trace.Span | None:
+        s_ns, e_ns = _ns(s), min(_ns(e), end)
+        if s_ns >= end and not (s_ns == e_ns == end and name == QUEUE_WAIT):
+            return None
+        span = tracer.start_span(name, context=parent, kind=_INTERNAL, start_time=s_ns,
+                                 attributes={S.ATTR_STAGE: name})
+        span.end(end_time=max(s_ns, e_ns))
+        return span
+
+    stage(PREPROCESS, req.arrival_s, req.pre_end_s)
+    rejected = req.error_type == "InvalidRequestError"
+    if not rejected:
+        if req.routed_s > req.pre_end_s:  # waited at the gateway for the tenant's concurrency limit
+            stage(QUEUE_WAIT, req.pre_end_s, req.routed_s)
+        stage(NETWORK, req.routed_s, req.at_replica_s)  # gateway -> replica hop
+        slot_wait_from = req.at_replica_s
+        if req.load_end_s is not None and req.load_end_s > req.at_replica_s:
+            stage(MODEL_LOAD, req.at_replica_s, req.load_end_s)
+            slot_wait_from = req.load_end_s
+        stage(QUEUE_WAIT, slot_wait_from, max(slot_wait_from, req.gen_start_s))
+        if req.gen_start_s < req.end_s:
+            gen_end = min(req.decode_end_s, req.end_s)
+            gen = tracer.start_span(GENERATION, context=ctx, kind=_INTERNAL, start_time=_ns(req.gen_start_s),
+                                    attributes={S.ATTR_STAGE: GENERATION})
+            gen_ctx = trace.set_span_in_context(gen)
+            stage(PREFILL, req.gen_start_s, req.first_token_s, gen_ctx)
+            if req.decode_end_s > req.first_token_s:
+                stage(DECODE, req.first_token_s, req.decode_end_s, gen_ctx)
+            gen.end(end_time=_ns(gen_end))
+        if req.streaming and req.stream_end_s is not None and req.first_token_s < req.end_s:
+            stage(STREAMING, req.first_token_s, req.stream_end_s)
+    end_attrs: dict[str, AttributeValue] = {
+        S.ATTR_OUTCOME: req.status,
+        S.OUTPUT_TOKEN_KEYS[0]: req.output_tokens,
+    }
+    if not rejected and req.first_token_s < req.end_s:
+        end_attrs[S.ATTR_TTFT_NS] = _ns(req.first_token_s) - start
+    if req.status != OK:
+        end_attrs[S.ATTR_ERROR_TYPE] = req.error_type
+        root.set_status(trace.Status(trace.StatusCode.ERROR, req.error_type))
+    root.set_attributes(end_attrs)
+    root.end(end_time=end)
+
+
+def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> list[str]:
+    """The OTLP/JSON lines of `requests`: one provider per replica, batches of SPANS_PER_LINE spans."""
+    by_replica: dict[str, list[SimRequest]] = {}
+    for req in requests:
+        by_replica.setdefault(req.replica, []).append(req)
+    zones = {r.name: r.zone for r in cfg.replicas}
+    lines: list[str] = []
+    for k, replica in enumerate(sorted(by_replica)):
+        exporter = _ListExporter()
+        resource = Resource.create({
+            "service.name": cfg.service,
+            "service.instance.id": replica,
+            ATTR_ZONE: zones.get(replica, ""),
+            "cloud.region": "us-east-1",
+        })
+        provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1_000 + k))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer(SCOPE_NAME, SCOPE_VERSION)
+        for req in by_replica[replica]:
+            _request_spans(tracer, cfg, req)
+            if len(exporter.spans) >= SPANS_PER_LINE:
+                lines.append(spans_to_json_line(exporter.spans[:SPANS_PER_LINE]))
+                del exporter.spans[:SPANS_PER_LINE]
+        provider.shutdown()
+        for i in range(0, len(exporter.spans), SPANS_PER_LINE):
+            lines.append(spans_to_json_line(exporter.spans[i:i + SPANS_PER_LINE]))
+    return lines
+
+
+def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> Path:
+    """Write gzip OTLP/JSON lines (reproducible: gzip mtime 0) and return the path."""
+    lines = emit_lines(cfg, requests, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(path, "wb", mtime=0) as fh:
+        fh.write(("\n".join(lines) + "\n").encode())
+    return path
