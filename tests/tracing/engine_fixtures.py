@@ -10,8 +10,10 @@ writes it. Times are exact offsets from T0 so the tests can assert exact stage v
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -280,3 +282,51 @@ def write_all(target: Path = FIXTURES) -> list[Path]:
 if __name__ == "__main__":
     for written in write_all():
         print(written)
+
+
+# --- helpers for the engine tests: the real `tailscope ingest` / `tailscope sql` commands ------
+
+STAGE_COLUMNS = ("network_ns", "queue_wait_ns", "preprocess_ns", "model_load_ns", "generation_ns", "prefill_ns",
+                 "decode_ns", "streaming_ns", "other_ns")
+
+
+def run_cli(*args: str) -> Any:
+    """Invoke the `tailscope` app in-process; returns the click Result."""
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def ingest_files(store: Path, *paths: Path, skip_bad: bool = False) -> Any:
+    """`tailscope ingest --quiet --store STORE PATHS...`, asserting success."""
+    args = ["ingest", "--quiet", "--store", str(store), *map(str, paths)]
+    result = run_cli(*args, *(["--skip-bad"] if skip_bad else []))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def sql(store: Path, query: str) -> list[dict[str, Any]]:
+    """`tailscope sql --format json` rows."""
+    result = run_cli("sql", query, "--store", str(store), "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
+def requests(store: Path) -> list[dict[str, Any]]:
+    """Every row of the `requests` view, in start order."""
+    return sql(store, "SELECT * FROM requests ORDER BY start_ns, span_id")
+
+
+def stage_ms(row: Mapping[str, Any]) -> dict[str, float]:
+    """The non-zero stage columns of a request row, in ms (rounded to the ns)."""
+    return {c.removesuffix("_ns"): round(row[c] / MS, 6) for c in STAGE_COLUMNS if row[c]}
+
+
+def assert_stages_sum_to_e2e(rows: list[dict[str, Any]]) -> None:
+    """Every request's stage columns sum exactly to its e2e_ns, and none is negative."""
+    for row in rows:
+        assert all(row[c] >= 0 for c in STAGE_COLUMNS), row
+        assert sum(row[c] for c in STAGE_COLUMNS) == row["e2e_ns"], row

@@ -1,0 +1,133 @@
+"""vLLM 0.33.0 `llm_request` spans through `tailscope ingest`.
+
+Format: vllm-0.33.0 wheel, vllm/v1/engine/output_processor.py `do_tracing` (one SERVER span
+`llm_request` per finished request, start = arrival_time, no children), vllm/tracing/utils.py
+(attribute keys), vllm/v1/metrics/stats.py (float-second latency formulas); `finish_reasons`
+as a JSON string from the main branch (vllm-project/vllm output_processor.py @d0782260).
+Fixture: tests/tracing/fixtures/engines/vllm.otlp.jsonl, made with the OpenTelemetry SDK by
+tests/tracing/engine_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pyarrow as pa
+
+from tests.tracing.engine_fixtures import (
+    FIXTURES,
+    assert_stages_sum_to_e2e,
+    files,
+    ingest_files,
+    requests,
+    sql,
+    stage_ms,
+)
+from tracing import schema as S
+from tracing.engines import normalize
+from tracing.otlp import decode_json
+from tracing.rows import SpanBatch
+
+FIXTURE = FIXTURES / "vllm.otlp.jsonl"
+BASIC = Path(__file__).parents[2] / "sample_traces" / "data" / "basic.otlp.jsonl.gz"
+
+
+def _by_request_id(store: Path) -> dict[str, dict[str, object]]:
+    rows = sql(store, "SELECT r.*, s.SpanAttributes['gen_ai.request.id'] AS rid FROM requests r "
+                      "JOIN spans s ON s.TraceId = r.trace_id AND s.SpanId = r.span_id")
+    return {str(r["rid"]): r for r in rows}
+
+
+def test_fixture_file_is_what_the_builder_makes() -> None:
+    assert FIXTURE.read_text() == files()["vllm.otlp.jsonl"]
+
+
+def test_latency_attributes_are_laid_on_the_timeline_and_sum_to_e2e(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_files(store, FIXTURE)
+    rows = _by_request_id(store)
+    assert sorted(rows) == ["cmpl-a", "cmpl-b", "cmpl-c", "cmpl-d"]
+    assert_stages_sum_to_e2e(list(rows.values()))  # type: ignore[arg-type]
+    # A: preprocess = TTFT − queue − prefill = 120 − 30 − 80; streaming = e2e − TTFT − decode = 1020 − 120 − 880;
+    # the 0.5 ms between e2e and span.end() is `other`
+    assert stage_ms(rows["cmpl-a"]) == {"preprocess": 10.0, "queue_wait": 30.0, "prefill": 80.0, "decode": 880.0,
+                                        "streaming": 20.0, "other": 0.5}
+    assert rows["cmpl-a"]["e2e_ns"] == 1_020_500_000
+    assert rows["cmpl-a"]["ttft_ns"] == 120_000_000
+    # B: queue + prefill (70 ms, engine-core clock) exceed TTFT (50 ms, frontend clock): the queue is clipped
+    # at the request start and preprocess is 0
+    assert stage_ms(rows["cmpl-b"]) == {"queue_wait": 20.0, "prefill": 30.0, "decode": 50.0}
+    # C: aborted before the first token: no TTFT, so nothing can be laid out; it is counted, as cancelled
+    assert stage_ms(rows["cmpl-c"]) == {"other": 200.0}
+    assert rows["cmpl-c"]["status"] == "cancelled"
+    assert rows["cmpl-c"]["ttft_ns"] is None
+    assert stage_ms(rows["cmpl-d"]) == {"prefill": 100.0, "decode": 400.0}
+
+
+def test_shape_fields_tokens_replica_status(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_files(store, FIXTURE)
+    rows = _by_request_id(store)
+    shape = {k: (r["input_tokens"], r["output_tokens"], r["replica"], r["status"], r["service"])
+             for k, r in rows.items()}
+    assert shape == {
+        # vLLM's default resource names no instance: the replica is vllm.process_id
+        "cmpl-a": (512, 45, "4242", "ok", ""),
+        "cmpl-b": (8, 3, "4242", "ok", ""),
+        "cmpl-c": (100, 0, "4242", "cancelled", ""),
+        # service.instance.id (e.g. from OTEL_RESOURCE_ATTRIBUTES) wins over vllm.process_id
+        "cmpl-d": (20, 10, "gpu-node-3", "ok", "vllm"),
+    }
+    assert all(r["model"] is None for r in rows.values())  # 0.33 sets no model attribute
+    assert rows["cmpl-a"]["tpot_ns"] == round((1_020_500_000 - 120_000_000) / 44)
+
+
+def test_synthetic_spans_are_marked_and_reingest_adds_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_files(store, FIXTURE)
+    spans = sql(store, "SELECT SpanName, ParentSpanId, Stage, ScopeName, "
+                       f"SpanAttributes['{S.ATTR_SYNTHETIC}'] AS synthetic, "
+                       f"SpanAttributes['{S.ATTR_DERIVED_FROM}'] AS source, "
+                       f"SpanAttributes['{S.ATTR_ENGINE}'] AS engine FROM spans")
+    native = [s for s in spans if s["SpanName"] == "llm_request"]
+    synthetic = [s for s in spans if s["synthetic"] == "true"]
+    assert len(native) == 4 and all(s["engine"] == "vllm" and s["ParentSpanId"] == "" for s in native)
+    assert len(spans) == len(native) + len(synthetic)
+    assert all(s["ScopeName"] == "tailscope.engines" and s["engine"] == "vllm" for s in synthetic)
+    assert {s["source"] for s in synthetic if s["Stage"] == "queue_wait"} == {"gen_ai.latency.time_in_queue"}
+    # A: preprocess, queue_wait, generation, prefill, decode, streaming; B: queue_wait, generation, prefill,
+    # decode, streaming (preprocess clipped to 0); C: none (no TTFT); D: generation, prefill, decode, streaming
+    stages = sorted(s["Stage"] for s in synthetic)
+    assert stages.count("generation") == 3 and stages.count("preprocess") == 1 and stages.count("queue_wait") == 2
+    ingest_files(store, FIXTURE)  # same ids again: the deterministic synthetic ids dedupe too
+    assert len(sql(store, "SELECT SpanId FROM spans")) == len(spans)
+
+
+def test_native_spans_pass_through_untouched_and_share_a_store(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    for line in gzip.decompress(BASIC.read_bytes()).splitlines()[:5]:
+        decode_json(line, batch)
+    native = batch.to_table()
+    assert normalize(native) is native
+
+    alone, mixed = tmp_path / "alone", tmp_path / "mixed"
+    ingest_files(alone, BASIC)
+    ingest_files(mixed, BASIC, FIXTURE)
+    before = requests(alone)
+    after = [r for r in requests(mixed) if r["span_name"] != "llm_request"]
+    assert before == after
+    assert len(requests(mixed)) == len(before) + 4
+
+
+def test_normalize_works_on_one_collect_batch() -> None:
+    """`tailscope collect` normalizes each received batch: one OTLP/JSON line is enough for vLLM."""
+    batch = SpanBatch()
+    decode_json(FIXTURE.read_text().splitlines()[1], batch)
+    table = normalize(batch.to_table())
+    assert isinstance(table, pa.Table)
+    requests_ = [r for r in table.to_pylist() if r["IsRequest"]]
+    assert [(r["Replica"], r["TtftNs"], r["Outcome"]) for r in requests_] == [("gpu-node-3", 100_000_000, "ok")]
+    # streaming (first token → e2e) is laid even when decode covers it all: it yields, so it holds 0 here
+    assert sorted(r["Stage"] for r in table.to_pylist() if r["Stage"]) == ["decode", "generation", "prefill",
+                                                                             "streaming"]
