@@ -11,7 +11,7 @@ writes it. Times are exact offsets from T0 so the tests can assert exact stage v
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ def _spans(resource: Mapping[str, AttributeValue], scope: str, build: Build, see
     return list(exporter.get_finished_spans())
 
 
-def _child(tracer: trace.Tracer, parent: trace.Span, name: str, start: int, end: int | None = None,
+def _child(tracer: trace.Tracer, parent: trace.Span, name: str, start: float, end: float | None = None,
            attrs: Mapping[str, AttributeValue] | None = None,
            kind: trace.SpanKind = trace.SpanKind.INTERNAL) -> trace.Span:
     span = tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind,
@@ -99,8 +99,10 @@ def vllm_lines() -> list[str]:
             "gen_ai.latency.e2e": 0.5, "gen_ai.latency.time_in_model_prefill": 0.1,
             "gen_ai.latency.time_in_model_decode": 0.4, "gen_ai.latency.time_in_model_inference": 0.5})
 
-    default = {"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": 4242}
-    named = {**default, "service.name": "vllm", "service.instance.id": "gpu-node-3", "vllm.process_id": 77}
+    default: dict[str, AttributeValue] = {"vllm.instrumenting_module_name": "vllm.llm_engine",
+                                         "vllm.process_id": 4242}
+    named: dict[str, AttributeValue] = {**default, "service.name": "vllm", "service.instance.id": "gpu-node-3",
+                                        "vllm.process_id": 77}
     return [spans_to_json_line(_spans(default, "vllm.tracing.otel", build, 1)),
             spans_to_json_line(_spans(named, "vllm.tracing.otel", build_replica, 2))]
 
@@ -219,7 +221,7 @@ def triton_otel_lines() -> list[str]:
 # --- Triton 2.73.0dev JSON trace file: src/tracer.cc TraceActivity, docs/user_guide/trace.md ---
 
 
-def _triton_elements(tid: int, model: str, stamps: list[tuple[str, float]], parent: int | None = None,
+def _triton_elements(tid: int, model: str, stamps: Sequence[tuple[str, float]], parent: int | None = None,
                      request_id: str = "") -> list[str]:
     head = f'{{"id":{tid},"model_name":"{model}","model_version":1'
     if request_id:
