@@ -1,0 +1,352 @@
+"""Explanation of one spike: which stages grew in the tail, which dimension values the tail is made of,
+how much of the excess disappears without each, and example traces to open.
+
+- Stages: the tail slice of the spike window (its slowest 1 %, at least 10 requests)
+  against the same slice of the baseline, stage by stage, in critical-path time
+  (`requests` view columns). Each stage's growth divided by the total positive growth
+  is its share; the positive shares sum to 1. Stages split into prefill / decode report
+  those parts (the `generation` column then holds only its uncovered residual).
+- Dimensions: replica, model, model_version, tenant and power-of-two buckets of input /
+  output tokens, and every pair of them. Tail = the spike's requests slower than the
+  baseline p99 (the excess itself). Score = share among the tail minus share in the
+  baseline. A candidate needs support (at least MIN_SUPPORT requests and MIN_SHARE of the
+  tail) and a binomial over-representation p-value (Chernoff bound) below
+  ALPHA / candidates tested (Bonferroni).
+- Counterfactual: remove the candidate from both the spike window and the baseline,
+  recompute both p99s; explained = 1 - (new excess / excess). Removing it from both
+  sides keeps a value that is always in the tail (long outputs) from passing for a cause.
+  Dimensions are ranked by explained (rounded to 0.01), then single before pair, then score.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from analysis.percentiles import MIN_TAIL
+from analysis.spikes import quantile_sorted
+from analysis.views import VIEW_SQL
+from tracing import schema as S
+
+#: Dimensions a spike is explained by (columns of `requests`).
+DIMENSIONS: Final[tuple[str, ...]] = ("replica", "model", "model_version", "tenant", "input_tokens",
+                                      "output_tokens")
+#: Numeric dimensions, bucketed by powers of two: [2^k, 2^(k+1) - 1], and [0, 0].
+BUCKETED: Final[frozenset[str]] = frozenset({"input_tokens", "output_tokens"})
+#: Stages that happen before the first token (the ones TTFT is made of).
+BEFORE_FIRST_TOKEN: Final[tuple[str, ...]] = ("network", "queue_wait", "preprocess", "model_load", "generation",
+                                              "prefill", "other")
+TAIL_Q: Final = 0.99
+MIN_TAIL_SLICE: Final = 10
+MIN_SUPPORT: Final = 3
+MIN_SHARE: Final = 0.1
+ALPHA: Final = 0.01
+MAX_COUNTERFACTUAL: Final = 25
+MAX_EXEMPLARS: Final = 5
+MAX_PAIR_CELLS: Final = 5_000_000
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+Mask = npt.NDArray[np.bool_]
+
+
+def bucket_bounds(x: int) -> tuple[int, int]:
+    """The power-of-two bucket [lo, hi] holding a non-negative integer (0 has its own bucket)."""
+    if x <= 0:
+        return (0, 0)
+    lo = 1 << (int(x).bit_length() - 1)
+    return (lo, 2 * lo - 1)
+
+
+@dataclass
+class Coded:
+    """One dimension as integer codes (-1 = missing) with each code's label and bounds."""
+
+    name: str
+    codes: I64
+    labels: list[str]
+    lo: list[int | None]
+    hi: list[int | None]
+
+
+def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
+    """Integer codes of a dimension column (token columns bucketed by powers of two)."""
+    col = frame.get_column(name)
+    if name in BUCKETED:
+        x = col.cast(pl.Int64).to_numpy()
+        xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=-1.0)
+        k = np.where(xs >= 1, np.floor(np.log2(np.maximum(xs, 1))).astype(np.int64) + 1, 0)
+        codes = np.where(xs < 0, -1, k).astype(np.int64)
+        top = int(codes.max()) if codes.size else -1
+        labels: list[str] = []
+        lo: list[int | None] = []
+        hi: list[int | None] = []
+        for c in range(top + 1):
+            b_lo, b_hi = (0, 0) if c == 0 else (1 << (c - 1), (1 << c) - 1)
+            labels.append(f"{b_lo}-{b_hi}")
+            lo.append(b_lo)
+            hi.append(b_hi)
+        return Coded(name, codes, labels, lo, hi)
+    cat = col.cast(pl.String)
+    uniq = cat.drop_nulls().unique().sort()
+    mapping = pl.DataFrame({"v": uniq, "c": pl.arange(0, uniq.len(), eager=True, dtype=pl.Int64)})
+    codes = (pl.DataFrame({"v": cat}).join(mapping, on="v", how="left", maintain_order="left")
+             .get_column("c").fill_null(-1).to_numpy().astype(np.int64))
+    return Coded(name, codes, uniq.to_list(), [None] * uniq.len(), [None] * uniq.len())
+
+
+def binomial_tail_bound(k: int, n: int, p: float) -> float:
+    """Upper bound (Chernoff) on P[Binomial(n, p) >= k]; 1 when k <= n p."""
+    if n == 0 or k <= n * p:
+        return 1.0
+    x = k / n
+    p = min(max(p, 1e-300), 1 - 1e-16)
+    kl = x * math.log(x / p) + ((1 - x) * math.log((1 - x) / (1 - p)) if x < 1 else 0.0)
+    return math.exp(-n * kl)
+
+
+@dataclass
+class Candidate:
+    """A dimension value (or a pair) with its contrast and counterfactual figures."""
+
+    dims: tuple[int, ...]  # indices into the coded dimensions
+    codes: tuple[int, ...]
+    tail_count: int
+    base_count: int
+    tail_share: float
+    base_share: float
+    score: float
+    p_value: float
+    p99_without_ns: float = math.nan
+    baseline_p99_without_ns: float = math.nan
+    explained: float = math.nan
+
+
+def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -> tuple[list[Candidate], int]:
+    """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested)."""
+    n_t, n_b = tail.size, base.size
+    found: list[Candidate] = []
+    tested = 0
+    singles: dict[tuple[int, int], tuple[int, int]] = {}
+    combos: list[tuple[int, ...]] = [(i,) for i in range(len(coded))]
+    if pairs:
+        combos += list(combinations(range(len(coded)), 2))
+    for combo in combos:
+        sizes = [len(coded[i].labels) for i in combo]
+        cells = int(np.prod(sizes)) if sizes else 0
+        if cells == 0 or cells > MAX_PAIR_CELLS:
+            continue
+        key_t = _key(coded, combo, tail)
+        key_b = _key(coded, combo, base)
+        tc = np.bincount(key_t[key_t >= 0], minlength=cells)
+        bc = np.bincount(key_b[key_b >= 0], minlength=cells)
+        for cell in np.flatnonzero(tc):
+            tested += 1
+            codes = _unkey(cell, sizes)
+            t, b = int(tc[cell]), int(bc[cell])
+            if len(combo) == 1:
+                singles[(combo[0], codes[0])] = (t, b)
+            else:
+                if any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
+                    continue  # the pair is the same set as one of its parts
+            t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
+            if t < MIN_SUPPORT or t_share < MIN_SHARE or t_share <= b_share:
+                continue
+            p = binomial_tail_bound(t, n_t, (b + 1) / (n_b + 2))
+            found.append(Candidate(combo, codes, t, b, t_share, b_share, t_share - b_share, p))
+    level = ALPHA / max(tested, 1)
+    return [c for c in found if c.p_value <= level], tested
+
+
+def _key(coded: Sequence[Coded], combo: tuple[int, ...], rows: I64) -> I64:
+    key = np.zeros(rows.size, dtype=np.int64)
+    valid = np.ones(rows.size, dtype=bool)
+    for i in combo:
+        c = coded[i].codes[rows]
+        valid &= c >= 0
+        key = key * len(coded[i].labels) + np.maximum(c, 0)
+    return np.where(valid, key, -1)
+
+
+def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
+    out: list[int] = []
+    for size in reversed(sizes):
+        out.append(int(cell % size))
+        cell //= size
+    return tuple(reversed(out))
+
+
+def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64) -> Mask:
+    """Which of `rows` match the candidate."""
+    mask = np.ones(rows.size, dtype=bool)
+    for i, code in zip(cand.dims, cand.codes, strict=True):
+        mask &= coded[i].codes[rows] == code
+    return mask
+
+
+class TailQuantile:
+    """p99 of a large sample with any subset removed, from its top slice (exact; full sort as fallback)."""
+
+    def __init__(self, values: F64, rows: I64, q: float = TAIL_Q, slice_share: float = 0.05) -> None:
+        order = np.argsort(values, kind="stable")
+        self.values = values[order]
+        self.rows = rows[order]
+        self.q = q
+        self.n = values.size
+        self.top = min(self.n, max(200, math.ceil(slice_share * self.n)))
+
+    def without(self, removed_in_slice: Mask, removed_total: int) -> float:
+        """The quantile after removing `removed_total` rows, of which the slice ones are flagged."""
+        n2 = self.n - removed_total
+        if n2 <= 0:
+            return math.nan
+        kept = self.values[self.n - self.top:][~removed_in_slice]
+        below = n2 - kept.size
+        h = (n2 - 1) * self.q
+        a = int(math.floor(h))
+        i = a - below
+        if i < 0:
+            return math.nan
+        b = min(i + 1, kept.size - 1)
+        return float(kept[i] + (h - a) * (kept[b] - kept[i]))
+
+    def slice_rows(self) -> I64:
+        """Row ids of the top slice."""
+        return self.rows[self.n - self.top:]
+
+
+def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
+                   base_q: TailQuantile) -> None:
+    """Fill p99 without / explained for each candidate, removing it from spike and baseline alike."""
+    spike_p99 = quantile_sorted(np.sort(values[spike]), TAIL_Q)
+    base_p99 = quantile_sorted(base_q.values, TAIL_Q)
+    excess = spike_p99 - base_p99
+    slice_rows = base_q.slice_rows()
+    for cand in cands:
+        keep = ~candidate_mask(coded, cand, spike)
+        if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:
+            continue
+        s_wo = quantile_sorted(np.sort(values[spike][keep]), TAIL_Q)
+        in_slice = candidate_mask(coded, cand, slice_rows)
+        b_wo = base_q.without(in_slice, cand.base_count)
+        if math.isnan(b_wo):
+            mask = ~candidate_mask(coded, cand, base)
+            b_wo = quantile_sorted(np.sort(values[base][mask]), TAIL_Q) if mask.any() else math.nan
+        cand.p99_without_ns = s_wo
+        cand.baseline_p99_without_ns = b_wo
+        if excess > 0 and math.isfinite(b_wo):
+            cand.explained = 1.0 - (s_wo - b_wo) / excess
+
+
+def rank(cands: list[Candidate]) -> list[Candidate]:
+    """Best explanation first: explained (to 0.01), then single before pair, then score."""
+    def key(c: Candidate) -> tuple[float, int, float]:
+        e = c.explained if math.isfinite(c.explained) else -math.inf
+        return (-round(e, 2), len(c.dims), -c.score)
+    return sorted(cands, key=key)
+
+
+def candidate_json(coded: Sequence[Coded], c: Candidate) -> dict[str, Any]:
+    """The report's form of a candidate (lo / hi integers for a bucket, null otherwise)."""
+    names = [coded[i].name for i in c.dims]
+    values = [coded[i].labels[code] for i, code in zip(c.dims, c.codes, strict=True)]
+    los = [coded[i].lo[code] for i, code in zip(c.dims, c.codes, strict=True)]
+    his = [coded[i].hi[code] for i, code in zip(c.dims, c.codes, strict=True)]
+    bucketed = [j for j, n in enumerate(names) if n in BUCKETED]
+    lo = los[bucketed[0]] if len(bucketed) == 1 else None
+    hi = his[bucketed[0]] if len(bucketed) == 1 else None
+    return {
+        "dimension": "&".join(names), "value": "&".join(values), "lo": lo, "hi": hi,
+        "score": round(c.score, 4),
+        "p99_without_ms": _ms(c.p99_without_ns), "explained": _round(c.explained, 4),
+        "support": c.tail_count, "tail_share": round(c.tail_share, 4), "baseline_share": round(c.base_share, 4),
+        "baseline_p99_without_ms": _ms(c.baseline_p99_without_ns), "p_value": float(f"{c.p_value:.3g}"),
+        "conditions": [{"dimension": n, "value": v, "lo": a, "hi": b}
+                       for n, v, a, b in zip(names, values, los, his, strict=True)],
+    }
+
+
+def _round(x: float, digits: int) -> float | None:
+    return round(x, digits) if math.isfinite(x) else None
+
+
+def _ms(ns: float) -> float | None:
+    return round(ns / 1e6, 3) if math.isfinite(ns) else None
+
+
+# --- stage shares ------------------------------------------------------------------------
+
+_SUB_PREFIX = "_tailscope_sel_"
+_VIEW_NAMES = ("spans", *VIEW_SQL)
+
+
+def _sub_sql(sql: str) -> str:
+    pattern = r"\b(" + "|".join(re.escape(n) for n in sorted(_VIEW_NAMES, key=len, reverse=True)) + r")\b"
+    return re.sub(pattern, lambda m: _SUB_PREFIX + m.group(1), sql)
+
+
+def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str]) -> pl.DataFrame:
+    """The `requests` view (trace_id, span_id, stage columns) for a few traces only, exact and fast.
+
+    The view's own SQL runs over a temp copy of just these traces' spans.
+    """
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}ids AS SELECT unnest(?::VARCHAR[]) AS TraceId",
+                [list(trace_ids)]).fetchall()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT s.* FROM spans s "
+                f"SEMI JOIN {_SUB_PREFIX}ids i ON s.TraceId = i.TraceId").fetchall()
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT * FROM {_SUB_PREFIX}data").fetchall()
+    for name, sql in VIEW_SQL.items():
+        if name == "stages":
+            continue
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}{name} AS {_sub_sql(sql)}").fetchall()
+    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
+    return con.sql(f"SELECT trace_id, span_id, {cols} FROM {_SUB_PREFIX}requests").pl()
+
+
+def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) -> list[dict[str, Any]]:
+    """Each stage's mean critical-path time (ms) in both slices and its share of the positive growth."""
+    rows: list[dict[str, Any]] = []
+    for stage in stages:
+        col = f"{stage}_ns"
+        t = float(tail.get_column(col).mean() or 0.0) if tail.height else 0.0  # type: ignore[arg-type]
+        b = float(base.get_column(col).mean() or 0.0) if base.height else 0.0  # type: ignore[arg-type]
+        if t == 0 and b == 0:
+            continue
+        rows.append({"stage": stage, "tail_ms": t / 1e6, "baseline_ms": b / 1e6, "growth": t - b})
+    positive = sum(r["growth"] for r in rows if r["growth"] > 0)
+    out = []
+    for r in rows:
+        share = r["growth"] / positive if positive > 0 else 0.0
+        out.append({"stage": r["stage"], "share": round(share, 4), "tail_ms": round(r["tail_ms"], 3),
+                    "baseline_ms": round(r["baseline_ms"], 3)})
+    out.sort(key=lambda r: (-r["share"], r["stage"]))
+    return out
+
+
+def tail_slice(values: F64, rows: I64, q: float = TAIL_Q) -> I64:
+    """Rows of the slowest (1 - q) share of `rows` (at least MIN_TAIL_SLICE of them, if there are)."""
+    if rows.size == 0:
+        return rows
+    k = min(rows.size, max(MIN_TAIL_SLICE, math.ceil((1 - q) * rows.size)))
+    order = np.argsort(values[rows], kind="stable")
+    return rows[order[rows.size - k:]]
+
+
+def exemplars(trace_ids: Sequence[str], values: F64, spike: I64, threshold: float, prefer: Mask | None,
+              k: int = MAX_EXEMPLARS) -> list[str]:
+    """Trace ids of tail requests nearest the spike p99 from above, matching the best candidate first."""
+    rows = spike[values[spike] >= threshold]
+    if rows.size == 0:
+        rows = tail_slice(values, spike)
+    pref = np.zeros(rows.size, dtype=bool) if prefer is None else prefer[np.searchsorted(spike, rows)]
+    order = np.lexsort((values[rows], ~pref))
+    return [trace_ids[int(r)] for r in rows[order[:k]]]
