@@ -1,0 +1,103 @@
+"""What-if: replay observed arrivals and service times through a k-server FIFO queue.
+
+Each request arrives at its observed start and needs its observed service time (its
+latency minus the time it waited in the queue). Requests are served first come, first
+served by k identical servers (replicas x concurrency slots): an event simulation with a
+heap of the servers' free times, O(n log k). The prediction assumes service times do not
+change with load (no batching slow-down, no cold starts), so it says how much of the tail
+is queueing that more capacity would remove, not how a different batch size would run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from analysis.percentiles import parse_time, request_source
+from analysis.spikes import quantile_sorted
+
+I64 = npt.NDArray[np.int64]
+
+
+def simulate(arrivals: Sequence[int] | I64, services: Sequence[int] | I64, servers: int) -> I64:
+    """Latency (finish minus arrival) of each request through `servers` FIFO servers, in input order."""
+    if servers < 1:
+        raise ValueError("servers must be at least 1")
+    arr = np.asarray(arrivals, dtype=np.int64)
+    svc = np.asarray(services, dtype=np.int64)
+    if arr.shape != svc.shape:
+        raise ValueError("arrivals and services must have the same length")
+    if np.any(svc < 0):
+        raise ValueError("service times must be non-negative")
+    order = np.argsort(arr, kind="stable")
+    latency = np.empty(arr.size, dtype=np.int64)
+    a_list = arr[order].tolist()
+    s_list = svc[order].tolist()
+    lat_sorted = [0] * arr.size
+    free = [a_list[0] if a_list else 0] * min(servers, max(arr.size, 1))  # a heap: every server free at first
+    for j, (a, s) in enumerate(zip(a_list, s_list, strict=True)):
+        t = free[0]
+        begin = a if a > t else t
+        heapq.heapreplace(free, begin + s)
+        lat_sorted[j] = begin + s - a
+    latency[order] = np.asarray(lat_sorted, dtype=np.int64)
+    return latency
+
+
+def oracle(arrivals: Sequence[int], services: Sequence[int], servers: int) -> list[int]:
+    """Tick-by-tick reference of `simulate` for small integer workloads (for tests)."""
+    n = len(arrivals)
+    order = sorted(range(n), key=lambda i: (arrivals[i], i))
+    busy_until = [0] * servers
+    waiting: list[int] = []
+    nxt = 0
+    latency = [0] * n
+    done = 0
+    t = min(arrivals) if n else 0
+    while done < n:
+        while nxt < n and arrivals[order[nxt]] <= t:
+            waiting.append(order[nxt])
+            nxt += 1
+        for k in range(servers):
+            while busy_until[k] <= t and waiting:
+                i = waiting.pop(0)
+                busy_until[k] = t + services[i]
+                latency[i] = busy_until[k] - arrivals[i]
+                done += 1
+                if services[i] > 0:
+                    break
+        t += 1
+    return latency
+
+
+def predict(arrivals: I64, services: I64, servers: Sequence[int]) -> list[dict[str, Any]]:
+    """p50 / p99 latency (ms) predicted for each server count."""
+    out = []
+    for k in servers:
+        lat = np.sort(simulate(arrivals, services, int(k)).astype(np.float64))
+        out.append({"servers": int(k), "p50_ms": round(quantile_sorted(lat, 0.5) / 1e6, 3),
+                    "p99_ms": round(quantile_sorted(lat, 0.99) / 1e6, 3)})
+    return out
+
+
+def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | None = None,
+                      until: str | int | None = None) -> tuple[I64, I64]:
+    """(arrival ns, service ns) of the requests in range: service = e2e minus critical-path queue wait."""
+    src = request_source(con, "queue_wait")
+    data = con.execute(
+        f"SELECT start_ns, e2e_ns - queue_wait_ns AS service_ns FROM {src} "
+        "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2) ORDER BY start_ns",
+        [parse_time(since), parse_time(until)]).fetchnumpy()
+    return (np.asarray(data["start_ns"], dtype=np.int64), np.asarray(data["service_ns"], dtype=np.int64))
+
+
+def whatif(con: duckdb.DuckDBPyConnection, servers: Sequence[int], since: str | int | None = None,
+           until: str | int | None = None) -> list[dict[str, Any]]:
+    """Predicted p50 / p99 (ms) of the requests in range under each number of FIFO servers."""
+    arrivals, services = observed_workload(con, since, until)
+    return predict(arrivals, services, servers)
