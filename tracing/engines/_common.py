@@ -82,16 +82,14 @@ def derived_span_id(trace_id: str, span_id: str, key: str) -> str:
 
 
 def finish_reason_outcome(status_code: str, attrs: Mapping[str, str]) -> str:
-    """Outcome from the status, then from `gen_ai.response.finish_reasons` (abort → cancelled)."""
-    outcome = outcome_of(status_code, attrs)
-    if outcome != "ok":
-        return outcome
-    reasons = attrs.get("gen_ai.response.finish_reasons", "").lower()
-    if "abort" in reasons or "cancel" in reasons:
-        return "cancelled"
-    if "error" in reasons:
-        return "error"
-    return "ok"
+    """Outcome from `gen_ai.response.finish_reasons` (abort → cancelled, error → error), else the status."""
+    if S.ATTR_OUTCOME not in attrs:
+        reasons = attrs.get("gen_ai.response.finish_reasons", "").lower()
+        if "abort" in reasons or "cancel" in reasons:
+            return "cancelled"
+        if "error" in reasons:
+            return "error"
+    return outcome_of(status_code, attrs)
 
 
 def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = None,

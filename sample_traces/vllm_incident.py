@@ -1,0 +1,164 @@
+"""A slow-replica incident expressed in vLLM's own trace format, for the accuracy suite.
+
+The fleet simulator (sample_traces/fleet.py) runs the catalogue's `slow_replica` incident (one
+of 32 replicas' GPU throttled 6x in minutes 5 to 8); each request that reached a replica is
+then written as vLLM 0.33 writes it with `--otlp-traces-endpoint`: one SERVER span
+`llm_request` (tracer `vllm.tracing.otel`) from arrival at the vLLM frontend to emit, with the
+float-second `gen_ai.latency.*` attributes, token counts and request id, no children, from a
+TracerProvider per replica whose resource carries `service.instance.id` (as set through
+OTEL_RESOURCE_ATTRIBUTES) and `vllm.process_id`. Requests the client abandoned become aborted
+requests (`gen_ai.response.finish_reasons = '["abort"]'`), engine failures '["error"]', both with
+an error status; gateway rejections never reach vLLM and are left out. The truth file states
+the window, the stage (decode), the dimension (replica) and its value, and the p50/p99 effect
+measured on vLLM's own e2e (arrival at the replica → last token).
+
+    python -m sample_traces.vllm_incident [OUT_DIR]   # default: sample_traces/data/engines/
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util.types import AttributeValue
+
+from sample_traces.basic import SeededIds
+from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.incidents import SLOW_REPLICA, run, write_truth
+from tracing.otlp_json import spans_to_json_line
+
+NAME = "vllm_slow_replica"
+OUT_DIR = Path(__file__).parent / "data" / "engines"
+SEED = 1
+DURATION_S = 600.0
+RATE = 7.0
+#: Spans per OTLP/JSON line (the BatchSpanProcessor's default max_export_batch_size).
+BATCH = 512
+
+
+def traces_path(out_dir: Path = OUT_DIR) -> Path:
+    """Where the vLLM-format traces go."""
+    return out_dir / f"{NAME}.otlp.jsonl.gz"
+
+
+def truth_path(out_dir: Path = OUT_DIR) -> Path:
+    """Where the truth file goes."""
+    return out_dir / f"{NAME}.truth.json"
+
+
+def _ns(t_s: float) -> int:
+    return START_NS + round(t_s * NS)
+
+
+def reached_vllm(req: SimRequest) -> bool:
+    """True for requests that arrived at a replica (gateway rejections never reach vLLM)."""
+    return (bool(req.replica) and 0 < req.at_replica_s < req.end_s
+            and req.error_type != "InvalidRequestError")
+
+
+def vllm_times(req: SimRequest, rng: random.Random) -> tuple[int, int, dict[str, AttributeValue], bool]:
+    """(start ns, end ns, attributes, aborted) of the `llm_request` span vLLM emits for `req`."""
+    start_s = req.at_replica_s
+    done_s = min(req.decode_end_s, req.end_s) if req.status == "ok" else req.end_s
+    aborted = req.status != "ok"
+    attrs: dict[str, AttributeValue] = {
+        "gen_ai.request.id": f"chatcmpl-{req.index:06d}",
+        "gen_ai.request.max_tokens": 2048,
+        "gen_ai.usage.prompt_tokens": req.input_tokens,
+        "gen_ai.usage.completion_tokens": 0 if aborted and req.first_token_s >= req.end_s else req.output_tokens,
+        "gen_ai.latency.e2e": done_s - start_s,
+    }
+    if rng.random() < 0.5:
+        attrs["gen_ai.request.temperature"] = 0.7
+    if start_s <= req.gen_start_s < done_s:
+        attrs["gen_ai.latency.time_in_queue"] = req.gen_start_s - start_s
+    if req.gen_start_s >= start_s and req.gen_start_s <= req.first_token_s <= done_s:
+        attrs["gen_ai.latency.time_to_first_token"] = req.first_token_s - start_s
+        attrs["gen_ai.latency.time_in_model_prefill"] = req.first_token_s - req.gen_start_s
+        last = min(req.decode_end_s, done_s)
+        attrs["gen_ai.latency.time_in_model_decode"] = max(0.0, last - req.first_token_s)
+        attrs["gen_ai.latency.time_in_model_inference"] = max(0.0, last - req.gen_start_s)
+    if aborted:  # the client gave up (vLLM sees an abort) or the engine died
+        attrs["gen_ai.response.finish_reasons"] = '["abort"]' if req.status == "timeout" else '["error"]'
+    emit_delay_s = rng.uniform(0.0002, 0.0012)  # span.end() runs after the final output is processed
+    return _ns(start_s), _ns(done_s + emit_delay_s), attrs, aborted
+
+
+def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
+    """OTLP/JSON lines of every replica's `llm_request` spans, made with the OpenTelemetry SDK."""
+    rng = random.Random(seed)
+    by_replica: dict[str, list[SimRequest]] = {}
+    for req in requests:
+        if reached_vllm(req):
+            by_replica.setdefault(req.replica, []).append(req)
+    out: list[str] = []
+    for k, replica in enumerate(sorted(by_replica)):
+        exporter = InMemorySpanExporter()
+        resource = Resource({"service.name": "vllm", "service.instance.id": replica,
+                             "vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": 1000 + k})
+        provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1000 + k))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("vllm.tracing.otel")
+        for req in by_replica[replica]:
+            start, end, attrs, aborted = vllm_times(req, rng)
+            span = tracer.start_span("llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs)
+            if aborted:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "request aborted"))
+            span.end(end_time=end)
+        provider.shutdown()
+        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
+        out.extend(spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH))
+    return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, float]:
+    e2e = [(min(r.decode_end_s, r.end_s) - r.at_replica_s) * 1000 for r in requests
+           if reached_vllm(r) and r.status == "ok" and t0 <= r.at_replica_s < t1]
+    return {"requests": len(e2e), "p50_ms": round(_quantile(e2e, 0.5), 1), "p99_ms": round(_quantile(e2e, 0.99), 1)}
+
+
+def generate(out_dir: Path = OUT_DIR, seed: int = SEED, duration_s: float = DURATION_S,
+             rate: float = RATE) -> tuple[Path, Path]:
+    """Simulate the incident, write the vLLM-format traces and the truth file; returns both paths."""
+    scenario = run("slow_replica", seed, duration_s, rate)
+    clean = run("clean", seed, duration_s, rate).requests
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces = traces_path(out_dir)
+    with gzip.GzipFile(traces, "wb", mtime=0) as fh:
+        fh.write(("\n".join(lines(scenario.requests, seed)) + "\n").encode())
+    truth: dict[str, Any] = scenario.truth(None)
+    t0, t1 = scenario.window_s
+    truth.update(
+        scenario=NAME,
+        title="Slow replica (throttled GPU), in vLLM's trace format",
+        format="vLLM 0.33 llm_request spans (OTLP/JSON lines)",
+        requests=sum(1 for r in scenario.requests if reached_vllm(r)),
+        effect={"incident": _effect(scenario.requests, t0, t1), "clean": _effect(clean, t0, t1)},
+    )
+    assert truth["dimension"] == "replica" and truth["value"] == SLOW_REPLICA
+    return traces, write_truth(truth_path(out_dir), truth)
+
+
+if __name__ == "__main__":
+    for path in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT_DIR):
+        print(path)
