@@ -13,7 +13,7 @@ import pyarrow as pa
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tracing.otlp import DecodeResult, decode_json_request, decode_protobuf_table
+from tracing.otlp import DecodeResult, base_of, decode_json_request, decode_protobuf_base
 from tracing.rows import SpanBatch
 
 PROTOBUF = "application/x-protobuf"
@@ -82,13 +82,16 @@ def decompress(data: bytes, content_encoding: str | None, cap: int) -> bytes:
 
 
 def decode_body(data: bytes, encoding: str) -> Decoded:
-    """Decode an OTLP ExportTraceServiceRequest body; ValueError (400) when it is malformed."""
+    """Decode an OTLP ExportTraceServiceRequest body; ValueError (400) when it is malformed.
+
+    The table is in `otlp.BASE_SCHEMA`: the committer promotes a whole group at once.
+    """
     if encoding == PROTOBUF:
-        table, result = decode_protobuf_table(data)
+        table, result = decode_protobuf_base(data)
         return Decoded(table if table.num_rows else None, result)
     batch = SpanBatch()
     result = decode_json_request(data, batch)
-    return Decoded(batch.to_table() if len(batch) else None, result)
+    return Decoded(base_of(batch.to_table()) if len(batch) else None, result)
 
 
 def partial_message(result: DecodeResult) -> str:

@@ -21,6 +21,7 @@ from tracing.collect.grpc_server import make_server
 from tracing.collect.http import HttpServer
 from tracing.collect.intake import Intake
 from tracing.engines import normalize
+from tracing.otlp import promote
 from tracing.store import SegmentWriter, init_store
 
 
@@ -61,7 +62,8 @@ class Receiver:
         self.keys = RecentKeys(config.dedupe_window)
         self.loaded_keys = 0
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
-                                   max_batch_spans=config.max_batch_spans, normalize=normalize)
+                                   max_batch_spans=config.max_batch_spans,
+                                   prepare=lambda table: normalize(promote(table)))
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None

@@ -1,0 +1,442 @@
+"""Benchmark `tailscope collect`: spans/s into queryable, fsynced segments, beside Arize Phoenix.
+
+    .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix /tmp/phoenix-venv/bin/phoenix]
+
+Runs the receiver as a child process (`tailscope collect`), then:
+1. throughput from pre-encoded OTLP/HTTP protobuf bodies posted by an asyncio client over
+   several keep-alive connections (the client runs on the same 2-core machine), for several
+   body sizes and totals (how cost grows with size), checked by counting the stored spans;
+2. the official OpenTelemetry OTLP exporters (HTTP and gRPC) end to end: ReadableSpans
+   encoded by the exporter, sent, stored;
+3. the added commit latency: the receiver's own submit-to-fsynced p99, and the client's p99;
+4. Arize Phoenix (`phoenix serve`) fed the same bodies by the same client, when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+STAGES = ("network", "queue_wait", "preprocess", "prefill", "decode", "streaming")
+
+
+# --- spans and bodies --------------------------------------------------------------------
+
+
+def sdk_spans(n_requests: int, seed: int = 1) -> list[ReadableSpan]:
+    """Finished SDK spans: per request a root span and 6 stage spans with about 6 attributes."""
+    rng = random.Random(seed)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-llm",
+                                                        "service.instance.id": "replica-01"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench", "1.0")
+    t0 = time.time_ns() - 3_600_000_000_000
+    for i in range(n_requests):
+        start = t0 + i * 1_000_000
+        root = tracer.start_span("chat llama", start_time=start, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "llama-3-8b",
+            "gen_ai.usage.input_tokens": rng.randint(10, 4000), "gen_ai.usage.output_tokens": rng.randint(1, 900),
+            "tailscope.tenant": f"tenant-{rng.randint(1, 20)}", "gen_ai.request.stream": True})
+        from opentelemetry import trace
+
+        ctx = trace.set_span_in_context(root)
+        t = start
+        for stage in STAGES:
+            d = rng.randint(100_000, 5_000_000)
+            child = tracer.start_span(stage, context=ctx, start_time=t, attributes={
+                "tailscope.stage": stage, "batch.size": rng.randint(1, 64), "gpu.id": rng.randint(0, 7),
+                "note": "x" * rng.randint(0, 12), "ratio": rng.random(), "retry": False})
+            t += d
+            child.end(end_time=t)
+        root.end(end_time=t + 10_000)
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def pb_bodies(total_spans: int, spans_per_body: int, seed: int = 2) -> list[bytes]:
+    """Pre-encoded ExportTraceServiceRequest bodies with unique ids (spans from the SDK encoder)."""
+    template = encode_spans(sdk_spans(50, seed)).resource_spans[0]
+    pattern = list(template.scope_spans[0].spans)
+    rng = random.Random(seed)
+    bodies = []
+    made = 0
+    while made < total_spans:
+        k = min(spans_per_body, total_spans - made)
+        req = ExportTraceServiceRequest()
+        rs = req.resource_spans.add()
+        rs.resource.CopyFrom(template.resource)
+        ss = rs.scope_spans.add()
+        ss.scope.CopyFrom(template.scope_spans[0].scope)
+        trace_id = rng.randbytes(16)
+        for j in range(k):
+            src = pattern[(made + j) % len(pattern)]
+            sp = ss.spans.add()
+            sp.CopyFrom(src)
+            if (made + j) % 7 == 0:
+                trace_id = rng.randbytes(16)
+            sp.trace_id = trace_id
+            sp.span_id = rng.randbytes(8)
+        bodies.append(req.SerializeToString())
+        made += k
+    return bodies
+
+
+# --- the receivers -----------------------------------------------------------------------
+
+
+class Collector:
+    """`tailscope collect` in a child process on free loopback ports."""
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.log = store.parent / f"{store.name}.log"
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "analysis.cli", "collect", "--store", str(store), "--http-port", "0",
+             "--grpc-port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            text = self.log.read_text()
+            match = re.search(r"http=[^:]+:(\d+) grpc=[^:]+:(\d+)", text)
+            if match:
+                self.http_port, self.grpc_port = int(match.group(1)), int(match.group(2))
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited: {text}")
+            time.sleep(0.05)
+        raise RuntimeError("collector did not start")
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and return its console output (the last progress line has p99 commit)."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        return self.log.read_text()
+
+    def stored(self) -> int:
+        """Spans in the store, counted through analysis.connect."""
+        from analysis.connect import connect
+
+        con = connect(self.store)
+        try:
+            return int(con.execute("SELECT count(*) FROM spans").fetchone()[0])  # type: ignore[index]
+        finally:
+            con.close()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the receiver process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        """Peak resident memory of the receiver, MB."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+
+# --- the asyncio client ------------------------------------------------------------------
+
+
+async def _post_worker(host: str, port: int, path: str, bodies: list[bytes], next_index: list[int],
+                       latencies: list[float], statuses: dict[int, int], content_type: str) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
+            "Content-Length: {}\r\n\r\n")
+    try:
+        while True:
+            i = next_index[0]
+            if i >= len(bodies):
+                return
+            next_index[0] = i + 1
+            body = bodies[i]
+            for _attempt in range(100):  # bounded retries of 429/503
+                t0 = time.perf_counter()
+                writer.write(head.format(len(body)).encode() + body)
+                status_line = await reader.readline()
+                status = int(status_line.split()[1])
+                length = 0
+                retry_after = 1.0
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    name, _, value = line.decode().partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                    elif name.lower() == "retry-after":
+                        retry_after = float(value)
+                await reader.readexactly(length)
+                statuses[status] = statuses.get(status, 0) + 1
+                if status not in (429, 503):
+                    latencies.append(time.perf_counter() - t0)
+                    break
+                await asyncio.sleep(min(retry_after, 0.2))
+    finally:
+        writer.close()
+
+
+def post_bodies(port: int, bodies: list[bytes], connections: int, *, path: str = "/v1/traces",
+                content_type: str = "application/x-protobuf") -> tuple[float, list[float], dict[int, int]]:
+    """Post every body over `connections` keep-alive connections; (seconds, latencies, statuses)."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    next_index = [0]
+
+    async def main() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_post_worker("127.0.0.1", port, path, bodies, next_index, latencies,
+                                            statuses, content_type) for _ in range(connections)))
+        return time.perf_counter() - t0
+
+    elapsed = asyncio.run(main())
+    return elapsed, latencies, statuses
+
+
+def q(values: Sequence[float], p: float) -> float:
+    """The p quantile (linear interpolation) of `values`."""
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(p * 1000) - 1] if len(values) > 1 \
+        else values[0]
+
+
+# --- the runs ------------------------------------------------------------------------------
+
+
+def run_throughput(work: Path, total: int, per_body: int, connections: int) -> dict[str, float]:
+    """Pre-encoded bodies into a fresh collector; spans/s until every 200 (= fsynced) is back."""
+    bodies = pb_bodies(total, per_body)
+    store = work / f"tp-{total}-{per_body}"
+    collector = Collector(store)
+    cpu0 = collector.cpu_seconds()
+    try:
+        elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
+        cpu = collector.cpu_seconds() - cpu0
+        rss = collector.rss_mb()
+    finally:
+        log = collector.stop()
+    stored = collector.stored()
+    match = re.findall(r"p99 commit ([\d.]+) ms", log)
+    assert stored == total, f"stored {stored} of {total} spans ({statuses})"
+    return {"spans": total, "per_body": per_body, "connections": connections, "seconds": elapsed,
+            "spans_per_s": total / elapsed, "mb_per_s": sum(map(len, bodies)) / elapsed / 1e6,
+            "client_p50_ms": q(lat, 0.5) * 1000, "client_p99_ms": q(lat, 0.99) * 1000,
+            "server_commit_p99_ms": float(match[-1]) if match else float("nan"),
+            "cpu_us_per_span": cpu / total * 1e6, "rss_mb": rss, "refused": statuses.get(503, 0)}
+
+
+def run_light_latency(work: Path, n: int = 200, per_body: int = 512) -> dict[str, float]:
+    """One connection, one request at a time: the latency a durable commit adds to a request."""
+    bodies = pb_bodies(n * per_body, per_body, seed=9)
+    collector = Collector(work / "latency")
+    try:
+        _, lat, _ = post_bodies(collector.http_port, bodies, 1)
+    finally:
+        log = collector.stop()
+    match = re.findall(r"p99 commit ([\d.]+) ms", log)
+    return {"client_p50_ms": q(lat, 0.5) * 1000, "client_p99_ms": q(lat, 0.99) * 1000,
+            "server_commit_p99_ms": float(match[-1]) if match else float("nan")}
+
+
+def run_exporter(work: Path, kind: str, n_requests: int, threads: int = 2) -> dict[str, float]:
+    """The official OTLP exporter (`http` or `grpc`) sending 512-span batches end to end."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    spans = sdk_spans(n_requests, seed=5)
+    batches = [spans[i:i + 512] for i in range(0, len(spans), 512)]
+    collector = Collector(work / f"exp-{kind}")
+    results: list[bool] = []
+    try:
+        def send(part: list[list[ReadableSpan]]) -> None:
+            exporter = (HttpExporter(endpoint=f"http://127.0.0.1:{collector.http_port}/v1/traces")
+                        if kind == "http" else GrpcExporter(endpoint=f"127.0.0.1:{collector.grpc_port}",
+                                                            insecure=True))
+            for batch in part:
+                results.append(exporter.export(batch).value == 0)
+            exporter.shutdown()
+
+        t0 = time.perf_counter()
+        workers = [threading.Thread(target=send, args=(batches[i::threads],)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        collector.stop()
+    stored = collector.stored()
+    assert all(results) and stored == len(spans), f"{kind}: stored {stored} of {len(spans)}"
+    return {"spans": len(spans), "seconds": elapsed, "spans_per_s": len(spans) / elapsed}
+
+
+def encode_rate(n_requests: int = 2000) -> float:
+    """Spans/s of the official Python OTLP encoder alone (the exporters' ceiling)."""
+    spans = sdk_spans(n_requests, seed=7)
+    t0 = time.perf_counter()
+    for i in range(0, len(spans), 512):
+        encode_spans(spans[i:i + 512]).SerializeToString()
+    return len(spans) / (time.perf_counter() - t0)
+
+
+def run_phoenix(work: Path, phoenix_bin: str, total: int, per_body: int) -> dict[str, float] | str:
+    """`phoenix serve` fed the same kind of bodies by the same client; spans/s until stored."""
+    if not Path(phoenix_bin).exists():
+        return f"not run: {phoenix_bin} not found (pip install arize-phoenix into a venv)"
+    home = work / "phoenix"
+    home.mkdir()
+    port = 6006 + random.randint(100, 900)
+    env = dict(os.environ, PHOENIX_WORKING_DIR=str(home), PHOENIX_PORT=str(port), PHOENIX_HOST="127.0.0.1",
+               PHOENIX_GRPC_PORT=str(port + 1), PHOENIX_TELEMETRY_ENABLED="false")
+    log = open(home / "phoenix.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([phoenix_bin, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+            if proc.poll() is not None:
+                return f"not run: phoenix serve exited ({(home / 'phoenix.log').read_text()[-500:]})"
+        else:
+            return "not run: phoenix serve did not become healthy within 180 s"
+        bodies = pb_bodies(total, per_body, seed=11)
+        t0 = time.perf_counter()
+        cpu0 = _cpu_tree(proc.pid)
+        elapsed_post, lat, statuses = post_bodies(port, bodies, 4)
+        # Phoenix answers before it stores: poll its span count until all are there
+        stored = 0
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            stored = _phoenix_count(home)
+            if stored >= total:
+                break
+            time.sleep(0.5)
+        elapsed = time.perf_counter() - t0
+        cpu = _cpu_tree(proc.pid) - cpu0
+        return {"spans": total, "stored": stored, "seconds": elapsed, "spans_per_s": stored / elapsed,
+                "post_seconds": elapsed_post, "refused_503": statuses.get(503, 0),
+                "cpu_ms_per_span": cpu / max(1, stored) * 1000}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _phoenix_count(home: Path) -> int:
+    import sqlite3
+
+    db = home / "phoenix.db"
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(con.execute("SELECT count(*) FROM spans").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _cpu_tree(pid: int) -> float:
+    total = 0.0
+    tck = os.sysconf("SC_CLK_TCK")
+    for p in [pid, *_children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tck
+        except OSError:
+            pass
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every measurement and print figures and ratios."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--phoenix", default="/tmp/phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
+    ap.add_argument("--connections", type=int, default=8)
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-collect-"))
+    try:
+        print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; work dir {work}")
+        sizes = [(50_000, 512)] if args.quick else [
+            (100_000, 512), (400_000, 512), (1_000_000, 512), (400_000, 64), (400_000, 4096)]
+        best = 0.0
+        print("\n1. pre-encoded OTLP/HTTP protobuf bodies, asyncio client, "
+              f"{args.connections} connections -> fsynced segments")
+        print(f"{'spans':>9} {'per body':>8} {'s':>6} {'spans/s':>9} {'MB/s':>6} {'client p50':>10} "
+              f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'RSS MB':>7}")
+        for total, per_body in sizes:
+            r = run_throughput(work, total, per_body, args.connections)
+            best = max(best, r["spans_per_s"]) if per_body == 512 else best
+            print(f"{r['spans']:>9,.0f} {r['per_body']:>8,.0f} {r['seconds']:>6.2f} {r['spans_per_s']:>9,.0f} "
+                  f"{r['mb_per_s']:>6.1f} {r['client_p50_ms']:>8.1f}ms {r['client_p99_ms']:>8.1f}ms "
+                  f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} {r['rss_mb']:>7.0f}")
+        light = run_light_latency(work, n=50 if args.quick else 200)
+        print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
+              f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "
+              f"p99 {light['server_commit_p99_ms']:.1f} ms")
+        n_req = 1500 if args.quick else 8000
+        enc = encode_rate(500 if args.quick else 2000)
+        print(f"\n3. official exporters end to end (7 spans per request, 512-span batches, 2 threads); "
+              f"encoder alone: {enc:,.0f} spans/s")
+        for kind in ("http", "grpc"):
+            r = run_exporter(work, kind, n_req)
+            print(f"   OTLP/{kind:<4} exporter: {r['spans']:,.0f} spans in {r['seconds']:.2f} s = "
+                  f"{r['spans_per_s']:,.0f} spans/s ({r['spans_per_s'] / enc:.2f} of the encoder's rate)")
+        print("\n4. Arize Phoenix, same bodies, same client (4 connections)")
+        ph = run_phoenix(work, args.phoenix, 2_000 if args.quick else 10_000, 512) if args.phoenix \
+            else "not run (--phoenix '')"
+        if isinstance(ph, str):
+            print(f"   {ph}")
+        else:
+            print(f"   phoenix: {ph['stored']:,.0f}/{ph['spans']:,.0f} spans stored in {ph['seconds']:.1f} s = "
+                  f"{ph['spans_per_s']:,.0f} spans/s (posting took {ph['post_seconds']:.1f} s, "
+                  f"{ph['refused_503']:.0f} answers 503, {ph['cpu_ms_per_span']:.2f} ms CPU/span)")
+            print(f"   ratio: tailscope collect {best:,.0f} spans/s / phoenix {ph['spans_per_s']:,.0f} spans/s = "
+                  f"{best / max(ph['spans_per_s'], 1e-9):,.0f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
