@@ -1,7 +1,7 @@
 """tailscope dashboard: the router. Run with `tailscope dashboard [--store DIR]`.
 
 Opens the store once (shared by every session), draws the shared sidebar filters, then
-runs the chosen page. Pages live in dashboard/pages/ and stay thin; data comes from
+runs the chosen page. Pages live in dashboard/app_pages/ and stay thin; data comes from
 dashboard/data.py.
 """
 
@@ -21,13 +21,13 @@ from dashboard import data, sidebar  # noqa: E402
 st.set_page_config(page_title="tailscope", page_icon="⏱", layout="wide")
 
 PAGES = [
-    st.Page(HERE / "pages" / "overview.py", title="Overview", icon="📈", default=True),
-    st.Page(HERE / "pages" / "spike.py", title="Spike", icon="🔥"),
-    st.Page(HERE / "pages" / "traces.py", title="Traces", icon="🧵"),
-    st.Page(HERE / "pages" / "shape.py", title="Request shape", icon="🧮"),
-    st.Page(HERE / "pages" / "replicas.py", title="Replicas", icon="🖥"),
-    st.Page(HERE / "pages" / "whatif.py", title="What-if", icon="🔮"),
-    st.Page(HERE / "pages" / "sql.py", title="SQL", icon="🔎"),
+    st.Page(HERE / "app_pages" / "overview.py", title="Overview", icon="📈", default=True),
+    st.Page(HERE / "app_pages" / "spike.py", title="Spike", icon="🔥"),
+    st.Page(HERE / "app_pages" / "traces.py", title="Traces", icon="🧵"),
+    st.Page(HERE / "app_pages" / "shape.py", title="Request shape", icon="🧮"),
+    st.Page(HERE / "app_pages" / "replicas.py", title="Replicas", icon="🖥"),
+    st.Page(HERE / "app_pages" / "whatif.py", title="What-if", icon="🔮"),
+    st.Page(HERE / "app_pages" / "sql.py", title="SQL", icon="🔎"),
 ]
 
 page = st.navigation(PAGES)

@@ -99,7 +99,8 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
         y=alt.Y("label:N", sort=None, title=None),
         x=alt.X("p99_without_ms:Q", title="p99 without it (ms)"),
-        tooltip=["label:N", alt.Tooltip("p99_without_ms:Q", format=",.0f"), alt.Tooltip("tail_share:Q", format=".0%")],
+        tooltip=["label:N", alt.Tooltip("p99_without_ms:Q", format=",.0f"), alt.Tooltip("tail_share:Q", format=".0%"),
+                 alt.Tooltip("baseline_share:Q", format=".0%")],
     )
     rule = alt.Chart(pd.DataFrame({"p99": [p99_ms]})).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="p99:Q")
     return (bars + rule).properties(height=max(120, 26 * len(df)))
@@ -186,22 +187,6 @@ def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
     )
     ticks = alt.Chart(data).mark_tick(color="#1f4e9c", thickness=3, size=28).encode(x="replica:N", y="p50_ms:Q")
     return (bars + ticks).properties(height=280)
-
-
-def whatif_chart(df: pd.DataFrame, observed_replicas: int | None) -> alt.LayerChart | alt.Chart:
-    """Predicted p50/p99 against replica count, observed replica count marked."""
-    long = df.melt(id_vars=["replicas"], value_vars=["p50_ms", "p99_ms"], var_name="pct", value_name="ms")
-    long["pct"] = long["pct"].str.removesuffix("_ms")
-    lines = alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("replicas:O", title="replicas"), y=alt.Y("ms:Q", title="predicted ms"),
-        color=alt.Color("pct:N", scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
-        tooltip=["replicas:O", "pct:N", alt.Tooltip("ms:Q", format=",.0f")],
-    )
-    if observed_replicas is None:
-        return lines.properties(height=260)
-    rule = alt.Chart(pd.DataFrame({"replicas": [observed_replicas]})).mark_rule(strokeDash=[4, 3]).encode(
-        x="replicas:O")
-    return (lines + rule).properties(height=260)
 
 
 def fmt_ms(ms: float | None) -> str:

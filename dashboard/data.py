@@ -51,7 +51,7 @@ SQL_ROW_LIMIT = 5_000
 
 def store_path(argv: list[str] | None = None) -> Path:
     """The store: `--store DIR` passed after `streamlit run app.py --`, else $TAILSCOPE_STORE, else default."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--store", default=None)
     args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     return Path(args.store).expanduser() if args.store else default_store()
@@ -308,8 +308,10 @@ def summary(_db: Workbench, store: str, version: int, filters: Filters) -> dict[
     )
     outcomes = ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
     with _cursor(_db) as cur:
-        row = _df(cur, f"SELECT count(*) AS requests, {outcomes}, {pcts} FROM req WHERE {cond}", params)
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.iloc[0].to_dict().items()}
+        rel = cur.execute(f"SELECT count(*) AS requests, {outcomes}, {pcts} FROM req WHERE {cond}", params)
+        names = [d[0] for d in rel.description or []]
+        row = rel.fetchone() or ()
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in zip(names, row, strict=True)}
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -337,22 +339,32 @@ def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: s
     Uses analysis.report.build_report when it is installed; else a plain rule (window p99 above
     twice the median window p99 while p50 stays within 25%) so the pages still point somewhere.
     """
-    with _cursor(_db, filters) as cur:
-        if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
-            return []
-        report = _analysis_report(cur, metric, filters)
-        if report is not None:
-            return list(report.get("spikes", []))
+    report = report_of(_db, store, version, filters, metric)
+    if report is not None:
+        return list(report.get("spikes", []))
     return _fallback_spikes(_db, filters, metric)
 
 
-def _analysis_report(cur: duckdb.DuckDBPyConnection, metric: str, filters: Filters) -> dict[str, Any] | None:
+@st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
+def report_of(_db: Workbench, store: str, version: int, filters: Filters,
+              metric: str = "e2e_ns") -> dict[str, Any] | None:
+    """analysis.report.build_report over the filtered requests (None when that module is absent).
+
+    The report reads its request facts from a per-connection table; this cursor hands it the
+    already materialized, filtered rows instead of rescanning the store.
+    """
     try:
-        from analysis.report import build_report  # type: ignore[import-not-found,unused-ignore]
+        from analysis import percentiles as P
+        from analysis.report import build_report
     except ImportError:
         return None
-    result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
-                                          since=filters.since_ns, until=filters.until_ns, include_failures=True)
+    with _cursor(_db, filters) as cur:
+        if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
+            return {"spikes": [], "requests": 0, "errors": []}
+        cur.execute(f"CREATE TEMP TABLE {P.REQUESTS_TABLE} AS SELECT * FROM requests")
+        result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
+                                              since=filters.since_ns, until=filters.until_ns,
+                                              include_failures=True)
     return result
 
 
@@ -654,26 +666,40 @@ def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def whatif(_db: Workbench, store: str, version: int, filters: Filters, replicas_count: int) -> dict[str, Any]:
-    """Predicted p50/p99 (ms) with `replicas_count` replicas (analysis.whatif replay) beside the observed ones."""
-    obs = summary(_db, store, version, filters)
-    out: dict[str, Any] = {"observed_p50_ms": obs.get("e2e_p50_ms"), "observed_p99_ms": obs.get("e2e_p99_ms"),
-                           "predicted_p50_ms": None, "predicted_p99_ms": None, "error": None}
+def concurrency(_db: Workbench, store: str, version: int, filters: Filters) -> int:
+    """Most requests one replica was seen serving at once (after their queue wait): its slots."""
+    cond, params = filters.where()
+    with _cursor(_db) as cur:
+        row = cur.execute(f"""
+            WITH ev AS (
+                SELECT replica, start_ns + queue_wait_ns AS t, 1 AS d FROM req WHERE {cond}
+                UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM req WHERE {cond})
+            SELECT max(n) FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d
+                                                    ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",
+                          [*params, *params]).fetchone()
+    return max(1, int(row[0])) if row and row[0] is not None else 1
+
+
+@st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
+def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
+    """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif).
+
+    Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
+    """
+    out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
     try:
-        from analysis import whatif as wi  # type: ignore[attr-defined,unused-ignore]
+        from analysis import whatif as wi
     except ImportError:
         out["error"] = "the queue replay (analysis.whatif) is not installed in this build"
         return out
     with _cursor(_db, filters) as cur:
         try:
-            result = wi.replay(cur, replicas=replicas_count)
+            res = wi.whatif(cur, [int(servers)], since=filters.since_ns, until=filters.until_ns)
         except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
-            out["error"] = f"could not replay the queue: {exc}"
+            out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
             return out
-    res = result if isinstance(result, dict) else vars(result)
-    out["predicted_p50_ms"] = res.get("p50_ms")
-    out["predicted_p99_ms"] = res.get("p99_ms")
-    out["observed_replicas"] = res.get("observed_replicas")
+    if res:
+        out["p50_ms"], out["p99_ms"] = res[0]["p50_ms"], res[0]["p99_ms"]
     return out
 
 
@@ -702,11 +728,9 @@ def check_read_only(sql: str) -> str:
         raise RefusedQuery(f"could not parse the query: {str(exc).splitlines()[0]}") from exc
     if len(statements) != 1:
         raise RefusedQuery(f"one statement at a time, please ({len(statements)} given)")
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise RefusedQuery(f"only SELECT / WITH queries are allowed here, not {kind.name}")
     first = text.split(None, 1)[0].upper()
-    if first not in ("SELECT", "WITH", "FROM", "(", "VALUES", "TABLE") and not first.startswith("("):
+    if statements[0].type != duckdb.StatementType.SELECT or (
+            first not in ("SELECT", "WITH", "FROM", "VALUES", "TABLE") and not first.startswith("(")):
         raise RefusedQuery(f"only SELECT / WITH queries are allowed here, not {first}")
     return text
 
@@ -720,7 +744,6 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     """
     text = check_read_only(sql)
     cur = sandbox(store).cursor()
-    timer = threading.Timer(timeout_s, cur.interrupt)
     timed_out = threading.Event()
 
     def fire() -> None:
@@ -788,12 +811,45 @@ def baseline_stats(_db: Workbench, store: str, version: int, filters: Filters, s
     return {"requests": int(n), "p50_ms": p50, "p99_ms": p99}
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def whatif_curve(_db: Workbench, store: str, version: int, filters: Filters, counts: tuple[int, ...]) -> pd.DataFrame:
-    """Predicted p50/p99 (ms) for each replica count in `counts` (rows with no prediction dropped)."""
-    rows = []
-    for k in counts:
-        r = whatif(_db, store, version, filters, k)
-        if r["predicted_p99_ms"] is not None:
-            rows.append({"replicas": k, "p50_ms": r["predicted_p50_ms"], "p99_ms": r["predicted_p99_ms"]})
-    return pd.DataFrame(rows, columns=["replicas", "p50_ms", "p99_ms"])
+def explain_window(db: Workbench, filters: Filters, start_ns: int, end_ns: int, spike: dict[str, Any] | None,
+                   baseline_p99_ms: float | None, metric: str = "e2e_ns") -> dict[str, pd.DataFrame]:
+    """Stages, single dimensions and pairs explaining a window, in one shape for the spike page.
+
+    A detected spike uses the report's own explanation (analysis.explain: tail vs baseline,
+    multiple-testing guard, counterfactual p99); a brushed window falls back to the plain SQL
+    contrast of this module. Dimension frames: dimension, value, tail_share, baseline_share,
+    support, p99_without_ms, explained.
+    """
+    key = (db, str(db.store), db.version)
+    cols = ["dimension", "value", "tail_share", "baseline_share", "support", "p99_without_ms", "explained"]
+    if spike and spike.get("stages"):
+        stages = pd.DataFrame(spike["stages"])
+    else:
+        stages = stage_breakdown(*key, filters, start_ns, end_ns, metric)
+    if spike and spike.get("dimensions"):
+        dims = pd.DataFrame(spike["dimensions"])
+        for c in cols:
+            if c not in dims.columns:
+                dims[c] = None
+        dims = dims[cols]
+        pair = dims["dimension"].astype(str).str.contains("&")
+        dims["dimension"] = dims["dimension"].astype(str).str.replace("&", " × ")
+        dims["value"] = dims["value"].astype(str).str.replace("&", " × ")
+        return {"stages": stages, "dimensions": dims[~pair].reset_index(drop=True),
+                "pairs": dims[pair].reset_index(drop=True)}
+    mine = dimension_contrast(*key, filters, start_ns, end_ns, metric)
+    if not mine.empty:
+        p99 = mine["p99_ms"].iloc[0]
+        excess = (p99 - baseline_p99_ms) if baseline_p99_ms is not None else None
+        mine = mine.rename(columns={"share": "baseline_share", "tail_requests": "support"})
+        mine["explained"] = ((p99 - mine["p99_without_ms"]) / excess).clip(0, 1) if excess and excess > 0 else None
+        mine = mine[mine["tail_share"] > mine["baseline_share"]]
+    pairs = dimension_pairs(*key, filters, start_ns, end_ns, metric)
+    if not pairs.empty:
+        pairs = pairs.rename(columns={"pair": "dimension", "share": "baseline_share", "tail_requests": "support"})
+        pairs["p99_without_ms"] = None
+        pairs["explained"] = None
+    empty = pd.DataFrame(columns=cols)
+    return {"stages": stages,
+            "dimensions": mine[cols].reset_index(drop=True) if not mine.empty else empty,
+            "pairs": pairs[cols].reset_index(drop=True) if not pairs.empty else empty}

@@ -50,9 +50,11 @@ cols[1].metric("p99", charts.fmt_ms(win["p99_ms"]), delta=charts.fmt_ms((win["p9
 cols[2].metric("baseline p99", charts.fmt_ms(base["p99_ms"]))
 cols[3].metric("p50 (baseline)", f"{charts.fmt_ms(win['p50_ms'])} ({charts.fmt_ms(base['p50_ms'])})")
 
+expl = data.explain_window(db, f, start, end, spike, base["p99_ms"])
+source = "analysis.explain (tail vs baseline, multiple-testing guard)" if spike and spike.get("dimensions") else \
+    "a plain SQL contrast of the window's tail against the window"
 st.subheader("Which stage grew in the tail")
-stages = (pd.DataFrame(spike["stages"]) if spike and spike.get("stages")
-          else data.stage_breakdown(*key, f, start, end))
+stages = expl["stages"]
 if stages.empty:
     st.info("No stage data in this window.")
 else:
@@ -62,41 +64,34 @@ else:
     st.altair_chart(charts.stage_compare(stages), width="stretch")
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
-dims = data.dimension_contrast(*key, f, start, end)
-if spike and spike.get("dimensions"):
-    rep = pd.DataFrame(spike["dimensions"])
-    for r in rep.head(3).itertuples():
-        st.markdown(f"- without **{r.dimension} = {r.value}**: p99 {charts.fmt_ms(r.p99_without_ms)}"
-                    + (f" ({r.explained:.0%} of the excess)" if pd.notna(getattr(r, "explained", None)) else ""))
+dims = expl["dimensions"]
+pct = st.column_config.NumberColumn(format="percent")
+table_config = {"tail_share": pct, "baseline_share": pct, "explained": pct,
+                "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")}
 if dims.empty:
-    st.info("Too few requests in this window to rank dimensions.")
+    st.info("No dimension value is over-represented in this window's tail.")
 else:
     lead = dims.iloc[0]
+    explained = f" ({lead['explained']:.0%} of the excess)" if pd.notna(lead["explained"]) else ""
     st.success(f"Without **{lead['dimension']} = {lead['value']}**: p99 {charts.fmt_ms(lead['p99_without_ms'])} "
-               f"instead of {charts.fmt_ms(lead['p99_ms'])}; it holds {lead['tail_share']:.0%} of the tail "
-               f"and {lead['share']:.0%} of all requests.")
+               f"instead of {charts.fmt_ms(win['p99_ms'])}{explained}; it holds {lead['tail_share']:.0%} of the "
+               f"tail against {lead['baseline_share']:.0%} of the baseline.")
     shown = dims.head(12)
-    st.altair_chart(charts.counterfactual(shown, float(lead["p99_ms"])), width="stretch")
-    st.dataframe(shown[["dimension", "value", "requests", "tail_requests", "tail_share", "share", "lift",
-                        "p99_without_ms"]], hide_index=True,
-                 column_config={"tail_share": st.column_config.NumberColumn(format="percent"),
-                                "share": st.column_config.NumberColumn(format="percent"),
-                                "lift": st.column_config.NumberColumn(format="%.1f×"),
-                                "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")})
+    if shown["p99_without_ms"].notna().any():
+        st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(win["p99_ms"] or 0)),
+                        width="stretch")
+    st.dataframe(shown, hide_index=True, column_config=table_config)
+st.caption(f"Ranked by {source}.")
 
 st.subheader("Pairs")
-pairs = data.dimension_pairs(*key, f, start, end)
-if pairs.empty:
-    st.caption("No pair of values reaches 5 tail requests in this window.")
+if expl["pairs"].empty:
+    st.caption("No pair of values stands out in this window's tail.")
 else:
-    st.dataframe(pairs, hide_index=True,
-                 column_config={"tail_share": st.column_config.NumberColumn(format="percent"),
-                                "share": st.column_config.NumberColumn(format="percent"),
-                                "lift": st.column_config.NumberColumn(format="%.1f×")})
+    st.dataframe(expl["pairs"].head(10), hide_index=True, column_config=table_config)
 
 st.subheader("Exemplars")
 ex = data.exemplars(*key, f.narrowed(start, end), 10)
 st.dataframe(ex[["trace_id", "start", "replica", "status", "latency_ms"]], hide_index=True)
 if not ex.empty and st.button("Open the slowest trace", key="open_trace"):
     st.session_state["trace_id"] = ex.iloc[0]["trace_id"]
-    st.switch_page("pages/traces.py")
+    st.switch_page("app_pages/traces.py")

@@ -1,0 +1,34 @@
+"""Fixture stores for the dashboard tests: a synthetic incident (replica-05 decode spike) and an empty store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.dashboard.incident_store import Incident, write_incident_store
+from tracing.store import init_store
+
+#: Requests in the incident fixture (7 spans each).
+REQUESTS = 20_000
+APP = Path(__file__).parents[2] / "dashboard" / "app.py"
+
+
+@pytest.fixture(scope="session")
+def incident(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Incident]:
+    """A store of 20,000 requests over 30 minutes; replica-05 decodes 6× slower from minute 18 to 22.5."""
+    store = tmp_path_factory.mktemp("incident") / "store"
+    where = write_incident_store(store, requests=REQUESTS, duration_s=1_800.0)
+    return store, where
+
+
+@pytest.fixture(scope="session")
+def incident_store(incident: tuple[Path, Incident]) -> Path:
+    """The incident store's directory."""
+    return incident[0]
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store with no segments."""
+    return init_store(tmp_path_factory.mktemp("empty") / "store")

@@ -1,0 +1,177 @@
+"""AppTest: every page runs on the incident store and on an empty store; filters change the numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.connect import connect
+from tests.dashboard.conftest import APP, REQUESTS
+
+PAGES = ("app_pages/overview.py", "app_pages/spike.py", "app_pages/traces.py", "app_pages/shape.py", "app_pages/replicas.py",
+         "app_pages/whatif.py", "app_pages/sql.py")
+
+
+def _app(store: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    values = [m.value for m in at.metric if m.label == label]
+    assert values, f"no metric {label!r} among {[m.label for m in at.metric]}"
+    return str(values[0])
+
+
+def _count(store: Path, where: str = "true") -> int:
+    con = connect(store)
+    try:
+        row = con.execute(f"SELECT count(*) FROM requests WHERE {where}").fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_runs_on_the_incident_store(incident_store: Path, monkeypatch: pytest.MonkeyPatch,
+                                              page: str) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error or page == "app_pages/replicas.py"  # the replicas page flags the outlier with st.error
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_runs_on_an_empty_store(empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+    at = _app(empty_store, monkeypatch)
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error
+    if page != "app_pages/sql.py":
+        assert at.info, "an empty store shows an explanation, not a blank page"
+
+
+def test_overview_counts_and_spike(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    assert _metric(at, "requests") == f"{REQUESTS:,}"
+    assert _metric(at, "timeouts") == format(_count(incident_store, "status = 'timeout'"), ",")
+    assert _metric(at, "errors") == format(_count(incident_store, "status = 'error'"), ",")
+    assert int(_metric(at, "spikes")) >= 1
+    assert any("Spike" in w.value for w in at.warning)
+
+
+def test_replica_filter_changes_the_numbers(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    p99_all = _metric(at, "p99")
+    at.multiselect(key="f_replica").select("replica-05").run()
+    assert not at.exception
+    assert _metric(at, "requests") == format(_count(incident_store, "replica = 'replica-05'"), ",")
+    assert _metric(at, "p99") != p99_all
+    # without the slow replica the spike is gone
+    others = [f"replica-{i:02d}" for i in range(8) if i != 5]
+    at.multiselect(key="f_replica").unselect("replica-05").run()
+    for r in others:
+        at.multiselect(key="f_replica").select(r)
+    at.run()
+    assert _metric(at, "requests") == format(_count(incident_store, "replica <> 'replica-05'"), ",")
+    assert _metric(at, "spikes") == "0"
+
+
+def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.multiselect(key="f_tenant").select("acme").run()
+    at.switch_page("app_pages/replicas.py").run()
+    table = at.dataframe[0].value
+    assert int(table["requests"].sum()) == _count(incident_store, "tenant = 'acme'")
+
+
+def test_time_range_filter(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    lo, hi = at.slider(key="f_time").value
+    at.slider(key="f_time").set_value((lo, lo + (hi - lo) / 2)).run()
+    shown = int(_metric(at, "requests").replace(",", ""))
+    assert 0 < shown < REQUESTS
+
+
+def test_spike_page_names_the_slow_replica(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+    lead = at.success[0].value
+    assert "replica = replica-05" in lead
+    stages = " ".join(m.value for m in at.markdown)
+    assert "**decode**" in stages
+
+
+def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/replicas.py").run()
+    assert "replica-05" in at.error[0].value
+    table = at.dataframe[0].value
+    assert table.loc[table["outlier"], "replica"].tolist() == ["replica-05"]
+    assert int(table["requests"].sum()) == REQUESTS
+
+
+def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/traces.py").run()
+    con = connect(incident_store)
+    try:
+        tid, e2e_ns, decode_ns = con.execute(
+            "SELECT trace_id, e2e_ns, decode_ns FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0, 0)
+    finally:
+        con.close()
+    at.text_input(key="trace_id").input(tid.upper()).run()
+    assert not at.exception
+    assert at.subheader[-1].value == f"Trace {tid}"
+    table = at.dataframe[-1].value
+    assert round(float(table.loc[table["stage"] == "decode", "critical-path ms"].iloc[0]), 1) == round(
+        decode_ns / 1e6, 1)
+    at.text_input(key="trace_id").input("ffffffffffff").run()
+    assert "No request with trace id" in at.error[0].value
+
+
+def test_sql_console_runs_a_select(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/sql.py").run()
+    at.text_area(key="sql_text").input("SELECT count(*) AS n FROM requests").run()
+    at.button(key="sql_run").click().run()
+    assert not at.error
+    assert int(at.dataframe[0].value["n"].iloc[0]) == REQUESTS
+
+
+@pytest.mark.parametrize("query", [
+    "COPY (SELECT 1) TO '/tmp/tailscope-should-not-exist.csv'",
+    "ATTACH '/tmp/tailscope-should-not-exist.db'",
+    "INSTALL httpfs",
+    "CREATE TABLE x AS SELECT 1",
+    "SELECT 1; SELECT 2",
+    "SELECT * FROM read_csv('/etc/passwd')",
+])
+def test_sql_console_refuses_writes_and_file_access(incident_store: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    query: str) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/sql.py").run()
+    at.text_area(key="sql_text").input(query).run()
+    at.button(key="sql_run").click().run()
+    assert not at.exception
+    assert at.error, f"{query!r} was not refused"
+    assert not at.dataframe
+    assert not Path("/tmp/tailscope-should-not-exist.csv").exists()
+
+
+def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/whatif.py").run()
+    assert not at.exception and not at.warning
+    same = _metric(at, "replay, 8 replicas (as observed)")
+    assert _metric(at, "predicted, 8 replicas") == same
+    at.slider(key="whatif_replicas").set_value(1).run()
+    assert not at.exception
+    assert _metric(at, "predicted, 1 replicas") != same
