@@ -31,6 +31,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 
 from analysis.percentiles import MIN_TAIL
 from analysis.spikes import quantile_sorted
@@ -294,6 +295,24 @@ def _sub_sql(sql: str) -> str:
     return re.sub(pattern, lambda m: _SUB_PREFIX + m.group(1), sql)
 
 
+_STAGE_INPUTS = frozenset({"TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest",
+                           "Replica"})
+
+
+def _duck_type(typ: pa.DataType) -> str:
+    if pa.types.is_map(typ):
+        return "MAP(VARCHAR, VARCHAR)"
+    if pa.types.is_list(typ):
+        return "VARCHAR[]"  # never read by the views
+    if pa.types.is_timestamp(typ):
+        return "TIMESTAMPTZ"
+    if pa.types.is_boolean(typ):
+        return "BOOLEAN"
+    if pa.types.is_integer(typ):
+        return "BIGINT"
+    return "VARCHAR"
+
+
 def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str]) -> pl.DataFrame:
     """The `requests` view (trace_id, span_id, stage columns) for a few traces only, exact and fast.
 
@@ -301,7 +320,11 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str]) -> pl.D
     """
     con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}ids AS SELECT unnest(?::VARCHAR[]) AS TraceId",
                 [list(trace_ids)]).fetchall()
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT s.* FROM spans s "
+    # only the columns the critical path needs are read; the rest are typed NULLs (decoding every
+    # column of every stored span would cost more than the whole analysis)
+    cols = ", ".join(f"s.{c}" if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}"
+                     for c, typ, _ in S.SPAN_COLUMNS)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {cols}, s.EndNs FROM spans s "
                 f"SEMI JOIN {_SUB_PREFIX}ids i ON s.TraceId = i.TraceId").fetchall()
     con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT * FROM {_SUB_PREFIX}data").fetchall()
     for name, sql in VIEW_SQL.items():

@@ -41,6 +41,8 @@ NICE_WINDOWS_S: Final[tuple[int, ...]] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600
                                           21600, 43200, 86400)
 #: The automatic window aims at this many requests per window (p99 then has 20 beyond it) ...
 TARGET_PER_WINDOW: Final = 2000
+#: ... and at most this many windows (a busy service gets longer windows, not hundreds of them) ...
+MAX_WINDOWS: Final = 60
 #: ... but keeps at least this many windows in the range.
 MIN_WINDOWS: Final = 8
 #: Name of the per-connection table of request facts (see `request_facts`).
@@ -111,10 +113,11 @@ def low_sample(n: int, q: float) -> bool:
 
 
 def auto_window_s(requests: int, span_s: float) -> int:
-    """The window for a range: the smallest nice size holding ~TARGET_PER_WINDOW requests, keeping >= MIN_WINDOWS."""
+    """The window for a range: the smallest nice size holding ~TARGET_PER_WINDOW requests and giving at most
+    MAX_WINDOWS windows, while keeping at least MIN_WINDOWS."""
     if requests <= 0 or span_s <= 0:
         return 60
-    want = TARGET_PER_WINDOW * span_s / requests
+    want = max(TARGET_PER_WINDOW * span_s / requests, span_s / MAX_WINDOWS)
     cap = span_s / MIN_WINDOWS
     choice = next((w for w in NICE_WINDOWS_S if w >= want), NICE_WINDOWS_S[-1])
     if choice > cap:
@@ -130,14 +133,13 @@ _FACTS_SQL = f"""
 WITH st AS (
   SELECT TraceId,
          any_value(Replica) FILTER (WHERE Stage IN ('generation', 'prefill', 'decode')) AS gen_replica,
-         any_value(Replica) AS stage_replica,
          min(EndNs) FILTER (WHERE Stage = 'prefill') AS prefill_end_ns,
          min(TimestampNs) FILTER (WHERE Stage = 'streaming') AS stream_start_ns
-  FROM spans WHERE Stage IS NOT NULL GROUP BY TraceId
+  FROM spans WHERE Stage IN ('generation', 'prefill', 'decode', 'streaming') GROUP BY TraceId
 ), r AS (
   SELECT r.TraceId AS trace_id, r.SpanId AS span_id, r.TimestampNs AS start_ns, r.Duration AS e2e_ns,
          coalesce(r.Outcome, 'ok') AS status,
-         coalesce(st.gen_replica, st.stage_replica, r.Replica) AS replica,
+         coalesce(st.gen_replica, r.Replica) AS replica,
          r.ServiceName AS service, r.Model AS model, r.ModelVersion AS model_version, r.Tenant AS tenant,
          r.InputTokens AS input_tokens, r.OutputTokens AS output_tokens,
          coalesce(r.TtftNs, st.prefill_end_ns - r.TimestampNs, st.stream_start_ns - r.TimestampNs) AS ttft_ns
@@ -154,8 +156,10 @@ def request_facts(con: duckdb.DuckDBPyConnection) -> str:
     """Materialize, once per connection, the request-level columns of `requests` (no stage columns).
 
     Read per trace in one scan instead of through the critical-path joins: identical to
-    `requests` when a trace holds one request whose stage spans are its children (traces
-    with several request spans are copied from the view itself). Returns the table name.
+    `requests` when a trace holds one request whose stage spans are its children, except that
+    the replica is the generation (prefill / decode) spans' replica, else the request span's
+    (the view also falls back on other stages' replica). Traces with several request spans
+    are copied from the view itself. Returns the table name.
     """
     if _exists(con, REQUESTS_TABLE):
         return REQUESTS_TABLE
