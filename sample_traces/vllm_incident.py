@@ -34,14 +34,13 @@ from opentelemetry.util.types import AttributeValue
 
 from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.generate import DURATION_S, RATE  # the same run length and rate as the native incidents
 from sample_traces.incidents import SLOW_REPLICA, run, write_truth
 from tracing.otlp_json import spans_to_json_line
 
 NAME = "vllm_slow_replica"
 OUT_DIR = Path(__file__).parent / "data" / "engines"
 SEED = 1
-DURATION_S = 600.0
-RATE = 7.0
 #: Spans per OTLP/JSON line (the BatchSpanProcessor's default max_export_batch_size).
 BATCH = 512
 

@@ -1,0 +1,103 @@
+"""Accuracy suite, vLLM format: the slow-replica incident as vLLM 0.33 `llm_request` spans.
+
+sample_traces/data/engines/vllm_slow_replica.otlp.jsonl.gz (made by sample_traces/vllm_incident.py)
+goes through the real `tailscope ingest` and `tailscope report --json`; the report's first spike
+must cover the truth window, name the truth stage first and the truth replica as its first
+dimension, as for the native incidents.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis.cli import app
+from sample_traces import vllm_incident
+
+runner = CliRunner()
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TRACES = vllm_incident.traces_path()
+TRUTH = json.loads(vllm_incident.truth_path().read_text())
+STAGES = ("network_ns", "queue_wait_ns", "preprocess_ns", "model_load_ns", "generation_ns", "prefill_ns",
+          "decode_ns", "streaming_ns", "other_ns")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vllm") / "store"
+    result = runner.invoke(app, ["ingest", "--quiet", "--store", str(path), str(TRACES)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _sql(store: Path, query: str) -> list[dict[str, Any]]:
+    result = runner.invoke(app, ["sql", query, "--store", str(store), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
+def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
+    a = vllm_incident.generate(tmp_path / "a")
+    b = vllm_incident.generate(tmp_path / "b")
+    assert a[0].read_bytes() == b[0].read_bytes() and a[1].read_text() == b[1].read_text()
+    truth = json.loads(a[1].read_text())
+    assert {k: truth[k] for k in ("window", "stage", "dimension", "value")} == \
+        {k: TRUTH[k] for k in ("window", "stage", "dimension", "value")}
+
+
+def test_every_request_is_mapped_and_its_stages_sum_to_e2e(store: Path) -> None:
+    [row] = _sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
+                        f"count(*) FILTER (WHERE {' + '.join(STAGES)} <> e2e_ns) AS bad_sums, "
+                        f"count(*) FILTER (WHERE replica IS NULL) AS no_replica FROM requests")
+    assert row == {"n": TRUTH["requests"], "replicas": 32, "bad_sums": 0, "no_replica": 0}
+
+
+def test_the_slow_replica_shows_in_its_decode_time(store: Path) -> None:
+    """Independent of spike detection: in the window, the truth replica's decode time per token grew."""
+    w = TRUTH["window"]
+    rows = _sql(store, f"""
+        SELECT replica = '{TRUTH["value"]}' AS slow, start_ns >= {w["start_ns"]} AND start_ns < {w["end_ns"]} AS inside,
+               median(decode_ns / greatest(output_tokens - 1, 1)) AS per_token_ns
+        FROM requests WHERE status = 'ok' AND output_tokens > 1 GROUP BY ALL ORDER BY ALL""")
+    per_token = {(r["slow"], r["inside"]): r["per_token_ns"] for r in rows}
+    assert per_token[(True, True)] > 4 * per_token[(True, False)]
+    assert per_token[(False, True)] < 1.5 * per_token[(False, False)]
+
+
+def _report(store: Path) -> dict[str, Any]:
+    result = runner.invoke(app, ["report", "--store", str(store), "--json"])
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+# Measured when this test was written (analysis/report.py as of 2026-12-01, 60 s windows): window p99s
+# 17.9 17.0 15.0 13.6 17.8 | 30.8 35.3 26.6 | 15.4 16.9 s (p50 3.5-3.7 s everywhere); minute 7 (26.6 s) is
+# not "elevated" (median + max(3 MAD, 20%)), so it stays in the baseline (p99 17.27 s); minutes 5-6 are
+# candidates but their bootstrap p-values (0.025, 0.027 per window) miss the family-wise level 0.01 / 10.
+# The native slow_replica sample (client-side e2e) reaches 30.6 s in minute 7 and is found.
+@pytest.mark.xfail(strict=True, reason="report finds no spike in the vLLM-format slow-replica incident "
+                   "(window p99 30.8/35.3/26.6 s vs baseline 17.3 s; bootstrap p 0.025/0.027 > 0.001)")
+def test_report_finds_the_window_the_stage_and_the_replica(store: Path) -> None:
+    report = _report(store)
+    assert report["spikes"], report["errors"]
+    spike = report["spikes"][0]
+    window = TRUTH["window"]
+    slack = report["window_s"] * 1_000_000_000
+    start_ns, end_ns = _ns(spike["start"]), _ns(spike["end"])
+    assert window["start_ns"] - slack <= start_ns < window["end_ns"]
+    assert window["start_ns"] < end_ns <= window["end_ns"] + slack
+    assert spike["stages"][0]["stage"] == TRUTH["stage"]
+    first = spike["dimensions"][0]
+    assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
+
+
+def _ns(iso: str) -> int:
+    stamp = datetime.fromisoformat(iso)
+    return (stamp - EPOCH) // timedelta(microseconds=1) * 1_000
