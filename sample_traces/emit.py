@@ -1,17 +1,16 @@
 """Turn simulated requests into the spans real instrumentation makes, and write them as OTLP/JSON lines.
 
-Each replica gets its own OpenTelemetry SDK `TracerProvider` (resource `service.name`,
+Each replica is one `tracing.LeanRecorder` (the library's explicit-timestamp request API)
+emitting through its own OpenTelemetry SDK `TracerProvider` (resource `service.name`,
 `service.instance.id` = the replica, `cloud.availability_zone`) with seeded trace and
-span ids, so the output is byte-for-byte the same for the same requests. Spans follow
-the convention of `tracing.instrument` (docs/convention.md): the request span is kind
-SERVER with `tailscope.request=true` and the request shape; each stage is an INTERNAL
-child named after its stage with `tailscope.stage`; `prefill` and `decode` sit under
-`generation`; the request span ends with `tailscope.outcome`, `tailscope.ttft_ns` and the
-output tokens, and failures carry status ERROR and `error.type`.
-
-Why the SDK directly and not `tracing.request(...)`: that API takes its tracer from the
-process-wide provider, and one process here plays dozens of replicas, each with its own
-resource. The span tree and attributes are the same.
+span ids, so the output is byte-for-byte the same for the same requests. So the spans are
+what the instrumentation makes (docs/convention.md): the request span is kind SERVER
+with `tailscope.request=true` and the request shape; each stage is an INTERNAL child
+named after its stage with `tailscope.stage`; `prefill` and `decode` sit under
+`generation`; the request span carries `tailscope.outcome`, `tailscope.ttft_ns` and the
+output tokens, and failures carry status ERROR and `error.type`. (`tracing.request(...)`
+would take its tracer from the one process-wide provider; here one process plays dozens
+of replicas, each with its own resource.)
 """
 
 from __future__ import annotations
@@ -26,10 +25,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.util.types import AttributeValue
 
 from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest
 from tracing import schema as S
+from tracing.lean import LeanRecorder
 from tracing.otlp_json import spans_to_json_line
 
 #: Instrumentation scope of the emitted spans (as `tracing.instrument` names it).
@@ -77,29 +76,16 @@ def _ns(t_s: float) -> int:
     return START_NS + round(t_s * NS)
 
 
-def _request_spans(tracer: trace.Tracer, cfg: FleetConfig, req: SimRequest) -> None:
-    """Make the request span and its stage children for one simulated request."""
+def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
+    """Record one simulated request through the lean API, with its explicit timestamps."""
     start, end = _ns(req.arrival_s), _ns(req.end_s)
-    attrs: dict[str, AttributeValue] = {
-        S.ATTR_REQUEST: True,
-        S.ATTR_OPERATION: "chat",
-        S.MODEL_KEYS[0]: cfg.model,
-        S.ATTR_MODEL_VERSION: req.version,
-        S.ATTR_TENANT: req.tenant,
-        S.INPUT_TOKEN_KEYS[0]: req.input_tokens,
-        S.ATTR_STREAMING: req.streaming,
-    }
-    root = tracer.start_span(f"chat {cfg.model}", kind=_SERVER, start_time=start, attributes=attrs)
-    ctx = trace.set_span_in_context(root)
+    lean = rec.request(model=cfg.model, model_version=req.version, tenant=req.tenant,
+                       input_tokens=req.input_tokens, stream=req.streaming, operation="chat", start_ns=start)
 
-    def stage(name: str, s: float, e: float, parent: trace.Context = ctx) -> trace.Span | None:
-        s_ns, e_ns = _ns(s), min(_ns(e), end)
-        if s_ns >= end and not (s_ns == e_ns == end and name == QUEUE_WAIT):
-            return None
-        span = tracer.start_span(name, context=parent, kind=_INTERNAL, start_time=s_ns,
-                                 attributes={S.ATTR_STAGE: name})
-        span.end(end_time=max(s_ns, e_ns))
-        return span
+    def stage(name: str, s: float, e: float) -> None:
+        s_ns = _ns(s)
+        if s_ns < end or (s_ns == end and name == QUEUE_WAIT):
+            lean.record_stage(name, s_ns, max(s_ns, min(_ns(e), end)))
 
     stage(PREPROCESS, req.arrival_s, req.pre_end_s)
     rejected = req.error_type == "InvalidRequestError"
@@ -113,27 +99,19 @@ def _request_spans(tracer: trace.Tracer, cfg: FleetConfig, req: SimRequest) -> N
             slot_wait_from = req.load_end_s
         stage(QUEUE_WAIT, slot_wait_from, max(slot_wait_from, req.gen_start_s))
         if req.gen_start_s < req.end_s:
-            gen_end = min(req.decode_end_s, req.end_s)
-            gen = tracer.start_span(GENERATION, context=ctx, kind=_INTERNAL, start_time=_ns(req.gen_start_s),
-                                    attributes={S.ATTR_STAGE: GENERATION})
-            gen_ctx = trace.set_span_in_context(gen)
-            stage(PREFILL, req.gen_start_s, req.first_token_s, gen_ctx)
+            gen = lean.start_stage(GENERATION, start_ns=_ns(req.gen_start_s))
+            stage(PREFILL, req.gen_start_s, req.first_token_s)
             if req.decode_end_s > req.first_token_s:
-                stage(DECODE, req.first_token_s, req.decode_end_s, gen_ctx)
-            gen.end(end_time=_ns(gen_end))
-        if req.streaming and req.stream_end_s is not None and req.first_token_s < req.end_s:
-            stage(STREAMING, req.first_token_s, req.stream_end_s)
-    end_attrs: dict[str, AttributeValue] = {
-        S.ATTR_OUTCOME: req.status,
-        S.OUTPUT_TOKEN_KEYS[0]: req.output_tokens,
-    }
-    if not rejected and req.first_token_s < req.end_s:
-        end_attrs[S.ATTR_TTFT_NS] = _ns(req.first_token_s) - start
+                stage(DECODE, req.first_token_s, req.decode_end_s)
+            lean.end_stage(gen, min(_ns(req.decode_end_s), end))
+        if req.first_token_s < req.end_s:
+            lean.first_token(_ns(req.first_token_s))
+            if req.streaming and req.stream_end_s is not None:
+                stage(STREAMING, req.first_token_s, req.stream_end_s)
+    lean.set(output_tokens=req.output_tokens)
     if req.status != OK:
-        end_attrs[S.ATTR_ERROR_TYPE] = req.error_type
-        root.set_status(trace.Status(trace.StatusCode.ERROR, req.error_type))
-    root.set_attributes(end_attrs)
-    root.end(end_time=end)
+        lean.set_outcome(req.status, req.error_type)
+    lean.finish(end)
 
 
 def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> list[str]:
@@ -153,12 +131,14 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> l
         })
         provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1_000 + k))
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer(SCOPE_NAME, SCOPE_VERSION)
+        rec = LeanRecorder(tracer_provider=provider, resource=resource, background=False)
         for req in by_replica[replica]:
-            _request_spans(tracer, cfg, req)
+            _record(rec, cfg, req)
+            rec.flush()
             if len(exporter.spans) >= SPANS_PER_LINE:
                 lines.append(spans_to_json_line(exporter.spans[:SPANS_PER_LINE]))
                 del exporter.spans[:SPANS_PER_LINE]
+        rec.close()
         provider.shutdown()
         for i in range(0, len(exporter.spans), SPANS_PER_LINE):
             lines.append(spans_to_json_line(exporter.spans[i:i + SPANS_PER_LINE]))

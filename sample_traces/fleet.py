@@ -183,7 +183,7 @@ def default_tenants() -> tuple[Tenant, ...]:
     )
 
 
-def default_config(duration_s: float = 600.0, rate: float = 7.0) -> FleetConfig:
+def default_config(duration_s: float = 600.0, rate: float = 10.0) -> FleetConfig:
     """The standard fleet: 32 replicas of one model in three zones, nine tenants."""
     return FleetConfig(duration_s=duration_s, rate=rate, replicas=default_replicas(),
                        tenants=default_tenants())

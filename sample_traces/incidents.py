@@ -120,7 +120,7 @@ def _canary(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
     weight = stable * CANARY_SHARE / (1 - CANARY_SHARE) / 2
     canaries = tuple(
         ReplicaSpec(f"canary-{i:02d}", zone=zone, version=CANARY_VERSION, joins_s=t0, leaves_s=t1,
-                    weight=weight, decode_factor=4.0)
+                    weight=weight, decode_factor=6.0)
         for i, zone in enumerate(("us-east-1a", "us-east-1b"))
     )
     return replace(cfg, replicas=cfg.replicas + canaries)
@@ -132,7 +132,7 @@ def _slow_clients(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
 
 
 def _zone_network(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
-    fault = NetworkFault(SLOW_ZONE, t0, t1, probability=0.5, extra_s=(5.0, 30.0))
+    fault = NetworkFault(SLOW_ZONE, t0, t1, probability=0.5, extra_s=(10.0, 40.0))
     return replace(cfg, network_faults=_add(cfg.network_faults, fault))
 
 
@@ -166,14 +166,14 @@ CATALOGUE: tuple[Incident, ...] = (
              "queue_wait", "tenant", BURST_TENANT, _burst, (Accept("tenant", BURST_TENANT),)),
     Incident("canary_slow_version", "Slow model version on a canary",
              f"Model version {CANARY_VERSION} goes to a canary ({CANARY_SHARE:.0%} of traffic, two replicas) "
-             "with a decode regression: 4x slower steps.",
+             "with a decode regression (a kernel fallback): 6x slower steps.",
              "decode", "model_version", CANARY_VERSION, _canary, (Accept("model_version", CANARY_VERSION),)),
     Incident("slow_clients", "Slow clients stretching streaming",
              f"Tenant {SLOW_CLIENT_TENANT} ships a client that reads the stream at 3-8 tokens/s; the server's "
              "stream stays open long after decode.",
              "streaming", "tenant", SLOW_CLIENT_TENANT, _slow_clients, (Accept("tenant", SLOW_CLIENT_TENANT),)),
     Incident("zone_network", "Network hop adding latency on one zone",
-             f"The gateway's hop into {SLOW_ZONE} drops packets: half its requests wait 5-30 s on retransmits.",
+             f"The gateway's hop into {SLOW_ZONE} drops packets: half its requests wait 10-40 s on retransmits.",
              "network", "zone", SLOW_ZONE, _zone_network,
              (Accept("zone", SLOW_ZONE), *(Accept("replica", r) for r in _zone_replicas()))),
 )
@@ -247,7 +247,7 @@ def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: f
     return out
 
 
-def run(name: str, seed: int = 1, duration_s: float = 600.0, rate: float = 7.0,
+def run(name: str, seed: int = 1, duration_s: float = 600.0, rate: float = 10.0,
         base: FleetConfig | None = None) -> Scenario:
     """Simulate one catalogue entry: the default fleet (or `base`) with the incident injected."""
     inc = BY_NAME[name]
@@ -264,13 +264,13 @@ def write_truth(path: Path, truth: dict[str, Any]) -> Path:
     return path
 
 
-#: The demo's 30-minute timeline: three incidents, each with quiet time around it.
+#: The demo's 25-minute timeline: three incidents, each with quiet time around it.
 DEMO_PLAN: tuple[tuple[str, float, float], ...] = (
-    ("slow_replica", 300.0, 480.0),
-    ("queue_backlog", 840.0, 1020.0),
-    ("slow_clients", 1380.0, 1560.0),
+    ("slow_replica", 240.0, 420.0),
+    ("queue_backlog", 660.0, 840.0),
+    ("slow_clients", 1080.0, 1260.0),
 )
-DEMO_DURATION_S = 1800.0
+DEMO_DURATION_S = 1500.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +295,7 @@ class Timeline:
 
 
 def run_timeline(plan: Sequence[tuple[str, float, float]] = DEMO_PLAN, seed: int = 1,
-                 duration_s: float = DEMO_DURATION_S, rate: float = 7.0) -> Timeline:
+                 duration_s: float = DEMO_DURATION_S, rate: float = 10.0) -> Timeline:
     """Simulate the default fleet with each (incident, start_s, end_s) of `plan` injected."""
     cfg = default_config(duration_s=duration_s, rate=rate)
     placed = []
