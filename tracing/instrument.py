@@ -77,6 +77,7 @@ _GENERATION: Final = S.STAGE_PARENT[PREFILL]
 _OUTCOME_SET: Final = frozenset(S.OUTCOMES)
 _OK, _ERROR, _TIMEOUT, _CANCELLED = S.OUTCOMES
 _REQUEST_KEY: Final = otel_context.create_key("tailscope-request")
+_CANCELLED_TYPE: Final = f"{asyncio.CancelledError.__module__}.{asyncio.CancelledError.__qualname__}"
 _SERVER = SpanKind.SERVER
 _INTERNAL = SpanKind.INTERNAL
 _ERROR_STATUS = StatusCode.ERROR
@@ -220,7 +221,8 @@ class Request:
 
     def fail(self, exc: BaseException, *, streaming: bool | None = None) -> None:
         """Mark the request failed by `exc` (outcome from its type) without raising."""
-        if self._outcome in (None, _OK):
+        # a timeout arrives as a cancellation first (asyncio.timeout), then as TimeoutError
+        if self._outcome in (None, _OK) or (isinstance(exc, TimeoutError) and self._error_type == _CANCELLED_TYPE):
             stream = self._stream_open if streaming is None else streaming
             self._outcome = outcome_of_exception(exc, streaming=stream)
             self._error_type = error_type_of(exc)

@@ -1,0 +1,85 @@
+"""Run the example server: N replica processes on consecutive ports, traces to a store or OTLP.
+
+    python -m tracing.example.serve --port 8100 --replicas 2 --store /tmp/ts-store
+
+Prints one `ready http://HOST:PORT replica-I` line per replica once it accepts requests;
+SIGINT / SIGTERM stop the replicas, which flush their traces before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import signal
+import sys
+from typing import Any
+
+import tracing
+from tracing.example.model import ModelCosts, StandInModel
+from tracing.example.server import Replica, serve
+
+
+def run_replica(index: int, host: str, port: int, store: str | None, exporters: str | None,
+                max_batch: int, ready: Any) -> None:
+    """One replica process: configure tracing, serve until SIGTERM / SIGINT, flush, exit."""
+    telemetry = tracing.configure("example-llm", replica_id=f"replica-{index}", store=store, exporters=exporters,
+                                  export_delay_ms=200, store_flush_s=1.0)
+    replica = Replica(StandInModel(costs=ModelCosts()), max_batch=max_batch)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(replica, host, port, ready=ready.set, stop=stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        telemetry.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the replicas and wait for them; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m tracing.example.serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="port of replica 0; replica i listens on port+i")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--store", default=None, help="segment store directory (default: $TAILSCOPE_STORE)")
+    parser.add_argument("--exporters", default=None, help="store, otlp or both (default: $TAILSCOPE_EXPORTERS, store)")
+    parser.add_argument("--max-batch", type=int, default=8)
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for i in range(args.replicas):
+        ready = ctx.Event()
+        proc = ctx.Process(target=run_replica, args=(i, args.host, args.port + i, args.store, args.exporters,
+                                                     args.max_batch, ready), name=f"replica-{i}")
+        proc.start()
+        procs.append((proc, ready, i))
+    stopping = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc, _, _ in procs:
+            if proc.is_alive() and proc.pid is not None:
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for proc, ready, i in procs:
+        while not ready.wait(0.1):
+            if not proc.is_alive():
+                print(f"replica-{i} failed to start", file=sys.stderr, flush=True)
+                stop(0, None)
+                return 1
+        print(f"ready http://{args.host}:{args.port + i} replica-{i}", flush=True)
+    for proc, _, _ in procs:
+        proc.join()
+    return 0 if stopping or all(p.exitcode == 0 for p, _, _ in procs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
