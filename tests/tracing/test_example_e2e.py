@@ -72,7 +72,7 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
         timed_out = post_json(urls[1] + "/v1/completions", {"prompt": "slow", "max_tokens": 200, "timeout_s": 0.05})
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     ok = [r for r in results if isinstance(r, ClientResult)]
     assert len(ok) == N_REQUESTS and all(r.status == 200 for r in ok), results

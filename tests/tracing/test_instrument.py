@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -68,7 +69,7 @@ def test_success_names_parents_attributes_and_order(spans: InMemorySpanExporter)
         assert parent_id(span) == span_id(expected_parent), name
         assert root.start_time <= span.start_time <= span.end_time <= root.end_time  # type: ignore[operator]
     order = [got[n] for n in (*S.STAGES[:4], "generation")]
-    for a, b in zip(order, order[1:], strict=False):
+    for a, b in itertools.pairwise(order):
         assert a.end_time <= b.start_time  # type: ignore[operator]
     assert got["prefill"].end_time <= got["decode"].start_time  # type: ignore[operator]
     ttft = (root.attributes or {})[S.ATTR_TTFT_NS]

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import tracing
-from tests.tracing.otel_helpers import by_name, span_id, spans, trace_id
+from tests.tracing.otel_helpers import span_id, spans, trace_id
 from tracing import schema as S
 
 __all__ = ["spans"]
