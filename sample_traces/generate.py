@@ -5,7 +5,7 @@
 
 For each incident of the catalogue (and the clean run): `incidents/<name>.otlp.jsonl.gz`
 (gzip OTLP/JSON lines, as the Collector's file exporter writes) and `<name>.truth.json`.
-For the demo: `demo.otlp.jsonl.gz` (a 25-minute run with three incidents) and
+For the demo: `demo.otlp.jsonl.gz` (a 30-minute run with two incidents) and
 `demo.truth.json`. The same seed gives the same files.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sample_traces.emit import write_otlp
 from sample_traces.fleet import default_config, simulate
-from sample_traces.incidents import CATALOGUE, DEMO_DURATION_S, run, run_timeline, write_truth
+from sample_traces.incidents import CATALOGUE, DEMO_DURATION_S, DEMO_RATE, run, run_timeline, write_truth
 
 DATA_DIR = Path(__file__).parent / "data"
 INCIDENTS_DIR = DATA_DIR / "incidents"
@@ -50,8 +50,8 @@ def generate_incident(name: str, out_dir: Path = INCIDENTS_DIR, seed: int = SEED
 
 
 def generate_demo(traces: Path = DEMO_TRACES, truth: Path = DEMO_TRUTH, seed: int = SEED,
-                  rate: float = RATE) -> tuple[Path, Path]:
-    """Simulate the demo timeline (three incidents in 25 minutes) and write its traces and truth."""
+                  rate: float = DEMO_RATE) -> tuple[Path, Path]:
+    """Simulate the demo timeline (two incidents in 30 minutes) and write its traces and truth."""
     timeline = run_timeline(seed=seed, rate=rate)
     clean = simulate(default_config(duration_s=DEMO_DURATION_S, rate=rate), seed)
     write_otlp(traces, timeline.config, timeline.requests, seed)

@@ -264,13 +264,13 @@ def write_truth(path: Path, truth: dict[str, Any]) -> Path:
     return path
 
 
-#: The demo's 25-minute timeline: three incidents, each with quiet time around it.
+#: The demo's 30-minute timeline at 8 requests/s: two incidents with quiet time around them.
 DEMO_PLAN: tuple[tuple[str, float, float], ...] = (
-    ("slow_replica", 240.0, 420.0),
-    ("queue_backlog", 660.0, 840.0),
-    ("slow_clients", 1080.0, 1260.0),
+    ("slow_replica", 420.0, 600.0),
+    ("slow_clients", 1200.0, 1380.0),
 )
-DEMO_DURATION_S = 1500.0
+DEMO_DURATION_S = 1800.0
+DEMO_RATE = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +295,7 @@ class Timeline:
 
 
 def run_timeline(plan: Sequence[tuple[str, float, float]] = DEMO_PLAN, seed: int = 1,
-                 duration_s: float = DEMO_DURATION_S, rate: float = 10.0) -> Timeline:
+                 duration_s: float = DEMO_DURATION_S, rate: float = DEMO_RATE) -> Timeline:
     """Simulate the default fleet with each (incident, start_s, end_s) of `plan` injected."""
     cfg = default_config(duration_s=duration_s, rate=rate)
     placed = []
