@@ -4,17 +4,16 @@ The method, in order (constants below; the same for every store, never tuned per
 
 1. Per window: n, p50, p99 (`quantile_cont` convention). Windows with fewer than
    `MIN_TAIL` values beyond the p99 are not judged (their p99 is an extreme value).
-2. Robust level of the series: the median of the window p99s and their MAD (scaled to a
-   standard deviation). Windows whose p99 sits above median + max(K_MAD * MAD,
-   MIN_RISE * median) are "elevated"; every other judged window is baseline, and the
-   baseline p50 / p99 are computed over all its requests pooled.
-3. A window is a candidate when its p99 exceeds the baseline p99 by at least
-   max(MIN_RISE * baseline p99, K_MAD * MAD), and its p50 is within P50_TOLERANCE of the
-   baseline p50 (a rise of the whole distribution is a slowdown, not a tail spike).
-4. Significance: a bootstrap of both p99s (window and baseline); the p-value is the
-   normal tail of the observed difference over its bootstrap standard error, and must be
-   below ALPHA / (number of judged windows) (Bonferroni). Never a t-test on a percentile.
-5. Spike windows that touch (or are one elevated window apart) merge into one spike.
+2. Robust level of the series: the median of the window p99s. Windows whose p99 sits more
+   than MIN_RISE above it are "elevated"; every other judged window is baseline, and the
+   baseline p50 / p99 are computed over all its requests pooled (so a spike does not
+   raise its own baseline).
+3. A window is a candidate when its p99 exceeds the baseline p99 by at least MIN_RISE.
+4. Candidate windows that touch (or are one window apart, that window's p99 also above the
+   baseline) merge into one run; each run is judged on its requests pooled: its p99 must
+   still rise by MIN_RISE, its p50 stay within P50_TOLERANCE, and a bootstrap of both p99s
+   (run and baseline resampled independently) must give a one-sided p-value below
+   ALPHA / (number of judged windows) (Bonferroni). Never a t-test on a percentile.
 
 The bootstrap of a quantile does not redraw n values: the k-th order statistic of a
 resample is F_n^-1(U_(k)) with U_(k) ~ Beta(k, n + 1 - k) (and U_(k+1) follows from it),
@@ -34,14 +33,13 @@ from analysis.percentiles import MIN_TAIL
 
 #: Relative rise of p99 over the baseline p99 below which nothing is a spike.
 MIN_RISE: Final = 0.2
-#: Rise, in robust standard deviations of the window p99s, below which nothing is a spike.
-K_MAD: Final = 3.0
 #: Largest relative move of a window's p50 against the baseline p50 for a tail spike.
 P50_TOLERANCE: Final = 0.1
 #: Family-wise significance level over all judged windows.
 ALPHA: Final = 0.01
-#: Bootstrap resamples per test.
-BOOTSTRAP: Final = 1000
+#: Fewest bootstrap resamples per test (more when the Bonferroni level needs them).
+BOOTSTRAP: Final = 2000
+DEBUG = False
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -126,16 +124,21 @@ def bootstrap_quantile(sorted_values: F64, q: float, draws: int, rng: np.random.
 
 def bootstrap_p_value(spike_sorted: F64, base_sorted: F64, q: float = 0.99, draws: int = BOOTSTRAP,
                       seed: int = 0) -> float:
-    """One-sided p-value that the spike's quantile q exceeds the baseline's: normal tail of d / SE_boot(d)."""
-    rng = np.random.default_rng(seed)
-    d_obs = quantile_sorted(spike_sorted, q) - quantile_sorted(base_sorted, q)
-    d_star = bootstrap_quantile(spike_sorted, q, draws, rng) - bootstrap_quantile(base_sorted, q, draws, rng)
-    se = float(np.std(d_star, ddof=1))
-    if not math.isfinite(d_obs):
+    """One-sided bootstrap p-value that the spike's quantile q exceeds the baseline's.
+
+    Both samples are resampled independently; p = (1 + #{d* <= 0}) / (draws + 1) where d* is the
+    resampled difference of the two quantiles (the percentile bootstrap test).
+    """
+    if spike_sorted.size == 0 or base_sorted.size == 0:
         return 1.0
-    if se <= 0:
-        return 0.0 if d_obs > 0 else 1.0
-    return 0.5 * math.erfc(d_obs / se / math.sqrt(2))
+    rng = np.random.default_rng(seed)
+    d_star = bootstrap_quantile(spike_sorted, q, draws, rng) - bootstrap_quantile(base_sorted, q, draws, rng)
+    return float((1 + np.count_nonzero(d_star <= 0)) / (draws + 1))
+
+
+def draws_for(level: float) -> int:
+    """Resamples enough to resolve a p-value below `level` (at least BOOTSTRAP, at most 2 million)."""
+    return int(min(max(BOOTSTRAP, math.ceil(10 / level)), 2_000_000))
 
 
 def _window_quantiles(sorted_by_win_values: F64, starts: I64, counts: I64, q: float) -> F64:
@@ -176,10 +179,8 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
         det.note = (f"too few windows with enough requests to judge a p99 ({int(det.judged.sum())} windows "
                     f"with >= {int(MIN_TAIL / 0.01)} requests)")
         return det
-    p99j = det.p99_ns[det.judged]
-    med = float(np.median(p99j))
-    mad = 1.4826 * float(np.median(np.abs(p99j - med)))
-    elevated = det.p99_ns > med + max(K_MAD * mad, MIN_RISE * med)
+    med = float(np.median(det.p99_ns[det.judged]))
+    elevated = det.p99_ns > (1 + MIN_RISE) * med
     det.baseline = det.judged & ~elevated
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
@@ -188,7 +189,7 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     base_sorted = np.sort(v_sorted[in_base])
     det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
     det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
-    rise_needed = max(MIN_RISE * det.baseline_p99_ns, K_MAD * mad)
+    rise_needed = MIN_RISE * det.baseline_p99_ns
     det.candidate = det.judged & (det.p99_ns - det.baseline_p99_ns >= rise_needed)
     level = ALPHA / int(det.judged.sum())
     for i in np.flatnonzero(det.candidate):
@@ -202,7 +203,9 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
             continue
         if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
             continue
-        p_value = bootstrap_p_value(vals, base_sorted, 0.99, seed=seed + 7919 + run[0])
+        p_value = bootstrap_p_value(vals, base_sorted, 0.99, draws=draws_for(level), seed=seed + 7919 + run[0])
+        if DEBUG:
+            print("run", run, p50, p99, p_value, level)
         if p_value >= level:
             continue
         det.significant[run] = True
