@@ -14,10 +14,13 @@ import gzip
 from pathlib import Path
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.tracing.engine_fixtures import (
     FIXTURES,
     assert_stages_sum_to_e2e,
+    collect_requests,
     files,
     ingest_files,
     requests,
@@ -131,3 +134,48 @@ def test_normalize_works_on_one_collect_batch() -> None:
     # streaming (first token → e2e) is laid even when decode covers it all: it yields, so it holds 0 here
     assert sorted(r["Stage"] for r in table.to_pylist() if r["Stage"]) == ["decode", "generation", "prefill",
                                                                              "streaming"]
+
+
+def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
+    """`tailscope collect` (OTLP/HTTP, as vLLM exports with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) stores
+    the same requests as `tailscope ingest` of the file."""
+    ingest_files(tmp_path / "ingested", FIXTURE)
+    assert collect_requests(tmp_path / "collected", "vllm.otlp.jsonl", "http") == requests(tmp_path / "ingested")
+
+
+_SECONDS = st.one_of(st.none(), st.floats(min_value=0, max_value=5, allow_nan=False),
+                     st.sampled_from(["", "nan", "-1.0", "x", "1e-9"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ttft=_SECONDS, e2e=_SECONDS, queue=_SECONDS, prefill=_SECONDS, decode=_SECONDS,
+       duration_ms=st.integers(min_value=0, max_value=6000))
+def test_any_latency_attributes_give_stage_spans_inside_the_request(
+        ttft: object, e2e: object, queue: object, prefill: object, decode: object, duration_ms: int) -> None:
+    """Missing, inconsistent (mixed clocks) or malformed values never break the mapping or leave the request."""
+    attrs = {"gen_ai.request.id": "r"}
+    for key, value in (("time_to_first_token", ttft), ("e2e", e2e), ("time_in_queue", queue),
+                       ("time_in_model_prefill", prefill), ("time_in_model_decode", decode)):
+        if value is not None:
+            attrs[f"gen_ai.latency.{key}"] = value if isinstance(value, str) else repr(value)
+    batch = SpanBatch()
+    start = 1_763_647_200_000_000_000
+    batch.append(trace_id="ab" * 16, span_id="cd" * 8, parent_span_id="", name="llm_request", kind="Server",
+                 start_ns=start, end_ns=start + duration_ms * 1_000_000, service="vllm", resource={}, attrs=attrs)
+    rows = normalize(batch.to_table()).to_pylist()
+    [request] = [r for r in rows if r["IsRequest"]]
+    end = start + request["Duration"]
+    by_id = {r["SpanId"]: r for r in rows}
+    for row in rows:
+        if row is request:
+            continue
+        assert row["Stage"] in S.ALL_STAGES and row["Duration"] > 0
+        assert start <= row["TimestampNs"] and row["TimestampNs"] + row["Duration"] <= end
+        parent = by_id[row["ParentSpanId"]]
+        if row["Stage"] in S.STAGE_PARENT:
+            assert parent["Stage"] == "generation"
+            assert parent["TimestampNs"] <= row["TimestampNs"]
+            assert row["TimestampNs"] + row["Duration"] <= parent["TimestampNs"] + parent["Duration"]
+        else:
+            assert parent is request
+    assert len({r["SpanId"] for r in rows}) == len(rows)

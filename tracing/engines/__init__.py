@@ -11,6 +11,7 @@ The per-engine mapping is documented in docs/engines.md.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,8 @@ import pyarrow.compute as pc
 from tracing import schema as S
 from tracing.engines import sglang, tgi, triton, vllm
 from tracing.engines._common import Row, Trace
+
+_log = logging.getLogger(__name__)
 
 #: The engine mappers, tried in this order on each trace.
 ENGINES: tuple[ModuleType, ...] = (vllm, sglang, tgi, triton)
@@ -46,13 +49,18 @@ def normalize(table: pa.Table) -> pa.Table:
         by_trace.setdefault(row["TraceId"], []).append(row)
     synthetic: list[Row] = []
     for trace_id, spans in by_trace.items():
-        trace = Trace(spans)
         for engine, ids in hits:
-            if trace_id in ids:
-                synthetic.extend(engine.map_trace(trace))
+            if trace_id not in ids:
+                continue
+            saved = [dict(s) for s in spans]
+            try:
+                synthetic.extend(engine.map_trace(Trace(spans)))
+            except Exception:  # a mapping bug must never lose the batch: keep the trace as it came
+                spans[:] = saved
+                _log.warning("could not map a %s trace (%s); stored as is", engine.NAME, trace_id, exc_info=True)
     if not synthetic and not any(r["IsRequest"] for r in rows):
         return table
-    out_rows = rows + synthetic
+    out_rows = [row for spans in by_trace.values() for row in spans] + synthetic
     for row in out_rows:
         row["Timestamp"] = int(row["TimestampNs"]) // 1000
     rest = table.filter(pc.invert(in_traces))
