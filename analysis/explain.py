@@ -15,7 +15,9 @@ how much of the excess disappears without each, and example traces to open.
 - Counterfactual: remove the candidate from both the spike window and the baseline,
   recompute both p99s; explained = 1 - (new excess / excess). Removing it from both
   sides keeps a value that is always in the tail (long outputs) from passing for a cause.
-  Dimensions are ranked by explained (rounded to 0.01), then single before pair, then score.
+  Dimensions are ranked by explained (rounded to 0.01), a pair needing PAIR_MARGIN more than
+  a single to rank above it (a pair is a subset of its parts: it earns its place only by
+  explaining clearly more), then single before pair, then score.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ ALPHA: Final = 0.01
 MAX_COUNTERFACTUAL: Final = 25
 MAX_EXEMPLARS: Final = 5
 MAX_PAIR_CELLS: Final = 5_000_000
+#: A pair ranks above a single only when it explains this much more of the excess.
+PAIR_MARGIN: Final = 0.1
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -249,10 +253,11 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
 
 
 def rank(cands: list[Candidate]) -> list[Candidate]:
-    """Best explanation first: explained (to 0.01), then single before pair, then score."""
+    """Best explanation first: explained (to 0.01; a pair needs PAIR_MARGIN more than a single to pass it),
+    then single before pair, then score."""
     def key(c: Candidate) -> tuple[float, int, float]:
         e = c.explained if math.isfinite(c.explained) else -math.inf
-        return (-round(e, 2), len(c.dims), -c.score)
+        return (-(round(e, 2) - PAIR_MARGIN * (len(c.dims) - 1)), len(c.dims), -c.score)
     return sorted(cands, key=key)
 
 
