@@ -35,6 +35,7 @@ __all__ = [
     "ENV_MAX_QUEUE_SIZE",
     "ENV_OTLP_ENDPOINT",
     "ENV_OTLP_PROTOCOL",
+    "ENV_OTLP_TIMEOUT_S",
     "ENV_REPLICA_ID",
     "ENV_SERVICE_NAME",
     "ENV_STORE",
@@ -59,6 +60,8 @@ ENV_STORE: Final = "TAILSCOPE_STORE"
 ENV_OTLP_ENDPOINT: Final = "TAILSCOPE_OTLP_ENDPOINT"
 #: OTLP protocol: http/protobuf or grpc.
 ENV_OTLP_PROTOCOL: Final = "TAILSCOPE_OTLP_PROTOCOL"
+#: Seconds an OTLP export may take (retries included) before it counts as failed.
+ENV_OTLP_TIMEOUT_S: Final = "TAILSCOPE_OTLP_TIMEOUT_SECONDS"
 #: Most spans held in memory waiting for export; beyond it the oldest is dropped and counted.
 ENV_MAX_QUEUE_SIZE: Final = "TAILSCOPE_MAX_QUEUE_SIZE"
 #: Milliseconds between two exports of the span queue.
@@ -78,6 +81,7 @@ ENV_VARS: Final[dict[str, tuple[str, str]]] = {
     ENV_STORE: ("~/.local/share/tailscope/store", "segment store directory for the store exporter"),
     ENV_OTLP_ENDPOINT: ("http://127.0.0.1:4318/v1/traces (grpc: 127.0.0.1:4317)", "OTLP endpoint"),
     ENV_OTLP_PROTOCOL: ("http/protobuf", "OTLP protocol: http/protobuf or grpc"),
+    ENV_OTLP_TIMEOUT_S: ("10", "seconds an OTLP export may take, retries included"),
     ENV_MAX_QUEUE_SIZE: ("8192", "spans held for export at most; the oldest is dropped and counted beyond"),
     ENV_EXPORT_DELAY_MS: ("1000", "milliseconds between exports"),
     ENV_STORE_FLUSH_S: ("5", "seconds the store exporter buffers rows before writing a segment"),
@@ -89,6 +93,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "otlp_endpoint_http": "http://127.0.0.1:4318/v1/traces",
     "otlp_endpoint_grpc": "127.0.0.1:4317",
     "otlp_protocol": "http/protobuf",
+    "otlp_timeout_s": 10.0,
     "max_queue_size": 8192,
     "export_delay_ms": 1000,
     "store_flush_s": 5.0,
@@ -190,17 +195,17 @@ def _exporter_names(arg: str | Iterable[str] | None, otlp_given: bool, env: Mapp
     return [n for n in dict.fromkeys(names) if n != "none"]
 
 
-def _otlp_exporter(endpoint: str, protocol: str) -> SpanExporter:
+def _otlp_exporter(endpoint: str, protocol: str, timeout_s: float) -> SpanExporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
 
         target = endpoint.split("://", 1)[-1]
-        return GrpcExporter(endpoint=target, insecure=not endpoint.startswith("https://"))
+        return GrpcExporter(endpoint=target, insecure=not endpoint.startswith("https://"), timeout=timeout_s)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=endpoint)
+    return OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s)
 
 
 def configure(
@@ -211,6 +216,7 @@ def configure(
     store: Path | str | None = None,
     otlp_endpoint: str | None = None,
     otlp_protocol: str | None = None,
+    otlp_timeout_s: float | None = None,
     resource_attributes: Mapping[str, Any] | None = None,
     max_queue_size: int | None = None,
     export_delay_ms: int | None = None,
@@ -240,6 +246,7 @@ def configure(
     names = _exporter_names(exporters, endpoint is not None, environ)
     queue = _int_setting(max_queue_size, ENV_MAX_QUEUE_SIZE, DEFAULTS["max_queue_size"], environ)
     delay = _int_setting(export_delay_ms, ENV_EXPORT_DELAY_MS, DEFAULTS["export_delay_ms"], environ)
+    otlp_timeout = _float_setting(otlp_timeout_s, ENV_OTLP_TIMEOUT_S, DEFAULTS["otlp_timeout_s"], environ)
     flush_s = _float_setting(store_flush_s, ENV_STORE_FLUSH_S, DEFAULTS["store_flush_s"], environ)
     if queue <= 0 or delay <= 0 or flush_s < 0:
         raise ValueError("max_queue_size and export_delay_ms must be > 0 and store_flush_s >= 0")
@@ -263,7 +270,7 @@ def configure(
         built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
     if "otlp" in names:
         target = endpoint or DEFAULTS["otlp_endpoint_grpc" if protocol == "grpc" else "otlp_endpoint_http"]
-        built["otlp"] = GuardedExporter(_otlp_exporter(target, protocol), f"otlp-{protocol}")
+        built["otlp"] = GuardedExporter(_otlp_exporter(target, protocol, otlp_timeout), f"otlp-{protocol}")
     for i, extra in enumerate(extra_exporters):
         built[f"extra{i}"] = GuardedExporter(extra)
 
@@ -274,6 +281,6 @@ def configure(
     if set_global:
         trace.set_tracer_provider(provider)
     settings = {"service_name": service, "replica_id": replica, "exporters": names, "store": store_dir,
-                "otlp_endpoint": endpoint, "otlp_protocol": protocol, "max_queue_size": queue,
+                "otlp_endpoint": endpoint, "otlp_protocol": protocol, "otlp_timeout_s": otlp_timeout, "max_queue_size": queue,
                 "export_delay_ms": delay, "store_flush_s": flush_s}
     return Telemetry(provider, processor, built, resource, store_dir, settings)
