@@ -281,6 +281,6 @@ def configure(
     if set_global:
         trace.set_tracer_provider(provider)
     settings = {"service_name": service, "replica_id": replica, "exporters": names, "store": store_dir,
-                "otlp_endpoint": endpoint, "otlp_protocol": protocol, "otlp_timeout_s": otlp_timeout, "max_queue_size": queue,
-                "export_delay_ms": delay, "store_flush_s": flush_s}
+                "otlp_endpoint": endpoint, "otlp_protocol": protocol, "otlp_timeout_s": otlp_timeout,
+                "max_queue_size": queue, "export_delay_ms": delay, "store_flush_s": flush_s}
     return Telemetry(provider, processor, built, resource, store_dir, settings)
