@@ -5,5 +5,10 @@
 """
 
 from analysis.connect import connect, refresh
+from analysis.percentiles import percentile_series, request_facts
+from analysis.report import build_report, render_text
+from analysis.spikes import detect
+from analysis.whatif import simulate, whatif
 
-__all__ = ["connect", "refresh"]
+__all__ = ["build_report", "connect", "detect", "percentile_series", "refresh", "render_text", "request_facts",
+           "simulate", "whatif"]

@@ -156,7 +156,7 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
         bc = np.bincount(key_b[key_b >= 0], minlength=cells)
         for cell in np.flatnonzero(tc):
             tested += 1
-            codes = _unkey(cell, sizes)
+            codes = _unkey(int(cell), sizes)
             t, b = int(tc[cell]), int(bc[cell])
             if len(combo) == 1:
                 singles[(combo[0], codes[0])] = (t, b)
@@ -217,7 +217,7 @@ class TailQuantile:
         kept = self.values[self.n - self.top:][~removed_in_slice]
         below = n2 - kept.size
         h = (n2 - 1) * self.q
-        a = int(math.floor(h))
+        a = math.floor(h)
         i = a - below
         if i < 0:
             return math.nan

@@ -11,6 +11,7 @@ flagged `low_sample` when fewer than `MIN_TAIL` requests lie beyond its quantile
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -129,7 +130,7 @@ def auto_window_s(requests: int, span_s: float) -> int:
 _FACT_COLUMNS = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
                  "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns", "tpot_ns")
 
-_FACTS_SQL = f"""
+_FACTS_SQL = """
 WITH st AS (
   SELECT TraceId,
          any_value(Replica) FILTER (WHERE Stage IN ('generation', 'prefill', 'decode')) AS gen_replica,
@@ -161,18 +162,23 @@ def request_facts(con: duckdb.DuckDBPyConnection) -> str:
     (the view also falls back on other stages' replica). Traces with several request spans
     are copied from the view itself. Returns the table name.
     """
-    if _exists(con, REQUESTS_TABLE):
-        return REQUESTS_TABLE
-    con.execute(f"CREATE TEMP TABLE {REQUESTS_TABLE} AS {_FACTS_SQL}").fetchall()
-    shared = con.execute(f"SELECT trace_id FROM {REQUESTS_TABLE} GROUP BY trace_id HAVING count(*) > 1"
-                         ).fetchall()
+    view = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'spans' AND NOT internal").fetchall()
+    snapshot = hashlib.sha256(str(view).encode()).hexdigest()[:12]
+    table = f"{REQUESTS_TABLE}_{snapshot}"  # one per snapshot: refresh() gives a new one
+    if _exists(con, table):
+        return table
+    for (old,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)",
+                              [REQUESTS_TABLE]).fetchall():
+        con.execute(f"DROP TABLE {quote_ident(old)}").fetchall()
+    con.execute(f"CREATE TEMP TABLE {table} AS {_FACTS_SQL}").fetchall()
+    shared = con.execute(f"SELECT trace_id FROM {table} GROUP BY trace_id HAVING count(*) > 1").fetchall()
     if shared:
         ids = [row[0] for row in shared]
         cols = ", ".join(_FACT_COLUMNS)
-        con.execute(f"DELETE FROM {REQUESTS_TABLE} WHERE list_contains(?, trace_id)", [ids]).fetchall()
-        con.execute(f"INSERT INTO {REQUESTS_TABLE} ({cols}) SELECT {cols} FROM requests "
+        con.execute(f"DELETE FROM {table} WHERE list_contains(?, trace_id)", [ids]).fetchall()
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM requests "
                     "WHERE list_contains(?, trace_id)", [ids]).fetchall()
-    return REQUESTS_TABLE
+    return table
 
 
 def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:
@@ -233,7 +239,7 @@ def percentile_series(
     src = request_source(con, metric)
     win = (parse_duration(window_s) if window_s is not None
            else choose_window_s(con, since_ns, until_ns, request_facts(con)))
-    win_ns = int(round(win * 1e9))
+    win_ns = round(win * 1e9)
     groups = "".join(f", {quote_ident(g)}" for g in by)
     qs = [q for _, q in QUANTILES]
     keep = "TRUE" if include_failures else "status = 'ok'"

@@ -79,7 +79,7 @@ def build_report(
     frame, counts = _frame(con, metric, since_ns, until_ns, include_failures)
     if win is None:
         win = choose_window_s(con, since_ns, until_ns)
-    window_ns = int(round(win * 1e9))
+    window_ns = round(win * 1e9)
     report: dict[str, Any] = {
         "version": REPORT_VERSION, "metric": metric,
         "window_s": int(win) if float(win).is_integer() else win,
@@ -98,7 +98,7 @@ def build_report(
     values = frame.get_column("value").to_numpy().astype(np.float64)
     try:
         det = detect(start, values, window_ns)
-    except Exception as exc:  # noqa: BLE001  (a failing sub-analysis must not sink the report)
+    except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
         return report
     report["windows"] = int(det.n.size)
@@ -143,7 +143,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
                 b_ids = pl.DataFrame({"trace_id": [trace_ids[int(i)] for i in base_tail]})
                 item["stages"] = X.stage_shares(stages_by_id.join(t_ids, on="trace_id", how="semi"),
                                                 stages_by_id.join(b_ids, on="trace_id", how="semi"), stage_names)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 item["errors"].append(f"could not compute stages because {exc}")
         best_mask = None
         try:
@@ -160,11 +160,11 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
             item["tail_requests"] = int(excess_rows.size)
             if ranked:
                 best_mask = X.candidate_mask(coded, ranked[0], rows)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         try:
             item["exemplars"] = X.exemplars(trace_ids, values, rows, spike.p99_ns, best_mask)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
         errors.extend(item["errors"])
         out.append(item)

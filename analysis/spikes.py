@@ -93,7 +93,7 @@ def quantile_sorted(sorted_values: F64, q: float) -> float:
     if n == 0:
         return math.nan
     h = (n - 1) * q
-    lo = int(math.floor(h))
+    lo = math.floor(h)
     hi = min(lo + 1, n - 1)
     return float(sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo]))
 
@@ -111,7 +111,7 @@ def bootstrap_quantile(sorted_values: F64, q: float, draws: int, rng: np.random.
     if n == 1:
         return np.full(draws, float(sorted_values[0]))
     h = (n - 1) * q
-    k = int(math.floor(h))  # 0-based rank of the lower order statistic
+    k = math.floor(h)  # 0-based rank of the lower order statistic
     frac = h - k
     u1 = rng.beta(k + 1, n - k, size=draws)
     lower = sorted_values[np.clip(np.ceil(u1 * n).astype(np.int64) - 1, 0, n - 1)]

@@ -112,7 +112,9 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
     rep_names = pa.array([f"replica-{i:02d}" for i in range(REPLICAS)])
     replica_col = pa.DictionaryArray.from_arrays(pa.array(replica[idx].astype(np.int32)), rep_names).cast(pa.string())
     status = np.where(is_req & failed[idx], "Error", "Unset")
-    outcome = pa.array(np.where(is_req, np.where(failed[idx], "error", "ok"), None), type=pa.string())
+    outcome_np = np.where(failed[idx], "error", "ok").astype(object)
+    outcome_np[~is_req] = None
+    outcome = pa.array(outcome_np, type=pa.string())
     tenants = pa.array(["acme", "globex", "initech"])
     tenant_idx = rng.integers(0, 3, size=n)
     req_only = pa.array(~is_req)
@@ -129,7 +131,7 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
     # attributes: the request flag and stream flag on requests, the stage on stages (2 entries each)
     attr_keys = np.where(is_req[:, None], np.array([[S.ATTR_REQUEST, S.ATTR_STREAMING]], dtype=object),
                          np.array([[S.ATTR_STAGE, "thread.id"]], dtype=object)).reshape(-1)
-    stage_vals = np.array(["true"] + stage_names[1:], dtype=object)[kind_of]
+    stage_vals = np.array(["true", *stage_names[1:]], dtype=object)[kind_of]
     attr_vals = np.stack([stage_vals, np.where(is_req, "true", "1")], axis=1).reshape(-1)
     attrs = pa.MapArray.from_arrays(pa.array(np.arange(0, total * 2 + 1, 2, dtype=np.int32)),
                                     pa.array(attr_keys, type=pa.string()), pa.array(attr_vals, type=pa.string()))
@@ -251,8 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    for spans, r in results.items():
-        print(spans, r)
+    for name, r in results.items():
+        print(name, r)
 
 
 if __name__ == "__main__":
