@@ -69,7 +69,7 @@ def _vllm_request(tracer: trace.Tracer, start: int, end: int, attrs: Mapping[str
     span.end(end_time=T0 + end)
 
 
-def vllm_lines() -> list[str]:
+def vllm_spans() -> list[list[ReadableSpan]]:
     """Three `llm_request` spans (default resource) and one from a replica with service.instance.id."""
 
     def build(tracer: trace.Tracer) -> None:
@@ -103,14 +103,13 @@ def vllm_lines() -> list[str]:
                                          "vllm.process_id": 4242}
     named: dict[str, AttributeValue] = {**default, "service.name": "vllm", "service.instance.id": "gpu-node-3",
                                         "vllm.process_id": 77}
-    return [spans_to_json_line(_spans(default, "vllm.tracing.otel", build, 1)),
-            spans_to_json_line(_spans(named, "vllm.tracing.otel", build_replica, 2))]
+    return [_spans(default, "vllm.tracing.otel", build, 1), _spans(named, "vllm.tracing.otel", build_replica, 2)]
 
 
 # --- SGLang 0.5.23: sglang/srt/observability/trace.py, req_time_stats.py ----------------------
 
 
-def sglang_lines() -> list[str]:
+def sglang_spans() -> list[list[ReadableSpan]]:
     """One unified-mode request: root, Tokenizer and Scheduler thread spans, stage slices."""
 
     def build(tracer: trace.Tracer) -> None:
@@ -144,7 +143,46 @@ def sglang_lines() -> list[str]:
             "gen_ai.response.model": "Qwen/Qwen2.5-7B-Instruct", "gen_ai.response.finish_reasons": '["stop"]'})
         root.end(end_time=T0 + 310 * MS)
 
-    return [spans_to_json_line(_spans({"service.name": "sglang"}, "sglang server", build, 3))]
+    def build_pd(tracer: trace.Tracer) -> None:
+        """Prefill/decode disaggregation: both nodes' roots under the router's span (same rid, one trace)."""
+        T = 10_000 * MS  # noqa: N806
+        router = tracer.start_span("POST /generate", kind=trace.SpanKind.CLIENT, start_time=T0 + T)
+        roots = {}
+        for role, pid in (("prefill", 2102), ("decode", 3003)):
+            root = _child(tracer, router, f"{role} Req 77aa0c1e", T, attrs={
+                "rid": "77aa0c1e5b5b4f0a", "module": "sglang::request", "bootstrap_room": "0x2a"})
+            tok = _child(tracer, root, "Tokenizer (host:abcd1234 | pid:1001)", T,
+                         attrs={"host_id": "abcd1234ef", "pid": 1001, "thread_label": "Tokenizer"})
+            _child(tracer, tok, "tokenize", T, T + 4 * MS)
+            tok.end(end_time=T0 + T + 4 * MS)
+            host = "eeee0000aa" if role == "prefill" else "dddd0000bb"
+            sch = _child(tracer, root, f"Scheduler [TP 0] (host:{host[:8]} | pid:{pid})", T + 5 * MS,
+                         attrs={"tp_rank": 0, "host_id": host, "pid": pid, "thread_label": "Scheduler"})
+            if role == "prefill":
+                for name, a, b in (("prefill_prepare", 5, 6), ("prefill_bootstrap", 6, 15),
+                                   ("prefill_waiting", 15, 25), ("prefill_forward", 25, 70),
+                                   ("prefill_transfer_kv_cache", 70, 90)):
+                    _child(tracer, sch, name, T + a * MS, T + b * MS)
+                sch.end(end_time=T0 + T + 90 * MS)
+                root.end(end_time=T0 + T + 92 * MS)
+            else:
+                for name, a, b in (("decode_prepare", 5, 6), ("decode_bootstrap", 6, 20),
+                                   ("decode_transferred", 20, 91), ("decode_waiting", 91, 93),
+                                   ("decode_forward", 93, 400)):
+                    _child(tracer, sch, name, T + a * MS, T + b * MS)
+                sch.end(end_time=T0 + T + 400 * MS)
+                roots[role] = root
+        decode = roots["decode"]
+        decode.set_attributes({
+            "gen_ai.latency.time_to_first_token": 0.095, "gen_ai.latency.e2e": 0.41,
+            "gen_ai.latency.time_in_model_decode": 0.315, "gen_ai.usage.prompt_tokens": 2048,
+            "gen_ai.usage.completion_tokens": 120, "gen_ai.response.model": "Qwen/Qwen2.5-7B-Instruct",
+            "gen_ai.response.finish_reasons": '["stop"]'})
+        decode.end(end_time=T0 + T + 410 * MS)
+        router.end(end_time=T0 + T + 411 * MS)
+
+    return [_spans({"service.name": "sglang"}, "sglang server", build, 3),
+            _spans({"service.name": "sglang"}, "sglang server", build_pd, 6)]
 
 
 # --- TGI 3.3.6-dev0: router/src/server.rs, backends/v3/src/{queue,backend}.rs ------------------
@@ -171,7 +209,7 @@ def _tgi_handler(tracer: trace.Tracer, name: str, start: int, end: int, fields: 
     handler.end(end_time=T0 + end)
 
 
-def tgi_lines() -> list[str]:
+def tgi_spans() -> list[list[ReadableSpan]]:
     """A streaming request with per-batch `infer` spans, a plain one, and a failed one."""
 
     def build(tracer: trace.Tracer) -> None:
@@ -184,14 +222,13 @@ def tgi_lines() -> list[str]:
             "inference_time": "2.35s", "time_per_token": "50ms", "seed": "Some(42)"}, [])
         _tgi_handler(tracer, "generate", 5000 * MS, 5003 * MS, {}, [], error=True)
 
-    return [spans_to_json_line(_spans({"service.name": "text-generation-inference.router"},
-                                      "text-generation-inference.router", build, 4))]
+    return [_spans({"service.name": "text-generation-inference.router"}, "text-generation-inference.router", build, 4)]
 
 
 # --- Triton 2.73.0dev OpenTelemetry mode: src/tracer.cc ----------------------------------------
 
 
-def triton_otel_lines() -> list[str]:
+def triton_otel_spans() -> list[list[ReadableSpan]]:
     """One HTTP request: InferRequest root with frontend events, model span, compute span."""
 
     def build(tracer: trace.Tracer) -> None:
@@ -214,8 +251,8 @@ def triton_otel_lines() -> list[str]:
         root.add_event("HTTP_SEND_END", timestamp=T0 + 26 * MS)
         root.end(end_time=T0 + 26 * MS)
 
-    return [spans_to_json_line(_spans({"service.name": "triton-inference-server",
-                                       "service.instance.id": "triton-0"}, "triton-server", build, 5))]
+    return [_spans({"service.name": "triton-inference-server", "service.instance.id": "triton-0"}, "triton-server",
+                   build, 5)]
 
 
 # --- Triton 2.73.0dev JSON trace file: src/tracer.cc TraceActivity, docs/user_guide/trace.md ---
@@ -258,13 +295,20 @@ def triton_json(closed: bool) -> str:
     return text + ',{"id":5,"model_name":"simple","model_version":1},{"id":5,"timestamps":[{"name":"REQUEST_ST'
 
 
+#: OTLP fixture file name → the span groups (one export batch each) it holds.
+SPANS: dict[str, Callable[[], list[list[ReadableSpan]]]] = {
+    "vllm.otlp.jsonl": vllm_spans,
+    "sglang.otlp.jsonl": sglang_spans,
+    "tgi.otlp.jsonl": tgi_spans,
+    "triton.otlp.jsonl": triton_otel_spans,
+}
+
+
 def files() -> dict[str, str]:
     """Fixture file name → content."""
+    otlp = {name: "".join(spans_to_json_line(group) + "\n" for group in build()) for name, build in SPANS.items()}
     return {
-        "vllm.otlp.jsonl": "\n".join(vllm_lines()) + "\n",
-        "sglang.otlp.jsonl": "\n".join(sglang_lines()) + "\n",
-        "tgi.otlp.jsonl": "\n".join(tgi_lines()) + "\n",
-        "triton.otlp.jsonl": "\n".join(triton_otel_lines()) + "\n",
+        **otlp,
         "triton_trace.json": triton_json(closed=True),
         "triton_trace_live.json": triton_json(closed=False),
     }
@@ -332,3 +376,24 @@ def assert_stages_sum_to_e2e(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         assert all(row[c] >= 0 for c in STAGE_COLUMNS), row
         assert sum(row[c] for c in STAGE_COLUMNS) == row["e2e_ns"], row
+
+
+def collect_requests(store: Path, name: str, protocol: str = "http") -> list[dict[str, Any]]:
+    """Send an OTLP fixture's span groups to a running `tailscope collect` receiver with the official
+    OTLP exporter (one export per group, as a BatchSpanProcessor would) and return the `requests` rows."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from tests.tracing.collect_helpers import running
+
+    with running(store) as receiver:
+        for group in SPANS[name]():
+            exporter: HttpExporter | GrpcExporter
+            if protocol == "grpc":
+                exporter = GrpcExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True)
+            else:
+                exporter = HttpExporter(endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces")
+            assert exporter.export(group) is SpanExportResult.SUCCESS
+            exporter.shutdown()
+    return requests(store)

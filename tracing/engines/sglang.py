@@ -13,6 +13,7 @@ Source: python/sglang/srt/observability/trace.py, req_time_stats.py (`RequestSta
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,13 +71,28 @@ def _is_root(row: Row, attrs: dict[str, str]) -> bool:
     return "rid" in attrs and (attrs.get("module", "").startswith("sglang") or "gen_ai.latency.e2e" in attrs)
 
 
+def role_of(root: Row) -> str:
+    """The disaggregation role in a root's name ('' when unified, 'prefill', 'decode')."""
+    return str(root["SpanName"]).split(" Req ", 1)[0].strip()
+
+
 def map_trace(trace: Trace) -> list[Row]:
-    """Mark every SGLang request root of the trace and return its synthetic stage spans."""
-    out: list[Row] = []
+    """Mark every SGLang request root of the trace and return its synthetic stage spans.
+
+    Under prefill/decode disaggregation both nodes emit a root for the same `rid`; when they
+    share the trace (the router propagated the context) the decode root is the request and the
+    prefill root's slices are laid on it too, so the request is counted once.
+    """
+    groups: dict[str, list[tuple[Row, dict[str, str]]]] = {}
     for row in list(trace.spans):
         attrs = attrs_of(row)
         if _is_root(row, attrs):
-            out.extend(map_request(trace, row, attrs))
+            groups.setdefault(attrs["rid"], []).append((row, attrs))
+    out: list[Row] = []
+    for roots in groups.values():
+        roots.sort(key=lambda ra: (role_of(ra[0]) == "decode", end_of(ra[0]), ra[0]["SpanId"]))
+        request, attrs = roots[-1]
+        out.extend(map_request(trace, request, attrs, partners=[r for r, _ in roots[:-1]]))
     return out
 
 
@@ -89,10 +105,10 @@ def _replica(trace: Trace, span: Row) -> str | None:
     return None
 
 
-def map_request(trace: Trace, root: Row, attrs: dict[str, str]) -> list[Row]:
-    """Copy the root's stage slices under it (or lay out its latency attributes)."""
-    slices = [s for s in trace.descendants(root["SpanId"]) if s["SpanName"] in SLICE_STAGES or
-              s["SpanName"] in INNER_SLICES]
+def map_request(trace: Trace, root: Row, attrs: dict[str, str], partners: Sequence[Row] = ()) -> list[Row]:
+    """Copy the root's (and its partner roots') stage slices under it, or lay out its latency attributes."""
+    slices = [s for r in (root, *partners) for s in trace.descendants(r["SpanId"])
+              if s["SpanName"] in SLICE_STAGES or s["SpanName"] in INNER_SLICES]
     names = {s["SpanName"] for s in slices}
     worker = next((s for s in slices if SLICE_STAGES.get(s["SpanName"]) in ("prefill", "decode")), None)
     replica = root["Replica"] or (_replica(trace, worker) if worker is not None else None)
