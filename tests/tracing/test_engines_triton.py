@@ -25,6 +25,7 @@ from tests.tracing.engine_fixtures import (
     TRITON_MONO0,
     TRITON_OFFSET,
     assert_stages_sum_to_e2e,
+    collect_requests,
     files,
     ingest_files,
     requests,
@@ -109,3 +110,26 @@ def test_bad_element_in_the_middle_fails_the_file_or_is_skipped(tmp_path: Path,
     assert f"{bad}:1: bad Triton trace element" in result.output
     ingest_files(store, bad, skip_bad=True)
     assert [r["model"] for r in requests(store)] == ["simple", "ens"]
+
+
+def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
+    """`tailscope collect` (OTLP/HTTP, Triton's OpenTelemetry mode) stores the same requests as ingest."""
+    ingest_files(tmp_path / "ingested", OTEL)
+    assert collect_requests(tmp_path / "collected", "triton.otlp.jsonl", "http") == requests(tmp_path / "ingested")
+
+
+def test_a_file_cut_anywhere_reads_without_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton may be mid-write when the file is read: every prefix of a trace file is readable and mapped."""
+    from tracing.engines import normalize, read_json_array
+    from tracing.ingest import IngestReport
+
+    monkeypatch.setenv(ENV_CLOCK_OFFSET, str(TRITON_OFFSET))
+    data = CLOSED.read_bytes()
+    counts = []
+    for cut in range(1, len(data) + 1, 5):
+        report = IngestReport()
+        tables = read_json_array(CLOSED, data[:cut], skip_bad=False, report=report)
+        spans = sum(normalize(t).num_rows for t in tables)
+        counts.append(spans)
+        assert report.bad_lines == 0
+    assert counts[0] == 0 and counts == sorted(counts)  # more of the file never gives fewer spans
