@@ -1,0 +1,144 @@
+"""Explanation parts on hand-made data: buckets, stage shares, contrast, counterfactual, ranking, exemplars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis import connect
+from analysis import explain as X
+from analysis.spikes import quantile_sorted
+from tests.analysis.test_report import fleet_store
+from tests.factory import add_request, write
+from tracing import schema as S
+from tracing.rows import SpanBatch
+
+MS = 1_000_000
+
+
+def test_power_of_two_buckets() -> None:
+    assert [X.bucket_bounds(x) for x in (0, 1, 2, 3, 4, 1000, 1024)] == [
+        (0, 0), (1, 1), (2, 3), (2, 3), (4, 7), (512, 1023), (1024, 2047)]
+    frame = pl.DataFrame({"input_tokens": [0, 1, 3, 1000, None], "tenant": ["b", "a", None, "b", "a"]})
+    coded = X.code_dimension(frame, "input_tokens")
+    assert coded.codes.tolist() == [0, 1, 2, 10, -1]
+    assert (coded.labels[10], coded.lo[10], coded.hi[10]) == ("512-1023", 512, 1023)
+    tenant = X.code_dimension(frame, "tenant")
+    assert tenant.labels == ["a", "b"] and tenant.codes.tolist() == [1, 0, -1, 1, 0]
+
+
+def test_stage_shares_of_the_excess() -> None:
+    tail = pl.DataFrame({"decode_ns": [30 * MS, 30 * MS], "queue_wait_ns": [5 * MS, 5 * MS],
+                         "prefill_ns": [1 * MS, 1 * MS], "model_load_ns": [0, 0]})
+    base = pl.DataFrame({"decode_ns": [10 * MS], "queue_wait_ns": [3 * MS], "prefill_ns": [2 * MS],
+                         "model_load_ns": [0]})
+    out = X.stage_shares(tail, base, ["decode", "queue_wait", "prefill", "model_load"])
+    assert out == [
+        {"stage": "decode", "share": round(20 / 22, 4), "tail_ms": 30.0, "baseline_ms": 10.0},
+        {"stage": "queue_wait", "share": round(2 / 22, 4), "tail_ms": 5.0, "baseline_ms": 3.0},
+        {"stage": "prefill", "share": round(-1 / 22, 4), "tail_ms": 1.0, "baseline_ms": 2.0},
+    ]  # model_load is absent from both slices: not listed
+
+
+def test_tail_quantile_without_a_subset_is_exact() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(0, 1, 5000)
+    rows = np.arange(values.size, dtype=np.int64)
+    tq = X.TailQuantile(values, rows)
+    for _ in range(50):
+        removed = rng.random(values.size) < rng.uniform(0.0, 0.3)
+        in_slice = removed[tq.slice_rows()]
+        expected = quantile_sorted(np.sort(values[~removed]), 0.99)
+        assert tq.without(in_slice, int(removed.sum())) == pytest.approx(expected, rel=1e-12)
+
+
+def _synthetic() -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """4,000 baseline and 1,000 spike requests on 4 replicas; long outputs are always slow, and in the
+    spike replica r2 is 5x slower."""
+    n_base, n_spike = 4000, 1000
+    n = n_base + n_spike
+    j = np.arange(n)
+    replica = np.array([f"r{k}" for k in j % 4])
+    output = np.where(j % 10 == 0, 3000, 100)  # 10 % long outputs
+    value = 1000.0 + (j * 7919) % 1000
+    value = np.where(output == 3000, value * 3, value)
+    spike = np.arange(n_base, n, dtype=np.int64)
+    base = np.arange(n_base, dtype=np.int64)
+    value[spike] = np.where(replica[spike] == "r2", value[spike] * 5, value[spike])
+    frame = pl.DataFrame({"replica": replica, "model": ["m"] * n, "model_version": ["v1"] * n,
+                          "tenant": np.array(["t0", "t1", "t2"])[j % 3], "input_tokens": [10] * n,
+                          "output_tokens": output})
+    return frame, value, spike, base
+
+
+def test_contrast_counterfactual_and_ranking_name_the_cause_not_the_always_slow() -> None:
+    frame, value, spike, base = _synthetic()
+    coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+    base_p99 = quantile_sorted(np.sort(value[base]), 0.99)
+    tail = spike[value[spike] > base_p99]
+    cands, tested = X.contrast(coded, tail, base)
+    assert tested > 0
+    X.counterfactual(coded, cands, value, spike, base, X.TailQuantile(value[base], base))
+    ranked = [X.candidate_json(coded, c) for c in X.rank(cands)]
+    first = ranked[0]
+    assert (first["dimension"], first["value"]) == ("replica", "r2")
+    # without r2 the spike is the baseline again (both sides computed exactly)
+    keep_s = np.array([r != "r2" for r in frame.get_column("replica").to_numpy()[spike]])
+    keep_b = np.array([r != "r2" for r in frame.get_column("replica").to_numpy()[base]])
+    s_wo = quantile_sorted(np.sort(value[spike][keep_s]), 0.99)
+    b_wo = quantile_sorted(np.sort(value[base][keep_b]), 0.99)
+    spike_p99 = quantile_sorted(np.sort(value[spike]), 0.99)
+    assert first["p99_without_ms"] == round(s_wo / 1e6, 3)
+    assert first["explained"] == round(1 - (s_wo - b_wo) / (spike_p99 - base_p99), 4)
+    assert first["support"] == int(np.sum(frame.get_column("replica").to_numpy()[tail] == "r2"))
+    # long outputs are slow everywhere: removing them from both sides explains little
+    long_out = [d for d in ranked if d["dimension"] == "output_tokens" and d["lo"] == 2048]
+    assert not long_out or long_out[0]["explained"] < first["explained"] - 0.3
+    assert all(d["dimension"] != "model" for d in ranked)  # one value everywhere: never a cause
+
+
+def test_binomial_bound_and_guard() -> None:
+    assert X.binomial_tail_bound(5, 10, 0.5) == 1.0
+    assert X.binomial_tail_bound(10, 10, 0.5) == pytest.approx(0.5 ** 10)
+    frame = pl.DataFrame({"replica": ["a", "b"] * 50})
+    coded = [X.code_dimension(frame, "replica")]
+    # a tail that looks like the baseline passes no guard
+    cands, tested = X.contrast(coded, np.arange(0, 20, dtype=np.int64), np.arange(20, 100, dtype=np.int64))
+    assert cands == [] and tested == 2
+
+
+def test_exemplars_prefer_the_best_candidate_near_p99() -> None:
+    ids = [f"{i:032x}" for i in range(10)]
+    values = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], dtype=float)
+    spike = np.arange(10, dtype=np.int64)
+    prefer = np.array([False] * 8 + [False, True])
+    assert X.exemplars(ids, values, spike, 7.5, prefer, k=3) == [ids[9], ids[7], ids[8]]
+    assert X.exemplars(ids, values, spike, 7.5, None, k=2) == [ids[7], ids[8]]
+
+
+def test_stage_rows_equal_the_requests_view(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    trace, _ = add_request(batch, "one", 0, 100, [
+        ("queue_wait", 5, 20), ("preprocess", 15, 30), ("generation", 30, 90),
+        ("prefill", 30, 40, "generation"), ("decode", 40, 90, "generation"), ("streaming", 40, 98)])
+    other, _ = add_request(batch, "two", 0, 50, [("generation", 0, 50)])
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    rows = X.stage_rows(con, [trace])
+    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
+    view = con.sql(f"SELECT trace_id, span_id, {cols} FROM requests WHERE trace_id = ?", params=[trace]).pl()
+    assert rows.equals(view)
+    assert rows.row(0, named=True)["decode_ns"] == 50 and rows.row(0, named=True)["streaming_ns"] == 8
+
+
+def test_stage_rows_on_a_fleet_store(tmp_path: Path) -> None:
+    store = fleet_store(tmp_path)
+    con = connect(store)
+    ids = [r[0] for r in con.execute("SELECT trace_id FROM requests ORDER BY trace_id LIMIT 50").fetchall()]
+    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
+    view = con.sql(f"SELECT trace_id, span_id, {cols} FROM requests WHERE list_contains(?, trace_id) "
+                   "ORDER BY trace_id", params=[ids]).pl()
+    assert X.stage_rows(con, ids).sort("trace_id").equals(view)
