@@ -124,7 +124,7 @@ def test_stage_rows_equal_the_requests_view(tmp_path: Path) -> None:
     trace, _ = add_request(batch, "one", 0, 100, [
         ("queue_wait", 5, 20), ("preprocess", 15, 30), ("generation", 30, 90),
         ("prefill", 30, 40, "generation"), ("decode", 40, 90, "generation"), ("streaming", 40, 98)])
-    other, _ = add_request(batch, "two", 0, 50, [("generation", 0, 50)])
+    add_request(batch, "two", 0, 50, [("generation", 0, 50)])  # not selected: must not appear
     write(tmp_path, batch)
     con = connect(tmp_path)
     rows = X.stage_rows(con, [trace])
