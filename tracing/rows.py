@@ -57,16 +57,24 @@ def _first(attrs: Mapping[str, str], keys: Iterable[str]) -> str | None:
     return None
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int_or_none(text: str | None) -> int | None:
+    """An int64 read off an attribute string ("12", "1e3", "12.9" → 12), else None.
+
+    Infinity, NaN and values beyond int64 give None rather than failing the whole batch.
+    """
     if text is None:
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         try:
-            return int(float(text))
-        except ValueError:
+            value = int(float(text))
+        except (ValueError, OverflowError):
             return None
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
 
 
 def stage_of(name: str, attrs: Mapping[str, str]) -> str | None:
