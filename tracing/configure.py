@@ -232,6 +232,7 @@ def configure(
     """
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
 
@@ -276,7 +277,8 @@ def configure(
 
     processor = BoundedBatchProcessor(list(built.values()), max_queue_size=queue, schedule_delay_millis=delay,
                                       max_export_batch_size=min(512, queue))
-    provider = TracerProvider(resource=resource)
+    # every request is recorded, whatever an upstream sampled: a p99 needs all of them
+    provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
     provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(provider)

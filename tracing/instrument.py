@@ -72,6 +72,7 @@ NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, STREAMING = S.STAGES
 PREFILL, DECODE = S.GENERATION_PARTS
 
 _STAGE_SET: Final = frozenset(S.ALL_STAGES)
+_STAGE_ATTRS: Final[dict[str, Mapping[str, AttributeValue]]] = {name: {S.ATTR_STAGE: name} for name in S.ALL_STAGES}
 _GEN_PARTS: Final = frozenset(S.GENERATION_PARTS)
 _GENERATION: Final = S.STAGE_PARENT[PREFILL]
 _OUTCOME_SET: Final = frozenset(S.OUTCOMES)
@@ -259,16 +260,20 @@ class Request:
         """Start a stage span now or at `start_ns`; end it with `.end()` (for stages timed elsewhere)."""
         if name not in _STAGE_SET:
             raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
-        parent = self._gen_ctx if (name in _GEN_PARTS and self._gen_ctx is not None) else self._ctx
         attrs: dict[str, AttributeValue] = {S.ATTR_STAGE: name}
         if attributes:
             attrs.update(attributes)
-        span = self._tracer.start_span(name, parent, _INTERNAL, attrs, start_time=start_ns,
-                                       record_exception=False, set_status_on_exception=False)
-        ctx = trace.set_span_in_context(span, parent)
+        return self._start(name, attrs, start_ns)
+
+    def _start(self, name: str, attrs: Mapping[str, AttributeValue], start_ns: int | None) -> StageSpan:
+        gen_ctx = self._gen_ctx
+        parent = gen_ctx if (gen_ctx is not None and name in _GEN_PARTS) else self._ctx
+        span = self._tracer.start_span(name, parent, _INTERNAL, attrs, (), start_ns, False, False)
         if name == _GENERATION:
+            ctx = trace.set_span_in_context(span, parent)
             self._gen_ctx = ctx
-        return StageSpan(self, name, span, ctx)
+            return StageSpan(self, name, span, ctx)
+        return StageSpan(self, name, span, None)
 
     def record_stage(self, name: str, start_ns: int, end_ns: int, **attributes: AttributeValue) -> None:
         """Record a stage whose start and end were measured already (integer ns since the epoch)."""
@@ -303,7 +308,7 @@ class StageSpan:
 
     __slots__ = ("ctx", "ended", "name", "request", "span")
 
-    def __init__(self, request: Request, name: str, span: Span, ctx: Context) -> None:
+    def __init__(self, request: Request, name: str, span: Span, ctx: Context | None) -> None:
         self.request = request
         self.name = name
         self.span = span
@@ -321,7 +326,7 @@ class StageSpan:
         if self.ended:
             return
         self.ended = True
-        if self.name == _GENERATION and self.request._gen_ctx is self.ctx:
+        if self.ctx is not None and self.request._gen_ctx is self.ctx:
             self.request._gen_ctx = None
         self.span.end(end_ns)
 
@@ -330,28 +335,31 @@ class Stage:
     """A stage as a context manager (sync or async) or, called on a function, a decorator.
 
     Without an explicit request it belongs to the request current at entry; outside any
-    request it is still recorded, as a child of the current span.
+    request it is still recorded, as a child of the current span. The stage span is not made
+    the current span: the request span stays current, so `inject()` and stages opened inside
+    stay children of the request (the request model), and entering a stage stays cheap. To
+    parent your own spans under a stage: `with trace.use_span(stage_span.span): ...`.
     """
 
-    __slots__ = ("_attrs", "_name", "_open", "_request", "_token")
+    __slots__ = ("_attrs", "_name", "_open", "_request")
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None,
                  req: Request | None = None) -> None:
         if name not in _STAGE_SET:
             raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
         self._name = name
-        self._attrs = attributes
+        # the span's attributes, built once (the SDK copies them into the span)
+        self._attrs: Mapping[str, AttributeValue] = (
+            {S.ATTR_STAGE: name, **attributes} if attributes else _STAGE_ATTRS[name])
         self._request = req
         self._open: StageSpan | None = None
-        self._token: object = None
 
     def __enter__(self) -> StageSpan:
         req = self._request or current_request()
         if req is None:
             req = _orphan_request()
-        opened = req.start_stage(self._name, attributes=self._attrs)
+        opened = req._start(self._name, self._attrs, None)
         self._open = opened
-        self._token = otel_context.attach(opened.ctx)
         return opened
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -363,7 +371,6 @@ class Stage:
         if exc is not None:
             opened.fail(exc)
         opened.end()
-        otel_context.detach(self._token)  # type: ignore[arg-type]
 
     async def __aenter__(self) -> StageSpan:
         return self.__enter__()
@@ -374,19 +381,20 @@ class Stage:
 
     def __call__(self, fn: F) -> F:
         """Decorate a sync or async function: each call runs inside a fresh stage."""
-        name, attrs, req = self._name, self._attrs, self._request
+        name, attrs, req = self._name, dict(self._attrs), self._request
+        del attrs[S.ATTR_STAGE]
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(f"{fn.__qualname__} is a generator; wrap its output with tracing.stream(...) instead")
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with Stage(name, attrs, req):
+                with Stage(name, attrs or None, req):
                     return await fn(*args, **kwargs)
             return cast(F, async_wrapper)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with Stage(name, attrs, req):
+            with Stage(name, attrs or None, req):
                 return fn(*args, **kwargs)
         return cast(F, wrapper)
 
