@@ -34,16 +34,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 from opentelemetry.util._once import Once
+from opentelemetry.util.types import AttributeValue
 
 import tracing
 from tracing import schema as S
 from tracing.lean import LeanRecorder
 from tracing.store import SegmentWriter
 
-STAGE_ATTRS = {"tailscope.replica.slot": 3, "gen_ai.request.max_tokens": 256, "batch.size": 8,
-               "gpu.id": "0", "kv.blocks": 112}
-REQUEST_ATTRS = {"gen_ai.request.model": "llama-3-8b", "tailscope.model.version": "v7",
-                 "tailscope.tenant": "acme", "gen_ai.usage.input_tokens": 412, "gen_ai.request.stream": True}
+STAGE_ATTRS: dict[str, AttributeValue] = {"replica.slot": 3, "gen_ai.request.max_tokens": 256, "batch.size": 8,
+                                          "gpu.id": "0", "kv.blocks": 112}
+REQUEST_ATTRS: dict[str, AttributeValue] = {S.MODEL_KEYS[0]: "llama-3-8b", S.ATTR_MODEL_VERSION: "v7",
+                                            S.ATTR_TENANT: "acme", S.INPUT_TOKEN_KEYS[0]: 412, S.ATTR_STREAMING: True}
 FLAT = (tracing.NETWORK, tracing.QUEUE_WAIT, tracing.PREPROCESS)
 
 
@@ -63,9 +64,9 @@ def _install(provider: TracerProvider) -> None:
 
 def bare_sdk(tracer: trace.Tracer) -> Callable[[], None]:
     """One request written the way plain OpenTelemetry code writes it."""
-    stage_attrs = [{S.ATTR_STAGE: name, **STAGE_ATTRS} for name in S.ALL_STAGES]
+    stage_attrs: list[dict[str, AttributeValue]] = [{S.ATTR_STAGE: name, **STAGE_ATTRS} for name in S.ALL_STAGES]
     by_name = dict(zip(S.ALL_STAGES, stage_attrs, strict=True))
-    root_attrs = {S.ATTR_REQUEST: True, **REQUEST_ATTRS}
+    root_attrs: dict[str, AttributeValue] = {S.ATTR_REQUEST: True, **REQUEST_ATTRS}
 
     def one() -> None:
         with tracer.start_as_current_span("inference llama-3-8b", kind=SpanKind.SERVER, attributes=root_attrs) as root:
@@ -77,7 +78,7 @@ def bare_sdk(tracer: trace.Tracer) -> Callable[[], None]:
                     pass
                 with tracer.start_as_current_span(tracing.DECODE, attributes=by_name[tracing.DECODE]):
                     pass
-            root.set_attributes({S.ATTR_OUTCOME: "ok", "gen_ai.usage.output_tokens": 128, S.ATTR_TTFT_NS: 1_000})
+            root.set_attributes({S.ATTR_OUTCOME: "ok", S.OUTPUT_TOKEN_KEYS[0]: 128, S.ATTR_TTFT_NS: 1_000})
 
     return one
 
