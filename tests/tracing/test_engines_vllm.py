@@ -28,12 +28,14 @@ from tests.tracing.engine_fixtures import (
     stage_ms,
 )
 from tracing import schema as S
-from tracing.engines import normalize
+from tracing.engines import normalize, vllm
+from tracing.engines._common import Trace
 from tracing.otlp import decode_json
 from tracing.rows import SpanBatch
 
 FIXTURE = FIXTURES / "vllm.otlp.jsonl"
 BASIC = Path(__file__).parents[2] / "sample_traces" / "data" / "basic.otlp.jsonl.gz"
+INCIDENT = Path(__file__).parents[2] / "sample_traces" / "data" / "engines" / "vllm_slow_replica.otlp.jsonl.gz"
 
 
 def _by_request_id(store: Path) -> dict[str, dict[str, object]]:
@@ -162,7 +164,9 @@ def test_any_latency_attributes_give_stage_spans_inside_the_request(
     start = 1_763_647_200_000_000_000
     batch.append(trace_id="ab" * 16, span_id="cd" * 8, parent_span_id="", name="llm_request", kind="Server",
                  start_ns=start, end_ns=start + duration_ms * 1_000_000, service="vllm", resource={}, attrs=attrs)
-    rows = normalize(batch.to_table()).to_pylist()
+    table = batch.to_table()
+    assert _sorted_rows(normalize(table)) == _sorted_rows(_reference(table))
+    rows = normalize(table).to_pylist()
     [request] = [r for r in rows if r["IsRequest"]]
     end = start + request["Duration"]
     by_id = {r["SpanId"]: r for r in rows}
@@ -179,3 +183,41 @@ def test_any_latency_attributes_give_stage_spans_inside_the_request(
         else:
             assert parent is request
     assert len({r["SpanId"] for r in rows}) == len(rows)
+
+
+def _reference(table: pa.Table) -> pa.Table:
+    """The row-at-a-time mapping (`vllm.map_trace`), which the column-wise `normalize` must equal."""
+    rows = table.to_pylist()
+    synthetic = [s for row in rows for s in vllm.map_trace(Trace([row]))]
+    out = rows + synthetic
+    for row in out:
+        row["Timestamp"] = row["TimestampNs"] // 1000
+    return pa.Table.from_pylist(out, schema=S.SPAN_SCHEMA)
+
+
+def _sorted_rows(table: pa.Table) -> list[dict[str, object]]:
+    return sorted(table.to_pylist(), key=lambda r: (r["TraceId"], r["SpanId"]))
+
+
+def test_column_wise_mapping_equals_the_row_wise_reference() -> None:
+    batch = SpanBatch()
+    for path in (FIXTURE, INCIDENT):
+        data = path.read_bytes()
+        for line in (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).splitlines():
+            decode_json(line, batch)
+    table = batch.to_table()
+    assert table.num_rows > 5000
+    assert _sorted_rows(normalize(table)) == _sorted_rows(_reference(table))
+
+
+def test_one_file_mixing_native_and_every_engine(tmp_path: Path) -> None:
+    """One table holding native, vLLM, SGLang, TGI and Triton spans maps each as it would alone."""
+    names = ["vllm.otlp.jsonl", "sglang.otlp.jsonl", "tgi.otlp.jsonl", "triton.otlp.jsonl"]
+    native = gzip.decompress(BASIC.read_bytes()).decode()
+    mixed = tmp_path / "mixed.otlp.jsonl"
+    mixed.write_text(native + "".join((FIXTURES / n).read_text() for n in names))
+    ingest_files(tmp_path / "mixed", mixed)
+    for n in names:
+        ingest_files(tmp_path / "separate", FIXTURES / n)
+    ingest_files(tmp_path / "separate", BASIC)
+    assert requests(tmp_path / "mixed") == requests(tmp_path / "separate")

@@ -24,17 +24,30 @@ from tracing.engines._common import Row, Trace
 
 _log = logging.getLogger(__name__)
 
-#: The engine mappers, tried in this order on each trace.
+#: The engine mappers. vLLM's request spans stand alone and are mapped column-wise
+#: (`vllm.normalize_table`); the others need the spans of their trace and run per trace.
 ENGINES: tuple[ModuleType, ...] = (vllm, sglang, tgi, triton)
+TRACE_ENGINES: tuple[ModuleType, ...] = (sglang, tgi, triton)
 
 
 def normalize(table: pa.Table) -> pa.Table:
     """Return `table` with engine-native request spans promoted and synthetic stage spans appended."""
     if table.num_rows == 0:
         return table
+    split = vllm.normalize_table(table)
+    if split is not None:
+        rest, mapped = split
+        return pa.concat_tables([_normalize_traces(rest), mapped])
+    return _normalize_traces(table)
+
+
+def _normalize_traces(table: pa.Table) -> pa.Table:
+    """The per-trace engines (SGLang, TGI, Triton) on `table`."""
+    if table.num_rows == 0:
+        return table
     names = table.column("SpanName")
     hits: list[tuple[ModuleType, set[str]]] = []
-    for engine in ENGINES:
+    for engine in TRACE_ENGINES:
         mask = engine.candidate_mask(names)
         if pc.any(mask).as_py():
             hits.append((engine, set(table.column("TraceId").filter(mask).to_pylist())))

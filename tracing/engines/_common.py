@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from tracing import schema as S
@@ -48,17 +49,22 @@ def is_native(attrs: Mapping[str, str]) -> bool:
     return S.ATTR_REQUEST in attrs or S.ATTR_STAGE in attrs or S.ATTR_SYNTHETIC in attrs
 
 
+#: A non-negative decimal number of seconds as engines store it ("0.12", "1e-09"); anything else is ignored.
+SECONDS_PATTERN = r"^\s*[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
+_SECONDS = re.compile(SECONDS_PATTERN)
+
+
 def seconds_ns(text: str | None) -> int | None:
-    """Float seconds as stored (e.g. '0.0123') to integer ns; None when absent or not a number."""
-    if text is None or text == "":
+    """Float seconds as stored (e.g. '0.0123') to integer ns (round half even), None when absent or not one.
+
+    The same rule as the vectorized path (`vllm.normalize_table`): parse as a double, times 1e9, rint.
+    """
+    if text is None or not _SECONDS.match(text):
         return None
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
+    value = float(text) * _NS_PER_S
+    if not math.isfinite(value):
         return None
-    if not value.is_finite() or value < 0:
-        return None
-    return int((value * _NS_PER_S).to_integral_value())
+    return round(value)
 
 
 _RUST_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ns|µs|μs|us|ms|s)\s*$")
