@@ -39,7 +39,7 @@ Build = Callable[[trace.Tracer], None]
 def _spans(resource: Mapping[str, AttributeValue], scope: str, build: Build, seed: int) -> list[ReadableSpan]:
     exporter = InMemorySpanExporter()
     # Resource(...) rather than Resource.create(...): the SDK's defaults (a random service.instance.id
-    # since 1.4x, its own version) would make the files differ on every build
+    # in 1.45, its own version) would make the files differ on every build
     provider = TracerProvider(resource=Resource(dict(resource)), id_generator=SeededIds(seed))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     build(provider.get_tracer(scope))
