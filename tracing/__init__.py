@@ -5,9 +5,7 @@ OpenTelemetry API and the schema constants. The SDK, exporters, the lean path an
 client helper load when first used.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from tracing.configure import ENV_VARS, Telemetry, configure
 from tracing.instrument import (
@@ -31,7 +29,7 @@ from tracing.instrument import (
 from tracing.propagation import RemoteRequest, apply_report, extract, inject, resume
 from tracing.streaming import AsyncTokenStream, TokenStream, stream
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from tracing.client import ClientCall, ClientResult, client_request, post_json
     from tracing.lean import LeanRecorder, LeanRequest
 
@@ -81,7 +79,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """Load the client helper and the lean path on first use (they need more than the OTel API)."""
     module = _LAZY.get(name)
     if module is None:
