@@ -221,6 +221,17 @@ def tgi_spans() -> list[list[ReadableSpan]]:
             "total_time": "3.55085s", "validation_time": "850µs", "queue_time": "1.2s",
             "inference_time": "2.35s", "time_per_token": "50ms", "seed": "Some(42)"}, [])
         _tgi_handler(tracer, "generate", 5000 * MS, 5003 * MS, {}, [], error=True)
+        # the batch side (backend.rs): `batch` spans with no parent, the instrumented `prefill` / `decode`
+        # calls in them, and the Python shard's SERVER spans (server/text_generation_server/tracing.py)
+        batch = tracer.start_span("batch", start_time=T0 + 12500 * US, attributes={"batch_size": 1})
+        prefill = _child(tracer, batch, "prefill", 12500 * US, attrs={"code.namespace": "text_generation_backends_v3"})
+        _child(tracer, prefill, "/generate.v3.TextGenerationService/Prefill", 13 * MS, 39 * MS,
+               kind=trace.SpanKind.SERVER, attrs={"rpc.system": "grpc"})
+        prefill.end(end_time=T0 + 40 * MS)
+        batch.end(end_time=T0 + 40 * MS)
+        batch = tracer.start_span("batch", start_time=T0 + 40 * MS, attributes={"batch_size": 1})
+        _child(tracer, batch, "decode", 40 * MS, 200 * MS, attrs={"code.namespace": "text_generation_backends_v3"})
+        batch.end(end_time=T0 + 200 * MS)
 
     return [_spans({"service.name": "text-generation-inference.router"}, "text-generation-inference.router", build, 4)]
 

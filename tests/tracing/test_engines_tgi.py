@@ -19,6 +19,7 @@ import pytest
 from tests.tracing.engine_fixtures import (
     FIXTURES,
     assert_stages_sum_to_e2e,
+    collect_requests,
     files,
     ingest_files,
     requests,
@@ -50,7 +51,7 @@ def test_duration_fields_become_stages_that_sum_to_e2e(tmp_path: Path) -> None:
     store = tmp_path / "store"
     ingest_files(store, FIXTURE)
     rows = requests(store)
-    # the inner `generate_stream` span of Infer is not a second request
+    # the inner `generate_stream` span of Infer is not a second request, nor are the batch traces
     assert [r["span_name"] for r in rows] == ["generate_stream", "generate", "generate"]
     assert_stages_sum_to_e2e(rows)
     stream, plain, failed = rows
@@ -72,3 +73,9 @@ def test_shape_fields(tmp_path: Path) -> None:
         ("ok", True, 30, 40_000_000), ("ok", False, 47, None), ("error", False, None, None)]
     assert {r["service"] for r in (stream, plain, failed)} == {"text-generation-inference.router"}
     assert {r["replica"] for r in (stream, plain, failed)} == {None}  # TGI's resource names no instance
+
+
+def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
+    """`tailscope collect` (OTLP/gRPC, TGI's exporter) stores the same requests as ingest."""
+    ingest_files(tmp_path / "ingested", FIXTURE)
+    assert collect_requests(tmp_path / "collected", "tgi.otlp.jsonl", "grpc") == requests(tmp_path / "ingested")
