@@ -7,6 +7,10 @@ hand-off) as the derived residual before the queue, decode after the first token
 streaming from the first token to start + e2e (it yields to decode, so its critical time is
 the derived residual e2e − TTFT − decode). Source: vllm/v1/engine/output_processor.py
 `do_tracing`, vllm/tracing/utils.py, vllm/v1/metrics/stats.py.
+
+`normalize_table` is what runs: a vLLM request span stands alone, so whole columns are mapped
+at once. `map_trace` / `map_request` lay out one span at a time with the same rules; they are
+the readable reference the column-wise path is tested against.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def map_trace(trace: Trace) -> list[Row]:
-    """Mark every vLLM `llm_request` span of the trace and return its synthetic stage spans."""
+    """Mark every vLLM `llm_request` span of the trace and return its synthetic stage spans (reference path)."""
     out: list[Row] = []
     for row in trace.spans:
         if row["SpanName"] != SPAN_NAME:
