@@ -139,6 +139,8 @@ class Candidate:
 def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -> tuple[list[Candidate], int]:
     """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested)."""
     n_t, n_b = tail.size, base.size
+    codes_t = [c.codes[tail] for c in coded]
+    codes_b = [c.codes[base] for c in coded]
     found: list[Candidate] = []
     tested = 0
     singles: dict[tuple[int, int], tuple[int, int]] = {}
@@ -150,8 +152,8 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
         cells = int(np.prod(sizes)) if sizes else 0
         if cells == 0 or cells > MAX_PAIR_CELLS:
             continue
-        key_t = _key(coded, combo, tail)
-        key_b = _key(coded, combo, base)
+        key_t = _key(coded, combo, codes_t)
+        key_b = _key(coded, combo, codes_b)
         tc = np.bincount(key_t[key_t >= 0], minlength=cells)
         bc = np.bincount(key_b[key_b >= 0], minlength=cells)
         for cell in np.flatnonzero(tc):
@@ -172,11 +174,12 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
     return [c for c in found if c.p_value <= level], tested
 
 
-def _key(coded: Sequence[Coded], combo: tuple[int, ...], rows: I64) -> I64:
-    key = np.zeros(rows.size, dtype=np.int64)
-    valid = np.ones(rows.size, dtype=bool)
+def _key(coded: Sequence[Coded], combo: tuple[int, ...], codes: Sequence[I64]) -> I64:
+    size = codes[0].size
+    key = np.zeros(size, dtype=np.int64)
+    valid = np.ones(size, dtype=bool)
     for i in combo:
-        c = coded[i].codes[rows]
+        c = codes[i]
         valid &= c >= 0
         key = key * len(coded[i].labels) + np.maximum(c, 0)
     return np.where(valid, key, -1)
@@ -199,41 +202,47 @@ def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64) -> Mask:
 
 
 class TailQuantile:
-    """p99 of a large sample with any subset removed, from its top slice (exact; full sort as fallback)."""
+    """p99 of a large sample with any subset removed, from its top slice only (exact while the slice holds it)."""
 
     def __init__(self, values: F64, rows: I64, q: float = TAIL_Q, slice_share: float = 0.05) -> None:
-        order = np.argsort(values, kind="stable")
-        self.values = values[order]
-        self.rows = rows[order]
-        self.q = q
         self.n = values.size
+        self.q = q
         self.top = min(self.n, max(200, math.ceil(slice_share * self.n)))
+        part = np.argpartition(values, self.n - self.top)[self.n - self.top:] if self.top < self.n \
+            else np.arange(self.n)
+        order = part[np.argsort(values[part], kind="stable")]
+        self.values = values[order]  # the top slice, ascending
+        self.rows = rows[order]
 
     def without(self, removed_in_slice: Mask, removed_total: int) -> float:
-        """The quantile after removing `removed_total` rows, of which the slice ones are flagged."""
+        """The quantile after removing `removed_total` rows, of which the slice ones are flagged (nan if unknown)."""
         n2 = self.n - removed_total
         if n2 <= 0:
             return math.nan
-        kept = self.values[self.n - self.top:][~removed_in_slice]
+        kept = self.values[~removed_in_slice]
         below = n2 - kept.size
         h = (n2 - 1) * self.q
         a = math.floor(h)
         i = a - below
-        if i < 0:
+        if i < 0 or kept.size == 0:
             return math.nan
         b = min(i + 1, kept.size - 1)
         return float(kept[i] + (h - a) * (kept[b] - kept[i]))
 
+    def quantile(self) -> float:
+        """The quantile of the whole sample."""
+        return self.without(np.zeros(self.values.size, dtype=bool), 0)
+
     def slice_rows(self) -> I64:
         """Row ids of the top slice."""
-        return self.rows[self.n - self.top:]
+        return self.rows
 
 
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
                    base_q: TailQuantile) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike."""
     spike_p99 = quantile_sorted(np.sort(values[spike]), TAIL_Q)
-    base_p99 = quantile_sorted(base_q.values, TAIL_Q)
+    base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
     slice_rows = base_q.slice_rows()
     for cand in cands:
@@ -318,20 +327,25 @@ def _duck_type(typ: pa.DataType) -> str:
     return "VARCHAR"
 
 
-def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str]) -> pl.DataFrame:
-    """The `requests` view (trace_id, span_id, stage columns) for a few traces only, exact and fast.
+def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_ns: int | None = None,
+               until_ns: int | None = None) -> pl.DataFrame:
+    """The `requests` view's stage columns (trace_id, span_id, <stage>_ns) for a few traces only, exact and fast.
 
-    The view's own SQL runs over a temp copy of just these traces' spans.
+    The view's own SQL runs over a temp copy of just these traces' spans. `since_ns` / `until_ns`
+    bound the span start times read (the caller passes bounds that hold every span overlapping
+    the requests), so only the segments of that time range are read.
     """
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}ids AS SELECT unnest(?::VARCHAR[]) AS TraceId",
-                [list(trace_ids)]).fetchall()
-    # only the columns the critical path needs are read; the rest are typed NULLs (decoding every
-    # column of every stored span would cost more than the whole analysis)
-    cols = ", ".join(f"s.{c}" if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}"
-                     for c, typ, _ in S.SPAN_COLUMNS)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {cols}, s.EndNs FROM spans s "
-                f"SEMI JOIN {_SUB_PREFIX}ids i ON s.TraceId = i.TraceId").fetchall()
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT * FROM {_SUB_PREFIX}data").fetchall()
+    needed = [c for c, _, _ in S.SPAN_COLUMNS if c in _STAGE_INPUTS]
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {', '.join(needed)}, EndNs FROM spans "
+        "WHERE list_contains($ids, TraceId) AND ($lo IS NULL OR TimestampNs >= $lo) "
+        "AND ($hi IS NULL OR TimestampNs < $hi)",
+        {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}).fetchall()
+    # the columns the critical path does not read are typed NULLs: decoding them for every stored
+    # span would cost more than the whole analysis
+    cols = ", ".join(c if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}" for c, typ, _ in S.SPAN_COLUMNS)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT {cols}, EndNs FROM {_SUB_PREFIX}data"
+                ).fetchall()
     for name, sql in VIEW_SQL.items():
         if name == "stages":
             continue
@@ -365,16 +379,22 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q) -> I64:
     if rows.size == 0:
         return rows
     k = min(rows.size, max(MIN_TAIL_SLICE, math.ceil((1 - q) * rows.size)))
-    order = np.argsort(values[rows], kind="stable")
-    return rows[order[rows.size - k:]]
+    if k == rows.size:
+        return rows
+    return rows[np.argpartition(values[rows], rows.size - k)[rows.size - k:]]
 
 
-def exemplars(trace_ids: Sequence[str], values: F64, spike: I64, threshold: float, prefer: Mask | None,
-              k: int = MAX_EXEMPLARS) -> list[str]:
-    """Trace ids of tail requests nearest the spike p99 from above, matching the best candidate first."""
+def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None, k: int = MAX_EXEMPLARS) -> I64:
+    """Rows of tail requests nearest the spike p99 from above, those matching the best candidate first."""
     rows = spike[values[spike] >= threshold]
     if rows.size == 0:
         rows = tail_slice(values, spike)
     pref = np.zeros(rows.size, dtype=bool) if prefer is None else prefer[np.searchsorted(spike, rows)]
     order = np.lexsort((values[rows], ~pref))
-    return [trace_ids[int(r)] for r in rows[order[:k]]]
+    return rows[order[:k]]
+
+
+def exemplars(trace_ids: Sequence[str], values: F64, spike: I64, threshold: float, prefer: Mask | None,
+              k: int = MAX_EXEMPLARS) -> list[str]:
+    """Trace ids of `exemplar_rows`."""
+    return [trace_ids[int(r)] for r in exemplar_rows(values, spike, threshold, prefer, k)]

@@ -53,7 +53,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     keep = "" if include_failures else " AND status = 'ok'"
     dims = ", ".join(quote_ident(d) for d in X.DIMENSIONS)
     frame = con.sql(
-        f"SELECT trace_id, start_ns, {col}::DOUBLE AS value, {dims} FROM {facts} "
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
     names = ("requests", "ok", "error", "timeout", "cancelled")
     return frame, {n: int(v) for n, v in zip(names, counts, strict=True)}
@@ -110,6 +110,47 @@ def build_report(
     return report
 
 
+def _trace_ids(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
+    """Trace ids of frame rows (the frame carries the facts' rowid, not the 32-character ids)."""
+    rids = frame.get_column("rid").to_numpy()[rows].tolist()
+    found = dict(con.execute(f"SELECT rowid, trace_id FROM {request_facts(con)} WHERE list_contains(?, rowid)",
+                             [rids]).fetchall())
+    return [found[r] for r in rids]
+
+
+def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int]) -> np.ndarray:
+    """Window starts (ns) of the baseline windows nearest the spike, holding at least as many requests."""
+    base = det.window_start_ns[det.baseline]
+    dist = np.maximum(spike.start_ns - (base + det.window_ns), base - spike.end_ns)
+    chosen: list[int] = []
+    total = 0
+    for i in np.argsort(dist, kind="stable"):
+        chosen.append(int(base[i]))
+        total += counts_by_window[int(base[i])]
+        if total >= spike.requests and len(chosen) >= 2:
+            break
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _stages_for(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: np.ndarray, values: np.ndarray,
+                det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
+                ) -> list[dict[str, Any]]:
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    local = _local_baseline(det, spike, counts)
+    local_rows = np.flatnonzero(np.isin((start // det.window_ns) * det.window_ns, local)).astype(np.int64)
+    base_tail = X.tail_slice(values, local_rows)
+    rows = np.concatenate([spike_tail, base_tail])
+    e2e = frame.get_column("e2e_ns").to_numpy()
+    lo = int(start[rows].min() - e2e[rows].max())  # a span overlapping a request starts after this
+    hi = int((start[rows] + e2e[rows]).max() + 1)
+    ids = _trace_ids(con, frame, rows)
+    table = X.stage_rows(con, sorted(set(ids)), lo, hi)
+    tail_ids = pl.DataFrame({"trace_id": ids[:spike_tail.size]})
+    base_ids = pl.DataFrame({"trace_id": ids[spike_tail.size:]})
+    return X.stage_shares(table.join(tail_ids, on="trace_id", how="semi"),
+                          table.join(base_ids, on="trace_id", how="semi"), stage_names)
+
+
 def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any, values: Any, det: Detection,
                  metric: str, errors: list[str]) -> list[dict[str, Any]]:
     if not det.spikes:
@@ -117,34 +158,19 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
     win_of_row = start // det.window_ns
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
-    trace_ids: list[str] = frame.get_column("trace_id").to_list()
     coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
     base_q = X.TailQuantile(values[base], base)
-    base_tail = X.tail_slice(values, base)
-    spike_rows = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in det.spikes]
-    spike_tails = [X.tail_slice(values, rows) for rows in spike_rows]
-    stages_by_id: pl.DataFrame | None = None
-    stage_error = ""
-    try:
-        ids = sorted({trace_ids[int(i)] for i in np.concatenate([base_tail, *spike_tails])})
-        stages_by_id = X.stage_rows(con, ids)
-    except (duckdb.Error, TailscopeError) as exc:
-        stage_error = str(exc).splitlines()[0]
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     out = []
-    for spike, rows, tail in zip(det.spikes, spike_rows, spike_tails, strict=True):
+    for spike in det.spikes:
+        rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
+        tail = X.tail_slice(values, rows)
         item = _spike_json(spike)
         item["errors"] = []
-        if stages_by_id is None:
-            item["errors"].append(f"could not compute stages because {stage_error}")
-        else:
-            try:
-                t_ids = pl.DataFrame({"trace_id": [trace_ids[int(i)] for i in tail]})
-                b_ids = pl.DataFrame({"trace_id": [trace_ids[int(i)] for i in base_tail]})
-                item["stages"] = X.stage_shares(stages_by_id.join(t_ids, on="trace_id", how="semi"),
-                                                stages_by_id.join(b_ids, on="trace_id", how="semi"), stage_names)
-            except Exception as exc:
-                item["errors"].append(f"could not compute stages because {exc}")
+        try:
+            item["stages"] = _stages_for(con, frame, start, values, det, spike, tail, stage_names)
+        except Exception as exc:
+            item["errors"].append(f"could not compute stages because {str(exc).splitlines()[0]}")
         best_mask = None
         try:
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
@@ -163,7 +189,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         try:
-            item["exemplars"] = X.exemplars(trace_ids, values, rows, spike.p99_ns, best_mask)
+            item["exemplars"] = _trace_ids(con, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
         errors.extend(item["errors"])

@@ -157,10 +157,15 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     keep = np.isfinite(values)
     start_ns, values = start_ns[keep], values[keep]
     win_all = start_ns // window_ns
-    order = np.lexsort((values, win_all))
-    win_sorted = win_all[order]
-    v_sorted = values[order]
-    wins, first, counts = np.unique(win_sorted, return_index=True, return_counts=True)
+    if win_all.size and np.all(win_all[1:] >= win_all[:-1]):  # rows in time order: sort within windows
+        wins, first, counts = np.unique(win_all, return_index=True, return_counts=True)
+        v_sorted = values.copy()
+        for a, c in zip(first.tolist(), counts.tolist(), strict=True):
+            v_sorted[a:a + c].sort()
+    else:
+        order = np.lexsort((values, win_all))
+        v_sorted = values[order]
+        wins, first, counts = np.unique(win_all[order], return_index=True, return_counts=True)
     counts = counts.astype(np.int64)
     first = first.astype(np.int64)
     m = wins.size
