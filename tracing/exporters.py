@@ -157,23 +157,6 @@ class SegmentStoreExporter(SpanExporter):
                 len(self._batch) > 0 and time.monotonic() - self._oldest >= self.flush_interval_s)
             return self._write_locked() if due else SpanExportResult.SUCCESS
 
-    def append_batch(self, batch: SpanBatch) -> SpanExportResult:
-        """Write rows built elsewhere (the lean path) through the same buffer."""
-        table = batch.to_table()
-        with self._lock:
-            ok = self._write_locked()
-            if ok is not SpanExportResult.SUCCESS:
-                return ok
-            try:
-                self.writer.write(table)
-            except Exception:
-                self.failed_writes += 1
-                self.dropped_spans += table.num_rows
-                self._log("tailscope: could not write %d spans to %s; dropped", table.num_rows, self.store,
-                          exc_info=True)
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
     def tick(self) -> None:
         """Write the buffer if its oldest row has waited `flush_interval_s` (called by the processor)."""
         with self._lock:

@@ -155,7 +155,7 @@ class Request:
         "_marked",
         "_outcome",
         "_recorded",
-        "_stream_open",
+        "_stream",
         "_token",
         "_tracer",
         "end_ns",
@@ -177,7 +177,7 @@ class Request:
         self._outcome: str | None = None
         self._error_type: str | None = None
         self._recorded: BaseException | None = None
-        self._stream_open = False
+        self._stream: Any = None  # the open tracing.stream wrapper, while tokens flow
         self._marked = False
         self._ended = False
         self._token: object = None
@@ -224,7 +224,7 @@ class Request:
         """Mark the request failed by `exc` (outcome from its type) without raising."""
         # a timeout arrives as a cancellation first (asyncio.timeout), then as TimeoutError
         if self._outcome in (None, _OK) or (isinstance(exc, TimeoutError) and self._error_type == _CANCELLED_TYPE):
-            stream = self._stream_open if streaming is None else streaming
+            stream = self._stream is not None if streaming is None else streaming
             self._outcome = outcome_of_exception(exc, streaming=stream)
             self._error_type = error_type_of(exc)
             _mark_failed(self.span, exc, self._error_type, record=exc is not self._recorded)
@@ -232,9 +232,16 @@ class Request:
             self._marked = True
 
     def end(self, end_ns: int | None = None) -> None:
-        """End the request span with its outcome, output tokens and TTFT (idempotent)."""
+        """End the request span with its outcome, output tokens and TTFT (idempotent).
+
+        A stream still open (the consumer never exhausted nor closed it) ends as abandoned.
+        """
         if self._ended:
             return
+        if self._stream is not None:
+            self._stream._abandon(self._recorded)  # may end this request itself (end_request=True)
+            if self._ended:
+                return
         self._ended = True
         outcome = self._outcome or _OK
         attrs: dict[str, AttributeValue] = {S.ATTR_OUTCOME: outcome}

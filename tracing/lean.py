@@ -39,6 +39,7 @@ from opentelemetry import trace
 
 from tracing import schema as S
 from tracing.instrument import (
+    _CANCELLED_TYPE,
     _GEN_PARTS,
     _GENERATION,
     _OUTCOME_SET,
@@ -189,7 +190,8 @@ class LeanRequest:
 
     def fail(self, exc: BaseException) -> None:
         """Mark the request failed by `exc` (outcome from its type)."""
-        if self._outcome in (None, _OK):
+        # a timeout arrives as a cancellation first (asyncio.timeout), then as TimeoutError
+        if self._outcome in (None, _OK) or (isinstance(exc, TimeoutError) and self._error_type == _CANCELLED_TYPE):
             self._outcome = outcome_of_exception(exc)
             self._error_type = error_type_of(exc)
             self._message = str(exc) or self._error_type

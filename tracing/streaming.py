@@ -60,7 +60,7 @@ class _StreamState:
         if self._span is None and req is not None and not self._done:
             req.first_token(now)
             self._span = req.start_stage(STREAMING, start_ns=now)
-            req._stream_open = True
+            req._stream = self
         self.tokens += self._count(item) if self._count is not None else 1
 
     def _finish(self, end_ns: int | None = None) -> None:
@@ -73,7 +73,7 @@ class _StreamState:
             return
         if self._span is not None:
             self._span.end(end_ns)
-        req._stream_open = False
+        req._stream = None
         if req.output_tokens is None:
             req.output_tokens = self.tokens
         if self._end_request:
@@ -92,7 +92,7 @@ class _StreamState:
         if self._span is not None:
             self._span.fail(reason)
             self._span.end(now)
-        req._stream_open = False
+        req._stream = None
         if req.output_tokens is None:
             req.output_tokens = self.tokens
         if req.outcome in (None, _OK):

@@ -137,3 +137,42 @@ def test_task_cancelled_mid_stream_is_cancelled(spans: InMemorySpanExporter) -> 
 def test_stream_without_request_passes_tokens_through(spans: InMemorySpanExporter) -> None:
     assert list(tracing.stream(_tokens(3))) == ["t0", "t1", "t2"]
     assert spans.get_finished_spans() == ()
+
+
+def test_timeout_mid_stream_is_a_timeout(spans: InMemorySpanExporter) -> None:
+    async def handler() -> None:
+        with tracing.request(model="m", stream=True):
+            async with asyncio.timeout(0.05):
+                async with tracing.stream(_atokens(10_000, 0.001)) as out:
+                    async for _ in out:
+                        pass
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(handler())
+    got = by_name(spans.get_finished_spans())
+    attrs = got["inference m"].attributes or {}
+    assert attrs[S.ATTR_OUTCOME] == "timeout" and attrs[S.ATTR_ERROR_TYPE] == "TimeoutError"
+    assert got["streaming"].status.status_code is StatusCode.ERROR
+    assert attrs[OUTPUT_KEY] > 0
+
+
+def test_stream_left_open_is_closed_with_the_request(spans: InMemorySpanExporter) -> None:
+    with tracing.request(model="m", stream=True) as req:
+        out = tracing.stream(_tokens(10), req)
+        next(out)
+        next(out)  # the handler stops reading without closing the stream
+    got = by_name(spans.get_finished_spans())
+    attrs = got["inference m"].attributes or {}
+    assert attrs[S.ATTR_OUTCOME] == "cancelled" and attrs[OUTPUT_KEY] == 2
+    assert got["streaming"].end_time <= got["inference m"].end_time  # type: ignore[operator]
+
+
+def test_send_failure_without_with_still_closes_the_stream(spans: InMemorySpanExporter) -> None:
+    with pytest.raises(BrokenPipeError), tracing.request(model="m", stream=True) as req:
+        for i, _ in enumerate(tracing.stream(_tokens(10), req)):
+            if i == 2:
+                raise BrokenPipeError(32, "Broken pipe")
+    got = by_name(spans.get_finished_spans())
+    attrs = got["inference m"].attributes or {}
+    assert attrs[S.ATTR_OUTCOME] == "cancelled" and attrs[S.ATTR_ERROR_TYPE] == "BrokenPipeError"
+    assert (got["streaming"].attributes or {})[S.ATTR_ERROR_TYPE] == "BrokenPipeError"
