@@ -123,7 +123,7 @@ def test_window_since_until_and_other_metrics(spiky: Path) -> None:
 
 
 def test_a_failing_sub_analysis_is_reported_not_raised(spiky: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(con: duckdb.DuckDBPyConnection, ids: list[str]) -> None:
+    def broken(con: duckdb.DuckDBPyConnection, ids: list[str], lo: int, hi: int) -> None:
         raise duckdb.IOException("disk went away")
 
     monkeypatch.setattr(X, "stage_rows", broken)
