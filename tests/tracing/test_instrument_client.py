@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import tracing
-from tests.tracing.otel_helpers import spans
+from tests.tracing.otel_helpers import span_id, spans, trace_id
 from tracing import schema as S
 from tracing.client import ATTR_TIME_TO_FIRST_CHUNK
 
@@ -74,16 +74,16 @@ def test_post_json_records_the_client_view(spans: InMemorySpanExporter, server: 
     finished = spans.get_finished_spans()
     assert [s.kind for s in finished] == [SpanKind.CLIENT] * 3
     for span, headers in zip(finished, SEEN, strict=True):
-        ctx = span.get_span_context()
-        assert headers["traceparent"].startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+        assert headers["traceparent"].startswith(f"00-{trace_id(span):032x}-{span_id(span):016x}-")
         assert span.name == "POST /v1/completions"
         attrs = span.attributes or {}
         assert attrs["http.request.method"] == "POST" and attrs["server.address"] == "127.0.0.1"
-    assert (finished[0].attributes or {})[ATTR_TIME_TO_FIRST_CHUNK] > 0
+    ttfc = (finished[0].attributes or {})[ATTR_TIME_TO_FIRST_CHUNK]
+    assert isinstance(ttfc, float) and ttfc > 0
     assert finished[0].status.status_code is StatusCode.UNSET
     assert (finished[2].attributes or {})[S.ATTR_ERROR_TYPE] == "500"
     assert finished[2].status.status_code is StatusCode.ERROR
-    assert streamed.trace_id == f"{finished[0].get_span_context().trace_id:032x}"
+    assert streamed.trace_id == f"{trace_id(finished[0]):032x}"
 
 
 def test_client_request_with_any_library_and_server_continuation(spans: InMemorySpanExporter) -> None:
@@ -93,8 +93,8 @@ def test_client_request_with_any_library_and_server_continuation(spans: InMemory
         call.set_status(200)
     kinds = {s.kind: s for s in spans.get_finished_spans()}
     client_span, server_span = kinds[SpanKind.CLIENT], kinds[SpanKind.SERVER]
-    assert server_span.parent is not None and server_span.parent.span_id == client_span.get_span_context().span_id
-    assert req.span.get_span_context().trace_id == client_span.get_span_context().trace_id
+    assert server_span.parent is not None and server_span.parent.span_id == span_id(client_span)
+    assert req.span.get_span_context().trace_id == trace_id(client_span)
 
 
 def test_connection_refused_marks_the_client_span(spans: InMemorySpanExporter) -> None:
