@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import tracing
-from tests.tracing.otel_helpers import span_id, spans, trace_id
+from analysis.connect import connect
+from tests.tracing.otel_helpers import reset_globals, span_id, spans, trace_id
 from tracing import schema as S
 
 __all__ = ["spans"]
@@ -115,3 +117,52 @@ def test_cross_process_queue_is_one_trace(spans: InMemorySpanExporter, fail: boo
     else:
         assert attrs[S.ATTR_OUTCOME] == "ok" and attrs[S.OUTPUT_TOKEN_KEYS[0]] == 4
         assert root.status.status_code is StatusCode.UNSET
+
+
+def store_worker_main(store: str, jobs: Any, results: Any) -> None:
+    """A worker process writing its stage spans to the shared store as replica worker-0."""
+    telemetry = tracing.configure("worker", replica_id="worker-0", store=store)
+    while (job := jobs.get()) is not None:
+        time.sleep(HOLD_S)
+        with tracing.resume(job) as req:
+            with req.stage(tracing.PREPROCESS):
+                pass
+            with req.stage(tracing.GENERATION):
+                with req.stage(tracing.PREFILL):
+                    time.sleep(0.01)
+                req.first_token()
+                with req.stage(tracing.DECODE):
+                    time.sleep(0.02)
+            req.set(output_tokens=8)
+            results.put(req.report())
+    telemetry.shutdown()
+
+
+def test_cross_process_queue_in_the_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    reset_globals()
+    telemetry = tracing.configure("api", replica_id="api-0", store=store)
+    ctx = mp.get_context("spawn")
+    jobs, results = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=store_worker_main, args=(str(store), jobs, results), daemon=True)
+    proc.start()
+    try:
+        for _ in range(3):
+            with tracing.request(model="m", tenant="acme") as req:
+                jobs.put(dict(tracing.inject(request=req)))
+                tracing.apply_report(req, results.get(timeout=120))
+    finally:
+        jobs.put(None)
+        proc.join(timeout=60)
+        telemetry.shutdown()
+        reset_globals()
+    assert proc.exitcode == 0
+    rows = connect(store).execute(
+        "SELECT replica, status, output_tokens, queue_wait_ns, prefill_ns, decode_ns, ttft_ns, e2e_ns FROM requests"
+    ).fetchall()
+    assert len(rows) == 3
+    for replica, status, output_tokens, queue_wait, prefill, decode, ttft, e2e in rows:
+        assert (replica, status, output_tokens) == ("worker-0", "ok", 8)  # served by the worker
+        assert HOLD_S * 1e9 <= queue_wait < e2e
+        assert prefill >= 0.01e9 and decode >= 0.02e9
+        assert queue_wait + prefill <= ttft < e2e
