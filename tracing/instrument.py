@@ -25,7 +25,7 @@ import inspect
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Self, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -288,7 +288,7 @@ class Request:
 
     # --- context management -------------------------------------------------------------
 
-    def __enter__(self) -> Request:
+    def __enter__(self) -> Self:
         self._token = otel_context.attach(self._ctx)
         self._attached = True
         return self
@@ -302,7 +302,7 @@ class Request:
             self._attached = False
             otel_context.detach(self._token)  # type: ignore[arg-type]
 
-    async def __aenter__(self) -> Request:
+    async def __aenter__(self) -> Self:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
