@@ -18,16 +18,16 @@ if str(HERE.parent) not in sys.path:  # `streamlit run dashboard/app.py` from a 
 
 from dashboard import data, sidebar  # noqa: E402
 
-st.set_page_config(page_title="tailscope", page_icon="⏱", layout="wide")
+st.set_page_config(page_title="tailscope", page_icon=":material/timer:", layout="wide")
 
 PAGES = [
-    st.Page(HERE / "app_pages" / "overview.py", title="Overview", icon="📈", default=True),
-    st.Page(HERE / "app_pages" / "spike.py", title="Spike", icon="🔥"),
-    st.Page(HERE / "app_pages" / "traces.py", title="Traces", icon="🧵"),
-    st.Page(HERE / "app_pages" / "shape.py", title="Request shape", icon="🧮"),
-    st.Page(HERE / "app_pages" / "replicas.py", title="Replicas", icon="🖥"),
-    st.Page(HERE / "app_pages" / "whatif.py", title="What-if", icon="🔮"),
-    st.Page(HERE / "app_pages" / "sql.py", title="SQL", icon="🔎"),
+    st.Page(HERE / "app_pages" / "overview.py", title="Overview", icon=":material/monitoring:", default=True),
+    st.Page(HERE / "app_pages" / "spike.py", title="Spike", icon=":material/local_fire_department:"),
+    st.Page(HERE / "app_pages" / "traces.py", title="Traces", icon=":material/account_tree:"),
+    st.Page(HERE / "app_pages" / "shape.py", title="Request shape", icon=":material/grid_on:"),
+    st.Page(HERE / "app_pages" / "replicas.py", title="Replicas", icon=":material/dns:"),
+    st.Page(HERE / "app_pages" / "whatif.py", title="What-if", icon=":material/tune:"),
+    st.Page(HERE / "app_pages" / "sql.py", title="SQL", icon=":material/terminal:"),
 ]
 
 page = st.navigation(PAGES)

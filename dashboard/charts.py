@@ -106,31 +106,35 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     return (bars + rule).properties(height=max(120, 26 * len(df)))
 
 
-def waterfall(spans: pd.DataFrame) -> alt.LayerChart:
-    """Spans of one trace as bars; the critical-path stretches drawn dark on top, coloured by stage."""
-    df = spans.copy()
-    df["row"] = [f"{i:02d} {n}" for i, n in enumerate(df["name"])]
-    df["stage_c"] = df["stage"].fillna("other")
-    base = alt.Chart(df).mark_bar(opacity=0.35, height=14).encode(
-        y=alt.Y("row:N", sort=None, title=None, axis=alt.Axis(labelLimit=260)),
-        x=alt.X("start_ms:Q", title="ms since request start"),
-        x2="end_ms:Q",
-        color=alt.Color("stage_c:N", scale=stage_scale(), title="stage"),
-        tooltip=["name:N", "stage:N", alt.Tooltip("duration_ms:Q", format=",.1f"),
-                 alt.Tooltip("critical_ms:Q", format=",.1f", title="on critical path (ms)"), "replica:N"],
-    )
+def waterfall(spans: pd.DataFrame) -> alt.Chart:
+    """Spans of one trace as pale bars; the critical-path stretches drawn solid on top, coloured by stage."""
     rows: list[dict[str, Any]] = []
-    for r in df.itertuples():
+    order: list[str] = []
+    for i, r in enumerate(spans.itertuples()):
+        row = f"{i:02d} {r.name}"
+        order.append(row)
+        stage = r.stage if isinstance(r.stage, str) else "other"
+        rows.append({"row": row, "a": r.start_ms, "b": r.end_ms, "stage": stage, "part": "span",
+                     "name": r.name, "ms": r.duration_ms, "critical_ms": r.critical_ms})
         for a, b in r.critical_stretches:
-            rows.append({"row": r.row, "a": a, "b": b, "stage_c": r.stage_c, "name": r.name})
-    crit = pd.DataFrame(rows, columns=["row", "a", "b", "stage_c", "name"])
-    top = alt.Chart(crit).mark_bar(height=14, stroke="black", strokeWidth=1).encode(
-        y=alt.Y("row:N", sort=list(df["row"])), x="a:Q", x2="b:Q",
-        color=alt.Color("stage_c:N", scale=stage_scale(), title="stage"),
-        tooltip=[alt.Tooltip("name:N", title="critical path"), alt.Tooltip("a:Q", format=",.1f"),
-                 alt.Tooltip("b:Q", format=",.1f")],
-    )
-    return (base + top).properties(height=max(160, 24 * len(df)))
+            rows.append({"row": row, "a": a, "b": b, "stage": stage, "part": "critical path",
+                         "name": r.name, "ms": b - a, "critical_ms": r.critical_ms})
+    df = pd.DataFrame(rows)
+    return alt.Chart(df).mark_bar(height=16).encode(
+        y=alt.Y("row:N", sort=order, scale=alt.Scale(domain=order), title=None,
+                axis=alt.Axis(labelLimit=280, labelOverlap=False)),
+        x=alt.X("a:Q", title="ms since request start"),
+        x2="b:Q",
+        color=alt.Color("stage:N", scale=stage_scale(), title="stage"),
+        opacity=alt.Opacity("part:N", scale=alt.Scale(domain=["span", "critical path"], range=[0.3, 1.0]),
+                            title=None),
+        stroke=alt.Stroke("part:N", scale=alt.Scale(domain=["span", "critical path"],
+                                                    range=["transparent", "black"]), legend=None),
+        order=alt.Order("part:N", sort="descending"),
+        tooltip=["name:N", "part:N", "stage:N", alt.Tooltip("a:Q", format=",.1f", title="from ms"),
+                 alt.Tooltip("b:Q", format=",.1f", title="to ms"),
+                 alt.Tooltip("critical_ms:Q", format=",.1f", title="on critical path (ms)")],
+    ).properties(height=28 * len(order))
 
 
 def stage_stack(df: pd.DataFrame) -> alt.Chart:

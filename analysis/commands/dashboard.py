@@ -39,6 +39,7 @@ def streamlit_command(app: Path, store: Path, host: str, port: int) -> list[str]
         "--server.fileWatcherType", "none",
         "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false",
+        "--client.toolbarMode", "viewer",
         "--", "--store", str(store),
     ]
 

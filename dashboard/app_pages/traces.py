@@ -51,7 +51,7 @@ spans = data.trace_spans(*key, str(req["trace_id"]), int(req["start_ns"]))
 if spans.empty:
     st.warning("The spans of this trace are no longer in the store (compacted or removed).")
     st.stop()
-st.altair_chart(charts.waterfall(spans), width="stretch")
+st.altair_chart(charts.waterfall(spans), width="stretch", height=28 * len(spans) + 60)
 st.caption("Pale bars: each span's extent. Solid, outlined bars: the stretches that are on the request's "
            "critical path; their sum per stage equals the stage columns of `requests`.")
 crit = {c.removesuffix("_ns"): req[c] / 1e6 for c in data.STAGE_COLUMNS if req[c] > 0 and c != "generation_ns"}

@@ -10,8 +10,7 @@ from streamlit.testing.v1 import AppTest
 from analysis.connect import connect
 from tests.dashboard.conftest import APP, REQUESTS
 
-PAGES = ("app_pages/overview.py", "app_pages/spike.py", "app_pages/traces.py", "app_pages/shape.py", "app_pages/replicas.py",
-         "app_pages/whatif.py", "app_pages/sql.py")
+PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
 
 
 def _app(store: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
@@ -123,8 +122,8 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
     at.switch_page("app_pages/traces.py").run()
     con = connect(incident_store)
     try:
-        tid, e2e_ns, decode_ns = con.execute(
-            "SELECT trace_id, e2e_ns, decode_ns FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0, 0)
+        tid, decode_ns = con.execute(
+            "SELECT trace_id, decode_ns FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0)
     finally:
         con.close()
     at.text_input(key="trace_id").input(tid.upper()).run()

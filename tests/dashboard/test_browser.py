@@ -1,0 +1,129 @@
+"""Browser test: `tailscope dashboard` on loopback, driven by Playwright in Debian's headless Chromium.
+
+Clicks through every page, checks the spike and its top replica are on screen, and saves a
+screenshot of each page in test-artifacts/. `make test` installs chromium first
+(`make browser-deps`); no browser is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]
+#: (navigation label, page heading, text that must be on screen)
+PAGES: tuple[tuple[str, str, str], ...] = (
+    ("Overview", "Overview", "Spike 07:18:00"),
+    ("Spike", "Spike", "replica-05"),
+    ("Traces", "Traces", "Slowest requests"),
+    ("Request shape", "Request shape", "Slowest well-populated cell"),
+    ("Replicas", "Replicas", "replica-05"),
+    ("What-if", "What-if", "predicted, 8 replicas"),
+    ("SQL", "SQL", "Examples"),
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(incident_store: Path) -> Iterator[str]:
+    """`tailscope dashboard` serving the incident store on a free loopback port."""
+    port = _free_port()
+    exe = Path(sys.executable).parent / "tailscope"
+    log = ARTIFACTS / "dashboard-server.log"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(exe), "dashboard", "--store", str(incident_store), "--host", "127.0.0.1",
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(600):  # bounded: about a minute
+                if proc.poll() is not None:
+                    pytest.fail(f"tailscope dashboard exited with {proc.returncode}: {log.read_text()[-2000:]}")
+                try:
+                    if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            else:
+                pytest.fail(f"the dashboard did not answer on {url}: {log.read_text()[-2000:]}")
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_click_through_every_page(dashboard_url: str) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed; run `make browser-deps`")
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(90_000)
+            page.goto(dashboard_url, wait_until="networkidle")
+            for label, heading, must_show in PAGES:
+                page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
+                expect(page.get_by_role("heading", name=heading, exact=True).first).to_be_visible()
+                expect(page.get_by_text(must_show).first).to_be_visible()
+                _settle(page)
+                _screenshot(page, ARTIFACTS / f"dashboard-{heading.lower().replace(' ', '-')}.png")
+                assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+            # the spike page names the top replica with its counterfactual p99
+            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
+            lead = page.get_by_test_id("stAlertContentSuccess").first
+            expect(lead).to_contain_text("replica = replica-05")
+            expect(lead).to_contain_text("instead of")
+        finally:
+            browser.close()
+
+
+def _settle(page: object) -> None:
+    """Wait until Streamlit has finished running the script (its status widget is gone)."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    page.wait_for_load_state("networkidle")
+    running = page.get_by_test_id("stStatusWidget").get_by_text("Stop")
+    for _ in range(600):  # bounded
+        if running.count() == 0:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(700)  # let Vega finish drawing the charts
+
+
+def _screenshot(page: object, path: Path) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so grow the viewport to its height first."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+    size = page.viewport_size or {"width": 1400, "height": 1000}
+    height = page.evaluate("() => document.querySelector('[data-testid=stMain]')?.scrollHeight ?? 1000")
+    page.set_viewport_size({"width": size["width"], "height": max(size["height"], min(int(height), 6000))})
+    _settle(page)
+    page.screenshot(path=str(path))
+    page.set_viewport_size(size)
