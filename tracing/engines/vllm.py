@@ -92,13 +92,47 @@ def map_request(row: Row, attrs: dict[str, str]) -> list[Row]:
 # --- the vectorized path (what `normalize` runs): same layout as `map_request`, whole columns at once ---
 
 
-def _lookup(attrs: pa.Array, key: str) -> pa.Array:
-    return pc.map_lookup(attrs, pa.scalar(key), "first")
+class _Attrs:
+    """A map column flattened once, for fast lookups of a few keys in every row."""
+
+    def __init__(self, attrs: pa.MapArray) -> None:
+        self.n = len(attrs)
+        offsets = np.asarray(attrs.offsets, dtype=np.int64)
+        base, stop = int(offsets[0]), int(offsets[-1])
+        self.offsets = offsets - base
+        self.keys = attrs.keys.slice(base, stop - base)
+        self.items = attrs.items.slice(base, stop - base)
+        self.row_of_item = np.repeat(np.arange(self.n), np.diff(self.offsets))
+
+    def get(self, key: str) -> pa.Array:
+        """The first value of `key` in each row (null where absent), like map_lookup(..., "first")."""
+        positions = np.flatnonzero(pc.equal(self.keys, key).to_numpy(zero_copy_only=False))
+        index = np.full(self.n, -1, dtype=np.int64)
+        rows, first = np.unique(self.row_of_item[positions], return_index=True)
+        index[rows] = positions[first]
+        return pc.take(self.items, pa.array(index, mask=index < 0))
+
+    def present(self, key: str) -> npt.NDArray[np.bool_]:
+        """Rows holding `key`."""
+        hit = np.zeros(self.n, dtype=bool)
+        hit[self.row_of_item[np.flatnonzero(pc.equal(self.keys, key).to_numpy(zero_copy_only=False))]] = True
+        return hit
+
+    def with_engine(self) -> pa.Array:
+        """Every map with (tailscope.engine, vllm) appended."""
+        n, flat = self.n, len(self.keys)
+        src = np.empty(flat + n, dtype=np.int64)
+        src[np.arange(flat) + self.row_of_item] = np.arange(flat)
+        src[self.offsets[1:] + np.arange(n)] = flat + np.arange(n)
+        keys = pc.take(pa.concat_arrays([self.keys, pa.array([S.ATTR_ENGINE] * n, pa.string())]), src)
+        items = pc.take(pa.concat_arrays([self.items, pa.array([NAME] * n, pa.string())]), src)
+        offsets = pa.array(self.offsets + np.arange(n + 1), pa.int32())
+        return pa.MapArray.from_arrays(offsets, keys, items).cast(S.ATTRS)
 
 
-def _seconds(attrs: pa.Array, key: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+def _seconds(attrs: _Attrs, key: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     """(ns, present) of a float-seconds attribute, by the rule of `seconds_ns`."""
-    text = _lookup(attrs, key)
+    text = attrs.get(key)
     ok = pc.fill_null(pc.match_substring_regex(text, SECONDS_PATTERN), False)
     secs = pc.cast(pc.if_else(ok, text, pa.scalar(None, pa.string())), pa.float64()).to_numpy(zero_copy_only=False)
     scaled = np.where(ok.to_numpy(zero_copy_only=False), secs, np.nan) * 1e9
@@ -114,13 +148,13 @@ def _contains(text: pa.Array, *needles: str) -> npt.NDArray[np.bool_]:
     return hit
 
 
-def _outcomes(table: pa.Table, attrs: pa.Array) -> pa.Array:
+def _outcomes(table: pa.Table, attrs: _Attrs) -> pa.Array:
     """`finish_reason_outcome` for every row."""
-    declared = _lookup(attrs, S.ATTR_OUTCOME)
+    declared = attrs.get(S.ATTR_OUTCOME)
     has_declared = pc.is_valid(declared).to_numpy(zero_copy_only=False)
     valid_declared = pc.is_in(declared, value_set=pa.array(S.OUTCOMES)).to_numpy(zero_copy_only=False)
-    reasons = _lookup(attrs, "gen_ai.response.finish_reasons")
-    err_type = pc.replace_substring(pc.fill_null(_lookup(attrs, S.ATTR_ERROR_TYPE), ""), "_", "")
+    reasons = attrs.get("gen_ai.response.finish_reasons")
+    err_type = pc.replace_substring(pc.fill_null(attrs.get(S.ATTR_ERROR_TYPE), ""), "_", "")
     status_error = pc.equal(table.column("StatusCode").combine_chunks(), "Error").to_numpy(zero_copy_only=False)
     conditions = [
         has_declared & valid_declared,
@@ -130,28 +164,14 @@ def _outcomes(table: pa.Table, attrs: pa.Array) -> pa.Array:
         _contains(err_type, "timeout", "timedout", "deadline"),
         _contains(err_type, "cancel"),
     ]
-    n = len(attrs)
+    n = attrs.n
     choices = [np.asarray(declared.to_pylist(), dtype=object),
                *(np.full(n, word, dtype=object) for word in ("cancelled", "error", "ok", "timeout", "cancelled"))]
     picked: npt.NDArray[np.object_] = np.select(conditions, choices, default="error")
     return pa.array(picked.tolist(), pa.string())
 
 
-def _with_engine(attrs: pa.MapArray) -> pa.Array:
-    """`attrs` with (tailscope.engine, vllm) appended to every map."""
-    n = len(attrs)
-    offsets = np.asarray(attrs.offsets, dtype=np.int64)
-    base, stop = int(offsets[0]), int(offsets[-1])
-    keys, items = attrs.keys.slice(base, stop - base), attrs.items.slice(base, stop - base)
-    lengths = np.diff(offsets)
-    flat = stop - base
-    src = np.empty(flat + n, dtype=np.int64)
-    src[np.arange(flat) + np.repeat(np.arange(n), lengths)] = np.arange(flat)
-    src[(offsets[1:] - base) + np.arange(n)] = flat + np.arange(n)
-    new_keys = pc.take(pa.concat_arrays([keys, pa.array([S.ATTR_ENGINE] * n, pa.string())]), src)
-    new_items = pc.take(pa.concat_arrays([items, pa.array([NAME] * n, pa.string())]), src)
-    new_offsets = pa.array((offsets - base) + np.arange(n + 1), pa.int32())
-    return pa.MapArray.from_arrays(new_offsets, new_keys, new_items).cast(S.ATTRS)
+Stretch = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]
 
 
 def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
@@ -163,14 +183,11 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     mask = candidate_mask(table.column("SpanName"))
     if not pc.any(mask).as_py():
         return None
-    cand = table.filter(mask)
-    attrs = cand.column("SpanAttributes").combine_chunks()
-    native = np.zeros(cand.num_rows, dtype=bool)
-    for key in (S.ATTR_REQUEST, S.ATTR_STAGE, S.ATTR_SYNTHETIC):
-        native |= pc.is_valid(_lookup(attrs, key)).to_numpy(zero_copy_only=False)
-    marked = np.zeros(cand.num_rows, dtype=bool)
+    cand = _Attrs(table.filter(mask).column("SpanAttributes").combine_chunks())
+    native = cand.present(S.ATTR_REQUEST) | cand.present(S.ATTR_STAGE) | cand.present(S.ATTR_SYNTHETIC)
+    marked = np.zeros(cand.n, dtype=bool)
     for key in _MARKERS:
-        marked |= pc.is_valid(_lookup(attrs, key)).to_numpy(zero_copy_only=False)
+        marked |= cand.present(key)
     take = marked & ~native
     if not take.any():
         return None
@@ -178,7 +195,7 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     full[np.flatnonzero(mask.to_numpy(zero_copy_only=False))[take]] = True
     rest = table.filter(pa.array(~full))
     req = table.filter(pa.array(full))
-    attrs = req.column("SpanAttributes").combine_chunks()
+    attrs = _Attrs(req.column("SpanAttributes").combine_chunks())
 
     start = req.column("TimestampNs").to_numpy().astype(np.int64)
     end = start + req.column("Duration").to_numpy().astype(np.int64)
@@ -191,8 +208,7 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     prefill_start = np.maximum(start, first - np.where(has_prefill, prefill, 0))
     queue_start = np.maximum(start, prefill_start - np.where(has_queue, queue, 0))
 
-    def clip(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64],
-             keep: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    def clip(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], keep: npt.NDArray[np.bool_]) -> Stretch:
         lo, hi = np.maximum(lo, start), np.minimum(hi, end)
         return lo, hi, keep & (hi > lo)
 
@@ -201,70 +217,87 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     pf = clip(prefill_start, first, has_ttft)
     dec = clip(first, first + decode, has_ttft & has_decode)
     stream = clip(first, np.where(has_e2e, start + e2e, end), has_ttft)
-    gen_keep = pf[2] | dec[2]
-    gen = (np.where(pf[2], pf[0], dec[0]), np.where(dec[2], dec[1], pf[1]), gen_keep)
-
-    trace_ids = req.column("TraceId").to_pylist()
-    span_ids = req.column("SpanId").to_pylist()
-    gen_ids = [derived_span_id(t, s, "generation") for t, s in zip(trace_ids, span_ids, strict=True)]
-    gen_sources = np.where(pf[2] & dec[2], f"span of {PREFILL} + {DECODE}",
-                           np.where(pf[2], f"span of {PREFILL}", f"span of {DECODE}"))
-    pieces = (
-        ("preprocess", pre, None, f"derived: {TTFT} - {QUEUE} - {PREFILL}"),
-        ("queue_wait", que, None, QUEUE),
-        ("streaming", stream, None, f"derived: {E2E} - {TTFT} - {DECODE}"),
-        ("generation", gen, None, None),
-        ("prefill", pf, gen_ids, PREFILL),
-        ("decode", dec, gen_ids, DECODE),
+    gen: Stretch = (np.where(pf[2], pf[0], dec[0]), np.where(dec[2], dec[1], pf[1]), pf[2] | dec[2])
+    gen_source = np.where(pf[2] & dec[2], f"span of {PREFILL} + {DECODE}",
+                          np.where(pf[2], f"span of {PREFILL}", f"span of {DECODE}")).astype(object)
+    n = req.num_rows
+    pieces: tuple[tuple[str, Stretch, npt.NDArray[np.object_]], ...] = (
+        ("preprocess", pre, np.full(n, f"derived: {TTFT} - {QUEUE} - {PREFILL}", dtype=object)),
+        ("queue_wait", que, np.full(n, QUEUE, dtype=object)),
+        ("streaming", stream, np.full(n, f"derived: {E2E} - {TTFT} - {DECODE}", dtype=object)),
+        ("generation", gen, gen_source),
+        ("prefill", pf, np.full(n, PREFILL, dtype=object)),
+        ("decode", dec, np.full(n, DECODE, dtype=object)),
     )
-    synthetic = [_stage_spans(req, stage, lo, hi, keep, parents, source, trace_ids, span_ids, gen_sources)
-                 for stage, (lo, hi, keep), parents, source in pieces if keep.any()]
+    synthetic = _stage_spans(req, pieces)
 
     ttft_col = np.where(has_ttft, ttft, req.column("TtftNs").to_numpy(zero_copy_only=False))
     ttft_valid = has_ttft | pc.is_valid(req.column("TtftNs")).to_numpy(zero_copy_only=False)
     updates = {
-        "IsRequest": pa.array(np.ones(req.num_rows, dtype=bool)),
+        "IsRequest": pa.array(np.ones(n, dtype=bool)),
         "Outcome": _outcomes(req, attrs),
         "TtftNs": pa.array(np.where(ttft_valid, ttft_col, 0).astype(np.int64), mask=~ttft_valid),
-        "SpanAttributes": _with_engine(attrs),
+        "SpanAttributes": attrs.with_engine(),
     }
     for name, column in updates.items():
         req = req.set_column(req.schema.get_field_index(name), name, column)
-    return rest, pa.concat_tables([req, *synthetic])
+    return rest, pa.concat_tables([req, synthetic])
 
 
-def _stage_spans(req: pa.Table, stage: str, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64],
-                 keep: npt.NDArray[np.bool_], parents: list[str] | None, source: str | None,
-                 trace_ids: list[str], span_ids: list[str], gen_sources: npt.NDArray[np.str_]) -> pa.Table:
-    idx = np.flatnonzero(keep)
-    m = idx.size
-    taken = pa.array(idx)
-    lo_k, hi_k = lo[idx], hi[idx]
-    sources = [str(gen_sources[i]) for i in idx] if source is None else [source] * m
+def _stage_spans(req: pa.Table, pieces: tuple[tuple[str, Stretch, npt.NDArray[np.object_]], ...]) -> pa.Table:
+    """All synthetic spans of all requests, one column at a time."""
+    trace_ids = req.column("TraceId").to_pylist()
+    span_ids = req.column("SpanId").to_pylist()
+    gen_ids = {i: derived_span_id(trace_ids[i], span_ids[i], "generation") for i in np.flatnonzero(pieces[3][1][2])}
+    idx_parts: list[npt.NDArray[np.intp]] = []
+    lo_parts: list[npt.NDArray[np.int64]] = []
+    hi_parts: list[npt.NDArray[np.int64]] = []
+    stages: list[str] = []
+    sources: list[str] = []
+    ids: list[str] = []
+    parents: list[str] = []
+    for stage, (lo, hi, keep), source in pieces:
+        idx = np.flatnonzero(keep)
+        idx_parts.append(idx)
+        lo_parts.append(lo[idx])
+        hi_parts.append(hi[idx])
+        stages.extend([stage] * idx.size)
+        sources.extend(source[idx].tolist())
+        ids.extend(derived_span_id(trace_ids[i], span_ids[i], stage) for i in idx)
+        nested = stage in S.STAGE_PARENT
+        parents.extend(gen_ids[i] if nested else span_ids[i] for i in idx)
+    idx_all = pa.array(np.concatenate(idx_parts))
+    lo_all, hi_all = np.concatenate(lo_parts), np.concatenate(hi_parts)
+    m = len(stages)
+    stage_col = pa.array(stages, pa.string())
+    keys = pa.array([S.ATTR_STAGE, S.ATTR_SYNTHETIC, S.ATTR_ENGINE, S.ATTR_DERIVED_FROM] * m, pa.string())
+    items = np.empty(4 * m, dtype=object)
+    items[0::4], items[1::4], items[2::4], items[3::4] = stages, "true", NAME, sources
+    span_attrs = pa.MapArray.from_arrays(pa.array(np.arange(0, 4 * m + 1, 4), pa.int32()), keys,
+                                         pa.array(items, pa.string())).cast(S.ATTRS)
     cols: dict[str, pa.Array | pa.ChunkedArray] = {
-        "Timestamp": pa.array(lo_k // 1000).cast(pa.timestamp("us", tz="UTC")),
-        "TimestampNs": pa.array(lo_k),
-        "TraceId": pc.take(req.column("TraceId"), taken),
-        "SpanId": pa.array([derived_span_id(trace_ids[i], span_ids[i], stage) for i in idx], pa.string()),
-        "ParentSpanId": pa.array([span_ids[i] if parents is None else parents[i] for i in idx], pa.string()),
+        "Timestamp": pa.array(lo_all // 1000).cast(pa.timestamp("us", tz="UTC")),
+        "TimestampNs": pa.array(lo_all),
+        "TraceId": pc.take(req.column("TraceId"), idx_all),
+        "SpanId": pa.array(ids, pa.string()),
+        "ParentSpanId": pa.array(parents, pa.string()),
         "TraceState": pa.array([""] * m, pa.string()),
-        "SpanName": pa.array([stage] * m, pa.string()),
+        "SpanName": stage_col,
         "SpanKind": pa.array(["Internal"] * m, pa.string()),
-        "ServiceName": pc.take(req.column("ServiceName"), taken),
-        "ResourceAttributes": pc.take(req.column("ResourceAttributes"), taken),
+        "ServiceName": pc.take(req.column("ServiceName"), idx_all),
+        "ResourceAttributes": pc.take(req.column("ResourceAttributes"), idx_all),
         "ScopeName": pa.array([SCOPE] * m, pa.string()),
         "ScopeVersion": pa.array([""] * m, pa.string()),
-        "SpanAttributes": pa.array([[(S.ATTR_STAGE, stage), (S.ATTR_SYNTHETIC, "true"), (S.ATTR_ENGINE, NAME),
-                                     (S.ATTR_DERIVED_FROM, src)] for src in sources], S.ATTRS),
-        "Duration": pa.array(hi_k - lo_k),
+        "SpanAttributes": span_attrs,
+        "Duration": pa.array(hi_all - lo_all),
         "StatusCode": pa.array(["Unset"] * m, pa.string()),
         "StatusMessage": pa.array([""] * m, pa.string()),
         "Events": pa.array([[]] * m, pa.list_(S.EVENT)),
         "Links": pa.array([[]] * m, pa.list_(S.LINK)),
-        "Stage": pa.array([stage] * m, pa.string()),
+        "Stage": stage_col,
         "IsRequest": pa.array(np.zeros(m, dtype=bool)),
         "Outcome": pa.nulls(m, pa.string()),
-        "Replica": pc.take(req.column("Replica"), taken),
+        "Replica": pc.take(req.column("Replica"), idx_all),
     }
     for name in ("Model", "ModelVersion", "Tenant"):
         cols[name] = pa.nulls(m, pa.string())
