@@ -116,3 +116,12 @@ def test_durations_times_and_automatic_windows() -> None:
     assert auto_window_s(1_400_000, 7200) == 120
     # 6,000 requests in 10 min: at least 8 windows -> 1 min
     assert auto_window_s(6_000, 600) == 60
+
+
+def test_the_one_pass_e2e_series_equals_the_series_over_request_facts(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    fast = percentile_series(connect(store), "e2e", window_s=60, by=["tenant", "status"])
+    con = connect(store)
+    request_facts(con)  # from now on the series reads the facts table
+    assert fast.equals(percentile_series(con, "e2e", window_s=60, by=["tenant", "status"]))
+    assert percentile_series(connect(store), "e2e").equals(percentile_series(con, "e2e"))  # automatic window
