@@ -168,7 +168,7 @@ def default_replicas(count: int = 32, small_zone_replicas: int = 2) -> tuple[Rep
 
 
 def default_tenants() -> tuple[Tenant, ...]:
-    """Eight tenants with different shares and request shapes (chat, RAG, batch, agents)."""
+    """Nine tenants with different shares and request shapes (chat, RAG, batch, agents)."""
     return (
         Tenant("acme", 0.28),
         Tenant("globex", 0.20, input_median=1_400, output_median=120, deadline_s=20.0),
@@ -345,6 +345,8 @@ class _Sim:
                 self.route_cum.append(acc)
 
     def route(self, req: SimRequest, now: float) -> None:
+        if not self.route_cum:
+            raise ValueError(f"no replica takes traffic at t={now:.3f} s (check joins_s / leaves_s / weight)")
         total = self.route_cum[-1]
         k = min(bisect.bisect(self.route_cum, req.route_u * total), len(self.route_names) - 1)
         rep = self.replicas[self.route_names[k]]
