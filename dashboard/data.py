@@ -688,13 +688,13 @@ def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: 
     """
     out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
     try:
-        from analysis import whatif as wi
+        from analysis.whatif import whatif as replay
     except ImportError:
         out["error"] = "the queue replay (analysis.whatif) is not installed in this build"
         return out
     with _cursor(_db, filters) as cur:
         try:
-            res = wi.whatif(cur, [int(servers)], since=filters.since_ns, until=filters.until_ns)
+            res = replay(cur, [int(servers)], since=filters.since_ns, until=filters.until_ns)
         except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
             out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
             return out

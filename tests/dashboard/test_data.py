@@ -1,0 +1,136 @@
+"""dashboard.data: the materialized requests equal the view, refresh picks up new segments, the SQL console."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.connect import connect
+from dashboard import data
+from tests.dashboard.conftest import APP
+from tests.dashboard.incident_store import START_NS, Incident, _chunk
+from tracing.store import SegmentWriter, init_store
+
+HOUR_S = 3600
+
+
+def _write(store: Path, offset: int, n: int, duration_s: float, total: int) -> None:
+    import numpy as np
+
+    SegmentWriter(store, kind="test").write(
+        _chunk(np.random.default_rng(offset), offset, n, duration_s, total, Incident(1e9, 1e9 + 1)))
+
+
+def test_materialized_requests_equal_the_view(incident_store: Path) -> None:
+    wb = data.Workbench(incident_store)
+    assert wb.refresh() is True
+    assert wb.refresh() is False
+    con = connect(incident_store)
+    try:
+        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
+        view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
+    finally:
+        con.close()
+    assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
+
+
+def test_refresh_reads_only_new_segments_and_counts_them(tmp_path: Path) -> None:
+    store = init_store(tmp_path / "live")
+    wb = data.Workbench(store)
+    assert wb.refresh() is True  # empty store: first load
+    assert wb.con.execute("SELECT count(*) FROM req").fetchone() == (0,)
+    # 100 requests in the first hour, then 50 more in the same hour, then 30 in the next hour
+    _write(store, 0, 100, 1000.0, 100)
+    assert wb.refresh() is True
+    assert wb.con.execute("SELECT count(*) FROM req").fetchone() == (100,)
+    assert wb.refresh() is False
+    _write(store, 1000, 50, 1000.0, 1000)
+    _write(store, 7000, 30, 600.0, 1000)  # starts at START + 4200 s: the next hour
+    assert wb.refresh() is True
+    assert wb.con.execute("SELECT count(*) FROM req").fetchone() == (180,)
+    hours = wb.con.execute("SELECT DISTINCT start_ns // 3600000000000 FROM req ORDER BY 1").fetchall()
+    assert [h[0] for h in hours] == [START_NS // 3_600_000_000_000, START_NS // 3_600_000_000_000 + 1]
+    # the documented views on the workbench connection see the new data too
+    assert wb.con.execute("SELECT count(*) FROM requests").fetchone() == (180,)
+    assert wb.con.execute("SELECT count(*) FROM spans WHERE IsRequest").fetchone() == (180,)
+
+
+def test_refresh_button_shows_new_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = init_store(tmp_path / "live-app")
+    _write(store, 0, 40, 1000.0, 100)
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    assert [m.value for m in at.metric if m.label == "requests"] == ["40"]
+    _write(store, 500, 25, 1000.0, 1000)
+    at.run()
+    assert [m.value for m in at.metric if m.label == "requests"] == ["40"], "no refresh asked: same data"
+    at.button(key="refresh").click().run()
+    assert not at.exception
+    assert [m.value for m in at.metric if m.label == "requests"] == ["65"]
+
+
+def test_filters_where_inlines_parameters_safely() -> None:
+    f = data.Filters(since_ns=5, until_ns=9, replica=("r'1",), tenant=("a", "b"))
+    cond, params = f.where()
+    assert cond == "true AND start_ns >= ? AND start_ns < ? AND replica IN (?) AND tenant IN (?, ?)"
+    assert params == [5, 9, "r'1", "a", "b"]
+    assert data._inline(cond, params) == ("true AND start_ns >= 5 AND start_ns < 9 AND replica IN ('r''1') "
+                                          "AND tenant IN ('a', 'b')")
+
+
+@pytest.mark.parametrize("query", ["", "SELECT 1; SELECT 2", "COPY (SELECT 1) TO 'x.csv'", "ATTACH 'x.db'",
+                                   "INSTALL httpfs", "LOAD httpfs", "SET enable_external_access = true",
+                                   "PRAGMA version", "CREATE TABLE t AS SELECT 1", "DROP VIEW requests",
+                                   "EXPORT DATABASE 'x'"])
+def test_console_refuses_anything_but_one_select(query: str) -> None:
+    with pytest.raises(data.RefusedQuery):
+        data.check_read_only(query)
+
+
+@pytest.mark.parametrize("query", ["SELECT 1", "with a AS (SELECT 1) SELECT * FROM a", "FROM requests LIMIT 1",
+                                   "(SELECT 1)", "SELECT 1;"])
+def test_console_accepts_selects(query: str) -> None:
+    assert data.check_read_only(query)
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/passwd')",
+    "COPY (SELECT 1) TO '/tmp/tailscope-sandbox-escape.csv'",
+    "ATTACH '/tmp/tailscope-sandbox-escape.db'",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "SET allowed_directories = ['/']",
+])
+def test_the_sandbox_itself_blocks_file_access(incident_store: Path, statement: str) -> None:
+    """Even a statement that got past the SELECT check cannot leave the store."""
+    con = data.sandbox(str(incident_store)).cursor()
+    try:
+        with pytest.raises(duckdb.Error):
+            con.execute(statement).fetchall()
+    finally:
+        con.close()
+    assert not Path("/tmp/tailscope-sandbox-escape.csv").exists()
+    assert not Path("/tmp/tailscope-sandbox-escape.db").exists()
+
+
+def test_console_reads_the_store(incident_store: Path) -> None:
+    df, truncated = data.run_sql(str(incident_store), "SELECT count(*) AS n FROM spans WHERE IsRequest")
+    assert df["n"].tolist() == [20_000]
+    assert truncated is False
+    df, truncated = data.run_sql(str(incident_store), "SELECT * FROM range(10)", limit=4)
+    assert df["range"].tolist() == [0, 1, 2, 3] and truncated is True
+
+
+def test_a_long_query_is_interrupted(incident_store: Path) -> None:
+    with pytest.raises(TimeoutError, match="interrupted"):
+        data.run_sql(str(incident_store),
+                     "SELECT count(*) FROM range(10000000000) a, range(1000) b WHERE a.range * b.range = 7",
+                     timeout_s=0.5)
+    # the sandbox still answers afterwards
+    assert data.run_sql(str(incident_store), "SELECT 42 AS x")[0]["x"].tolist() == [42]
