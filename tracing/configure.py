@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,38 @@ def _exporter_names(arg: str | Iterable[str] | None, otlp_given: bool, env: Mapp
     return [n for n in dict.fromkeys(names) if n != "none"]
 
 
+class _OncePerMinute(logging.Filter):
+    """Lets a given message of a logger through at most once a minute (a dead backend is not news twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True when this message was not let through in the last minute."""
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < 60.0:
+            return False
+        if len(self._last) > 256:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+_OTLP_LOG_FILTER = _OncePerMinute()
+
+
+def _quiet_otlp_logs() -> None:
+    """Rate-limit the OTLP exporters' own per-batch error logs (ours are rate-limited and counted)."""
+    for name in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                 "opentelemetry.exporter.otlp.proto.grpc.exporter"):
+        logger = logging.getLogger(name)
+        if _OTLP_LOG_FILTER not in logger.filters:
+            logger.addFilter(_OTLP_LOG_FILTER)
+
+
 def _otlp_exporter(endpoint: str, protocol: str, timeout_s: float) -> SpanExporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -271,6 +304,7 @@ def configure(
         built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
     if "otlp" in names:
         target = endpoint or DEFAULTS["otlp_endpoint_grpc" if protocol == "grpc" else "otlp_endpoint_http"]
+        _quiet_otlp_logs()
         built["otlp"] = GuardedExporter(_otlp_exporter(target, protocol, otlp_timeout), f"otlp-{protocol}")
     for i, extra in enumerate(extra_exporters):
         built[f"extra{i}"] = GuardedExporter(extra)
