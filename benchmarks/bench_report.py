@@ -186,8 +186,24 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """(result, wall seconds, CPU seconds of this process) of fn()."""
+    c, t = _cpu_s(), time.perf_counter()
+    result = fn()
+    return result, round(time.perf_counter() - t, 3), round(_cpu_s() - c, 3)
+
+
 def run_one(store: Path) -> dict[str, Any]:
-    """Time, in this process: DuckDB's p50/p99 per span name, one percentile series, the full report."""
+    """Time, in this process: DuckDB's p50/p99 per span name, one percentile series, the full report.
+
+    Wall time and CPU time (user + system, all threads) of each: on a shared machine the CPU time
+    is the steadier figure, and wall ~ CPU / 2 on two idle cores.
+    """
     import duckdb
 
     from analysis import connect
@@ -197,28 +213,30 @@ def run_one(store: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     glob = str(store / S.SEGMENT_GLOB)
     con0 = duckdb.connect()
-    t = time.perf_counter()
-    con0.execute("SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-                 "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall()
-    out["duckdb_p50_p99_per_name_s"] = round(time.perf_counter() - t, 3)
+    con0.execute("SET enable_progress_bar = false").fetchall()
+    _, out["duckdb_p50_p99_per_name_s"], out["duckdb_cpu_s"] = _timed(lambda: con0.execute(
+        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
+        "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall())
     con0.close()
 
     con = connect(store)
-    t = time.perf_counter()
-    series = percentile_series(con, metric="e2e")
-    out["series_s"] = round(time.perf_counter() - t, 3)
+    con.execute("SET enable_progress_bar = false").fetchall()
+    series, out["series_s"], out["series_cpu_s"] = _timed(lambda: percentile_series(con, metric="e2e"))
     out["series_windows"] = series.height
     con.close()
 
     con = connect(store)
-    t = time.perf_counter()
-    report = build_report(con)
-    out["report_s"] = round(time.perf_counter() - t, 3)
+    con.execute("SET enable_progress_bar = false").fetchall()
+    report, out["report_s"], out["report_cpu_s"] = _timed(lambda: build_report(con))
     out["requests"] = report["requests"]
     out["spikes"] = [(s["start"], s["end"], s["stages"][0]["stage"] if s["stages"] else None,
                       s["dimensions"][0]["value"] if s["dimensions"] else None) for s in report["spikes"]]
     out["errors"] = report.get("errors", [])
     out["peak_rss_mib"] = round(_peak_rss_mib(), 1)
+    out["report_vs_duckdb_x"] = round(out["report_s"] / max(out["duckdb_p50_p99_per_name_s"], 1e-9), 1)
+    out["report_vs_duckdb_cpu_x"] = round(out["report_cpu_s"] / max(out["duckdb_cpu_s"], 1e-9), 1)
+    with open("/proc/loadavg") as fh:
+        out["loadavg_1m"] = float(fh.read().split()[0])
     return out
 
 
@@ -250,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         lo, hi = results[keys[0]], results[keys[-1]]
         results["growth_report_x"] = round(hi["report_s"] / max(lo["report_s"], 1e-9), 2)
         results["growth_series_x"] = round(hi["series_s"] / max(lo["series_s"], 1e-9), 2)
+        results["growth_report_cpu_x"] = round(hi["report_cpu_s"] / max(lo["report_cpu_s"], 1e-9), 2)
     if args.json:
         print(json.dumps(results, indent=2))
         return
