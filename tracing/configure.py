@@ -301,7 +301,12 @@ def configure(
             from tracing.store import default_store
 
             store_dir = default_store()
-        built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
+        try:
+            built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
+        except Exception as exc:  # an unusable store must not stop the server from starting
+            _log.error("tailscope: cannot write traces to %s (%s); continuing without the store exporter",
+                       store_dir, exc)
+            store_dir = None
     if "otlp" in names:
         target = endpoint or DEFAULTS["otlp_endpoint_grpc" if protocol == "grpc" else "otlp_endpoint_http"]
         _quiet_otlp_logs()

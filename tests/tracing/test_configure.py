@@ -138,3 +138,15 @@ def test_schema_keys_are_the_ones_used() -> None:
     assert (tracing.NETWORK, tracing.QUEUE_WAIT, tracing.PREPROCESS, tracing.MODEL_LOAD, tracing.GENERATION,
             tracing.STREAMING) == S.STAGES
     assert (tracing.PREFILL, tracing.DECODE) == S.GENERATION_PARTS
+
+
+def test_unusable_store_does_not_stop_the_host(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the store should be")
+    with caplog.at_level(logging.ERROR, logger="tailscope.configure"):
+        telemetry = tracing.configure("api", store=blocker)
+    assert telemetry.exporters == {} and telemetry.store is None
+    assert any("continuing without the store exporter" in r.getMessage() for r in caplog.records)
+    with tracing.request(model="m"):
+        pass
+    telemetry.shutdown()
