@@ -127,29 +127,38 @@ def auto_window_s(requests: int, span_s: float) -> int:
     return choice
 
 
-_FACT_COLUMNS = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
-                 "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns", "tpot_ns")
+_FACT_COLUMNS = ("trace_id", "start_ns", "e2e_ns", "status", "replica", "service", "model", "model_version",
+                 "tenant", "input_tokens", "output_tokens")
+_TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
-_FACTS_SQL = """
-WITH st AS (
-  SELECT TraceId,
-         any_value(Replica) FILTER (WHERE Stage IN ('generation', 'prefill', 'decode')) AS gen_replica,
+
+def _facts_sql(with_ttft: bool) -> str:
+    """Request-level columns from one scan of the request spans and one aggregation of their stage spans."""
+    stages = "'generation', 'prefill', 'decode'" + (", 'streaming'" if with_ttft else "")
+    ttft_aggs = """,
          min(EndNs) FILTER (WHERE Stage = 'prefill') AS prefill_end_ns,
-         min(TimestampNs) FILTER (WHERE Stage = 'streaming') AS stream_start_ns
-  FROM spans WHERE Stage IN ('generation', 'prefill', 'decode', 'streaming') GROUP BY TraceId
+         min(TimestampNs) FILTER (WHERE Stage = 'streaming') AS stream_start_ns""" if with_ttft else ""
+    ttft_col = """,
+         coalesce(r.TtftNs, st.prefill_end_ns - r.TimestampNs, st.stream_start_ns - r.TimestampNs) AS ttft_ns""" \
+        if with_ttft else ""
+    tpot = """, CASE WHEN ttft_ns IS NOT NULL AND output_tokens > 1
+               THEN round((e2e_ns - ttft_ns) / (output_tokens - 1))::BIGINT END AS tpot_ns""" if with_ttft else ""
+    gen = "Stage IN ('generation', 'prefill', 'decode')"
+    replica = f"any_value(Replica) FILTER (WHERE {gen})" if with_ttft else "any_value(Replica)"
+    return f"""
+WITH st AS (
+  SELECT TraceId, {replica} AS gen_replica{ttft_aggs}
+  FROM spans WHERE Stage IN ({stages}) GROUP BY TraceId
 ), r AS (
-  SELECT r.TraceId AS trace_id, r.SpanId AS span_id, r.TimestampNs AS start_ns, r.Duration AS e2e_ns,
+  SELECT r.TraceId AS trace_id, r.TimestampNs AS start_ns, r.Duration AS e2e_ns,
          coalesce(r.Outcome, 'ok') AS status,
          coalesce(st.gen_replica, r.Replica) AS replica,
          r.ServiceName AS service, r.Model AS model, r.ModelVersion AS model_version, r.Tenant AS tenant,
-         r.InputTokens AS input_tokens, r.OutputTokens AS output_tokens,
-         coalesce(r.TtftNs, st.prefill_end_ns - r.TimestampNs, st.stream_start_ns - r.TimestampNs) AS ttft_ns
+         r.InputTokens AS input_tokens, r.OutputTokens AS output_tokens{ttft_col}
   FROM spans r LEFT JOIN st ON st.TraceId = r.TraceId
   WHERE r.IsRequest
 )
-SELECT *, CASE WHEN ttft_ns IS NOT NULL AND output_tokens > 1
-               THEN round((e2e_ns - ttft_ns) / (output_tokens - 1))::BIGINT END AS tpot_ns
-FROM r
+SELECT *{tpot} FROM r
 """
 
 
@@ -158,36 +167,43 @@ _REQUEST_SPANS_SQL = """(SELECT TimestampNs AS start_ns, Duration AS e2e_ns, coa
     FROM spans WHERE IsRequest)"""
 
 
-def _facts_table(con: duckdb.DuckDBPyConnection) -> str:
+def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
     view = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'spans' AND NOT internal").fetchall()
     snapshot = hashlib.sha256(str(view).encode()).hexdigest()[:12]
-    return f"{REQUESTS_TABLE}_{snapshot}"  # one per snapshot: refresh() gives a new one
+    return f"{REQUESTS_TABLE}_{snapshot}_{'t' if with_ttft else 'e'}"  # per snapshot: refresh() gives new ones
 
 
 def _facts_ready(con: duckdb.DuckDBPyConnection) -> bool:
-    return _exists(con, _facts_table(con))
+    return _exists(con, _facts_table(con, True)) or _exists(con, _facts_table(con, False))
 
 
-def request_facts(con: duckdb.DuckDBPyConnection) -> str:
+def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> str:
     """Materialize, once per connection, the request-level columns of `requests` (no stage columns).
 
-    Read per trace in one scan instead of through the critical-path joins: identical to
-    `requests` when a trace holds one request whose stage spans are its children, except that
-    the replica is the generation (prefill / decode) spans' replica, else the request span's
-    (the view also falls back on other stages' replica). Traces with several request spans
-    are copied from the view itself. Returns the table name.
+    Read from one scan of the request spans and one aggregation of their generation spans
+    instead of through the critical-path joins: identical to `requests` when a trace holds
+    one request whose stage spans are its children, except that the replica is that of the
+    generation / prefill / decode spans, else the request span's (the view also falls back on
+    other stages' replica). Traces with several request spans are copied from the view
+    itself. `ttft_ns` / `tpot_ns` are there only `with_ttft` (they cost another aggregate).
+    Returns the table name.
     """
-    table = _facts_table(con)
+    full = _facts_table(con, True)
+    if _exists(con, full):
+        return full
+    table = full if with_ttft else _facts_table(con, False)
     if _exists(con, table):
         return table
+    keep = {full, _facts_table(con, False)}
     for (old,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)",
                               [REQUESTS_TABLE]).fetchall():
-        con.execute(f"DROP TABLE {quote_ident(old)}").fetchall()
-    con.execute(f"CREATE TEMP TABLE {table} AS {_FACTS_SQL}").fetchall()
+        if old not in keep:
+            con.execute(f"DROP TABLE {quote_ident(old)}").fetchall()
+    con.execute(f"CREATE TEMP TABLE {table} AS {_facts_sql(with_ttft)}").fetchall()
     shared = con.execute(f"SELECT trace_id FROM {table} GROUP BY trace_id HAVING count(*) > 1").fetchall()
     if shared:
         ids = [row[0] for row in shared]
-        cols = ", ".join(_FACT_COLUMNS)
+        cols = ", ".join(_FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ()))
         con.execute(f"DELETE FROM {table} WHERE list_contains(?, trace_id)", [ids]).fetchall()
         con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM requests "
                     "WHERE list_contains(?, trace_id)", [ids]).fetchall()
@@ -197,7 +213,7 @@ def request_facts(con: duckdb.DuckDBPyConnection) -> str:
 def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:
     """Where a metric's values come from: the request facts for e2e/ttft/tpot, the `requests` view for stages."""
     if metric in ("e2e", "ttft", "tpot"):
-        return request_facts(con)
+        return request_facts(con, with_ttft=metric != "e2e")
     return "requests"
 
 

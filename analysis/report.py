@@ -30,7 +30,7 @@ from analysis.percentiles import (
 )
 from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
-from tracing.errors import QueryError, TailscopeError
+from tracing.errors import QueryError
 
 #: Metrics a report can be about.
 REPORT_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
@@ -39,8 +39,8 @@ REPORT_VERSION: Final = 1
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool) -> tuple[pl.DataFrame, dict[str, int]]:
-    facts = request_facts(con)
+           include_failures: bool) -> tuple[pl.DataFrame, dict[str, int], str]:
+    facts = request_facts(con, with_ttft=metric != "e2e")
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
@@ -56,7 +56,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
     names = ("requests", "ok", "error", "timeout", "cancelled")
-    return frame, {n: int(v) for n, v in zip(names, counts, strict=True)}
+    return frame, {n: int(v) for n, v in zip(names, counts, strict=True)}, facts
 
 
 def _ms(ns: float) -> float | None:
@@ -76,7 +76,7 @@ def build_report(
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
-    frame, counts = _frame(con, metric, since_ns, until_ns, include_failures)
+    frame, counts, facts = _frame(con, metric, since_ns, until_ns, include_failures)
     if win is None:
         win = choose_window_s(con, since_ns, until_ns)
     window_ns = round(win * 1e9)
@@ -106,14 +106,14 @@ def build_report(
     report["baseline_p99_ms"] = _ms(det.baseline_p99_ns)
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    report["spikes"] = _explain_all(con, frame, start, values, det, metric, report["errors"])
+    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, report["errors"])
     return report
 
 
-def _trace_ids(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
+def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
     """Trace ids of frame rows (the frame carries the facts' rowid, not the 32-character ids)."""
     rids = frame.get_column("rid").to_numpy()[rows].tolist()
-    found = dict(con.execute(f"SELECT rowid, trace_id FROM {request_facts(con)} WHERE list_contains(?, rowid)",
+    found = dict(con.execute(f"SELECT rowid, trace_id FROM {facts} WHERE list_contains(?, rowid)",
                              [rids]).fetchall())
     return [found[r] for r in rids]
 
@@ -132,8 +132,8 @@ def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, in
     return np.asarray(chosen, dtype=np.int64)
 
 
-def _stages_for(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: np.ndarray, values: np.ndarray,
-                det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
+def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: np.ndarray,
+                values: np.ndarray, det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
                 ) -> list[dict[str, Any]]:
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = _local_baseline(det, spike, counts)
@@ -143,7 +143,7 @@ def _stages_for(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: np.n
     e2e = frame.get_column("e2e_ns").to_numpy()
     lo = int(start[rows].min() - e2e[rows].max())  # a span overlapping a request starts after this
     hi = int((start[rows] + e2e[rows]).max() + 1)
-    ids = _trace_ids(con, frame, rows)
+    ids = _trace_ids(con, facts, frame, rows)
     table = X.stage_rows(con, sorted(set(ids)), lo, hi)
     tail_ids = pl.DataFrame({"trace_id": ids[:spike_tail.size]})
     base_ids = pl.DataFrame({"trace_id": ids[spike_tail.size:]})
@@ -151,8 +151,8 @@ def _stages_for(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: np.n
                           table.join(base_ids, on="trace_id", how="semi"), stage_names)
 
 
-def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any, values: Any, det: Detection,
-                 metric: str, errors: list[str]) -> list[dict[str, Any]]:
+def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
+                 det: Detection, metric: str, errors: list[str]) -> list[dict[str, Any]]:
     if not det.spikes:
         return []
     win_of_row = start // det.window_ns
@@ -168,7 +168,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
         item = _spike_json(spike)
         item["errors"] = []
         try:
-            item["stages"] = _stages_for(con, frame, start, values, det, spike, tail, stage_names)
+            item["stages"] = _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names)
         except Exception as exc:
             item["errors"].append(f"could not compute stages because {str(exc).splitlines()[0]}")
         best_mask = None
@@ -189,7 +189,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, start: Any
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         try:
-            item["exemplars"] = _trace_ids(con, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
+            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
         errors.extend(item["errors"])

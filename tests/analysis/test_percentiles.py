@@ -95,11 +95,13 @@ def test_since_until_and_bad_arguments(tmp_path: Path) -> None:
 
 def test_request_facts_match_the_requests_view(tmp_path: Path) -> None:
     con = connect(_store(tmp_path))
-    cols = "trace_id, span_id, start_ns, e2e_ns, status, replica, model, tenant, input_tokens, output_tokens, " \
-           "ttft_ns, tpot_ns"
+    cols = "trace_id, start_ns, e2e_ns, status, replica, model, tenant, input_tokens, output_tokens"
     facts = con.execute(f"SELECT {cols} FROM {request_facts(con)} ORDER BY trace_id").fetchall()
     view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id").fetchall()
     assert facts == view and len(facts) == 7
+    cols += ", ttft_ns, tpot_ns"
+    facts = con.execute(f"SELECT {cols} FROM {request_facts(con, with_ttft=True)} ORDER BY trace_id").fetchall()
+    assert facts == con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id").fetchall()
 
 
 def test_durations_times_and_automatic_windows() -> None:
