@@ -279,11 +279,14 @@ async def _respond(writer: asyncio.StreamWriter, status: int, body: Any) -> None
 
 async def serve(replica: Replica, host: str, port: int, ready: Any = None,
                 stop: asyncio.Event | None = None) -> None:
-    """Serve `replica` on host:port until `stop` is set (forever without one)."""
+    """Serve `replica` on host:port until `stop` is set (forever without one).
+
+    `ready(port)` is called with the bound port once connections are accepted (port 0 binds any free one).
+    """
     server = await asyncio.start_server(replica.handle, host, port, backlog=512)
     worker = asyncio.create_task(replica.work())
     if ready is not None:
-        ready()
+        ready(server.sockets[0].getsockname()[1])
     try:
         async with server:
             if stop is None:
