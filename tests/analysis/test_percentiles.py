@@ -127,3 +127,39 @@ def test_the_one_pass_e2e_series_equals_the_series_over_request_facts(tmp_path: 
     request_facts(con)  # from now on the series reads the facts table
     assert fast.equals(percentile_series(con, "e2e", window_s=60, by=["tenant", "status"]))
     assert percentile_series(connect(store), "e2e").equals(percentile_series(con, "e2e"))  # automatic window
+
+
+def test_facts_copy_traces_with_several_requests_from_the_view(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    trace = "ab" * 16
+    for k, (a, b) in enumerate(((0, 40), (100, 130))):  # two requests in one trace, on different replicas
+        root = f"{k + 1:016x}"
+        batch.append(trace_id=trace, span_id=root, parent_span_id="", name="request", kind="Server",
+                     start_ns=T0 + a * MS, end_ns=T0 + b * MS, service="llm", resource={"service.instance.id": "gw"},
+                     attrs={S.ATTR_REQUEST: "true", "gen_ai.usage.output_tokens": "3"})
+        batch.append(trace_id=trace, span_id=f"{k + 11:016x}", parent_span_id=root, name="prefill",
+                     kind="Internal", start_ns=T0 + a * MS, end_ns=T0 + (a + 10) * MS, service="llm",
+                     resource={"service.instance.id": f"worker-{k}"}, attrs={S.ATTR_STAGE: "prefill"})
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    cols = "trace_id, start_ns, e2e_ns, status, replica, ttft_ns, tpot_ns"
+    facts = con.execute(f"SELECT {cols} FROM {request_facts(con, with_ttft=True)} ORDER BY start_ns").fetchall()
+    view = con.execute(f"SELECT {cols} FROM requests ORDER BY start_ns").fetchall()
+    assert facts == view
+    assert [(r[4], r[5]) for r in facts] == [("worker-0", 10 * MS), ("worker-1", 10 * MS)]
+
+
+def test_refresh_gives_new_request_facts(tmp_path: Path) -> None:
+    from analysis import refresh
+
+    store = _store(tmp_path)
+    con = connect(store)
+    first = request_facts(con)
+    batch = SpanBatch()
+    add_request(batch, "late", 120 * SEC, 120 * SEC + 5 * MS)
+    write(store, batch)
+    refresh(con, store)
+    second = request_facts(con)
+    assert second != first
+    assert con.execute(f"SELECT count(*) FROM {second}").fetchall() == [(8,)]
+    assert percentile_series(con, window_s=60).get_column("requests").to_list() == [5, 2, 1]
