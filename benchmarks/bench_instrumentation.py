@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import statistics
 import tempfile
 import time
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     stored.shutdown()
     bare_provider.shutdown()
     sdk_bsp_provider.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
