@@ -330,7 +330,7 @@ def run_phoenix(work: Path, phoenix_bin: str, total: int, per_body: int) -> dict
         bodies = pb_bodies(total, per_body, seed=11)
         t0 = time.perf_counter()
         cpu0 = _cpu_tree(proc.pid)
-        elapsed_post, lat, statuses = post_bodies(port, bodies, 4)
+        elapsed_post, _lat, statuses = post_bodies(port, bodies, 4)
         # Phoenix answers before it stores: poll its span count until all are there
         stored = 0
         deadline = time.monotonic() + 600

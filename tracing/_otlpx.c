@@ -50,6 +50,12 @@ static int col_put(Col *c, const char *p, size_t n) {
     if (buf_put(&c->data, p, n)) return -1;
     return col_end(c);
 }
+static int utf8_ok(const uint8_t *p, size_t n);
+/* a proto string field: invalid UTF-8 falls back (upb then rejects the request with its message) */
+static int col_text(Col *c, const uint8_t *p, size_t n) {
+    if (!utf8_ok(p, n)) return 1;
+    return col_put(c, (const char *)p, n) ? -1 : 0;
+}
 static const char HEX[] = "0123456789abcdef";
 static int hex_into(Buf *b, const uint8_t *p, size_t n) {
     if (buf_reserve(b, 2 * n)) return -1;
@@ -89,7 +95,7 @@ static int rd_tag(Rd *r, uint32_t *field, uint32_t *wt) {
     uint64_t t;
     CHECK(rd_varint(r, &t));
     *field = (uint32_t)(t >> 3); *wt = (uint32_t)(t & 7);
-    return 0;
+    return *field == 0 ? FALLBACK : 0; /* field number 0 is invalid: let upb say so */
 }
 static int rd_len(Rd *r, Rd *sub) {
     uint64_t n;
@@ -115,6 +121,37 @@ static int rd_skip(Rd *r, uint32_t wt) {
 }
 
 typedef struct { const uint8_t *p; size_t n; } Str;
+
+/* strict UTF-8 (no overlongs, surrogates or code points above U+10FFFF), as upb checks it */
+static int utf8_ok(const uint8_t *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (w & 0x8080808080808080ULL) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        uint8_t c = p[i];
+        if (c < 0x80) { i++; continue; }
+        size_t need; uint8_t lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c == 0xE0) { need = 2; lo = 0xA0; }
+        else if (c >= 0xE1 && c <= 0xEC) need = 2;
+        else if (c == 0xED) { need = 2; hi = 0x9F; }
+        else if (c >= 0xEE && c <= 0xEF) need = 2;
+        else if (c == 0xF0) { need = 3; lo = 0x90; }
+        else if (c >= 0xF1 && c <= 0xF3) need = 3;
+        else if (c == 0xF4) { need = 3; hi = 0x8F; }
+        else return 0;
+        if (i + need >= n) return 0;
+        if (p[i + 1] < lo || p[i + 1] > hi) return 0;
+        for (size_t k = 2; k <= need; k++) if (p[i + k] < 0x80 || p[i + k] > 0xBF) return 0;
+        i += need + 1;
+    }
+    return 1;
+}
 
 /* --- values ------------------------------------------------------------------------------- */
 
@@ -193,7 +230,10 @@ static int render_any(Rd r, Buf *b, int json, int depth) {
     }
     switch (which) {
     case 0: return json ? FALLBACK : 0; /* empty value renders as "" */
-    case 1: return json ? json_string(b, s) : (buf_put(b, s.p, s.n) ? -1 : 0);
+    case 1:
+        if (json) return json_string(b, s);
+        if (!utf8_ok(s.p, s.n)) return FALLBACK;
+        return buf_put(b, s.p, s.n) ? -1 : 0;
     case 2: return buf_put(b, v ? "true" : "false", v ? 4 : 5) ? -1 : 0;
     case 3: return render_int(b, (int64_t)v) ? -1 : 0;
     case 4: { double d; memcpy(&d, &v, 8); return render_double(b, d, json) ? -1 : 0; }
@@ -222,7 +262,7 @@ static int attr_kv(Rd r, Attrs *a, int32_t first_index) {
         size_t n = (size_t)(ko[i + 1] - ko[i]);
         if (n == key.n && memcmp(a->key.data.p + ko[i], key.p, n) == 0) return FALLBACK;
     }
-    MEM(col_put(&a->key, (const char *)key.p, key.n));
+    CHECK(col_text(&a->key, key.p, key.n));
     if (have_val) CHECK(render_any(val, &a->val.data, 0, 0));
     MEM(col_end(&a->val));
     return 0;
@@ -295,7 +335,7 @@ static int parse_event(Rd r, Out *o) {
     }
     if (t > (uint64_t)INT64_MAX) return FALLBACK;
     MEM(buf_i64(&o->ev_time, (int64_t)t));
-    MEM(col_put(&o->ev_name, (const char *)name.p, name.n));
+    CHECK(col_text(&o->ev_name, name.p, name.n));
     CHECK(attrs_list(whole, 3, &o->ev_attrs));
     o->n_events++;
     return 0;
@@ -317,7 +357,7 @@ static int parse_link(Rd r, Out *o) {
     }
     MEM(col_hex(&o->ln_trace, tid.p, tid.n));
     MEM(col_hex(&o->ln_span, sid.p, sid.n));
-    MEM(col_put(&o->ln_state, (const char *)st.p, st.n));
+    CHECK(col_text(&o->ln_state, st.p, st.n));
     CHECK(attrs_list(whole, 4, &o->ln_attrs));
     o->n_links++;
     return 0;
@@ -368,9 +408,9 @@ static int parse_span(Rd r, Out *o, int32_t res, int32_t scope) {
     MEM(col_hex(&o->trace, tid.p, tid.n));
     MEM(col_hex(&o->span, sid.p, sid.n));
     MEM(col_hex(&o->parent, pid.p, pid.n));
-    MEM(col_put(&o->state, (const char *)st.p, st.n));
-    MEM(col_put(&o->name, (const char *)name.p, name.n));
-    MEM(col_put(&o->smsg, (const char *)msg.p, msg.n));
+    CHECK(col_text(&o->state, st.p, st.n));
+    CHECK(col_text(&o->name, name.p, name.n));
+    CHECK(col_text(&o->smsg, msg.p, msg.n));
     MEM(buf_i32(&o->kind, (int32_t)kind));
     MEM(buf_i32(&o->code, (int32_t)code));
     MEM(buf_i64(&o->start, (int64_t)start));
@@ -419,8 +459,8 @@ static int parse_scope_spans(Rd r, Out *o, int32_t res) {
         else CHECK(rd_skip(&r, wt));
     }
     int32_t scope = o->n_scope++;
-    MEM(col_put(&o->scope_name, (const char *)name.p, name.n));
-    MEM(col_put(&o->scope_version, (const char *)version.p, version.n));
+    CHECK(col_text(&o->scope_name, name.p, name.n));
+    CHECK(col_text(&o->scope_version, version.p, version.n));
     r = whole;
     while (r.p < r.end) {
         uint32_t f, wt; Rd sub;
@@ -462,52 +502,167 @@ static PyObject *attrs_of(Attrs *a) {
     return Py_BuildValue("(NNN)", bytes_of(&a->off), col_of(&a->key), col_of(&a->val));
 }
 
+static int parse_request(Out *o, const uint8_t *p, Py_ssize_t len) {
+    /* the GIL stays held: rendering doubles uses PyOS_double_to_string (PyMem allocator) */
+    int rc = 0;
+    Rd r = {p, p + len};
+    while (rc == 0 && r.p < r.end) {
+        uint32_t f, wt; Rd sub;
+        rc = rd_tag(&r, &f, &wt);
+        if (rc) break;
+        if (f == 1 && wt == 2) { rc = rd_len(&r, &sub); if (!rc) rc = parse_resource_spans(sub, o); }
+        else if (f == 1) rc = FALLBACK;
+        else rc = rd_skip(&r, wt);
+    }
+    return rc;
+}
+
+static PyObject *out_dict(Out *o) {
+    return Py_BuildValue(
+        "{s:i,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
+        "n", o->n_spans,
+        "trace", col_of(&o->trace), "span", col_of(&o->span), "parent", col_of(&o->parent),
+        "state", col_of(&o->state), "name", col_of(&o->name), "smsg", col_of(&o->smsg),
+        "kind", bytes_of(&o->kind), "code", bytes_of(&o->code), "start", bytes_of(&o->start),
+        "end", bytes_of(&o->end), "res", bytes_of(&o->res), "scope", bytes_of(&o->scope),
+        "attrs", attrs_of(&o->attrs),
+        "ev_off", bytes_of(&o->ev_off), "ev_time", bytes_of(&o->ev_time), "ev_name", col_of(&o->ev_name),
+        "ev_attrs", attrs_of(&o->ev_attrs),
+        "ln_off", bytes_of(&o->ln_off), "ln_trace", col_of(&o->ln_trace), "ln_span", col_of(&o->ln_span),
+        "ln_state", col_of(&o->ln_state), "ln_attrs", attrs_of(&o->ln_attrs),
+        "res_attrs", attrs_of(&o->res_attrs),
+        "scope_name", col_of(&o->scope_name), "scope_version", col_of(&o->scope_version));
+}
+
 static PyObject *extract(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     Out o;
     int rc = out_init(&o);
-    if (rc == 0) {
-        /* the GIL stays held: rendering doubles uses PyOS_double_to_string (PyMem allocator) */
-        Rd r = {(const uint8_t *)view.buf, (const uint8_t *)view.buf + view.len};
-        while (rc == 0 && r.p < r.end) {
-            uint32_t f, wt; Rd sub;
-            rc = rd_tag(&r, &f, &wt);
-            if (rc) break;
-            if (f == 1 && wt == 2) { rc = rd_len(&r, &sub); if (!rc) rc = parse_resource_spans(sub, &o); }
-            else if (f == 1) rc = FALLBACK;
-            else rc = rd_skip(&r, wt);
-        }
-    }
+    if (rc == 0) rc = parse_request(&o, (const uint8_t *)view.buf, view.len);
     PyBuffer_Release(&view);
     PyObject *result = NULL;
-    if (rc < 0) {
-        PyErr_NoMemory();
-    } else if (rc == FALLBACK) {
-        result = Py_NewRef(Py_None);
-    } else {
-        result = Py_BuildValue(
-            "{s:i,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
-            "n", o.n_spans,
-            "trace", col_of(&o.trace), "span", col_of(&o.span), "parent", col_of(&o.parent),
-            "state", col_of(&o.state), "name", col_of(&o.name), "smsg", col_of(&o.smsg),
-            "kind", bytes_of(&o.kind), "code", bytes_of(&o.code), "start", bytes_of(&o.start),
-            "end", bytes_of(&o.end), "res", bytes_of(&o.res), "scope", bytes_of(&o.scope),
-            "attrs", attrs_of(&o.attrs),
-            "ev_off", bytes_of(&o.ev_off), "ev_time", bytes_of(&o.ev_time), "ev_name", col_of(&o.ev_name),
-            "ev_attrs", attrs_of(&o.ev_attrs),
-            "ln_off", bytes_of(&o.ln_off), "ln_trace", col_of(&o.ln_trace), "ln_span", col_of(&o.ln_span),
-            "ln_state", col_of(&o.ln_state), "ln_attrs", attrs_of(&o.ln_attrs),
-            "res_attrs", attrs_of(&o.res_attrs),
-            "scope_name", col_of(&o.scope_name), "scope_version", col_of(&o.scope_version));
-    }
+    if (rc < 0) PyErr_NoMemory();
+    else if (rc == FALLBACK) result = Py_NewRef(Py_None);
+    else result = out_dict(&o);
     out_free(&o);
     return result;
 }
+
+/* --- Builder: many requests into one set of columns (one Arrow assembly per group) ------- */
+
+#define N_BUFS 53
+static void out_bufs(Out *o, Buf **b) {
+    Buf *list[N_BUFS] = {
+        &o->kind, &o->code, &o->start, &o->end, &o->res, &o->scope, &o->ev_off, &o->ev_time, &o->ln_off,
+        &o->attrs.off, &o->ev_attrs.off, &o->ln_attrs.off, &o->res_attrs.off,
+        &o->trace.data, &o->trace.off, &o->span.data, &o->span.off, &o->parent.data, &o->parent.off,
+        &o->state.data, &o->state.off, &o->name.data, &o->name.off, &o->smsg.data, &o->smsg.off,
+        &o->ev_name.data, &o->ev_name.off, &o->ln_trace.data, &o->ln_trace.off, &o->ln_span.data, &o->ln_span.off,
+        &o->ln_state.data, &o->ln_state.off, &o->scope_name.data, &o->scope_name.off,
+        &o->scope_version.data, &o->scope_version.off, &o->attrs.key.data, &o->attrs.key.off,
+        &o->attrs.val.data, &o->attrs.val.off, &o->ev_attrs.key.data, &o->ev_attrs.key.off,
+        &o->ev_attrs.val.data, &o->ev_attrs.val.off, &o->ln_attrs.key.data, &o->ln_attrs.key.off,
+        &o->ln_attrs.val.data, &o->ln_attrs.val.off, &o->res_attrs.key.data, &o->res_attrs.key.off,
+        &o->res_attrs.val.data, &o->res_attrs.val.off};
+    memcpy(b, list, sizeof list);
+}
+
+typedef struct {
+    PyObject_HEAD
+    Out o;
+    int ready;
+} Builder;
+
+static int builder_reset(Builder *self) {
+    if (self->ready) out_free(&self->o);
+    self->ready = 0;
+    if (out_init(&self->o)) { out_free(&self->o); PyErr_NoMemory(); return -1; }
+    self->ready = 1;
+    return 0;
+}
+
+static int Builder_init(Builder *self, PyObject *args, PyObject *kwds) { return builder_reset(self); }
+
+static void Builder_dealloc(Builder *self) {
+    if (self->ready) out_free(&self->o);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* add(data, room=-1) -> spans added; None when nothing was added because the body needs the
+   Python decoder; -1 when nothing was added because the body holds more than `room` spans */
+static PyObject *Builder_add(Builder *self, PyObject *args) {
+    Py_buffer view;
+    long room = -1;
+    if (!PyArg_ParseTuple(args, "y*|l", &view, &room)) return NULL;
+    if (!self->ready) { PyBuffer_Release(&view); PyErr_SetString(PyExc_RuntimeError, "Builder not initialised"); return NULL; }
+    Out *o = &self->o;
+    Buf *bufs[N_BUFS];
+    out_bufs(o, bufs);
+    size_t sizes[N_BUFS];
+    for (int i = 0; i < N_BUFS; i++) sizes[i] = bufs[i]->n;
+    Out saved = *o; /* counters; buffer contents are restored by size below */
+    int rc = parse_request(o, (const uint8_t *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    long added = (long)(o->n_spans - saved.n_spans);
+    if (rc == 0 && (room < 0 || added <= room)) return PyLong_FromLong(added);
+    /* roll back: keep the (possibly reallocated) buffers, restore sizes and counters */
+    Buf *now[N_BUFS];
+    out_bufs(o, now);
+    Buf keep[N_BUFS];
+    for (int i = 0; i < N_BUFS; i++) keep[i] = *now[i];
+    *o = saved;
+    out_bufs(o, now);
+    for (int i = 0; i < N_BUFS; i++) { *now[i] = keep[i]; now[i]->n = sizes[i]; }
+    if (rc < 0) return PyErr_NoMemory();
+    if (rc == 0) return PyLong_FromLong(-1);
+    Py_RETURN_NONE;
+}
+
+/* take() -> the columns of every span added since the last take (a dict as extract() gives) */
+static PyObject *Builder_take(Builder *self, PyObject *noargs) {
+    if (!self->ready) { PyErr_SetString(PyExc_RuntimeError, "Builder not initialised"); return NULL; }
+    PyObject *d = out_dict(&self->o);
+    if (!d) return NULL;
+    if (builder_reset(self)) { Py_DECREF(d); return NULL; }
+    return d;
+}
+
+static PyObject *Builder_len(Builder *self, void *closure) { return PyLong_FromLong(self->ready ? self->o.n_spans : 0); }
+
+static PyMethodDef builder_methods[] = {
+    {"add", (PyCFunction)Builder_add, METH_VARARGS,
+     "add(data, room=-1) -> spans added; None: use the Python decoder; -1: more than room spans (nothing added)"},
+    {"take", (PyCFunction)Builder_take, METH_NOARGS, "take() -> columns of every span added since the last take"},
+    {NULL, NULL, 0, NULL},
+};
+static PyGetSetDef builder_getset[] = {
+    {"spans", (getter)Builder_len, NULL, "spans added since the last take", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyTypeObject BuilderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tracing._otlpx.Builder",
+    .tp_basicsize = sizeof(Builder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Accumulates the columns of many requests; not thread-safe (callers lock).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Builder_init,
+    .tp_dealloc = (destructor)Builder_dealloc,
+    .tp_methods = builder_methods,
+    .tp_getset = builder_getset,
+};
 
 static PyMethodDef methods[] = {
     {"extract", extract, METH_O, "extract(data) -> dict of Arrow-ready buffers, or None to use the Python decoder"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlpx", NULL, -1, methods};
-PyMODINIT_FUNC PyInit__otlpx(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__otlpx(void) {
+    if (PyType_Ready(&BuilderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&BuilderType);
+    if (PyModule_AddObject(m, "Builder", (PyObject *)&BuilderType) < 0) { Py_DECREF(&BuilderType); Py_DECREF(m); return NULL; }
+    return m;
+}

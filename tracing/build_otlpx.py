@@ -8,6 +8,7 @@ about ten times slower; `tailscope collect` says which one it runs.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -25,11 +26,16 @@ def build(quiet: bool = False) -> Path:
     """Compile the extension with the interpreter's C compiler; return the built file."""
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     out = target()
-    cmd = [*cc, "-O2", "-shared", "-fPIC", "-Wall", f"-I{sysconfig.get_paths()['include']}",
-           str(SOURCE), "-o", str(out)]
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    cmd = [*cc, "-O3", "-shared", "-fPIC", "-Wall", f"-I{sysconfig.get_paths()['include']}",
+           str(SOURCE), "-o", str(tmp)]
     if not quiet:
         print(" ".join(cmd))
-    subprocess.run(cmd, check=True)
+    try:
+        subprocess.run(cmd, check=True)
+        os.replace(tmp, out)  # a running process keeps its mapped copy; never overwrite in place
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

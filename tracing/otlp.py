@@ -369,11 +369,13 @@ def decode_protobuf_base(data: bytes) -> tuple[pa.Table, DecodeResult]:
     Receivers decode each request with this and `promote` a whole group at once, since
     Arrow compute calls cost the same for 500 rows as for 500,000.
     """
-    request = _parse_request(data)  # validates wire format and UTF-8 with upb, raising ValueError
     if _otlpx is not None:
+        # the extension checks the wire format of every field it reads and the UTF-8 of every string
+        # it stores; anything else (and any doubt) comes back None and takes the upb path below
         cols = _otlpx.extract(data)
         if cols is not None:
-            return _base_from_columns(cols), DecodeResult(accepted=cols["n"])
+            return base_from_columns(cols), DecodeResult(accepted=cols["n"])
+    request = _parse_request(data)  # raises ValueError naming what upb found malformed
     batch = SpanBatch()
     result = _decode_request(request, batch, strict=False)
     return base_of(batch.to_table()), result
@@ -465,7 +467,13 @@ def _ints(text: pa.Array) -> pa.Array:
     return pa.array([_int_or_none(v) for v in text.to_pylist()], pa.int64())
 
 
-def _base_from_columns(c: dict[str, Any]) -> pa.Table:
+def new_builder() -> Any:
+    """A columnar accumulator of protobuf bodies (tracing._otlpx.Builder), or None without the extension."""
+    return _otlpx.Builder() if _otlpx is not None else None
+
+
+def base_from_columns(c: dict[str, Any]) -> pa.Table:
+    """The BASE_SCHEMA table of columns extracted by tracing._otlpx (extract() or Builder.take())."""
     n = c["n"]
     res_idx = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(c["res"])])
     scope_idx = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(c["scope"])])

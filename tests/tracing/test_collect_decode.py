@@ -156,3 +156,42 @@ def test_gzip_cap_cuts_a_bomb_off() -> None:
     assert gunzip_capped(gzip.compress(b"abc") + gzip.compress(b"def"), 6) == b"abcdef"
     with pytest.raises(ValueError, match="limit"):
         gunzip_capped(gzip.compress(b"abc") + gzip.compress(b"def"), 5)
+
+
+@pytest.mark.parametrize("where", ["name", "key", "value", "scope"])
+def test_invalid_utf8_is_malformed_on_both_paths(where: str) -> None:
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    ss.scope.name = "SCOPE"
+    sp = ss.spans.add()
+    sp.trace_id, sp.span_id, sp.name = b"\x01" * 16, b"\x02" * 8, "NAME"
+    sp.attributes.add(key="KEY", value=AnyValue(string_value="VALUE"))
+    bad = b"\xed\xa0\x80x"[: len(where)].ljust(len(where), b"x")  # an encoded surrogate: not UTF-8
+    data = req.SerializeToString().replace(where.upper().encode(), bad)
+    with pytest.raises(ValueError, match=r"malformed OTLP protobuf.*UTF-8"):
+        otlp.decode_protobuf_base(data)
+    with pytest.raises(ValueError, match="UTF-8"):
+        otlp.decode_protobuf(data, SpanBatch())
+
+
+def test_builder_rolls_back_what_it_cannot_take() -> None:
+    if not otlp.FAST_PROTOBUF:
+        pytest.skip("tracing._otlpx is not built")
+    rng = random.Random(12)
+    goods = [request(rng, False) for _ in range(40)]
+    goods = [g for g in goods if otlp._otlpx.extract(g) is not None][:3]
+    builder = otlp.new_builder()
+    odd = ExportTraceServiceRequest.FromString(goods[0])
+    odd.resource_spans[0].resource.attributes.add(key="kv", value=AnyValue(kvlist_value={}))
+    n0 = builder.add(goods[0])
+    assert builder.add(odd.SerializeToString()) is None  # needs the Python decoder: nothing added
+    assert builder.add(goods[0][: len(goods[0]) // 2]) is None  # truncated: nothing added
+    n_big = len(otlp.decode_protobuf_base(goods[1])[0])
+    if n_big:
+        assert builder.add(goods[1], n_big - 1) == -1  # over the room left: nothing added
+    assert builder.add(goods[2], 10**9) == len(otlp.decode_protobuf_base(goods[2])[0])
+    assert builder.spans == n0 + len(otlp.decode_protobuf_base(goods[2])[0])
+    got = otlp.base_from_columns(builder.take())
+    want = pa.concat_tables([otlp.decode_protobuf_base(goods[0])[0], otlp.decode_protobuf_base(goods[2])[0]])
+    assert str(got.to_pylist()) == str(want.to_pylist())
+    assert builder.spans == 0

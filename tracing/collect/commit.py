@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -123,25 +124,40 @@ class RecentKeys:
 
 @dataclass
 class _Pending:
-    table: pa.Table
+    table: pa.Table | None  # None: the spans are in the committer's columnar builder
+    spans: int
     future: Future[CommitResult]
     queued_at: float
+
+
+class Builder(Protocol):
+    """The columnar accumulator of tracing._otlpx (add a protobuf body, take all columns)."""
+
+    spans: int
+
+    def add(self, data: bytes) -> int | None: ...
+
+    def take(self) -> dict[str, Any]: ...
 
 
 class Committer:
     """The one writer thread: takes every queued table, writes one segment, resolves futures.
 
     `prepare` turns the concatenated group into SPAN_SCHEMA (the receiver promotes and
-    normalizes there, so per-request work stays small).
+    normalizes there, so per-request work stays small). With a `builder` (tracing._otlpx),
+    protobuf bodies are extracted into one set of columns that `assemble` turns into one
+    table per group, instead of one table per request.
     """
 
     def __init__(self, writer: SegmentWriter, keys: RecentKeys, *, max_queue_spans: int,
-                 max_batch_spans: int, prepare: Callable[[pa.Table], pa.Table] | None = None) -> None:
+                 prepare: Callable[[pa.Table], pa.Table] | None = None, builder: Builder | None = None,
+                 assemble: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
         self.writer = writer
         self.keys = keys
         self.max_queue_spans = max_queue_spans
-        self.max_batch_spans = max_batch_spans
         self._prepare = prepare
+        self._builder = builder if assemble is not None else None
+        self._assemble = assemble
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
         self._closing = False
@@ -162,20 +178,41 @@ class Committer:
         """Start the writer thread."""
         self._thread.start()
 
+    def _check_room(self, n: int) -> None:
+        if self._closing:
+            raise Closed("the receiver is shutting down")
+        if self.queued_spans and self.queued_spans + n > self.max_queue_spans:
+            raise QueueFull(f"write queue full ({self.queued_spans} spans waiting, limit {self.max_queue_spans})")
+
     def submit(self, table: pa.Table) -> Future[CommitResult]:
         """Queue `table` for the next group commit; the future resolves once it is durable."""
         future: Future[CommitResult] = Future()
         n = table.num_rows
         with self._cond:
-            if self._closing:
-                raise Closed("the receiver is shutting down")
-            if self.queued_spans and self.queued_spans + n > self.max_queue_spans:
-                raise QueueFull(f"write queue full ({self.queued_spans} spans waiting, limit "
-                                f"{self.max_queue_spans})")
+            self._check_room(n)
             self.queued_spans += n
-            self._pending.append(_Pending(table, future, time.perf_counter()))
+            self._pending.append(_Pending(table, n, future, time.perf_counter()))
             self._cond.notify()
         return future
+
+    def submit_protobuf(self, data: bytes) -> tuple[int, Future[CommitResult]] | None:
+        """Queue a protobuf body through the columnar builder: (spans, future), or None when the
+        body needs the Python decoder (then nothing was queued). Raises QueueFull or Closed."""
+        if self._builder is None:
+            return None
+        future: Future[CommitResult] = Future()
+        with self._cond:
+            self._check_room(1)
+            room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
+            n = self._builder.add(data, room)
+            if n is None:
+                return None
+            if n < 0:
+                self._check_room(self.max_queue_spans + 1)  # raises QueueFull with the figures
+            self.queued_spans += n
+            self._pending.append(_Pending(None, n, future, time.perf_counter()))
+            self._cond.notify()
+        return n, future
 
     def close(self, timeout: float | None = None) -> None:
         """Take no new work, write everything queued, then stop the thread."""
@@ -185,32 +222,31 @@ class Committer:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _take(self) -> list[_Pending] | None:
+    def _take(self) -> tuple[list[_Pending], dict[str, Any] | None] | None:
         with self._cond:
             while not self._pending and not self._closing:
                 self._cond.wait()
             if not self._pending:
                 return None
-            group = [self._pending.popleft()]
-            size = group[0].table.num_rows
-            while self._pending and size + self._pending[0].table.num_rows <= self.max_batch_spans:
-                item = self._pending.popleft()
-                size += item.table.num_rows
-                group.append(item)
-            return group
+            group = list(self._pending)  # everything queued: the queue bound also bounds a group
+            self._pending.clear()
+            columns = self._builder.take() if self._builder is not None and self._builder.spans else None
+            return group, columns
 
     def _run(self) -> None:
         while True:
-            group = self._take()
-            if group is None:
+            taken = self._take()
+            if taken is None:
                 return
-            self._commit(group)
+            self._commit(*taken)
 
-    def _commit(self, group: list[_Pending]) -> None:
-        n_in = sum(item.table.num_rows for item in group)
+    def _commit(self, group: list[_Pending], columns: dict[str, Any] | None) -> None:
+        n_in = sum(item.spans for item in group)
         started = time.perf_counter()
         try:
-            tables = [item.table for item in group]
+            tables = [item.table for item in group if item.table is not None]
+            if columns is not None and self._assemble is not None:
+                tables.insert(0, self._assemble(columns))
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             if self._prepare is not None:  # promotion and engine normalization, once per group
                 table = self._prepare(table)

@@ -13,8 +13,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * MIB
 DEFAULT_MAX_QUEUE_SPANS = 1_000_000
 #: Bytes of request bodies being read or decoded at once; beyond this requests get 503.
 DEFAULT_MAX_INFLIGHT_BYTES = 512 * MIB
-#: Spans in one group commit (one segment per hour partition).
-DEFAULT_MAX_BATCH_SPANS = 400_000
 #: Keys of recently stored spans kept to drop re-sent spans (see docs/collect.md).
 DEFAULT_DEDUPE_WINDOW = 1_000_000
 #: At startup, keys of segments modified this recently are loaded into the dedupe window.
@@ -37,7 +35,6 @@ class CollectConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
-    max_batch_spans: int = DEFAULT_MAX_BATCH_SPANS
     dedupe_window: int = DEFAULT_DEDUPE_WINDOW
     dedupe_startup_s: float = DEFAULT_DEDUPE_STARTUP_S
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
@@ -46,7 +43,7 @@ class CollectConfig:
     grpc_workers: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_batch_spans"):
+        for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.dedupe_window < 0:

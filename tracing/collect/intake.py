@@ -8,7 +8,8 @@ from concurrent.futures import Future
 
 from tracing.collect.commit import CommitResult, Committer
 from tracing.collect.config import CollectConfig
-from tracing.collect.decode import Decoded, decode_body
+from tracing.collect.decode import PROTOBUF, Decoded, decode_body
+from tracing.otlp import DecodeResult
 
 
 class Busy(Exception):
@@ -62,6 +63,14 @@ class Intake:
 
     def accept(self, body: bytes, encoding: str) -> tuple[Decoded, Future[CommitResult] | None]:
         """Decode `body` and queue its spans; raises ValueError (400), QueueFull or Closed (503)."""
+        if encoding == PROTOBUF:
+            queued = self.committer.submit_protobuf(body)  # the columnar fast path
+            if queued is not None:
+                n, fast = queued
+                with self._lock:
+                    self.requests += 1
+                    self.received_spans += n
+                return Decoded(None, DecodeResult(accepted=n)), fast
         decoded = decode_body(body, encoding)
         future = self.committer.submit(decoded.table) if decoded.table is not None else None
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ from tracing.collect.grpc_server import make_server
 from tracing.collect.http import HttpServer
 from tracing.collect.intake import Intake
 from tracing.engines import normalize
-from tracing.otlp import promote
+from tracing.otlp import base_from_columns, new_builder, promote
 from tracing.store import SegmentWriter, init_store
 
 
@@ -62,8 +63,8 @@ class Receiver:
         self.keys = RecentKeys(config.dedupe_window)
         self.loaded_keys = 0
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
-                                   max_batch_spans=config.max_batch_spans,
-                                   prepare=lambda table: normalize(promote(table)))
+                                   prepare=lambda table: normalize(promote(table)),
+                                   builder=new_builder(), assemble=base_from_columns)
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -144,6 +145,12 @@ class Receiver:
         previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            # the process is the receiver's: long-lived objects (modules, the dedupe window) leave the
+            # cyclic GC's view and young collections run less often (requests make many short-lived,
+            # acyclic objects)
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(50_000, 20, 20)
             if on_ready is not None:
                 on_ready(self)
             reporter = ProgressLine(self, progress) if progress is not None else None
