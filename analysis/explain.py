@@ -139,8 +139,10 @@ class Candidate:
 def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -> tuple[list[Candidate], int]:
     """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested)."""
     n_t, n_b = tail.size, base.size
-    codes_t = [c.codes[tail] for c in coded]
-    codes_b = [c.codes[base] for c in coded]
+    # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
+    slots = [len(c.labels) + 1 for c in coded]
+    codes_t = [np.where(c.codes[tail] < 0, k - 1, c.codes[tail]) for c, k in zip(coded, slots, strict=True)]
+    codes_b = [np.where(c.codes[base] < 0, k - 1, c.codes[base]) for c, k in zip(coded, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
     singles: dict[tuple[int, int], tuple[int, int]] = {}
@@ -148,23 +150,24 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
     if pairs:
         combos += list(combinations(range(len(coded)), 2))
     for combo in combos:
-        sizes = [len(coded[i].labels) for i in combo]
-        cells = int(np.prod(sizes)) if sizes else 0
-        if cells == 0 or cells > MAX_PAIR_CELLS:
+        sizes = [slots[i] for i in combo]
+        cells = int(np.prod(sizes))
+        if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
             continue
-        key_t = _key(coded, combo, codes_t)
-        key_b = _key(coded, combo, codes_b)
-        tc = np.bincount(key_t[key_t >= 0], minlength=cells)
-        bc = np.bincount(key_b[key_b >= 0], minlength=cells)
+        key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
+        key_b = codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]]
+        tc = np.bincount(key_t, minlength=cells)
+        bc = np.bincount(key_b, minlength=cells)
         for cell in np.flatnonzero(tc):
-            tested += 1
             codes = _unkey(int(cell), sizes)
+            if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
+                continue  # a missing value is not a candidate
+            tested += 1
             t, b = int(tc[cell]), int(bc[cell])
             if len(combo) == 1:
                 singles[(combo[0], codes[0])] = (t, b)
-            else:
-                if any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
-                    continue  # the pair is the same set as one of its parts
+            elif any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
+                continue  # the pair is the same set as one of its parts
             t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
             if t < MIN_SUPPORT or t_share < MIN_SHARE or t_share <= b_share:
                 continue
@@ -172,17 +175,6 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
             found.append(Candidate(combo, codes, t, b, t_share, b_share, t_share - b_share, p))
     level = ALPHA / max(tested, 1)
     return [c for c in found if c.p_value <= level], tested
-
-
-def _key(coded: Sequence[Coded], combo: tuple[int, ...], codes: Sequence[I64]) -> I64:
-    size = codes[0].size
-    key = np.zeros(size, dtype=np.int64)
-    valid = np.ones(size, dtype=bool)
-    for i in combo:
-        c = codes[i]
-        valid &= c >= 0
-        key = key * len(coded[i].labels) + np.maximum(c, 0)
-    return np.where(valid, key, -1)
 
 
 def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
