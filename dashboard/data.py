@@ -345,6 +345,20 @@ def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: s
     return _fallback_spikes(_db, filters, metric)
 
 
+def _facts_names(cur: duckdb.DuckDBPyConnection) -> list[str]:
+    """Names under which analysis.percentiles looks for its per-connection request facts table.
+
+    The report computes request facts from `spans` unless the table already exists; handing it
+    the filtered, materialized rows skips a full scan of the store on every filter change.
+    """
+    from analysis import percentiles as P
+
+    namer = getattr(P, "_facts_table", None)
+    if callable(namer):
+        return [str(namer(cur, True))]
+    return [str(P.REQUESTS_TABLE)]
+
+
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
 def report_of(_db: Workbench, store: str, version: int, filters: Filters,
               metric: str = "e2e_ns") -> dict[str, Any] | None:
@@ -354,14 +368,14 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters,
     already materialized, filtered rows instead of rescanning the store.
     """
     try:
-        from analysis import percentiles as P
         from analysis.report import build_report
     except ImportError:
         return None
     with _cursor(_db, filters) as cur:
         if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
             return {"spikes": [], "requests": 0, "errors": []}
-        cur.execute(f"CREATE TEMP TABLE {P.REQUESTS_TABLE} AS SELECT * FROM requests")
+        for table in _facts_names(cur):
+            cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT * FROM requests')
         result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
                                               since=filters.since_ns, until=filters.until_ns,
                                               include_failures=True)

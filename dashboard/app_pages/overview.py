@@ -36,7 +36,10 @@ for sp, (a, b) in zip(spikes, shade, strict=True):
     st.warning(f"**Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
                "Open the Spike page to see what explains it.")
-st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: detected spikes")
+report = data.report_of(*key, f, "e2e_ns")
+notes = "; ".join(report.get("errors", [])) if report else "spike detection (analysis.report) is not installed"
+st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: detected spikes"
+           + (f" · {notes}" if notes else ""))
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
         st.altair_chart(charts.percentiles(df, prefix, label, shade if prefix == "e2e" else []),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, sidebar
@@ -20,9 +21,17 @@ left, right = st.columns(2)
 k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=observed, key="whatif_replicas")
 slots = right.number_input("Concurrent requests per replica", min_value=1, max_value=1024, value=slots_seen,
                            key="whatif_slots", help=f"Most requests one replica served at once here: {slots_seen}")
-s = data.summary(*key, f)
-now = data.whatif(*key, f, observed * int(slots))
-then = data.whatif(*key, f, k * int(slots))
+spikes = data.spikes(*key, f, "e2e_ns")
+windows = {"the whole filtered range": f}
+for sp in spikes:
+    a, b = data.spike_times_ns(sp)
+    windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M}"] = f.narrowed(a, b)
+choice = st.selectbox("Replay", list(windows), index=1 if spikes else 0, key="whatif_window",
+                      help="The arrivals and service times replayed: a spike's window, or everything filtered")
+fw = windows[choice]
+s = data.summary(*key, fw)
+now = data.whatif(*key, fw, observed * int(slots))
+then = data.whatif(*key, fw, k * int(slots))
 if then["error"] or now["error"]:
     st.warning(then["error"] or now["error"])
     st.stop()

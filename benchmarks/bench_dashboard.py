@@ -1,0 +1,109 @@
+"""Dashboard benchmark: every page render and filter change on a 10-million-span store, driving the app.
+
+The app is driven with Streamlit's AppTest (the same script runner the server uses, without a
+browser): one session opens the store (the one-off materialization of `requests`, reported
+apart), then renders each page once with cold query caches, then changes filters.
+
+    python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep]
+
+Without --store it builds a synthetic incident store (tests/dashboard/incident_store.py:
+8 replicas, 7 spans per request over 6 hours, replica-05 slow for 54 minutes) under the
+system temp directory, and removes it afterwards unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+APP = Path(__file__).parents[1] / "dashboard" / "app.py"
+PAGES: tuple[str, ...] = ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql")
+PAGE_LIMIT_S = 2.0
+FILTER_LIMIT_S = 1.0
+
+
+def build_store(store: Path, spans: int) -> float:
+    """Write the synthetic incident store; seconds taken."""
+    from tests.dashboard.incident_store import SPANS_PER_REQUEST, write_incident_store
+
+    t0 = time.perf_counter()
+    write_incident_store(store, requests=spans // SPANS_PER_REQUEST + 1, duration_s=6 * 3600.0,
+                         chunk=200_000)
+    return time.perf_counter() - t0
+
+
+def _timed(label: str, results: list[tuple[str, float, float]], limit: float, fn: object) -> None:
+    t0 = time.perf_counter()
+    at = fn()  # type: ignore[operator]
+    took = time.perf_counter() - t0
+    if at.exception:
+        raise RuntimeError(f"{label}: {[e.message for e in at.exception]}")
+    results.append((label, took, limit))
+    print(f"  {label:<44} {took:7.3f} s  {'ok' if took < limit else 'OVER ' + str(limit) + ' s'}", flush=True)
+
+
+def run(store: Path) -> list[tuple[str, float, float]]:
+    """Drive the app over `store`; (what, seconds, limit) per measurement."""
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["TAILSCOPE_STORE"] = str(store)
+    results: list[tuple[str, float, float]] = []
+    at = AppTest.from_file(str(APP), default_timeout=3600)
+    _timed("open store (one-off materialization) + overview", results, float("inf"), at.run)
+    at = AppTest.from_file(str(APP), default_timeout=600)  # a second session: store already open
+    _timed("page overview (new session)", results, PAGE_LIMIT_S, at.run)
+    for page in PAGES[1:]:
+        _timed(f"page {page}", results, PAGE_LIMIT_S, at.switch_page(f"app_pages/{page}.py").run)
+    at.switch_page("app_pages/overview.py").run()
+    ms = at.multiselect(key="f_replica")
+    _timed("filter: replica = replica-05 (overview)", results, FILTER_LIMIT_S, ms.select("replica-05").run)
+    ms = at.multiselect(key="f_replica")
+    _timed("filter: + replica-02 (overview)", results, FILTER_LIMIT_S, ms.select("replica-02").run)
+    lo, hi = at.slider(key="f_time").value
+    _timed("filter: time range, first half (overview)", results, FILTER_LIMIT_S,
+           at.slider(key="f_time").set_value((lo, lo + (hi - lo) / 2)).run)
+    at.multiselect(key="f_replica").unselect("replica-05").unselect("replica-02").run()
+    at.switch_page("app_pages/replicas.py").run()
+    _timed("filter: tenant = acme (replicas)", results, FILTER_LIMIT_S,
+           at.multiselect(key="f_tenant").select("acme").run)
+    at.switch_page("app_pages/spike.py").run()
+    _timed("filter: model = mistral-7b (spike)", results, FILTER_LIMIT_S,
+           at.multiselect(key="f_model").select("mistral-7b").run)
+    at.multiselect(key="f_model").unselect("mistral-7b").run()
+    at.multiselect(key="f_tenant").unselect("acme").run()
+    at.switch_page("app_pages/whatif.py").run()
+    _timed("what-if: replica slider to 4", results, PAGE_LIMIT_S, at.slider(key="whatif_replicas").set_value(4).run)
+    return results
+
+
+def main() -> None:
+    """Build or reuse a store, drive the app, print a table (markdown) of the timings."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", type=Path, default=None)
+    parser.add_argument("--spans", type=int, default=10_000_000)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    tmp: Path | None = None
+    store = args.store
+    if store is None or not store.exists():
+        if store is None:
+            tmp = Path(tempfile.mkdtemp(prefix="tailscope-bench-dashboard-"))
+            store = tmp / "store"
+        print(f"building a {args.spans:,}-span store in {store} …", flush=True)
+        print(f"  built in {build_store(store, args.spans):.1f} s", flush=True)
+    try:
+        results = run(store)
+    finally:
+        if tmp is not None and not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| measurement | seconds | limit |\n|---|---:|---:|")
+    for label, took, limit in results:
+        print(f"| {label} | {took:.2f} | {'–' if limit == float('inf') else f'< {limit:g} s'} |")
+
+
+if __name__ == "__main__":
+    main()
