@@ -11,6 +11,7 @@ is queueing that more capacity would remove, not how a different batch size woul
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,8 +97,33 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | None = 
     return (np.asarray(data["start_ns"], dtype=np.int64), np.asarray(data["service_ns"], dtype=np.int64))
 
 
-def whatif(con: duckdb.DuckDBPyConnection, servers: Sequence[int], since: str | int | None = None,
+def _peak(starts: I64, durations: I64) -> int:
+    ends = starts + durations
+    times = np.concatenate([starts, ends])
+    delta = np.concatenate([np.ones(starts.size, np.int64), -np.ones(ends.size, np.int64)])
+    order = np.lexsort((delta, times))  # at a tie an end (-1) comes before a start (+1)
+    return int(np.cumsum(delta[order]).max())
+
+
+def whatif(con: duckdb.DuckDBPyConnection, servers: Sequence[int] = (), since: str | int | None = None,
            until: str | int | None = None) -> list[dict[str, Any]]:
-    """Predicted p50 / p99 (ms) of the requests in range under each number of FIFO servers."""
+    """Predicted p50 / p99 (ms) of the requests in range under each number of FIFO servers.
+
+    With no `servers`, the observed peak of requests in service (k) and 1.25 k, 1.5 k, 2 k.
+    """
     arrivals, services = observed_workload(con, since, until)
+    if not servers:
+        starts, ends = _service_intervals(con, since, until)
+        k = max(1, _peak(starts, ends - starts)) if starts.size else 1
+        servers = sorted({k, math.ceil(1.25 * k), math.ceil(1.5 * k), 2 * k})
     return predict(arrivals, services, servers)
+
+
+def _service_intervals(con: duckdb.DuckDBPyConnection, since: str | int | None,
+                       until: str | int | None) -> tuple[I64, I64]:
+    src = request_source(con, "queue_wait")
+    data = con.execute(
+        f"SELECT start_ns + queue_wait_ns AS s, start_ns + e2e_ns AS e FROM {src} "
+        "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)",
+        [parse_time(since), parse_time(until)]).fetchnumpy()
+    return (np.asarray(data["s"], dtype=np.int64), np.asarray(data["e"], dtype=np.int64))

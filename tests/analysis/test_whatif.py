@@ -61,3 +61,6 @@ def test_whatif_replays_the_store_without_its_queue_wait(tmp_path: Path) -> None
     one, three = whatif(con, [1, 3])
     assert one["p50_ms"] == 200.0  # the observed queue is replayed exactly
     assert three == {"servers": 3, "p50_ms": 100.0, "p99_ms": 100.0}
+    # by default: the observed peak in service (one at a time here), then more
+    assert [r["servers"] for r in whatif(con)] == [1, 2]
+    assert whatif(con)[0] == one
