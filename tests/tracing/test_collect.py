@@ -305,3 +305,25 @@ def test_stop_answers_in_flight_requests_and_flushes(tmp_path: Path) -> None:
         with pytest.raises(httpx.TransportError):
             httpx.post(url, content=body, headers=PB, timeout=5)
     assert {(r["TraceId"], r["SpanId"]) for r in stored(store).values()} == set(keys)
+
+
+def test_failed_write_answers_503_and_the_retry_is_stored(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    body, keys = pb_body(30, rng)
+    with running(tmp_path / "store") as receiver:
+        real = receiver.writer.write
+        calls = []
+
+        def failing_once(table: Any) -> Any:
+            calls.append(table.num_rows)
+            if len(calls) == 1:
+                raise OSError(28, "No space left on device")
+            return real(table)
+
+        receiver.writer.write = failing_once  # type: ignore[method-assign]
+        url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+        r = httpx.post(url, content=body, headers=PB)
+        assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+        assert "No space left on device" in rpc_status(r)
+        assert httpx.post(url, content=body, headers=PB).status_code == 200  # not dropped as a duplicate
+    assert {(r["TraceId"], r["SpanId"]) for r in stored(tmp_path / "store").values()} == set(keys)

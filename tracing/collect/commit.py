@@ -9,6 +9,7 @@ The queue is bounded in spans; `submit` raises `QueueFull` instead of growing it
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -74,6 +75,10 @@ class RecentKeys:
             self._size -= len(old)
             self._set.difference_update(old)
 
+    def discard(self, keys: list[str]) -> None:
+        """Forget `keys` (their write failed, so a re-send must be stored)."""
+        self._set.difference_update(keys)
+
     def filter(self, table: pa.Table) -> tuple[pa.Table, list[str]]:
         """`table` without spans already remembered or repeated within it, and the kept keys."""
         keys = _keys(table)
@@ -130,12 +135,22 @@ class _Pending:
     queued_at: float
 
 
+@dataclass
+class _Prepared:
+    group: list[_Pending]
+    kept: pa.Table
+    keys: list[str]
+    duplicates: int
+    failures: int  # failed writes seen when the group was checked for duplicates
+    started: float
+
+
 class Builder(Protocol):
     """The columnar accumulator of tracing._otlpx (add a protobuf body, take all columns)."""
 
     spans: int
 
-    def add(self, data: bytes) -> int | None: ...
+    def add(self, data: bytes, room: int = -1) -> int | None: ...
 
     def take(self) -> dict[str, Any]: ...
 
@@ -161,7 +176,11 @@ class Committer:
         self._cond = threading.Condition()
         self._pending: deque[_Pending] = deque()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="tailscope-commit", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
+        # two stages: while one group is written and fsynced, the next is built and promoted
+        self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
+        self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
+        self._keys_lock = threading.Lock()
         # statistics (read by the progress line; written under the condition's lock)
         self.queued_spans = 0
         self.stored_spans = 0
@@ -169,14 +188,16 @@ class Committer:
         self.segments = 0
         self.commits = 0
         self.failed_commits = 0
+        self._write_failures = 0
         #: seconds from submit to durable, one sample per request (the last 100,000)
         self.latencies: deque[float] = deque(maxlen=100_000)
         #: seconds spent writing each group commit (the last 10,000)
         self.write_seconds: deque[float] = deque(maxlen=10_000)
 
     def start(self) -> None:
-        """Start the writer thread."""
+        """Start the two commit threads."""
         self._thread.start()
+        self._writer_thread.start()
 
     def _check_room(self, n: int) -> None:
         if self._closing:
@@ -221,6 +242,8 @@ class Committer:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._writer_thread.is_alive():
+            self._writer_thread.join(timeout)
 
     def _take(self) -> tuple[list[_Pending], dict[str, Any] | None] | None:
         with self._cond:
@@ -234,14 +257,19 @@ class Committer:
             return group, columns
 
     def _run(self) -> None:
-        while True:
-            taken = self._take()
-            if taken is None:
-                return
-            self._commit(*taken)
+        """Stage 1: take a group, build and promote its table, drop duplicates; hand it to stage 2."""
+        try:
+            while True:
+                taken = self._take()
+                if taken is None:
+                    return
+                prepared = self._prepare_group(*taken)
+                if prepared is not None:
+                    self._handoff.put(prepared)
+        finally:
+            self._handoff.put(None)
 
-    def _commit(self, group: list[_Pending], columns: dict[str, Any] | None) -> None:
-        n_in = sum(item.spans for item in group)
+    def _prepare_group(self, group: list[_Pending], columns: dict[str, Any] | None) -> _Prepared | None:
         started = time.perf_counter()
         try:
             tables = [item.table for item in group if item.table is not None]
@@ -252,30 +280,58 @@ class Committer:
                 table = self._prepare(table)
             if table.schema != S.SPAN_SCHEMA:
                 table = table.select(list(S.COLUMN_NAMES)).cast(S.SPAN_SCHEMA)
-            kept, keys = self.keys.filter(table)
+            with self._keys_lock:
+                kept, keys = self.keys.filter(table)
+                self.keys.add(keys)  # taken back if the write fails
+                failures = self._write_failures
             # one chunk per column: Parquet encodes it about twice as fast as hundreds of small chunks
-            paths = self.writer.write(kept.combine_chunks())
-            self.keys.add(keys)
-        except BaseException as exc:  # a failed write fails every request of the group (503, retried)
-            with self._cond:
-                self.queued_spans -= n_in
+            return _Prepared(group, kept.combine_chunks(), keys, table.num_rows - kept.num_rows, failures, started)
+        except Exception as exc:
+            self._fail(group, exc)
+            return None
+
+    def _write_loop(self) -> None:
+        """Stage 2: write and fsync each prepared group, then answer its requests."""
+        while True:
+            prepared = self._handoff.get()
+            if prepared is None:
+                return
+            self._write(prepared)
+
+    def _write(self, p: _Prepared) -> None:
+        try:
+            with self._keys_lock:
+                if p.failures != self._write_failures:
+                    # an earlier write failed after this group was checked against its keys: this group
+                    # may have dropped spans as duplicates of ones that were never stored
+                    self.keys.discard(p.keys)
+                    self.failed_commits += 1
+                    self._fail(p.group, OSError("an earlier segment write failed; retry"))
+                    return
+            paths = self.writer.write(p.kept)
+        except Exception as exc:  # a failed write fails every request of the group (503, retried)
+            with self._keys_lock:
+                self.keys.discard(p.keys)
                 self.failed_commits += 1
-            for item in group:
-                item.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+                self._write_failures += 1
+            self._fail(p.group, exc)
             return
         done = time.perf_counter()
-        dups = table.num_rows - kept.num_rows
         with self._cond:
-            self.queued_spans -= n_in
-            self.stored_spans += kept.num_rows
-            self.duplicate_spans += dups
+            self.queued_spans -= sum(item.spans for item in p.group)
+            self.stored_spans += p.kept.num_rows
+            self.duplicate_spans += p.duplicates
             self.segments += len(paths)
             self.commits += 1
-            self.write_seconds.append(done - started)
-            for item in group:
+            self.write_seconds.append(done - p.started)
+            for item in p.group:
                 self.latencies.append(done - item.queued_at)
-        result = CommitResult(stored=kept.num_rows, duplicates=dups, segments=len(paths))
-        for item in group:
+        result = CommitResult(stored=p.kept.num_rows, duplicates=p.duplicates, segments=len(paths))
+        for item in p.group:
             item.future.set_result(result)
+
+    def _fail(self, group: list[_Pending], exc: Exception) -> None:
+        with self._cond:
+            self.queued_spans -= sum(item.spans for item in group)
+        for item in group:
+            item.future.set_exception(exc)
