@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import threading
 import time
@@ -45,6 +46,8 @@ FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
+#: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
+QUICK_LOAD_BYTES = int(os.environ.get("TAILSCOPE_DASHBOARD_QUICK_BYTES", 64 * 1024 * 1024))
 
 
 # --- where the store is ------------------------------------------------------------------
@@ -132,13 +135,22 @@ class Workbench:
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_refresh_s: float = 0.0
     last_refresh_took_s: float = 0.0
+    pending: set[int] = field(default_factory=set)
+    worker: threading.Thread | None = None
+    worker_error: str | None = None
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for this thread (a DuckDB connection is not thread-safe)."""
         return self.con.cursor()
 
     def refresh(self) -> bool:
-        """Pick up segments written since the last refresh; True when the data changed."""
+        """Pick up segments written since the last refresh; True when the data changed.
+
+        Small changes are computed exactly at once. A large load (the first open of a big
+        store) first fills the request facts (analysis.percentiles.request_facts: one scan, no
+        stage columns) so every page can render within seconds, and computes the critical paths
+        hour by hour, newest first, in a background thread (`pending` holds the hours left).
+        """
         with self.lock:
             t0 = time.perf_counter()
             files = segment_files(self.store)
@@ -155,20 +167,19 @@ class Workbench:
                 return False
             redo = changed | {h - HOUR_NS for h in changed if h - HOUR_NS in by_hour}
             read = sorted({f for h in redo | {h + HOUR_NS for h in redo} for f in by_hour.get(h, [])})
+            quick = sum(max(_size(f), 0) for f in read) > QUICK_LOAD_BYTES
             cur = self.con.cursor()
             try:
                 cur.execute("BEGIN")
                 if first:
                     cur.execute(_empty_req_sql())
                 if redo:
-                    hours = sorted(redo)
                     cur.execute("DELETE FROM req WHERE (start_ns // ?) * ? IN (SELECT unnest(?))",
-                                [HOUR_NS, HOUR_NS, hours])
-                if read:
-                    for stmt in _requests_sql(read):
-                        cur.execute(stmt)
-                    cur.execute("INSERT INTO req BY NAME SELECT * FROM requests "
-                                "WHERE (start_ns // ?) * ? IN (SELECT unnest(?))", [HOUR_NS, HOUR_NS, sorted(redo)])
+                                [HOUR_NS, HOUR_NS, sorted(redo)])
+                if read and quick:
+                    _insert_facts(cur, read, sorted(redo))
+                elif read:
+                    _insert_exact(cur, read, sorted(redo))
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -179,10 +190,57 @@ class Workbench:
             self._make_views(bool(files))
             self.segments = seen
             self.files = by_hour
+            self.pending = (self.pending - redo) | (redo & set(by_hour) if quick else set())
             self.version += 1
             self.last_refresh_s = time.time()
             self.last_refresh_took_s = time.perf_counter() - t0
-            return True
+        if self.pending:
+            self._start_worker()
+        return True
+
+    def _start_worker(self) -> None:
+        if self.worker is not None and self.worker.is_alive():
+            return
+        self.worker = threading.Thread(target=self._compute_pending, name="tailscope-critical-path", daemon=True)
+        self.worker.start()
+
+    def _compute_pending(self) -> None:
+        """Replace the facts-only rows of each pending hour (newest first) with the exact `requests` rows."""
+        while True:
+            with self.lock:
+                if not self.pending:
+                    return
+                hour = max(self.pending)
+                files = self.files.get(hour, []) + self.files.get(hour + HOUR_NS, [])
+                signature = (self.segments.get(hour), self.segments.get(hour + HOUR_NS))
+            work = self.con.cursor()
+            try:
+                work.execute("CREATE TEMP TABLE exact_rows AS SELECT * FROM main.req LIMIT 0")
+                _insert_exact(work, files, [hour], into="exact_rows")
+                with self.lock:
+                    if hour not in self.pending or signature != (self.segments.get(hour),
+                                                                 self.segments.get(hour + HOUR_NS)):
+                        continue  # a refresh recomputed or changed this hour meanwhile
+                    work.execute("BEGIN")
+                    work.execute("DELETE FROM main.req WHERE (start_ns // ?) * ? = ?", [HOUR_NS, HOUR_NS, hour])
+                    work.execute("INSERT INTO main.req BY NAME SELECT * FROM exact_rows")
+                    work.execute("COMMIT")
+                    self.pending.discard(hour)
+                    self.version += 1
+            except duckdb.Error as exc:  # keep the facts rows; say why on the pages
+                with self.lock:
+                    self.pending.discard(hour)
+                    self.worker_error = f"could not compute the critical paths of one hour because {exc}"
+            finally:
+                work.close()
+
+    def loading_note(self) -> str | None:
+        """A sentence for the pages while critical paths are still being computed, else None."""
+        if self.pending:
+            hours = len(self.pending)
+            return (f"Critical paths (stage columns) are still being computed for {hours} hour(s) of data, "
+                    "newest first; stage breakdowns fill in as they finish. Refresh, or turn Live on, to update.")
+        return self.worker_error
 
     def _make_views(self, has_files: bool) -> None:
         """The documented views on the main connection: `requests` over the table, `spans` over the store."""
@@ -211,6 +269,27 @@ def _size(path: Path) -> int:
         return -1
 
 
+def _insert_exact(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int], into: str = "req") -> None:
+    """Insert the exact `requests` rows (analysis views over `files`) that start in `hours`."""
+    for stmt in _requests_sql(files):
+        cur.execute(stmt)
+    cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path FROM requests "
+                "WHERE (start_ns // ?) * ? IN (SELECT unnest(?))", [HOUR_NS, HOUR_NS, hours])
+
+
+def _insert_facts(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int]) -> None:
+    """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of `files`."""
+    from analysis.percentiles import request_facts
+
+    cur.execute(f"CREATE OR REPLACE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
+    facts = request_facts(cur, with_ttft=True)
+    cur.execute(f"""
+        INSERT INTO req BY NAME
+        SELECT *, make_timestamp(start_ns // 1000) AS start, start_ns + e2e_ns AS end_ns, false AS critical_path
+        FROM "{facts}" WHERE (start_ns // ?) * ? IN (SELECT unnest(?))""", [HOUR_NS, HOUR_NS, hours])
+    cur.execute(f'DROP TABLE "{facts}"')
+
+
 def _empty_req_sql() -> str:
     """CREATE TABLE req with the `requests` view's columns and no rows."""
     con = duckdb.connect(":memory:")
@@ -222,7 +301,8 @@ def _empty_req_sql() -> str:
         cols = con.execute("DESCRIBE requests").fetchall()
     finally:
         con.close()
-    return "CREATE OR REPLACE TABLE req (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols) + ")"
+    return ("CREATE OR REPLACE TABLE req (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols)
+            + ", critical_path BOOLEAN)")
 
 
 @st.cache_resource(show_spinner="Loading the store…")

@@ -76,6 +76,9 @@ def _live_controls(db: data.Workbench) -> None:
 
         _tick()
     st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s):%H:%M:%S}")
+    note = db.loading_note()
+    if note:
+        st.caption(f":material/hourglass_top: {note}")
 
 
 def _refresh(db: data.Workbench, quiet: bool = False) -> bool:

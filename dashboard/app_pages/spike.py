@@ -55,7 +55,9 @@ source = "analysis.explain (tail vs baseline, multiple-testing guard)" if spike 
     "a plain SQL contrast of the window's tail against the window"
 st.subheader("Which stage grew in the tail")
 stages = expl["stages"]
-if stages.empty:
+if db.pending and not (spike and spike.get("stages")):
+    st.info(db.loading_note() or "")
+elif stages.empty:
     st.info("No stage data in this window.")
 else:
     top = stages.sort_values("share", ascending=False).iloc[0]

@@ -28,7 +28,10 @@ if not ex.empty:
     if rows and not wanted:
         wanted = str(ex.iloc[rows[0]]["trace_id"])
     with st.expander("Critical path of each exemplar", expanded=False):
-        st.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")
+        if db.pending:
+            st.caption(db.loading_note() or "")
+        else:
+            st.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")
 
 trace_id = wanted or (str(ex.iloc[0]["trace_id"]) if not ex.empty else "")
 if not trace_id:
@@ -54,6 +57,11 @@ if spans.empty:
 st.altair_chart(charts.waterfall(spans), width="stretch", height=28 * len(spans) + 60)
 st.caption("Pale bars: each span's extent. Solid, outlined bars: the stretches that are on the request's "
            "critical path; their sum per stage equals the stage columns of `requests`.")
-crit = {c.removesuffix("_ns"): req[c] / 1e6 for c in data.STAGE_COLUMNS if req[c] > 0 and c != "generation_ns"}
+if bool(req.get("critical_path", True)):
+    crit = {c.removesuffix("_ns"): req[c] / 1e6 for c in data.STAGE_COLUMNS if req[c] > 0 and c != "generation_ns"}
+else:  # the table's stage columns are not computed yet: sum this trace's own stretches
+    by_stage = spans[spans["stage"].notna()].groupby("stage")["critical_ms"].sum()
+    crit = {str(k): float(v) for k, v in by_stage.items() if v > 0}
+    crit["other"] = req["e2e_ns"] / 1e6 - sum(crit.values())
 st.dataframe([{"stage": k, "critical-path ms": round(v, 1), "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
               for k, v in sorted(crit.items(), key=lambda kv: -kv[1])], hide_index=True)

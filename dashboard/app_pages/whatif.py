@@ -15,6 +15,10 @@ reps = data.replicas(*key, f)
 if reps.empty:
     st.info("No requests match the filters: nothing to replay.")
     st.stop()
+if db.pending:
+    st.info("The replay needs each request's queue wait (a critical-path column), which is still being computed "
+            "for this store. " + (db.loading_note() or ""))
+    st.stop()
 observed = len(reps)
 slots_seen = data.concurrency(*key, f)
 left, right = st.columns(2)

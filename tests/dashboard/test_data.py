@@ -37,6 +37,26 @@ def test_materialized_requests_equal_the_view(incident_store: Path) -> None:
     assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
 
 
+def test_a_large_load_shows_facts_first_then_exact_rows(incident_store: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data, "QUICK_LOAD_BYTES", 0)  # treat the fixture as a big store
+    wb = data.Workbench(incident_store)
+    assert wb.refresh() is True
+    facts = wb.con.execute("SELECT count(*), count(*) FILTER (WHERE critical_path) FROM req").fetchone()
+    assert facts is not None and facts[0] == 20_000
+    assert wb.worker is not None
+    wb.worker.join()
+    assert not wb.pending and wb.loading_note() is None
+    con = connect(incident_store)
+    try:
+        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
+        view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
+    finally:
+        con.close()
+    assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
+    assert wb.con.execute("SELECT bool_and(critical_path) FROM req").fetchone() == (True,)
+
+
 def test_refresh_reads_only_new_segments_and_counts_them(tmp_path: Path) -> None:
     store = init_store(tmp_path / "live")
     wb = data.Workbench(store)

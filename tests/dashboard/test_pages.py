@@ -174,3 +174,23 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     at.slider(key="whatif_replicas").set_value(1).run()
     assert not at.exception
     assert _metric(at, "predicted, 1 replicas") != same
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_run_while_critical_paths_are_pending(incident_store: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+    """A big store first shows request facts; every page must work before the stage columns exist."""
+    import shutil
+
+    from dashboard import data
+
+    store = tmp_path / "store"
+    shutil.copytree(incident_store, store)  # a new path: a new workbench
+    monkeypatch.setattr(data, "QUICK_LOAD_BYTES", 0)
+    monkeypatch.setattr(data.Workbench, "_start_worker", lambda self: None)  # keep the hours pending
+    at = _app(store, monkeypatch)
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    if page == "app_pages/overview.py":
+        assert _metric(at, "requests") == f"{REQUESTS:,}"
+        assert int(_metric(at, "spikes")) >= 1
