@@ -10,10 +10,13 @@ The method, in order (constants below; the same for every store, never tuned per
    raise its own baseline).
 3. A window is a candidate when its p99 exceeds the baseline p99 by at least MIN_RISE.
 4. Candidate windows that touch (or are one window apart, that window's p99 also above the
-   baseline) merge into one run; each run is judged on its requests pooled: its p99 must
-   still rise by MIN_RISE, its p50 stay within P50_TOLERANCE, and a bootstrap of both p99s
-   (run and baseline resampled independently) must give a one-sided p-value below
-   ALPHA / (number of judged windows) (Bonferroni). Never a t-test on a percentile.
+   baseline) merge into one run (the core). Its shoulders, the touching windows whose p99 is
+   above the baseline p99 at all, are taken out of the baseline, which is pooled again.
+5. Each run is judged on its requests pooled (the core; if that falls short, the core with
+   its shoulders): its p99 must still rise by MIN_RISE, its p50 stay within P50_TOLERANCE,
+   and a bootstrap of both p99s (run and baseline resampled independently) must give a
+   one-sided p-value below ALPHA / (number of judged windows) (Bonferroni). Never a t-test
+   on a percentile.
 
 The bootstrap of a quantile does not redraw n values: the k-th order statistic of a
 resample is F_n^-1(U_(k)) with U_(k) ~ Beta(k, n + 1 - k) (and U_(k+1) follows from it),
@@ -190,36 +193,86 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
         return det
-    in_base = np.repeat(det.baseline, counts)
-    base_sorted = np.sort(v_sorted[in_base])
-    det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
-    det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
-    rise_needed = MIN_RISE * det.baseline_p99_ns
-    det.candidate = det.judged & (det.p99_ns - det.baseline_p99_ns >= rise_needed)
+    base_sorted = _pool(det, v_sorted, counts)
+    det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
+    cores = _runs(det)
+    # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all,
+    # and those windows leave the baseline (a spike's ramp must not raise its own baseline)
+    grown = _merge_touching(det, [(core, _grow(det, core)) for core in cores])
+    shoulders = np.zeros(det.n.size, dtype=bool)
+    for _, ext in grown:
+        shoulders[ext] = True
+    if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and shoulders.any():
+        det.baseline &= ~shoulders
+        base_sorted = _pool(det, v_sorted, counts)
+        det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     level = ALPHA / int(det.judged.sum())
     for i in np.flatnonzero(det.candidate):
         w_sorted = v_sorted[first[i]:first[i] + counts[i]]
         det.p_value[i] = bootstrap_p_value(w_sorted, base_sorted, 0.99, seed=seed + int(i))
-    for run in _runs(det):
-        vals = np.sort(np.concatenate([v_sorted[first[i]:first[i] + counts[i]] for i in run]))
-        p50 = quantile_sorted(vals, 0.5)
-        p99 = quantile_sorted(vals, 0.99)
-        if p99 - det.baseline_p99_ns < rise_needed:
-            continue
-        if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
-            continue
-        p_value = bootstrap_p_value(vals, base_sorted, 0.99, draws=draws_for(level), seed=seed + 7919 + run[0])
-        if DEBUG:
-            print("run", run, p50, p99, p_value, level)
-        if p_value >= level:
-            continue
-        det.significant[run] = True
-        det.spikes.append(Spike(
-            start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
-            requests=int(vals.size), p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
-            baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run)))
+    for core, ext in grown:
+        for run in ([core, ext] if ext != core else [core]):  # the shoulders only when the core alone falls short
+            spike = _judge(det, run, v_sorted, first, counts, base_sorted, level, seed)
+            if spike is not None:
+                det.significant[run] = True
+                det.spikes.append(spike)
+                break
     det.spikes.sort(key=lambda sp: (-sp.excess_ns, sp.start_ns))
     return det
+
+
+def _pool(det: Detection, v_sorted: F64, counts: I64) -> F64:
+    """Sorted values of the baseline windows; sets the baseline p50 / p99."""
+    base_sorted = np.sort(v_sorted[np.repeat(det.baseline, counts)])
+    det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
+    det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
+    return base_sorted
+
+
+def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, base_sorted: F64,
+           level: float, seed: int) -> Spike | None:
+    """The run as a spike if its pooled p99 rose enough and significantly with a flat p50, else None."""
+    vals = np.sort(np.concatenate([v_sorted[first[i]:first[i] + counts[i]] for i in run]))
+    p50 = quantile_sorted(vals, 0.5)
+    p99 = quantile_sorted(vals, 0.99)
+    if p99 < (1 + MIN_RISE) * det.baseline_p99_ns:
+        return None
+    if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
+        return None
+    p_value = bootstrap_p_value(vals, base_sorted, 0.99, draws=draws_for(level), seed=seed + 7919 + run[0])
+    if DEBUG:
+        print("run", run, p50, p99, p_value, level)
+    if p_value >= level:
+        return None
+    return Spike(start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
+                 requests=int(vals.size), p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
+                 baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run))
+
+
+def _grow(det: Detection, run: list[int]) -> list[int]:
+    """The run plus the touching judged windows (either side, repeatedly) whose p99 is above the baseline p99."""
+    wins = det.window_start_ns // det.window_ns
+    lo, hi = run[0], run[-1]
+    while lo > 0 and wins[lo] - wins[lo - 1] == 1 and det.judged[lo - 1] \
+            and det.p99_ns[lo - 1] > det.baseline_p99_ns:
+        lo -= 1
+    while hi < wins.size - 1 and wins[hi + 1] - wins[hi] == 1 and det.judged[hi + 1] \
+            and det.p99_ns[hi + 1] > det.baseline_p99_ns:
+        hi += 1
+    return list(range(lo, hi + 1))
+
+
+def _merge_touching(det: Detection, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """Join (core, grown) runs whose grown ranges overlap or touch."""
+    wins = det.window_start_ns // det.window_ns
+    out: list[tuple[list[int], list[int]]] = []
+    for core, ext in pairs:
+        if out and wins[ext[0]] - wins[out[-1][1][-1]] <= 1:
+            pc, pe = out[-1]
+            out[-1] = (list(range(pc[0], core[-1] + 1)), list(range(pe[0], max(pe[-1], ext[-1]) + 1)))
+        else:
+            out.append((core, ext))
+    return out
 
 
 def _runs(det: Detection) -> list[list[int]]:

@@ -117,3 +117,12 @@ def test_small_rise_and_too_few_requests_are_not_spikes() -> None:
     assert det.spikes == [] and "too few windows" in det.note
     det = detect(np.array([], dtype=np.int64), np.array([]), WINDOW)
     assert det.note == "no requests"
+
+
+def test_shoulders_leave_the_baseline_but_the_core_is_reported_when_it_suffices() -> None:
+    # window 7 rose a little right after the spike (its ramp down): out of the baseline, not in the spike
+    starts, values = _series(10, {5: _tail_times(3.0), 6: _tail_times(3.0), 7: _tail_times(1.08)})
+    det = detect(starts, values, WINDOW)
+    assert [(s.start_ns // WINDOW, s.end_ns // WINDOW) for s in det.spikes] == [(5, 7)]
+    assert det.baseline.tolist() == [True] * 5 + [False] * 3 + [True] * 2
+    assert det.baseline_p99_ns == quantile_sorted(np.sort(np.tile(_base(), 7)), 0.99)
