@@ -12,7 +12,6 @@ flagged `low_sample` when fewer than `MIN_TAIL` requests lie beyond its quantile
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -301,28 +300,3 @@ GROUP BY ALL ORDER BY ALL
     first = ["window_start", "window_start_ns", *by]
     return frame.select(first + [c for c in frame.columns if c not in first]).with_columns(
         pl.col(c).cast(pl.Int64) for c in ("requests", "ok", "errors", "timeouts", "cancelled", "n"))
-
-
-def series_window_s(frame: pl.DataFrame) -> float | None:
-    """The window size of a series frame (smallest gap between window starts), None with < 2 windows."""
-    starts = frame.get_column("window_start_ns").unique().sort()
-    if starts.len() < 2:
-        return None
-    gap = starts.diff().drop_nulls().min()
-    return None if gap is None else float(gap) / 1e9  # type: ignore[arg-type]
-
-
-def ceil_div(a: int, b: int) -> int:
-    """Integer ceiling of a / b."""
-    return -(-a // b)
-
-
-def quantile_linear(sorted_values: Sequence[float], q: float) -> float:
-    """The `quantile_cont` of already-sorted values (rank (n - 1) * q, linear interpolation)."""
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    h = (n - 1) * q
-    lo = math.floor(h)
-    hi = min(lo + 1, n - 1)
-    return float(sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo]))

@@ -42,7 +42,6 @@ P50_TOLERANCE: Final = 0.1
 ALPHA: Final = 0.01
 #: Fewest bootstrap resamples per test (more when the Bonferroni level needs them).
 BOOTSTRAP: Final = 2000
-DEBUG = False
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -240,8 +239,6 @@ def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I6
     if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
         return None
     p_value = bootstrap_p_value(vals, base_sorted, 0.99, draws=draws_for(level), seed=seed + 7919 + run[0])
-    if DEBUG:
-        print("run", run, p50, p99, p_value, level)
     if p_value >= level:
         return None
     return Spike(start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
