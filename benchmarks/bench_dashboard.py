@@ -2,7 +2,8 @@
 
 The app is driven with Streamlit's AppTest (the same script runner the server uses, without a
 browser): one session opens the store (the one-off materialization of `requests`, reported
-apart), then renders each page once with cold query caches, then changes filters.
+apart: request facts first, critical paths in the background), then a second session renders
+each page once with cold query caches, then changes filters.
 
     python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep]
 
@@ -50,11 +51,22 @@ def run(store: Path) -> list[tuple[str, float, float]]:
     """Drive the app over `store`; (what, seconds, limit) per measurement."""
     from streamlit.testing.v1 import AppTest
 
+    from dashboard import data
+
     os.environ["TAILSCOPE_STORE"] = str(store)
     results: list[tuple[str, float, float]] = []
+    t_open = time.perf_counter()
     at = AppTest.from_file(str(APP), default_timeout=3600)
-    _timed("open store (one-off materialization) + overview", results, float("inf"), at.run)
-    at = AppTest.from_file(str(APP), default_timeout=600)  # a second session: store already open
+    _timed("open store: first overview (request facts)", results, float("inf"), at.run)
+    _timed("page spike while critical paths compute", results, float("inf"),
+           at.switch_page("app_pages/spike.py").run)
+    wb = data.workbench(str(store))  # the same cached workbench the app opened
+    if wb.worker is not None:
+        wb.worker.join()
+    took = time.perf_counter() - t_open
+    results.append(("open store: all critical paths computed (background)", took, float("inf")))
+    print(f"  {'open store: all critical paths computed':<44} {took:7.3f} s", flush=True)
+    at = AppTest.from_file(str(APP), default_timeout=600)  # a second session: store fully loaded
     _timed("page overview (new session)", results, PAGE_LIMIT_S, at.run)
     for page in PAGES[1:]:
         _timed(f"page {page}", results, PAGE_LIMIT_S, at.switch_page(f"app_pages/{page}.py").run)

@@ -43,6 +43,9 @@ METRIC_NAMES: dict[str, str] = {"e2e_ns": "e2e", "ttft_ns": "ttft", "tpot_ns": "
 #: Critical-path stage columns of `requests`, in display order (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
+#: Request-level columns handed to analysis.report as its request facts.
+FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
+                                 "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns", "tpot_ns")
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
@@ -455,7 +458,7 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters,
         if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
             return {"spikes": [], "requests": 0, "errors": []}
         for table in _facts_names(cur):
-            cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT * FROM requests')
+            cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT {", ".join(FACT_COLUMNS)} FROM requests')
         result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
                                               since=filters.since_ns, until=filters.until_ns,
                                               include_failures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,11 +63,29 @@ def dashboard(
     err_console.print(f"tailscope dashboard on http://{'[' + host + ']' if ':' in host else host}:{port} "
                       f"(store {path}); Ctrl-C to stop", highlight=False)
     env = {**os.environ, ENV_STORE: str(path)}
+    raise typer.Exit(_serve(streamlit_command(app, path, host, port), env))
+
+
+def _serve(argv: list[str], env: dict[str, str]) -> int:
+    """Run the server until it exits; Ctrl-C or SIGTERM stop it too (no orphaned Streamlit)."""
+    child = subprocess.Popen(argv, env=env)
+
+    def stop(signum: int, _frame: object) -> None:
+        child.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        code = subprocess.call(streamlit_command(app, path, host, port), env=env)
+        return child.wait()
     except KeyboardInterrupt:
-        code = 0
-    raise typer.Exit(code)
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:

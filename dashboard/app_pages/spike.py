@@ -39,6 +39,12 @@ if not options:
     st.info("No spike detected under these filters: p99 stayed with p50. Brush a window on the chart to "
             "inspect it anyway.")
     st.stop()
+brushed_label = next((k for k in options if k.startswith("brushed")), None)
+if brushed_label and st.session_state.get("_last_brush") != brushed_label:  # a new brush: show it
+    st.session_state["spike_choice"] = brushed_label
+st.session_state["_last_brush"] = brushed_label
+if st.session_state.get("spike_choice") not in options:
+    st.session_state.pop("spike_choice", None)
 label = st.selectbox("Window", list(options), key="spike_choice")
 start, end, spike = options[label]
 win = data.window_stats(*key, f, start, end)

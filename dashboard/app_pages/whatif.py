@@ -20,11 +20,6 @@ if db.pending:
             "for this store. " + (db.loading_note() or ""))
     st.stop()
 observed = len(reps)
-slots_seen = data.concurrency(*key, f)
-left, right = st.columns(2)
-k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=observed, key="whatif_replicas")
-slots = right.number_input("Concurrent requests per replica", min_value=1, max_value=1024, value=slots_seen,
-                           key="whatif_slots", help=f"Most requests one replica served at once here: {slots_seen}")
 spikes = data.spikes(*key, f, "e2e_ns")
 windows = {"the whole filtered range": f}
 for sp in spikes:
@@ -33,6 +28,11 @@ for sp in spikes:
 choice = st.selectbox("Replay", list(windows), index=1 if spikes else 0, key="whatif_window",
                       help="The arrivals and service times replayed: a spike's window, or everything filtered")
 fw = windows[choice]
+slots_seen = data.concurrency(*key, fw)
+left, right = st.columns(2)
+k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=observed, key="whatif_replicas")
+slots = right.number_input("Concurrent requests per replica", min_value=1, max_value=1024, value=slots_seen,
+                           key="whatif_slots", help=f"Most requests one replica served at once here: {slots_seen}")
 s = data.summary(*key, fw)
 now = data.whatif(*key, fw, observed * int(slots))
 then = data.whatif(*key, fw, k * int(slots))

@@ -67,12 +67,23 @@ def dashboard_url(incident_store: Path) -> Iterator[str]:
                 pytest.fail(f"the dashboard did not answer on {url}: {log.read_text()[-2000:]}")
             yield url
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.terminate()  # SIGTERM to `tailscope dashboard` only: it must stop its Streamlit child
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            stopped = False
+            for _ in range(100):  # bounded
+                try:
+                    httpx.get(f"{url}/_stcore/health", timeout=1)
+                except httpx.HTTPError:
+                    stopped = True
+                    break
+                time.sleep(0.1)
+            if not stopped:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail("the Streamlit server outlived `tailscope dashboard` after SIGTERM")
 
 
 def test_click_through_every_page(dashboard_url: str) -> None:
@@ -98,6 +109,19 @@ def test_click_through_every_page(dashboard_url: str) -> None:
             lead = page.get_by_test_id("stAlertContentSuccess").first
             expect(lead).to_contain_text("replica = replica-05")
             expect(lead).to_contain_text("instead of")
+            # brushing a window on the chart selects it for explanation
+            _settle(page)
+            box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
+            assert box is not None
+            y = box["y"] + box["height"] * 0.45
+            page.mouse.move(box["x"] + box["width"] * 0.25, y)
+            page.mouse.down()
+            page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
+            page.mouse.up()
+            expect(page.get_by_test_id("stSelectbox").first).to_contain_text("brushed")
+            _settle(page)
+            _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
+            assert page.get_by_test_id("stException").count() == 0
         finally:
             browser.close()
 
