@@ -8,9 +8,7 @@ with portable Parquet types; a few promoted columns make the request model cheap
 
 from __future__ import annotations
 
-from typing import Final
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, Final
 
 # --- the stage vocabulary -------------------------------------------------------------
 
@@ -93,53 +91,76 @@ SPAN_KINDS: Final[tuple[str, ...]] = (
 STATUS_CODES: Final[tuple[str, ...]] = ("Unset", "Ok", "Error")
 
 # --- the Parquet schema -----------------------------------------------------------------
+# Column names and meanings are plain data; the Arrow types are built on first use (PEP 562
+# module __getattr__), so serving code importing the vocabulary never loads pyarrow.
 
-ATTRS = pa.map_(pa.string(), pa.string())
-EVENT = pa.struct(
-    [("TimestampNs", pa.int64()), ("Name", pa.string()), ("Attributes", ATTRS)]
+#: (column, type kind, meaning) for every stored column, in stored order.
+COLUMN_DOCS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("Timestamp", "timestamp", "span start, UTC, microseconds"),
+    ("TimestampNs", "int64", "span start, integer ns since the Unix epoch"),
+    ("TraceId", "string", "32 lowercase hex digits"),
+    ("SpanId", "string", "16 lowercase hex digits"),
+    ("ParentSpanId", "string", "16 lowercase hex digits, '' for a root span"),
+    ("TraceState", "string", "W3C tracestate, '' when absent"),
+    ("SpanName", "string", "span name"),
+    ("SpanKind", "string", "Unspecified, Internal, Server, Client, Producer or Consumer"),
+    ("ServiceName", "string", "resource service.name"),
+    ("ResourceAttributes", "attrs", "resource attributes, values as strings"),
+    ("ScopeName", "string", "instrumentation scope name"),
+    ("ScopeVersion", "string", "instrumentation scope version"),
+    ("SpanAttributes", "attrs", "span attributes, values as strings"),
+    ("Duration", "int64", "end minus start, integer ns"),
+    ("StatusCode", "string", "Unset, Ok or Error"),
+    ("StatusMessage", "string", "status description"),
+    ("Events", "events", "span events (TimestampNs, Name, Attributes)"),
+    ("Links", "links", "span links (TraceId, SpanId, TraceState, Attributes)"),
+    ("Stage", "string", "promoted: the stage this span measures (vocabulary), else null"),
+    ("IsRequest", "bool", "promoted: true on the span that is one inference request"),
+    ("Outcome", "string", "promoted, request spans: ok, error, timeout or cancelled"),
+    ("Replica", "string", "promoted: service.instance.id, else host.name, else process.pid"),
+    ("Model", "string", "promoted: gen_ai.request.model"),
+    ("ModelVersion", "string", "promoted: tailscope.model.version"),
+    ("Tenant", "string", "promoted: tailscope.tenant"),
+    ("InputTokens", "int64", "promoted: gen_ai.usage.input_tokens (or prompt_tokens)"),
+    ("OutputTokens", "int64", "promoted: gen_ai.usage.output_tokens (or completion_tokens)"),
+    ("TtftNs", "int64", "promoted: time to first token in ns, when the span states it"),
 )
-LINK = pa.struct(
-    [
-        ("TraceId", pa.string()),
-        ("SpanId", pa.string()),
-        ("TraceState", pa.string()),
-        ("Attributes", ATTRS),
-    ]
-)
+COLUMN_NAMES: Final[tuple[str, ...]] = tuple(name for name, _, _ in COLUMN_DOCS)
 
-#: (column, type, meaning) for every stored column; docs/schema.md is checked against it.
-SPAN_COLUMNS: Final[tuple[tuple[str, pa.DataType, str], ...]] = (
-    ("Timestamp", pa.timestamp("us", tz="UTC"), "span start, UTC, microseconds"),
-    ("TimestampNs", pa.int64(), "span start, integer ns since the Unix epoch"),
-    ("TraceId", pa.string(), "32 lowercase hex digits"),
-    ("SpanId", pa.string(), "16 lowercase hex digits"),
-    ("ParentSpanId", pa.string(), "16 lowercase hex digits, '' for a root span"),
-    ("TraceState", pa.string(), "W3C tracestate, '' when absent"),
-    ("SpanName", pa.string(), "span name"),
-    ("SpanKind", pa.string(), "Unspecified, Internal, Server, Client, Producer or Consumer"),
-    ("ServiceName", pa.string(), "resource service.name"),
-    ("ResourceAttributes", ATTRS, "resource attributes, values as strings"),
-    ("ScopeName", pa.string(), "instrumentation scope name"),
-    ("ScopeVersion", pa.string(), "instrumentation scope version"),
-    ("SpanAttributes", ATTRS, "span attributes, values as strings"),
-    ("Duration", pa.int64(), "end minus start, integer ns"),
-    ("StatusCode", pa.string(), "Unset, Ok or Error"),
-    ("StatusMessage", pa.string(), "status description"),
-    ("Events", pa.list_(EVENT), "span events (TimestampNs, Name, Attributes)"),
-    ("Links", pa.list_(LINK), "span links (TraceId, SpanId, TraceState, Attributes)"),
-    ("Stage", pa.string(), "promoted: the stage this span measures (vocabulary), else null"),
-    ("IsRequest", pa.bool_(), "promoted: true on the span that is one inference request"),
-    ("Outcome", pa.string(), "promoted, request spans: ok, error, timeout or cancelled"),
-    ("Replica", pa.string(), "promoted: service.instance.id, else host.name, else process.pid"),
-    ("Model", pa.string(), "promoted: gen_ai.request.model"),
-    ("ModelVersion", pa.string(), "promoted: tailscope.model.version"),
-    ("Tenant", pa.string(), "promoted: tailscope.tenant"),
-    ("InputTokens", pa.int64(), "promoted: gen_ai.usage.input_tokens (or prompt_tokens)"),
-    ("OutputTokens", pa.int64(), "promoted: gen_ai.usage.output_tokens (or completion_tokens)"),
-    ("TtftNs", pa.int64(), "promoted: time to first token in ns, when the span states it"),
-)
-SPAN_SCHEMA: Final = pa.schema([(name, typ) for name, typ, _ in SPAN_COLUMNS])
-COLUMN_NAMES: Final[tuple[str, ...]] = tuple(name for name, _, _ in SPAN_COLUMNS)
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    ATTRS: pa.DataType
+    EVENT: pa.StructType
+    LINK: pa.StructType
+    SPAN_COLUMNS: tuple[tuple[str, pa.DataType, str], ...]
+    SPAN_SCHEMA: pa.Schema
+
+_ARROW: dict[str, Any] = {}
+
+
+def _arrow_objects() -> dict[str, Any]:
+    if not _ARROW:
+        import pyarrow as pa
+
+        attrs = pa.map_(pa.string(), pa.string())
+        event = pa.struct([("TimestampNs", pa.int64()), ("Name", pa.string()), ("Attributes", attrs)])
+        link = pa.struct([("TraceId", pa.string()), ("SpanId", pa.string()), ("TraceState", pa.string()),
+                          ("Attributes", attrs)])
+        types = {"timestamp": pa.timestamp("us", tz="UTC"), "int64": pa.int64(), "string": pa.string(),
+                 "bool": pa.bool_(), "attrs": attrs, "events": pa.list_(event), "links": pa.list_(link)}
+        columns = tuple((name, types[kind], meaning) for name, kind, meaning in COLUMN_DOCS)
+        _ARROW.update(ATTRS=attrs, EVENT=event, LINK=link, SPAN_COLUMNS=columns,
+                      SPAN_SCHEMA=pa.schema([(name, typ) for name, typ, _ in columns]))
+    return _ARROW
+
+
+def __getattr__(name: str) -> Any:
+    """The Arrow types (ATTRS, EVENT, LINK, SPAN_COLUMNS, SPAN_SCHEMA), built on first use."""
+    if name in ("ATTRS", "EVENT", "LINK", "SPAN_COLUMNS", "SPAN_SCHEMA"):
+        return _arrow_objects()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Segment store layout: STORE/spans/dt=YYYY-MM-DD/hr=HH/<writer>-<seq>.parquet
 SPANS_DIR: Final = "spans"
