@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from tracing.collect.decode import (
     success_body,
 )
 from tracing.collect.intake import Busy, Intake
+
+_log = logging.getLogger(__name__)
 
 PATH = "/v1/traces"
 _MAX_LINE = 64 * 1024
@@ -212,6 +215,14 @@ class HttpServer:
             await self._send(writer, exc.status, status_body(exc.status, exc.message, encoding), encoding,
                              close=exc.close, retry_after=exc.retry_after)
             return not exc.close
+        except (ConnectionError, asyncio.IncompleteReadError):
+            raise
+        except Exception as exc:  # a bug must answer (500, retried by exporters), not drop the connection
+            _log.exception("request failed")
+            self.intake.refused()
+            await self._send(writer, 500, status_body(500, f"internal error: {exc!r}", encoding), encoding,
+                             close=True)
+            return False
 
     async def _handle(self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
                       refuse: bool) -> bool:
