@@ -29,7 +29,8 @@ def spans_sql(source: str) -> str:
 
 def files_source(files: list[str]) -> str:
     """A read_parquet FROM item over a fixed list of segment files (one snapshot)."""
-    return "read_parquet([" + ", ".join(_quote(f) for f in files) + "], union_by_name = true, hive_partitioning = false)"
+    listed = ", ".join(_quote(f) for f in files)
+    return f"read_parquet([{listed}], union_by_name = true, hive_partitioning = false)"
 
 
 YIELDING_SQL = "(" + ", ".join(_quote(s) for s in S.YIELDING_STAGES) + ")"
