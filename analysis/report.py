@@ -20,7 +20,7 @@ from rich.table import Table
 
 from analysis import explain as X
 from analysis.percentiles import (
-    choose_window_s,
+    auto_window_s,
     iso,
     metric_column,
     parse_duration,
@@ -48,15 +48,15 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
         f"SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
         f"count(*) FILTER (WHERE status = 'error') AS errors, "
         f"count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
-        f"count(*) FILTER (WHERE status = 'cancelled') AS cancelled FROM {facts} WHERE {where}",
-        params=params).fetchall()[0]
+        f"count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns) "
+        f"FROM {facts} WHERE {where}", params=params).fetchall()[0]
     keep = "" if include_failures else " AND status = 'ok'"
     dims = ", ".join(quote_ident(d) for d in X.DIMENSIONS)
     frame = con.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
-    names = ("requests", "ok", "error", "timeout", "cancelled")
-    return frame, {n: int(v) for n, v in zip(names, counts, strict=True)}, facts
+    names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
+    return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts
 
 
 def _ms(ns: float) -> float | None:
@@ -77,8 +77,11 @@ def build_report(
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
     frame, counts, facts = _frame(con, metric, since_ns, until_ns, include_failures)
-    if win is None:
-        win = choose_window_s(con, since_ns, until_ns)
+    first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
+    if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
+        lo = since_ns if since_ns is not None else first_ns
+        hi = until_ns if until_ns is not None else last_ns + 1
+        win = auto_window_s(counts["requests"], max(hi - lo, 1) / 1e9)
     window_ns = round(win * 1e9)
     report: dict[str, Any] = {
         "version": REPORT_VERSION, "metric": metric,
