@@ -134,9 +134,13 @@ SELECT
          THEN round((r.end_ns - r.start_ns - t.ttft_ns) / (r.OutputTokens - 1))::BIGINT END AS tpot_ns,
     {", ".join(f"coalesce(k.{s}_ns, 0) AS {s}_ns" for s in S.CRITICAL_PATH_COLUMNS if s != "other")},
     (r.end_ns - r.start_ns) - coalesce(k.covered_ns, 0) AS other_ns,
-    r.SpanName AS span_name
+    r.SpanName AS span_name,
+    cl.Duration AS client_e2e_ns,
+    cl.Duration - (r.end_ns - r.start_ns) AS client_network_ns
 FROM _request_spans r
 LEFT JOIN _request_stage_ns k ON k.TraceId = r.TraceId AND k.request_span_id = r.SpanId
+LEFT JOIN (SELECT TraceId, SpanId, Duration FROM spans WHERE SpanKind = 'Client') cl
+    ON cl.TraceId = r.TraceId AND cl.SpanId = r.ParentSpanId
 LEFT JOIN (
     SELECT r2.TraceId, r2.SpanId,
         coalesce(any_value(r2.TtftNs),

@@ -136,3 +136,30 @@ def test_sandboxed_connection_reads_only_the_store(tmp_path: Path) -> None:
         con.execute("SELECT * FROM read_csv('/etc/passwd')").fetchall()
     with pytest.raises(duckdb.Error):
         con.execute("SET enable_external_access = true")
+
+
+def test_client_span_parent_gives_the_derived_network_time(tmp_path: Path) -> None:
+    from tests.factory import T0, hex_id
+
+    batch = SpanBatch()
+    trace, root = add_request(batch, "client", 10, 90, [("generation", 10, 90)])
+    plain, _ = add_request(batch, "plain", 0, 50, [])
+    # re-parent the first request under a CLIENT span of the same trace covering 0..100
+    table = batch.to_table().to_pylist()
+    client_id = hex_id("span", "client", "caller")
+    for row in table:
+        if row["SpanId"] == root:
+            row["ParentSpanId"] = client_id
+    fixed = SpanBatch()
+    for row in table:
+        fixed.append(trace_id=row["TraceId"], span_id=row["SpanId"], parent_span_id=row["ParentSpanId"],
+                     name=row["SpanName"], kind=row["SpanKind"], start_ns=row["TimestampNs"],
+                     end_ns=row["TimestampNs"] + row["Duration"], service=row["ServiceName"],
+                     resource=dict(row["ResourceAttributes"]), attrs=dict(row["SpanAttributes"]))
+    fixed.append(trace_id=trace, span_id=client_id, parent_span_id="", name="POST /v1/completions", kind="Client",
+                 start_ns=T0, end_ns=T0 + 100, service="caller", resource={}, attrs={})
+    write(tmp_path, fixed)
+    con = connect(tmp_path)
+    rows = dict(((t, (c, n)) for t, c, n in con.execute(
+        "SELECT trace_id, client_e2e_ns, client_network_ns FROM requests").fetchall()))
+    assert rows == {trace: (100, 20), plain: (None, None)}
