@@ -160,7 +160,9 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     start_ns, values = start_ns[keep], values[keep]
     win_all = start_ns // window_ns
     if win_all.size and np.all(win_all[1:] >= win_all[:-1]):  # rows in time order: sort within windows
-        wins, first, counts = np.unique(win_all, return_index=True, return_counts=True)
+        first = np.concatenate([[0], np.flatnonzero(win_all[1:] != win_all[:-1]) + 1])
+        wins = win_all[first]
+        counts = np.diff(np.append(first, win_all.size))
         v_sorted = values.copy()
         for a, c in zip(first.tolist(), counts.tolist(), strict=True):
             v_sorted[a:a + c].sort()
