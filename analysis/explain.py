@@ -101,12 +101,10 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
             lo.append(b_lo)
             hi.append(b_hi)
         return Coded(name, codes, labels, lo, hi)
-    cat = col.cast(pl.String)
-    uniq = cat.drop_nulls().unique().sort()
-    mapping = pl.DataFrame({"v": uniq, "c": pl.arange(0, uniq.len(), eager=True, dtype=pl.Int64)})
-    codes = (pl.DataFrame({"v": cat}).join(mapping, on="v", how="left", maintain_order="left")
-             .get_column("c").fill_null(-1).to_numpy().astype(np.int64))
-    return Coded(name, codes, uniq.to_list(), [None] * uniq.len(), [None] * uniq.len())
+    text = col.cast(pl.String)
+    labels = text.drop_nulls().unique().sort().to_list()
+    codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
+    return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
 
 
 def binomial_tail_bound(k: int, n: int, p: float) -> float:
