@@ -224,7 +224,8 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
               f"window {report['window_s']} s x {report['windows']}; "
               f"baseline p50 {_fmt(report['baseline_p50_ms'], ' ms')}, p99 {_fmt(report['baseline_p99_ms'], ' ms')}",
               highlight=False)
-    if not report["spikes"]:
+    judged = not any(e.startswith("could not compute spikes") for e in report["errors"])
+    if not report["spikes"] and judged:
         con.print("[green]no p99 spike with a flat median[/]")
     for n, spike in enumerate(report["spikes"], 1):
         con.print()
