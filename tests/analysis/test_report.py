@@ -163,3 +163,11 @@ def test_empty_range_is_a_message_not_a_crash(spiky: Path) -> None:
     report = build_report(connect(spiky), since=T0 + 3600 * SEC)
     assert report["requests"] == 0 and report["spikes"] == []
     assert report["errors"] == ["could not compute spikes because no request has a e2e value in range"]
+
+
+def test_public_names() -> None:
+    import analysis
+
+    for name in ("build_report", "render_text", "percentile_series", "request_facts", "detect", "simulate",
+                 "whatif"):
+        assert name in analysis.__all__ and callable(getattr(analysis, name))
