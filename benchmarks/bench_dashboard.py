@@ -63,6 +63,10 @@ def run(store: Path) -> list[tuple[str, float, float]]:
     wb = data.workbench(str(store))  # the same cached workbench the app opened
     if wb.worker is not None:
         wb.worker.join()
+    report = data.report_of(wb, str(store), wb.version, data.Filters()) or {}
+    print(f"  (store: {wb.con.execute('SELECT count(*) FROM req').fetchone()} requests; spikes found: "
+          f"{[(s['start'], s['end']) for s in report.get('spikes', [])]}; notes: {report.get('errors')})",
+          flush=True)
     took = time.perf_counter() - t_open
     results.append(("open store: all critical paths computed (background)", took, float("inf")))
     print(f"  {'open store: all critical paths computed':<44} {took:7.3f} s", flush=True)

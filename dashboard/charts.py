@@ -97,7 +97,7 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     """p99 of the window without each candidate, beside the observed p99 (a rule)."""
     data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
-        y=alt.Y("label:N", sort=None, title=None),
+        y=alt.Y("label:N", sort=None, title=None, axis=alt.Axis(labelLimit=320)),
         x=alt.X("p99_without_ms:Q", title="p99 without it (ms)"),
         tooltip=["label:N", alt.Tooltip("p99_without_ms:Q", format=",.0f"), alt.Tooltip("tail_share:Q", format=".0%"),
                  alt.Tooltip("baseline_share:Q", format=".0%")],

@@ -457,11 +457,14 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters,
     with _cursor(_db, filters) as cur:
         if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
             return {"spikes": [], "requests": 0, "errors": []}
-        for table in _facts_names(cur):
-            cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT {", ".join(FACT_COLUMNS)} FROM requests')
-        result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
-                                              since=filters.since_ns, until=filters.until_ns,
-                                              include_failures=True)
+        try:
+            for table in _facts_names(cur):
+                cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT {", ".join(FACT_COLUMNS)} FROM requests')
+            result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
+                                                  since=filters.since_ns, until=filters.until_ns,
+                                                  include_failures=True)
+        except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
+            return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return result
 
 
@@ -940,7 +943,7 @@ def explain_window(db: Workbench, filters: Filters, start_ns: int, end_ns: int, 
         excess = (p99 - baseline_p99_ms) if baseline_p99_ms is not None else None
         mine = mine.rename(columns={"share": "baseline_share", "tail_requests": "support"})
         mine["explained"] = ((p99 - mine["p99_without_ms"]) / excess).clip(0, 1) if excess and excess > 0 else None
-        mine = mine[mine["tail_share"] > mine["baseline_share"]]
+        mine = mine[(mine["tail_share"] >= 1.5 * mine["baseline_share"]) & (mine["support"] >= 5)]
     pairs = dimension_pairs(*key, filters, start_ns, end_ns, metric)
     if not pairs.empty:
         pairs = pairs.rename(columns={"pair": "dimension", "share": "baseline_share", "tail_requests": "support"})

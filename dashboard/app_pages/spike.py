@@ -57,6 +57,7 @@ cols[2].metric("baseline p99", charts.fmt_ms(base["p99_ms"]))
 cols[3].metric("p50 (baseline)", f"{charts.fmt_ms(win['p50_ms'])} ({charts.fmt_ms(base['p50_ms'])})")
 
 expl = data.explain_window(db, f, start, end, spike, base["p99_ms"])
+grew = (win["p99_ms"] or 0) > (base["p99_ms"] or 0)
 source = "analysis.explain (tail vs baseline, multiple-testing guard)" if spike and spike.get("dimensions") else \
     "a plain SQL contrast of the window's tail against the window"
 st.subheader("Which stage grew in the tail")
@@ -67,8 +68,13 @@ elif stages.empty:
     st.info("No stage data in this window.")
 else:
     top = stages.sort_values("share", ascending=False).iloc[0]
-    st.markdown(f"Tail requests spent **{charts.fmt_ms(top['tail_ms'])}** in **{top['stage']}** against "
-                f"{charts.fmt_ms(top['baseline_ms'])} in the baseline tail: **{top['share']:.0%}** of the excess.")
+    if not grew:
+        st.caption("This window's p99 is not above the baseline's: its tail is not slower, so there is no "
+                   "excess to share out. The chart still compares the two tails stage by stage.")
+    else:
+        st.markdown(f"Tail requests spent **{charts.fmt_ms(top['tail_ms'])}** in **{top['stage']}** against "
+                    f"{charts.fmt_ms(top['baseline_ms'])} in the baseline tail: **{top['share']:.0%}** of the "
+                    "excess.")
     st.altair_chart(charts.stage_compare(stages), width="stretch")
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
@@ -78,6 +84,9 @@ table_config = {"tail_share": pct, "baseline_share": pct, "explained": pct,
                 "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")}
 if dims.empty:
     st.info("No dimension value is over-represented in this window's tail.")
+elif not grew:
+    st.caption("This window's p99 is not above the baseline's; values over-represented in its tail:")
+    st.dataframe(dims.head(12), hide_index=True, column_config=table_config)
 else:
     lead = dims.iloc[0]
     explained = f" ({lead['explained']:.0%} of the excess)" if pd.notna(lead["explained"]) else ""
@@ -95,11 +104,14 @@ st.subheader("Pairs")
 if expl["pairs"].empty:
     st.caption("No pair of values stands out in this window's tail.")
 else:
-    st.dataframe(expl["pairs"].head(10), hide_index=True, column_config=table_config)
+    pairs = expl["pairs"].head(10)
+    st.dataframe(pairs[[c for c in pairs.columns if pairs[c].notna().any()]], hide_index=True,
+                 column_config=table_config)
 
 st.subheader("Exemplars")
 ex = data.exemplars(*key, f.narrowed(start, end), 10)
-st.dataframe(ex[["trace_id", "start", "replica", "status", "latency_ms"]], hide_index=True)
+st.dataframe(ex[["trace_id", "start", "replica", "status", "latency_ms"]], hide_index=True,
+             column_config={"latency_ms": st.column_config.NumberColumn("latency (ms)", format="%,.0f")})
 if not ex.empty and st.button("Open the slowest trace", key="open_trace"):
     st.session_state["trace_id"] = ex.iloc[0]["trace_id"]
     st.switch_page("app_pages/traces.py")

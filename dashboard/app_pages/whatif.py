@@ -21,12 +21,18 @@ if db.pending:
     st.stop()
 observed = len(reps)
 spikes = data.spikes(*key, f, "e2e_ns")
-windows = {"the whole filtered range": f}
+windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)
     windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M}"] = f.narrowed(a, b)
-choice = st.selectbox("Replay", list(windows), index=1 if spikes else 0, key="whatif_window",
-                      help="The arrivals and service times replayed: a spike's window, or everything filtered")
+c = data.choices(*key)
+last = (f.until_ns or c["max_ns"] + 1)
+if last - (f.since_ns or c["min_ns"]) > 2 * data.HOUR_NS:
+    windows["the last hour of the range"] = f.narrowed(last - data.HOUR_NS, last)
+windows["the whole filtered range"] = f
+choice = st.selectbox("Replay", list(windows), key="whatif_window",
+                      help="The arrivals and service times replayed: a spike's window, the last hour, or "
+                           "everything filtered (a long range takes a few seconds)")
 fw = windows[choice]
 slots_seen = data.concurrency(*key, fw)
 left, right = st.columns(2)
