@@ -51,12 +51,17 @@ SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, Mod
        TimestampNs AS start_ns, EndNs AS end_ns
 FROM spans WHERE IsRequest
 """,
+    "_stage_spans": """
+SELECT TraceId, SpanId, ParentSpanId, Stage, Replica, Duration, TimestampNs, EndNs
+FROM spans WHERE Stage IS NOT NULL
+""",
     # level 1: stage spans whose parent is the request span, clipped to the request
     "_stage_l1_all": """
 SELECT s.TraceId, r.SpanId AS request_span_id, s.SpanId, s.Stage AS stage, s.Replica, s.Duration,
-       greatest(s.TimestampNs, r.start_ns) AS s0, least(s.EndNs, r.end_ns) AS e0
-FROM spans s JOIN _request_spans r ON s.TraceId = r.TraceId AND s.ParentSpanId = r.SpanId
-WHERE s.Stage IS NOT NULL AND least(s.EndNs, r.end_ns) > greatest(s.TimestampNs, r.start_ns)
+       greatest(s.TimestampNs, r.start_ns) AS s0, least(s.EndNs, r.end_ns) AS e0,
+       s.TimestampNs AS raw_s, s.EndNs AS raw_e
+FROM _stage_spans s JOIN _request_spans r ON s.TraceId = r.TraceId AND s.ParentSpanId = r.SpanId
+WHERE least(s.EndNs, r.end_ns) > greatest(s.TimestampNs, r.start_ns)
 """,
     # working stages: the one that ends last owns the instant
     "_stage_l1": f"""
@@ -74,18 +79,16 @@ FROM (SELECT *, greatest(s0, least(e0, coalesce(m, e0))) AS x1
 LEFT JOIN _stage_l1 w ON w.TraceId = y.TraceId AND w.request_span_id = y.request_span_id
 GROUP BY y.TraceId, y.request_span_id, y.SpanId, y.stage, y.Replica, y.s0, y.x1
 """,
-    # level 2: stage spans inside a level-1 stage span, clipped to its critical stretch
+    # level 2: stage spans inside a level-1 working stage span, clipped to its critical stretch
+    "_stage_l2_all": """
+SELECT c.TraceId, p.request_span_id, p.SpanId AS parent_span_id, c.SpanId, c.Stage AS stage,
+       c.Replica, c.Duration, greatest(c.TimestampNs, p.s0) AS s0, least(c.EndNs, p.x1) AS e0,
+       c.TimestampNs AS raw_s, c.EndNs AS raw_e
+FROM _stage_spans c JOIN _stage_l1 p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
+""",
     "_stage_l2": f"""
 SELECT *, greatest(s0, least(e0, coalesce(m, e0))) AS x1
-FROM (
-  SELECT *, {_CRIT_WINDOW.format(part="parent_span_id")} AS m
-  FROM (
-    SELECT c.TraceId, p.request_span_id, p.SpanId AS parent_span_id, c.SpanId, c.Stage AS stage,
-           c.Replica, c.Duration, greatest(c.TimestampNs, p.s0) AS s0, least(c.EndNs, p.x1) AS e0
-    FROM spans c JOIN _stage_l1 p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
-    WHERE c.Stage IS NOT NULL
-  ) WHERE e0 > s0
-)
+FROM (SELECT *, {_CRIT_WINDOW.format(part="parent_span_id")} AS m FROM _stage_l2_all WHERE e0 > s0)
 """,
     "_stage_excl": """
 SELECT l1.TraceId, l1.request_span_id, l1.stage, l1.Replica,
@@ -106,12 +109,17 @@ SELECT TraceId, request_span_id,
         FILTER (WHERE Replica IS NOT NULL) AS worker_replica
 FROM _stage_excl GROUP BY ALL
 """,
-    "_first_token": """
-SELECT s.TraceId, s.ParentSpanId AS parent_id, s.Stage AS stage, min(s.EndNs) AS first_end_ns,
-       min(s.TimestampNs) AS first_start_ns
-FROM spans s WHERE s.Stage IN ('prefill', 'streaming', 'generation') GROUP BY ALL
+    # where the first token shows: end of the first prefill span, else start of streaming
+    "_request_first_token": """
+SELECT TraceId, request_span_id,
+       min(raw_e) FILTER (WHERE stage = 'prefill') AS prefill_end_ns,
+       min(raw_s) FILTER (WHERE stage = 'streaming') AS streaming_start_ns
+FROM (SELECT TraceId, request_span_id, stage, raw_s, raw_e FROM _stage_l1_all
+      UNION ALL SELECT TraceId, request_span_id, stage, raw_s, raw_e FROM _stage_l2_all)
+WHERE stage IN ('prefill', 'streaming')
+GROUP BY ALL
 """,
-    "requests": f"""
+    "requests": "{chain}" + f"""
 SELECT
     r.TraceId AS trace_id,
     r.SpanId AS span_id,
@@ -129,9 +137,11 @@ SELECT
     r.InputTokens AS input_tokens,
     r.OutputTokens AS output_tokens,
     coalesce(r.SpanAttributes['{S.ATTR_STREAMING}'] = 'true', false) AS streaming,
-    t.ttft_ns,
-    CASE WHEN t.ttft_ns IS NOT NULL AND r.OutputTokens > 1
-         THEN round((r.end_ns - r.start_ns - t.ttft_ns) / (r.OutputTokens - 1))::BIGINT END AS tpot_ns,
+    coalesce(r.TtftNs, t.prefill_end_ns - r.start_ns, t.streaming_start_ns - r.start_ns) AS ttft_ns,
+    CASE WHEN r.OutputTokens > 1
+         THEN round((r.end_ns - r.start_ns
+                     - coalesce(r.TtftNs, t.prefill_end_ns - r.start_ns, t.streaming_start_ns - r.start_ns))
+                    / (r.OutputTokens - 1))::BIGINT END AS tpot_ns,
     {", ".join(f"coalesce(k.{s}_ns, 0) AS {s}_ns" for s in S.CRITICAL_PATH_COLUMNS if s != "other")},
     (r.end_ns - r.start_ns) - coalesce(k.covered_ns, 0) AS other_ns,
     r.SpanName AS span_name,
@@ -141,21 +151,7 @@ FROM _request_spans r
 LEFT JOIN _request_stage_ns k ON k.TraceId = r.TraceId AND k.request_span_id = r.SpanId
 LEFT JOIN (SELECT TraceId, SpanId, Duration FROM spans WHERE SpanKind = 'Client') cl
     ON cl.TraceId = r.TraceId AND cl.SpanId = r.ParentSpanId
-LEFT JOIN (
-    SELECT r2.TraceId, r2.SpanId,
-        coalesce(any_value(r2.TtftNs),
-                 min(p.first_end_ns - r2.start_ns) FILTER (WHERE p.stage = 'prefill'),
-                 min(p.first_start_ns - r2.start_ns) FILTER (WHERE p.stage = 'streaming')) AS ttft_ns
-    FROM _request_spans r2
-    LEFT JOIN (
-        SELECT f.TraceId, f.parent_id, f.stage, f.first_end_ns, f.first_start_ns FROM _first_token f
-        UNION ALL
-        SELECT f.TraceId, g.ParentSpanId, f.stage, f.first_end_ns, f.first_start_ns
-        FROM _first_token f JOIN spans g ON g.TraceId = f.TraceId AND g.SpanId = f.parent_id
-        WHERE g.Stage = 'generation'
-    ) p ON p.TraceId = r2.TraceId AND p.parent_id = r2.SpanId
-    GROUP BY r2.TraceId, r2.SpanId
-) t ON t.TraceId = r.TraceId AND t.SpanId = r.SpanId
+LEFT JOIN _request_first_token t ON t.TraceId = r.TraceId AND t.request_span_id = r.SpanId
 """,
     "stages": f"""
 SELECT trace_id, span_id, start, start_ns, status, replica, service, model, model_version, tenant,
@@ -165,6 +161,14 @@ FROM (UNPIVOT (SELECT trace_id, span_id, start, start_ns, status, replica, servi
       ON {", ".join(REQUEST_STAGE_COLUMNS)} INTO NAME stage_col VALUE critical_ns)
 """,
 }
+
+# `requests` evaluates the chain above once per query: each intermediate view becomes a
+# MATERIALIZED CTE of the same name (a CTE shadows the view), so the window functions run
+# once instead of once per reference. The views stay defined for per-trace use.
+_CHAIN = ("_request_spans", "_stage_l1_all", "_stage_l1", "_stage_l1_yield", "_stage_l2_all", "_stage_l2",
+          "_stage_excl", "_request_stage_ns", "_request_first_token")
+VIEW_SQL["requests"] = VIEW_SQL["requests"].replace(
+    "{chain}", "WITH " + ",\n".join(f"{name} AS MATERIALIZED ({VIEW_SQL[name]})" for name in _CHAIN))
 
 #: The documented views, for docs and tests.
 PUBLIC_VIEWS: tuple[str, ...] = ("spans", "requests", "stages")
