@@ -21,7 +21,6 @@ STAGE_COLORS: dict[str, str] = {
     "streaming": "#2ca02c",
     "other": "#a0a0a0",
 }
-assert set(STAGE_COLORS) == set(S.CRITICAL_PATH_COLUMNS)
 #: Percentile line colours.
 PCT_COLORS: dict[str, str] = {"p50": "#4c78a8", "p90": "#9ecae9", "p99": "#e45756"}
 OUTCOME_COLORS: dict[str, str] = {"ok": "#9ecae9", "error": "#e45756", "timeout": "#f58518", "cancelled": "#b279a2"}
@@ -197,8 +196,8 @@ def fmt_ms(ms: float | None) -> str:
     """A latency for people: 850 ms, 2.4 s, 38 s."""
     if ms is None or ms != ms:
         return "–"
-    if ms < 1_000:
+    if abs(ms) < 1_000:
         return f"{ms:,.0f} ms"
-    if ms < 10_000:
+    if abs(ms) < 10_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms / 1000:,.0f} s"

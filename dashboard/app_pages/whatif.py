@@ -50,7 +50,8 @@ cols[0].metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {chart
 cols[1].metric(f"replay, {observed} replicas (as observed)",
                f"{charts.fmt_ms(now['p50_ms'])} / {charts.fmt_ms(now['p99_ms'])}")
 cols[2].metric(f"predicted, {k} replicas", f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
-               delta=charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99", delta_color="inverse")
+               delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
+               delta_color="inverse")
 st.caption("Each request keeps its observed arrival and its service time (latency minus queue wait) and waits "
            f"first-come first-served for one of {k} × {int(slots)} slots. Service times do not change with load, "
            "so the replay shows how much of the tail is queueing that more capacity removes, not a slow replica.")

@@ -1,0 +1,23 @@
+"""dashboard.charts: one colour per stage, latency formatting."""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboard import charts
+from tracing import schema as S
+
+
+def test_every_critical_path_stage_has_one_distinct_colour() -> None:
+    assert list(charts.STAGE_COLORS) == list(S.CRITICAL_PATH_COLUMNS)
+    assert len(set(charts.STAGE_COLORS.values())) == len(charts.STAGE_COLORS)
+    assert charts.stage_scale().to_dict() == {"domain": list(S.CRITICAL_PATH_COLUMNS),
+                                              "range": list(charts.STAGE_COLORS.values())}
+
+
+@pytest.mark.parametrize(("ms", "text"), [
+    (None, "–"), (float("nan"), "–"), (0.4, "0 ms"), (850.0, "850 ms"), (2_449.0, "2.4 s"),
+    (38_000.0, "38 s"), (-8_790.0, "-8.8 s"), (-120.0, "-120 ms"), (125_000.0, "125 s"),
+])
+def test_fmt_ms(ms: float | None, text: str) -> None:
+    assert charts.fmt_ms(ms) == text
