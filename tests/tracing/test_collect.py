@@ -327,3 +327,23 @@ def test_failed_write_answers_503_and_the_retry_is_stored(tmp_path: Path) -> Non
         assert "No space left on device" in rpc_status(r)
         assert httpx.post(url, content=body, headers=PB).status_code == 200  # not dropped as a duplicate
     assert {(r["TraceId"], r["SpanId"]) for r in stored(tmp_path / "store").values()} == set(keys)
+
+
+def test_grpc_bad_inputs_get_grpc_status_codes(tmp_path: Path) -> None:
+    rng = random.Random(10)
+    good, _ = pb_body(4, rng)
+    with running(tmp_path / "store", max_body_bytes=1 << 16) as receiver, \
+            grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as channel:
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        for body, code, message in [
+            (good[: len(good) // 2], grpc.StatusCode.INVALID_ARGUMENT, "malformed OTLP protobuf"),
+            (b"\x0a" + b"\x80" * 20, grpc.StatusCode.INVALID_ARGUMENT, "malformed OTLP protobuf"),
+            (pb_body(2000, rng)[0], grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        ]:
+            with pytest.raises(grpc.RpcError) as err:
+                export(body, timeout=30)
+            assert err.value.code() is code  # type: ignore[attr-defined]
+            assert message in (err.value.details() or "")  # type: ignore[attr-defined]
+            answer = ExportTraceServiceResponse.FromString(export(good, timeout=30))
+            assert not answer.HasField("partial_success")
+    assert len(stored(tmp_path / "store")) == 4

@@ -13,7 +13,7 @@ import random
 import pyarrow as pa
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 
 from tracing import otlp
 from tracing import schema as S
@@ -182,7 +182,7 @@ def test_builder_rolls_back_what_it_cannot_take() -> None:
     goods = [g for g in goods if otlp._otlpx.extract(g) is not None][:3]
     builder = otlp.new_builder()
     odd = ExportTraceServiceRequest.FromString(goods[0])
-    odd.resource_spans[0].resource.attributes.add(key="kv", value=AnyValue(kvlist_value={}))
+    odd.resource_spans[0].resource.attributes.add(key="kv", value=AnyValue(kvlist_value=KeyValueList()))
     n0 = builder.add(goods[0])
     assert builder.add(odd.SerializeToString()) is None  # needs the Python decoder: nothing added
     assert builder.add(goods[0][: len(goods[0]) // 2]) is None  # truncated: nothing added
