@@ -167,9 +167,12 @@ static int render_double(Buf *b, double d, int json) {
     return rc;
 }
 static int render_int(Buf *b, int64_t v) {
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)v);
-    return buf_put(b, tmp, (size_t)n);
+    char tmp[24];
+    char *end = tmp + sizeof tmp, *q = end;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { *--q = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--q = '-';
+    return buf_put(b, q, (size_t)(end - q));
 }
 static int json_string(Buf *b, Str s) {
     MEM(buf_put(b, "\"", 1));
@@ -284,8 +287,12 @@ typedef struct {
     int32_t n_spans, n_events, n_links;
 } Out;
 
+static int out_start(Out *o);
 static int out_init(Out *o) {
     memset(o, 0, sizeof *o);
+    return out_start(o);
+}
+static int out_start(Out *o) {
     Col *cols[] = {&o->trace, &o->span, &o->parent, &o->state, &o->name, &o->smsg, &o->ev_name, &o->ln_trace,
                    &o->ln_span, &o->ln_state, &o->scope_name, &o->scope_version, &o->attrs.key, &o->attrs.val,
                    &o->ev_attrs.key, &o->ev_attrs.val, &o->ln_attrs.key, &o->ln_attrs.val, &o->res_attrs.key,
@@ -575,10 +582,20 @@ typedef struct {
 } Builder;
 
 static int builder_reset(Builder *self) {
-    if (self->ready) out_free(&self->o);
-    self->ready = 0;
-    if (out_init(&self->o)) { out_free(&self->o); PyErr_NoMemory(); return -1; }
-    self->ready = 1;
+    if (!self->ready) {
+        if (out_init(&self->o)) { out_free(&self->o); PyErr_NoMemory(); return -1; }
+        self->ready = 1;
+        return 0;
+    }
+    /* keep the buffers (take() copied their contents): no fresh pages for the next group */
+    Buf *now[N_BUFS];
+    out_bufs(&self->o, now);
+    Buf keep[N_BUFS];
+    for (int i = 0; i < N_BUFS; i++) { keep[i] = *now[i]; keep[i].n = 0; }
+    memset(&self->o, 0, sizeof self->o);
+    out_bufs(&self->o, now);
+    for (int i = 0; i < N_BUFS; i++) *now[i] = keep[i];
+    if (out_start(&self->o)) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 

@@ -195,3 +195,7 @@ def test_builder_rolls_back_what_it_cannot_take() -> None:
     want = pa.concat_tables([otlp.decode_protobuf_base(goods[0])[0], otlp.decode_protobuf_base(goods[2])[0]])
     assert str(got.to_pylist()) == str(want.to_pylist())
     assert builder.spans == 0
+    # the builder reuses its buffers after take(): a second group comes out whole and alone
+    assert builder.add(goods[1]) == n_big
+    again = otlp.base_from_columns(builder.take())
+    assert str(again.to_pylist()) == str(otlp.decode_protobuf_base(goods[1])[0].to_pylist())
