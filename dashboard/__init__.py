@@ -1,0 +1,1 @@
+"""tailscope dashboard: the Streamlit incident workbench (`tailscope dashboard`); see docs/dashboard.md."""

@@ -501,11 +501,11 @@ def _range(db: Workbench, filters: Filters) -> tuple[int | None, int | None]:
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
     """A spike's start and end as integer ns (the report gives ns integers or ISO-8601 strings)."""
-    def ns(v: Any) -> int:
+    def _ns(v: Any) -> int:
         if isinstance(v, (int, float)):
             return int(v)
         return int(pd.Timestamp(v).value if pd.Timestamp(v).tzinfo else pd.Timestamp(v, tz="UTC").value)
-    return ns(spike["start"]), ns(spike["end"])
+    return _ns(spike["start"]), _ns(spike["end"])
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -846,11 +846,11 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     cur = sandbox(store).cursor()
     timed_out = threading.Event()
 
-    def fire() -> None:
+    def _fire() -> None:
         timed_out.set()
         cur.interrupt()
 
-    timer = threading.Timer(timeout_s, fire)
+    timer = threading.Timer(timeout_s, _fire)
     timer.start()
     try:
         rel = cur.execute(text)

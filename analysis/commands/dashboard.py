@@ -70,10 +70,10 @@ def _serve(argv: list[str], env: dict[str, str]) -> int:
     """Run the server until it exits; Ctrl-C or SIGTERM stop it too (no orphaned Streamlit)."""
     child = subprocess.Popen(argv, env=env)
 
-    def stop(signum: int, _frame: object) -> None:
+    def _stop(signum: int, _frame: object) -> None:
         child.send_signal(signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return child.wait()
     except KeyboardInterrupt:
