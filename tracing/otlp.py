@@ -438,18 +438,18 @@ class _Lookup:
         self.n = base
         self.values = pa.concat_arrays(values) if values else pa.array([], pa.string())
         self.owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
-        encoded = pc.dictionary_encode(pa.concat_arrays(keys) if keys else pa.array([], pa.string()))
-        self.codes = encoded.indices.to_numpy(zero_copy_only=False)
-        self.code_of = {k: i for i, k in enumerate(encoded.dictionary.to_pylist())}
+        # one pass over every key: the slot of each promoted key, then one scatter into a slot x row table
+        slot = pc.index_in(pa.concat_arrays(keys) if keys else pa.array([], pa.string()), value_set=_LOOKUP_KEYS)
+        slots = pc.fill_null(slot, -1).to_numpy(zero_copy_only=False)
+        hits = np.flatnonzero(slots >= 0)
+        self.index = np.full((len(_LOOKUP_KEYS), self.n), -1, np.int64)
+        self.index[slots[hits], self.owner[hits]] = hits
 
     def get(self, key: str) -> pa.Array:
-        """The value of `key` per row, null where the row has no such key."""
-        code = self.code_of.get(key)
-        if code is None:
+        """The value of `key` (one of _LOOKUP_KEYS) per row, null where the row has no such key."""
+        index = self.index[_LOOKUP_SLOT[key]]
+        if not self.n or index.max() < 0:
             return pa.nulls(self.n, pa.string())
-        hits = np.flatnonzero(self.codes == code)
-        index = np.full(self.n, -1, np.int64)
-        index[self.owner[hits]] = hits
         return self.values.take(pa.array(index, mask=index < 0))
 
     def first(self, keys: tuple[str, ...]) -> pa.Array:
@@ -557,6 +557,10 @@ def promote(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=S.SPAN_SCHEMA)
 
 
+_LOOKUP_KEYS = pa.array(sorted({S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OPERATION, S.ATTR_OUTCOME, S.ATTR_ERROR_TYPE,
+                                 S.ATTR_TTFT_NS, *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS,
+                                 *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS}), pa.string())
+_LOOKUP_SLOT = {k: i for i, k in enumerate(_LOOKUP_KEYS.to_pylist())}
 _KIND_ARRAY = pa.array(S.SPAN_KINDS, pa.string())
 _STATUS_ARRAY = pa.array(S.STATUS_CODES, pa.string())
 _STAGE_ARRAY = pa.array(S.ALL_STAGES, pa.string())
