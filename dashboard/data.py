@@ -419,15 +419,14 @@ def over_time(_db: Workbench, store: str, version: int, filters: Filters, bucket
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e_ns") -> list[dict[str, Any]]:
-    """Detected spikes of `metric` under `filters`, in the `tailscope report --json` shape.
+    """Detected spikes of `metric` under `filters`, in time order, in the `tailscope report --json` shape.
 
     Uses analysis.report.build_report when it is installed; else a plain rule (window p99 above
     twice the median window p99 while p50 stays within 25%) so the pages still point somewhere.
     """
     report = report_of(_db, store, version, filters, metric)
-    if report is not None:
-        return list(report.get("spikes", []))
-    return _fallback_spikes(_db, filters, metric)
+    found = list(report.get("spikes", [])) if report is not None else _fallback_spikes(_db, filters, metric)
+    return sorted(found, key=lambda sp: spike_times_ns(sp)[0])
 
 
 def _facts_names(cur: duckdb.DuckDBPyConnection) -> list[str]:
