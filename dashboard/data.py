@@ -449,7 +449,9 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters,
     """analysis.report.build_report over the filtered requests (None when that module is absent).
 
     The report reads its request facts from a per-connection table; this cursor hands it the
-    already materialized, filtered rows instead of rescanning the store.
+    already materialized, filtered rows instead of rescanning the store. Under filters the
+    cursor's `spans` is narrowed to the filtered traces as well, so the numbers stay right
+    (only slower) should the report ever compute its facts from `spans` itself.
     """
     try:
         from analysis.report import build_report
@@ -459,6 +461,10 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters,
         if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
             return {"spikes": [], "requests": 0, "errors": []}
         try:
+            if filters != Filters():  # whatever the report reads from `spans` must be filtered too
+                db_name = (cur.execute("SELECT current_database()").fetchone() or ("memory",))[0]
+                cur.execute(f'CREATE TEMP VIEW spans AS SELECT * FROM "{db_name}".main.spans '
+                            "WHERE TraceId IN (SELECT trace_id FROM requests)")
             for table in _facts_names(cur):
                 cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT {", ".join(FACT_COLUMNS)} FROM requests')
             result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
