@@ -38,10 +38,10 @@ for sp, (a, b) in zip(spikes, shade, strict=True):
                "Open the Spike page to see what explains it.")
 report = data.report_of(*key, f, "e2e_ns")
 notes = "; ".join(report.get("errors", [])) if report else "spike detection (analysis.report) is not installed"
-st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: detected spikes"
+st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: p99 spikes of end-to-end latency"
            + (f" · {notes}" if notes else ""))
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
-        st.altair_chart(charts.percentiles(df, prefix, label, shade if prefix == "e2e" else []),
+        st.altair_chart(charts.percentiles(df, prefix, label, shade),
                         width="stretch")
 st.altair_chart(charts.counts(df, shade), width="stretch")

@@ -194,3 +194,16 @@ def test_pages_run_while_critical_paths_are_pending(incident_store: Path, tmp_pa
     if page == "app_pages/overview.py":
         assert _metric(at, "requests") == f"{REQUESTS:,}"
         assert int(_metric(at, "spikes")) >= 1
+
+
+def test_sql_console_example_runs(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/sql.py").run()
+    at.selectbox(key="sql_example").select("p50 / p99 per replica").run()
+    assert at.text_area(key="sql_text").value.startswith("SELECT replica")
+    at.button(key="sql_run").click().run()
+    assert not at.error and not at.exception
+    table = at.dataframe[0].value
+    assert sorted(table["replica"]) == [f"replica-{i:02d}" for i in range(8)]
+    assert int(table["requests"].sum()) == REQUESTS
+    assert table.iloc[0]["replica"] == "replica-05"  # ordered by p99, slowest first
