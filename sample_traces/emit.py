@@ -16,7 +16,6 @@ of replicas, each with its own resource.)
 from __future__ import annotations
 
 import gzip
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest
 from tracing import schema as S
 from tracing.lean import LeanRecorder
@@ -43,21 +42,6 @@ PREFILL, DECODE = S.GENERATION_PARTS
 OK, ERROR, TIMEOUT, _CANCELLED = S.OUTCOMES
 _SERVER = trace.SpanKind.SERVER
 _INTERNAL = trace.SpanKind.INTERNAL
-
-
-class SeededIds(IdGenerator):
-    """Deterministic trace and span ids from a seeded generator."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def generate_span_id(self) -> int:
-        """A random non-zero 64-bit span id."""
-        return self._rng.getrandbits(64) or 1
-
-    def generate_trace_id(self) -> int:
-        """A random non-zero 128-bit trace id."""
-        return self._rng.getrandbits(128) or 1
 
 
 class _ListExporter(SpanExporter):

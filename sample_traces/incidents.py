@@ -15,13 +15,15 @@ a lot while p50 stays within a few percent, as in real incidents.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from analysis.spikes import quantile_sorted
 from sample_traces.fleet import (
     NS,
     START_NS,
@@ -224,14 +226,8 @@ def _iso(t_s: float) -> str:
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (DuckDB quantile_cont's convention)."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """The project's percentile convention (quantile_cont), owned by analysis.spikes."""
+    return quantile_sorted(np.sort(np.asarray(values, dtype=np.float64)), q)
 
 
 def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float) -> dict[str, Any]:

@@ -18,13 +18,13 @@ measured on vLLM's own e2e (arrival at the replica → last token).
 from __future__ import annotations
 
 import gzip
-import math
 import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
+from analysis.spikes import quantile_sorted
 from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
 from sample_traces.generate import DURATION_S, RATE  # the same run length and rate as the native incidents
@@ -121,13 +122,8 @@ def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """The project's percentile convention (quantile_cont), owned by analysis.spikes."""
+    return quantile_sorted(np.sort(np.asarray(values, dtype=np.float64)), q)
 
 
 def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, float]:
