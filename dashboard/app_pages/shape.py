@@ -21,9 +21,9 @@ st.altair_chart(charts.heatmap(grid, value), width="stretch")
 worst = grid[grid["requests"] >= 20].sort_values("p99_ms", ascending=False).head(1)
 if not worst.empty:
     w = worst.iloc[0]
-    st.markdown(f"Slowest well-populated cell: input {w['input_lo']}–{2 * w['input_lo']} tokens, "
-                f"output {w['output_lo']}–{2 * w['output_lo']} tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** "
-                f"over {w['requests']:,} requests.")
+    i_lo, o_lo, n = int(w["input_lo"]), int(w["output_lo"]), int(w["requests"])
+    st.markdown(f"Slowest well-populated cell: input {i_lo:,}–{2 * i_lo:,} tokens, output {o_lo:,}–{2 * o_lo:,} "
+                f"tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** over {n:,} requests.")
 left, right = st.columns(2)
 with left:
     st.altair_chart(charts.bucket_p99(data.shape_by_bucket(*key, f, "input_tokens", metric), "input tokens"),
