@@ -154,3 +154,25 @@ def test_a_long_query_is_interrupted(incident_store: Path) -> None:
                      timeout_s=0.5)
     # the sandbox still answers afterwards
     assert data.run_sql(str(incident_store), "SELECT 42 AS x")[0]["x"].tolist() == [42]
+
+
+def test_waterfall_stretches_sum_to_the_stage_columns(incident_store: Path) -> None:
+    """The critical-path stretches drawn per span add up, per stage, to the `requests` view's columns."""
+    wb = data.Workbench(incident_store)
+    wb.refresh()
+    rows = wb.con.execute("(SELECT * FROM req ORDER BY e2e_ns DESC LIMIT 3) "
+                          "UNION ALL (SELECT * FROM req ORDER BY e2e_ns LIMIT 3)").df()
+    for r in rows.itertuples():
+        spans = data.trace_spans(wb, str(incident_store), wb.version, r.trace_id, int(r.start_ns))
+        got = spans[spans["stage"].notna()].groupby("stage")["critical_ms"].sum()
+        for stage, ms in got.items():
+            assert round(ms * 1e6) == getattr(r, f"{stage}_ns"), (r.trace_id, stage)
+        assert round(sum(got) * 1e6) + r.other_ns == r.e2e_ns
+
+
+def test_shape_cells_cover_every_request(incident_store: Path) -> None:
+    wb = data.Workbench(incident_store)
+    wb.refresh()
+    grid = data.shape(wb, str(incident_store), wb.version, data.Filters())
+    assert int(grid["requests"].sum()) == 20_000
+    assert set(grid["input_lo"]) <= {2 ** k for k in range(20)}
