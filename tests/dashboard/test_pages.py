@@ -200,7 +200,7 @@ def test_sql_console_example_runs(incident_store: Path, monkeypatch: pytest.Monk
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/sql.py").run()
     at.selectbox(key="sql_example").select("p50 / p99 per replica").run()
-    assert at.text_area(key="sql_text").value.startswith("SELECT replica")
+    assert (at.text_area(key="sql_text").value or "").startswith("SELECT replica")
     at.button(key="sql_run").click().run()
     assert not at.error and not at.exception
     table = at.dataframe[0].value
