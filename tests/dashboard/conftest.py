@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,12 @@ def incident_store(incident: tuple[Path, Incident]) -> Path:
 def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store with no segments."""
     return init_store(tmp_path_factory.mktemp("empty") / "store")
+
+
+@pytest.fixture(autouse=True)
+def restore_main_module() -> Iterator[None]:
+    """Put back `sys.modules["__main__"]` after each test: AppTest leaves the app script there,
+    and a later test's multiprocessing "spawn" child would then run the dashboard as its main."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
