@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.needs import need
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -88,8 +90,7 @@ def dashboard_url(incident_store: Path) -> Iterator[str]:
 
 
 def test_click_through_every_page(dashboard_url: str) -> None:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed; run `make browser-deps`")
+    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:

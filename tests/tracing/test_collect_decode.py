@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 
+from tests.needs import need
 from tracing import otlp
 from tracing import schema as S
 from tracing.collect.decode import gunzip_capped
@@ -142,8 +143,7 @@ def test_promotion_of_a_group_equals_per_request_promotion() -> None:
 
 def test_fast_path_is_built() -> None:
     """The benchmark figures assume the C extension; python -m tracing.build_otlpx builds it."""
-    if not otlp.FAST_PROTOBUF:
-        pytest.skip("tracing._otlpx is not built (python -m tracing.build_otlpx)")
+    need(otlp.FAST_PROTOBUF, "the C decoder tracing._otlpx", "build it with python -m tracing.build_otlpx")
     assert otlp._otlpx is not None
 
 
@@ -175,8 +175,7 @@ def test_invalid_utf8_is_malformed_on_both_paths(where: str) -> None:
 
 
 def test_builder_rolls_back_what_it_cannot_take() -> None:
-    if not otlp.FAST_PROTOBUF:
-        pytest.skip("tracing._otlpx is not built")
+    need(otlp.FAST_PROTOBUF, "the C decoder tracing._otlpx", "build it with python -m tracing.build_otlpx")
     rng = random.Random(12)
     goods = [request(rng, False) for _ in range(40)]
     goods = [g for g in goods if otlp._otlpx.extract(g) is not None][:3]
