@@ -10,11 +10,11 @@ STORE ?= $(HOME)/.local/share/tailscope/store
 
 all: test
 
-$(STAMP): pyproject.toml tracing/_otlpx.c
+$(STAMP): pyproject.toml intake/_otlpx.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dashboard,dev]'
-	$(PY) -m tracing.build_otlpx || echo "note: the optional C decoder was not built; tailscope uses its Python decoder"
+	$(PY) -m intake.build_otlpx || echo "note: the optional C decoder was not built; tailscope uses its Python decoder"
 	touch $(STAMP)
 
 venv: $(STAMP)

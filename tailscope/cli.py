@@ -1,0 +1,37 @@
+"""The `tailscope` command line: one typer app; each command lives in tailscope/commands/."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="tailscope",
+    help="Tail-latency observability for inference serving: ingest traces, collect OTLP, "
+    "report p99 spikes and what explains them, query with SQL, open the dashboard.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+#: Command modules, in the order `--help` lists them; each has `register(app)`.
+COMMANDS: tuple[str, ...] = ("ingest", "sql", "report", "collect", "dashboard", "demo")
+
+for _name in COMMANDS:
+    try:
+        _module = importlib.import_module(f"tailscope.commands.{_name}")
+    except ModuleNotFoundError as exc:  # a command whose module is not there yet
+        if exc.name != f"tailscope.commands.{_name}":
+            raise
+        continue
+    _module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
