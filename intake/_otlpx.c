@@ -1,18 +1,27 @@
 /* Columnar extraction of OTLP ExportTraceServiceRequest protobuf into Arrow-ready buffers.
  *
- * extract(data: bytes) -> tuple | None
+ *   extract(data: bytes) -> dict | None        one request's columns
+ *   Builder().add(data, room=-1) -> int | None  append one request's columns to a group
+ *                                               (-1: more spans than `room`; None: nothing added)
+ *   Builder().take() -> dict                    the group's columns; the builder starts over
  *
- * The caller has already parsed `data` with upb (so it is valid protobuf with valid UTF-8);
- * this walks the wire format once and fills flat buffers (int32 offsets + UTF-8 data for
- * strings, int64/int32 arrays for numbers) that intake/otlp.py wraps as Arrow arrays
- * without creating one Python object per span. Anything unusual (an array or kvlist value
- * this file does not render, a duplicate attribute key, a span that would be rejected,
- * a merged singular sub-message, a time beyond int64) returns None, and the caller uses
- * the exact pure-Python decoder for that request: the fast path never guesses.
+ * The order of calls (intake/otlp.py, intake/collect/commit.py): this runs FIRST, on the raw
+ * bytes; nothing has parsed them before. It walks the wire format once, checking the tag,
+ * wire type and length of every field it reads and the UTF-8 of every string it stores, and
+ * fills flat buffers (int32 offsets + UTF-8 data for strings, int64/int32 arrays for
+ * numbers) that intake/otlp.py wraps as Arrow arrays without one Python object per span.
+ * Anything unusual (malformed wire format or UTF-8, an array or kvlist value this file does
+ * not render, a duplicate attribute key, a span that would be rejected, a merged singular
+ * sub-message, a time beyond int64) returns None and adds nothing; only then does the caller
+ * parse the request with upb and take the exact pure-Python decoder, which also names what
+ * was malformed. The fast path never guesses.
  *
  * Attribute values are rendered exactly like tracing.rows.attr_str: str as is, bool as
  * true/false, int as decimal, double as repr(float), bytes as lowercase hex, arrays of
  * scalars as compact JSON (ASCII strings only; anything else falls back).
+ *
+ * Built by `pip install` as the optional extension intake._otlpx (setup.py); without a C
+ * compiler the install goes on and intake.otlp uses its Python decoder.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

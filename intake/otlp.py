@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from tracing import schema as S
 from tracing.rows import SpanBatch, _int_or_none, attr_str, replica_of
 
-try:  # the optional C extension (python -m intake.build_otlpx); the pure-Python path is exact too
+try:  # the optional C decoder, built by pip install when a C compiler exists; Python is exact too
     from intake import _otlpx  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the build
     _otlpx = None
@@ -356,7 +356,7 @@ def decode_protobuf_table(data: bytes) -> tuple[pa.Table, DecodeResult]:
     """Decode one serialized ExportTraceServiceRequest straight to a table in SPAN_SCHEMA.
 
     The same rows `decode_protobuf` appends to a `SpanBatch`. With the C extension
-    `intake._otlpx` built (python -m intake.build_otlpx) the columns are extracted without
+    `intake._otlpx` built (by `pip install`, with a C compiler) the columns are extracted without
     a Python object per span; requests it does not handle take the pure-Python path.
     """
     table, result = decode_protobuf_base(data)

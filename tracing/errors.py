@@ -3,7 +3,8 @@
     TailscopeError                  base of every error tailscope raises on purpose
     ├── StoreError                  a store directory is missing, unreadable or not a store
     ├── InputError                  bad input: carries the source (file) and line it came from
-    └── QueryError                  a SQL query failed or was refused (carries the SQL)
+    ├── QueryError                  a SQL query failed or was refused (carries the SQL)
+    └── MissingExtra                a part of tailscope used without the pip extra that installs it
 
 Each message says what was wrong, where, and what to do next, on one line.
 """
@@ -37,3 +38,12 @@ class QueryError(TailscopeError):
         self.sql = sql
         self.what = what
         super().__init__(what)
+
+
+class MissingExtra(TailscopeError, ImportError):
+    """A part of tailscope is used without the pip extra that installs what it needs (also an ImportError)."""
+
+    def __init__(self, what: str, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{what} needs {package}, which is not installed: pip install 'tailscope[{extra}]'")
