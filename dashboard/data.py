@@ -33,7 +33,7 @@ import streamlit as st
 from analysis import explain as X
 from analysis.views import VIEW_SQL, spans_sql
 from tracing import schema as S
-from tracing.errors import StoreError
+from tracing.errors import QueryError, StoreError
 from tracing.store import default_store, require_store, segment_files
 
 HOUR_NS = 3_600_000_000_000
@@ -817,8 +817,11 @@ def sandbox(store: str) -> duckdb.DuckDBPyConnection:
     return connect(Path(store), sandbox=True)
 
 
-class RefusedQuery(ValueError):
-    """The SQL console accepts one SELECT (or WITH … SELECT) statement only."""
+class RefusedQuery(QueryError, ValueError):
+    """The SQL console accepts one SELECT (or WITH … SELECT) statement only; the message says why."""
+
+    def __init__(self, what: str, sql: str = "") -> None:
+        super().__init__(sql, what)
 
 
 def check_read_only(sql: str) -> str:

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tracing import schema as S
+from tracing.errors import BadRequest
 from tracing.rows import SpanBatch, _int_or_none, attr_str, replica_of
 
 try:  # the optional C decoder, built by pip install when a C compiler exists; Python is exact too
@@ -34,7 +35,7 @@ _KIND_NAMES["SPAN_KIND_UNSPECIFIED"] = 0
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
 
-class MalformedField(ValueError):
+class MalformedField(BadRequest):
     """A JSON field of the wrong type or spelling: the request itself is malformed (HTTP 400).
 
     `decode_json` (non-strict) still counts it as one rejected span; the receiver uses

@@ -24,14 +24,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracing import schema as S
+from tracing.errors import RetryLater
 from tracing.store import SegmentWriter, segment_files
 
 
-class QueueFull(Exception):
+class QueueFull(RetryLater):
     """The write queue holds its maximum of spans; the client should retry later."""
 
 
-class Closed(Exception):
+class Closed(RetryLater):
     """The committer is stopping and takes no new work."""
 
 

@@ -14,6 +14,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from intake.otlp import DecodeResult, base_of, decode_json_request, decode_protobuf_base
+from tracing.errors import BadRequest
 from tracing.rows import SpanBatch
 
 PROTOBUF = "application/x-protobuf"
@@ -21,11 +22,11 @@ JSON = "application/json"
 ENCODINGS = (PROTOBUF, JSON)
 
 
-class TooLarge(ValueError):
+class TooLarge(BadRequest):
     """The body (after decompression) is over the configured cap: HTTP 413."""
 
 
-class BadEncoding(ValueError):
+class BadEncoding(BadRequest):
     """A Content-Encoding the receiver does not speak: HTTP 415."""
 
 

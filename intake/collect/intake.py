@@ -10,9 +10,10 @@ from intake.collect.commit import CommitResult, Committer
 from intake.collect.config import CollectConfig
 from intake.collect.decode import PROTOBUF, Decoded, decode_body
 from intake.otlp import DecodeResult
+from tracing.errors import RetryLater
 
 
-class Busy(Exception):
+class Busy(RetryLater):
     """Too many request bytes are being read or decoded at once; the client should retry."""
 
 
