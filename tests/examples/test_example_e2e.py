@@ -20,6 +20,7 @@ from tracing.client import ClientResult, post_json
 
 __all__ = ["spans"]
 
+ROOT = Path(__file__).resolve().parents[2]
 N_REQUESTS = 12
 
 
@@ -43,7 +44,8 @@ def _disconnect_midstream(port: int) -> int:
 def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     store = tmp_path / "store"
     proc = subprocess.Popen([sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2",
-                             "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # examples/ is not installed: it runs from the source tree
     try:
         ready = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         assert all(line.startswith("ready http://127.0.0.1:") for line in ready), (ready, proc.stderr)
