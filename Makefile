@@ -10,11 +10,12 @@ STORE ?= $(HOME)/.local/share/tailscope/store
 
 all: test
 
-$(STAMP): pyproject.toml tracing/_otlpx.c
+# every extra plus the dev tools; pip builds the optional C decoder (intake/_otlpx.c) when a
+# C compiler is there, and otherwise notes it and goes on (tailscope then uses its Python decoder)
+$(STAMP): pyproject.toml setup.py intake/_otlpx.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dashboard,dev]'
-	$(PY) -m tracing.build_otlpx || echo "note: the optional C decoder was not built; tailscope uses its Python decoder"
+	$(PY) -m pip install --quiet -e '.[all,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -72,6 +72,34 @@ def bucket_bounds(x: int) -> tuple[int, int]:
     return (lo, 2 * lo - 1)
 
 
+#: Between the two ends of a bucket's label.
+BUCKET_SEP: Final = "-"
+
+
+def bucket_label(lo: int, hi: int) -> str:
+    """How a token bucket is written everywhere (report, dashboard): "lo-hi", both ends included."""
+    return f"{lo}{BUCKET_SEP}{hi}"
+
+
+def bucket_lo_sql(column: str) -> str:
+    """DuckDB SQL for the low end of `column`'s bucket, as `bucket_bounds` (NULL stays NULL; < 2**62)."""
+    guess = f"(2 ** floor(log2(greatest({column}, 1))))::BIGINT"
+    # log2 of a double can land one off next to a power of two: settle it in integers
+    return (f"(CASE WHEN {column} IS NULL THEN NULL WHEN {column} <= 0 THEN 0 "  # greatest() skips NULL
+            f"WHEN {guess} > {column} THEN {guess} // 2 "
+            f"WHEN {guess} * 2 <= {column} THEN {guess} * 2 ELSE {guess} END)")
+
+
+def bucket_hi_sql(column: str) -> str:
+    """DuckDB SQL for the high end (included) of `column`'s bucket, as `bucket_bounds`."""
+    return f"(CASE WHEN {column} IS NULL THEN NULL WHEN {column} <= 0 THEN 0 ELSE 2 * {bucket_lo_sql(column)} - 1 END)"
+
+
+def bucket_label_sql(column: str) -> str:
+    """DuckDB SQL for `bucket_label` of `column`'s bucket, so SQL callers (the dashboard) write it the same way."""
+    return f"({bucket_lo_sql(column)}::VARCHAR || '{BUCKET_SEP}' || {bucket_hi_sql(column)}::VARCHAR)"
+
+
 @dataclass
 class Coded:
     """One dimension as integer codes (-1 = missing) with each code's label and bounds."""
@@ -96,8 +124,8 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
         lo: list[int | None] = []
         hi: list[int | None] = []
         for c in range(top + 1):
-            b_lo, b_hi = (0, 0) if c == 0 else (1 << (c - 1), (1 << c) - 1)
-            labels.append(f"{b_lo}-{b_hi}")
+            b_lo, b_hi = bucket_bounds(0 if c == 0 else 1 << (c - 1))
+            labels.append(bucket_label(b_lo, b_hi))
             lo.append(b_lo)
             hi.append(b_hi)
         return Coded(name, codes, labels, lo, hi)
@@ -383,8 +411,3 @@ def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None
     order = np.lexsort((values[rows], ~pref))
     return rows[order[:k]]
 
-
-def exemplars(trace_ids: Sequence[str], values: F64, spike: I64, threshold: float, prefer: Mask | None,
-              k: int = MAX_EXEMPLARS) -> list[str]:
-    """Trace ids of `exemplar_rows`."""
-    return [trace_ids[int(r)] for r in exemplar_rows(values, spike, threshold, prefer, k)]

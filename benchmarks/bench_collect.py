@@ -115,7 +115,7 @@ class Collector:
         self.store = store
         self.log = store.parent / f"{store.name}.log"
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "analysis.cli", "collect", "--store", str(store), "--http-port", "0",
+            [PYTHON, "-m", "tailscope.cli", "collect", "--store", str(store), "--http-port", "0",
              "--grpc-port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+from analysis.explain import bucket_label
 from tracing import schema as S
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
@@ -163,8 +164,8 @@ def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
 
 
 def bucket_p99(df: pd.DataFrame, title: str) -> alt.Chart:
-    """p50 and p99 per token bucket."""
-    data = df.assign(bucket=df["lo"].astype(str) + "–" + df["hi"].astype(str))
+    """p50 and p99 per token bucket, labelled as the report labels it."""
+    data = df.assign(bucket=[bucket_label(int(lo), int(hi)) for lo, hi in zip(df["lo"], df["hi"], strict=True)])
     long = data.melt(id_vars=["bucket", "lo", "requests"], value_vars=["p50_ms", "p99_ms"], var_name="pct",
                      value_name="ms")
     long["pct"] = long["pct"].str.removesuffix("_ms")

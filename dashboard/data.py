@@ -30,9 +30,10 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
+from analysis import explain as X
 from analysis.views import VIEW_SQL, spans_sql
 from tracing import schema as S
-from tracing.errors import StoreError
+from tracing.errors import QueryError, StoreError
 from tracing.store import default_store, require_store, segment_files
 
 HOUR_NS = 3_600_000_000_000
@@ -568,10 +569,8 @@ def dimension_contrast(_db: Workbench, store: str, version: int, filters: Filter
     dims = ["replica", "model_version", "tenant", "model"]
     union = " UNION ALL ".join(f"SELECT '{d}' AS dimension, {d}::VARCHAR AS value, {metric} AS v, tail FROM w"
                                for d in dims)
-    bucket_union = " UNION ALL ".join(
-        f"SELECT '{d}_bucket' AS dimension, "
-        f"CASE WHEN {d} IS NULL THEN NULL ELSE (2 ** floor(log2(greatest({d}, 1))))::BIGINT::VARCHAR || '–' || "
-        f"(2 ** (floor(log2(greatest({d}, 1))) + 1))::BIGINT::VARCHAR END AS value, {metric} AS v, tail FROM w"
+    bucket_union = " UNION ALL ".join(  # buckets and their labels as the report writes them
+        f"SELECT '{d}_bucket' AS dimension, {X.bucket_label_sql(d)} AS value, {metric} AS v, tail FROM w"
         for d in ("input_tokens", "output_tokens"))
     with _cursor(_db) as cur:
         df = _df(cur, f"""
@@ -724,8 +723,7 @@ def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: st
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return _df(cur, f"""
-            SELECT (2 ** floor(log2(greatest(input_tokens, 1))))::BIGINT AS input_lo,
-                   (2 ** floor(log2(greatest(output_tokens, 1))))::BIGINT AS output_lo,
+            SELECT {X.bucket_lo_sql("input_tokens")} AS input_lo, {X.bucket_lo_sql("output_tokens")} AS output_lo,
                    count(*) AS requests,
                    quantile_cont({metric}, 0.5) / 1e6 AS p50_ms, quantile_cont({metric}, 0.99) / 1e6 AS p99_ms
             FROM req WHERE {cond} AND input_tokens IS NOT NULL AND output_tokens IS NOT NULL
@@ -736,14 +734,13 @@ def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: st
 @st.cache_data(show_spinner=False, max_entries=128)
 def shape_by_bucket(_db: Workbench, store: str, version: int, filters: Filters, column: str,
                     metric: str = "e2e_ns") -> pd.DataFrame:
-    """p50/p99 (ms) and counts per power-of-two bucket of `column` (input_tokens or output_tokens)."""
+    """p50/p99 (ms) and counts per power-of-two bucket [lo, hi] of `column` (input_tokens or output_tokens)."""
     if column not in ("input_tokens", "output_tokens"):
         raise ValueError(f"column must be input_tokens or output_tokens, not {column!r}")
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return _df(cur, f"""
-            SELECT (2 ** floor(log2(greatest({column}, 1))))::BIGINT AS lo,
-                   (2 ** (floor(log2(greatest({column}, 1))) + 1))::BIGINT AS hi, count(*) AS requests,
+            SELECT {X.bucket_lo_sql(column)} AS lo, {X.bucket_hi_sql(column)} AS hi, count(*) AS requests,
                    quantile_cont({metric}, 0.5) / 1e6 AS p50_ms, quantile_cont({metric}, 0.99) / 1e6 AS p99_ms
             FROM req WHERE {cond} AND {column} IS NOT NULL AND {metric} IS NOT NULL GROUP BY ALL ORDER BY 1""",
                    params)
@@ -820,8 +817,11 @@ def sandbox(store: str) -> duckdb.DuckDBPyConnection:
     return connect(Path(store), sandbox=True)
 
 
-class RefusedQuery(ValueError):
-    """The SQL console accepts one SELECT (or WITH … SELECT) statement only."""
+class RefusedQuery(QueryError, ValueError):
+    """The SQL console accepts one SELECT (or WITH … SELECT) statement only; the message says why."""
+
+    def __init__(self, what: str, sql: str = "") -> None:
+        super().__init__(sql, what)
 
 
 def check_read_only(sql: str) -> str:

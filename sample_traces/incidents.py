@@ -21,9 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from analysis.spikes import quantile_sorted
 from sample_traces.fleet import (
     NS,
     START_NS,
@@ -37,6 +34,7 @@ from sample_traces.fleet import (
     default_config,
     simulate,
 )
+from sample_traces.quantile import quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,17 +223,12 @@ def _iso(t_s: float) -> str:
     return datetime.fromtimestamp(START_NS / NS + t_s, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    """The project's percentile convention (quantile_cont), owned by analysis.spikes."""
-    return quantile_sorted(np.sort(np.asarray(values, dtype=np.float64)), q)
-
-
 def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float) -> dict[str, Any]:
     """p50 and p99 (ms) of the requests arriving in [t0, t1), with the incident and, if given, without."""
 
     def stats(rs: Sequence[SimRequest]) -> dict[str, float]:
         e2e = [r.e2e_s * 1000 for r in rs if t0 <= r.arrival_s < t1]
-        return {"requests": len(e2e), "p50_ms": round(_quantile(e2e, 0.5), 1), "p99_ms": round(_quantile(e2e, 0.99), 1)}
+        return {"requests": len(e2e), "p50_ms": round(quantile(e2e, 0.5), 1), "p99_ms": round(quantile(e2e, 0.99), 1)}
 
     out: dict[str, Any] = {"incident": stats(reqs)}
     if clean is not None:

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,11 +31,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from analysis.spikes import quantile_sorted
 from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
 from sample_traces.generate import DURATION_S, RATE  # the same run length and rate as the native incidents
 from sample_traces.incidents import SLOW_REPLICA, run, write_truth
+from sample_traces.quantile import quantile
 from tracing.otlp_json import spans_to_json_line
 
 NAME = "vllm_slow_replica"
@@ -121,15 +120,10 @@ def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
     return out
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    """The project's percentile convention (quantile_cont), owned by analysis.spikes."""
-    return quantile_sorted(np.sort(np.asarray(values, dtype=np.float64)), q)
-
-
 def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, float]:
     e2e = [(min(r.decode_end_s, r.end_s) - r.at_replica_s) * 1000 for r in requests
            if reached_vllm(r) and r.status == "ok" and t0 <= r.at_replica_s < t1]
-    return {"requests": len(e2e), "p50_ms": round(_quantile(e2e, 0.5), 1), "p99_ms": round(_quantile(e2e, 0.99), 1)}
+    return {"requests": len(e2e), "p50_ms": round(quantile(e2e, 0.5), 1), "p99_ms": round(quantile(e2e, 0.99), 1)}
 
 
 def generate(out_dir: Path = OUT_DIR, seed: int = SEED, duration_s: float = DURATION_S,

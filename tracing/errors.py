@@ -3,9 +3,20 @@
     TailscopeError                  base of every error tailscope raises on purpose
     ├── StoreError                  a store directory is missing, unreadable or not a store
     ├── InputError                  bad input: carries the source (file) and line it came from
-    └── QueryError                  a SQL query failed or was refused (carries the SQL)
+    ├── QueryError                  a SQL query failed or was refused (carries the SQL)
+    │   └── RefusedQuery            (dashboard.data) the SQL console takes one SELECT only
+    ├── BadRequest                  a request that is wrong as sent: never retry it (also a ValueError)
+    │   ├── MalformedField          (intake.otlp) an OTLP/JSON field of the wrong type or spelling: 400
+    │   ├── TooLarge                (intake.collect.decode) a body over the size cap: 413
+    │   └── BadEncoding             (intake.collect.decode) an unknown Content-Encoding: 415
+    ├── RetryLater                  a receiver cannot take the request now: retry it (503 / UNAVAILABLE)
+    │   ├── QueueFull               (intake.collect.commit) the write queue is at its span limit
+    │   ├── Closed                  (intake.collect.commit) the receiver is shutting down
+    │   └── Busy                    (intake.collect.intake) too many request bytes in flight
+    └── MissingExtra                a part of tailscope used without the pip extra that installs it
 
-Each message says what was wrong, where, and what to do next, on one line.
+Each message says what was wrong, where, and what to do next, on one line. The leaves
+marked with a module live there, beside the code that raises them.
 """
 
 from __future__ import annotations
@@ -37,3 +48,20 @@ class QueryError(TailscopeError):
         self.sql = sql
         self.what = what
         super().__init__(what)
+
+
+class BadRequest(TailscopeError, ValueError):
+    """A request that is wrong as sent and will be refused again if retried unchanged."""
+
+
+class RetryLater(TailscopeError):
+    """A receiver cannot take a request now (full, busy or stopping); the same request may succeed later."""
+
+
+class MissingExtra(TailscopeError, ImportError):
+    """A part of tailscope is used without the pip extra that installs what it needs (also an ImportError)."""
+
+    def __init__(self, what: str, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{what} needs {package}, which is not installed: pip install 'tailscope[{extra}]'")

@@ -1,19 +1,22 @@
 """Columnar span batches: every writer appends spans here, promotion happens once, in one place.
 
 A `SpanBatch` collects spans as Python column lists and turns them into a pyarrow table
-with `schema.SPAN_SCHEMA`. Promotion (stage, request flag, outcome, replica, model,
-tenant, tokens, TTFT) follows the attribute convention in `schema` and docs/convention.md.
+with `schema.SPAN_SCHEMA` (only that step needs pyarrow, the `store` extra). Promotion (stage,
+request flag, outcome, replica, model, tenant, tokens, TTFT) follows the attribute convention
+in `schema` and docs/convention.md.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from tracing import schema as S
+from tracing.errors import MissingExtra
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _STAGE_SET = frozenset(S.ALL_STAGES)
 _OUTCOME_SET = frozenset(S.OUTCOMES)
@@ -181,6 +184,10 @@ class SpanBatch:
 
     def to_table(self) -> pa.Table:
         """The batch as a pyarrow table in `SPAN_SCHEMA`."""
+        try:
+            import pyarrow as pa
+        except ModuleNotFoundError as exc:
+            raise MissingExtra("a span table", exc.name or "pyarrow", "store") from None
         return pa.Table.from_pydict(self._cols, schema=S.SPAN_SCHEMA)
 
     def clear(self) -> None:

@@ -4,6 +4,9 @@ Layout: STORE/spans/dt=YYYY-MM-DD/hr=HH/<writer>-<seq>.parquet. Each segment is 
 to a hidden temporary name and `os.replace`d into place, so a reader globbing the store
 never sees a half-written file; with `durable=True` the file and its directory are
 fsynced before the segment is reported written.
+
+pyarrow (the `store` extra) is imported when a writer is made, so `default_store` and the
+store's layout functions work in a serving process installed without it.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import threading
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from tracing import schema as S
-from tracing.errors import StoreError
+from tracing.errors import MissingExtra, StoreError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Environment variable naming the default store directory.
 ENV_STORE: str = "TAILSCOPE_STORE"
@@ -72,6 +75,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def require_pyarrow(what: str) -> None:
+    """Raise MissingExtra (one line naming the `store` extra) unless pyarrow can be imported."""
+    try:
+        import pyarrow  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise MissingExtra(what, exc.name or "pyarrow", "store") from None
+
+
 class SegmentWriter:
     """Writes span tables into a store as immutable segments, one per (day, hour) partition.
 
@@ -81,6 +92,7 @@ class SegmentWriter:
 
     def __init__(self, store: Path, *, kind: str = "w", durable: bool = False,
                  writer: str | None = None, compression: str = "zstd") -> None:
+        require_pyarrow("the segment store")
         self.store = init_store(Path(store))
         self.durable = durable
         self.compression = compression
@@ -98,6 +110,9 @@ class SegmentWriter:
 
     def write(self, table: pa.Table) -> list[Path]:
         """Write `table` (in SPAN_SCHEMA) as one segment per hour partition; return their paths."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if table.num_rows == 0:
             return []
         if table.schema != S.SPAN_SCHEMA:
@@ -111,6 +126,8 @@ class SegmentWriter:
         return written
 
     def _write_partition(self, table: pa.Table, hour: datetime) -> Path:
+        import pyarrow.parquet as pq
+
         hour = hour.astimezone(UTC)
         directory = self.store / S.SPANS_DIR / f"dt={hour:%Y-%m-%d}" / f"hr={hour:%H}"
         directory.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis.explain import bucket_bounds, bucket_label
 from dashboard import charts, data, sidebar
 
 db = data.open_store()
@@ -22,7 +23,8 @@ worst = grid[grid["requests"] >= 20].sort_values("p99_ms", ascending=False).head
 if not worst.empty:
     w = worst.iloc[0]
     i_lo, o_lo, n = int(w["input_lo"]), int(w["output_lo"]), int(w["requests"])
-    st.markdown(f"Slowest well-populated cell: input {i_lo:,}–{2 * i_lo:,} tokens, output {o_lo:,}–{2 * o_lo:,} "
+    i_label, o_label = (bucket_label(*bucket_bounds(lo)) for lo in (i_lo, o_lo))
+    st.markdown(f"Slowest well-populated cell: input {i_label} tokens, output {o_label} "
                 f"tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** over {n:,} requests.")
 left, right = st.columns(2)
 with left:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,25 @@ def test_power_of_two_buckets() -> None:
     assert (coded.labels[10], coded.lo[10], coded.hi[10]) == ("512-1023", 512, 1023)
     tenant = X.code_dimension(frame, "tenant")
     assert tenant.labels == ["a", "b"] and tenant.codes.tolist() == [1, 0, -1, 1, 0]
+
+
+def test_bucket_sql_equals_bucket_bounds_and_label() -> None:
+    """The SQL the dashboard uses gives the report's buckets and labels, value for value."""
+    import duckdb
+
+    rng = random.Random(3)
+    xs = [0, 1, 2, 3, 4, 7, 8, 1023, 1024, 1025, 2047, 2048, -5, 2**52 - 1, 2**52, 2**61 + 1, 2**62 - 1]
+    xs += [(1 << rng.randrange(62)) + rng.randrange(-2, 3) for _ in range(300)] + [rng.randrange(10**6)
+                                                                                   for _ in range(300)]
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT x, {X.bucket_lo_sql('x')}, {X.bucket_hi_sql('x')}, {X.bucket_label_sql('x')} "
+                       "FROM (SELECT unnest(?::BIGINT[]) AS x)", [xs]).fetchall()
+    assert len(rows) == len(xs)
+    for x, lo, hi, label in rows:
+        assert (lo, hi) == X.bucket_bounds(x), x
+        assert label == X.bucket_label(lo, hi) == f"{lo}-{hi}"
+    assert con.execute(f"SELECT {X.bucket_label_sql('NULL::BIGINT')}").fetchone() == (None,)
+    assert X.bucket_label(*X.bucket_bounds(1500)) == "1024-2047"
 
 
 def test_stage_shares_of_the_excess() -> None:
@@ -115,8 +135,8 @@ def test_exemplars_prefer_the_best_candidate_near_p99() -> None:
     values = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], dtype=float)
     spike = np.arange(10, dtype=np.int64)
     prefer = np.array([False] * 8 + [False, True])
-    assert X.exemplars(ids, values, spike, 7.5, prefer, k=3) == [ids[9], ids[7], ids[8]]
-    assert X.exemplars(ids, values, spike, 7.5, None, k=2) == [ids[7], ids[8]]
+    assert [ids[r] for r in X.exemplar_rows(values, spike, 7.5, prefer, k=3)] == [ids[9], ids[7], ids[8]]
+    assert [ids[r] for r in X.exemplar_rows(values, spike, 7.5, None, k=2)] == [ids[7], ids[8]]
 
 
 def test_stage_rows_equal_the_requests_view(tmp_path: Path) -> None:

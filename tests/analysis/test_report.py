@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from analysis import build_report, connect
 from analysis import explain as X
-from analysis.cli import app
 from analysis.report import render_text
+from tailscope.cli import app
 from tests.factory import T0, add_request, hex_id, write
 from tracing import schema as S
 from tracing.rows import SpanBatch

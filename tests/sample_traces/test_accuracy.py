@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from analysis.cli import app
 from sample_traces import generate
 from sample_traces.incidents import CATALOGUE
+from tailscope.cli import app
 
 runner = CliRunner()
 NAMES = [inc.name for inc in CATALOGUE]

@@ -51,7 +51,7 @@ def test_demo_loads_the_sample_prints_a_spike_and_the_dashboard_command(tmp_path
 def test_demo_report_names_each_labelled_incident(tmp_path: Path) -> None:
     """The report over the demo store finds every incident of the timeline with its stage and value."""
     from analysis.report import build_report
-    from tracing.ingest import ingest_files
+    from intake.ingest import ingest_files
     from tracing.store import init_store
 
     store = init_store(tmp_path / "store")

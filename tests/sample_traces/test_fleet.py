@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from analysis.connect import connect
+from intake.ingest import ingest_files
 from sample_traces import generate
 from sample_traces.emit import write_otlp
 from sample_traces.fleet import (
@@ -34,7 +35,6 @@ from sample_traces.fleet import (
     simulate,
 )
 from sample_traces.incidents import BY_NAME, CATALOGUE, run
-from tracing.ingest import ingest_files
 from tracing.store import init_store
 
 IN, OUT = 1_000, 101

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from analysis.cli import app
 from sample_traces import vllm_incident
+from tailscope.cli import app
 
 runner = CliRunner()
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
 import tracing
+from intake.otlp import decode_protobuf
 from tests.tracing.otel_helpers import spans
 from tracing import schema as S
 from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter, append_span
-from tracing.otlp import decode_protobuf
 from tracing.rows import SpanBatch
 from tracing.store import segment_files
 

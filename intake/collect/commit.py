@@ -1,0 +1,338 @@
+"""Group commit: requests queue decoded tables, one thread writes them as one durable segment.
+
+A request is answered only after the segment holding its spans is fsynced and renamed
+into place (file and directory fsynced), so a 200 survives kill -9. While one group is
+being written, newly arriving requests gather into the next group: the added latency is
+about one segment write, and throughput grows with concurrency instead of shrinking.
+The queue is bounded in spans; `submit` raises `QueueFull` instead of growing it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracing import schema as S
+from tracing.errors import RetryLater
+from tracing.store import SegmentWriter, segment_files
+
+
+class QueueFull(RetryLater):
+    """The write queue holds its maximum of spans; the client should retry later."""
+
+
+class Closed(RetryLater):
+    """The committer is stopping and takes no new work."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one request's group commit did: spans stored, spans dropped as already stored."""
+
+    stored: int
+    duplicates: int
+    segments: int
+
+
+def _keys(table: pa.Table) -> list[str]:
+    return pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "").to_pylist()
+
+
+class RecentKeys:
+    """A bounded set of (TraceId, SpanId) keys of recently stored spans, oldest evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._set: set[str] = set()
+        self._chunks: deque[list[str]] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return len(self._set)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._set
+
+    def add(self, keys: list[str]) -> None:
+        """Remember `keys` (already free of duplicates), evicting the oldest beyond capacity."""
+        if self.capacity == 0 or not keys:
+            return
+        self._set.update(keys)
+        self._chunks.append(keys)
+        self._size += len(keys)
+        while self._size > self.capacity and self._chunks:
+            old = self._chunks.popleft()
+            self._size -= len(old)
+            self._set.difference_update(old)
+
+    def discard(self, keys: list[str]) -> None:
+        """Forget `keys` (their write failed, so a re-send must be stored)."""
+        self._set.difference_update(keys)
+
+    def filter(self, table: pa.Table) -> tuple[pa.Table, list[str]]:
+        """`table` without spans already remembered or repeated within it, and the kept keys."""
+        keys = _keys(table)
+        unique = set(keys)
+        if len(unique) == len(keys) and self._set.isdisjoint(unique):
+            return table, keys
+        seen = self._set
+        batch_seen: set[str] = set()
+        mask = []
+        kept: list[str] = []
+        for key in keys:
+            keep = key not in seen and key not in batch_seen
+            if keep:
+                batch_seen.add(key)
+                kept.append(key)
+            mask.append(keep)
+        return table.filter(pa.array(mask, pa.bool_())), kept
+
+    def load(self, store: Path, max_age_s: float) -> int:
+        """Remember the keys of segments modified in the last `max_age_s` seconds (newest first)."""
+        if self.capacity == 0:
+            return 0
+        cutoff = time.time() - max_age_s
+        recent = []
+        for path in segment_files(store):
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if mtime >= cutoff:
+                recent.append((mtime, path))
+        chunks: list[list[str]] = []
+        total = 0
+        for _, path in sorted(recent, reverse=True):
+            if total >= self.capacity:
+                break
+            try:
+                table = pq.read_table(path, columns=["TraceId", "SpanId"])
+            except (OSError, pa.ArrowException):
+                continue
+            keys = _keys(table)
+            chunks.append(keys)
+            total += len(keys)
+        for keys in reversed(chunks):  # oldest first, so the newest survive eviction
+            self.add(keys)
+        return total
+
+
+@dataclass
+class _Pending:
+    table: pa.Table | None  # None: the spans are in the committer's columnar builder
+    spans: int
+    future: Future[CommitResult]
+    queued_at: float
+
+
+@dataclass
+class _Prepared:
+    group: list[_Pending]
+    kept: pa.Table
+    keys: list[str]
+    duplicates: int
+    failures: int  # failed writes seen when the group was checked for duplicates
+    started: float
+
+
+class Builder(Protocol):
+    """The columnar accumulator of intake._otlpx (add a protobuf body, take all columns)."""
+
+    spans: int
+
+    def add(self, data: bytes, room: int = -1) -> int | None: ...
+
+    def take(self) -> dict[str, Any]: ...
+
+
+class Committer:
+    """The one writer thread: takes every queued table, writes one segment, resolves futures.
+
+    `prepare` turns the concatenated group into SPAN_SCHEMA (the receiver promotes and
+    normalizes there, so per-request work stays small). With a `builder` (intake._otlpx),
+    protobuf bodies are extracted into one set of columns that `assemble` turns into one
+    table per group, instead of one table per request.
+    """
+
+    def __init__(self, writer: SegmentWriter, keys: RecentKeys, *, max_queue_spans: int,
+                 prepare: Callable[[pa.Table], pa.Table] | None = None, builder: Builder | None = None,
+                 assemble: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
+        self.writer = writer
+        self.keys = keys
+        self.max_queue_spans = max_queue_spans
+        self._prepare = prepare
+        self._builder = builder if assemble is not None else None
+        self._assemble = assemble
+        self._cond = threading.Condition()
+        self._pending: deque[_Pending] = deque()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
+        # two stages: while one group is written and fsynced, the next is built and promoted
+        self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
+        self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
+        self._keys_lock = threading.Lock()
+        # statistics (read by the progress line; written under the condition's lock)
+        self.queued_spans = 0
+        self.stored_spans = 0
+        self.duplicate_spans = 0
+        self.segments = 0
+        self.commits = 0
+        self.failed_commits = 0
+        self._write_failures = 0
+        #: seconds from submit to durable, one sample per request (the last 100,000)
+        self.latencies: deque[float] = deque(maxlen=100_000)
+        #: seconds spent writing each group commit (the last 10,000)
+        self.write_seconds: deque[float] = deque(maxlen=10_000)
+
+    def start(self) -> None:
+        """Start the two commit threads."""
+        self._thread.start()
+        self._writer_thread.start()
+
+    def _check_room(self, n: int) -> None:
+        if self._closing:
+            raise Closed("the receiver is shutting down")
+        if self.queued_spans and self.queued_spans + n > self.max_queue_spans:
+            raise QueueFull(f"write queue full ({self.queued_spans} spans waiting, limit {self.max_queue_spans})")
+
+    def submit(self, table: pa.Table) -> Future[CommitResult]:
+        """Queue `table` for the next group commit; the future resolves once it is durable."""
+        future: Future[CommitResult] = Future()
+        n = table.num_rows
+        with self._cond:
+            self._check_room(n)
+            self.queued_spans += n
+            self._pending.append(_Pending(table, n, future, time.perf_counter()))
+            self._cond.notify()
+        return future
+
+    def submit_protobuf(self, data: bytes) -> tuple[int, Future[CommitResult]] | None:
+        """Queue a protobuf body through the columnar builder: (spans, future), or None when the
+        body needs the Python decoder (then nothing was queued). Raises QueueFull or Closed."""
+        if self._builder is None:
+            return None
+        future: Future[CommitResult] = Future()
+        with self._cond:
+            self._check_room(1)
+            room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
+            n = self._builder.add(data, room)
+            if n is None:
+                return None
+            if n < 0:
+                self._check_room(self.max_queue_spans + 1)  # raises QueueFull with the figures
+            self.queued_spans += n
+            self._pending.append(_Pending(None, n, future, time.perf_counter()))
+            self._cond.notify()
+        return n, future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Take no new work, write everything queued, then stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._writer_thread.is_alive():
+            self._writer_thread.join(timeout)
+
+    def _take(self) -> tuple[list[_Pending], dict[str, Any] | None] | None:
+        with self._cond:
+            while not self._pending and not self._closing:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            group = list(self._pending)  # everything queued: the queue bound also bounds a group
+            self._pending.clear()
+            columns = self._builder.take() if self._builder is not None and self._builder.spans else None
+            return group, columns
+
+    def _run(self) -> None:
+        """Stage 1: take a group, build and promote its table, drop duplicates; hand it to stage 2."""
+        try:
+            while True:
+                taken = self._take()
+                if taken is None:
+                    return
+                prepared = self._prepare_group(*taken)
+                if prepared is not None:
+                    self._handoff.put(prepared)
+        finally:
+            self._handoff.put(None)
+
+    def _prepare_group(self, group: list[_Pending], columns: dict[str, Any] | None) -> _Prepared | None:
+        started = time.perf_counter()
+        try:
+            tables = [item.table for item in group if item.table is not None]
+            if columns is not None and self._assemble is not None:
+                tables.insert(0, self._assemble(columns))
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            if self._prepare is not None:  # promotion and engine normalization, once per group
+                table = self._prepare(table)
+            if table.schema != S.SPAN_SCHEMA:
+                table = table.select(list(S.COLUMN_NAMES)).cast(S.SPAN_SCHEMA)
+            with self._keys_lock:
+                kept, keys = self.keys.filter(table)
+                self.keys.add(keys)  # taken back if the write fails
+                failures = self._write_failures
+            # one chunk per column: Parquet encodes it about twice as fast as hundreds of small chunks
+            return _Prepared(group, kept.combine_chunks(), keys, table.num_rows - kept.num_rows, failures, started)
+        except Exception as exc:
+            self._fail(group, exc)
+            return None
+
+    def _write_loop(self) -> None:
+        """Stage 2: write and fsync each prepared group, then answer its requests."""
+        while True:
+            prepared = self._handoff.get()
+            if prepared is None:
+                return
+            self._write(prepared)
+
+    def _write(self, p: _Prepared) -> None:
+        try:
+            with self._keys_lock:
+                if p.failures != self._write_failures:
+                    # an earlier write failed after this group was checked against its keys: this group
+                    # may have dropped spans as duplicates of ones that were never stored
+                    self.keys.discard(p.keys)
+                    self.failed_commits += 1
+                    self._fail(p.group, OSError("an earlier segment write failed; retry"))
+                    return
+            paths = self.writer.write(p.kept)
+        except Exception as exc:  # a failed write fails every request of the group (503, retried)
+            with self._keys_lock:
+                self.keys.discard(p.keys)
+                self.failed_commits += 1
+                self._write_failures += 1
+            self._fail(p.group, exc)
+            return
+        done = time.perf_counter()
+        with self._cond:
+            self.queued_spans -= sum(item.spans for item in p.group)
+            self.stored_spans += p.kept.num_rows
+            self.duplicate_spans += p.duplicates
+            self.segments += len(paths)
+            self.commits += 1
+            self.write_seconds.append(done - p.started)
+            for item in p.group:
+                self.latencies.append(done - item.queued_at)
+        result = CommitResult(stored=p.kept.num_rows, duplicates=p.duplicates, segments=len(paths))
+        for item in p.group:
+            item.future.set_result(result)
+
+    def _fail(self, group: list[_Pending], exc: Exception) -> None:
+        with self._cond:
+            self.queued_spans -= sum(item.spans for item in group)
+        for item in group:
+            item.future.set_exception(exc)

@@ -1,0 +1,216 @@
+"""The receiver: HTTP and gRPC front ends, one group-commit writer, a progress line, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import TextIO
+
+import grpc
+
+from intake.collect.commit import Committer, RecentKeys
+from intake.collect.config import CollectConfig
+from intake.collect.grpc_server import make_server
+from intake.collect.http import HttpServer
+from intake.collect.intake import Intake
+from intake.engines import normalize
+from intake.otlp import base_from_columns, new_builder, promote
+from tracing.store import SegmentWriter, init_store
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of the receiver's counters."""
+
+    requests: int
+    received_spans: int
+    stored_spans: int
+    duplicate_spans: int
+    rejected_spans: int
+    bad_requests: int
+    refused_requests: int
+    segments: int
+    commits: int
+    queued_spans: int
+    inflight_bytes: int
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Receiver:
+    """`tailscope collect` as an object: `start()`, then `stop()` (or `serve_forever()`)."""
+
+    def __init__(self, config: CollectConfig) -> None:
+        self.config = config
+        self.store = init_store(config.store)
+        self.writer = SegmentWriter(self.store, kind="collect", durable=config.durable)
+        self.keys = RecentKeys(config.dedupe_window)
+        self.loaded_keys = 0
+        self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
+                                   prepare=lambda table: normalize(promote(table)),
+                                   builder=new_builder(), assemble=base_from_columns)
+        self.intake = Intake(config, self.committer)
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._http: HttpServer | None = None
+        self._grpc: grpc.Server | None = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._started_at = time.monotonic()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load recent keys for dedupe, start the writer, bind and start both front ends."""
+        self.loaded_keys = self.keys.load(self.store, self.config.dedupe_startup_s)
+        self.committer.start()
+        if self.config.grpc_port is not None:
+            self._grpc, self.grpc_port = make_server(self.intake, self.config.host, self.config.grpc_port)
+            self._grpc.start()
+        if self.config.http_port is not None:
+            ready = threading.Event()
+            errors: list[BaseException] = []
+            self._loop = asyncio.new_event_loop()
+            self._http = HttpServer(self.intake, self.config.host, self.config.http_port)
+
+            def run() -> None:
+                assert self._loop is not None and self._http is not None
+                asyncio.set_event_loop(self._loop)
+                try:
+                    self.http_port = self._loop.run_until_complete(self._http.start())
+                except BaseException as exc:
+                    errors.append(exc)
+                    ready.set()
+                    return
+                ready.set()
+                self._loop.run_forever()
+
+            self._loop_thread = threading.Thread(target=run, name="tailscope-http", daemon=True)
+            self._loop_thread.start()
+            ready.wait()
+            if errors:
+                self.stop()
+                raise errors[0]
+        self._started_at = time.monotonic()
+
+    def stop(self) -> None:
+        """Stop accepting, answer in-flight requests, write everything queued, then stop."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self.intake.draining = True
+            timeout = self.config.drain_timeout_s
+            grpc_done = self._grpc.stop(grace=timeout) if self._grpc is not None else None
+            if self._loop is not None and self._http is not None and self._loop.is_running():
+                done = asyncio.run_coroutine_threadsafe(self._http.drain(timeout), self._loop)
+                with contextlib.suppress(Exception):  # a drain that timed out still lets the flush run
+                    done.result(timeout + 10)
+            if grpc_done is not None:
+                grpc_done.wait(timeout + 5)
+            self.committer.close()
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                if self._loop_thread is not None:
+                    self._loop_thread.join(10)
+                if not self._loop.is_running():
+                    self._loop.close()
+            self._stopped.set()
+
+    def serve_forever(self, *, progress: TextIO | None = sys.stderr, interval_s: float = 1.0,
+                      on_ready: Callable[[Receiver], None] | None = None) -> Stats:
+        """Run until SIGTERM or SIGINT, printing the progress line; then stop cleanly."""
+        stop_asked = threading.Event()
+
+        def ask_stop(signum: int, frame: FrameType | None) -> None:
+            stop_asked.set()
+
+        previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            # the process is the receiver's: long-lived objects (modules, the dedupe window) leave the
+            # cyclic GC's view and young collections run less often (requests make many short-lived,
+            # acyclic objects)
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(50_000, 20, 20)
+            if on_ready is not None:
+                on_ready(self)
+            reporter = ProgressLine(self, progress) if progress is not None else None
+            while not stop_asked.wait(interval_s):
+                if reporter is not None:
+                    reporter.tick()
+            if reporter is not None:
+                reporter.tick(final=False)
+                progress.write("stopping: answering in-flight requests and writing the queue\n")  # type: ignore[union-attr]
+                progress.flush()  # type: ignore[union-attr]
+            self.stop()
+            if reporter is not None:
+                reporter.tick(final=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.stats()
+
+    # --- figures -------------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        """The counters now."""
+        c, i = self.committer, self.intake
+        return Stats(requests=i.requests, received_spans=i.received_spans, stored_spans=c.stored_spans,
+                     duplicate_spans=c.duplicate_spans, rejected_spans=i.rejected_spans,
+                     bad_requests=i.bad_requests, refused_requests=i.refused_requests, segments=c.segments,
+                     commits=c.commits, queued_spans=c.queued_spans, inflight_bytes=i.inflight_bytes)
+
+    def commit_latency_ms(self, q: float = 0.99) -> float:
+        """The `q` quantile of submit-to-durable time over recent requests, in ms."""
+        return _percentile(list(self.committer.latencies), q) * 1000
+
+
+class ProgressLine:
+    """The console line: spans/s, totals, segments, rejected, duplicates, queue depth, p99 commit."""
+
+    def __init__(self, receiver: Receiver, out: TextIO) -> None:
+        self.receiver = receiver
+        self.out = out
+        self.tty = out.isatty()
+        self._last = receiver.stats()
+        self._last_t = time.monotonic()
+        self._last_print = 0.0
+
+    def tick(self, *, final: bool = False) -> None:
+        """Print one line (in place on a terminal, every 10 s or on change otherwise)."""
+        now = time.monotonic()
+        s = self.receiver.stats()
+        rate = (s.stored_spans - self._last.stored_spans) / max(1e-9, now - self._last_t)
+        changed = s != self._last
+        self._last, self._last_t = s, now
+        if not self.tty and not final and not (changed and now - self._last_print >= 10.0):
+            return
+        self._last_print = now
+        line = (f"collect: {rate:,.0f} spans/s | stored {s.stored_spans:,} | segments {s.segments:,} | "
+                f"rejected {s.rejected_spans:,} | duplicates {s.duplicate_spans:,} | "
+                f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
+                f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
+        if self.tty:
+            self.out.write("\r\x1b[2K" + line + ("\n" if final else ""))
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()

@@ -1,0 +1,112 @@
+"""Hugging Face TGI (3.3.6-dev0, `--otlp-endpoint`): handler spans with Rust Duration fields.
+
+The handler spans `generate`, `generate_stream`, `completions`, `chat_completions`
+(router/src/server.rs) record `validation_time`, `queue_time`, `inference_time`,
+`time_per_token`, `total_time` as Rust `Debug` Duration strings ("12.3ms", "1.2s", "850µs")
+when the request succeeds. They are laid back to back from the span start: preprocess
+(validation), queue_wait, generation (inference). The per-request `infer` spans
+(backends/v3/src/queue.rs, backend.rs: one per batch the entry joins, the first one is the
+prefill batch) split generation: prefill ends where the earliest `infer` span ends. Streaming
+(generate_stream only) runs from the first token to the span end and yields to decode.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from intake.engines._common import (
+    Row,
+    Timeline,
+    Trace,
+    attrs_of,
+    end_of,
+    int_or_none,
+    is_native,
+    mark_request,
+    rust_duration_ns,
+)
+from tracing.rows import outcome_of
+
+NAME = "tgi"
+HANDLERS = ("generate", "generate_stream", "completions", "chat_completions")
+STREAM_HANDLERS = ("generate_stream",)
+FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token")
+_NAMESPACE = "text_generation_router"
+
+
+def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Spans that may be TGI handler spans (checked further in `map_trace`)."""
+    return pc.is_in(names, value_set=pa.array(HANDLERS))
+
+
+def _is_handler(row: Row, attrs: dict[str, str]) -> bool:
+    if row["SpanName"] not in HANDLERS or is_native(attrs):
+        return False
+    if any(rust_duration_ns(attrs.get(f)) is not None for f in FIELDS):
+        return True
+    return attrs.get("code.namespace", "").startswith(_NAMESPACE)
+
+
+def map_trace(trace: Trace) -> list[Row]:
+    """Mark every TGI handler span of the trace and return its synthetic stage spans."""
+    out: list[Row] = []
+    handlers = [r for r in trace.spans if r["SpanName"] in HANDLERS]
+    for row in handlers:
+        attrs = attrs_of(row)
+        if not _is_handler(row, attrs):
+            continue
+        # completions/chat_completions call the generate path: only the outermost handler is the request
+        if any(a["SpanName"] in HANDLERS and _is_handler(a, attrs_of(a)) for a in trace.ancestors(row)):
+            continue
+        out.extend(map_request(trace, row, attrs))
+    return out
+
+
+def map_request(trace: Trace, row: Row, attrs: dict[str, str]) -> list[Row]:
+    """Lay one handler span's duration fields on its timeline."""
+    start, end = int(row["TimestampNs"]), end_of(row)
+    validation = rust_duration_ns(attrs.get("validation_time"))
+    queue = rust_duration_ns(attrs.get("queue_time"))
+    inference = rust_duration_ns(attrs.get("inference_time"))
+    total = rust_duration_ns(attrs.get("total_time"))
+    per_token = rust_duration_ns(attrs.get("time_per_token"))
+    streaming = row["SpanName"] in STREAM_HANDLERS
+    timeline = Timeline(row, NAME)
+    first: int | None = None
+    if validation is not None and queue is not None and inference is not None:
+        gen_start = start + validation + queue
+        gen_end = gen_start + inference
+        timeline.add("preprocess", start, start + validation, "validation_time")
+        timeline.add("queue_wait", start + validation, gen_start, "queue_time")
+        infers = [s for s in trace.descendants(row["SpanId"]) if s["SpanName"] == "infer"]
+        if infers:
+            boundary = end_of(min(infers, key=lambda s: (s["TimestampNs"], s["SpanId"])))
+            if gen_start < boundary < gen_end:
+                first = boundary
+        if first is not None:
+            timeline.add("prefill", gen_start, first, "inference_time, up to the end of the first `infer` span")
+            timeline.add("decode", first, gen_end, "inference_time, after the first `infer` span")
+        else:
+            timeline.add("generation", gen_start, gen_end, "inference_time")
+        if streaming:
+            timeline.add("streaming", first if first is not None else gen_start, end,
+                         "derived: span end - first token (yields to decode)")
+    outcome = outcome_of(row["StatusCode"], attrs)
+    if outcome == "ok" and total is None:
+        outcome = "error"  # TGI records the timing fields only on success
+    mark_request(row, NAME, outcome, ttft_ns=first - start if first is not None else None,
+                 input_tokens=int_or_none(attrs.get("prompt_tokens")),
+                 output_tokens=_output_tokens(attrs, inference, per_token), streaming=streaming)
+    return timeline.rows()
+
+
+def _output_tokens(attrs: dict[str, str], inference: int | None, per_token: int | None) -> int | None:
+    """`generated_tokens` when recorded, else inference_time / time_per_token (TGI divides a
+    Duration by the token count, truncating to ns, so the rounded quotient is exact)."""
+    recorded = int_or_none(attrs.get("generated_tokens"))
+    if recorded is not None:
+        return recorded
+    if inference is None or not per_token:
+        return None
+    return round(inference / per_token)

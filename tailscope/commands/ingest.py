@@ -1,0 +1,42 @@
+"""`tailscope ingest`: load trace files into a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intake.ingest import ingest_files, iter_files
+from tailscope.commands.common import StoreOption, byte_progress, console, errors_as_messages, store_path
+
+
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories: OTLP/JSON lines, "
+                                                "OTLP protobuf, engine trace files; gzip of any.")],
+    store: StoreOption = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip bad lines and rejected spans, "
+                                           "count them, and store the rest.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
+) -> None:
+    """Load trace files into the store; re-ingesting a file adds no duplicate span."""
+    target = store_path(store)
+    with errors_as_messages():
+        files = list(iter_files(paths))
+        total = sum(f.stat().st_size for f in files)
+        with byte_progress(total, "ingest", enabled=not quiet) as advance:
+            report = ingest_files(files, target, skip_bad=skip_bad, progress=advance)
+    if not quiet:
+        console.print(
+            f"{report.files} file(s): {report.spans_read} spans read, {report.spans_written} stored, "
+            f"{report.duplicates} already present, {len(report.segments)} segment(s) into {target}"
+        )
+        if skip_bad:
+            console.print(f"skipped {report.bad_lines} bad line(s) and {report.rejected_spans} rejected span(s)")
+            for problem in report.problems[:5]:
+                console.print(f"  {problem}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app."""
+    app.command("ingest")(ingest)

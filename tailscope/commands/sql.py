@@ -1,0 +1,72 @@
+"""`tailscope sql`: run one SQL query over the store's views."""
+
+from __future__ import annotations
+
+import csv
+import enum
+import json
+import sys
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Annotated, Any
+
+import duckdb
+import typer
+from rich.table import Table
+
+from analysis.connect import connect
+from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
+
+
+class OutputFormat(enum.StrEnum):
+    """How `tailscope sql` prints its result."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help="A SQL query over the views spans, requests, stages.")],
+    store: StoreOption = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
+) -> None:
+    """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views."""
+    with errors_as_messages():
+        con = connect(store_path(store))
+    try:
+        cursor = con.execute(query)
+        names = [d[0] for d in cursor.description or []]
+        rows = cursor.fetchall()
+    except duckdb.Error as exc:
+        fail(f"query failed: {str(exc).splitlines()[0]}")
+    finally:
+        con.close()
+    if fmt is OutputFormat.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(rows)
+    elif fmt is OutputFormat.json:
+        sys.stdout.write(json.dumps([dict(zip(names, row, strict=True)) for row in rows],
+                                    default=_json_default) + "\n")
+    else:
+        table = Table(*names, show_lines=False)
+        for row in rows:
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
+        console.print(f"{len(rows)} row(s)", style="dim")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app."""
+    app.command("sql")(sql)

@@ -1,0 +1,112 @@
+"""kill -9 under load: every acknowledged span is stored, none twice after restart and re-send.
+
+Each trial runs `tailscope collect` as a child process, posts bodies over several
+connections, SIGKILLs it at a random moment, restarts it on the same store and re-sends
+every body of the trial (acknowledged or not). Afterwards the store must hold every span
+the client saw acknowledged, every span exactly once, and only complete segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from analysis.connect import connect
+from tests.intake.collect_helpers import pb_body, start_cli_receiver
+from tracing.store import segment_files
+
+TRIALS = 20
+BODIES_PER_TRIAL = 24
+SPANS_PER_BODY = 200
+
+
+async def _post(port: int, bodies: list[bytes], acked: set[int], order: list[int]) -> None:
+    """Post bodies (indices from the shared `order`) until done or the connection dies."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return
+    try:
+        while order:
+            i = order.pop()
+            body = bodies[i]
+            writer.write(f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            status = int((await reader.readline()).split()[1])
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            if status == 200:
+                acked.add(i)
+    except (OSError, IndexError, ValueError, asyncio.IncompleteReadError):
+        return
+    finally:
+        writer.close()
+
+
+async def _load_then_kill(port: int, bodies: list[bytes], kill_after_s: float, kill: object) -> set[int]:
+    acked: set[int] = set()
+    order = list(range(len(bodies)))
+    tasks = [asyncio.create_task(_post(port, bodies, acked, order)) for _ in range(4)]
+    await asyncio.sleep(kill_after_s)
+    kill()  # type: ignore[operator]
+    await asyncio.wait(tasks, timeout=30)
+    return acked
+
+
+async def _resend(port: int, bodies: list[bytes]) -> set[int]:
+    acked: set[int] = set()
+    order = list(range(len(bodies)))
+    await asyncio.wait_for(asyncio.gather(*(_post(port, bodies, acked, order) for _ in range(4))), 120)
+    return acked
+
+
+def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    rng = random.Random(20261201)
+    all_keys: set[tuple[str, str]] = set()
+    acked_keys: set[tuple[str, str]] = set()
+    acked_before_kill = 0
+    proc, port = start_cli_receiver(store)
+    try:
+        for _trial in range(TRIALS):
+            made = [pb_body(SPANS_PER_BODY, rng) for _ in range(BODIES_PER_TRIAL)]
+            bodies = [b for b, _ in made]
+            for _, keys in made:
+                all_keys.update(keys)
+            victim = proc
+            acked = asyncio.run(_load_then_kill(port, bodies, rng.uniform(0.0, 0.3),
+                                                lambda p=victim: p.send_signal(signal.SIGKILL)))
+            victim.wait(30)
+            acked_before_kill += len(acked)
+            for i in acked:
+                acked_keys.update(made[i][1])
+            # every acknowledged span is already there, before any re-send
+            con = connect(store)
+            present = {tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()}
+            con.close()
+            assert acked_keys <= present
+            # restart, re-send everything of this trial (nothing may be stored twice); the
+            # restarted receiver is the next trial's victim
+            proc, port = start_cli_receiver(store)
+            assert asyncio.run(_resend(port, bodies)) == set(range(len(bodies)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    con = connect(store)
+    total, distinct = con.execute("SELECT count(*), count(DISTINCT (TraceId, SpanId)) FROM spans").fetchone()  # type: ignore[misc]
+    stored_keys = {tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()}
+    con.close()
+    assert stored_keys == all_keys
+    assert total == distinct == len(all_keys)
+    # only complete segments are visible (temporary files are hidden names that do not match the glob)
+    for path in segment_files(store):
+        assert not path.name.startswith(".")
+        pq.read_metadata(path)
+    assert acked_before_kill > 0  # the kills did land under load, not only before it began

@@ -1,0 +1,81 @@
+"""Hugging Face TGI handler spans through `tailscope ingest`.
+
+Format: huggingface/text-generation-inference @db931fcf (3.3.6-dev0): router/src/server.rs (handler
+spans generate / generate_stream / completions / chat_completions with fields total_time,
+validation_time, queue_time, inference_time, time_per_token, seed recorded as
+`format!("{:?}", duration)` on success), router/src/infer/mod.rs (inner `generate_stream` span),
+backends/v3/src/queue.rs and backend.rs (per-request `queued` and `infer` spans; the first `infer`
+span covers the prefill batch). The tracing-opentelemetry layer exports the fields as string
+attributes; its scope name and extra attributes are unconfirmed (docs/engines.md).
+Fixture: tests/intake/fixtures/engines/tgi.otlp.jsonl.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from intake.engines._common import rust_duration_ns
+from tests.intake.engine_fixtures import (
+    FIXTURES,
+    assert_stages_sum_to_e2e,
+    collect_requests,
+    files,
+    ingest_files,
+    requests,
+    stage_ms,
+)
+
+FIXTURE = FIXTURES / "tgi.otlp.jsonl"
+
+
+@pytest.mark.parametrize(("text", "ns"), [
+    ("12.3ms", 12_300_000), ("1.2s", 1_200_000_000), ("850µs", 850_000), ("850μs", 850_000), ("7ns", 7),
+    ("1.000000001s", 1_000_000_001), ("0ns", 0), ("120.5s", 120_500_000_000), ("9.94ms", 9_940_000),
+])
+def test_rust_debug_durations_parse_to_exact_ns(text: str, ns: int) -> None:
+    assert rust_duration_ns(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "None", "12.3", "1m", "-1ms", "Some(3)"])
+def test_other_strings_are_not_durations(text: str) -> None:
+    assert rust_duration_ns(text) is None
+
+
+def test_fixture_file_is_what_the_builder_makes() -> None:
+    assert FIXTURE.read_text() == files()["tgi.otlp.jsonl"]
+
+
+def test_duration_fields_become_stages_that_sum_to_e2e(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_files(store, FIXTURE)
+    rows = requests(store)
+    # the inner `generate_stream` span of Infer is not a second request, nor are the batch traces
+    assert [r["span_name"] for r in rows] == ["generate_stream", "generate", "generate"]
+    assert_stages_sum_to_e2e(rows)
+    stream, plain, failed = rows
+    # validation 1.5 ms, queue 11 ms, inference 298.2 ms split at the end of the first `infer` span (40 ms);
+    # streaming holds the 2.3 ms from the end of inference to the span end
+    assert stage_ms(stream) == {"preprocess": 1.5, "queue_wait": 11.0, "prefill": 27.5, "decode": 270.7,
+                                "streaming": 2.3}
+    # no `infer` spans in the trace: inference stays one generation stretch; the rest of the span is other
+    assert stage_ms(plain) == {"preprocess": 0.85, "queue_wait": 1200.0, "generation": 2350.0, "other": 1.15}
+    assert stage_ms(failed) == {"other": 3.0}
+
+
+def test_shape_fields(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_files(store, FIXTURE)
+    stream, plain, failed = requests(store)
+    # output tokens = inference_time / time_per_token (298.2 / 9.94, 2350 / 50)
+    assert [(r["status"], r["streaming"], r["output_tokens"], r["ttft_ns"]) for r in (stream, plain, failed)] == [
+        ("ok", True, 30, 40_000_000), ("ok", False, 47, None), ("error", False, None, None)]
+    assert {r["service"] for r in (stream, plain, failed)} == {"text-generation-inference.router"}
+    assert {r["replica"] for r in (stream, plain, failed)} == {None}  # TGI's resource names no instance
+
+
+def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
+    """`tailscope collect` (OTLP/gRPC, TGI's exporter) stores the same requests as ingest."""
+    ingest_files(tmp_path / "ingested", FIXTURE)
+    assert collect_requests(tmp_path / "collected", "tgi.otlp.jsonl", "grpc") == requests(tmp_path / "ingested")

@@ -1,0 +1,49 @@
+"""The command line lists every command; a broken command module is an error, a missing extra one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tailscope import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_every_command_module_is_registered() -> None:
+    modules = {p.stem for p in (ROOT / "tailscope" / "commands").glob("*.py")} - {"__init__", "common"}
+    assert set(cli.COMMANDS) == modules
+    import typer.main
+
+    assert list(typer.main.get_command(cli.app).commands) == list(cli.COMMANDS)  # type: ignore[attr-defined]
+
+
+def test_a_broken_command_module_fails_loudly() -> None:
+    done = run("import sys; sys.modules['tailscope.commands.sql'] = None; import tailscope.cli")
+    assert done.returncode == 1
+    assert "ModuleNotFoundError" in done.stderr and "tailscope.commands.sql" in done.stderr
+
+
+def test_a_missing_extra_is_one_line_naming_it() -> None:
+    code = ("import sys; sys.modules['grpc'] = None; sys.argv = ['tailscope', *sys.argv[1:]]; "
+            "from tailscope.cli import main; main()")
+    done = run(code, "collect", "--store", "/nonexistent")
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("tailscope collect needs grpc, which is not installed: "
+                                   "pip install 'tailscope[collect]'")
+    listed = run(code, "--help")
+    assert listed.returncode == 0
+    assert "collect" in listed.stdout and "report" in listed.stdout
+
+
+def test_python_dash_m_tailscope_is_the_cli() -> None:
+    done = subprocess.run([sys.executable, "-m", "tailscope", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0
+    for name in cli.COMMANDS:
+        assert name in done.stdout
