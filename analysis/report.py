@@ -179,7 +179,7 @@ def explain_window(
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source)
-    empty = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
+    empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
              "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
              "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
              "errors": list(report["errors"])}

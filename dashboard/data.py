@@ -382,7 +382,7 @@ def window_s(_db: Workbench, store: str, version: int, filters: Filters) -> int:
 def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.DataFrame:
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
     report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome."""
-    frames = []
+    frames: list[pl.DataFrame] = []
     with _cursor(_db, filters) as cur:
         for m in ("e2e", "ttft", "tpot"):
             df = percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")

@@ -31,7 +31,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("Overview", "Overview", "Spike 07:18:00"),
     ("Spike", "Spike", "replica-05"),
     ("Traces", "Traces", "Slowest requests"),
-    ("Request shape", "Request shape", "Slowest well-populated cell"),
+    ("Request shape", "Request shape", "Slowest cell with a p99 to trust"),
     ("Replicas", "Replicas", "replica-05"),
     ("What-if", "What-if", "predicted, 8 replicas"),
     ("SQL", "SQL", "Examples"),

@@ -170,9 +170,13 @@ def test_waterfall_stretches_sum_to_the_stage_columns(incident_store: Path) -> N
         assert round(sum(got) * 1e6) + r.other_ns == r.e2e_ns
 
 
-def test_shape_cells_cover_every_request(incident_store: Path) -> None:
+def test_shape_cells_cover_every_request_in_the_reports_buckets(incident_store: Path) -> None:
+    from analysis.explain import bucket_bounds
+
     wb = data.Workbench(incident_store)
     wb.refresh()
     grid = data.shape(wb, str(incident_store), wb.version, data.Filters())
     assert int(grid["requests"].sum()) == 20_000
-    assert set(grid["input_lo"]) <= {2 ** k for k in range(20)}
+    assert set(grid["input_tokens_lo"]) <= {2 ** k for k in range(20)}
+    assert all(label == "{}-{}".format(*bucket_bounds(lo)) for label, lo in
+               zip(grid["input_tokens_bucket"], grid["input_tokens_lo"], strict=True))
