@@ -430,6 +430,9 @@ def explain(_db: Workbench, store: str, version: int, filters: Filters, start_ns
             metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.explain_window over the filtered requests: a detected spike's own report item, or
     any (brushed) window explained the same way against the report's baseline."""
+    for sp in report_of(_db, store, version, filters, metric).get("spikes", []):
+        if spike_times_ns(sp) == (start_ns, end_ns):  # explain_window would recompute this very item
+            return {**sp, "detected": True}
     with _cursor(_db, filters) as cur:
         try:
             return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
