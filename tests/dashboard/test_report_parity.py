@@ -14,6 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.percentiles import iso, parse_time
+from analysis.report import explain_window
 from dashboard import charts, data
 from tests.dashboard.conftest import APP
 
@@ -51,6 +52,11 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     shown = dict(data.explain(wb, str(store), wb.version, filters, *data.spike_times_ns(spike)))
     assert shown.pop("detected") is True
     assert shown == spike  # window, counts, p50, p99, baselines, stages, dimensions, exemplars: all equal
+    with data._cursor(wb, filters) as cur:  # the brushed-window path gives the same on the dashboard's rows
+        again = explain_window(cur, *data.spike_times_ns(spike), since=filters.since_ns, until=filters.until_ns,
+                               source="requests")
+    assert again.pop("detected") is True
+    assert again == spike
     m = _metrics(at)
     assert m["requests in window"] == f"{spike['requests']:,}"
     assert m["p99"] == charts.fmt_ms(spike["p99_ms"])
