@@ -103,3 +103,16 @@ def test_under_a_time_filter_the_pages_equal_the_cli_with_since(incident_store: 
     assert isinstance(since, datetime)
     _check_spike_page(at, incident_store, data.Filters(since_ns=since_ns), sorted(cli["spikes"],
                                                                                  key=lambda s: s["start"])[0])
+
+
+def test_a_brushed_window_is_explained_as_analysis_explains_it_on_the_store(incident_store: Path) -> None:
+    """A window that is no spike: the dashboard's explanation equals explain_window on a plain connection."""
+    from analysis.connect import connect
+
+    wb = data.workbench(str(incident_store))
+    lo = data.choices(wb, str(incident_store), wb.version)["min_ns"]
+    a, b = lo + 300 * 1_000_000_000, lo + 540 * 1_000_000_000
+    shown = data.explain(wb, str(incident_store), wb.version, data.Filters(), a, b)
+    want = explain_window(connect(incident_store), a, b)
+    assert shown["detected"] is False and shown["requests"] > 0 and shown["stages"]
+    assert shown == want
