@@ -252,8 +252,12 @@ def percentile_series(
     since: str | int | datetime | None = None,
     until: str | int | datetime | None = None,
     include_failures: bool = True,
+    source: str | None = None,
 ) -> pl.DataFrame:
     """p50/p90/p99/p99.9 (ms) per window (and per `by` group) of `metric`, with counts and low-sample flags.
+
+    `source` (a table or view name with the `requests` columns used) replaces the store's
+    requests, e.g. a filtered set; the automatic window is then chosen from its rows.
 
     Columns: window_start (UTC datetime), window_start_ns, the `by` columns, requests, ok,
     errors, timeouts, cancelled, n (values behind the percentiles), p50_ms .. p999_ms, and
@@ -264,12 +268,15 @@ def percentile_series(
         if name not in GROUP_COLUMNS:
             raise QueryError("", f"cannot group by {name!r}; use one of {', '.join(GROUP_COLUMNS)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
-    if metric == "e2e" and "replica" not in by and not _facts_ready(con):
+    if source is not None:
+        src = source
+    elif metric == "e2e" and "replica" not in by and not _facts_ready(con):
         src = _REQUEST_SPANS_SQL  # one pass over the request spans: same values as `requests`, no join
     else:
         src = request_source(con, metric)
     win = (parse_duration(window_s) if window_s is not None
-           else choose_window_s(con, since_ns, until_ns, src if src.startswith("(") else request_facts(con)))
+           else choose_window_s(con, since_ns, until_ns,
+                                src if src.startswith("(") or source is not None else request_facts(con)))
     win_ns = round(win * 1e9)
     groups = "".join(f", {quote_ident(g)}" for g in by)
     qs = [q for _, q in QUANTILES]

@@ -2,12 +2,16 @@
 
 `build_report(con)` returns the stable JSON contract of `tailscope report --json`
 (docs/methods.md describes every key); `render_text(report)` prints it with rich tables.
+`explain_window(con, start, end)` explains any window (say, one brushed on a chart) the
+same way, against the same baseline. Both take `source=`, a table or view of request
+facts to read instead of the store's (the dashboard passes its filtered rows).
 A sub-analysis that fails shows up as "could not compute X because Y" in `errors`
 instead of failing the whole report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import datetime
 from typing import Any, Final
@@ -28,7 +32,7 @@ from analysis.percentiles import (
     quote_ident,
     request_facts,
 )
-from analysis.spikes import Detection, Spike, detect
+from analysis.spikes import Detection, Spike, detect, quantile_sorted
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -38,9 +42,26 @@ REPORT_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
 REPORT_VERSION: Final = 1
 
 
+#: Temp table holding a snapshot of a caller's `source` (see build_report).
+SOURCE_TABLE: Final = "_tailscope_report_source"
+
+
+def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
+    """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
+
+    The report addresses rows by rowid, which only a base table has; the copy also fixes the
+    rows for the whole report while the source (a live view) may change.
+    """
+    cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (["ttft_ns", "tpot_ns"] if metric != "e2e"
+                                                                          else [])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
+                f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
+    return SOURCE_TABLE
+
+
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool) -> tuple[pl.DataFrame, dict[str, int], str]:
-    facts = request_facts(con, with_ttft=metric != "e2e")
+           include_failures: bool, source: str | None = None) -> tuple[pl.DataFrame, dict[str, int], str]:
+    facts = request_facts(con, with_ttft=metric != "e2e") if source is None else _snapshot(con, source, metric)
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
@@ -63,20 +84,15 @@ def _ms(ns: float) -> float | None:
     return round(ns / 1e6, 3) if math.isfinite(ns) else None
 
 
-def build_report(
-    con: duckdb.DuckDBPyConnection,
-    metric: str = "e2e",
-    window_s: float | str | None = None,
-    since: str | int | datetime | None = None,
-    until: str | int | datetime | None = None,
-    include_failures: bool = True,
-) -> dict[str, Any]:
-    """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract."""
+def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
+             since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
+             source: str | None) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
+    """The report's header, its value frame, the facts table and the detection (None when it could not run)."""
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
-    frame, counts, facts = _frame(con, metric, since_ns, until_ns, include_failures)
+    frame, counts, facts = _frame(con, metric, since_ns, until_ns, include_failures, source)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -96,21 +112,105 @@ def build_report(
     }
     if frame.height == 0:
         report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
-        return report
+        return report, frame, facts, None
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
     try:
         det = detect(start, values, window_ns)
     except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
-        return report
+        return report, frame, facts, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = _ms(det.baseline_p99_ns)
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, report["errors"])
+    return report, frame, facts, det
+
+
+def build_report(
+    con: duckdb.DuckDBPyConnection,
+    metric: str = "e2e",
+    window_s: float | str | None = None,
+    since: str | int | datetime | None = None,
+    until: str | int | datetime | None = None,
+    include_failures: bool = True,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
+
+    `source` (a table or view name, or a parenthesised query) holds the requests to analyse,
+    with the request-fact columns of `analysis.percentiles.request_facts` (trace_id, start_ns,
+    e2e_ns, status, the DIMENSIONS, and ttft_ns / tpot_ns for those metrics); by default the
+    facts of the whole store. Stage shares are always read from the connection's `spans`.
+    """
+    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source)
+    if det is None:
+        return report
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
+    for item in report["spikes"]:
+        report["errors"].extend(item["errors"])
     return report
+
+
+def explain_window(
+    con: duckdb.DuckDBPyConnection,
+    start: str | int | datetime,
+    end: str | int | datetime,
+    metric: str = "e2e",
+    window_s: float | str | None = None,
+    since: str | int | datetime | None = None,
+    until: str | int | datetime | None = None,
+    include_failures: bool = True,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
+
+    Detection runs over [since, until) exactly as in `build_report` (same windows, same
+    baseline); the window is then compared with the report's baseline windows that do not
+    overlap it (for a detected spike: the report's own baseline, so every figure equals the
+    report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
+    baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
+    candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
+    `detected` true when the window is exactly one of the report's spikes.
+    """
+    start_ns, end_ns = parse_time(start), parse_time(end)
+    assert start_ns is not None and end_ns is not None
+    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source)
+    empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
+             "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
+             "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
+             "errors": list(report["errors"])}
+    if det is None:
+        return empty
+    starts = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    for spike in det.spikes:
+        if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
+            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+            item["detected"] = True
+            return item
+    overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
+    det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
+    base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
+    base_sorted = np.sort(values[np.isin(starts // det.window_ns, base_wins)])
+    det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
+    det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
+    inside = np.sort(values[(starts >= start_ns) & (starts < end_ns)])
+    if inside.size == 0 or base_sorted.size == 0:
+        empty["errors"].append("could not explain the window because "
+                               + ("no request with a value starts in it" if inside.size == 0
+                                  else "no baseline window lies outside it"))
+        empty["requests"] = int(inside.size)
+        return empty
+    spike = Spike(start_ns=start_ns, end_ns=end_ns, requests=int(inside.size), p50_ns=quantile_sorted(inside, 0.5),
+                  p99_ns=quantile_sorted(inside, 0.99), baseline_p50_ns=det.baseline_p50_ns,
+                  baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()))
+    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+    item["detected"] = False
+    return item
 
 
 def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
@@ -155,8 +255,9 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 
 def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
-                 det: Detection, metric: str, errors: list[str]) -> list[dict[str, Any]]:
-    if not det.spikes:
+                 det: Detection, metric: str, spikes: list[Spike]) -> list[dict[str, Any]]:
+    """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`."""
+    if not spikes:
         return []
     win_of_row = start // det.window_ns
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
@@ -165,7 +266,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     base_q = X.TailQuantile(values[base], base)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     out = []
-    for spike in det.spikes:
+    for spike in spikes:
         rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
         tail = X.tail_slice(values, rows)
         item = _spike_json(spike)
@@ -195,7 +296,6 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
-        errors.extend(item["errors"])
         out.append(item)
     return out
 
@@ -205,7 +305,8 @@ def _spike_json(s: Spike) -> dict[str, Any]:
         "start": iso(s.start_ns), "end": iso(s.end_ns), "requests": s.requests,
         "p50_ms": _ms(s.p50_ns), "p99_ms": _ms(s.p99_ns),
         "baseline_p50_ms": _ms(s.baseline_p50_ns), "baseline_p99_ms": _ms(s.baseline_p99_ns),
-        "excess_ms": _ms(s.excess_ns), "p_value": float(f"{s.p_value:.3g}"), "windows": s.windows,
+        "excess_ms": _ms(s.excess_ns),
+        "p_value": float(f"{s.p_value:.3g}") if math.isfinite(s.p_value) else None, "windows": s.windows,
         "stages": [], "dimensions": [], "exemplars": [],
     }
 

@@ -7,7 +7,6 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from analysis.explain import bucket_label
 from tracing import schema as S
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
@@ -153,19 +152,20 @@ def stage_stack(df: pd.DataFrame) -> alt.Chart:
 
 
 def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
-    """p99 (colour) over input-token × output-token buckets; counts in the tooltip."""
+    """p99 (colour) over input-token × output-token buckets (the report's labels); counts in the tooltip."""
     return alt.Chart(df).mark_rect().encode(
-        x=alt.X("input_lo:O", title="input tokens (bucket start)"),
-        y=alt.Y("output_lo:O", title="output tokens (bucket start)", sort="descending"),
+        x=alt.X("input_tokens_bucket:O", sort=alt.EncodingSortField("input_tokens_lo"), title="input tokens"),
+        y=alt.Y("output_tokens_bucket:O", sort=alt.EncodingSortField("output_tokens_lo", order="descending"),
+                title="output tokens"),
         color=alt.Color(f"{value}:Q", title=value.replace("_", " "), scale=alt.Scale(scheme="orangered")),
-        tooltip=["input_lo:O", "output_lo:O", "requests:Q", alt.Tooltip("p50_ms:Q", format=",.0f"),
-                 alt.Tooltip("p99_ms:Q", format=",.0f")],
+        tooltip=["input_tokens_bucket:O", "output_tokens_bucket:O", "requests:Q",
+                 alt.Tooltip("p50_ms:Q", format=",.0f"), alt.Tooltip("p99_ms:Q", format=",.0f")],
     ).properties(height=320)
 
 
-def bucket_p99(df: pd.DataFrame, title: str) -> alt.Chart:
-    """p50 and p99 per token bucket, labelled as the report labels it."""
-    data = df.assign(bucket=[bucket_label(int(lo), int(hi)) for lo, hi in zip(df["lo"], df["hi"], strict=True)])
+def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
+    """p50 and p99 per token bucket of `column` (input_tokens or output_tokens), labelled as the report does."""
+    data = df.rename(columns={f"{column}_bucket": "bucket", f"{column}_lo": "lo"})
     long = data.melt(id_vars=["bucket", "lo", "requests"], value_vars=["p50_ms", "p99_ms"], var_name="pct",
                      value_name="ms")
     long["pct"] = long["pct"].str.removesuffix("_ms")

@@ -1,4 +1,4 @@
-"""The dashboard's one data-access module: the store, its cached connection and every query.
+"""The dashboard's one data-access module: the store, its cached connection, and cached calls into analysis.
 
 The `requests` view (critical path per request) is costly to compute over millions of
 spans, so the workbench materializes it once into an in-memory DuckDB table and, on a
@@ -6,17 +6,18 @@ refresh, recomputes only the hour partitions whose segments changed (plus the ho
 whose requests may have children there). Segments are immutable Parquet files written by
 rename, so refreshing while `tailscope collect` writes never locks or half-reads the store.
 
-Pages call the functions below with a `Filters`; queries are cached with `st.cache_data`
-keyed by the store, its data version and the filters (the connection `_db` is unhashed).
-Each call runs on its own `.cursor()`: a DuckDB connection is not thread-safe, and
-Streamlit runs each session in its own thread.
+Pages call the functions below with a `Filters`. Each is a `st.cache_data` wrapper around a
+public analysis function (analysis.report, .percentiles, .breakdowns, .traces, .whatif),
+keyed by the store, its data version and the filters (the connection `_db` is unhashed);
+this module computes nothing itself, so every number on a page is the analysis' own
+(`tailscope report --json` gives the same spikes). Each call runs on its own `.cursor()`:
+a DuckDB connection is not thread-safe, and Streamlit runs each session in its own thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 import threading
@@ -28,25 +29,25 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+import polars as pl
 import streamlit as st
 
-from analysis import explain as X
-from analysis.views import VIEW_SQL, spans_sql
+from analysis import breakdowns as B
+from analysis import traces as T
+from analysis.percentiles import choose_window_s, parse_time, percentile_series, request_facts
+from analysis.report import build_report, explain_window
+from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.whatif import whatif as replay
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
 from tracing.store import default_store, require_store, segment_files
 
 HOUR_NS = 3_600_000_000_000
-#: Latency metrics a page can chart: label → column of the `requests` view.
-METRICS: dict[str, str] = {"end-to-end": "e2e_ns", "TTFT": "ttft_ns", "TPOT": "tpot_ns"}
-#: Analysis metric names (analysis.report) for each column.
-METRIC_NAMES: dict[str, str] = {"e2e_ns": "e2e", "ttft_ns": "ttft", "tpot_ns": "tpot"}
+#: Latency metrics a page can chart: label → analysis metric name.
+METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 #: Critical-path stage columns of `requests`, in display order (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
-#: Request-level columns handed to analysis.report as its request facts.
-FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
-                                 "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns", "tpot_ns")
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
@@ -113,8 +114,7 @@ def _hour_of(path: Path) -> int:
 
 
 def _list_source(files: list[Path]) -> str:
-    quoted = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-    return f"read_parquet([{quoted}], union_by_name = true)"
+    return files_source([str(f) for f in files])
 
 
 def _requests_sql(files: list[Path]) -> list[str]:
@@ -285,8 +285,6 @@ def _insert_exact(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list
 
 def _insert_facts(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int]) -> None:
     """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of `files`."""
-    from analysis.percentiles import request_facts
-
     cur.execute(f"CREATE OR REPLACE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
     facts = request_facts(cur, with_ttft=True)
     cur.execute(f"""
@@ -355,433 +353,149 @@ def _inline(cond: str, params: list[Any]) -> str:
     return "".join(out)
 
 
-def _df(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> pd.DataFrame:
-    return cur.execute(sql, params or []).df()
-
-
-# --- queries -----------------------------------------------------------------------------
+# --- queries: caching wrappers around public analysis functions -------------------------
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def choices(_db: Workbench, store: str, version: int) -> dict[str, Any]:
     """Time bounds and the distinct values of each filter dimension, over the whole store."""
     with _cursor(_db) as cur:
-        lo, hi, n = cur.execute("SELECT min(start_ns), max(start_ns), count(*) FROM req").fetchone() or (None, None, 0)
-        out: dict[str, Any] = {"min_ns": lo, "max_ns": hi, "requests": n}
-        for dim in FILTER_DIMENSIONS:
-            rows = cur.execute(f"SELECT DISTINCT {dim} FROM req WHERE {dim} IS NOT NULL ORDER BY 1").fetchall()
-            out[dim] = [r[0] for r in rows]
-    return out
-
-
-def bucket_seconds(since_ns: int | None, until_ns: int | None, target: int = 90) -> int:
-    """A round window length giving about `target` windows over the range."""
-    if since_ns is None or until_ns is None or until_ns <= since_ns:
-        return 60
-    span_s = (until_ns - since_ns) / 1e9
-    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
-        if span_s / step <= target:
-            return step
-    return 86400
+        lo, hi, n = B.time_bounds(cur, "req")
+        return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, FILTER_DIMENSIONS, "req")}
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def summary(_db: Workbench, store: str, version: int, filters: Filters) -> dict[str, Any]:
-    """Counts per outcome and overall p50/p90/p99 of e2e, TTFT and TPOT (ms) under `filters`."""
+    """analysis.breakdowns.summary of the filtered requests: counts per outcome, p50/p90/p99 (ms)."""
     cond, params = filters.where()
-    pcts = ", ".join(
-        f"quantile_cont({c}, {q}) / 1e6 AS {c.removesuffix('_ns')}_p{int(q * 100)}_ms"
-        for c in METRICS.values() for q in (0.5, 0.9, 0.99)
-    )
-    outcomes = ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
     with _cursor(_db) as cur:
-        rel = cur.execute(f"SELECT count(*) AS requests, {outcomes}, {pcts} FROM req WHERE {cond}", params)
-        names = [d[0] for d in rel.description or []]
-        row = rel.fetchone() or ()
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in zip(names, row, strict=True)}
+        return B.summary(cur, "req", cond, params)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Workbench, store: str, version: int, filters: Filters, bucket_s: int) -> pd.DataFrame:
-    """Per window of `bucket_s`: p50/p90/p99 in ms of e2e, TTFT, TPOT and counts per outcome."""
-    cond, params = filters.where()
-    step = bucket_s * 1_000_000_000
-    pcts = ", ".join(
-        f"quantile_cont({c}, {q}) / 1e6 AS {c.removesuffix('_ns')}_p{int(q * 100)}_ms"
-        for c in METRICS.values() for q in (0.5, 0.9, 0.99)
-    )
-    outcomes = ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
-    with _cursor(_db) as cur:
-        df = _df(cur, f"""
-            SELECT (start_ns // {step}) * {step} AS window_ns, count(*) AS requests, {outcomes}, {pcts}
-            FROM req WHERE {cond} GROUP BY 1 ORDER BY 1""", params)
-    df["window"] = pd.to_datetime(df["window_ns"], unit="ns", utc=True)
-    return df
+def window_s(_db: Workbench, store: str, version: int, filters: Filters) -> int:
+    """The report's automatic window (analysis.percentiles.choose_window_s) over the filtered requests."""
+    with _cursor(_db, filters) as cur:
+        return choose_window_s(cur, filters.since_ns, filters.until_ns, source="requests")
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
-def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e_ns") -> list[dict[str, Any]]:
-    """Detected spikes of `metric` under `filters`, in time order, in the `tailscope report --json` shape.
-
-    Uses analysis.report.build_report when it is installed; else a plain rule (window p99 above
-    twice the median window p99 while p50 stays within 25%) so the pages still point somewhere.
-    """
-    report = report_of(_db, store, version, filters, metric)
-    found = list(report.get("spikes", [])) if report is not None else _fallback_spikes(_db, filters, metric)
-    return sorted(found, key=lambda sp: spike_times_ns(sp)[0])
-
-
-def _facts_names(cur: duckdb.DuckDBPyConnection) -> list[str]:
-    """Names under which analysis.percentiles looks for its per-connection request facts table.
-
-    The report computes request facts from `spans` unless the table already exists; handing it
-    the filtered, materialized rows skips a full scan of the store on every filter change.
-    """
-    from analysis import percentiles as P
-
-    namer = getattr(P, "_facts_table", None)
-    if callable(namer):
-        return [str(namer(cur, True))]
-    return [str(P.REQUESTS_TABLE)]
+@st.cache_data(show_spinner=False, max_entries=256)
+def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.DataFrame:
+    """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
+    report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome."""
+    frames: list[pl.DataFrame] = []
+    with _cursor(_db, filters) as cur:
+        for m in ("e2e", "ttft", "tpot"):
+            df = percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")
+            keep = ["window_start_ns", "requests", "ok", "errors", "timeouts", "cancelled"] if not frames else \
+                ["window_start_ns"]
+            frames.append(df.select(keep + [pl.col(f"{q}_ms").alias(f"{m}_{q}_ms") for q in ("p50", "p90", "p99")]))
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.join(f, on="window_start_ns", how="left")
+    pdf = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"}).to_pandas()
+    pdf["window"] = pd.to_datetime(pdf["window_ns"], unit="ns", utc=True)
+    return pdf
 
 
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
-def report_of(_db: Workbench, store: str, version: int, filters: Filters,
-              metric: str = "e2e_ns") -> dict[str, Any] | None:
-    """analysis.report.build_report over the filtered requests (None when that module is absent).
+def report_of(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """analysis.report.build_report over the filtered requests: the `tailscope report --json` contract.
 
-    The report reads its request facts from a per-connection table; this cursor hands it the
-    already materialized, filtered rows instead of rescanning the store. Under filters the
-    cursor's `spans` is narrowed to the filtered traces as well, so the numbers stay right
-    (only slower) should the report ever compute its facts from `spans` itself.
+    The report reads the request facts from `source="requests"`, this cursor's filtered view of
+    the materialized table, instead of rescanning the store; stage shares come from `spans`.
     """
-    try:
-        from analysis.report import build_report
-    except ImportError:
-        return None
     with _cursor(_db, filters) as cur:
-        if cur.execute("SELECT count(*) FROM requests").fetchone() == (0,):
-            return {"spikes": [], "requests": 0, "errors": []}
         try:
-            if filters != Filters():  # whatever the report reads from `spans` must be filtered too
-                db_name = (cur.execute("SELECT current_database()").fetchone() or ("memory",))[0]
-                cur.execute(f'CREATE TEMP VIEW spans AS SELECT * FROM "{db_name}".main.spans '
-                            "WHERE TraceId IN (SELECT trace_id FROM requests)")
-            for table in _facts_names(cur):
-                cur.execute(f'CREATE TEMP TABLE "{table}" AS SELECT {", ".join(FACT_COLUMNS)} FROM requests')
-            result: dict[str, Any] = build_report(cur, metric=METRIC_NAMES[metric], window_s=None,
-                                                  since=filters.since_ns, until=filters.until_ns,
-                                                  include_failures=True)
+            return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
+                                include_failures=True, source="requests")
         except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
             return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
-    return result
 
 
-def _fallback_spikes(db: Workbench, filters: Filters, metric: str) -> list[dict[str, Any]]:
-    bucket = bucket_seconds(*_range(db, filters))
-    df = over_time(db, str(db.store), db.version, filters, bucket)
-    col = f"{metric.removesuffix('_ns')}_p99_ms"
-    p50 = f"{metric.removesuffix('_ns')}_p50_ms"
-    df = df[df["requests"] >= 20].dropna(subset=[col])
-    if len(df) < 4:
-        return []
-    base99, base50 = float(df[col].median()), float(df[p50].median())
-    hot = (df[col] > 2 * base99) & (df[p50] < 1.25 * base50)
-    out: list[dict[str, Any]] = []
-    step = bucket * 1_000_000_000
-    for w, is_hot in zip(df["window_ns"], hot, strict=True):
-        if not is_hot:
-            continue
-        if out and out[-1]["end"] == int(w):
-            out[-1]["end"] = int(w) + step
-        else:
-            out.append({"start": int(w), "end": int(w) + step})
-    for s in out:
-        s.update(window_stats(db, str(db.store), db.version, filters, s["start"], s["end"], metric))
-        s["baseline_p99_ms"], s["baseline_p50_ms"] = base99, base50
-    return out
-
-
-def _range(db: Workbench, filters: Filters) -> tuple[int | None, int | None]:
-    c = choices(db, str(db.store), db.version)
-    return (filters.since_ns if filters.since_ns is not None else c["min_ns"],
-            filters.until_ns if filters.until_ns is not None else c["max_ns"])
+def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> list[dict[str, Any]]:
+    """The report's spikes under `filters`, in time order."""
+    found = report_of(_db, store, version, filters, metric).get("spikes", [])
+    return sorted(found, key=lambda sp: spike_times_ns(sp)[0])
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
-    """A spike's start and end as integer ns (the report gives ns integers or ISO-8601 strings)."""
-    def _ns(v: Any) -> int:
-        if isinstance(v, (int, float)):
-            return int(v)
-        return int(pd.Timestamp(v).value if pd.Timestamp(v).tzinfo else pd.Timestamp(v, tz="UTC").value)
-    return _ns(spike["start"]), _ns(spike["end"])
+    """A spike's start and end (ISO-8601 in the report) as integer ns."""
+    start, end = parse_time(spike["start"]), parse_time(spike["end"])
+    assert start is not None and end is not None
+    return start, end
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
-def window_stats(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
-                 metric: str = "e2e_ns") -> dict[str, Any]:
-    """Requests, p50 and p99 (ms) of `metric` in [start_ns, end_ns) under `filters`."""
-    cond, params = filters.narrowed(start_ns, end_ns).where()
-    with _cursor(_db) as cur:
-        n, p50, p99 = cur.execute(
-            f"SELECT count(*), quantile_cont({metric}, 0.5) / 1e6, quantile_cont({metric}, 0.99) / 1e6 "
-            f"FROM req WHERE {cond}", params).fetchone() or (0, None, None)
-    return {"requests": int(n), "p50_ms": p50, "p99_ms": p99}
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def stage_breakdown(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
-                    metric: str = "e2e_ns") -> pd.DataFrame:
-    """Mean critical-path ms per stage in the tail (≥ p99) of the window vs the same slice outside it.
-
-    `share` is each stage's part of the tail's excess over the baseline tail (sums to 1 when the
-    tail grew); the baseline is every other request under `filters`.
-    """
-    cond, params = filters.where()
-    cols = [c for c in STAGE_COLUMNS if c != "generation_ns"] + ["generation_ns"]
-    means = ", ".join(f"avg({c}) / 1e6 AS {c}" for c in cols)
-    with _cursor(_db) as cur:
-        df = _df(cur, f"""
-            WITH f AS (SELECT *, start_ns >= ? AND start_ns < ? AS inside FROM req WHERE {cond}),
-                 q AS (SELECT inside, quantile_cont({metric}, 0.99) AS p99 FROM f GROUP BY inside)
-            SELECT f.inside, count(*) AS n, {means}
-            FROM f JOIN q USING (inside) WHERE f.{metric} >= q.p99 GROUP BY f.inside""",
-                 [start_ns, end_ns, *params])
-    rows = []
-    tail = df[df["inside"]]
-    base = df[~df["inside"]]
-    for c in cols:
-        t = float(tail[c].iloc[0]) if len(tail) else float("nan")
-        b = float(base[c].iloc[0]) if len(base) else float("nan")
-        rows.append({"stage": c.removesuffix("_ns"), "tail_ms": t, "baseline_ms": b, "excess_ms": t - b})
-    out = pd.DataFrame(rows)
-    out = out[(out["tail_ms"].fillna(0) > 0) | (out["baseline_ms"].fillna(0) > 0)]
-    total = out["excess_ms"].clip(lower=0).sum()
-    out["share"] = out["excess_ms"].clip(lower=0) / total if total > 0 else 0.0
-    return out.reset_index(drop=True)
+@st.cache_data(show_spinner="Explaining the window…", max_entries=128)
+def explain(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
+            metric: str = "e2e") -> dict[str, Any]:
+    """analysis.report.explain_window over the filtered requests: a detected spike's own report item, or
+    any (brushed) window explained the same way against the report's baseline."""
+    for sp in report_of(_db, store, version, filters, metric).get("spikes", []):
+        if spike_times_ns(sp) == (start_ns, end_ns):  # explain_window would recompute this very item
+            return {**sp, "detected": True}
+    with _cursor(_db, filters) as cur:
+        try:
+            return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
+                                  until=filters.until_ns, source="requests")
+        except Exception as exc:
+            return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
+                    "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
+                    "dimensions": [], "exemplars": [],
+                    "errors": [f"could not explain the window because {str(exc).splitlines()[0]}"]}
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def dimension_contrast(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int,
-                       end_ns: int, metric: str = "e2e_ns") -> pd.DataFrame:
-    """Each dimension value's share among the window's tail (≥ p99) vs the window overall, and
-    the window's p99 without it (counterfactual), ranked by how much removing it lowers p99."""
-    cond, params = filters.narrowed(start_ns, end_ns).where()
-    dims = ["replica", "model_version", "tenant", "model"]
-    union = " UNION ALL ".join(f"SELECT '{d}' AS dimension, {d}::VARCHAR AS value, {metric} AS v, tail FROM w"
-                               for d in dims)
-    bucket_union = " UNION ALL ".join(  # buckets and their labels as the report writes them
-        f"SELECT '{d}_bucket' AS dimension, {X.bucket_label_sql(d)} AS value, {metric} AS v, tail FROM w"
-        for d in ("input_tokens", "output_tokens"))
-    with _cursor(_db) as cur:
-        df = _df(cur, f"""
-            WITH w0 AS (SELECT * FROM req WHERE {cond} AND {metric} IS NOT NULL),
-                 p AS (SELECT quantile_cont({metric}, 0.99) AS p99, count(*) AS n FROM w0),
-                 w AS (SELECT w0.*, w0.{metric} >= p.p99 AS tail FROM w0, p),
-                 d AS ({union} UNION ALL {bucket_union}),
-                 per AS (SELECT dimension, value, count(*) AS requests, count(*) FILTER (WHERE tail) AS tail_requests
-                         FROM d WHERE value IS NOT NULL GROUP BY ALL),
-                 tot AS (SELECT count(*) FILTER (WHERE tail) AS tail_n, count(*) AS n FROM w)
-            SELECT per.dimension, per.value, per.requests, per.tail_requests,
-                   per.tail_requests / greatest(tot.tail_n, 1) AS tail_share,
-                   per.requests / greatest(tot.n, 1) AS share,
-                   (SELECT quantile_cont(x.v, 0.99) FROM d x WHERE x.dimension = per.dimension
-                        AND x.value IS DISTINCT FROM per.value) / 1e6 AS p99_without_ms,
-                   (SELECT p99 FROM p) / 1e6 AS p99_ms
-            FROM per, tot""", params)
-    if df.empty:
-        return df
-    df["lift"] = df["tail_share"] / df["share"].where(df["share"] > 0)
-    df["p99_drop_ms"] = df["p99_ms"] - df["p99_without_ms"]
-    df = df[(df["requests"] < df["requests"].groupby(df["dimension"]).transform("sum"))]
-    return df.sort_values(["p99_drop_ms", "lift"], ascending=False).reset_index(drop=True)
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def dimension_pairs(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
-                    metric: str = "e2e_ns", top: int = 10) -> pd.DataFrame:
-    """Pairs of dimension values over-represented in the window's tail (support ≥ 5 tail requests)."""
-    cond, params = filters.narrowed(start_ns, end_ns).where()
-    pairs = [("replica", "tenant"), ("replica", "model_version"), ("model_version", "tenant")]
-    union = " UNION ALL ".join(
-        f"SELECT '{a} × {b}' AS pair, {a}::VARCHAR || ' × ' || {b}::VARCHAR AS value, tail FROM w" for a, b in pairs)
-    with _cursor(_db) as cur:
-        df = _df(cur, f"""
-            WITH w0 AS (SELECT * FROM req WHERE {cond} AND {metric} IS NOT NULL),
-                 p AS (SELECT quantile_cont({metric}, 0.99) AS p99 FROM w0),
-                 w AS (SELECT w0.*, w0.{metric} >= p.p99 AS tail FROM w0, p),
-                 tot AS (SELECT count(*) FILTER (WHERE tail) AS tail_n, count(*) AS n FROM w)
-            SELECT pair, value, count(*) AS requests, count(*) FILTER (WHERE tail) AS tail_requests,
-                   count(*) FILTER (WHERE tail) / greatest(any_value(tot.tail_n), 1) AS tail_share,
-                   count(*) / greatest(any_value(tot.n), 1) AS share
-            FROM ({union}) x, tot WHERE value IS NOT NULL GROUP BY pair, value
-            HAVING count(*) FILTER (WHERE tail) >= 5""", params)
-    if df.empty:
-        return df
-    df["lift"] = df["tail_share"] / df["share"]
-    return df.sort_values("lift", ascending=False).head(top).reset_index(drop=True)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def exemplars(_db: Workbench, store: str, version: int, filters: Filters, limit: int = 50,
-              metric: str = "e2e_ns") -> pd.DataFrame:
-    """The slowest requests under `filters` (the tail's exemplars), slowest first."""
-    cond, params = filters.where()
-    stages = ", ".join(f"{c} / 1e6 AS {c.removesuffix('_ns')}_ms" for c in STAGE_COLUMNS)
-    with _cursor(_db) as cur:
-        return _df(cur, f"""
-            SELECT trace_id, start, replica, model, tenant, status, {metric} / 1e6 AS latency_ms,
-                   input_tokens, output_tokens, {stages}
-            FROM req WHERE {cond} AND {metric} IS NOT NULL ORDER BY {metric} DESC LIMIT {int(limit)}""", params)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def find_trace(_db: Workbench, store: str, version: int, trace_id: str) -> pd.DataFrame:
-    """The request rows of one trace id (a full id, or a unique prefix of at least 8 hex digits)."""
-    tid = trace_id.strip().lower()
-    with _cursor(_db) as cur:
-        if len(tid) >= 32:
-            return _df(cur, "SELECT * FROM req WHERE trace_id = ?", [tid])
-        if len(tid) < 8:
-            return _df(cur, "SELECT * FROM req WHERE false")
-        return _df(cur, "SELECT * FROM req WHERE starts_with(trace_id, ?) LIMIT 20", [tid])
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_ns: int) -> pd.DataFrame:
-    """Every span of one trace with its offset from the request start (ms) and its critical-path stretch.
-
-    `crit_start_ms`/`crit_end_ms` bound the stretch where this stage span owns the critical path
-    (same rule as the `requests` view, which `critical_ms` sums to); null for non-stage spans.
-    """
-    files = _db.files_for(start_ns)
-    if not files:
-        return pd.DataFrame()
-    con = duckdb.connect(":memory:")
-    try:
-        quoted = trace_id.replace("'", "''")
-        source = f"(SELECT * FROM {_list_source(files)} WHERE TraceId = '{quoted}')"
-        con.execute(f"CREATE TABLE t AS {spans_sql(source)}")
-        con.execute("CREATE VIEW spans AS SELECT * FROM t")
-        for name, sql in VIEW_SQL.items():
-            con.execute(f"CREATE VIEW {name} AS {sql}")
-        spans = con.execute("""
-            SELECT SpanId AS span_id, ParentSpanId AS parent_span_id, SpanName AS name, Stage AS stage,
-                   IsRequest AS is_request, TimestampNs AS start_ns, EndNs AS end_ns, Duration AS duration_ns,
-                   Replica AS replica, StatusCode AS status_code
-            FROM t ORDER BY TimestampNs, EndNs DESC""").df()
-        crit = con.execute("""
-            SELECT SpanId AS span_id, s0, x1 FROM _stage_l1
-            UNION ALL SELECT SpanId, s0, x1 FROM _stage_l2""").df()
-        yielding = con.execute(f"""
-            SELECT SpanId AS span_id, s0, e0 FROM _stage_l1_all
-            WHERE stage IN ({", ".join("'" + s + "'" for s in S.YIELDING_STAGES)})""").df()
-    finally:
-        con.close()
-    if spans.empty:
-        return spans
-    root = spans[spans["is_request"].fillna(False).astype(bool)]
-    t0 = int(root["start_ns"].min()) if len(root) else int(spans["start_ns"].min())
-    spans["start_ms"] = (spans["start_ns"] - t0) / 1e6
-    spans["end_ms"] = (spans["end_ns"] - t0) / 1e6
-    spans["duration_ms"] = spans["duration_ns"] / 1e6
-    stretch: dict[str, list[tuple[int, int]]] = {}
-    child_parent = dict(zip(spans["span_id"], spans["parent_span_id"], strict=True))
-    owners = [(str(r.span_id), int(r.s0), int(r.x1)) for r in crit.itertuples() if r.x1 > r.s0]
-    # a parent stage owns its stretch minus its children's stretches
-    for sid, s0, x1 in owners:
-        kids = sorted((a, b) for k, a, b in owners if child_parent.get(k) == sid)
-        stretch[sid] = _subtract([(s0, x1)], kids)
-    busy = sorted((s0, x1) for sid, s0, x1 in owners if child_parent.get(sid) not in dict.fromkeys(stretch))
-    for r in yielding.itertuples():
-        stretch[str(r.span_id)] = _subtract([(int(r.s0), int(r.e0))], busy)
-    spans["critical_ms"] = [sum(b - a for a, b in stretch.get(s, [])) / 1e6 for s in spans["span_id"]]
-    spans["critical_stretches"] = [[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in stretch.get(s, [])]
-                                   for s in spans["span_id"]]
-    return spans
-
-
-def _subtract(base: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Intervals of `base` not covered by `holes`."""
-    out = base
-    for h0, h1 in holes:
-        nxt: list[tuple[int, int]] = []
-        for a, b in out:
-            if h1 <= a or h0 >= b:
-                nxt.append((a, b))
-                continue
-            if a < h0:
-                nxt.append((a, h0))
-            if h1 < b:
-                nxt.append((h1, b))
-        out = nxt
-    return [(a, b) for a, b in out if b > a]
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e_ns") -> pd.DataFrame:
-    """Requests per (input-token bucket, output-token bucket), powers of two, with p50/p99 in ms."""
+def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e",
+          by: tuple[str, ...] = B.TOKEN_COLUMNS) -> pd.DataFrame:
+    """analysis.breakdowns.shape: requests and p50/p99 (ms) per token bucket (the report's buckets)."""
     cond, params = filters.where()
     with _cursor(_db) as cur:
-        return _df(cur, f"""
-            SELECT {X.bucket_lo_sql("input_tokens")} AS input_lo, {X.bucket_lo_sql("output_tokens")} AS output_lo,
-                   count(*) AS requests,
-                   quantile_cont({metric}, 0.5) / 1e6 AS p50_ms, quantile_cont({metric}, 0.99) / 1e6 AS p99_ms
-            FROM req WHERE {cond} AND input_tokens IS NOT NULL AND output_tokens IS NOT NULL
-              AND {metric} IS NOT NULL
-            GROUP BY ALL ORDER BY 1, 2""", params)
+        return B.shape(cur, metric, by, "req", cond, params).to_pandas()
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def shape_by_bucket(_db: Workbench, store: str, version: int, filters: Filters, column: str,
-                    metric: str = "e2e_ns") -> pd.DataFrame:
-    """p50/p99 (ms) and counts per power-of-two bucket [lo, hi] of `column` (input_tokens or output_tokens)."""
-    if column not in ("input_tokens", "output_tokens"):
-        raise ValueError(f"column must be input_tokens or output_tokens, not {column!r}")
+def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> pd.DataFrame:
+    """analysis.breakdowns.replicas: per replica counts, p50/p99 (ms) and the outlier flag."""
     cond, params = filters.where()
     with _cursor(_db) as cur:
-        return _df(cur, f"""
-            SELECT {X.bucket_lo_sql(column)} AS lo, {X.bucket_hi_sql(column)} AS hi, count(*) AS requests,
-                   quantile_cont({metric}, 0.5) / 1e6 AS p50_ms, quantile_cont({metric}, 0.99) / 1e6 AS p99_ms
-            FROM req WHERE {cond} AND {column} IS NOT NULL AND {metric} IS NOT NULL GROUP BY ALL ORDER BY 1""",
-                   params)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e_ns") -> pd.DataFrame:
-    """Per replica: counts per outcome and p50/p99 (ms); `outlier` marks a p99 far above the fleet's.
-
-    Outlier rule: p99 more than 3 robust deviations (1.4826 × MAD of replica p99s) above their
-    median, and at least 20% above it.
-    """
-    cond, params = filters.where()
-    outcomes = ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
-    with _cursor(_db) as cur:
-        df = _df(cur, f"""
-            SELECT coalesce(replica, '(none)') AS replica, count(*) AS requests, {outcomes},
-                   quantile_cont({metric}, 0.5) / 1e6 AS p50_ms, quantile_cont({metric}, 0.99) / 1e6 AS p99_ms
-            FROM req WHERE {cond} GROUP BY 1 ORDER BY 1""", params)
-    if df.empty:
-        df["outlier"] = pd.Series(dtype=bool)
-        return df
-    med = df["p99_ms"].median()
-    mad = (df["p99_ms"] - med).abs().median() * 1.4826
-    df["outlier"] = (df["p99_ms"] > med + 3 * max(mad, 1e-9)) & (df["p99_ms"] > 1.2 * med)
-    return df
+        return B.replicas(cur, metric, "req", cond, params).to_pandas()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def concurrency(_db: Workbench, store: str, version: int, filters: Filters) -> int:
-    """Most requests one replica was seen serving at once (after their queue wait): its slots."""
+    """analysis.breakdowns.peak_concurrency: most requests one replica served at once."""
     cond, params = filters.where()
     with _cursor(_db) as cur:
-        row = cur.execute(f"""
-            WITH ev AS (
-                SELECT replica, start_ns + queue_wait_ns AS t, 1 AS d FROM req WHERE {cond}
-                UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM req WHERE {cond})
-            SELECT max(n) FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d
-                                                    ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",
-                          [*params, *params]).fetchone()
-    return max(1, int(row[0])) if row and row[0] is not None else 1
+        return B.peak_concurrency(cur, "req", cond, params)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def exemplars(_db: Workbench, store: str, version: int, filters: Filters, limit: int = 50,
+              metric: str = "e2e", trace_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """analysis.traces.slowest under `filters` (only `trace_ids`, when given), slowest first."""
+    cond, params = filters.where()
+    if trace_ids is not None:
+        cond, params = f"({cond}) AND list_contains(?, trace_id)", [*params, list(trace_ids)]
+    with _cursor(_db) as cur:
+        return T.slowest(cur, metric, limit, "req", cond, params).to_pandas()
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def find_trace(_db: Workbench, store: str, version: int, trace_id: str) -> pd.DataFrame:
+    """analysis.traces.find_requests: the request rows of a trace id (or a unique prefix of 8+ hex digits)."""
+    with _cursor(_db) as cur:
+        return T.find_requests(cur, trace_id, "req").to_pandas()
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_ns: int) -> pd.DataFrame:
+    """analysis.traces.waterfall of one trace, reading only the segments of its hour and the next."""
+    files = _db.files_for(start_ns)
+    if not files:
+        return pd.DataFrame()
+    with _cursor(_db) as cur:
+        cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
+        return T.waterfall(cur, trace_id).to_pandas()
 
 
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
@@ -791,11 +505,6 @@ def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: 
     Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
     """
     out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
-    try:
-        from analysis.whatif import whatif as replay
-    except ImportError:
-        out["error"] = "the queue replay (analysis.whatif) is not installed in this build"
-        return out
     with _cursor(_db, filters) as cur:
         try:
             res = replay(cur, [int(servers)], since=filters.since_ns, until=filters.until_ns)
@@ -905,63 +614,6 @@ SQL_EXAMPLES: dict[str, str] = {
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
-def baseline_stats(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
-                   metric: str = "e2e_ns") -> dict[str, Any]:
-    """Requests, p50 and p99 (ms) of `metric` under `filters` outside [start_ns, end_ns): the baseline."""
-    cond, params = filters.where()
-    with _cursor(_db) as cur:
-        n, p50, p99 = cur.execute(
-            f"SELECT count(*), quantile_cont({metric}, 0.5) / 1e6, quantile_cont({metric}, 0.99) / 1e6 "
-            f"FROM req WHERE {cond} AND NOT (start_ns >= ? AND start_ns < ?)",
-            [*params, start_ns, end_ns]).fetchone() or (0, None, None)
-    return {"requests": int(n), "p50_ms": p50, "p99_ms": p99}
-
-
-def explain_window(db: Workbench, filters: Filters, start_ns: int, end_ns: int, spike: dict[str, Any] | None,
-                   baseline_p99_ms: float | None, metric: str = "e2e_ns") -> dict[str, pd.DataFrame]:
-    """Stages, single dimensions and pairs explaining a window, in one shape for the spike page.
-
-    A detected spike uses the report's own explanation (analysis.explain: tail vs baseline,
-    multiple-testing guard, counterfactual p99); a brushed window falls back to the plain SQL
-    contrast of this module. Dimension frames: dimension, value, tail_share, baseline_share,
-    support, p99_without_ms, explained.
-    """
-    key = (db, str(db.store), db.version)
-    cols = ["dimension", "value", "tail_share", "baseline_share", "support", "p99_without_ms", "explained"]
-    if spike and spike.get("stages"):
-        stages = pd.DataFrame(spike["stages"])
-    else:
-        stages = stage_breakdown(*key, filters, start_ns, end_ns, metric)
-    if spike and spike.get("dimensions"):
-        dims = pd.DataFrame(spike["dimensions"])
-        for c in cols:
-            if c not in dims.columns:
-                dims[c] = None
-        dims = dims[cols]
-        pair = dims["dimension"].astype(str).str.contains("&")
-        dims["dimension"] = dims["dimension"].astype(str).str.replace("&", " × ")
-        dims["value"] = dims["value"].astype(str).str.replace("&", " × ")
-        return {"stages": stages, "dimensions": dims[~pair].reset_index(drop=True),
-                "pairs": dims[pair].reset_index(drop=True)}
-    mine = dimension_contrast(*key, filters, start_ns, end_ns, metric)
-    if not mine.empty:
-        p99 = mine["p99_ms"].iloc[0]
-        excess = (p99 - baseline_p99_ms) if baseline_p99_ms is not None else None
-        mine = mine.rename(columns={"share": "baseline_share", "tail_requests": "support"})
-        mine["explained"] = ((p99 - mine["p99_without_ms"]) / excess).clip(0, 1) if excess and excess > 0 else None
-        mine = mine[(mine["tail_share"] >= 1.5 * mine["baseline_share"]) & (mine["support"] >= 5)]
-    pairs = dimension_pairs(*key, filters, start_ns, end_ns, metric)
-    if not pairs.empty:
-        pairs = pairs.rename(columns={"pair": "dimension", "share": "baseline_share", "tail_requests": "support"})
-        pairs["p99_without_ms"] = None
-        pairs["explained"] = None
-    empty = pd.DataFrame(columns=cols)
-    return {"stages": stages,
-            "dimensions": mine[cols].reset_index(drop=True) if not mine.empty else empty,
-            "pairs": pairs[cols].reset_index(drop=True) if not pairs.empty else empty}
-
-
 def prewarm(db: Workbench) -> None:
     """Compute the unfiltered overview's numbers (and its spike report) into the query caches.
 
@@ -970,9 +622,8 @@ def prewarm(db: Workbench) -> None:
     """
     key = (db, str(db.store), db.version)
     f = Filters()
-    c = choices(*key)
-    if not c["requests"]:
+    if not choices(*key)["requests"]:
         return
     summary(*key, f)
-    over_time(*key, f, bucket_seconds(c["min_ns"], c["max_ns"]))
-    spikes(*key, f, "e2e_ns")
+    over_time(*key, f)
+    report_of(*key, f)

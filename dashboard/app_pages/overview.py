@@ -18,7 +18,7 @@ if not s["requests"]:
             "Ingest traces with `tailscope ingest FILE` or widen the filters.")
     st.stop()
 
-spikes = data.spikes(*key, f, "e2e_ns")
+spikes = data.spikes(*key, f)
 cols = st.columns(6)
 cols[0].metric("requests", f"{s['requests']:,}")
 cols[1].metric("errors", f"{s['error']:,}")
@@ -27,19 +27,16 @@ cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 cols[5].metric("spikes", len(spikes))
 
-rng = (f.since_ns, f.until_ns)
-c = data.choices(*key)
-bucket = data.bucket_seconds(rng[0] or c["min_ns"], rng[1] or c["max_ns"])
-df = data.over_time(*key, f, bucket)
+df = data.over_time(*key, f)
 shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
     st.warning(f"**Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
                "Open the Spike page to see what explains it.")
-report = data.report_of(*key, f, "e2e_ns")
-notes = "; ".join(report.get("errors", [])) if report else "spike detection (analysis.report) is not installed"
-st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: p99 spikes of end-to-end latency"
-           + (f" · {notes}" if notes else ""))
+report = data.report_of(*key, f)
+notes = "; ".join(report.get("errors", []))
+st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
+           "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
         st.altair_chart(charts.percentiles(df, prefix, label, shade),

@@ -20,7 +20,7 @@ if db.pending:
             "for this store. " + (db.loading_note() or ""))
     st.stop()
 observed = len(reps)
-spikes = data.spikes(*key, f, "e2e_ns")
+spikes = data.spikes(*key, f)
 windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)

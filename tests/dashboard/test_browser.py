@@ -31,7 +31,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("Overview", "Overview", "Spike 07:18:00"),
     ("Spike", "Spike", "replica-05"),
     ("Traces", "Traces", "Slowest requests"),
-    ("Request shape", "Request shape", "Slowest well-populated cell"),
+    ("Request shape", "Request shape", "Slowest cell with a p99 to trust"),
     ("Replicas", "Replicas", "replica-05"),
     ("What-if", "What-if", "predicted, 8 replicas"),
     ("SQL", "SQL", "Examples"),
@@ -98,6 +98,7 @@ def test_click_through_every_page(dashboard_url: str) -> None:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(90_000)
+            expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
             page.goto(dashboard_url, wait_until="networkidle")
             for label, heading, must_show in PAGES:
                 page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()

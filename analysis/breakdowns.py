@@ -1,0 +1,144 @@
+"""Breakdowns of a set of requests: overall percentiles, per replica (with outliers), per request shape,
+peak concurrency, and the values of each dimension.
+
+Every function reads `source` (the `requests` view by default, or any table / view with its
+columns, such as a filtered copy) and takes an optional SQL condition `where` with its
+`params`. Percentiles follow the one convention of analysis.percentiles (`quantile_cont`);
+token buckets are the report's (analysis.explain.bucket_bounds: [2^k, 2^(k+1) - 1], and 0
+alone), labelled the same way (`1024-2047`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import duckdb
+import polars as pl
+
+from analysis.percentiles import MIN_TAIL, QUANTILES, metric_column, quote_ident
+from tracing import schema as S
+
+#: A replica is an outlier when its p99 is more than OUTLIER_MADS robust deviations
+#: (MAD_SCALE x the median absolute deviation of the replicas' p99s) above their median ...
+OUTLIER_MADS: Final = 3.0
+MAD_SCALE: Final = 1.4826
+#: ... and at least OUTLIER_RISE above that median.
+OUTLIER_RISE: Final = 0.2
+#: Metrics summarised by `summary`.
+SUMMARY_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
+#: Token columns `shape` buckets.
+TOKEN_COLUMNS: Final[tuple[str, ...]] = ("input_tokens", "output_tokens")
+
+
+def _outcomes() -> str:
+    return ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
+
+
+def _bucket_sql(col: str) -> tuple[str, str]:
+    """SQL of the report's power-of-two bucket (lo, hi) of a token column (explain.bucket_bounds), exact in integers."""
+    k = f"floor(log2(greatest({col}, 1)))::INTEGER"
+    lo = (f"CASE WHEN (1::BIGINT << {k}) > {col} THEN 1::BIGINT << ({k} - 1) "
+          f"WHEN (1::BIGINT << ({k} + 1)) <= {col} THEN 1::BIGINT << ({k} + 1) ELSE 1::BIGINT << {k} END")
+    return f"CASE WHEN {col} <= 0 THEN 0 ELSE {lo} END", f"CASE WHEN {col} <= 0 THEN 0 ELSE 2 * ({lo}) - 1 END"
+
+
+def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str = "true",
+            params: Sequence[object] = ()) -> dict[str, float | int | None]:
+    """Counts per outcome and the overall p50 / p90 / p99 (ms) of e2e, TTFT and TPOT.
+
+    Keys: requests, one per outcome (ok, error, timeout, cancelled), and <metric>_p50_ms,
+    <metric>_p90_ms, <metric>_p99_ms for e2e, ttft, tpot (None when no request has a value).
+    """
+    qs = [(name, q) for name, q in QUANTILES if name in ("p50", "p90", "p99")]
+    pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, {q}) / 1e6 AS {m}_{name}_ms"
+                     for m in SUMMARY_METRICS for name, q in qs)
+    rel = con.execute(f"SELECT count(*) AS requests, {_outcomes()}, {pcts} FROM {source} WHERE {where}", list(params))
+    names = [d[0] for d in rel.description or []]
+    rows = rel.fetchall()
+    row = rows[0] if rows else ()
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in zip(names, row, strict=True)}
+
+
+def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = "requests", where: str = "true",
+             params: Sequence[object] = ()) -> pl.DataFrame:
+    """Per replica ('(none)' when unknown): requests, counts per outcome, p50_ms, p99_ms and `outlier`.
+
+    Outlier: p99 more than OUTLIER_MADS x (MAD_SCALE x MAD of the replicas' p99s) above their
+    median and at least OUTLIER_RISE above it.
+    """
+    col = quote_ident(metric_column(metric))
+    df = con.sql(f"""
+        SELECT coalesce(replica, '(none)') AS replica, count(*) AS requests, {_outcomes()},
+               quantile_cont({col}, 0.5) / 1e6 AS p50_ms, quantile_cont({col}, 0.99) / 1e6 AS p99_ms
+        FROM {source} WHERE {where} GROUP BY 1 ORDER BY 1""", params=list(params)).pl()
+    if df.height == 0:
+        return df.with_columns(pl.lit(False).alias("outlier"))
+    p99 = df.get_column("p99_ms")
+    med = float(p99.median() or 0.0)  # type: ignore[arg-type]
+    mad = float((p99 - med).abs().median() or 0.0) * MAD_SCALE  # type: ignore[arg-type]
+    return df.with_columns(((pl.col("p99_ms") > med + OUTLIER_MADS * max(mad, 1e-9))
+                            & (pl.col("p99_ms") > (1 + OUTLIER_RISE) * med)).fill_null(False).alias("outlier"))
+
+
+def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str] = TOKEN_COLUMNS,
+          source: str = "requests", where: str = "true", params: Sequence[object] = ()) -> pl.DataFrame:
+    """Requests, p50_ms and p99_ms per token bucket of each column in `by` (input_tokens, output_tokens).
+
+    Columns per bucketed column C: C_lo, C_hi (the report's bucket bounds) and C_bucket (its
+    label, `lo-hi`); then requests, p50_ms, p99_ms, and p99_low_sample (fewer than MIN_TAIL
+    requests beyond the p99, as in percentile_series). Requests without a value in C are left out.
+    """
+    if not by:
+        raise ValueError("shape needs at least one token column")
+    for c in by:
+        if c not in TOKEN_COLUMNS:
+            raise ValueError(f"cannot bucket {c!r}; use one of {', '.join(TOKEN_COLUMNS)}")
+    col = quote_ident(metric_column(metric))
+    keys = []
+    for c in by:
+        lo, hi = _bucket_sql(c)
+        keys += [f"({lo})::BIGINT AS {c}_lo", f"({hi})::BIGINT AS {c}_hi"]
+    present = " AND ".join(f"{c} IS NOT NULL" for c in by) or "true"
+    df = con.sql(f"""
+        SELECT {', '.join(keys)}, count(*) AS requests,
+               quantile_cont({col}, 0.5) / 1e6 AS p50_ms, quantile_cont({col}, 0.99) / 1e6 AS p99_ms
+        FROM {source} WHERE ({where}) AND {present} AND {col} IS NOT NULL
+        GROUP BY ALL ORDER BY ALL""", params=list(params)).pl()
+    return df.with_columns([(pl.col(f"{c}_lo").cast(pl.String) + "-" + pl.col(f"{c}_hi").cast(pl.String))
+                            .alias(f"{c}_bucket") for c in by]
+                           + [(pl.col("requests") * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")])
+
+
+def peak_concurrency(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str = "true",
+                     params: Sequence[object] = ()) -> int:
+    """Most requests one replica was seen serving at once (from the end of their queue wait): its slots.
+
+    At least 1. A request ending at the instant another starts is not counted twice.
+    """
+    rows = con.execute(f"""
+        WITH ev AS (
+            SELECT replica, start_ns + coalesce(queue_wait_ns, 0) AS t, 1 AS d FROM {source} WHERE {where}
+            UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM {source} WHERE {where})
+        SELECT max(n) FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d
+                                                ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",
+                      [*params, *params]).fetchall()
+    return max(1, int(rows[0][0])) if rows and rows[0][0] is not None else 1
+
+
+def dimension_values(con: duckdb.DuckDBPyConnection, dims: Sequence[str], source: str = "requests"
+                     ) -> dict[str, list[str]]:
+    """The distinct non-null values of each dimension column, sorted."""
+    out: dict[str, list[str]] = {}
+    for d in dims:
+        rows = con.execute(f"SELECT DISTINCT {quote_ident(d)} FROM {source} WHERE {quote_ident(d)} IS NOT NULL "
+                           "ORDER BY 1").fetchall()
+        out[d] = [r[0] for r in rows]
+    return out
+
+
+def time_bounds(con: duckdb.DuckDBPyConnection, source: str = "requests") -> tuple[int | None, int | None, int]:
+    """(first start_ns, last start_ns, requests) of `source`; (None, None, 0) when empty."""
+    rows = con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM {source}").fetchall()
+    row = rows[0]
+    return (None, None, 0) if not row[2] else (int(row[0]), int(row[1]), int(row[2]))
