@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
-import os
 import sys
 import threading
 import time
@@ -31,6 +31,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.views import VIEW_SQL, spans_sql
+from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import StoreError
 from tracing.store import default_store, require_store, segment_files
@@ -50,7 +51,7 @@ FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "s
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
-QUICK_LOAD_BYTES = int(os.environ.get("TAILSCOPE_DASHBOARD_QUICK_BYTES", 64 * 1024 * 1024))
+QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
 
 # --- where the store is ------------------------------------------------------------------
