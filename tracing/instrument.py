@@ -479,9 +479,11 @@ def _orphan_request() -> Request:
     return Request(span, ctx, _now(), tracer())
 
 
-def _shape(model: str | None, model_version: str | None, tenant: str | None,
-           input_tokens: int | None, stream: bool | None) -> dict[str, AttributeValue]:
-    attrs: dict[str, AttributeValue] = {}
+def _shape(model: str | None, model_version: str | None, tenant: str | None, input_tokens: int | None,
+           stream: bool | None, attrs: dict[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
+    """The request-shape attributes that are given, added to `attrs` (a new dict if None)."""
+    if attrs is None:
+        attrs = {}
     if model is not None:
         attrs[ATTR_MODEL] = model
     if model_version is not None:
@@ -505,7 +507,7 @@ def request_identity(name: str | None, *, model: str | None, model_version: str 
     attrs: dict[str, AttributeValue] = {S.ATTR_REQUEST: True}
     if operation is not None:
         attrs[S.ATTR_OPERATION] = operation
-    attrs.update(_shape(model, model_version, tenant, input_tokens, stream))
+    _shape(model, model_version, tenant, input_tokens, stream, attrs)
     if attributes:
         attrs.update(attributes)
     if name is None:
