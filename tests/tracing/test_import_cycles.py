@@ -20,8 +20,8 @@ def _imports(tree: ast.Module, known: set[str]) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                visit(child)
+            for other in node.orelse:
+                visit(other)
             return
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in known)
