@@ -105,6 +105,7 @@ class Telemetry:
 
     def lean(self) -> LeanRecorder:
         """A lean recorder writing to this configuration's store with the same resource."""
+        # loaded on first use to keep `import tracing` light (lean loads pyarrow); no cycle: lean never imports us
         from tracing.lean import LeanRecorder
 
         if self.store is None:
@@ -211,18 +212,17 @@ def configure(
 
     from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
 
-    environ: Mapping[str, str] | None = env
-    service = SERVING.service_name.resolve(service_name or None, environ)
-    replica = SERVING.replica_id.resolve(replica_id or None, environ)
-    endpoint = SERVING.otlp_endpoint.resolve(otlp_endpoint or None, environ)
-    protocol = SERVING.otlp_protocol.resolve(otlp_protocol or None, environ).lower()
+    service = SERVING.service_name.resolve(service_name or None, env)
+    replica = SERVING.replica_id.resolve(replica_id or None, env)
+    endpoint = SERVING.otlp_endpoint.resolve(otlp_endpoint or None, env)
+    protocol = SERVING.otlp_protocol.resolve(otlp_protocol or None, env).lower()
     if protocol not in _OTLP_PROTOCOLS:
         raise ValueError(f"otlp_protocol must be one of {', '.join(_OTLP_PROTOCOLS)}, got {protocol!r}")
-    names = _exporter_names(exporters, endpoint is not None, environ)
-    queue = SERVING.max_queue_size.resolve_or_default(max_queue_size, environ, _log)
-    delay = SERVING.export_delay_ms.resolve_or_default(export_delay_ms, environ, _log)
-    otlp_timeout = SERVING.otlp_timeout_s.resolve_or_default(otlp_timeout_s, environ, _log)
-    flush_s = SERVING.store_flush_s.resolve_or_default(store_flush_s, environ, _log)
+    names = _exporter_names(exporters, endpoint is not None, env)
+    queue = SERVING.max_queue_size.resolve_or_default(max_queue_size, env, _log)
+    delay = SERVING.export_delay_ms.resolve_or_default(export_delay_ms, env, _log)
+    otlp_timeout = SERVING.otlp_timeout_s.resolve_or_default(otlp_timeout_s, env, _log)
+    flush_s = SERVING.store_flush_s.resolve_or_default(store_flush_s, env, _log)
     if queue <= 0 or delay <= 0 or flush_s < 0:
         raise ValueError("max_queue_size and export_delay_ms must be > 0 and store_flush_s >= 0")
 
@@ -234,7 +234,7 @@ def configure(
     built: dict[str, SpanExporter] = {}
     store_dir: Path | None = None
     if "store" in names:
-        store_dir = SERVING.store.resolve(Path(store).expanduser() if store is not None else None, environ)
+        store_dir = SERVING.store.resolve(Path(store).expanduser() if store is not None else None, env)
         try:
             built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
         except Exception as exc:  # an unusable store must not stop the server from starting
