@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
+import logging
 import sys
 import threading
 import time
@@ -38,6 +38,7 @@ from analysis.percentiles import choose_window_s, parse_time, percentile_series,
 from analysis.report import build_report, explain_window
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import whatif as replay
+from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
 from tracing.store import default_store, require_store, segment_files
@@ -52,7 +53,7 @@ FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
-QUICK_LOAD_BYTES = int(os.environ.get("TAILSCOPE_DASHBOARD_QUICK_BYTES", 64 * 1024 * 1024))
+QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
 
 # --- where the store is ------------------------------------------------------------------

@@ -24,17 +24,16 @@ from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from tracing import schema as S
-from tracing.instrument import _tracer, error_type_of
+from tracing._context import W3C, tracer
+from tracing.instrument import error_type_of
 
 __all__ = ["ClientCall", "ClientResult", "client_request", "post_json"]
 
 #: Client span attribute: seconds from sending the request to the first streamed chunk (GenAI semconv).
 ATTR_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
-_W3C: Final = TraceContextTextMapPropagator()
 _now = time.time_ns
 
 
@@ -94,10 +93,10 @@ def client_request(method: str, url: str, *, headers: Mapping[str, str] | None =
     if attributes:
         attrs.update(attributes)
     start = _now()
-    span = _tracer().start_span(f"{method.upper()} {parts.path or '/'}", kind=SpanKind.CLIENT, attributes=attrs,
+    span = tracer().start_span(f"{method.upper()} {parts.path or '/'}", kind=SpanKind.CLIENT, attributes=attrs,
                                 start_time=start, record_exception=False, set_status_on_exception=False)
     out = dict(headers or {})
-    _W3C.inject(out, context=trace.set_span_in_context(span))
+    W3C.inject(out, context=trace.set_span_in_context(span))
     return ClientCall(span, out, start)
 
 

@@ -1,18 +1,17 @@
 """`tracing.configure(...)`: build the tracer provider, its batch processor and exporters.
 
-Every setting is taken from the argument, else from its environment variable (each one a
-constant below, listed in `ENV_VARS` and in docs/instrumentation.md), else the default.
-Exporters: the segment store (default: a local directory) and/or OTLP over HTTP or gRPC
-(to `tailscope collect` or any collector). Telemetry never crashes or blocks the host:
-exporter failures are logged and counted (`Telemetry.stats()`), and the span queue is
-bounded, so memory stays bounded when a backend is down.
+Every setting is taken from the argument, else from its environment variable, else the
+default: the table `tracing.settings.SERVING` owns their names, defaults, variables and help
+(docs/settings.md is generated from it). Exporters: the segment store (default: a local
+directory) and/or OTLP over HTTP or gRPC (to `tailscope collect` or any collector).
+Telemetry never crashes or blocks the host: exporter failures are logged and counted
+(`Telemetry.stats()`), and the span queue is bounded, so memory stays bounded when a backend
+is down.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
+
+from tracing.settings import OTLP_GRPC_ENDPOINT, OTLP_HTTP_ENDPOINT, SERVING
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
@@ -49,56 +50,29 @@ __all__ = [
 
 _log = logging.getLogger("tailscope.configure")
 
-#: Service name (resource `service.name`); OTEL_SERVICE_NAME is read when this is unset.
-ENV_SERVICE_NAME: Final = "TAILSCOPE_SERVICE_NAME"
-#: Replica id (resource `service.instance.id`); default "<host>-<pid>".
-ENV_REPLICA_ID: Final = "TAILSCOPE_REPLICA_ID"
-#: Comma-separated exporters: store, otlp, none.
-ENV_EXPORTERS: Final = "TAILSCOPE_EXPORTERS"
-#: The segment store directory (shared with the CLI: the same variable as tracing.store.ENV_STORE).
-ENV_STORE: Final = "TAILSCOPE_STORE"
-#: OTLP endpoint: a URL for http/protobuf (…/v1/traces), host:port for grpc.
-ENV_OTLP_ENDPOINT: Final = "TAILSCOPE_OTLP_ENDPOINT"
-#: OTLP protocol: http/protobuf or grpc.
-ENV_OTLP_PROTOCOL: Final = "TAILSCOPE_OTLP_PROTOCOL"
-#: Seconds an OTLP export may take (retries included) before it counts as failed.
-ENV_OTLP_TIMEOUT_S: Final = "TAILSCOPE_OTLP_TIMEOUT_SECONDS"
-#: Most spans held in memory waiting for export; beyond it the oldest is dropped and counted.
-ENV_MAX_QUEUE_SIZE: Final = "TAILSCOPE_MAX_QUEUE_SIZE"
-#: Milliseconds between two exports of the span queue.
-ENV_EXPORT_DELAY_MS: Final = "TAILSCOPE_EXPORT_DELAY_MS"
-#: Seconds the store exporter buffers rows before writing a segment.
-ENV_STORE_FLUSH_S: Final = "TAILSCOPE_STORE_FLUSH_SECONDS"
+# The variable names, as constants (their one owner is the SERVING table).
+ENV_SERVICE_NAME: Final = SERVING.service_name.env
+ENV_REPLICA_ID: Final = SERVING.replica_id.env
+ENV_EXPORTERS: Final = SERVING.exporters.env
+ENV_STORE: Final = SERVING.store.env
+ENV_OTLP_ENDPOINT: Final = SERVING.otlp_endpoint.env
+ENV_OTLP_PROTOCOL: Final = SERVING.otlp_protocol.env
+ENV_OTLP_TIMEOUT_S: Final = SERVING.otlp_timeout_s.env
+ENV_MAX_QUEUE_SIZE: Final = SERVING.max_queue_size.env
+ENV_EXPORT_DELAY_MS: Final = SERVING.export_delay_ms.env
+ENV_STORE_FLUSH_S: Final = SERVING.store_flush_s.env
 
 #: Exporter names accepted by `exporters=` / TAILSCOPE_EXPORTERS.
 EXPORTER_NAMES: Final[tuple[str, ...]] = ("store", "otlp", "none")
 _OTLP_PROTOCOLS: Final = ("http/protobuf", "grpc")
 
-#: Every environment variable with its default and meaning (docs/instrumentation.md is checked against it).
+#: Every environment variable with its default and meaning (generated from the SERVING table).
 ENV_VARS: Final[dict[str, tuple[str, str]]] = {
-    ENV_SERVICE_NAME: ("$OTEL_SERVICE_NAME, else 'tailscope-service'", "service name (resource service.name)"),
-    ENV_REPLICA_ID: ("'<hostname>-<pid>'", "replica id (resource service.instance.id)"),
-    ENV_EXPORTERS: ("'store' (or 'otlp' when an OTLP endpoint is given)", "comma-separated: store, otlp, none"),
-    ENV_STORE: ("~/.local/share/tailscope/store", "segment store directory for the store exporter"),
-    ENV_OTLP_ENDPOINT: ("http://127.0.0.1:4318/v1/traces (grpc: 127.0.0.1:4317)", "OTLP endpoint"),
-    ENV_OTLP_PROTOCOL: ("http/protobuf", "OTLP protocol: http/protobuf or grpc"),
-    ENV_OTLP_TIMEOUT_S: ("10", "seconds an OTLP export may take, retries included"),
-    ENV_MAX_QUEUE_SIZE: ("8192", "spans held for export at most; the oldest is dropped and counted beyond"),
-    ENV_EXPORT_DELAY_MS: ("1000", "milliseconds between exports"),
-    ENV_STORE_FLUSH_S: ("5", "seconds the store exporter buffers rows before writing a segment"),
-}
+    variable: (setting.shown_default(), setting.help) for variable, setting in SERVING.env_vars().items()}
 
-#: Defaults used when neither argument nor environment variable gives a value.
+#: Defaults used when neither argument nor environment variable gives a value (from the SERVING table).
 DEFAULTS: Final[dict[str, Any]] = {
-    "service_name": "tailscope-service",
-    "otlp_endpoint_http": "http://127.0.0.1:4318/v1/traces",
-    "otlp_endpoint_grpc": "127.0.0.1:4317",
-    "otlp_protocol": "http/protobuf",
-    "otlp_timeout_s": 10.0,
-    "max_queue_size": 8192,
-    "export_delay_ms": 1000,
-    "store_flush_s": 5.0,
-}
+    **SERVING.defaults(), "otlp_endpoint_http": OTLP_HTTP_ENDPOINT, "otlp_endpoint_grpc": OTLP_GRPC_ENDPOINT}
 
 
 @dataclass
@@ -131,6 +105,7 @@ class Telemetry:
 
     def lean(self) -> LeanRecorder:
         """A lean recorder writing to this configuration's store with the same resource."""
+        # loaded on first use to keep `import tracing` light (lean loads pyarrow); no cycle: lean never imports us
         from tracing.lean import LeanRecorder
 
         if self.store is None:
@@ -149,43 +124,11 @@ class Telemetry:
             _log.warning("tailscope: shutdown failed", exc_info=True)
 
 
-def _env(name: str, env: Mapping[str, str]) -> str | None:
-    value = env.get(name)
-    return value if value not in (None, "") else None
-
-
-def _int_setting(arg: int | None, name: str, default: int, env: Mapping[str, str]) -> int:
-    if arg is not None:
-        return arg
-    raw = _env(name, env)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        _log.warning("tailscope: %s=%r is not an integer; using %d", name, raw, default)
-        return default
-    return value
-
-
-def _float_setting(arg: float | None, name: str, default: float, env: Mapping[str, str]) -> float:
-    if arg is not None:
-        return arg
-    raw = _env(name, env)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        _log.warning("tailscope: %s=%r is not a number; using %s", name, raw, default)
-        return default
-
-
-def _exporter_names(arg: str | Iterable[str] | None, otlp_given: bool, env: Mapping[str, str]) -> list[str]:
+def _exporter_names(arg: str | Iterable[str] | None, otlp_given: bool, env: Mapping[str, str] | None) -> list[str]:
     raw: Iterable[str]
     if arg is not None:
         raw = arg.split(",") if isinstance(arg, str) else arg
-    elif (from_env := _env(ENV_EXPORTERS, env)) is not None:
+    elif (from_env := SERVING.exporters.resolve(None, env)) is not None:
         raw = from_env.split(",")
     else:
         raw = ["otlp"] if otlp_given else ["store"]
@@ -260,7 +203,7 @@ def configure(
 ) -> Telemetry:
     """Build and (by default) install the global tracer provider for this process.
 
-    Each setting: argument, else environment variable (see ENV_VARS), else default. Raises
+    Each setting: argument, else environment variable, else default (the SERVING table). Raises
     ValueError on a setting that breaks a rule (unknown exporter or protocol, sizes <= 0).
     """
     from opentelemetry.sdk.resources import Resource
@@ -269,19 +212,17 @@ def configure(
 
     from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
 
-    environ: Mapping[str, str] = os.environ if env is None else env
-    service = service_name or _env(ENV_SERVICE_NAME, environ) or _env("OTEL_SERVICE_NAME", environ) \
-        or DEFAULTS["service_name"]
-    replica = replica_id or _env(ENV_REPLICA_ID, environ) or f"{socket.gethostname()}-{os.getpid()}"
-    endpoint = otlp_endpoint or _env(ENV_OTLP_ENDPOINT, environ)
-    protocol = (otlp_protocol or _env(ENV_OTLP_PROTOCOL, environ) or DEFAULTS["otlp_protocol"]).lower()
+    service = SERVING.service_name.resolve(service_name or None, env)
+    replica = SERVING.replica_id.resolve(replica_id or None, env)
+    endpoint = SERVING.otlp_endpoint.resolve(otlp_endpoint or None, env)
+    protocol = SERVING.otlp_protocol.resolve(otlp_protocol or None, env).lower()
     if protocol not in _OTLP_PROTOCOLS:
         raise ValueError(f"otlp_protocol must be one of {', '.join(_OTLP_PROTOCOLS)}, got {protocol!r}")
-    names = _exporter_names(exporters, endpoint is not None, environ)
-    queue = _int_setting(max_queue_size, ENV_MAX_QUEUE_SIZE, DEFAULTS["max_queue_size"], environ)
-    delay = _int_setting(export_delay_ms, ENV_EXPORT_DELAY_MS, DEFAULTS["export_delay_ms"], environ)
-    otlp_timeout = _float_setting(otlp_timeout_s, ENV_OTLP_TIMEOUT_S, DEFAULTS["otlp_timeout_s"], environ)
-    flush_s = _float_setting(store_flush_s, ENV_STORE_FLUSH_S, DEFAULTS["store_flush_s"], environ)
+    names = _exporter_names(exporters, endpoint is not None, env)
+    queue = SERVING.max_queue_size.resolve_or_default(max_queue_size, env, _log)
+    delay = SERVING.export_delay_ms.resolve_or_default(export_delay_ms, env, _log)
+    otlp_timeout = SERVING.otlp_timeout_s.resolve_or_default(otlp_timeout_s, env, _log)
+    flush_s = SERVING.store_flush_s.resolve_or_default(store_flush_s, env, _log)
     if queue <= 0 or delay <= 0 or flush_s < 0:
         raise ValueError("max_queue_size and export_delay_ms must be > 0 and store_flush_s >= 0")
 
@@ -293,14 +234,7 @@ def configure(
     built: dict[str, SpanExporter] = {}
     store_dir: Path | None = None
     if "store" in names:
-        if store is not None:
-            store_dir = Path(store).expanduser()
-        elif (env_store := _env(ENV_STORE, environ)) is not None:
-            store_dir = Path(env_store).expanduser()
-        else:
-            from tracing.store import default_store
-
-            store_dir = default_store()
+        store_dir = SERVING.store.resolve(Path(store).expanduser() if store is not None else None, env)
         try:
             built["store"] = GuardedExporter(SegmentStoreExporter(store_dir, flush_interval_s=flush_s), "store")
         except Exception as exc:  # an unusable store must not stop the server from starting
@@ -308,7 +242,7 @@ def configure(
                        store_dir, exc)
             store_dir = None
     if "otlp" in names:
-        target = endpoint or DEFAULTS["otlp_endpoint_grpc" if protocol == "grpc" else "otlp_endpoint_http"]
+        target = endpoint or (OTLP_GRPC_ENDPOINT if protocol == "grpc" else OTLP_HTTP_ENDPOINT)
         _quiet_otlp_logs()
         built["otlp"] = GuardedExporter(_otlp_exporter(target, protocol, otlp_timeout), f"otlp-{protocol}")
     for i, extra in enumerate(extra_exporters):

@@ -13,6 +13,7 @@
     │   ├── QueueFull               (intake.collect.commit) the write queue is at its span limit
     │   ├── Closed                  (intake.collect.commit) the receiver is shutting down
     │   └── Busy                    (intake.collect.intake) too many request bytes in flight
+    ├── SettingError                (tracing.settings) a setting's value (argument or variable) cannot be used
     └── MissingExtra                a part of tailscope used without the pip extra that installs it
 
 Each message says what was wrong, where, and what to do next, on one line. The leaves

@@ -15,6 +15,10 @@ cancellation or a client that went away gives `cancelled`. The current request t
 the OpenTelemetry context, so sync code, asyncio tasks and threads (pass `req` or copy the
 context) each see their own. Only the OpenTelemetry API is used here: spans go wherever the
 global tracer provider sends them (see `tracing.configure`).
+
+`RequestAPI` is the request API with its rules written once; two recorders implement it:
+`Request` here (OpenTelemetry spans through the SDK) and `tracing.lean.LeanRequest`
+(timestamps on the request thread, rows built in the background).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar, cast
+from typing import Any, Final, Generic, Self, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -34,6 +39,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from tracing import schema as S
+from tracing._context import REQUEST_KEY, SCOPE_NAME, SCOPE_VERSION, extract, tracer
 
 __all__ = [
     "DECODE",
@@ -48,19 +54,17 @@ __all__ = [
     "STREAMING",
     "ClientDisconnected",
     "Request",
+    "RequestAPI",
     "Stage",
     "StageSpan",
     "current_request",
     "error_type_of",
     "outcome_of_exception",
     "request",
+    "request_identity",
     "stage",
     "traced_request",
 ]
-
-#: Instrumentation scope of every span this library makes.
-SCOPE_NAME: Final = "tailscope"
-SCOPE_VERSION: Final = "0.1.0"
 
 #: Attribute keys of the request shape (GenAI semantic conventions where one exists).
 ATTR_MODEL: Final = S.MODEL_KEYS[0]
@@ -77,7 +81,6 @@ _GEN_PARTS: Final = frozenset(S.GENERATION_PARTS)
 _GENERATION: Final = S.STAGE_PARENT[PREFILL]
 _OUTCOME_SET: Final = frozenset(S.OUTCOMES)
 _OK, _ERROR, _TIMEOUT, _CANCELLED = S.OUTCOMES
-_REQUEST_KEY: Final = otel_context.create_key("tailscope-request")
 _CANCELLED_TYPE: Final = f"{asyncio.CancelledError.__module__}.{asyncio.CancelledError.__qualname__}"
 _SERVER = SpanKind.SERVER
 _INTERNAL = SpanKind.INTERNAL
@@ -85,6 +88,7 @@ _ERROR_STATUS = StatusCode.ERROR
 _now = time.time_ns
 
 F = TypeVar("F", bound=Callable[..., Any])
+H = TypeVar("H")
 
 
 class ClientDisconnected(ConnectionError):
@@ -112,18 +116,11 @@ def outcome_of_exception(exc: BaseException, *, streaming: bool = False) -> str:
     return _ERROR
 
 
-_provider_seen: object = None
-_tracer_cached: trace.Tracer | None = None
-
-
-def _tracer() -> trace.Tracer:
-    """The tailscope tracer of the current global provider (refreshed when the provider changes)."""
-    global _provider_seen, _tracer_cached
-    provider = trace.get_tracer_provider()
-    if provider is not _provider_seen or _tracer_cached is None:
-        _tracer_cached = provider.get_tracer(SCOPE_NAME, SCOPE_VERSION)
-        _provider_seen = provider
-    return _tracer_cached
+def check_stage(name: str) -> str:
+    """`name` if it is a stage of the request model; ValueError otherwise."""
+    if name not in _STAGE_SET:
+        raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
+    return name
 
 
 def _mark_failed(span: Span, exc: BaseException | None, error_type: str, record: bool) -> None:
@@ -135,60 +132,60 @@ def _mark_failed(span: Span, exc: BaseException | None, error_type: str, record:
 
 def current_request() -> Request | None:
     """The request open in the current context (task, thread), or None."""
-    value = otel_context.get_value(_REQUEST_KEY)
+    value = otel_context.get_value(REQUEST_KEY)
     return value if isinstance(value, Request) else None
 
 
-class Request:
-    """One inference request: the SERVER span, its request shape and its outcome.
+class RequestAPI(Generic[H]):
+    """The request API of both recorders: `tracing.request` (SDK spans) and `LeanRecorder.request` (timestamps).
 
-    Made by `tracing.request(...)`. Use it as a (sync or async) context manager, or call
-    `end()` yourself (for example when a stream finishes after the handler returned).
+    The shared rules are written once here: the request shape (`set`), the outcome (`set_outcome`,
+    `fail`), the time to first token, stage validation and `record_stage`, the context-manager
+    protocol. A recorder says how a stage opens, ends and fails (`_open`, `end_stage`,
+    `fail_stage`; `H` is its handle of an open stage), where late attributes go
+    (`_add_attributes`), what a failure marks (`_mark_failed`) and how the request ends (`end`).
     """
 
-    __slots__ = (
-        "_attached",
-        "_ctx",
-        "_ended",
-        "_error_type",
-        "_gen_ctx",
-        "_marked",
-        "_outcome",
-        "_recorded",
-        "_stream",
-        "_token",
-        "_tracer",
-        "end_ns",
-        "output_tokens",
-        "span",
-        "start_ns",
-        "ttft_ns",
-    )
+    __slots__ = ("_error_type", "_outcome", "output_tokens", "start_ns", "ttft_ns")
 
-    def __init__(self, span: Span, ctx: Context, start_ns: int, tracer: trace.Tracer) -> None:
-        self.span = span
-        self._ctx = ctx
-        self._tracer = tracer
+    def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
-        self.end_ns: int | None = None
-        self._gen_ctx: Context | None = None
         self.ttft_ns: int | None = None
         self.output_tokens: int | None = None
         self._outcome: str | None = None
         self._error_type: str | None = None
-        self._recorded: BaseException | None = None
-        self._stream: Any = None  # the open tracing.stream wrapper, while tokens flow
-        self._marked = False
-        self._ended = False
-        self._token: object = None
-        self._attached = False
+
+    # --- what a recorder supplies ---------------------------------------------------------
+
+    def _open(self, name: str, attributes: Mapping[str, AttributeValue] | None, start_ns: int | None) -> H:
+        raise NotImplementedError
+
+    def end_stage(self, stage: H, end_ns: int | None = None) -> None:
+        """End the open stage `stage` now or at `end_ns`."""
+        raise NotImplementedError
+
+    def fail_stage(self, stage: H, exc: BaseException) -> None:
+        """Mark the open stage `stage` failed by `exc`."""
+        raise NotImplementedError
+
+    def _add_attributes(self, attrs: dict[str, AttributeValue]) -> None:
+        raise NotImplementedError
+
+    def _mark_failed(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def _streaming(self) -> bool:
+        return False
+
+    def stage(self, name: str, **attributes: AttributeValue) -> AbstractContextManager[H]:
+        """A stage of this request as a context manager (`with req.stage("decode"):`)."""
+        raise NotImplementedError
+
+    def end(self, end_ns: int | None = None) -> None:
+        """End the request now or at `end_ns` with its outcome, output tokens and TTFT (idempotent)."""
+        raise NotImplementedError
 
     # --- request shape and outcome ------------------------------------------------------
-
-    @property
-    def context(self) -> Context:
-        """The OpenTelemetry context holding this request's span (for propagation)."""
-        return self._ctx
 
     @property
     def outcome(self) -> str | None:
@@ -205,7 +202,7 @@ class Request:
         if attributes:
             attrs.update(attributes)
         if attrs:
-            self.span.set_attributes(attrs)
+            self._add_attributes(attrs)
 
     def first_token(self, at_ns: int | None = None) -> None:
         """Record the time to first token (once; later calls are ignored)."""
@@ -224,12 +221,90 @@ class Request:
         """Mark the request failed by `exc` (outcome from its type) without raising."""
         # a timeout arrives as a cancellation first (asyncio.timeout), then as TimeoutError
         if self._outcome in (None, _OK) or (isinstance(exc, TimeoutError) and self._error_type == _CANCELLED_TYPE):
-            stream = self._stream is not None if streaming is None else streaming
-            self._outcome = outcome_of_exception(exc, streaming=stream)
+            self._outcome = outcome_of_exception(exc, streaming=self._streaming() if streaming is None else streaming)
             self._error_type = error_type_of(exc)
-            _mark_failed(self.span, exc, self._error_type, record=exc is not self._recorded)
-            self._recorded = exc
-            self._marked = True
+            self._mark_failed(exc)
+
+    # --- stages -------------------------------------------------------------------------
+
+    def start_stage(self, name: str, *, start_ns: int | None = None,
+                    attributes: Mapping[str, AttributeValue] | None = None) -> H:
+        """Start a stage now or at `start_ns`; end it with `end_stage` (for stages timed elsewhere)."""
+        return self._open(check_stage(name), attributes, start_ns)
+
+    def record_stage(self, name: str, start_ns: int, end_ns: int, **attributes: AttributeValue) -> None:
+        """Record a stage whose start and end were measured already (integer ns since the epoch)."""
+        self.end_stage(self._open(check_stage(name), attributes or None, start_ns), end_ns)
+
+    # --- context management -------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None:
+            self.fail(exc)
+        self.end()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class Request(RequestAPI["StageSpan"]):
+    """One inference request recorded as OpenTelemetry spans: the SERVER span, its shape and its outcome.
+
+    Made by `tracing.request(...)`. Use it as a (sync or async) context manager, or call
+    `end()` yourself (for example when a stream finishes after the handler returned).
+    """
+
+    __slots__ = (
+        "_attached",
+        "_ctx",
+        "_ended",
+        "_gen_ctx",
+        "_marked",
+        "_recorded",
+        "_stream",
+        "_token",
+        "_tracer",
+        "end_ns",
+        "span",
+    )
+
+    def __init__(self, span: Span, ctx: Context, start_ns: int, tracer: trace.Tracer) -> None:
+        super().__init__(start_ns)
+        self.span = span
+        self._ctx = ctx
+        self._tracer = tracer
+        self.end_ns: int | None = None
+        self._gen_ctx: Context | None = None
+        self._recorded: BaseException | None = None
+        self._stream: Any = None  # the open tracing.stream wrapper, while tokens flow
+        self._marked = False
+        self._ended = False
+        self._token: object = None
+        self._attached = False
+
+    @property
+    def context(self) -> Context:
+        """The OpenTelemetry context holding this request's span (for propagation)."""
+        return self._ctx
+
+    def _add_attributes(self, attrs: dict[str, AttributeValue]) -> None:
+        self.span.set_attributes(attrs)
+
+    def _streaming(self) -> bool:
+        return self._stream is not None
+
+    def _mark_failed(self, exc: BaseException) -> None:
+        _mark_failed(self.span, exc, self._error_type or _ERROR, record=exc is not self._recorded)
+        self._recorded = exc
+        self._marked = True
 
     def end(self, end_ns: int | None = None) -> None:
         """End the request span with its outcome, output tokens and TTFT (idempotent).
@@ -262,11 +337,7 @@ class Request:
         """A stage of this request, as a context manager or decorator (`with req.stage("decode"):`)."""
         return Stage(name, attributes, self)
 
-    def start_stage(self, name: str, *, start_ns: int | None = None,
-                    attributes: Mapping[str, AttributeValue] | None = None) -> StageSpan:
-        """Start a stage span now or at `start_ns`; end it with `.end()` (for stages timed elsewhere)."""
-        if name not in _STAGE_SET:
-            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
+    def _open(self, name: str, attributes: Mapping[str, AttributeValue] | None, start_ns: int | None) -> StageSpan:
         attrs: dict[str, AttributeValue] = {S.ATTR_STAGE: name}
         if attributes:
             attrs.update(attributes)
@@ -282,9 +353,13 @@ class Request:
             return StageSpan(self, name, span, ctx)
         return StageSpan(self, name, span, None)
 
-    def record_stage(self, name: str, start_ns: int, end_ns: int, **attributes: AttributeValue) -> None:
-        """Record a stage whose start and end were measured already (integer ns since the epoch)."""
-        self.start_stage(name, start_ns=start_ns, attributes=attributes).end(end_ns)
+    def end_stage(self, stage: StageSpan, end_ns: int | None = None) -> None:
+        """End the stage span `stage` now or at `end_ns` (the same as `stage.end(end_ns)`)."""
+        stage.end(end_ns)
+
+    def fail_stage(self, stage: StageSpan, exc: BaseException) -> None:
+        """Mark the stage span `stage` failed by `exc` (the same as `stage.fail(exc)`)."""
+        stage.fail(exc)
 
     # --- context management -------------------------------------------------------------
 
@@ -301,13 +376,6 @@ class Request:
         if self._attached:
             self._attached = False
             otel_context.detach(self._token)  # type: ignore[arg-type]
-
-    async def __aenter__(self) -> Self:
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 class StageSpan:
@@ -352,9 +420,7 @@ class Stage:
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None,
                  req: Request | None = None) -> None:
-        if name not in _STAGE_SET:
-            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
-        self._name = name
+        self._name = check_stage(name)
         # the span's attributes, built once (the SDK copies them into the span)
         self._attrs: Mapping[str, AttributeValue] = (
             {S.ATTR_STAGE: name, **attributes} if attributes else _STAGE_ATTRS[name])
@@ -410,12 +476,14 @@ def _orphan_request() -> Request:
     """A stand-in parent for a stage opened outside any request: the current span, never ended."""
     span = trace.get_current_span()
     ctx = otel_context.get_current()
-    return Request(span, ctx, _now(), _tracer())
+    return Request(span, ctx, _now(), tracer())
 
 
-def _shape(model: str | None, model_version: str | None, tenant: str | None,
-           input_tokens: int | None, stream: bool | None) -> dict[str, AttributeValue]:
-    attrs: dict[str, AttributeValue] = {}
+def _shape(model: str | None, model_version: str | None, tenant: str | None, input_tokens: int | None,
+           stream: bool | None, attrs: dict[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
+    """The request-shape attributes that are given, added to `attrs` (a new dict if None)."""
+    if attrs is None:
+        attrs = {}
     if model is not None:
         attrs[ATTR_MODEL] = model
     if model_version is not None:
@@ -429,6 +497,24 @@ def _shape(model: str | None, model_version: str | None, tenant: str | None,
     return attrs
 
 
+def request_identity(name: str | None, *, model: str | None, model_version: str | None, tenant: str | None,
+                     input_tokens: int | None, stream: bool | None, operation: str | None,
+                     attributes: Mapping[str, AttributeValue] | None) -> tuple[str, dict[str, AttributeValue]]:
+    """The request span's name and its attributes at start (both recorders name a request the same way).
+
+    The name defaults to "{operation} {model}" as in the GenAI conventions.
+    """
+    attrs: dict[str, AttributeValue] = {S.ATTR_REQUEST: True}
+    if operation is not None:
+        attrs[S.ATTR_OPERATION] = operation
+    _shape(model, model_version, tenant, input_tokens, stream, attrs)
+    if attributes:
+        attrs.update(attributes)
+    if name is None:
+        name = f"{operation or 'inference'} {model}" if model else (operation or "inference")
+    return name, attrs
+
+
 def request(name: str | None = None, *, model: str | None = None, model_version: str | None = None,
             tenant: str | None = None, input_tokens: int | None = None, stream: bool | None = None,
             operation: str | None = None, attributes: Mapping[str, AttributeValue] | None = None,
@@ -440,25 +526,18 @@ def request(name: str | None = None, *, model: str | None = None, model_version:
     `context` names the parent context directly. The span name defaults to
     "{operation} {model}" as in the GenAI conventions.
     """
-    tracer = _tracer()
+    spans = tracer()
     if carrier is not None:
-        from tracing.propagation import extract
-
         context = extract(carrier, context)
-    attrs: dict[str, AttributeValue] = {S.ATTR_REQUEST: True}
-    if operation is not None:
-        attrs[S.ATTR_OPERATION] = operation
-    attrs.update(_shape(model, model_version, tenant, input_tokens, stream))
-    if attributes:
-        attrs.update(attributes)
-    if name is None:
-        name = f"{operation or 'inference'} {model}" if model else (operation or "inference")
+    name, attrs = request_identity(name, model=model, model_version=model_version, tenant=tenant,
+                                   input_tokens=input_tokens, stream=stream, operation=operation,
+                                   attributes=attributes)
     begin = start_ns if start_ns is not None else _now()
-    span = tracer.start_span(name, context, _SERVER, attrs, start_time=begin,
-                             record_exception=False, set_status_on_exception=False)
+    span = spans.start_span(name, context, _SERVER, attrs, start_time=begin,
+                            record_exception=False, set_status_on_exception=False)
     parent = context if context is not None else otel_context.get_current()
-    req = Request(span, Context(), begin, tracer)
-    req._ctx = otel_context.set_value(_REQUEST_KEY, req, trace.set_span_in_context(span, parent))
+    req = Request(span, Context(), begin, spans)
+    req._ctx = otel_context.set_value(REQUEST_KEY, req, trace.set_span_in_context(span, parent))
     return req
 
 

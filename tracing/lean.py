@@ -24,9 +24,7 @@ import atexit
 import collections
 import gc
 import logging
-import os
 import random
-import socket
 import threading
 import time
 import weakref
@@ -36,34 +34,27 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from tracing import schema as S
-from tracing.instrument import (
-    _CANCELLED_TYPE,
-    _GEN_PARTS,
-    _GENERATION,
-    _OUTCOME_SET,
-    _STAGE_SET,
-    ATTR_OUTPUT_TOKENS,
-    SCOPE_NAME,
-    SCOPE_VERSION,
-    _shape,
-    error_type_of,
-    outcome_of_exception,
-)
+from tracing._context import SCOPE_NAME, SCOPE_VERSION, extract
+from tracing.instrument import RequestAPI, check_stage, error_type_of, request_identity
 from tracing.rows import SpanBatch, attr_str, replica_of
+from tracing.settings import SERVING
+from tracing.store import SegmentWriter
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-
-    from tracing.store import SegmentWriter
 
 __all__ = ["LeanRecorder", "LeanRequest"]
 
 _log = logging.getLogger("tailscope.lean")
 _now = time.time_ns
 _OK = S.OUTCOMES[0]
+_GEN_PARTS: Final = frozenset(S.GENERATION_PARTS)
+_GENERATION: Final = S.STAGE_PARENT[S.GENERATION_PARTS[0]]
+_ATTR_OUTPUT_TOKENS: Final = S.OUTPUT_TOKEN_KEYS[0]
 _SERVER_KIND: Final = S.SPAN_KINDS[2]
 _INTERNAL_KIND: Final = S.SPAN_KINDS[1]
 _UNSET, _ERROR_STATUS = S.STATUS_CODES[0], S.STATUS_CODES[2]
@@ -74,7 +65,7 @@ _Entry = list
 
 
 class _LeanStage:
-    """Context manager for one stage of a lean request."""
+    """Context manager for one stage of a lean request (its handle is the stage's index)."""
 
     __slots__ = ("_attrs", "_idx", "_name", "_req")
 
@@ -85,7 +76,7 @@ class _LeanStage:
         self._idx = -1
 
     def __enter__(self) -> int:
-        self._idx = self._req.start_stage(self._name, attributes=self._attrs)
+        self._idx = self._req._open(self._name, self._attrs, None)  # the name was checked by LeanRequest.stage
         return self._idx
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -102,39 +93,38 @@ class _LeanStage:
         self.__exit__(exc_type, exc, tb)
 
 
-class LeanRequest:
-    """One request on the lean path: timestamps and shape, turned into rows after it ends."""
+class LeanRequest(RequestAPI[int]):
+    """One request on the lean path: timestamps and shape, turned into rows after it ends.
 
-    __slots__ = ("_error_type", "_gen", "_message", "_outcome", "_rec", "_set", "attrs", "end_ns", "name",
-                 "output_tokens", "parent", "stages", "start_ns", "ttft_ns")
+    The API is `tracing.Request`'s (`RequestAPI`); an open stage's handle is its index.
+    `finish` is another name of `end`.
+    """
+
+    __slots__ = ("_gen", "_message", "_rec", "_set", "attrs", "end_ns", "name", "parent", "stages")
 
     def __init__(self, rec: LeanRecorder, name: str, attrs: dict[str, Any], start_ns: int,
                  parent: tuple[int, int, str] | None) -> None:
+        # RequestAPI's fields, set here rather than by a super().__init__ call (5% of the lean path)
+        self.start_ns = start_ns
+        self.ttft_ns: int | None = None
+        self.output_tokens: int | None = None
+        self._outcome: str | None = None
+        self._error_type: str | None = None
         self._rec = rec
         self.name = name
         self.attrs = attrs
-        self.start_ns = start_ns
         self.end_ns = 0
         self.parent = parent
         self.stages: list[_Entry] = []
         self._gen = -1
         self._set: dict[str, Any] | None = None
-        self.ttft_ns: int | None = None
-        self.output_tokens: int | None = None
-        self._outcome: str | None = None
-        self._error_type: str | None = None
         self._message = ""
 
-    def stage(self, name: str, **attributes: Any) -> _LeanStage:
+    def stage(self, name: str, **attributes: AttributeValue) -> _LeanStage:
         """A stage as a context manager (sync or async)."""
-        if name not in _STAGE_SET:
-            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
-        return _LeanStage(self, name, attributes or None)
+        return _LeanStage(self, check_stage(name), attributes or None)
 
-    def start_stage(self, name: str, *, start_ns: int | None = None, attributes: dict[str, Any] | None = None) -> int:
-        """Open a stage now or at `start_ns`; returns its index for `end_stage`."""
-        if name not in _STAGE_SET:
-            raise ValueError(f"stage must be one of {', '.join(S.ALL_STAGES)}, got {name!r}")
+    def _open(self, name: str, attributes: Mapping[str, AttributeValue] | None, start_ns: int | None) -> int:
         stages = self.stages
         idx = len(stages)
         parent = self._gen if name in _GEN_PARTS else -1
@@ -143,81 +133,42 @@ class LeanRequest:
             self._gen = idx
         return idx
 
-    def end_stage(self, idx: int, end_ns: int | None = None) -> None:
-        """Close the stage `idx` now or at `end_ns`."""
-        entry = self.stages[idx]
+    def end_stage(self, stage: int, end_ns: int | None = None) -> None:
+        """Close the stage with index `stage` now or at `end_ns`."""
+        entry = self.stages[stage]
         entry[2] = end_ns if end_ns is not None else _now()
-        if idx == self._gen:
+        if stage == self._gen:
             self._gen = -1
 
-    def record_stage(self, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
-        """Record a stage measured elsewhere (integer ns since the epoch)."""
-        self.end_stage(self.start_stage(name, start_ns=start_ns, attributes=attributes or None), end_ns)
-
-    def fail_stage(self, idx: int, exc: BaseException) -> None:
-        """Mark stage `idx` failed by `exc`."""
-        entry = self.stages[idx]
+    def fail_stage(self, stage: int, exc: BaseException) -> None:
+        """Mark the stage with index `stage` failed by `exc`."""
+        entry = self.stages[stage]
         entry[5] = error_type_of(exc)
         entry[6] = str(exc) or entry[5]
 
-    def first_token(self, at_ns: int | None = None) -> None:
-        """Record the time to first token (once)."""
-        if self.ttft_ns is None:
-            self.ttft_ns = (at_ns if at_ns is not None else _now()) - self.start_ns
+    def _add_attributes(self, attrs: dict[str, AttributeValue]) -> None:
+        if self._set is None:
+            self._set = attrs
+        else:
+            self._set.update(attrs)
 
-    def set(self, *, output_tokens: int | None = None, input_tokens: int | None = None, model: str | None = None,
-            model_version: str | None = None, tenant: str | None = None, stream: bool | None = None,
-            **attributes: Any) -> None:
-        """Add request shape learned later (as `Request.set`)."""
-        if output_tokens is not None:
-            self.output_tokens = output_tokens
-        extra = _shape(model, model_version, tenant, input_tokens, stream)
-        extra.update(attributes)
-        if extra:
-            if self._set is None:
-                self._set = extra
-            else:
-                self._set.update(extra)
+    def _mark_failed(self, exc: BaseException) -> None:
+        self._message = str(exc) or self._error_type or ""
 
     def set_outcome(self, outcome: str, error_type: str | None = None) -> None:
-        """Declare the outcome (ok, error, timeout, cancelled)."""
-        if outcome not in _OUTCOME_SET:
-            raise ValueError(f"outcome must be one of {', '.join(S.OUTCOMES)}, got {outcome!r}")
-        self._outcome = outcome
+        """Declare the outcome (ok, error, timeout, cancelled); failures get `error.type`."""
+        super().set_outcome(outcome, error_type)
         if outcome != _OK:
-            self._error_type = error_type or self._error_type or outcome
-            self._message = self._message or self._error_type
+            self._message = self._message or self._error_type or outcome
 
-    def fail(self, exc: BaseException) -> None:
-        """Mark the request failed by `exc` (outcome from its type)."""
-        # a timeout arrives as a cancellation first (asyncio.timeout), then as TimeoutError
-        if self._outcome in (None, _OK) or (isinstance(exc, TimeoutError) and self._error_type == _CANCELLED_TYPE):
-            self._outcome = outcome_of_exception(exc)
-            self._error_type = error_type_of(exc)
-            self._message = str(exc) or self._error_type
-
-    def finish(self, end_ns: int | None = None) -> None:
+    def end(self, end_ns: int | None = None) -> None:
         """End the request now or at `end_ns` and queue it for the writer (idempotent)."""
         if self.end_ns:
             return
         self.end_ns = end_ns if end_ns is not None else _now()
         self._rec._queue(self)
 
-    def __enter__(self) -> LeanRequest:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is not None:
-            self.fail(exc)
-        self.finish()
-
-    async def __aenter__(self) -> LeanRequest:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(exc_type, exc, tb)
+    finish = end
 
     # --- rows -----------------------------------------------------------------------------
 
@@ -235,7 +186,7 @@ class LeanRequest:
             attrs[S.ATTR_ERROR_TYPE] = self._error_type or outcome
         attrs[S.ATTR_OUTCOME] = outcome
         if self.output_tokens is not None:
-            attrs[ATTR_OUTPUT_TOKENS] = self.output_tokens
+            attrs[_ATTR_OUTPUT_TOKENS] = self.output_tokens
         if self.ttft_ns is not None:
             attrs[S.ATTR_TTFT_NS] = self.ttft_ns
         return attrs
@@ -252,8 +203,9 @@ class LeanRecorder:
     """Collects lean requests and writes their rows to a store (or emits SDK spans) in the background.
 
     `resource` is an SDK Resource (e.g. `Telemetry.resource`) or a mapping of resource
-    attributes; by default `service.name` / `service.instance.id` from the arguments, the
-    same defaults as `configure`. At most `max_pending` finished requests wait for the
+    attributes; by default `service.name` / `service.instance.id` come from `service_name` /
+    `replica_id`, else their environment variables, else the defaults: the SERVING settings
+    `configure` reads too. At most `max_pending` finished requests wait for the
     writer; beyond that the oldest is dropped and counted in `dropped_requests`.
     """
 
@@ -266,16 +218,12 @@ class LeanRecorder:
         if max_pending <= 0:
             raise ValueError("max_pending must be > 0")
         if writer is None and store is not None:
-            from tracing.store import SegmentWriter
-
             writer = SegmentWriter(Path(store), kind="lean")
         self.writer = writer
         self.tracer_provider = tracer_provider
         if resource is None:
-            from tracing.configure import DEFAULTS
-
-            resource = {"service.name": service_name or DEFAULTS["service_name"],
-                        "service.instance.id": replica_id or f"{socket.gethostname()}-{os.getpid()}"}
+            resource = {"service.name": SERVING.service_name.resolve(service_name or None),
+                        "service.instance.id": SERVING.replica_id.resolve(replica_id or None)}
         raw = resource.attributes if hasattr(resource, "attributes") else resource
         self.resource: dict[str, str] = {k: attr_str(v) for k, v in raw.items()}
         self.service = self.resource.get("service.name", "")
@@ -307,18 +255,11 @@ class LeanRecorder:
                 operation: str | None = None, attributes: Mapping[str, Any] | None = None,
                 carrier: Mapping[str, str] | None = None, start_ns: int | None = None) -> LeanRequest:
         """Start one request (as `tracing.request`, same attributes and span name)."""
-        attrs: dict[str, Any] = {S.ATTR_REQUEST: True}
-        if operation is not None:
-            attrs[S.ATTR_OPERATION] = operation
-        attrs.update(_shape(model, model_version, tenant, input_tokens, stream))
-        if attributes:
-            attrs.update(attributes)
-        if name is None:
-            name = f"{operation or 'inference'} {model}" if model else (operation or "inference")
+        name, attrs = request_identity(name, model=model, model_version=model_version, tenant=tenant,
+                                       input_tokens=input_tokens, stream=stream, operation=operation,
+                                       attributes=attributes)
         parent = None
         if carrier is not None:
-            from tracing.propagation import extract
-
             sc = trace.get_current_span(extract(carrier)).get_span_context()
             if sc.is_valid:
                 state = ",".join(f"{k}={v}" for k, v in sc.trace_state.items()) if sc.trace_state else ""

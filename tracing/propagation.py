@@ -27,15 +27,14 @@ from typing import Final
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tracing.instrument import _REQUEST_KEY, QUEUE_WAIT, Request, _tracer
+from tracing._context import REQUEST_KEY, W3C, extract, tracer
+from tracing.instrument import QUEUE_WAIT, Request
 
 __all__ = ["ENQUEUED_NS_KEY", "RemoteRequest", "apply_report", "enqueued_ns", "extract", "inject", "resume"]
 
 #: Carrier key holding the wall-clock ns at which the message was enqueued.
 ENQUEUED_NS_KEY: Final = "tailscope-enqueued-ns"
-_W3C: Final = TraceContextTextMapPropagator()
 _now = time.time_ns
 
 
@@ -47,16 +46,9 @@ def inject(carrier: MutableMapping[str, str] | None = None, *, request: Request 
     """
     out: MutableMapping[str, str] = {} if carrier is None else carrier
     ctx = request.context if request is not None else context
-    _W3C.inject(out, context=ctx)
+    W3C.inject(out, context=ctx)
     out[ENQUEUED_NS_KEY] = str(enqueued_ns if enqueued_ns is not None else _now())
     return out
-
-
-def extract(carrier: Mapping[str, str], context: Context | None = None) -> Context:
-    """The context continued from `carrier`'s W3C headers (case-insensitive keys), on top of `context`."""
-    if carrier and "traceparent" not in carrier:
-        carrier = {k.lower(): v for k, v in carrier.items()}
-    return _W3C.extract(carrier, context=context)
 
 
 def enqueued_ns(carrier: Mapping[str, str]) -> int | None:
@@ -78,9 +70,9 @@ class RemoteRequest(Request):
 
     def __init__(self, ctx: Context) -> None:
         span = trace.get_current_span(ctx)
-        super().__init__(span, Context(), 0, _tracer())
+        super().__init__(span, Context(), 0, tracer())
         self.first_token_ns: int | None = None
-        self._ctx = otel_context.set_value(_REQUEST_KEY, self, ctx)
+        self._ctx = otel_context.set_value(REQUEST_KEY, self, ctx)
 
     def first_token(self, at_ns: int | None = None) -> None:
         """Record the wall-clock time of the first token (reported back, not stored here)."""

@@ -25,17 +25,15 @@ from tracing.errors import MissingExtra, StoreError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+from tracing.settings import SERVING
 
-#: Environment variable naming the default store directory.
-ENV_STORE: str = "TAILSCOPE_STORE"
+#: Environment variable naming the default store directory (owned by the SERVING settings table).
+ENV_STORE: str = SERVING.store.env or ""
 
 
 def default_store() -> Path:
     """The store used when none is named: $TAILSCOPE_STORE, else ~/.local/share/tailscope/store."""
-    env = os.environ.get(ENV_STORE)
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".local" / "share" / "tailscope" / "store"
+    return SERVING.store.resolve()
 
 
 def init_store(store: Path) -> Path:

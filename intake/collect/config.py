@@ -1,26 +1,70 @@
-"""Settings of the OTLP receiver: one table drives the defaults, `--help` and docs/collect.md."""
+"""Settings of the OTLP receiver: the `COLLECT` table owns their defaults, `--help` and docs/settings.md.
+
+`CollectConfig` has one field per setting of the table (its default taken from the table; a
+test checks fields and table agree), plus `store` and `token`, which are not settings with
+defaults (the store is the shared `--store` option, the token comes from `--token-file`).
+The `tailscope collect` options are generated from the table's entries that name an option.
+
+To add a setting: one entry in `CollectSettings` (with `option="--flag"` to put it on the
+command line) and one field `name: type = COLLECT.name.default` in `CollectConfig`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
+
+from tracing.settings import Setting, SettingsTable
 
 MIB = 1 << 20
 
-#: Body cap after decompression recommended by the OTLP specification.
-DEFAULT_MAX_BODY_BYTES = 64 * MIB
-#: Spans accepted but not yet durable; beyond this requests get 503 + Retry-After.
-DEFAULT_MAX_QUEUE_SPANS = 1_000_000
-#: Bytes of request bodies being read or decoded at once; beyond this requests get 503.
-DEFAULT_MAX_INFLIGHT_BYTES = 512 * MIB
-#: Keys of recently stored spans kept to drop re-sent spans (see docs/collect.md).
-DEFAULT_DEDUPE_WINDOW = 1_000_000
-#: At startup, keys of segments modified this recently are loaded into the dedupe window.
-DEFAULT_DEDUPE_STARTUP_S = 900.0
-#: Seconds a client is told to wait (Retry-After) when the queue is full or we are stopping.
-DEFAULT_RETRY_AFTER_S = 1
-#: Seconds shutdown waits for in-flight requests before giving up on them.
-DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+class CollectSettings(SettingsTable):
+    """Settings of the receiver."""
+
+    title = "Receiver (`tailscope collect`)"
+    intro = ("Read by `intake.collect.Receiver` through `CollectConfig` (one field per setting). "
+             "The settings with an option are `tailscope collect` options (generated from this table); "
+             "the others are `CollectConfig` arguments for code that embeds the receiver.")
+    readers = ("intake.collect.receiver", "intake.collect.http", "intake.collect.grpc_server",
+               "intake.collect.intake")
+
+    host: Setting[str] = Setting(
+        str, "127.0.0.1", "Address to listen on. Loopback by default; give 0.0.0.0 (with --token-file) only when "
+        "other machines must send to this one.", option="--host")
+    http_port: Setting[int] = Setting(
+        int, 4318, "Port of OTLP/HTTP (POST /v1/traces, protobuf or JSON, gzip allowed); 0 picks a free port, "
+        "-1 turns HTTP off.", option="--http-port")
+    grpc_port: Setting[int] = Setting(
+        int, 4317, "Port of OTLP/gRPC (TraceService/Export); 0 picks a free port, -1 turns gRPC off.",
+        option="--grpc-port")
+    max_body_bytes: Setting[int] = Setting(
+        int, 64 * MIB, "Largest request body after gzip decompression (the OTLP recommendation); larger ones "
+        "get 413 and a gzip bomb is cut off there.", option="--max-body-mib", option_scale=MIB, option_unit="MiB")
+    max_queue_spans: Setting[int] = Setting(
+        int, 1_000_000, "Spans accepted but not yet on disk; beyond this requests get 503 with Retry-After "
+        "instead of growing memory.", option="--max-queue-spans")
+    max_inflight_bytes: Setting[int] = Setting(
+        int, 512 * MIB, "Bytes of request bodies being read or decoded at once; beyond this requests get 503.")
+    dedupe_window: Setting[int] = Setting(
+        int, 1_000_000, "Keys (TraceId, SpanId) of the most recently stored spans kept to drop re-sent spans; "
+        "about 150 bytes each. 0 turns deduplication off.", option="--dedupe-window")
+    dedupe_startup_s: Setting[float] = Setting(
+        float, 900.0, "At startup, load the keys of segments written this many seconds before, so spans re-sent "
+        "after a crash are not stored twice.", option="--dedupe-startup-s")
+    retry_after_s: Setting[int] = Setting(
+        int, 1, "Seconds a client is told to wait (Retry-After) when the queue is full or the receiver is stopping.")
+    drain_timeout_s: Setting[float] = Setting(
+        float, 30.0, "Seconds shutdown waits for in-flight requests before giving up on them.")
+    durable: Setting[bool] = Setting(
+        bool, True, "fsync each segment and its directory before answering (off only for benchmarks and tests).")
+    grpc_workers: Setting[int] = Setting(
+        int, 8, "Threads serving gRPC calls (at most 4 calls per thread are admitted at once).")
+
+
+#: The receiver's settings table.
+COLLECT: Final = CollectSettings()
 
 
 @dataclass(frozen=True)
@@ -28,19 +72,19 @@ class CollectConfig:
     """Everything `tailscope collect` can be told; ports of 0 pick a free port, None disables."""
 
     store: Path
-    host: str = "127.0.0.1"
-    http_port: int | None = 4318
-    grpc_port: int | None = 4317
+    host: str = COLLECT.host.default
+    http_port: int | None = COLLECT.http_port.default
+    grpc_port: int | None = COLLECT.grpc_port.default
     token: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS
-    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
-    dedupe_window: int = DEFAULT_DEDUPE_WINDOW
-    dedupe_startup_s: float = DEFAULT_DEDUPE_STARTUP_S
-    retry_after_s: int = DEFAULT_RETRY_AFTER_S
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    durable: bool = True
-    grpc_workers: int = 8
+    max_body_bytes: int = COLLECT.max_body_bytes.default
+    max_queue_spans: int = COLLECT.max_queue_spans.default
+    max_inflight_bytes: int = COLLECT.max_inflight_bytes.default
+    dedupe_window: int = COLLECT.dedupe_window.default
+    dedupe_startup_s: float = COLLECT.dedupe_startup_s.default
+    retry_after_s: int = COLLECT.retry_after_s.default
+    drain_timeout_s: float = COLLECT.drain_timeout_s.default
+    durable: bool = COLLECT.durable.default
+    grpc_workers: int = COLLECT.grpc_workers.default
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes"):

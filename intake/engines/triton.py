@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,17 @@ from intake.engines._common import (
     last_of,
     mark_request,
 )
+from intake.engines.settings import ENGINES
 from tracing.errors import InputError
 from tracing.rows import SpanBatch, outcome_of
+from tracing.settings import SettingError
 
 NAME = "triton"
 ROOT_NAME = "InferRequest"
 COMPUTE_NAME = "compute"
 SERVICE = "triton-inference-server"
-#: Wall-clock offset (ns) added to the monotonic `ns` of a JSON trace file.
-ENV_CLOCK_OFFSET = "TAILSCOPE_TRITON_CLOCK_OFFSET_NS"
+#: Wall-clock offset (ns) added to the monotonic `ns` of a JSON trace file (the ENGINES settings table).
+ENV_CLOCK_OFFSET = ENGINES.triton_clock_offset_ns.env
 
 FRONTEND = (
     "HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END",
@@ -189,14 +190,11 @@ def _hex(*parts: object, size: int) -> str:
 
 def clock_offset(path: Path, latest_ns: int) -> int:
     """Wall ns minus monotonic ns for a JSON trace file: the env override, else mtime-anchored."""
-    raw = os.environ.get(ENV_CLOCK_OFFSET, "").strip()
-    if raw:
-        try:
-            return int(raw)
-        except ValueError:
-            raise InputError(str(path), 0, f"${ENV_CLOCK_OFFSET} must be an integer number of ns, got {raw!r}") \
-                from None
-    return path.stat().st_mtime_ns - latest_ns
+    try:
+        offset = ENGINES.triton_clock_offset_ns.resolve()
+    except SettingError as exc:
+        raise InputError(str(path), 0, str(exc)) from None
+    return offset if offset is not None else path.stat().st_mtime_ns - latest_ns
 
 
 def read_json_array(path: Path, data: bytes, *, skip_bad: bool, report: object) -> list[pa.Table]:

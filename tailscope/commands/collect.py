@@ -2,44 +2,53 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from intake.collect import CollectConfig, Receiver, read_token
-from intake.collect import config as C
+from intake.collect.config import COLLECT
 from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
+from tracing.settings import Setting, SettingsTable
+
+
+def setting_options(table: SettingsTable) -> list[inspect.Parameter]:
+    """One parameter (a typer option, passed by keyword) per setting of `table` that names an option.
+
+    Name, type, default and help come from the table; a setting with `option_scale` is given on
+    the command line in its `option_unit` (the default shown divided by the scale).
+    """
+    params = []
+    for s in table.settings():
+        if s.option is None:
+            continue
+        unit = f" In {s.option_unit}." if s.option_unit else ""
+        default = s.default // s.option_scale if s.option_scale != 1 else s.default
+        option: Any = typer.Option(s.option, help=s.help + unit)
+        params.append(inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                        annotation=Annotated[s.kind, option]))
+    return params
+
+
+def setting_values(table: SettingsTable, options: dict[str, Any]) -> dict[str, Any]:
+    """The values of `setting_options` parameters, in the settings' own units."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        setting: Setting[Any] = table[name]
+        out[name] = value * setting.option_scale if setting.option_scale != 1 else value
+    return out
 
 
 def collect(
     store: StoreOption = None,
-    host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on. Loopback by default; give 0.0.0.0 (with --token-file) "
-        "only when other machines must send to this one.")] = "127.0.0.1",
-    http_port: Annotated[int, typer.Option(
-        "--http-port", help="Port of OTLP/HTTP (POST /v1/traces, protobuf or JSON, gzip allowed); "
-        "0 picks a free port, -1 turns HTTP off.")] = 4318,
-    grpc_port: Annotated[int, typer.Option(
-        "--grpc-port", help="Port of OTLP/gRPC (TraceService/Export); 0 picks a free port, "
-        "-1 turns gRPC off.")] = 4317,
     token_file: Annotated[Path | None, typer.Option(
         "--token-file", help="File holding a bearer token; requests without 'Authorization: Bearer "
         "<token>' are answered 401 (gRPC: UNAUTHENTICATED).", show_default=False)] = None,
-    max_body_mib: Annotated[int, typer.Option(
-        "--max-body-mib", help="Largest request body after gzip decompression, in MiB; larger "
-        "ones get 413 and a gzip bomb is cut off there.")] = C.DEFAULT_MAX_BODY_BYTES // C.MIB,
-    max_queue_spans: Annotated[int, typer.Option(
-        "--max-queue-spans", help="Spans accepted but not yet on disk; beyond this requests get "
-        "503 with Retry-After instead of growing memory.")] = C.DEFAULT_MAX_QUEUE_SPANS,
-    dedupe_window: Annotated[int, typer.Option(
-        "--dedupe-window", help="Keys (TraceId, SpanId) of the most recently stored spans kept to "
-        "drop re-sent spans; about 150 bytes each. 0 turns deduplication off.")] = C.DEFAULT_DEDUPE_WINDOW,
-    dedupe_startup_s: Annotated[float, typer.Option(
-        "--dedupe-startup-s", help="At startup, load the keys of segments written this many seconds "
-        "before, so spans re-sent after a crash are not stored twice.")] = C.DEFAULT_DEDUPE_STARTUP_S,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
+    **options: Any,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
 
@@ -54,13 +63,11 @@ def collect(
         except (OSError, ValueError) as exc:
             fail(f"--token-file: {exc}")
     try:
-        config = CollectConfig(
-            store=store_path(store), host=host,
-            http_port=None if http_port < 0 else http_port,
-            grpc_port=None if grpc_port < 0 else grpc_port,
-            token=token, max_body_bytes=max_body_mib * C.MIB, max_queue_spans=max_queue_spans,
-            dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s,
-        )
+        values = setting_values(COLLECT, options)
+        for port in ("http_port", "grpc_port"):  # -1 on the command line turns a protocol off
+            if values.get(port) is not None and values[port] < 0:
+                values[port] = None
+        config = CollectConfig(store=store_path(store), token=token, **values)
     except ValueError as exc:
         fail(str(exc))
     with errors_as_messages():
@@ -82,6 +89,14 @@ def collect(
         fail(f"could not listen: {exc}")
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected\n")
+
+
+# the command's parameters: --store, then the table's options, then --token-file and --quiet
+_own = [p for p in inspect.signature(collect, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD]
+collect.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_own[0], *setting_options(COLLECT), *_own[1:]])
+collect.__annotations__ = {p.name: p.annotation for p in collect.__signature__.parameters.values()}  # type: ignore[attr-defined]
 
 
 def register(app: typer.Typer) -> None:

@@ -80,9 +80,9 @@ def test_exporter_choice_and_rules(tmp_path: Path) -> None:
 
 def test_env_vars_are_constants_and_documented() -> None:
     assert C.ENV_STORE == tracing.store.ENV_STORE
-    documented = (Path(__file__).parents[2] / "docs" / "instrumentation.md").read_text()
+    documented = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
     for name in C.ENV_VARS:
-        assert f"`{name}`" in documented, f"{name} is not documented in docs/instrumentation.md"
+        assert f"`{name}`" in documented, f"{name} is not documented in docs/settings.md"
     constants = {getattr(C, n) for n in dir(C) if n.startswith("ENV_") and n != "ENV_VARS"}
     assert constants == set(C.ENV_VARS)
 

@@ -37,7 +37,7 @@ def test_all_is_exactly_the_public_surface() -> None:
         assert getattr(tracing, name) is not None, name
     public = {n for n in dir(tracing) if not n.startswith("_")}
     submodules = {"configure", "instrument", "propagation", "streaming", "schema", "client", "lean", "exporters",
-                  "rows", "store", "otlp_json", "errors"}
+                  "rows", "store", "otlp_json", "errors", "settings"}
     assert public - submodules - EXPECTED == set(), "unexpected public names"
 
 
