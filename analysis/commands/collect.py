@@ -39,6 +39,24 @@ def collect(
     dedupe_startup_s: Annotated[float, typer.Option(
         "--dedupe-startup-s", help="At startup, load the keys of segments written this many seconds "
         "before, so spans re-sent after a crash are not stored twice.")] = C.DEFAULT_DEDUPE_STARTUP_S,
+    max_inflight_mib: Annotated[int, typer.Option(
+        "--max-inflight-mib", help="Request bytes being read, inflated or decoded at once, over all "
+        "connections, in MiB; a body is claimed from its Content-Length before it is read, and one that "
+        "does not fit gets 503 with Retry-After.")] = C.DEFAULT_MAX_INFLIGHT_BYTES // C.MIB,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Open HTTP connections at once; one more is answered 503 and "
+        "closed.")] = C.DEFAULT_MAX_CONNECTIONS,
+    idle_timeout_s: Annotated[float, typer.Option(
+        "--idle-timeout-s", help="Seconds a keep-alive HTTP connection may sit idle between requests "
+        "before it is closed.")] = C.DEFAULT_IDLE_TIMEOUT_S,
+    header_timeout_s: Annotated[float, typer.Option(
+        "--header-timeout-s", help="Seconds from a request's first byte to the end of its headers; a "
+        "slower sender gets 408 and is closed.")] = C.DEFAULT_HEADER_TIMEOUT_S,
+    read_timeout_s: Annotated[float, typer.Option(
+        "--read-timeout-s", help="Seconds a request body may go without a new byte (408), and a slow "
+        "reader may take to accept an answer.")] = C.DEFAULT_READ_TIMEOUT_S,
+    body_timeout_s: Annotated[float, typer.Option(
+        "--body-timeout-s", help="Seconds for a whole request body to arrive (408).")] = C.DEFAULT_BODY_TIMEOUT_S,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
@@ -60,9 +78,15 @@ def collect(
             grpc_port=None if grpc_port < 0 else grpc_port,
             token=token, max_body_bytes=max_body_mib * C.MIB, max_queue_spans=max_queue_spans,
             dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s,
+            max_inflight_bytes=max_inflight_mib * C.MIB, max_connections=max_connections,
+            idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s, read_timeout_s=read_timeout_s,
+            body_timeout_s=body_timeout_s,
         )
     except ValueError as exc:
         fail(str(exc))
+    warning = C.exposure_warning(config)
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
     with errors_as_messages():
         receiver = Receiver(config)
 

@@ -230,6 +230,9 @@ class Committer:
                 return None
             if n < 0:
                 self._check_room(self.max_queue_spans + 1)  # raises QueueFull with the figures
+            if n == 0:  # an empty request (valid OTLP): nothing to store, answered at once
+                future.set_result(CommitResult(stored=0, duplicates=0, segments=0))
+                return 0, future
             self.queued_spans += n
             self._pending.append(_Pending(None, n, future, time.perf_counter()))
             self._cond.notify()
@@ -275,6 +278,9 @@ class Committer:
             tables = [item.table for item in group if item.table is not None]
             if columns is not None and self._assemble is not None:
                 tables.insert(0, self._assemble(columns))
+            if not tables:  # only empty requests in this group: nothing to write
+                self._resolve(group, CommitResult(stored=0, duplicates=0, segments=0))
+                return None
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             if self._prepare is not None:  # promotion and engine normalization, once per group
                 table = self._prepare(table)
@@ -328,6 +334,15 @@ class Committer:
                 self.latencies.append(done - item.queued_at)
         result = CommitResult(stored=p.kept.num_rows, duplicates=p.duplicates, segments=len(paths))
         for item in p.group:
+            item.future.set_result(result)
+
+    def _resolve(self, group: list[_Pending], result: CommitResult) -> None:
+        done = time.perf_counter()
+        with self._cond:
+            self.queued_spans -= sum(item.spans for item in group)
+            for item in group:
+                self.latencies.append(done - item.queued_at)
+        for item in group:
             item.future.set_result(result)
 
     def _fail(self, group: list[_Pending], exc: Exception) -> None:
