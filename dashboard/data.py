@@ -30,6 +30,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
+from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, spans_sql
 from tracing import schema as S
 from tracing.errors import StoreError
@@ -813,7 +814,7 @@ def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: 
 # --- the SQL console ---------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False)
-def sandbox(store: str) -> duckdb.DuckDBPyConnection:
+def sandbox(store: str) -> SandboxConnection:
     """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked."""
     from analysis.connect import connect
 
