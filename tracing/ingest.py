@@ -221,9 +221,19 @@ def ingest_files(paths: list[Path], store: Path, *, skip_bad: bool = False,
     init_store(store)
     writer = SegmentWriter(store, kind="ingest", durable=True)
     report = IngestReport()
+    stored: list[Path] = []  # files committed so far, named if a later file stops the run
     for path in iter_files(paths):
-        tables = _FileReader(path, skip_bad, report, progress).read()
+        try:
+            tables = _FileReader(path, skip_bad, report, progress).read()
+        except InputError as exc:
+            if not stored:
+                raise
+            names = ", ".join(str(p) for p in stored[:5]) + (f" and {len(stored) - 5} more" if len(stored) > 5 else "")
+            raise InputError(exc.source, exc.line,
+                             f"{exc.what}; stopped here, after storing {len(stored)} earlier file(s) ({names}); "
+                             "fix or move this file and run again (spans already stored are skipped)") from None
         report.files += 1
+        stored.append(path)
         if not tables:
             continue
         table = normalize(pa.concat_tables(tables))

@@ -316,13 +316,15 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     if not isinstance(name, str):
         raise MalformedField(f"{where}.name must be a string")
     events = []
+    event_times = []
     for e, ev in enumerate(_list(sp, "events", where)):
         if not isinstance(ev, Mapping):
             raise MalformedField(f"{where}.events[{e}] must be an object")
         ev_attrs = _json_attrs(ev.get("attributes"), f"{where}.events[{e}].attributes")
-        events.append({"TimestampNs": _json_int(ev, "timeUnixNano", f"{where}.events[{e}]"),
-                       "Name": str(ev.get("name", "")), "Attributes": list(ev_attrs.items())})
-    problem = _time_problem(start, end, [ev["TimestampNs"] for ev in events])
+        event_times.append(_json_int(ev, "timeUnixNano", f"{where}.events[{e}]"))
+        events.append({"TimestampNs": event_times[-1], "Name": str(ev.get("name", "")),
+                       "Attributes": list(ev_attrs.items())})
+    problem = _time_problem(start, end, event_times)
     if problem:
         raise ValueError(f"{where}: {problem}")
     links = []
@@ -350,12 +352,19 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     }
 
 
+def _json_error(exc: json.JSONDecodeError) -> str:
+    """'invalid JSON (<what>, line L column C)'; the line only when the text has several (some of
+    json's messages end in 'at', so the position is not appended with another 'at')."""
+    where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+    return f"invalid JSON ({exc.msg}, {where})"
+
+
 def decode_json(text: str | bytes, batch: SpanBatch, *, strict: bool = False) -> DecodeResult:
     """Parse and decode one OTLP/JSON ExportTraceServiceRequest document into `batch`."""
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise ValueError(_json_error(exc)) from None
     except RecursionError:
         raise ValueError(f"invalid JSON (nested deeper than {MAX_JSON_DEPTH} levels)") from None
     return decode_json_obj(payload, batch, strict=strict)
@@ -408,7 +417,7 @@ def decode_json_request(text: str | bytes, batch: SpanBatch) -> DecodeResult:
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise ValueError(_json_error(exc)) from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
     return _decode_json_obj(payload, batch, strict=False, malformed_raises=True)

@@ -57,6 +57,13 @@ def collect(
         "reader may take to accept an answer.")] = C.DEFAULT_READ_TIMEOUT_S,
     body_timeout_s: Annotated[float, typer.Option(
         "--body-timeout-s", help="Seconds for a whole request body to arrive (408).")] = C.DEFAULT_BODY_TIMEOUT_S,
+    gather_spans: Annotated[int, typer.Option(
+        "--gather-spans", help="Under continuous traffic a group commit is taken at most once per "
+        "--gather-ms unless this many spans are waiting, so the fixed cost of a segment is "
+        "shared.")] = C.DEFAULT_GATHER_SPANS,
+    gather_ms: Annotated[float, typer.Option(
+        "--gather-ms", help="Shortest time between two group commits smaller than --gather-spans, in "
+        "ms (a request after a quiet spell is taken at once); 0 turns gathering off.")] = C.DEFAULT_GATHER_MS,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
@@ -80,7 +87,7 @@ def collect(
             dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s,
             max_inflight_bytes=max_inflight_mib * C.MIB, max_connections=max_connections,
             idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s, read_timeout_s=read_timeout_s,
-            body_timeout_s=body_timeout_s,
+            body_timeout_s=body_timeout_s, gather_spans=gather_spans, gather_ms=gather_ms,
         )
     except ValueError as exc:
         fail(str(exc))
@@ -104,7 +111,8 @@ def collect(
         stats = receiver.serve_forever(progress=None if quiet else sys.stderr, on_ready=ready)
     except OSError as exc:
         fail(f"could not listen: {exc}")
-    sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
+    sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s) "
+                     f"from {stats.commits:,} group commit(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected\n")
 
 

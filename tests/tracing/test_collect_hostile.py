@@ -144,7 +144,8 @@ def test_deeply_nested_json_is_400_naming_the_limit(child: Child) -> None:
     nested = json_request([str(T0)], [str(T0 + 1)], next(_SEEDS)).decode().replace(
         '"name": "s0"', f'"name": "s0", "attributes": [{{"key": "k", "value": {value}}}]')
     r = httpx.post(child.url, content=nested.encode(), headers=JS, timeout=60)
-    assert r.status_code == 400 and r.json()["message"] == f"JSON nested {9 + 3 * 300 + 1} levels deep; the limit is {MAX_JSON_DEPTH}"
+    assert r.status_code == 400
+    assert r.json()["message"] == f"JSON nested {9 + 3 * 300 + 1} levels deep; the limit is {MAX_JSON_DEPTH}"
     good_request_is_stored(child, 7)
 
 
@@ -350,3 +351,66 @@ def test_exposed_without_a_token_warns(tmp_path: Path) -> None:
         assert exposure_warning(CollectConfig(store=tmp_path, host=host, token="t")) is None
     for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
         assert exposure_warning(CollectConfig(store=tmp_path, host=host)) is None
+
+
+def test_the_cli_warns_when_exposed_without_a_token(tmp_path: Path) -> None:
+    """The warning comes before anything binds (here the store is a file, so the run stops there)."""
+    import subprocess
+    import sys
+
+    from tests.tracing.collect_helpers import ROOT
+
+    not_a_store = tmp_path / "file"
+    not_a_store.write_text("x")
+    out = subprocess.run([sys.executable, "-m", "analysis.cli", "collect", "--store", str(not_a_store),
+                          "--host", "0.0.0.0", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "warning: listening on 0.0.0.0 without --token-file" in out.stderr
+
+
+def test_restart_removes_temp_files_of_dead_writers_only(tmp_path: Path) -> None:
+    """kill -9 mid-write leaves `.<segment>.<hex>.tmp`; the next start removes those of dead
+    processes on this host and leaves a live writer's (and another host's) alone."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.tracing.collect_helpers import running
+    from tracing.store import init_store
+
+    store = init_store(tmp_path / "store")
+    directory = store / "spans" / "dt=2025-11-20" / "hr=14"
+    directory.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    host = socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
+    files = {
+        "dead": directory / f".collect-{host}-{dead_pid}-1a2b3c4d-000007.parquet.abc123.tmp",
+        "live": directory / f".ingest-{host}-{os.getpid()}-1a2b3c4d-000001.parquet.def456.tmp",
+        "other host": directory / f".collect-otherhost-{dead_pid}-1a2b3c4d-000001.parquet.0a0b0c.tmp",
+    }
+    for path in files.values():
+        path.write_bytes(b"")
+    with running(store) as receiver:
+        assert receiver.removed_temp_files == [files["dead"]]
+    assert not files["dead"].exists() and files["live"].exists() and files["other host"].exists()
+
+
+def test_a_directory_ingest_that_stops_names_the_files_already_stored(tmp_path: Path) -> None:
+    from tracing.errors import InputError
+    from tracing.ingest import ingest_files
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for name, seed in (("a.jsonl", 1), ("b.jsonl", 2)):
+        (src / name).write_bytes(json_request([str(T0)], [str(T0 + 1)], seed) + b"\n")
+    (src / "c.jsonl").write_bytes(b'{"resourceSpans": "abc}\n')
+    with pytest.raises(InputError) as err:
+        ingest_files([src], tmp_path / "store")
+    assert str(err.value) == (
+        f"{src / 'c.jsonl'}:1: invalid JSON (Unterminated string starting at, column 19); stopped here, after "
+        f"storing 2 earlier file(s) ({src / 'a.jsonl'}, {src / 'b.jsonl'}); fix or move this file and run "
+        "again (spans already stored are skipped)")
+    assert stored(tmp_path / "store") == 2

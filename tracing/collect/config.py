@@ -32,6 +32,10 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 15.0
 #: Seconds for a whole request body to arrive (408); a 64 MiB body needs about 1.1 MB/s.
 DEFAULT_BODY_TIMEOUT_S = 60.0
+#: Under continuous traffic, a group commit is taken at most once per gather_ms unless this many spans wait.
+DEFAULT_GATHER_SPANS = 8192
+#: Shortest time between two group commits smaller than gather_spans (ms); 0 turns gathering off.
+DEFAULT_GATHER_MS = 5.0
 #: Seconds shutdown waits for in-flight requests before giving up on them.
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
@@ -60,12 +64,16 @@ class CollectConfig:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    gather_spans: int = DEFAULT_GATHER_SPANS
+    gather_ms: float = DEFAULT_GATHER_MS
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_connections",
                      "max_header_bytes", "idle_timeout_s", "header_timeout_s", "read_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.gather_spans < 0 or self.gather_ms < 0:
+            raise ValueError("gather_spans and gather_ms must be >= 0")
         if self.dedupe_window < 0:
             raise ValueError(f"dedupe_window must be >= 0, got {self.dedupe_window}")
         if self.http_port is None and self.grpc_port is None:

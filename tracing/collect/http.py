@@ -124,7 +124,7 @@ class _Conn:
                 return None
             raise _HttpError(400, f"unexpected {type(event).__name__} before a request", close=True)
 
-    async def body(self, cap: int, on_bytes: "_Reserve") -> bytes:
+    async def body(self, cap: int, on_bytes: _Reserve) -> bytes:
         """The request body, read with a progress deadline (read_timeout_s between reads) and a
         whole-body deadline (body_timeout_s); 413 past `cap`; `on_bytes` claims chunked growth."""
         parts: list[bytes] = []
@@ -397,11 +397,18 @@ class HttpServer:
         if conn.h11.they_are_waiting_for_100_continue:
             await conn.write(conn.h11.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
         body = await conn.body(cap, reserve)
-        return await self._decode_and_queue(body, req, encoding, reserve)
+        decoded, future = await self._decode_and_queue(body, req, encoding, reserve)
+        retry = config.retry_after_s
+        if future is not None:
+            try:
+                await asyncio.wrap_future(future)
+            except Exception as exc:
+                raise _HttpError(503, f"could not store the spans ({exc}); retry", retry_after=retry) from None
+        return success_body(decoded.result, encoding)
 
-    async def _decode_and_queue(self, body: bytes, req: _Request, encoding: str, reserve: _Reserve) -> bytes:
-        intake = self.intake
-        retry = intake.config.retry_after_s
+    async def _decode_and_queue(self, body: bytes, req: _Request, encoding: str,
+                                reserve: _Reserve) -> tuple[Decoded, Future[CommitResult] | None]:
+        retry = self.intake.config.retry_after_s
         try:
             if len(body) > _INLINE_DECODE_BYTES or req.headers.get("content-encoding"):
                 loop = asyncio.get_running_loop()
@@ -416,12 +423,7 @@ class HttpServer:
             raise _HttpError(400, str(exc)) from None
         except (QueueFull, Closed) as exc:
             raise _HttpError(503, f"{exc}; retry after {retry} s", retry_after=retry) from None
-        if future is not None:
-            try:
-                await asyncio.wrap_future(future)
-            except Exception as exc:
-                raise _HttpError(503, f"could not store the spans ({exc}); retry", retry_after=retry) from None
-        return success_body(decoded.result, encoding)
+        return decoded, future
 
     def _accept(self, body: bytes, req: _Request, encoding: str,
                 reserve: _Reserve) -> tuple[Decoded, Future[CommitResult] | None]:
