@@ -133,14 +133,14 @@ class _FileReader:
         return self.tables
 
     def _read_json(self, data: bytes) -> None:
-        lines = data.split(b"\n")
-        first = lines[0].strip()
-        if len(lines) > 1 and first.startswith(b"{") and not first.endswith(b"}"):
+        newline = data.find(b"\n")
+        first = (data if newline < 0 else data[:newline]).strip()
+        if newline >= 0 and first.startswith(b"{") and not first.endswith(b"}"):
             # one pretty-printed document rather than JSON lines
             self._decode(1, lambda: decode_json(data, self.batch, strict=not self.skip_bad))
             self._advance(len(data))
             return
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(_lines(data), start=1):
             self._advance(len(line) + 1)
             if not line.strip():
                 continue
@@ -156,6 +156,17 @@ class _FileReader:
             # for framed protobuf "line" is the message number
             self._decode(number, lambda m=message: decode_protobuf(m, self.batch, strict=not self.skip_bad))  # type: ignore[misc]
             self._advance(len(message) + 4)
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of `data` one at a time (data.split would copy the whole file at once)."""
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield data[start:end]
+        start = end + 1
 
 
 def _truncated(batch: SpanBatch, keep: int) -> SpanBatch:

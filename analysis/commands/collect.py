@@ -46,6 +46,9 @@ def collect(
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open HTTP connections at once; one more is answered 503 and "
         "closed.")] = C.DEFAULT_MAX_CONNECTIONS,
+    max_header_kib: Annotated[int, typer.Option(
+        "--max-header-kib", help="Largest HTTP request line plus headers, in KiB; larger ones get "
+        "431.")] = C.DEFAULT_MAX_HEADER_BYTES // 1024,
     idle_timeout_s: Annotated[float, typer.Option(
         "--idle-timeout-s", help="Seconds a keep-alive HTTP connection may sit idle between requests "
         "before it is closed.")] = C.DEFAULT_IDLE_TIMEOUT_S,
@@ -58,12 +61,13 @@ def collect(
     body_timeout_s: Annotated[float, typer.Option(
         "--body-timeout-s", help="Seconds for a whole request body to arrive (408).")] = C.DEFAULT_BODY_TIMEOUT_S,
     gather_spans: Annotated[int, typer.Option(
-        "--gather-spans", help="Under continuous traffic a group commit is taken at most once per "
-        "--gather-ms unless this many spans are waiting, so the fixed cost of a segment is "
+        "--gather-spans", help="While several HTTP clients send, a group commit is taken at most once "
+        "per --gather-ms unless this many spans are waiting, so the fixed cost of a segment is "
         "shared.")] = C.DEFAULT_GATHER_SPANS,
     gather_ms: Annotated[float, typer.Option(
-        "--gather-ms", help="Shortest time between two group commits smaller than --gather-spans, in "
-        "ms (a request after a quiet spell is taken at once); 0 turns gathering off.")] = C.DEFAULT_GATHER_MS,
+        "--gather-ms", help="Shortest time between two group commits smaller than --gather-spans while "
+        "several clients send, in ms (a lone client is answered at once); 0 turns gathering "
+        "off.")] = C.DEFAULT_GATHER_MS,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
@@ -86,6 +90,7 @@ def collect(
             token=token, max_body_bytes=max_body_mib * C.MIB, max_queue_spans=max_queue_spans,
             dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s,
             max_inflight_bytes=max_inflight_mib * C.MIB, max_connections=max_connections,
+            max_header_bytes=max_header_kib * 1024,
             idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s, read_timeout_s=read_timeout_s,
             body_timeout_s=body_timeout_s, gather_spans=gather_spans, gather_ms=gather_ms,
         )

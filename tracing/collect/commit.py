@@ -167,7 +167,8 @@ class Committer:
     def __init__(self, writer: SegmentWriter, keys: RecentKeys, *, max_queue_spans: int,
                  prepare: Callable[[pa.Table], pa.Table] | None = None, builder: Builder | None = None,
                  assemble: Callable[[dict[str, Any]], pa.Table] | None = None,
-                 gather_spans: int = 0, gather_s: float = 0.0) -> None:
+                 gather_spans: int = 0, gather_s: float = 0.0,
+                 senders: Callable[[], int] | None = None) -> None:
         self.writer = writer
         self.keys = keys
         self.max_queue_spans = max_queue_spans
@@ -178,11 +179,12 @@ class Committer:
         self._pending: deque[_Pending] = deque()
         self._pending_spans = 0
         # gathering: a group commit costs ~8 ms of fixed work (promotion, Parquet encoders, fsync)
-        # whatever its size, so under continuous traffic groups are taken at most once per
-        # gather_s unless gather_spans are waiting; a request after a quiet spell is taken at once
-        # (see docs/collect.md "Group commits")
+        # whatever its size, so while several clients are sending (senders() > 1) a group is taken
+        # at most once per gather_s unless gather_spans are waiting; a lone client, or a request
+        # after a quiet spell, is taken at once (see docs/collect.md "Group commits")
         self.gather_spans = gather_spans
         self.gather_s = gather_s
+        self.senders = senders
         self._last_take = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
@@ -266,10 +268,11 @@ class Committer:
                 self._cond.wait()
             if not self._pending:
                 return None
-            deadline = self._last_take + self.gather_s
-            while (not self._closing and self._pending_spans < self.gather_spans
-                   and (left := deadline - time.perf_counter()) > 0):
-                self._cond.wait(left)
+            if self.senders is not None and self.senders() > 1:
+                deadline = self._last_take + self.gather_s
+                while (not self._closing and self._pending_spans < self.gather_spans
+                       and (left := deadline - time.perf_counter()) > 0):
+                    self._cond.wait(left)
             self._last_take = time.perf_counter()
             group = list(self._pending)  # everything queued: the queue bound also bounds a group
             self._pending.clear()

@@ -32,10 +32,12 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 15.0
 #: Seconds for a whole request body to arrive (408); a 64 MiB body needs about 1.1 MB/s.
 DEFAULT_BODY_TIMEOUT_S = 60.0
-#: Under continuous traffic, a group commit is taken at most once per gather_ms unless this many spans wait.
-DEFAULT_GATHER_SPANS = 8192
-#: Shortest time between two group commits smaller than gather_spans (ms); 0 turns gathering off.
-DEFAULT_GATHER_MS = 5.0
+#: While several HTTP clients send, a group commit is taken at most once per gather_ms unless this
+#: many spans wait (8 connections of 512-span bodies fill it at once).
+DEFAULT_GATHER_SPANS = 4096
+#: Shortest time between two group commits smaller than gather_spans while several clients send (ms);
+#: 0 turns gathering off.
+DEFAULT_GATHER_MS = 20.0
 #: Seconds shutdown waits for in-flight requests before giving up on them.
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 

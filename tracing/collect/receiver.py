@@ -68,7 +68,8 @@ class Receiver:
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
                                    prepare=lambda table: normalize(promote(table)),
                                    builder=new_builder(), assemble=base_from_columns,
-                                   gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3)
+                                   gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3,
+                                   senders=lambda: self._http.connections if self._http is not None else 0)
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
