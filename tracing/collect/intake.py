@@ -43,10 +43,10 @@ class Intake:
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._expected)
 
     def reserve(self, nbytes: int) -> None:
-        """Claim `nbytes` of the in-flight byte budget; Busy when it would overflow."""
+        """Claim `nbytes` of the in-flight byte budget; Busy when it would overflow (the caller
+        answers 503 and counts it with `refused`)."""
         with self._lock:
             if self.inflight_bytes and self.inflight_bytes + nbytes > self.config.max_inflight_bytes:
-                self.refused_requests += 1
                 raise Busy(f"too many request bytes in flight ({self.inflight_bytes:,}); retry later")
             self.inflight_bytes += nbytes
 
