@@ -4,17 +4,18 @@ A connection reads a snapshot: the segments committed when it opened (or at the 
 `refresh(con, store)`). Writers in other processes keep adding segments meanwhile and are
 never blocked (no DuckDB file, no lock); every scan inside one query sees the same files,
 so a request never shows up with half its stages. With
-`sandbox=True` the connection can read only the store: external access is off, the
-store is the only allowed directory, and the configuration is locked.
+`sandbox=True` the connection can only read the store (see analysis/sandbox.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, overload
 
 import duckdb
 import pyarrow as pa
 
+from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store, segment_files
@@ -24,13 +25,27 @@ def _empty_spans() -> pa.Table:
     return S.SPAN_SCHEMA.empty_table()
 
 
+@overload
+def connect(store: Path | str, *, sandbox: Literal[False] = False, threads: int | None = None,
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection: ...
+
+
+@overload
+def connect(store: Path | str, *, sandbox: Literal[True], threads: int | None = None,
+            memory_limit: str | None = None) -> SandboxConnection: ...
+
+
 def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = None,
-            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection | SandboxConnection:
     """A new in-memory DuckDB connection with the store's views registered.
 
     Raises StoreError if `store` is not a store. The views see the segments present now;
-    call `refresh(con, store)` (or reconnect) to see segments written later.
+    call `refresh(con, store)` (or reconnect) to see segments written later. With `sandbox`,
+    an `analysis.sandbox.SandboxConnection` instead: read-only, SELECT/EXPLAIN only, its own
+    memory limit and threads (defaults SANDBOX_MEMORY_LIMIT, SANDBOX_THREADS); reconnect to refresh.
     """
+    if sandbox:
+        return SandboxConnection(store, threads=threads, memory_limit=memory_limit)
     store = require_store(Path(store)).resolve()
     con = duckdb.connect(":memory:")
     if threads:
@@ -43,12 +58,6 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
     refresh(con, store)
     for name, sql in VIEW_SQL.items():
         con.execute(f"CREATE VIEW {name} AS {sql}")
-    if sandbox:
-        con.execute("SET allowed_directories = ?", [[str(store) + "/"]])
-        con.execute("SET enable_external_access = false")
-        con.execute("SET autoinstall_known_extensions = false")
-        con.execute("SET autoload_known_extensions = false")
-        con.execute("SET lock_configuration = true")
     return con
 
 

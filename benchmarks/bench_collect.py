@@ -241,12 +241,16 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int) -> d
         log = collector.stop()
     stored = collector.stored()
     match = re.findall(r"p99 commit ([\d.]+) ms", log)
+    groups = re.findall(r"from ([\d,]+) group commit", log)
     assert stored == total, f"stored {stored} of {total} spans ({statuses})"
     return {"spans": total, "per_body": per_body, "connections": connections, "seconds": elapsed,
             "spans_per_s": total / elapsed, "mb_per_s": sum(map(len, bodies)) / elapsed / 1e6,
             "client_p50_ms": q(lat, 0.5) * 1000, "client_p99_ms": q(lat, 0.99) * 1000,
             "server_commit_p99_ms": float(match[-1]) if match else float("nan"),
-            "cpu_us_per_span": cpu / total * 1e6, "rss_mb": rss, "refused": statuses.get(503, 0)}
+            "cpu_us_per_span": cpu / total * 1e6, "rss_mb": rss, "refused": statuses.get(503, 0),
+            # CPU per span falls with the group size (a group commit has a fixed cost): see docs/collect.md
+            "spans_per_group": total / int(groups[-1].replace(",", "")) if groups else float("nan"),
+            "load": os.getloadavg()[0]}
 
 
 def run_light_latency(work: Path, n: int = 200, per_body: int = 512) -> dict[str, float]:
@@ -407,14 +411,16 @@ def main(argv: list[str] | None = None) -> None:
         print("\n1. pre-encoded OTLP/HTTP protobuf bodies, asyncio client over keep-alive connections "
               "-> fsynced segments")
         print(f"{'spans':>9} {'per body':>8} {'conns':>5} {'s':>6} {'spans/s':>9} {'MB/s':>6} {'client p50':>10} "
-              f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'RSS MB':>7}")
+              f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'RSS MB':>7} {'spans/group':>11} "
+              f"{'load':>5}")
         for total, per_body, conns in sizes:
             r = run_throughput(work, total, per_body, conns)
             best = max(best, r["spans_per_s"]) if per_body == 512 else best
             print(f"{r['spans']:>9,.0f} {r['per_body']:>8,.0f} {conns:>5} {r['seconds']:>6.2f} "
                   f"{r['spans_per_s']:>9,.0f} "
                   f"{r['mb_per_s']:>6.1f} {r['client_p50_ms']:>8.1f}ms {r['client_p99_ms']:>8.1f}ms "
-                  f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} {r['rss_mb']:>7.0f}")
+                  f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} {r['rss_mb']:>7.0f} "
+                  f"{r['spans_per_group']:>11,.0f} {r['load']:>5.1f}")
         light = run_light_latency(work, n=50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
               f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "

@@ -36,6 +36,7 @@ from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.percentiles import choose_window_s, parse_time, percentile_series, request_facts
 from analysis.report import build_report, explain_window
+from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import whatif as replay
 from dashboard.settings import DASHBOARD
@@ -520,7 +521,7 @@ def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: 
 # --- the SQL console ---------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False)
-def sandbox(store: str) -> duckdb.DuckDBPyConnection:
+def sandbox(store: str) -> SandboxConnection:
     """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked."""
     from analysis.connect import connect
 

@@ -133,14 +133,14 @@ class _FileReader:
         return self.tables
 
     def _read_json(self, data: bytes) -> None:
-        lines = data.split(b"\n")
-        first = lines[0].strip()
-        if len(lines) > 1 and first.startswith(b"{") and not first.endswith(b"}"):
+        newline = data.find(b"\n")
+        first = (data if newline < 0 else data[:newline]).strip()
+        if newline >= 0 and first.startswith(b"{") and not first.endswith(b"}"):
             # one pretty-printed document rather than JSON lines
             self._decode(1, lambda: decode_json(data, self.batch, strict=not self.skip_bad))
             self._advance(len(data))
             return
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(_lines(data), start=1):
             self._advance(len(line) + 1)
             if not line.strip():
                 continue
@@ -156,6 +156,17 @@ class _FileReader:
             # for framed protobuf "line" is the message number
             self._decode(number, lambda m=message: decode_protobuf(m, self.batch, strict=not self.skip_bad))  # type: ignore[misc]
             self._advance(len(message) + 4)
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of `data` one at a time (data.split would copy the whole file at once)."""
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield data[start:end]
+        start = end + 1
 
 
 def _truncated(batch: SpanBatch, keep: int) -> SpanBatch:
@@ -221,9 +232,19 @@ def ingest_files(paths: list[Path], store: Path, *, skip_bad: bool = False,
     init_store(store)
     writer = SegmentWriter(store, kind="ingest", durable=True)
     report = IngestReport()
+    stored: list[Path] = []  # files committed so far, named if a later file stops the run
     for path in iter_files(paths):
-        tables = _FileReader(path, skip_bad, report, progress).read()
+        try:
+            tables = _FileReader(path, skip_bad, report, progress).read()
+        except InputError as exc:
+            if not stored:
+                raise
+            names = ", ".join(str(p) for p in stored[:5]) + (f" and {len(stored) - 5} more" if len(stored) > 5 else "")
+            raise InputError(exc.source, exc.line,
+                             f"{exc.what}; stopped here, after storing {len(stored)} earlier file(s) ({names}); "
+                             "fix or move this file and run again (spans already stored are skipped)") from None
         report.files += 1
+        stored.append(path)
         if not tables:
             continue
         table = normalize(pa.concat_tables(tables))

@@ -100,8 +100,9 @@ def _decode_request(request: ExportTraceServiceRequest, batch: SpanBatch, *, str
             scope_name, scope_version = ss.scope.name, ss.scope.version
             for sp in ss.spans:
                 problem = _check_ids(sp.trace_id.hex(), sp.span_id.hex(), sp.parent_span_id.hex())
-                if problem is None and sp.end_time_unix_nano < sp.start_time_unix_nano:
-                    problem = "endTimeUnixNano is before startTimeUnixNano"
+                if problem is None:
+                    problem = _time_problem(sp.start_time_unix_nano, sp.end_time_unix_nano,
+                                            [ev.time_unix_nano for ev in sp.events])
                 if problem is not None:
                     if strict:
                         raise ValueError(f"span {sp.name!r}: {problem}")
@@ -138,6 +139,23 @@ def _decode_request(request: ExportTraceServiceRequest, batch: SpanBatch, *, str
                 )
                 result.accepted += 1
     return result
+
+
+#: The largest time storable: times are int64 nanoseconds since the epoch (until year 2262).
+MAX_TIME_NS = (1 << 63) - 1
+
+
+def _time_problem(start: int, end: int, event_times: list[int]) -> str | None:
+    """Why these span times cannot be stored (None when they can): outside 0..MAX_TIME_NS or end < start."""
+    for name, value in (("startTimeUnixNano", start), ("endTimeUnixNano", end)):
+        if not 0 <= value <= MAX_TIME_NS:
+            return f"{name} {value} is outside 0..{MAX_TIME_NS} (int64 nanoseconds since 1970)"
+    if end < start:
+        return "endTimeUnixNano is before startTimeUnixNano"
+    for i, value in enumerate(event_times):
+        if not 0 <= value <= MAX_TIME_NS:
+            return f"events[{i}].timeUnixNano {value} is outside 0..{MAX_TIME_NS} (int64 nanoseconds since 1970)"
+    return None
 
 
 def _check_ids(trace_id: str, span_id: str, parent: str) -> str | None:
@@ -290,8 +308,6 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: {problem}")
     start = _json_int(sp, "startTimeUnixNano", where)
     end = _json_int(sp, "endTimeUnixNano", where)
-    if end < start:
-        raise ValueError(f"{where}: endTimeUnixNano is before startTimeUnixNano")
     kind = _json_enum(sp.get("kind"), _KIND_NAMES, f"{where}.kind")
     status = sp.get("status") or {}
     if not isinstance(status, Mapping):
@@ -301,12 +317,17 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     if not isinstance(name, str):
         raise MalformedField(f"{where}.name must be a string")
     events = []
+    event_times = []
     for e, ev in enumerate(_list(sp, "events", where)):
         if not isinstance(ev, Mapping):
             raise MalformedField(f"{where}.events[{e}] must be an object")
         ev_attrs = _json_attrs(ev.get("attributes"), f"{where}.events[{e}].attributes")
-        events.append({"TimestampNs": _json_int(ev, "timeUnixNano", f"{where}.events[{e}]"),
-                       "Name": str(ev.get("name", "")), "Attributes": list(ev_attrs.items())})
+        event_times.append(_json_int(ev, "timeUnixNano", f"{where}.events[{e}]"))
+        events.append({"TimestampNs": event_times[-1], "Name": str(ev.get("name", "")),
+                       "Attributes": list(ev_attrs.items())})
+    problem = _time_problem(start, end, event_times)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
     links = []
     for n, ln in enumerate(_list(sp, "links", where)):
         if not isinstance(ln, Mapping):
@@ -332,22 +353,72 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     }
 
 
+def _json_error(exc: json.JSONDecodeError) -> str:
+    """'invalid JSON (<what>, line L column C)'; the line only when the text has several (some of
+    json's messages end in 'at', so the position is not appended with another 'at')."""
+    where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+    return f"invalid JSON ({exc.msg}, {where})"
+
+
 def decode_json(text: str | bytes, batch: SpanBatch, *, strict: bool = False) -> DecodeResult:
     """Parse and decode one OTLP/JSON ExportTraceServiceRequest document into `batch`."""
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        raise ValueError(_json_error(exc)) from None
+    except RecursionError:
+        raise ValueError(f"invalid JSON (nested deeper than {MAX_JSON_DEPTH} levels)") from None
     return decode_json_obj(payload, batch, strict=strict)
+
+
+#: Deepest JSON nesting accepted (arrays and objects). OTLP needs about 10 plus nested attribute
+#: values; the limit keeps the parser and the attribute walk far from Python's recursion limit.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON `data`, brackets inside strings ignored.
+
+    Vectorized over the positions of quotes, backslashes and brackets only, so it costs a few
+    milliseconds per megabyte and never recurses (malformed JSON gives some number; the parser
+    then says what is wrong).
+    """
+    b = np.frombuffer(data, np.uint8)
+    pos = np.flatnonzero((b == 0x22) | (b == 0x5C) | (b == 0x5B) | (b == 0x5D) | (b == 0x7B) | (b == 0x7D))
+    if not len(pos):
+        return 0
+    ch = b[pos]
+    # a quote is escaped when an odd run of backslashes stands right before it in the text
+    is_bs = ch == 0x5C
+    quote = np.flatnonzero(ch == 0x22)
+    run = np.zeros(len(quote), np.int64)
+    k = quote.copy()
+    active = k > 0
+    while active.any():  # one pass per backslash of the longest run (1 or 2 in practice)
+        j = np.where(active, k - 1, 0)
+        active &= is_bs[j] & (pos[j] == pos[k] - 1)
+        run += active
+        k = np.where(active, j, k)
+        active &= k > 0
+    escaped = run % 2 == 1
+    real = np.zeros(len(pos), bool)
+    real[quote[~escaped]] = True
+    inside = (np.cumsum(real) - real) % 2 == 1  # after an odd number of real quotes: inside a string
+    delta = np.where(inside, 0, np.where((ch == 0x5B) | (ch == 0x7B), 1, np.where((ch == 0x5D) | (ch == 0x7D), -1, 0)))
+    return int(np.cumsum(delta).max(initial=0))
 
 
 def decode_json_request(text: str | bytes, batch: SpanBatch) -> DecodeResult:
     """Decode an OTLP/JSON request for a receiver: a wrong-typed field raises `MalformedField`
     (the request is malformed: 400), while spans that cannot be stored are only rejected."""
+    data = text.encode() if isinstance(text, str) else text
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise ValueError(_json_error(exc)) from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"invalid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
     return _decode_json_obj(payload, batch, strict=False, malformed_raises=True)

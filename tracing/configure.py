@@ -89,7 +89,7 @@ class Telemetry:
     def stats(self) -> dict[str, int]:
         """Counters: spans exported / failed per exporter, spans dropped by the full queue."""
         out: dict[str, int] = {"dropped_spans": self.processor.dropped_spans,
-                               "queued_spans": len(self.processor._queue)}
+                               "queued_spans": self.processor.queued_spans}
         for name, exporter in self.exporters.items():
             out[f"{name}.exported_spans"] = getattr(exporter, "exported_spans", 0)
             out[f"{name}.failed_spans"] = getattr(exporter, "failed_spans", 0)

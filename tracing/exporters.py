@@ -5,8 +5,8 @@
   exactly those the OTLP path would store (`otlp.decode_protobuf(encode_spans(spans))`).
 - `GuardedExporter` wraps any exporter so that a failure is logged (rate-limited) and
   counted, never raised into the host.
-- `BoundedBatchProcessor` queues spans in a bounded deque (the oldest is dropped and
-  counted when the backend is down) and exports them from one background thread.
+- `BoundedBatchProcessor` queues spans in one bounded deque per exporter (the oldest is
+  dropped and counted when that backend is down) and exports each from its own thread.
 """
 
 from __future__ import annotations
@@ -243,11 +243,82 @@ class GuardedExporter(SpanExporter):
             self._log("tailscope: exporter %s failed to shut down", self.name, exc_info=True)
 
 
-class BoundedBatchProcessor(SpanProcessor):
-    """Batches finished spans to exporters from one background thread, with a bounded queue.
+class _Lane:
+    """One exporter's bounded queue and worker thread: a slow or hung exporter stalls only itself."""
 
-    When the queue holds `max_queue_size` spans the oldest is dropped and counted
-    (`dropped_spans`), so a dead backend costs bounded memory and never blocks the host.
+    def __init__(self, exporter: SpanExporter, owner: BoundedBatchProcessor) -> None:
+        self.exporter = exporter
+        self.name = getattr(exporter, "name", None) or type(exporter).__name__
+        self.owner = owner
+        self.queue: collections.deque[ReadableSpan] = collections.deque()
+        self.wake = threading.Event()
+        self.export_lock = threading.Lock()
+        self.dropped_spans = 0
+        self.thread = threading.Thread(target=self._work, name=f"tailscope-export-{self.name}", daemon=True)
+        self.thread.start()
+
+    def put(self, span: ReadableSpan) -> None:
+        queue = self.queue
+        owner = self.owner
+        if len(queue) >= owner.max_queue_size:
+            with contextlib.suppress(IndexError):
+                queue.popleft()
+            self.dropped_spans += 1
+            owner._log("tailscope: span queue of exporter %s full (%d spans); dropping the oldest - "
+                       "is its backend down?", self.name, owner.max_queue_size)
+        queue.append(span)
+        if len(queue) >= owner.max_export_batch_size and not self.wake.is_set():
+            self.wake.set()
+
+    def _work(self) -> None:
+        owner = self.owner
+        while not owner._shutdown:
+            self.wake.wait(owner._delay)
+            self.wake.clear()
+            if owner._shutdown:
+                break
+            self.export_all()
+            tick = getattr(self.exporter, "tick", None)
+            if tick is not None:
+                try:
+                    tick()
+                except Exception:
+                    owner._log("tailscope: exporter %s failed in tick", self.name, exc_info=True)
+
+    def export_all(self, deadline: float | None = None) -> bool:
+        """Export everything queued; False when `deadline` (monotonic) passed while waiting for the worker."""
+        timeout = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self.export_lock.acquire(timeout=timeout):
+            return False
+        try:
+            token = otel_context.attach(otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True))
+            try:
+                queue = self.queue
+                while queue:
+                    batch = []
+                    for _ in range(min(self.owner.max_export_batch_size, len(queue))):
+                        try:
+                            batch.append(queue.popleft())
+                        except IndexError:
+                            break
+                    try:
+                        self.exporter.export(batch)
+                    except Exception:
+                        self.owner._log("tailscope: exporter %s raised", self.name, exc_info=True)
+            finally:
+                otel_context.detach(token)
+        finally:
+            self.export_lock.release()
+        return True
+
+
+class BoundedBatchProcessor(SpanProcessor):
+    """Batches finished spans to exporters, each with its own bounded queue and background thread.
+
+    When an exporter's queue holds `max_queue_size` spans its oldest is dropped and counted
+    (`dropped_spans`), so a dead backend costs bounded memory and never blocks the host, and
+    a slow one (an OTLP endpoint that hangs until its timeout) delays only its own exports:
+    the store exporter keeps writing.
     """
 
     def __init__(self, exporters: Sequence[SpanExporter], *, max_queue_size: int = 8192,
@@ -260,7 +331,6 @@ class BoundedBatchProcessor(SpanProcessor):
         self.max_queue_size = max_queue_size
         self.max_export_batch_size = max_export_batch_size
         self._delay = schedule_delay_millis / 1e3
-        self.dropped_spans = 0
         self._log = _RateLimitedLog()
         self._start_worker()
         if hasattr(os, "register_at_fork"):
@@ -274,82 +344,58 @@ class BoundedBatchProcessor(SpanProcessor):
             os.register_at_fork(after_in_child=_after_fork)
 
     def _start_worker(self) -> None:
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._wake = threading.Event()
-        self._export_lock = threading.Lock()
         self._shutdown = False
-        self._thread = threading.Thread(target=self._work, name="tailscope-export", daemon=True)
-        self._thread.start()
+        self._lanes = [_Lane(exporter, self) for exporter in self.exporters]
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans dropped by full queues, summed over the exporters."""
+        return sum(lane.dropped_spans for lane in self._lanes)
+
+    @property
+    def queued_spans(self) -> int:
+        """Spans waiting in the fullest exporter queue."""
+        return max((len(lane.queue) for lane in self._lanes), default=0)
+
+    @property
+    def _queue(self) -> collections.deque[ReadableSpan]:
+        """The first exporter's queue (the only one with a single exporter)."""
+        return self._lanes[0].queue if self._lanes else collections.deque()
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do when a span starts."""
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Queue a finished span (dropping the oldest when the queue is full); never blocks."""
+        """Queue a finished span for every exporter (dropping the oldest when full); never blocks."""
         if self._shutdown or not span.context.trace_flags.sampled:  # type: ignore[union-attr]
             return
-        queue = self._queue
-        if len(queue) >= self.max_queue_size:
-            with contextlib.suppress(IndexError):
-                queue.popleft()
-            self.dropped_spans += 1
-            self._log("tailscope: span queue full (%d spans); dropping the oldest - is the backend down?",
-                      self.max_queue_size)
-        queue.append(span)
-        if len(queue) >= self.max_export_batch_size and not self._wake.is_set():
-            self._wake.set()
-
-    def _work(self) -> None:
-        while not self._shutdown:
-            self._wake.wait(self._delay)
-            self._wake.clear()
-            if self._shutdown:
-                break
-            self._export_all()
-            for exporter in self.exporters:
-                tick = getattr(exporter, "tick", None)
-                if tick is not None:
-                    tick()
-
-    def _export_all(self) -> None:
-        with self._export_lock:
-            token = otel_context.attach(otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True))
-            try:
-                queue = self._queue
-                while queue:
-                    batch = []
-                    for _ in range(min(self.max_export_batch_size, len(queue))):
-                        try:
-                            batch.append(queue.popleft())
-                        except IndexError:
-                            break
-                    for exporter in self.exporters:
-                        try:
-                            exporter.export(batch)
-                        except Exception:
-                            self._log("tailscope: exporter %s raised", type(exporter).__name__, exc_info=True)
-            finally:
-                otel_context.detach(token)
+        for lane in self._lanes:
+            lane.put(span)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export everything queued and flush the exporters; False if one could not flush."""
-        self._export_all()
+        """Export everything queued and flush the exporters; False if one could not flush in time."""
+        deadline = time.monotonic() + timeout_millis / 1e3
         ok = True
+        for lane in self._lanes:
+            ok = lane.export_all(deadline) and ok
         for exporter in self.exporters:
             try:
-                ok = bool(exporter.force_flush(timeout_millis)) and ok
+                left = max(0, int((deadline - time.monotonic()) * 1e3))
+                ok = bool(exporter.force_flush(left)) and ok
             except Exception:
                 ok = False
         return ok
 
     def shutdown(self) -> None:
-        """Stop the worker, export what is queued, and shut the exporters down."""
+        """Stop the workers, export what is queued, and shut the exporters down."""
         if self._shutdown:
             return
         self._shutdown = True
-        self._wake.set()
-        self._thread.join(timeout=30)
-        self._export_all()
+        for lane in self._lanes:
+            lane.wake.set()
+        for lane in self._lanes:
+            lane.thread.join(timeout=30)
+            lane.export_all(time.monotonic() + 30)
         for exporter in self.exporters:
             try:
                 exporter.shutdown()

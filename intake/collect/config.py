@@ -11,6 +11,7 @@ command line) and one field `name: type = COLLECT.name.default` in `CollectConfi
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -46,7 +47,9 @@ class CollectSettings(SettingsTable):
         int, 1_000_000, "Spans accepted but not yet on disk; beyond this requests get 503 with Retry-After "
         "instead of growing memory.", option="--max-queue-spans")
     max_inflight_bytes: Setting[int] = Setting(
-        int, 512 * MIB, "Bytes of request bodies being read or decoded at once; beyond this requests get 503.")
+        int, 512 * MIB, "Request bytes being read, inflated or decoded at once, over all connections; a body is "
+        "claimed from its Content-Length before it is read, and one that does not fit gets 503 with Retry-After.",
+        option="--max-inflight-mib", option_scale=MIB, option_unit="MiB")
     dedupe_window: Setting[int] = Setting(
         int, 1_000_000, "Keys (TraceId, SpanId) of the most recently stored spans kept to drop re-sent spans; "
         "about 150 bytes each. 0 turns deduplication off.", option="--dedupe-window")
@@ -61,6 +64,29 @@ class CollectSettings(SettingsTable):
         bool, True, "fsync each segment and its directory before answering (off only for benchmarks and tests).")
     grpc_workers: Setting[int] = Setting(
         int, 8, "Threads serving gRPC calls (at most 4 calls per thread are admitted at once).")
+    max_connections: Setting[int] = Setting(
+        int, 1024, "Open HTTP connections at once; one more is answered 503 and closed.", option="--max-connections")
+    max_header_bytes: Setting[int] = Setting(
+        int, 64 * 1024, "Largest HTTP request line plus headers; larger ones get 431.",
+        option="--max-header-kib", option_scale=1024, option_unit="KiB")
+    idle_timeout_s: Setting[float] = Setting(
+        float, 120.0, "Seconds a keep-alive HTTP connection may sit idle between requests before it is closed.",
+        option="--idle-timeout-s")
+    header_timeout_s: Setting[float] = Setting(
+        float, 10.0, "Seconds from a request's first byte to the end of its headers; a slower sender gets 408 "
+        "and is closed.", option="--header-timeout-s")
+    read_timeout_s: Setting[float] = Setting(
+        float, 15.0, "Seconds a request body may go without a new byte (408), and a slow reader may take to "
+        "accept an answer.", option="--read-timeout-s")
+    body_timeout_s: Setting[float] = Setting(
+        float, 60.0, "Seconds for a whole request body to arrive (408); a 64 MiB body needs about 1.1 MB/s.",
+        option="--body-timeout-s")
+    gather_spans: Setting[int] = Setting(
+        int, 4096, "While several HTTP clients send, a group commit is taken at most once per --gather-ms "
+        "unless this many spans are waiting, so the fixed cost of a segment is shared.", option="--gather-spans")
+    gather_ms: Setting[float] = Setting(
+        float, 20.0, "Shortest time between two group commits smaller than --gather-spans while several clients "
+        "send, in ms (a lone client is answered at once); 0 turns gathering off.", option="--gather-ms")
 
 
 #: The receiver's settings table.
@@ -85,15 +111,45 @@ class CollectConfig:
     drain_timeout_s: float = COLLECT.drain_timeout_s.default
     durable: bool = COLLECT.durable.default
     grpc_workers: int = COLLECT.grpc_workers.default
+    max_connections: int = COLLECT.max_connections.default
+    max_header_bytes: int = COLLECT.max_header_bytes.default
+    idle_timeout_s: float = COLLECT.idle_timeout_s.default
+    header_timeout_s: float = COLLECT.header_timeout_s.default
+    read_timeout_s: float = COLLECT.read_timeout_s.default
+    body_timeout_s: float = COLLECT.body_timeout_s.default
+    gather_spans: int = COLLECT.gather_spans.default
+    gather_ms: float = COLLECT.gather_ms.default
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes"):
+        for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_connections",
+                     "max_header_bytes", "idle_timeout_s", "header_timeout_s", "read_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.gather_spans < 0 or self.gather_ms < 0:
+            raise ValueError("gather_spans and gather_ms must be >= 0")
         if self.dedupe_window < 0:
             raise ValueError(f"dedupe_window must be >= 0, got {self.dedupe_window}")
         if self.http_port is None and self.grpc_port is None:
             raise ValueError("at least one of http_port and grpc_port must be set")
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(config: CollectConfig) -> str | None:
+    """A warning when the receiver listens beyond loopback without a token (None otherwise)."""
+    if config.token or is_loopback(config.host):
+        return None
+    return (f"listening on {config.host} without --token-file: anyone who can reach this machine can "
+            "write spans to the store (gRPC and HTTP alike); give --token-file, or keep the default "
+            "--host 127.0.0.1")
 
 
 def read_token(path: Path) -> str:

@@ -23,7 +23,7 @@ class Intake:
     def __init__(self, config: CollectConfig, committer: Committer) -> None:
         self.config = config
         self.committer = committer
-        self._expected = f"Bearer {config.token}".encode() if config.token else None
+        self._expected = config.token.encode() if config.token else None
         self._lock = threading.Lock()
         self.inflight_bytes = 0
         self.draining = False
@@ -34,16 +34,20 @@ class Intake:
         self.refused_requests = 0
 
     def authorized(self, header: str | None) -> bool:
-        """True when no token is configured or `header` is exactly 'Bearer <token>'."""
+        """True when no token is configured or `header` is 'Bearer <token>' (the scheme in any case,
+        as HTTP auth schemes are case-insensitive; the token compared in constant time)."""
         if self._expected is None:
             return True
-        return header is not None and hmac.compare_digest(header.strip().encode(), self._expected)
+        if header is None:
+            return False
+        scheme, _, token = header.strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._expected)
 
     def reserve(self, nbytes: int) -> None:
-        """Claim `nbytes` of the in-flight byte budget; Busy when it would overflow."""
+        """Claim `nbytes` of the in-flight byte budget; Busy when it would overflow (the caller
+        answers 503 and counts it with `refused`)."""
         with self._lock:
             if self.inflight_bytes and self.inflight_bytes + nbytes > self.config.max_inflight_bytes:
-                self.refused_requests += 1
                 raise Busy(f"too many request bytes in flight ({self.inflight_bytes:,}); retry later")
             self.inflight_bytes += nbytes
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
@@ -21,6 +22,7 @@ from intake.collect.config import CollectConfig
 from intake.collect.grpc_server import make_server
 from intake.collect.http import HttpServer
 from intake.collect.intake import Intake
+from intake.collect.recovery import remove_dead_temp_files
 from intake.engines import normalize
 from intake.otlp import base_from_columns, new_builder, promote
 from tracing.store import SegmentWriter, init_store
@@ -62,9 +64,12 @@ class Receiver:
         self.writer = SegmentWriter(self.store, kind="collect", durable=config.durable)
         self.keys = RecentKeys(config.dedupe_window)
         self.loaded_keys = 0
+        self.removed_temp_files: list[Path] = []
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
                                    prepare=lambda table: normalize(promote(table)),
-                                   builder=new_builder(), assemble=base_from_columns)
+                                   builder=new_builder(), assemble=base_from_columns,
+                                   gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3,
+                                   senders=lambda: self._http.connections if self._http is not None else 0)
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -80,6 +85,7 @@ class Receiver:
 
     def start(self) -> None:
         """Load recent keys for dedupe, start the writer, bind and start both front ends."""
+        self.removed_temp_files = remove_dead_temp_files(self.store)
         self.loaded_keys = self.keys.load(self.store, self.config.dedupe_startup_s)
         self.committer.start()
         if self.config.grpc_port is not None:

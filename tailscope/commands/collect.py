@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from intake.collect import CollectConfig, Receiver, read_token
-from intake.collect.config import COLLECT
+from intake.collect.config import COLLECT, exposure_warning
 from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
 from tracing.settings import Setting, SettingsTable
 
@@ -70,6 +70,9 @@ def collect(
         config = CollectConfig(store=store_path(store), token=token, **values)
     except ValueError as exc:
         fail(str(exc))
+    warning = exposure_warning(config)
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
     with errors_as_messages():
         receiver = Receiver(config)
 

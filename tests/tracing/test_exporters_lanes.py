@@ -1,0 +1,75 @@
+"""Each exporter has its own queue and worker: a hung OTLP backend does not stall the store."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from analysis.connect import connect
+from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
+
+OTLP_TIMEOUT_S = 30
+
+
+class _Watch(SpanExporter):
+    """Wraps the OTLP exporter to record when an export began and whether it returned."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.entered = threading.Event()
+        self.returned = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        try:
+            return self.inner.export(spans)
+        finally:
+            self.returned.set()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def test_a_hung_otlp_endpoint_does_not_stall_the_store(tmp_path: Path) -> None:
+    # a loopback socket that accepts connections (the kernel does) and never answers
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    otlp = _Watch(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{hung.getsockname()[1]}/v1/traces",
+                                   timeout=OTLP_TIMEOUT_S))
+    store_exporter = SegmentStoreExporter(tmp_path / "store", flush_rows=100, flush_interval_s=0.05)
+    store = GuardedExporter(store_exporter, "store")
+    processor = BoundedBatchProcessor([GuardedExporter(otlp, "otlp"), store], max_queue_size=10_000,
+                                      schedule_delay_millis=20, max_export_batch_size=64)
+    provider = TracerProvider(resource=Resource.create({"service.name": "lanes"}))
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    total = 0
+    try:
+        for _ in range(10):  # spans keep coming while the OTLP export hangs
+            for _ in range(100):
+                tracer.start_span("work").end()
+                total += 1
+            time.sleep(0.05)
+        assert otlp.entered.wait(OTLP_TIMEOUT_S)
+        for _ in range(600):  # bounded wait for the store's worker (it needs no OTLP answer)
+            if store.exported_spans == total:
+                break
+            time.sleep(0.05)
+        hung_still = not otlp.returned.is_set()
+        assert store.exported_spans == total
+        assert hung_still, "the OTLP export returned before the store had every span: the test proved nothing"
+        assert store_exporter.force_flush()
+        con = connect(tmp_path / "store")
+        assert con.execute("SELECT count(*) FROM spans WHERE ServiceName = 'lanes'").fetchone() == (total,)
+        con.close()
+    finally:
+        hung.close()
