@@ -152,3 +152,34 @@ def test_shoulders_leave_the_baseline_but_the_core_is_reported_when_it_suffices(
     assert [(s.start_ns // WINDOW, s.end_ns // WINDOW) for s in det.spikes] == [(5, 7)]
     assert det.baseline.tolist() == [True] * 5 + [False] * 3 + [True] * 2
     assert det.baseline_p99_ns == quantile_sorted(np.sort(np.tile(_base(), 7)), 0.99)
+
+
+def test_detection_scan_is_the_pooled_threshold_counts_and_the_best_stretch() -> None:
+    """The scan fields recomputed plainly: threshold, counts above it, the best stretch's p-value."""
+    rng = np.random.default_rng(11)
+    sizes = [700, 520, 900, 610, 800, 505, 760, 640, 300, 880, 700, 590]  # window 8 is too small to judge
+    starts = np.concatenate([w * WINDOW + np.arange(n, dtype=np.int64) for w, n in enumerate(sizes)])
+    values = rng.lognormal(0.0, 1.0, starts.size) * 1e9
+    slow = np.flatnonzero(starts // WINDOW == 4)[rng.random(800) < 0.04]
+    values[slow] = 40e9  # a tail rise in window 4: 4 % of its requests take 40 s (p99 of the rest: ~10 s)
+    det = detect(starts, values, WINDOW, seed=3)
+    judged = [w for w, n in enumerate(sizes) if n >= 500]
+    assert np.flatnonzero(det.judged).tolist() == judged
+    pooled = np.sort(np.concatenate([values[starts // WINDOW == w] for w in judged]))
+    assert det.threshold_ns == quantile_sorted(pooled, 0.99)
+    counts = [int(np.sum(values[starts // WINDOW == w] > det.threshold_ns)) for w in range(len(sizes))]
+    assert det.exceed.tolist() == counts
+    k = np.array([counts[w] for w in judged])
+    n = np.array([sizes[w] for w in judged])
+    total_k, total_n, max_len = int(k.sum()), int(n.sum()), len(judged) // 2
+    best = max(_ratio_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()), total_k, total_n)
+               for length in range(1, max_len + 1) for a in range(len(judged) - length + 1))
+    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3))
+    assert det.scan_p_value == scan_p_value(best, null)
+    assert det.p_value[4] == scan_p_value(_ratio_reference(counts[4], sizes[4], total_k, total_n), null)
+    assert det.p_value[8] == 1.0  # not judged, not tested
+    [spike] = det.spikes  # window 4, with window 3 if its p99 rose 20 % by chance (adjacent candidates merge)
+    a, b = spike.start_ns // WINDOW, spike.end_ns // WINDOW
+    assert a <= 4 < b and b - a == spike.windows
+    run_k, run_n = sum(counts[a:b]), sum(sizes[a:b])
+    assert spike.p_value == scan_p_value(_ratio_reference(run_k, run_n, total_k, total_n), null) <= ALPHA
