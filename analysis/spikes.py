@@ -10,17 +10,24 @@ The method, in order (constants below; the same for every store, never tuned per
    raise its own baseline).
 3. A window is a candidate when its p99 exceeds the baseline p99 by at least MIN_RISE.
 4. Candidate windows that touch (or are one window apart, that window's p99 also above the
-   baseline) merge into one run (the core). Its shoulders, the touching windows whose p99 is
-   above the baseline p99 at all, are taken out of the baseline, which is pooled again.
-5. Each run is judged on its requests pooled (the core; if that falls short, the core with
-   its shoulders): its p99 must still rise by MIN_RISE, its p50 stay within P50_TOLERANCE,
-   and a bootstrap of both p99s (run and baseline resampled independently) must give a
-   one-sided p-value below ALPHA / (number of judged windows) (Bonferroni). Never a t-test
-   on a percentile.
-
-The bootstrap of a quantile does not redraw n values: the k-th order statistic of a
-resample is F_n^-1(U_(k)) with U_(k) ~ Beta(k, n + 1 - k) (and U_(k+1) follows from it),
-which is the same distribution at O(B) cost after one sort.
+   baseline) merge into one run (the core). Its shoulders are the touching windows whose
+   p99 is above the baseline p99 at all.
+5. Significance, one family for everything tested (a scan statistic, Kulldorff 1997):
+   count, in every judged window, the values above the p99 of all judged windows pooled.
+   When nothing happened (every value drawn from one law) those counts are a
+   multivariate hypergeometric draw, whatever the latency distribution. The statistic of
+   a stretch of consecutive judged windows is the likelihood ratio of "its share above
+   the threshold is higher than outside"; its p-value is the rank of that ratio among the
+   largest ratio over *all* stretches (up to half the judged windows) in SCAN_DRAWS
+   simulated draws. So the core, the core with its shoulders, and every other stretch
+   share one error budget: under no incident, P(any stretch has p <= ALPHA) <= ALPHA,
+   and none of the data-driven choices (the pruned baseline, the shoulders) can spend it
+   again, since they do not enter the test.
+6. A significant run's shoulders leave the baseline, which is pooled again (a spike's ramp
+   must not raise its own baseline). Each run is then judged on its requests pooled (the
+   core; if that falls short, the core with its shoulders): its p99 must still rise by
+   MIN_RISE, its p50 stay within P50_TOLERANCE, and its scan p-value be at most ALPHA.
+   Never a t-test on a percentile.
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ from analysis.percentiles import MIN_TAIL
 MIN_RISE: Final = 0.2
 #: Largest relative move of a window's p50 against the baseline p50 for a tail spike.
 P50_TOLERANCE: Final = 0.1
-#: Family-wise significance level over all judged windows.
+#: Family-wise significance level over every stretch of windows tested.
 ALPHA: Final = 0.01
-#: Fewest bootstrap resamples per test (more when the Bonferroni level needs them).
-BOOTSTRAP: Final = 2000
+#: Simulated draws of the scan statistic's null law; ALPHA * (SCAN_DRAWS + 1) is a whole number, so
+#: P(p <= ALPHA) <= ALPHA holds exactly, and p-values resolve down to 1 / (SCAN_DRAWS + 1).
+SCAN_DRAWS: Final = 999
+#: Longest stretch scanned, as a share of the judged windows (a spike longer than that has no baseline).
+MAX_SCAN_SHARE: Final = 0.5
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -71,7 +81,13 @@ class Spike:
 
 @dataclass
 class Detection:
-    """What detection saw: the per-window table, the baseline, and the spikes (largest excess first)."""
+    """What detection saw: the per-window table, the baseline, the scan, and the spikes (largest excess first).
+
+    `p_value[i]` is window i's own scan p-value (family-wise: compared with the largest
+    ratio over all stretches), `exceed[i]` its values above `threshold_ns`, the p99 of all
+    judged windows pooled; `scan_p_value` is the p-value of the most anomalous stretch,
+    before any effect-size rule (the test's own false-alarm rate is ALPHA at most).
+    """
 
     window_ns: int
     window_start_ns: I64
@@ -87,6 +103,9 @@ class Detection:
     baseline_p99_ns: float
     spikes: list[Spike] = field(default_factory=list)
     note: str = ""
+    threshold_ns: float = math.nan
+    exceed: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    scan_p_value: float = 1.0
 
 
 def quantile_sorted(sorted_values: F64, q: float) -> float:
@@ -100,47 +119,49 @@ def quantile_sorted(sorted_values: F64, q: float) -> float:
     return float(sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo]))
 
 
-def bootstrap_quantile(sorted_values: F64, q: float, draws: int, rng: np.random.Generator) -> F64:
-    """`draws` bootstrap replicates of the `quantile_cont` of sorted values, from the order statistics' law.
-
-    Exactly the law of the quantile of n values redrawn with replacement: the k-th smallest
-    of the resample is F_n^-1(U) with U ~ Beta(k, n + 1 - k), and the next one is
-    U + (1 - U) * Beta(1, n - k).
-    """
-    n = sorted_values.size
-    if n == 0:
-        return np.full(draws, np.nan)
-    if n == 1:
-        return np.full(draws, float(sorted_values[0]))
-    h = (n - 1) * q
-    k = math.floor(h)  # 0-based rank of the lower order statistic
-    frac = h - k
-    u1 = rng.beta(k + 1, n - k, size=draws)
-    lower = sorted_values[np.clip(np.ceil(u1 * n).astype(np.int64) - 1, 0, n - 1)]
-    if frac == 0 or k + 1 >= n:
-        return lower.astype(np.float64)
-    u2 = u1 + (1 - u1) * rng.beta(1, n - k - 1, size=draws)
-    upper = sorted_values[np.clip(np.ceil(u2 * n).astype(np.int64) - 1, 0, n - 1)]
-    return (lower + frac * (upper - lower)).astype(np.float64)
+def _xlogx_table(top: int) -> F64:
+    """x ln x for every whole x in 0..top (0 at 0): the scan ratio is a sum of such terms."""
+    x = np.arange(top + 1, dtype=np.float64)
+    x[0] = 1.0
+    return x * np.log(x)
 
 
-def bootstrap_p_value(spike_sorted: F64, base_sorted: F64, q: float = 0.99, draws: int = BOOTSTRAP,
-                      seed: int = 0) -> float:
-    """One-sided bootstrap p-value that the spike's quantile q exceeds the baseline's.
+def scan_ratio(k: npt.ArrayLike, n: npt.ArrayLike, total_k: int, total_n: int,
+               table: F64 | None = None) -> F64:
+    """Log likelihood ratio of Kulldorff's scan (Poisson model, given the total): k of the total_k values
+    above the threshold fall in a stretch holding n of the total_n values, e = total_k n / total_n expected;
+    k ln(k / e) + (K - k) ln((K - k) / (K - e)) when k > e, else 0."""
+    g = _xlogx_table(total_k) if table is None else table
+    k = np.asarray(k, dtype=np.int64)
+    e = np.asarray(n, dtype=np.float64) * (total_k / total_n)
+    inside = (e > 0) & (e < total_k)
+    log_rest = np.log(np.where(inside, total_k - e, 1.0))
+    slope = np.log(np.where(inside, e, 1.0)) - log_rest  # per stretch, shared by every draw
+    lr = g[k] + g[total_k - k] - k * slope - total_k * log_rest
+    return np.where(inside & (k > e), lr, 0.0)
 
-    Both samples are resampled independently; p = (1 + #{d* <= 0}) / (draws + 1) where d* is the
-    resampled difference of the two quantiles (the percentile bootstrap test).
-    """
-    if spike_sorted.size == 0 or base_sorted.size == 0:
-        return 1.0
-    rng = np.random.default_rng(seed)
-    d_star = bootstrap_quantile(spike_sorted, q, draws, rng) - bootstrap_quantile(base_sorted, q, draws, rng)
-    return float((1 + np.count_nonzero(d_star <= 0)) / (draws + 1))
+
+def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator) -> F64:
+    """`draws` values of the largest scan ratio over every stretch of 1..max_len consecutive windows,
+    with the total_k values above the threshold spread over windows of sizes n at random (no incident)."""
+    n = np.asarray(n, dtype=np.int64)
+    total_n = int(n.sum())
+    best = np.zeros(draws)
+    if total_k <= 0 or n.size == 0:
+        return best
+    g = _xlogx_table(total_k)
+    alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
+    ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
+    cn = np.concatenate([[0], np.cumsum(n)])
+    for length in range(1, min(max_len, n.size) + 1):
+        ratio = scan_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length], total_k, total_n, g)
+        np.maximum(best, ratio.max(axis=1), out=best)
+    return best
 
 
-def draws_for(level: float) -> int:
-    """Resamples enough to resolve a p-value below `level` (at least BOOTSTRAP, at most 2 million)."""
-    return int(min(max(BOOTSTRAP, math.ceil(10 / level)), 2_000_000))
+def scan_p_value(ratio: float, null_max: F64) -> float:
+    """Monte Carlo p-value of a scan ratio against the simulated maxima: (1 + #{max >= ratio}) / (draws + 1)."""
+    return float((1 + np.count_nonzero(null_max >= ratio * (1 - 1e-12))) / (null_max.size + 1))
 
 
 def _window_quantiles(sorted_by_win_values: F64, starts: I64, counts: I64, q: float) -> F64:
@@ -152,8 +173,63 @@ def _window_quantiles(sorted_by_win_values: F64, starts: I64, counts: I64, q: fl
     return a + (h - lo) * (b - a)
 
 
+@dataclass
+class _Scan:
+    """The scan over judged windows: cumulative counts in judged order and the simulated null maxima."""
+
+    position: I64  # window index -> position among the judged windows (-1: not judged)
+    ck: I64
+    cn: I64
+    total_k: int
+    total_n: int
+    max_len: int
+    null_max: F64
+    table: F64
+
+    def p_value(self, run: list[int]) -> float:
+        """Family-wise p-value of the judged windows of `run` (consecutive judged windows), 1 when too long."""
+        pos = self.position[run]
+        pos = pos[pos >= 0]
+        if pos.size == 0 or pos.size > self.max_len:
+            return 1.0
+        a, b = int(pos[0]), int(pos[-1]) + 1
+        ratio = scan_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.total_k, self.total_n, self.table)
+        return scan_p_value(float(ratio), self.null_max)
+
+
+def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int) -> _Scan:
+    """Threshold (pooled p99 of the judged windows), exceedances per window, the null law of the largest ratio."""
+    judged = np.flatnonzero(det.judged)
+    pooled = np.sort(v_sorted[np.repeat(det.judged, counts)])
+    det.threshold_ns = quantile_sorted(pooled, 0.99)
+    above = v_sorted > det.threshold_ns
+    cum_above = np.concatenate([[0], np.cumsum(above)])
+    det.exceed = (cum_above[first + counts] - cum_above[first]).astype(np.int64)
+    k, n = det.exceed[judged], counts[judged]
+    total_k, total_n = int(k.sum()), int(n.sum())
+    max_len = max(1, int(MAX_SCAN_SHARE * judged.size))
+    null_max = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(seed))
+    position = np.full(det.n.size, -1, dtype=np.int64)
+    position[judged] = np.arange(judged.size)
+    ck = np.concatenate([[0], np.cumsum(k)]).astype(np.int64)
+    cn = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    table = _xlogx_table(total_k)
+    scan = _Scan(position, ck, cn, total_k, total_n, max_len, null_max, table)
+    best = 0.0  # the most anomalous stretch of the data itself
+    for length in range(1, min(max_len, judged.size) + 1):
+        best = max(best, float(scan_ratio(ck[length:] - ck[:-length], cn[length:] - cn[:-length],
+                                          total_k, total_n, table).max()))
+    det.scan_p_value = scan_p_value(best, null_max)
+    for i in judged:
+        det.p_value[i] = scan.p_value([int(i)])
+    return scan
+
+
 def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Detection:
-    """Find p99 spikes with a flat p50 in (start_ns, value) pairs cut into windows of window_ns."""
+    """Find p99 spikes with a flat p50 in (start_ns, value) pairs cut into windows of window_ns.
+
+    `seed` seeds the simulated null draws of the scan: the same input and seed give the same answer.
+    """
     start_ns = np.asarray(start_ns, dtype=np.int64)
     values = np.asarray(values, dtype=np.float64)
     keep = np.isfinite(values)
@@ -177,7 +253,8 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     det = Detection(window_ns=window_ns, window_start_ns=(wins * window_ns).astype(np.int64), n=counts,
                     p50_ns=empty_f.copy(), p99_ns=empty_f.copy(), judged=np.zeros(m, bool),
                     baseline=np.zeros(m, bool), candidate=np.zeros(m, bool), significant=np.zeros(m, bool),
-                    p_value=np.ones(m), baseline_p50_ns=math.nan, baseline_p99_ns=math.nan)
+                    p_value=np.ones(m), baseline_p50_ns=math.nan, baseline_p99_ns=math.nan,
+                    exceed=np.zeros(m, dtype=np.int64))
     if m == 0:
         det.note = "no requests"
         return det
@@ -194,26 +271,25 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
         return det
-    base_sorted = _pool(det, v_sorted, counts)
+    scan = _scan(det, v_sorted, first, counts, seed)
+    _pool(det, v_sorted, counts)
     det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
-    cores = _runs(det)
-    # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all,
-    # and those windows leave the baseline (a spike's ramp must not raise its own baseline)
-    grown = _merge_touching(det, [(core, _grow(det, core)) for core in cores])
-    shoulders = np.zeros(det.n.size, dtype=bool)
-    for _, ext in grown:
-        shoulders[ext] = True
-    if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and shoulders.any():
+    # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all; the core and
+    # the grown run are both scan stretches (one error budget). Only a significant run's shoulders leave the
+    # baseline: a spike's ramp must not raise its own baseline, and a chance rise must not lower it.
+    grown = _merge_touching(det, [(core, _grow(det, core)) for core in _runs(det)])
+    tested = [(core, ext, scan.p_value(core), scan.p_value(ext)) for core, ext in grown]
+    shoulders = np.zeros(m, dtype=bool)
+    for _, ext, p_core, p_ext in tested:
+        if min(p_core, p_ext) <= ALPHA:
+            shoulders[ext] = True
+    if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and (det.baseline & shoulders).any():
         det.baseline &= ~shoulders
-        base_sorted = _pool(det, v_sorted, counts)
+        _pool(det, v_sorted, counts)
         det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
-    level = ALPHA / int(det.judged.sum())
-    for i in np.flatnonzero(det.candidate):
-        w_sorted = v_sorted[first[i]:first[i] + counts[i]]
-        det.p_value[i] = bootstrap_p_value(w_sorted, base_sorted, 0.99, seed=seed + int(i))
-    for core, ext in grown:
-        for run in ([core, ext] if ext != core else [core]):  # the shoulders only when the core alone falls short
-            spike = _judge(det, run, v_sorted, first, counts, base_sorted, level, seed)
+    for core, ext, p_core, p_ext in tested:
+        for run, p_value in ([(core, p_core), (ext, p_ext)] if ext != core else [(core, p_core)]):
+            spike = _judge(det, run, v_sorted, first, counts, p_value)  # the shoulders only when the core falls short
             if spike is not None:
                 det.significant[run] = True
                 det.spikes.append(spike)
@@ -222,26 +298,23 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     return det
 
 
-def _pool(det: Detection, v_sorted: F64, counts: I64) -> F64:
-    """Sorted values of the baseline windows; sets the baseline p50 / p99."""
+def _pool(det: Detection, v_sorted: F64, counts: I64) -> None:
+    """Set the baseline p50 / p99 from the baseline windows' values pooled."""
     base_sorted = np.sort(v_sorted[np.repeat(det.baseline, counts)])
     det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
     det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
-    return base_sorted
 
 
-def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, base_sorted: F64,
-           level: float, seed: int) -> Spike | None:
-    """The run as a spike if its pooled p99 rose enough and significantly with a flat p50, else None."""
+def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, p_value: float) -> Spike | None:
+    """The run as a spike if its pooled p99 rose enough, its p50 held and its scan p-value is at most ALPHA."""
+    if p_value > ALPHA:
+        return None
     vals = np.sort(np.concatenate([v_sorted[first[i]:first[i] + counts[i]] for i in run]))
     p50 = quantile_sorted(vals, 0.5)
     p99 = quantile_sorted(vals, 0.99)
     if p99 < (1 + MIN_RISE) * det.baseline_p99_ns:
         return None
     if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
-        return None
-    p_value = bootstrap_p_value(vals, base_sorted, 0.99, draws=draws_for(level), seed=seed + 7919 + run[0])
-    if p_value >= level:
         return None
     return Spike(start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
                  requests=int(vals.size), p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,

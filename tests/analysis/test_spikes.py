@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from analysis.spikes import (
-    bootstrap_p_value,
-    bootstrap_quantile,
+    ALPHA,
+    SCAN_DRAWS,
     detect,
-    draws_for,
     quantile_sorted,
+    scan_null_max,
+    scan_p_value,
+    scan_ratio,
 )
 
 SEC = 1_000_000_000
@@ -47,25 +51,47 @@ def test_quantile_convention() -> None:
     assert np.isnan(quantile_sorted(np.array([]), 0.5))
 
 
-def test_order_statistic_bootstrap_matches_plain_resampling() -> None:
-    rng = np.random.default_rng(3)
-    data = np.sort(rng.lognormal(0, 1, 400))
-    fast = bootstrap_quantile(data, 0.99, 20_000, np.random.default_rng(1))
-    idx = np.random.default_rng(2).integers(0, data.size, size=(4000, data.size))
-    plain = np.quantile(data[idx], 0.99, axis=1)
-    for q in (0.1, 0.5, 0.9):
-        assert np.quantile(fast, q) == pytest.approx(np.quantile(plain, q), rel=0.05)
-    assert fast.mean() == pytest.approx(plain.mean(), rel=0.03)
-    # degenerate samples have a degenerate bootstrap
-    assert set(bootstrap_quantile(np.full(50, 7.0), 0.99, 100, rng)) == {7.0}
-    assert set(bootstrap_quantile(np.array([3.0]), 0.5, 10, rng)) == {3.0}
+def _ratio_reference(k: int, n: int, total_k: int, total_n: int) -> float:
+    """Kulldorff's Poisson scan ratio written out plainly, one stretch at a time."""
+    e = total_k * n / total_n
+    if not 0 < e < total_k or k <= e:
+        return 0.0
+    inside = k * math.log(k / e)
+    outside = (total_k - k) * math.log((total_k - k) / (total_k - e)) if k < total_k else 0.0
+    return inside + outside
 
 
-def test_bootstrap_p_value_separates_shifted_tails() -> None:
-    base = np.sort(np.tile(_base(), 9))
-    assert bootstrap_p_value(np.sort(_tail_times(3.0)), base, draws=5000) == pytest.approx(1 / 5001)
-    assert bootstrap_p_value(np.sort(_base()), base, draws=5000) > 0.2
-    assert draws_for(0.01 / 10) == 10_000 and draws_for(0.5) == 2000
+def test_scan_ratio_matches_the_plain_formula() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        total_n = int(rng.integers(1000, 100_000))
+        total_k = int(rng.integers(1, total_n // 20))
+        n = int(rng.integers(1, total_n))
+        k = int(rng.integers(0, min(n, total_k) + 1))
+        got = float(scan_ratio(k, n, total_k, total_n))
+        assert got == pytest.approx(_ratio_reference(k, n, total_k, total_n), rel=1e-9, abs=1e-9)
+    assert float(scan_ratio(6, 600, 60, 6000)) == 0.0  # as many as expected: no evidence
+    assert float(scan_ratio(5, 600, 60, 6000)) == 0.0  # fewer: not a rise
+
+
+def test_scan_null_matches_plain_draws() -> None:
+    """The multivariate-hypergeometric shortcut against drawing which values lie above the threshold plainly."""
+    rng = np.random.default_rng(8)
+    n = np.array([500, 700, 520, 900, 610, 505, 800, 640])
+    total_k, max_len = int(0.01 * n.sum()), 4
+    fast = scan_null_max(n, total_k, max_len, 4000, np.random.default_rng(1))
+    labels = np.repeat(np.arange(n.size), n)
+    plain = np.empty(4000)
+    for d in range(plain.size):
+        above = np.bincount(labels[rng.choice(labels.size, total_k, replace=False)], minlength=n.size)
+        plain[d] = max(_ratio_reference(int(above[a:a + length].sum()), int(n[a:a + length].sum()), total_k,
+                                        int(n.sum()))
+                       for length in range(1, max_len + 1) for a in range(n.size - length + 1))
+    for q in (0.5, 0.9, 0.99):
+        assert np.quantile(fast, q) == pytest.approx(np.quantile(plain, q), rel=0.08)
+    assert scan_p_value(float(np.quantile(fast, 0.995)), fast) == pytest.approx(0.005, abs=0.002)
+    assert scan_p_value(0.0, fast) == 1.0 and scan_p_value(1e9, fast) == 1 / (fast.size + 1)
+    assert round(ALPHA * (SCAN_DRAWS + 1), 9).is_integer()  # so P(p <= ALPHA) <= ALPHA holds exactly
 
 
 def test_clean_series_has_no_spike() -> None:
@@ -86,7 +112,7 @@ def test_tail_spike_is_found_and_adjacent_windows_merge() -> None:
     assert spike.baseline_p99_ns == quantile_sorted(np.sort(np.tile(_base(), 7)), 0.99)  # 7 baseline windows
     pooled = np.sort(np.concatenate([_tail_times(3.0)] * 3))
     assert spike.p99_ns == quantile_sorted(pooled, 0.99)
-    assert spike.p_value < 0.001
+    assert spike.p_value == 1 / (SCAN_DRAWS + 1)  # above every simulated maximum
     assert det.baseline.tolist() == [True] * 4 + [False] * 3 + [True] * 3
 
 
@@ -126,3 +152,34 @@ def test_shoulders_leave_the_baseline_but_the_core_is_reported_when_it_suffices(
     assert [(s.start_ns // WINDOW, s.end_ns // WINDOW) for s in det.spikes] == [(5, 7)]
     assert det.baseline.tolist() == [True] * 5 + [False] * 3 + [True] * 2
     assert det.baseline_p99_ns == quantile_sorted(np.sort(np.tile(_base(), 7)), 0.99)
+
+
+def test_detection_scan_is_the_pooled_threshold_counts_and_the_best_stretch() -> None:
+    """The scan fields recomputed plainly: threshold, counts above it, the best stretch's p-value."""
+    rng = np.random.default_rng(11)
+    sizes = [700, 520, 900, 610, 800, 505, 760, 640, 300, 880, 700, 590]  # window 8 is too small to judge
+    starts = np.concatenate([w * WINDOW + np.arange(n, dtype=np.int64) for w, n in enumerate(sizes)])
+    values = rng.lognormal(0.0, 1.0, starts.size) * 1e9
+    slow = np.flatnonzero(starts // WINDOW == 4)[rng.random(800) < 0.04]
+    values[slow] = 40e9  # a tail rise in window 4: 4 % of its requests take 40 s (p99 of the rest: ~10 s)
+    det = detect(starts, values, WINDOW, seed=3)
+    judged = [w for w, n in enumerate(sizes) if n >= 500]
+    assert np.flatnonzero(det.judged).tolist() == judged
+    pooled = np.sort(np.concatenate([values[starts // WINDOW == w] for w in judged]))
+    assert det.threshold_ns == quantile_sorted(pooled, 0.99)
+    counts = [int(np.sum(values[starts // WINDOW == w] > det.threshold_ns)) for w in range(len(sizes))]
+    assert det.exceed.tolist() == counts
+    k = np.array([counts[w] for w in judged])
+    n = np.array([sizes[w] for w in judged])
+    total_k, total_n, max_len = int(k.sum()), int(n.sum()), len(judged) // 2
+    best = max(_ratio_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()), total_k, total_n)
+               for length in range(1, max_len + 1) for a in range(len(judged) - length + 1))
+    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3))
+    assert det.scan_p_value == scan_p_value(best, null)
+    assert det.p_value[4] == scan_p_value(_ratio_reference(counts[4], sizes[4], total_k, total_n), null)
+    assert det.p_value[8] == 1.0  # not judged, not tested
+    [spike] = det.spikes  # window 4, with window 3 if its p99 rose 20 % by chance (adjacent candidates merge)
+    a, b = spike.start_ns // WINDOW, spike.end_ns // WINDOW
+    assert a <= 4 < b and b - a == spike.windows
+    run_k, run_n = sum(counts[a:b]), sum(sizes[a:b])
+    assert spike.p_value == scan_p_value(_ratio_reference(run_k, run_n, total_k, total_n), null) <= ALPHA

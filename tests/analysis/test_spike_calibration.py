@@ -1,0 +1,50 @@
+"""Calibration: on exact null data the detector's false-spike rate stays at ALPHA = 1 % or below.
+
+Each run is i.i.d. log-normal latencies (nothing happened), 10 to 120 one-minute windows of
+500 to 5,000 requests, equal windows or a load that triples over the run (more requests,
+the same law). The seeds are fixed, so the counts are fixed; the bound they must meet is
+computed from the binomial law, not guessed: with R runs and a true rate of 1 %, more
+than `binomial_upper(R, 0.01, 0.001)` false spikes happen with probability 0.001 at most.
+The detector before issue #11 (4 % at 60 x 600, sigma 1; 14 % at sigma 1.5) fails this.
+The offline sweep with more runs per size is `python -m tests.analysis.spike_calibration`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from analysis.spikes import ALPHA, detect
+from tests.analysis.spike_calibration import WINDOW_NS, binomial_upper, null_run
+
+RUNS = 200
+#: (windows, requests per window, log-sd, load ramp): the corners and middle of the promised range.
+SIZES = ((10, 500, 1.5, 1.0), (10, 5000, 1.0, 3.0), (30, 2000, 1.5, 1.0), (60, 600, 1.0, 1.0),
+         (60, 600, 1.5, 3.0), (120, 500, 1.5, 1.0), (20, 1000, 0.5, 1.0), (90, 800, 1.2, 2.0))
+SEED = 20261201
+
+
+def test_binomial_upper_is_the_exact_tail_bound() -> None:
+    # P(Bin(200, 0.01) > 7) = 0.00101 > 0.001 >= P(Bin(200, 0.01) > 8) = 0.00021
+    assert binomial_upper(200, 0.01, 0.001) == 8
+    assert binomial_upper(100, 0.5, 0.5) == 50
+    assert binomial_upper(10, 0.0, 0.001) == 0
+
+
+def test_false_spike_rate_on_null_data_is_at_most_alpha() -> None:
+    rng = np.random.default_rng(SEED)
+    spikes = scans = scans_quarter = 0
+    for r, (windows, per, sigma, ramp) in zip(range(RUNS), itertools.cycle(SIZES), strict=False):
+        starts, values = null_run(rng, windows, per, sigma, ramp)
+        det = detect(starts, values, WINDOW_NS, seed=SEED + r)
+        spikes += bool(det.spikes)
+        scans += det.scan_p_value <= ALPHA
+        scans_quarter += det.scan_p_value <= 0.25
+    bound = binomial_upper(RUNS, ALPHA, 0.001)
+    # the whole detector, and its test alone before the effect-size rules (which only remove spikes)
+    assert spikes <= bound, f"{spikes} false spikes in {RUNS} null runs (bound {bound})"
+    assert scans <= bound, f"{scans} significant scans in {RUNS} null runs (bound {bound})"
+    # and the test is not vacuous: its p-value is about uniform on null data (P(p <= 0.25) ~ 0.25)
+    low = RUNS - binomial_upper(RUNS, 0.75, 0.001)
+    assert low <= scans_quarter <= binomial_upper(RUNS, 0.25, 0.001), scans_quarter
