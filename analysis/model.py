@@ -1,0 +1,251 @@
+"""The request model, defined once: SQL that turns spans into one row per inference request.
+
+Every consumer reads this definition: the `requests` / `stages` views (analysis.views,
+analysis.connect), the materialized per-hour request files (analysis.materialize), the
+report's request facts (analysis.percentiles) and, through those, the dashboard. The
+rules (critical-path sweep, stage columns, TTFT / TPOT, outcome, replica, which spans a
+request reads) are listed in docs/schema.md; tests/analysis/test_model_oracle.py checks
+them against a plain-Python per-instant reference.
+
+The SQL is generated for a `Dialect`, a small map of the few constructs that differ
+between engines. Only DuckDB is implemented; a ClickHouse dialect is an addition of one
+`Dialect` value (its traps: window `min` over an empty frame gives 0, so `minOrNull`;
+`join_use_nulls = 1`; `round` is banker's for floats; use `quantileExactInclusive`,
+never `quantile` / `median`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tracing import schema as S
+
+HOUR_NS: int = 3_600_000_000_000
+#: Columns of `requests`, in order.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",
+    "service", "model", "model_version", "tenant", "input_tokens", "output_tokens", "streaming", "ttft_ns",
+    "tpot_ns", *(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS), "span_name", "client_e2e_ns", "client_network_ns",
+)
+#: Request-level columns (no critical-path stage columns): what the report's request facts hold.
+FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service",
+                                 "model", "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns",
+                                 "tpot_ns")
+#: Stage columns of `requests` (they sum to e2e_ns).
+STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
+#: Stages whose span's replica is the request's replica (the replica that generated).
+WORKER_STAGES: tuple[str, ...] = ("generation", "prefill", "decode")
+
+
+def quote(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _in_list(values: tuple[str, ...]) -> str:
+    return "(" + ", ".join(quote(v) for v in values) + ")"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The engine-specific spellings the model uses; everything else is common SQL."""
+
+    name: str
+    #: aggregate `agg(expr)` over the rows where `cond` holds
+    agg_if: Callable[[str, str, str], str]
+    #: minimum over a window frame that is NULL (not 0) on an empty frame
+    min_or_null: Callable[[str], str]
+    #: value of `val` on the row with the smallest `key` (a row / tuple of sort keys)
+    arg_min: Callable[[str, str], str]
+    #: floor division of integers
+    int_div: Callable[[str, str], str]
+    #: round half away from zero to a 64-bit integer
+    round_int: Callable[[str], str]
+    #: cast to a 64-bit integer
+    int64: Callable[[str], str]
+    #: UTC timestamp (microseconds) from integer ns since the epoch
+    ts_from_ns: Callable[[str], str]
+    #: a tuple of sort keys
+    row: Callable[[list[str]], str]
+
+
+DUCKDB = Dialect(
+    name="duckdb",
+    agg_if=lambda agg, expr, cond: f"{agg}({expr}) FILTER (WHERE {cond})",
+    min_or_null=lambda expr: f"min({expr})",
+    arg_min=lambda val, key: f"arg_min({val}, {key})",
+    int_div=lambda a, b: f"({a}) // ({b})",
+    round_int=lambda expr: f"round({expr})::BIGINT",  # DuckDB rounds half away from zero
+    int64=lambda expr: f"({expr})::BIGINT",
+    ts_from_ns=lambda expr: f"make_timestamp(({expr}) // 1000)",
+    row=lambda keys: f"row({', '.join(keys)})",
+)
+
+
+def _sweep(d: Dialect, part: str) -> str:
+    """x1: end of a span's critical stretch [s0, x1) among the rows of its partition (same kind)."""
+    frame = (f"OVER (PARTITION BY {part} ORDER BY e0 DESC, s0 DESC, SpanId "
+             "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)")
+    return f"greatest(s0, least(e0, coalesce({d.min_or_null('s0')} {frame}, e0)))"
+
+
+def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True) -> str:
+    """The WITH clause computing per-request relations from the spans in `source` (a FROM item).
+
+    `request_where` narrows the request spans (a condition on span columns, e.g. an hour
+    range). Defines `req` (deduplicated request spans), `rd` (the spans each request reads),
+    `info` (first token, replica) and, when `stages`, `excl` (critical-path ns per stage).
+    """
+    y = _in_list(S.YIELDING_STAGES)
+    h = str(HOUR_NS)
+    ctes = {
+        # request spans; one stored twice (same trace and span id) counts once
+        "req": f"""
+SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
+       InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
+       TimestampNs AS rs, TimestampNs + Duration AS re,
+       {d.int_div('TimestampNs', h)} * {h} AS hr
+FROM {source} WHERE IsRequest AND ({request_where})
+QUALIFY row_number() OVER (PARTITION BY TraceId, SpanId
+                           ORDER BY TimestampNs, Duration DESC, Outcome NULLS FIRST, ServiceName, Replica) = 1""",
+        "st": f"""
+SELECT TraceId, SpanId, ParentSpanId, Stage, Replica, TimestampNs AS s, TimestampNs + Duration AS e
+FROM {source} WHERE Stage IS NOT NULL""",
+        # level 1: stage children of the request span that overlap it, clipped to it
+        "l1": f"""
+SELECT st.TraceId, r.SpanId AS req, r.rs, r.re, r.hr, st.SpanId, st.Stage AS stage, st.Replica,
+       st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
+       st.Stage IN {y} AS yielding
+FROM st JOIN req r ON st.TraceId = r.TraceId AND st.ParentSpanId = r.SpanId
+WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h}""",
+        # each level-1 span's stretch among its own kind (working / yielding)
+        "l1w": f"SELECT *, {_sweep(d, 'TraceId, req, yielding')} AS x1 FROM l1",
+        # level 2: stage children of a level-1 working span that overlap the request,
+        # clipped to that span's stretch
+        "l2": f"""
+SELECT c.TraceId, p.req, p.SpanId AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
+       c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, p.x1) AS e0, c.Stage IN {y} AS yielding
+FROM st c JOIN l1w p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
+WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
+  AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}""",
+        # the spans a request reads (for first token and replica)
+        "rd": """
+SELECT TraceId, req, SpanId, stage, Replica, raw_s, raw_e FROM l1
+UNION ALL SELECT TraceId, req, SpanId, stage, Replica, raw_s, raw_e FROM l2""",
+        "info": f"""
+SELECT TraceId, req,
+       {d.agg_if('min', 'raw_e', "stage = 'prefill'")} AS prefill_end_ns,
+       {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
+       {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
+                 f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
+FROM rd GROUP BY TraceId, req""",
+    }
+    if stages:
+        ctes |= {
+            "l2w": f"SELECT *, {_sweep(d, 'TraceId, req, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0",
+            # a yielding span owns its stretch minus its working siblings' stretches
+            "l1y": _yield_sql("l1w", "TraceId, req", extra="AND y.x1 > y.s0"),
+            "l2y": _yield_sql("l2w", "TraceId, req, parent, ps"),
+            "l2claim": """
+SELECT TraceId, req, parent, ps, sum(x1 - s0) AS ns FROM l2w WHERE NOT yielding GROUP BY ALL
+UNION ALL SELECT TraceId, req, parent, ps, excl_ns FROM l2y""",
+            "excl": """
+SELECT p.TraceId, p.req, p.stage, (p.x1 - p.s0) - coalesce(c.ns, 0) AS excl_ns
+FROM l1w p LEFT JOIN (SELECT TraceId, req, parent, ps, sum(ns) AS ns FROM l2claim GROUP BY ALL) c
+  ON c.TraceId = p.TraceId AND c.req = p.req AND c.parent = p.SpanId AND c.ps = p.s0
+WHERE NOT p.yielding AND p.x1 > p.s0
+UNION ALL SELECT TraceId, req, stage, x1 - s0 FROM l2w WHERE NOT yielding
+UNION ALL SELECT TraceId, req, stage, excl_ns FROM l1y
+UNION ALL SELECT TraceId, req, stage, excl_ns FROM l2y""",
+            "stage_ns": "SELECT TraceId, req,\n    " + ",\n    ".join(
+                f"coalesce({d.agg_if('sum', 'excl_ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
+            + ",\n    sum(excl_ns) AS covered_ns\nFROM excl GROUP BY TraceId, req",
+        }
+    return "WITH " + ",\n".join(f"{name} AS MATERIALIZED ({sql})" for name, sql in ctes.items())
+
+
+def _yield_sql(table: str, part: str, extra: str = "") -> str:
+    """Exclusive ns of the yielding spans of `table`: their stretch minus overlaps with working siblings."""
+    keys = [c.strip() for c in part.split(",")] + ["SpanId", "s0"]
+    on = " AND ".join(f"w.{c} = y.{c}" for c in keys[:-2])
+    back = " AND ".join(f"o.{c} = y.{c}" for c in keys)
+    return f"""
+SELECT {', '.join(f'y.{c}' for c in keys)}, y.stage, (y.x1 - y.s0) - coalesce(o.ns, 0) AS excl_ns
+FROM {table} y LEFT JOIN (
+    SELECT {', '.join(f'y.{c}' for c in keys)}, sum(greatest(0, least(y.x1, w.x1) - greatest(y.s0, w.s0))) AS ns
+    FROM {table} y JOIN {table} w ON {on} AND NOT w.yielding
+    WHERE y.yielding GROUP BY {', '.join(f'y.{c}' for c in keys)}) o ON {back}
+WHERE y.yielding {extra}"""
+
+
+def _ttft(d: Dialect) -> str:
+    return "coalesce(r.TtftNs, i.prefill_end_ns - r.rs, i.stream_start_ns - r.rs)"
+
+
+def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) -> str:
+    ttft = _ttft(d)
+    h = str(HOUR_NS)
+    exprs: dict[str, str] = {
+        "trace_id": "r.TraceId",
+        "span_id": "r.SpanId",
+        "parent_span_id": "r.ParentSpanId",
+        "start": d.ts_from_ns("r.rs"),
+        "start_ns": "r.rs",
+        "end_ns": "r.re",
+        "e2e_ns": "r.re - r.rs",
+        "status": "coalesce(r.Outcome, 'ok')",
+        "replica": "coalesce(i.worker_replica, r.Replica)",
+        "service": "r.ServiceName",
+        "model": "r.Model",
+        "model_version": "r.ModelVersion",
+        "tenant": "r.Tenant",
+        "input_tokens": "r.InputTokens",
+        "output_tokens": "r.OutputTokens",
+        "streaming": "coalesce(r.stream_attr = 'true', false)",
+        "ttft_ns": ttft,
+        "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(f'((r.re - r.rs) - {ttft}) / (r.OutputTokens - 1)')} END",
+        "other_ns": d.int64("(r.re - r.rs) - coalesce(k.covered_ns, 0)"),
+        "span_name": "r.SpanName",
+        "client_e2e_ns": "cl.Duration",
+        "client_network_ns": "cl.Duration - (r.re - r.rs)",
+    }
+    for s in S.CRITICAL_PATH_COLUMNS:
+        if s != "other":
+            exprs[f"{s}_ns"] = d.int64(f"coalesce(k.{s}_ns, 0)")
+    joins = ["LEFT JOIN info i ON i.TraceId = r.TraceId AND i.req = r.SpanId"]
+    if stages:
+        joins.append("LEFT JOIN stage_ns k ON k.TraceId = r.TraceId AND k.req = r.SpanId")
+    if "client_e2e_ns" in columns:
+        joins.append(f"""LEFT JOIN (SELECT TraceId, SpanId, min(TimestampNs) AS cs,
+                          {d.arg_min('Duration', d.row(['TimestampNs', 'Duration']))} AS Duration
+                   FROM {source} WHERE SpanKind = 'Client' GROUP BY TraceId, SpanId) cl
+    ON cl.TraceId = r.TraceId AND cl.SpanId = r.ParentSpanId AND cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}""")
+    cols = ",\n    ".join(f"{exprs[c]} AS {c}" for c in columns)
+    return f"SELECT\n    {cols}\nFROM req r\n" + "\n".join(joins)
+
+
+def requests_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE") -> str:
+    """One row per request (all REQUEST_COLUMNS) from the spans in `source`."""
+    return chain_sql(source, d, request_where=request_where) + "\n" + _select(
+        d, source, stages=True, columns=REQUEST_COLUMNS)
+
+
+def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE",
+              columns: tuple[str, ...] = FACT_COLUMNS) -> str:
+    """Request-level columns only (no critical-path sweep): the same rules as `requests_sql`, cheaper."""
+    bad = [c for c in columns if c in STAGE_COLUMNS]
+    if bad:
+        raise ValueError(f"facts hold no stage column: {bad}")
+    return chain_sql(source, d, request_where=request_where, stages=False) + "\n" + _select(
+        d, source, stages=False, columns=columns)
+
+
+def stages_sql(source: str = "requests") -> str:
+    """The long `stages` view: one row per request and stage over a `requests` relation."""
+    keep = "trace_id, span_id, start, start_ns, status, replica, service, model, model_version, tenant"
+    cols = ", ".join(STAGE_COLUMNS)
+    return f"""
+SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
+FROM (UNPIVOT (SELECT {keep}, {cols} FROM {source})
+      ON {cols} INTO NAME stage_col VALUE critical_ns)"""
