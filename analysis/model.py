@@ -185,6 +185,7 @@ def _ttft(d: Dialect) -> str:
 
 def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) -> str:
     ttft = _ttft(d)
+    tpot = f"((r.re - r.rs) - {ttft}) / (r.OutputTokens - 1)"
     h = str(HOUR_NS)
     exprs: dict[str, str] = {
         "trace_id": "r.TraceId",
@@ -204,7 +205,7 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
         "output_tokens": "r.OutputTokens",
         "streaming": "coalesce(r.stream_attr = 'true', false)",
         "ttft_ns": ttft,
-        "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(f'((r.re - r.rs) - {ttft}) / (r.OutputTokens - 1)')} END",
+        "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(tpot)} END",
         "other_ns": d.int64("(r.re - r.rs) - coalesce(k.covered_ns, 0)"),
         "span_name": "r.SpanName",
         "client_e2e_ns": "cl.Duration",
@@ -249,3 +250,68 @@ def stages_sql(source: str = "requests") -> str:
 SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
 FROM (UNPIVOT (SELECT {keep}, {cols} FROM {source})
       ON {cols} INTO NAME stage_col VALUE critical_ns)"""
+
+
+def stretches_sql(source: str = "spans", d: Dialect = DUCKDB) -> str:
+    """Each read stage span's critical stretch [s0, x1) before its children take their share.
+
+    Columns: level (1, 2), trace_id, request_span_id, parent_span_id (the request span, or
+    the level-1 parent), parent_s0 (the parent's stretch start at level 2), span_id, stage,
+    yielding, s0, x1. `exclusive_stretches` turns these into each span's own intervals.
+    """
+    return chain_sql(source, d) + """
+SELECT 1 AS level, TraceId AS trace_id, req AS request_span_id, req AS parent_span_id, NULL AS parent_s0,
+       SpanId AS span_id, stage, yielding, s0, x1 FROM l1w WHERE x1 > s0
+UNION ALL
+SELECT 2, TraceId, req, parent, ps, SpanId, stage, yielding, s0, x1 FROM l2w WHERE x1 > s0"""
+
+
+Interval = tuple[int, int]
+
+
+def subtract(base: list[Interval], holes: list[Interval]) -> list[Interval]:
+    """Intervals of `base` not covered by `holes`."""
+    out = base
+    for h0, h1 in holes:
+        nxt: list[Interval] = []
+        for a, b in out:
+            if h1 <= a or h0 >= b:
+                nxt.append((a, b))
+                continue
+            if a < h0:
+                nxt.append((a, h0))
+            if h1 < b:
+                nxt.append((h1, b))
+        out = nxt
+    return [(a, b) for a, b in out if b > a]
+
+
+def exclusive_stretches(rows: list[dict[str, object]]) -> dict[tuple[str, str, int], list[Interval]]:
+    """The instants each stage span owns, from `stretches_sql` rows: key (request span id, span id, s0).
+
+    A working span owns its stretch minus its children's; a streaming span owns its stretch
+    minus its working siblings' stretches. Their lengths add up to the `requests` stage columns.
+    """
+    def key(r: dict[str, object]) -> tuple[object, object, object]:
+        return (r["request_span_id"], r["parent_span_id"], r["parent_s0"])
+
+    working: dict[tuple[object, object, object], list[Interval]] = {}
+    for r in rows:
+        if not r["yielding"]:
+            working.setdefault(key(r), []).append((int(r["s0"]), int(r["x1"])))  # type: ignore[call-overload]
+    own: dict[tuple[str, str, int], list[Interval]] = {}
+    for level in (2, 1):
+        for r in rows:
+            if r["level"] != level:
+                continue
+            s0, x1 = int(r["s0"]), int(r["x1"])  # type: ignore[call-overload]
+            span = (str(r["request_span_id"]), str(r["span_id"]), s0)
+            if r["yielding"]:
+                own[span] = subtract([(s0, x1)], working.get(key(r), []))
+            else:
+                kids = [iv for c in rows if c["level"] == 2 and (c["request_span_id"], c["parent_span_id"],
+                                                                 c["parent_s0"]) == (r["request_span_id"],
+                                                                                     r["span_id"], s0)
+                        for iv in own[(str(c["request_span_id"]), str(c["span_id"]), int(c["s0"]))]]  # type: ignore[call-overload]
+                own[span] = subtract([(s0, x1)], kids)
+    return own

@@ -30,6 +30,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
+from analysis.model import exclusive_stretches, stretches_sql
 from analysis.views import VIEW_SQL, spans_sql
 from tracing import schema as S
 from tracing.errors import StoreError
@@ -670,12 +671,8 @@ def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_n
                    IsRequest AS is_request, TimestampNs AS start_ns, EndNs AS end_ns, Duration AS duration_ns,
                    Replica AS replica, StatusCode AS status_code
             FROM t ORDER BY TimestampNs, EndNs DESC""").df()
-        crit = con.execute("""
-            SELECT SpanId AS span_id, s0, x1 FROM _stage_l1
-            UNION ALL SELECT SpanId, s0, x1 FROM _stage_l2""").df()
-        yielding = con.execute(f"""
-            SELECT SpanId AS span_id, s0, e0 FROM _stage_l1_all
-            WHERE stage IN ({", ".join("'" + s + "'" for s in S.YIELDING_STAGES)})""").df()
+        crit = con.execute(stretches_sql("spans")).fetchall()
+        names = [c[0] for c in con.description or []]
     finally:
         con.close()
     if spans.empty:
@@ -686,15 +683,8 @@ def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_n
     spans["end_ms"] = (spans["end_ns"] - t0) / 1e6
     spans["duration_ms"] = spans["duration_ns"] / 1e6
     stretch: dict[str, list[tuple[int, int]]] = {}
-    child_parent = dict(zip(spans["span_id"], spans["parent_span_id"], strict=True))
-    owners = [(str(r.span_id), int(r.s0), int(r.x1)) for r in crit.itertuples() if r.x1 > r.s0]
-    # a parent stage owns its stretch minus its children's stretches
-    for sid, s0, x1 in owners:
-        kids = sorted((a, b) for k, a, b in owners if child_parent.get(k) == sid)
-        stretch[sid] = _subtract([(s0, x1)], kids)
-    busy = sorted((s0, x1) for sid, s0, x1 in owners if child_parent.get(sid) not in dict.fromkeys(stretch))
-    for r in yielding.itertuples():
-        stretch[str(r.span_id)] = _subtract([(int(r.s0), int(r.e0))], busy)
+    for (_, sid, _), ivs in exclusive_stretches([dict(zip(names, row, strict=True)) for row in crit]).items():
+        stretch.setdefault(sid, []).extend(ivs)
     spans["critical_ms"] = [sum(b - a for a, b in stretch.get(s, [])) / 1e6 for s in spans["span_id"]]
     spans["critical_stretches"] = [[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in stretch.get(s, [])]
                                    for s in spans["span_id"]]

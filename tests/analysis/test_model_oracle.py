@@ -159,3 +159,24 @@ def test_streaming_only_request_gets_its_streaming_time(tmp_path: Path) -> None:
     store = _store(tmp_path, spans)
     row = connect(store).execute("SELECT streaming_ns, other_ns, ttft_ns FROM requests").fetchone()
     assert row == (80, 20, 20)
+
+
+def test_exclusive_stretches_add_up_to_the_stage_columns(random_traces: Any) -> None:
+    from analysis.model import exclusive_stretches, stretches_sql
+
+    store, want = random_traces
+    con = connect(store)
+    cur = con.execute(stretches_sql("spans"))
+    names = [c[0] for c in cur.description or []]
+    rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    stage_of = {(r["request_span_id"], r["span_id"], r["s0"]): r["stage"] for r in rows}
+    trace_of = {r["request_span_id"]: r["trace_id"] for r in rows}
+    got: dict[tuple[str, str], dict[str, int]] = {}
+    for key, ivs in exclusive_stretches(rows).items():
+        cols = got.setdefault((trace_of[key[0]], key[0]), {})
+        col = f"{stage_of[key]}_ns"
+        cols[col] = cols.get(col, 0) + sum(b - a for a, b in ivs)
+    assert got, "no stretches"
+    for req, cols in got.items():
+        for col, ns in cols.items():
+            assert want[req][col] == ns, (req, col)
