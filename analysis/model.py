@@ -68,6 +68,8 @@ class Dialect:
     ts_from_ns: Callable[[str], str]
     #: a tuple of sort keys
     row: Callable[[list[str]], str]
+    #: a 64-bit hash of two strings (the join key of a span and of its parent)
+    hash2: Callable[[str, str], str]
 
 
 DUCKDB = Dialect(
@@ -80,6 +82,7 @@ DUCKDB = Dialect(
     int64=lambda expr: f"({expr})::BIGINT",
     ts_from_ns=lambda expr: f"make_timestamp(({expr}) // 1000)",
     row=lambda keys: f"row({', '.join(keys)})",
+    hash2=lambda a, b: f"hash({a}, {b})",
 )
 
 
@@ -94,78 +97,78 @@ def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", 
     """The WITH clause computing per-request relations from the spans in `source` (a FROM item).
 
     `request_where` narrows the request spans (a condition on span columns, e.g. an hour
-    range). Defines `req` (deduplicated request spans), `rd` (the spans each request reads),
-    `info` (first token, replica) and, when `stages`, `excl` (critical-path ns per stage).
+    range). Defines `req` (deduplicated request spans), `info` (first token, replica) and,
+    when `stages`, `l1w` / `l2w` (stretches) and `stage_ns` (critical-path ns per stage).
+    Spans are matched to their parent by a 64-bit hash of (trace id, span id): joins and
+    window partitions on one integer instead of two strings.
     """
     y = _in_list(S.YIELDING_STAGES)
     h = str(HOUR_NS)
-    ctes = {
+    ctes: dict[str, tuple[bool, str]] = {
         # request spans; one stored twice (same trace and span id) counts once
-        "req": f"""
+        "req": (True, f"""
 SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
        InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
-       TimestampNs AS rs, TimestampNs + Duration AS re,
-       {d.int_div('TimestampNs', h)} * {h} AS hr
+       {d.hash2('TraceId', 'SpanId')} AS rk, {d.hash2('TraceId', 'ParentSpanId')} AS rpk,
+       TimestampNs AS rs, TimestampNs + Duration AS re, {d.int_div('TimestampNs', h)} * {h} AS hr
 FROM {source} WHERE IsRequest AND ({request_where})
-QUALIFY row_number() OVER (PARTITION BY TraceId, SpanId
-                           ORDER BY TimestampNs, Duration DESC, Outcome NULLS FIRST, ServiceName, Replica) = 1""",
-        "st": f"""
-SELECT TraceId, SpanId, ParentSpanId, Stage, Replica, TimestampNs AS s, TimestampNs + Duration AS e
-FROM {source} WHERE Stage IS NOT NULL""",
+QUALIFY row_number() OVER (PARTITION BY rk
+                           ORDER BY TimestampNs, Duration DESC, Outcome NULLS FIRST, ServiceName, Replica) = 1"""),
+        "st": (True, f"""
+SELECT {d.hash2('TraceId', 'SpanId')} AS k, {d.hash2('TraceId', 'ParentSpanId')} AS pk, SpanId, Stage, Replica,
+       TimestampNs AS s, TimestampNs + Duration AS e
+FROM {source} WHERE Stage IS NOT NULL"""),
         # level 1: stage children of the request span that overlap it, clipped to it
-        "l1": f"""
-SELECT st.TraceId, r.SpanId AS req, r.rs, r.re, r.hr, st.SpanId, st.Stage AS stage, st.Replica,
-       st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
-       st.Stage IN {y} AS yielding
-FROM st JOIN req r ON st.TraceId = r.TraceId AND st.ParentSpanId = r.SpanId
-WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h}""",
-        # each level-1 span's stretch among its own kind (working / yielding)
-        "l1w": f"SELECT *, {_sweep(d, 'TraceId, req, yielding')} AS x1 FROM l1",
+        "l1w": (True, f"""
+SELECT *, {_sweep(d, 'rk, yielding')} AS x1 FROM (
+  SELECT r.rk, r.rs, r.re, r.hr, st.k, st.SpanId, st.Stage AS stage, st.Replica,
+         st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
+         st.Stage IN {y} AS yielding
+  FROM st JOIN req r ON st.pk = r.rk
+  WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h})"""),
         # level 2: stage children of a level-1 working span that overlap the request,
         # clipped to that span's stretch
-        "l2": f"""
-SELECT c.TraceId, p.req, p.SpanId AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
+        "l2": (True, f"""
+SELECT p.rk, p.k AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
        c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, p.x1) AS e0, c.Stage IN {y} AS yielding
-FROM st c JOIN l1w p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
+FROM st c JOIN l1w p ON c.pk = p.k
 WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
-  AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}""",
-        # the spans a request reads (for first token and replica)
-        "rd": """
-SELECT TraceId, req, SpanId, stage, Replica, raw_s, raw_e FROM l1
-UNION ALL SELECT TraceId, req, SpanId, stage, Replica, raw_s, raw_e FROM l2""",
-        "info": f"""
-SELECT TraceId, req,
+  AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}"""),
+        # the spans a request reads give its first token and replica
+        "info": (False, f"""
+SELECT rk,
        {d.agg_if('min', 'raw_e', "stage = 'prefill'")} AS prefill_end_ns,
        {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
        {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
                  f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
-FROM rd GROUP BY TraceId, req""",
+FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w
+      UNION ALL SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l2) GROUP BY rk"""),
     }
     if stages:
         ctes |= {
-            "l2w": f"SELECT *, {_sweep(d, 'TraceId, req, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0",
+            "l2w": (True, f"SELECT *, {_sweep(d, 'rk, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0"),
             # a yielding span owns its stretch minus its working siblings' stretches
-            "l1y": _yield_sql("l1w", "TraceId, req", extra="AND y.x1 > y.s0"),
-            "l2y": _yield_sql("l2w", "TraceId, req, parent, ps"),
-            "l2claim": """
-SELECT TraceId, req, parent, ps, sum(x1 - s0) AS ns FROM l2w WHERE NOT yielding GROUP BY ALL
-UNION ALL SELECT TraceId, req, parent, ps, excl_ns FROM l2y""",
-            "excl": """
-SELECT p.TraceId, p.req, p.stage, (p.x1 - p.s0) - coalesce(c.ns, 0) AS excl_ns
-FROM l1w p LEFT JOIN (SELECT TraceId, req, parent, ps, sum(ns) AS ns FROM l2claim GROUP BY ALL) c
-  ON c.TraceId = p.TraceId AND c.req = p.req AND c.parent = p.SpanId AND c.ps = p.s0
+            "l1y": (False, _yield_sql("l1w", "rk")),
+            "l2y": (False, _yield_sql("l2w", "rk, parent, ps")),
+            "excl": (False, """
+SELECT p.rk, p.stage, (p.x1 - p.s0) - coalesce(c.ns, 0) AS excl_ns
+FROM l1w p LEFT JOIN (SELECT rk, parent, ps, sum(ns) AS ns FROM (
+        SELECT rk, parent, ps, x1 - s0 AS ns FROM l2w WHERE NOT yielding
+        UNION ALL SELECT rk, parent, ps, excl_ns FROM l2y) GROUP BY rk, parent, ps) c
+  ON c.rk = p.rk AND c.parent = p.k AND c.ps = p.s0
 WHERE NOT p.yielding AND p.x1 > p.s0
-UNION ALL SELECT TraceId, req, stage, x1 - s0 FROM l2w WHERE NOT yielding
-UNION ALL SELECT TraceId, req, stage, excl_ns FROM l1y
-UNION ALL SELECT TraceId, req, stage, excl_ns FROM l2y""",
-            "stage_ns": "SELECT TraceId, req,\n    " + ",\n    ".join(
+UNION ALL SELECT rk, stage, x1 - s0 FROM l2w WHERE NOT yielding
+UNION ALL SELECT rk, stage, excl_ns FROM l1y
+UNION ALL SELECT rk, stage, excl_ns FROM l2y"""),
+            "stage_ns": (False, "SELECT rk,\n    " + ",\n    ".join(
                 f"coalesce({d.agg_if('sum', 'excl_ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
-            + ",\n    sum(excl_ns) AS covered_ns\nFROM excl GROUP BY TraceId, req",
+                + ",\n    sum(excl_ns) AS covered_ns\nFROM excl GROUP BY rk"),
         }
-    return "WITH " + ",\n".join(f"{name} AS MATERIALIZED ({sql})" for name, sql in ctes.items())
+    return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat else ''}({sql})"
+                                 for name, (mat, sql) in ctes.items())
 
 
-def _yield_sql(table: str, part: str, extra: str = "") -> str:
+def _yield_sql(table: str, part: str) -> str:
     """Exclusive ns of the yielding spans of `table`: their stretch minus overlaps with working siblings."""
     keys = [c.strip() for c in part.split(",")] + ["SpanId", "s0"]
     on = " AND ".join(f"w.{c} = y.{c}" for c in keys[:-2])
@@ -175,8 +178,8 @@ SELECT {', '.join(f'y.{c}' for c in keys)}, y.stage, (y.x1 - y.s0) - coalesce(o.
 FROM {table} y LEFT JOIN (
     SELECT {', '.join(f'y.{c}' for c in keys)}, sum(greatest(0, least(y.x1, w.x1) - greatest(y.s0, w.s0))) AS ns
     FROM {table} y JOIN {table} w ON {on} AND NOT w.yielding
-    WHERE y.yielding GROUP BY {', '.join(f'y.{c}' for c in keys)}) o ON {back}
-WHERE y.yielding {extra}"""
+    WHERE y.yielding AND y.x1 > y.s0 GROUP BY {', '.join(f'y.{c}' for c in keys)}) o ON {back}
+WHERE y.yielding AND y.x1 > y.s0"""
 
 
 def _ttft(d: Dialect) -> str:
@@ -214,14 +217,14 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
     for s in S.CRITICAL_PATH_COLUMNS:
         if s != "other":
             exprs[f"{s}_ns"] = d.int64(f"coalesce(k.{s}_ns, 0)")
-    joins = ["LEFT JOIN info i ON i.TraceId = r.TraceId AND i.req = r.SpanId"]
+    joins = ["LEFT JOIN info i ON i.rk = r.rk"]
     if stages:
-        joins.append("LEFT JOIN stage_ns k ON k.TraceId = r.TraceId AND k.req = r.SpanId")
+        joins.append("LEFT JOIN stage_ns k ON k.rk = r.rk")
     if "client_e2e_ns" in columns:
-        joins.append(f"""LEFT JOIN (SELECT TraceId, SpanId, min(TimestampNs) AS cs,
+        joins.append(f"""LEFT JOIN (SELECT {d.hash2('TraceId', 'SpanId')} AS k, min(TimestampNs) AS cs,
                           {d.arg_min('Duration', d.row(['TimestampNs', 'Duration']))} AS Duration
-                   FROM {source} WHERE SpanKind = 'Client' GROUP BY TraceId, SpanId) cl
-    ON cl.TraceId = r.TraceId AND cl.SpanId = r.ParentSpanId AND cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}""")
+                   FROM {source} WHERE SpanKind = 'Client' GROUP BY k) cl
+    ON cl.k = r.rpk AND cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}""")
     cols = ",\n    ".join(f"{exprs[c]} AS {c}" for c in columns)
     return f"SELECT\n    {cols}\nFROM req r\n" + "\n".join(joins)
 
@@ -260,10 +263,13 @@ def stretches_sql(source: str = "spans", d: Dialect = DUCKDB) -> str:
     yielding, s0, x1. `exclusive_stretches` turns these into each span's own intervals.
     """
     return chain_sql(source, d) + """
-SELECT 1 AS level, TraceId AS trace_id, req AS request_span_id, req AS parent_span_id, NULL AS parent_s0,
-       SpanId AS span_id, stage, yielding, s0, x1 FROM l1w WHERE x1 > s0
+SELECT 1 AS level, r.TraceId AS trace_id, r.SpanId AS request_span_id, r.SpanId AS parent_span_id,
+       NULL AS parent_s0, w.SpanId AS span_id, stage, yielding, s0, x1
+FROM l1w w JOIN req r ON r.rk = w.rk WHERE x1 > s0
 UNION ALL
-SELECT 2, TraceId, req, parent, ps, SpanId, stage, yielding, s0, x1 FROM l2w WHERE x1 > s0"""
+SELECT 2, r.TraceId, r.SpanId, p.SpanId, w.ps, w.SpanId, w.stage, w.yielding, w.s0, w.x1
+FROM l2w w JOIN req r ON r.rk = w.rk JOIN l1w p ON p.k = w.parent AND p.s0 = w.ps AND p.rk = w.rk
+WHERE w.x1 > w.s0"""
 
 
 Interval = tuple[int, int]

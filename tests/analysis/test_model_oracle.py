@@ -52,7 +52,8 @@ def _random_trace(rng: random.Random, n: int) -> list[Span]:
     if rng.random() < 0.05:  # the same request span stored twice (maybe with other times)
         same = rng.random() < 0.5
         out.append(Span(trace, req.id, client, None, True, rs if same else rs + rng.randint(-3, 3),
-                        re if same else re + rng.randint(-3, 3), replica=req.replica, output_tokens=req.output_tokens))
+                        re if same else re + rng.randint(-3, 3), replica=req.replica, ttft=req.ttft,
+                        output_tokens=req.output_tokens))
     shape = rng.random()
     if shape < 0.08:
         return out  # no stages
