@@ -103,7 +103,13 @@ def hour_where(hours: list[int]) -> str:
     """SQL condition on span columns: the span starts in one of `hours`."""
     if not hours:
         return "FALSE"
-    return f"(TimestampNs // {HOUR_NS}) * {HOUR_NS} IN ({', '.join(str(h) for h in hours)})"
+    runs: list[list[int]] = []
+    for h in sorted(set(hours)):
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + HOUR_NS
+        else:
+            runs.append([h, h + HOUR_NS])
+    return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
 
 
 def _fsync(path: Path) -> None:
@@ -128,7 +134,12 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
     files = [str(f) for f in snap.inputs([hour_ns])]
     source = f"({spans_sql(files_source(files))})"
-    sql = M.requests_sql(source, request_where=hour_where([hour_ns]))
+    where = hour_where([hour_ns])
+    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
+    _, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
+                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+    bound = f"TimestampNs >= {hour_ns - HOUR_NS} AND TimestampNs < {hi}" if hi is not None else "FALSE"
+    sql = M.requests_sql(source, request_where=where, span_where=bound)
     try:
         con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
                     f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")

@@ -36,6 +36,8 @@ FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "s
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Stages whose span's replica is the request's replica (the replica that generated).
 WORKER_STAGES: tuple[str, ...] = ("generation", "prefill", "decode")
+#: Stages whose spans give a request's first token or replica.
+INFO_STAGES: tuple[str, ...] = (*WORKER_STAGES, "streaming")
 
 
 def quote(text: str) -> str:
@@ -93,11 +95,14 @@ def _sweep(d: Dialect, part: str) -> str:
     return f"greatest(s0, least(e0, coalesce({d.min_or_null('s0')} {frame}, e0)))"
 
 
-def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True) -> str:
+def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True,
+              span_where: str = "TRUE") -> str:
     """The WITH clause computing per-request relations from the spans in `source` (a FROM item).
 
     `request_where` narrows the request spans (a condition on span columns, e.g. an hour
-    range). Defines `req` (deduplicated request spans), `info` (first token, replica) and,
+    range); `span_where` may narrow the stage spans read to those that can overlap them (a
+    literal time bound lets the engine skip files). Defines `req` (deduplicated request spans),
+    `info` (first token, replica) and,
     when `stages`, `l1w` / `l2w` (stretches) and `stage_ns` (critical-path ns per stage).
     Spans are matched to their parent by a 64-bit hash of (trace id, span id): joins and
     window partitions on one integer instead of two strings.
@@ -106,18 +111,26 @@ def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", 
     h = str(HOUR_NS)
     ctes: dict[str, tuple[bool, str]] = {
         # request spans; one stored twice (same trace and span id) counts once
-        "req": (True, f"""
+        "req0": (True, f"""
 SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
        InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
        {d.hash2('TraceId', 'SpanId')} AS rk, {d.hash2('TraceId', 'ParentSpanId')} AS rpk,
        TimestampNs AS rs, TimestampNs + Duration AS re, {d.int_div('TimestampNs', h)} * {h} AS hr
-FROM {source} WHERE IsRequest AND ({request_where})
-QUALIFY row_number() OVER (PARTITION BY rk
-                           ORDER BY TimestampNs, Duration DESC, Outcome NULLS FIRST, ServiceName, Replica) = 1"""),
+FROM {source} WHERE IsRequest AND ({request_where})"""),
+        # a request span stored twice (same trace and span id) counts once: the earliest, then longest
+        "dup": (True, "SELECT rk FROM req0 GROUP BY rk HAVING count(*) > 1"),
+        "req": (True, """
+SELECT * FROM req0 WHERE rk NOT IN (SELECT rk FROM dup)
+UNION ALL
+SELECT * FROM (SELECT * FROM req0 WHERE rk IN (SELECT rk FROM dup)
+               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY rs, re DESC, Outcome NULLS FIRST,
+                                                              ServiceName, Replica) = 1)"""),
         "st": (True, f"""
 SELECT {d.hash2('TraceId', 'SpanId')} AS k, {d.hash2('TraceId', 'ParentSpanId')} AS pk, SpanId, Stage, Replica,
        TimestampNs AS s, TimestampNs + Duration AS e
-FROM {source} WHERE Stage IS NOT NULL"""),
+FROM {source}
+WHERE Stage IS NOT NULL AND ({span_where})
+  AND TimestampNs < (SELECT max(re) FROM req) AND TimestampNs + Duration > (SELECT min(rs) FROM req)"""),
         # level 1: stage children of the request span that overlap it, clipped to it
         "l1w": (True, f"""
 SELECT *, {_sweep(d, 'rk, yielding')} AS x1 FROM (
@@ -141,8 +154,9 @@ SELECT rk,
        {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
        {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
                  f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
-FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w
-      UNION ALL SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l2) GROUP BY rk"""),
+FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w WHERE stage IN {_in_list(INFO_STAGES)}
+      UNION ALL SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l2 WHERE stage IN {_in_list(INFO_STAGES)})
+GROUP BY rk"""),
     }
     if stages:
         ctes |= {
@@ -161,8 +175,9 @@ UNION ALL SELECT rk, stage, x1 - s0 FROM l2w WHERE NOT yielding
 UNION ALL SELECT rk, stage, excl_ns FROM l1y
 UNION ALL SELECT rk, stage, excl_ns FROM l2y"""),
             "stage_ns": (False, "SELECT rk,\n    " + ",\n    ".join(
-                f"coalesce({d.agg_if('sum', 'excl_ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
-                + ",\n    sum(excl_ns) AS covered_ns\nFROM excl GROUP BY rk"),
+                f"coalesce({d.agg_if('sum', 'ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
+                + ",\n    sum(ns) AS covered_ns\n"
+                "FROM (SELECT rk, stage, sum(excl_ns) AS ns FROM excl GROUP BY rk, stage)\nGROUP BY rk"),
         }
     return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat else ''}({sql})"
                                  for name, (mat, sql) in ctes.items())
@@ -229,9 +244,10 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
     return f"SELECT\n    {cols}\nFROM req r\n" + "\n".join(joins)
 
 
-def requests_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE") -> str:
+def requests_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE",
+                 span_where: str = "TRUE") -> str:
     """One row per request (all REQUEST_COLUMNS) from the spans in `source`."""
-    return chain_sql(source, d, request_where=request_where) + "\n" + _select(
+    return chain_sql(source, d, request_where=request_where, span_where=span_where) + "\n" + _select(
         d, source, stages=True, columns=REQUEST_COLUMNS)
 
 
