@@ -120,14 +120,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None) -> Path:
+def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
+               threads: int | None = None, memory_limit: str = "4GB") -> Path:
     """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename)."""
     own = con is None
     if con is None:
         con = duckdb.connect(":memory:")
-        con.execute("SET threads = 1")
-        con.execute("SET memory_limit = '2GB'")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        con.execute("SET memory_limit = ?", [memory_limit])
         con.execute("SET preserve_insertion_order = false")
+        con.execute("SET enable_progress_bar = false")
     directory = partition_dir(snap.store, hour_ns)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"requests-{snap.key(hour_ns)}.parquet"
@@ -169,12 +172,13 @@ def _sweep(directory: Path, keep: Path) -> None:
             pass
 
 
-def materialize(store: Path | str, *, settled_before_ns: int | None = None,
-                progress: Callable[[int, Path], None] | None = None) -> list[Path]:
+def materialize(store: Path | str, *, settled_before_ns: int | None = None, threads: int | None = None,
+                memory_limit: str = "4GB", progress: Callable[[int, Path], None] | None = None) -> list[Path]:
     """Build the request file of every stale hour; return the files written.
 
     With `settled_before_ns`, only hours whose next hour ended by then (the segments an hour
-    reads no longer change), as `tailscope collect` does while spans arrive.
+    reads no longer change), as `tailscope collect` does while spans arrive (with one thread,
+    so the receiver keeps the other cores).
     """
     store = require_store(Path(store))
     snap = snapshot(store)
@@ -182,7 +186,7 @@ def materialize(store: Path | str, *, settled_before_ns: int | None = None,
     for hour in snap.stale:
         if settled_before_ns is not None and hour + 2 * HOUR_NS > settled_before_ns:
             continue
-        path = build_hour(snap, hour)
+        path = build_hour(snap, hour, threads=threads, memory_limit=memory_limit)
         written.append(path)
         if progress is not None:
             progress(hour, path)

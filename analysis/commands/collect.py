@@ -104,7 +104,7 @@ def _materialize_settled(store: Path, stop: threading.Event) -> None:
     """
     while not stop.wait(MATERIALIZE_EVERY_S):
         try:
-            materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS)
+            materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")
         except Exception as exc:  # telemetry intake must not die of a derived file
             sys.stderr.write(f"materialize: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}\n")
 
