@@ -133,17 +133,18 @@ WHERE Stage IS NOT NULL AND ({span_where})
   AND TimestampNs < (SELECT max(re) FROM req) AND TimestampNs + Duration > (SELECT min(rs) FROM req)"""),
         # level 1: stage children of the request span that overlap it, clipped to it
         "l1w": (True, f"""
-SELECT *, {_sweep(d, 'rk, yielding')} AS x1 FROM (
+SELECT *{f", {_sweep(d, 'rk, yielding')} AS x1" if stages else ""} FROM (
   SELECT r.rk, r.rs, r.re, r.hr, st.k, st.SpanId, st.Stage AS stage, st.Replica,
          st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
          st.Stage IN {y} AS yielding
   FROM st JOIN req r ON st.pk = r.rk
   WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h})"""),
         # level 2: stage children of a level-1 working span that overlap the request,
-        # clipped to that span's stretch
+        # clipped to that span's stretch (the facts, without stages, need no stretch)
         "l2": (True, f"""
 SELECT p.rk, p.k AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
-       c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, p.x1) AS e0, c.Stage IN {y} AS yielding
+       c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, {'p.x1' if stages else 'p.e0'}) AS e0,
+       c.Stage IN {y} AS yielding
 FROM st c JOIN l1w p ON c.pk = p.k
 WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
   AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}"""),

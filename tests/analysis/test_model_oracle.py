@@ -181,3 +181,20 @@ def test_exclusive_stretches_add_up_to_the_stage_columns(random_traces: Any) -> 
     for req, cols in got.items():
         for col, ns in cols.items():
             assert want[req][col] == ns, (req, col)
+
+
+def test_request_facts_match_the_per_instant_reference(random_traces: Any) -> None:
+    from analysis.percentiles import request_facts
+
+    store, want = random_traces
+    con = connect(store)
+    table = request_facts(con, with_ttft=True)
+    cols = ("e2e_ns", "ttft_ns", "tpot_ns", "replica")
+    got = {}
+    for trace, start, *vals in con.execute(f"SELECT trace_id, start_ns, {', '.join(cols)} FROM {table}").fetchall():
+        got.setdefault(trace, []).append((start, *vals))
+    ref: dict[str, list[tuple[Any, ...]]] = {}
+    starts = dict(con.execute("SELECT span_id, start_ns FROM requests").fetchall())
+    for (trace, span), row in want.items():
+        ref.setdefault(trace, []).append((starts[span], *(row[c] for c in cols)))
+    assert {k: sorted(v, key=str) for k, v in got.items()} == {k: sorted(v, key=str) for k, v in ref.items()}
