@@ -31,6 +31,29 @@ def _empty_spans() -> pa.Table:
     return S.SPAN_SCHEMA.empty_table()
 
 
+def _duck_type(typ: pa.DataType) -> str:
+    """The DuckDB type DuckDB reads a Parquet column of this Arrow type as."""
+    if pa.types.is_map(typ):
+        return f"MAP({_duck_type(typ.key_type)}, {_duck_type(typ.item_type)})"
+    if pa.types.is_list(typ):
+        return f"{_duck_type(typ.value_type)}[]"
+    if pa.types.is_struct(typ):
+        return "STRUCT(" + ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in typ) + ")"
+    if pa.types.is_timestamp(typ):
+        return "TIMESTAMP WITH TIME ZONE" if typ.tz else "TIMESTAMP"
+    if pa.types.is_boolean(typ):
+        return "BOOLEAN"
+    if pa.types.is_integer(typ):
+        return "BIGINT"
+    return "VARCHAR"
+
+
+def _empty_spans_ddl() -> str:
+    """CREATE TABLE _empty_spans in SPAN_SCHEMA, from the schema alone (no Arrow scan: faster to start)."""
+    cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in S.SPAN_SCHEMA)
+    return f"CREATE TABLE _empty_spans ({cols})"
+
+
 def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = None,
             memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the store's views registered.
@@ -44,9 +67,7 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:
         con.execute("SET memory_limit = ?", [memory_limit])
-    con.register("_empty_spans_arrow", _empty_spans())
-    con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
-    con.unregister("_empty_spans_arrow")
+    con.execute(_empty_spans_ddl())
     refresh(con, store)
     con.execute(f"CREATE VIEW stages AS {M.stages_sql('requests')}")
     if sandbox:

@@ -178,3 +178,17 @@ def _otlp_json(path: Path) -> None:
     body = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "x"}}]},
                                "scopeSpans": [{"scope": {"name": "t"}, "spans": [span]}]}]}
     path.write_text(json.dumps(body) + "\n")
+
+
+def test_the_empty_spans_table_has_the_types_of_a_stored_segment(tmp_path: Path) -> None:
+    import duckdb
+
+    from analysis.connect import _empty_spans_ddl
+
+    _two_hours(tmp_path)
+    con = duckdb.connect(":memory:")
+    con.execute(_empty_spans_ddl())
+    segment = next(tmp_path.glob("spans/*/*/*.parquet"))
+    stored = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{segment}', hive_partitioning = false)").fetchall()
+    empty = con.execute("DESCRIBE SELECT * FROM _empty_spans").fetchall()
+    assert [(r[0], r[1]) for r in empty] == [(r[0], r[1]) for r in stored]
