@@ -338,3 +338,18 @@ def exclusive_stretches(rows: list[dict[str, object]]) -> dict[tuple[str, str, i
                         for iv in own[(str(c["request_span_id"]), str(c["span_id"]), int(c["s0"]))]]  # type: ignore[call-overload]
                 own[span] = subtract([(s0, x1)], kids)
     return own
+
+
+def span_stretches(con: object, source: str = "spans") -> dict[str, list[Interval]]:
+    """Per stage span id: the intervals (ns) it owns on its request's critical path, over `source`.
+
+    `con` is a DuckDB connection; meant for one trace (the waterfall): the lengths add up to
+    the stage columns of `requests`.
+    """
+    cur = con.execute(stretches_sql(source))  # type: ignore[attr-defined]
+    names = [c[0] for c in cur.description or []]
+    rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    out: dict[str, list[Interval]] = {}
+    for (_, sid, _), ivs in exclusive_stretches(rows).items():
+        out.setdefault(sid, []).extend(ivs)
+    return out

@@ -30,7 +30,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from analysis.model import exclusive_stretches, stretches_sql
+from analysis.model import span_stretches
 from analysis.views import VIEW_SQL, spans_sql
 from tracing import schema as S
 from tracing.errors import StoreError
@@ -671,8 +671,7 @@ def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_n
                    IsRequest AS is_request, TimestampNs AS start_ns, EndNs AS end_ns, Duration AS duration_ns,
                    Replica AS replica, StatusCode AS status_code
             FROM t ORDER BY TimestampNs, EndNs DESC""").df()
-        crit = con.execute(stretches_sql("spans")).fetchall()
-        names = [c[0] for c in con.description or []]
+        stretch = span_stretches(con, "spans")
     finally:
         con.close()
     if spans.empty:
@@ -682,9 +681,6 @@ def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_n
     spans["start_ms"] = (spans["start_ns"] - t0) / 1e6
     spans["end_ms"] = (spans["end_ns"] - t0) / 1e6
     spans["duration_ms"] = spans["duration_ns"] / 1e6
-    stretch: dict[str, list[tuple[int, int]]] = {}
-    for (_, sid, _), ivs in exclusive_stretches([dict(zip(names, row, strict=True)) for row in crit]).items():
-        stretch.setdefault(sid, []).extend(ivs)
     spans["critical_ms"] = [sum(b - a for a, b in stretch.get(s, [])) / 1e6 for s in spans["span_id"]]
     spans["critical_stretches"] = [[((a - t0) / 1e6, (b - t0) / 1e6) for a, b in stretch.get(s, [])]
                                    for s in spans["span_id"]]
