@@ -41,6 +41,8 @@ ROW_GROUP_ROWS = 16_384
 SETTLE_NS = 5 * 60 * 1_000_000_000
 
 HOUR_NS = M.HOUR_NS
+#: Changes whenever the request model's SQL changes (rules or columns).
+MODEL_FINGERPRINT = hashlib.sha256(M.requests_sql("spans").encode()).hexdigest()
 
 
 def _hour_of_dir(directory: Path) -> int:
@@ -66,8 +68,9 @@ class Snapshot:
     stale: list[int] = field(default_factory=list)
 
     def key(self, hour_ns: int) -> str:
-        """Hash of the segment names an hour's requests are built from (its hour and both neighbours)."""
-        h = hashlib.sha256()
+        """Hash of the model's SQL and of the segment names an hour's requests are built from (its hour
+        and both neighbours): a file built by another version of the model is stale too."""
+        h = hashlib.sha256(MODEL_FINGERPRINT.encode())
         for k in (hour_ns - HOUR_NS, hour_ns, hour_ns + HOUR_NS):
             for f in self.by_hour.get(k, []):
                 h.update(f"{k}/{f.name}\n".encode())

@@ -192,3 +192,12 @@ def test_the_empty_spans_table_has_the_types_of_a_stored_segment(tmp_path: Path)
     stored = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{segment}', hive_partitioning = false)").fetchall()
     empty = con.execute("DESCRIBE SELECT * FROM _empty_spans").fetchall()
     assert [(r[0], r[1]) for r in empty] == [(r[0], r[1]) for r in stored]
+
+
+def test_files_of_another_model_version_are_stale(tmp_path: Path, monkeypatch: Any) -> None:
+    _two_hours(tmp_path)
+    materialize(tmp_path)
+    assert snapshot(tmp_path).stale == []
+    monkeypatch.setattr(MZ, "MODEL_FINGERPRINT", "another version of the rules")
+    assert snapshot(tmp_path).stale == [T0, T0 + HOUR_NS]
+    assert connect(tmp_path).execute("SELECT count(*) FROM _requests_stored").fetchone() == (0,)
