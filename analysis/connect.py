@@ -1,10 +1,15 @@
 """Open a store for querying: a DuckDB connection with the `spans`, `requests`, `stages` views.
 
-A connection reads a snapshot: the segments committed when it opened (or at the last
-`refresh(con, store)`). Writers in other processes keep adding segments meanwhile and are
-never blocked (no DuckDB file, no lock); every scan inside one query sees the same files,
-so a request never shows up with half its stages. With
-`sandbox=True` the connection can only read the store (see analysis/sandbox.py).
+A connection reads a snapshot: the segments (and materialized request hours) present when
+it opened, or at the last `refresh(con, store)`. Writers in other processes keep adding
+segments meanwhile and are never blocked (no DuckDB file, no lock); every scan inside one
+query sees the same files, so a request never shows up with half its stages.
+
+`requests` is the union of the fresh materialized hours (analysis.materialize) and, for
+every other hour, the request model computed on the fly from the spans (analysis.model):
+the same rows either way. `requests_between(lo_ns, hi_ns)` is the same over requests
+starting in [lo_ns, hi_ns), reading only the files of those hours. With `sandbox=True` the
+connection can only read the store (see analysis/sandbox.py).
 """
 
 from __future__ import annotations
@@ -15,14 +20,39 @@ from typing import Literal, overload
 import duckdb
 import pyarrow as pa
 
+from analysis import model as M
+from analysis.materialize import HOUR_NS, hour_where, snapshot
 from analysis.sandbox import SandboxConnection
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.views import files_source, spans_sql
 from tracing import schema as S
-from tracing.store import require_store, segment_files
+from tracing.store import require_store
 
 
 def _empty_spans() -> pa.Table:
     return S.SPAN_SCHEMA.empty_table()
+
+
+def _duck_type(typ: pa.DataType) -> str:
+    """The DuckDB type DuckDB reads a Parquet column of this Arrow type as."""
+    if pa.types.is_map(typ):
+        return f"MAP({_duck_type(typ.key_type)}, {_duck_type(typ.item_type)})"
+    if pa.types.is_list(typ):
+        return f"{_duck_type(typ.value_type)}[]"
+    if pa.types.is_struct(typ):
+        return "STRUCT(" + ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in typ) + ")"
+    if pa.types.is_timestamp(typ):
+        return "TIMESTAMP WITH TIME ZONE" if typ.tz else "TIMESTAMP"
+    if pa.types.is_boolean(typ):
+        return "BOOLEAN"
+    if pa.types.is_integer(typ):
+        return "BIGINT"
+    return "VARCHAR"
+
+
+def _empty_spans_ddl() -> str:
+    """CREATE TABLE _empty_spans in SPAN_SCHEMA, from the schema alone (no Arrow scan: faster to start)."""
+    cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in S.SPAN_SCHEMA)
+    return f"CREATE TABLE _empty_spans ({cols})"
 
 
 @overload
@@ -52,18 +82,41 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:
         con.execute("SET memory_limit = ?", [memory_limit])
-    con.register("_empty_spans_arrow", _empty_spans())
-    con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
-    con.unregister("_empty_spans_arrow")
+    con.execute(_empty_spans_ddl())
     refresh(con, store)
-    for name, sql in VIEW_SQL.items():
-        con.execute(f"CREATE VIEW {name} AS {sql}")
+    con.execute(f"CREATE VIEW stages AS {M.stages_sql('requests')}")
     return con
 
 
+def _stored_source(files: list[str]) -> str:
+    listed = ", ".join(M.quote(f) for f in files)
+    return f"read_parquet([{listed}], hive_partitioning = false)"
+
+
 def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
-    """Point the `spans` view (and all views on it) at the segments committed now; return their count."""
-    files = [str(f) for f in segment_files(Path(store).resolve())]
-    source = files_source(files) if files else "_empty_spans"
-    con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(source)}")
+    """Point the views at the segments and materialized hours present now; return the segment count."""
+    snap = snapshot(Path(store).resolve())
+    files = [str(f) for f in snap.segments]
+    live = [str(f) for f in snap.inputs(snap.stale)]
+    cols = ", ".join(M.REQUEST_COLUMNS)
+    con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(files_source(files) if files else '_empty_spans')}")
+    con.execute(f"CREATE OR REPLACE VIEW _spans_live AS {spans_sql(files_source(live) if live else '_empty_spans')}")
+    where = hour_where(snap.stale)
+    con.execute(f"CREATE OR REPLACE VIEW _requests_live AS {M.requests_sql('_spans_live', request_where=where)}")
+    con.execute(f"CREATE OR REPLACE VIEW _request_facts_live AS {M.facts_sql('_spans_live', request_where=where)}")
+    stored = [str(f) for f in snap.fresh.values()]
+    if stored:
+        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {_stored_source(stored)}")
+        con.execute(f"CREATE OR REPLACE VIEW requests AS SELECT {cols} FROM _requests_stored "
+                    f"UNION ALL SELECT {cols} FROM _requests_live")
+    else:
+        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM _requests_live WHERE false")
+        con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM _requests_live")
+    # the same over [lo, hi): the live part reads only the spans a request of that range may read
+    narrow = (f"(SELECT * FROM _spans_live WHERE TimestampNs >= (lo // {HOUR_NS}) * {HOUR_NS} - {HOUR_NS} "
+              f"AND TimestampNs < (hi // {HOUR_NS}) * {HOUR_NS} + 2 * {HOUR_NS})")
+    live_between = M.requests_sql(narrow, request_where=f"{where} AND TimestampNs >= lo AND TimestampNs < hi")
+    con.execute(f"CREATE OR REPLACE MACRO requests_between(lo, hi) AS TABLE "
+                f"SELECT {cols} FROM _requests_stored WHERE start_ns >= lo AND start_ns < hi "
+                f"UNION ALL SELECT {cols} FROM ({live_between})")
     return len(files)

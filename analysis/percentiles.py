@@ -20,6 +20,7 @@ from typing import Final
 import duckdb
 import polars as pl
 
+from analysis import model as M
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -126,44 +127,25 @@ def auto_window_s(requests: int, span_s: float) -> int:
     return choice
 
 
-_FACT_COLUMNS = ("trace_id", "start_ns", "e2e_ns", "status", "replica", "service", "model", "model_version",
-                 "tenant", "input_tokens", "output_tokens")
+_FACT_COLUMNS = ("trace_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
+                 "model_version", "tenant", "input_tokens", "output_tokens")
 _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
 
-def _facts_sql(with_ttft: bool) -> str:
-    """Request-level columns from one scan of the request spans and one aggregation of their stage spans."""
-    stages = "'generation', 'prefill', 'decode'" + (", 'streaming'" if with_ttft else "")
-    ttft_aggs = """,
-         min(EndNs) FILTER (WHERE Stage = 'prefill') AS prefill_end_ns,
-         min(TimestampNs) FILTER (WHERE Stage = 'streaming') AS stream_start_ns""" if with_ttft else ""
-    ttft_col = """,
-         coalesce(r.TtftNs, st.prefill_end_ns - r.TimestampNs, st.stream_start_ns - r.TimestampNs) AS ttft_ns""" \
-        if with_ttft else ""
-    tpot = """, CASE WHEN ttft_ns IS NOT NULL AND output_tokens > 1
-               THEN round((e2e_ns - ttft_ns) / (output_tokens - 1))::BIGINT END AS tpot_ns""" if with_ttft else ""
-    gen = "Stage IN ('generation', 'prefill', 'decode')"
-    replica = f"any_value(Replica) FILTER (WHERE {gen})" if with_ttft else "any_value(Replica)"
-    return f"""
-WITH st AS (
-  SELECT TraceId, {replica} AS gen_replica{ttft_aggs}
-  FROM spans WHERE Stage IN ({stages}) GROUP BY TraceId
-), r AS (
-  SELECT r.TraceId AS trace_id, r.TimestampNs AS start_ns, r.Duration AS e2e_ns,
-         coalesce(r.Outcome, 'ok') AS status,
-         coalesce(st.gen_replica, r.Replica) AS replica,
-         r.ServiceName AS service, r.Model AS model, r.ModelVersion AS model_version, r.Tenant AS tenant,
-         r.InputTokens AS input_tokens, r.OutputTokens AS output_tokens{ttft_col}
-  FROM spans r LEFT JOIN st ON st.TraceId = r.TraceId
-  WHERE r.IsRequest
-)
-SELECT *{tpot} FROM r
-"""
+def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
+    """The request-level columns of the request model (analysis.model), no critical-path sweep.
 
-
-_REQUEST_SPANS_SQL = """(SELECT TimestampNs AS start_ns, Duration AS e2e_ns, coalesce(Outcome, 'ok') AS status,
-    ServiceName AS service, Model AS model, ModelVersion AS model_version, Tenant AS tenant
-    FROM spans WHERE IsRequest)"""
+    On a connection from analysis.connect: the materialized hours plus the model on the fly for
+    the rest; on any other connection: the model over its `spans`.
+    """
+    cols = _FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ())
+    listed = ", ".join(cols)
+    have = {name for (name,) in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE view_name IN ('_requests_stored', '_request_facts_live')"
+    ).fetchall()}
+    if have == {"_requests_stored", "_request_facts_live"}:
+        return f"SELECT {listed} FROM _requests_stored UNION ALL SELECT {listed} FROM _request_facts_live"
+    return M.facts_sql("spans", columns=cols)
 
 
 def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
@@ -172,20 +154,12 @@ def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
     return f"{REQUESTS_TABLE}_{snapshot}_{'t' if with_ttft else 'e'}"  # per snapshot: refresh() gives new ones
 
 
-def _facts_ready(con: duckdb.DuckDBPyConnection) -> bool:
-    return _exists(con, _facts_table(con, True)) or _exists(con, _facts_table(con, False))
-
-
 def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> str:
-    """Materialize, once per connection, the request-level columns of `requests` (no stage columns).
+    """Materialize, once per connection snapshot, the request-level columns of `requests` (no stage columns).
 
-    Read from one scan of the request spans and one aggregation of their generation spans
-    instead of through the critical-path joins: identical to `requests` when a trace holds
-    one request whose stage spans are its children, except that the replica is that of the
-    generation / prefill / decode spans, else the request span's (the view also falls back on
-    other stages' replica). Traces with several request spans are copied from the view
-    itself. `ttft_ns` / `tpot_ns` are there only `with_ttft` (they cost another aggregate).
-    Returns the table name.
+    The same rows and values as `requests` (one definition: analysis.model), read from the
+    materialized hours where fresh and otherwise computed without the critical-path sweep.
+    `ttft_ns` / `tpot_ns` are there only `with_ttft`. Returns the table name.
     """
     full = _facts_table(con, True)
     if _exists(con, full):
@@ -198,14 +172,7 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
                               [REQUESTS_TABLE]).fetchall():
         if old not in keep:
             con.execute(f"DROP TABLE {quote_ident(old)}").fetchall()
-    con.execute(f"CREATE TEMP TABLE {table} AS {_facts_sql(with_ttft)}").fetchall()
-    shared = con.execute(f"SELECT trace_id FROM {table} GROUP BY trace_id HAVING count(*) > 1").fetchall()
-    if shared:
-        ids = [row[0] for row in shared]
-        cols = ", ".join(_FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ()))
-        con.execute(f"DELETE FROM {table} WHERE list_contains(?, trace_id)", [ids]).fetchall()
-        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM requests "
-                    "WHERE list_contains(?, trace_id)", [ids]).fetchall()
+    con.execute(f"CREATE TEMP TABLE {table} AS {_facts_sql(con, with_ttft)}").fetchall()
     return table
 
 
@@ -268,15 +235,9 @@ def percentile_series(
         if name not in GROUP_COLUMNS:
             raise QueryError("", f"cannot group by {name!r}; use one of {', '.join(GROUP_COLUMNS)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
-    if source is not None:
-        src = source
-    elif metric == "e2e" and "replica" not in by and not _facts_ready(con):
-        src = _REQUEST_SPANS_SQL  # one pass over the request spans: same values as `requests`, no join
-    else:
-        src = request_source(con, metric)
+    src = source if source is not None else request_source(con, metric)
     win = (parse_duration(window_s) if window_s is not None
-           else choose_window_s(con, since_ns, until_ns,
-                                src if src.startswith("(") or source is not None else request_facts(con)))
+           else choose_window_s(con, since_ns, until_ns, source if source is not None else request_facts(con)))
     win_ns = round(win * 1e9)
     groups = "".join(f", {quote_ident(g)}" for g in by)
     qs = [q for _, q in QUANTILES]

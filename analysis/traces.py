@@ -14,8 +14,8 @@ from typing import Final
 import duckdb
 import polars as pl
 
+from analysis.model import span_stretches
 from analysis.percentiles import metric_column, quote_ident
-from analysis.views import VIEW_SQL
 from tracing import schema as S
 
 #: Prefix of the temp objects a waterfall creates (views over one trace's spans).
@@ -97,20 +97,11 @@ def waterfall(con: duckdb.DuckDBPyConnection, trace_id: str, since_ns: int | Non
             return spans.with_columns(pl.lit(None, pl.Float64).alias(c) for c in
                                       ("start_ms", "end_ms", "duration_ms", "critical_ms")).with_columns(
                 pl.lit(None, pl.List(pl.List(pl.Float64))).alias("critical_stretches"))
-        crit, yielding = _critical(con)
+        stretch = span_stretches(con, f"{_PREFIX}t")
     finally:
         con.execute(f"DROP TABLE IF EXISTS {_PREFIX}t").fetchall()
     roots = spans.filter(pl.col("is_request").fill_null(False))
     t0 = int((roots if roots.height else spans).get_column("start_ns").min())  # type: ignore[arg-type]
-    parent = dict(zip(spans.get_column("span_id").to_list(), spans.get_column("parent_span_id").to_list(),
-                      strict=True))
-    stretch: dict[str, list[Interval]] = {}
-    for sid, s0, x1 in crit:  # a stage owns its stretch minus its stage children's stretches
-        kids = sorted((a, b) for k, a, b in crit if parent.get(k) == sid)
-        stretch[sid] = subtract([(s0, x1)], kids)
-    busy = sorted((s0, x1) for sid, s0, x1 in crit if parent.get(sid) not in stretch)
-    for sid, s0, e0 in yielding:  # streaming owns only instants no working stage holds
-        stretch[sid] = subtract([(s0, e0)], busy)
     ids = spans.get_column("span_id").to_list()
     return spans.with_columns(
         ((pl.col("start_ns") - t0) / 1e6).alias("start_ms"),
@@ -120,26 +111,3 @@ def waterfall(con: duckdb.DuckDBPyConnection, trace_id: str, since_ns: int | Non
         pl.Series("critical_stretches", [[[(a - t0) / 1e6, (b - t0) / 1e6] for a, b in stretch.get(s, [])]
                                          for s in ids], pl.List(pl.List(pl.Float64))),
     )
-
-
-def _critical(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
-    """(working stage stretches, yielding stage extents) of the one trace in the temp table, by the views' rule."""
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_PREFIX}spans AS SELECT * FROM {_PREFIX}t").fetchall()
-    names = [n for n in VIEW_SQL if n.startswith("_stage") or n == "_request_spans"]
-    for name in names:
-        sql = VIEW_SQL[name].replace("FROM spans", f"FROM {_PREFIX}spans")
-        for other in sorted(names, key=len, reverse=True):
-            sql = _rename(sql, other)
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {_PREFIX}{name} AS {sql}").fetchall()
-    crit = con.execute(f"SELECT SpanId, s0, x1 FROM {_PREFIX}_stage_l1 WHERE x1 > s0 "
-                       f"UNION ALL SELECT SpanId, s0, x1 FROM {_PREFIX}_stage_l2 WHERE x1 > s0").fetchall()
-    yielding = con.execute(f"SELECT SpanId, s0, e0 FROM {_PREFIX}_stage_l1_all WHERE stage IN "
-                           f"({', '.join(repr(s) for s in S.YIELDING_STAGES)})").fetchall()
-    return [(str(a), int(b), int(c)) for a, b, c in crit], [(str(a), int(b), int(c)) for a, b, c in yielding]
-
-
-def _rename(sql: str, view: str) -> str:
-    """`sql` reading the temp copy of `view` (FROM / JOIN references only)."""
-    import re
-
-    return re.sub(rf"(?<![A-Za-z0-9_]){re.escape(view)}(?![A-Za-z0-9_])", _PREFIX + view, sql)

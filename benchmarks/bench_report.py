@@ -7,8 +7,10 @@ through `tracing.store.SegmentWriter`, so the files are what the store holds.
 
     python -m benchmarks.bench_report [--spans 1000000,10000000] [--dir DIR] [--json]
 
-It prints, per store: the full report time and peak RSS (each in a fresh process), one
-percentile series, and DuckDB's plain p50/p99 per span name over the same Parquet files.
+It prints, per store: the time to materialize the request hours (as `ingest` leaves a store),
+the full report time and peak RSS (each in a fresh process, in Python and through
+`python -m tailscope.cli report`), one percentile series, and DuckDB's plain p50/p99 per span
+name over the same Parquet files (the anchor).
 """
 
 from __future__ import annotations
@@ -240,6 +242,18 @@ def run_one(store: Path) -> dict[str, Any]:
     return out
 
 
+_CLI_RUNNER = """
+import resource, runpy, sys
+sys.argv = ["tailscope.cli", *sys.argv[1:]]
+try:
+    runpy.run_module("tailscope.cli", run_name="__main__")
+except SystemExit as exc:
+    if exc.code:
+        raise
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Build the stores (or reuse them) and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -259,10 +273,22 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             make_store(store, spans)
             print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        # the request hours materialized first, as `tailscope ingest` / `collect` leave a store
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "
+                        "print(len(materialize(sys.argv[1])))", str(store)], check=True, env=os.environ.copy())
+        materialize_s = round(time.perf_counter() - t, 3)
         # a fresh process per store, so peak RSS is the report's own
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_report", "--one", str(store)],
                               check=True, capture_output=True, text=True, env=os.environ.copy())
         results[str(spans)] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[str(spans)]["materialize_s"] = materialize_s
+        # the public CLI (`python -m tailscope.cli report`), a new process: wall time and its peak RSS
+        t = time.perf_counter()
+        cli = subprocess.run([sys.executable, "-c", _CLI_RUNNER, "report", "--store", str(store)], check=True,
+                             capture_output=True, text=True, env=os.environ.copy())
+        results[str(spans)]["cli_report_s"] = round(time.perf_counter() - t, 3)
+        results[str(spans)]["cli_report_peak_rss_mib"] = round(int(cli.stderr.strip().splitlines()[-1]) / 1024, 1)
     keys = list(results)
     if len(keys) >= 2:
         lo, hi = results[keys[0]], results[keys[-1]]

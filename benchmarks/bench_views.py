@@ -1,76 +1,135 @@
-"""Time the SQL views: the `requests` view (critical path of every request) against a plain scan.
+"""Time the SQL views: `requests` (on the fly and materialized) against a plain scan of `spans`.
 
-    python -m benchmarks.bench_views [--spans 1000000,10000000] [--dir DIR]
+    python -m benchmarks.bench_views [--spans 2000000,10000000] [--dir DIR] [--threads 2]
 
-Builds (or reuses, under --dir) the same synthetic stores as bench_report, then in one
-process per store times, side by side: the anchor (DuckDB p50/p99 of Duration per SpanName
-over the same Parquet files), the full `requests` view (every request's critical-path stage
-columns), and the `stages` view. Prints seconds, the ratio to the anchor, and growth with size.
+Builds (or reuses, under --dir) the synthetic stores of bench_report (two hours of spans), then
+in one fresh process per store times, side by side:
+
+- the anchor: `SELECT replica, quantile_cont(Duration, 0.99) FROM spans GROUP BY 1`;
+- requests p99 per replica and a 5-minute slice (literal start_ns bounds) with no hour
+  materialized (everything on the fly);
+- the build of each hour's request file (analysis.materialize), seconds and spans per hour;
+- the same queries once every hour is materialized, `requests_between` for the slice, and
+  `stages`; then the same through the public CLI (`python -m tailscope.cli sql ...`, a new process).
+
+Prints seconds and the ratio to the anchor of the same run; the machine's load average beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from benchmarks.bench_report import make_store
+from benchmarks.bench_report import START_NS, make_store
 
-QUERIES = {
-    "anchor: p50/p99 per span name": "SELECT SpanName, quantile_cont(Duration, [0.5, 0.99]) FROM spans GROUP BY 1",
-    "requests: every column of every request": "SELECT count(*), sum(decode_ns), sum(other_ns), "
-                                               "sum(ttft_ns) FROM requests",
-    "stages: p99 per stage": "SELECT stage, quantile_cont(critical_ns, 0.99) FROM stages GROUP BY 1",
-}
+SLICE_LO = START_NS + 3600 * 1_000_000_000 + 600 * 1_000_000_000  # 15:10:00
+SLICE_HI = SLICE_LO + 300 * 1_000_000_000
+ANCHOR = "SELECT Replica, quantile_cont(Duration, 0.99) FROM spans GROUP BY 1"
+P99 = "SELECT replica, quantile_cont(e2e_ns, 0.99) FROM requests GROUP BY 1"
+SLICE = f"SELECT replica, quantile_cont(e2e_ns, 0.99) FROM requests WHERE start_ns >= {SLICE_LO} " \
+        f"AND start_ns < {SLICE_HI} GROUP BY 1"
+BETWEEN = f"SELECT replica, quantile_cont(e2e_ns, 0.99) FROM requests_between({SLICE_LO}, {SLICE_HI}) GROUP BY 1"
+STAGES = "SELECT stage, quantile_cont(critical_ns, 0.99) FROM stages GROUP BY 1"
 
 
-def run_one(store: Path) -> dict[str, float]:
-    """Seconds for each query on `store`, in this process."""
+def _load() -> float:
+    with open("/proc/loadavg") as fh:
+        return float(fh.read().split()[0])
+
+
+def _time(con: Any, sql: str) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    rows = con.execute(sql).fetchall()
+    return round(time.perf_counter() - t0, 3), sorted(rows, key=str)
+
+
+def run_one(store: Path, threads: int) -> dict[str, Any]:
+    """Figures for one store, in this process (the store's request files are removed first)."""
     from analysis import connect
+    from analysis.materialize import build_hour, snapshot
 
-    con = connect(store)
-    out: dict[str, float] = {}
-    for name, sql in QUERIES.items():
+    shutil.rmtree(store / "requests", ignore_errors=True)
+    out: dict[str, Any] = {"load_1m_start": _load()}
+    con = connect(store, threads=threads, memory_limit="4GB")
+    con.execute("SET enable_progress_bar = false")
+    out["anchor_s"], _ = _time(con, ANCHOR)
+    out["live_p99_per_replica_s"], live_p99 = _time(con, P99)
+    out["live_slice_s"], live_slice = _time(con, SLICE)
+    out["live_between_s"], _ = _time(con, BETWEEN)
+    snap = snapshot(store)
+    builds = []
+    import duckdb
+
+    bcon = duckdb.connect(":memory:")
+    bcon.execute(f"SET threads = {threads}")
+    bcon.execute("SET memory_limit = '4GB'")
+    bcon.execute("SET enable_progress_bar = false")
+    for hour in snap.stale:
+        spans = bcon.execute(f"SELECT count(*) FROM read_parquet({[str(f) for f in snap.by_hour[hour]]})").fetchone()
         t0 = time.perf_counter()
-        con.execute(sql).fetchall()
-        out[name] = time.perf_counter() - t0
+        build_hour(snap, hour, bcon)
+        builds.append({"hour": hour, "spans": int(spans[0]) if spans else 0,
+                       "build_s": round(time.perf_counter() - t0, 3)})
+    out["builds"] = builds
+    con = connect(store, threads=threads, memory_limit="4GB")
+    con.execute("SET enable_progress_bar = false")
+    out["anchor2_s"], _ = _time(con, ANCHOR)
+    out["stored_p99_per_replica_s"], stored_p99 = _time(con, P99)
+    out["stored_slice_s"], stored_slice = _time(con, SLICE)
+    out["stored_between_s"], _ = _time(con, BETWEEN)
+    out["stored_stages_s"], _ = _time(con, STAGES)
+    out["same_answers"] = stored_p99 == live_p99 and stored_slice == live_slice
+    anchor = min(out["anchor_s"], out["anchor2_s"])
+    for key in list(out):
+        if key.endswith("_s") and not key.startswith("anchor"):
+            out[key.removesuffix("_s") + "_x"] = round(out[key] / anchor, 2)
+    out["load_1m_end"] = _load()
     return out
 
 
+def _cli(store: Path, sql: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "tailscope.cli", "sql", sql, "--store", str(store)], check=True,
+                   capture_output=True, text=True, env=os.environ.copy())
+    return round(time.perf_counter() - t0, 3)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Build the stores, time each in a fresh process, print the table."""
+    """Build the stores, time each in a fresh process, then through the CLI; print JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spans", default="1000000,10000000")
+    parser.add_argument("--spans", default="2000000,10000000")
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        for name, seconds in run_one(Path(args.one)).items():
-            print(f"{seconds:.3f}\t{name}")
+        print(json.dumps(run_one(Path(args.one), args.threads)))
         return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-views-"))
-    results: dict[int, dict[str, float]] = {}
+    results: dict[str, Any] = {}
     for spans in (int(s) for s in args.spans.split(",")):
         store = base / f"store-{spans}"
         if not store.exists():
             make_store(store, spans)
-        done = subprocess.run([sys.executable, "-m", "benchmarks.bench_views", "--one", str(store)],
-                              capture_output=True, text=True, check=True)
-        results[spans] = {name: float(sec) for sec, name in (line.split("\t") for line in done.stdout.splitlines())}
-    for spans, row in results.items():
-        anchor = row[next(iter(QUERIES))]
-        print(f"{spans:>11,} spans")
-        for name, seconds in row.items():
-            print(f"  {seconds:8.2f} s  {seconds / anchor:6.1f}x anchor  {name}")
-    sizes = sorted(results)
-    if len(sizes) > 1:
-        lo, hi = sizes[0], sizes[-1]
-        for name in QUERIES:
-            growth = results[hi][name] / results[lo][name]
-            print(f"growth {lo:,} -> {hi:,} spans ({hi / lo:.0f}x): {growth:.1f}x  {name}")
+        done = subprocess.run([sys.executable, "-m", "benchmarks.bench_views", "--one", str(store),
+                               "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        # through the public CLI, each a new process (startup included), every hour materialized now
+        row["cli_anchor_s"] = _cli(store, ANCHOR)
+        row["cli_p99_per_replica_s"] = _cli(store, P99)
+        row["cli_slice_s"] = _cli(store, SLICE)
+        row["cli_p99_per_replica_x"] = round(row["cli_p99_per_replica_s"] / row["cli_anchor_s"], 2)
+        row["cli_slice_x"] = round(row["cli_slice_s"] / row["cli_anchor_s"], 2)
+        results[str(spans)] = row
+        print(json.dumps({str(spans): row}), flush=True)
 
 
 if __name__ == "__main__":

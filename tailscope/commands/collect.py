@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from analysis.materialize import SETTLE_NS, materialize
 from intake.collect import CollectConfig, Receiver, read_token
 from intake.collect.config import COLLECT, exposure_warning
 from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
 from tracing.settings import Setting, SettingsTable
+
+#: Seconds between two looks for settled hours to materialize while collecting.
+MATERIALIZE_EVERY_S = 60.0
 
 
 def setting_options(table: SettingsTable) -> list[inspect.Parameter]:
@@ -86,12 +92,31 @@ def collect(
                          f"(dedupe: {r.loaded_keys:,} recent keys loaded)\n")
         sys.stderr.flush()
 
+    stop = threading.Event()
+    builder = threading.Thread(target=_materialize_settled, args=(config.store, stop), daemon=True,
+                               name="tailscope-materialize")
+    builder.start()
     try:
         stats = receiver.serve_forever(progress=None if quiet else sys.stderr, on_ready=ready)
     except OSError as exc:
         fail(f"could not listen: {exc}")
+    finally:
+        stop.set()
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected\n")
+
+
+def _materialize_settled(store: Path, stop: threading.Event) -> None:
+    """Every MATERIALIZE_EVERY_S, write the requests of hours that settled (analysis.materialize).
+
+    Runs beside the receiver, never in its way: one DuckDB thread, and a failure is one line
+    on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
+    """
+    while not stop.wait(MATERIALIZE_EVERY_S):
+        try:
+            materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")
+        except Exception as exc:  # telemetry intake must not die of a derived file
+            sys.stderr.write(f"materialize: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}\n")
 
 
 # the command's parameters: --store, then the table's options, then --token-file and --quiet

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from analysis.materialize import materialize
 from intake.ingest import ingest_files, iter_files
 from tailscope.commands.common import StoreOption, byte_progress, console, errors_as_messages, store_path
 
@@ -26,11 +27,15 @@ def ingest(
         total = sum(f.stat().st_size for f in files)
         with byte_progress(total, "ingest", enabled=not quiet) as advance:
             report = ingest_files(files, target, skip_bad=skip_bad, progress=advance)
+        # the hours these spans landed in (and their neighbours) get their requests materialized
+        hours = materialize(target) if report.segments else []
     if not quiet:
         console.print(
             f"{report.files} file(s): {report.spans_read} spans read, {report.spans_written} stored, "
             f"{report.duplicates} already present, {len(report.segments)} segment(s) into {target}"
         )
+        if hours:
+            console.print(f"materialized the requests of {len(hours)} hour(s)")
         if skip_bad:
             console.print(f"skipped {report.bad_lines} bad line(s) and {report.rejected_spans} rejected span(s)")
             for problem in report.problems[:5]:

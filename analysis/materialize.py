@@ -1,0 +1,196 @@
+"""Materialized requests: the request model (analysis.model) written once per hour as Parquet.
+
+Layout: STORE/requests/dt=YYYY-MM-DD/hr=HH/requests-<key>.parquet holds the requests whose
+request span starts in that hour, sorted by start_ns. A request reads spans from its own
+hour and the hour on each side (the model's rule), so the file is built from the span
+segments of those three hours, and <key> is a hash of their names: when a segment lands in
+any of them (late spans, a request crossing the hour boundary), the key changes and the
+file is stale. A reader (analysis.connect) uses the file whose key matches the segments it
+sees and computes every other hour on the fly, so a query never depends on this having
+run. Files are written to a hidden temporary name, fsynced and renamed: readers see the
+old file or the new one, never half. Superseded files are removed after GRACE_S, so a
+connection opened earlier keeps reading its own snapshot meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+
+from analysis import model as M
+from analysis.views import files_source, spans_sql
+from tracing.store import require_store, segment_files
+
+#: Directory of the materialized requests inside a store.
+REQUESTS_DIR = "requests"
+#: Materialized request files, relative to the store.
+REQUESTS_GLOB = f"{REQUESTS_DIR}/dt=*/hr=*/requests-*.parquet"
+#: Seconds a superseded file is kept for connections that still list it.
+GRACE_S = 600.0
+#: Rows per Parquet row group: a time predicate skips the groups outside it.
+ROW_GROUP_ROWS = 16_384
+#: `collect` builds an hour once the hour after it has ended this long ago (spans arriving later rebuild it).
+SETTLE_NS = 5 * 60 * 1_000_000_000
+
+HOUR_NS = M.HOUR_NS
+#: Changes whenever the request model's SQL changes (rules or columns).
+MODEL_FINGERPRINT = hashlib.sha256(M.requests_sql("spans").encode()).hexdigest()
+
+
+def _hour_of_dir(directory: Path) -> int:
+    """The hour (ns since the epoch) of a partition directory dt=YYYY-MM-DD/hr=HH."""
+    day = datetime.strptime(directory.parent.name.removeprefix("dt="), "%Y-%m-%d").replace(tzinfo=UTC)
+    return int(day.timestamp()) * 1_000_000_000 + int(directory.name.removeprefix("hr=")) * HOUR_NS
+
+
+def partition_dir(store: Path, hour_ns: int) -> Path:
+    """STORE/requests/dt=YYYY-MM-DD/hr=HH of an hour."""
+    dt = datetime.fromtimestamp(hour_ns // 1_000_000_000, UTC)
+    return Path(store) / REQUESTS_DIR / f"dt={dt:%Y-%m-%d}" / f"hr={dt:%H}"
+
+
+@dataclass
+class Snapshot:
+    """The store's segments and materialized request files at one moment, and which hours are fresh."""
+
+    store: Path
+    segments: list[Path]
+    by_hour: dict[int, list[Path]]
+    fresh: dict[int, Path] = field(default_factory=dict)
+    stale: list[int] = field(default_factory=list)
+
+    def key(self, hour_ns: int) -> str:
+        """Hash of the model's SQL and of the segment names an hour's requests are built from (its hour
+        and both neighbours): a file built by another version of the model is stale too."""
+        h = hashlib.sha256(MODEL_FINGERPRINT.encode())
+        for k in (hour_ns - HOUR_NS, hour_ns, hour_ns + HOUR_NS):
+            for f in self.by_hour.get(k, []):
+                h.update(f"{k}/{f.name}\n".encode())
+        return h.hexdigest()[:24]
+
+    def inputs(self, hours: list[int]) -> list[Path]:
+        """The segments needed to compute the requests of `hours`."""
+        want = {h + d for h in hours for d in (-HOUR_NS, 0, HOUR_NS)}
+        return [f for h in sorted(want) for f in self.by_hour.get(h, [])]
+
+
+def snapshot(store: Path | str) -> Snapshot:
+    """List the segments and request files now; an hour is fresh when its file's key matches its segments."""
+    store = Path(store)
+    segments = segment_files(store)
+    by_hour: dict[int, list[Path]] = {}
+    for f in segments:
+        by_hour.setdefault(_hour_of_dir(f.parent), []).append(f)
+    snap = Snapshot(store, segments, by_hour)
+    built: dict[int, set[str]] = {}
+    for f in store.glob(REQUESTS_GLOB):
+        built.setdefault(_hour_of_dir(f.parent), set()).add(f.name)
+    for hour in sorted(by_hour):
+        name = f"requests-{snap.key(hour)}.parquet"
+        if name in built.get(hour, set()):
+            snap.fresh[hour] = partition_dir(store, hour) / name
+        else:
+            snap.stale.append(hour)
+    return snap
+
+
+def hour_where(hours: list[int]) -> str:
+    """SQL condition on span columns: the span starts in one of `hours`."""
+    if not hours:
+        return "FALSE"
+    runs: list[list[int]] = []
+    for h in sorted(set(hours)):
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + HOUR_NS
+        else:
+            runs.append([h, h + HOUR_NS])
+    return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
+               threads: int | None = None, memory_limit: str = "4GB") -> Path:
+    """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename)."""
+    own = con is None
+    if con is None:
+        con = duckdb.connect(":memory:")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        con.execute("SET memory_limit = ?", [memory_limit])
+        con.execute("SET preserve_insertion_order = false")
+        con.execute("SET enable_progress_bar = false")
+    directory = partition_dir(snap.store, hour_ns)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"requests-{snap.key(hour_ns)}.parquet"
+    tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+    files = [str(f) for f in snap.inputs([hour_ns])]
+    source = f"({spans_sql(files_source(files))})"
+    where = hour_where([hour_ns])
+    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
+    _, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
+                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+    bound = f"TimestampNs >= {hour_ns - HOUR_NS} AND TimestampNs < {hi}" if hi is not None else "FALSE"
+    sql = M.requests_sql(source, request_where=where, span_where=bound)
+    try:
+        con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
+                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+        _fsync(tmp)
+        os.replace(tmp, final)
+        _fsync(directory)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if own:
+            con.close()
+    _sweep(directory, keep=final)
+    return final
+
+
+def _sweep(directory: Path, keep: Path) -> None:
+    """Remove superseded request files and abandoned temporaries older than GRACE_S."""
+    cutoff = time.time() - GRACE_S
+    for f in directory.iterdir():
+        if f == keep or not (f.name.startswith("requests-") or f.name.startswith(".requests-")):
+            continue
+        try:
+            if f.stat().st_mtime < cutoff:
+                f.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def materialize(store: Path | str, *, settled_before_ns: int | None = None, threads: int | None = None,
+                memory_limit: str = "4GB", progress: Callable[[int, Path], None] | None = None) -> list[Path]:
+    """Build the request file of every stale hour; return the files written.
+
+    With `settled_before_ns`, only hours whose next hour ended by then (the segments an hour
+    reads no longer change), as `tailscope collect` does while spans arrive (with one thread,
+    so the receiver keeps the other cores).
+    """
+    store = require_store(Path(store))
+    snap = snapshot(store)
+    written = []
+    for hour in snap.stale:
+        if settled_before_ns is not None and hour + 2 * HOUR_NS > settled_before_ns:
+            continue
+        path = build_hour(snap, hour, threads=threads, memory_limit=memory_limit)
+        written.append(path)
+        if progress is not None:
+            progress(hour, path)
+    return written

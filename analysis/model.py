@@ -1,0 +1,355 @@
+"""The request model, defined once: SQL that turns spans into one row per inference request.
+
+Every consumer reads this definition: the `requests` / `stages` views (analysis.views,
+analysis.connect), the materialized per-hour request files (analysis.materialize), the
+report's request facts (analysis.percentiles) and, through those, the dashboard. The
+rules (critical-path sweep, stage columns, TTFT / TPOT, outcome, replica, which spans a
+request reads) are listed in docs/schema.md; tests/analysis/test_model_oracle.py checks
+them against a plain-Python per-instant reference.
+
+The SQL is generated for a `Dialect`, a small map of the few constructs that differ
+between engines. Only DuckDB is implemented; a ClickHouse dialect is an addition of one
+`Dialect` value (its traps: window `min` over an empty frame gives 0, so `minOrNull`;
+`join_use_nulls = 1`; `round` is banker's for floats; use `quantileExactInclusive`,
+never `quantile` / `median`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tracing import schema as S
+
+HOUR_NS: int = 3_600_000_000_000
+#: Columns of `requests`, in order.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",
+    "service", "model", "model_version", "tenant", "input_tokens", "output_tokens", "streaming", "ttft_ns",
+    "tpot_ns", *(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS), "span_name", "client_e2e_ns", "client_network_ns",
+)
+#: Request-level columns (no critical-path stage columns): what the report's request facts hold.
+FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service",
+                                 "model", "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns",
+                                 "tpot_ns")
+#: Stage columns of `requests` (they sum to e2e_ns).
+STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
+#: Stages whose span's replica is the request's replica (the replica that generated).
+WORKER_STAGES: tuple[str, ...] = ("generation", "prefill", "decode")
+#: Stages whose spans give a request's first token or replica.
+INFO_STAGES: tuple[str, ...] = (*WORKER_STAGES, "streaming")
+
+
+def quote(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _in_list(values: tuple[str, ...]) -> str:
+    return "(" + ", ".join(quote(v) for v in values) + ")"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The engine-specific spellings the model uses; everything else is common SQL."""
+
+    name: str
+    #: aggregate `agg(expr)` over the rows where `cond` holds
+    agg_if: Callable[[str, str, str], str]
+    #: minimum over a window frame that is NULL (not 0) on an empty frame
+    min_or_null: Callable[[str], str]
+    #: value of `val` on the row with the smallest `key` (a row / tuple of sort keys)
+    arg_min: Callable[[str, str], str]
+    #: floor division of integers
+    int_div: Callable[[str, str], str]
+    #: round half away from zero to a 64-bit integer
+    round_int: Callable[[str], str]
+    #: cast to a 64-bit integer
+    int64: Callable[[str], str]
+    #: UTC timestamp (microseconds) from integer ns since the epoch
+    ts_from_ns: Callable[[str], str]
+    #: a tuple of sort keys
+    row: Callable[[list[str]], str]
+    #: a 64-bit hash of two strings (the join key of a span and of its parent)
+    hash2: Callable[[str, str], str]
+
+
+DUCKDB = Dialect(
+    name="duckdb",
+    agg_if=lambda agg, expr, cond: f"{agg}({expr}) FILTER (WHERE {cond})",
+    min_or_null=lambda expr: f"min({expr})",
+    arg_min=lambda val, key: f"arg_min({val}, {key})",
+    int_div=lambda a, b: f"({a}) // ({b})",
+    round_int=lambda expr: f"round({expr})::BIGINT",  # DuckDB rounds half away from zero
+    int64=lambda expr: f"({expr})::BIGINT",
+    ts_from_ns=lambda expr: f"make_timestamp(({expr}) // 1000)",
+    row=lambda keys: f"row({', '.join(keys)})",
+    hash2=lambda a, b: f"hash({a}, {b})",
+)
+
+
+def _sweep(d: Dialect, part: str) -> str:
+    """x1: end of a span's critical stretch [s0, x1) among the rows of its partition (same kind)."""
+    frame = (f"OVER (PARTITION BY {part} ORDER BY e0 DESC, s0 DESC, SpanId "
+             "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)")
+    return f"greatest(s0, least(e0, coalesce({d.min_or_null('s0')} {frame}, e0)))"
+
+
+def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True,
+              span_where: str = "TRUE") -> str:
+    """The WITH clause computing per-request relations from the spans in `source` (a FROM item).
+
+    `request_where` narrows the request spans (a condition on span columns, e.g. an hour
+    range); `span_where` may narrow the stage spans read to those that can overlap them (a
+    literal time bound lets the engine skip files). Defines `req` (deduplicated request spans),
+    `info` (first token, replica) and,
+    when `stages`, `l1w` / `l2w` (stretches) and `stage_ns` (critical-path ns per stage).
+    Spans are matched to their parent by a 64-bit hash of (trace id, span id): joins and
+    window partitions on one integer instead of two strings.
+    """
+    y = _in_list(S.YIELDING_STAGES)
+    h = str(HOUR_NS)
+    ctes: dict[str, tuple[bool, str]] = {
+        # request spans; one stored twice (same trace and span id) counts once
+        "req0": (True, f"""
+SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
+       InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
+       {d.hash2('TraceId', 'SpanId')} AS rk, {d.hash2('TraceId', 'ParentSpanId')} AS rpk,
+       TimestampNs AS rs, TimestampNs + Duration AS re, {d.int_div('TimestampNs', h)} * {h} AS hr
+FROM {source} WHERE IsRequest AND ({request_where})"""),
+        # a request span stored twice (same trace and span id) counts once: the earliest, then longest
+        "dup": (True, "SELECT rk FROM req0 GROUP BY rk HAVING count(*) > 1"),
+        "req": (True, """
+SELECT * FROM req0 WHERE rk NOT IN (SELECT rk FROM dup)
+UNION ALL
+SELECT * FROM (SELECT * FROM req0 WHERE rk IN (SELECT rk FROM dup)
+               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY rs, re DESC, Outcome NULLS FIRST,
+                                                              ServiceName, Replica) = 1)"""),
+        "st": (True, f"""
+SELECT {d.hash2('TraceId', 'SpanId')} AS k, {d.hash2('TraceId', 'ParentSpanId')} AS pk, SpanId, Stage, Replica,
+       TimestampNs AS s, TimestampNs + Duration AS e
+FROM {source}
+WHERE Stage IS NOT NULL AND ({span_where})
+  AND TimestampNs < (SELECT max(re) FROM req) AND TimestampNs + Duration > (SELECT min(rs) FROM req)"""),
+        # level 1: stage children of the request span that overlap it, clipped to it
+        "l1w": (True, f"""
+SELECT *{f", {_sweep(d, 'rk, yielding')} AS x1" if stages else ""} FROM (
+  SELECT r.rk, r.rs, r.re, r.hr, st.k, st.SpanId, st.Stage AS stage, st.Replica,
+         st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
+         st.Stage IN {y} AS yielding
+  FROM st JOIN req r ON st.pk = r.rk
+  WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h})"""),
+        # level 2: stage children of a level-1 working span that overlap the request,
+        # clipped to that span's stretch (the facts, without stages, need no stretch)
+        "l2": (True, f"""
+SELECT p.rk, p.k AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
+       c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, {'p.x1' if stages else 'p.e0'}) AS e0,
+       c.Stage IN {y} AS yielding
+FROM st c JOIN l1w p ON c.pk = p.k
+WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
+  AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}"""),
+        # the spans a request reads give its first token and replica
+        "info": (False, f"""
+SELECT rk,
+       {d.agg_if('min', 'raw_e', "stage = 'prefill'")} AS prefill_end_ns,
+       {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
+       {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
+                 f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
+FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w WHERE stage IN {_in_list(INFO_STAGES)}
+      UNION ALL SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l2 WHERE stage IN {_in_list(INFO_STAGES)})
+GROUP BY rk"""),
+    }
+    if stages:
+        ctes |= {
+            "l2w": (True, f"SELECT *, {_sweep(d, 'rk, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0"),
+            # a yielding span owns its stretch minus its working siblings' stretches
+            "l1y": (False, _yield_sql("l1w", "rk")),
+            "l2y": (False, _yield_sql("l2w", "rk, parent, ps")),
+            "excl": (False, """
+SELECT p.rk, p.stage, (p.x1 - p.s0) - coalesce(c.ns, 0) AS excl_ns
+FROM l1w p LEFT JOIN (SELECT rk, parent, ps, sum(ns) AS ns FROM (
+        SELECT rk, parent, ps, x1 - s0 AS ns FROM l2w WHERE NOT yielding
+        UNION ALL SELECT rk, parent, ps, excl_ns FROM l2y) GROUP BY rk, parent, ps) c
+  ON c.rk = p.rk AND c.parent = p.k AND c.ps = p.s0
+WHERE NOT p.yielding AND p.x1 > p.s0
+UNION ALL SELECT rk, stage, x1 - s0 FROM l2w WHERE NOT yielding
+UNION ALL SELECT rk, stage, excl_ns FROM l1y
+UNION ALL SELECT rk, stage, excl_ns FROM l2y"""),
+            "stage_ns": (False, "SELECT rk,\n    " + ",\n    ".join(
+                f"coalesce({d.agg_if('sum', 'ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
+                + ",\n    sum(ns) AS covered_ns\n"
+                "FROM (SELECT rk, stage, sum(excl_ns) AS ns FROM excl GROUP BY rk, stage)\nGROUP BY rk"),
+        }
+    return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat else ''}({sql})"
+                                 for name, (mat, sql) in ctes.items())
+
+
+def _yield_sql(table: str, part: str) -> str:
+    """Exclusive ns of the yielding spans of `table`: their stretch minus overlaps with working siblings."""
+    keys = [c.strip() for c in part.split(",")] + ["SpanId", "s0"]
+    on = " AND ".join(f"w.{c} = y.{c}" for c in keys[:-2])
+    back = " AND ".join(f"o.{c} = y.{c}" for c in keys)
+    return f"""
+SELECT {', '.join(f'y.{c}' for c in keys)}, y.stage, (y.x1 - y.s0) - coalesce(o.ns, 0) AS excl_ns
+FROM {table} y LEFT JOIN (
+    SELECT {', '.join(f'y.{c}' for c in keys)}, sum(greatest(0, least(y.x1, w.x1) - greatest(y.s0, w.s0))) AS ns
+    FROM {table} y JOIN {table} w ON {on} AND NOT w.yielding
+    WHERE y.yielding AND y.x1 > y.s0 GROUP BY {', '.join(f'y.{c}' for c in keys)}) o ON {back}
+WHERE y.yielding AND y.x1 > y.s0"""
+
+
+def _ttft(d: Dialect) -> str:
+    return "coalesce(r.TtftNs, i.prefill_end_ns - r.rs, i.stream_start_ns - r.rs)"
+
+
+def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) -> str:
+    ttft = _ttft(d)
+    tpot = f"((r.re - r.rs) - {ttft}) / (r.OutputTokens - 1)"
+    h = str(HOUR_NS)
+    exprs: dict[str, str] = {
+        "trace_id": "r.TraceId",
+        "span_id": "r.SpanId",
+        "parent_span_id": "r.ParentSpanId",
+        "start": d.ts_from_ns("r.rs"),
+        "start_ns": "r.rs",
+        "end_ns": "r.re",
+        "e2e_ns": "r.re - r.rs",
+        "status": "coalesce(r.Outcome, 'ok')",
+        "replica": "coalesce(i.worker_replica, r.Replica)",
+        "service": "r.ServiceName",
+        "model": "r.Model",
+        "model_version": "r.ModelVersion",
+        "tenant": "r.Tenant",
+        "input_tokens": "r.InputTokens",
+        "output_tokens": "r.OutputTokens",
+        "streaming": "coalesce(r.stream_attr = 'true', false)",
+        "ttft_ns": ttft,
+        "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(tpot)} END",
+        "other_ns": d.int64("(r.re - r.rs) - coalesce(k.covered_ns, 0)"),
+        "span_name": "r.SpanName",
+        "client_e2e_ns": "cl.Duration",
+        "client_network_ns": "cl.Duration - (r.re - r.rs)",
+    }
+    for s in S.CRITICAL_PATH_COLUMNS:
+        if s != "other":
+            exprs[f"{s}_ns"] = d.int64(f"coalesce(k.{s}_ns, 0)")
+    joins = ["LEFT JOIN info i ON i.rk = r.rk"]
+    if stages:
+        joins.append("LEFT JOIN stage_ns k ON k.rk = r.rk")
+    if "client_e2e_ns" in columns:
+        joins.append(f"""LEFT JOIN (SELECT {d.hash2('TraceId', 'SpanId')} AS k, min(TimestampNs) AS cs,
+                          {d.arg_min('Duration', d.row(['TimestampNs', 'Duration']))} AS Duration
+                   FROM {source} WHERE SpanKind = 'Client' GROUP BY k) cl
+    ON cl.k = r.rpk AND cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}""")
+    cols = ",\n    ".join(f"{exprs[c]} AS {c}" for c in columns)
+    return f"SELECT\n    {cols}\nFROM req r\n" + "\n".join(joins)
+
+
+def requests_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE",
+                 span_where: str = "TRUE") -> str:
+    """One row per request (all REQUEST_COLUMNS) from the spans in `source`."""
+    return chain_sql(source, d, request_where=request_where, span_where=span_where) + "\n" + _select(
+        d, source, stages=True, columns=REQUEST_COLUMNS)
+
+
+def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE",
+              columns: tuple[str, ...] = FACT_COLUMNS) -> str:
+    """Request-level columns only (no critical-path sweep): the same rules as `requests_sql`, cheaper."""
+    bad = [c for c in columns if c in STAGE_COLUMNS]
+    if bad:
+        raise ValueError(f"facts hold no stage column: {bad}")
+    return chain_sql(source, d, request_where=request_where, stages=False) + "\n" + _select(
+        d, source, stages=False, columns=columns)
+
+
+def stages_sql(source: str = "requests") -> str:
+    """The long `stages` view: one row per request and stage over a `requests` relation."""
+    keep = "trace_id, span_id, start, start_ns, status, replica, service, model, model_version, tenant"
+    cols = ", ".join(STAGE_COLUMNS)
+    return f"""
+SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
+FROM (UNPIVOT (SELECT {keep}, {cols} FROM {source})
+      ON {cols} INTO NAME stage_col VALUE critical_ns)"""
+
+
+def stretches_sql(source: str = "spans", d: Dialect = DUCKDB) -> str:
+    """Each read stage span's critical stretch [s0, x1) before its children take their share.
+
+    Columns: level (1, 2), trace_id, request_span_id, parent_span_id (the request span, or
+    the level-1 parent), parent_s0 (the parent's stretch start at level 2), span_id, stage,
+    yielding, s0, x1. `exclusive_stretches` turns these into each span's own intervals.
+    """
+    return chain_sql(source, d) + """
+SELECT 1 AS level, r.TraceId AS trace_id, r.SpanId AS request_span_id, r.SpanId AS parent_span_id,
+       NULL AS parent_s0, w.SpanId AS span_id, stage, yielding, s0, x1
+FROM l1w w JOIN req r ON r.rk = w.rk WHERE x1 > s0
+UNION ALL
+SELECT 2, r.TraceId, r.SpanId, p.SpanId, w.ps, w.SpanId, w.stage, w.yielding, w.s0, w.x1
+FROM l2w w JOIN req r ON r.rk = w.rk JOIN l1w p ON p.k = w.parent AND p.s0 = w.ps AND p.rk = w.rk
+WHERE w.x1 > w.s0"""
+
+
+Interval = tuple[int, int]
+
+
+def subtract(base: list[Interval], holes: list[Interval]) -> list[Interval]:
+    """Intervals of `base` not covered by `holes`."""
+    out = base
+    for h0, h1 in holes:
+        nxt: list[Interval] = []
+        for a, b in out:
+            if h1 <= a or h0 >= b:
+                nxt.append((a, b))
+                continue
+            if a < h0:
+                nxt.append((a, h0))
+            if h1 < b:
+                nxt.append((h1, b))
+        out = nxt
+    return [(a, b) for a, b in out if b > a]
+
+
+def exclusive_stretches(rows: list[dict[str, object]]) -> dict[tuple[str, str, int], list[Interval]]:
+    """The instants each stage span owns, from `stretches_sql` rows: key (request span id, span id, s0).
+
+    A working span owns its stretch minus its children's; a streaming span owns its stretch
+    minus its working siblings' stretches. Their lengths add up to the `requests` stage columns.
+    """
+    def key(r: dict[str, object]) -> tuple[object, object, object]:
+        return (r["request_span_id"], r["parent_span_id"], r["parent_s0"])
+
+    working: dict[tuple[object, object, object], list[Interval]] = {}
+    for r in rows:
+        if not r["yielding"]:
+            working.setdefault(key(r), []).append((int(r["s0"]), int(r["x1"])))  # type: ignore[call-overload]
+    own: dict[tuple[str, str, int], list[Interval]] = {}
+    for level in (2, 1):
+        for r in rows:
+            if r["level"] != level:
+                continue
+            s0, x1 = int(r["s0"]), int(r["x1"])  # type: ignore[call-overload]
+            span = (str(r["request_span_id"]), str(r["span_id"]), s0)
+            if r["yielding"]:
+                own[span] = subtract([(s0, x1)], working.get(key(r), []))
+            else:
+                kids = [iv for c in rows if c["level"] == 2 and (c["request_span_id"], c["parent_span_id"],
+                                                                 c["parent_s0"]) == (r["request_span_id"],
+                                                                                     r["span_id"], s0)
+                        for iv in own[(str(c["request_span_id"]), str(c["span_id"]), int(c["s0"]))]]  # type: ignore[call-overload]
+                own[span] = subtract([(s0, x1)], kids)
+    return own
+
+
+def span_stretches(con: object, source: str = "spans") -> dict[str, list[Interval]]:
+    """Per stage span id: the intervals (ns) it owns on its request's critical path, over `source`.
+
+    `con` is a DuckDB connection; meant for one trace (the waterfall): the lengths add up to
+    the stage columns of `requests`.
+    """
+    cur = con.execute(stretches_sql(source))  # type: ignore[attr-defined]
+    names = [c[0] for c in cur.description or []]
+    rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    out: dict[str, list[Interval]] = {}
+    for (_, sid, _), ivs in exclusive_stretches(rows).items():
+        out.setdefault(sid, []).extend(ivs)
+    return out

@@ -1,0 +1,203 @@
+"""Materialized request hours: freshness, late spans, requests across an hour boundary, crash safety."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from analysis import connect, refresh
+from analysis import materialize as MZ
+from analysis.materialize import HOUR_NS, materialize, snapshot
+from tailscope.cli import app
+from tests.factory import T0, add_request, write
+from tracing.rows import SpanBatch
+
+COLS = "trace_id, span_id, start_ns, e2e_ns, replica, ttft_ns, queue_wait_ns, generation_ns, decode_ns, other_ns"
+
+
+def _all(con: Any, source: str = "requests") -> list[tuple[Any, ...]]:
+    return con.execute(f"SELECT {COLS} FROM {source} ORDER BY start_ns, trace_id").fetchall()
+
+
+def _two_hours(store: Path) -> None:
+    batch = SpanBatch()
+    for k in range(6):
+        add_request(batch, ("a", k), k * 1000, k * 1000 + 500, [("queue_wait", k * 1000, k * 1000 + 100),
+                                                              ("generation", k * 1000 + 100, k * 1000 + 500)])
+        add_request(batch, ("b", k), HOUR_NS + k * 1000, HOUR_NS + k * 1000 + 300,
+                    [("generation", HOUR_NS + k * 1000, HOUR_NS + k * 1000 + 300)])
+    write(store, batch)
+
+
+def test_materialized_hours_give_the_same_rows_and_are_read_instead(tmp_path: Path) -> None:
+    _two_hours(tmp_path)
+    live = _all(connect(tmp_path))
+    assert len(live) == 12
+    before = connect(tmp_path)  # a snapshot from before materializing keeps working
+    assert len(materialize(tmp_path)) == 2
+    assert materialize(tmp_path) == []  # nothing stale any more
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM _requests_stored").fetchone() == (12,)
+    assert con.execute("SELECT count(*) FROM _requests_live").fetchone() == (0,)
+    assert _all(con) == live == _all(before)
+    stored = con.execute("SELECT count(*) FROM requests_between(?, ?)", [T0 + HOUR_NS, T0 + 2 * HOUR_NS]).fetchone()
+    assert stored == (6,)
+    files = sorted(p.relative_to(tmp_path).parts[:3] for p in tmp_path.glob(MZ.REQUESTS_GLOB))
+    assert files == [("requests", "dt=2025-11-20", "hr=14"), ("requests", "dt=2025-11-20", "hr=15")]
+
+
+def test_late_spans_make_their_hour_and_its_neighbours_stale(tmp_path: Path) -> None:
+    _two_hours(tmp_path)
+    materialize(tmp_path)
+    late = SpanBatch()
+    add_request(late, "late", HOUR_NS + 5000, HOUR_NS + 5100, [("decode", HOUR_NS + 5000, HOUR_NS + 5100)])
+    write(tmp_path, late)
+    snap = snapshot(tmp_path)
+    assert snap.stale == [T0, T0 + HOUR_NS]  # the hour of the late span and the hour before it
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (13,)
+    assert con.execute("SELECT count(*) FROM _requests_stored").fetchone() == (0,)
+    on_the_fly = _all(con)
+    assert len(materialize(tmp_path)) == 2
+    refresh(con, tmp_path)
+    assert con.execute("SELECT count(*) FROM _requests_live").fetchone() == (0,)
+    assert _all(con) == on_the_fly
+
+
+def test_a_request_across_the_hour_boundary_reads_the_next_hours_spans(tmp_path: Path) -> None:
+    start = HOUR_NS - 1000  # starts 1 us before the hour ends
+    first = SpanBatch()
+    trace, _ = add_request(first, "cross", start, start + 4000, [("queue_wait", start, start + 500)])
+    write(tmp_path, first)
+    materialize(tmp_path)
+    row = connect(tmp_path).execute("SELECT decode_ns, other_ns FROM requests").fetchone()
+    assert row == (0, 3500)
+    # the decode span starts in the next hour and lands later, in that hour's partition
+    second = SpanBatch()
+    root = connect(tmp_path).execute("SELECT span_id FROM requests").fetchone()[0]  # type: ignore[index]
+    second.append(trace_id=trace, span_id="d" * 16, parent_span_id=root, name="decode", kind="Internal",
+                  start_ns=T0 + HOUR_NS + 500, end_ns=T0 + HOUR_NS + 3000, service="llm", resource={},
+                  attrs={"tailscope.stage": "decode"})
+    write(tmp_path, second)
+    con = connect(tmp_path)
+    assert snapshot(tmp_path).stale == [T0, T0 + HOUR_NS]
+    assert con.execute("SELECT decode_ns, other_ns FROM requests").fetchone() == (2500, 1000)
+    materialize(tmp_path)
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM _requests_live").fetchone() == (0,)
+    assert con.execute("SELECT decode_ns, other_ns FROM requests").fetchone() == (2500, 1000)
+
+
+def test_stage_spans_more_than_an_hour_from_the_requests_hour_are_not_read(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    add_request(batch, "long", 0, 3 * HOUR_NS, [("queue_wait", 0, 10),
+                                                ("decode", 2 * HOUR_NS, 2 * HOUR_NS + 10)])
+    write(tmp_path, batch)
+    assert connect(tmp_path).execute("SELECT queue_wait_ns, decode_ns FROM requests").fetchone() == (10, 0)
+    materialize(tmp_path)
+    assert connect(tmp_path).execute("SELECT queue_wait_ns, decode_ns FROM requests").fetchone() == (10, 0)
+
+
+def test_requests_between_equals_a_filter_on_requests(tmp_path: Path) -> None:
+    _two_hours(tmp_path)
+    late = SpanBatch()
+    add_request(late, "third", 2 * HOUR_NS + 7, 2 * HOUR_NS + 70, [])
+    write(tmp_path, late)
+    MZ.build_hour(snapshot(tmp_path), T0)  # one hour fresh, the others on the fly
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM _requests_stored").fetchone() == (6,)  # T0's hour only
+    assert con.execute(f"SELECT {COLS} FROM requests_between(?, ?) ORDER BY start_ns, trace_id",
+                       [T0, T0 + 9 * HOUR_NS]).fetchall() == _all(con)
+    materialize(tmp_path)
+    late2 = SpanBatch()
+    add_request(late2, "fourth", 2 * HOUR_NS + 9, 2 * HOUR_NS + 90, [])
+    write(tmp_path, late2)
+    con = connect(tmp_path)
+    assert 0 < con.execute("SELECT count(*) FROM _requests_stored").fetchone()[0] < 14  # type: ignore[index]
+    for lo, hi in ((0, HOUR_NS), (HOUR_NS + 1500, 2 * HOUR_NS + 8), (2 * HOUR_NS, 3 * HOUR_NS), (0, 9 * HOUR_NS)):
+        got = con.execute(f"SELECT {COLS} FROM requests_between(?, ?) ORDER BY start_ns, trace_id",
+                          [T0 + lo, T0 + hi]).fetchall()
+        want = con.execute(f"SELECT {COLS} FROM requests WHERE start_ns >= ? AND start_ns < ? "
+                           "ORDER BY start_ns, trace_id", [T0 + lo, T0 + hi]).fetchall()
+        assert got == want and got
+
+
+def test_temporary_and_superseded_files_are_ignored_then_swept(tmp_path: Path, monkeypatch: Any) -> None:
+    _two_hours(tmp_path)
+    [first, _] = materialize(tmp_path)
+    (first.parent / ".requests-abc.parquet.1234.tmp").write_bytes(b"half a file")  # a crashed writer
+    (first.parent / "requests-0000.parquet").write_bytes(b"not the current key")
+    assert snapshot(tmp_path).stale == []
+    assert connect(tmp_path).execute("SELECT count(*) FROM requests").fetchone() == (12,)
+    late = SpanBatch()
+    add_request(late, "late", 77, 99, [])
+    write(tmp_path, late)
+    monkeypatch.setattr(MZ, "GRACE_S", 0.0)
+    [rebuilt, _] = materialize(tmp_path)
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [rebuilt.name]
+
+
+def test_ingest_materializes_and_collect_builds_settled_hours(tmp_path: Path, monkeypatch: Any) -> None:
+    from tailscope.commands import collect as C
+
+    src = tmp_path / "trace.jsonl"
+    store = tmp_path / "store"
+    _otlp_json(src)
+    result = CliRunner().invoke(app, ["ingest", str(src), "--store", str(store)])
+    assert result.exit_code == 0, result.output
+    assert "materialized the requests of 1 hour(s)" in result.output
+    assert snapshot(store).stale == []
+    # collect's builder thread: hours whose next hour has ended get built, the loop stops on request
+    late = SpanBatch()
+    add_request(late, "late", 5, 9, [])
+    write(store, late)
+    assert snapshot(store).stale == [T0]
+    monkeypatch.setattr(C, "MATERIALIZE_EVERY_S", 0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=C._materialize_settled, args=(store, stop))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while snapshot(store).stale and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert snapshot(store).stale == []
+
+
+def _otlp_json(path: Path) -> None:
+    import json
+
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "request", "kind": 2,
+            "startTimeUnixNano": str(T0 + 10), "endTimeUnixNano": str(T0 + 110),
+            "attributes": [{"key": "tailscope.request", "value": {"stringValue": "true"}}]}
+    body = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "x"}}]},
+                               "scopeSpans": [{"scope": {"name": "t"}, "spans": [span]}]}]}
+    path.write_text(json.dumps(body) + "\n")
+
+
+def test_the_empty_spans_table_has_the_types_of_a_stored_segment(tmp_path: Path) -> None:
+    import duckdb
+
+    from analysis.connect import _empty_spans_ddl
+
+    _two_hours(tmp_path)
+    con = duckdb.connect(":memory:")
+    con.execute(_empty_spans_ddl())
+    segment = next(tmp_path.glob("spans/*/*/*.parquet"))
+    stored = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{segment}', hive_partitioning = false)").fetchall()
+    empty = con.execute("DESCRIBE SELECT * FROM _empty_spans").fetchall()
+    assert [(r[0], r[1]) for r in empty] == [(r[0], r[1]) for r in stored]
+
+
+def test_files_of_another_model_version_are_stale(tmp_path: Path, monkeypatch: Any) -> None:
+    _two_hours(tmp_path)
+    materialize(tmp_path)
+    assert snapshot(tmp_path).stale == []
+    monkeypatch.setattr(MZ, "MODEL_FINGERPRINT", "another version of the rules")
+    assert snapshot(tmp_path).stale == [T0, T0 + HOUR_NS]
+    assert connect(tmp_path).execute("SELECT count(*) FROM _requests_stored").fetchone() == (0,)
