@@ -16,7 +16,7 @@ app = typer.Typer(
 )
 
 #: Command modules, in the order `--help` lists them; each has `register(app)`.
-COMMANDS: tuple[str, ...] = ("ingest", "sql", "report", "collect", "dashboard", "demo")
+COMMANDS: tuple[str, ...] = ("ingest", "sql", "report", "collect", "dashboard", "demo", "watch")
 
 for _name in COMMANDS:
     try:

@@ -31,7 +31,7 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -130,8 +130,8 @@ def parse_rule(line: str, where_from: str = "rule") -> Rule:
             return Rule(text, "burn", metric=m.group(1), threshold_ns=parse_duration(m.group(2)) * NS,
                         objective=objective, rate=float(m.group(4)), fast_s=fast, slow_s=slow, where=tuple(where))
     except QueryError as exc:
-        raise QueryError("", f"{where_from}: {exc.message}" if not exc.message.startswith(where_from)
-                         else exc.message) from None
+        raise QueryError("", f"{where_from}: {exc.what}" if not exc.what.startswith(where_from)
+                         else exc.what) from None
     raise QueryError("", f"{where_from}: cannot read rule {text!r}; write e.g. `p99(ttft) < 2s`, "
                          "`p99(e2e) < 20s for tenant=acme`, `error_rate < 1%` or "
                          "`burn(e2e < 20s, 99%) > 14.4 over 5m, 1h`")
