@@ -66,8 +66,8 @@ def alertmanager_alert(alert: dict[str, Any], status: str) -> dict[str, Any]:
     if alert.get("rule"):
         labels["rule"] = alert["rule"]
     what = f"SLO {alert['rule']} broken" if alert["kind"] == "slo" else f"p99 of {alert['metric']} spiked"
-    summary = (f"{what}: p99 {alert['p99_ms']} ms against a baseline of {alert['baseline_p99_ms']} ms, "
-               f"p50 {alert['p50_ms']} ms")
+    base = f" against a baseline of {alert['baseline_p99_ms']} ms" if alert.get("baseline_p99_ms") is not None else ""
+    summary = f"{what}: p99 {alert['p99_ms']} ms{base}, p50 {alert['p50_ms']} ms"
     annotations = {"summary": summary, "window_start": alert["window_start"], "window_end": alert["window_end"]}
     for key in ("stage", "dimension", "value"):
         if alert.get(key) is not None:
