@@ -25,6 +25,7 @@ temp-then-rename), so a restarted watch neither repeats a fire nor loses a resol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -39,6 +40,8 @@ from typing import Any, Final
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from analysis import explain as X
 from analysis.percentiles import GROUP_COLUMNS, iso, parse_duration, request_facts
@@ -162,8 +165,38 @@ def load_rules(path: Path) -> list[Rule]:
 # --- reading the store: only the hours a range needs ---------------------------------------
 
 
+def _ts_range(path: Path) -> tuple[int, int]:
+    """(min, max) TimestampNs of a segment from its Parquet footer, cached by path, size and mtime."""
+    st = path.stat()
+    return _ts_range_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=200_000)
+def _ts_range_cached(path: str, _size: int, _mtime_ns: int) -> tuple[int, int]:
+    meta = pq.ParquetFile(path).metadata
+    lo, hi = None, None
+    try:
+        col = meta.schema.names.index("TimestampNs")
+    except ValueError:
+        return (-(2**63), 2**63 - 1)
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            return (-(2**63), 2**63 - 1)
+        lo = stats.min if lo is None else min(lo, stats.min)
+        hi = stats.max if hi is None else max(hi, stats.max)
+    if lo is None or hi is None:
+        return (0, -1)  # no rows
+    return (int(lo), int(hi))
+
+
 def segment_files_between(store: Path, lo_ns: int, hi_ns: int) -> list[Path]:
-    """Segments in the hour partitions overlapping [lo_ns, hi_ns): lists only those directories."""
+    """Segments holding spans that start in [lo_ns, hi_ns): lists only the hour partitions of the range.
+
+    Within a partition, a segment is kept only when its TimestampNs range (read once from its
+    Parquet footer, then cached) meets the range: a live receiver writes many small segments an
+    hour, and a tick must open only those of its window.
+    """
     spans = Path(store) / S.SPANS_DIR
     out: list[Path] = []
     hour = (lo_ns // HOUR_NS) * HOUR_NS
@@ -171,7 +204,13 @@ def segment_files_between(store: Path, lo_ns: int, hi_ns: int) -> list[Path]:
         text = iso(hour)
         directory = spans / f"dt={text[:10]}" / f"hr={text[11:13]}"
         if directory.is_dir():
-            out.extend(sorted(directory.glob("*.parquet")))
+            for path in sorted(directory.glob("*.parquet")):
+                try:
+                    first, last = _ts_range(path)
+                except (FileNotFoundError, OSError, pa.ArrowException):  # compacted away meanwhile, or unreadable
+                    continue
+                if first < hi_ns and last >= lo_ns:
+                    out.append(path)
         hour += HOUR_NS
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
@@ -122,6 +123,8 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack to stderr: what is it doing?
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def deliver(ev: Event) -> None:
         outbox.enqueue(ev)

@@ -1,6 +1,6 @@
 """End to end on loopback: example server -> OTLP -> `tailscope collect` -> store -> `tailscope watch` -> receivers.
 
-Light load, then a slowdown (long answers), then light load again. `watch` (2 s windows)
+Light load, then an incident (requests timing out on the server: 504), then light load again. `watch` (2 s windows)
 must POST the SLO alert to a generic webhook and to a stand-in Alertmanager; it is killed
 with SIGKILL while the alert fires (after the fire was delivered) and restarted, and the
 receivers must see exactly one fire and one resolve, with the exact payloads. Every load
@@ -23,14 +23,13 @@ from tests.tracing.collect_helpers import ROOT, start_cli_receiver
 from tracing.client import post_json
 from tracing.example.loadgen import run
 
-THRESHOLD_MS = 1500
-RULE = f"p99(e2e) < {THRESHOLD_MS}ms"
+RULE = "error_rate < 10%"
 DASH = "http://127.0.0.1:8501"
 
 
 def _start_watch(store: Path, rules: Path, rec: Recorder, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "analysis.cli", "watch", "--store", str(store), "--window", "2s", "--delay", "2s",
+        [sys.executable, "-m", "analysis.cli", "watch", "--store", str(store), "--window", "2s", "--delay", "4s",
          "--lookback", "5", "--rules", str(rules), "--webhook", rec.url("/hook"), "--alertmanager", rec.url(),
          "--dashboard-url", DASH, "--poll", "0.5s"],
         cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
@@ -38,33 +37,38 @@ def _start_watch(store: Path, rules: Path, rec: Recorder, log: Path) -> subproce
 
 
 class Load:
-    """Requests in a background thread until stopped: light (loadgen, short answers) or heavy (long answers)."""
+    """Requests in a background thread until stopped: light (loadgen) or heavy (requests that time out)."""
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.heavy = False
         self.stop = threading.Event()
         self.sent = 0
+        self.errors: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         for i in range(5_000):  # bounded in count (and by the test's deadlines in time)
             if self.stop.is_set():
                 return
-            if self.heavy:
-                post_json(self.urls[i % 2] + "/v1/completions", {"prompt": "w " * 16, "max_tokens": 1000}, timeout=30)
-            else:
-                run(self.urls, 4, concurrency=2, seed=i)
-            self.sent += 1
+            try:
+                if self.heavy:
+                    post_json(self.urls[i % 2] + "/v1/completions",  # times out on the server: 504
+                              {"prompt": "w " * 16, "max_tokens": 200, "timeout_s": 0.02}, timeout=30)
+                else:
+                    run(self.urls, 4, concurrency=2, seed=i)
+                self.sent += 1
+            except Exception as exc:  # say it in the assertion message, keep loading
+                self.errors.append(repr(exc))
 
 
-def _wait(cond: Any, seconds: float, what: str) -> None:
+def _wait(cond: Any, seconds: float, what: str, extra: Any = lambda: "") -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}; {extra()}")
 
 
 def _statuses(rec: Recorder) -> list[str]:
@@ -94,7 +98,8 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
             time.sleep(8)  # light load: a few windows below the threshold
             assert _statuses(rec) == [], log.read_text()
             load.heavy = True
-            _wait(lambda: _statuses(rec) == ["firing"], 60, "the fire")
+            _wait(lambda: _statuses(rec) == ["firing"], 60, "the fire",
+                  lambda: f"load errors {load.errors[-3:]}, sent {load.sent}, {log.read_text()}")
             _wait(lambda: any(store.glob("alerts/delivered/*/*.firing.json")) and
                   len(list(store.glob("alerts/delivered/*/*.firing.json"))) == 2, 30, "the fire marked delivered")
             watch.send_signal(signal.SIGKILL)  # mid-incident
@@ -104,8 +109,10 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
             procs.append(watch)
             load.heavy = False
             _wait(lambda: _statuses(rec) == ["firing", "resolved"] and len(rec.on("/api/v2/alerts")) >= 2 and
-                  "endsAt" in rec.on("/api/v2/alerts")[-1][0], 90, "the resolve")
-            time.sleep(3)  # nothing more may come
+                  "endsAt" in rec.on("/api/v2/alerts")[-1][0], 90, "the resolve",
+                  lambda: (watch.send_signal(signal.SIGUSR1), time.sleep(1),
+                           f"load errors {load.errors[-3:]}, sent {load.sent}, {log.read_text()}")[2])
+            time.sleep(4)  # nothing more may come
             load.stop.set()
             hooks = rec.on("/hook")
             managers = rec.on("/api/v2/alerts")
@@ -125,7 +132,8 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
     fire, resolve = hooks[0]["alert"], hooks[1]["alert"]
     assert fire["id"] == resolve["id"] and fire["kind"] == "slo" and fire["rule"] == RULE
     assert hooks[0]["version"] == 1 and fire["version"] == 1 and resolve["resolved_at"] > fire["fired_at"]
-    assert fire["measured_ms"] >= THRESHOLD_MS and fire["resolved_at"] is None
+    assert fire["measured_ratio"] >= 0.1 and fire["failed"] >= 1 and fire["outcomes"]["timeout"] >= 1
+    assert fire["resolved_at"] is None
     assert fire["dashboard_url"] == f"{DASH}/spike?start_ns={fire['window_start_ns']}&end_ns=" \
                                     f"{fire['window_start_ns'] + 2_000_000_000}"
     expected_labels = {"alertname": "TailscopeSLO", "kind": "slo", "metric": "e2e", "alert_id": fire["id"],
