@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -40,8 +41,16 @@ report = data.report_of(*key, f, "e2e_ns")
 notes = "; ".join(report.get("errors", [])) if report else "spike detection (analysis.report) is not installed"
 st.caption(f"windows of {bucket} s · exact percentiles (quantile_cont) · shaded: p99 spikes of end-to-end latency"
            + (f" · {notes}" if notes else ""))
+fired = data.alerts(str(db.store), rng[0] or c["min_ns"], (rng[1] or c["max_ns"]) + 1)
+if not fired.empty:
+    st.caption(f"red rules: {len(fired)} alert(s) of `tailscope watch` at the start of their window "
+               "(see the Alerts page)")
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
-        st.altair_chart(charts.percentiles(df, prefix, label, shade),
-                        width="stretch")
+        chart = charts.percentiles(df, prefix, label, shade)
+        if not fired.empty:
+            marks = fired.assign(window=pd.to_datetime(fired["window_start_ns"], unit="ns", utc=True))
+            chart = chart + alt.Chart(marks).mark_rule(color="#d62728", strokeDash=[4, 2]).encode(
+                x="window:T", tooltip=["kind:N", "rule:N", "status:N", "fired_at:N", "stage:N", "value:N"])
+        st.altair_chart(chart, width="stretch")
 st.altair_chart(charts.counts(df, shade), width="stretch")

@@ -36,7 +36,7 @@ def recording(fail_first: int = 0) -> Iterator[Recorder]:
     rec = Recorder(fail_first)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
             with rec.lock:
                 fail = rec.fail_first > 0
@@ -49,7 +49,7 @@ def recording(fail_first: int = 0) -> Iterator[Recorder]:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence the access log
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

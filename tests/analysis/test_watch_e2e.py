@@ -32,7 +32,7 @@ def _start_watch(store: Path, rules: Path, rec: Recorder, log: Path) -> subproce
         [sys.executable, "-m", "analysis.cli", "watch", "--store", str(store), "--window", "2s", "--delay", "4s",
          "--lookback", "5", "--rules", str(rules), "--webhook", rec.url("/hook"), "--alertmanager", rec.url(),
          "--dashboard-url", DASH, "--poll", "0.5s"],
-        cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
@@ -69,6 +69,13 @@ def _wait(cond: Any, seconds: float, what: str, extra: Any = lambda: "") -> None
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {seconds} s waiting for {what}; {extra()}")
+
+
+def _dump(watch: subprocess.Popen[bytes], load: Load, log: Path) -> str:
+    """What went wrong: the load's errors and the watch's log with its threads' stacks (SIGUSR1)."""
+    watch.send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    return f"load errors {load.errors[-3:]}, sent {load.sent}, {log.read_text()}"
 
 
 def _statuses(rec: Recorder) -> list[str]:
@@ -110,8 +117,7 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
             load.heavy = False
             _wait(lambda: _statuses(rec) == ["firing", "resolved"] and len(rec.on("/api/v2/alerts")) >= 2 and
                   "endsAt" in rec.on("/api/v2/alerts")[-1][0], 90, "the resolve",
-                  lambda: (watch.send_signal(signal.SIGUSR1), time.sleep(1),
-                           f"load errors {load.errors[-3:]}, sent {load.sent}, {log.read_text()}")[2])
+                  lambda: _dump(watch, load, log))
             time.sleep(4)  # nothing more may come
             load.stop.set()
             hooks = rec.on("/hook")
