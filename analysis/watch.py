@@ -216,7 +216,7 @@ def segment_files_between(store: Path, lo_ns: int, hi_ns: int) -> list[Path]:
 
 
 def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -> duckdb.DuckDBPyConnection:
-    """A connection whose `spans` (and views on it) hold only spans starting in [lo_ns, hi_ns).
+    """A connection whose `spans` view holds only spans starting in [lo_ns, hi_ns) (`_ensure_views` adds the rest).
 
     Reads only the hour partitions of that range, so its cost does not grow with the store's history.
     """
@@ -225,24 +225,30 @@ def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -
     con.execute("SET memory_limit = ?", [memory_limit])
     con.execute("SET enable_progress_bar = false")
     files = [str(f) for f in segment_files_between(store, lo_ns, hi_ns)]
-    if files:
-        source = files_source(files)
-    else:
-        con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())
-        con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
-        con.unregister("_empty_spans_arrow")
-        source = "_empty_spans"
-    con.execute(f"CREATE VIEW spans AS SELECT * FROM ({spans_sql(source)}) "
+    con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())
+    con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
+    con.unregister("_empty_spans_arrow")
+    source = spans_sql(files_source(files)) if files else spans_sql("_empty_spans")
+    con.execute(f"CREATE VIEW spans AS SELECT * FROM ({source}) "
                 f"WHERE TimestampNs >= {int(lo_ns)} AND TimestampNs < {int(hi_ns)}")
-    for name, sql in VIEW_SQL.items():
-        con.execute(f"CREATE VIEW {name} AS {sql}")
     return con
+
+
+def _ensure_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Define `requests` and the views it needs on a range connection (only when a query needs them:
+    binding them costs more than a tick's own work)."""
+    for name, sql in VIEW_SQL.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
 
 
 def read_rows(con: duckdb.DuckDBPyConnection, lo_ns: int, hi_ns: int, window_ns: int, delay_ns: int
               ) -> pl.DataFrame:
     """Requests starting in [lo_ns, hi_ns) that ended by their window's end + delay (what a live watch saw)."""
-    facts = request_facts(con, with_ttft=True)
+    try:
+        facts = request_facts(con, with_ttft=True)
+    except duckdb.CatalogException:  # traces holding several requests are read through the `requests` view
+        _ensure_views(con)
+        facts = request_facts(con, with_ttft=True)
     cols = ", ".join(_ROW_COLUMNS)
     return con.sql(
         f"SELECT {cols} FROM {facts} WHERE start_ns >= $lo AND start_ns < $hi "
