@@ -103,6 +103,19 @@ def anchor(store: Path) -> float:
     return took
 
 
+def positions(store: Path, hours: list[int]) -> None:
+    """Tick cost after 1, 6, 24 ... hours of history in the same store (median of 3 fresh watches each)."""
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min); store of {len(segment_files(store))} segments")
+    print(f"{'history':>8} {'start s':>8} {'tick s':>8} {'tick/first':>11} {'load':>5}")
+    first = None
+    for h in hours:
+        runs = sorted((tick_cost(store, h * 3600) for _ in range(3)), key=lambda c: c["tick_s"])
+        mid = runs[1]
+        first = first or mid["tick_s"]
+        print(f"{h:>7}h {mid['start_s']:>8.3f} {mid['tick_s']:>8.3f} {mid['tick_s'] / first:>11.2f} "
+              f"{os.getloadavg()[0]:>5.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run both parts and print the figures."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_watch", description=__doc__.splitlines()[0])
@@ -110,7 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=16.0, help="requests per second of the synthetic store")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--skip-catalogue", action="store_true")
+    parser.add_argument("--positions", action="store_true",
+                        help="reuse DIR/history (already grown to the largest size): tick cost at the end of each "
+                             "hour count in that one store, median of 3 runs each")
     args = parser.parse_args(argv)
+    if args.positions:
+        positions(Path(args.dir) / "history", [int(h) for h in args.hours.split(",")])
+        return
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-watch-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min)")
     if not args.skip_catalogue:
