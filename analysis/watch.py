@@ -740,6 +740,7 @@ class LiveWatch:
         if self.next_window_ns is None:
             self.next_window_ns = closed  # a new watch starts with the window now closing
         start = max(self.next_window_ns, closed - self.config.windows_kept() * w)
+        start = -(-start // w) * w  # on the window grid (the window may have changed since the state was saved)
         if not self._filled:
             self._fill(start)
         events: list[Event] = []
