@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from analysis.watch import ALERT_VERSION, ALERTS_DIR, Event, write_atomic
+from tracing.errors import QueryError
 
 #: Version of the webhook payload (the alert record inside has its own `version`).
 WEBHOOK_VERSION: Final = ALERT_VERSION
@@ -258,6 +259,10 @@ class Deliverer:
 
 def receivers_from(webhooks: list[str], alertmanagers: list[str]) -> list[Receiver]:
     """Receivers named from command-line URLs: kind and a hash of the URL (stable across restarts and reorders)."""
+    for url in [*webhooks, *alertmanagers]:
+        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+            raise QueryError("", f"receiver URL {url!r} is not an http(s) URL; write e.g. http://127.0.0.1:9093")
+
     def name(kind: str, url: str) -> str:
         return f"{kind}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
     out = [Receiver(name("webhook", u), "webhook", u) for u in dict.fromkeys(webhooks)]

@@ -738,7 +738,7 @@ class LiveWatch:
         w = self.config.window_ns
         closed = self._closed_until(now_ns)
         if self.next_window_ns is None:
-            self.next_window_ns = closed  # a new watch starts with the window now closing
+            self.next_window_ns = closed - w  # a new watch starts with the newest window that can be evaluated
         start = max(self.next_window_ns, closed - self.config.windows_kept() * w)
         start = -(-start // w) * w  # on the window grid (the window may have changed since the state was saved)
         if not self._filled:

@@ -84,7 +84,7 @@ def tick_cost(store: Path, end_s: int, ticks: int = 5) -> dict[str, float]:
     shutil.rmtree(store / ALERTS_DIR, ignore_errors=True)  # a fresh watch, not one catching up
     live = LiveWatch(store, cfg, lambda ev: None)
     t0 = time.perf_counter()
-    live.step(end_ns - ticks * w + d)  # starts: reads the lookback (60 windows), evaluates nothing new
+    live.step(end_ns - ticks * w + d)  # starts: reads the lookback (60 windows), evaluates the newest closed one
     start_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     live.step(end_ns + d)

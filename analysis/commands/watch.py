@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import signal
@@ -121,10 +122,10 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
     def stop(_signum: int, _frame: Any) -> None:
         stopping["now"] = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack to stderr: what is it doing?
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        with contextlib.suppress(ValueError, OSError, AttributeError):  # no real stderr (embedded): skip
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def deliver(ev: Event) -> None:
         outbox.enqueue(ev)
@@ -151,6 +152,8 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
                 time.sleep(min(0.1, wait_s))
     finally:
         deliverer.stop(drain_s=10.0 if once else 2.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(app: typer.Typer) -> None:

@@ -84,3 +84,28 @@ def test_receiver_names_are_stable_and_distinct() -> None:
     b = receivers_from(["http://127.0.0.1:1/b", "http://127.0.0.1:1/a"], ["http://127.0.0.1:2"])
     assert {r.name: r.url for r in a} == {r.name: r.url for r in b} and len({r.name for r in a}) == 3
     assert a[2].post_url == "http://127.0.0.1:2/api/v2/alerts"
+
+
+def test_a_receiver_url_that_is_not_http_is_refused_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+    store = init_store(tmp_path / "store")
+    result = CliRunner().invoke(app, ["watch", "--once", "--store", str(store), "--webhook", "ftp://x"])
+    assert result.exit_code == 1 and "receiver URL 'ftp://x' is not an http(s) URL" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["watch", "--once", "--store", str(store), "--window", "soon"])
+    assert result.exit_code == 1 and "cannot read duration 'soon'" in result.output
+
+
+def test_once_on_a_store_without_requests_evaluates_and_exits(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+    from analysis.watch import AlertStore
+    store = init_store(tmp_path / "store")
+    result = CliRunner().invoke(app, ["watch", "--once", "--store", str(store), "--window", "10s", "--delay", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("watching ") and "FIRING" not in result.output
+    state = AlertStore(store).load_state()
+    assert state["active"] == {} and state["last_window_end_ns"] % 10_000_000_000 == 0
