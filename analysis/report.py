@@ -351,3 +351,18 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
             con.print("exemplars: " + ", ".join(spike["exemplars"]), highlight=False)
     for err in report["errors"]:
         con.print(f"[yellow]{err}[/]", highlight=False)
+
+
+def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The report's explanation (stages, dimensions, exemplars) of `det.spikes`: (one item per spike, errors).
+
+    For callers that ran `detect` themselves (the watch): `frame` holds the rows detect saw, in
+    the same order, with columns rid (the rowid of each row in the `facts` table of `con`, which
+    holds trace_id), start_ns, e2e_ns, value and the explain dimensions; `con` also has the
+    `spans` view over the spikes' time range for the stage shares.
+    """
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
+    return items, [e for item in items for e in item.get("errors", [])]

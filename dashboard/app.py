@@ -23,6 +23,7 @@ st.set_page_config(page_title="tailscope", page_icon=":material/timer:", layout=
 PAGES = [
     st.Page(HERE / "app_pages" / "overview.py", title="Overview", icon=":material/monitoring:", default=True),
     st.Page(HERE / "app_pages" / "spike.py", title="Spike", icon=":material/local_fire_department:"),
+    st.Page(HERE / "app_pages" / "alerts.py", title="Alerts", icon=":material/notifications:"),
     st.Page(HERE / "app_pages" / "traces.py", title="Traces", icon=":material/account_tree:"),
     st.Page(HERE / "app_pages" / "shape.py", title="Request shape", icon=":material/grid_on:"),
     st.Page(HERE / "app_pages" / "replicas.py", title="Replicas", icon=":material/dns:"),

@@ -629,3 +629,15 @@ def prewarm(db: Workbench) -> None:
     summary(*key, f)
     over_time(*key, f)
     report_of(*key, f)
+
+
+# --- alerts (tailscope watch) ---------------------------------------------------------------
+
+@st.cache_data(show_spinner=False, max_entries=64, ttl=5)
+def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None) -> pd.DataFrame:
+    """The alerts `tailscope watch` kept in the store (analysis.watch.alerts_frame), overlapping the range.
+
+    Keyed by the store and range only, with a short ttl: alerts change without new segments.
+    """
+    from analysis.watch import alerts_frame
+    return alerts_frame(store, since_ns, until_ns).to_pandas()

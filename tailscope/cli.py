@@ -33,6 +33,7 @@ EXTRAS: dict[str, str] = {
     "collect": "collect",
     "dashboard": "dashboard",
     "demo": "all",
+    "watch": "analysis",
 }
 COMMANDS: tuple[str, ...] = tuple(EXTRAS)
 OURS = ("tracing", "intake", "analysis", "dashboard", "tailscope", "sample_traces")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -37,8 +38,16 @@ report = data.report_of(*key, f)
 notes = "; ".join(report.get("errors", []))
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
+fired = data.alerts(str(db.store), f.since_ns, f.until_ns)
+if not fired.empty:
+    st.caption(f"red rules: {len(fired)} alert(s) of `tailscope watch` at the start of their window "
+               "(see the Alerts page)")
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
-        st.altair_chart(charts.percentiles(df, prefix, label, shade),
-                        width="stretch")
+        chart = charts.percentiles(df, prefix, label, shade)
+        if not fired.empty:
+            marks = fired.assign(window=pd.to_datetime(fired["window_start_ns"], unit="ns", utc=True))
+            chart = chart + alt.Chart(marks).mark_rule(color="#d62728", strokeDash=[4, 2]).encode(
+                x="window:T", tooltip=["kind:N", "rule:N", "status:N", "fired_at:N", "stage:N", "value:N"])
+        st.altair_chart(chart, width="stretch")
 st.altair_chart(charts.counts(df, shade), width="stretch")

@@ -33,6 +33,12 @@ options: dict[str, tuple[int, int]] = {}
 if brushed.get("window"):
     a, b = (int(float(ms) * 1e6) for ms in brushed["window"][:2])
     options[f"brushed {pd.Timestamp(a, unit='ns'):%H:%M:%S}–{pd.Timestamp(b, unit='ns'):%H:%M:%S}"] = (a, b)
+linked = st.query_params.get("start_ns"), st.query_params.get("end_ns")  # from an alert: ?start_ns=&end_ns=
+linked_label = None
+if all(v is not None and str(v).isdigit() for v in linked) and int(linked[1]) > int(linked[0]):  # type: ignore[arg-type]
+    la, lb = int(linked[0]), int(linked[1])  # type: ignore[arg-type]
+    linked_label = f"linked {pd.Timestamp(la, unit='ns'):%H:%M:%S}–{pd.Timestamp(lb, unit='ns'):%H:%M:%S}"
+    options[linked_label] = (la, lb)
 for sp, (ta, tb) in zip(spikes, shade, strict=True):
     options[f"spike {ta:%H:%M:%S}–{tb:%H:%M:%S} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = data.spike_times_ns(sp)
 if not options:
@@ -43,6 +49,9 @@ brushed_label = next((k for k in options if k.startswith("brushed")), None)
 if brushed_label and st.session_state.get("_last_brush") != brushed_label:  # a new brush: show it
     st.session_state["spike_choice"] = brushed_label
 st.session_state["_last_brush"] = brushed_label
+if linked_label and st.session_state.get("_last_link") != linked_label:  # a new link: show its window
+    st.session_state["spike_choice"] = linked_label
+st.session_state["_last_link"] = linked_label
 if st.session_state.get("spike_choice") not in options:
     st.session_state.pop("spike_choice", None)
 label = st.selectbox("Window", list(options), key="spike_choice")
