@@ -16,7 +16,7 @@ app = typer.Typer(
 )
 
 #: Command modules, in the order `--help` lists them; each has `register(app)`.
-COMMANDS: tuple[str, ...] = ("ingest", "sql", "report", "collect", "dashboard", "demo")
+COMMANDS: tuple[str, ...] = ("ingest", "sql", "report", "cost", "collect", "dashboard", "demo")
 
 for _name in COMMANDS:
     try:
