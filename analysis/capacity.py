@@ -121,7 +121,7 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     load = con.execute(
         "SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = 'model_load' "
         "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchone()
-    cold = int(round(load[0])) if load and load[0] is not None else None
+    cold = round(float(load[0])) if load and load[0] is not None else None
     span = (int(arrivals[-1] - arrivals[0]) if arrivals.size else 0)
     if lo is not None and hi is not None:
         span = hi - lo

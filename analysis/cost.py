@@ -87,7 +87,7 @@ FROM spans WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
     # generation spans with a prefill / decode child are represented by those children
     steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
                             "WHERE Stage IN ('prefill', 'decode')")
-    steps["_cost_gpu"] = f"""
+    steps["_cost_gpu"] = """
 SELECT g.TraceId, g.replica, g.s, g.e,
        coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id,
        coalesce(r1.TimestampNs, r2.TimestampNs) AS request_start_ns
@@ -465,7 +465,8 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
         pl.col("key").replace({"cold_start_ns": "(cold start)", "idle_ns": "(idle)"}),
         pl.col("replica").map_elements(lambda r: prices.of(r, None), return_dtype=pl.Float64).alias("price"),
         pl.lit(None, dtype=pl.String).alias("model"))
-    both = pl.concat([gpu.select("bucket_ns", "key", "ns", "price"), over_rows.select("bucket_ns", "key", "ns", "price")])
+    cols = ("bucket_ns", "key", "ns", "price")
+    both = pl.concat([gpu.select(cols), over_rows.select(cols)])
     out = both.group_by("bucket_ns", "key").agg(
         pl.col("ns").sum().cast(pl.Int64).alias("gpu_ns"),
         pl.when(pl.col("price").is_null().any()).then(None)

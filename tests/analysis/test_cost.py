@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -153,7 +154,7 @@ def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None) -
             bounds |= {g for g in range(first - first % grid + grid, last, grid)}
         bounds_l = sorted(b for b in bounds if first <= b <= last)
         totals = defaultdict(lambda: [0, 0, 0, 0])
-        for t0, t1 in zip(bounds_l, bounds_l[1:], strict=False):
+        for t0, t1 in itertools.pairwise(bounds_l):
             cell = (t0 - t0 % grid) if grid else 0
             active = sorted(k for k in gpu if on(k, t0))
             for t in range(t0, t1):  # the active set is constant inside a segment
@@ -164,12 +165,11 @@ def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None) -
                 q, r = divmod(length, len(active))
                 for k in active:
                     alloc[(rep, k.split(":")[0], cell)] += q
-                def run_end(k: str) -> int:
-                    t = t0
+                def run_end(k: str, t: int) -> int:
                     while on(k, t):
                         t += 1
                     return t
-                best = max(active, key=lambda k: (min(run_end(k), hi), k))
+                best = max(active, key=lambda k: (min(run_end(k, t0), hi), k))
                 if r:
                     alloc[(rep, best.split(":")[0], cell)] += r
                 totals[cell][1] += length
