@@ -28,7 +28,6 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.percentiles import parse_time
-from analysis.spikes import quantile_sorted
 from analysis.whatif import simulate
 
 I64 = npt.NDArray[np.int64]
@@ -128,9 +127,16 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     return Workload(arrivals, services, ttft_rest, slots, replicas, cold, max(span, 1))
 
 
+def _q_ms(values: npt.NDArray[np.float64], qs: Sequence[float]) -> list[float | None]:
+    """quantile_cont (linear) of the non-NaN values at each q, in ms; by partition, not a full sort."""
+    v = values[~np.isnan(values)]
+    if not v.size:
+        return [None for _ in qs]
+    return [round(float(x) / 1e6, 3) for x in np.quantile(v, list(qs), method="linear")]
+
+
 def _p99_ms(values: npt.NDArray[np.float64]) -> float | None:
-    v = np.sort(values[~np.isnan(values)])
-    return round(quantile_sorted(v, 0.99) / 1e6, 3) if v.size else None
+    return _q_ms(values, [0.99])[0]
 
 
 def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
@@ -138,11 +144,10 @@ def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
     """p50 / p99 e2e and p99 TTFT (ms) with `replicas` x slots FIFO servers, and the GPU cost per hour."""
     lat = replay(w.arrivals, w.services, replicas * w.slots, kernel)
     wait = (lat - w.services).astype(np.float64)
-    e2e = np.sort(lat.astype(np.float64))
+    p50, p99 = _q_ms(lat.astype(np.float64), [0.5, 0.99])
     return {
         "replicas": int(replicas), "servers": int(replicas * w.slots),
-        "p50_ms": round(quantile_sorted(e2e, 0.5) / 1e6, 3) if e2e.size else None,
-        "p99_ms": round(quantile_sorted(e2e, 0.99) / 1e6, 3) if e2e.size else None,
+        "p50_ms": p50, "p99_ms": p99,
         "ttft_p99_ms": _p99_ms(wait + w.ttft_rest),
         "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd,
     }
@@ -152,16 +157,42 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
                    metric: str = "e2e", gpu_hour_usd: float | None = None) -> dict[str, Any]:
     """The curve of `point` over `replicas` and the fewest replicas whose p99 (`metric`: e2e or ttft) meets the target.
 
-    p99 does not rise when replicas are added (FIFO waits only shrink with more servers), so the
-    fewest count is the first point of the curve under the target; None when no point is.
+    Waits through FIFO servers only shrink when servers are added, so p99 does not rise with
+    the count: the fewest count is found by bisection over 1 .. max(replicas) (points outside
+    the curve are replayed too), None when even the largest count misses the target.
     """
     if metric not in ("e2e", "ttft"):
         raise ValueError("metric must be e2e or ttft")
-    points = [point(w, int(r), gpu_hour_usd) for r in sorted(set(replicas))]
+    done: dict[int, dict[str, Any]] = {}
+
+    def at(r: int) -> dict[str, Any]:
+        if r not in done:
+            done[r] = point(w, r, gpu_hour_usd)
+        return done[r]
+
+    counts = sorted({int(r) for r in replicas})
+    points = [at(r) for r in counts]
     col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
+
+    def meets(r: int) -> bool:
+        v = at(r)[col]
+        return v is not None and v <= target_p99_ms  # type: ignore[operator]
+
     fewest = None
-    if target_p99_ms is not None:
-        fewest = next((p["replicas"] for p in points if p[col] is not None and p[col] <= target_p99_ms), None)
+    if target_p99_ms is not None and counts and meets(counts[-1]):
+        lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
+        for r in counts:  # narrow with the curve's own points first
+            if meets(r):
+                hi = r
+                break
+            lo = r
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if meets(mid):
+                hi = mid
+            else:
+                lo = mid
+        fewest = hi
     return {"version": CAPACITY_VERSION, "requests": w.size, "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,
             "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points}

@@ -20,8 +20,8 @@ when it has a GPU-stage or model_load span anywhere in the store. allocated + co
 The sweep is SQL over the documented `spans` view: window functions over the interval
 boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
 request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
-Python loop over rows. The integer division and the struct max are the only dialect
-specific pieces (`DIALECTS`), so a ClickHouse form can be generated from the same text.
+Python loop over rows. Integer division is the one dialect-specific piece of the core
+(`DIALECTS`); the grid's cell series uses DuckDB's range(), ClickHouse's arrayJoin(range()).
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ PRICE_FILE: Final = "prices.toml"
 TAIL_Q: Final = 0.99
 NS_PER_HOUR: Final = 3_600_000_000_000
 
-#: Dialect-specific pieces of the sweep SQL: integer division and the max of a (end, key) pair.
+#: Dialect-specific pieces of the sweep SQL (integer division; the grid's series of cell edges).
 DIALECTS: Final[dict[str, dict[str, str]]] = {
-    "duckdb": {"idiv": "({a} // {b})", "pair": "{{'e': {e}, 'k': {k}}}", "pair_k": "{p}.k"},
-    "clickhouse": {"idiv": "intDiv({a}, {b})", "pair": "tuple({e}, {k})", "pair_k": "tupleElement({p}, 2)"},
+    "duckdb": {"idiv": "({a} // {b})"},
+    "clickhouse": {"idiv": "intDiv({a}, {b})"},
 }
 
 
@@ -110,10 +110,15 @@ FROM _cost_gpu"""
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
           OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
 FROM _cost_gpu_ord"""
-    steps["_cost_islands"] = """
+    steps["_cost_islands_raw"] = """
 SELECT replica, TraceId, request_span_id, any_value(request_start_ns) AS request_start_ns,
        min(s) AS s, max(e) AS e
 FROM _cost_gpu_num GROUP BY replica, TraceId, request_span_id, island"""
+    # iid ranks islands by (end, trace id, request span id) per replica: a running max of iid over the
+    # islands started so far names the active one that ends last (the remainder's recipient)
+    steps["_cost_islands"] = """
+SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, TraceId, request_span_id) AS iid
+FROM _cost_islands_raw"""
     steps["_cost_loads"] = f"""
 SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
 WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
@@ -123,7 +128,6 @@ FROM (SELECT coalesce(Replica, '{none}') AS replica, min(TimestampNs) AS first_n
       FROM spans GROUP BY 1) o
 WHERE o.replica IN (SELECT replica FROM _cost_st)
   AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY)
-    pair = d["pair"].format(e="e", k="TraceId || ':' || request_span_id")
     grid_events = ""
     if grid:
         grid_events = """
@@ -131,7 +135,7 @@ UNION ALL
 SELECT o.replica, g.t, 0, 0, NULL FROM _cost_observed o,
     LATERAL (SELECT unnest(range((o.first_ns // $grid + 1) * $grid, o.last_ns, $grid)) AS t) g"""
     steps["_cost_events"] = f"""
-SELECT replica, s AS t, 1 AS dg, 0 AS dl, {pair} AS cand FROM _cost_islands
+SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
 UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
 UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
 UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
@@ -162,7 +166,6 @@ FROM _cost_islands i, LATERAL (SELECT unnest(range((i.s // $grid) * $grid, i.e, 
     else:
         steps["_cost_pieces"] = ("SELECT replica, TraceId, request_span_id, request_start_ns, s, e, "
                                  "0 AS bucket_ns FROM _cost_islands")
-    recipient = d["pair_k"].format(p="best")
     steps["_cost_shares"] = f"""
 SELECT replica, trace_id, request_span_id, any_value(request_start_ns) AS request_start_ns, bucket_ns,
        sum(part)::BIGINT AS allocated_ns
@@ -174,11 +177,8 @@ FROM (
     JOIN _cost_prefix qe ON qe.replica = p.replica AND qe.t = p.e
     UNION ALL
     SELECT w.replica, i.TraceId, i.request_span_id, i.request_start_ns, w.bucket_ns, w.r
-    FROM (SELECT replica, bucket_ns, {recipient} AS k, sum(r) AS r FROM _cost_shared WHERE r > 0
-          GROUP BY ALL) w
-    JOIN (SELECT DISTINCT replica, TraceId, request_span_id, request_start_ns,
-                 TraceId || ':' || request_span_id AS k FROM _cost_islands) i
-      ON i.replica = w.replica AND i.k = w.k
+    FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
+    JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
 ) GROUP BY replica, trace_id, request_span_id, bucket_ns"""
     if grid:
         observed = """greatest(0, least(o.last_ns, b.bucket_ns + $grid) - greatest(o.first_ns, b.bucket_ns))"""

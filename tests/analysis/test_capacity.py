@@ -77,6 +77,12 @@ def test_curve_points_equal_the_replay_oracle(tmp_path: Path) -> None:
     assert p99s == sorted(p99s, reverse=True)
     fewest = next(p["replicas"] for p in curve["points"] if p["p99_ms"] <= 250.0)
     assert curve["fewest_replicas"] == fewest
+    # bisection finds a count the curve skipped: 4 is not drawn
+    every = capacity_curve(w, replicas=range(1, 6), target_p99_ms=curve["points"][2]["p99_ms"] - 0.001)
+    want = next((p["replicas"] for p in every["points"] if p["p99_ms"] <= curve["points"][2]["p99_ms"] - 0.001),
+                None)
+    sparse = capacity_curve(w, replicas=[1, 5], target_p99_ms=curve["points"][2]["p99_ms"] - 0.001)
+    assert sparse["fewest_replicas"] == want
     assert w.cold_start_ns == 300 * MS  # the one observed model_load
 
 
