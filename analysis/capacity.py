@@ -100,7 +100,8 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     lo, hi = parse_time(since), parse_time(until)
     where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
     data = con.execute(
-        f"SELECT start_ns, e2e_ns - queue_wait_ns AS service_ns, ttft_ns - queue_wait_ns AS ttft_rest_ns "
+        f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
+        f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns "
         f"FROM requests WHERE {where} ORDER BY start_ns", [lo, hi]).fetchnumpy()
     arrivals = np.asarray(data["start_ns"], dtype=np.int64)
     services = np.maximum(np.asarray(data["service_ns"], dtype=np.int64), 0)
@@ -110,7 +111,7 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     ttft_rest = np.where(np.isnan(ttft_rest), np.nan, np.maximum(ttft_rest, 0.0))
     row = con.execute(f"""
         WITH ev AS (
-            SELECT replica, start_ns + queue_wait_ns AS t, 1 AS d FROM requests WHERE {where}
+            SELECT replica, start_ns + coalesce(queue_wait_ns, 0) AS t, 1 AS d FROM requests WHERE {where}
             UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM requests WHERE {where})
         SELECT max(n), (SELECT count(DISTINCT replica) FROM requests WHERE {where})
         FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",

@@ -166,7 +166,7 @@ FROM _cost_islands i, LATERAL (SELECT unnest(range((i.s // $grid) * $grid, i.e, 
     else:
         steps["_cost_pieces"] = ("SELECT replica, TraceId, request_span_id, request_start_ns, s, e, "
                                  "0 AS bucket_ns FROM _cost_islands")
-    steps["_cost_shares"] = f"""
+    steps["_cost_shares"] = """
 SELECT replica, trace_id, request_span_id, any_value(request_start_ns) AS request_start_ns, bucket_ns,
        sum(part)::BIGINT AS allocated_ns
 FROM (
@@ -325,18 +325,22 @@ def _usd(ns: int, price: float | None) -> float | None:
 
 
 def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | int | datetime | None = None,
-               until: str | int | datetime | None = None, prices: Prices | None = None) -> dict[str, Any]:
+               until: str | int | datetime | None = None, prices: Prices | None = None,
+               facts: str | None = None) -> dict[str, Any]:
     """GPU time and its cost per `by` value over [since, until): the `tailscope cost --json` contract.
 
     GPU time is the fair share of each instant in [since, until) (see the module docstring);
     requests, tokens and the p99 tail are those of the requests that start in [since, until).
+    Request columns come from `facts` (a table with the `requests` view's trace_id, start_ns,
+    e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
+    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, start_ns).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
     since_ns, until_ns = parse_time(since), parse_time(until)
     shares, reps = gpu_shares(con, since_ns, until_ns)
-    facts = request_facts(con)
+    facts = facts or request_facts(con)
     where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
     params = {"since": since_ns, "until": until_ns}
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
@@ -436,7 +440,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
 
 def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
                 since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-                prices: Prices | None = None) -> pl.DataFrame:
+                prices: Prices | None = None, facts: str | None = None) -> pl.DataFrame:
     """GPU time per grid cell and `by` value (the sweep cut at the grid), with idle and cold start.
 
     Columns: bucket_start (UTC), bucket_ns, key, gpu_ns, cost_usd. The replicas' idle and
@@ -448,7 +452,7 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
     prices = prices or Prices()
     grid = int(bucket_s) * 1_000_000_000
     shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid)
-    facts = request_facts(con)
+    facts = facts or request_facts(con)
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     try:
         gpu = con.sql(f"""

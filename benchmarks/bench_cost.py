@@ -91,15 +91,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
     results: dict[str, Any] = {}
-    for spans in (int(s) for s in args.spans.split(",")):
-        store = base / f"store-{spans}"
+    for count in (int(s) for s in args.spans.split(",")):
+        store = base / f"store-{count}"
         if not store.exists():
             t = time.perf_counter()
-            make_store(store, spans)
+            make_store(store, count)
             print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cost", "--one", str(store)],
                               check=True, capture_output=True, text=True)
-        results[str(spans)] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[str(count)] = json.loads(proc.stdout.strip().splitlines()[-1])
     if args.json:
         print(json.dumps(results, indent=2))
         return
