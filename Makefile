@@ -10,11 +10,12 @@ STORE ?= $(HOME)/.local/share/tailscope/store
 
 all: test
 
-$(STAMP): pyproject.toml tracing/_otlpx.c
+$(STAMP): pyproject.toml tracing/_otlpx.c analysis/_replay.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dashboard,dev]'
 	$(PY) -m tracing.build_otlpx || echo "note: the optional C decoder was not built; tailscope uses its Python decoder"
+	$(PY) -m analysis.build_replay || echo "note: the optional C replay kernel was not built; the capacity curve uses its Python loop"
 	touch $(STAMP)
 
 venv: $(STAMP)
