@@ -20,8 +20,10 @@ when it has a GPU-stage or model_load span anywhere in the store. allocated + co
 The sweep is SQL over the documented `spans` view: window functions over the interval
 boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
 request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
-Python loop over rows. Integer division is the one dialect-specific piece of the core
-(`DIALECTS`); the grid's cell series uses DuckDB's range(), ClickHouse's arrayJoin(range()).
+Python loop over rows. Three pieces are dialect-specific
+(`DIALECTS`: integer division, the next boundary, the grid's cells); the rest is plain SQL
+(joins, CASE, sum/min/max, window sums). The ClickHouse text is generated but not yet run
+in tests.
 """
 
 from __future__ import annotations
@@ -56,10 +58,15 @@ PRICE_FILE: Final = "prices.toml"
 TAIL_Q: Final = 0.99
 NS_PER_HOUR: Final = 3_600_000_000_000
 
-#: Dialect-specific pieces of the sweep SQL (integer division; the grid's series of cell edges).
+#: Dialect-specific pieces of the sweep SQL: integer division, the next boundary, a series of grid edges.
 DIALECTS: Final[dict[str, dict[str, str]]] = {
-    "duckdb": {"idiv": "({a} // {b})"},
-    "clickhouse": {"idiv": "intDiv({a}, {b})"},
+    "duckdb": {"idiv": "({a} // {b})",
+               "next": "lead({x}) OVER (PARTITION BY {p} ORDER BY {o})",
+               "cells": ", LATERAL (SELECT unnest(range({lo}, {hi}, $grid)) AS {name})"},
+    "clickhouse": {"idiv": "intDiv({a}, {b})",
+                   "next": "leadInFrame(toNullable({x}), 1, NULL) OVER (PARTITION BY {p} ORDER BY {o} "
+                           "ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)",
+                   "cells": " ARRAY JOIN range({lo}, {hi}, $grid) AS {name}"},
 }
 
 
@@ -95,9 +102,8 @@ FROM _cost_st g
 LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
 LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
 LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId
-WHERE (g.Stage IN ('prefill', 'decode')
-       OR (g.Stage = 'generation' AND NOT EXISTS (
-           SELECT 1 FROM _cost_split x WHERE x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId)))
+LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
+WHERE (g.Stage IN ('prefill', 'decode') OR (g.Stage = 'generation' AND x.TraceId IS NULL))
   AND least(g.e, $hi) > greatest(g.s, $lo)"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
     steps["_cost_gpu_ord"] = """
@@ -111,7 +117,7 @@ SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
           OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
 FROM _cost_gpu_ord"""
     steps["_cost_islands_raw"] = """
-SELECT replica, TraceId, request_span_id, any_value(request_start_ns) AS request_start_ns,
+SELECT replica, TraceId, request_span_id, min(request_start_ns) AS request_start_ns,
        min(s) AS s, max(e) AS e
 FROM _cost_gpu_num GROUP BY replica, TraceId, request_span_id, island"""
     # iid ranks islands by (end, trace id, request span id) per replica: a running max of iid over the
@@ -130,10 +136,10 @@ WHERE o.replica IN (SELECT replica FROM _cost_st)
   AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY)
     grid_events = ""
     if grid:
-        grid_events = """
+        cells = d["cells"].format(lo=idiv("o.first_ns", "$grid") + " * $grid + $grid", hi="o.last_ns", name="t")
+        grid_events = f"""
 UNION ALL
-SELECT o.replica, g.t, 0, 0, NULL FROM _cost_observed o,
-    LATERAL (SELECT unnest(range((o.first_ns // $grid + 1) * $grid, o.last_ns, $grid)) AS t) g"""
+SELECT o.replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
     steps["_cost_events"] = f"""
 SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
 UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
@@ -143,8 +149,9 @@ UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
 UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
     steps["_cost_points"] = ("SELECT replica, t, sum(dg) AS dg, sum(dl) AS dl, max(cand) AS cand "
                              "FROM _cost_events GROUP BY replica, t")
-    steps["_cost_segs"] = """
-SELECT replica, t, lead(t) OVER (PARTITION BY replica ORDER BY t) - t AS len_ns,
+    nxt = d["next"].format(x="t", p="replica", o="t")
+    steps["_cost_segs"] = f"""
+SELECT replica, t, {nxt} - t AS len_ns,
        sum(dg) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
        sum(dl) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
        max(cand) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
@@ -159,16 +166,17 @@ FROM _cost_segs"""
 SELECT replica, t, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
 FROM _cost_shared"""
     if grid:
-        steps["_cost_pieces"] = """
+        cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
+        steps["_cost_pieces"] = f"""
 SELECT i.replica, i.TraceId, i.request_span_id, i.request_start_ns,
-       greatest(i.s, b.b0) AS s, least(i.e, b.b0 + $grid) AS e, b.b0 AS bucket_ns
-FROM _cost_islands i, LATERAL (SELECT unnest(range((i.s // $grid) * $grid, i.e, $grid)) AS b0) b"""
+       greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
+FROM _cost_islands i{cells}"""
     else:
         steps["_cost_pieces"] = ("SELECT replica, TraceId, request_span_id, request_start_ns, s, e, "
                                  "0 AS bucket_ns FROM _cost_islands")
     steps["_cost_shares"] = """
-SELECT replica, trace_id, request_span_id, any_value(request_start_ns) AS request_start_ns, bucket_ns,
-       sum(part)::BIGINT AS allocated_ns
+SELECT replica, trace_id, request_span_id, min(request_start_ns) AS request_start_ns, bucket_ns,
+       CAST(sum(part) AS BIGINT) AS allocated_ns
 FROM (
     SELECT p.replica, p.TraceId AS trace_id, p.request_span_id, p.request_start_ns, p.bucket_ns,
            qe.q_before - qs.q_before AS part
@@ -187,17 +195,19 @@ FROM (
         observed = "o.last_ns - o.first_ns"
         buckets = "(SELECT DISTINCT replica, 0 AS bucket_ns FROM _cost_shared) b"
     steps["_cost_replicas"] = f"""
-SELECT b.replica, b.bucket_ns, ({observed})::BIGINT AS observed_ns,
-       coalesce(a.allocated_ns, 0)::BIGINT AS allocated_ns,
-       coalesce(x.cold_start_ns, 0)::BIGINT AS cold_start_ns, coalesce(x.idle_ns, 0)::BIGINT AS idle_ns
+SELECT b.replica, b.bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
+       CAST(coalesce(a.allocated_ns, 0) AS BIGINT) AS allocated_ns,
+       CAST(coalesce(x.cold_start_ns, 0) AS BIGINT) AS cold_start_ns,
+       CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns
 FROM {buckets}
 JOIN _cost_observed o ON o.replica = b.replica
-LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares GROUP BY ALL) a
+LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
+           GROUP BY replica, bucket_ns) a
     ON a.replica = b.replica AND a.bucket_ns = b.bucket_ns
 LEFT JOIN (SELECT replica, bucket_ns,
-                  sum(len_ns) FILTER (WHERE n = 0 AND nl > 0) AS cold_start_ns,
-                  sum(len_ns) FILTER (WHERE n = 0 AND nl = 0) AS idle_ns
-           FROM _cost_shared GROUP BY ALL) x ON x.replica = b.replica AND x.bucket_ns = b.bucket_ns"""
+                  sum(CASE WHEN n = 0 AND nl > 0 THEN len_ns ELSE 0 END) AS cold_start_ns,
+                  sum(CASE WHEN n = 0 AND nl = 0 THEN len_ns ELSE 0 END) AS idle_ns
+           FROM _cost_shared GROUP BY replica, bucket_ns) x ON x.replica = b.replica AND x.bucket_ns = b.bucket_ns"""
     return steps
 
 
