@@ -235,3 +235,36 @@ def test_prices_table_and_errors(tmp_path: Path) -> None:
     with pytest.raises(QueryError, match="unknown key"):
         load_prices(table)
     assert not prices_for(tmp_path / "elsewhere").known
+
+
+def test_cli_json_text_and_errors(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from analysis.cli import app
+
+    store = tmp_path / "store"
+    batch = SpanBatch()
+    add_request(batch, "r1", 0, 10 * S, [("generation", 0, 10 * S)], replica="A", attrs=_tenant("x", 100))
+    add_request(batch, "r2", 4 * S, 12 * S, [("generation", 4 * S, 10 * S)], replica="A", attrs=_tenant("y", 50))
+    write(store, batch)
+    runner = CliRunner()
+    result = runner.invoke(app, ["cost", "--store", str(store), "--json", "--gpu-hour-usd", "3.6"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["version"], data["by"], data["gpu_hour_usd"]) == (1, "tenant", 3.6)
+    assert {r["key"]: r["gpu_ns"] for r in data["rows"]} == {"x": 7 * S, "y": 3 * S}
+    assert data["rows"][0]["cost_usd"] == pytest.approx(7 * 3.6 / 3600)
+    assert data["replicas"] == [{
+        "replica": "A", "observed_ns": 12 * S, "allocated_ns": 10 * S, "cold_start_ns": 0, "idle_ns": 2 * S,
+        "observed_seconds": 12.0, "allocated_seconds": 10.0, "cold_start_seconds": 0.0, "idle_seconds": 2.0,
+        "idle_share": 2 / 12, "gpu_hour_usd": 3.6, "overhead_usd": pytest.approx(2 * 3.6 / 3600)}]
+    result = runner.invoke(app, ["cost", "--store", str(store), "--by", "replica", "--since",
+                                 "2025-11-20T14:00:05Z"])
+    assert result.exit_code == 0 and "no price" in result.stdout
+    (store / "prices.toml").write_text("gpu_hour_usd = 'cheap'\n")
+    result = runner.invoke(app, ["cost", "--store", str(store)])
+    assert result.exit_code == 1 and "a price must be a non-negative number" in result.stderr
+    result = runner.invoke(app, ["cost", "--store", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no store there" in result.stderr
