@@ -10,9 +10,10 @@ STORE ?= $(HOME)/.local/share/tailscope/store
 
 all: test
 
-# every extra plus the dev tools; pip builds the optional C decoder (intake/_otlpx.c) when a
+# every extra plus the dev tools; pip builds the optional C decoder (intake/_otlpx.c) and replay
+# kernel (analysis/_replay.c) when a
 # C compiler is there, and otherwise notes it and goes on (tailscope then uses its Python decoder)
-$(STAMP): pyproject.toml setup.py intake/_otlpx.c
+$(STAMP): pyproject.toml setup.py intake/_otlpx.c analysis/_replay.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[all,dev]'

@@ -1,8 +1,13 @@
-"""The optional C decoder `intake._otlpx`, built by `pip install` when a C compiler is there.
+"""The optional C parts, built by `pip install` when a C compiler is there.
+
+- `intake._otlpx`: the columnwise OTLP decoder. Without it `intake.otlp` uses its pure-Python
+  decoder, which stores exactly the same rows, several times slower.
+- `analysis._replay`: the FIFO k-server replay kernel of the capacity curve (a plain C library
+  loaded with ctypes). Without it `analysis.capacity` replays in Python: the same numbers,
+  about ten times slower.
 
 Everything else about the package is in pyproject.toml. Without a compiler (or Python's
-headers) the build notes it and goes on: `intake.otlp` then uses its pure-Python decoder,
-which stores exactly the same rows, several times slower.
+headers) the build notes it and goes on.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that turns any failure to build the decoder into a one-line note."""
+    """build_ext that turns any failure to build an optional part into a one-line note."""
 
     def run(self) -> None:
         try:
@@ -27,15 +32,17 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # the compiler or Python.h is missing, or the compile failed
-            self._note(exc)
+            self._note(exc, ext.name)
 
-    def _note(self, exc: Exception) -> None:
-        print(f"note: the optional C decoder intake._otlpx was not built ({exc}); "
-              "tailscope uses its Python decoder", file=sys.stderr)
+    def _note(self, exc: Exception, name: str = "intake._otlpx, analysis._replay") -> None:
+        print(f"note: the optional C part {name} was not built ({exc}); tailscope uses its Python code "
+              "instead (same results, slower)", file=sys.stderr)
 
 
 setup(
     ext_modules=[Extension("intake._otlpx", ["intake/_otlpx.c"], optional=True,
-                           extra_compile_args=[] if sys.platform == "win32" else ["-O3"])],
+                           extra_compile_args=[] if sys.platform == "win32" else ["-O3"]),
+                 Extension("analysis._replay", ["analysis/_replay.c"], optional=True,
+                           extra_compile_args=[] if sys.platform == "win32" else ["-O2"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )

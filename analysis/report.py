@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis import explain as X
+from analysis import neighbours as N
 from analysis.percentiles import (
     auto_window_s,
     iso,
@@ -296,6 +297,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
+        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
         out.append(item)
     return out
 

@@ -28,6 +28,8 @@ PAGES = [
     st.Page(HERE / "app_pages" / "shape.py", title="Request shape", icon=":material/grid_on:"),
     st.Page(HERE / "app_pages" / "replicas.py", title="Replicas", icon=":material/dns:"),
     st.Page(HERE / "app_pages" / "whatif.py", title="What-if", icon=":material/tune:"),
+    st.Page(HERE / "app_pages" / "capacity.py", title="Capacity", icon=":material/stacked_line_chart:"),
+    st.Page(HERE / "app_pages" / "cost.py", title="Cost", icon=":material/payments:"),
     st.Page(HERE / "app_pages" / "sql.py", title="SQL", icon=":material/terminal:"),
 ]
 

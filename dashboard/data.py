@@ -641,3 +641,77 @@ def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None)
     """
     from analysis.watch import alerts_frame
     return alerts_frame(store, since_ns, until_ns).to_pandas()
+
+
+# --- cost and capacity (analysis.cost, analysis.capacity) ---------------------------------
+
+def price_default(store: str) -> float | None:
+    """The default USD per GPU-hour of the store's price table (STORE/prices.toml), if it has one."""
+    from analysis.cost import prices_for
+
+    try:
+        return prices_for(Path(store)).default
+    except Exception:  # a broken price table is reported by the page that uses it
+        return None
+
+
+@st.cache_data(show_spinner="Sharing out GPU time…", max_entries=32)
+def cost_summary(_db: Workbench, store: str, version: int, filters: Filters, by: str,
+                 gpu_hour_usd: float | None) -> dict[str, Any]:
+    """analysis.cost.cost_table over the filters' time range (the `tailscope cost --json` shape), or {"error"}."""
+    from analysis.cost import cost_table, prices_for
+
+    with _cursor(_db) as cur:
+        try:
+            return cost_table(cur, by=by, since=filters.since_ns, until=filters.until_ns,
+                              prices=prices_for(Path(store), None, gpu_hour_usd), facts="req")
+        except Exception as exc:  # a failing analysis degrades to a message on the page
+            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}
+
+
+@st.cache_data(show_spinner="Sharing out GPU time…", max_entries=32)
+def cost_over_time(_db: Workbench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
+                   gpu_hour_usd: float | None) -> pd.DataFrame:
+    """analysis.cost.cost_series (GPU-seconds and USD per cell and key, idle and cold start as keys)."""
+    from analysis.cost import cost_series, prices_for
+
+    with _cursor(_db) as cur:
+        frame = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,
+                            prices=prices_for(Path(store), None, gpu_hour_usd), facts="req")
+    df = frame.to_pandas()
+    df["gpu_seconds"] = df["gpu_ns"] / 1e9
+    return df
+
+
+@st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)
+def capacity_curve(_db: Workbench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
+                   metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
+    """analysis.capacity.capacity_curve for 1..max_replicas over the filtered requests, or {"error"}."""
+    from analysis.capacity import capacity_curve as curve
+    from analysis.capacity import load_kernel, observed_workload
+
+    with _cursor(_db, filters) as cur:
+        try:
+            w = observed_workload(cur, filters.since_ns, filters.until_ns)
+            counts = range(1, max_replicas + 1) if load_kernel() is not None else sorted(
+                {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
+            out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
+        except Exception as exc:
+            return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
+    out["cold_start_ms"] = None if w.cold_start_ns is None else w.cold_start_ns / 1e6
+    out["kernel"] = load_kernel() is not None
+    return out
+
+
+@st.cache_data(show_spinner="Replaying reactive scale-up…", max_entries=32)
+def capacity_scale_up(_db: Workbench, store: str, version: int, filters: Filters, replicas: int,
+                      max_replicas: int, gpu_hour_usd: float | None) -> dict[str, Any]:
+    """analysis.capacity.scale_up (reactive with the observed cold start against pre-scaling), or {"error"}."""
+    from analysis.capacity import observed_workload, scale_up
+
+    with _cursor(_db, filters) as cur:
+        try:
+            w = observed_workload(cur, filters.since_ns, filters.until_ns)
+            return scale_up(w, replicas, max_replicas, gpu_hour_usd)
+        except Exception as exc:
+            return {"error": f"could not replay scale-up because {str(exc).splitlines()[0]}"}

@@ -34,6 +34,7 @@ EXTRAS: dict[str, str] = {
     "dashboard": "dashboard",
     "demo": "all",
     "watch": "analysis",
+    "cost": "analysis",
 }
 COMMANDS: tuple[str, ...] = tuple(EXTRAS)
 OURS = ("tracing", "intake", "analysis", "dashboard", "tailscope", "sample_traces")

@@ -71,7 +71,7 @@ TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_fa
             "percentile_convention", "values", "windows", "baseline_p50_ms", "baseline_p99_ms", "spikes", "errors"}
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "stages", "dimensions", "exemplars", "errors", "candidates_tested",
-              "tail_requests"}
+              "tail_requests", "noisy_neighbour"}
 DIM_KEYS = {"dimension", "value", "lo", "hi", "score", "p99_without_ms", "explained", "support", "tail_share",
             "baseline_share", "baseline_p99_without_ms", "p_value", "conditions"}
 

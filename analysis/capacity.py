@@ -1,0 +1,288 @@
+"""Capacity what-if with money: p99 (e2e, TTFT) and GPU cost per hour against the replica count.
+
+The replay is analysis.whatif's: each request keeps its observed arrival and its service
+time (e2e minus critical-path queue wait) and waits first come, first served for one of
+replicas x slots servers. Predicted TTFT = predicted wait + observed (TTFT - queue wait).
+The curve runs the replay once per replica count; the C kernel (built by `pip install` from
+setup.py) makes that a few tens of ms per count on a million requests; the Python loop of
+analysis.whatif.simulate gives the same numbers without it.
+
+Scale-up (`reactive`): start from `replicas` and, whenever a request arrives to find every
+slot busy and no replica already starting, start one more (up to `max_replicas`); it serves
+after `cold_start_ns`, taken from the observed model_load spans (their median). Added
+replicas stay up to the end of the range (no scale-down), so its GPU cost is an upper bound.
+Pre-scaling is the static curve: the replicas are there before the traffic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import importlib.machinery
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from analysis.percentiles import parse_time
+from analysis.whatif import simulate
+
+I64 = npt.NDArray[np.int64]
+#: Version of the capacity JSON shape (`capacity_curve`).
+CAPACITY_VERSION: Final = 1
+_LIB: ctypes.CDLL | None = None
+_LIB_TRIED = False
+
+
+def kernel_path() -> Path:
+    """Where `pip install` puts the kernel: analysis/_replay<extension suffix> (setup.py builds it)."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (here / f"_replay{suffix}").is_file():
+            return here / f"_replay{suffix}"
+    return here / f"_replay{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
+    """The C replay kernel (analysis/_replay.so, or `path`), or None when it is not built."""
+    global _LIB, _LIB_TRIED
+    if path is None and _LIB_TRIED:
+        return _LIB
+    file = Path(path) if path is not None else kernel_path()
+    lib: ctypes.CDLL | None = None
+    if file.is_file():
+        lib = ctypes.CDLL(str(file))
+        p = ctypes.POINTER(ctypes.c_int64)
+        lib.fifo_replay.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p]
+        lib.fifo_replay.restype = ctypes.c_int
+    if path is None:
+        _LIB, _LIB_TRIED = lib, True
+    return lib
+
+
+def replay(arrivals: I64, services: I64, servers: int, kernel: ctypes.CDLL | None = None,
+           checked: bool = False) -> I64:
+    """Latency of each request through `servers` FIFO servers; arrivals sorted ascending (the C kernel's input).
+
+    `checked`: the caller has already verified sorted arrivals and non-negative services (a Workload).
+    """
+    if servers < 1:
+        raise ValueError("servers must be at least 1")
+    lib = kernel if kernel is not None else load_kernel()
+    if lib is None:
+        return simulate(arrivals, services, servers)
+    a = np.ascontiguousarray(arrivals, dtype=np.int64)
+    s = np.ascontiguousarray(services, dtype=np.int64)
+    if not checked and a.size and np.any(np.diff(a) < 0):
+        raise ValueError("arrivals must be sorted")
+    if not checked and np.any(s < 0):
+        raise ValueError("service times must be non-negative")
+    out = np.empty(a.size, dtype=np.int64)
+    heap = np.empty(max(1, min(servers, a.size)), dtype=np.int64)
+    p = ctypes.POINTER(ctypes.c_int64)
+    rc = lib.fifo_replay(a.ctypes.data_as(p), s.ctypes.data_as(p), a.size, int(servers), out.ctypes.data_as(p),
+                         heap.ctypes.data_as(p))
+    if rc != 0:
+        raise ValueError("the replay kernel refused its input")
+    return out
+
+
+class Workload:
+    """The observed requests in a range, sorted by arrival: arrival, service and TTFT-after-queue (ns)."""
+
+    def __init__(self, arrivals: I64, services: I64, ttft_rest: npt.NDArray[np.float64], slots: int,
+                 observed_replicas: int, cold_start_ns: int | None, span_ns: int) -> None:
+        self.arrivals = np.ascontiguousarray(arrivals, dtype=np.int64)
+        self.services = np.ascontiguousarray(services, dtype=np.int64)
+        if self.arrivals.size and np.any(np.diff(self.arrivals) < 0):
+            raise ValueError("arrivals must be sorted")
+        if np.any(self.services < 0):
+            raise ValueError("service times must be non-negative")
+        self.ttft_rest = ttft_rest
+        self.ttft_rows = np.flatnonzero(~np.isnan(ttft_rest))  # requests with a TTFT
+        self.ttft_all = self.ttft_rows.size == ttft_rest.size
+        self.slots, self.observed_replicas = slots, observed_replicas
+        self.cold_start_ns, self.span_ns = cold_start_ns, span_ns
+
+    @property
+    def size(self) -> int:
+        """Number of requests."""
+        return int(self.arrivals.size)
+
+
+def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetime | None = None,
+                      until: str | int | datetime | None = None) -> Workload:
+    """The requests starting in [since, until) from the `requests` view, the observed slots and cold start."""
+    lo, hi = parse_time(since), parse_time(until)
+    where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
+    data = con.execute(
+        f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
+        f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns "
+        f"FROM requests WHERE {where} ORDER BY start_ns", [lo, hi]).fetchnumpy()
+    arrivals = np.asarray(data["start_ns"], dtype=np.int64)
+    services = np.maximum(np.asarray(data["service_ns"], dtype=np.int64), 0)
+    rest = data["ttft_rest_ns"]
+    ttft_rest = np.ma.filled(np.ma.masked_invalid(np.ma.asarray(rest, dtype=np.float64)), np.nan) \
+        if isinstance(rest, np.ma.MaskedArray) else np.asarray(rest, dtype=np.float64)
+    ttft_rest = np.where(np.isnan(ttft_rest), np.nan, np.maximum(ttft_rest, 0.0))
+    row = con.execute(f"""
+        WITH ev AS (
+            SELECT replica, start_ns + coalesce(queue_wait_ns, 0) AS t, 1 AS d FROM requests WHERE {where}
+            UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM requests WHERE {where})
+        SELECT max(n), (SELECT count(DISTINCT replica) FROM requests WHERE {where})
+        FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",
+                      [lo, hi]).fetchone()
+    slots = max(1, int(row[0])) if row and row[0] is not None else 1
+    replicas = max(1, int(row[1])) if row and row[1] else 1
+    load = con.execute(
+        "SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = 'model_load' "
+        "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchone()
+    cold = round(float(load[0])) if load and load[0] is not None else None
+    span = (int(arrivals[-1] - arrivals[0]) if arrivals.size else 0)
+    if lo is not None and hi is not None:
+        span = hi - lo
+    return Workload(arrivals, services, ttft_rest, slots, replicas, cold, max(span, 1))
+
+
+def _q_ms(values: npt.NDArray[Any], qs: Sequence[float]) -> list[float | None]:
+    """quantile_cont (linear) of the non-NaN values at each q, in ms; by partition, not a full sort."""
+    v = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+    if not v.size:
+        return [None for _ in qs]
+    return [round(float(x) / 1e6, 3) for x in np.quantile(v, list(qs), method="linear")]
+
+
+def _p99_ms(values: npt.NDArray[np.float64]) -> float | None:
+    return _q_ms(values, [0.99])[0]
+
+
+def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
+          kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
+    """p50 / p99 e2e and p99 TTFT (ms) with `replicas` x slots FIFO servers, and the GPU cost per hour."""
+    lat = replay(w.arrivals, w.services, replicas * w.slots, kernel, checked=True)
+    p50, p99 = _q_ms(lat, [0.5, 0.99])
+    if w.ttft_all:
+        ttft = (lat - w.services) + w.ttft_rest
+    else:
+        ttft = (lat[w.ttft_rows] - w.services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
+    return {
+        "replicas": int(replicas), "servers": int(replicas * w.slots),
+        "p50_ms": p50, "p99_ms": p99,
+        "ttft_p99_ms": _q_ms(ttft, [0.99])[0],
+        "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd,
+    }
+
+
+def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), target_p99_ms: float | None = None,
+                   metric: str = "e2e", gpu_hour_usd: float | None = None) -> dict[str, Any]:
+    """The curve of `point` over `replicas` and the fewest replicas whose p99 (`metric`: e2e or ttft) meets the target.
+
+    Waits through FIFO servers only shrink when servers are added, so p99 does not rise with
+    the count: the fewest count is found by bisection over 1 .. max(replicas) (points outside
+    the curve are replayed too), None when even the largest count misses the target.
+    """
+    if metric not in ("e2e", "ttft"):
+        raise ValueError("metric must be e2e or ttft")
+    done: dict[int, dict[str, Any]] = {}
+
+    def at(r: int) -> dict[str, Any]:
+        if r not in done:
+            done[r] = point(w, r, gpu_hour_usd)
+        return done[r]
+
+    counts = sorted({int(r) for r in replicas})
+    if load_kernel() is not None and len(counts) > 1:  # the C kernel releases the GIL: one point per core
+        with ThreadPoolExecutor(max_workers=min(len(counts), os.cpu_count() or 1)) as pool:
+            points = list(pool.map(at, counts))
+    else:
+        points = [at(r) for r in counts]
+    col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
+
+    def meets(r: int) -> bool:
+        v = at(r)[col]
+        return v is not None and v <= target_p99_ms  # type: ignore[operator]
+
+    fewest = None
+    if target_p99_ms is not None and counts and meets(counts[-1]):
+        lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
+        for r in counts:  # narrow with the curve's own points first
+            if meets(r):
+                hi = r
+                break
+            lo = r
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if meets(mid):
+                hi = mid
+            else:
+                lo = mid
+        fewest = hi
+    return {"version": CAPACITY_VERSION, "requests": w.size, "slots_per_replica": w.slots,
+            "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,
+            "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points}
+
+
+def reactive(arrivals: I64, services: I64, slots: int, replicas: int, max_replicas: int,
+             cold_start_ns: int) -> tuple[I64, list[int]]:
+    """Replay with reactive scale-up: latencies and the start times of the replicas added.
+
+    Arrivals sorted ascending. At an arrival that finds every slot busy, with no replica
+    starting and fewer than `max_replicas`, one replica starts; its `slots` servers are free
+    from arrival + `cold_start_ns`. The waiting request takes the earliest free server (FIFO).
+    """
+    if replicas < 1 or slots < 1 or max_replicas < replicas or cold_start_ns < 0:
+        raise ValueError("need replicas >= 1, slots >= 1, max_replicas >= replicas, cold_start_ns >= 0")
+    a_list = np.asarray(arrivals, dtype=np.int64).tolist()
+    s_list = np.asarray(services, dtype=np.int64).tolist()
+    lat = [0] * len(a_list)
+    start = a_list[0] if a_list else 0
+    free = [start] * (replicas * slots)
+    added: list[int] = []
+    ready_at = -1  # when the replica being started serves (-1: none starting)
+    count = replicas
+    for j, (a, s) in enumerate(zip(a_list, s_list, strict=True)):
+        if free[0] > a and a >= ready_at and count < max_replicas:
+            added.append(a)
+            count += 1
+            ready_at = a + cold_start_ns
+            for _ in range(slots):
+                heapq.heappush(free, ready_at)
+        t = free[0]
+        begin = a if a > t else t
+        heapq.heapreplace(free, begin + s)
+        lat[j] = begin + s - a
+    return np.asarray(lat, dtype=np.int64), added
+
+
+def scale_up(w: Workload, replicas: int, max_replicas: int, gpu_hour_usd: float | None = None,
+             cold_start_ns: int | None = None) -> dict[str, Any]:
+    """Reactive scale-up from `replicas` (cold start: observed, or `cold_start_ns`) against pre-scaling.
+
+    Returns p99 e2e / TTFT and GPU cost per hour for: reactive, static at `replicas`, static at
+    `max_replicas` (pre-scaled). The reactive cost counts each added replica from its start
+    (including its cold start) to the end of the range.
+    """
+    delay = cold_start_ns if cold_start_ns is not None else (w.cold_start_ns or 0)
+    lat, added = reactive(w.arrivals, w.services, w.slots, replicas, max_replicas, delay)
+    end = int(w.arrivals[0]) + w.span_ns if w.size else 0
+    replica_ns = replicas * w.span_ns + sum(max(0, end - t) for t in added)
+    hours = w.span_ns / 3.6e12
+    mean_replicas = replica_ns / w.span_ns
+    wait = (lat - w.services).astype(np.float64)
+    out = {
+        "cold_start_ms": round(delay / 1e6, 3), "cold_start_observed": w.cold_start_ns is not None,
+        "reactive": {"replicas": replicas, "max_replicas": max_replicas, "added": len(added),
+                     "p99_ms": _p99_ms(lat.astype(np.float64)), "ttft_p99_ms": _p99_ms(wait + w.ttft_rest),
+                     "mean_replicas": round(mean_replicas, 3),
+                     "gpu_usd_per_hour": None if gpu_hour_usd is None else mean_replicas * gpu_hour_usd},
+        "static": point(w, replicas, gpu_hour_usd),
+        "prescaled": point(w, max_replicas, gpu_hour_usd),
+        "hours": hours,
+    }
+    return out

@@ -1,0 +1,491 @@
+"""What the GPUs cost: fair-share GPU time per request, priced per GPU-hour, per tenant / model / replica.
+
+The rule (docs/cost.md). On each replica the timeline is cut at every boundary: the
+start and end of every GPU interval and model_load span on it, the ends of its observed
+window, and (for a series) the edges of the time grid. A request is *in a GPU stage* on its
+replica while one of its prefill or decode spans runs, or its generation span where the
+generation is not split into prefill / decode (the union of those spans, per request).
+Each segment between consecutive boundaries, of length L ns:
+
+- with n >= 1 requests in a GPU stage: each gets L // n ns (floor division) and the
+  remainder L % n (< n ns) goes to the one active request that ends last (ties: the larger
+  (trace id, request span id)), so the shares of a segment sum to L exactly;
+- else, with a model_load span running: cold start, charged to the replica;
+- else: idle.
+
+A replica's observed time runs from the start of its first span to the end of its last
+span (any span whose `Replica` is that replica), clipped to [since, until); a replica counts
+when it has a GPU-stage or model_load span anywhere in the store. allocated + cold start + idle = observed, exactly.
+
+The sweep is SQL over the documented `spans` view: window functions over the interval
+boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
+request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
+Python loop over rows. Three pieces are dialect-specific
+(`DIALECTS`: integer division, the next boundary, the grid's cells); the rest is plain SQL
+(joins, CASE, sum/min/max, window sums). The ClickHouse text is generated but not yet run
+in tests.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import polars as pl
+
+from analysis.percentiles import iso, parse_time, quote_ident, request_facts
+from tracing.errors import QueryError
+
+#: Version of the `tailscope cost --json` contract; bumped only on incompatible change.
+COST_VERSION: Final = 1
+#: What a cost table may be grouped by.
+COST_GROUPS: Final[tuple[str, ...]] = ("tenant", "model", "model_version", "replica")
+#: Stages that occupy the GPU (generation counts only where it has no prefill / decode child).
+GPU_STAGES: Final[tuple[str, ...]] = ("prefill", "decode", "generation")
+#: The stage charged to the replica as cold-start overhead.
+COLD_START_STAGE: Final = "model_load"
+#: The key of time and requests with no value for the grouping column.
+NONE_KEY: Final = "(none)"
+#: Name of the price table looked for beside the store when no --prices file is given.
+PRICE_FILE: Final = "prices.toml"
+#: The slowest share of requests whose GPU time `tail_gpu_share` reports.
+TAIL_Q: Final = 0.99
+NS_PER_HOUR: Final = 3_600_000_000_000
+
+#: Dialect-specific pieces of the sweep SQL: integer division, the next boundary, a series of grid edges.
+DIALECTS: Final[dict[str, dict[str, str]]] = {
+    "duckdb": {"idiv": "({a} // {b})",
+               "next": "lead({x}) OVER (PARTITION BY {p} ORDER BY {o})",
+               "cells": ", LATERAL (SELECT unnest(range({lo}, {hi}, $grid)) AS {name})"},
+    "clickhouse": {"idiv": "intDiv({a}, {b})",
+                   "next": "leadInFrame(toNullable({x}), 1, NULL) OVER (PARTITION BY {p} ORDER BY {o} "
+                           "ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)",
+                   "cells": " ARRAY JOIN range({lo}, {hi}, $grid) AS {name}"},
+}
+
+
+def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
+    """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
+
+    Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
+    Steps of interest: `_cost_shares` (replica, trace_id, request_span_id, request_start_ns,
+    bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
+    allocated_ns, cold_start_ns, idle_ns).
+    """
+    d = DIALECTS[dialect]
+
+    def idiv(a: str, b: str) -> str:
+        return d["idiv"].format(a=a, b=b)
+
+    gpu_list = ", ".join(f"'{s}'" for s in GPU_STAGES)
+    bucket = idiv("t", "$grid") + " * $grid" if grid else "0"
+    steps: dict[str, str] = {}
+    steps["_cost_req"] = "SELECT TraceId, SpanId, TimestampNs FROM spans WHERE IsRequest"
+    steps["_cost_st"] = f"""
+SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
+       TimestampNs AS s, EndNs AS e
+FROM spans WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
+    # generation spans with a prefill / decode child are represented by those children
+    steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
+                            "WHERE Stage IN ('prefill', 'decode')")
+    steps["_cost_gpu"] = """
+SELECT g.TraceId, g.replica, g.s, g.e,
+       coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id,
+       coalesce(r1.TimestampNs, r2.TimestampNs) AS request_start_ns
+FROM _cost_st g
+LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
+LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
+LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId
+LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
+WHERE (g.Stage IN ('prefill', 'decode') OR (g.Stage = 'generation' AND x.TraceId IS NULL))
+  AND least(g.e, $hi) > greatest(g.s, $lo)"""
+    # the union of each request's GPU intervals on a replica: islands (gaps and islands)
+    steps["_cost_gpu_ord"] = """
+SELECT replica, TraceId, request_span_id, request_start_ns,
+       greatest(s, $lo) AS s, least(e, $hi) AS e,
+       max(least(e, $hi)) OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY greatest(s, $lo), least(e, $hi)
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
+FROM _cost_gpu"""
+    steps["_cost_gpu_num"] = """
+SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
+          OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
+FROM _cost_gpu_ord"""
+    steps["_cost_islands_raw"] = """
+SELECT replica, TraceId, request_span_id, min(request_start_ns) AS request_start_ns,
+       min(s) AS s, max(e) AS e
+FROM _cost_gpu_num GROUP BY replica, TraceId, request_span_id, island"""
+    # iid ranks islands by (end, trace id, request span id) per replica: a running max of iid over the
+    # islands started so far names the active one that ends last (the remainder's recipient)
+    steps["_cost_islands"] = """
+SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, TraceId, request_span_id) AS iid
+FROM _cost_islands_raw"""
+    steps["_cost_loads"] = f"""
+SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
+WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
+    steps["_cost_observed"] = """
+SELECT o.replica, greatest(o.first_ns, $lo) AS first_ns, least(o.last_ns, $hi) AS last_ns
+FROM (SELECT coalesce(Replica, '{none}') AS replica, min(TimestampNs) AS first_ns, max(EndNs) AS last_ns
+      FROM spans GROUP BY 1) o
+WHERE o.replica IN (SELECT replica FROM _cost_st)
+  AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY)
+    grid_events = ""
+    if grid:
+        cells = d["cells"].format(lo=idiv("o.first_ns", "$grid") + " * $grid + $grid", hi="o.last_ns", name="t")
+        grid_events = f"""
+UNION ALL
+SELECT o.replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
+    steps["_cost_events"] = f"""
+SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
+UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
+UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
+UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
+UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
+UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
+    steps["_cost_points"] = ("SELECT replica, t, sum(dg) AS dg, sum(dl) AS dl, max(cand) AS cand "
+                             "FROM _cost_events GROUP BY replica, t")
+    nxt = d["next"].format(x="t", p="replica", o="t")
+    steps["_cost_segs"] = f"""
+SELECT replica, t, {nxt} - t AS len_ns,
+       sum(dg) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
+       sum(dl) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
+       max(cand) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
+FROM _cost_points"""
+    steps["_cost_shared"] = f"""
+SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
+       CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {idiv("len_ns", "n")} ELSE 0 END AS q,
+       CASE WHEN n > 0 AND len_ns IS NOT NULL THEN len_ns % n ELSE 0 END AS r
+FROM _cost_segs"""
+    # Q(t): the floor shares of every segment before t, a running prefix sum
+    steps["_cost_prefix"] = """
+SELECT replica, t, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
+FROM _cost_shared"""
+    if grid:
+        cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
+        steps["_cost_pieces"] = f"""
+SELECT i.replica, i.TraceId, i.request_span_id, i.request_start_ns,
+       greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
+FROM _cost_islands i{cells}"""
+    else:
+        steps["_cost_pieces"] = ("SELECT replica, TraceId, request_span_id, request_start_ns, s, e, "
+                                 "0 AS bucket_ns FROM _cost_islands")
+    steps["_cost_shares"] = """
+SELECT replica, trace_id, request_span_id, min(request_start_ns) AS request_start_ns, bucket_ns,
+       CAST(sum(part) AS BIGINT) AS allocated_ns
+FROM (
+    SELECT p.replica, p.TraceId AS trace_id, p.request_span_id, p.request_start_ns, p.bucket_ns,
+           qe.q_before - qs.q_before AS part
+    FROM _cost_pieces p
+    JOIN _cost_prefix qs ON qs.replica = p.replica AND qs.t = p.s
+    JOIN _cost_prefix qe ON qe.replica = p.replica AND qe.t = p.e
+    UNION ALL
+    SELECT w.replica, i.TraceId, i.request_span_id, i.request_start_ns, w.bucket_ns, w.r
+    FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
+    JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
+) GROUP BY replica, trace_id, request_span_id, bucket_ns"""
+    if grid:
+        observed = """greatest(0, least(o.last_ns, b.bucket_ns + $grid) - greatest(o.first_ns, b.bucket_ns))"""
+        buckets = """(SELECT DISTINCT replica, bucket_ns FROM _cost_shared) b"""
+    else:
+        observed = "o.last_ns - o.first_ns"
+        buckets = "(SELECT DISTINCT replica, 0 AS bucket_ns FROM _cost_shared) b"
+    steps["_cost_replicas"] = f"""
+SELECT b.replica, b.bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
+       CAST(coalesce(a.allocated_ns, 0) AS BIGINT) AS allocated_ns,
+       CAST(coalesce(x.cold_start_ns, 0) AS BIGINT) AS cold_start_ns,
+       CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns
+FROM {buckets}
+JOIN _cost_observed o ON o.replica = b.replica
+LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
+           GROUP BY replica, bucket_ns) a
+    ON a.replica = b.replica AND a.bucket_ns = b.bucket_ns
+LEFT JOIN (SELECT replica, bucket_ns,
+                  sum(CASE WHEN n = 0 AND nl > 0 THEN len_ns ELSE 0 END) AS cold_start_ns,
+                  sum(CASE WHEN n = 0 AND nl = 0 THEN len_ns ELSE 0 END) AS idle_ns
+           FROM _cost_shared GROUP BY replica, bucket_ns) x ON x.replica = b.replica AND x.bucket_ns = b.bucket_ns"""
+    return steps
+
+
+def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
+               grid_ns: int | None = None) -> tuple[str, str]:
+    """Run the sweep over [since, until) and keep its results in this connection's temp tables.
+
+    Returns (shares table, replicas table): per (replica, request, bucket) the allocated
+    GPU ns; per (replica, bucket) observed / allocated / cold start / idle ns. With
+    `grid_ns` the timeline is also cut at multiples of it and `bucket_ns` is each piece's
+    grid cell; without it `bucket_ns` is 0. `drop_sweep(con)` removes the tables.
+    """
+    if grid_ns is not None and grid_ns <= 0:
+        raise QueryError("", f"grid must be positive, got {grid_ns}")
+    lo = since if since is not None else -(2**62)
+    hi = until if until is not None else 2**62
+    if hi <= lo:
+        raise QueryError("", "the cost range is empty: until must be after since")
+    params: dict[str, Any] = {"lo": lo, "hi": hi}
+    if grid_ns is not None:
+        params["grid"] = int(grid_ns)
+    for name, sql in sweep_sql("duckdb", grid=grid_ns is not None).items():
+        used = {k: v for k, v in params.items() if f"${k}" in sql}
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", used).fetchall()
+        except duckdb.Error as exc:
+            drop_sweep(con)
+            raise QueryError(sql, f"the GPU-time sweep failed at {name}: {str(exc).splitlines()[0]}") from exc
+    for name in sweep_sql("duckdb", grid=grid_ns is not None):
+        if name not in ("_cost_shares", "_cost_replicas"):
+            con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+    return "_cost_shares", "_cost_replicas"
+
+
+def drop_sweep(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop the temp tables of `gpu_shares`."""
+    for name in sweep_sql("duckdb", grid=True):
+        con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+
+
+# --- prices --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per GPU-hour: per replica, else per model, else `default` (None: no price, no cost).
+
+    A replica's price wins over its model's: a price belongs to the hardware when known.
+    """
+
+    default: float | None = None
+    replica: Mapping[str, float] = field(default_factory=dict)
+    model: Mapping[str, float] = field(default_factory=dict)
+    source: str | None = None
+
+    def of(self, replica: str | None, model: str | None) -> float | None:
+        """The price of GPU time on `replica` spent on `model`."""
+        if replica is not None and replica in self.replica:
+            return self.replica[replica]
+        if model is not None and model in self.model:
+            return self.model[model]
+        return self.default
+
+    @property
+    def known(self) -> bool:
+        """True when any price is set (so costs can be computed)."""
+        return self.default is not None or bool(self.replica) or bool(self.model)
+
+
+def _price(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise QueryError("", f"{where}: a price must be a non-negative number of USD per GPU-hour, got {value!r}")
+    return float(value)
+
+
+def load_prices(path: Path | str, gpu_hour_usd: float | None = None) -> Prices:
+    """Read a price table (TOML: `gpu_hour_usd = 2.5`, `[replica]` and `[model]` tables of name = USD).
+
+    `gpu_hour_usd`, when given, replaces the file's default.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise QueryError("", f"cannot read price table {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise QueryError("", f"price table {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - {"gpu_hour_usd", "replica", "model"}
+    if unknown:
+        raise QueryError("", f"price table {path}: unknown key(s) {', '.join(sorted(unknown))}; "
+                             "use gpu_hour_usd, [replica], [model]")
+    tables: dict[str, dict[str, float]] = {}
+    for name in ("replica", "model"):
+        section = data.get(name, {})
+        if not isinstance(section, dict):
+            raise QueryError("", f"price table {path}: [{name}] must be a table of name = USD per GPU-hour")
+        tables[name] = {str(k): _price(v, f"price table {path}, {name} {k}") for k, v in section.items()}
+    default = data.get("gpu_hour_usd")
+    if gpu_hour_usd is not None:
+        default = gpu_hour_usd
+    return Prices(None if default is None else _price(default, f"price table {path}, gpu_hour_usd"),
+                  tables["replica"], tables["model"], str(path))
+
+
+def prices_for(store: Path | str | None, prices_file: Path | str | None = None,
+               gpu_hour_usd: float | None = None) -> Prices:
+    """The prices to use: `prices_file`, else STORE/prices.toml when present, else `gpu_hour_usd` alone."""
+    if gpu_hour_usd is not None:
+        _price(gpu_hour_usd, "--gpu-hour-usd")
+    if prices_file is not None:
+        return load_prices(prices_file, gpu_hour_usd)
+    beside = Path(store) / PRICE_FILE if store is not None else None
+    if beside is not None and beside.is_file():
+        return load_prices(beside, gpu_hour_usd)
+    return Prices(gpu_hour_usd)
+
+
+# --- the cost table --------------------------------------------------------------------------
+
+def _key_expr(by: str, alias: str) -> str:
+    return f"coalesce({alias}.{quote_ident(by)}::VARCHAR, '{NONE_KEY}')"
+
+
+def _usd(ns: int, price: float | None) -> float | None:
+    return None if price is None else ns * price / NS_PER_HOUR
+
+
+def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | int | datetime | None = None,
+               until: str | int | datetime | None = None, prices: Prices | None = None,
+               facts: str | None = None) -> dict[str, Any]:
+    """GPU time and its cost per `by` value over [since, until): the `tailscope cost --json` contract.
+
+    GPU time is the fair share of each instant in [since, until) (see the module docstring);
+    requests, tokens and the p99 tail are those of the requests that start in [since, until).
+    Request columns come from `facts` (a table with the `requests` view's trace_id, start_ns,
+    e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
+    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, start_ns).
+    """
+    if by not in COST_GROUPS:
+        raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
+    prices = prices or Prices()
+    since_ns, until_ns = parse_time(since), parse_time(until)
+    shares, reps = gpu_shares(con, since_ns, until_ns)
+    facts = facts or request_facts(con)
+    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
+    params = {"since": since_ns, "until": until_ns}
+    key = "s.replica" if by == "replica" else _key_expr(by, "f")
+    fkey = _key_expr(by, "f")
+    try:
+        # GPU ns per (key, replica, model): prices depend on replica and model
+        gpu = con.execute(f"""
+            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns
+            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            GROUP BY ALL""").fetchall()
+        reqs = con.execute(f"""
+            WITH f AS (SELECT * FROM {facts} f WHERE {where}),
+                 q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1)
+            SELECT {fkey} AS key, count(*) AS requests,
+                   coalesce(sum(f.input_tokens), 0)::BIGINT AS input_tokens,
+                   coalesce(sum(f.output_tokens), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
+            FROM f JOIN q ON q.key = {fkey} GROUP BY 1""", params).fetchall()
+        tail = con.execute(f"""
+            WITH f AS (SELECT * FROM {facts} f WHERE {where}),
+                 q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1),
+                 t AS (SELECT f.trace_id, f.start_ns FROM f JOIN q ON q.key = {fkey} WHERE f.e2e_ns >= q.p99)
+            SELECT {key} AS key, sum(s.allocated_ns)::BIGINT
+            FROM {shares} s JOIN t ON t.trace_id = s.trace_id AND t.start_ns = s.request_start_ns
+            LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            GROUP BY 1""", params).fetchall()
+        rep_rows = con.execute(f"SELECT replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps} "
+                               "ORDER BY replica").fetchall()
+        top_model = dict(con.execute(f"""
+            SELECT replica, arg_max(model, ns) FROM (
+                SELECT s.replica, f.model, sum(s.allocated_ns) AS ns FROM {shares} s
+                JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+                WHERE f.model IS NOT NULL GROUP BY ALL) GROUP BY 1""").fetchall())
+    except duckdb.Error as exc:
+        raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        drop_sweep(con)
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(k: str) -> dict[str, Any]:
+        return rows.setdefault(k, {"key": k, "gpu_ns": 0, "gpu_seconds": 0.0, "cost_usd": 0.0 if prices.known
+                                   else None, "requests": 0, "input_tokens": 0, "output_tokens": 0,
+                                   "usd_per_1k_output_tokens": None, "tail_gpu_ns": 0, "tail_gpu_share": None})
+
+    for k, replica, model, ns in gpu:
+        r = row(str(k))
+        r["gpu_ns"] += int(ns)
+        usd = _usd(int(ns), prices.of(replica, model))
+        if r["cost_usd"] is not None:
+            r["cost_usd"] = None if usd is None else r["cost_usd"] + usd
+    for k, n, tin, tout, _p99 in reqs:
+        r = row(str(k))
+        r["requests"], r["input_tokens"], r["output_tokens"] = int(n), int(tin), int(tout)
+    for k, ns in tail:
+        row(str(k))["tail_gpu_ns"] = int(ns or 0)
+    out_rows = []
+    for r in sorted(rows.values(), key=lambda x: (-x["gpu_ns"], x["key"])):
+        r["gpu_seconds"] = r["gpu_ns"] / 1e9
+        if r["cost_usd"] is not None and r["output_tokens"]:
+            r["usd_per_1k_output_tokens"] = r["cost_usd"] / r["output_tokens"] * 1000
+        if r["gpu_ns"]:
+            r["tail_gpu_share"] = r["tail_gpu_ns"] / r["gpu_ns"]
+        out_rows.append(r)
+    replicas = []
+    for replica, obs, alloc, cold, idle in rep_rows:
+        price = prices.of(replica, top_model.get(replica))
+        replicas.append({
+            "replica": replica, "observed_ns": int(obs), "allocated_ns": int(alloc),
+            "cold_start_ns": int(cold), "idle_ns": int(idle),
+            "observed_seconds": int(obs) / 1e9, "allocated_seconds": int(alloc) / 1e9,
+            "cold_start_seconds": int(cold) / 1e9, "idle_seconds": int(idle) / 1e9,
+            "idle_share": int(idle) / int(obs) if obs else None,
+            "gpu_hour_usd": price,
+            "overhead_usd": _usd(int(cold) + int(idle), price),
+        })
+    observed = sum(r["observed_ns"] for r in replicas)
+    idle = sum(r["idle_ns"] for r in replicas)
+    cold = sum(r["cold_start_ns"] for r in replicas)
+    allocated = sum(r["allocated_ns"] for r in replicas)
+    overhead = [r["overhead_usd"] for r in replicas]
+    row_cost = [r["cost_usd"] for r in out_rows]
+    known = prices.known and None not in overhead and None not in row_cost
+    totals = {
+        "observed_ns": observed, "allocated_ns": allocated, "cold_start_ns": cold, "idle_ns": idle,
+        "idle_share": idle / observed if observed else None,
+        "allocated_usd": sum(c for c in row_cost if c is not None) if known else None,
+        "overhead_usd": sum(c for c in overhead if c is not None) if known else None,
+    }
+    return {
+        "version": COST_VERSION, "by": by,
+        "since": iso(since_ns) if since_ns is not None else None,
+        "until": iso(until_ns) if until_ns is not None else None,
+        "gpu_hour_usd": prices.default,
+        "prices": {"source": prices.source, "replica": dict(prices.replica), "model": dict(prices.model)},
+        "rows": out_rows, "replicas": replicas, "totals": totals,
+    }
+
+
+def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
+                since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+                prices: Prices | None = None, facts: str | None = None) -> pl.DataFrame:
+    """GPU time per grid cell and `by` value (the sweep cut at the grid), with idle and cold start.
+
+    Columns: bucket_start (UTC), bucket_ns, key, gpu_ns, cost_usd. The replicas' idle and
+    cold-start time of each cell appear under the keys '(idle)' and '(cold start)'. Within a
+    cell, allocated + cold start + idle = the replicas' observed time in it.
+    """
+    if by not in COST_GROUPS:
+        raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
+    prices = prices or Prices()
+    grid = int(bucket_s) * 1_000_000_000
+    shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid)
+    facts = facts or request_facts(con)
+    key = "s.replica" if by == "replica" else _key_expr(by, "f")
+    try:
+        gpu = con.sql(f"""
+            SELECT s.bucket_ns, {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns
+            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            GROUP BY ALL""").pl()
+        over = con.sql(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}").pl()
+    finally:
+        drop_sweep(con)
+    price = [prices.of(r, m) for r, m in zip(gpu["replica"].to_list(), gpu["model"].to_list(), strict=True)]
+    gpu = gpu.with_columns(pl.Series("price", price, dtype=pl.Float64))
+    over_rows = over.unpivot(index=["bucket_ns", "replica"], on=["cold_start_ns", "idle_ns"],
+                             variable_name="key", value_name="ns").with_columns(
+        pl.col("key").replace({"cold_start_ns": "(cold start)", "idle_ns": "(idle)"}),
+        pl.col("replica").map_elements(lambda r: prices.of(r, None), return_dtype=pl.Float64).alias("price"),
+        pl.lit(None, dtype=pl.String).alias("model"))
+    cols = ("bucket_ns", "key", "ns", "price")
+    both = pl.concat([gpu.select(cols), over_rows.select(cols)])
+    out = both.group_by("bucket_ns", "key").agg(
+        pl.col("ns").sum().cast(pl.Int64).alias("gpu_ns"),
+        pl.when(pl.col("price").is_null().any()).then(None)
+        .otherwise((pl.col("ns") * pl.col("price")).sum() / NS_PER_HOUR).alias("cost_usd"))
+    out = out.filter(pl.col("gpu_ns") > 0).sort("bucket_ns", "key")
+    return out.with_columns(
+        pl.from_epoch(pl.col("bucket_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("bucket_start")
+    ).select("bucket_start", "bucket_ns", "key", "gpu_ns", "cost_usd")

@@ -1,0 +1,158 @@
+"""Noisy neighbours: when a spike's excess is queue wait, did one tenant's concurrency rise beside it?
+
+Evaluated only when the spike's stage explanation puts queue_wait first with at least
+`QUEUE_SHARE` of the excess. Then, on the replicas of the spike's tail requests (those
+slower than the baseline p99), for every tenant:
+
+- its share of the requests admitted (starting) in the spike window against the nearest
+  baseline windows (up to `BASELINE_WINDOWS` per spike window);
+- its share of the fair-share GPU time (analysis.cost) in the same windows.
+
+A tenant's concurrency *rose* when its admitted share grew at least `RISE`-fold, the
+binomial over-representation bound of its admitted count is below ALPHA / tenants
+(analysis.explain's guard), and its GPU share grew too. The tenant with the largest
+admitted-share ratio among those is named. Victims: other tenants with at least
+MIN_SUPPORT tail requests of which most waited in the queue for more than half their
+latency. The sentence says "tenant X's burst pushed tenant Y's queue" only when there are
+victims; when the tail is the bursting tenant's own requests it says so instead.
+Nothing is said (None) when queue_wait does not lead or no tenant's concurrency rose.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analysis import explain as X
+from analysis.cost import drop_sweep, gpu_shares
+from analysis.spikes import Detection, Spike
+
+#: queue_wait must hold at least this share of the spike's stage excess.
+QUEUE_SHARE: Final = 0.5
+#: A tenant's admitted share must grow at least this many times over the baseline.
+RISE: Final = 1.5
+#: Baseline windows used per spike window (the nearest ones).
+BASELINE_WINDOWS: Final = 3
+
+
+def _shares(frame: pl.DataFrame, col: str) -> dict[str, float]:
+    total = float(frame.get_column(col).sum() or 0)
+    if total <= 0:
+        return {}
+    return {str(t): float(v) / total for t, v in frame.select("tenant", col).iter_rows()}
+
+
+def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection,
+                    spike: Spike, item: dict[str, Any]) -> dict[str, Any] | None:
+    """The noisy-neighbour finding for one spike of analysis.report (its `noisy_neighbour` key), or None."""
+    stages = item.get("stages") or []
+    if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < QUEUE_SHARE:
+        return None
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy()
+    in_spike = (start >= spike.start_ns) & (start < spike.end_ns)
+    tail = np.flatnonzero(in_spike & (values > spike.baseline_p99_ns))
+    if tail.size < X.MIN_SUPPORT:
+        return None
+    tail_frame = frame[tail]
+    replicas = sorted({str(r) for r in tail_frame.get_column("replica").drop_nulls().to_list()})
+    if not replicas:
+        return None
+    base_starts = det.window_start_ns[det.baseline]
+    spike_windows = int((spike.end_ns - spike.start_ns) // det.window_ns)
+    dist = np.maximum(spike.start_ns - (base_starts + det.window_ns), base_starts - spike.end_ns)
+    chosen = base_starts[np.argsort(dist, kind="stable")[:max(1, BASELINE_WINDOWS * spike_windows)]]
+    if chosen.size == 0:
+        return None
+    w = det.window_ns
+    spike_cells = list(range(spike.start_ns, spike.end_ns, w))
+    cells = sorted({int(c) for c in chosen} | set(spike_cells))
+    admitted = con.sql(f"""
+        SELECT tenant, (start_ns >= $s0 AND start_ns < $s1) AS in_spike, count(*) AS n FROM {facts}
+        WHERE list_contains($reps, replica) AND list_contains($cells, (start_ns // $w) * $w)
+        GROUP BY ALL""", params={"s0": spike.start_ns, "s1": spike.end_ns, "reps": replicas, "cells": cells,
+                                 "w": w}).pl()
+    shares, _ = gpu_shares(con, min(cells), max(cells) + w, grid_ns=w)
+    try:
+        gpu = con.sql(f"""
+            SELECT f.tenant, (s.bucket_ns >= $s0 AND s.bucket_ns < $s1) AS in_spike, sum(s.allocated_ns) AS ns
+            FROM {shares} s JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            WHERE list_contains($reps, s.replica) AND list_contains($cells, s.bucket_ns)
+            GROUP BY ALL""", params={"s0": spike.start_ns, "s1": spike.end_ns, "reps": replicas,
+                                     "cells": cells}).pl()
+    finally:
+        drop_sweep(con)
+    adm_spike = admitted.filter(pl.col("in_spike"))
+    adm_base = admitted.filter(~pl.col("in_spike"))
+    a_s, a_b = _shares(adm_spike, "n"), _shares(adm_base, "n")
+    g_s, g_b = _shares(gpu.filter(pl.col("in_spike")), "ns"), _shares(gpu.filter(~pl.col("in_spike")), "ns")
+    n_spike = int(adm_spike.get_column("n").sum() or 0)
+    counts = {str(t): int(n) for t, n in adm_spike.select("tenant", "n").iter_rows()}
+    tenants = [t for t in a_s if t != "None"]
+    best: tuple[float, str] | None = None
+    for t in tenants:
+        base = a_b.get(t, 0.0)
+        if base <= 0 or counts.get(t, 0) < X.MIN_SUPPORT:
+            continue
+        ratio = a_s[t] / base
+        p = X.binomial_tail_bound(counts[t], n_spike, base)
+        rose = ratio >= RISE and p < X.ALPHA / max(1, len(tenants)) and g_s.get(t, 0.0) > g_b.get(t, 0.0)
+        if rose and (best is None or ratio > best[0]):
+            best = (ratio, t)
+    if best is None:
+        return None
+    tenant = best[1]
+    tail_tenants = tail_frame.get_column("tenant").cast(pl.String).fill_null("None").to_list()
+    own = sum(1 for t in tail_tenants if t == tenant) / len(tail_tenants)
+    victims = _victims(con, facts, frame, tail, tenant)
+    out = {
+        "tenant": tenant, "replicas": replicas,
+        "admitted_share": {"spike": round(a_s[tenant], 4), "baseline": round(a_b[tenant], 4)},
+        "gpu_share": {"spike": round(g_s.get(tenant, 0.0), 4), "baseline": round(g_b.get(tenant, 0.0), 4)},
+        "tail_share_own": round(own, 4), "victims": victims,
+    }
+    where = f"on {len(replicas)} replica(s)" if len(replicas) > 3 else "on " + ", ".join(replicas)
+    rise = (f"its share of admitted requests went from {a_b[tenant]:.1%} to {a_s[tenant]:.1%} and of GPU time "
+            f"from {g_b.get(tenant, 0.0):.1%} to {g_s.get(tenant, 0.0):.1%} {where}")
+    if victims:
+        out["sentence"] = (f"tenant {tenant}'s burst pushed tenant {', '.join(victims)}'s queue: {rise}; "
+                           f"{own:.0%} of the tail is its own requests")
+    else:
+        out["sentence"] = (f"tenant {tenant}'s burst queued its own requests: {rise}; "
+                           f"{own:.0%} of the tail is its own requests, no other tenant's tail waited mostly in "
+                           "the queue")
+    return out
+
+
+def _victims(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, tail: np.ndarray,
+             tenant: str) -> list[str]:
+    """Other tenants with >= MIN_SUPPORT tail requests, most of which spent over half their latency queued."""
+    others = frame[tail].filter(pl.col("tenant").cast(pl.String).fill_null("None") != tenant)
+    if others.height < X.MIN_SUPPORT:
+        return []
+    rids = others.get_column("rid").to_list()
+    facts_ids = dict(con.execute(f"SELECT rowid, trace_id FROM {facts} WHERE list_contains(?, rowid)",
+                                 [rids]).fetchall())
+    ids = [facts_ids[r] for r in rids]
+    lo = int(others.get_column("start_ns").min() or 0)  # type: ignore[arg-type]
+    hi = int((others.get_column("start_ns") + others.get_column("e2e_ns")).max() or 0) + 1  # type: ignore[arg-type]
+    stages = X.stage_rows(con, sorted(set(ids)), lo - 1, hi)
+    rows = pl.DataFrame({"trace_id": ids, "tenant": others.get_column("tenant").cast(pl.String).to_list(),
+                         "e2e_ns": others.get_column("e2e_ns").to_list()}).join(
+        stages.select("trace_id", "queue_wait_ns"), on="trace_id", how="left")
+    per = rows.group_by("tenant").agg(
+        pl.len().alias("n"), (pl.col("queue_wait_ns") * 2 > pl.col("e2e_ns")).sum().alias("queued"))
+    return sorted(str(t) for t, n, q in per.iter_rows() if n >= X.MIN_SUPPORT and q * 2 > n)
+
+
+def for_report(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, spike: Spike,
+               item: dict[str, Any]) -> dict[str, Any] | None:
+    """`noisy_neighbour`, never raising: a failure becomes an entry in the spike's errors."""
+    try:
+        return noisy_neighbour(con, facts, frame, det, spike, item)
+    except Exception as exc:
+        item.setdefault("errors", []).append(f"could not compute noisy_neighbour because {str(exc).splitlines()[0]}")
+        return None

@@ -1,0 +1,78 @@
+"""Capacity: p99 and GPU cost per hour against the replica count, the fewest replicas for a target, scale-up."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, sidebar
+
+db = data.open_store()
+f = sidebar.current()
+key = (db, str(db.store), db.version)
+st.title("Capacity")
+reps = data.replicas(*key, f)
+if reps.empty:
+    st.info("No requests match the filters: nothing to replay.")
+    st.stop()
+if db.pending:
+    st.info("The replay needs each request's queue wait (a critical-path column), which is still being computed "
+            "for this store. " + (db.loading_note() or ""))
+    st.stop()
+s = data.summary(*key, f)
+a, b, c = st.columns(3)
+metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
+seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
+target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen or 1000.0)), step=100.0,
+                        key="cap_target")
+price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(str(db.store)) or 0.0,
+                       step=0.1, key="cap_price")
+usd = float(price) if price else None
+curve = data.capacity_curve(*key, f, float(target), metric, usd)
+if "error" in curve:
+    st.warning(curve["error"])
+    st.stop()
+pts = pd.DataFrame(curve["points"])
+col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
+fewest = curve["fewest_replicas"]
+m = st.columns(3)
+m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
+m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
+if fewest is not None and usd is not None:
+    m[2].metric("GPU cost at that count", f"${fewest * usd:,.2f}/h")
+base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
+line = base.mark_line(point=True).encode(
+    y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log")),
+    tooltip=["replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"), alt.Tooltip("gpu_usd_per_hour:Q", format="$,.2f")])
+rule = alt.Chart(pd.DataFrame({"target": [float(target)]})).mark_rule(color="#e45756", strokeDash=[6, 3]).encode(
+    y="target:Q")
+st.altair_chart(line + rule, width="stretch")
+if usd is not None:
+    st.altair_chart(base.mark_line(color="#54a24b").encode(y=alt.Y("gpu_usd_per_hour:Q", title="GPU USD per hour")),
+                    width="stretch")
+st.caption("Each request keeps its observed arrival and service time (latency minus queue wait) and waits first "
+           f"come, first served for one of replicas × {curve['slots_per_replica']} slots; service times do not "
+           "change with load. Dashed: the target." + ("" if curve["kernel"] else
+                                                       " (C replay kernel not built: a coarse curve.)"))
+st.subheader("Reactive scale-up against pre-scaling")
+cold = curve["cold_start_ms"]
+delay = f"observed median model_load {cold:,.0f} ms" if cold is not None else "no model_load observed: 0 ms"
+st.caption(f"A replica started when a request finds every slot busy serves after the cold start: {delay}. "
+           "Added replicas stay up to the end of the range, so the reactive cost is an upper bound.")
+x, y = st.columns(2)
+start = x.number_input("start with", min_value=1, max_value=64, value=max(1, (fewest or 2) // 2), key="cap_start")
+top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), fewest or 1),
+                     key="cap_top")
+up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
+if "error" in up:
+    st.warning(up["error"])
+    st.stop()
+table = pd.DataFrame([
+    {"policy": f"static {int(start)}", **{k: up["static"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
+    {"policy": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
+     **{k: up["reactive"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
+    {"policy": f"pre-scaled {int(top)}",
+     **{k: up["prescaled"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
+])
+st.dataframe(table, hide_index=True)

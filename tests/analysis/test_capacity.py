@@ -1,0 +1,133 @@
+"""Capacity curve: the C kernel equals the Python replay and the tick oracle; the curve matches the replay oracle."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+
+from analysis import connect
+from analysis.capacity import capacity_curve, load_kernel, observed_workload, reactive, replay, scale_up
+from analysis.whatif import oracle, simulate
+from tests.factory import add_request, write
+from tests.needs import need
+from tracing.rows import SpanBatch
+
+MS = 1_000_000
+
+
+def test_kernel_matches_python_and_the_tick_oracle() -> None:
+    kernel = load_kernel()
+    need(kernel is not None, "the C replay kernel (analysis/_replay*.so)",
+         "run `pip install -e .` with a C compiler present (setup.py builds it)")
+    assert kernel is not None
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(1, 25)
+        servers = rng.randint(1, 6)
+        arrivals = sorted(rng.randint(0, 30) for _ in range(n))
+        services = [rng.randint(0, 12) for _ in range(n)]
+        got = replay(np.asarray(arrivals), np.asarray(services), servers, kernel).tolist()
+        assert got == oracle(arrivals, services, servers) == simulate(arrivals, services, servers).tolist()
+    big_a = np.sort(np.asarray([rng.randint(0, 10**9) for _ in range(20_000)], dtype=np.int64))
+    big_s = np.asarray([rng.randint(0, 10**6) for _ in range(20_000)], dtype=np.int64)
+    for k in (1, 3, 17):
+        assert np.array_equal(replay(big_a, big_s, k, kernel), simulate(big_a, big_s, k))
+
+
+def _store(tmp_path: Path) -> Path:
+    batch = SpanBatch()
+    rng = random.Random(3)
+    t = 0
+    for i in range(120):
+        t += rng.randint(0, 40) * MS
+        q = rng.randint(0, 30) * MS
+        work = rng.randint(5, 50) * 4 * MS
+        add_request(batch, i, t, t + q + work, [
+            ("queue_wait", t, t + q), ("generation", t + q, t + q + work),
+            ("prefill", t + q, t + q + work // 4, "generation"), ("decode", t + q + work // 4, t + q + work,
+                                                                   "generation"),
+        ], replica=f"r{i % 2}")
+    add_request(batch, "load", 0, 500 * MS, [("model_load", 0, 300 * MS), ("generation", 300 * MS, 500 * MS)],
+                replica="r0")
+    write(tmp_path, batch)
+    return tmp_path
+
+
+def test_curve_points_equal_the_replay_oracle(tmp_path: Path) -> None:
+    con = connect(_store(tmp_path))
+    w = observed_workload(con)
+    rows = con.execute("SELECT start_ns, e2e_ns - queue_wait_ns, ttft_ns - queue_wait_ns FROM requests "
+                       "ORDER BY start_ns").fetchall()
+    base = rows[0][0]
+    arrivals = [(r[0] - base) // MS for r in rows]  # whole ms: the tick oracle counts ticks
+    services = [r[1] // MS for r in rows]
+    assert all(r[1] % MS == 0 for r in rows)
+    curve = capacity_curve(w, replicas=[1, 2, 3, 5], target_p99_ms=250.0, gpu_hour_usd=2.0)
+    for p in curve["points"]:
+        lat = np.sort(np.asarray(oracle(arrivals, services, p["servers"]), dtype=np.float64) * MS)
+        assert p["p99_ms"] == round(float(np.quantile(lat, 0.99)) / 1e6, 3)
+        assert p["p50_ms"] == round(float(np.quantile(lat, 0.5)) / 1e6, 3)
+        assert p["gpu_usd_per_hour"] == 2.0 * p["replicas"]
+        wait = np.asarray(oracle(arrivals, services, p["servers"])) - np.asarray(services)
+        rest = np.asarray([np.nan if r[2] is None else r[2] // MS for r in rows], dtype=np.float64)
+        ttft = (wait + rest) * MS
+        ttft = np.sort(ttft[~np.isnan(ttft)])
+        assert p["ttft_p99_ms"] == round(float(np.quantile(ttft, 0.99)) / 1e6, 3)
+    p99s = [p["p99_ms"] for p in curve["points"]]
+    assert p99s == sorted(p99s, reverse=True)
+    fewest = next(p["replicas"] for p in curve["points"] if p["p99_ms"] <= 250.0)
+    assert curve["fewest_replicas"] == fewest
+    # bisection finds a count the curve skipped: 4 is not drawn
+    every = capacity_curve(w, replicas=range(1, 6), target_p99_ms=curve["points"][2]["p99_ms"] - 0.001)
+    want = next((p["replicas"] for p in every["points"] if p["p99_ms"] <= curve["points"][2]["p99_ms"] - 0.001),
+                None)
+    sparse = capacity_curve(w, replicas=[1, 5], target_p99_ms=curve["points"][2]["p99_ms"] - 0.001)
+    assert sparse["fewest_replicas"] == want
+    assert w.cold_start_ns == 300 * MS  # the one observed model_load
+
+
+def test_reactive_scale_up_waits_for_the_cold_start() -> None:
+    # one slot; four requests at 0 of 10 ns each; the second finds the slot busy and starts a replica
+    # that serves from 25 ns: the fourth starts there (35) instead of behind the third (40)
+    lat, added = reactive(np.asarray([0, 0, 0, 0]), np.asarray([10, 10, 10, 10]), 1, 1, 2, 25)
+    assert added == [0]
+    assert lat.tolist() == [10, 20, 30, 35]
+    lat, added = reactive(np.asarray([0, 0, 0, 0]), np.asarray([10, 10, 10, 10]), 1, 1, 1, 25)
+    assert (lat.tolist(), added) == ([10, 20, 30, 40], [])
+
+
+def test_reactive_against_brute_force() -> None:
+    rng = random.Random(8)
+    for _ in range(200):
+        n = rng.randint(1, 15)
+        arrivals = sorted(rng.randint(0, 40) for _ in range(n))
+        services = [rng.randint(1, 15) for _ in range(n)]
+        slots, base, extra, delay = rng.randint(1, 2), rng.randint(1, 2), rng.randint(0, 2), rng.randint(0, 10)
+        lat, added = reactive(np.asarray(arrivals), np.asarray(services), slots, base, base + extra, delay)
+        # brute force: a list of servers (free time); same rule, linear scans
+        free = [arrivals[0]] * (base * slots)
+        want, adds, ready, count = [], [], -1, base
+        for a, s in zip(arrivals, services, strict=True):
+            if min(free) > a and a >= ready and count < base + extra:
+                adds.append(a)
+                count += 1
+                ready = a + delay
+                free += [ready] * slots
+            i = free.index(min(free))
+            begin = max(a, free[i])
+            free[i] = begin + s
+            want.append(begin + s - a)
+        assert lat.tolist() == want and added == adds
+
+
+def test_scale_up_report(tmp_path: Path) -> None:
+    con = connect(_store(tmp_path))
+    w = observed_workload(con)
+    out = scale_up(w, 1, 3, gpu_hour_usd=1.0)
+    assert out["cold_start_ms"] == 300.0 and out["cold_start_observed"]
+    assert out["static"]["replicas"] == 1 and out["prescaled"]["replicas"] == 3
+    assert 1.0 <= out["reactive"]["mean_replicas"] <= 3.0
+    # the reactive p99 lies between pre-scaled (all replicas warm) and static (never scaled)
+    assert out["prescaled"]["p99_ms"] <= out["reactive"]["p99_ms"] <= out["static"]["p99_ms"]

@@ -1,0 +1,270 @@
+"""Fair-share GPU time: hand-made splits, idle and cold start, and a per-instant reference on random stores."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis import connect
+from analysis.cost import Prices, cost_series, cost_table, drop_sweep, gpu_shares, load_prices, prices_for
+from tests.factory import T0, add_request, hex_id, write
+from tracing.errors import QueryError
+from tracing.rows import SpanBatch
+
+S = 1_000_000_000
+
+
+def _tenant(t: str, out: int = 0, model: str = "m") -> dict[str, str]:
+    return {"tailscope.tenant": t, "gen_ai.usage.output_tokens": str(out), "gen_ai.request.model": model}
+
+
+def _shares(con: Any, **kw: Any) -> tuple[dict[tuple[str, str, int], int], dict[tuple[str, int], tuple[int, ...]]]:
+    shares, reps = gpu_shares(con, **kw)
+    a = {(r, t, b): n for r, t, b, n in con.execute(
+        f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").fetchall()}
+    b = {(r, bk): (o, al, c, i) for r, bk, o, al, c, i in con.execute(
+        f"SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}").fetchall()}
+    drop_sweep(con)
+    return a, b
+
+
+def test_overlapping_requests_on_two_replicas_split_exactly(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    # replica A: r1 generates [0, 10 s), r2 [4 s, 10 s): 4 s alone, then 6 s shared -> r1 7 s, r2 3 s
+    add_request(batch, "r1", 0, 10 * S, [("generation", 0, 10 * S)], replica="A", attrs=_tenant("x", 100))
+    add_request(batch, "r2", 4 * S, 12 * S, [("queue_wait", 4 * S, 4 * S), ("generation", 4 * S, 10 * S),
+                                            ("streaming", 10 * S, 12 * S)], replica="A", attrs=_tenant("y", 50))
+    # replica B: r3 split into prefill + decode with a 1 s gap the generation span covers (not GPU time)
+    add_request(batch, "r3", 0, 9 * S, [("generation", 1 * S, 9 * S), ("prefill", 1 * S, 2 * S, "generation"),
+                                        ("decode", 3 * S, 9 * S, "generation")], replica="B", attrs=_tenant("x", 10))
+    # r4 on B: 3 requests at once over 1 ns-odd length: 7 ns among r3 and r4 -> floor 3, remainder 1 to the last ender
+    add_request(batch, "r4", 5 * S, 5 * S + 7, [("generation", 5 * S, 5 * S + 7)], replica="B",
+                attrs=_tenant("y", 1))
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    alloc, reps = _shares(con)
+    t = {k: hex_id("trace", k, size=32) for k in ("r1", "r2", "r3", "r4")}
+    assert alloc[("A", t["r1"], 0)] == 7 * S
+    assert alloc[("A", t["r2"], 0)] == 3 * S
+    # r3 ends last (9 s > 5 s + 7 ns): it takes the remainder of the shared 7 ns
+    assert alloc[("B", t["r4"], 0)] == 3
+    assert alloc[("B", t["r3"], 0)] == 1 * S + 6 * S - 3
+    # A observed 0..12 s: 10 s allocated, 2 s idle (r2 streaming); B 0..9 s: 1 s before prefill + 1 s gap idle
+    assert reps[("A", 0)] == (12 * S, 10 * S, 0, 2 * S)
+    assert reps[("B", 0)] == (9 * S, 7 * S, 0, 2 * S)
+    out = cost_table(con, by="tenant", prices=Prices(default=3.6))
+    rows = {r["key"]: r for r in out["rows"]}
+    assert rows["x"]["gpu_ns"] == 7 * S + 7 * S - 3
+    assert rows["y"]["gpu_ns"] == 3 * S + 3
+    assert rows["x"]["cost_usd"] == pytest.approx((14 * S - 3) * 3.6 / 3600e9)
+    assert rows["x"]["output_tokens"] == 110 and rows["x"]["requests"] == 2
+    assert rows["x"]["usd_per_1k_output_tokens"] == pytest.approx(rows["x"]["cost_usd"] / 110 * 1000)
+    assert out["totals"]["allocated_ns"] == 17 * S
+    assert out["totals"]["idle_ns"] == 4 * S
+    by_rep = {r["key"]: r["gpu_ns"] for r in cost_table(con, by="replica")["rows"]}
+    assert by_rep == {"A": 10 * S, "B": 7 * S}
+    # a clipped window: [5 s, 8 s) on A is r1 and r2 sharing; on B r3 decoding alone from 5 s + 7 ns
+    alloc, reps = _shares(con, since=T0 + 5 * S, until=T0 + 8 * S)
+    assert alloc[("A", t["r1"], 0)] == alloc[("A", t["r2"], 0)] == 3 * S // 2
+    assert reps[("A", 0)] == (3 * S, 3 * S, 0, 0)
+
+
+def test_cold_start_and_idle_are_kept_apart(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    # r1 loads the model 2 s, then generates 3 s; r2 arrives during the load and waits, then runs alongside
+    add_request(batch, "r1", 0, 6 * S, [("model_load", 0, 2 * S), ("generation", 2 * S, 5 * S)], replica="A")
+    add_request(batch, "r2", 1 * S, 6 * S, [("queue_wait", 1 * S, 2 * S), ("generation", 4 * S, 6 * S)],
+                replica="A")
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    alloc, reps = _shares(con)
+    obs, al, cold, idle = reps[("A", 0)]
+    assert (obs, al, cold, idle) == (6 * S, 4 * S, 2 * S, 0)
+    assert alloc[("A", hex_id("trace", "r1", size=32), 0)] == 2 * S + S // 2
+    assert alloc[("A", hex_id("trace", "r2", size=32), 0)] == S // 2 + S
+
+
+def _random_store(rng: random.Random, path: Path) -> list[dict[str, Any]]:
+    """A small store of random requests on two replicas; returns each request's spans (offsets from T0)."""
+    batch = SpanBatch()
+    reqs = []
+    for i in range(rng.randint(1, 7)):
+        start = rng.randint(0, 30)
+        end = start + rng.randint(1, 25)
+        stages: list[tuple[Any, ...]] = []
+        if rng.random() < 0.3:
+            stages.append(("queue_wait", start, rng.randint(start, end)))
+        if rng.random() < 0.3:
+            a = rng.randint(start, end)
+            stages.append(("model_load", a, rng.randint(a, end)))
+        if rng.random() < 0.8:
+            g0 = rng.randint(start, end - 1)
+            g1 = rng.randint(g0 + 1, end)
+            stages.append(("generation", g0, g1))
+            if rng.random() < 0.5:
+                for part in ("prefill", "decode"):
+                    if rng.random() < 0.8:
+                        a = rng.randint(g0, g1 - 1)
+                        stages.append((part, a, rng.randint(a + 1, g1), "generation"))
+        replica = rng.choice(["A", "B"])
+        add_request(batch, i, start, end, stages, replica=replica)
+        reqs.append({"trace": hex_id("trace", i, size=32), "span": hex_id("span", i, "request"), "replica": replica,
+                     "start": start, "end": end, "stages": stages})
+    write(path, batch)
+    return reqs
+
+
+def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None) -> tuple[dict[Any, int], dict[Any, Any]]:
+    """Per-instant reference: active sets instant by instant, then the segment rule."""
+    alloc: dict[Any, int] = defaultdict(int)
+    reps: dict[Any, list[int]] = {}
+    for rep in sorted({r["replica"] for r in reqs}):
+        mine = [r for r in reqs if r["replica"] == rep]
+        spans = [(r["start"], r["end"]) for r in mine] + [(s[1], s[2]) for r in mine for s in r["stages"]]
+        gpu: dict[str, list[tuple[int, int]]] = {}
+        loads = [(s[1], s[2]) for r in mine for s in r["stages"] if s[0] == "model_load"]
+        for r in mine:
+            parts = [(s[1], s[2]) for s in r["stages"] if s[0] in ("prefill", "decode")]
+            gens = [(s[1], s[2]) for s in r["stages"] if s[0] == "generation"]
+            gpu[r["trace"] + ":" + r["span"]] = parts or gens
+        if not any(gpu.values()) and not loads:
+            continue
+        first, last = max(min(s for s, _ in spans), lo), min(max(e for _, e in spans), hi)
+        if last <= first:
+            continue
+        def on(k: str, t: int) -> bool:
+            return any(s <= t < e for s, e in gpu[k])  # noqa: B023
+        # boundaries: where some request's GPU coverage or a model_load starts or ends, plus the window ends
+        bounds = {first, last}
+        for t in range(first, last + 1):
+            for k in gpu:
+                if on(k, t) != on(k, t - 1) and (t < last or on(k, t - 1)):
+                    bounds.add(t)
+            for s, e in loads:
+                if first < s < last:
+                    bounds.add(s)
+                if first < e < last:
+                    bounds.add(e)
+        if grid:
+            bounds |= {g for g in range(first - first % grid + grid, last, grid)}
+        bounds_l = sorted(b for b in bounds if first <= b <= last)
+        totals = defaultdict(lambda: [0, 0, 0, 0])
+        for t0, t1 in itertools.pairwise(bounds_l):
+            cell = (t0 - t0 % grid) if grid else 0
+            active = sorted(k for k in gpu if on(k, t0))
+            for t in range(t0, t1):  # the active set is constant inside a segment
+                assert sorted(k for k in gpu if on(k, t)) == active
+            length = t1 - t0
+            totals[cell][0] += length
+            if active:
+                q, r = divmod(length, len(active))
+                for k in active:
+                    alloc[(rep, k.split(":")[0], cell)] += q
+                def run_end(k: str, t: int) -> int:
+                    while on(k, t):
+                        t += 1
+                    return t
+                best = max(active, key=lambda k: (min(run_end(k, t0), hi), k))
+                if r:
+                    alloc[(rep, best.split(":")[0], cell)] += r
+                totals[cell][1] += length
+            elif any(s <= t0 < e for s, e in loads):
+                totals[cell][2] += length
+            else:
+                totals[cell][3] += length
+        for cell, v in totals.items():
+            reps[(rep, cell)] = tuple(v)
+    return {k: v for k, v in alloc.items() if v}, reps
+
+
+def test_sweep_matches_a_per_instant_reference_on_random_stores(tmp_path: Path) -> None:
+    rng = random.Random(16)
+    for case in range(40):
+        path = tmp_path / f"s{case}"
+        reqs = _random_store(rng, path)
+        con = connect(path)
+        lo, hi = (rng.randint(0, 20), rng.randint(25, 60)) if rng.random() < 0.4 else (-10**6, 10**6)
+        grid = rng.choice([None, None, 4, 7])
+        want_alloc, want_reps = _reference(reqs, lo, hi, grid)
+        got_alloc, got_reps = _shares(con, since=T0 + lo, until=T0 + hi, grid_ns=grid)
+        got_alloc = {(r, t, b - T0 if grid else 0): n for (r, t, b), n in got_alloc.items() if n}
+        got_reps = {(r, b - T0 if grid else 0): v for (r, b), v in got_reps.items()}
+        assert got_alloc == want_alloc, (case, reqs, lo, hi, grid)
+        # the identity: allocated (summed from the request shares) + cold start + idle = observed
+        for (rep, cell), (obs, al, cold, idle) in got_reps.items():
+            assert al == sum(n for (r, _, b), n in got_alloc.items() if (r, b) == (rep, cell))
+            assert al + cold + idle == obs, (case, rep, cell)
+        assert {k: v for k, v in got_reps.items() if v[0]} == {k: v for k, v in want_reps.items() if v[0]}, case
+        con.close()
+
+
+def test_series_cells_add_up_to_the_observed_time(tmp_path: Path) -> None:
+    batch = SpanBatch()
+    add_request(batch, "r1", 0, 150 * S, [("generation", 10 * S, 130 * S)], replica="A", attrs=_tenant("x"))
+    add_request(batch, "r2", 50 * S, 100 * S, [("model_load", 50 * S, 60 * S), ("generation", 60 * S, 100 * S)],
+                replica="A", attrs=_tenant("y"))
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    frame = cost_series(con, by="tenant", bucket_s=60, prices=Prices(default=1.0))
+    cells = {(int(b - T0) // S, k): n for b, k, n in frame.select("bucket_ns", "key", "gpu_ns").iter_rows()}
+    # 0-60 s: x alone 10-60 s (50 s; r2's load 50-60 s overlaps x's generation: no cold start), idle 0-10 s
+    assert cells[(0, "x")] == 50 * S and cells[(0, "(idle)")] == 10 * S
+    # 60-120 s: x and y share 60-100 s (20 s each), x alone 100-120 s
+    assert cells[(60, "x")] == 40 * S and cells[(60, "y")] == 20 * S
+    # 120-150 s: x 120-130 s, idle 130-150 s
+    assert cells[(120, "x")] == 10 * S and cells[(120, "(idle)")] == 20 * S
+    assert frame["gpu_ns"].sum() == 150 * S
+
+
+def test_prices_table_and_errors(tmp_path: Path) -> None:
+    table = tmp_path / "prices.toml"
+    table.write_text('gpu_hour_usd = 2.0\n[replica]\n"A" = 4.0\n[model]\nbig = 8.0\n')
+    p = load_prices(table)
+    assert (p.of("A", "big"), p.of("B", "big"), p.of("B", "small")) == (4.0, 8.0, 2.0)
+    assert load_prices(table, gpu_hour_usd=1.0).default == 1.0
+    assert prices_for(tmp_path).source == str(table)  # found beside the store
+    table.write_text("gpu_hour_usd = -1\n")
+    with pytest.raises(QueryError, match="non-negative"):
+        load_prices(table)
+    table.write_text("[gpu]\nx = 1\n")
+    with pytest.raises(QueryError, match="unknown key"):
+        load_prices(table)
+    assert not prices_for(tmp_path / "elsewhere").known
+
+
+def test_cli_json_text_and_errors(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from tailscope.cli import app
+
+    store = tmp_path / "store"
+    batch = SpanBatch()
+    add_request(batch, "r1", 0, 10 * S, [("generation", 0, 10 * S)], replica="A", attrs=_tenant("x", 100))
+    add_request(batch, "r2", 4 * S, 12 * S, [("generation", 4 * S, 10 * S)], replica="A", attrs=_tenant("y", 50))
+    write(store, batch)
+    runner = CliRunner()
+    result = runner.invoke(app, ["cost", "--store", str(store), "--json", "--gpu-hour-usd", "3.6"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["version"], data["by"], data["gpu_hour_usd"]) == (1, "tenant", 3.6)
+    assert {r["key"]: r["gpu_ns"] for r in data["rows"]} == {"x": 7 * S, "y": 3 * S}
+    assert data["rows"][0]["cost_usd"] == pytest.approx(7 * 3.6 / 3600)
+    assert data["replicas"] == [{
+        "replica": "A", "observed_ns": 12 * S, "allocated_ns": 10 * S, "cold_start_ns": 0, "idle_ns": 2 * S,
+        "observed_seconds": 12.0, "allocated_seconds": 10.0, "cold_start_seconds": 0.0, "idle_seconds": 2.0,
+        "idle_share": 2 / 12, "gpu_hour_usd": 3.6, "overhead_usd": pytest.approx(2 * 3.6 / 3600)}]
+    result = runner.invoke(app, ["cost", "--store", str(store), "--by", "replica", "--since",
+                                 "2025-11-20T14:00:05Z"])
+    assert result.exit_code == 0 and "no price" in result.stdout
+    (store / "prices.toml").write_text("gpu_hour_usd = 'cheap'\n")
+    result = runner.invoke(app, ["cost", "--store", str(store)])
+    assert result.exit_code == 1 and "a price must be a non-negative number" in result.stderr
+    result = runner.invoke(app, ["cost", "--store", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no store there" in result.stderr

@@ -1,0 +1,67 @@
+"""AppTest: the Cost and Capacity pages run, and show what analysis.cost / analysis.capacity compute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.capacity import capacity_curve, observed_workload
+from analysis.connect import connect
+from analysis.cost import Prices, cost_table
+from tests.dashboard.conftest import APP
+
+
+def _app(store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> AppTest:
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.run()
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    values = [m.value for m in at.metric if m.label == label]
+    assert values, f"no metric {label!r} among {[m.label for m in at.metric]}"
+    return str(values[0])
+
+
+@pytest.mark.parametrize("page", ["app_pages/cost.py", "app_pages/capacity.py"])
+def test_pages_explain_an_empty_store(empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+    at = _app(empty_store, monkeypatch, page)
+    assert not at.error and at.info
+
+
+def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch, "app_pages/cost.py")
+    want = cost_table(connect(incident_store), by="tenant", prices=Prices(default=2.0))
+    assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
+    assert _metric(at, "idle share") == f"{want['totals']['idle_share']:.1%}"
+    assert _metric(at, "cost") == "-"  # no price yet
+    at.number_input(key="cost_price").set_value(2.0).run()
+    assert not at.exception
+    assert _metric(at, "cost") == f"${want['totals']['allocated_usd']:,.2f}"
+    table = at.dataframe[0].value
+    assert sorted(table["key"]) == sorted(r["key"] for r in want["rows"])
+    assert table["gpu_seconds"].sum() == pytest.approx(want["totals"]["allocated_ns"] / 1e9, abs=1e-6)
+    at.radio(key="cost_by").set_value("replica").run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == len(want["replicas"])
+
+
+def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(incident_store, monkeypatch, "app_pages/capacity.py")
+    at.number_input(key="cap_target").set_value(60_000.0).run()
+    assert not at.exception
+    w = observed_workload(connect(incident_store))
+    want = capacity_curve(w, range(1, 65), target_p99_ms=60_000.0)["fewest_replicas"]
+    assert want is not None
+    assert _metric(at, "fewest replicas for the target") == str(want)
+    at.number_input(key="cap_target").set_value(20_000.0).run()
+    tighter = capacity_curve(w, range(1, 65), target_p99_ms=20_000.0)["fewest_replicas"]
+    shown = _metric(at, "fewest replicas for the target")
+    assert shown == ("none of 1–64" if tighter is None else str(tighter))
+    assert tighter is None or tighter >= want
+    assert at.dataframe, "the scale-up comparison is drawn"
