@@ -41,6 +41,8 @@ class CollectConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     durable: bool = True
     grpc_workers: int = 8
+    #: add the client's IP address to each resource as `tailscope.peer` (docs/convention.md#replica)
+    record_peer: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes"):

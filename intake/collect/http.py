@@ -28,6 +28,7 @@ from intake.collect.decode import (
     success_body,
 )
 from intake.collect.intake import Busy, Intake
+from intake.peer import peer_host
 
 _log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class _Request:
     target: str
     headers: dict[str, str]
     keep_alive: bool
+    peer: str | None = None  # the client's IP address (recorded as resource tailscope.peer)
 
 
 class HttpServer:
@@ -204,6 +206,7 @@ class HttpServer:
         encoding = JSON
         try:
             req = await self._read_head(line, reader)
+            req.peer = peer_host(writer.get_extra_info("peername"))
             if req.headers.get("expect", "").lower() == "100-continue":
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return await self._handle(req, reader, writer, refuse=refuse)
@@ -292,7 +295,7 @@ class HttpServer:
 
     def _accept(self, body: bytes, req: _Request, encoding: str) -> tuple[Decoded, Future[CommitResult] | None]:
         data = decompress(body, req.headers.get("content-encoding"), self.intake.config.max_body_bytes)
-        return self.intake.accept(data, encoding)
+        return self.intake.accept(data, encoding, peer=req.peer)
 
     async def _send(self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str, *,
                     close: bool = False, retry_after: int | None = None) -> None:
