@@ -87,7 +87,8 @@ def assert_roundtrip(spans: list[ReadableSpan], rows: dict[str, dict[str, Any]])
         assert row["Duration"] == sp.end_time - sp.start_time
         assert row["SpanName"] == sp.name
         assert row["SpanAttributes"] == {k: attr_str(v) for k, v in (sp.attributes or {}).items()}
-        assert row["ResourceAttributes"] == {k: attr_str(v) for k, v in sp.resource.attributes.items()}
+        assert row["ResourceAttributes"] == {**{k: attr_str(v) for k, v in sp.resource.attributes.items()},
+                                             "tailscope.peer": "127.0.0.1"}  # added by the receiver
         assert (row["ScopeName"], row["ScopeVersion"]) == ("collect-test", "2.1")
         assert [(e["TimestampNs"], e["Name"], e["Attributes"]) for e in row["Events"]] == [
             (e.timestamp, e.name, {k: attr_str(v) for k, v in (e.attributes or {}).items()}) for e in sp.events]
