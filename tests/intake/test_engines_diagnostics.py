@@ -10,7 +10,8 @@ from tests.intake.engine_fixtures import FIXTURES, T0, run_cli
 from tracing.rows import SpanBatch
 
 #: The shape of opentelemetry-proto's examples/trace.json: one plain span, no GenAI or tailscope keys.
-PLAIN = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "my.service"}}]},
+_SERVICE = [{"key": "service.name", "value": {"stringValue": "my.service"}}]
+PLAIN = {"resourceSpans": [{"resource": {"attributes": _SERVICE},
                             "scopeSpans": [{"scope": {"name": "my.library", "version": "1.0.0"}, "spans": [{
                                 "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
                                 "parentSpanId": "eee19b7ec3c1b173", "name": "I'm a server span",
