@@ -54,8 +54,9 @@ def test_opentelemetry_mode_events_become_stages(tmp_path: Path) -> None:
     # request end and the hand-off to the frontend
     assert stage_ms(row) == {"network": 3.0, "preprocess": 0.8, "queue_wait": 2.0, "generation": 18.0,
                              "other": 2.2}
+    # Triton's resource is service.name alone (src/tracer.cc): no replica unless collect records the peer
     assert (row["model"], row["model_version"], row["replica"], row["status"], row["e2e_ns"]) == (
-        "llama_trtllm", "1", "triton-0", "ok", 26 * MS)
+        "llama_trtllm", "1", None, "ok", 26 * MS)
 
 
 def test_json_trace_file_with_a_clock_offset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
