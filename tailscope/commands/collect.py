@@ -39,6 +39,10 @@ def collect(
     dedupe_startup_s: Annotated[float, typer.Option(
         "--dedupe-startup-s", help="At startup, load the keys of segments written this many seconds "
         "before, so spans re-sent after a crash are not stored twice.")] = C.DEFAULT_DEDUPE_STARTUP_S,
+    record_peer: Annotated[bool, typer.Option(
+        "--record-peer/--no-record-peer", help="Add the sending client's IP address to each resource as "
+        "tailscope.peer, which names replicas whose resource says nothing (TGI, Triton; "
+        "docs/convention.md#replica).")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
@@ -59,7 +63,7 @@ def collect(
             http_port=None if http_port < 0 else http_port,
             grpc_port=None if grpc_port < 0 else grpc_port,
             token=token, max_body_bytes=max_body_mib * C.MIB, max_queue_spans=max_queue_spans,
-            dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s,
+            dedupe_window=dedupe_window, dedupe_startup_s=dedupe_startup_s, record_peer=record_peer,
         )
     except ValueError as exc:
         fail(str(exc))
