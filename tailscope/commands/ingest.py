@@ -43,9 +43,9 @@ def ingest(
             for problem in report.problems[:5]:
                 console.print(f"  {problem}", highlight=False)
         console.print(report.recognition.summary(), highlight=False)
-    problem = report.recognition.problem()
-    if problem is not None:  # said even with --quiet: the data will not show up as requests
-        err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
+    hint = report.recognition.problem()
+    if hint is not None:  # said even with --quiet: the data will not show up as requests
+        err_console.print(f"[yellow]{hint}[/]", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
