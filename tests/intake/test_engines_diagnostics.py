@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 from pathlib import Path
 
+from intake.collect.decode import JSON
+from intake.collect.receiver import ProgressLine
 from intake.recognition import NO_REQUEST_FIX, Recognition, recognise
+from tests.intake.collect_helpers import running
 from tests.intake.engine_fixtures import FIXTURES, T0, run_cli
 from tracing.rows import SpanBatch
 
@@ -93,3 +98,18 @@ def test_recognise_counts_requests_by_engine() -> None:
     assert (seen.spans, seen.requests, seen.engines) == (4, 2, {"vllm": 1})
     assert seen.problem() is None
     assert Recognition(3, 0).problem() is not None and Recognition(0, 0).problem() is None
+
+
+def test_collect_console_line_counts_requests_and_says_why_there_are_none(tmp_path: Path) -> None:
+    with running(tmp_path / "store", grpc_port=None) as receiver:
+        assert receiver.http_port is not None
+        conn = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=30)
+        conn.request("POST", "/v1/traces", body=json.dumps(PLAIN).encode(), headers={"Content-Type": JSON})
+        assert conn.getresponse().status == 200
+        conn.close()
+    out = io.StringIO()
+    ProgressLine(receiver, out).tick(final=True)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("no span was recognised as a request: no span carries tailscope.request")
+    assert lines[1] == NO_REQUEST_FIX
+    assert "| stored 1 | requests 0 |" in lines[2]
