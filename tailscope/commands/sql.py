@@ -41,7 +41,11 @@ def sql(
     store: StoreOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
 ) -> None:
-    """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views."""
+    """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views.
+
+    A result wider than the terminal prints one block per row (name | value); an empty one
+    still names its columns.
+    """
     with errors_as_messages():
         con = connect(store_path(store))
     try:
