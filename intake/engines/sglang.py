@@ -36,8 +36,10 @@ NAME = "sglang"
 ROOT_PATTERN = r"^[a-z_]* ?Req \S{1,8}$"
 _ROOT = re.compile(ROOT_PATTERN)
 
-#: slice span name → stage. Unlisted slices (KV transfer, bootstrap room waits of the other
-#: node, `fake_output`, …) are left to `other`.
+#: slice span name → stage, as RequestStage names them in sglang
+#: python/sglang/srt/observability/req_time_stats.py @602413bc (API_SERVER_DISPATCH is "dispatch",
+#: DC_DISPATCH "dc_dispatch"; older names kept). Unlisted slices (KV transfer, `fake_output`,
+#: `quick_finish`, the mini load balancer's `mini_lb_launch` / `wait_pd_finish`) are left to `other`.
 SLICE_STAGES: dict[str, str] = {
     "tokenize": "preprocess",
     "dispatch": "preprocess",
