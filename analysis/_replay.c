@@ -4,7 +4,13 @@
  * k identical servers; lat[j] = finish - arrival. heap: caller's scratch of min(k, n) int64.
  * Each request begins at max(its arrival, the earliest server free time): a binary min-heap of
  * the servers' free times, O(n log k). Returns 0, or -1 on bad arguments.
+ *
+ * Built by setup.py as the extension module analysis._replay: the module itself is empty (so
+ * that importing it, as tools that walk the package do, works) and the function is reached
+ * through ctypes.
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <stdint.h>
 
 static void sift_down(int64_t *h, int64_t m, int64_t i) {
@@ -35,3 +41,9 @@ int fifo_replay(const int64_t *a, const int64_t *s, int64_t n, int64_t k, int64_
     }
     return 0;
 }
+
+static struct PyModuleDef replay_module = {
+    PyModuleDef_HEAD_INIT, "_replay", "FIFO k-server replay kernel; called through ctypes (analysis.capacity).",
+    -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__replay(void) { return PyModule_Create(&replay_module); }

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from intake.engines import normalize
 from intake.otlp import decode_json, decode_protobuf
+from intake.recognition import Recognition, recognise
 from tracing import schema as S
 from tracing.errors import InputError
 from tracing.rows import SpanBatch
@@ -41,6 +42,8 @@ class IngestReport:
     rejected_spans: int = 0
     segments: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: spans read and requests recognised among them (intake.recognition)
+    recognition: Recognition = field(default_factory=Recognition)
 
 
 def _open_bytes(path: Path) -> bytes:
@@ -249,6 +252,7 @@ def ingest_files(paths: list[Path], store: Path, *, skip_bad: bool = False,
             continue
         table = normalize(pa.concat_tables(tables))
         report.spans_read += table.num_rows
+        report.recognition.add(recognise(table))
         table, dropped = dedupe(store, table)
         report.duplicates += dropped
         report.segments.extend(writer.write(table))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dashboard.settings import DASHBOARD
 from intake.collect.config import COLLECT
 from intake.engines.settings import ENGINES
-from tracing.settings import SERVING, SettingsTable, render_markdown
+from tracing.settings import ROWS, SERVING, SettingsTable, render_markdown
 
 #: Every settings table, in docs order.
-TABLES: tuple[SettingsTable, ...] = (SERVING, COLLECT, ENGINES, DASHBOARD)
+TABLES: tuple[SettingsTable, ...] = (SERVING, ROWS, COLLECT, ENGINES, DASHBOARD)
 
 
 def render() -> str:

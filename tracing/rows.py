@@ -9,11 +9,13 @@ in `schema` and docs/convention.md.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracing import schema as S
 from tracing.errors import MissingExtra
+from tracing.settings import ROWS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -111,9 +113,37 @@ def outcome_of(status_code: str, attrs: Mapping[str, str]) -> str:
     return "error"
 
 
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}$")
+
+
+def is_random_instance_id(value: str) -> bool:
+    """True for a UUID (v1-v8) in `service.instance.id`: what an SDK generates per process, new at each restart."""
+    return bool(_UUID.match(value))
+
+
+def replica_keys() -> tuple[str, ...]:
+    """The resource keys tried for the replica: $TAILSCOPE_REPLICA_KEYS (comma-separated) or the default order."""
+    keys = tuple(k.strip() for k in ROWS.replica_keys.resolve().split(",") if k.strip())
+    return keys or S.REPLICA_RESOURCE_KEYS
+
+
 def replica_of(resource: Mapping[str, str]) -> str | None:
-    """The replica id: service.instance.id, else host.name, else process.pid."""
-    return _first(resource, S.REPLICA_RESOURCE_KEYS)
+    """The replica a person knows: the first of `replica_keys()` present on the resource.
+
+    A random UUID in service.instance.id (the OpenTelemetry SDK's per-process default) is passed
+    over for the keys after it and used only when no other key is there; it stays readable in
+    ResourceAttributes['service.instance.id'] either way.
+    """
+    fallback = None
+    for key in replica_keys():
+        value = resource.get(key)
+        if value is None or value == "":
+            continue
+        if key == S.RANDOM_INSTANCE_KEY and is_random_instance_id(value):
+            fallback = value
+            continue
+        return value
+    return fallback
 
 
 class SpanBatch:

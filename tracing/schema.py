@@ -70,13 +70,25 @@ OUTPUT_TOKEN_KEYS: Final[tuple[str, ...]] = (
     "gen_ai.usage.output_tokens",
     "gen_ai.usage.completion_tokens",
 )
-#: Resource keys tried in order for the replica.
+#: The replica name a person gives a process (resource attribute); wins over everything else.
+ATTR_REPLICA: Final = "tailscope.replica"
+#: The address of the peer that sent a batch to `tailscope collect` (added to the resource).
+ATTR_PEER: Final = "tailscope.peer"
+#: Resource keys tried in order for the replica (first present wins; docs/convention.md#replica).
+#: Names that survive a restart come first; `service.instance.id` is skipped here when it is a
+#: random UUID (what OpenTelemetry SDKs generate per process) and used only as a late fallback
+#: (`RANDOM_INSTANCE_KEY`), below the sending peer's address.
 REPLICA_RESOURCE_KEYS: Final[tuple[str, ...]] = (
-    "service.instance.id",
+    ATTR_REPLICA,
+    "k8s.pod.name",
     "host.name",
+    "service.instance.id",
+    ATTR_PEER,
     "process.pid",
-    "vllm.process_id",  # vLLM sets only this one by default (docs/engines.md)
+    "vllm.process_id",  # vLLM's own resource key (docs/engines.md)
 )
+#: The per-process key whose random-UUID values come last (after every key above).
+RANDOM_INSTANCE_KEY: Final = "service.instance.id"
 
 # --- enum spellings as stored (the ClickHouse exporter's strings) -----------------------
 
@@ -117,7 +129,8 @@ COLUMN_DOCS: Final[tuple[tuple[str, str, str], ...]] = (
     ("Stage", "string", "promoted: the stage this span measures (vocabulary), else null"),
     ("IsRequest", "bool", "promoted: true on the span that is one inference request"),
     ("Outcome", "string", "promoted, request spans: ok, error, timeout or cancelled"),
-    ("Replica", "string", "promoted: service.instance.id, else host.name, else process.pid"),
+    ("Replica", "string", "promoted: tailscope.replica, else k8s.pod.name, host.name, ... "
+     "(order: docs/convention.md#replica)"),
     ("Model", "string", "promoted: gen_ai.request.model"),
     ("ModelVersion", "string", "promoted: tailscope.model.version"),
     ("Tenant", "string", "promoted: tailscope.tenant"),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final, Generic, TypeVar
 
+from tracing import schema as S
 from tracing.errors import TailscopeError
 
 __all__ = [
@@ -237,6 +238,23 @@ class ServingSettings(SettingsTable):
 
 #: The serving side's settings table.
 SERVING: Final = ServingSettings()
+
+
+class RowSettings(SettingsTable):
+    """Settings of turning spans into stored rows (every writer: store exporter, lean recorder, ingest, collect)."""
+
+    title = "Stored rows"
+    intro = ("Read by `tracing.rows` wherever spans become rows of the store (the store exporter, the lean "
+             "recorder, `tailscope ingest`, `tailscope collect`): the environment variable, else the default.")
+    readers = ("tracing.rows",)
+
+    replica_keys: Setting[str] = Setting(
+        str, ",".join(S.REPLICA_RESOURCE_KEYS), "comma-separated resource keys tried, in order, for the replica "
+        "(docs/convention.md#replica)", env="TAILSCOPE_REPLICA_KEYS")
+
+
+#: The stored rows' settings table.
+ROWS: Final = RowSettings()
 
 
 # --- docs ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import grpc
 from intake.collect.commit import Closed, QueueFull
 from intake.collect.decode import PROTOBUF, success_body
 from intake.collect.intake import Busy, Intake
+from intake.peer import peer_host
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -43,7 +44,7 @@ def make_server(intake: Intake, host: str, port: int) -> tuple[grpc.Server, int]
         except Busy as exc:
             _abort(context, intake, grpc.StatusCode.UNAVAILABLE, str(exc))
         try:
-            decoded, future = intake.accept(request, PROTOBUF)
+            decoded, future = intake.accept(request, PROTOBUF, peer=peer_host(context.peer()))
         except (QueueFull, Closed) as exc:
             _abort(context, intake, grpc.StatusCode.UNAVAILABLE, f"{exc}; retry")
             raise AssertionError("unreachable") from None

@@ -42,6 +42,7 @@ from intake.collect.decode import (
     success_body,
 )
 from intake.collect.intake import Busy, Intake
+from intake.peer import peer_host
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class _Request:
     method: str
     target: str
     headers: dict[str, str]
+    peer: str | None = None  # the client's IP address (recorded as resource tailscope.peer when asked)
 
 
 class _Conn:
@@ -332,7 +334,8 @@ class HttpServer:
     async def _request(self, conn: _Conn, head: h11.Request, *, refuse: bool) -> bool:
         """Answer one request; True when the connection may carry another."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
-        req = _Request(head.method.decode("latin-1").upper(), head.target.decode("latin-1"), headers)
+        req = _Request(head.method.decode("latin-1").upper(), head.target.decode("latin-1"), headers,
+                       peer_host(conn.writer.get_extra_info("peername")))
         encoding = media_type(headers.get("content-type"))
         answer_in = encoding if encoding in ENCODINGS else JSON
         reserve = _Reserve(self.intake)
@@ -430,4 +433,4 @@ class HttpServer:
         data = decompress(body, req.headers.get("content-encoding"), self.intake.config.max_body_bytes)
         if data is not body:  # the inflated bytes count against the budget too
             reserve.grow(reserve.held + len(data))
-        return self.intake.accept(data, encoding)
+        return self.intake.accept(data, encoding, peer=req.peer)

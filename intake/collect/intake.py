@@ -10,6 +10,7 @@ from intake.collect.commit import CommitResult, Committer
 from intake.collect.config import CollectConfig
 from intake.collect.decode import PROTOBUF, Decoded, decode_body
 from intake.otlp import DecodeResult
+from intake.peer import with_peer
 from tracing.errors import RetryLater
 
 
@@ -66,9 +67,15 @@ class Intake:
         with self._lock:
             self.refused_requests += 1
 
-    def accept(self, body: bytes, encoding: str) -> tuple[Decoded, Future[CommitResult] | None]:
-        """Decode `body` and queue its spans; raises ValueError (400), QueueFull or Closed (503)."""
-        if encoding == PROTOBUF:
+    def accept(self, body: bytes, encoding: str, *,
+               peer: str | None = None) -> tuple[Decoded, Future[CommitResult] | None]:
+        """Decode `body` and queue its spans; raises ValueError (400), QueueFull or Closed (503).
+
+        With `record_peer` (the default) and a known `peer`, every resource gets `tailscope.peer`;
+        such bodies take the Python decoder (the C builder has no per-body resource hook yet).
+        """
+        peer = peer if self.config.record_peer else None
+        if encoding == PROTOBUF and peer is None:
             queued = self.committer.submit_protobuf(body)  # the columnar fast path
             if queued is not None:
                 n, fast = queued
@@ -77,6 +84,8 @@ class Intake:
                     self.received_spans += n
                 return Decoded(None, DecodeResult(accepted=n)), fast
         decoded = decode_body(body, encoding)
+        if peer is not None and decoded.table is not None:
+            decoded.table = with_peer(decoded.table, peer)
         future = self.committer.submit(decoded.table) if decoded.table is not None else None
         with self._lock:
             self.requests += 1

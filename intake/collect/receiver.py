@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TextIO
 
 import grpc
+import pyarrow as pa
 
 from intake.collect.commit import Committer, RecentKeys
 from intake.collect.config import CollectConfig
@@ -25,6 +26,7 @@ from intake.collect.intake import Intake
 from intake.collect.recovery import remove_dead_temp_files
 from intake.engines import normalize
 from intake.otlp import base_from_columns, new_builder, promote
+from intake.recognition import Recognition, recognise
 from tracing.store import SegmentWriter, init_store
 
 
@@ -43,6 +45,7 @@ class Stats:
     commits: int
     queued_spans: int
     inflight_bytes: int
+    recognised_requests: int = 0  # request spans among the spans prepared for storage
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -63,10 +66,11 @@ class Receiver:
         self.store = init_store(config.store)
         self.writer = SegmentWriter(self.store, kind="collect", durable=config.durable)
         self.keys = RecentKeys(config.dedupe_window)
+        self.recognition = Recognition()
         self.loaded_keys = 0
         self.removed_temp_files: list[Path] = []
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
-                                   prepare=lambda table: normalize(promote(table)),
+                                   prepare=self._prepare,
                                    builder=new_builder(), assemble=base_from_columns,
                                    gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3,
                                    senders=lambda: self._http.connections if self._http is not None else 0)
@@ -80,6 +84,12 @@ class Receiver:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._started_at = time.monotonic()
+
+    def _prepare(self, table: pa.Table) -> pa.Table:
+        """Promote and normalize one commit group (the committer's thread), counting its requests."""
+        table = normalize(promote(table))
+        self.recognition.add(recognise(table))
+        return table
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -183,7 +193,8 @@ class Receiver:
         return Stats(requests=i.requests, received_spans=i.received_spans, stored_spans=c.stored_spans,
                      duplicate_spans=c.duplicate_spans, rejected_spans=i.rejected_spans,
                      bad_requests=i.bad_requests, refused_requests=i.refused_requests, segments=c.segments,
-                     commits=c.commits, queued_spans=c.queued_spans, inflight_bytes=i.inflight_bytes)
+                     commits=c.commits, queued_spans=c.queued_spans, inflight_bytes=i.inflight_bytes,
+                     recognised_requests=self.recognition.requests)
 
     def commit_latency_ms(self, q: float = 0.99) -> float:
         """The `q` quantile of submit-to-durable time over recent requests, in ms."""
@@ -200,6 +211,7 @@ class ProgressLine:
         self._last = receiver.stats()
         self._last_t = time.monotonic()
         self._last_print = 0.0
+        self._hinted = False
 
     def tick(self, *, final: bool = False) -> None:
         """Print one line (in place on a terminal, every 10 s or on change otherwise)."""
@@ -211,10 +223,15 @@ class ProgressLine:
         if not self.tty and not final and not (changed and now - self._last_print >= 10.0):
             return
         self._last_print = now
-        line = (f"collect: {rate:,.0f} spans/s | stored {s.stored_spans:,} | segments {s.segments:,} | "
+        line = (f"collect: {rate:,.0f} spans/s | stored {s.stored_spans:,} | "
+                f"requests {s.recognised_requests:,} | segments {s.segments:,} | "
                 f"rejected {s.rejected_spans:,} | duplicates {s.duplicate_spans:,} | "
                 f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
                 f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
+        problem = self.receiver.recognition.problem()
+        if problem is not None and not self._hinted:  # once: spans arrive but none is a request
+            self._hinted = True
+            self.out.write(("\r\x1b[2K" if self.tty else "") + problem + "\n")
         if self.tty:
             self.out.write("\r\x1b[2K" + line + ("\n" if final else ""))
         else:

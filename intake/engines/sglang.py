@@ -30,13 +30,16 @@ from intake.engines._common import (
     mark_request,
     seconds_ns,
 )
+from tracing.rows import is_random_instance_id
 
 NAME = "sglang"
 ROOT_PATTERN = r"^[a-z_]* ?Req \S{1,8}$"
 _ROOT = re.compile(ROOT_PATTERN)
 
-#: slice span name → stage. Unlisted slices (KV transfer, bootstrap room waits of the other
-#: node, `fake_output`, …) are left to `other`.
+#: slice span name → stage, as RequestStage names them in sglang
+#: python/sglang/srt/observability/req_time_stats.py @602413bc (API_SERVER_DISPATCH is "dispatch",
+#: DC_DISPATCH "dc_dispatch"; older names kept). Unlisted slices (KV transfer, `fake_output`,
+#: `quick_finish`, the mini load balancer's `mini_lb_launch` / `wait_pd_finish`) are left to `other`.
 SLICE_STAGES: dict[str, str] = {
     "tokenize": "preprocess",
     "dispatch": "preprocess",
@@ -105,13 +108,30 @@ def _replica(trace: Trace, span: Row) -> str | None:
     return None
 
 
+def _request_replica(trace: Trace, root: Row, worker: Row | None) -> str | None:
+    """A stable resource name (tailscope.replica, k8s.pod.name, host.name, peer), else the worker
+    thread's host_id[:8]:pid, else the resource's random per-process UUID.
+
+    Each SGLang process calls Resource.create (sglang/srt/observability/trace.py), so one server
+    carries one random service.instance.id per process; host_id is all zeros in many containers
+    (then host:pid is not told apart across pods and is skipped).
+    """
+    own = root["Replica"]
+    if own and not is_random_instance_id(own):
+        return str(own)
+    thread = _replica(trace, worker) if worker is not None else None
+    if thread is not None and not thread.startswith("00000000"):
+        return thread
+    return own or thread
+
+
 def map_request(trace: Trace, root: Row, attrs: dict[str, str], partners: Sequence[Row] = ()) -> list[Row]:
     """Copy the root's (and its partner roots') stage slices under it, or lay out its latency attributes."""
     slices = [s for r in (root, *partners) for s in trace.descendants(r["SpanId"])
               if s["SpanName"] in SLICE_STAGES or s["SpanName"] in INNER_SLICES]
     names = {s["SpanName"] for s in slices}
     worker = next((s for s in slices if SLICE_STAGES.get(s["SpanName"]) in ("prefill", "decode")), None)
-    replica = root["Replica"] or (_replica(trace, worker) if worker is not None else None)
+    replica = _request_replica(trace, root, worker)
     timeline = Timeline(root, NAME, replica)
     ttft = seconds_ns(attrs.get(vllm.TTFT))
     start, end = int(root["TimestampNs"]), end_of(root)

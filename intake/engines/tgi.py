@@ -5,8 +5,11 @@ The handler spans `generate`, `generate_stream`, `completions`, `chat_completion
 `time_per_token`, `total_time` as Rust `Debug` Duration strings ("12.3ms", "1.2s", "850µs")
 when the request succeeds. They are laid back to back from the span start: preprocess
 (validation), queue_wait, generation (inference). The per-request `infer` spans
-(backends/v3/src/queue.rs, backend.rs: one per batch the entry joins, the first one is the
-prefill batch) split generation: prefill ends where the earliest `infer` span ends. Streaming
+(backends/v3/src/queue.rs, backend.rs: one per iteration of the batching loop the entry is in,
+the first one holds its prefill) split generation: prefill ends where the earliest `infer` span
+ends. With chunked prefill that is the end of the first chunk, so TTFT reads early (a gap,
+docs/engines.md). Only handler spans of `text_generation_router::server` are requests: the
+inner spans of the same names (`text_generation_router::infer`) never are. Streaming
 (generate_stream only) runs from the first token to the span end and yields to decode.
 """
 
@@ -33,6 +36,9 @@ HANDLERS = ("generate", "generate_stream", "completions", "chat_completions")
 STREAM_HANDLERS = ("generate_stream",)
 FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token")
 _NAMESPACE = "text_generation_router"
+#: The module of the HTTP handlers (router/src/server.rs); the inner `generate` / `generate_stream`
+#: spans of text_generation_router::infer share the span names but are not requests.
+_HANDLER_NAMESPACE = "text_generation_router::server"
 
 
 def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -45,7 +51,10 @@ def _is_handler(row: Row, attrs: dict[str, str]) -> bool:
         return False
     if any(rust_duration_ns(attrs.get(f)) is not None for f in FIELDS):
         return True
-    return attrs.get("code.namespace", "").startswith(_NAMESPACE)
+    namespace = attrs.get("code.namespace")
+    if namespace is None:  # exporters without code.* fields: a handler-named span is taken as one
+        return True
+    return namespace == _HANDLER_NAMESPACE
 
 
 def map_trace(trace: Trace) -> list[Row]:
@@ -94,7 +103,11 @@ def map_request(trace: Trace, row: Row, attrs: dict[str, str]) -> list[Row]:
                          "derived: span end - first token (yields to decode)")
     outcome = outcome_of(row["StatusCode"], attrs)
     if outcome == "ok" and total is None:
-        outcome = "error"  # TGI records the timing fields only on success
+        # TGI records the timing fields only when the response completed. A stream that ends without
+        # them and without an error status was dropped by the client (the SSE stream is cancelled
+        # when the connection closes, router/src/server.rs generate_stream_internal); a plain
+        # request without them failed.
+        outcome = "cancelled" if streaming else "error"
     mark_request(row, NAME, outcome, ttft_ns=first - start if first is not None else None,
                  input_tokens=int_or_none(attrs.get("prompt_tokens")),
                  output_tokens=_output_tokens(attrs, inference, per_token), streaming=streaming)

@@ -126,6 +126,16 @@ def map_request(trace: Trace, root: Row, attrs: dict[str, str]) -> list[Row]:
                  "COMPUTE_START→COMPUTE_INPUT_END")
     timeline.add("generation", _first(comp, "COMPUTE_INPUT_END"), _last(comp, "COMPUTE_OUTPUT_START"),
                  "COMPUTE_INPUT_END→COMPUTE_OUTPUT_START")
+    # Decoupled models (LLM backends: TensorRT-LLM python backend, the vLLM backend) return from
+    # execute() at once and stream their responses later: generation runs on after the compute span,
+    # up to the root's INFER_RESPONSE_COMPLETE (src/tracer.cc records it on the root when the last
+    # response is sent); without this rule that time lands in `other`.
+    complete = _last(front, "INFER_RESPONSE_COMPLETE")
+    released = _last(req, "REQUEST_END")
+    if complete is not None and released is not None and complete > released:
+        after = last_of([_last(comp, "COMPUTE_END"), _last(comp, "COMPUTE_OUTPUT_START")])
+        timeline.add("generation", after if after is not None else released, complete,
+                     "decoupled: COMPUTE_END→INFER_RESPONSE_COMPLETE")
     m_attrs = attrs_of(model) if model is not None else {}
     status = "Error" if root["StatusCode"] == "Error" or (model is not None and model["StatusCode"] == "Error") \
         else root["StatusCode"]

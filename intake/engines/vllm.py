@@ -15,6 +15,8 @@ the readable reference the column-wise path is tested against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -46,11 +48,32 @@ DECODE = "gen_ai.latency.time_in_model_decode"
 INFERENCE = "gen_ai.latency.time_in_model_inference"
 REQUEST_ID = "gen_ai.request.id"
 _MARKERS = (TTFT, E2E, QUEUE, PREFILL, DECODE, INFERENCE, REQUEST_ID)
+#: Scope names of vLLM's tracers start so: init_tracer("vllm.llm_engine") and the module tracers of
+#: vllm/tracing/otel.py (_get_tracer(__name__)), vllm-project/vllm @40eeb0c.
+SCOPE_PREFIX = "vllm"
+#: Per-stage child spans of the request span (newer vLLM) and the stage each one is.
+CHILD_STAGES: dict[str, str] = {"vllm.request.queue": "queue_wait", "vllm.request.prefill": "prefill",
+                                "vllm.request.decode": "decode"}
+#: Request starts before this (2001-09-09) are vLLM's arrival_time_ns = 0 (stats logging off).
+SANE_START_NS = 1_000_000_000 * 1_000_000_000
+#: Attribute set on a vLLM request span that cannot be placed in time (no arrival time, no e2e).
+ATTR_UNMAPPED = "tailscope.unmapped"
+UNPLACED_REASON = "vllm: arrival_time_ns is 0 and no gen_ai.latency.e2e (stats logging off): start unknown"
 
 
-def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Spans that may be vLLM request spans (checked further in `map_trace`)."""
-    return pc.equal(names, SPAN_NAME)
+def candidate_mask(names: pa.ChunkedArray, scopes: pa.ChunkedArray | None = None) -> pa.ChunkedArray:
+    """Spans that may be vLLM request spans (checked further by their attributes).
+
+    `llm_request` (the default naming), or, with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental,
+    any span of a vLLM scope named "{operation} {model}" (e.g. "chat facebook/opt-125m"); the
+    `vllm.request.*` stage children are never request spans.
+    """
+    by_name = pc.equal(names, SPAN_NAME)
+    if scopes is None:
+        return by_name
+    opt_in = pc.and_(pc.starts_with(scopes, SCOPE_PREFIX),
+                     pc.and_(pc.invert(pc.starts_with(names, "vllm.request.")), pc.match_substring(names, " ")))
+    return pc.or_(by_name, opt_in)
 
 
 def map_trace(trace: Trace) -> list[Row]:
@@ -118,8 +141,8 @@ class _Attrs:
         hit[self.row_of_item[np.flatnonzero(pc.equal(self.keys, key).to_numpy(zero_copy_only=False))]] = True
         return hit
 
-    def with_engine(self) -> pa.Array:
-        """Every map with (tailscope.engine, vllm) appended."""
+    def with_engine(self, unplaced: npt.NDArray[np.bool_] | None = None) -> pa.Array:
+        """Every map with (tailscope.engine, vllm) appended (and ATTR_UNMAPPED where `unplaced`)."""
         n, flat = self.n, len(self.keys)
         src = np.empty(flat + n, dtype=np.int64)
         src[np.arange(flat) + self.row_of_item] = np.arange(flat)
@@ -127,7 +150,13 @@ class _Attrs:
         keys = pc.take(pa.concat_arrays([self.keys, pa.array([S.ATTR_ENGINE] * n, pa.string())]), src)
         items = pc.take(pa.concat_arrays([self.items, pa.array([NAME] * n, pa.string())]), src)
         offsets = pa.array(self.offsets + np.arange(n + 1), pa.int32())
-        return pa.MapArray.from_arrays(offsets, keys, items).cast(S.ATTRS)
+        maps = pa.MapArray.from_arrays(offsets, keys, items).cast(S.ATTRS)
+        if unplaced is None or not unplaced.any():
+            return maps
+        rows = maps.to_pylist()  # rare: vLLM with stats logging off
+        for i in np.flatnonzero(unplaced):
+            rows[i] = [*rows[i], (ATTR_UNMAPPED, UNPLACED_REASON)]
+        return pa.array(rows, S.ATTRS)
 
 
 def _seconds(attrs: _Attrs, key: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
@@ -180,14 +209,17 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     None when the table holds no vLLM request span. Same result as `map_request` on every
     `llm_request` row (tests check it), computed column-wise.
     """
-    mask = candidate_mask(table.column("SpanName"))
+    mask = candidate_mask(table.column("SpanName"), table.column("ScopeName"))
     if not pc.any(mask).as_py():
         return None
-    cand = _Attrs(table.filter(mask).column("SpanAttributes").combine_chunks())
+    picked = table.filter(mask)
+    cand = _Attrs(picked.column("SpanAttributes").combine_chunks())
     native = cand.present(S.ATTR_REQUEST) | cand.present(S.ATTR_STAGE) | cand.present(S.ATTR_SYNTHETIC)
     marked = np.zeros(cand.n, dtype=bool)
     for key in _MARKERS:
         marked |= cand.present(key)
+    opt_in = pc.not_equal(picked.column("SpanName"), SPAN_NAME).to_numpy(zero_copy_only=False)
+    marked &= ~opt_in | cand.present(S.ATTR_OPERATION)
     take = marked & ~native
     if not take.any():
         return None
@@ -204,6 +236,13 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     queue, has_queue = _seconds(attrs, QUEUE)
     prefill, has_prefill = _seconds(attrs, PREFILL)
     decode, has_decode = _seconds(attrs, DECODE)
+    children = _child_stretches(rest, req.column("SpanId").to_pylist())
+    # arrival_time_ns = 0 (stats logging off): the span starts in 1970. Start it at end - e2e, else at
+    # its first stage child; with neither it cannot be placed and is kept, but not as a request.
+    lost = start < SANE_START_NS
+    fixed = np.where(has_e2e, end - e2e, np.minimum(end, children["first"]))
+    start = np.where(lost, np.where(has_e2e | (children["first"] < end), fixed, end), start)
+    unplaced = lost & ~has_e2e & ~(children["first"] < end)
     first = np.minimum(np.maximum(start + ttft, start), end)
     prefill_start = np.maximum(start, first - np.where(has_prefill, prefill, 0))
     queue_start = np.maximum(start, prefill_start - np.where(has_queue, queue, 0))
@@ -216,6 +255,14 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     que = clip(queue_start, prefill_start, has_ttft)
     pf = clip(prefill_start, first, has_ttft)
     dec = clip(first, first + decode, has_ttft & has_decode)
+    # the stage child spans (vllm.request.queue/prefill/decode), where present, are the measured
+    # stretches: they replace the ones laid from the latency attributes
+    first_child = np.stack([start, np.where(children["first"] < end, children["first"], -1)], axis=1)
+    first_child[:, 0] = np.where(first_child[:, 1] >= 0, start, -1)
+    pre = _override(pre, first_child, clip)  # preprocess: the request start up to its first stage child
+    que = _override(que, children["queue_wait"], clip)
+    pf = _override(pf, children["prefill"], clip)
+    dec = _override(dec, children["decode"], clip)
     stream = clip(first, np.where(has_e2e, start + e2e, end), has_ttft)
     gen: Stretch = (np.where(pf[2], pf[0], dec[0]), np.where(dec[2], dec[1], pf[1]), pf[2] | dec[2])
     gen_source = np.where(pf[2] & dec[2], f"span of {PREFILL} + {DECODE}",
@@ -234,14 +281,51 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     ttft_col = np.where(has_ttft, ttft, req.column("TtftNs").to_numpy(zero_copy_only=False))
     ttft_valid = has_ttft | pc.is_valid(req.column("TtftNs")).to_numpy(zero_copy_only=False)
     updates = {
-        "IsRequest": pa.array(np.ones(n, dtype=bool)),
+        "Timestamp": pa.array(start // 1000).cast(pa.timestamp("us", tz="UTC")),
+        "TimestampNs": pa.array(start),
+        "Duration": pa.array(end - start),
+        "IsRequest": pa.array(~unplaced),
         "Outcome": _outcomes(req, attrs),
         "TtftNs": pa.array(np.where(ttft_valid, ttft_col, 0).astype(np.int64), mask=~ttft_valid),
-        "SpanAttributes": attrs.with_engine(),
+        "SpanAttributes": attrs.with_engine(unplaced),
     }
     for name, column in updates.items():
         req = req.set_column(req.schema.get_field_index(name), name, column)
     return rest, pa.concat_tables([req, synthetic])
+
+
+def _child_stretches(rest: pa.Table, request_ids: list[str]) -> dict[str, npt.NDArray[np.int64]]:
+    """Per request (in `request_ids` order): start/end of its vllm.request.* stage children, and the
+    first child start (int64 max where none). Keys: each stage → shape (n, 2) with -1 where absent."""
+    n = len(request_ids)
+    out: dict[str, npt.NDArray[np.int64]] = {stage: np.full((n, 2), -1, dtype=np.int64)
+                                             for stage in CHILD_STAGES.values()}
+    out["first"] = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    hit = pc.is_in(rest.column("SpanName"), value_set=pa.array(list(CHILD_STAGES)))
+    if not pc.any(hit).as_py():
+        return out
+    index = {span_id: i for i, span_id in enumerate(request_ids)}
+    kids = rest.filter(hit).select(["ParentSpanId", "SpanName", "TimestampNs", "Duration"]).to_pylist()
+    for kid in kids:
+        i = index.get(kid["ParentSpanId"])
+        if i is None:
+            continue
+        lo, hi = int(kid["TimestampNs"]), int(kid["TimestampNs"]) + int(kid["Duration"])
+        out[CHILD_STAGES[kid["SpanName"]]][i] = (lo, hi)
+        out["first"][i] = min(out["first"][i], lo)
+    return out
+
+
+Clip = Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]], Stretch]
+
+
+def _override(stretch: Stretch, child: npt.NDArray[np.int64], clip: Clip) -> Stretch:
+    """`stretch`, replaced by the child span's [start, end) in the rows that have one."""
+    has = child[:, 0] >= 0
+    if not has.any():
+        return stretch
+    lo, hi, keep = clip(child[:, 0], child[:, 1], has)
+    return np.where(has, lo, stretch[0]), np.where(has, hi, stretch[1]), np.where(has, keep, stretch[2])
 
 
 def _stage_spans(req: pa.Table, pieces: tuple[tuple[str, Stretch, npt.NDArray[np.object_]], ...]) -> pa.Table:

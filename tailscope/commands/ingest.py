@@ -9,7 +9,14 @@ import typer
 
 from analysis.materialize import materialize
 from intake.ingest import ingest_files, iter_files
-from tailscope.commands.common import StoreOption, byte_progress, console, errors_as_messages, store_path
+from tailscope.commands.common import (
+    StoreOption,
+    byte_progress,
+    console,
+    err_console,
+    errors_as_messages,
+    store_path,
+)
 
 
 def ingest(
@@ -40,6 +47,10 @@ def ingest(
             console.print(f"skipped {report.bad_lines} bad line(s) and {report.rejected_spans} rejected span(s)")
             for problem in report.problems[:5]:
                 console.print(f"  {problem}", highlight=False)
+        console.print(report.recognition.summary(), highlight=False)
+    hint = report.recognition.problem()
+    if hint is not None:  # said even with --quiet: the data will not show up as requests
+        err_console.print(f"[yellow]{hint}[/]", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,9 @@ import typer
 
 from analysis.connect import connect
 from analysis.report import build_report, render_text
-from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
+from intake.recognition import Recognition, gaps
+from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, fail, store_path
+from tracing import schema as S
 
 
 class Metric(enum.StrEnum):
@@ -46,6 +48,7 @@ def report(
             con.execute("SET enable_progress_bar = false").fetchall()
             result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
                                   include_failures=not ok_only)
+            seen = recognition_of(con)
         except duckdb.Error as exc:
             fail(f"report failed: {str(exc).splitlines()[0]}")
         finally:
@@ -54,6 +57,24 @@ def report(
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
         render_text(result, console)
+    # what the data can and cannot show: on stderr with --json, so the contract on stdout stays as is
+    out = err_console if as_json else console
+    out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True)
+    for gap in gaps(seen.engines):
+        out.print(f"  {gap}", highlight=False, soft_wrap=True)
+    problem = seen.problem()
+    if problem is not None:
+        err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
+
+
+def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
+    """Spans in the store and the request spans among them, by `tailscope.engine`."""
+    spans, requests = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or (0, 0)
+    engines = dict(con.execute(
+        f"SELECT SpanAttributes['{S.ATTR_ENGINE}'] AS e, count(*) FROM spans "
+        "WHERE IsRequest AND e IS NOT NULL GROUP BY e").fetchall())
+    return Recognition(int(spans), int(requests), {str(k): int(v) for k, v in engines.items()})
 
 
 def register(app: typer.Typer) -> None:

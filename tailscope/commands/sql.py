@@ -41,7 +41,11 @@ def sql(
     store: StoreOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
 ) -> None:
-    """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views."""
+    """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views.
+
+    A result wider than the terminal prints one block per row (name | value); an empty one
+    still names its columns.
+    """
     with errors_as_messages():
         con = connect(store_path(store))
     try:
@@ -60,11 +64,37 @@ def sql(
         sys.stdout.write(json.dumps([dict(zip(names, row, strict=True)) for row in rows],
                                     default=_json_default) + "\n")
     else:
+        print_table(names, rows)
+
+
+def fits(names: list[str], width: int) -> bool:
+    """True when every header fits on one line side by side (rich squeezes wider tables to blank headers)."""
+    return sum(len(n) for n in names) + 3 * len(names) + 1 <= width
+
+
+def print_table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
+    """A table when the headers fit the terminal, else one block per row (name: value), as psql's \\x.
+
+    An empty result still names its columns.
+    """
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if fits(names, console.width):
         table = Table(*names, show_lines=False)
-        for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row))
+        for column in table.columns:
+            column.min_width = len(str(column.header))
+        for row in cells:
+            table.add_row(*row)
         console.print(table)
-        console.print(f"{len(rows)} row(s)", style="dim")
+    elif not cells:
+        console.print("columns: " + ", ".join(names), highlight=False, soft_wrap=True)
+    else:
+        pad = max(len(n) for n in names)
+        for i, row in enumerate(cells, 1):
+            console.print(f"-[ row {i} ]" + "-" * max(0, min(console.width, 40) - 10 - len(str(i))),
+                          style="dim", highlight=False)
+            for name, value in zip(names, row, strict=True):
+                console.print(f"{name.ljust(pad)} | {value}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"{len(rows)} row(s)", style="dim")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,8 @@ writes it. Times are exact offsets from T0 so the tests can assert exact stage v
 from __future__ import annotations
 
 import json
+import random
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,18 @@ TRITON_MONO0 = 5_000_000_000_000
 TRITON_OFFSET = T0 - TRITON_MONO0
 
 Build = Callable[[trace.Tracer], None]
+
+
+#: The OpenTelemetry Python SDK version the SDK-default resources are written with.
+SDK_VERSION = "1.45.2"
+
+
+def sdk_resource(attrs: Mapping[str, AttributeValue], seed: int) -> dict[str, AttributeValue]:
+    """What `Resource.create(attrs)` gives in a process without OTEL_* variables: the SDK's keys and a
+    random UUID v4 service.instance.id (seeded here, so the files are the same at every build)."""
+    instance = str(uuid.UUID(int=random.Random(seed).getrandbits(128), version=4))
+    return {"telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
+            "telemetry.sdk.version": SDK_VERSION, "service.instance.id": instance, **attrs}
 
 
 def _spans(resource: Mapping[str, AttributeValue], scope: str, build: Build, seed: int) -> list[ReadableSpan]:
@@ -99,10 +113,13 @@ def vllm_spans() -> list[list[ReadableSpan]]:
             "gen_ai.latency.e2e": 0.5, "gen_ai.latency.time_in_model_prefill": 0.1,
             "gen_ai.latency.time_in_model_decode": 0.4, "gen_ai.latency.time_in_model_inference": 0.5})
 
-    default: dict[str, AttributeValue] = {"vllm.instrumenting_module_name": "vllm.llm_engine",
-                                         "vllm.process_id": 4242}
-    named: dict[str, AttributeValue] = {**default, "service.name": "vllm", "service.instance.id": "gpu-node-3",
-                                        "vllm.process_id": 77}
+    # vllm-project/vllm vllm/tracing/otel.py init_otel_tracer @40eeb0c: Resource.create with service.name,
+    # vllm.instrumenting_module_name and vllm.process_id = str(os.getpid())
+    default = sdk_resource({"service.name": "vllm.llm_engine", "vllm.instrumenting_module_name": "vllm.llm_engine",
+                            "vllm.process_id": "4242"}, 1)
+    # OTEL_RESOURCE_ATTRIBUTES=service.instance.id=gpu-node-3 wins over the SDK's UUID
+    named = {**sdk_resource({"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "77"}, 2),
+             "service.name": "vllm", "service.instance.id": "gpu-node-3"}
     return [_spans(default, "vllm.tracing.otel", build, 1), _spans(named, "vllm.tracing.otel", build_replica, 2)]
 
 
@@ -181,8 +198,9 @@ def sglang_spans() -> list[list[ReadableSpan]]:
         decode.end(end_time=T0 + T + 410 * MS)
         router.end(end_time=T0 + T + 411 * MS)
 
-    return [_spans({"service.name": "sglang"}, "sglang server", build, 3),
-            _spans({"service.name": "sglang"}, "sglang server", build_pd, 6)]
+    # each SGLang process builds its resource with Resource.create (a random service.instance.id per process)
+    return [_spans(sdk_resource({"service.name": "sglang"}, 3), "sglang server", build, 3),
+            _spans(sdk_resource({"service.name": "sglang"}, 6), "sglang server", build_pd, 6)]
 
 
 # --- TGI 3.3.6-dev0: router/src/server.rs, backends/v3/src/{queue,backend}.rs ------------------
@@ -262,8 +280,9 @@ def triton_otel_spans() -> list[list[ReadableSpan]]:
         root.add_event("HTTP_SEND_END", timestamp=T0 + 26 * MS)
         root.end(end_time=T0 + 26 * MS)
 
-    return [_spans({"service.name": "triton-inference-server", "service.instance.id": "triton-0"}, "triton-server",
-                   build, 5)]
+    # src/tracer.cc builds its resource from service.name alone; no service.instance.id is ever sent
+    # (the C++ SDK's telemetry.sdk.* keys are left out here: nothing reads them)
+    return [_spans({"service.name": "triton-inference-server"}, "triton-server", build, 5)]
 
 
 # --- Triton 2.73.0dev JSON trace file: src/tracer.cc TraceActivity, docs/user_guide/trace.md ---
@@ -306,9 +325,41 @@ def triton_json(closed: bool) -> str:
     return text + ',{"id":5,"model_name":"simple","model_version":1},{"id":5,"timestamps":[{"name":"REQUEST_ST'
 
 
+def vllm_optin_spans() -> list[list[ReadableSpan]]:
+    """Newer vLLM: OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental names the request span
+    "{operation} {model}"; stage child spans; stats logging off (arrival_time_ns = 0)."""
+    model = "facebook/opt-125m"
+    genai = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+
+    def build(tracer: trace.Tracer) -> None:
+        base = 6000 * MS
+        # E: named "chat <model>", latency attributes and the vllm.request.* children (which win)
+        req = tracer.start_span(f"chat {model}", kind=trace.SpanKind.SERVER, start_time=T0 + base, attributes={
+            **genai, "gen_ai.request.id": "cmpl-e", "gen_ai.usage.prompt_tokens": 30,
+            "gen_ai.usage.completion_tokens": 12, "gen_ai.latency.time_in_queue": 0.019,
+            "gen_ai.latency.time_to_first_token": 0.06, "gen_ai.latency.e2e": 0.3,
+            "gen_ai.latency.time_in_model_prefill": 0.034, "gen_ai.latency.time_in_model_decode": 0.24})
+        for name, a, b in (("vllm.request.queue", 5, 25), ("vllm.request.prefill", 25, 60),
+                           ("vllm.request.decode", 60, 300)):
+            _child(tracer, req, name, base + a * MS, base + b * MS)
+        req.end(end_time=T0 + base + 300 * MS)
+        # F: stats logging off: arrival_time_ns = 0 and no latency attribute; G: start 0 but e2e known
+        span = tracer.start_span(f"chat {model}", kind=trace.SpanKind.SERVER, start_time=0,
+                                 attributes={**genai, "gen_ai.request.id": "cmpl-f"})
+        span.end(end_time=T0 + 7000 * MS)
+        span = tracer.start_span(f"chat {model}", kind=trace.SpanKind.SERVER, start_time=0,
+                                 attributes={**genai, "gen_ai.request.id": "cmpl-g", "gen_ai.latency.e2e": 0.2})
+        span.end(end_time=T0 + 8000 * MS)
+
+    resource = sdk_resource({"service.name": "vllm.llm_engine", "vllm.instrumenting_module_name": "vllm.llm_engine",
+                             "vllm.process_id": "5151"}, 7)
+    return [_spans(resource, "vllm.llm_engine", build, 7)]
+
+
 #: OTLP fixture file name → the span groups (one export batch each) it holds.
 SPANS: dict[str, Callable[[], list[list[ReadableSpan]]]] = {
     "vllm.otlp.jsonl": vllm_spans,
+    "vllm_optin.otlp.jsonl": vllm_optin_spans,
     "sglang.otlp.jsonl": sglang_spans,
     "tgi.otlp.jsonl": tgi_spans,
     "triton.otlp.jsonl": triton_otel_spans,
@@ -398,7 +449,9 @@ def collect_requests(store: Path, name: str, protocol: str = "http") -> list[dic
 
     from tests.intake.collect_helpers import running
 
-    with running(store) as receiver:
+    # the peer address (tailscope.peer) would name replicas that ingest leaves to the resource: off here,
+    # tests/intake/test_engines_replica.py covers it
+    with running(store, record_peer=False) as receiver:
         for group in SPANS[name]():
             exporter: HttpExporter | GrpcExporter
             if protocol == "grpc":

@@ -23,6 +23,7 @@ from tests.intake.engine_fixtures import (
     files,
     ingest_files,
     requests,
+    sdk_resource,
     sql,
     stage_ms,
 )
@@ -98,7 +99,9 @@ def test_root_alone_falls_back_to_its_latency_attributes(tmp_path: Path) -> None
     # TTFT 61 ms; time_in_model_prefill (55 ms, from dispatch end, so it includes the scheduler queue) ends
     # there; preprocess is the 6 ms before it; decode 249 ms fills the rest
     assert stage_ms(row) == {"preprocess": 6.0, "prefill": 55.0, "decode": 249.0}
-    assert row["ttft_ns"] == 61_000_000 and row["replica"] is None
+    # no thread span in the table: the replica falls back to the process's random SDK UUID
+    assert row["ttft_ns"] == 61_000_000
+    assert row["replica"] == sdk_resource({"service.name": "sglang"}, 3)["service.instance.id"]
 
 
 def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:

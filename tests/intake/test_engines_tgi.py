@@ -14,18 +14,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 
+from intake.engines import normalize
 from intake.engines._common import rust_duration_ns
+from intake.otlp import decode_json
 from tests.intake.engine_fixtures import (
     FIXTURES,
+    MS,
+    _spans,
+    _tgi_handler,
     assert_stages_sum_to_e2e,
     collect_requests,
     files,
     ingest_files,
     requests,
     stage_ms,
+    tgi_spans,
 )
+from tracing.otlp_json import spans_to_json_line
+from tracing.rows import SpanBatch
 
 FIXTURE = FIXTURES / "tgi.otlp.jsonl"
 
@@ -79,3 +91,36 @@ def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
     """`tailscope collect` (OTLP/gRPC, TGI's exporter) stores the same requests as ingest."""
     ingest_files(tmp_path / "ingested", FIXTURE)
     assert collect_requests(tmp_path / "collected", "tgi.otlp.jsonl", "grpc") == requests(tmp_path / "ingested")
+
+
+def _table(groups: list[list[ReadableSpan]]) -> pa.Table:
+    batch = SpanBatch()
+    for group in groups:
+        decode_json(spans_to_json_line(group), batch)
+    return batch.to_table()
+
+
+def test_inner_spans_without_their_handler_are_not_requests() -> None:
+    """router/src/infer/mod.rs: the inner generate/generate_stream spans share the names and the
+    text_generation_router namespace; arriving without the handler they are no request at all."""
+    table = _table(tgi_spans())
+    handler = pc.equal(pc.fill_null(pc.map_lookup(table.column("SpanAttributes"), "code.namespace", "first"), ""),
+                       "text_generation_router::server")
+    assert pc.sum(handler.cast("int64")).as_py() == 3
+    inner_only = normalize(table.filter(pc.invert(handler)))
+    assert not any(inner_only.column("IsRequest").to_pylist())
+
+
+def test_a_stream_the_client_dropped_is_cancelled_and_a_plain_failure_an_error() -> None:
+    """A stream whose client went away ends without timing fields and without an error status."""
+
+    def build(tracer: trace.Tracer) -> None:
+        _tgi_handler(tracer, "generate_stream", 0, 50 * MS, {}, [(12 * MS, 40 * MS)])
+        _tgi_handler(tracer, "generate", 100 * MS, 150 * MS, {}, [])
+        _tgi_handler(tracer, "generate_stream", 200 * MS, 250 * MS, {}, [], error=True)
+
+    table = normalize(_table([_spans({"service.name": "text-generation-inference.router"},
+                                     "text-generation-inference.router", build, 11)]))
+    requests_ = sorted((r for r in table.to_pylist() if r["IsRequest"]), key=lambda r: r["TimestampNs"])
+    assert [(r["SpanName"], r["Outcome"]) for r in requests_] == [
+        ("generate_stream", "cancelled"), ("generate", "error"), ("generate_stream", "error")]

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 
 from intake.engines.triton import ENV_CLOCK_OFFSET
 from tests.intake.engine_fixtures import (
@@ -25,6 +26,8 @@ from tests.intake.engine_fixtures import (
     T0,
     TRITON_MONO0,
     TRITON_OFFSET,
+    _child,
+    _spans,
     assert_stages_sum_to_e2e,
     collect_requests,
     files,
@@ -33,6 +36,7 @@ from tests.intake.engine_fixtures import (
     run_cli,
     stage_ms,
 )
+from tracing.otlp_json import spans_to_json_line
 
 OTEL = FIXTURES / "triton.otlp.jsonl"
 CLOSED = FIXTURES / "triton_trace.json"
@@ -54,8 +58,9 @@ def test_opentelemetry_mode_events_become_stages(tmp_path: Path) -> None:
     # request end and the hand-off to the frontend
     assert stage_ms(row) == {"network": 3.0, "preprocess": 0.8, "queue_wait": 2.0, "generation": 18.0,
                              "other": 2.2}
+    # Triton's resource is service.name alone (src/tracer.cc): no replica unless collect records the peer
     assert (row["model"], row["model_version"], row["replica"], row["status"], row["e2e_ns"]) == (
-        "llama_trtllm", "1", "triton-0", "ok", 26 * MS)
+        "llama_trtllm", "1", None, "ok", 26 * MS)
 
 
 def test_json_trace_file_with_a_clock_offset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,3 +138,40 @@ def test_a_file_cut_anywhere_reads_without_error(monkeypatch: pytest.MonkeyPatch
         counts.append(spans)
         assert report.bad_lines == 0
     assert counts[0] == 0 and counts == sorted(counts)  # more of the file never gives fewer spans
+
+
+def test_a_decoupled_llm_backend_generates_up_to_infer_response_complete(tmp_path: Path) -> None:
+    """execute() of a decoupled model only schedules the request (compute 1-2 ms); the responses
+    stream until the root's INFER_RESPONSE_COMPLETE, and that time is generation, not other."""
+
+    def build(tracer: trace.Tracer) -> None:
+        root = tracer.start_span("InferRequest", kind=trace.SpanKind.SERVER, start_time=T0)
+        root.add_event("HTTP_RECV_START", timestamp=T0)
+        root.add_event("HTTP_RECV_END", timestamp=T0 + 1 * MS)
+        model = _child(tracer, root, "tensorrt_llm_bls", 1 * MS, kind=trace.SpanKind.SERVER,
+                       attrs={"triton.model_name": "tensorrt_llm_bls", "triton.model_version": 1})
+        model.add_event("REQUEST_START", timestamp=T0 + 1 * MS)
+        model.add_event("QUEUE_START", timestamp=T0 + 2 * MS)
+        compute = _child(tracer, model, "compute", 3 * MS, kind=trace.SpanKind.SERVER)
+        for name, at in (("COMPUTE_START", 3), ("COMPUTE_INPUT_END", 4), ("COMPUTE_OUTPUT_START", 4.5),
+                         ("COMPUTE_END", 5)):
+            compute.add_event(name, timestamp=T0 + int(at * MS))
+        compute.end(end_time=T0 + 5 * MS)
+        model.add_event("REQUEST_END", timestamp=T0 + 6 * MS)
+        model.end(end_time=T0 + 6 * MS)
+        root.add_event("INFER_RESPONSE_COMPLETE", timestamp=T0 + 480 * MS)
+        root.add_event("HTTP_SEND_START", timestamp=T0 + 481 * MS)
+        root.add_event("HTTP_SEND_END", timestamp=T0 + 482 * MS)
+        root.end(end_time=T0 + 482 * MS)
+
+    path = tmp_path / "decoupled.otlp.jsonl"
+    path.write_text("".join(spans_to_json_line(g) + "\n"
+                            for g in [_spans({"service.name": "triton-inference-server"}, "triton-server", build, 12)]))
+    store = tmp_path / "store"
+    ingest_files(store, path)
+    [row] = requests(store)
+    assert_stages_sum_to_e2e([row])
+    # network 1 + 1; preprocess 1 + 1; queue 1; generation 0.5 (compute) + 475 (COMPUTE_END→COMPLETE);
+    # other: output copy 0.5 and INFER_RESPONSE_COMPLETE→HTTP_SEND_START 1
+    assert stage_ms(row) == {"network": 2.0, "preprocess": 2.0, "queue_wait": 1.0, "generation": 475.5,
+                             "other": 1.5}

@@ -77,10 +77,11 @@ def test_shape_fields_tokens_replica_status(tmp_path: Path) -> None:
     shape = {k: (r["input_tokens"], r["output_tokens"], r["replica"], r["status"], r["service"])
              for k, r in rows.items()}
     assert shape == {
-        # vLLM's default resource names no instance: the replica is vllm.process_id
-        "cmpl-a": (512, 45, "4242", "ok", ""),
-        "cmpl-b": (8, 3, "4242", "ok", ""),
-        "cmpl-c": (100, 0, "4242", "cancelled", ""),
+        # vLLM's resource (Resource.create in init_otel_tracer) holds the SDK's random service.instance.id,
+        # passed over for vllm.process_id; service.name is the instrumenting module name
+        "cmpl-a": (512, 45, "4242", "ok", "vllm.llm_engine"),
+        "cmpl-b": (8, 3, "4242", "ok", "vllm.llm_engine"),
+        "cmpl-c": (100, 0, "4242", "cancelled", "vllm.llm_engine"),
         # service.instance.id (e.g. from OTEL_RESOURCE_ATTRIBUTES) wins over vllm.process_id
         "cmpl-d": (20, 10, "gpu-node-3", "ok", "vllm"),
     }

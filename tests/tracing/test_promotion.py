@@ -34,8 +34,9 @@ def test_outcome(status: str, attrs: dict[str, str], outcome: str) -> None:
     assert outcome_of(status, attrs) == outcome
 
 
-def test_replica_falls_back_from_instance_id_to_host_to_pid() -> None:
-    assert replica_of({"service.instance.id": "r1", "host.name": "h"}) == "r1"
+def test_replica_falls_back_from_host_to_instance_id_to_pid() -> None:
+    assert replica_of({"service.instance.id": "r1", "host.name": "h"}) == "h"
+    assert replica_of({"service.instance.id": "r1", "process.pid": "9"}) == "r1"
     assert replica_of({"host.name": "h", "process.pid": "9"}) == "h"
     assert replica_of({"process.pid": "9"}) == "9"
     assert replica_of({}) is None

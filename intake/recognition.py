@@ -1,0 +1,88 @@
+"""How many spans were recognised as requests, and when none, why and what to add.
+
+`ingest`, `collect` (its console line) and `report` all say it the same way: a trace that
+does not follow the convention is stored, but nothing shows up as a request, and the user
+must learn that at once rather than from blank tables (docs/convention.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracing import schema as S
+
+#: Where the convention is described (relative to the repository, as the docs link it).
+DOCS = "docs/convention.md"
+
+#: What an engine leaves out of its traces, so the report can say what its requests cannot show.
+ENGINE_GAPS: Mapping[str, str] = {
+    "vllm": "vLLM emits no span for an aborted request and sets no status or finish reason: "
+            "its requests all read ok and aborts are missing",
+    "triton": "Triton sets no span status: failed requests read ok",
+    "tgi": "TGI records no first-token time: TTFT is the end of the first infer span",
+    "sglang": "",
+}
+
+NO_REQUEST_WHY = (
+    "no span carries tailscope.request, gen_ai.operation.name (on a SERVER or INTERNAL span) or an "
+    "engine's request shape (vLLM llm_request or '<operation> <model>', SGLang 'Req ...', "
+    "TGI generate/generate_stream/chat_completions, Triton InferRequest)"
+)
+NO_REQUEST_FIX = (
+    "fix: set the attribute tailscope.request=true on the span that is one inference request "
+    f"(span.set_attribute(\"tailscope.request\", True)), or gen_ai.operation.name; see {DOCS}"
+)
+
+
+@dataclass
+class Recognition:
+    """Spans seen and requests recognised among them, per engine."""
+
+    spans: int = 0
+    requests: int = 0
+    engines: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Recognition) -> None:
+        """Count `other` in too."""
+        self.spans += other.spans
+        self.requests += other.requests
+        for name, n in other.engines.items():
+            self.engines[name] = self.engines.get(name, 0) + n
+
+    def summary(self) -> str:
+        """'12 requests recognised among 340 spans (vllm 12)'."""
+        by = ", ".join(f"{k} {v:,}" for k, v in sorted(self.engines.items()))
+        return f"{self.requests:,} request(s) recognised among {self.spans:,} span(s)" + (f" ({by})" if by else "")
+
+    def problem(self) -> str | None:
+        """The why-and-fix lines when spans arrived but none is a request, else None."""
+        if self.spans == 0 or self.requests > 0:
+            return None
+        return f"no span was recognised as a request: {NO_REQUEST_WHY}.\n{NO_REQUEST_FIX}"
+
+
+def recognise(table: pa.Table) -> Recognition:
+    """Count the request spans of a promoted (and engine-normalized) table, by `tailscope.engine`."""
+    if table.num_rows == 0:
+        return Recognition()
+    is_req = pc.fill_null(table.column("IsRequest"), False)
+    requests = table.filter(is_req)
+    engines: dict[str, int] = {}
+    if requests.num_rows:
+        values = pc.map_lookup(requests.column("SpanAttributes"), pa.scalar(S.ATTR_ENGINE), "first")
+        for item in pc.value_counts(pc.fill_null(values, "")).to_pylist():
+            if item["values"]:
+                engines[item["values"]] = int(item["counts"])
+    return Recognition(table.num_rows, requests.num_rows, engines)
+
+
+def gaps(engines: Mapping[str, int]) -> list[str]:
+    """What the engines present in the data do not record, one sentence each."""
+    return [f"{name}: {ENGINE_GAPS[name]}" for name in sorted(engines) if ENGINE_GAPS.get(name)]
+
+
+__all__ = ["DOCS", "ENGINE_GAPS", "Recognition", "gaps", "recognise"]

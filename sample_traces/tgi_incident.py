@@ -1,0 +1,107 @@
+"""The slow-replica incident written as Hugging Face TGI writes it, for the accuracy suite.
+
+Same run as sample_traces/vllm_incident.py (the catalogue's `slow_replica`). Each request that
+reached a replica becomes what TGI's router exports for it (router/src/server.rs,
+router/src/infer/mod.rs, backends/v3/src/queue.rs): the `generate_stream` handler span of
+`text_generation_router::server` whose fields `validation_time`, `queue_time`,
+`inference_time`, `time_per_token`, `total_time` are Rust `Debug` Duration strings recorded
+when the response completed; the inner `generate_stream` span of `text_generation_router::infer`;
+and the first `infer` span (the prefill iteration, ending at the first token). The resource is
+TGI's: `service.name` alone, so nothing in the data names a replica. The test sends each
+replica's spans to `tailscope collect` from its own loopback address: the replica the report
+names is that address (`tailscope.peer`), as an operator sees TGI pods by IP.
+
+Nothing is committed: the test builds the spans from the seed at run time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sample_traces.basic import SeededIds
+from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.vllm_incident import BATCH, reached_vllm
+from tracing.otlp_json import spans_to_json_line
+
+SEED = 1
+SERVICE = "text-generation-inference.router"
+_UNITS = ((NS, "s"), (1_000_000, "ms"), (1_000, "µs"), (1, "ns"))
+
+
+def rust_debug(ns: int) -> str:
+    """A Duration as Rust's `{:?}` prints it: the largest unit below it, exact decimals ('12.5ms', '850µs')."""
+    for unit, name in _UNITS:
+        if ns >= unit or unit == 1:
+            whole, rest = divmod(ns, unit)
+            frac = str(rest).rjust(len(str(unit)) - 1, "0").rstrip("0") if unit > 1 else ""
+            return f"{whole}.{frac}{name}" if frac else f"{whole}{name}"
+    raise AssertionError("unreachable")
+
+
+def _ns(t_s: float) -> int:
+    return START_NS + round(t_s * NS)
+
+
+def address(k: int) -> str:
+    """The loopback address replica number `k` (in sorted replica order) sends from."""
+    return f"127.0.0.{10 + k}"
+
+
+def _request(tracer: trace.Tracer, req: SimRequest, rng: random.Random) -> None:
+    code = {"code.namespace": "text_generation_router::server", "code.filepath": "router/src/server.rs"}
+    start, end = _ns(req.at_replica_s), _ns(req.end_s)
+    handler = tracer.start_span("generate_stream", start_time=start, attributes=code)
+    ctx = trace.set_span_in_context(handler)
+    inner = tracer.start_span("generate_stream", context=ctx, start_time=start,
+                              attributes={**code, "code.namespace": "text_generation_router::infer"})
+    gen, first = _ns(req.gen_start_s), _ns(req.first_token_s)
+    if req.status == "ok" and start <= gen <= first <= end:
+        infer = tracer.start_span("infer", context=trace.set_span_in_context(inner), start_time=gen,
+                                  attributes={"code.namespace": "text_generation_backends_v3::queue"})
+        infer.end(end_time=first)
+        last = min(_ns(req.decode_end_s), end)
+        validation = min(gen - start, round(rng.uniform(0.0003, 0.0009) * NS))
+        inference = last - gen
+        handler.set_attributes({
+            "validation_time": rust_debug(validation), "queue_time": rust_debug(gen - start - validation),
+            "inference_time": rust_debug(inference), "total_time": rust_debug(last - start),
+            "time_per_token": rust_debug(inference // max(req.output_tokens, 1)), "seed": "None"})
+    elif req.status == "error":
+        handler.set_status(trace.Status(trace.StatusCode.ERROR))
+    # a client that gave up (timeout) leaves neither the fields nor an error: TGI's stream is dropped
+    inner.end(end_time=end)
+    handler.end(end_time=end)
+
+
+def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
+    """Loopback address → the OTLP/JSON lines that replica's router exports (TGI's resource)."""
+    rng = random.Random(seed)
+    by_replica: dict[str, list[SimRequest]] = {}
+    for req in requests:
+        if reached_vllm(req):
+            by_replica.setdefault(req.replica, []).append(req)
+    out: dict[str, list[str]] = {}
+    for k, replica in enumerate(sorted(by_replica)):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource({"service.name": SERVICE}), id_generator=SeededIds(seed * 3000 + k))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer(SERVICE)
+        for req in by_replica[replica]:
+            _request(tracer, req, rng)
+        provider.shutdown()
+        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
+        out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
+    return out
+
+
+def replica_addresses(requests: Sequence[SimRequest]) -> dict[str, str]:
+    """Simulated replica name → the address it sends from."""
+    names = sorted({r.replica for r in requests if reached_vllm(r)})
+    return {name: address(k) for k, name in enumerate(names)}

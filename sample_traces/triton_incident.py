@@ -1,0 +1,93 @@
+"""The slow-replica incident written as Triton's OpenTelemetry trace mode writes it.
+
+Same run as sample_traces/vllm_incident.py (the catalogue's `slow_replica`). Each request that
+reached a replica becomes the three spans src/tracer.cc writes for an HTTP request to a
+non-decoupled model (one response per request, so `execute()` covers the generation): the
+`InferRequest` root with the frontend's HTTP_RECV_* / HTTP_SEND_* events, the model span
+(`triton.model_name`, `triton.model_version`, REQUEST_START / QUEUE_START / REQUEST_END events)
+and the `compute` span (COMPUTE_START / COMPUTE_INPUT_END / COMPUTE_OUTPUT_START / COMPUTE_END).
+Triton sets no span status, so failed and abandoned requests read ok, as they would in real
+data. The resource is Triton's: `service.name` alone; the test sends each replica's spans to
+`tailscope collect` from its own loopback address, which names the replica (`tailscope.peer`).
+Triton does not split prefill from decode: the slow replica shows in `generation`.
+
+Nothing is committed: the test builds the spans from the seed at run time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sample_traces.basic import SeededIds
+from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.tgi_incident import address
+from sample_traces.vllm_incident import BATCH, reached_vllm
+from tracing.otlp_json import spans_to_json_line
+
+SEED = 1
+SERVICE = "triton-inference-server"
+MODEL = "llama_trtllm"
+US = 1_000
+
+
+def _ns(t_s: float) -> int:
+    return START_NS + round(t_s * NS)
+
+
+def _request(tracer: trace.Tracer, req: SimRequest, trace_id: int, rng: random.Random) -> None:
+    start = _ns(req.at_replica_s)
+    ok = req.status == "ok"
+    done = _ns(min(req.decode_end_s, req.end_s)) if ok else _ns(req.end_s)
+    root = tracer.start_span("InferRequest", kind=trace.SpanKind.SERVER, start_time=start)
+    root.add_event("HTTP_RECV_START", timestamp=start)
+    root.add_event("HTTP_RECV_END", timestamp=start + 200 * US)
+    model_start = start + 300 * US
+    model = tracer.start_span(MODEL, context=trace.set_span_in_context(root), kind=trace.SpanKind.SERVER,
+                              start_time=model_start, attributes={
+                                  "triton.model_name": MODEL, "triton.model_version": 1,
+                                  "triton.trace_id": trace_id, "triton.trace_parent_id": 0})
+    model.add_event("REQUEST_START", timestamp=model_start)
+    model.add_event("QUEUE_START", timestamp=model_start + 100 * US)
+    gen = max(_ns(req.gen_start_s), model_start + 100 * US)
+    out = max(done - 400 * US, gen + 600 * US)
+    compute = tracer.start_span("compute", context=trace.set_span_in_context(model), kind=trace.SpanKind.SERVER,
+                                start_time=gen)
+    stamps = (("COMPUTE_START", gen), ("COMPUTE_INPUT_END", gen + 500 * US), ("COMPUTE_OUTPUT_START", out),
+              ("COMPUTE_END", out + 200 * US))
+    for name, at in stamps:
+        compute.add_event(name, timestamp=at)
+    compute.end(end_time=out + 200 * US)
+    model.add_event("REQUEST_END", timestamp=out + 300 * US)
+    model.end(end_time=out + 300 * US)
+    send = out + 300 * US + round(rng.uniform(50, 150)) * US
+    root.add_event("HTTP_SEND_START", timestamp=send)
+    root.add_event("HTTP_SEND_END", timestamp=send + 200 * US)
+    root.end(end_time=send + 200 * US)
+
+
+def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
+    """Loopback address → the OTLP/JSON lines that replica's Triton exports (its resource: service.name)."""
+    rng = random.Random(seed)
+    by_replica: dict[str, list[SimRequest]] = {}
+    for req in requests:
+        if reached_vllm(req):
+            by_replica.setdefault(req.replica, []).append(req)
+    out: dict[str, list[str]] = {}
+    for k, replica in enumerate(sorted(by_replica)):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource({"service.name": SERVICE}), id_generator=SeededIds(seed * 4000 + k))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("triton-server")
+        for n, req in enumerate(by_replica[replica], start=1):
+            _request(tracer, req, n, rng)
+        provider.shutdown()
+        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
+        out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
+    return out
