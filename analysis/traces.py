@@ -24,7 +24,6 @@ _PREFIX: Final = "_tailscope_trace_"
 EXEMPLAR_COLUMNS: Final[tuple[str, ...]] = ("trace_id", "start", "start_ns", "replica", "model", "tenant", "status",
                                             "input_tokens", "output_tokens")
 
-Interval = tuple[int, int]
 
 
 def slowest(con: duckdb.DuckDBPyConnection, metric: str = "e2e", limit: int = 50,
@@ -55,23 +54,6 @@ def find_requests(con: duckdb.DuckDBPyConnection, trace_id: str, source: str = "
         return con.sql(f"SELECT * FROM {source} WHERE false").pl()
     return con.sql(f"SELECT * FROM {source} WHERE starts_with(trace_id, ?) ORDER BY start_ns LIMIT {int(limit)}",
                    params=[tid]).pl()
-
-
-def subtract(base: list[Interval], holes: list[Interval]) -> list[Interval]:
-    """The parts of the intervals `base` that no interval of `holes` covers (half-open [a, b))."""
-    out = base
-    for h0, h1 in holes:
-        nxt: list[Interval] = []
-        for a, b in out:
-            if h1 <= a or h0 >= b:
-                nxt.append((a, b))
-                continue
-            if a < h0:
-                nxt.append((a, h0))
-            if h1 < b:
-                nxt.append((h1, b))
-        out = nxt
-    return [(a, b) for a, b in out if b > a]
 
 
 def waterfall(con: duckdb.DuckDBPyConnection, trace_id: str, since_ns: int | None = None,

@@ -1,4 +1,4 @@
-"""analysis.traces: waterfall stretches add up to the `requests` stage columns; interval subtraction; lookups."""
+"""analysis.traces: waterfall stretches add up to the `requests` stage columns; interval subtraction (analysis.model); lookups."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from analysis import connect
 from analysis import traces as T
+from analysis.model import subtract
 from tests.analysis.test_report import fleet_store
 from tests.dashboard.incident_store import write_incident_store
 
@@ -63,7 +64,7 @@ def test_subtract_against_a_pointwise_reference() -> None:
         base = [(a, a + rng.randint(0, 15)) for a in sorted(rng.sample(range(n), 2))]
         base = [base[0]] if base[0][1] > base[1][0] else base  # disjoint, as a stage's stretch is
         holes = [(a, a + rng.randint(0, 12)) for a in (rng.randrange(n) for _ in range(rng.randint(0, 4)))]
-        got = T.subtract(base, holes)
+        got = subtract(base, holes)
         assert all(b > a for a, b in got)
         assert _covered(got, n + 30) == _covered(base, n + 30) - _covered(holes, n + 30)
 
