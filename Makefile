@@ -11,8 +11,8 @@ STORE ?= $(HOME)/.local/share/tailscope/store
 all: test
 
 # every extra plus the dev tools; pip builds the optional C decoder (intake/_otlpx.c) and replay
-# kernel (analysis/_replay.c) when a
-# C compiler is there, and otherwise notes it and goes on (tailscope then uses its Python decoder)
+# kernel (analysis/_replay.c) when a C compiler is there, and otherwise notes it and goes on
+# (tailscope then uses its Python code for both: the same results, slower)
 $(STAMP): pyproject.toml setup.py intake/_otlpx.c analysis/_replay.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
