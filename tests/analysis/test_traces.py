@@ -1,4 +1,4 @@
-"""analysis.traces: waterfall stretches add up to the `requests` stage columns; interval subtraction (analysis.model); lookups."""
+"""analysis.traces: waterfall stretches add up to the `requests` stage columns; interval subtraction; lookups."""
 
 from __future__ import annotations
 
