@@ -27,6 +27,7 @@ import asyncio
 import functools
 import inspect
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -136,7 +137,7 @@ def current_request() -> Request | None:
     return value if isinstance(value, Request) else None
 
 
-class RequestAPI(Generic[H]):
+class RequestAPI(ABC, Generic[H]):
     """The request API of both recorders: `tracing.request` (SDK spans) and `LeanRecorder.request` (timestamps).
 
     The shared rules are written once here: the request shape (`set`), the outcome (`set_outcome`,
@@ -157,33 +158,36 @@ class RequestAPI(Generic[H]):
 
     # --- what a recorder supplies ---------------------------------------------------------
 
+    @abstractmethod
     def _open(self, name: str, attributes: Mapping[str, AttributeValue] | None, start_ns: int | None) -> H:
-        raise NotImplementedError
+        """Open stage `name` now or at `start_ns` and return the recorder's handle of it."""
 
+    @abstractmethod
     def end_stage(self, stage: H, end_ns: int | None = None) -> None:
         """End the open stage `stage` now or at `end_ns`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fail_stage(self, stage: H, exc: BaseException) -> None:
         """Mark the open stage `stage` failed by `exc`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _add_attributes(self, attrs: dict[str, AttributeValue]) -> None:
-        raise NotImplementedError
+        """Put request attributes set after the start where this recorder keeps them."""
 
+    @abstractmethod
     def _mark_failed(self, exc: BaseException) -> None:
-        raise NotImplementedError
+        """Mark the request itself failed by `exc` (status, error type)."""
 
     def _streaming(self) -> bool:
         return False
 
+    @abstractmethod
     def stage(self, name: str, **attributes: AttributeValue) -> AbstractContextManager[H]:
         """A stage of this request as a context manager (`with req.stage("decode"):`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def end(self, end_ns: int | None = None) -> None:
         """End the request now or at `end_ns` with its outcome, output tokens and TTFT (idempotent)."""
-        raise NotImplementedError
 
     # --- request shape and outcome ------------------------------------------------------
 
