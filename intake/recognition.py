@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING
 
 from tracing import schema as S
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Where the convention is described (relative to the repository, as the docs link it).
 DOCS = "docs/convention.md"
@@ -67,6 +68,9 @@ class Recognition:
 
 def recognise(table: pa.Table) -> Recognition:
     """Count the request spans of a promoted (and engine-normalized) table, by `tailscope.engine`."""
+    import pyarrow as pa  # here, not at the top: `tailscope report` reads the counts without pyarrow.compute
+    import pyarrow.compute as pc
+
     if table.num_rows == 0:
         return Recognition()
     is_req = pc.fill_null(table.column("IsRequest"), False)

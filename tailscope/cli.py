@@ -3,11 +3,15 @@
 Every command module is imported here and a failure to import one is an error, never a
 silently missing command. The one exception is a third-party package that an extra
 installs: the command is still listed and says, in one line, which extra to install.
+Command modules import their heavy packages (duckdb, polars, pyarrow, the analysis) inside
+the command, so start-up and `--help` stay fast; each names them in `NEEDS`, looked up here
+without importing them.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 try:
@@ -59,6 +63,10 @@ for _name in COMMANDS:
         if not exc.name or exc.name.split(".")[0] in OURS:
             raise  # our own module is missing or broken: a bug, never a silently absent command
         _needs_extra(_name, exc.name)
+        continue
+    _absent = [m for m in getattr(_module, "NEEDS", ()) if importlib.util.find_spec(m) is None]
+    if _absent:
+        _needs_extra(_name, _absent[0])
         continue
     _module.register(app)
 

@@ -5,7 +5,22 @@ before they are answered, so kill -9 loses nothing acknowledged, and re-sent spa
 dropped by a bounded window of recently stored keys. See docs/collect.md.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from intake.collect.config import CollectConfig, read_token
-from intake.collect.receiver import Receiver, Stats
+
+if TYPE_CHECKING:
+    from intake.collect.receiver import Receiver, Stats
 
 __all__ = ["CollectConfig", "Receiver", "Stats", "read_token"]
+
+
+def __getattr__(name: str) -> Any:
+    """The receiver loads on first use (grpc, pyarrow), so the CLI can read the settings without it."""
+    if name in ("Receiver", "Stats"):
+        from intake.collect import receiver
+
+        return getattr(receiver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,11 +11,12 @@ from typing import Annotated, Any
 
 import typer
 
-from analysis.materialize import SETTLE_NS, materialize
-from intake.collect import CollectConfig, Receiver, read_token
-from intake.collect.config import COLLECT, exposure_warning
+from intake.collect.config import COLLECT, CollectConfig, exposure_warning, read_token
 from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
 from tracing.settings import Setting, SettingsTable
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb")
 
 #: Seconds between two looks for settled hours to materialize while collecting.
 MATERIALIZE_EVERY_S = 60.0
@@ -62,6 +63,8 @@ def collect(
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
     SIGTERM or Ctrl-C stops cleanly: in-flight requests are answered and the queue is written.
     """
+    from intake.collect.receiver import Receiver
+
     token = None
     if token_file is not None:
         try:
@@ -112,6 +115,8 @@ def _materialize_settled(store: Path, stop: threading.Event) -> None:
     Runs beside the receiver, never in its way: one DuckDB thread, and a failure is one line
     on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
     """
+    from analysis.materialize import SETTLE_NS, materialize
+
     while not stop.wait(MATERIALIZE_EVERY_S):
         try:
             materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")

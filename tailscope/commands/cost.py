@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import duckdb
 import typer
 from rich.table import Table
 
-from analysis.connect import connect
-from analysis.cost import cost_table, prices_for
 from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("duckdb", "polars", "numpy", "pyarrow")
 
 
 class By(enum.StrEnum):
@@ -75,6 +75,11 @@ def cost(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract (docs/cost.md).")] = False,
 ) -> None:
     """GPU-seconds and cost per tenant / model / version / replica, with idle, cold start and the p99 tail's share."""
+    import duckdb
+
+    from analysis.connect import connect
+    from analysis.cost import cost_table, prices_for
+
     with errors_as_messages():
         path = store_path(store)
         table = prices_for(path, prices, gpu_hour_usd)

@@ -18,6 +18,9 @@ import typer
 
 from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, store_path
 
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("pyarrow", "numpy", "duckdb", "polars")
+
 
 def demo_files() -> tuple[Path, Path, tempfile.TemporaryDirectory[str] | None]:
     """The committed demo traces and truth, or freshly generated ones (with the temp dir holding them)."""

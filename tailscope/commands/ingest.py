@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from analysis.materialize import materialize
-from intake.ingest import ingest_files, iter_files
 from tailscope.commands.common import (
     StoreOption,
     byte_progress,
@@ -17,6 +15,9 @@ from tailscope.commands.common import (
     errors_as_messages,
     store_path,
 )
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("pyarrow", "numpy", "duckdb")
 
 
 def ingest(
@@ -28,6 +29,9 @@ def ingest(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Load trace files into the store; re-ingesting a file adds no duplicate span."""
+    from analysis.materialize import materialize
+    from intake.ingest import ingest_files, iter_files
+
     target = store_path(store)
     with errors_as_messages():
         files = list(iter_files(paths))

@@ -5,16 +5,20 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import duckdb
 import typer
 
-from analysis.connect import connect
-from analysis.report import build_report, render_text
-from intake.recognition import Recognition, gaps
 from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, fail, store_path
 from tracing import schema as S
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from intake.recognition import Recognition
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("duckdb", "polars", "numpy", "pyarrow")
 
 
 class Metric(enum.StrEnum):
@@ -42,6 +46,12 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract (docs/methods.md).")] = False,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
+    import duckdb
+
+    from analysis.connect import connect
+    from analysis.report import build_report, render_text
+    from intake.recognition import gaps
+
     with errors_as_messages():
         con = connect(store_path(store))
         try:
@@ -69,6 +79,8 @@ def report(
 
 def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
     """Spans in the store and the request spans among them, by `tailscope.engine`."""
+    from intake.recognition import Recognition
+
     spans, requests = con.execute(
         "SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or (0, 0)
     engines = dict(con.execute(

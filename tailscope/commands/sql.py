@@ -10,12 +10,13 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
-import duckdb
 import typer
 from rich.table import Table
 
-from analysis.connect import connect
 from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("duckdb", "polars", "pyarrow")
 
 
 class OutputFormat(enum.StrEnum):
@@ -46,6 +47,10 @@ def sql(
     A result wider than the terminal prints one block per row (name | value); an empty one
     still names its columns.
     """
+    import duckdb
+
+    from analysis.connect import connect
+
     with errors_as_messages():
         con = connect(store_path(store))
     try:

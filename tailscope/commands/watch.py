@@ -9,19 +9,20 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import duckdb
 import typer
 
-from analysis.alerting import Deliverer, Outbox, receivers_from
-from analysis.connect import connect
-from analysis.percentiles import parse_duration, parse_time, request_facts, time_range
-from analysis.watch import Config, Event, LiveWatch, load_rules, replay, replay_json, summary_line
 from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
 from tailscope.commands.report import Metric
 from tracing.errors import QueryError
 from tracing.store import require_store
+
+if TYPE_CHECKING:
+    from analysis.watch import Config
+
+#: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
+NEEDS = ("duckdb", "polars", "numpy", "pyarrow")
 
 
 def _out(line: str) -> None:
@@ -66,6 +67,10 @@ def watch(
     poll: Annotated[str, typer.Option("--poll", help="Live: longest sleep between checks.")] = "5s",
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
+    from analysis.alerting import receivers_from
+    from analysis.percentiles import parse_duration
+    from analysis.watch import Config, load_rules
+
     with errors_as_messages():
         config = Config(metric=metric.value, window_s=parse_duration(window),
                         delay_s=0.0 if delay.strip() in ("0", "0s") else parse_duration(delay),
@@ -82,6 +87,12 @@ def watch(
 
 
 def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool) -> None:
+    import duckdb
+
+    from analysis.connect import connect
+    from analysis.percentiles import parse_time, request_facts, time_range
+    from analysis.watch import Event, replay, replay_json, summary_line
+
     since_ns, until_ns = parse_time(since), parse_time(until)
     if since_ns is None or until_ns is None:
         con = connect(path)
@@ -115,6 +126,11 @@ def _replay(path: Path, config: Config, since: str | None, until: str | None, as
 
 
 def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float) -> None:
+    import duckdb
+
+    from analysis.alerting import Deliverer, Outbox
+    from analysis.watch import Event, LiveWatch, summary_line
+
     outbox = Outbox(path, receivers)
     deliverer = Deliverer(outbox)
     stopping = {"now": False}

@@ -47,3 +47,25 @@ def test_python_dash_m_tailscope_is_the_cli() -> None:
     assert done.returncode == 0
     for name in cli.COMMANDS:
         assert name in done.stdout
+
+
+def test_help_loads_no_heavy_package() -> None:
+    """Start-up stays fast: listing the commands and a command's help import no analysis, DuckDB, polars, ..."""
+    code = ("import sys; sys.argv = ['tailscope', *sys.argv[1:]]\n"
+            "from tailscope.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = ('duckdb', 'polars', 'pyarrow', 'numpy', 'grpc', 'streamlit', 'analysis', 'intake.otlp')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m == 'intake.otlp'), file=sys.stderr)")
+    for args in (["--help"], *([name, "--help"] for name in cli.COMMANDS)):
+        done = run(code, *args)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.strip().splitlines()[-1] == "[]", (args, done.stderr)
+
+
+def test_a_missing_package_named_in_needs_is_one_line() -> None:
+    code = ("import sys; sys.modules['polars'] = None; sys.argv = ['tailscope', *sys.argv[1:]]; "
+            "from tailscope.cli import main; main()")
+    done = run(code, "report", "--store", "/nonexistent")
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("tailscope report needs polars, which is not installed: "
+                                   "pip install 'tailscope[analysis]'")
