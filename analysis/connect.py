@@ -23,7 +23,7 @@ import pyarrow as pa
 from analysis import model as M
 from analysis.materialize import HOUR_NS, hour_where, snapshot
 from analysis.sandbox import SandboxConnection
-from analysis.views import files_source, spans_sql
+from analysis.views import LIVE_HOUR_MACRO, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store
 
@@ -102,6 +102,8 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
     con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(files_source(files) if files else '_empty_spans')}")
     con.execute(f"CREATE OR REPLACE VIEW _spans_live AS {spans_sql(files_source(live) if live else '_empty_spans')}")
     where = hour_where(snap.stale)
+    # true for a request span of an hour computed on the fly (explain.stage_rows reads the rest from the files)
+    con.execute(f"CREATE OR REPLACE MACRO {LIVE_HOUR_MACRO}(TimestampNs) AS {where}")
     con.execute(f"CREATE OR REPLACE VIEW _requests_live AS {M.requests_sql('_spans_live', request_where=where)}")
     con.execute(f"CREATE OR REPLACE VIEW _request_facts_live AS {M.facts_sql('_spans_live', request_where=where)}")
     stored = [str(f) for f in snap.fresh.values()]

@@ -35,9 +35,10 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
+from analysis import model as M
 from analysis.percentiles import MIN_TAIL
 from analysis.spikes import quantile_sorted
-from analysis.views import VIEW_SQL
+from analysis.views import LIVE_HOUR_MACRO, VIEW_SQL
 from tracing import schema as S
 
 #: Dimensions a spike is explained by (columns of `requests`).
@@ -351,25 +352,35 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
 
     The view's own SQL runs over a temp copy of just these traces' spans. `since_ns` / `until_ns`
     bound the span start times read (the caller passes bounds that hold every span overlapping
-    the requests), so only the segments of that time range are read.
+    the requests), so only the segments of that time range are read. On a connection from
+    `analysis.connect`, requests of materialized hours are read from their files and only the
+    other hours' spans are scanned (a store materialized throughout reads no span at all).
     """
+    params = {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}
+    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
+    split = bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = '_spans_live'").fetchall()[0][0])
+    stored = (f"SELECT trace_id, span_id, {cols} FROM _requests_stored WHERE trace_id IN (SELECT unnest($ids)) "
+              "AND ($lo IS NULL OR start_ns >= $lo) AND ($hi IS NULL OR start_ns < $hi)")
+    if split and not con.execute("SELECT count(*) FROM _spans_live").fetchall()[0][0]:
+        return con.sql(stored, params=params).pl()  # every hour materialized
     needed = [c for c, _, _ in S.SPAN_COLUMNS if c in _STAGE_INPUTS]
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {', '.join(needed)}, EndNs FROM spans "
-        "WHERE list_contains($ids, TraceId) AND ($lo IS NULL OR TimestampNs >= $lo) "
-        "AND ($hi IS NULL OR TimestampNs < $hi)",
-        {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}).fetchall()
+        f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {', '.join(needed)}, EndNs "
+        f"FROM {'_spans_live' if split else 'spans'} "
+        "WHERE TraceId IN (SELECT unnest($ids)) AND ($lo IS NULL OR TimestampNs >= $lo) "
+        "AND ($hi IS NULL OR TimestampNs < $hi)", params).fetchall()
     # the columns the critical path does not read are typed NULLs: decoding them for every stored
     # span would cost more than the whole analysis
-    cols = ", ".join(c if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}" for c, typ, _ in S.SPAN_COLUMNS)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT {cols}, EndNs FROM {_SUB_PREFIX}data"
+    typed = ", ".join(c if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}" for c, typ, _ in S.SPAN_COLUMNS)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT {typed}, EndNs FROM {_SUB_PREFIX}data"
                 ).fetchall()
-    for name, sql in VIEW_SQL.items():
-        if name == "stages":
-            continue
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}{name} AS {_sub_sql(sql)}").fetchall()
-    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
-    return con.sql(f"SELECT trace_id, span_id, {cols} FROM {_SUB_PREFIX}requests").pl()
+    live = M.requests_sql(f"{_SUB_PREFIX}spans", request_where=f"{LIVE_HOUR_MACRO}(TimestampNs)") if split \
+        else _sub_sql(VIEW_SQL["requests"])
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}requests AS {live}").fetchall()
+    sql = f"SELECT trace_id, span_id, {cols} FROM {_SUB_PREFIX}requests"
+    if not split:
+        return con.sql(sql).pl()
+    return con.sql(f"{sql} UNION ALL {stored}", params=params).pl()
 
 
 def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) -> list[dict[str, Any]]:

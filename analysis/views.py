@@ -36,5 +36,8 @@ VIEW_SQL: dict[str, str] = {
     "stages": M.stages_sql("requests"),
 }
 
+#: Macro of a connection from analysis.connect: is a span start (ns) in an hour that is not materialized?
+LIVE_HOUR_MACRO = "_tailscope_live_hour"
+
 #: The documented views, for docs and tests.
 PUBLIC_VIEWS: tuple[str, ...] = ("spans", "requests", "stages")

@@ -171,13 +171,13 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
     return pa.Table.from_pydict(cols, schema=S.SPAN_SCHEMA)
 
 
-def make_store(store: Path, spans: int, seed: int = 1) -> int:
-    """Write a synthetic store of about `spans` spans; return the number of requests."""
+def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATION_S) -> int:
+    """Write a synthetic store of about `spans` spans over `duration_s` seconds; return the number of requests."""
     rng = np.random.default_rng(seed)
     n = spans // SPANS_PER_REQUEST
     writer = SegmentWriter(store, kind="bench")
     chunks = max(1, n // 150_000)
-    edges = np.linspace(START_NS, START_NS + DURATION_S * 1_000_000_000, chunks + 1).astype(np.int64)
+    edges = np.linspace(START_NS, START_NS + duration_s * 1_000_000_000, chunks + 1).astype(np.int64)
     per = np.diff(np.linspace(0, n, chunks + 1).astype(np.int64))
     for c in range(chunks):
         writer.write(_request_table(rng, int(per[c]), int(edges[c]), int(edges[c + 1])))

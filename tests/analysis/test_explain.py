@@ -13,7 +13,7 @@ from analysis import connect
 from analysis import explain as X
 from analysis.spikes import quantile_sorted
 from tests.analysis.test_report import fleet_store
-from tests.factory import add_request, write
+from tests.factory import T0, add_request, write
 from tracing import schema as S
 from tracing.rows import SpanBatch
 
@@ -162,3 +162,42 @@ def test_stage_rows_on_a_fleet_store(tmp_path: Path) -> None:
     view = con.sql(f"SELECT trace_id, span_id, {cols} FROM requests WHERE list_contains(?, trace_id) "
                    "ORDER BY trace_id", params=[ids]).pl()
     assert X.stage_rows(con, ids).sort("trace_id").equals(view)
+
+
+def test_stage_rows_read_materialized_hours_and_compute_the_others(tmp_path: Path) -> None:
+    """Mixed store: one hour materialized, its neighbours computed on the fly; every stage column equals the view."""
+    from analysis.materialize import HOUR_NS, build_hour, materialize, snapshot
+
+    rng = random.Random(7)
+    batch = SpanBatch()
+    names = ("queue_wait", "preprocess", "generation", "streaming")
+    for k in range(90):
+        start = (k % 3) * HOUR_NS + rng.randrange(0, HOUR_NS - 10_000) if k % 10 else HOUR_NS - 400 * (k % 7 + 1)
+        stages = []
+        t = start
+        for name in rng.sample(names, rng.randint(0, len(names))):
+            d = rng.randint(10, 900)
+            stages.append((name, t, t + d))
+            t += rng.randint(0, d)  # overlapping or back to back
+        add_request(batch, ("m", k), start, max(t, start + 1) + rng.randint(0, 300), stages)
+    write(tmp_path, batch)
+    cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
+
+    def check() -> None:
+        con = connect(tmp_path)
+        ids = [r[0] for r in con.execute("SELECT trace_id FROM requests").fetchall()]
+        chosen = sorted(rng.sample(ids, 60))
+        view = con.sql(f"SELECT trace_id, span_id, {cols} FROM requests WHERE list_contains(?, trace_id) "
+                       "ORDER BY trace_id", params=[chosen]).pl()
+        assert view.height == 60
+        assert X.stage_rows(con, chosen).sort("trace_id").equals(view)
+        assert X.stage_rows(con, chosen, T0 - HOUR_NS, T0 + 4 * HOUR_NS).sort("trace_id").equals(view)
+
+    check()  # nothing materialized
+    snap = snapshot(tmp_path)
+    build_hour(snap, snap.stale[1])
+    assert len(snapshot(tmp_path).fresh) == 1
+    check()  # one hour from its file, two on the fly
+    materialize(tmp_path)
+    assert not snapshot(tmp_path).stale
+    check()  # every hour from the files
