@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,15 @@ StoreOption = Annotated[
     ),
 ]
 
+MaterializeOption = Annotated[
+    bool,
+    typer.Option(
+        "--materialize/--no-materialize",
+        help="First store the requests of settled hours not materialized yet (this run pays the build, later "
+        "ones read the files); --no-materialize computes them on the fly and writes nothing.",
+    ),
+]
+
 
 def store_path(store: Path | None) -> Path:
     """The store named on the command line, else the default store."""
@@ -46,6 +56,21 @@ def errors_as_messages() -> Iterator[None]:
         yield
     except TailscopeError as exc:
         fail(str(exc))
+
+
+def write_through(store: Path) -> None:
+    """Materialize the store's settled hours that are stale or missing (analysis.materialize), as `collect`
+    does, so stores written without `collect` or `ingest` get fast too; a store we cannot write is read as is."""
+    import duckdb
+
+    from analysis.materialize import SETTLE_NS, materialize
+
+    try:
+        materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS)
+    except (OSError, duckdb.Error) as exc:  # read-only store, full disk: the views compute those hours on the fly
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        err_console.print(f"note: requests not materialized ({reason}); computing them on the fly",
+                          highlight=False, soft_wrap=True, markup=False)
 
 
 @contextmanager

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, fail, store_path
+from tailscope.commands.common import (
+    MaterializeOption,
+    StoreOption,
+    console,
+    err_console,
+    errors_as_messages,
+    fail,
+    store_path,
+    write_through,
+)
 from tracing import schema as S
 
 if TYPE_CHECKING:
@@ -44,6 +53,7 @@ def report(
     ok_only: Annotated[bool, typer.Option(
         "--ok-only", help="Leave errors, timeouts and cancellations out of the percentiles.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract (docs/methods.md).")] = False,
+    materialize: MaterializeOption = True,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
     import duckdb
@@ -53,6 +63,8 @@ def report(
     from intake.recognition import gaps
 
     with errors_as_messages():
+        if materialize:
+            write_through(store_path(store))
         con = connect(store_path(store))
         try:
             con.execute("SET enable_progress_bar = false").fetchall()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import enum
 import json
+import re
 import sys
 from datetime import date, datetime
 from decimal import Decimal
@@ -13,10 +14,22 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
+from tailscope.commands.common import (
+    MaterializeOption,
+    StoreOption,
+    console,
+    errors_as_messages,
+    fail,
+    store_path,
+    write_through,
+)
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
 NEEDS = ("duckdb", "polars", "pyarrow")
+
+
+#: A query naming one of these reads the request model, so `sql` materializes settled hours first.
+READS_REQUESTS = re.compile(r"\b(requests|stages|requests_between)\b", re.IGNORECASE)
 
 
 class OutputFormat(enum.StrEnum):
@@ -41,6 +54,7 @@ def sql(
     query: Annotated[str, typer.Argument(help="A SQL query over the views spans, requests, stages.")],
     store: StoreOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
+    materialize: MaterializeOption = True,
 ) -> None:
     """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views.
 
@@ -52,6 +66,8 @@ def sql(
     from analysis.connect import connect
 
     with errors_as_messages():
+        if materialize and READS_REQUESTS.search(query):
+            write_through(store_path(store))
         con = connect(store_path(store))
     try:
         cursor = con.execute(query)
