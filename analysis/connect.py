@@ -14,6 +14,7 @@ connection can only read the store (see analysis/sandbox.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal, overload
 
@@ -21,7 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from analysis import model as M
-from analysis.materialize import HOUR_NS, hour_where, snapshot
+from analysis.materialize import ENGINES_KEY, HOUR_NS, engine_counts_sql, hour_where, snapshot
 from analysis.sandbox import SandboxConnection
 from analysis.views import LIVE_HOUR_MACRO, files_source, spans_sql
 from tracing import schema as S
@@ -88,6 +89,20 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
     return con
 
 
+def request_engines(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Request spans by `tailscope.engine` in the connection's snapshot (the coverage line of `tailscope report`).
+
+    Materialized hours carry their counts in the file's metadata, so only the other hours' spans are read.
+    """
+    counts: dict[str, int] = {}
+    for (text,) in con.execute("SELECT counts FROM _engines_stored").fetchall():
+        for engine, n in json.loads(text).items():
+            counts[engine] = counts.get(engine, 0) + int(n)
+    for engine, n in con.execute("SELECT engine, n FROM _engines_live").fetchall():
+        counts[str(engine)] = counts.get(str(engine), 0) + int(n)
+    return counts
+
+
 def _stored_source(files: list[str]) -> str:
     listed = ", ".join(M.quote(f) for f in files)
     return f"read_parquet([{listed}], hive_partitioning = false)"
@@ -114,6 +129,13 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
     else:
         con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM _requests_live WHERE false")
         con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM _requests_live")
+    # request spans by engine: from the files' metadata where fresh, else counted in the hour's own segments
+    own = [str(f) for h in snap.stale for f in snap.by_hour.get(h, [])]
+    live_engines = engine_counts_sql(files_source(own) if own else "_empty_spans")
+    con.execute(f"CREATE OR REPLACE VIEW _engines_live AS {live_engines}")
+    kv = (f"SELECT decode(value) AS counts FROM parquet_kv_metadata([{', '.join(M.quote(f) for f in stored)}]) "
+          f"WHERE decode(key) = {M.quote(ENGINES_KEY)}") if stored else "SELECT NULL::VARCHAR AS counts WHERE false"
+    con.execute(f"CREATE OR REPLACE VIEW _engines_stored AS {kv}")
     # the same over [lo, hi): the live part reads only the spans a request of that range may read
     narrow = (f"(SELECT * FROM _spans_live WHERE TimestampNs >= (lo // {HOUR_NS}) * {HOUR_NS} - {HOUR_NS} "
               f"AND TimestampNs < (hi // {HOUR_NS}) * {HOUR_NS} + 2 * {HOUR_NS})")

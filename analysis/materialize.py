@@ -5,16 +5,19 @@ request span starts in that hour, sorted by start_ns. A request reads spans from
 hour and the hour on each side (the model's rule), so the file is built from the span
 segments of those three hours, and <key> is a hash of their names: when a segment lands in
 any of them (late spans, a request crossing the hour boundary), the key changes and the
-file is stale. A reader (analysis.connect) uses the file whose key matches the segments it
-sees and computes every other hour on the fly, so a query never depends on this having
-run. Files are written to a hidden temporary name, fsynced and renamed: readers see the
-old file or the new one, never half. Superseded files are removed after GRACE_S, so a
+file is stale. The file's key-value metadata (ENGINES_KEY) counts the hour's request spans by
+engine, so the report's coverage line reads no span of a materialized hour. A reader
+(analysis.connect) uses the file whose key matches the segments it sees and computes
+every other hour on the fly, so a query never depends on this having run. Files are
+written to a hidden temporary name, fsynced and renamed: readers see the old file or the
+new one, never half. Superseded files are removed after GRACE_S, so a
 connection opened earlier keeps reading its own snapshot meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -27,6 +30,7 @@ import duckdb
 
 from analysis import model as M
 from analysis.views import files_source, spans_sql
+from tracing import schema as S
 from tracing.store import require_store, segment_files
 
 #: Directory of the materialized requests inside a store.
@@ -41,8 +45,16 @@ ROW_GROUP_ROWS = 16_384
 SETTLE_NS = 5 * 60 * 1_000_000_000
 
 HOUR_NS = M.HOUR_NS
-#: Changes whenever the request model's SQL changes (rules or columns).
-MODEL_FINGERPRINT = hashlib.sha256(M.requests_sql("spans").encode()).hexdigest()
+#: Parquet key-value metadata of a request file: JSON {engine: request spans} of the hour's own segments.
+ENGINES_KEY = "tailscope.engines"
+#: Changes whenever the request model's SQL or the file's layout changes (rules, columns, metadata).
+MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY).encode()).hexdigest()
+
+
+def engine_counts_sql(source: str) -> str:
+    """Request spans by `tailscope.engine` (engine, n) in `source`: what `tailscope report` says it recognised."""
+    return (f"SELECT SpanAttributes['{S.ATTR_ENGINE}'] AS engine, count(*) AS n FROM {source} "
+            "WHERE IsRequest AND engine IS NOT NULL GROUP BY engine")
 
 
 def _hour_of_dir(directory: Path) -> int:
@@ -146,9 +158,13 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
                          f"WHERE IsRequest AND {where}").fetchone() or (None, None)
     bound = f"TimestampNs >= {hour_ns - HOUR_NS} AND TimestampNs < {hi}" if hi is not None else "FALSE"
     sql = M.requests_sql(source, request_where=where, span_where=bound)
+    mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
+    engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]))).fetchall()) if mine else {}
+    meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
         con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, "
+                    f"KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         _fsync(tmp)
         os.replace(tmp, final)
         _fsync(directory)

@@ -19,7 +19,6 @@ from tailscope.commands.common import (
     store_path,
     write_through,
 )
-from tracing import schema as S
 
 if TYPE_CHECKING:
     import duckdb
@@ -91,14 +90,12 @@ def report(
 
 def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
     """Spans in the store and the request spans among them, by `tailscope.engine`."""
+    from analysis.connect import request_engines
     from intake.recognition import Recognition
 
     spans, requests = con.execute(
         "SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or (0, 0)
-    engines = dict(con.execute(
-        f"SELECT SpanAttributes['{S.ATTR_ENGINE}'] AS e, count(*) FROM spans "
-        "WHERE IsRequest AND e IS NOT NULL GROUP BY e").fetchall())
-    return Recognition(int(spans), int(requests), {str(k): int(v) for k, v in engines.items()})
+    return Recognition(int(spans), int(requests), request_engines(con))
 
 
 def register(app: typer.Typer) -> None:

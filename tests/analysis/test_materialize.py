@@ -201,3 +201,35 @@ def test_files_of_another_model_version_are_stale(tmp_path: Path, monkeypatch: A
     monkeypatch.setattr(MZ, "MODEL_FINGERPRINT", "another version of the rules")
     assert snapshot(tmp_path).stale == [T0, T0 + HOUR_NS]
     assert connect(tmp_path).execute("SELECT count(*) FROM _requests_stored").fetchone() == (0,)
+
+
+def test_request_engines_equal_a_scan_of_the_spans_however_much_is_materialized(tmp_path: Path) -> None:
+    import random
+
+    from analysis.connect import request_engines
+    from tracing import schema as S
+
+    rng = random.Random(3)
+    batch = SpanBatch()
+    for k in range(120):
+        start = rng.randrange(0, 3 * HOUR_NS - 1000)
+        engine = rng.choice([None, "vllm", "sglang", "tgi"])
+        add_request(batch, ("e", k), start, start + 500, [("generation", start, start + 400)],
+                    attrs={S.ATTR_ENGINE: engine} if engine else None)
+    add_request(batch, ("e", 0), 7, 507, attrs={S.ATTR_ENGINE: "vllm"})  # a request span stored twice counts twice
+    write(tmp_path, batch)
+    scan = ("SELECT SpanAttributes['tailscope.engine'] AS e, count(*) FROM spans "
+            "WHERE IsRequest AND e IS NOT NULL GROUP BY e")
+
+    def check() -> None:
+        con = connect(tmp_path)
+        want = dict(con.execute(scan).fetchall())
+        assert request_engines(con) == want and sum(want.values()) > 60
+
+    check()
+    snap = snapshot(tmp_path)
+    MZ.build_hour(snap, snap.stale[0])
+    check()
+    materialize(tmp_path)
+    assert snapshot(tmp_path).stale == []
+    check()
