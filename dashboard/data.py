@@ -34,6 +34,7 @@ import streamlit as st
 
 from analysis import breakdowns as B
 from analysis import traces as T
+from analysis.materialize import snapshot
 from analysis.percentiles import choose_window_s, parse_time, percentile_series, request_facts
 from analysis.report import build_report, explain_window
 from analysis.sandbox import SandboxConnection
@@ -42,7 +43,7 @@ from analysis.whatif import whatif as replay
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
-from tracing.store import default_store, require_store, segment_files
+from tracing.store import default_store, require_store
 
 HOUR_NS = 3_600_000_000_000
 #: Latency metrics a page can chart: label → analysis metric name.
@@ -152,14 +153,17 @@ class Workbench:
     def refresh(self) -> bool:
         """Pick up segments written since the last refresh; True when the data changed.
 
-        Small changes are computed exactly at once. A large load (the first open of a big
-        store) first fills the request facts (analysis.percentiles.request_facts: one scan, no
-        stage columns) so every page can render within seconds, and computes the critical paths
-        hour by hour, newest first, in a background thread (`pending` holds the hours left).
+        Hours the store holds materialized (analysis.materialize, fresh for these segments) are
+        read from their files. Other small changes are computed exactly at once. A large load
+        (the first open of a big store never materialized) first fills the request facts
+        (analysis.percentiles.request_facts: one scan, no stage columns) so every page can render
+        within seconds, and computes the critical paths hour by hour, newest first, in a
+        background thread (`pending` holds the hours left).
         """
         with self.lock:
             t0 = time.perf_counter()
-            files = segment_files(self.store)
+            snap = snapshot(self.store)
+            files = snap.segments
             by_hour: dict[int, list[Path]] = {}
             for f in files:
                 by_hour.setdefault(_hour_of(f), []).append(f)
@@ -172,7 +176,9 @@ class Workbench:
                 self.last_refresh_s = time.time()
                 return False
             redo = changed | {h - HOUR_NS for h in changed if h - HOUR_NS in by_hour}
-            read = sorted({f for h in redo | {h + HOUR_NS for h in redo} for f in by_hour.get(h, [])})
+            stored = sorted(h for h in redo if h in snap.fresh)
+            compute = redo - set(stored)
+            read = sorted({f for h in compute | {h + HOUR_NS for h in compute} for f in by_hour.get(h, [])})
             quick = sum(max(_size(f), 0) for f in read) > QUICK_LOAD_BYTES
             cur = self.con.cursor()
             try:
@@ -182,10 +188,12 @@ class Workbench:
                 if redo:
                     cur.execute("DELETE FROM req WHERE (start_ns // ?) * ? IN (SELECT unnest(?))",
                                 [HOUR_NS, HOUR_NS, sorted(redo)])
+                if stored:
+                    _insert_stored(cur, [snap.fresh[h] for h in stored])
                 if read and quick:
-                    _insert_facts(cur, read, sorted(redo))
+                    _insert_facts(cur, read, sorted(compute))
                 elif read:
-                    _insert_exact(cur, read, sorted(redo))
+                    _insert_exact(cur, read, sorted(compute))
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -196,7 +204,7 @@ class Workbench:
             self._make_views(bool(files))
             self.segments = seen
             self.files = by_hour
-            self.pending = (self.pending - redo) | (redo & set(by_hour) if quick else set())
+            self.pending = (self.pending - redo) | (compute & set(by_hour) if quick else set())
             self.version += 1
             self.last_refresh_s = time.time()
             self.last_refresh_took_s = time.perf_counter() - t0
@@ -283,6 +291,13 @@ def _insert_exact(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list
         cur.execute(stmt)
     cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path FROM requests "
                 "WHERE (start_ns // ?) * ? IN (SELECT unnest(?))", [HOUR_NS, HOUR_NS, hours])
+
+
+def _insert_stored(cur: duckdb.DuckDBPyConnection, paths: list[Path]) -> None:
+    """Insert the exact `requests` rows of materialized hours from their files (analysis.materialize)."""
+    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
+    cur.execute(f"INSERT INTO req BY NAME SELECT *, true AS critical_path "
+                f"FROM read_parquet([{listed}], hive_partitioning = false)")
 
 
 def _insert_facts(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int]) -> None:

@@ -57,6 +57,37 @@ def test_a_large_load_shows_facts_first_then_exact_rows(incident_store: Path,
     assert wb.con.execute("SELECT bool_and(critical_path) FROM req").fetchone() == (True,)
 
 
+def test_materialized_hours_are_read_from_their_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hours the store holds materialized load exact at once; only the others wait for the background."""
+    from analysis.materialize import build_hour, materialize, snapshot
+
+    store = init_store(tmp_path / "store")
+    _write(store, 0, 600, 3 * HOUR_S, 600)
+    snap = snapshot(store)
+    assert len(snap.stale) >= 3
+    build_hour(snap, snap.stale[1])
+    monkeypatch.setattr(data, "QUICK_LOAD_BYTES", 0)  # the other hours: facts first
+    con = connect(store)
+    try:
+        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
+        view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
+    finally:
+        con.close()
+    wb = data.Workbench(store)
+    assert wb.refresh() is True
+    assert snap.stale[1] not in wb.pending and wb.pending == set(snap.stale) - {snap.stale[1]}
+    exact = wb.con.execute("SELECT DISTINCT (start_ns // ?) * ? FROM req WHERE critical_path",
+                           [data.HOUR_NS, data.HOUR_NS]).fetchall()
+    assert exact == [(snap.stale[1],)]
+    assert wb.worker is not None
+    wb.worker.join()
+    assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
+    materialize(store)
+    full = data.Workbench(store)
+    assert full.refresh() is True and not full.pending and full.worker is None
+    assert full.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
+
+
 def test_refresh_reads_only_new_segments_and_counts_them(tmp_path: Path) -> None:
     store = init_store(tmp_path / "live")
     wb = data.Workbench(store)
