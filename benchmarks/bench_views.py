@@ -1,6 +1,6 @@
 """Time the SQL views: `requests` (on the fly and materialized) against a plain scan of `spans`.
 
-    python -m benchmarks.bench_views [--spans 2000000,10000000] [--dir DIR] [--threads 2]
+    python -m benchmarks.bench_views [--spans 2000000,10000000] [--dir DIR] [--threads 2] [--stored-only]
 
 Builds (or reuses, under --dir) the synthetic stores of bench_report (two hours of spans), then
 in one fresh process per store times, side by side:
@@ -13,6 +13,8 @@ in one fresh process per store times, side by side:
   `stages`; then the same through the public CLI (`python -m tailscope.cli sql ...`, a new process).
 
 Prints seconds and the ratio to the anchor of the same run; the machine's load average beside them.
+With --stored-only the store's request files are kept (built only where stale) and the on-the-fly
+queries are skipped: the materialized figures alone, with each query's CPU seconds too.
 """
 
 from __future__ import annotations
@@ -45,25 +47,32 @@ def _load() -> float:
         return float(fh.read().split()[0])
 
 
+CPU: dict[str, float] = {}
+
+
 def _time(con: Any, sql: str) -> tuple[float, Any]:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = con.execute(sql).fetchall()
+    CPU[sql] = round(time.process_time() - c0, 3)  # all threads of this process
     return round(time.perf_counter() - t0, 3), sorted(rows, key=str)
 
 
-def run_one(store: Path, threads: int) -> dict[str, Any]:
-    """Figures for one store, in this process (the store's request files are removed first)."""
+def run_one(store: Path, threads: int, stored_only: bool = False) -> dict[str, Any]:
+    """Figures for one store, in this process (the store's request files are removed first unless stored_only)."""
     from analysis import connect
     from analysis.materialize import build_hour, snapshot
 
-    shutil.rmtree(store / "requests", ignore_errors=True)
+    if not stored_only:
+        shutil.rmtree(store / "requests", ignore_errors=True)
     out: dict[str, Any] = {"load_1m_start": _load()}
     con = connect(store, threads=threads, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false")
     out["anchor_s"], _ = _time(con, ANCHOR)
-    out["live_p99_per_replica_s"], live_p99 = _time(con, P99)
-    out["live_slice_s"], live_slice = _time(con, SLICE)
-    out["live_between_s"], _ = _time(con, BETWEEN)
+    live_p99 = live_slice = None
+    if not stored_only:
+        out["live_p99_per_replica_s"], live_p99 = _time(con, P99)
+        out["live_slice_s"], live_slice = _time(con, SLICE)
+        out["live_between_s"], _ = _time(con, BETWEEN)
     snap = snapshot(store)
     builds = []
     import duckdb
@@ -87,7 +96,11 @@ def run_one(store: Path, threads: int) -> dict[str, Any]:
     out["stored_slice_s"], stored_slice = _time(con, SLICE)
     out["stored_between_s"], _ = _time(con, BETWEEN)
     out["stored_stages_s"], _ = _time(con, STAGES)
-    out["same_answers"] = stored_p99 == live_p99 and stored_slice == live_slice
+    if stored_only:
+        out["cpu"] = {"anchor": CPU[ANCHOR], "p99_per_replica": CPU[P99], "slice": CPU[SLICE],
+                        "between": CPU[BETWEEN]}
+    else:
+        out["same_answers"] = stored_p99 == live_p99 and stored_slice == live_slice
     anchor = min(out["anchor_s"], out["anchor2_s"])
     for key in list(out):
         if key.endswith("_s") and not key.startswith("anchor"):
@@ -109,10 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spans", default="2000000,10000000")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stored-only", action="store_true")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_one(Path(args.one), args.threads)))
+        print(json.dumps(run_one(Path(args.one), args.threads, args.stored_only)))
         return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-views-"))
     results: dict[str, Any] = {}
@@ -121,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         if not store.exists():
             make_store(store, spans)
         done = subprocess.run([sys.executable, "-m", "benchmarks.bench_views", "--one", str(store),
-                               "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+                               "--threads", str(args.threads), *(["--stored-only"] if args.stored_only else [])],
+                              capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
         # through the public CLI, each a new process (startup included), every hour materialized now
         row["cli_anchor_s"] = _cli(store, ANCHOR)
