@@ -9,6 +9,7 @@ The queue is bounded in spans; `submit` raises `QueueFull` instead of growing it
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -26,6 +27,8 @@ import pyarrow.parquet as pq
 from tracing import schema as S
 from tracing.errors import RetryLater
 from tracing.store import SegmentWriter, segment_files
+
+_log = logging.getLogger(__name__)
 
 
 class QueueFull(RetryLater):
@@ -169,7 +172,8 @@ class Committer:
                  prepare: Callable[[pa.Table], pa.Table] | None = None, builder: Builder | None = None,
                  assemble: Callable[[dict[str, Any]], pa.Table] | None = None,
                  gather_spans: int = 0, gather_s: float = 0.0,
-                 senders: Callable[[], int] | None = None) -> None:
+                 senders: Callable[[], int] | None = None,
+                 on_stored: Callable[[pa.Table], None] | None = None) -> None:
         self.writer = writer
         self.keys = keys
         self.max_queue_spans = max_queue_spans
@@ -186,6 +190,8 @@ class Committer:
         self.gather_spans = gather_spans
         self.gather_s = gather_s
         self.senders = senders
+        #: called with each group's stored spans once they are durable (the forwarder's queue); must not block
+        self.on_stored = on_stored
         self._last_take = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
@@ -355,6 +361,11 @@ class Committer:
             self.write_seconds.append(done - p.started)
             for item in p.group:
                 self.latencies.append(done - item.queued_at)
+        if self.on_stored is not None and p.kept.num_rows:  # before the answers: a 200 means it was handed on
+            try:
+                self.on_stored(p.kept)
+            except Exception:  # forwarding is best effort: the spans are stored whatever happens here
+                _log.warning("on_stored callback failed", exc_info=True)
         result = CommitResult(stored=p.kept.num_rows, duplicates=p.duplicates, segments=len(paths))
         for item in p.group:
             item.future.set_result(result)

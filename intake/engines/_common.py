@@ -127,6 +127,17 @@ def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = N
     row["SpanAttributes"] = list(attrs.items())
 
 
+def mark_not_request(row: Row, engine: str) -> None:
+    """A span of the engine's request shape that the mapper decided is no request of its own (SGLang's
+    prefill root under disaggregation, TGI's inner handler): say so as attributes too, so no later
+    mapping (a forwarded copy, a ClickHouse table) counts it (in place)."""
+    row["IsRequest"] = False
+    row["Outcome"] = None
+    attrs = attrs_of(row)
+    attrs.update({S.ATTR_ENGINE: engine, S.ATTR_REQUEST: "false"})
+    row["SpanAttributes"] = list(attrs.items())
+
+
 def fact_attrs(row: Row, attrs: Mapping[str, str]) -> dict[str, str]:
     """The span attributes that make `row`'s promoted request facts readable without tailscope's columns.
 

@@ -26,6 +26,7 @@ from intake.engines._common import (
     end_of,
     int_or_none,
     is_native,
+    mark_not_request,
     mark_request,
     rust_duration_ns,
 )
@@ -60,13 +61,13 @@ def _is_handler(row: Row, attrs: dict[str, str]) -> bool:
 def map_trace(trace: Trace) -> list[Row]:
     """Mark every TGI handler span of the trace and return its synthetic stage spans."""
     out: list[Row] = []
-    handlers = [r for r in trace.spans if r["SpanName"] in HANDLERS]
-    for row in handlers:
-        attrs = attrs_of(row)
-        if not _is_handler(row, attrs):
-            continue
+    # decided before any is marked (a marked span reads as native)
+    handlers = [(r, a) for r in trace.spans if r["SpanName"] in HANDLERS and _is_handler(r, a := attrs_of(r))]
+    handler_ids = {r["SpanId"] for r, _ in handlers}
+    for row, attrs in handlers:
         # completions/chat_completions call the generate path: only the outermost handler is the request
-        if any(a["SpanName"] in HANDLERS and _is_handler(a, attrs_of(a)) for a in trace.ancestors(row)):
+        if any(a["SpanId"] in handler_ids for a in trace.ancestors(row)):
+            mark_not_request(row, NAME)
             continue
         out.extend(map_request(trace, row, attrs))
     return out

@@ -126,6 +126,19 @@ def test_promoted_columns_come_back_from_the_attributes_alone(name: str) -> None
 
 
 @pytest.mark.parametrize("name", ENGINE_CASES)
+def test_a_second_mapping_changes_nothing(name: str) -> None:
+    """What arrives mapped (a forwarded copy, a re-ingest) is taken as native: no request is mapped twice,
+    no partner root or inner handler becomes a request of its own."""
+    table = _normalized(name)
+    again = normalize(_vectorised(table))
+    assert _by_key(again) == _by_key(table), name
+
+
+def _by_key(table: pa.Table) -> list[dict[str, object]]:
+    return sorted(table.to_pylist(), key=lambda r: (r["TraceId"], r["SpanId"]))
+
+
+@pytest.mark.parametrize("name", ENGINE_CASES)
 def test_requests_rows_are_the_same_from_the_attributes_alone(name: str, tmp_path: Path) -> None:
     table = _normalized(name)
     rows = []
