@@ -206,8 +206,16 @@ def sglang_spans() -> list[list[ReadableSpan]]:
 # --- TGI 3.3.6-dev0: router/src/server.rs, backends/v3/src/{queue,backend}.rs ------------------
 
 
+#: What backend.rs records on `send_generation` (`generation = ?generation`), cut short.
+TGI_GENERATION = "Generation { request_id: 0, prefill_tokens: None, tokens: Some(Tokens { ids: [450], ..."
+
+
 def _tgi_handler(tracer: trace.Tracer, name: str, start: int, end: int, fields: Mapping[str, str],
-                 infers: list[tuple[int, int]], error: bool = False) -> None:
+                 infers: list[tuple[int, int]], error: bool = False,
+                 sends: Sequence[int | None] | None = None) -> None:
+    """One TGI request: handler, inner span, `validate`, `schedule` with `queued` and one `infer` span per
+    batching-loop iteration. `sends[k]` is when iteration k's `send_generation` span ends (None: that
+    iteration sent the request no generation, a chunk of its prefill); by default each one sends at its end."""
     code = {"code.namespace": "text_generation_router::server", "code.filepath": "router/src/server.rs",
             "thread.name": "tokio-runtime-worker"}
     handler = tracer.start_span(name, start_time=T0 + start, attributes=code)
@@ -218,7 +226,12 @@ def _tgi_handler(tracer: trace.Tracer, name: str, start: int, end: int, fields: 
     for k, (s0, s1) in enumerate(infers):
         if k == 0:
             _child(tracer, schedule, "queued", start + 1 * MS, s0)
-        _child(tracer, schedule, "infer", s0, s1)
+        infer = _child(tracer, schedule, "infer", s0)
+        sent = s1 if sends is None else sends[k]
+        if sent is not None:
+            _child(tracer, infer, "send_generation", sent - 10 * US, sent,
+                   {"code.namespace": "text_generation_router_v3::backend", "generation": TGI_GENERATION})
+        infer.end(end_time=T0 + s1)
     schedule.end(end_time=T0 + end - 1 * MS)
     inner.end(end_time=T0 + end - 1 * MS)
     handler.set_attributes(dict(fields))
