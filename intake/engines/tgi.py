@@ -9,8 +9,9 @@ when the request succeeds. They are laid back to back from the span start: prepr
 split generation: prefill ends, and the first token is, where the earliest `send_generation`
 span under them ends (the first generation sent to the request; with chunked prefill the
 iterations of the earlier chunks send none). Without `send_generation` spans the end of the
-earliest `infer` span is taken, which is early under chunked prefill (docs/engines.md). Only handler spans of `text_generation_router::server` are requests: the
-inner spans of the same names (`text_generation_router::infer`) never are. Streaming
+earliest `infer` span is taken, which is early under chunked prefill (docs/engines.md).
+Only handler spans of `text_generation_router::server` are requests: the inner spans of the same
+names (`text_generation_router::infer`) never are. Streaming
 (generate_stream only) runs from the first token to the span end and yields to decode.
 """
 

@@ -5,8 +5,9 @@ spans generate / generate_stream / completions / chat_completions with fields to
 validation_time, queue_time, inference_time, time_per_token, seed recorded as
 `format!("{:?}", duration)` on success), router/src/infer/mod.rs (inner `generate_stream` span),
 backends/v3/src/queue.rs and backend.rs (per-request `queued` and `infer` spans, one per
-batching-loop iteration, and under them a `send_generation` span for each generation sent). The tracing-opentelemetry layer exports the fields as string
-attributes; its scope name and extra attributes are unconfirmed (docs/engines.md).
+batching-loop iteration, and under them a `send_generation` span for each generation sent).
+The tracing-opentelemetry layer exports the fields as string attributes; its scope name and extra
+attributes are unconfirmed (docs/engines.md).
 Fixture: tests/intake/fixtures/engines/tgi.otlp.jsonl.
 """
 
