@@ -154,7 +154,7 @@ class Builder(Protocol):
 
     spans: int
 
-    def add(self, data: bytes, room: int = -1) -> int | None: ...
+    def add(self, data: bytes, room: int = -1, peer: str | None = None) -> int | None: ...
 
     def take(self) -> dict[str, Any]: ...
 
@@ -236,16 +236,17 @@ class Committer:
             self._cond.notify()
         return future
 
-    def submit_protobuf(self, data: bytes) -> tuple[int, Future[CommitResult]] | None:
+    def submit_protobuf(self, data: bytes, peer: str | None = None) -> tuple[int, Future[CommitResult]] | None:
         """Queue a protobuf body through the columnar builder: (spans, future), or None when the
-        body needs the Python decoder (then nothing was queued). Raises QueueFull or Closed."""
+        body needs the Python decoder (then nothing was queued). `peer` goes on every resource as
+        `tailscope.peer` (intake.peer.with_peer, in C). Raises QueueFull or Closed."""
         if self._builder is None:
             return None
         future: Future[CommitResult] = Future()
         with self._cond:
             self._check_room(1)
             room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
-            n = self._builder.add(data, room)
+            n = self._builder.add(data, room, peer)
             if n is None:
                 return None
             if n < 0:

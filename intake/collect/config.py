@@ -86,10 +86,10 @@ class CollectSettings(SettingsTable):
         int, 4096, "While several HTTP clients send, a group commit is taken at most once per --gather-ms "
         "unless this many spans are waiting, so the fixed cost of a segment is shared.", option="--gather-spans")
     record_peer: Setting[bool] = Setting(
-        bool, False, "Add the sending client's IP address to each resource as tailscope.peer, which names "
-        "replicas whose resource says nothing (TGI, Triton; docs/convention.md#replica). Off by default: "
-        "bodies with a peer take the Python decoder instead of the C fast path (several times the CPU).",
-        option="--record-peer")
+        bool, True, "Add the sending client's IP address to each resource as tailscope.peer (unless the "
+        "resource states one), which names replicas whose resource says nothing (TGI, Triton; "
+        "docs/convention.md#replica). The C decoder adds it as it copies the resource, so it costs no "
+        "measurable CPU (docs/benchmarks.md).", option="--record-peer/--no-record-peer")
     forward: Setting[str] = Setting(
         str, "", "After storing, forward every span (engine facts and synthetic stage spans included, as "
         "tailscope.* attributes) over OTLP/HTTP protobuf to this URL, e.g. a Collector's "
