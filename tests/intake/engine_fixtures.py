@@ -161,20 +161,27 @@ def sglang_spans() -> list[list[ReadableSpan]]:
         root.end(end_time=T0 + 310 * MS)
 
     def build_pd(tracer: trace.Tracer) -> None:
-        """Prefill/decode disaggregation: both nodes' roots under the router's span (same rid, one trace)."""
+        """Prefill/decode disaggregation: both nodes' roots under the router's span (same rid, one trace).
+
+        Each node is its own server (tokenizer and scheduler processes on its host). Thread labels as
+        sglang sets them with --disaggregation-mode (sgl-project/sglang @9c0549b7): the tokenizer's is
+        "Prefill" / "Decode" + "Tokenizer" (python/sglang/srt/entrypoints/http_server.py `lifespan`),
+        the scheduler's "Prefill Scheduler" / "Decode Scheduler" (the scheduler process entry), and the
+        thread span is named label + " [TP n] " + "(host:… | pid:…)" (observability/trace.py)."""
         T = 10_000 * MS  # noqa: N806
         router = tracer.start_span("POST /generate", kind=trace.SpanKind.CLIENT, start_time=T0 + T)
         roots = {}
         for role, pid in (("prefill", 2102), ("decode", 3003)):
             root = _child(tracer, router, f"{role} Req 77aa0c1e", T, attrs={
                 "rid": "77aa0c1e5b5b4f0a", "module": "sglang::request", "bootstrap_room": "0x2a"})
-            tok = _child(tracer, root, "Tokenizer (host:abcd1234 | pid:1001)", T,
-                         attrs={"host_id": "abcd1234ef", "pid": 1001, "thread_label": "Tokenizer"})
+            host = "eeee0000aa" if role == "prefill" else "dddd0000bb"
+            label = role.capitalize()
+            tok = _child(tracer, root, f"{label}Tokenizer (host:{host[:8]} | pid:{pid - 1})", T,
+                         attrs={"host_id": host, "pid": pid - 1, "thread_label": f"{label}Tokenizer"})
             _child(tracer, tok, "tokenize", T, T + 4 * MS)
             tok.end(end_time=T0 + T + 4 * MS)
-            host = "eeee0000aa" if role == "prefill" else "dddd0000bb"
-            sch = _child(tracer, root, f"Scheduler [TP 0] (host:{host[:8]} | pid:{pid})", T + 5 * MS,
-                         attrs={"tp_rank": 0, "host_id": host, "pid": pid, "thread_label": "Scheduler"})
+            sch = _child(tracer, root, f"{label} Scheduler [TP 0] (host:{host[:8]} | pid:{pid})", T + 5 * MS,
+                         attrs={"tp_rank": 0, "host_id": host, "pid": pid, "thread_label": f"{label} Scheduler"})
             if role == "prefill":
                 for name, a, b in (("prefill_prepare", 5, 6), ("prefill_bootstrap", 6, 15),
                                    ("prefill_waiting", 15, 25), ("prefill_forward", 25, 70),
