@@ -65,18 +65,8 @@ def collect(
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
     SIGTERM or Ctrl-C stops cleanly: in-flight requests are answered and the queue is written.
     """
-    token = None
-    if token_file is not None:
-        try:
-            token = read_token(token_file)
-        except (OSError, ValueError) as exc:
-            fail(f"--token-file: {exc}")
-    forward_token = None
-    if forward_token_file is not None:
-        try:
-            forward_token = read_token(forward_token_file)
-        except (OSError, ValueError) as exc:
-            fail(f"--forward-token-file: {exc}")
+    token = _token(token_file, "--token-file")
+    forward_token = _token(forward_token_file, "--forward-token-file")
     try:
         values = setting_values(COLLECT, options)
         for port in ("http_port", "grpc_port"):  # -1 on the command line turns a protocol off
@@ -121,6 +111,16 @@ def collect(
         forwarded = f", {f.forwarded_spans:,} forwarded, {f.dropped_spans:,} not forwarded (dropped)"
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected{forwarded}\n")
+
+
+def _token(path: Path | None, option: str) -> str | None:
+    """The bearer token in the file `option` names (None without one); a bad file ends the command."""
+    if path is None:
+        return None
+    try:
+        return read_token(path)
+    except (OSError, ValueError) as exc:
+        fail(f"{option}: {exc}")
 
 
 def _materialize_settled(store: Path, stop: threading.Event) -> None:
