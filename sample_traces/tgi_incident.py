@@ -17,7 +17,7 @@ Nothing is committed: the test builds the spans from the seed at run time.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -80,8 +80,14 @@ def _request(tracer: trace.Tracer, req: SimRequest, rng: random.Random) -> None:
     handler.end(end_time=end)
 
 
-def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
-    """Loopback address → the OTLP/JSON lines that replica's router exports (TGI's resource)."""
+#: Writes one request's spans: (tracer, request, its number on the replica from 1, the shared rng).
+Emit = Callable[[trace.Tracer, SimRequest, int, random.Random], None]
+
+
+def lines_per_replica(requests: Sequence[SimRequest], seed: int, *, service: str, scope: str, id_base: int,
+                      emit: Emit) -> dict[str, list[str]]:
+    """Loopback address → the OTLP/JSON lines one replica of an engine with a bare resource
+    (`service.name` only: TGI, Triton) exports, one provider per replica, in batches as it sends them."""
     rng = random.Random(seed)
     by_replica: dict[str, list[SimRequest]] = {}
     for req in requests:
@@ -90,15 +96,22 @@ def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[s
     out: dict[str, list[str]] = {}
     for k, replica in enumerate(sorted(by_replica)):
         exporter = InMemorySpanExporter()
-        provider = TracerProvider(resource=Resource({"service.name": SERVICE}), id_generator=SeededIds(seed * 3000 + k))
+        provider = TracerProvider(resource=Resource({"service.name": service}),
+                                  id_generator=SeededIds(seed * id_base + k))
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer(SERVICE)
-        for req in by_replica[replica]:
-            _request(tracer, req, rng)
+        tracer = provider.get_tracer(scope)
+        for n, req in enumerate(by_replica[replica], start=1):
+            emit(tracer, req, n, rng)
         provider.shutdown()
         spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
         out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
     return out
+
+
+def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
+    """Loopback address → the OTLP/JSON lines that replica's router exports (TGI's resource)."""
+    return lines_per_replica(requests, seed, service=SERVICE, scope=SERVICE, id_base=3000,
+                             emit=lambda tracer, req, _n, rng: _request(tracer, req, rng))
 
 
 def replica_addresses(requests: Sequence[SimRequest]) -> dict[str, str]:
