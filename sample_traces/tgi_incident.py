@@ -17,18 +17,12 @@ Nothing is committed: the test builds the spans from the seed at run time.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
-from sample_traces.vllm_incident import BATCH, reached_vllm
-from tracing.otlp_json import spans_to_json_line
+from sample_traces.vllm_incident import Emit, reached_vllm, replica_lines
 
 SEED = 1
 SERVICE = "text-generation-inference.router"
@@ -80,32 +74,13 @@ def _request(tracer: trace.Tracer, req: SimRequest, rng: random.Random) -> None:
     handler.end(end_time=end)
 
 
-#: Writes one request's spans: (tracer, request, its number on the replica from 1, the shared rng).
-Emit = Callable[[trace.Tracer, SimRequest, int, random.Random], None]
-
-
 def lines_per_replica(requests: Sequence[SimRequest], seed: int, *, service: str, scope: str, id_base: int,
                       emit: Emit) -> dict[str, list[str]]:
     """Loopback address → the OTLP/JSON lines one replica of an engine with a bare resource
-    (`service.name` only: TGI, Triton) exports, one provider per replica, in batches as it sends them."""
-    rng = random.Random(seed)
-    by_replica: dict[str, list[SimRequest]] = {}
-    for req in requests:
-        if reached_vllm(req):
-            by_replica.setdefault(req.replica, []).append(req)
-    out: dict[str, list[str]] = {}
-    for k, replica in enumerate(sorted(by_replica)):
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider(resource=Resource({"service.name": service}),
-                                  id_generator=SeededIds(seed * id_base + k))
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer(scope)
-        for n, req in enumerate(by_replica[replica], start=1):
-            emit(tracer, req, n, rng)
-        provider.shutdown()
-        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
-        out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
-    return out
+    (`service.name` only: TGI, Triton) exports."""
+    per = replica_lines(requests, seed, resource=lambda _k, _replica, _rng: {"service.name": service}, scope=scope,
+                        id_base=id_base, emit=emit)
+    return {address(k): replica for k, replica in enumerate(per)}
 
 
 def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
