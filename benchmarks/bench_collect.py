@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix /tmp/phoenix-venv/bin/phoenix]
     .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
+    .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
 
 Runs the receiver as a child process (`tailscope collect`), then:
 1. throughput from pre-encoded OTLP/HTTP protobuf bodies posted by an asyncio client over
@@ -414,6 +415,28 @@ def run_peer_cost(work: Path, rounds: int, total: int, per_body: int = 512, conn
           f"on {statistics.median(rate['on']):,.0f}, off {statistics.median(rate['off']):,.0f}")
 
 
+def forward_cost(total: int) -> None:
+    """CPU per span of `collect --forward`'s encoding (stored table -> OTLP protobuf -> gzip), in this
+    process, against the decode + promote of the same spans as the anchor."""
+    import gzip
+
+    import pyarrow as pa
+
+    from intake.collect.forward import BATCH_SPANS, to_request
+    from intake.otlp import decode_protobuf_table
+
+    bodies = pb_bodies(total, 512)
+    c0 = time.process_time()
+    table = pa.concat_tables([decode_protobuf_table(b)[0] for b in bodies])
+    c1 = time.process_time()
+    for lo in range(0, table.num_rows, BATCH_SPANS):
+        gzip.compress(to_request(table.slice(lo, BATCH_SPANS)).SerializeToString(), compresslevel=1)
+    c2 = time.process_time()
+    decode_us, forward_us = (c1 - c0) / total * 1e6, (c2 - c1) / total * 1e6
+    print(f"--forward cost, {total:,} spans: decode + promote {decode_us:.1f} us CPU/span (anchor), forward "
+          f"encoding {forward_us:.1f} us CPU/span, ratio {forward_us / decode_us:.1f}; load {os.getloadavg()[0]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -424,7 +447,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-cost", action="store_true", help="only measure --record-peer on against off")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --peer-cost")
     ap.add_argument("--spans", type=int, default=200_000, help="spans per round of --peer-cost")
+    ap.add_argument("--forward-cost", action="store_true", help="only measure the CPU of --forward's encoding")
     args = ap.parse_args(argv)
+    if args.forward_cost:
+        forward_cost(args.spans)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-collect-"))
     if args.peer_cost:
         try:
