@@ -1,6 +1,8 @@
 """Benchmark `tailscope collect`: spans/s into queryable, fsynced segments, beside Arize Phoenix.
 
     .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix /tmp/phoenix-venv/bin/phoenix]
+    .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
+    .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
 
 Runs the receiver as a child process (`tailscope collect`), then:
 1. throughput from pre-encoded OTLP/HTTP protobuf bodies posted by an asyncio client over
@@ -111,12 +113,12 @@ def pb_bodies(total_spans: int, spans_per_body: int, seed: int = 2) -> list[byte
 class Collector:
     """`tailscope collect` in a child process on free loopback ports."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, extra: Sequence[str] = ()) -> None:
         self.store = store
         self.log = store.parent / f"{store.name}.log"
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tailscope.cli", "collect", "--store", str(store), "--http-port", "0",
-             "--grpc-port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+             "--grpc-port", "0", *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             text = self.log.read_text()
@@ -227,11 +229,12 @@ def q(values: Sequence[float], p: float) -> float:
 # --- the runs ------------------------------------------------------------------------------
 
 
-def run_throughput(work: Path, total: int, per_body: int, connections: int) -> dict[str, float]:
+def run_throughput(work: Path, total: int, per_body: int, connections: int,
+                   extra: Sequence[str] = (), tag: str = "") -> dict[str, float]:
     """Pre-encoded bodies into a fresh collector; spans/s until every 200 (= fsynced) is back."""
     bodies = pb_bodies(total, per_body)
-    store = work / f"tp-{total}-{per_body}"
-    collector = Collector(store)
+    store = work / f"tp-{total}-{per_body}{tag}"
+    collector = Collector(store, extra)
     cpu0 = collector.cpu_seconds()
     try:
         elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
@@ -392,6 +395,48 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def run_peer_cost(work: Path, rounds: int, total: int, per_body: int = 512, connections: int = 32) -> None:
+    """`--record-peer` on against off, alternating in the same run: CPU per span and spans/s (the peer is
+    added by the C builder, so the ratio should stay near 1)."""
+    print(f"--record-peer cost: {total:,} spans in {per_body}-span bodies over {connections} connections, "
+          f"{rounds} alternating rounds")
+    print(f"{'round':>5} {'peer':>4} {'spans/s':>9} {'us CPU/span':>11} {'load':>5}")
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    rate: dict[str, list[float]] = {"off": [], "on": []}
+    for k in range(rounds):
+        for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
+            extra = ("--record-peer",) if mode == "on" else ("--no-record-peer",)
+            r = run_throughput(work, total, per_body, connections, extra, tag=f"-{mode}-{k}")
+            cpu[mode].append(r["cpu_us_per_span"])
+            rate[mode].append(r["spans_per_s"])
+            print(f"{k:>5} {mode:>4} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} {r['load']:>5.1f}")
+    on, off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    print(f"median CPU/span: on {on:.2f} us, off {off:.2f} us, ratio on/off {on / off:.2f}; median spans/s: "
+          f"on {statistics.median(rate['on']):,.0f}, off {statistics.median(rate['off']):,.0f}")
+
+
+def forward_cost(total: int) -> None:
+    """CPU per span of `collect --forward`'s encoding (stored table -> OTLP protobuf -> gzip), in this
+    process, against the decode + promote of the same spans as the anchor."""
+    import gzip
+
+    import pyarrow as pa
+
+    from intake.collect.forward import BATCH_SPANS, to_request
+    from intake.otlp import decode_protobuf_table
+
+    bodies = pb_bodies(total, 512)
+    c0 = time.process_time()
+    table = pa.concat_tables([decode_protobuf_table(b)[0] for b in bodies])
+    c1 = time.process_time()
+    for lo in range(0, table.num_rows, BATCH_SPANS):
+        gzip.compress(to_request(table.slice(lo, BATCH_SPANS)).SerializeToString(), compresslevel=1)
+    c2 = time.process_time()
+    decode_us, forward_us = (c1 - c0) / total * 1e6, (c2 - c1) / total * 1e6
+    print(f"--forward cost, {total:,} spans: decode + promote {decode_us:.1f} us CPU/span (anchor), forward "
+          f"encoding {forward_us:.1f} us CPU/span, ratio {forward_us / decode_us:.1f}; load {os.getloadavg()[0]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -399,8 +444,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--phoenix", default="/tmp/phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
+    ap.add_argument("--peer-cost", action="store_true", help="only measure --record-peer on against off")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --peer-cost")
+    ap.add_argument("--spans", type=int, default=200_000, help="spans per round of --peer-cost")
+    ap.add_argument("--forward-cost", action="store_true", help="only measure the CPU of --forward's encoding")
     args = ap.parse_args(argv)
+    if args.forward_cost:
+        forward_cost(args.spans)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-collect-"))
+    if args.peer_cost:
+        try:
+            run_peer_cost(work, args.rounds, args.spans, connections=args.connections)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; work dir {work}")
         c = args.connections

@@ -294,6 +294,8 @@ typedef struct {
     Attrs res_attrs; int32_t n_res;
     Col scope_name, scope_version; int32_t n_scope;
     int32_t n_spans, n_events, n_links;
+    /* while one body is parsed: the sending peer's address, added to each resource lacking PEER_KEY */
+    Str peer;
 } Out;
 
 static int out_start(Out *o);
@@ -324,9 +326,8 @@ static void out_free(Out *o) {
 
 static int all_zero(Str s) { for (size_t i = 0; i < s.n; i++) if (s.p[i]) return 0; return 1; }
 
-static int attrs_list(Rd r, uint32_t field, Attrs *a) {
-    /* every KeyValue of `field` in message `r`, then close the owner */
-    int32_t first = a->key.count;
+static int attrs_fill(Rd r, uint32_t field, Attrs *a, int32_t first) {
+    /* every KeyValue of `field` in message `r` (the owner stays open) */
     while (r.p < r.end) {
         uint32_t f, wt; Rd sub;
         CHECK(rd_tag(&r, &f, &wt));
@@ -334,8 +335,21 @@ static int attrs_list(Rd r, uint32_t field, Attrs *a) {
         else if (f == field) return FALLBACK;
         else CHECK(rd_skip(&r, wt));
     }
+    return 0;
+}
+static int attrs_list(Rd r, uint32_t field, Attrs *a) {
+    /* every KeyValue of `field` in message `r`, then close the owner */
+    CHECK(attrs_fill(r, field, a, a->key.count));
     return attrs_close(a) ? -1 : 0;
 }
+static int attrs_has(const Attrs *a, int32_t first, const char *key, size_t n) {
+    const int32_t *ko = (const int32_t *)a->key.off.p;
+    for (int32_t i = first; i < a->key.count; i++)
+        if ((size_t)(ko[i + 1] - ko[i]) == n && memcmp(a->key.data.p + ko[i], key, n) == 0) return 1;
+    return 0;
+}
+/* the resource key `collect --record-peer` adds (tracing.schema.ATTR_PEER), as intake.peer.with_peer does */
+static const char PEER_KEY[] = "tailscope.peer";
 
 static int parse_event(Rd r, Out *o) {
     uint64_t t = 0; Str name = {0};
@@ -500,7 +514,13 @@ static int parse_resource_spans(Rd r, Out *o) {
         else CHECK(rd_skip(&r, wt));
     }
     int32_t res = o->n_res++;
-    CHECK(attrs_list(resource, 1, &o->res_attrs));
+    int32_t first = o->res_attrs.key.count;
+    CHECK(attrs_fill(resource, 1, &o->res_attrs, first));
+    if (o->peer.p && !attrs_has(&o->res_attrs, first, PEER_KEY, sizeof PEER_KEY - 1)) {
+        CHECK(col_text(&o->res_attrs.key, (const uint8_t *)PEER_KEY, sizeof PEER_KEY - 1));
+        CHECK(col_text(&o->res_attrs.val, o->peer.p, o->peer.n));
+    }
+    if (attrs_close(&o->res_attrs)) return -1;
     r = whole;
     while (r.p < r.end) {
         uint32_t f, wt; Rd sub;
@@ -615,12 +635,14 @@ static void Builder_dealloc(Builder *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* add(data, room=-1) -> spans added; None when nothing was added because the body needs the
-   Python decoder; -1 when nothing was added because the body holds more than `room` spans */
+/* add(data, room=-1, peer=None) -> spans added; None when nothing was added because the body needs
+   the Python decoder; -1 when nothing was added because the body holds more than `room` spans.
+   `peer` (str): added to every resource of the body lacking tailscope.peer, as intake.peer.with_peer */
 static PyObject *Builder_add(Builder *self, PyObject *args) {
     Py_buffer view;
     long room = -1;
-    if (!PyArg_ParseTuple(args, "y*|l", &view, &room)) return NULL;
+    const char *peer = NULL; Py_ssize_t peer_n = 0;
+    if (!PyArg_ParseTuple(args, "y*|lz#", &view, &room, &peer, &peer_n)) return NULL;
     if (!self->ready) { PyBuffer_Release(&view); PyErr_SetString(PyExc_RuntimeError, "Builder not initialised"); return NULL; }
     Out *o = &self->o;
     Buf *bufs[N_BUFS];
@@ -628,7 +650,9 @@ static PyObject *Builder_add(Builder *self, PyObject *args) {
     size_t sizes[N_BUFS];
     for (int i = 0; i < N_BUFS; i++) sizes[i] = bufs[i]->n;
     Out saved = *o; /* counters; buffer contents are restored by size below */
+    o->peer.p = (const uint8_t *)peer; o->peer.n = (size_t)peer_n;
     int rc = parse_request(o, (const uint8_t *)view.buf, view.len);
+    o->peer.p = NULL; o->peer.n = 0; saved.peer = o->peer;
     PyBuffer_Release(&view);
     long added = (long)(o->n_spans - saved.n_spans);
     if (rc == 0 && (room < 0 || added <= room)) return PyLong_FromLong(added);

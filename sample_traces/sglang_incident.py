@@ -15,26 +15,18 @@ Aborted requests carry `gen_ai.response.finish_reasons = '["abort"]'`.
 
 from __future__ import annotations
 
-import gzip
 import random
 import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
 from sample_traces.generate import DURATION_S, RATE
-from sample_traces.incidents import SLOW_REPLICA, run, write_truth
-from sample_traces.vllm_incident import BATCH, _effect, reached_vllm
-from tracing.otlp_json import spans_to_json_line
+from sample_traces.vllm_incident import replica_lines, write_incident
 
 NAME = "sglang_slow_replica"
 OUT_DIR = Path(__file__).parent / "data" / "engines"
@@ -87,48 +79,24 @@ def root_span(req: SimRequest) -> tuple[int, int, dict[str, AttributeValue]]:
     return _ns(start_s), _ns(done_s), attrs
 
 
+def _emit(tracer: trace.Tracer, req: SimRequest, _n: int, _rng: random.Random) -> None:
+    start, end, attrs = root_span(req)
+    tracer.start_span(f" Req {str(attrs['rid'])[:8]}", start_time=start, attributes=attrs).end(end_time=end)
+
+
 def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
     """OTLP/JSON lines of every replica's root spans, made with the OpenTelemetry SDK."""
-    rng = random.Random(seed)
-    by_replica: dict[str, list[SimRequest]] = {}
-    for req in requests:
-        if reached_vllm(req):
-            by_replica.setdefault(req.replica, []).append(req)
-    out: list[str] = []
-    for k, replica in enumerate(sorted(by_replica)):
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider(resource=Resource(resource(replica, rng)), id_generator=SeededIds(seed * 2000 + k))
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer("sglang server")
-        for req in by_replica[replica]:
-            start, end, attrs = root_span(req)
-            tracer.start_span(f" Req {str(attrs['rid'])[:8]}", start_time=start, attributes=attrs).end(end_time=end)
-        provider.shutdown()
-        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
-        out.extend(spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH))
-    return out
+    per = replica_lines(requests, seed, resource=lambda _k, replica, rng: resource(replica, rng),
+                        scope="sglang server", id_base=2000, emit=_emit)
+    return [line for replica in per for line in replica]
 
 
 def generate(out_dir: Path = OUT_DIR, seed: int = SEED, duration_s: float = DURATION_S,
              rate: float = RATE) -> tuple[Path, Path]:
     """Simulate the incident, write the SGLang-format traces and the truth file; returns both paths."""
-    scenario = run("slow_replica", seed, duration_s, rate)
-    clean = run("clean", seed, duration_s, rate).requests
-    out_dir.mkdir(parents=True, exist_ok=True)
-    traces = traces_path(out_dir)
-    with gzip.GzipFile(traces, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines(scenario.requests, seed)) + "\n").encode())
-    truth: dict[str, Any] = scenario.truth(None)
-    t0, t1 = scenario.window_s
-    truth.update(
-        scenario=NAME,
-        title="Slow replica (throttled GPU), in SGLang's trace format",
-        format="SGLang request root spans with their gen_ai.latency attributes (OTLP/JSON lines)",
-        requests=sum(1 for r in scenario.requests if reached_vllm(r)),
-        effect={"incident": _effect(scenario.requests, t0, t1), "clean": _effect(clean, t0, t1)},
-    )
-    assert truth["dimension"] == "replica" and truth["value"] == SLOW_REPLICA
-    return traces, write_truth(truth_path(out_dir), truth)
+    return write_incident(NAME, lines, title="Slow replica (throttled GPU), in SGLang's trace format",
+                          fmt="SGLang request root spans with their gen_ai.latency attributes (OTLP/JSON lines)",
+                          out_dir=out_dir, seed=seed, duration_s=duration_s, rate=rate)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,9 @@ import random
 from collections.abc import Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
-from sample_traces.vllm_incident import BATCH, reached_vllm
-from tracing.otlp_json import spans_to_json_line
+from sample_traces.vllm_incident import Emit, reached_vllm, replica_lines
 
 SEED = 1
 SERVICE = "text-generation-inference.router"
@@ -80,25 +74,19 @@ def _request(tracer: trace.Tracer, req: SimRequest, rng: random.Random) -> None:
     handler.end(end_time=end)
 
 
+def lines_per_replica(requests: Sequence[SimRequest], seed: int, *, service: str, scope: str, id_base: int,
+                      emit: Emit) -> dict[str, list[str]]:
+    """Loopback address → the OTLP/JSON lines one replica of an engine with a bare resource
+    (`service.name` only: TGI, Triton) exports."""
+    per = replica_lines(requests, seed, resource=lambda _k, _replica, _rng: {"service.name": service}, scope=scope,
+                        id_base=id_base, emit=emit)
+    return {address(k): replica for k, replica in enumerate(per)}
+
+
 def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
     """Loopback address → the OTLP/JSON lines that replica's router exports (TGI's resource)."""
-    rng = random.Random(seed)
-    by_replica: dict[str, list[SimRequest]] = {}
-    for req in requests:
-        if reached_vllm(req):
-            by_replica.setdefault(req.replica, []).append(req)
-    out: dict[str, list[str]] = {}
-    for k, replica in enumerate(sorted(by_replica)):
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider(resource=Resource({"service.name": SERVICE}), id_generator=SeededIds(seed * 3000 + k))
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer(SERVICE)
-        for req in by_replica[replica]:
-            _request(tracer, req, rng)
-        provider.shutdown()
-        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
-        out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
-    return out
+    return lines_per_replica(requests, seed, service=SERVICE, scope=SERVICE, id_base=3000,
+                             emit=lambda tracer, req, _n, rng: _request(tracer, req, rng))
 
 
 def replica_addresses(requests: Sequence[SimRequest]) -> dict[str, str]:

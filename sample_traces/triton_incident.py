@@ -20,16 +20,9 @@ import random
 from collections.abc import Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sample_traces.basic import SeededIds
 from sample_traces.fleet import NS, START_NS, SimRequest
-from sample_traces.tgi_incident import address
-from sample_traces.vllm_incident import BATCH, reached_vllm
-from tracing.otlp_json import spans_to_json_line
+from sample_traces.tgi_incident import lines_per_replica
 
 SEED = 1
 SERVICE = "triton-inference-server"
@@ -74,20 +67,4 @@ def _request(tracer: trace.Tracer, req: SimRequest, trace_id: int, rng: random.R
 
 def lines_by_address(requests: Sequence[SimRequest], seed: int = SEED) -> dict[str, list[str]]:
     """Loopback address → the OTLP/JSON lines that replica's Triton exports (its resource: service.name)."""
-    rng = random.Random(seed)
-    by_replica: dict[str, list[SimRequest]] = {}
-    for req in requests:
-        if reached_vllm(req):
-            by_replica.setdefault(req.replica, []).append(req)
-    out: dict[str, list[str]] = {}
-    for k, replica in enumerate(sorted(by_replica)):
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider(resource=Resource({"service.name": SERVICE}), id_generator=SeededIds(seed * 4000 + k))
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer("triton-server")
-        for n, req in enumerate(by_replica[replica], start=1):
-            _request(tracer, req, n, rng)
-        provider.shutdown()
-        spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
-        out[address(k)] = [spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)]
-    return out
+    return lines_per_replica(requests, seed, service=SERVICE, scope="triton-server", id_base=4000, emit=_request)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gzip
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,31 +93,52 @@ def vllm_times(req: SimRequest, rng: random.Random) -> tuple[int, int, dict[str,
     return _ns(start_s), _ns(done_s + emit_delay_s), attrs, aborted
 
 
-def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
-    """OTLP/JSON lines of every replica's `llm_request` spans, made with the OpenTelemetry SDK."""
+#: Writes one request's spans: (tracer, request, its number on the replica from 1, the shared rng).
+Emit = Callable[[trace.Tracer, SimRequest, int, random.Random], None]
+#: The resource of replica number k (sorted by name) named `replica`, drawing from the shared rng.
+ResourceOf = Callable[[int, str, random.Random], Mapping[str, AttributeValue]]
+
+
+def replica_lines(requests: Sequence[SimRequest], seed: int, *, resource: ResourceOf, scope: str, id_base: int,
+                  emit: Emit) -> list[list[str]]:
+    """Per replica (sorted by name), the OTLP/JSON lines its engine exports: one OpenTelemetry SDK
+    provider per replica, spans in end order, in batches of BATCH as a BatchSpanProcessor sends them."""
     rng = random.Random(seed)
     by_replica: dict[str, list[SimRequest]] = {}
     for req in requests:
         if reached_vllm(req):
             by_replica.setdefault(req.replica, []).append(req)
-    out: list[str] = []
+    out: list[list[str]] = []
     for k, replica in enumerate(sorted(by_replica)):
         exporter = InMemorySpanExporter()
-        resource = Resource({"service.name": "vllm", "service.instance.id": replica,
-                             "vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": 1000 + k})
-        provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1000 + k))
+        provider = TracerProvider(resource=Resource(dict(resource(k, replica, rng))),
+                                  id_generator=SeededIds(seed * id_base + k))
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tracer = provider.get_tracer("vllm.tracing.otel")
-        for req in by_replica[replica]:
-            start, end, attrs, aborted = vllm_times(req, rng)
-            span = tracer.start_span("llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs)
-            if aborted:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, "request aborted"))
-            span.end(end_time=end)
+        tracer = provider.get_tracer(scope)
+        for n, req in enumerate(by_replica[replica], start=1):
+            emit(tracer, req, n, rng)
         provider.shutdown()
         spans = sorted(exporter.get_finished_spans(), key=lambda s: s.end_time or 0)
-        out.extend(spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH))
+        out.append([spans_to_json_line(spans[i:i + BATCH]) for i in range(0, len(spans), BATCH)])
     return out
+
+
+def _emit(tracer: trace.Tracer, req: SimRequest, _n: int, rng: random.Random) -> None:
+    start, end, attrs, aborted = vllm_times(req, rng)
+    span = tracer.start_span("llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs)
+    if aborted:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "request aborted"))
+    span.end(end_time=end)
+
+
+def lines(requests: Sequence[SimRequest], seed: int = SEED) -> list[str]:
+    """OTLP/JSON lines of every replica's `llm_request` spans, made with the OpenTelemetry SDK."""
+    def resource(k: int, replica: str, _rng: random.Random) -> dict[str, AttributeValue]:
+        return {"service.name": "vllm", "service.instance.id": replica,
+                "vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": 1000 + k}
+
+    per = replica_lines(requests, seed, resource=resource, scope="vllm.tracing.otel", id_base=1000, emit=_emit)
+    return [line for replica in per for line in replica]
 
 
 def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, float]:
@@ -126,26 +147,35 @@ def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, f
     return {"requests": len(e2e), "p50_ms": round(quantile(e2e, 0.5), 1), "p99_ms": round(quantile(e2e, 0.99), 1)}
 
 
-def generate(out_dir: Path = OUT_DIR, seed: int = SEED, duration_s: float = DURATION_S,
-             rate: float = RATE) -> tuple[Path, Path]:
-    """Simulate the incident, write the vLLM-format traces and the truth file; returns both paths."""
+def write_incident(name: str, lines_of: Callable[[Sequence[SimRequest], int], list[str]], *, title: str,
+                   fmt: str, out_dir: Path, seed: int, duration_s: float, rate: float) -> tuple[Path, Path]:
+    """Simulate the slow-replica incident, write it as `lines_of` renders it (gzip, mtime 0) and its
+    truth file into `out_dir/name.*`; returns both paths."""
     scenario = run("slow_replica", seed, duration_s, rate)
     clean = run("clean", seed, duration_s, rate).requests
     out_dir.mkdir(parents=True, exist_ok=True)
-    traces = traces_path(out_dir)
+    traces = out_dir / f"{name}.otlp.jsonl.gz"
     with gzip.GzipFile(traces, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines(scenario.requests, seed)) + "\n").encode())
+        fh.write(("\n".join(lines_of(scenario.requests, seed)) + "\n").encode())
     truth: dict[str, Any] = scenario.truth(None)
     t0, t1 = scenario.window_s
     truth.update(
-        scenario=NAME,
-        title="Slow replica (throttled GPU), in vLLM's trace format",
-        format="vLLM 0.33 llm_request spans (OTLP/JSON lines)",
+        scenario=name,
+        title=title,
+        format=fmt,
         requests=sum(1 for r in scenario.requests if reached_vllm(r)),
         effect={"incident": _effect(scenario.requests, t0, t1), "clean": _effect(clean, t0, t1)},
     )
     assert truth["dimension"] == "replica" and truth["value"] == SLOW_REPLICA
-    return traces, write_truth(truth_path(out_dir), truth)
+    return traces, write_truth(out_dir / f"{name}.truth.json", truth)
+
+
+def generate(out_dir: Path = OUT_DIR, seed: int = SEED, duration_s: float = DURATION_S,
+             rate: float = RATE) -> tuple[Path, Path]:
+    """Simulate the incident, write the vLLM-format traces and the truth file; returns both paths."""
+    return write_incident(NAME, lines, title="Slow replica (throttled GPU), in vLLM's trace format",
+                          fmt="vLLM 0.33 llm_request spans (OTLP/JSON lines)", out_dir=out_dir, seed=seed,
+                          duration_s=duration_s, rate=rate)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ The queue is bounded in spans; `submit` raises `QueueFull` instead of growing it
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -26,6 +27,8 @@ import pyarrow.parquet as pq
 from tracing import schema as S
 from tracing.errors import RetryLater
 from tracing.store import SegmentWriter, segment_files
+
+_log = logging.getLogger(__name__)
 
 
 class QueueFull(RetryLater):
@@ -151,7 +154,7 @@ class Builder(Protocol):
 
     spans: int
 
-    def add(self, data: bytes, room: int = -1) -> int | None: ...
+    def add(self, data: bytes, room: int = -1, peer: str | None = None) -> int | None: ...
 
     def take(self) -> dict[str, Any]: ...
 
@@ -169,7 +172,8 @@ class Committer:
                  prepare: Callable[[pa.Table], pa.Table] | None = None, builder: Builder | None = None,
                  assemble: Callable[[dict[str, Any]], pa.Table] | None = None,
                  gather_spans: int = 0, gather_s: float = 0.0,
-                 senders: Callable[[], int] | None = None) -> None:
+                 senders: Callable[[], int] | None = None,
+                 on_stored: Callable[[pa.Table], None] | None = None) -> None:
         self.writer = writer
         self.keys = keys
         self.max_queue_spans = max_queue_spans
@@ -186,6 +190,8 @@ class Committer:
         self.gather_spans = gather_spans
         self.gather_s = gather_s
         self.senders = senders
+        #: called with each group's stored spans once they are durable (the forwarder's queue); must not block
+        self.on_stored = on_stored
         self._last_take = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
@@ -230,16 +236,17 @@ class Committer:
             self._cond.notify()
         return future
 
-    def submit_protobuf(self, data: bytes) -> tuple[int, Future[CommitResult]] | None:
+    def submit_protobuf(self, data: bytes, peer: str | None = None) -> tuple[int, Future[CommitResult]] | None:
         """Queue a protobuf body through the columnar builder: (spans, future), or None when the
-        body needs the Python decoder (then nothing was queued). Raises QueueFull or Closed."""
+        body needs the Python decoder (then nothing was queued). `peer` goes on every resource as
+        `tailscope.peer` (intake.peer.with_peer, in C). Raises QueueFull or Closed."""
         if self._builder is None:
             return None
         future: Future[CommitResult] = Future()
         with self._cond:
             self._check_room(1)
             room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
-            n = self._builder.add(data, room)
+            n = self._builder.add(data, room, peer)
             if n is None:
                 return None
             if n < 0:
@@ -355,6 +362,11 @@ class Committer:
             self.write_seconds.append(done - p.started)
             for item in p.group:
                 self.latencies.append(done - item.queued_at)
+        if self.on_stored is not None and p.kept.num_rows:  # before the answers: a 200 means it was handed on
+            try:
+                self.on_stored(p.kept)
+            except Exception:  # forwarding is best effort: the spans are stored whatever happens here
+                _log.warning("on_stored callback failed", exc_info=True)
         result = CommitResult(stored=p.kept.num_rows, duplicates=p.duplicates, segments=len(paths))
         for item in p.group:
             item.future.set_result(result)

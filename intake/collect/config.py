@@ -1,8 +1,9 @@
 """Settings of the OTLP receiver: the `COLLECT` table owns their defaults, `--help` and docs/settings.md.
 
 `CollectConfig` has one field per setting of the table (its default taken from the table; a
-test checks fields and table agree), plus `store` and `token`, which are not settings with
-defaults (the store is the shared `--store` option, the token comes from `--token-file`).
+test checks fields and table agree), plus `store`, `token` and `forward_token`, which are not
+settings with defaults (the store is the shared `--store` option, the tokens come from
+`--token-file` and `--forward-token-file`).
 The `tailscope collect` options are generated from the table's entries that name an option.
 
 To add a setting: one entry in `CollectSettings` (with `option="--flag"` to put it on the
@@ -28,7 +29,7 @@ class CollectSettings(SettingsTable):
     intro = ("Read by `intake.collect.Receiver` through `CollectConfig` (one field per setting). "
              "The settings with an option are `tailscope collect` options (generated from this table); "
              "the others are `CollectConfig` arguments for code that embeds the receiver.")
-    readers = ("intake.collect.receiver", "intake.collect.http", "intake.collect.grpc_server",
+    readers = ("intake.collect.receiver", "intake.collect.forward", "intake.collect.http", "intake.collect.grpc_server",
                "intake.collect.intake")
 
     host: Setting[str] = Setting(
@@ -85,10 +86,23 @@ class CollectSettings(SettingsTable):
         int, 4096, "While several HTTP clients send, a group commit is taken at most once per --gather-ms "
         "unless this many spans are waiting, so the fixed cost of a segment is shared.", option="--gather-spans")
     record_peer: Setting[bool] = Setting(
-        bool, False, "Add the sending client's IP address to each resource as tailscope.peer, which names "
-        "replicas whose resource says nothing (TGI, Triton; docs/convention.md#replica). Off by default: "
-        "bodies with a peer take the Python decoder instead of the C fast path (several times the CPU).",
-        option="--record-peer")
+        bool, True, "Add the sending client's IP address to each resource as tailscope.peer (unless the "
+        "resource states one), which names replicas whose resource says nothing (TGI, Triton; "
+        "docs/convention.md#replica). The C decoder adds it as it copies the resource, so it costs no "
+        "measurable CPU (docs/benchmarks.md).", option="--record-peer/--no-record-peer")
+    forward: Setting[str] = Setting(
+        str, "", "After storing, forward every span (engine facts and synthetic stage spans included, as "
+        "tailscope.* attributes) over OTLP/HTTP protobuf to this URL, e.g. a Collector's "
+        "http://127.0.0.1:4318/v1/traces; from its own thread, never blocking intake (docs/collect.md). "
+        "Empty: off.", option="--forward")
+    forward_queue_spans: Setting[int] = Setting(
+        int, 200_000, "Stored spans waiting to be forwarded; a group that does not fit is dropped and counted "
+        "(fwd dropped on the console line).", option="--forward-queue-spans")
+    forward_timeout_s: Setting[float] = Setting(
+        float, 10.0, "Seconds one forward request may take to connect or answer before it is retried.")
+    forward_retry_s: Setting[float] = Setting(
+        float, 300.0, "Seconds one forward batch is retried (429, 502, 503, 504, network errors; backoff "
+        "0.5-30 s or Retry-After) before it is dropped.")
     gather_ms: Setting[float] = Setting(
         float, 20.0, "Shortest time between two group commits smaller than --gather-spans while several clients "
         "send, in ms (a lone client is answered at once); 0 turns gathering off.", option="--gather-ms")
@@ -125,6 +139,11 @@ class CollectConfig:
     gather_spans: int = COLLECT.gather_spans.default
     gather_ms: float = COLLECT.gather_ms.default
     record_peer: bool = COLLECT.record_peer.default
+    forward: str = COLLECT.forward.default
+    forward_queue_spans: int = COLLECT.forward_queue_spans.default
+    forward_timeout_s: float = COLLECT.forward_timeout_s.default
+    forward_retry_s: float = COLLECT.forward_retry_s.default
+    forward_token: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_connections",
@@ -133,6 +152,8 @@ class CollectConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gather_spans < 0 or self.gather_ms < 0:
             raise ValueError("gather_spans and gather_ms must be >= 0")
+        if self.forward_queue_spans <= 0 or self.forward_timeout_s <= 0 or self.forward_retry_s < 0:
+            raise ValueError("forward_queue_spans and forward_timeout_s must be positive, forward_retry_s >= 0")
         if self.dedupe_window < 0:
             raise ValueError(f"dedupe_window must be >= 0, got {self.dedupe_window}")
         if self.http_port is None and self.grpc_port is None:

@@ -71,12 +71,12 @@ class Intake:
                peer: str | None = None) -> tuple[Decoded, Future[CommitResult] | None]:
         """Decode `body` and queue its spans; raises ValueError (400), QueueFull or Closed (503).
 
-        With `record_peer` (the default) and a known `peer`, every resource gets `tailscope.peer`;
-        such bodies take the Python decoder (the C builder has no per-body resource hook yet).
+        With `record_peer` and a known `peer`, every resource gets `tailscope.peer` (the C builder adds
+        it as it copies the resource, so recording the peer keeps the fast path).
         """
         peer = peer if self.config.record_peer else None
-        if encoding == PROTOBUF and peer is None:
-            queued = self.committer.submit_protobuf(body)  # the columnar fast path
+        if encoding == PROTOBUF:
+            queued = self.committer.submit_protobuf(body, peer)  # the columnar fast path
             if queued is not None:
                 n, fast = queued
                 with self._lock:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from intake.collect.commit import Committer, RecentKeys
 from intake.collect.config import CollectConfig
+from intake.collect.forward import Forwarder, describe
 from intake.collect.grpc_server import make_server
 from intake.collect.http import HttpServer
 from intake.collect.intake import Intake
@@ -69,11 +70,15 @@ class Receiver:
         self.recognition = Recognition()
         self.loaded_keys = 0
         self.removed_temp_files: list[Path] = []
+        self.forwarder = (Forwarder(config.forward, token=config.forward_token,
+                                    max_queue_spans=config.forward_queue_spans, timeout_s=config.forward_timeout_s,
+                                    retry_s=config.forward_retry_s) if config.forward else None)
         self.committer = Committer(self.writer, self.keys, max_queue_spans=config.max_queue_spans,
                                    prepare=self._prepare,
                                    builder=new_builder(), assemble=base_from_columns,
                                    gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3,
-                                   senders=lambda: self._http.connections if self._http is not None else 0)
+                                   senders=lambda: self._http.connections if self._http is not None else 0,
+                                   on_stored=self.forwarder.submit if self.forwarder is not None else None)
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -97,6 +102,8 @@ class Receiver:
         """Load recent keys for dedupe, start the writer, bind and start both front ends."""
         self.removed_temp_files = remove_dead_temp_files(self.store)
         self.loaded_keys = self.keys.load(self.store, self.config.dedupe_startup_s)
+        if self.forwarder is not None:
+            self.forwarder.start()
         self.committer.start()
         if self.config.grpc_port is not None:
             self._grpc, self.grpc_port = make_server(self.intake, self.config.host, self.config.grpc_port)
@@ -142,6 +149,8 @@ class Receiver:
             if grpc_done is not None:
                 grpc_done.wait(timeout + 5)
             self.committer.close()
+            if self.forwarder is not None:  # what is stored is sent on for a while, then counted as dropped
+                self.forwarder.close(timeout)
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 if self._loop_thread is not None:
@@ -228,6 +237,7 @@ class ProgressLine:
                 f"rejected {s.rejected_spans:,} | duplicates {s.duplicate_spans:,} | "
                 f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
                 f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
+        line = " | ".join([line, *describe(self.receiver.forwarder)])
         problem = self.receiver.recognition.problem()
         if problem is not None and not self._hinted:  # once: spans arrive but none is a request
             self._hinted = True

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from tracing import schema as S
-from tracing.rows import outcome_of
+from tracing.rows import _first, _int_or_none, outcome_of, replica_of
 
 Row = dict[str, Any]
 
@@ -117,12 +117,56 @@ def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = N
         row["OutputTokens"] = output_tokens
     if replica and not row["Replica"]:
         row["Replica"] = replica
+        row["ResourceAttributes"] = replica_resource(row["ResourceAttributes"], replica)
     extra = {S.ATTR_ENGINE: engine}
     if streaming is not None:
         extra[S.ATTR_STREAMING] = "true" if streaming else "false"
     attrs = attrs_of(row)
     attrs.update({k: v for k, v in extra.items() if k not in attrs or k == S.ATTR_ENGINE})
+    attrs.update(fact_attrs(row, attrs))
     row["SpanAttributes"] = list(attrs.items())
+
+
+def mark_not_request(row: Row, engine: str) -> None:
+    """A span of the engine's request shape that the mapper decided is no request of its own (SGLang's
+    prefill root under disaggregation, TGI's inner handler): say so as attributes too, so no later
+    mapping (a forwarded copy, a ClickHouse table) counts it (in place)."""
+    row["IsRequest"] = False
+    row["Outcome"] = None
+    attrs = attrs_of(row)
+    attrs.update({S.ATTR_ENGINE: engine, S.ATTR_REQUEST: "false"})
+    row["SpanAttributes"] = list(attrs.items())
+
+
+def fact_attrs(row: Row, attrs: Mapping[str, str]) -> dict[str, str]:
+    """The span attributes that make `row`'s promoted request facts readable without tailscope's columns.
+
+    What a mapper promoted (request marker, outcome, TTFT, model, version, tokens) is written back as
+    the convention's attributes, so `rows.SpanBatch.append` / `otlp.promote` on the attributes alone
+    (a ClickHouse `otel_traces` table, any OTLP backend) give the same columns. A key whose value
+    already promotes to the same value is left as it came.
+    """
+    out = {S.ATTR_REQUEST: "true" if row["IsRequest"] else "false"}
+    if row["IsRequest"]:
+        out[S.ATTR_OUTCOME] = row["Outcome"]
+    if row["TtftNs"] is not None and attrs.get(S.ATTR_TTFT_NS) != str(row["TtftNs"]):
+        out[S.ATTR_TTFT_NS] = str(row["TtftNs"])
+    for column, keys in (("Model", S.MODEL_KEYS), ("ModelVersion", S.MODEL_VERSION_KEYS)):
+        if row[column] and _first(attrs, keys) != row[column]:
+            out[keys[0]] = row[column]
+    for column, keys in (("InputTokens", S.INPUT_TOKEN_KEYS), ("OutputTokens", S.OUTPUT_TOKEN_KEYS)):
+        if row[column] is not None and _int_or_none(_first(attrs, keys)) != row[column]:
+            out[keys[0]] = str(row[column])
+    return out
+
+
+def replica_resource(resource: Any, replica: str | None) -> list[tuple[str, str]]:
+    """`resource` (stored pairs) with `tailscope.replica` = `replica` when the resource rule would name
+    another replica: a mapper's replica decision then survives in ResourceAttributes (docs/engines.md)."""
+    pairs = dict(resource or ())
+    if replica and replica_of(pairs) != replica:
+        pairs[S.ATTR_REPLICA] = replica
+    return list(pairs.items())
 
 
 def int_or_none(text: str | None) -> int | None:
@@ -211,6 +255,7 @@ class Timeline:
 
     def _row(self, span_id: str, parent: str, piece: Piece) -> Row:
         req = self.request
+        replica = self.replica or req["Replica"]
         return {
             "Timestamp": piece.start // 1000,
             "TimestampNs": piece.start,
@@ -221,7 +266,7 @@ class Timeline:
             "SpanName": piece.stage,
             "SpanKind": "Internal",
             "ServiceName": req["ServiceName"],
-            "ResourceAttributes": req["ResourceAttributes"],
+            "ResourceAttributes": replica_resource(req["ResourceAttributes"], replica),
             "ScopeName": SCOPE,
             "ScopeVersion": "",
             "SpanAttributes": [
@@ -238,7 +283,7 @@ class Timeline:
             "Stage": piece.stage,
             "IsRequest": False,
             "Outcome": None,
-            "Replica": self.replica or req["Replica"],
+            "Replica": replica,
             "Model": None,
             "ModelVersion": None,
             "Tenant": None,

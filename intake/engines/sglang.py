@@ -27,6 +27,7 @@ from intake.engines._common import (
     end_of,
     finish_reason_outcome,
     is_native,
+    mark_not_request,
     mark_request,
     seconds_ns,
 )
@@ -96,6 +97,8 @@ def map_trace(trace: Trace) -> list[Row]:
         roots.sort(key=lambda ra: (role_of(ra[0]) == "decode", end_of(ra[0]), ra[0]["SpanId"]))
         request, attrs = roots[-1]
         out.extend(map_request(trace, request, attrs, partners=[r for r, _ in roots[:-1]]))
+        for partner, _ in roots[:-1]:
+            mark_not_request(partner, NAME)
     return out
 
 

@@ -5,11 +5,13 @@ The handler spans `generate`, `generate_stream`, `completions`, `chat_completion
 `time_per_token`, `total_time` as Rust `Debug` Duration strings ("12.3ms", "1.2s", "850µs")
 when the request succeeds. They are laid back to back from the span start: preprocess
 (validation), queue_wait, generation (inference). The per-request `infer` spans
-(backends/v3/src/queue.rs, backend.rs: one per iteration of the batching loop the entry is in,
-the first one holds its prefill) split generation: prefill ends where the earliest `infer` span
-ends. With chunked prefill that is the end of the first chunk, so TTFT reads early (a gap,
-docs/engines.md). Only handler spans of `text_generation_router::server` are requests: the
-inner spans of the same names (`text_generation_router::infer`) never are. Streaming
+(backends/v3/src/queue.rs, backend.rs: one per iteration of the batching loop the entry is in)
+split generation: prefill ends, and the first token is, where the earliest `send_generation`
+span under them ends (the first generation sent to the request; with chunked prefill the
+iterations of the earlier chunks send none). Without `send_generation` spans the end of the
+earliest `infer` span is taken, which is early under chunked prefill (docs/engines.md).
+Only handler spans of `text_generation_router::server` are requests: the inner spans of the same
+names (`text_generation_router::infer`) never are. Streaming
 (generate_stream only) runs from the first token to the span end and yields to decode.
 """
 
@@ -26,6 +28,7 @@ from intake.engines._common import (
     end_of,
     int_or_none,
     is_native,
+    mark_not_request,
     mark_request,
     rust_duration_ns,
 )
@@ -36,6 +39,12 @@ HANDLERS = ("generate", "generate_stream", "completions", "chat_completions")
 STREAM_HANDLERS = ("generate_stream",)
 FIELDS = ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token")
 _NAMESPACE = "text_generation_router"
+#: The span backends/v3/src/backend.rs `filter_send_generations` opens under the entry's current `infer`
+#: span for each generation it sends to the request (huggingface/text-generation-inference @db931fcf).
+#: A request still in chunked prefill gets no generation from the shard in that iteration
+#: (server/text_generation_server/models/flash_causal_lm.py `generate_token`: generations are appended
+#: only once the request finished prefilling), so the first of these marks its first token.
+SEND_GENERATION = "send_generation"
 #: The module of the HTTP handlers (router/src/server.rs); the inner `generate` / `generate_stream`
 #: spans of text_generation_router::infer share the span names but are not requests.
 _HANDLER_NAMESPACE = "text_generation_router::server"
@@ -60,13 +69,13 @@ def _is_handler(row: Row, attrs: dict[str, str]) -> bool:
 def map_trace(trace: Trace) -> list[Row]:
     """Mark every TGI handler span of the trace and return its synthetic stage spans."""
     out: list[Row] = []
-    handlers = [r for r in trace.spans if r["SpanName"] in HANDLERS]
-    for row in handlers:
-        attrs = attrs_of(row)
-        if not _is_handler(row, attrs):
-            continue
+    # decided before any is marked (a marked span reads as native)
+    handlers = [(r, a) for r in trace.spans if r["SpanName"] in HANDLERS and _is_handler(r, a := attrs_of(r))]
+    handler_ids = {r["SpanId"] for r, _ in handlers}
+    for row, attrs in handlers:
         # completions/chat_completions call the generate path: only the outermost handler is the request
-        if any(a["SpanName"] in HANDLERS and _is_handler(a, attrs_of(a)) for a in trace.ancestors(row)):
+        if any(a["SpanId"] in handler_ids for a in trace.ancestors(row)):
+            mark_not_request(row, NAME)
             continue
         out.extend(map_request(trace, row, attrs))
     return out
@@ -88,14 +97,21 @@ def map_request(trace: Trace, row: Row, attrs: dict[str, str]) -> list[Row]:
         gen_end = gen_start + inference
         timeline.add("preprocess", start, start + validation, "validation_time")
         timeline.add("queue_wait", start + validation, gen_start, "queue_time")
-        infers = [s for s in trace.descendants(row["SpanId"]) if s["SpanName"] == "infer"]
-        if infers:
+        below = list(trace.descendants(row["SpanId"]))
+        sends = [s for s in below if s["SpanName"] == SEND_GENERATION]
+        infers = [s for s in below if s["SpanName"] == "infer"]
+        mark = f"the first `{SEND_GENERATION}` span" if sends else "the first `infer` span"
+        if sends:  # the first token left for the client when the first generation was sent
+            boundary: int | None = min(end_of(s) for s in sends)
+        elif infers:  # older exports without send_generation: early under chunked prefill (docs/engines.md)
             boundary = end_of(min(infers, key=lambda s: (s["TimestampNs"], s["SpanId"])))
-            if gen_start < boundary < gen_end:
-                first = boundary
+        else:
+            boundary = None
+        if boundary is not None and gen_start < boundary < gen_end:
+            first = boundary
         if first is not None:
-            timeline.add("prefill", gen_start, first, "inference_time, up to the end of the first `infer` span")
-            timeline.add("decode", first, gen_end, "inference_time, after the first `infer` span")
+            timeline.add("prefill", gen_start, first, f"inference_time, up to the end of {mark}")
+            timeline.add("decode", first, gen_end, f"inference_time, after {mark}")
         else:
             timeline.add("generation", gen_start, gen_end, "inference_time")
         if streaming:

@@ -141,22 +141,39 @@ class _Attrs:
         hit[self.row_of_item[np.flatnonzero(pc.equal(self.keys, key).to_numpy(zero_copy_only=False))]] = True
         return hit
 
-    def with_engine(self, unplaced: npt.NDArray[np.bool_] | None = None) -> pa.Array:
-        """Every map with (tailscope.engine, vllm) appended (and ATTR_UNMAPPED where `unplaced`)."""
+    def with_updates(self, updates: list[tuple[str, pa.Array]]) -> pa.Array:
+        """Every map with `key` set to `values[i]` in each row i where that value is not null, as
+        `dict.update` does it: a present key keeps its place, a new one is appended (in `updates` order)."""
         n, flat = self.n, len(self.keys)
-        src = np.empty(flat + n, dtype=np.int64)
-        src[np.arange(flat) + self.row_of_item] = np.arange(flat)
-        src[self.offsets[1:] + np.arange(n)] = flat + np.arange(n)
-        keys = pc.take(pa.concat_arrays([self.keys, pa.array([S.ATTR_ENGINE] * n, pa.string())]), src)
-        items = pc.take(pa.concat_arrays([self.items, pa.array([NAME] * n, pa.string())]), src)
-        offsets = pa.array(self.offsets + np.arange(n + 1), pa.int32())
-        maps = pa.MapArray.from_arrays(offsets, keys, items).cast(S.ATTRS)
-        if unplaced is None or not unplaced.any():
-            return maps
-        rows = maps.to_pylist()  # rare: vLLM with stats logging off
-        for i in np.flatnonzero(unplaced):
-            rows[i] = [*rows[i], (ATTR_UNMAPPED, UNPLACED_REASON)]
-        return pa.array(rows, S.ATTRS)
+        src = np.arange(flat, dtype=np.int64)  # where each old entry's value comes from in `pool`
+        pool: list[pa.Array] = [self.items]
+        base = flat
+        rows_new: list[npt.NDArray[np.int64]] = []
+        keys_new: list[pa.Array] = []
+        for key, values in updates:
+            values = values.cast(pa.string())
+            valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+            pos = np.flatnonzero(pc.equal(self.keys, key).to_numpy(zero_copy_only=False))
+            owner = self.row_of_item[pos]
+            hit = valid[owner]
+            src[pos[hit]] = base + owner[hit]
+            has = np.zeros(n, dtype=bool)
+            has[owner] = True
+            add = np.flatnonzero(valid & ~has)
+            src_add = base + add
+            rows_new.append(add)
+            keys_new.append(pa.array([key] * add.size, pa.string()))
+            src = np.concatenate([src, src_add])
+            pool.append(values)
+            base += n
+        rows = np.concatenate([self.row_of_item, *rows_new])
+        seq = np.concatenate([np.zeros(flat, dtype=np.int64),
+                              *(np.full(r.size, j + 1, dtype=np.int64) for j, r in enumerate(rows_new))])
+        order = np.lexsort((seq, rows))
+        keys = pc.take(pa.concat_arrays([self.keys, *keys_new]), pa.array(order))
+        items = pc.take(pa.concat_arrays(pool), pa.array(src[order]))
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+        return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, items).cast(S.ATTRS)
 
 
 def _seconds(attrs: _Attrs, key: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
@@ -278,6 +295,8 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     )
     synthetic = _stage_spans(req, pieces)
 
+    outcome = pc.if_else(pa.array(unplaced), pa.scalar(None, pa.string()), _outcomes(req, attrs))
+    ttft_text = pc.cast(pa.array(ttft, mask=~has_ttft), pa.string())
     ttft_col = np.where(has_ttft, ttft, req.column("TtftNs").to_numpy(zero_copy_only=False))
     ttft_valid = has_ttft | pc.is_valid(req.column("TtftNs")).to_numpy(zero_copy_only=False)
     updates = {
@@ -285,9 +304,17 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
         "TimestampNs": pa.array(start),
         "Duration": pa.array(end - start),
         "IsRequest": pa.array(~unplaced),
-        "Outcome": _outcomes(req, attrs),
+        "Outcome": outcome,
         "TtftNs": pa.array(np.where(ttft_valid, ttft_col, 0).astype(np.int64), mask=~ttft_valid),
-        "SpanAttributes": attrs.with_engine(unplaced),
+        # the promoted facts as attributes too (`_common.fact_attrs`), so they survive without these columns
+        "SpanAttributes": attrs.with_updates([
+            (S.ATTR_ENGINE, pa.array([NAME] * n, pa.string())),
+            (ATTR_UNMAPPED, pa.array([UNPLACED_REASON] * n, pa.string(), mask=~unplaced)),
+            (S.ATTR_REQUEST, pa.array(np.where(unplaced, "false", "true"), pa.string())),
+            (S.ATTR_OUTCOME, outcome),
+            (S.ATTR_TTFT_NS, pc.if_else(pc.equal(ttft_text, attrs.get(S.ATTR_TTFT_NS)).fill_null(False),
+                                        pa.scalar(None, pa.string()), ttft_text)),
+        ]),
     }
     for name, column in updates.items():
         req = req.set_column(req.schema.get_field_index(name), name, column)

@@ -54,6 +54,9 @@ def collect(
     token_file: Annotated[Path | None, typer.Option(
         "--token-file", help="File holding a bearer token; requests without 'Authorization: Bearer "
         "<token>' are answered 401 (gRPC: UNAUTHENTICATED).", show_default=False)] = None,
+    forward_token_file: Annotated[Path | None, typer.Option(
+        "--forward-token-file", help="File holding a bearer token sent as 'Authorization: Bearer <token>' "
+        "with every --forward request.", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
     **options: Any,
 ) -> None:
@@ -65,25 +68,24 @@ def collect(
     """
     from intake.collect.receiver import Receiver
 
-    token = None
-    if token_file is not None:
-        try:
-            token = read_token(token_file)
-        except (OSError, ValueError) as exc:
-            fail(f"--token-file: {exc}")
+    token = _token(token_file, "--token-file")
+    forward_token = _token(forward_token_file, "--forward-token-file")
     try:
         values = setting_values(COLLECT, options)
         for port in ("http_port", "grpc_port"):  # -1 on the command line turns a protocol off
             if values.get(port) is not None and values[port] < 0:
                 values[port] = None
-        config = CollectConfig(store=store_path(store), token=token, **values)
+        config = CollectConfig(store=store_path(store), token=token, forward_token=forward_token, **values)
     except ValueError as exc:
         fail(str(exc))
     warning = exposure_warning(config)
     if warning:
         sys.stderr.write(f"warning: {warning}\n")
     with errors_as_messages():
-        receiver = Receiver(config)
+        try:
+            receiver = Receiver(config)
+        except ValueError as exc:  # a --forward URL that is not one
+            fail(str(exc))
 
     def ready(r: Receiver) -> None:
         parts = []
@@ -91,7 +93,8 @@ def collect(
             parts.append(f"http={config.host}:{r.http_port}")
         if r.grpc_port is not None:
             parts.append(f"grpc={config.host}:{r.grpc_port}")
-        sys.stderr.write(f"listening {' '.join(parts)} store={config.store} "
+        forwarding = f" forward={config.forward}" if config.forward else ""
+        sys.stderr.write(f"listening {' '.join(parts)} store={config.store}{forwarding} "
                          f"(dedupe: {r.loaded_keys:,} recent keys loaded)\n")
         sys.stderr.flush()
 
@@ -105,8 +108,22 @@ def collect(
         fail(f"could not listen: {exc}")
     finally:
         stop.set()
+    forwarded = ""
+    if receiver.forwarder is not None:
+        f = receiver.forwarder
+        forwarded = f", {f.forwarded_spans:,} forwarded, {f.dropped_spans:,} not forwarded (dropped)"
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
-                     f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected\n")
+                     f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected{forwarded}\n")
+
+
+def _token(path: Path | None, option: str) -> str | None:
+    """The bearer token in the file `option` names (None without one); a bad file ends the command."""
+    if path is None:
+        return None
+    try:
+        return read_token(path)
+    except (OSError, ValueError) as exc:
+        fail(f"{option}: {exc}")
 
 
 def _materialize_settled(store: Path, stop: threading.Event) -> None:

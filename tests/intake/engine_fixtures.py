@@ -161,20 +161,27 @@ def sglang_spans() -> list[list[ReadableSpan]]:
         root.end(end_time=T0 + 310 * MS)
 
     def build_pd(tracer: trace.Tracer) -> None:
-        """Prefill/decode disaggregation: both nodes' roots under the router's span (same rid, one trace)."""
+        """Prefill/decode disaggregation: both nodes' roots under the router's span (same rid, one trace).
+
+        Each node is its own server (tokenizer and scheduler processes on its host). Thread labels as
+        sglang sets them with --disaggregation-mode (sgl-project/sglang @9c0549b7): the tokenizer's is
+        "Prefill" / "Decode" + "Tokenizer" (python/sglang/srt/entrypoints/http_server.py `lifespan`),
+        the scheduler's "Prefill Scheduler" / "Decode Scheduler" (the scheduler process entry), and the
+        thread span is named label + " [TP n] " + "(host:… | pid:…)" (observability/trace.py)."""
         T = 10_000 * MS  # noqa: N806
         router = tracer.start_span("POST /generate", kind=trace.SpanKind.CLIENT, start_time=T0 + T)
         roots = {}
         for role, pid in (("prefill", 2102), ("decode", 3003)):
             root = _child(tracer, router, f"{role} Req 77aa0c1e", T, attrs={
                 "rid": "77aa0c1e5b5b4f0a", "module": "sglang::request", "bootstrap_room": "0x2a"})
-            tok = _child(tracer, root, "Tokenizer (host:abcd1234 | pid:1001)", T,
-                         attrs={"host_id": "abcd1234ef", "pid": 1001, "thread_label": "Tokenizer"})
+            host = "eeee0000aa" if role == "prefill" else "dddd0000bb"
+            label = role.capitalize()
+            tok = _child(tracer, root, f"{label}Tokenizer (host:{host[:8]} | pid:{pid - 1})", T,
+                         attrs={"host_id": host, "pid": pid - 1, "thread_label": f"{label}Tokenizer"})
             _child(tracer, tok, "tokenize", T, T + 4 * MS)
             tok.end(end_time=T0 + T + 4 * MS)
-            host = "eeee0000aa" if role == "prefill" else "dddd0000bb"
-            sch = _child(tracer, root, f"Scheduler [TP 0] (host:{host[:8]} | pid:{pid})", T + 5 * MS,
-                         attrs={"tp_rank": 0, "host_id": host, "pid": pid, "thread_label": "Scheduler"})
+            sch = _child(tracer, root, f"{label} Scheduler [TP 0] (host:{host[:8]} | pid:{pid})", T + 5 * MS,
+                         attrs={"tp_rank": 0, "host_id": host, "pid": pid, "thread_label": f"{label} Scheduler"})
             if role == "prefill":
                 for name, a, b in (("prefill_prepare", 5, 6), ("prefill_bootstrap", 6, 15),
                                    ("prefill_waiting", 15, 25), ("prefill_forward", 25, 70),
@@ -206,8 +213,16 @@ def sglang_spans() -> list[list[ReadableSpan]]:
 # --- TGI 3.3.6-dev0: router/src/server.rs, backends/v3/src/{queue,backend}.rs ------------------
 
 
+#: What backend.rs records on `send_generation` (`generation = ?generation`), cut short.
+TGI_GENERATION = "Generation { request_id: 0, prefill_tokens: None, tokens: Some(Tokens { ids: [450], ..."
+
+
 def _tgi_handler(tracer: trace.Tracer, name: str, start: int, end: int, fields: Mapping[str, str],
-                 infers: list[tuple[int, int]], error: bool = False) -> None:
+                 infers: list[tuple[int, int]], error: bool = False,
+                 sends: Sequence[int | None] | None = None) -> None:
+    """One TGI request: handler, inner span, `validate`, `schedule` with `queued` and one `infer` span per
+    batching-loop iteration. `sends[k]` is when iteration k's `send_generation` span ends (None: that
+    iteration sent the request no generation, a chunk of its prefill); by default each one sends at its end."""
     code = {"code.namespace": "text_generation_router::server", "code.filepath": "router/src/server.rs",
             "thread.name": "tokio-runtime-worker"}
     handler = tracer.start_span(name, start_time=T0 + start, attributes=code)
@@ -218,7 +233,12 @@ def _tgi_handler(tracer: trace.Tracer, name: str, start: int, end: int, fields: 
     for k, (s0, s1) in enumerate(infers):
         if k == 0:
             _child(tracer, schedule, "queued", start + 1 * MS, s0)
-        _child(tracer, schedule, "infer", s0, s1)
+        infer = _child(tracer, schedule, "infer", s0)
+        sent = s1 if sends is None else sends[k]
+        if sent is not None:
+            _child(tracer, infer, "send_generation", sent - 10 * US, sent,
+                   {"code.namespace": "text_generation_router_v3::backend", "generation": TGI_GENERATION})
+        infer.end(end_time=T0 + s1)
     schedule.end(end_time=T0 + end - 1 * MS)
     inner.end(end_time=T0 + end - 1 * MS)
     handler.set_attributes(dict(fields))

@@ -75,8 +75,9 @@ def stored(store: Path) -> dict[str, dict[str, Any]]:
         con.close()
 
 
-def assert_roundtrip(spans: list[ReadableSpan], rows: dict[str, dict[str, Any]]) -> None:
-    """Ids, times and attributes stored byte for byte as the SDK made them."""
+def assert_roundtrip(spans: list[ReadableSpan], rows: dict[str, dict[str, Any]], peer: str = "127.0.0.1") -> None:
+    """Ids, times and attributes stored byte for byte as the SDK made them (the resource plus the
+    sending peer's address, `--record-peer` being on by default)."""
     assert len(rows) == len(spans)
     for sp in spans:
         assert sp.context is not None and sp.start_time is not None and sp.end_time is not None
@@ -87,7 +88,8 @@ def assert_roundtrip(spans: list[ReadableSpan], rows: dict[str, dict[str, Any]])
         assert row["Duration"] == sp.end_time - sp.start_time
         assert row["SpanName"] == sp.name
         assert row["SpanAttributes"] == {k: attr_str(v) for k, v in (sp.attributes or {}).items()}
-        assert row["ResourceAttributes"] == {k: attr_str(v) for k, v in sp.resource.attributes.items()}
+        assert row["ResourceAttributes"] == {**{k: attr_str(v) for k, v in sp.resource.attributes.items()},
+                                             "tailscope.peer": peer}
         assert (row["ScopeName"], row["ScopeVersion"]) == ("collect-test", "2.1")
         assert [(e["TimestampNs"], e["Name"], e["Attributes"]) for e in row["Events"]] == [
             (e.timestamp, e.name, {k: attr_str(v) for k, v in (e.attributes or {}).items()}) for e in sp.events]

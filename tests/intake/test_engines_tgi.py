@@ -4,9 +4,10 @@ Format: huggingface/text-generation-inference @db931fcf (3.3.6-dev0): router/src
 spans generate / generate_stream / completions / chat_completions with fields total_time,
 validation_time, queue_time, inference_time, time_per_token, seed recorded as
 `format!("{:?}", duration)` on success), router/src/infer/mod.rs (inner `generate_stream` span),
-backends/v3/src/queue.rs and backend.rs (per-request `queued` and `infer` spans; the first `infer`
-span covers the prefill batch). The tracing-opentelemetry layer exports the fields as string
-attributes; its scope name and extra attributes are unconfirmed (docs/engines.md).
+backends/v3/src/queue.rs and backend.rs (per-request `queued` and `infer` spans, one per
+batching-loop iteration, and under them a `send_generation` span for each generation sent).
+The tracing-opentelemetry layer exports the fields as string attributes; its scope name and extra
+attributes are unconfirmed (docs/engines.md).
 Fixture: tests/intake/fixtures/engines/tgi.otlp.jsonl.
 """
 
@@ -124,3 +125,41 @@ def test_a_stream_the_client_dropped_is_cancelled_and_a_plain_failure_an_error()
     requests_ = sorted((r for r in table.to_pylist() if r["IsRequest"]), key=lambda r: r["TimestampNs"])
     assert [(r["SpanName"], r["Outcome"]) for r in requests_] == [
         ("generate_stream", "cancelled"), ("generate", "error"), ("generate_stream", "error")]
+
+
+def test_chunked_prefill_takes_the_first_token_from_the_first_generation_sent() -> None:
+    """backend.rs: with chunked prefill the first `infer` iterations hold prefill chunks and send the
+    request no generation (flash_causal_lm.py generate_token appends one only once prefill finished);
+    the first token is the end of the first `send_generation` span, not the end of the first `infer`."""
+
+    def build(tracer: trace.Tracer) -> None:
+        # validation 1 ms, queue 11 ms, inference 288 ms from 12 ms; prefill in two chunks (12-40, 40-95 ms),
+        # the first generation sent at 95 ms, then decode iterations
+        _tgi_handler(tracer, "generate_stream", 0, 302 * MS, {
+            "total_time": "301ms", "validation_time": "1ms", "queue_time": "11ms",
+            "inference_time": "288ms", "time_per_token": "9.6ms"},
+            [(12 * MS, 40 * MS), (40 * MS, 95 * MS), (95 * MS, 180 * MS), (180 * MS, 300 * MS)],
+            sends=[None, 95 * MS, 180 * MS, 300 * MS])
+
+    table = normalize(_table([_spans({"service.name": "text-generation-inference.router"},
+                                     "text-generation-inference.router", build, 12)]))
+    [req] = [r for r in table.to_pylist() if r["IsRequest"]]
+    assert req["TtftNs"] == 95 * MS  # the end of the first `infer` span (40 ms) would be a chunk, too early
+    stages = {r["Stage"]: (r["TimestampNs"] - req["TimestampNs"], r["Duration"])
+              for r in table.to_pylist() if r["ParentSpanId"] and r["Stage"] in ("prefill", "decode")}
+    assert stages == {"prefill": (12 * MS, 83 * MS), "decode": (95 * MS, 205 * MS)}
+
+
+def test_without_send_generation_spans_the_first_infer_end_is_taken() -> None:
+    """Exports that hold `infer` spans but no `send_generation` keep the earlier rule (documented as early)."""
+
+    def build(tracer: trace.Tracer) -> None:
+        _tgi_handler(tracer, "generate_stream", 0, 302 * MS, {
+            "total_time": "301ms", "validation_time": "1ms", "queue_time": "11ms",
+            "inference_time": "288ms", "time_per_token": "9.6ms"},
+            [(12 * MS, 40 * MS), (40 * MS, 95 * MS)], sends=[None, None])
+
+    table = normalize(_table([_spans({"service.name": "text-generation-inference.router"},
+                                     "text-generation-inference.router", build, 13)]))
+    [req] = [r for r in table.to_pylist() if r["IsRequest"]]
+    assert req["TtftNs"] == 40 * MS

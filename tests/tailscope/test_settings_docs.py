@@ -91,7 +91,7 @@ def test_collect_options_are_generated_from_the_table() -> None:
     assert [s.name for s in with_option] == [n for n in options if n in COLLECT.defaults()]
     for s in with_option:
         param = options[s.name]
-        assert param.opts == [s.option]
+        assert "/".join([*param.opts, *param.secondary_opts]) == s.option  # "--flag/--no-flag" for a switch
         assert param.default == (s.default // s.option_scale if s.option_scale != 1 else s.default)
         assert param.help == s.help + (f" In {s.option_unit}." if s.option_unit else "")
     assert {"store", "token_file", "quiet"} <= set(options)
