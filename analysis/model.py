@@ -116,6 +116,22 @@ def adjusted_count_sql(d: Dialect, trace_state: str = "TraceState", attrs: str =
     2^56 / (2^56 - th); a malformed one gives 1; without one, the first non-empty SAMPLE_RATE_KEYS
     attribute when it is a decimal >= 1 (else 1); else 1.
     """
+    p = _sampling_parts(d, trace_state, attrs)
+    return f"(CASE WHEN {p['has_th']} THEN {p['from_th']} ELSE {p['from_rate']} END)"
+
+
+def sampling_record_sql(d: Dialect, trace_state: str = "TraceState", attrs: str = "SpanAttributes"
+                        ) -> tuple[str, str]:
+    """SQL of two span conditions: it records a sampling probability (an `ot=th`, else a SAMPLE_RATE_KEYS
+    attribute), and that record does not read (`tracing.rows.sampling_of`'s `malformed`)."""
+    p = _sampling_parts(d, trace_state, attrs)
+    recorded = f"({p['has_th']} OR {p['rate']} IS NOT NULL)"
+    malformed = (f"(CASE WHEN {p['has_th']} THEN NOT {p['th_ok']} "
+                 f"WHEN {p['rate']} IS NOT NULL THEN NOT {p['rate_ok']} ELSE false END)")
+    return recorded, malformed
+
+
+def _sampling_parts(d: Dialect, trace_state: str, attrs: str) -> dict[str, str]:
     hex56, matches, extract, to_double = _SAMPLING_SPELLINGS[d.name]
     ws = " \\t"  # a regex class: space and tab
     ot = extract(trace_state, f"(?:^|,)[{ws}]*ot=([^,]*?)[{ws}]*(?:,|$)")
@@ -124,13 +140,15 @@ def adjusted_count_sql(d: Dialect, trace_state: str = "TraceState", attrs: str =
     th = extract(ot, "(?:^|;)th:([^;]*)")
     two56 = str(1 << S.THRESHOLD_BITS)
     digits = S.THRESHOLD_DIGITS
-    from_th = (f"CASE WHEN {matches(th, f'^[0-9a-f]{{1,{digits}}}$')} THEN CAST({two56} AS DOUBLE) / "
+    th_ok = matches(th, f"^[0-9a-f]{{1,{digits}}}$")
+    from_th = (f"CASE WHEN {th_ok} THEN CAST({two56} AS DOUBLE) / "
                f"CAST({two56} - {hex56(f'rpad({th}, {digits}, {quote(chr(48))})')} AS DOUBLE) ELSE 1.0 END")
     rate = "coalesce(" + ", ".join(f"nullif({attrs}[{quote(k)}], '')" for k in S.SAMPLE_RATE_KEYS) + ")"
     rate_value = to_double(rate)
-    from_rate = (f"CASE WHEN {rate} IS NOT NULL AND {matches(rate, '^[0-9]{1,18}([.][0-9]{1,18})?$')} "
-                 f"AND {rate_value} >= 1 THEN {rate_value} ELSE 1.0 END")
-    return f"(CASE WHEN {has_th} THEN {from_th} ELSE {from_rate} END)"
+    rate_ok = f"({matches(rate, '^[0-9]{1,18}([.][0-9]{1,18})?$')} AND {rate_value} >= 1)"
+    from_rate = f"CASE WHEN {rate} IS NOT NULL AND {rate_ok} THEN {rate_value} ELSE 1.0 END"
+    return {"has_th": has_th, "th_ok": th_ok, "from_th": from_th, "rate": rate, "rate_ok": rate_ok,
+            "from_rate": from_rate}
 
 
 def stored_adjusted_count(d: Dialect, table: str = "") -> str:
