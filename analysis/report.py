@@ -170,7 +170,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         report["baseline_effective"] = _effective(weights, base_rows)
     if weights is not None or sampling_policy != "auto":
         try:
-            _judge_sampling(con, facts, frame, values, weights, det, report, sampling_policy)
+            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
         except Exception as exc:
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
@@ -195,7 +195,7 @@ def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, 
 
 
 def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
-                    weights: np.ndarray | None, det: Detection, report: dict[str, Any], policy: str) -> None:
+                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
     """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     w = np.ones(values.size) if weights is None else weights
     rids = frame.get_column("rid").to_numpy()
@@ -204,7 +204,7 @@ def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
         values.size, dtype=bool)
     view = SM.judge(values, w, failed, recorded, malformed, policy)
     report["sampling"] = view.to_json()
-    note = view.warning(det.baseline_p50_ns, det.baseline_p99_ns)
+    note = view.warning()
     if note:
         report["warnings"].append(note)
 

@@ -11,10 +11,15 @@ some requests carry a recorded probability and others none: with head sampling w
 request carries a record does not depend on its latency or outcome, so a record-less share that
 is much higher among slow requests (beyond the weighted p90) or failures than among the rest is
 evidence of a policy that kept them for being slow or failing (`TAIL_RATIO` and a Chernoff bound
-at `TAIL_ALPHA`). The recorded requests alone are then a probability sample of the whole, and
-their weighted percentiles the unbiased estimate: the difference is the bias reported. When
-nothing is recorded a tail sampler leaves no trace in the data; `policy="tail"` (declared by
-the user, `--sampling-policy tail`) says so and the magnitude is unknown.
+at `TAIL_ALPHA`). What the truth is then depends on what that policy kept, which nothing records:
+when a head sampler recorded its probability on every request and the tail policy added the
+slow ones it had left out, the recorded requests alone are a probability sample of the whole
+and their weighted percentiles are right, while everything kept counts the slow ones twice;
+when the tail policy kept every slow request and the head only the rest, everything kept is
+right and the recorded ones alone are too fast. The report gives both (`unbiased_*` is the
+recorded-only estimate) and calls their distance the bias: "off by up to". When nothing is
+recorded a tail sampler leaves no trace in the data; `policy="tail"` (declared by the user,
+`--sampling-policy tail`) says so and the magnitude is unknown.
 """
 
 from __future__ import annotations
@@ -58,19 +63,21 @@ class SamplingView:
     malformed: int = 0
     tail_based: bool = False
     evidence: str | None = None
+    p50_ns: float = math.nan
+    p99_ns: float = math.nan
     unbiased_p50_ns: float = math.nan
     unbiased_p99_ns: float = math.nan
     bias: dict[str, float | None] = field(default_factory=dict)
 
-    def warning(self, p50_ns: float, p99_ns: float) -> str | None:
+    def warning(self) -> str | None:
         """The sentence a reader must see before any percentile, or None."""
         if not self.tail_based:
             return None
         head = f"percentiles are biased: tail-based sampling ({self.evidence})"
-        if math.isfinite(self.unbiased_p99_ns) and math.isfinite(p99_ns):
+        if math.isfinite(self.unbiased_p99_ns) and math.isfinite(self.p99_ns):
             return (f"{head}; against the {self.recorded:,} requests with a recorded sampling probability, "
-                    f"p50 is off by {_pct(p50_ns, self.unbiased_p50_ns)} and p99 by "
-                    f"{_pct(p99_ns, self.unbiased_p99_ns)} (recorded-only estimate: p50 "
+                    f"p50 may be off by up to {_pct(self.p50_ns, self.unbiased_p50_ns)} and p99 by up to "
+                    f"{_pct(self.p99_ns, self.unbiased_p99_ns)} (recorded-only estimate: p50 "
                     f"{self.unbiased_p50_ns / 1e6:,.1f} ms, p99 {self.unbiased_p99_ns / 1e6:,.1f} ms)")
         return f"{head}; no request records its sampling probability, so by how much is unknown"
 
@@ -78,6 +85,7 @@ class SamplingView:
         """The report's `sampling` object."""
         return {"policy": self.policy, "recorded": self.recorded, "unrecorded": self.unrecorded,
                 "malformed": self.malformed, "tail_based": self.tail_based, "evidence": self.evidence,
+                "p50_ms": _ms(self.p50_ns), "p99_ms": _ms(self.p99_ns),
                 "unbiased_p50_ms": _ms(self.unbiased_p50_ns), "unbiased_p99_ms": _ms(self.unbiased_p99_ns),
                 "bias": self.bias}
 
@@ -125,13 +133,14 @@ def judge(values: F64, weights: F64, failed: Mask, recorded: Mask, malformed: Ma
                 view.evidence = (f"requests without a recorded probability are {ev[0]:.0%} of the "
                                  f"{'slowest 10 %' if name == 'latency' else 'failures'} but {ev[1]:.0%} of the rest")
                 break
+    if values.size:
+        view.p50_ns, view.p99_ns = _wq(values, weights, 0.5), _wq(values, weights, 0.99)
     if view.tail_based and view.recorded:
         v, w = values[recorded], weights[recorded]
         view.unbiased_p50_ns, view.unbiased_p99_ns = _wq(v, w, 0.5), _wq(v, w, 0.99)
-        p50, p99 = _wq(values, weights, 0.5), _wq(values, weights, 0.99)
-        view.bias = {"p50": round((p50 - view.unbiased_p50_ns) / view.unbiased_p50_ns, 4)
+        view.bias = {"p50": round((view.p50_ns - view.unbiased_p50_ns) / view.unbiased_p50_ns, 4)
                      if view.unbiased_p50_ns else None,
-                     "p99": round((p99 - view.unbiased_p99_ns) / view.unbiased_p99_ns, 4)
+                     "p99": round((view.p99_ns - view.unbiased_p99_ns) / view.unbiased_p99_ns, 4)
                      if view.unbiased_p99_ns else None}
     return view
 

@@ -61,13 +61,14 @@ def consistent_sample(spans: pa.Table, keep_p: Callable[[dict[str, Any]], float]
     return promote(base_of(kept))
 
 
-def tail_sample(spans: pa.Table, slow_ns: int, rest_p: float) -> pa.Table:
-    """A tail-based sampler: every failed request and every one slower than `slow_ns`, kept with nothing recorded;
-    the rest by consistent sampling at `rest_p`, recorded."""
+def tail_sample(spans: pa.Table, slow_ns: int, head_p: float) -> pa.Table:
+    """A head sampler recording `ot=th` keeps `head_p` of every request; a tail-based sampler beside it adds every
+    failed request and every one slower than `slow_ns` the head left out, with nothing recorded."""
     reqs = requests_of(spans)
-    tail = {r["TraceId"] for r in reqs if r["Outcome"] != "ok" or r["Duration"] > slow_ns}
-    t = threshold(rest_p)
-    head = {r["TraceId"] for r in reqs if r["TraceId"] not in tail and randomness(r["TraceId"]) >= t}
+    t = threshold(head_p)
+    head = {r["TraceId"] for r in reqs if randomness(r["TraceId"]) >= t}
+    tail = {r["TraceId"] for r in reqs
+            if r["TraceId"] not in head and (r["Outcome"] != "ok" or r["Duration"] > slow_ns)}
     kept = spans.filter(pc.is_in(spans.column("TraceId"), pa.array(sorted(tail | head), pa.string())))
     states = pa.array(["" if tid in tail else f"ot=th:{th_text(t)}" for tid in kept.column("TraceId").to_pylist()],
                       pa.string())

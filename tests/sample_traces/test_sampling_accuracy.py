@@ -3,14 +3,15 @@ sampled by the rules real samplers follow (OpenTelemetry consistent probability 
 recorded as `ot=th`) and the weighted analysis of the copy is checked against the analysis of the whole.
 
 - Counts, p50 and p99 per window and per tenant: the whole's value must lie within the copy's 99 %
-  interval (the bootstrap of `analysis.sampling.quantile_interval` for percentiles; for counts the
-  normal interval of the sampling design itself, variance sum (1 - p) / p over the whole's requests,
-  which the test knows: an interval estimated from the copy is empty when it kept no error at all), wherever the copy's figure is not flagged low-sample. A 99 % interval misses 1 %
-  of the time when calibrated; the bootstrap of a quantile from a few hundred values is known to run a
-  little narrow, so at most MAX_MISS_SHARE of the checks may miss. The same checks on the copy read
-  *without* weights must fail (the premise: sampling moved the answers).
+  interval wherever the copy's figure is not flagged low-sample: the bootstrap of
+  `analysis.sampling.quantile_interval` for percentiles; for counts the normal interval of the
+  sampling design itself, variance sum (1 - p) / p over the whole's requests, which the test knows
+  (an interval estimated from the copy is empty when it kept no error at all). A 99 % interval
+  misses 1 % of the time when calibrated; the bootstrap of a quantile from a few hundred values is
+  known to run a little narrow, so at most MAX_MISS_SHARE of the checks may miss. The same checks
+  on the copy read *without* weights must fail (the premise: sampling moved the answers).
 - Every catalogue incident is still found at 25 % uniform sampling (the accuracy suite's rules).
-- A tail-sampled copy (every slow or failed request kept, nothing recorded) is flagged, with its bias.
+- A tail-sampled copy (slow or failed requests added with nothing recorded) is flagged, with its bias.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from analysis.percentiles import percentile_series
 from analysis.report import build_report
 from analysis.sampling import quantile_interval
 from intake.ingest import ingest_files
+from intake.otlp import base_of, promote
 from sample_traces import generate
 from sample_traces.incidents import CATALOGUE
 from tests.sample_traces import sampled_copy as C
@@ -121,3 +123,89 @@ def test_weighted_counts_and_percentiles_match_the_whole(policy: str, whole: tup
     assert len(misses) <= MAX_MISS_SHARE * made, f"{policy}: {len(misses)} of {made} missed: {misses}"
     made_plain, misses_plain = _checks(store, copy, False, POLICIES[policy])  # the premise: unweighted, it is wrong
     assert len(misses_plain) > MAX_MISS_SHARE * made_plain, f"{policy}: unweighted copy passed too"
+
+
+INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
+
+
+@pytest.mark.parametrize("name", INCIDENTS)
+def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
+    whole_store = tmp_path / "whole"
+    ingest_files([generate.traces_path(generate.INCIDENTS_DIR, name)], whole_store)
+    copy = C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(whole_store), lambda r: 0.25))
+    con = connect(copy)
+    report, t = build_report(con), truth(name)
+    con.close()
+    assert report["sampled"] and report["warnings"] == [], report["warnings"]
+    assert report["spikes"], f"{name}: {_summary(report)}; truth {t['window']}"
+    spike = report["spikes"][0]
+    assert _overlaps(spike, t["window"]) and _bounds_hold(spike, t["window"], report["window_s"]), \
+        f"{name}: {_summary(report)}; truth {t['window']}"
+    assert spike["stages"][0]["stage"] == t["stage"], f"{name}: {_summary(report)}"
+    assert spike["dimensions"] and _accepted(spike["dimensions"][0], t["accept"]), \
+        f"{name}: {_summary(report)}; truth accepts {t['accept']}"
+
+
+def _p(spans: pa.Table, q: float) -> int:
+    return int(np.quantile([r["Duration"] for r in C.requests_of(spans)], q))
+
+
+def test_a_tail_sampled_copy_is_flagged_with_its_bias(whole: tuple[Path, pa.Table], tmp_path: Path) -> None:
+    _, spans = whole
+    copy = C.write_store(tmp_path / "tail", C.tail_sample(spans, slow_ns=_p(spans, 0.9), head_p=0.1))
+    con = connect(copy)
+    report = build_report(con)
+    con.close()
+    sampling = report["sampling"]
+    assert report["sampled"] and sampling["tail_based"], sampling
+    assert sampling["evidence"].startswith("requests without a recorded probability"), sampling
+    assert report["warnings"] and report["warnings"][0].startswith("percentiles are biased"), report["warnings"]
+    # everything kept counts the slow ones twice: pulled up; the recorded-only estimate is the head sample's,
+    # whose p50 / p99 hold the whole's within their 99 % bootstrap intervals
+    durations = np.sort(np.array([r["Duration"] for r in C.requests_of(spans)], dtype=np.float64))
+    whole_p50, whole_p99 = (float(np.quantile(durations, q)) / 1e6 for q in (0.5, 0.99))
+    assert sampling["p50_ms"] > whole_p50 and sampling["p99_ms"] > whole_p99, (sampling, whole_p50, whole_p99)
+    assert sampling["bias"]["p50"] > 0 and sampling["bias"]["p99"] > 0, sampling
+    con = connect(copy)
+    head = [r for r in C.facts(con) if r["adjusted_count"] != 1.0]
+    con.close()
+    v = np.sort(np.array([r["e2e_ns"] for r in head], dtype=np.float64))
+    for q, whole_q, key in ((0.5, whole_p50, "unbiased_p50_ms"), (0.99, whole_p99, "unbiased_p99_ms")):
+        lo, hi = quantile_interval(v, np.full(v.size, 10.0), q)
+        assert lo / 1e6 <= whole_q <= hi / 1e6 and lo / 1e6 <= sampling[key] <= hi / 1e6, (q, lo, hi, sampling)
+
+
+def test_head_sampling_is_not_flagged_and_a_declared_tail_policy_is(whole: tuple[Path, pa.Table],
+                                                                     tmp_path: Path) -> None:
+    _, spans = whole
+    head = C.write_store(tmp_path / "head", C.consistent_sample(spans, POLICIES["errors_all_ok_20"]))
+    con = connect(head)
+    report = build_report(con)
+    assert (report["sampling"]["tail_based"], report["warnings"]) == (False, []), report["sampling"]
+    assert report["sampling"]["unrecorded"] == 0
+    declared = build_report(con, sampling_policy="tail")
+    con.close()
+    assert declared["sampling"]["tail_based"] and declared["sampling"]["evidence"] == "declared"
+    # records dropped at random (not for latency or outcome): record-less requests, but no tail evidence
+    kept = C.consistent_sample(spans, lambda r: 0.5)
+    ids = kept.column("TraceId").to_pylist()
+    states = pa.array(["" if C.randomness(t) % 2 else s for t, s in zip(ids, kept.column("TraceState").to_pylist(),
+                                                                       strict=True)], pa.string())
+    mixed = promote(base_of(kept.set_column(kept.schema.get_field_index("TraceState"), "TraceState", states)))
+    con = connect(C.write_store(tmp_path / "mixed", mixed))
+    report = build_report(con)
+    con.close()
+    assert report["sampling"]["unrecorded"] > 0 and not report["sampling"]["tail_based"], report["sampling"]
+
+
+def test_a_tail_sampled_copy_with_nothing_recorded_needs_the_declared_policy(whole: tuple[Path, pa.Table],
+                                                                              tmp_path: Path) -> None:
+    _, spans = whole
+    tail = C.tail_sample(spans, slow_ns=_p(spans, 0.9), head_p=0.1)
+    states = pa.array([""] * tail.num_rows, pa.string())
+    bare = promote(base_of(tail.set_column(tail.schema.get_field_index("TraceState"), "TraceState", states)))
+    con = connect(C.write_store(tmp_path / "bare", bare))
+    assert build_report(con)["sampling"] is None  # unsampled to the eye: the data cannot show it
+    report = build_report(con, sampling_policy="tail")
+    con.close()
+    assert report["sampling"]["tail_based"] and "unknown" in report["warnings"][0], report["warnings"]
