@@ -16,7 +16,6 @@ recorded as `ot=th`) and the weighted analysis of the copy is checked against th
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,8 @@ from analysis.sampling import quantile_interval
 from intake.ingest import ingest_files
 from intake.otlp import base_of, promote
 from sample_traces import generate
-from sample_traces.incidents import CATALOGUE
+from sample_traces.emit import write_otlp
+from sample_traces.incidents import CATALOGUE, run
 from tests.sample_traces import sampled_copy as C
 from tests.sample_traces.test_accuracy import _accepted, _bounds_hold, _overlaps, _summary
 
@@ -135,8 +135,9 @@ QUARTER_RUN_S = 2500.0
 
 @pytest.mark.parametrize("name", INCIDENTS)
 def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
-    traces, truth_file = generate.generate_incident(name, tmp_path, duration_s=QUARTER_RUN_S)
-    t = json.loads(truth_file.read_text())
+    scenario = run(name, generate.SEED, QUARTER_RUN_S, generate.RATE)
+    t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
+    traces = write_otlp(tmp_path / "traces.otlp.jsonl.gz", scenario.config, scenario.requests, generate.SEED)
     ingest_files([traces], tmp_path / "whole")
     copy = C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(tmp_path / "whole"), lambda r: 0.25))
     con = connect(copy)
