@@ -133,7 +133,14 @@ INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
 QUARTER_RUN_S = 2500.0
 
 
-@pytest.mark.parametrize("name", INCIDENTS)
+#: Known miss: the cold start slows the ~60 requests routed to the new replica in its 90 s (a quarter of them
+#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32; on the quarter copy it
+#: stretches the spike to 14:10-14:25 and ranks an output-token bucket above replica-32 (second).
+QUARTER_MISSES = {"cold_start": "too few of the cold start's requests survive a quarter sampling to pin it down"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=QUARTER_MISSES[n]))
+                                  if n in QUARTER_MISSES else n for n in INCIDENTS])
 def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
     scenario = run(name, generate.SEED, QUARTER_RUN_S, generate.RATE)
     t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
