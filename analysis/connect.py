@@ -47,6 +47,8 @@ def _duck_type(typ: pa.DataType) -> str:
         return "BOOLEAN"
     if pa.types.is_integer(typ):
         return "BIGINT"
+    if pa.types.is_floating(typ):
+        return "DOUBLE"
     return "VARCHAR"
 
 

@@ -18,6 +18,11 @@ how much of the excess disappears without each, and example traces to open.
   Dimensions are ranked by explained (rounded to 0.01), a pair needing PAIR_MARGIN more than
   a single to rank above it (a pair is a subset of its parts: it earns its place only by
   explaining clearly more), then single before pair, then score.
+
+Sampled traces: given each row's adjusted count (`weights`), tail slices hold the slowest
+(1 - q) of the weight, shares and stage means are weighted, the p-value reads the effective
+counts (Kish), and counterfactual percentiles are weighted quantiles. Support stays a count of
+kept requests: it is the evidence there is. Without weights nothing changes.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import polars as pl
 import pyarrow as pa
 
 from analysis import model as M
-from analysis.percentiles import MIN_TAIL
+from analysis.percentiles import MIN_TAIL, effective_count, weighted_quantile_sorted
 from analysis.spikes import quantile_sorted
 from analysis.views import LIVE_HOUR_MACRO, VIEW_SQL
 from tracing import schema as S
@@ -163,9 +168,18 @@ class Candidate:
     explained: float = math.nan
 
 
-def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -> tuple[list[Candidate], int]:
-    """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested)."""
+def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
+             weights: F64 | None = None) -> tuple[list[Candidate], int]:
+    """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested).
+
+    With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
+    effective counts; support (`tail_count`) stays the kept requests."""
     n_t, n_b = tail.size, base.size
+    w_t = None if weights is None else weights[tail]
+    w_b = None if weights is None else weights[base]
+    if w_t is not None and w_b is not None:
+        sum_t, sum_b = float(w_t.sum()), float(w_b.sum())
+        eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
     codes_t = [np.where(c.codes[tail] < 0, k - 1, c.codes[tail]) for c, k in zip(coded, slots, strict=True)]
@@ -185,6 +199,9 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
         key_b = codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]]
         tc = np.bincount(key_t, minlength=cells)
         bc = np.bincount(key_b, minlength=cells)
+        if w_t is not None and w_b is not None:
+            twc = np.bincount(key_t, weights=w_t, minlength=cells)
+            bwc = np.bincount(key_b, weights=w_b, minlength=cells)
         for cell in np.flatnonzero(tc):
             codes = _unkey(int(cell), sizes)
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
@@ -195,10 +212,16 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True) -
                 singles[(combo[0], codes[0])] = (t, b)
             elif any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
                 continue  # the pair is the same set as one of its parts
-            t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
+            if w_t is None:
+                t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
+            else:
+                t_share, b_share = float(twc[cell]) / sum_t, (float(bwc[cell]) / sum_b if n_b else 0.0)
             if t < MIN_SUPPORT or t_share < MIN_SHARE or t_share <= b_share:
                 continue
-            p = binomial_tail_bound(t, n_t, (b + 1) / (n_b + 2))
+            if w_t is None:
+                p = binomial_tail_bound(t, n_t, (b + 1) / (n_b + 2))
+            else:  # the weighted shares on the effective sample sizes
+                p = binomial_tail_bound(round(t_share * eff_t), round(eff_t), (b_share * n_b + 1) / (n_b + 2))
             found.append(Candidate(combo, codes, t, b, t_share, b_share, t_share - b_share, p))
     level = ALPHA / max(tested, 1)
     return [c for c in found if c.p_value <= level], tested
@@ -258,8 +281,12 @@ class TailQuantile:
 
 
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                   base_q: TailQuantile) -> None:
-    """Fill p99 without / explained for each candidate, removing it from spike and baseline alike."""
+                   base_q: TailQuantile, weights: F64 | None = None) -> None:
+    """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
+    (weighted quantiles when `weights` are given)."""
+    if weights is not None:
+        _weighted_counterfactual(coded, cands, values, spike, base, weights)
+        return
     spike_p99 = quantile_sorted(np.sort(values[spike]), TAIL_Q)
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
@@ -274,6 +301,30 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
             b_wo = quantile_sorted(np.sort(values[base][mask]), TAIL_Q) if mask.any() else math.nan
+        cand.p99_without_ns = s_wo
+        cand.baseline_p99_without_ns = b_wo
+        if excess > 0 and math.isfinite(b_wo):
+            cand.explained = 1.0 - (s_wo - b_wo) / excess
+
+
+def weighted_q(values: F64, weights: F64 | None, rows: I64, q: float = TAIL_Q) -> float:
+    """The (weighted) quantile q of the values of `rows`; nan when there are none."""
+    if weights is None:
+        return quantile_sorted(np.sort(values[rows]), q)
+    order = np.argsort(values[rows], kind="stable")
+    return weighted_quantile_sorted(values[rows][order], weights[rows][order], q)
+
+
+def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
+                             weights: F64) -> None:
+    excess = weighted_q(values, weights, spike) - weighted_q(values, weights, base)
+    for cand in cands:
+        keep = ~candidate_mask(coded, cand, spike)
+        if effective_count(weights[spike][keep]) * (1 - TAIL_Q) < MIN_TAIL / 5:
+            continue
+        s_wo = weighted_q(values, weights, spike[keep])
+        rest = base[~candidate_mask(coded, cand, base)]
+        b_wo = weighted_q(values, weights, rest) if rest.size else math.nan
         cand.p99_without_ns = s_wo
         cand.baseline_p99_without_ns = b_wo
         if excess > 0 and math.isfinite(b_wo):
@@ -343,6 +394,8 @@ def _duck_type(typ: pa.DataType) -> str:
         return "BOOLEAN"
     if pa.types.is_integer(typ):
         return "BIGINT"
+    if pa.types.is_floating(typ):
+        return "DOUBLE"
     return "VARCHAR"
 
 
@@ -383,13 +436,27 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
     return con.sql(f"{sql} UNION ALL {stored}", params=params).pl()
 
 
+def _mean(frame: pl.DataFrame, col: str) -> float:
+    """Mean of a column, weighted by the frame's `weight` column when it has one (0 when empty)."""
+    if not frame.height:
+        return 0.0
+    if "weight" not in frame.columns:
+        return float(frame.get_column(col).mean() or 0.0)  # type: ignore[arg-type]
+    x = frame.get_column(col).cast(pl.Float64).to_numpy()
+    w = frame.get_column("weight").to_numpy()
+    ok = ~np.isnan(x)
+    return float((x[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else 0.0
+
+
 def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) -> list[dict[str, Any]]:
-    """Each stage's mean critical-path time (ms) in both slices and its share of the positive growth."""
+    """Each stage's mean critical-path time (ms) in both slices and its share of the positive growth.
+
+    A `weight` column (adjusted counts) makes the means weighted."""
     rows: list[dict[str, Any]] = []
     for stage in stages:
         col = f"{stage}_ns"
-        t = float(tail.get_column(col).mean() or 0.0) if tail.height else 0.0  # type: ignore[arg-type]
-        b = float(base.get_column(col).mean() or 0.0) if base.height else 0.0  # type: ignore[arg-type]
+        t = _mean(tail, col)
+        b = _mean(base, col)
         if t == 0 and b == 0:
             continue
         rows.append({"stage": stage, "tail_ms": t / 1e6, "baseline_ms": b / 1e6, "growth": t - b})
@@ -403,10 +470,16 @@ def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) 
     return out
 
 
-def tail_slice(values: F64, rows: I64, q: float = TAIL_Q) -> I64:
-    """Rows of the slowest (1 - q) share of `rows` (at least MIN_TAIL_SLICE of them, if there are)."""
+def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = None) -> I64:
+    """Rows of the slowest (1 - q) share of `rows` (at least MIN_TAIL_SLICE of them, if there are); with
+    `weights`, the slowest rows holding (1 - q) of the weight."""
     if rows.size == 0:
         return rows
+    if weights is not None:
+        order = rows[np.argsort(-values[rows], kind="stable")]
+        cum = np.cumsum(weights[order])
+        k = int(np.searchsorted(cum, (1 - q) * float(cum[-1]), side="left")) + 1
+        return order[:min(rows.size, max(MIN_TAIL_SLICE, k))]
     k = min(rows.size, max(MIN_TAIL_SLICE, math.ceil((1 - q) * rows.size)))
     if k == rows.size:
         return rows

@@ -27,11 +27,12 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",
     "service", "model", "model_version", "tenant", "input_tokens", "output_tokens", "streaming", "ttft_ns",
     "tpot_ns", *(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS), "span_name", "client_e2e_ns", "client_network_ns",
+    "adjusted_count",
 )
 #: Request-level columns (no critical-path stage columns): what the report's request facts hold.
 FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service",
                                  "model", "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns",
-                                 "tpot_ns")
+                                 "tpot_ns", "adjusted_count")
 #: Stage columns of `requests` (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Stages whose span's replica is the request's replica (the replica that generated).
@@ -88,6 +89,77 @@ DUCKDB = Dialect(
 )
 
 
+#: Span columns added after stores were written: (column, DuckDB type, the value an older segment reads as).
+LATER_COLUMNS: tuple[tuple[str, str, str], ...] = (("AdjustedCount", "DOUBLE", "1.0"),)
+
+#: Per dialect: a 56-bit threshold from 14 lowercase hex digits; a regex match; the first capture group;
+#: a double read off text (NULL when it does not read).
+_SAMPLING_SPELLINGS: dict[str, tuple[Callable[[str], str], Callable[[str, str], str], Callable[[str, str], str],
+                                     Callable[[str], str]]] = {
+    "duckdb": (lambda hx: f"TRY_CAST('0x' || {hx} AS BIGINT)",
+               lambda x, rx: f"regexp_matches({x}, {quote(rx)})",
+               lambda x, rx: f"regexp_extract({x}, {quote(rx)}, 1)",
+               lambda x: f"TRY_CAST({x} AS DOUBLE)"),
+    "clickhouse": (lambda hx: f"toInt64(reinterpretAsUInt64(reverse(unhex(concat('00', {hx})))))",
+                   lambda x, rx: f"match({x}, {quote(rx)})",
+                   lambda x, rx: f"extract({x}, {quote(rx)})",
+                   lambda x: f"toFloat64OrNull({x})"),
+}
+
+
+def adjusted_count_sql(d: Dialect, trace_state: str = "TraceState", attrs: str = "SpanAttributes") -> str:
+    """SQL of tracing.rows.adjusted_count_of over a span's TraceState and attribute map (docs/convention.md#sampling).
+
+    The stored `AdjustedCount` column is this rule applied at intake; an engine without that column
+    (ClickHouse over the Collector's own table) derives it here. Same order and result bit for bit:
+    the first `ot` member's `th` (1-14 lowercase hex digits, right-padded to 14) gives
+    2^56 / (2^56 - th); a malformed one gives 1; without one, the first non-empty SAMPLE_RATE_KEYS
+    attribute when it is a decimal >= 1 (else 1); else 1.
+    """
+    p = _sampling_parts(d, trace_state, attrs)
+    return f"(CASE WHEN {p['has_th']} THEN {p['from_th']} ELSE {p['from_rate']} END)"
+
+
+def sampling_record_sql(d: Dialect, trace_state: str = "TraceState", attrs: str = "SpanAttributes"
+                        ) -> tuple[str, str]:
+    """SQL of two span conditions: it records a sampling probability (an `ot=th`, else a SAMPLE_RATE_KEYS
+    attribute), and that record does not read (`tracing.rows.sampling_of`'s `malformed`)."""
+    p = _sampling_parts(d, trace_state, attrs)
+    recorded = f"({p['has_th']} OR {p['rate']} IS NOT NULL)"
+    malformed = (f"(CASE WHEN {p['has_th']} THEN NOT {p['th_ok']} "
+                 f"WHEN {p['rate']} IS NOT NULL THEN NOT {p['rate_ok']} ELSE false END)")
+    return recorded, malformed
+
+
+def _sampling_parts(d: Dialect, trace_state: str, attrs: str) -> dict[str, str]:
+    hex56, matches, extract, to_double = _SAMPLING_SPELLINGS[d.name]
+    ws = " \\t"  # a regex class: space and tab
+    ot = extract(trace_state, f"(?:^|,)[{ws}]*ot=([^,]*?)[{ws}]*(?:,|$)")
+    has_ot = matches(trace_state, f"(?:^|,)[{ws}]*ot=")
+    has_th = f"({has_ot} AND {matches(ot, '(?:^|;)th:')})"
+    th = extract(ot, "(?:^|;)th:([^;]*)")
+    two56 = str(1 << S.THRESHOLD_BITS)
+    digits = S.THRESHOLD_DIGITS
+    th_ok = matches(th, f"^[0-9a-f]{{1,{digits}}}$")
+    from_th = (f"CASE WHEN {th_ok} THEN CAST({two56} AS DOUBLE) / "
+               f"CAST({two56} - {hex56(f'rpad({th}, {digits}, {quote(chr(48))})')} AS DOUBLE) ELSE 1.0 END")
+    rate = "coalesce(" + ", ".join(f"nullif({attrs}[{quote(k)}], '')" for k in S.SAMPLE_RATE_KEYS) + ")"
+    rate_value = to_double(rate)
+    rate_ok = f"({matches(rate, '^[0-9]{1,18}([.][0-9]{1,18})?$')} AND {rate_value} >= 1)"
+    from_rate = f"CASE WHEN {rate} IS NOT NULL AND {rate_ok} THEN {rate_value} ELSE 1.0 END"
+    return {"has_th": has_th, "th_ok": th_ok, "from_th": from_th, "rate": rate, "rate_ok": rate_ok,
+            "from_rate": from_rate}
+
+
+def stored_adjusted_count(d: Dialect, table: str = "") -> str:
+    """The span's adjusted count: the promoted column where the engine stores it (an older segment reads 1),
+    else `adjusted_count_sql` over its TraceState and attributes."""
+    pre = f"{table}." if table else ""
+    if d.name == "duckdb":
+        return f"coalesce({pre}AdjustedCount, 1.0)"
+    return adjusted_count_sql(d, f"{pre}TraceState", f"{pre}SpanAttributes")
+
+
 def _sweep(d: Dialect, part: str) -> str:
     """x1: end of a span's critical stretch [s0, x1) among the rows of its partition (same kind)."""
     frame = (f"OVER (PARTITION BY {part} ORDER BY e0 DESC, s0 DESC, SpanId "
@@ -114,6 +186,7 @@ def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", 
         "req0": (True, f"""
 SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
        InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
+       {stored_adjusted_count(d)} AS adj,
        {d.hash2('TraceId', 'SpanId')} AS rk, {d.hash2('TraceId', 'ParentSpanId')} AS rpk,
        TimestampNs AS rs, TimestampNs + Duration AS re, {d.int_div('TimestampNs', h)} * {h} AS hr
 FROM {source} WHERE IsRequest AND ({request_where})"""),
@@ -229,6 +302,7 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
         "span_name": "r.SpanName",
         "client_e2e_ns": "cl.Duration",
         "client_network_ns": "cl.Duration - (r.re - r.rs)",
+        "adjusted_count": "r.adj",
     }
     for s in S.CRITICAL_PATH_COLUMNS:
         if s != "other":

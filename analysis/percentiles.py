@@ -7,17 +7,25 @@ cancelled) are included by default, so a saturated service does not look fast be
 timeouts were dropped; `include_failures=False` keeps only `ok` requests. A figure is
 flagged `low_sample` when fewer than `MIN_TAIL` requests lie beyond its quantile
 (p99 of 40 requests is the largest value, not a percentile).
+
+Sampled traces: each request weighs its `adjusted_count` (how many it stands for). The weighted
+quantile keeps the convention: with whole weights it equals `quantile_cont` over the values each
+repeated that many times (docs/methods.md#sampled-traces); where every weight is 1 the unweighted
+path runs, so nothing changes. The low-sample rule then reads the effective count (Kish).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Final
 
 import duckdb
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from analysis import model as M
@@ -113,6 +121,84 @@ def low_sample(n: int, q: float) -> bool:
     return n * (1 - q) < MIN_TAIL
 
 
+def weighted_quantile_sorted(values: npt.NDArray[np.float64], weights: npt.NDArray[np.float64] | None,
+                             q: float) -> float:
+    """The quantile q of sorted `values`, each standing for `weights` of them (None: 1 each); nan when empty.
+
+    N = sum of weights, rank h = (N - 1) q, v(p) = the first value whose cumulative weight exceeds p;
+    the answer is v(floor h) + (h - floor h) (v(floor h + 1) - v(floor h)), v past the end being the
+    last value. With whole weights this is `quantile_cont` of the values repeated that many times; with
+    every weight 1 (or None) it is computed as `quantile_cont` itself, bit for bit.
+    """
+    n = values.size
+    if n == 0:
+        return math.nan
+    if weights is None or bool(np.all(weights == 1.0)):
+        h = (n - 1) * q
+        lo = math.floor(h)
+        hi = min(lo + 1, n - 1)
+        return float(values[lo] + (h - lo) * (values[hi] - values[lo]))
+    cum = np.cumsum(weights, dtype=np.float64)
+    h = (float(cum[-1]) - 1.0) * q
+    lo = math.floor(h)
+    i = min(int(np.searchsorted(cum, lo, side="right")), n - 1)
+    j = min(int(np.searchsorted(cum, lo + 1, side="right")), n - 1)
+    return float(values[i] + (h - lo) * (values[j] - values[i]))
+
+
+def effective_count(weights: npt.NDArray[np.float64] | None, n: int | None = None) -> float:
+    """Kish's effective sample size (sum w)^2 / sum w^2: n when every weight is equal, less when they vary."""
+    if weights is None:
+        return float(n or 0)
+    total = float(weights.sum())
+    squares = float(np.square(weights).sum())
+    return total * total / squares if squares > 0 else 0.0
+
+
+def weighted_quantiles_sql(value: str, qs: Sequence[float], keep: str = "TRUE") -> str:
+    """One aggregate (a list, one item per q) of the weighted quantiles of `value` per GROUP BY group.
+
+    Needs the window columns of `weighted_window_sql` (cum, tot) on the rows; the rule of
+    `weighted_quantile_sorted`. `keep` narrows the rows counted (the window's FILTER must match).
+    """
+    items = []
+    for q in qs:
+        lo = f"floor((tot - 1) * {q!r})"
+        a = f"min({value}) FILTER (WHERE {keep} AND {value} IS NOT NULL AND cum > {lo})"
+        b = f"coalesce(min({value}) FILTER (WHERE {keep} AND {value} IS NOT NULL AND cum > {lo} + 1), " \
+            f"max({value}) FILTER (WHERE {keep} AND {value} IS NOT NULL))"
+        h = f"max((tot - 1) * {q!r}) FILTER (WHERE {keep} AND {value} IS NOT NULL)"
+        items.append(f"({a} + ({h} - floor({h})) * ({b} - {a}))")
+    return "[" + ", ".join(items) + "]"
+
+
+def weighted_window_sql(value: str, weight: str, partition: str, keep: str = "TRUE") -> str:
+    """Window columns `cum` (cumulative weight in value order) and `tot` (the group's weight) over kept rows."""
+    cond = f"{keep} AND {value} IS NOT NULL"
+    over = f"PARTITION BY {partition}" if partition else ""
+    return (f"sum({weight}) FILTER (WHERE {cond}) OVER ({over} ORDER BY {value} "
+            f"ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cum, "
+            f"sum({weight}) FILTER (WHERE {cond}) OVER ({over}) AS tot")
+
+
+def weight_column(con: duckdb.DuckDBPyConnection, source: str, since: int | None = None,
+                  until: int | None = None) -> str | None:
+    """`adjusted_count` when `source` has it and some request in [since, until) weighs other than 1, else None
+    (the unweighted path: unsampled data give exactly what they gave before weights existed)."""
+    try:
+        cur = con.execute(f"SELECT * FROM {source} LIMIT 0")
+        cols = {c[0] for c in cur.description or []}
+        cur.fetchall()
+    except duckdb.Error:
+        return None
+    if "adjusted_count" not in cols:
+        return None
+    row = con.execute(f"SELECT bool_or(adjusted_count <> 1) FROM {source} "
+                      "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)",
+                      [since, until]).fetchall()
+    return "adjusted_count" if row and row[0][0] else None
+
+
 def auto_window_s(requests: int, span_s: float) -> int:
     """The window for a range: the smallest nice size holding ~TARGET_PER_WINDOW requests and giving at most
     MAX_WINDOWS windows, while keeping at least MIN_WINDOWS."""
@@ -128,7 +214,7 @@ def auto_window_s(requests: int, span_s: float) -> int:
 
 
 _FACT_COLUMNS = ("trace_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
-                 "model_version", "tenant", "input_tokens", "output_tokens")
+                 "model_version", "tenant", "input_tokens", "output_tokens", "adjusted_count")
 _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
 
@@ -227,8 +313,10 @@ def percentile_series(
     requests, e.g. a filtered set; the automatic window is then chosen from its rows.
 
     Columns: window_start (UTC datetime), window_start_ns, the `by` columns, requests, ok,
-    errors, timeouts, cancelled, n (values behind the percentiles), p50_ms .. p999_ms, and
-    p50_low_sample .. p999_low_sample. Windows with no request are absent.
+    errors, timeouts, cancelled, n (values behind the percentiles), the same counts weighted by
+    the requests' adjusted counts (requests_weighted .. n_weighted: how many they stand for),
+    n_effective (Kish's effective count of the values), p50_ms .. p999_ms (weighted when sampled),
+    and p50_low_sample .. p999_low_sample (on n_effective). Windows with no request are absent.
     """
     column = metric_column(metric)
     for name in by:
@@ -242,28 +330,62 @@ def percentile_series(
     groups = "".join(f", {quote_ident(g)}" for g in by)
     qs = [q for _, q in QUANTILES]
     keep = "TRUE" if include_failures else "status = 'ok'"
-    sql = f"""
+    weight = weight_column(con, src, since_ns, until_ns)
+    col = quote_ident(column)
+    if weight is None:
+        sql = f"""
 SELECT (start_ns // $w) * $w AS window_start_ns{groups},
        count(*) AS requests,
        count(*) FILTER (WHERE status = 'ok') AS ok,
        count(*) FILTER (WHERE status = 'error') AS errors,
        count(*) FILTER (WHERE status = 'timeout') AS timeouts,
        count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-       count({quote_ident(column)}) FILTER (WHERE {keep}) AS n,
-       quantile_cont({quote_ident(column)}, $qs) FILTER (WHERE {keep}) AS q
+       count({col}) FILTER (WHERE {keep}) AS n,
+       quantile_cont({col}, $qs) FILTER (WHERE {keep}) AS q
 FROM {src}
 WHERE ($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)
 GROUP BY ALL ORDER BY ALL
 """
+    else:
+        part = "window_start_ns" + groups
+        w = quote_ident(weight)
+        kept = f"{keep} AND {col} IS NOT NULL"
+        sql = f"""
+SELECT window_start_ns{groups},
+       count(*) AS requests,
+       count(*) FILTER (WHERE status = 'ok') AS ok,
+       count(*) FILTER (WHERE status = 'error') AS errors,
+       count(*) FILTER (WHERE status = 'timeout') AS timeouts,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       count({col}) FILTER (WHERE {keep}) AS n,
+       {weighted_quantiles_sql(col, qs, keep)} AS q,
+       sum({w}) AS requests_weighted,
+       coalesce(sum({w}) FILTER (WHERE status = 'ok'), 0) AS ok_weighted,
+       coalesce(sum({w}) FILTER (WHERE status = 'error'), 0) AS errors_weighted,
+       coalesce(sum({w}) FILTER (WHERE status = 'timeout'), 0) AS timeouts_weighted,
+       coalesce(sum({w}) FILTER (WHERE status = 'cancelled'), 0) AS cancelled_weighted,
+       coalesce(sum({w}) FILTER (WHERE {kept}), 0) AS n_weighted,
+       coalesce(sum({w}) FILTER (WHERE {kept}) ^ 2 / sum({w} * {w}) FILTER (WHERE {kept}), 0) AS n_effective
+FROM (SELECT *, {weighted_window_sql(col, w, part, keep)}
+      FROM (SELECT (start_ns // $w) * $w AS window_start_ns, * FROM {src}
+            WHERE ($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)))
+GROUP BY ALL ORDER BY ALL
+"""
     try:
-        frame = con.sql(sql, params={"w": win_ns, "qs": qs, "since": since_ns, "until": until_ns}).pl()
+        params = {"w": win_ns, "since": since_ns, "until": until_ns} | ({"qs": qs} if weight is None else {})
+        frame = con.sql(sql, params=params).pl()
     except duckdb.Error as exc:
         raise QueryError(sql, f"percentile series of {metric} failed: {str(exc).splitlines()[0]}") from exc
     q = pl.col("q")
+    if weight is None:  # unsampled: the weighted counts are the counts
+        frame = frame.with_columns([pl.col(c).cast(pl.Float64).alias(f"{c}_weighted")
+                                    for c in ("requests", "ok", "errors", "timeouts", "cancelled", "n")]
+                                   + [pl.col("n").cast(pl.Float64).alias("n_effective")])
+    tail_n = pl.col("n_effective")
     frame = frame.with_columns(
         [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
         + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(QUANTILES)]
-        + [(pl.col("n") * (1 - qv) < MIN_TAIL).alias(f"{name}_low_sample") for name, qv in QUANTILES]
+        + [(tail_n * (1 - qv) < MIN_TAIL).alias(f"{name}_low_sample") for name, qv in QUANTILES]
     ).drop("q")
     first = ["window_start", "window_start_ns", *by]
     return frame.select(first + [c for c in frame.columns if c not in first]).with_columns(

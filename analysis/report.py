@@ -6,7 +6,9 @@
 same way, against the same baseline. Both take `source=`, a table or view of request
 facts to read instead of the store's (the dashboard passes its filtered rows).
 A sub-analysis that fails shows up as "could not compute X because Y" in `errors`
-instead of failing the whole report.
+instead of failing the whole report. Sampled traces (adjusted counts other than 1) are
+weighted everywhere (docs/methods.md#sampled-traces); `sampling_policy` declares what the
+sampler did when the data cannot show it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.table import Table
 
 from analysis import explain as X
 from analysis import neighbours as N
+from analysis import sampling as SM
 from analysis.percentiles import (
     auto_window_s,
     iso,
@@ -32,8 +35,9 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    weight_column,
 )
-from analysis.spikes import Detection, Spike, detect, quantile_sorted
+from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -55,13 +59,16 @@ def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
     """
     cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (["ttft_ns", "tpot_ns"] if metric != "e2e"
                                                                           else [])
+    if SM.weight_of(con, source) != "1.0":
+        cols.append("adjusted_count")
     con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
                 f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
     return SOURCE_TABLE
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool, source: str | None = None) -> tuple[pl.DataFrame, dict[str, int], str]:
+           include_failures: bool, source: str | None = None
+           ) -> tuple[pl.DataFrame, dict[str, int], str, dict[str, float] | None]:
     facts = request_facts(con, with_ttft=metric != "e2e") if source is None else _snapshot(con, source, metric)
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
@@ -74,11 +81,39 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
         f"FROM {facts} WHERE {where}", params=params).fetchall()[0]
     keep = "" if include_failures else " AND status = 'ok'"
     dims = ", ".join(quote_ident(d) for d in X.DIMENSIONS)
+    weight = weight_column(con, facts, since, until)
+    weighted: dict[str, float] | None = None
+    extra = ""
+    if weight is not None:
+        w = quote_ident(weight)
+        extra = f", {w} AS weight, status"
+        row = con.sql(
+            f"SELECT sum({w}), coalesce(sum({w}) FILTER (WHERE status = 'ok'), 0), "
+            f"coalesce(sum({w}) FILTER (WHERE status = 'error'), 0), "
+            f"coalesce(sum({w}) FILTER (WHERE status = 'timeout'), 0), "
+            f"coalesce(sum({w}) FILTER (WHERE status = 'cancelled'), 0) FROM {facts} WHERE {where}",
+            params=params).fetchall()[0]
+        weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
     frame = con.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims} FROM {facts} "
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
-    return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts
+    return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
+
+
+def weights_of(frame: pl.DataFrame) -> np.ndarray | None:
+    """The adjusted count of each frame row, or None when the values are unsampled (every weight 1)."""
+    if "weight" not in frame.columns:
+        return None
+    return frame.get_column("weight").to_numpy().astype(np.float64)
+
+
+def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: int = 0) -> float:
+    if weights is None:
+        return float(n if rows is None else rows.size)
+    w = weights if rows is None else weights[rows]
+    total, squares = float(w.sum()), float(np.square(w).sum())
+    return round(total * total / squares, 3) if squares else 0.0
 
 
 def _ms(ns: float) -> float | None:
@@ -87,13 +122,16 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
+             source: str | None, sampling_policy: str = "auto"
+             ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
     """The report's header, its value frame, the facts table and the detection (None when it could not run)."""
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
+    if sampling_policy not in SM.POLICIES:
+        raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
-    frame, counts, facts = _frame(con, metric, since_ns, until_ns, include_failures, source)
+    frame, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -111,22 +149,64 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         "values": frame.height, "windows": 0, "baseline_p50_ms": None, "baseline_p99_ms": None,
         "spikes": [], "errors": [],
     }
+    weights = weights_of(frame)
+    report |= _sampling_header(report, weighted, weights, frame.height)
     if frame.height == 0:
         report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         return report, frame, facts, None
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
     try:
-        det = detect(start, values, window_ns)
+        det = detect(start, values, window_ns, weights=weights)
     except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
         return report, frame, facts, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = _ms(det.baseline_p99_ns)
+    if det.baseline.any():
+        base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
+        base_rows = np.flatnonzero(np.isin(start // det.window_ns, base_wins))
+        report["baseline_effective"] = _effective(weights, base_rows)
+    if weights is not None or sampling_policy != "auto":
+        try:
+            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
+        except Exception as exc:
+            report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     return report, frame, facts, det
+
+
+def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, weights: np.ndarray | None,
+                     values: int) -> dict[str, Any]:
+    """The report's sampling keys: `sampled`, the weighted counts beside the counts, effective counts."""
+    out = report["outcomes"]
+    return {
+        "sampled": weighted is not None,
+        "requests_weighted": float(report["requests"]) if weighted is None else weighted["requests"],
+        "outcomes_weighted": ({k: float(v) for k, v in out.items()} if weighted is None
+                              else {k: weighted[k] for k in out}),
+        "values_weighted": float(values) if weights is None else float(weights.sum()),
+        "values_effective": _effective(weights, n=values),
+        "baseline_effective": None,
+        "sampling": None, "warnings": [],
+    }
+
+
+def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
+                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
+    """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
+    w = np.ones(values.size) if weights is None else weights
+    rids = frame.get_column("rid").to_numpy()
+    recorded, malformed = SM.recorded_flags(con, facts, rids)
+    failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
+        values.size, dtype=bool)
+    view = SM.judge(values, w, failed, recorded, malformed, policy)
+    report["sampling"] = view.to_json()
+    note = view.warning()
+    if note:
+        report["warnings"].append(note)
 
 
 def build_report(
@@ -137,6 +217,7 @@ def build_report(
     until: str | int | datetime | None = None,
     include_failures: bool = True,
     source: str | None = None,
+    sampling_policy: str = "auto",
 ) -> dict[str, Any]:
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
@@ -144,8 +225,10 @@ def build_report(
     with the request-fact columns of `analysis.percentiles.request_facts` (trace_id, start_ns,
     e2e_ns, status, the DIMENSIONS, and ttft_ns / tpot_ns for those metrics); by default the
     facts of the whole store. Stage shares are always read from the connection's `spans`.
+    `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).
     """
-    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source)
+    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
+                                         sampling_policy)
     if det is None:
         return report
     start = frame.get_column("start_ns").to_numpy()
@@ -166,6 +249,7 @@ def explain_window(
     until: str | int | datetime | None = None,
     include_failures: bool = True,
     source: str | None = None,
+    sampling_policy: str = "auto",
 ) -> dict[str, Any]:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -179,7 +263,8 @@ def explain_window(
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
-    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source)
+    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
+                                         sampling_policy)
     empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
              "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
              "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
@@ -196,19 +281,24 @@ def explain_window(
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
     det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
-    base_sorted = np.sort(values[np.isin(starts // det.window_ns, base_wins)])
-    det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
-    det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
-    inside = np.sort(values[(starts >= start_ns) & (starts < end_ns)])
-    if inside.size == 0 or base_sorted.size == 0:
+    weights = weights_of(frame)
+    base_rows = np.flatnonzero(np.isin(starts // det.window_ns, base_wins))
+    inside_rows = np.flatnonzero((starts >= start_ns) & (starts < end_ns))
+    det.baseline_p50_ns = X.weighted_q(values, weights, base_rows, 0.5)
+    det.baseline_p99_ns = X.weighted_q(values, weights, base_rows, 0.99)
+    inside = values[inside_rows]
+    if inside.size == 0 or base_rows.size == 0:
         empty["errors"].append("could not explain the window because "
                                + ("no request with a value starts in it" if inside.size == 0
                                   else "no baseline window lies outside it"))
         empty["requests"] = int(inside.size)
         return empty
-    spike = Spike(start_ns=start_ns, end_ns=end_ns, requests=int(inside.size), p50_ns=quantile_sorted(inside, 0.5),
-                  p99_ns=quantile_sorted(inside, 0.99), baseline_p50_ns=det.baseline_p50_ns,
-                  baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()))
+    spike = Spike(start_ns=start_ns, end_ns=end_ns, requests=int(inside.size),
+                  p50_ns=X.weighted_q(values, weights, inside_rows, 0.5),
+                  p99_ns=X.weighted_q(values, weights, inside_rows, 0.99), baseline_p50_ns=det.baseline_p50_ns,
+                  baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
+                  requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
+                  n_effective=_effective(weights, inside_rows))
     item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
     item["detected"] = False
     return item
@@ -239,10 +329,11 @@ def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, in
 def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: np.ndarray,
                 values: np.ndarray, det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
                 ) -> list[dict[str, Any]]:
+    weights = weights_of(frame)
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = _local_baseline(det, spike, counts)
     local_rows = np.flatnonzero(np.isin((start // det.window_ns) * det.window_ns, local)).astype(np.int64)
-    base_tail = X.tail_slice(values, local_rows)
+    base_tail = X.tail_slice(values, local_rows, weights=weights)
     rows = np.concatenate([spike_tail, base_tail])
     e2e = frame.get_column("e2e_ns").to_numpy()
     lo = int(start[rows].min() - e2e[rows].max())  # a span overlapping a request starts after this
@@ -251,6 +342,11 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
     table = X.stage_rows(con, sorted(set(ids)), lo, hi)
     tail_ids = pl.DataFrame({"trace_id": ids[:spike_tail.size]})
     base_ids = pl.DataFrame({"trace_id": ids[spike_tail.size:]})
+    if weights is not None:  # each trace's stage times weigh its request's adjusted count
+        tail_ids = tail_ids.with_columns(weight=pl.Series(weights[spike_tail])).unique("trace_id", keep="first")
+        base_ids = base_ids.with_columns(weight=pl.Series(weights[base_tail])).unique("trace_id", keep="first")
+        return X.stage_shares(table.join(tail_ids, on="trace_id", how="inner"),
+                              table.join(base_ids, on="trace_id", how="inner"), stage_names)
     return X.stage_shares(table.join(tail_ids, on="trace_id", how="semi"),
                           table.join(base_ids, on="trace_id", how="semi"), stage_names)
 
@@ -264,12 +360,13 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
     coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+    weights = weights_of(frame)
     base_q = X.TailQuantile(values[base], base)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     out = []
     for spike in spikes:
         rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
-        tail = X.tail_slice(values, rows)
+        tail = X.tail_slice(values, rows, weights=weights)
         item = _spike_json(spike)
         item["errors"] = []
         try:
@@ -281,10 +378,10 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base)
+            cands, tested = X.contrast(coded, excess_rows, base, weights=weights)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, base_q)
+            X.counterfactual(coded, cands, values, rows, base, base_q, weights)
             ranked = X.rank(cands)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested
@@ -310,6 +407,8 @@ def _spike_json(s: Spike) -> dict[str, Any]:
         "excess_ms": _ms(s.excess_ns),
         "p_value": float(f"{s.p_value:.3g}") if math.isfinite(s.p_value) else None, "windows": s.windows,
         "stages": [], "dimensions": [], "exemplars": [],
+        "requests_weighted": float(s.requests) if math.isnan(s.requests_weighted) else s.requests_weighted,
+        "n_effective": float(s.requests) if math.isnan(s.n_effective) else round(s.n_effective, 3),
     }
 
 
@@ -325,15 +424,26 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
               f"({out['error']:,} errors, {out['timeout']:,} timeouts, {out['cancelled']:,} cancelled; "
               f"failures {'included' if report['include_failures'] else 'excluded'}); "
               f"window {report['window_s']} s x {report['windows']}; "
-              f"baseline p50 {_fmt(report['baseline_p50_ms'], ' ms')}, p99 {_fmt(report['baseline_p99_ms'], ' ms')}",
+              f"baseline{' (BIASED, see below)' if report.get('warnings') else ''} "
+              f"p50 {_fmt(report['baseline_p50_ms'], ' ms')}, p99 {_fmt(report['baseline_p99_ms'], ' ms')}",
               highlight=False)
+    if report.get("sampled"):
+        out_w = report["outcomes_weighted"]
+        con.print(f"sampled traces: the {report['requests']:,} stored requests stand for "
+                  f"{report['requests_weighted']:,.0f} ({out_w['error']:,.0f} errors, "
+                  f"{out_w['timeout']:,.0f} timeouts); "
+                  f"counts and percentiles are weighted by each request's adjusted count "
+                  f"(effective sample {report['values_effective']:,.0f})", highlight=False)
+    for warning in report.get("warnings", []):
+        con.print(f"[bold yellow]{warning}[/]", highlight=False)
     judged = not any(e.startswith("could not compute spikes") for e in report["errors"])
     if not report["spikes"] and judged:
         con.print("[green]no p99 spike with a flat median[/]")
     for n, spike in enumerate(report["spikes"], 1):
         con.print()
+        biased = " (biased)" if report.get("warnings") else ""
         con.print(f"[bold red]spike {n}[/]: {spike['start']} -> {spike['end']}  {spike['requests']:,} requests  "
-                  f"p50 {_fmt(spike['p50_ms'], ' ms')} (baseline {_fmt(spike['baseline_p50_ms'], ' ms')})  "
+                  f"p50{biased} {_fmt(spike['p50_ms'], ' ms')} (baseline {_fmt(spike['baseline_p50_ms'], ' ms')})  "
                   f"p99 {_fmt(spike['p99_ms'], ' ms')} (baseline {_fmt(spike['baseline_p99_ms'], ' ms')})  "
                   f"p={spike['p_value']:.2g}", highlight=False)
         if spike["stages"]:

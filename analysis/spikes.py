@@ -28,6 +28,12 @@ The method, in order (constants below; the same for every store, never tuned per
    core; if that falls short, the core with its shoulders): its p99 must still rise by
    MIN_RISE, its p50 stay within P50_TOLERANCE, and its scan p-value be at most ALPHA.
    Never a t-test on a percentile.
+
+Sampled traces (`weights`, each request's adjusted count): every percentile above is the
+weighted quantile, a window is judged on its effective count (Kish), and the scan counts the
+kept values above the weighted pooled p99 (under no incident, and sampling that does not change
+from window to window, the kept values are as exchangeable as the full ones). With no weights,
+or every weight 1, the computation is the unweighted one, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from analysis.percentiles import MIN_TAIL
+from analysis.percentiles import MIN_TAIL, effective_count, weighted_quantile_sorted
 
 #: Relative rise of p99 over the baseline p99 below which nothing is a spike.
 MIN_RISE: Final = 0.2
@@ -72,6 +78,9 @@ class Spike:
     baseline_p99_ns: float
     p_value: float
     windows: int
+    #: requests the spike's kept requests stand for, and their effective count (both = requests unsampled)
+    requests_weighted: float = math.nan
+    n_effective: float = math.nan
 
     @property
     def excess_ns(self) -> float:
@@ -106,17 +115,16 @@ class Detection:
     threshold_ns: float = math.nan
     exceed: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     scan_p_value: float = 1.0
+    #: per window: the requests the kept ones stand for, and their effective count (equal to n when unsampled)
+    n_weighted: F64 = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    n_effective: F64 = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    #: whether the values carried weights other than 1
+    weighted: bool = False
 
 
 def quantile_sorted(sorted_values: F64, q: float) -> float:
     """`quantile_cont` of sorted values (rank (n - 1) q, linear interpolation); nan when empty."""
-    n = sorted_values.size
-    if n == 0:
-        return math.nan
-    h = (n - 1) * q
-    lo = math.floor(h)
-    hi = min(lo + 1, n - 1)
-    return float(sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo]))
+    return weighted_quantile_sorted(sorted_values, None, q)
 
 
 def _xlogx_table(top: int) -> F64:
@@ -164,13 +172,26 @@ def scan_p_value(ratio: float, null_max: F64) -> float:
     return float((1 + np.count_nonzero(null_max >= ratio * (1 - 1e-12))) / (null_max.size + 1))
 
 
-def _window_quantiles(sorted_by_win_values: F64, starts: I64, counts: I64, q: float) -> F64:
+def _window_quantiles(sorted_by_win_values: F64, starts: I64, counts: I64, q: float,
+                      w_sorted: F64 | None = None) -> F64:
+    if w_sorted is not None:
+        return np.array([weighted_quantile_sorted(sorted_by_win_values[a:a + c], w_sorted[a:a + c], q)
+                         for a, c in zip(starts.tolist(), counts.tolist(), strict=True)], dtype=np.float64)
     h = (counts - 1) * q
     lo = np.floor(h).astype(np.int64)
     hi = np.minimum(lo + 1, counts - 1)
     a = sorted_by_win_values[starts + lo]
     b = sorted_by_win_values[starts + hi]
     return a + (h - lo) * (b - a)
+
+
+def _pooled(v_sorted: F64, w_sorted: F64 | None, rows: npt.NDArray[np.bool_]) -> tuple[F64, F64 | None]:
+    """The values (sorted) and weights of the rows where `rows` holds."""
+    if w_sorted is None:
+        return np.sort(v_sorted[rows]), None
+    vals, ws = v_sorted[rows], w_sorted[rows]
+    order = np.argsort(vals, kind="stable")
+    return vals[order], ws[order]
 
 
 @dataclass
@@ -197,11 +218,11 @@ class _Scan:
         return scan_p_value(float(ratio), self.null_max)
 
 
-def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int) -> _Scan:
+def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int, w_sorted: F64 | None = None) -> _Scan:
     """Threshold (pooled p99 of the judged windows), exceedances per window, the null law of the largest ratio."""
     judged = np.flatnonzero(det.judged)
-    pooled = np.sort(v_sorted[np.repeat(det.judged, counts)])
-    det.threshold_ns = quantile_sorted(pooled, 0.99)
+    pooled, pooled_w = _pooled(v_sorted, w_sorted, np.repeat(det.judged, counts))
+    det.threshold_ns = weighted_quantile_sorted(pooled, pooled_w, 0.99)
     above = v_sorted > det.threshold_ns
     cum_above = np.concatenate([[0], np.cumsum(above)])
     det.exceed = (cum_above[first + counts] - cum_above[first]).astype(np.int64)
@@ -225,17 +246,27 @@ def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int) -> 
     return scan
 
 
-def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Detection:
+def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights: F64 | None = None) -> Detection:
     """Find p99 spikes with a flat p50 in (start_ns, value) pairs cut into windows of window_ns.
 
     `seed` seeds the simulated null draws of the scan: the same input and seed give the same answer.
+    `weights` (each value's adjusted count under sampling) weigh every percentile; None or all 1
+    is the unweighted computation.
     """
     start_ns = np.asarray(start_ns, dtype=np.int64)
     values = np.asarray(values, dtype=np.float64)
     keep = np.isfinite(values)
     start_ns, values = start_ns[keep], values[keep]
+    w_all = None if weights is None else np.asarray(weights, dtype=np.float64)[keep]
+    if w_all is not None and bool(np.all(w_all == 1.0)):
+        w_all = None
     win_all = start_ns // window_ns
-    if win_all.size and np.all(win_all[1:] >= win_all[:-1]):  # rows in time order: sort within windows
+    w_sorted: F64 | None = None
+    if w_all is not None:
+        order = np.lexsort((values, win_all))
+        v_sorted, w_sorted = values[order], w_all[order]
+        wins, first, counts = np.unique(win_all[order], return_index=True, return_counts=True)
+    elif win_all.size and np.all(win_all[1:] >= win_all[:-1]):  # rows in time order: sort within windows
         first = np.concatenate([[0], np.flatnonzero(win_all[1:] != win_all[:-1]) + 1])
         wins = win_all[first]
         counts = np.diff(np.append(first, win_all.size))
@@ -255,12 +286,21 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
                     baseline=np.zeros(m, bool), candidate=np.zeros(m, bool), significant=np.zeros(m, bool),
                     p_value=np.ones(m), baseline_p50_ns=math.nan, baseline_p99_ns=math.nan,
                     exceed=np.zeros(m, dtype=np.int64))
+    det.weighted = w_sorted is not None
+    if w_sorted is None:
+        det.n_weighted = counts.astype(np.float64)
+        det.n_effective = counts.astype(np.float64)
+    else:
+        det.n_weighted = np.array([float(w_sorted[a:a + c].sum()) for a, c in zip(first.tolist(), counts.tolist(),
+                                                                                  strict=True)])
+        det.n_effective = np.array([effective_count(w_sorted[a:a + c]) for a, c in zip(first.tolist(),
+                                                                                     counts.tolist(), strict=True)])
     if m == 0:
         det.note = "no requests"
         return det
-    det.p50_ns = _window_quantiles(v_sorted, first, counts, 0.5)
-    det.p99_ns = _window_quantiles(v_sorted, first, counts, 0.99)
-    det.judged = counts * (1 - 0.99) >= MIN_TAIL
+    det.p50_ns = _window_quantiles(v_sorted, first, counts, 0.5, w_sorted)
+    det.p99_ns = _window_quantiles(v_sorted, first, counts, 0.99, w_sorted)
+    det.judged = (counts if w_sorted is None else det.n_effective) * (1 - 0.99) >= MIN_TAIL
     if det.judged.sum() < MIN_BASELINE_WINDOWS + 1:
         det.note = (f"too few windows with enough requests to judge a p99 ({int(det.judged.sum())} windows "
                     f"with >= {int(MIN_TAIL / 0.01)} requests)")
@@ -271,8 +311,8 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
         return det
-    scan = _scan(det, v_sorted, first, counts, seed)
-    _pool(det, v_sorted, counts)
+    scan = _scan(det, v_sorted, first, counts, seed, w_sorted)
+    _pool(det, v_sorted, counts, w_sorted)
     det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all; the core and
     # the grown run are both scan stretches (one error budget). Only a significant run's shoulders leave the
@@ -285,11 +325,12 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
             shoulders[ext] = True
     if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and (det.baseline & shoulders).any():
         det.baseline &= ~shoulders
-        _pool(det, v_sorted, counts)
+        _pool(det, v_sorted, counts, w_sorted)
         det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     for core, ext, p_core, p_ext in tested:
         for run, p_value in ([(core, p_core), (ext, p_ext)] if ext != core else [(core, p_core)]):
-            spike = _judge(det, run, v_sorted, first, counts, p_value)  # the shoulders only when the core falls short
+            # the shoulders only when the core falls short
+            spike = _judge(det, run, v_sorted, first, counts, p_value, w_sorted)
             if spike is not None:
                 det.significant[run] = True
                 det.spikes.append(spike)
@@ -298,27 +339,33 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0) -> Dete
     return det
 
 
-def _pool(det: Detection, v_sorted: F64, counts: I64) -> None:
+def _pool(det: Detection, v_sorted: F64, counts: I64, w_sorted: F64 | None = None) -> None:
     """Set the baseline p50 / p99 from the baseline windows' values pooled."""
-    base_sorted = np.sort(v_sorted[np.repeat(det.baseline, counts)])
-    det.baseline_p50_ns = quantile_sorted(base_sorted, 0.5)
-    det.baseline_p99_ns = quantile_sorted(base_sorted, 0.99)
+    base_sorted, base_w = _pooled(v_sorted, w_sorted, np.repeat(det.baseline, counts))
+    det.baseline_p50_ns = weighted_quantile_sorted(base_sorted, base_w, 0.5)
+    det.baseline_p99_ns = weighted_quantile_sorted(base_sorted, base_w, 0.99)
 
 
-def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, p_value: float) -> Spike | None:
+def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, p_value: float,
+           w_sorted: F64 | None = None) -> Spike | None:
     """The run as a spike if its pooled p99 rose enough, its p50 held and its scan p-value is at most ALPHA."""
     if p_value > ALPHA:
         return None
-    vals = np.sort(np.concatenate([v_sorted[first[i]:first[i] + counts[i]] for i in run]))
-    p50 = quantile_sorted(vals, 0.5)
-    p99 = quantile_sorted(vals, 0.99)
+    rows = np.zeros(v_sorted.size, dtype=bool)
+    for i in run:
+        rows[first[i]:first[i] + counts[i]] = True
+    vals, ws = _pooled(v_sorted, w_sorted, rows)
+    p50 = weighted_quantile_sorted(vals, ws, 0.5)
+    p99 = weighted_quantile_sorted(vals, ws, 0.99)
     if p99 < (1 + MIN_RISE) * det.baseline_p99_ns:
         return None
     if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
         return None
     return Spike(start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
                  requests=int(vals.size), p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
-                 baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run))
+                 baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run),
+                 requests_weighted=float(vals.size) if ws is None else float(ws.sum()),
+                 n_effective=effective_count(ws, vals.size))
 
 
 def _grow(det: Detection, run: list[int]) -> list[int]:

@@ -24,10 +24,21 @@ def spans_sql(source: str) -> str:
     return f"SELECT *, TimestampNs + Duration AS EndNs FROM {source}"
 
 
+def with_later_columns(scan: str) -> str:
+    """A FROM item over `scan` (a read_parquet call) that has every LATER_COLUMNS column even when no file does.
+
+    union_by_name gives NULL where some files lack a column, but no column at all when every file
+    does; the typed empty relation supplies it. NULL means "written before the column": readers
+    coalesce it to the default (analysis.model.LATER_COLUMNS).
+    """
+    empty = ", ".join(f"NULL::{typ} AS {name}" for name, typ, _ in M.LATER_COLUMNS)
+    return f"(SELECT * FROM {scan} UNION ALL BY NAME SELECT {empty} WHERE false)"
+
+
 def files_source(files: list[str]) -> str:
-    """A read_parquet FROM item over a fixed list of segment files (one snapshot)."""
+    """A FROM item over a fixed list of segment files (one snapshot), older segments included."""
     listed = ", ".join(_quote(f) for f in files)
-    return f"read_parquet([{listed}], union_by_name = true, hive_partitioning = false)"
+    return with_later_columns(f"read_parquet([{listed}], union_by_name = true, hive_partitioning = false)")
 
 
 #: `requests` and `stages` computed from the relation named `spans` (no materialized hours).

@@ -167,6 +167,7 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
         "InputTokens": in_col,
         "OutputTokens": out_col,
         "TtftNs": pa.nulls(total, pa.int64()),
+        "AdjustedCount": pa.array(np.ones(total), pa.float64()),
     }
     return pa.Table.from_pydict(cols, schema=S.SPAN_SCHEMA)
 

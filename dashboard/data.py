@@ -38,7 +38,7 @@ from analysis.materialize import snapshot
 from analysis.percentiles import choose_window_s, parse_time, percentile_series, request_facts
 from analysis.report import build_report, explain_window
 from analysis.sandbox import SandboxConnection
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.views import VIEW_SQL, files_source, spans_sql, with_later_columns
 from analysis.whatif import whatif as replay
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
@@ -262,7 +262,7 @@ class Workbench:
         """The documented views on the main connection: `requests` over the table, `spans` over the store."""
         glob = str(self.store / S.SEGMENT_GLOB).replace("'", "''")
         if has_files:
-            source = f"read_parquet('{glob}', union_by_name = true)"
+            source = with_later_columns(f"read_parquet('{glob}', union_by_name = true)")
             self.con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(source)}")
         else:
             self.con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())

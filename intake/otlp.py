@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tracing import schema as S
 from tracing.errors import BadRequest
-from tracing.rows import SpanBatch, _int_or_none, attr_str, replica_of
+from tracing.rows import SpanBatch, _int_or_none, attr_str, replica_of, sampling_of, threshold_text
 
 try:  # the optional C decoder, built by pip install when a C compiler exists; Python is exact too
     from intake import _otlpx  # type: ignore[attr-defined]
@@ -457,7 +458,7 @@ def decode_protobuf_base(data: bytes) -> tuple[pa.Table, DecodeResult]:
 FAST_PROTOBUF = _otlpx is not None
 #: Columns `promote` computes from the others (Replica is kept: it comes from the resource).
 PROMOTED_COLUMNS: tuple[str, ...] = ("Stage", "IsRequest", "Outcome", "Model", "ModelVersion", "Tenant",
-                                     "InputTokens", "OutputTokens", "TtftNs")
+                                     "InputTokens", "OutputTokens", "TtftNs", "AdjustedCount")
 BASE_SCHEMA = pa.schema([f for f in S.SPAN_SCHEMA if f.name not in PROMOTED_COLUMNS])
 
 
@@ -539,6 +540,31 @@ def _ints(text: pa.Array) -> pa.Array:
     return pa.array([_int_or_none(v) for v in text.to_pylist()], pa.int64())
 
 
+def _per_distinct(text: pa.Array, rule: Callable[[str], float], missing: float) -> np.ndarray:
+    """`rule` applied once per distinct string of `text`, spread back over its rows (`missing` on nulls)."""
+    encoded = pc.dictionary_encode(text)
+    values = np.array([rule(v) for v in encoded.dictionary.to_pylist()] + [missing], np.float64)
+    index = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return values[index]
+
+
+def _threshold_rule(state: str) -> float:
+    return math.nan if threshold_text(state) is None else sampling_of(state, None)[0]
+
+
+def _adjusted_counts(states: pa.Array, rates: pa.Array) -> pa.Array:
+    """Vectorized rows.adjusted_count_of: the rule runs once per distinct TraceState and rate, not per row."""
+    n = len(states)
+    has_state = pc.any(pc.match_substring(states, "ot=")).as_py()
+    if not has_state and rates.null_count == n:
+        return pa.array(np.ones(n, np.float64))
+    from_rate = _per_distinct(rates, lambda r: sampling_of("", r)[0], 1.0)
+    if not has_state:
+        return pa.array(from_rate)
+    from_state = _per_distinct(states, _threshold_rule, math.nan)
+    return pa.array(np.where(np.isnan(from_state), from_rate, from_state))
+
+
 def new_builder() -> Any:
     """A columnar accumulator of protobuf bodies (intake._otlpx.Builder), or None without the extension."""
     return _otlpx.Builder() if _otlpx is not None else None
@@ -591,11 +617,13 @@ def base_from_columns(c: dict[str, Any]) -> pa.Table:
 
 def promote(table: pa.Table) -> pa.Table:
     """Add the promoted columns to a base table: the same rules as `SpanBatch.append`
-    (rows.stage_of, is_request, outcome_of, _first, _int_or_none), vectorized. Returns SPAN_SCHEMA."""
+    (rows.stage_of, is_request, outcome_of, _first, _int_or_none, adjusted_count_of), vectorized.
+    Returns SPAN_SCHEMA."""
     attrs = _Lookup(table.column("SpanAttributes"))
     names = pa.concat_arrays(table.column("SpanName").chunks) if table.num_rows else pa.array([], pa.string())
     kinds = pa.concat_arrays(table.column("SpanKind").chunks) if table.num_rows else pa.array([], pa.string())
     codes = pa.concat_arrays(table.column("StatusCode").chunks) if table.num_rows else pa.array([], pa.string())
+    states = pa.concat_arrays(table.column("TraceState").chunks) if table.num_rows else pa.array([], pa.string())
     null_str = pa.scalar(None, pa.string())
     declared = attrs.get(S.ATTR_STAGE)
     stage = pc.if_else(pc.is_in(declared, value_set=_STAGE_ARRAY), declared,
@@ -623,6 +651,7 @@ def promote(table: pa.Table) -> pa.Table:
         "InputTokens": _ints(attrs.first(S.INPUT_TOKEN_KEYS)),
         "OutputTokens": _ints(attrs.first(S.OUTPUT_TOKEN_KEYS)),
         "TtftNs": _ints(attrs.get(S.ATTR_TTFT_NS)),
+        "AdjustedCount": _adjusted_counts(states, attrs.first(S.SAMPLE_RATE_KEYS)),
     }
     columns = [pa.chunked_array([promoted[name]]) if name in promoted else table.column(name)
                for name in S.COLUMN_NAMES]
@@ -631,7 +660,7 @@ def promote(table: pa.Table) -> pa.Table:
 
 _LOOKUP_KEYS = pa.array(sorted({S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OPERATION, S.ATTR_OUTCOME, S.ATTR_ERROR_TYPE,
                                  S.ATTR_TTFT_NS, *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS,
-                                 *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS}), pa.string())
+                                 *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS, *S.SAMPLE_RATE_KEYS}), pa.string())
 _LOOKUP_SLOT = {k: i for i, k in enumerate(_LOOKUP_KEYS.to_pylist())}
 _KIND_ARRAY = pa.array(S.SPAN_KINDS, pa.string())
 _STATUS_ARRAY = pa.array(S.STATUS_CODES, pa.string())

@@ -2,7 +2,7 @@
 
 A `SpanBatch` collects spans as Python column lists and turns them into a pyarrow table
 with `schema.SPAN_SCHEMA` (only that step needs pyarrow, the `store` extra). Promotion (stage,
-request flag, outcome, replica, model, tenant, tokens, TTFT) follows the attribute convention
+request flag, outcome, replica, model, tenant, tokens, TTFT, adjusted count) follows the attribute convention
 in `schema` and docs/convention.md.
 """
 
@@ -80,6 +80,57 @@ def _int_or_none(text: str | None) -> int | None:
         except (ValueError, OverflowError):
             return None
     return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+_THRESHOLD = re.compile(rf"[0-9a-f]{{1,{S.THRESHOLD_DIGITS}}}")
+_RATE = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
+_TWO56 = 1 << S.THRESHOLD_BITS
+
+
+def threshold_text(trace_state: str) -> str | None:
+    """The `th` value of the `ot` entry of a W3C tracestate ('ot=th:c;rv:...'), None when there is none.
+
+    Members are comma-separated `key=value` (spaces and tabs around them ignored); the first `ot`
+    member counts, and in it the first `th:` sub-key.
+    """
+    if "ot=" not in trace_state:
+        return None
+    for member in trace_state.split(","):
+        key, eq, value = member.strip(" \t").partition("=")
+        if eq and key == S.TRACESTATE_OT_KEY:
+            for part in value.split(";"):
+                sub, colon, text = part.partition(":")
+                if colon and sub == S.TRACESTATE_THRESHOLD_KEY:
+                    return text
+            return None
+    return None
+
+
+def sampling_of(trace_state: str, rate: str | None) -> tuple[float, bool]:
+    """(adjusted count, malformed) of a span: its `ot=th` threshold, else its sample-rate attribute, else 1.
+
+    OpenTelemetry consistent probability sampling keeps a span with probability (2^56 - th) / 2^56, th
+    written as 1-14 lowercase hex digits right-padded with zeros to 14 (th:0 keeps all); the adjusted
+    count is the inverse, float(2^56) / float(2^56 - th). A rate N (Honeycomb's SampleRate: 1 in N kept)
+    must be a decimal number >= 1. A threshold or rate that does not read gives 1 and `malformed`.
+    """
+    text = threshold_text(trace_state)
+    if text is not None:
+        if not _THRESHOLD.fullmatch(text):
+            return 1.0, True
+        th = int(text.ljust(S.THRESHOLD_DIGITS, "0"), 16)
+        return float(_TWO56) / float(_TWO56 - th), False
+    if rate is None:
+        return 1.0, False
+    if not _RATE.fullmatch(rate):
+        return 1.0, True
+    value = float(rate)
+    return (value, False) if value >= 1.0 else (1.0, True)
+
+
+def adjusted_count_of(trace_state: str, attrs: Mapping[str, str]) -> float:
+    """How many spans this one stands for under sampling (see `sampling_of`; docs/convention.md#sampling)."""
+    return sampling_of(trace_state, _first(attrs, S.SAMPLE_RATE_KEYS))[0]
 
 
 def stage_of(name: str, attrs: Mapping[str, str]) -> str | None:
@@ -211,6 +262,7 @@ class SpanBatch:
         c["InputTokens"].append(_int_or_none(_first(attrs, S.INPUT_TOKEN_KEYS)))
         c["OutputTokens"].append(_int_or_none(_first(attrs, S.OUTPUT_TOKEN_KEYS)))
         c["TtftNs"].append(_int_or_none(attrs.get(S.ATTR_TTFT_NS)))
+        c["AdjustedCount"].append(adjusted_count_of(trace_state, attrs))
 
     def to_table(self) -> pa.Table:
         """The batch as a pyarrow table in `SPAN_SCHEMA`."""

@@ -70,6 +70,16 @@ OUTPUT_TOKEN_KEYS: Final[tuple[str, ...]] = (
     "gen_ai.usage.output_tokens",
     "gen_ai.usage.completion_tokens",
 )
+#: Span attributes giving a sampling rate N (1 in N kept, adjusted count N), tried in order when the
+#: TraceState holds no `ot=th` threshold: Honeycomb's `SampleRate`, and `sampling.rate` in the same sense.
+SAMPLE_RATE_KEYS: Final[tuple[str, ...]] = ("SampleRate", "sampling.rate")
+#: The OpenTelemetry TraceState entry and its sub-key holding the consistent-sampling rejection threshold.
+TRACESTATE_OT_KEY: Final = "ot"
+TRACESTATE_THRESHOLD_KEY: Final = "th"
+#: Thresholds are 56-bit integers written as 1 to 14 lowercase hex digits, right-padded with zeros.
+THRESHOLD_BITS: Final = 56
+THRESHOLD_DIGITS: Final = 14
+
 #: The replica name a person gives a process (resource attribute); wins over everything else.
 ATTR_REPLICA: Final = "tailscope.replica"
 #: The address of the peer that sent a batch to `tailscope collect` (added to the resource).
@@ -137,6 +147,8 @@ COLUMN_DOCS: Final[tuple[tuple[str, str, str], ...]] = (
     ("InputTokens", "int64", "promoted: gen_ai.usage.input_tokens (or prompt_tokens)"),
     ("OutputTokens", "int64", "promoted: gen_ai.usage.output_tokens (or completion_tokens)"),
     ("TtftNs", "int64", "promoted: time to first token in ns, when the span states it"),
+    ("AdjustedCount", "float64", "promoted: how many spans this one stands for (1 / sampling probability): "
+     "ot=th in TraceState, else a SAMPLE_RATE_KEYS attribute, else 1 (docs/convention.md#sampling)"),
 )
 COLUMN_NAMES: Final[tuple[str, ...]] = tuple(name for name, _, _ in COLUMN_DOCS)
 
@@ -160,7 +172,8 @@ def _arrow_objects() -> dict[str, Any]:
         event = pa.struct([("TimestampNs", pa.int64()), ("Name", pa.string()), ("Attributes", attrs)])
         link = pa.struct([("TraceId", pa.string()), ("SpanId", pa.string()), ("TraceState", pa.string()),
                           ("Attributes", attrs)])
-        types = {"timestamp": pa.timestamp("us", tz="UTC"), "int64": pa.int64(), "string": pa.string(),
+        types = {"timestamp": pa.timestamp("us", tz="UTC"), "int64": pa.int64(), "float64": pa.float64(),
+                 "string": pa.string(),
                  "bool": pa.bool_(), "attrs": attrs, "events": pa.list_(event), "links": pa.list_(link)}
         columns = tuple((name, types[kind], meaning) for name, kind, meaning in COLUMN_DOCS)
         _ARROW.update(ATTRS=attrs, EVENT=event, LINK=link, SPAN_COLUMNS=columns,

@@ -35,7 +35,7 @@ for sp, (a, b) in zip(spikes, shade, strict=True):
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
                "Open the Spike page to see what explains it.")
 report = data.report_of(*key, f)
-notes = "; ".join(report.get("errors", []))
+notes = "; ".join(report.get("warnings", []) + report.get("errors", []))
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
 fired = data.alerts(str(db.store), f.since_ns, f.until_ns)

@@ -290,6 +290,7 @@ class Timeline:
             "InputTokens": None,
             "OutputTokens": None,
             "TtftNs": None,
+            "AdjustedCount": req.get("AdjustedCount") or 1.0,  # a derived stage stands for as many as its request
         }
 
 

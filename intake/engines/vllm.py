@@ -414,4 +414,5 @@ def _stage_spans(req: pa.Table, pieces: tuple[tuple[str, Stretch, npt.NDArray[np
         cols[name] = pa.nulls(m, pa.string())
     for name in ("InputTokens", "OutputTokens", "TtftNs"):
         cols[name] = pa.nulls(m, pa.int64())
+    cols["AdjustedCount"] = pc.fill_null(pc.take(req.column("AdjustedCount"), idx_all), 1.0)
     return pa.table([cols[name] for name in S.COLUMN_NAMES], schema=S.SPAN_SCHEMA)

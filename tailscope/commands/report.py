@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 NEEDS = ("duckdb", "polars", "numpy", "pyarrow")
 
 
+class SamplingPolicy(enum.StrEnum):
+    """What the trace sampler did (analysis.sampling)."""
+
+    auto = "auto"
+    head = "head"
+    tail = "tail"
+
+
 class Metric(enum.StrEnum):
     """Latency a report is about."""
 
@@ -53,6 +61,10 @@ def report(
         "--ok-only", help="Leave errors, timeouts and cancellations out of the percentiles.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract (docs/methods.md).")] = False,
     materialize: MaterializeOption = True,
+    sampling_policy: Annotated[SamplingPolicy, typer.Option(
+        "--sampling-policy", help="How traces were sampled: auto judges tail-based sampling from the data; "
+        "tail declares a sampler that kept requests for their latency or outcome (percentiles are then "
+        "flagged as biased); head trusts the recorded probabilities.")] = SamplingPolicy.auto,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
     import duckdb
@@ -68,7 +80,7 @@ def report(
         try:
             con.execute("SET enable_progress_bar = false").fetchall()
             result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
-                                  include_failures=not ok_only)
+                                  include_failures=not ok_only, sampling_policy=sampling_policy.value)
             seen = recognition_of(con)
         except duckdb.Error as exc:
             fail(f"report failed: {str(exc).splitlines()[0]}")

@@ -68,10 +68,12 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_failures", "since", "until",
-            "percentile_convention", "values", "windows", "baseline_p50_ms", "baseline_p99_ms", "spikes", "errors"}
+            "percentile_convention", "values", "windows", "baseline_p50_ms", "baseline_p99_ms", "spikes", "errors",
+            "sampled", "requests_weighted", "outcomes_weighted", "values_weighted", "values_effective",
+            "baseline_effective", "sampling", "warnings"}
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "stages", "dimensions", "exemplars", "errors", "candidates_tested",
-              "tail_requests", "noisy_neighbour"}
+              "tail_requests", "noisy_neighbour", "requests_weighted", "n_effective"}
 DIM_KEYS = {"dimension", "value", "lo", "hi", "score", "p99_without_ms", "explained", "support", "tail_share",
             "baseline_share", "baseline_p99_without_ms", "p_value", "conditions"}
 
@@ -82,6 +84,9 @@ def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Pat
     assert (report["metric"], report["window_s"], report["requests"], report["windows"]) == ("e2e", 60, 6000, 10)
     assert report["outcomes"] == {"ok": 6000, "error": 0, "timeout": 0, "cancelled": 0}
     assert report["errors"] == []
+    # unsampled: the weighted counts are the counts, nothing is judged about sampling
+    assert (report["sampled"], report["requests_weighted"], report["values_effective"]) == (False, 6000.0, 6000.0)
+    assert (report["sampling"], report["warnings"]) == (None, [])
     assert len(report["spikes"]) == 1
     spike = report["spikes"][0]
     assert set(spike) == SPIKE_KEYS

@@ -150,6 +150,7 @@ def _chunk(rng: np.random.Generator, offset: int, n: int, duration_s: float, tot
             "InputTokens": pa.array(input_tokens, pa.int64()) if is_req else none_i,
             "OutputTokens": pa.array(output_tokens, pa.int64()) if is_req else none_i,
             "TtftNs": none_i,
+            "AdjustedCount": pa.array(np.ones(n), pa.float64()),
         }
         tables.append(pa.Table.from_pydict(cols, schema=S.SPAN_SCHEMA))
     return pa.concat_tables(tables)

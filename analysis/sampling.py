@@ -1,0 +1,184 @@
+"""What sampling did to the data: which requests carry a recorded sampling probability, whether the keep
+rate looks tail-based (it depends on latency or outcome without saying so), and by roughly how much
+the percentiles are then off; plus the bootstrap interval of a weighted quantile.
+
+Weights (each request's adjusted count, analysis.model) make counts and percentiles right for
+any sampler that *records* its probability, whatever it keeps (errors at 100 % and the rest at
+20 %, a rate per tenant): the kept requests, weighted, stand for the whole. A tail-based sampler
+(keep the slow ones, keep the errors, decided after the request ended) records nothing; its
+kept requests weigh 1 and pull every percentile toward the slow end. The data can show it when
+some requests carry a recorded probability and others none: with head sampling whether a
+request carries a record does not depend on its latency or outcome, so a record-less share that
+is much higher among slow requests (beyond the weighted p90) or failures than among the rest is
+evidence of a policy that kept them for being slow or failing (`TAIL_RATIO` and a Chernoff bound
+at `TAIL_ALPHA`). What the truth is then depends on what that policy kept, which nothing records:
+when a head sampler recorded its probability on every request and the tail policy added the
+slow ones it had left out, the recorded requests alone are a probability sample of the whole
+and their weighted percentiles are right, while everything kept counts the slow ones twice;
+when the tail policy kept every slow request and the head only the rest, everything kept is
+right and the recorded ones alone are too fast. The report gives both (`unbiased_*` is the
+recorded-only estimate) and calls their distance the bias: "off by up to". When nothing is
+recorded a tail sampler leaves no trace in the data; `policy="tail"` (declared by the user,
+`--sampling-policy tail`) says so and the magnitude is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from analysis import model as M
+from analysis.explain import binomial_tail_bound
+from analysis.percentiles import quote_ident, weighted_quantile_sorted
+
+F64 = npt.NDArray[np.float64]
+Mask = npt.NDArray[np.bool_]
+
+#: Sampling policies a user may declare: `auto` (judge from the data), `head` (trust the recorded
+#: probabilities), `tail` (a tail-based sampler kept requests for their latency or outcome).
+POLICIES: Final[tuple[str, ...]] = ("auto", "head", "tail")
+#: The record-less share among slow requests (or failures) must be this many times that among the rest ...
+TAIL_RATIO: Final = 2.0
+#: ... and that over-representation significant at this level (Chernoff bound, two tests: slow and failed).
+TAIL_ALPHA: Final = 1e-3
+#: Requests beyond this weighted quantile are the "slow" ones of the test.
+SLOW_Q: Final = 0.9
+#: Bootstrap draws of `quantile_interval`.
+BOOTSTRAP_DRAWS: Final = 400
+
+
+@dataclass
+class SamplingView:
+    """The sampling facts of the values a report analyses."""
+
+    policy: str
+    sampled: bool
+    recorded: int = 0
+    unrecorded: int = 0
+    malformed: int = 0
+    tail_based: bool = False
+    evidence: str | None = None
+    p50_ns: float = math.nan
+    p99_ns: float = math.nan
+    unbiased_p50_ns: float = math.nan
+    unbiased_p99_ns: float = math.nan
+    bias: dict[str, float | None] = field(default_factory=dict)
+
+    def warning(self) -> str | None:
+        """The sentence a reader must see before any percentile, or None."""
+        if not self.tail_based:
+            return None
+        head = f"percentiles are biased: tail-based sampling ({self.evidence})"
+        if math.isfinite(self.unbiased_p99_ns) and math.isfinite(self.p99_ns):
+            return (f"{head}; against the {self.recorded:,} requests with a recorded sampling probability, "
+                    f"p50 may be off by up to {_pct(self.p50_ns, self.unbiased_p50_ns)} and p99 by up to "
+                    f"{_pct(self.p99_ns, self.unbiased_p99_ns)} (recorded-only estimate: p50 "
+                    f"{self.unbiased_p50_ns / 1e6:,.1f} ms, p99 {self.unbiased_p99_ns / 1e6:,.1f} ms)")
+        return f"{head}; no request records its sampling probability, so by how much is unknown"
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's `sampling` object."""
+        return {"policy": self.policy, "recorded": self.recorded, "unrecorded": self.unrecorded,
+                "malformed": self.malformed, "tail_based": self.tail_based, "evidence": self.evidence,
+                "p50_ms": _ms(self.p50_ns), "p99_ms": _ms(self.p99_ns),
+                "unbiased_p50_ms": _ms(self.unbiased_p50_ns), "unbiased_p99_ms": _ms(self.unbiased_p99_ns),
+                "bias": self.bias}
+
+
+def _ms(ns: float) -> float | None:
+    return round(ns / 1e6, 3) if math.isfinite(ns) else None
+
+
+def _pct(x: float, ref: float) -> str:
+    return f"{(x - ref) / ref:+.0%}" if ref else "?"
+
+
+def _wq(values: F64, weights: F64, q: float) -> float:
+    order = np.argsort(values, kind="stable")
+    return weighted_quantile_sorted(values[order], weights[order], q)
+
+
+def recorded_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: npt.NDArray[np.int64]
+                   ) -> tuple[Mask, Mask]:
+    """Per row id of `facts` (trace_id, start_ns): whether its request span records a sampling probability
+    (an `ot=th` or a rate attribute) and whether that record is malformed; read from `spans`."""
+    rec, bad = M.sampling_record_sql(M.DUCKDB)
+    rows = con.execute(
+        f"SELECT f.rowid, bool_or({rec}), bool_or({bad}) FROM {facts} f "
+        f"JOIN spans s ON s.IsRequest AND s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns "
+        f"WHERE list_contains($rids, f.rowid) GROUP BY f.rowid", {"rids": rids.tolist()}).fetchall()
+    got = {int(r): (bool(a), bool(b)) for r, a, b in rows}
+    recorded = np.array([got.get(int(r), (False, False))[0] for r in rids], dtype=bool)
+    malformed = np.array([got.get(int(r), (False, False))[1] for r in rids], dtype=bool)
+    return recorded, malformed
+
+
+def judge(values: F64, weights: F64, failed: Mask, recorded: Mask, malformed: Mask, policy: str) -> SamplingView:
+    """The sampling view of analysed values (see the module docstring for the rule)."""
+    view = SamplingView(policy=policy, sampled=bool(np.any(weights != 1.0)), recorded=int(recorded.sum()),
+                        unrecorded=int((~recorded).sum()), malformed=int(malformed.sum()))
+    if policy == "tail":
+        view.tail_based, view.evidence = True, "declared"
+    elif policy == "auto" and view.recorded and view.unrecorded:
+        slow = values > _wq(values, weights, SLOW_Q)
+        for name, mark in (("latency", slow), ("outcome", failed)):
+            ev = _over_represented(~recorded, mark)
+            if ev is not None:
+                view.tail_based = True
+                view.evidence = (f"requests without a recorded probability are {ev[0]:.0%} of the "
+                                 f"{'slowest 10 %' if name == 'latency' else 'failures'} but {ev[1]:.0%} of the rest")
+                break
+    if values.size:
+        view.p50_ns, view.p99_ns = _wq(values, weights, 0.5), _wq(values, weights, 0.99)
+    if view.tail_based and view.recorded:
+        v, w = values[recorded], weights[recorded]
+        view.unbiased_p50_ns, view.unbiased_p99_ns = _wq(v, w, 0.5), _wq(v, w, 0.99)
+        view.bias = {"p50": round((view.p50_ns - view.unbiased_p50_ns) / view.unbiased_p50_ns, 4)
+                     if view.unbiased_p50_ns else None,
+                     "p99": round((view.p99_ns - view.unbiased_p99_ns) / view.unbiased_p99_ns, 4)
+                     if view.unbiased_p99_ns else None}
+    return view
+
+
+def _over_represented(unrecorded: Mask, mark: Mask) -> tuple[float, float] | None:
+    """(share of `unrecorded` among marked rows, among the rest) when clearly and significantly higher."""
+    n_in, n_out = int(mark.sum()), int((~mark).sum())
+    if n_in == 0 or n_out == 0:
+        return None
+    k_in = int((unrecorded & mark).sum())
+    share_in, share_out = k_in / n_in, int((unrecorded & ~mark).sum()) / n_out
+    if share_in < TAIL_RATIO * share_out:
+        return None
+    p = binomial_tail_bound(k_in, n_in, min(1.0, share_out + 1 / n_out))
+    return (share_in, share_out) if p <= TAIL_ALPHA / 2 else None
+
+
+def quantile_interval(values: F64, weights: F64 | None, q: float, level: float = 0.99,
+                      draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the (weighted) quantile q: the kept requests are drawn again with replacement,
+    each keeping its adjusted count (the resampling of a Poisson sample, the kept requests being the
+    units drawn), and the interval is the central `level` of the resampled quantiles."""
+    n = values.size
+    if n == 0:
+        return (math.nan, math.nan)
+    w = np.ones(n) if weights is None else weights
+    rng = np.random.default_rng(seed)
+    out = np.empty(draws)
+    for i in range(draws):
+        pick = rng.integers(0, n, n)
+        out[i] = _wq(values[pick], w[pick], q)
+    lo, hi = np.quantile(out, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def weight_of(con: duckdb.DuckDBPyConnection, facts: str) -> str:
+    """SQL reading a facts table's adjusted count (1 when the table predates it)."""
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    names = {c[0] for c in cur.description or []}
+    cur.fetchall()
+    return quote_ident("adjusted_count") if "adjusted_count" in names else "1.0"

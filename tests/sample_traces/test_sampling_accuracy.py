@@ -1,0 +1,225 @@
+"""Sampled traces give the unsampled answers: a committed catalogue sample (the whole fleet, 100 % kept) is
+sampled by the rules real samplers follow (OpenTelemetry consistent probability sampling, the threshold
+recorded as `ot=th`) and the weighted analysis of the copy is checked against the analysis of the whole.
+
+- Counts, p50 and p99 per window and per tenant: the whole's value must lie within the copy's 99 %
+  interval wherever the copy's figure is not flagged low-sample: the bootstrap of
+  `analysis.sampling.quantile_interval` for percentiles; for counts the normal interval of the
+  sampling design itself, variance sum (1 - p) / p over the whole's requests, which the test knows
+  (an interval estimated from the copy is empty when it kept no error at all). A 99 % interval
+  misses 1 % of the time when calibrated; the bootstrap of a quantile from a few hundred values is
+  known to run a little narrow, so at most MAX_MISS_SHARE of the checks may miss. The same checks
+  on the copy read *without* weights must fail (the premise: sampling moved the answers).
+- Every catalogue incident is still found at 25 % uniform sampling (the accuracy suite's rules).
+- A tail-sampled copy (slow or failed requests added with nothing recorded) is flagged, with its bias.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from analysis import connect
+from analysis.percentiles import percentile_series
+from analysis.report import build_report
+from analysis.sampling import quantile_interval
+from intake.ingest import ingest_files
+from intake.otlp import base_of, promote
+from sample_traces import generate
+from sample_traces.emit import write_otlp
+from sample_traces.incidents import CATALOGUE, run
+from tests.sample_traces import sampled_copy as C
+from tests.sample_traces.test_accuracy import _accepted, _bounds_hold, _overlaps, _summary
+
+#: Share of interval checks allowed to miss (99 % intervals; see the module docstring).
+MAX_MISS_SHARE = 0.05
+#: z of a two-sided 99 % normal interval (counts).
+Z99 = 2.5758
+WINDOW_S = 120
+NS = 1_000_000_000
+
+POLICIES: dict[str, Callable[[dict[str, Any]], float]] = {
+    "uniform_10": lambda r: 0.10,
+    "errors_all_ok_20": lambda r: 1.0 if r["Outcome"] != "ok" else 0.20,
+    "per_tenant": lambda r: {"acme": 0.10, "globex": 0.5, "initech": 0.25, "umbrella": 0.2}.get(r["Tenant"], 1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
+    store = tmp_path_factory.mktemp("whole") / "store"
+    ingest_files([generate.traces_path(generate.INCIDENTS_DIR, "slow_replica")], store)
+    return store, C.read_spans(store)
+
+
+def _cells(frame: pl.DataFrame, by: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {(r["window_start_ns"], *(r[b] for b in by)): r for r in frame.iter_rows(named=True)}
+
+
+def _checks(truth_store: Path, copy_store: Path, weighted: bool, keep_p: Callable[[dict[str, Any]], float]
+            ) -> tuple[int, list[str]]:
+    """(checks made, misses) of the copy's intervals against the whole's figures, per window and per tenant."""
+    con_t, con_c = connect(truth_store), connect(copy_store)
+    whole = C.facts(con_t)
+    w_starts = np.array([r["start_ns"] for r in whole])
+    w_tenants = np.array([r["tenant"] for r in whole], dtype=object)
+    w_status = np.array([r["status"] for r in whole], dtype=object)
+    p = np.array([keep_p({"Outcome": r["status"], "Tenant": r["tenant"]}) for r in whole])
+    rows = C.facts(con_c)
+    values = np.array([r["e2e_ns"] for r in rows], dtype=np.float64)
+    weights = np.array([r["adjusted_count"] for r in rows]) if weighted else np.ones(len(rows))
+    starts = np.array([r["start_ns"] for r in rows])
+    tenants = np.array([r["tenant"] for r in rows], dtype=object)
+    made, misses = 0, []
+    if not weighted:  # the copy read as if every request stood for itself
+        con_c.execute("CREATE TEMP TABLE plain AS SELECT * REPLACE (1.0 AS adjusted_count) FROM requests")
+    for by, window in (([], WINDOW_S), (["tenant"], 600)):
+        t_cells = _cells(percentile_series(con_t, "e2e", window_s=window, by=by), by)
+        c_cells = _cells(percentile_series(con_c, "e2e", window_s=window, by=by,
+                                           source=None if weighted else "plain"), by)
+        for key, c in c_cells.items():
+            t = t_cells[key]
+            sel = (starts // (window * NS)) * (window * NS) == key[0]
+            if by:
+                sel &= tenants == key[1]
+            w, v = weights[sel], values[sel]
+            in_whole = (w_starts // (window * NS)) * (window * NS) == key[0]
+            if by:
+                in_whole &= w_tenants == key[1]
+            for count, status in (("requests", None), ("errors", "error")):
+                got = c[f"{count}_weighted"]
+                m = in_whole if status is None else in_whole & (w_status == status)
+                half = Z99 * math.sqrt(float(((1 - p[m]) / p[m]).sum())) + 1e-9
+                made += 1
+                if abs(got - t[count]) > half:
+                    misses.append(f"{key} {count}: truth {t[count]}, copy {got:.1f} +- {half:.1f}")
+            order = np.argsort(v, kind="stable")
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                if c[f"{name}_low_sample"] or t[f"{name}_ms"] is None:
+                    continue
+                lo, hi = quantile_interval(v[order], w[order], q, seed=len(misses) + made)
+                made += 1
+                if not lo / 1e6 <= t[f"{name}_ms"] <= hi / 1e6:
+                    misses.append(f"{key} {name}: truth {t[f'{name}_ms']:.1f}, copy {c[f'{name}_ms']:.1f} "
+                                  f"in [{lo / 1e6:.1f}, {hi / 1e6:.1f}]")
+    con_t.close()
+    con_c.close()
+    return made, misses
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_weighted_counts_and_percentiles_match_the_whole(policy: str, whole: tuple[Path, pa.Table],
+                                                         tmp_path: Path) -> None:
+    store, spans = whole
+    copy = C.write_store(tmp_path / "copy", C.consistent_sample(spans, POLICIES[policy]))
+    made, misses = _checks(store, copy, True, POLICIES[policy])
+    assert made >= 40, made
+    assert len(misses) <= MAX_MISS_SHARE * made, f"{policy}: {len(misses)} of {made} missed: {misses}"
+    made_plain, misses_plain = _checks(store, copy, False, POLICIES[policy])  # the premise: unweighted, it is wrong
+    assert len(misses_plain) > MAX_MISS_SHARE * made_plain, f"{policy}: unweighted copy passed too"
+
+
+INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
+#: Length of the simulated runs sampled at 25 %. The committed 10-minute samples cannot do: a p99 is judged
+#: only on windows with 500 effective values (the low-sample rule), and a quarter of 10 requests/s gives
+#: 150 per minute; at 2,500 s the automatic 300 s windows hold about 750.
+QUARTER_RUN_S = 2500.0
+
+
+#: Known miss: the cold start slows the ~60 requests routed to the new replica in its 90 s (a quarter of them
+#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32; on the quarter copy it
+#: stretches the spike to 14:10-14:25 and ranks an output-token bucket above replica-32 (second).
+QUARTER_MISSES = {"cold_start": "too few of the cold start's requests survive a quarter sampling to pin it down"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=QUARTER_MISSES[n]))
+                                  if n in QUARTER_MISSES else n for n in INCIDENTS])
+def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
+    scenario = run(name, generate.SEED, QUARTER_RUN_S, generate.RATE)
+    t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
+    traces = write_otlp(tmp_path / "traces.otlp.jsonl.gz", scenario.config, scenario.requests, generate.SEED)
+    ingest_files([traces], tmp_path / "whole")
+    copy = C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(tmp_path / "whole"), lambda r: 0.25))
+    con = connect(copy)
+    report = build_report(con)
+    con.close()
+    assert report["sampled"] and report["warnings"] == [], report["warnings"]
+    assert report["spikes"], f"{name}: {_summary(report)}; truth {t['window']}"
+    spike = report["spikes"][0]
+    assert _overlaps(spike, t["window"]) and _bounds_hold(spike, t["window"], report["window_s"]), \
+        f"{name}: {_summary(report)}; truth {t['window']}"
+    assert spike["stages"][0]["stage"] == t["stage"], f"{name}: {_summary(report)}"
+    assert spike["dimensions"] and _accepted(spike["dimensions"][0], t["accept"]), \
+        f"{name}: {_summary(report)}; truth accepts {t['accept']}"
+
+
+def _p(spans: pa.Table, q: float) -> int:
+    return int(np.quantile([r["Duration"] for r in C.requests_of(spans)], q))
+
+
+def test_a_tail_sampled_copy_is_flagged_with_its_bias(whole: tuple[Path, pa.Table], tmp_path: Path) -> None:
+    _, spans = whole
+    copy = C.write_store(tmp_path / "tail", C.tail_sample(spans, slow_ns=_p(spans, 0.9), head_p=0.1))
+    con = connect(copy)
+    report = build_report(con)
+    con.close()
+    sampling = report["sampling"]
+    assert report["sampled"] and sampling["tail_based"], sampling
+    assert sampling["evidence"].startswith("requests without a recorded probability"), sampling
+    assert report["warnings"] and report["warnings"][0].startswith("percentiles are biased"), report["warnings"]
+    # everything kept counts the slow ones twice: pulled up; the recorded-only estimate is the head sample's,
+    # whose p50 / p99 hold the whole's within their 99 % bootstrap intervals
+    durations = np.sort(np.array([r["Duration"] for r in C.requests_of(spans)], dtype=np.float64))
+    whole_p50, whole_p99 = (float(np.quantile(durations, q)) / 1e6 for q in (0.5, 0.99))
+    assert sampling["p50_ms"] > whole_p50 and sampling["p99_ms"] > whole_p99, (sampling, whole_p50, whole_p99)
+    assert sampling["bias"]["p50"] > 0 and sampling["bias"]["p99"] > 0, sampling
+    con = connect(copy)
+    head = [r for r in C.facts(con) if r["adjusted_count"] != 1.0]
+    con.close()
+    v = np.sort(np.array([r["e2e_ns"] for r in head], dtype=np.float64))
+    for q, whole_q, key in ((0.5, whole_p50, "unbiased_p50_ms"), (0.99, whole_p99, "unbiased_p99_ms")):
+        lo, hi = quantile_interval(v, np.full(v.size, 10.0), q)
+        assert lo / 1e6 <= whole_q <= hi / 1e6 and lo / 1e6 <= sampling[key] <= hi / 1e6, (q, lo, hi, sampling)
+
+
+def test_head_sampling_is_not_flagged_and_a_declared_tail_policy_is(whole: tuple[Path, pa.Table],
+                                                                     tmp_path: Path) -> None:
+    _, spans = whole
+    head = C.write_store(tmp_path / "head", C.consistent_sample(spans, POLICIES["errors_all_ok_20"]))
+    con = connect(head)
+    report = build_report(con)
+    assert (report["sampling"]["tail_based"], report["warnings"]) == (False, []), report["sampling"]
+    assert report["sampling"]["unrecorded"] == 0
+    declared = build_report(con, sampling_policy="tail")
+    con.close()
+    assert declared["sampling"]["tail_based"] and declared["sampling"]["evidence"] == "declared"
+    # records dropped at random (not for latency or outcome): record-less requests, but no tail evidence
+    kept = C.consistent_sample(spans, lambda r: 0.5)
+    ids = kept.column("TraceId").to_pylist()
+    states = pa.array(["" if C.randomness(t) % 2 else s for t, s in zip(ids, kept.column("TraceState").to_pylist(),
+                                                                       strict=True)], pa.string())
+    mixed = promote(base_of(kept.set_column(kept.schema.get_field_index("TraceState"), "TraceState", states)))
+    con = connect(C.write_store(tmp_path / "mixed", mixed))
+    report = build_report(con)
+    con.close()
+    assert report["sampling"]["unrecorded"] > 0 and not report["sampling"]["tail_based"], report["sampling"]
+
+
+def test_a_tail_sampled_copy_with_nothing_recorded_needs_the_declared_policy(whole: tuple[Path, pa.Table],
+                                                                              tmp_path: Path) -> None:
+    _, spans = whole
+    tail = C.tail_sample(spans, slow_ns=_p(spans, 0.9), head_p=0.1)
+    states = pa.array([""] * tail.num_rows, pa.string())
+    bare = promote(base_of(tail.set_column(tail.schema.get_field_index("TraceState"), "TraceState", states)))
+    con = connect(C.write_store(tmp_path / "bare", bare))
+    assert build_report(con)["sampling"] is None  # unsampled to the eye: the data cannot show it
+    report = build_report(con, sampling_policy="tail")
+    con.close()
+    assert report["sampling"]["tail_based"] and "unknown" in report["warnings"][0], report["warnings"]
