@@ -111,12 +111,12 @@ def pb_bodies(total_spans: int, spans_per_body: int, seed: int = 2) -> list[byte
 class Collector:
     """`tailscope collect` in a child process on free loopback ports."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, extra: Sequence[str] = ()) -> None:
         self.store = store
         self.log = store.parent / f"{store.name}.log"
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tailscope.cli", "collect", "--store", str(store), "--http-port", "0",
-             "--grpc-port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+             "--grpc-port", "0", *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             text = self.log.read_text()
@@ -227,13 +227,14 @@ def q(values: Sequence[float], p: float) -> float:
 # --- the runs ------------------------------------------------------------------------------
 
 
-def run_throughput(work: Path, total: int, per_body: int, connections: int) -> dict[str, float]:
+def run_throughput(work: Path, total: int, per_body: int, connections: int,
+                   collect_args: Sequence[str] = ()) -> dict[str, float]:
     """Pre-encoded bodies into a fresh collector; spans/s until every 200 (= fsynced) is back."""
     bodies = pb_bodies(total, per_body)
     # a fresh store per run: the bodies of a shape are the same bytes every time (fixed seed), so a
     # second run into the same store would only drop duplicates (no segment written: a third of the CPU)
     store = Path(tempfile.mkdtemp(prefix=f"tp-{total}-{per_body}-{connections}-", dir=work))
-    collector = Collector(store)
+    collector = Collector(store, collect_args)
     cpu0 = collector.cpu_seconds()
     try:
         elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
