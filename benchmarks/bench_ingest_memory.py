@@ -14,10 +14,10 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,18 +106,26 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     work = args.dir or Path(tempfile.mkdtemp(prefix="bench-ingest-mem-"))
     work.mkdir(parents=True, exist_ok=True)
-    doc = work / f"one-line-{args.mib:g}mib.json"
+    try:
+        run(work, args.mib)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path, mib: float) -> None:
+    """Write (or reuse) the document in `work` and print one row per decoder."""
+    doc = work / f"one-line-{mib:g}mib.json"
     if not doc.exists():
-        doc.write_bytes(big_document(int(args.mib * (1 << 20))) + b"\n")
+        doc.write_bytes(big_document(int(mib * (1 << 20))) + b"\n")
     size = doc.stat().st_size
     print(f"input: {size / (1 << 20):.1f} MiB on one line; load {os.getloadavg()[0]:.1f}")
     print(f"{'decoder':>10} {'peak MiB':>9} {'growth MiB':>10} {'peak/input':>10} {'growth/input':>12} "
           f"{'spans':>9} {'CPU s':>6}")
     for mode in ("whole", "streaming"):
         store = Path(tempfile.mkdtemp(prefix=f"store-{mode}-", dir=work))
-        t = time.perf_counter()
         base, peak, spans, cpu = measure(doc, store, mode)
-        del t
+        shutil.rmtree(store, ignore_errors=True)
         print(f"{mode:>10} {peak / (1 << 20):>9.0f} {(peak - base) / (1 << 20):>10.0f} {peak / size:>10.1f} "
               f"{(peak - base) / size:>12.1f} {spans:>9,} {cpu:>6.1f}")
 
