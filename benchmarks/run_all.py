@@ -23,6 +23,8 @@ SMALL: dict[str, list[str]] = {
     "bench_report": ["--spans", "100000"],
     "bench_dashboard": ["--spans", "200000"],
     "bench_collect": ["--quick", "--phoenix", ""],
+    "bench_ingest_memory": ["--mib", "8"],
+    "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
 }
 
 

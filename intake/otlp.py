@@ -282,20 +282,37 @@ def _decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool, malformed_
             if not isinstance(ss, Mapping):
                 raise ValueError(f"{where_ss} must be an object")
             scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
+            owner = _Owner(resource, service, replica, str(scope.get("name", "")), str(scope.get("version", "")))
             for k, sp in enumerate(_list(ss, "spans", where_ss)):
-                where = f"{where_ss}.spans[{k}]"
-                try:
-                    batch_args = _json_span(sp, where)
-                except ValueError as exc:
-                    if strict or (malformed_raises and isinstance(exc, MalformedField)):
-                        raise
-                    result.reject(str(exc))
-                    continue
-                batch.append(**batch_args, service=service, resource=resource,
-                             scope_name=str(scope.get("name", "")),
-                             scope_version=str(scope.get("version", "")), replica=replica)
-                result.accepted += 1
+                _append_json_span(sp, f"{where_ss}.spans[{k}]", owner, batch, result,
+                                  strict=strict, malformed_raises=malformed_raises)
     return result
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """What a span takes from the resource and scope around it."""
+
+    resource: dict[str, str]
+    service: str
+    replica: str | None
+    scope_name: str
+    scope_version: str
+
+
+def _append_json_span(sp: Any, where: str, owner: _Owner, batch: SpanBatch, result: DecodeResult, *,
+                      strict: bool, malformed_raises: bool) -> None:
+    """Append one parsed OTLP/JSON span to `batch`, or count it rejected (raise when strict)."""
+    try:
+        batch_args = _json_span(sp, where)
+    except ValueError as exc:
+        if strict or (malformed_raises and isinstance(exc, MalformedField)):
+            raise
+        result.reject(str(exc))
+        return
+    batch.append(**batch_args, service=owner.service, resource=owner.resource, scope_name=owner.scope_name,
+                 scope_version=owner.scope_version, replica=owner.replica)
+    result.accepted += 1
 
 
 def _json_span(sp: Any, where: str) -> dict[str, Any]:

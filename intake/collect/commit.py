@@ -195,8 +195,12 @@ class Committer:
         self._last_take = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
-        # two stages: while one group is written and fsynced, the next is built and promoted
+        # two stages: while one group is written and fsynced, the next is built and promoted. A built
+        # group waits for the writer to take it before the next group is taken: taken any earlier, the
+        # next group could not be written sooner, and it would hold fewer requests (with 8 clients in
+        # three stages, about 2.7 requests a group instead of 4: more groups, each with a fixed cost)
         self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
+        self._taken = threading.Event()
         self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
         self._keys_lock = threading.Lock()
         # statistics (read by the progress line; written under the condition's lock)
@@ -299,6 +303,8 @@ class Committer:
                 prepared = self._prepare_group(*taken)
                 if prepared is not None:
                     self._handoff.put(prepared)
+                    self._taken.wait()  # until the writer has it (see __init__)
+                    self._taken.clear()
         finally:
             self._handoff.put(None)
 
@@ -330,6 +336,7 @@ class Committer:
         """Stage 2: write and fsync each prepared group, then answer its requests."""
         while True:
             prepared = self._handoff.get()
+            self._taken.set()
             if prepared is None:
                 return
             self._write(prepared)

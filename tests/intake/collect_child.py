@@ -46,6 +46,17 @@ class Child:
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS")
 
+    def reset_peak(self) -> None:
+        """Start the child's peak resident memory (VmHWM) over from its RSS now (Linux clear_refs 5)."""
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+
+    def peak_mib(self) -> float:
+        """The child's peak resident memory since start or `reset_peak`, in MiB."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM")
+
     def stop(self) -> str:
         """SIGTERM, wait, and return the log."""
         if self.proc.poll() is None:

@@ -12,6 +12,7 @@ import itertools
 import json
 import random
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,6 +265,40 @@ def test_unauthenticated_and_oversized_bodies_are_refused_before_they_are_read(c
     assert _send_and_answer(child.http_port, _head(declared, PB), 16 << 20) == 413
     assert child.rss_mib() - rss_before < 48, (rss_before, child.rss_mib())
     good_request_is_stored(child, 11)
+
+
+def test_unauthenticated_grpc_messages_are_refused_before_they_are_read(child: Child) -> None:
+    """8 gRPC clients without the token send two 7.5 MiB messages each at once: every call is
+    UNAUTHENTICATED, and the receiver's peak memory does not grow by the messages (grpcio reads a
+    unary message whole before its handler runs; the gate answers from the metadata without asking
+    for it). Read whole, the 16 messages would add at least 8 x 7.5 MiB at once."""
+    def senders(body: bytes) -> list[grpc.StatusCode]:
+        codes: list[grpc.StatusCode] = []
+
+        def client() -> None:
+            with grpc.insecure_channel(f"127.0.0.1:{child.grpc_port}") as channel:
+                call = channel.unary_unary(EXPORT)
+                for _ in range(2):
+                    with pytest.raises(grpc.RpcError) as err:
+                        call(body, timeout=120, metadata=[("authorization", "Bearer not-the-token")])
+                    codes.append(err.value.code())  # type: ignore[attr-defined]
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return codes
+
+    # the same calls with 1 KiB messages first: server threads and connection buffers come into use
+    assert senders(b"x" * 1024) == [grpc.StatusCode.UNAUTHENTICATED] * 16
+    child.reset_peak()
+    rss_before = child.rss_mib()
+    assert senders(random.Random(7).randbytes(int(7.5 * (1 << 20)))) == [grpc.StatusCode.UNAUTHENTICATED] * 16
+    assert child.peak_mib() - rss_before < 16, (rss_before, child.peak_mib())
+    # with the token the same channel works
+    assert ExportTraceServiceResponse.FromString(grpc_export(child, pb_body(3, random.Random(next(_SEEDS)))[0]))
+    good_request_is_stored(child, 13)
 
 
 def test_the_byte_budget_is_claimed_before_the_body(child: Child) -> None:
