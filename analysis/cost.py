@@ -364,7 +364,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         # GPU ns per (key, replica, model) (prices depend on replica and model) and the part of it spent on
         # requests in range at or above their key's p99 (the tail): one join of the shares with the facts
         gpu = con.execute(f"""
-            SELECT {key} AS key, s.replica, f.model, {fkey} AS fkey, sum(s.allocated_ns)::BIGINT AS ns,
+            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
                    sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
             FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
             LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
@@ -383,18 +383,24 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
                                    "usd_per_1k_output_tokens": None, "tail_gpu_ns": 0, "tail_gpu_share": None})
 
     model_ns: dict[tuple[str, str], int] = {}
-    for k, replica, model, _fkey, ns, tail_ns in gpu:
+    priced: dict[str, dict[float | None, int]] = {}  # key -> price -> ns: exact sums, priced once per price
+    for k, replica, model, ns, tail_ns in gpu:
         r = row(str(k))
         r["gpu_ns"] += int(ns)
         r["tail_gpu_ns"] += int(tail_ns or 0)
-        usd = _usd(int(ns), prices.of(replica, model))
-        if r["cost_usd"] is not None:
-            r["cost_usd"] = None if usd is None else r["cost_usd"] + usd
+        by_price = priced.setdefault(str(k), {})
+        price = prices.of(replica, model)
+        by_price[price] = by_price.get(price, 0) + int(ns)
         if model is not None:
             model_ns[(replica, model)] = model_ns.get((replica, model), 0) + int(ns)
     top_model: dict[str, str] = {}  # the model a replica spent most GPU time on (ties: the larger name)
     for (replica, model), _ns in sorted(model_ns.items(), key=lambda kv: (kv[1], kv[0][1])):
         top_model[replica] = model
+    for k, by_price in priced.items():
+        known_prices = {p: ns for p, ns in by_price.items() if p is not None}
+        if rows[k]["cost_usd"] is not None:
+            rows[k]["cost_usd"] = None if len(known_prices) < len(by_price) else sum(
+                ns * p / NS_PER_HOUR for p, ns in sorted(known_prices.items()))
     for k, n, tin, tout, _p99 in reqs:
         r = row(str(k))
         r["requests"], r["input_tokens"], r["output_tokens"] = int(n), int(tin), int(tout)

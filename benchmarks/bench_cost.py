@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    for spans, r in results.items():
-        print(f"{int(spans):,} spans, {r['requests']:,} requests, load {r['loadavg_1m']}: "
+    for count, r in results.items():
+        print(f"{int(count):,} spans, {r['requests']:,} requests, load {r['loadavg_1m']}: "
               f"anchor {r['anchor_s']} s; cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
               f"({r['cost_vs_anchor_x']}x anchor, identity {'holds' if r['identity_holds'] else 'BROKEN'}); "
               f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
