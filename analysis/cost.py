@@ -110,15 +110,13 @@ LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"
 SELECT TraceId, request_span_id, row_number() OVER (ORDER BY TraceId, request_span_id) AS rid
 FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
-    steps["_cost_gpu_ord"] = """
-SELECT g.replica, r.rid, g.s, g.e,
-       max(g.e) OVER (PARTITION BY g.replica, r.rid ORDER BY g.s, g.e
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
-FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId AND r.request_span_id = g.request_span_id"""
     steps["_cost_gpu_num"] = """
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
           OVER (PARTITION BY replica, rid ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
-FROM _cost_gpu_ord"""
+FROM (SELECT g.replica, r.rid, g.s, g.e,
+             max(g.e) OVER (PARTITION BY g.replica, r.rid ORDER BY g.s, g.e
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
+      FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId AND r.request_span_id = g.request_span_id)"""
     # iid ranks islands by (end, rid) per replica, rid ordering requests by (trace id, request span id): a
     # running max of iid over the islands started so far names the active one that ends last (the remainder's
     # recipient)
@@ -140,22 +138,21 @@ WHERE o.replica IN (SELECT replica FROM _cost_st)
         grid_events = f"""
 UNION ALL
 SELECT o.replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
-    steps["_cost_events"] = f"""
+    events = f"""
 SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
 UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
 UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
 UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
 UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
 UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
-    steps["_cost_points"] = ("SELECT replica, t, sum(dg) AS dg, sum(dl) AS dl, max(cand) AS cand "
-                             "FROM _cost_events GROUP BY replica, t")
+    # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
     nxt = d["next"].format(x="t", p="replica", o="t")
     steps["_cost_segs"] = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
-       sum(dg) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
-       sum(dl) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
-       max(cand) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
-FROM _cost_points"""
+       sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
+       sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
+       max(max(cand)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
+FROM ({events}) GROUP BY replica, t"""
     # q, r: each segment's floor share and remainder; Q(t) = q_before: the floor shares of every segment before t
     steps["_cost_shared"] = f"""
 SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
