@@ -23,27 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import _peak_rss_mib, _timed, bench_args, stores
-from tracing import schema as S
+from benchmarks.bench_report import _peak_rss_mib, _timed, anchor, bench_args, stores
 
 
 def run_one(store: Path) -> dict[str, Any]:
     """Time each step in this process; wall and CPU seconds."""
-    import duckdb
-
     from analysis import connect
     from analysis.capacity import Workload, _replayed, capacity_curve, load_kernel, observed_workload, replay
     from analysis.cost import Prices, cost_table
     from analysis.whatif import simulate
 
     out: dict[str, Any] = {}
-    glob = str(store / S.SEGMENT_GLOB)
-    con0 = duckdb.connect()
-    con0.execute("SET enable_progress_bar = false").fetchall()
-    _, out["anchor_s"], out["anchor_cpu_s"] = _timed(lambda: con0.execute(
-        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-        "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall())
-    con0.close()
+    out["anchor_s"], out["anchor_cpu_s"] = anchor(store)
 
     con = connect(store, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false").fetchall()

@@ -223,26 +223,32 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return result, round(time.perf_counter() - t, 3), round(_cpu_s() - c, 3)
 
 
+def anchor(store: Path) -> tuple[float, float]:
+    """The anchor, (wall s, CPU s): DuckDB's plain p50/p99 of `Duration` per `SpanName` over the store's Parquet."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false").fetchall()
+    _, wall, cpu = _timed(lambda: con.execute(
+        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
+        "FROM read_parquet(?) GROUP BY SpanName", [str(store / S.SEGMENT_GLOB)]).fetchall())
+    con.close()
+    return wall, cpu
+
+
 def run_one(store: Path) -> dict[str, Any]:
     """Time, in this process: DuckDB's p50/p99 per span name, one percentile series, the full report.
 
     Wall time and CPU time (user + system, all threads) of each: on a shared machine the CPU time
     is the steadier figure, and wall ~ CPU / 2 on two idle cores.
     """
-    import duckdb
 
     from analysis import connect
     from analysis.percentiles import percentile_series
     from analysis.report import build_report
 
     out: dict[str, Any] = {}
-    glob = str(store / S.SEGMENT_GLOB)
-    con0 = duckdb.connect()
-    con0.execute("SET enable_progress_bar = false").fetchall()
-    _, out["duckdb_p50_p99_per_name_s"], out["duckdb_cpu_s"] = _timed(lambda: con0.execute(
-        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-        "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall())
-    con0.close()
+    out["duckdb_p50_p99_per_name_s"], out["duckdb_cpu_s"] = anchor(store)
 
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
