@@ -7,7 +7,7 @@ The curve runs the replay once per replica count below the first count at which 
 waits (`zero_wait_servers`, exact, from one sort); every larger count gives the same latencies
 (each request starts at its arrival), so those points are computed once. A Workload keeps the
 points it has replayed, so a new target, metric or price replays nothing. The C kernel (built
-by `pip install` from setup.py) makes a replay about a tenth of a second on 1.4 M requests; the
+by `pip install` from setup.py) makes a replay 0.1-0.25 s on 1.4 M requests (measured under load); the
 Python loop of analysis.whatif.simulate gives the same numbers without it.
 
 Scale-up (`reactive`): start from `replicas` and, whenever a request arrives to find every
