@@ -3,9 +3,12 @@
 The replay is analysis.whatif's: each request keeps its observed arrival and its service
 time (e2e minus critical-path queue wait) and waits first come, first served for one of
 replicas x slots servers. Predicted TTFT = predicted wait + observed (TTFT - queue wait).
-The curve runs the replay once per replica count; the C kernel (built by `pip install` from
-setup.py) makes that a few tens of ms per count on a million requests; the Python loop of
-analysis.whatif.simulate gives the same numbers without it.
+The curve runs the replay once per replica count below the first count at which no request
+waits (`zero_wait_servers`, exact, from one sort); every larger count gives the same latencies
+(each request starts at its arrival), so those points are computed once. A Workload keeps the
+points it has replayed, so a new target, metric or price replays nothing. The C kernel (built
+by `pip install` from setup.py) makes a replay 0.1-0.25 s on 1.4 M requests (measured under load); the
+Python loop of analysis.whatif.simulate gives the same numbers without it.
 
 Scale-up (`reactive`): start from `replicas` and, whenever a request arrives to find every
 slot busy and no replica already starting, start one more (up to `max_replicas`); it serves
@@ -30,8 +33,9 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
+from analysis import breakdowns as B
 from analysis.percentiles import parse_time
-from analysis.whatif import simulate
+from analysis.whatif import observed_requests, simulate
 
 I64 = npt.NDArray[np.int64]
 #: Version of the capacity JSON shape (`capacity_curve`).
@@ -93,6 +97,26 @@ def replay(arrivals: I64, services: I64, servers: int, kernel: ctypes.CDLL | Non
     return out
 
 
+def zero_wait_servers(arrivals: I64, services: I64) -> int:
+    """Fewest FIFO servers with which no request waits (arrivals sorted): 1 + the most still in service at an arrival.
+
+    With no request waiting, every request starts at its arrival a and ends at e = a + s, so
+    request j finds busy exactly the earlier requests i < j with e_i > a_j (each the last on its
+    own server), and it waits iff those fill every server. Counted with one sort of the ends:
+    #{i < j: e_i <= a_j} = #{all i: e_i <= a_j} - #{i >= j: a_i = a_j, s_i = 0}.
+    """
+    n = int(arrivals.size)
+    if n == 0:
+        return 1
+    a = np.asarray(arrivals, dtype=np.int64)
+    s = np.asarray(services, dtype=np.int64)
+    ended = np.searchsorted(np.sort(a + s), a, side="right")
+    zeros_from = np.concatenate([np.cumsum((s == 0)[::-1])[::-1], [0]])  # zero-service requests at index >= j
+    group_end = np.searchsorted(a, a, side="right")  # first index after a_j's tie group
+    ended_before = ended - (zeros_from[:n] - zeros_from[group_end])
+    return int((np.arange(n) - ended_before).max()) + 1
+
+
 class Workload:
     """The observed requests in a range, sorted by arrival: arrival, service and TTFT-after-queue (ns)."""
 
@@ -109,6 +133,15 @@ class Workload:
         self.ttft_all = self.ttft_rows.size == ttft_rest.size
         self.slots, self.observed_replicas = slots, observed_replicas
         self.cold_start_ns, self.span_ns = cold_start_ns, span_ns
+        self.points: dict[int, dict[str, Any]] = {}  # replicas -> `point` without a price (a memo)
+        self._zero_wait: int | None = None
+
+    @property
+    def zero_wait_replicas(self) -> int:
+        """Fewest replicas (of `slots` servers) with which no request waits; every larger count replays the same."""
+        if self._zero_wait is None:
+            self._zero_wait = -(-zero_wait_servers(self.arrivals, self.services) // self.slots)
+        return self._zero_wait
 
     @property
     def size(self) -> int:
@@ -118,28 +151,16 @@ class Workload:
 
 def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetime | None = None,
                       until: str | int | datetime | None = None) -> Workload:
-    """The requests starting in [since, until) from the `requests` view, the observed slots and cold start."""
+    """The requests starting in [since, until) (analysis.whatif.observed_requests), the observed slots and cold start.
+
+    Slots: analysis.breakdowns.peak_concurrency (most requests one replica served at once).
+    """
     lo, hi = parse_time(since), parse_time(until)
-    where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
-    data = con.execute(
-        f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
-        f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns "
-        f"FROM requests WHERE {where} ORDER BY start_ns", [lo, hi]).fetchnumpy()
-    arrivals = np.asarray(data["start_ns"], dtype=np.int64)
-    services = np.maximum(np.asarray(data["service_ns"], dtype=np.int64), 0)
-    rest = data["ttft_rest_ns"]
-    ttft_rest = np.ma.filled(np.ma.masked_invalid(np.ma.asarray(rest, dtype=np.float64)), np.nan) \
-        if isinstance(rest, np.ma.MaskedArray) else np.asarray(rest, dtype=np.float64)
-    ttft_rest = np.where(np.isnan(ttft_rest), np.nan, np.maximum(ttft_rest, 0.0))
-    row = con.execute(f"""
-        WITH ev AS (
-            SELECT replica, start_ns + coalesce(queue_wait_ns, 0) AS t, 1 AS d FROM requests WHERE {where}
-            UNION ALL SELECT replica, end_ns AS t, -1 AS d FROM requests WHERE {where})
-        SELECT max(n), (SELECT count(DISTINCT replica) FROM requests WHERE {where})
-        FROM (SELECT sum(d) OVER (PARTITION BY replica ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS n FROM ev)""",
-                      [lo, hi]).fetchone()
-    slots = max(1, int(row[0])) if row and row[0] is not None else 1
-    replicas = max(1, int(row[1])) if row and row[1] else 1
+    arrivals, services, ttft_rest, _ = observed_requests(con, lo, hi)
+    where = "(?::BIGINT IS NULL OR start_ns >= ?) AND (?::BIGINT IS NULL OR start_ns < ?)"
+    slots = B.peak_concurrency(con, "requests", where, [lo, lo, hi, hi])
+    row = con.execute(f"SELECT count(DISTINCT replica) FROM requests WHERE {where}", [lo, lo, hi, hi]).fetchone()
+    replicas = max(1, int(row[0])) if row and row[0] else 1
     load = con.execute(
         "SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = 'model_load' "
         "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchone()
@@ -164,19 +185,36 @@ def _p99_ms(values: npt.NDArray[np.float64]) -> float | None:
 
 def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
           kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
-    """p50 / p99 e2e and p99 TTFT (ms) with `replicas` x slots FIFO servers, and the GPU cost per hour."""
+    """p50 / p99 e2e and p99 TTFT (ms) with `replicas` x slots FIFO servers, and the GPU cost per hour.
+
+    Kept in `w.points`; from `w.zero_wait_replicas` on, the one no-wait replay serves every count.
+    """
+    replicas = int(replicas)
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    base = w.points.get(replicas)
+    if base is None:
+        at = replicas if replicas < w.zero_wait_replicas else w.zero_wait_replicas
+        base = w.points.get(at)
+        if base is None:
+            base = _replayed(w, at, kernel)
+            w.points[at] = base
+        if at != replicas:
+            base = {**base, "replicas": replicas, "servers": replicas * w.slots}
+            w.points[replicas] = base
+    return {**base, "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd}
+
+
+def _replayed(w: Workload, replicas: int, kernel: ctypes.CDLL | None) -> dict[str, Any]:
+    """`point` without its price: one replay through replicas x slots servers."""
     lat = replay(w.arrivals, w.services, replicas * w.slots, kernel, checked=True)
     p50, p99 = _q_ms(lat, [0.5, 0.99])
     if w.ttft_all:
         ttft = (lat - w.services) + w.ttft_rest
     else:
         ttft = (lat[w.ttft_rows] - w.services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
-    return {
-        "replicas": int(replicas), "servers": int(replicas * w.slots),
-        "p50_ms": p50, "p99_ms": p99,
-        "ttft_p99_ms": _q_ms(ttft, [0.99])[0],
-        "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd,
-    }
+    return {"replicas": replicas, "servers": replicas * w.slots, "p50_ms": p50, "p99_ms": p99,
+            "ttft_p99_ms": _q_ms(ttft, [0.99])[0]}
 
 
 def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), target_p99_ms: float | None = None,
@@ -197,11 +235,11 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
         return done[r]
 
     counts = sorted({int(r) for r in replicas})
-    if load_kernel() is not None and len(counts) > 1:  # the C kernel releases the GIL: one point per core
-        with ThreadPoolExecutor(max_workers=min(len(counts), os.cpu_count() or 1)) as pool:
-            points = list(pool.map(at, counts))
-    else:
-        points = [at(r) for r in counts]
+    todo = sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points))
+    if load_kernel() is not None and len(todo) > 1:  # the C kernel releases the GIL: one point per core
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+            list(pool.map(at, todo))
+    points = [at(r) for r in counts]
     col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
 
     def meets(r: int) -> bool:
@@ -225,7 +263,43 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
         fewest = hi
     return {"version": CAPACITY_VERSION, "requests": w.size, "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,
-            "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points}
+            "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points,
+            "advice": advice(w.observed_replicas, fewest, counts[-1] if counts else 0, target_p99_ms, metric,
+                             gpu_hour_usd)}
+
+
+def advice(observed: int, fewest: int | None, largest: int, target_p99_ms: float | None, metric: str,
+           gpu_hour_usd: float | None) -> dict[str, Any] | None:
+    """What the fewest count means against the observed fleet: scale down, scale up or keep, in a sentence.
+
+    `change` is "scale down" when fewer replicas than observed hold the target (by how many and,
+    with a price, what that saves per hour), "scale up" when more are needed, "keep" when the
+    observed count is the fewest, "none holds" when no count up to `largest` does.
+    """
+    if target_p99_ms is None:
+        return None
+    goal = f"p99 {metric} <= {target_p99_ms:,.0f} ms"
+    out: dict[str, Any] = {"change": None, "observed_replicas": observed, "fewest_replicas": fewest,
+                           "replicas_delta": None, "usd_per_hour_delta": None}
+    if fewest is None:
+        out["change"] = "none holds"
+        out["sentence"] = f"no count up to {largest} replicas holds {goal} on the observed traffic"
+        return out
+    delta = fewest - observed
+    out["replicas_delta"] = delta
+    out["usd_per_hour_delta"] = None if gpu_hour_usd is None else delta * gpu_hour_usd
+    money = "" if gpu_hour_usd is None else f" (${abs(delta) * gpu_hour_usd:,.2f}/h {'less' if delta < 0 else 'more'})"
+    if delta < 0:
+        out["change"] = "scale down"
+        out["sentence"] = (f"scale down: {fewest} replicas hold {goal}, {-delta} fewer than the {observed} "
+                           f"observed{money}")
+    elif delta > 0:
+        out["change"] = "scale up"
+        out["sentence"] = f"scale up: {goal} needs {fewest} replicas, {delta} more than the {observed} observed{money}"
+    else:
+        out["change"] = "keep"
+        out["sentence"] = f"keep: the {observed} observed replicas are the fewest that hold {goal}"
+    return out
 
 
 def reactive(arrivals: I64, services: I64, slots: int, replicas: int, max_replicas: int,

@@ -74,7 +74,7 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
     """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
 
     Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
-    Steps of interest: `_cost_shares` (replica, trace_id, request_span_id, request_start_ns,
+    Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
     bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
     allocated_ns, cold_start_ns, idle_ns).
     """
@@ -86,7 +86,7 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
     gpu_list = ", ".join(f"'{s}'" for s in GPU_STAGES)
     bucket = idiv("t", "$grid") + " * $grid" if grid else "0"
     steps: dict[str, str] = {}
-    steps["_cost_req"] = "SELECT TraceId, SpanId, TimestampNs FROM spans WHERE IsRequest"
+    steps["_cost_req"] = "SELECT DISTINCT TraceId, SpanId FROM spans WHERE IsRequest"
     steps["_cost_st"] = f"""
 SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
        TimestampNs AS s, EndNs AS e
@@ -94,37 +94,35 @@ FROM spans WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
     # generation spans with a prefill / decode child are represented by those children
     steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
                             "WHERE Stage IN ('prefill', 'decode')")
+    # the GPU spans in the window (filtered before the parent joins), each with its request span
     steps["_cost_gpu"] = """
-SELECT g.TraceId, g.replica, g.s, g.e,
-       coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id,
-       coalesce(r1.TimestampNs, r2.TimestampNs) AS request_start_ns
-FROM _cost_st g
+SELECT g.TraceId, g.replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
+       coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
+FROM (SELECT g.* FROM _cost_st g
+      LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
+      WHERE (g.Stage IN ('prefill', 'decode') OR (g.Stage = 'generation' AND x.TraceId IS NULL))
+        AND least(g.e, $hi) > greatest(g.s, $lo)) g
 LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
 LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
-LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId
-LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
-WHERE (g.Stage IN ('prefill', 'decode') OR (g.Stage = 'generation' AND x.TraceId IS NULL))
-  AND least(g.e, $hi) > greatest(g.s, $lo)"""
+LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"""
+    # an integer per request in (trace id, request span id) order: the later steps sort and group integers
+    steps["_cost_rid"] = """
+SELECT TraceId, request_span_id, row_number() OVER (ORDER BY TraceId, request_span_id) AS rid
+FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
-    steps["_cost_gpu_ord"] = """
-SELECT replica, TraceId, request_span_id, request_start_ns,
-       greatest(s, $lo) AS s, least(e, $hi) AS e,
-       max(least(e, $hi)) OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY greatest(s, $lo), least(e, $hi)
-                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
-FROM _cost_gpu"""
     steps["_cost_gpu_num"] = """
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
-          OVER (PARTITION BY replica, TraceId, request_span_id ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
-FROM _cost_gpu_ord"""
-    steps["_cost_islands_raw"] = """
-SELECT replica, TraceId, request_span_id, min(request_start_ns) AS request_start_ns,
-       min(s) AS s, max(e) AS e
-FROM _cost_gpu_num GROUP BY replica, TraceId, request_span_id, island"""
-    # iid ranks islands by (end, trace id, request span id) per replica: a running max of iid over the
-    # islands started so far names the active one that ends last (the remainder's recipient)
+          OVER (PARTITION BY replica, rid ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
+FROM (SELECT g.replica, r.rid, g.s, g.e,
+             max(g.e) OVER (PARTITION BY g.replica, r.rid ORDER BY g.s, g.e
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
+      FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId AND r.request_span_id = g.request_span_id)"""
+    # iid ranks islands by (end, rid) per replica, rid ordering requests by (trace id, request span id): a
+    # running max of iid over the islands started so far names the active one that ends last (the remainder's
+    # recipient)
     steps["_cost_islands"] = """
-SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, TraceId, request_span_id) AS iid
-FROM _cost_islands_raw"""
+SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, rid) AS iid
+FROM (SELECT replica, rid, min(s) AS s, max(e) AS e FROM _cost_gpu_num GROUP BY replica, rid, island)"""
     steps["_cost_loads"] = f"""
 SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
 WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
@@ -140,54 +138,50 @@ WHERE o.replica IN (SELECT replica FROM _cost_st)
         grid_events = f"""
 UNION ALL
 SELECT o.replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
-    steps["_cost_events"] = f"""
+    events = f"""
 SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
 UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
 UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
 UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
 UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
 UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
-    steps["_cost_points"] = ("SELECT replica, t, sum(dg) AS dg, sum(dl) AS dl, max(cand) AS cand "
-                             "FROM _cost_events GROUP BY replica, t")
+    # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
     nxt = d["next"].format(x="t", p="replica", o="t")
     steps["_cost_segs"] = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
-       sum(dg) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
-       sum(dl) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
-       max(cand) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
-FROM _cost_points"""
+       sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
+       sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
+       max(max(cand)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
+FROM ({events}) GROUP BY replica, t"""
+    # q, r: each segment's floor share and remainder; Q(t) = q_before: the floor shares of every segment before t
     steps["_cost_shared"] = f"""
-SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
-       CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {idiv("len_ns", "n")} ELSE 0 END AS q,
-       CASE WHEN n > 0 AND len_ns IS NOT NULL THEN len_ns % n ELSE 0 END AS r
-FROM _cost_segs"""
-    # Q(t): the floor shares of every segment before t, a running prefix sum
-    steps["_cost_prefix"] = """
-SELECT replica, t, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
-FROM _cost_shared"""
+SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
+FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
+             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {idiv("len_ns", "n")} ELSE 0 END AS q,
+             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN len_ns % n ELSE 0 END AS r
+      FROM _cost_segs)"""
     if grid:
         cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
         steps["_cost_pieces"] = f"""
-SELECT i.replica, i.TraceId, i.request_span_id, i.request_start_ns,
-       greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
+SELECT i.replica, i.rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
 FROM _cost_islands i{cells}"""
     else:
-        steps["_cost_pieces"] = ("SELECT replica, TraceId, request_span_id, request_start_ns, s, e, "
-                                 "0 AS bucket_ns FROM _cost_islands")
+        steps["_cost_pieces"] = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
     steps["_cost_shares"] = """
-SELECT replica, trace_id, request_span_id, min(request_start_ns) AS request_start_ns, bucket_ns,
-       CAST(sum(part) AS BIGINT) AS allocated_ns
+SELECT a.replica, r.TraceId AS trace_id, r.request_span_id, a.bucket_ns, a.allocated_ns
 FROM (
-    SELECT p.replica, p.TraceId AS trace_id, p.request_span_id, p.request_start_ns, p.bucket_ns,
-           qe.q_before - qs.q_before AS part
-    FROM _cost_pieces p
-    JOIN _cost_prefix qs ON qs.replica = p.replica AND qs.t = p.s
-    JOIN _cost_prefix qe ON qe.replica = p.replica AND qe.t = p.e
-    UNION ALL
-    SELECT w.replica, i.TraceId, i.request_span_id, i.request_start_ns, w.bucket_ns, w.r
-    FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
-    JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
-) GROUP BY replica, trace_id, request_span_id, bucket_ns"""
+    SELECT replica, rid, bucket_ns, CAST(sum(part) AS BIGINT) AS allocated_ns
+    FROM (
+        SELECT p.replica, p.rid, p.bucket_ns, qe.q_before - qs.q_before AS part
+        FROM _cost_pieces p
+        JOIN _cost_shared qs ON qs.replica = p.replica AND qs.t = p.s
+        JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e
+        UNION ALL
+        SELECT w.replica, i.rid, w.bucket_ns, w.r
+        FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
+        JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
+    ) GROUP BY replica, rid, bucket_ns
+) a JOIN _cost_rid r ON r.rid = a.rid"""
     if grid:
         observed = """greatest(0, least(o.last_ns, b.bucket_ns + $grid) - greatest(o.first_ns, b.bucket_ns))"""
         buckets = """(SELECT DISTINCT replica, bucket_ns FROM _cost_shared) b"""
@@ -341,9 +335,9 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
 
     GPU time is the fair share of each instant in [since, until) (see the module docstring);
     requests, tokens and the p99 tail are those of the requests that start in [since, until).
-    Request columns come from `facts` (a table with the `requests` view's trace_id, start_ns,
+    Request columns come from `facts` (a table with the `requests` view's trace_id, span_id, start_ns,
     e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
-    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, start_ns).
+    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -356,11 +350,6 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     fkey = _key_expr(by, "f")
     try:
-        # GPU ns per (key, replica, model): prices depend on replica and model
-        gpu = con.execute(f"""
-            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns
-            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
-            GROUP BY ALL""").fetchall()
         reqs = con.execute(f"""
             WITH f AS (SELECT * FROM {facts} f WHERE {where}),
                  q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1)
@@ -368,21 +357,17 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
                    coalesce(sum(f.input_tokens), 0)::BIGINT AS input_tokens,
                    coalesce(sum(f.output_tokens), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
             FROM f JOIN q ON q.key = {fkey} GROUP BY 1""", params).fetchall()
-        tail = con.execute(f"""
-            WITH f AS (SELECT * FROM {facts} f WHERE {where}),
-                 q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1),
-                 t AS (SELECT f.trace_id, f.start_ns FROM f JOIN q ON q.key = {fkey} WHERE f.e2e_ns >= q.p99)
-            SELECT {key} AS key, sum(s.allocated_ns)::BIGINT
-            FROM {shares} s JOIN t ON t.trace_id = s.trace_id AND t.start_ns = s.request_start_ns
-            LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
-            GROUP BY 1""", params).fetchall()
+        tail_at = [(str(k), p) for k, _n, _i, _o, p in reqs]
+        # GPU ns per (key, replica, model) (prices depend on replica and model) and the part of it spent on
+        # requests in range at or above their key's p99 (the tail): one join of the shares with the facts
+        gpu = con.execute(f"""
+            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
+                   sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
+            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
+            LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
+            GROUP BY ALL""", {**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}).fetchall()
         rep_rows = con.execute(f"SELECT replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps} "
                                "ORDER BY replica").fetchall()
-        top_model = dict(con.execute(f"""
-            SELECT replica, arg_max(model, ns) FROM (
-                SELECT s.replica, f.model, sum(s.allocated_ns) AS ns FROM {shares} s
-                JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
-                WHERE f.model IS NOT NULL GROUP BY ALL) GROUP BY 1""").fetchall())
     except duckdb.Error as exc:
         raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
     finally:
@@ -394,17 +379,28 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
                                    else None, "requests": 0, "input_tokens": 0, "output_tokens": 0,
                                    "usd_per_1k_output_tokens": None, "tail_gpu_ns": 0, "tail_gpu_share": None})
 
-    for k, replica, model, ns in gpu:
+    model_ns: dict[tuple[str, str], int] = {}
+    priced: dict[str, dict[float | None, int]] = {}  # key -> price -> ns: exact sums, priced once per price
+    for k, replica, model, ns, tail_ns in gpu:
         r = row(str(k))
         r["gpu_ns"] += int(ns)
-        usd = _usd(int(ns), prices.of(replica, model))
-        if r["cost_usd"] is not None:
-            r["cost_usd"] = None if usd is None else r["cost_usd"] + usd
+        r["tail_gpu_ns"] += int(tail_ns or 0)
+        by_price = priced.setdefault(str(k), {})
+        price = prices.of(replica, model)
+        by_price[price] = by_price.get(price, 0) + int(ns)
+        if model is not None:
+            model_ns[(replica, model)] = model_ns.get((replica, model), 0) + int(ns)
+    top_model: dict[str, str] = {}  # the model a replica spent most GPU time on (ties: the larger name)
+    for (replica, model), _ns in sorted(model_ns.items(), key=lambda kv: (kv[1], kv[0][1])):
+        top_model[replica] = model
+    for k, by_price in priced.items():
+        known_prices = {p: ns for p, ns in by_price.items() if p is not None}
+        if rows[k]["cost_usd"] is not None:
+            rows[k]["cost_usd"] = None if len(known_prices) < len(by_price) else sum(
+                ns * p / NS_PER_HOUR for p, ns in sorted(known_prices.items()))
     for k, n, tin, tout, _p99 in reqs:
         r = row(str(k))
         r["requests"], r["input_tokens"], r["output_tokens"] = int(n), int(tin), int(tout)
-    for k, ns in tail:
-        row(str(k))["tail_gpu_ns"] = int(ns or 0)
     out_rows = []
     for r in sorted(rows.values(), key=lambda x: (-x["gpu_ns"], x["key"])):
         r["gpu_seconds"] = r["gpu_ns"] / 1e9
@@ -467,7 +463,7 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
     try:
         gpu = con.sql(f"""
             SELECT s.bucket_ns, {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns
-            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
             GROUP BY ALL""").pl()
         over = con.sql(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}").pl()
     finally:

@@ -79,7 +79,7 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
     try:
         gpu = con.sql(f"""
             SELECT f.tenant, (s.bucket_ns >= $s0 AND s.bucket_ns < $s1) AS in_spike, sum(s.allocated_ns) AS ns
-            FROM {shares} s JOIN {facts} f ON f.trace_id = s.trace_id AND f.start_ns = s.request_start_ns
+            FROM {shares} s JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
             WHERE list_contains($reps, s.replica) AND list_contains($cells, s.bucket_ns)
             GROUP BY ALL""", params={"s0": spike.start_ns, "s1": spike.end_ns, "reps": replicas,
                                      "cells": cells}).pl()

@@ -213,7 +213,7 @@ def auto_window_s(requests: int, span_s: float) -> int:
     return choice
 
 
-_FACT_COLUMNS = ("trace_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
+_FACT_COLUMNS = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service", "model",
                  "model_version", "tenant", "input_tokens", "output_tokens", "adjusted_count")
 _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 

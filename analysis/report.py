@@ -461,6 +461,8 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
             con.print(t)
         if spike["exemplars"]:
             con.print("exemplars: " + ", ".join(spike["exemplars"]), highlight=False)
+        if spike.get("noisy_neighbour"):
+            con.print(f"noisy neighbour: {spike['noisy_neighbour']['sentence']}", highlight=False)
     for err in report["errors"]:
         con.print(f"[yellow]{err}[/]", highlight=False)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import duckdb
@@ -76,25 +77,43 @@ def oracle(arrivals: Sequence[int], services: Sequence[int], servers: int) -> li
     return latency
 
 
-def predict(arrivals: I64, services: I64, servers: Sequence[int]) -> list[dict[str, Any]]:
-    """p50 / p99 latency (ms) predicted for each server count."""
+def predict(arrivals: I64, services: I64, servers: Sequence[int],
+            replay: Callable[[I64, I64, int], I64] | None = None) -> list[dict[str, Any]]:
+    """p50 / p99 latency (ms) predicted for each server count.
+
+    `replay`: what replays (arrivals sorted); by default `simulate` (analysis.capacity.replay runs
+    the C kernel, the same numbers).
+    """
+    run = replay or simulate
     out = []
     for k in servers:
-        lat = np.sort(simulate(arrivals, services, int(k)).astype(np.float64))
+        lat = np.sort(run(arrivals, services, int(k)).astype(np.float64))
         out.append({"servers": int(k), "p50_ms": round(quantile_sorted(lat, 0.5) / 1e6, 3),
                     "p99_ms": round(quantile_sorted(lat, 0.99) / 1e6, 3)})
     return out
 
 
-def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | None = None,
-                      until: str | int | None = None) -> tuple[I64, I64]:
-    """(arrival ns, service ns) of the requests in range: service = e2e minus critical-path queue wait."""
+def observed_requests(con: duckdb.DuckDBPyConnection, since: str | int | datetime | None = None,
+                      until: str | int | datetime | None = None) -> tuple[I64, I64, npt.NDArray[np.float64], I64]:
+    """The requests starting in [since, until), by arrival: (arrival ns, service ns, TTFT after the queue ns, end ns).
+
+    Service = e2e minus critical-path queue wait (at least 0); TTFT after the queue = TTFT
+    minus queue wait (at least 0; NaN without a TTFT). The one reader of the replayed workload
+    (analysis.capacity.observed_workload builds on it).
+    """
     src = request_source(con, "queue_wait")
     data = con.execute(
-        f"SELECT start_ns, e2e_ns - queue_wait_ns AS service_ns FROM {src} "
+        f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
+        f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns, start_ns + e2e_ns AS end_ns FROM {src} "
         "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2) ORDER BY start_ns",
         [parse_time(since), parse_time(until)]).fetchnumpy()
-    return (np.asarray(data["start_ns"], dtype=np.int64), np.asarray(data["service_ns"], dtype=np.int64))
+    arrivals = np.asarray(data["start_ns"], dtype=np.int64)
+    services = np.maximum(np.asarray(data["service_ns"], dtype=np.int64), 0)
+    rest = data["ttft_rest_ns"]
+    ttft_rest = (np.ma.filled(np.ma.masked_invalid(np.ma.asarray(rest, dtype=np.float64)), np.nan)
+                 if isinstance(rest, np.ma.MaskedArray) else np.asarray(rest, dtype=np.float64))
+    ttft_rest = np.where(np.isnan(ttft_rest), np.nan, np.maximum(ttft_rest, 0.0))
+    return arrivals, services, ttft_rest, np.asarray(data["end_ns"], dtype=np.int64)
 
 
 def _peak(starts: I64, durations: I64) -> int:
@@ -111,19 +130,8 @@ def whatif(con: duckdb.DuckDBPyConnection, servers: Sequence[int] = (), since: s
 
     With no `servers`, the observed peak of requests in service (k) and 1.25 k, 1.5 k, 2 k.
     """
-    arrivals, services = observed_workload(con, since, until)
+    arrivals, services, _, ends = observed_requests(con, since, until)
     if not servers:
-        starts, ends = _service_intervals(con, since, until)
-        k = max(1, _peak(starts, ends - starts)) if starts.size else 1
+        k = max(1, _peak(ends - services, services)) if arrivals.size else 1
         servers = sorted({k, math.ceil(1.25 * k), math.ceil(1.5 * k), 2 * k})
     return predict(arrivals, services, servers)
-
-
-def _service_intervals(con: duckdb.DuckDBPyConnection, since: str | int | None,
-                       until: str | int | None) -> tuple[I64, I64]:
-    src = request_source(con, "queue_wait")
-    data = con.execute(
-        f"SELECT start_ns + queue_wait_ns AS s, start_ns + e2e_ns AS e FROM {src} "
-        "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)",
-        [parse_time(since), parse_time(until)]).fetchnumpy()
-    return (np.asarray(data["s"], dtype=np.int64), np.asarray(data["e"], dtype=np.int64))

@@ -4,44 +4,37 @@
 
 Per store, in a fresh process (DuckDB memory_limit 4GB): the anchor (DuckDB's plain
 p50/p99 of `Duration` per `SpanName` over the same Parquet files), the fair-share GPU-time
-sweep with the cost table (`cost_table`), the `requests` view materialized once (what the
-dashboard holds in memory; the replay needs each request's critical-path queue wait), the
-observed workload read from it, and the capacity curve for 1 to 64 replicas with the C
-kernel (`pip install`, which builds it from setup.py) and, for three points, with the Python loop.
+sweep with the cost table (`cost_table`), the `requests` view copied into a table once (what
+the dashboard holds in memory; the replay needs each request's critical-path queue wait), the
+observed workload read from it, and the capacity curve for 1 to 64 replicas: first on a fresh
+workload, then again with another target (what the dashboard does when the target changes),
+against the same curve replayed at every count (the way before the zero-wait cut-off, in the
+same run), whose points must be identical. Replays use the C kernel (`pip install` builds it
+from setup.py); the Python loop is timed at two counts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import _peak_rss_mib, _timed, make_store
-from tracing import schema as S
+from benchmarks.bench_report import _peak_rss_mib, _timed, anchor, bench_args, stores
 
 
 def run_one(store: Path) -> dict[str, Any]:
     """Time each step in this process; wall and CPU seconds."""
-    import duckdb
-
     from analysis import connect
-    from analysis.capacity import capacity_curve, load_kernel, observed_workload, point
+    from analysis.capacity import Workload, _replayed, capacity_curve, load_kernel, observed_workload, replay
     from analysis.cost import Prices, cost_table
     from analysis.whatif import simulate
 
     out: dict[str, Any] = {}
-    glob = str(store / S.SEGMENT_GLOB)
-    con0 = duckdb.connect()
-    con0.execute("SET enable_progress_bar = false").fetchall()
-    _, out["anchor_s"], out["anchor_cpu_s"] = _timed(lambda: con0.execute(
-        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-        "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall())
-    con0.close()
+    out["anchor_s"], out["anchor_cpu_s"] = anchor(store)
 
     con = connect(store, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false").fetchall()
@@ -50,33 +43,52 @@ def run_one(store: Path) -> dict[str, Any]:
     tot = table["totals"]
     out["identity_holds"] = tot["allocated_ns"] + tot["cold_start_ns"] + tot["idle_ns"] == tot["observed_ns"]
     out["rows_sum_equals_allocated"] = sum(r["gpu_ns"] for r in table["rows"]) == tot["allocated_ns"]
+    out["allocated_ns"] = tot["allocated_ns"]
     out["idle_share"] = round(tot["idle_share"], 4)
     con.close()
 
     con = connect(store, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false").fetchall()
-    _, out["requests_materialize_s"], out["requests_materialize_cpu_s"] = _timed(lambda: con.execute(
+    _, out["requests_table_s"], out["requests_table_cpu_s"] = _timed(lambda: con.execute(
         "CREATE TABLE req AS SELECT * FROM requests").fetchall())
     con.execute("CREATE OR REPLACE TEMP VIEW requests AS SELECT * FROM req").fetchall()
-    w, out["workload_s"], _ = _timed(lambda: observed_workload(con))
+    w, out["workload_s"], out["workload_cpu_s"] = _timed(lambda: observed_workload(con))
     out["requests"] = w.size
     out["slots_per_replica"] = w.slots
+    out["observed_replicas"] = w.observed_replicas
     out["kernel"] = load_kernel() is not None
+
+    def fresh() -> Workload:
+        return Workload(w.arrivals, w.services, w.ttft_rest, w.slots, w.observed_replicas, w.cold_start_ns, w.span_ns)
+
+    # the anchor of the curve: every count replayed, one per core (the curve before the zero-wait cut-off)
+    every_w = fresh()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        every, out["every_count_replayed_s"], out["every_count_replayed_cpu_s"] = _timed(
+            lambda: list(pool.map(lambda k: _replayed(every_w, k, None), range(1, 65))))
     # a reachable target: 10% above the p99 of 64 replicas (where queueing is gone)
-    target = round(1.1 * (point(w, 64)["p99_ms"] or 0.0))
+    target = round(1.1 * (every[-1]["p99_ms"] or 0.0))
+    curve_w = fresh()
     curve, out["curve_1_64_s"], out["curve_1_64_cpu_s"] = _timed(
-        lambda: capacity_curve(w, range(1, 65), target_p99_ms=target, gpu_hour_usd=2.0))
+        lambda: capacity_curve(curve_w, range(1, 65), target_p99_ms=target, gpu_hour_usd=2.0))
+    out["zero_wait_replicas"] = curve_w.zero_wait_replicas
+    out["counts_replayed"] = min(64, curve_w.zero_wait_replicas)
+    out["identical_to_every_count_replayed"] = all(
+        {k: v for k, v in p.items() if k != "gpu_usd_per_hour"} == e for p, e in zip(curve["points"], every,
+                                                                                    strict=True))
+    _, out["curve_new_target_s"], out["curve_new_target_cpu_s"] = _timed(
+        lambda: capacity_curve(curve_w, range(1, 65), target_p99_ms=2 * target, gpu_hour_usd=3.0))
     out["target_p99_ms"] = target
     out["fewest_replicas"] = curve["fewest_replicas"]
-    out["observed_replicas"] = w.observed_replicas
-    out["per_point_ms"] = round(out["curve_1_64_s"] / 64 * 1000, 1)
-    ks = [1, 8, 64]
+    out["advice"] = curve["advice"]["sentence"] if curve["advice"] else None
+    ks = [1, 8]
     _, py_s, _ = _timed(lambda: [simulate(w.arrivals, w.services, k * w.slots) for k in ks])
-    out["python_loop_per_point_ms"] = round(py_s / len(ks) * 1000, 1)
-    _, c_s, _ = _timed(lambda: [point(w, k) for k in ks])
-    out["kernel_per_point_ms_same_points"] = round(c_s / len(ks) * 1000, 1)
+    out["python_loop_per_replay_ms"] = round(py_s / len(ks) * 1000, 1)
+    _, c_s, _ = _timed(lambda: [replay(w.arrivals, w.services, k * w.slots, checked=True) for k in ks])
+    out["kernel_per_replay_ms"] = round(c_s / len(ks) * 1000, 1)
     out["peak_rss_mib"] = round(_peak_rss_mib(), 1)
     out["cost_vs_anchor_x"] = round(out["cost_table_s"] / max(out["anchor_s"], 1e-9), 1)
+    out["curve_vs_every_count_x"] = round(out["curve_1_64_cpu_s"] / max(out["every_count_replayed_cpu_s"], 1e-9), 3)
     with open("/proc/loadavg") as fh:
         out["loadavg_1m"] = float(fh.read().split()[0])
     return out
@@ -84,36 +96,27 @@ def run_one(store: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Build the stores (or reuse them) and print the figures."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--spans", default="1000000,10000000")
-    parser.add_argument("--dir", default=None, help="where the stores live (default: a temp dir)")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = bench_args(__doc__, argv)
     if args.one:
         print(json.dumps(run_one(Path(args.one))))
         return
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
     results: dict[str, Any] = {}
-    for count in (int(s) for s in args.spans.split(",")):
-        store = base / f"store-{count}"
-        if not store.exists():
-            t = time.perf_counter()
-            make_store(store, count)
-            print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    for spans, store in stores(args):
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cost", "--one", str(store)],
                               check=True, capture_output=True, text=True)
-        results[str(count)] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[str(spans)] = json.loads(proc.stdout.strip().splitlines()[-1])
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    for spans, r in results.items():
-        print(f"{int(spans):,} spans, {r['requests']:,} requests, load {r['loadavg_1m']}: "
-              f"anchor {r['anchor_s']} s; cost table {r['cost_table_s']} s ({r['cost_vs_anchor_x']}x anchor, "
-              f"identity {'holds' if r['identity_holds'] else 'BROKEN'}); requests materialized "
-              f"{r['requests_materialize_s']} s; curve 1-64 replicas {r['curve_1_64_s']} s "
-              f"({r['per_point_ms']} ms/point, kernel={r['kernel']}); Python loop {r['python_loop_per_point_ms']} "
-              f"ms/point vs kernel {r['kernel_per_point_ms_same_points']} ms/point; peak RSS {r['peak_rss_mib']} MiB")
+    for count, r in results.items():
+        print(f"{int(count):,} spans, {r['requests']:,} requests, load {r['loadavg_1m']}: "
+              f"anchor {r['anchor_s']} s; cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
+              f"({r['cost_vs_anchor_x']}x anchor, identity {'holds' if r['identity_holds'] else 'BROKEN'}); "
+              f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
+              f"({r['counts_replayed']} counts replayed; every count: {r['every_count_replayed_s']} s / "
+              f"{r['every_count_replayed_cpu_s']} CPU-s; identical: {r['identical_to_every_count_replayed']}); "
+              f"new target {r['curve_new_target_s']} s; kernel {r['kernel_per_replay_ms']} ms/replay, Python "
+              f"{r['python_loop_per_replay_ms']} ms/replay; peak RSS {r['peak_rss_mib']} MiB")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,28 @@ def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATIO
     return n
 
 
+def bench_args(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The options every store benchmark takes: --spans, --dir, --json (and --one STORE, its child process)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--spans", default="1000000,10000000")
+    parser.add_argument("--dir", default=None, help="where the stores live (default: a temp dir)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args(argv)
+
+
+def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
+    """(span count, store) for each of --spans under --dir: built once (make_store), reused after."""
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
+    for spans in (int(s) for s in args.spans.split(",")):
+        store = base / f"store-{spans}"
+        if not store.exists():
+            t = time.perf_counter()
+            make_store(store, spans)
+            print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        yield spans, store
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -201,26 +224,32 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return result, round(time.perf_counter() - t, 3), round(_cpu_s() - c, 3)
 
 
+def anchor(store: Path) -> tuple[float, float]:
+    """The anchor, (wall s, CPU s): DuckDB's plain p50/p99 of `Duration` per `SpanName` over the store's Parquet."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false").fetchall()
+    _, wall, cpu = _timed(lambda: con.execute(
+        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
+        "FROM read_parquet(?) GROUP BY SpanName", [str(store / S.SEGMENT_GLOB)]).fetchall())
+    con.close()
+    return wall, cpu
+
+
 def run_one(store: Path) -> dict[str, Any]:
     """Time, in this process: DuckDB's p50/p99 per span name, one percentile series, the full report.
 
     Wall time and CPU time (user + system, all threads) of each: on a shared machine the CPU time
     is the steadier figure, and wall ~ CPU / 2 on two idle cores.
     """
-    import duckdb
 
     from analysis import connect
     from analysis.percentiles import percentile_series
     from analysis.report import build_report
 
     out: dict[str, Any] = {}
-    glob = str(store / S.SEGMENT_GLOB)
-    con0 = duckdb.connect()
-    con0.execute("SET enable_progress_bar = false").fetchall()
-    _, out["duckdb_p50_p99_per_name_s"], out["duckdb_cpu_s"] = _timed(lambda: con0.execute(
-        "SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-        "FROM read_parquet(?) GROUP BY SpanName", [glob]).fetchall())
-    con0.close()
+    out["duckdb_p50_p99_per_name_s"], out["duckdb_cpu_s"] = anchor(store)
 
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
@@ -257,23 +286,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 
 def main(argv: list[str] | None = None) -> None:
     """Build the stores (or reuse them) and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spans", default="1000000,10000000")
-    parser.add_argument("--dir", default=None, help="where the stores live (default: a temp dir)")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = bench_args(__doc__, argv)
     if args.one:
         print(json.dumps(run_one(Path(args.one))))
         return
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
     results: dict[str, Any] = {}
-    for spans in (int(s) for s in args.spans.split(",")):
-        store = base / f"store-{spans}"
-        if not store.exists():
-            t = time.perf_counter()
-            make_store(store, spans)
-            print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    for spans, store in stores(args):
         # the request hours materialized first, as `tailscope ingest` / `collect` leave a store
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pandas as pd
@@ -39,11 +39,14 @@ from analysis.percentiles import choose_window_s, parse_time, percentile_series,
 from analysis.report import build_report, explain_window
 from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql, with_later_columns
-from analysis.whatif import whatif as replay
+from analysis.whatif import predict
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
 from tracing.store import default_store, require_store
+
+if TYPE_CHECKING:
+    from analysis.capacity import Workload
 
 HOUR_NS = 3_600_000_000_000
 #: Latency metrics a page can chart: label → analysis metric name.
@@ -478,14 +481,6 @@ def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric:
         return B.replicas(cur, metric, "req", cond, params).to_pandas()
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def concurrency(_db: Workbench, store: str, version: int, filters: Filters) -> int:
-    """analysis.breakdowns.peak_concurrency: most requests one replica served at once."""
-    cond, params = filters.where()
-    with _cursor(_db) as cur:
-        return B.peak_concurrency(cur, "req", cond, params)
-
-
 @st.cache_data(show_spinner=False, max_entries=128)
 def exemplars(_db: Workbench, store: str, version: int, filters: Filters, limit: int = 50,
               metric: str = "e2e", trace_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
@@ -515,19 +510,34 @@ def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_n
         return T.waterfall(cur, trace_id).to_pandas()
 
 
+@st.cache_resource(show_spinner="Reading the requests to replay…", max_entries=8)
+def workload(_db: Workbench, store: str, version: int, filters: Filters) -> Workload:
+    """analysis.capacity.observed_workload of the filtered requests, kept: it memoizes the replica counts replayed.
+
+    Shared (not copied) by the What-if and Capacity pages, so a new target, price or replica
+    count reads nothing and replays at most one count.
+    """
+    from analysis.capacity import observed_workload
+
+    with _cursor(_db, filters) as cur:
+        return observed_workload(cur, filters.since_ns, filters.until_ns)
+
+
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
 def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
-    """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif).
+    """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif.predict).
 
     Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
     """
+    from analysis.capacity import replay as kernel_replay
+
     out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
-    with _cursor(_db, filters) as cur:
-        try:
-            res = replay(cur, [int(servers)], since=filters.since_ns, until=filters.until_ns)
-        except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
-            out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
-            return out
+    try:
+        w = workload(_db, store, version, filters)
+        res = predict(w.arrivals, w.services, [int(servers)], kernel_replay)
+    except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
+        out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
+        return out
     if res:
         out["p50_ms"], out["p99_ms"] = res[0]["p50_ms"], res[0]["p99_ms"]
     return out
@@ -703,16 +713,15 @@ def capacity_curve(_db: Workbench, store: str, version: int, filters: Filters, t
                    metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
     """analysis.capacity.capacity_curve for 1..max_replicas over the filtered requests, or {"error"}."""
     from analysis.capacity import capacity_curve as curve
-    from analysis.capacity import load_kernel, observed_workload
+    from analysis.capacity import load_kernel
 
-    with _cursor(_db, filters) as cur:
-        try:
-            w = observed_workload(cur, filters.since_ns, filters.until_ns)
-            counts = range(1, max_replicas + 1) if load_kernel() is not None else sorted(
-                {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
-            out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
-        except Exception as exc:
-            return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
+    try:
+        w = workload(_db, store, version, filters)
+        counts = range(1, max_replicas + 1) if load_kernel() is not None else sorted(
+            {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
+        out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
+    except Exception as exc:
+        return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
     out["cold_start_ms"] = None if w.cold_start_ns is None else w.cold_start_ns / 1e6
     out["kernel"] = load_kernel() is not None
     return out
@@ -722,11 +731,9 @@ def capacity_curve(_db: Workbench, store: str, version: int, filters: Filters, t
 def capacity_scale_up(_db: Workbench, store: str, version: int, filters: Filters, replicas: int,
                       max_replicas: int, gpu_hour_usd: float | None) -> dict[str, Any]:
     """analysis.capacity.scale_up (reactive with the observed cold start against pre-scaling), or {"error"}."""
-    from analysis.capacity import observed_workload, scale_up
+    from analysis.capacity import scale_up
 
-    with _cursor(_db, filters) as cur:
-        try:
-            w = observed_workload(cur, filters.since_ns, filters.until_ns)
-            return scale_up(w, replicas, max_replicas, gpu_hour_usd)
-        except Exception as exc:
-            return {"error": f"could not replay scale-up because {str(exc).splitlines()[0]}"}
+    try:
+        return scale_up(workload(_db, store, version, filters), replicas, max_replicas, gpu_hour_usd)
+    except Exception as exc:
+        return {"error": f"could not replay scale-up because {str(exc).splitlines()[0]}"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import data
@@ -92,3 +93,23 @@ def current() -> data.Filters:
     """The filters the sidebar set on this run."""
     value = st.session_state.get(_KEY)
     return value if isinstance(value, data.Filters) else data.Filters()
+
+
+def replay_page(title: str) -> tuple[data.Workbench, data.Filters, tuple[data.Workbench, str, int], pd.DataFrame]:
+    """The head of a page that replays the queue (What-if, Capacity): title, and a stop with a note when it cannot.
+
+    Returns (workbench, filters, the data-call key, the filtered replicas).
+    """
+    db = data.open_store()
+    f = current()
+    key = (db, str(db.store), db.version)
+    st.title(title)
+    reps = data.replicas(*key, f)
+    if reps.empty:
+        st.info("No requests match the filters: nothing to replay.")
+        st.stop()
+    if db.pending:
+        st.info("The replay needs each request's queue wait (a critical-path column), which is still being "
+                "computed for this store. " + (db.loading_note() or ""))
+        st.stop()
+    return db, f, key, reps

@@ -8,18 +8,7 @@ import streamlit as st
 
 from dashboard import data, sidebar
 
-db = data.open_store()
-f = sidebar.current()
-key = (db, str(db.store), db.version)
-st.title("Capacity")
-reps = data.replicas(*key, f)
-if reps.empty:
-    st.info("No requests match the filters: nothing to replay.")
-    st.stop()
-if db.pending:
-    st.info("The replay needs each request's queue wait (a critical-path column), which is still being computed "
-            "for this store. " + (db.loading_note() or ""))
-    st.stop()
+db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
 a, b, c = st.columns(3)
 metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
@@ -41,6 +30,8 @@ m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots
 m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
 if fewest is not None and usd is not None:
     m[2].metric("GPU cost at that count", f"${fewest * usd:,.2f}/h")
+if curve["advice"] is not None:
+    st.markdown(curve["advice"]["sentence"][0].upper() + curve["advice"]["sentence"][1:] + ".")
 base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
 line = base.mark_line(point=True).encode(
     y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log")),

@@ -7,18 +7,7 @@ import streamlit as st
 
 from dashboard import charts, data, sidebar
 
-db = data.open_store()
-f = sidebar.current()
-key = (db, str(db.store), db.version)
-st.title("What-if")
-reps = data.replicas(*key, f)
-if reps.empty:
-    st.info("No requests match the filters: nothing to replay.")
-    st.stop()
-if db.pending:
-    st.info("The replay needs each request's queue wait (a critical-path column), which is still being computed "
-            "for this store. " + (db.loading_note() or ""))
-    st.stop()
+db, f, key, reps = sidebar.replay_page("What-if")
 observed = len(reps)
 spikes = data.spikes(*key, f)
 windows: dict[str, data.Filters] = {}
@@ -34,7 +23,7 @@ choice = st.selectbox("Replay", list(windows), key="whatif_window",
                       help="The arrivals and service times replayed: a spike's window, the last hour, or "
                            "everything filtered (a long range takes a few seconds)")
 fw = windows[choice]
-slots_seen = data.concurrency(*key, fw)
+slots_seen = data.workload(*key, fw).slots
 left, right = st.columns(2)
 k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=observed, key="whatif_replicas")
 slots = right.number_input("Concurrent requests per replica", min_value=1, max_value=1024, value=slots_seen,

@@ -8,7 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from analysis import connect
-from analysis.capacity import capacity_curve, load_kernel, observed_workload, reactive, replay, scale_up
+from analysis.capacity import (
+    Workload,
+    capacity_curve,
+    load_kernel,
+    observed_workload,
+    point,
+    reactive,
+    replay,
+    scale_up,
+    zero_wait_servers,
+)
 from analysis.whatif import oracle, simulate
 from tests.factory import add_request, write
 from tests.needs import need
@@ -131,3 +141,68 @@ def test_scale_up_report(tmp_path: Path) -> None:
     assert 1.0 <= out["reactive"]["mean_replicas"] <= 3.0
     # the reactive p99 lies between pre-scaled (all replicas warm) and static (never scaled)
     assert out["prescaled"]["p99_ms"] <= out["reactive"]["p99_ms"] <= out["static"]["p99_ms"]
+
+
+def test_zero_wait_servers_is_the_fewest_with_which_nobody_waits() -> None:
+    rng = random.Random(21)
+    for _ in range(400):
+        n = rng.randint(1, 30)
+        arrivals = sorted(rng.randint(0, 20) for _ in range(n))
+        services = [rng.choice([0, 0, rng.randint(0, 15)]) for _ in range(n)]  # many zero-length, many ties
+        want = next(k for k in range(1, n + 2) if oracle(arrivals, services, k) == services)
+        assert zero_wait_servers(np.asarray(arrivals), np.asarray(services)) == want, (arrivals, services)
+
+
+def _workload(rng: random.Random, n: int, slots: int, observed: int) -> Workload:
+    arrivals = np.sort(np.asarray([rng.randint(0, 2_000) for _ in range(n)], dtype=np.int64)) * MS
+    services = np.asarray([rng.randint(1, 200) for _ in range(n)], dtype=np.int64) * MS
+    rest = np.asarray([np.nan if rng.random() < 0.1 else rng.randint(0, 50) * MS for _ in range(n)])
+    return Workload(arrivals, services, rest, slots, observed, None, int(arrivals[-1] - arrivals[0]))
+
+
+def test_every_curve_point_equals_its_own_replay() -> None:
+    """Above the zero-wait count and from the memo, each point is what replaying that count gives."""
+    rng = random.Random(4)
+    for _ in range(12):
+        w = _workload(rng, rng.randint(50, 400), rng.randint(1, 4), 3)
+        curve = capacity_curve(w, range(1, 41), target_p99_ms=150.0, gpu_hour_usd=1.5)
+        assert w.zero_wait_replicas < 40  # the cut-off is reached on these loads
+        for p in curve["points"]:
+            lat = simulate(w.arrivals, w.services, p["servers"])
+            q50, q99 = np.quantile(lat, [0.5, 0.99])
+            rows = ~np.isnan(w.ttft_rest)
+            ttft = (lat - w.services)[rows] + w.ttft_rest[rows]
+            assert (p["p50_ms"], p["p99_ms"]) == (round(float(q50) / 1e6, 3), round(float(q99) / 1e6, 3))
+            assert p["ttft_p99_ms"] == round(float(np.quantile(ttft, 0.99)) / 1e6, 3)
+            assert p["gpu_usd_per_hour"] == 1.5 * p["replicas"]
+        assert point(w, 7, None)["gpu_usd_per_hour"] is None  # the memo holds no price
+
+
+def test_the_answer_says_scale_down_up_or_keep() -> None:
+    rng = random.Random(9)
+    w = _workload(rng, 300, 2, 6)
+    every = capacity_curve(w, range(1, 31))["points"]
+    p99 = {p["replicas"]: p["p99_ms"] for p in every}
+
+    def fewest(target: float) -> int | None:  # brute force over the curve
+        return next((r for r in range(1, 31) if p99[r] <= target), None)
+
+    cases = []
+    for target in sorted(set(p99.values())):
+        got = capacity_curve(w, range(1, 31), target_p99_ms=target, gpu_hour_usd=2.0)
+        want = fewest(target)
+        assert got["fewest_replicas"] == want
+        adv = got["advice"]
+        assert adv["fewest_replicas"] == want and adv["observed_replicas"] == 6
+        assert adv["replicas_delta"] == want - 6 and adv["usd_per_hour_delta"] == (want - 6) * 2.0
+        assert adv["change"] == ("scale down" if want < 6 else "scale up" if want > 6 else "keep")
+        cases.append(adv["change"])
+    assert {"scale down", "scale up"} <= set(cases)  # this workload shows both
+    down = next(capacity_curve(w, range(1, 31), target_p99_ms=t, gpu_hour_usd=2.0)["advice"]
+                for t in sorted(set(p99.values()), reverse=True))
+    assert down["sentence"] == (f"scale down: {down['fewest_replicas']} replicas hold p99 e2e <= "
+                                f"{max(p99.values()):,.0f} ms, {6 - down['fewest_replicas']} fewer than the 6 observed "
+                                f"(${(6 - down['fewest_replicas']) * 2.0:,.2f}/h less)")
+    none = capacity_curve(w, range(1, 31), target_p99_ms=min(p99.values()) - 1.0)["advice"]
+    assert none["change"] == "none holds" and none["fewest_replicas"] is None
+    assert capacity_curve(w, range(1, 31))["advice"] is None  # no target, no answer

@@ -268,3 +268,32 @@ def test_cli_json_text_and_errors(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "a price must be a non-negative number" in result.stderr
     result = runner.invoke(app, ["cost", "--store", str(tmp_path / "missing")])
     assert result.exit_code == 1 and "no store there" in result.stderr
+
+
+def test_two_requests_of_one_trace_starting_at_the_same_ns_are_charged_apart(tmp_path: Path) -> None:
+    # one trace, two request spans both starting at 0 on two replicas (a gateway fanning out): tenant x's
+    # request generates 3 s on A, tenant y's 5 s on B; joining GPU shares to requests on (trace, start)
+    # would give each tenant both
+    batch = SpanBatch()
+    trace = hex_id("trace", "fan", size=32)
+    for key, replica, tenant, gen in (("a", "A", "x", 3 * S), ("b", "B", "y", 5 * S)):
+        root = hex_id("span", "fan", key)
+        resource = {"service.name": "llm", "service.instance.id": replica}
+        batch.append(trace_id=trace, span_id=root, parent_span_id="", name="request", kind="Server",
+                     start_ns=T0, end_ns=T0 + gen, service="llm", resource=resource,
+                     attrs={"tailscope.request": "true", **_tenant(tenant, 10)})
+        batch.append(trace_id=trace, span_id=hex_id("span", "fan", key, "gen"), parent_span_id=root,
+                     name="generation", kind="Internal", start_ns=T0, end_ns=T0 + gen, service="llm",
+                     resource=resource, attrs={"tailscope.stage": "generation"})
+    write(tmp_path, batch)
+    con = connect(tmp_path)
+    out = cost_table(con, by="tenant", prices=Prices(default=1.0))
+    rows = {r["key"]: r for r in out["rows"]}
+    assert (rows["x"]["gpu_ns"], rows["y"]["gpu_ns"]) == (3 * S, 5 * S)
+    assert (rows["x"]["requests"], rows["y"]["requests"]) == (1, 1)
+    assert sum(r["gpu_ns"] for r in out["rows"]) == out["totals"]["allocated_ns"] == 8 * S
+    by_model = cost_table(con, by="replica")
+    assert {r["key"]: r["gpu_ns"] for r in by_model["rows"]} == {"A": 3 * S, "B": 5 * S}
+    # an empty range: no requests, no GPU time, no error
+    empty = cost_table(con, by="tenant", since=T0 + 100 * S, until=T0 + 200 * S)
+    assert empty["rows"] == [] and empty["totals"]["allocated_ns"] == 0

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from analysis import connect
-from analysis.report import build_report
+from analysis.report import build_report, render_text
 from intake.ingest import ingest_files
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch
@@ -55,7 +56,19 @@ def _spikes(path: Path) -> list[dict[str, Any]]:
     con = connect(path)
     report = build_report(con, window_s="60s")
     assert not report["errors"], report["errors"]
+    _says_in_text(report)
     return list(report["spikes"])
+
+
+def _says_in_text(report: dict[str, Any]) -> None:
+    """The text report carries each spike's noisy-neighbour sentence when there is one, and nothing otherwise."""
+    console = Console(record=True, width=1000)
+    render_text(report, console)
+    text = console.export_text()
+    said = [s["noisy_neighbour"]["sentence"] for s in report["spikes"] if s.get("noisy_neighbour")]
+    assert text.count("noisy neighbour: ") == len(said)
+    for sentence in said:
+        assert f"noisy neighbour: {sentence}" in text
 
 
 def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path: Path) -> None:
@@ -85,6 +98,7 @@ SAMPLES = Path(__file__).parents[2] / "sample_traces" / "data" / "incidents"
 def test_sample_incidents(tmp_path: Path, name: str) -> None:
     ingest_files([SAMPLES / f"{name}.otlp.jsonl.gz"], tmp_path)
     report = build_report(connect(tmp_path))
+    _says_in_text(report)
     found = [s["noisy_neighbour"] for s in report["spikes"]]
     if name == "queue_backlog":  # cyberdyne's burst, queued by its own concurrency limit at the gateway
         assert len(found) == 1 and found[0] is not None

@@ -56,9 +56,12 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     at.number_input(key="cap_target").set_value(60_000.0).run()
     assert not at.exception
     w = observed_workload(connect(incident_store))
-    want = capacity_curve(w, range(1, 65), target_p99_ms=60_000.0)["fewest_replicas"]
+    answer = capacity_curve(w, range(1, 65), target_p99_ms=60_000.0)
+    want = answer["fewest_replicas"]
     assert want is not None
     assert _metric(at, "fewest replicas for the target") == str(want)
+    said = answer["advice"]["sentence"]  # scale down / up / keep against the observed replicas, in words
+    assert any(m.value == said[0].upper() + said[1:] + "." for m in at.markdown), [m.value for m in at.markdown]
     at.number_input(key="cap_target").set_value(20_000.0).run()
     tighter = capacity_curve(w, range(1, 65), target_p99_ms=20_000.0)["fewest_replicas"]
     shown = _metric(at, "fewest replicas for the target")
