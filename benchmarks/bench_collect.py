@@ -1,6 +1,6 @@
 """Benchmark `tailscope collect`: spans/s into queryable, fsynced segments, beside Arize Phoenix.
 
-    .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix /tmp/phoenix-venv/bin/phoenix]
+    .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix phoenix-venv/bin/phoenix]
     .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
     .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
 
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--phoenix", default="/tmp/phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
+    ap.add_argument("--phoenix", default="phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
     ap.add_argument("--peer-cost", action="store_true", help="only measure --record-peer on against off")

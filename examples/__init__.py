@@ -1,6 +1,6 @@
 """An example inference server instrumented with `tracing`, and a load generator.
 
-    python -m examples.serve --port 8100 --replicas 2 --store /tmp/ts-store
+    python -m examples.serve --port 8100 --replicas 2 --store ts-store
     python -m examples.loadgen --url http://127.0.0.1:8100 --url http://127.0.0.1:8101 -n 200
 
 Each replica is a process with a real HTTP/1.1 server (asyncio), server-sent-event

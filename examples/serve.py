@@ -1,6 +1,6 @@
 """Run the example server: N replica processes on consecutive ports, traces to a store or OTLP.
 
-    python -m examples.serve --port 8100 --replicas 2 --store /tmp/ts-store
+    python -m examples.serve --port 8100 --replicas 2 --store ts-store
 
 Prints one `ready http://HOST:PORT replica-I` line per replica once it accepts requests
 (`--port 0` gives every replica a free port of the system's choosing);

@@ -1,7 +1,7 @@
 """Regenerate the committed samples deterministically from a seed.
 
     python -m sample_traces.generate            # every catalogue entry + the demo timeline
-    python -m sample_traces.generate --only slow_replica --out /tmp/samples
+    python -m sample_traces.generate --only slow_replica --out samples
 
 For each incident of the catalogue (and the clean run): `incidents/<name>.otlp.jsonl.gz`
 (gzip OTLP/JSON lines, as the Collector's file exporter writes) and `<name>.truth.json`.
