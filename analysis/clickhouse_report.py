@@ -1,0 +1,135 @@
+"""`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
+
+1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
+   session temporary table, over the spans of the range asked.
+2. Only (start_ns, status, the metric's value) per request comes back; detection
+   (analysis.spikes, the same code and seed as on DuckDB) runs on those.
+3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
+   spike windows and the baseline windows, and the spans around each spike and the baseline
+   windows the explanation compares it with (stage shares, noisy neighbour) come back into an
+   in-memory DuckDB, where the explanation of analysis.report runs unchanged.
+
+The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from analysis import explain as X
+from analysis import model as M
+from analysis import neighbours as N
+from analysis import report as RP
+from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
+from analysis.connect import _empty_spans_ddl
+from analysis.percentiles import metric_column, parse_time
+from analysis.views import spans_sql
+from tracing import schema as S
+
+#: Session temporary table of the request facts of one report.
+FACTS_TEMP = "_tailscope_facts"
+H = M.HOUR_NS
+
+
+def _span_where(lo_ns: int | None, hi_ns: int | None) -> str:
+    """Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before)."""
+    parts = []
+    if lo_ns is not None:
+        parts.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({(lo_ns // H) * H - H}))")
+    if hi_ns is not None:
+        parts.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({(hi_ns // H) * H + 2 * H}))")
+    return " AND ".join(parts)
+
+
+def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
+    parts = ["TRUE"]
+    if lo_ns is not None:
+        parts.append(f"{col} >= {int(lo_ns)}")
+    if hi_ns is not None:
+        parts.append(f"{col} < {int(hi_ns)}")
+    return " AND ".join(parts)
+
+
+def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                 window_s: float | str | None = None, since: str | int | datetime | None = None,
+                 until: str | int | datetime | None = None, include_failures: bool = True) -> dict[str, Any]:
+    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above."""
+    lo, hi = parse_time(since), parse_time(until)
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
+    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    # phase 1: (start_ns, status, value) of every request in range; the rest of the fact columns stay there
+    narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns FROM {FACTS_TEMP} "
+                          f"WHERE {_in_range(lo, hi)}")
+    local = duckdb.connect(":memory:")
+    local.register("_narrow", narrow)
+    dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
+    local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, start_ns::BIGINT AS start_ns, "
+                  f"e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, ttft_ns::BIGINT AS ttft_ns, "
+                  "tpot_ns::BIGINT AS tpot_ns FROM _narrow ORDER BY start_ns")
+    local.unregister("_narrow")
+    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1")
+    if det is None or not det.spikes:
+        return report
+    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
+    w = det.window_ns
+    wins = det.window_start_ns[det.baseline] // w
+    for s in det.spikes:
+        wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
+    wanted = ", ".join(str(int(x)) for x in np.unique(wins))
+    facts = client.query(f"SELECT * FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
+                         f"AND intDiv(start_ns, {w}) IN ({wanted})")
+    local.register("_facts_arrow", facts)
+    local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
+        f"{c}::{'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR'} AS {c}"
+        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
+    local.unregister("_facts_arrow")
+    _load_spans(client, local, table, det, facts)
+    where = _in_range(lo, hi)
+    keep = "" if include_failures else " AND status = 'ok'"
+    frame = local.sql(
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{', '.join(X.DIMENSIONS)} FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes)
+    for item in report["spikes"]:
+        report["errors"].extend(item["errors"])
+    return report
+
+
+def _load_spans(client: Client, local: duckdb.DuckDBPyConnection, table: str, det: Any, facts: pa.Table) -> None:
+    """Register `spans` in `local`: the spans near each spike and the baseline windows its explanation reads."""
+    w = det.window_ns
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    base_starts = det.window_start_ns[det.baseline]
+    ranges: list[tuple[int, int]] = []
+    for spike in det.spikes:
+        near = RP._local_baseline(det, spike, counts).tolist()
+        dist = np.maximum(spike.start_ns - (base_starts + w), base_starts - spike.end_ns)
+        n_near = max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns) // w))
+        near += base_starts[np.argsort(dist, kind="stable")[:n_near]].tolist()
+        ranges.append((min([spike.start_ns, *near]), max([spike.end_ns - w, *near]) + w))
+    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
+    reach = int(np.nanmax(e2e)) + 1 if e2e.size else 0
+    cond = " OR ".join(f"(TimestampNs >= {a - reach - H} AND TimestampNs < {b + reach})" for a, b in ranges)
+    lo = min(a for a, _ in ranges) - reach - H
+    hi = max(b for _, b in ranges) + reach
+    where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) "
+             f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi}))")
+    names = ", ".join(S.COLUMN_NAMES)
+    spans = client.query(f"SELECT {names} FROM {source_sql(table, where)} WHERE {cond}")
+    spans = pa.Table.from_arrays([spans.column(n).cast(f.type) for n, f in zip(S.COLUMN_NAMES, S.SPAN_SCHEMA,
+                                                                                  strict=True)],
+                                 schema=S.SPAN_SCHEMA)
+    local.execute(_empty_spans_ddl())
+    local.register("_spans_arrow", spans)
+    local.execute("CREATE TABLE _spans_local AS SELECT * FROM _spans_arrow")
+    local.unregister("_spans_arrow")
+    local.execute(f"CREATE VIEW spans AS {spans_sql('_spans_local')}")
