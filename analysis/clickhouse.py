@@ -373,21 +373,6 @@ def facts_sql(table: str = DEFAULT_TABLE, where: str = "", columns: tuple[str, .
     return M.facts_sql(source_sql(table, where), M.CLICKHOUSE, columns=columns, request_where=request_where)
 
 
-def with_views(sql: str, table: str = DEFAULT_TABLE) -> str:
-    """`sql` with `spans`, `requests` and `stages` defined in front as CTEs (nothing created on the server).
-
-    A leading WITH of the caller's own is kept: its definitions follow the views'.
-    """
-    views = (f"spans AS {source_sql(table)},\n"
-             f"requests AS ({M.requests_sql('spans', M.CLICKHOUSE)}),\n"
-             f"stages AS ({M.stages_sql('requests', M.CLICKHOUSE)})")
-    body = sql.strip().rstrip(";")
-    m = re.match(r"(?is)^with\s", body)
-    if m:
-        return f"WITH {views},\n{body[m.end():]}"
-    return f"WITH {views}\n{body}"
-
-
 def otel_traces_ddl(table: str = DEFAULT_TABLE) -> str:
     """CREATE TABLE IF NOT EXISTS for an otel_traces-shaped table: the clickhouseexporter's columns and keys.
 
@@ -454,3 +439,57 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
         _temp(client, cte, sql)
     _temp(client, name, M.select_sql(M.CLICKHOUSE, src, stages=stages, columns=columns))
     return name
+
+
+def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Table:
+    """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.
+
+    `requests` / `stages` (when the query names them) are computed first into session
+    temporary tables; `spans` is a CTE in front of the query. The query itself runs with
+    `readonly = 1`: the server refuses any write, DDL or setting change in it.
+    """
+    words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
+    if words & {"requests", "stages"}:
+        materialize_requests(client, table)
+    if "stages" in words:
+        _temp(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
+    body = sql.strip().rstrip(";")
+    spans = f"spans AS {source_sql(table)}"
+    m = re.match(r"(?is)^with\s", body)
+    full = f"WITH {spans},\n{body[m.end():]}" if m else f"WITH {spans}\n{body}"
+    return client.query(full, {**M.CLICKHOUSE_SETTINGS, "readonly": 1})
+
+
+def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
+                    target: str = "tailscope_requests") -> list[str]:
+    """DDL of `target` (one row per request) and the views that keep it filled.
+
+    `<target>_spans` holds the promoted span columns the model reads, filled by an
+    insert-triggered view (promotion is per span). One request's spans arrive in several
+    inserts, so the requests come from a refreshable view: each refresh (aligned to `every`)
+    appends the requests starting in the interval that ended `lag_minutes` ago. A refresh
+    that did not run leaves its interval out.
+    """
+    check_table_name(table)
+    check_table_name(target)
+    if not re.fullmatch(r"\d+ (SECOND|MINUTE|HOUR|DAY)", every.upper()):
+        raise QueryError("", f"cannot read interval {every!r}: write e.g. '5 MINUTE'")
+    step = every.upper()
+    spans = f"{target}_spans"
+    end = f"toStartOfInterval(now(), INTERVAL {step}) - INTERVAL {int(lag_minutes)} MINUTE"
+    hi = f"toUnixTimestamp64Nano(toDateTime64({end}, 9))"
+    lo = f"toUnixTimestamp64Nano(toDateTime64({end} - INTERVAL {step}, 9))"
+    keep = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
+    src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {spans} "
+           f"WHERE TimestampNs >= {lo} - {M.HOUR_NS} AND TimestampNs < {hi} + {M.HOUR_NS})")
+    select = M.requests_sql(src, M.CLICKHOUSE, request_where=f"TimestampNs >= {lo} AND TimestampNs < {hi}")
+    settings = _settings_clause(M.CLICKHOUSE_SETTINGS)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {spans} ENGINE = MergeTree PARTITION BY intDiv(TimestampNs, {24 * M.HOUR_NS}) "
+        f"ORDER BY (TimestampNs, TraceId) EMPTY AS SELECT {keep} FROM {source_sql(table)}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {spans}_mv TO {spans} AS SELECT {keep} FROM {source_sql(table)}",
+        f"CREATE TABLE IF NOT EXISTS {target} ENGINE = MergeTree PARTITION BY toDate(start) "
+        f"ORDER BY (start_ns, trace_id) EMPTY AS {select}{settings}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {target}_mv REFRESH EVERY {step} APPEND TO {target} "
+        f"AS {select}{settings}",
+    ]

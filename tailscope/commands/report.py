@@ -14,6 +14,7 @@ from analysis.connect import connect
 from analysis.report import build_report, render_text
 from intake.recognition import Recognition, gaps
 from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, fail, store_path
+from tailscope.commands.engine import DEFAULT, DsnOption, Engine, EngineOption, TableOption, clickhouse_client
 from tracing import schema as S
 
 
@@ -40,8 +41,26 @@ def report(
     ok_only: Annotated[bool, typer.Option(
         "--ok-only", help="Leave errors, timeouts and cancellations out of the percentiles.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract (docs/methods.md).")] = False,
+    engine: EngineOption = Engine.duckdb,
+    dsn: DsnOption = None,
+    table: TableOption = DEFAULT,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
+    if engine is Engine.clickhouse:
+        with errors_as_messages():
+            from analysis.clickhouse_report import build_report as clickhouse_report
+
+            client = clickhouse_client(dsn, table)
+            try:
+                result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
+                                           until=until, include_failures=not ok_only)
+            finally:
+                client.close()
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            render_text(result, console)
+        return
     with errors_as_messages():
         con = connect(store_path(store))
         try:
