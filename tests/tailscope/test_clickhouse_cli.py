@@ -1,0 +1,80 @@
+"""The ClickHouse commands through the CLI, on chdb: export, report / sql --engine clickhouse, clickhouse init."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tailscope.cli import app
+
+DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("cli")
+    store = root / "store"
+    done = runner.invoke(app, ["ingest", str(DATA / "incidents" / "slow_replica.otlp.jsonl.gz"), "--store",
+                               str(store)])
+    assert done.exit_code == 0, done.output
+    dsn = f"chdb:{root / 'ch'}"
+    done = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
+    assert done.exit_code == 0, done.output
+    assert "exported" in done.output and "into otel_traces" in done.output
+    return store, dsn
+
+
+def test_report_json_is_the_same_on_both_engines(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
+    assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
+    a = json.loads(duck.stdout)
+    assert a["spikes"], "the slow_replica sample has a spike"
+    assert json.loads(ch.stdout) == a
+
+
+def test_sql_reads_the_views_and_refuses_writes(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    duck = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store), "-f", "json"])
+    ch = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--engine", "clickhouse", "--dsn", dsn,
+                             "-f", "json"])
+    assert ch.exit_code == 0, ch.output
+    assert json.loads(ch.stdout) == json.loads(duck.stdout)
+    bad = runner.invoke(app, ["sql", "DROP TABLE otel_traces", "--engine", "clickhouse", "--dsn", dsn])
+    assert bad.exit_code == 1
+    spans = runner.invoke(app, ["sql", "SELECT count() AS n FROM otel_traces", "--engine", "clickhouse", "--dsn", dsn,
+                                "-f", "json"])
+    assert json.loads(spans.stdout)[0]["n"] > 0
+
+
+@pytest.mark.parametrize("args", [["--dsn", "mysql://x"], [], ["--dsn", "chdb:x", "--table", "a;b"]])
+def test_bad_engine_options_are_one_line(args: list[str], tmp_path: Path) -> None:
+    done = runner.invoke(app, ["report", "--engine", "clickhouse", *args])
+    assert done.exit_code == 1
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.output
+
+
+def test_clickhouse_init_prints_and_applies(tmp_path: Path) -> None:
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    printed = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn])
+    assert printed.exit_code == 0
+    assert "REFRESH EVERY 5 MINUTE APPEND TO tailscope_requests" in printed.output
+    from analysis.clickhouse import open_client, otel_traces_ddl
+    client = open_client(dsn)
+    client.command(otel_traces_ddl())
+    client.close()
+    applied = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
+    assert applied.exit_code == 0, applied.output
+    client = open_client(dsn)
+    views = client.query("SELECT view FROM system.view_refreshes").column("view").to_pylist()
+    tables = set(client.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
+                 .column("name").to_pylist())
+    client.close()
+    assert views == ["tailscope_requests_mv"]
+    assert {"tailscope_requests", "tailscope_requests_spans", "tailscope_requests_spans_mv"} <= tables
