@@ -21,15 +21,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import unquote, urlsplit
-
-import pyarrow as pa
 
 from analysis import model as M
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import MissingExtra, QueryError, TailscopeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Default spans table: the clickhouseexporter's own name.
 DEFAULT_TABLE: Final = "otel_traces"

@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tailscope.commands.common import console, errors_as_messages
-from tailscope.commands.engine import DEFAULT, TableOption, clickhouse_client
+from tailscope.commands.common import DEFAULT, TableOption, clickhouse_client, console, errors_as_messages
 
 clickhouse_app = typer.Typer(help="ClickHouse helpers: the materialized requests table.", no_args_is_help=True)
 

@@ -7,8 +7,16 @@ from typing import Annotated
 
 import typer
 
-from tailscope.commands.common import StoreOption, byte_progress, console, errors_as_messages, store_path
-from tailscope.commands.engine import DEFAULT, TableOption, clickhouse_client
+from tailscope.commands.common import (
+    DEFAULT,
+    StoreOption,
+    TableOption,
+    byte_progress,
+    clickhouse_client,
+    console,
+    errors_as_messages,
+    store_path,
+)
 
 
 class Target(enum.StrEnum):

@@ -13,8 +13,20 @@ import typer
 from analysis.connect import connect
 from analysis.report import build_report, render_text
 from intake.recognition import Recognition, gaps
-from tailscope.commands.common import StoreOption, console, err_console, errors_as_messages, fail, store_path
-from tailscope.commands.engine import DEFAULT, DsnOption, Engine, EngineOption, TableOption, clickhouse_client
+from tailscope.commands.common import (
+    DEFAULT,
+    DsnOption,
+    Engine,
+    EngineOption,
+    StoreOption,
+    TableOption,
+    clickhouse_client,
+    console,
+    err_console,
+    errors_as_messages,
+    fail,
+    store_path,
+)
 from tracing import schema as S
 
 

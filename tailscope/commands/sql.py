@@ -15,8 +15,19 @@ import typer
 from rich.table import Table
 
 from analysis.connect import connect
-from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
-from tailscope.commands.engine import DEFAULT, DsnOption, Engine, EngineOption, TableOption, clickhouse_client
+from tailscope.commands.common import (
+    DEFAULT,
+    DsnOption,
+    Engine,
+    EngineOption,
+    StoreOption,
+    TableOption,
+    clickhouse_client,
+    console,
+    errors_as_messages,
+    fail,
+    store_path,
+)
 
 
 class OutputFormat(enum.StrEnum):

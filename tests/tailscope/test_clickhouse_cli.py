@@ -78,3 +78,9 @@ def test_clickhouse_init_prints_and_applies(tmp_path: Path) -> None:
     client.close()
     assert views == ["tailscope_requests_mv"]
     assert {"tailscope_requests", "tailscope_requests_spans", "tailscope_requests_spans_mv"} <= tables
+
+
+def test_the_default_table_is_the_exporters() -> None:
+    from analysis.clickhouse import DEFAULT_TABLE
+    from tailscope.commands.common import DEFAULT
+    assert DEFAULT == DEFAULT_TABLE == "otel_traces"
