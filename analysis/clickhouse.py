@@ -178,7 +178,7 @@ class HttpClient:
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the result as Arrow."""
         try:
-            return self._c.query_arrow(sql, settings=settings or {})
+            return self._c.query_arrow(sql, settings=settings or {}, use_strings=True)
         except Exception as exc:
             raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
 

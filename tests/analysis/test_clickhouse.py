@@ -281,3 +281,14 @@ def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
     from tracing.errors import QueryError
     with pytest.raises(QueryError, match="readonly"):
         C.query_views(client, f"INSERT INTO {table} SELECT * FROM {table} LIMIT 1", table)
+
+
+def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
+    """The network client is built by clickhouse-connect; nothing listens on this loopback port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(C.DsnError, match=f"cannot reach ClickHouse at clickhouse://default@127.0.0.1:{port}/default"):
+        C.open_client(f"clickhouse://127.0.0.1:{port}")
