@@ -14,23 +14,29 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import duckdb
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from analysis import explain as X
 from analysis import model as M
 from analysis import neighbours as N
+from analysis import percentiles as P
 from analysis import report as RP
 from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
 from analysis.connect import _empty_spans_ddl
 from analysis.percentiles import metric_column, parse_time
 from analysis.views import spans_sql
 from tracing import schema as S
+from tracing.errors import QueryError
 
+#: Span columns the explanation reads (explain.stage_rows, cost.gpu_shares): all a spike's neighbourhood pulls.
+SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
 #: Session temporary table of the request facts of one report.
 FACTS_TEMP = "_tailscope_facts"
 H = M.HOUR_NS
@@ -117,19 +123,71 @@ def _load_spans(client: Client, local: duckdb.DuckDBPyConnection, table: str, de
         near += base_starts[np.argsort(dist, kind="stable")[:n_near]].tolist()
         ranges.append((min([spike.start_ns, *near]), max([spike.end_ns - w, *near]) + w))
     e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    reach = int(np.nanmax(e2e)) + 1 if e2e.size else 0
-    cond = " OR ".join(f"(TimestampNs >= {a - reach - H} AND TimestampNs < {b + reach})" for a, b in ranges)
-    lo = min(a for a, _ in ranges) - reach - H
+    reach = int(np.nanmax(e2e)) + 1 if e2e.size else 0  # a span overlapping a request starts this much before it
+    cond = " OR ".join(f"(TimestampNs >= {a - reach} AND TimestampNs < {b + reach})" for a, b in ranges)
+    lo = min(a for a, _ in ranges) - reach
     hi = max(b for _, b in ranges) + reach
     where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) "
              f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi}))")
-    names = ", ".join(S.COLUMN_NAMES)
-    spans = client.query(f"SELECT {names} FROM {source_sql(table, where)} WHERE {cond}")
-    spans = pa.Table.from_arrays([spans.column(n).cast(f.type) for n, f in zip(S.COLUMN_NAMES, S.SPAN_SCHEMA,
-                                                                                  strict=True)],
-                                 schema=S.SPAN_SCHEMA)
+    # only the columns the stage shares and the GPU-time sweep read; the others stay null
+    pulled = client.query(f"SELECT {', '.join(SPAN_INPUTS)} FROM {source_sql(table, where)} WHERE {cond}")
+    n = pulled.num_rows
+    spans = pa.Table.from_arrays(
+        [pulled.column(f.name).cast(f.type) if f.name in SPAN_INPUTS else pa.nulls(n, f.type) for f in S.SPAN_SCHEMA],
+        schema=S.SPAN_SCHEMA)
     local.execute(_empty_spans_ddl())
     local.register("_spans_arrow", spans)
     local.execute("CREATE TABLE _spans_local AS SELECT * FROM _spans_arrow")
     local.unregister("_spans_arrow")
     local.execute(f"CREATE VIEW spans AS {spans_sql('_spans_local')}")
+
+
+def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                      window_s: float | str | None = None, by: Sequence[str] = (),
+                      since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+                      include_failures: bool = True) -> pl.DataFrame:
+    """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
+
+    `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
+    only one row per window (and group) comes back. Same columns as the DuckDB version.
+    """
+    column = P.metric_column(metric)
+    for name in by:
+        if name not in P.GROUP_COLUMNS:
+            raise QueryError("", f"cannot group by {name!r}; use one of {', '.join(P.GROUP_COLUMNS)}")
+    lo, hi = parse_time(since), parse_time(until)
+    stages = column in M.STAGE_COLUMNS
+    cols = M.REQUEST_COLUMNS if stages else tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in
+                                                  ("ttft_ns", "tpot_ns"))
+    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    where = _in_range(lo, hi)
+    if window_s is None:
+        first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n "
+                                      f"FROM {FACTS_TEMP} WHERE {where}").to_pylist()[0].values()
+        start = lo if lo is not None else (first or 0)
+        end = hi if hi is not None else (last or 0) + 1
+        win: float = P.auto_window_s(int(n), max(end - start, 1) / 1e9)
+    else:
+        win = P.parse_duration(window_s)
+    w = round(win * 1e9)
+    keep = "TRUE" if include_failures else "status = 'ok'"
+    qs = ", ".join(repr(q) for _, q in P.QUANTILES)
+    groups = "".join(f", {g}" for g in by)
+    frame = pl.from_arrow(client.query(f"""
+SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
+       count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS errors,
+       countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled,
+       countIf({column} IS NOT NULL AND {keep}) AS n,
+       if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
+FROM {FACTS_TEMP} WHERE {where}
+GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
+    assert isinstance(frame, pl.DataFrame)
+    q = pl.col("q")
+    frame = frame.with_columns(
+        [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
+        + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(P.QUANTILES)]
+        + [(pl.col("n") * (1 - qv) < P.MIN_TAIL).alias(f"{name}_low_sample") for name, qv in P.QUANTILES]
+    ).drop("q")
+    first_cols = ["window_start", "window_start_ns", *by]
+    return frame.select(first_cols + [c for c in frame.columns if c not in first_cols]).with_columns(
+        pl.col(c).cast(pl.Int64) for c in ("window_start_ns", "requests", "ok", "errors", "timeouts", "cancelled", "n"))

@@ -292,3 +292,35 @@ def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(C.DsnError, match=f"cannot reach ClickHouse at clickhouse://default@127.0.0.1:{port}/default"):
         C.open_client(f"clickhouse://127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("sample", ["incidents/slow_replica", "engines/vllm_slow_replica"])
+def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_path: Path, client: Any) -> None:
+    from analysis.clickhouse_report import percentile_series as ch_series
+    from analysis.percentiles import percentile_series
+
+    store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path, client)
+    con = connect(store)
+    cases: list[dict[str, Any]] = [{}, {"by": ("replica",), "window_s": "1m"},
+                                   {"metric": "ttft", "include_failures": False},
+                                   {"metric": "queue_wait", "by": ("status",)}]
+    for kw in cases:
+        duck = percentile_series(con, **kw)
+        ch = ch_series(client, table, **kw)
+        assert duck.height > 0 and ch.columns == duck.columns, kw
+        keys = ["window_start_ns", *kw.get("by", ())]
+        ch, duck = ch.sort(keys, nulls_last=True), duck.sort(keys, nulls_last=True)
+        for col in duck.columns:
+            a, b = duck.get_column(col), ch.get_column(col)
+            if a.dtype.is_float():  # the interpolation may round differently in the last bit
+                assert a.is_null().to_list() == b.is_null().to_list(), (kw, col)
+                assert ((a - b).abs() <= 1e-12 * a.abs()).fill_null(True).all(), (kw, col)
+            else:
+                assert a.cast(pl.String).to_list() == b.cast(a.dtype).cast(pl.String).to_list(), (kw, col)
+
+
+def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
+    from analysis.clickhouse_report import SPAN_INPUTS
+    from analysis.explain import _STAGE_INPUTS
+
+    assert set(SPAN_INPUTS) >= _STAGE_INPUTS
