@@ -5,9 +5,10 @@
 2. Only (start_ns, status, the metric's value) per request comes back; detection
    (analysis.spikes, the same code and seed as on DuckDB) runs on those.
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
-   spike windows and the baseline windows, and the spans around each spike and the baseline
-   windows the explanation compares it with (stage shares, noisy neighbour) come back into an
-   in-memory DuckDB, where the explanation of analysis.report runs unchanged.
+   spike windows and the baseline windows come back into an in-memory DuckDB, where the
+   explanation of analysis.report runs unchanged; as it goes, it asks for the spans each step
+   reads (`_Fetcher`): the tail slices' traces for the stage shares, and, only when queue_wait
+   leads, the spans within reach of the spike for the noisy-neighbour step.
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -21,7 +22,6 @@ from typing import Any
 import duckdb
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from analysis import explain as X
 from analysis import model as M
@@ -29,9 +29,9 @@ from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
 from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
-from analysis.connect import _empty_spans_ddl
+from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
-from analysis.views import spans_sql
+from analysis.spikes import Detection, Spike
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -96,7 +96,8 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
         f"{c}::{'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR'} AS {c}"
         for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
     local.unregister("_facts_arrow")
-    _load_spans(client, local, table, det, facts)
+    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
+    fetch = _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
     where = _in_range(lo, hi)
     keep = "" if include_failures else " AND status = 'ok'"
     frame = local.sql(
@@ -104,42 +105,57 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
         f"{', '.join(X.DIMENSIONS)} FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes)
+    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
 
 
-def _load_spans(client: Client, local: duckdb.DuckDBPyConnection, table: str, det: Any, facts: pa.Table) -> None:
-    """Register `spans` in `local`: the spans near each spike and the baseline windows its explanation reads."""
-    w = det.window_ns
-    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    base_starts = det.window_start_ns[det.baseline]
-    ranges: list[tuple[int, int]] = []
-    for spike in det.spikes:
-        near = RP._local_baseline(det, spike, counts).tolist()
-        dist = np.maximum(spike.start_ns - (base_starts + w), base_starts - spike.end_ns)
-        n_near = max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns) // w))
-        near += base_starts[np.argsort(dist, kind="stable")[:n_near]].tolist()
-        ranges.append((min([spike.start_ns, *near]), max([spike.end_ns - w, *near]) + w))
-    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    reach = int(np.nanmax(e2e)) + 1 if e2e.size else 0  # a span overlapping a request starts this much before it
-    cond = " OR ".join(f"(TimestampNs >= {a - reach} AND TimestampNs < {b + reach})" for a, b in ranges)
-    lo = min(a for a, _ in ranges) - reach
-    hi = max(b for _, b in ranges) + reach
-    where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) "
-             f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi}))")
-    # only the columns the stage shares and the GPU-time sweep read; the others stay null
-    pulled = client.query(f"SELECT {', '.join(SPAN_INPUTS)} FROM {source_sql(table, where)} WHERE {cond}")
-    n = pulled.num_rows
-    spans = pa.Table.from_arrays(
-        [pulled.column(f.name).cast(f.type) if f.name in SPAN_INPUTS else pa.nulls(n, f.type) for f in S.SPAN_SCHEMA],
-        schema=S.SPAN_SCHEMA)
-    local.execute(_empty_spans_ddl())
-    local.register("_spans_arrow", spans)
-    local.execute("CREATE TABLE _spans_local AS SELECT * FROM _spans_arrow")
-    local.unregister("_spans_arrow")
-    local.execute(f"CREATE VIEW spans AS {spans_sql('_spans_local')}")
+class _Fetcher:
+    """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
+
+    Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
+    runs only when queue_wait leads the stages, reads every span within reach of the spike and
+    its nearest baseline windows. Only the SPAN_INPUTS columns come back; the rest are null.
+    """
+
+    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int) -> None:
+        self.client, self.table, self.local, self.reach = client, table, local, reach_ns
+        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)  # one order everywhere
+        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)
+        local.execute(f"CREATE TABLE _spans_local ({cols})")
+        view = ", ".join(c if c in SPAN_INPUTS else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
+
+    def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
+        where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) "
+                 f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi}))")
+        got = self.client.query(f"SELECT {self.cols} FROM {source_sql(self.table, where)} "
+                                f"WHERE {cond}")
+        self.local.register("_pulled", got)
+        # a span pulled twice (two spikes' ranges overlap) is kept once
+        self.local.execute(f"CREATE OR REPLACE TABLE _spans_local AS SELECT DISTINCT * FROM ("
+                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.cols} FROM _pulled)")
+        self.local.unregister("_pulled")
+
+    def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
+        """The spans of these traces in [lo_ns, hi_ns)."""
+        if trace_ids:
+            self._pull(lo_ns, hi_ns, f"TraceId IN ({', '.join(M.quote(t) for t in trace_ids)})")
+
+    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+        """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
+        stages = item.get("stages") or []
+        if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < N.QUEUE_SHARE:
+            return  # the step stops before reading spans
+        w = det.window_ns
+        base = det.window_start_ns[det.baseline]
+        dist = np.maximum(spike.start_ns - (base + w), base - spike.end_ns)
+        near = base[np.argsort(dist, kind="stable")[:max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns)
+                                                                                    // w))]].tolist()
+        lo = min([spike.start_ns, *near]) - self.reach
+        hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
+        self._pull(lo, hi)
 
 
 def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",

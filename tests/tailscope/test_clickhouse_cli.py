@@ -38,6 +38,17 @@ def test_report_json_is_the_same_on_both_engines(exported: tuple[Path, str]) -> 
     assert json.loads(ch.stdout) == a
 
 
+def test_a_time_range_and_ok_only_give_the_same_report(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    first = json.loads(runner.invoke(app, ["report", "--store", str(store), "--json"]).stdout)["spikes"][0]["start"]
+    args = ["--since", first, "--until", "2099-01-01T00:00:00Z", "--ok-only", "--json", "--metric", "ttft"]
+    duck = runner.invoke(app, ["report", "--store", str(store), *args])
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, *args])
+    assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
+    a = json.loads(duck.stdout)
+    assert a["requests"] > 0 and json.loads(ch.stdout) == a
+
+
 def test_sql_reads_the_views_and_refuses_writes(exported: tuple[Path, str]) -> None:
     store, dsn = exported
     duck = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store), "-f", "json"])
