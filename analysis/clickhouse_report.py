@@ -89,7 +89,10 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     for s in det.spikes:
         wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
     wanted = ", ".join(str(int(x)) for x in np.unique(wins))
-    facts = client.query(f"SELECT * FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
+    # the columns analysis.report's explanation reads (its `source=` contract), nothing more
+    wanted_cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
+        ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
                          f"AND intDiv(start_ns, {w}) IN ({wanted})")
     local.register("_facts_arrow", facts)
     local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(

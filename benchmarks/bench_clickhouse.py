@@ -4,7 +4,7 @@ The store is benchmarks.bench_report's synthetic one (7 spans per request, 16 re
 hours, one slow-replica spike). It is exported into an otel_traces table in chdb (the embedded
 ClickHouse), then the report runs on both engines; the two reports must be equal.
 
-    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--json]
+    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio,
 the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
@@ -50,7 +50,7 @@ class _Counting:
         self.inner.close()
 
 
-def run(spans: int, root: Path) -> dict[str, Any]:
+def run(spans: int, root: Path, keep_export: bool = False) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
@@ -62,12 +62,15 @@ def run(spans: int, root: Path) -> dict[str, Any]:
     if not store.exists():
         make_store(store, spans)
     chdir = root / f"chdb-{spans}"
-    shutil.rmtree(chdir, ignore_errors=True)
-    out: dict[str, Any] = {"spans": spans}
-    client = _Counting(open_client(f"chdb:{chdir}"))
-    t = time.perf_counter()
-    export_store(store, client.inner)
-    out["export_s"] = round(time.perf_counter() - t, 2)
+    out: dict[str, Any] = {"spans": spans, "export_s": None}
+    if not (keep_export and chdir.exists()):
+        shutil.rmtree(chdir, ignore_errors=True)
+        client = _Counting(open_client(f"chdb:{chdir}"))
+        t = time.perf_counter()
+        export_store(store, client.inner)
+        out["export_s"] = round(time.perf_counter() - t, 2)
+    else:
+        client = _Counting(open_client(f"chdb:{chdir}"))
     out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
     out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
     con = connect(store)
@@ -96,10 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spans", default="1000000")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep-export", action="store_true", help="reuse an exported chdb directory in --dir")
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = [run(int(s), root) for s in args.spans.split(",")]
+    results = [run(int(s), root, args.keep_export) for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
