@@ -2,7 +2,7 @@
 
 1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
    session temporary table, over the spans of the range asked.
-2. Only (start_ns, status, the metric's value) per request comes back; detection
+2. Only (start_ns, e2e_ns, status, the metric's value) per request comes back; detection
    (analysis.spikes, the same code and seed as on DuckDB) runs on those.
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
    spike windows and the baseline windows come back into an in-memory DuckDB, where the
@@ -69,7 +69,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
     materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
-    # phase 1: (start_ns, status, value) of every request in range; the rest of the fact columns stay there
+    # phase 1: (start_ns, e2e_ns, status, value) of every request in range; the other fact columns stay there
     narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
                           f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns FROM {FACTS_TEMP} "
                           f"WHERE {_in_range(lo, hi)}")
