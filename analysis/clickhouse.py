@@ -168,12 +168,19 @@ class HttpClient:
             import clickhouse_connect
         except ModuleNotFoundError as exc:
             raise MissingExtra("a ClickHouse server", exc.name or "clickhouse-connect", "clickhouse") from None
+        import logging
+
         self.dsn = dsn
+        log = logging.getLogger("clickhouse_connect")
+        level = log.level
+        log.setLevel(logging.CRITICAL)  # the driver logs the failure too; ours is the one line that says it
         try:
             self._c = clickhouse_connect.get_client(host=dsn.host, port=dsn.port, username=dsn.user,
                                                     password=dsn.password, database=dsn.database)
         except Exception as exc:
             raise DsnError(f"cannot reach ClickHouse at {dsn}: {str(exc).splitlines()[0]}") from None
+        finally:
+            log.setLevel(level)
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the result as Arrow."""
