@@ -476,7 +476,8 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
     insert-triggered view (promotion is per span). One request's spans arrive in several
     inserts, so the requests come from a refreshable view: each refresh (aligned to `every`)
     appends the requests starting in the interval that ended `lag_minutes` ago. A refresh
-    that did not run leaves its interval out.
+    that did not run leaves its interval out; one that ran twice is folded by the
+    ReplacingMergeTree (read `target FINAL`).
     """
     check_table_name(table)
     check_table_name(target)
@@ -496,8 +497,10 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
         f"CREATE TABLE IF NOT EXISTS {spans} ENGINE = MergeTree PARTITION BY intDiv(TimestampNs, {24 * M.HOUR_NS}) "
         f"ORDER BY (TimestampNs, TraceId) EMPTY AS SELECT {keep} FROM {source_sql(table)}",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {spans}_mv TO {spans} AS SELECT {keep} FROM {source_sql(table)}",
-        f"CREATE TABLE IF NOT EXISTS {target} ENGINE = MergeTree PARTITION BY toDate(start) "
-        f"ORDER BY (start_ns, trace_id) EMPTY AS {select}{settings}",
+        # a refresh run twice over one interval (on creation, by hand) appends its requests twice: the
+        # replacing engine keeps one row per (start_ns, trace_id, span_id) once merged; read with FINAL
+        f"CREATE TABLE IF NOT EXISTS {target} ENGINE = ReplacingMergeTree PARTITION BY toDate(start) "
+        f"ORDER BY (start_ns, trace_id, span_id) EMPTY AS {select}{settings}",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {target}_mv REFRESH EVERY {step} APPEND TO {target} "
         f"AS {select}{settings}",
     ]

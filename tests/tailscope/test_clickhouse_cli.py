@@ -95,3 +95,29 @@ def test_the_default_table_is_the_exporters() -> None:
     from analysis.clickhouse import DEFAULT_TABLE
     from tailscope.commands.common import DEFAULT
     assert DEFAULT == DEFAULT_TABLE == "otel_traces"
+
+
+def test_the_refreshable_view_computes_the_requests_of_its_interval(tmp_path: Path) -> None:
+    """Applied in chdb, a refresh (forced with SYSTEM REFRESH) appends the requests of yesterday (--every '1 DAY')."""
+    from analysis.clickhouse import open_client, otel_traces_ddl
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    client = open_client(dsn)
+    client.command(otel_traces_ddl())
+    client.close()
+    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--every", "1 DAY", "--lag-minutes", "0"])
+    assert done.exit_code == 0, done.output
+    client = open_client(dsn)
+    t0 = "toUnixTimestamp64Nano(toDateTime64(toStartOfDay(now()) - INTERVAL 12 HOUR, 9))"
+    tid, root, child = "a" * 32, "b" * 16, "c" * 16
+    client.command(
+        "INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, "
+        f"SpanAttributes, Duration, StatusCode) SELECT fromUnixTimestamp64Nano({t0}), '{tid}', '{root}', '', 'chat', "
+        "'Server', 's', map('gen_ai.operation.name', 'chat'), 5000000000, 'Unset' UNION ALL "
+        f"SELECT fromUnixTimestamp64Nano({t0} + 1000000000), '{tid}', '{child}', '{root}', 'decode', 'Internal', "
+        "'s', map(), 3000000000, 'Unset'")
+    client.command("SYSTEM REFRESH VIEW tailscope_requests_mv")
+    client.command("SYSTEM WAIT VIEW tailscope_requests_mv")
+    rows = client.query("SELECT trace_id, e2e_ns, decode_ns, other_ns FROM tailscope_requests FINAL").to_pylist()
+    client.close()
+    assert rows == [{"trace_id": tid, "e2e_ns": 5_000_000_000, "decode_ns": 3_000_000_000,
+                     "other_ns": 2_000_000_000}]
