@@ -8,10 +8,10 @@ request reads) are listed in docs/schema.md; tests/analysis/test_model_oracle.py
 them against a plain-Python per-instant reference.
 
 The SQL is generated for a `Dialect`, a small map of the few constructs that differ
-between engines. Only DuckDB is implemented; a ClickHouse dialect is an addition of one
-`Dialect` value (its traps: window `min` over an empty frame gives 0, so `minOrNull`;
-`join_use_nulls = 1`; `round` is banker's for floats; use `quantileExactInclusive`,
-never `quantile` / `median`).
+between engines: `DUCKDB` and `CLICKHOUSE` (its traps: window `min` over an empty frame
+gives 0, so `minOrNull`; an aggregate over no row gives 0, so the `OrNull` combinator; a
+LEFT JOIN needs `join_use_nulls = 1`, see `CLICKHOUSE_SETTINGS`; `round` is banker's for
+floats; use `quantileExactInclusive`, never `quantile` / `median`, which sample).
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ class Dialect:
     row: Callable[[list[str]], str]
     #: a 64-bit hash of two strings (the join key of a span and of its parent)
     hash2: Callable[[str, str], str]
+    #: whether a CTE may be marked MATERIALIZED (computed once)
+    materialized_ctes: bool = True
+    #: a boolean result as the engine's boolean type
+    to_bool: Callable[[str], str] = lambda expr: expr
 
 
 DUCKDB = Dialect(
@@ -160,6 +164,32 @@ def stored_adjusted_count(d: Dialect, table: str = "") -> str:
     return adjusted_count_sql(d, f"{pre}TraceState", f"{pre}SpanAttributes")
 
 
+def _ch_round_half_away(expr: str) -> str:
+    """Round half away from zero exactly: the fraction of |x| below 2**52 is exact in a double."""
+    a = f"abs({expr})"
+    return f"toInt64(sign({expr}) * (floor({a}) + ({a} - floor({a}) >= 0.5)))"
+
+
+#: Settings every query of the model needs on ClickHouse: unmatched LEFT JOIN columns are NULL (not 0 / ''),
+#: and a MATERIALIZED CTE is computed once (without it, each reference recomputes it).
+CLICKHOUSE_SETTINGS: dict[str, int] = {"join_use_nulls": 1, "enable_materialized_cte": 1}
+
+CLICKHOUSE = Dialect(
+    name="clickhouse",
+    # the OrNull combinator: an aggregate over no row is NULL, as in SQL, not the type's default
+    agg_if=lambda agg, expr, cond: f"{'argMin' if agg == 'arg_min' else agg}OrNullIf({expr}, {cond})",
+    min_or_null=lambda expr: f"minOrNull({expr})",
+    arg_min=lambda val, key: f"argMin({val}, {key})",
+    int_div=lambda a, b: f"intDiv({a}, {b})",
+    round_int=_ch_round_half_away,
+    int64=lambda expr: f"toInt64({expr})",
+    ts_from_ns=lambda expr: f"fromUnixTimestamp64Micro(intDiv({expr}, 1000), 'UTC')",
+    row=lambda keys: f"tuple({', '.join(keys)})",
+    hash2=lambda a, b: f"cityHash64({a}, {b})",
+    to_bool=lambda expr: f"toBool({expr})",
+)
+
+
 def _sweep(d: Dialect, part: str) -> str:
     """x1: end of a span's critical stretch [s0, x1) among the rows of its partition (same kind)."""
     frame = (f"OVER (PARTITION BY {part} ORDER BY e0 DESC, s0 DESC, SpanId "
@@ -178,6 +208,17 @@ def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", 
     when `stages`, `l1w` / `l2w` (stretches) and `stage_ns` (critical-path ns per stage).
     Spans are matched to their parent by a 64-bit hash of (trace id, span id): joins and
     window partitions on one integer instead of two strings.
+    """
+    ctes = chain_ctes(source, d, request_where=request_where, stages=stages, span_where=span_where)
+    return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat and d.materialized_ctes else ''}({sql})"
+                                 for name, mat, sql in ctes)
+
+
+def chain_ctes(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True,
+               span_where: str = "TRUE") -> list[tuple[str, bool, str]]:
+    """The relations of `chain_sql` in order: (name, materialize, SELECT); a later one reads earlier ones by name.
+
+    An engine that plans a long WITH chain slowly (ClickHouse) runs them one by one into temporary tables.
     """
     y = _in_list(S.YIELDING_STAGES)
     h = str(HOUR_NS)
@@ -253,8 +294,7 @@ UNION ALL SELECT rk, stage, excl_ns FROM l2y"""),
                 + ",\n    sum(ns) AS covered_ns\n"
                 "FROM (SELECT rk, stage, sum(excl_ns) AS ns FROM excl GROUP BY rk, stage)\nGROUP BY rk"),
         }
-    return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat else ''}({sql})"
-                                 for name, (mat, sql) in ctes.items())
+    return [(name, mat, sql) for name, (mat, sql) in ctes.items()]
 
 
 def _yield_sql(table: str, part: str) -> str:
@@ -273,6 +313,11 @@ WHERE y.yielding AND y.x1 > y.s0"""
 
 def _ttft(d: Dialect) -> str:
     return "coalesce(r.TtftNs, i.prefill_end_ns - r.rs, i.stream_start_ns - r.rs)"
+
+
+def select_sql(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) -> str:
+    """The final SELECT of the model over the relations of `chain_ctes` (`source`: the spans, for client spans)."""
+    return _select(d, source, stages=stages, columns=columns)
 
 
 def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) -> str:
@@ -295,7 +340,7 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
         "tenant": "r.Tenant",
         "input_tokens": "r.InputTokens",
         "output_tokens": "r.OutputTokens",
-        "streaming": "coalesce(r.stream_attr = 'true', false)",
+        "streaming": d.to_bool("coalesce(r.stream_attr = 'true', false)"),
         "ttft_ns": ttft,
         "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(tpot)} END",
         "other_ns": d.int64("(r.re - r.rs) - coalesce(k.covered_ns, 0)"),
@@ -336,10 +381,15 @@ def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str 
         d, source, stages=False, columns=columns)
 
 
-def stages_sql(source: str = "requests") -> str:
+def stages_sql(source: str = "requests", d: Dialect = DUCKDB) -> str:
     """The long `stages` view: one row per request and stage over a `requests` relation."""
     keep = "trace_id, span_id, start, start_ns, status, replica, service, model, model_version, tenant"
     cols = ", ".join(STAGE_COLUMNS)
+    if d.name == "clickhouse":
+        pairs = ", ".join(f"({quote(c.removesuffix('_ns'))}, {c})" for c in STAGE_COLUMNS)
+        return f"""
+SELECT {keep}, sc.1 AS stage, sc.2 AS critical_ns
+FROM (SELECT {keep}, arrayJoin([{pairs}]) AS sc FROM {source})"""
     return f"""
 SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
 FROM (UNPIVOT (SELECT {keep}, {cols} FROM {source})

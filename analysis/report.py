@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import duckdb
 import numpy as np
@@ -45,6 +45,18 @@ from tracing.errors import QueryError
 REPORT_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
 #: Version of the JSON contract; bumped only on incompatible change.
 REPORT_VERSION: Final = 1
+
+
+class SpanFetcher(Protocol):
+    """Puts into the connection's `spans` what an explanation step is about to read (a remote engine's narrowing)."""
+
+    def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
+        """The spans of these traces starting in [lo_ns, hi_ns) (the stage shares)."""
+        ...
+
+    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+        """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
+        ...
 
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
@@ -327,8 +339,8 @@ def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, in
 
 
 def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: np.ndarray,
-                values: np.ndarray, det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
-                ) -> list[dict[str, Any]]:
+                values: np.ndarray, det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...],
+                fetch: SpanFetcher | None = None) -> list[dict[str, Any]]:
     weights = weights_of(frame)
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = _local_baseline(det, spike, counts)
@@ -339,6 +351,8 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
     lo = int(start[rows].min() - e2e[rows].max())  # a span overlapping a request starts after this
     hi = int((start[rows] + e2e[rows]).max() + 1)
     ids = _trace_ids(con, facts, frame, rows)
+    if fetch is not None:
+        fetch.traces(sorted(set(ids)), lo, hi)
     table = X.stage_rows(con, sorted(set(ids)), lo, hi)
     tail_ids = pl.DataFrame({"trace_id": ids[:spike_tail.size]})
     base_ids = pl.DataFrame({"trace_id": ids[spike_tail.size:]})
@@ -352,8 +366,12 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 
 def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
-                 det: Detection, metric: str, spikes: list[Spike]) -> list[dict[str, Any]]:
-    """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`."""
+                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None
+                 ) -> list[dict[str, Any]]:
+    """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
+
+    `fetch`, when given, is told which spans each step will read before it reads `spans`.
+    """
     if not spikes:
         return []
     win_of_row = start // det.window_ns
@@ -370,7 +388,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
         item = _spike_json(spike)
         item["errors"] = []
         try:
-            item["stages"] = _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names)
+            item["stages"] = _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
         except Exception as exc:
             item["errors"].append(f"could not compute stages because {str(exc).splitlines()[0]}")
         best_mask = None
@@ -394,6 +412,8 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
+        if fetch is not None:
+            fetch.neighbourhood(det, spike, item)
         item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
         out.append(item)
     return out

@@ -39,6 +39,8 @@ EXTRAS: dict[str, str] = {
     "demo": "all",
     "watch": "analysis",
     "cost": "analysis",
+    "export": "clickhouse",
+    "clickhouse": "clickhouse",
 }
 COMMANDS: tuple[str, ...] = tuple(EXTRAS)
 OURS = ("tracing", "intake", "analysis", "dashboard", "tailscope", "sample_traces")

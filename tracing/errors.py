@@ -15,6 +15,7 @@
     │   ├── Closed                  (intake.collect.commit) the receiver is shutting down
     │   └── Busy                    (intake.collect.intake) too many request bytes in flight
     ├── SettingError                (tracing.settings) a setting's value (argument or variable) cannot be used
+    ├── DsnError                    (analysis.clickhouse) a ClickHouse DSN that cannot be read or reached
     └── MissingExtra                a part of tailscope used without the pip extra that installs it
 
 Each message says what was wrong, where, and what to do next, on one line. The leaves

@@ -1,12 +1,13 @@
-"""Shared pieces of the commands: the --store option, error reporting, progress bars."""
+"""Shared pieces of the commands: the --store option, the engine options, error reporting, progress bars."""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,6 +15,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from tracing.errors import TailscopeError
 from tracing.store import ENV_STORE, default_store
+
+if TYPE_CHECKING:
+    from analysis.clickhouse import Client
 
 err_console = Console(stderr=True)
 console = Console()
@@ -83,3 +87,33 @@ def byte_progress(total: int, label: str, enabled: bool = True) -> Iterator[Call
                   TimeRemainingColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
+
+# --- the engine options of report / sql (ClickHouse as the second engine) ----------------
+
+
+class Engine(enum.StrEnum):
+    """Where the analysis runs."""
+
+    duckdb = "duckdb"
+    clickhouse = "clickhouse"
+
+
+EngineOption = Annotated[Engine, typer.Option(
+    "--engine", help="duckdb: the store on disk; clickhouse: an otel_traces table (needs --dsn).")]
+DsnOption = Annotated[str | None, typer.Option(
+    "--dsn", help="ClickHouse: chdb:PATH (embedded) or clickhouse://user[:password]@host:8123/db.",
+    show_default=False)]
+TableOption = Annotated[str, typer.Option(
+    "--table", help="ClickHouse: the spans table (the clickhouseexporter's otel_traces shape).")]
+#: analysis.clickhouse.DEFAULT_TABLE, not imported here: the analysis package needs its extra, ingest does not
+DEFAULT = "otel_traces"
+
+
+def clickhouse_client(dsn: str | None, table: str) -> Client:
+    """The client of --dsn after checking --table; a one-line error when --dsn is missing."""
+    from analysis.clickhouse import check_table_name, open_client
+
+    if not dsn:
+        fail("--engine clickhouse needs --dsn (chdb:PATH or clickhouse://user@host:8123/db)")
+    check_table_name(table)
+    return open_client(dsn)

@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tailscope.commands.common import (
+    DEFAULT,
+    DsnOption,
+    Engine,
+    EngineOption,
     MaterializeOption,
     StoreOption,
+    TableOption,
+    clickhouse_client,
     console,
     err_console,
     errors_as_messages,
@@ -65,8 +71,27 @@ def report(
         "--sampling-policy", help="How traces were sampled: auto judges tail-based sampling from the data; "
         "tail declares a sampler that kept requests for their latency or outcome (percentiles are then "
         "flagged as biased); head trusts the recorded probabilities.")] = SamplingPolicy.auto,
+    engine: EngineOption = Engine.duckdb,
+    dsn: DsnOption = None,
+    table: TableOption = DEFAULT,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
+    if engine is Engine.clickhouse:
+        with errors_as_messages():
+            from analysis.clickhouse_report import build_report as clickhouse_report
+            from analysis.report import render_text
+
+            client = clickhouse_client(dsn, table)
+            try:
+                result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
+                                           until=until, include_failures=not ok_only)
+            finally:
+                client.close()
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            render_text(result, console)
+        return
     import duckdb
 
     from analysis.connect import connect

@@ -15,8 +15,14 @@ import typer
 from rich.table import Table
 
 from tailscope.commands.common import (
+    DEFAULT,
+    DsnOption,
+    Engine,
+    EngineOption,
     MaterializeOption,
     StoreOption,
+    TableOption,
+    clickhouse_client,
     console,
     errors_as_messages,
     fail,
@@ -55,12 +61,29 @@ def sql(
     store: StoreOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.table,
     materialize: MaterializeOption = True,
+    engine: EngineOption = Engine.duckdb,
+    dsn: DsnOption = None,
+    table: TableOption = DEFAULT,
 ) -> None:
     """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views.
 
-    A result wider than the terminal prints one block per row (name | value); an empty one
-    still names its columns.
+    With --engine clickhouse the query is ClickHouse SQL over the same views, computed from the
+    otel_traces table, and runs with readonly = 1. A result wider than the terminal prints one
+    block per row (name | value); an empty one still names its columns.
     """
+    if engine is Engine.clickhouse:
+        with errors_as_messages():
+            from analysis.clickhouse import query_views
+
+            client = clickhouse_client(dsn, table)
+            try:
+                result = query_views(client, query, table)
+            finally:
+                client.close()
+        names = result.column_names
+        rows = [tuple(r.values()) for r in result.to_pylist()]
+        _print(fmt, names, rows)
+        return
     import duckdb
 
     from analysis.connect import connect
@@ -77,6 +100,10 @@ def sql(
         fail(f"query failed: {str(exc).splitlines()[0]}")
     finally:
         con.close()
+    _print(fmt, names, rows)
+
+
+def _print(fmt: OutputFormat, names: list[str], rows: list[tuple[Any, ...]]) -> None:
     if fmt is OutputFormat.csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(names)

@@ -1,0 +1,506 @@
+"""ClickHouse as a second engine: the OpenTelemetry Collector's `otel_traces` table read by the request model.
+
+- `parse_dsn` / `open_client`: `chdb:PATH` (the embedded engine, chdb) or
+  `clickhouse://user[:password]@host[:port]/database` (a server, through clickhouse-connect).
+  Both implement `Client`: a query returns an Arrow table. The network client is a thin
+  factory over the same SQL.
+- `source_sql(table)`: the spans of an `otel_traces`-shaped table with tailscope's column
+  names and every promoted column (Stage, IsRequest, Outcome, Replica, Model, ...) derived in
+  SQL by the rules of tracing/rows.py, so a table tailscope never wrote reads the same as a
+  store. Both exporter spellings of the enums are read (`Server` and, before
+  opentelemetry-collector-contrib PR #34799 of Aug 2024, `SPAN_KIND_SERVER`).
+- `requests_sql` / `facts_sql` / `with_views`: the request model (analysis.model) generated
+  for the CLICKHOUSE dialect over that source.
+
+Known gap against tracing/rows.py: integers in token / TTFT attributes are read with ASCII
+digits and ASCII whitespace only (Python's int() also reads other Unicode digits).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
+from urllib.parse import unquote, urlsplit
+
+from analysis import model as M
+from tracing import rows as R
+from tracing import schema as S
+from tracing.errors import MissingExtra, QueryError, TailscopeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: Default spans table: the clickhouseexporter's own name.
+DEFAULT_TABLE: Final = "otel_traces"
+#: Default HTTP port of a ClickHouse server.
+DEFAULT_PORT: Final = 8123
+
+#: Exporter spellings before PR #34799 (opentelemetry-collector-contrib, merged 2024-08-21) -> after.
+OLD_SPAN_KINDS: Final[dict[str, str]] = {f"SPAN_KIND_{k.upper()}": k for k in S.SPAN_KINDS}
+OLD_STATUS_CODES: Final[dict[str, str]] = {f"STATUS_CODE_{c.upper()}": c for c in S.STATUS_CODES}
+
+
+class DsnError(TailscopeError):
+    """A ClickHouse DSN that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Dsn:
+    """Where a ClickHouse engine is: an embedded chdb path, or a server over HTTP."""
+
+    kind: str  # "chdb" or "http"
+    path: str = ""
+    host: str = ""
+    port: int = DEFAULT_PORT
+    user: str = "default"
+    password: str = ""
+    database: str = "default"
+
+    def __str__(self) -> str:
+        if self.kind == "chdb":
+            return f"chdb:{self.path}"
+        return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}"  # never the password
+
+
+def parse_dsn(text: str) -> Dsn:
+    """Read `chdb:PATH` or `clickhouse://user[:password]@host[:port][/database]`; DsnError names what is wrong."""
+    if text.startswith("chdb:"):
+        path = text[len("chdb:"):]
+        if not path:
+            raise DsnError(f"DSN {text!r} names no directory: write chdb:PATH")
+        return Dsn("chdb", path=path)
+    if not text.startswith("clickhouse://"):
+        raise DsnError(f"cannot read DSN {text!r}: write chdb:PATH or clickhouse://user@host:8123/db")
+    try:
+        parts = urlsplit(text)
+        port = parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        raise DsnError(f"cannot read DSN {text!r}: {exc}") from None
+    if not parts.hostname:
+        raise DsnError(f"DSN {text!r} names no host: write clickhouse://user@host:8123/db")
+    database = parts.path.strip("/") or "default"
+    if not re.fullmatch(r"[A-Za-z0-9_]+", database):
+        raise DsnError(f"DSN {text!r}: database name {database!r} is not a plain identifier")
+    return Dsn("http", host=parts.hostname, port=port, user=unquote(parts.username or "default"),
+               password=unquote(parts.password or ""), database=database)
+
+
+class Client(Protocol):
+    """The little tailscope asks of a ClickHouse engine."""
+
+    dsn: Dsn
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
+        """Run a SELECT; the result as an Arrow table."""
+        ...
+
+    def command(self, sql: str) -> None:
+        """Run a statement that returns nothing (DDL, INSERT ... SELECT)."""
+        ...
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Append an Arrow table whose column names match the table's."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine."""
+        ...
+
+
+def _settings_clause(settings: dict[str, Any] | None) -> str:
+    if not settings:
+        return ""
+    return " SETTINGS " + ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {int(v)}"
+                                    for k, v in settings.items())
+
+
+class ChdbClient:
+    """The embedded engine (chdb) on a directory: one session per client."""
+
+    def __init__(self, dsn: Dsn) -> None:
+        try:
+            from chdb import session
+        except ModuleNotFoundError as exc:
+            raise MissingExtra("the embedded ClickHouse engine", exc.name or "chdb", "clickhouse") from None
+        self.dsn = dsn
+        Path(dsn.path).mkdir(parents=True, exist_ok=True)
+        self._s = session.Session(str(Path(dsn.path).resolve()))
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
+        """Run a SELECT; the settings ride on the query's SETTINGS clause."""
+        try:
+            out = self._s.query(sql.rstrip().rstrip(";") + _settings_clause(settings), "ArrowTable")
+        except Exception as exc:
+            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+        return out  # type: ignore[no-any-return]
+
+    def command(self, sql: str) -> None:
+        """Run a statement."""
+        try:
+            self._s.query(sql, "CSV")
+        except Exception as exc:
+            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Append through a Parquet file: chdb reads local files directly."""
+        import tempfile
+
+        import pyarrow.parquet as pq
+
+        with tempfile.TemporaryDirectory(prefix="tailscope-chdb-") as tmp:
+            path = Path(tmp) / "batch.parquet"
+            pq.write_table(data, path)
+            cols = ", ".join(f"`{c}`" for c in data.column_names)
+            self.command(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM file({M.quote(str(path))}, Parquet)")
+
+    def close(self) -> None:
+        """Close the session."""
+        self._s.close()
+
+
+class HttpClient:
+    """A ClickHouse server over HTTP, through clickhouse-connect (thin: the same SQL as the embedded engine)."""
+
+    def __init__(self, dsn: Dsn) -> None:
+        try:
+            import clickhouse_connect
+        except ModuleNotFoundError as exc:
+            raise MissingExtra("a ClickHouse server", exc.name or "clickhouse-connect", "clickhouse") from None
+        import logging
+
+        self.dsn = dsn
+        log = logging.getLogger("clickhouse_connect")
+        level = log.level
+        log.setLevel(logging.CRITICAL)  # the driver logs the failure too; ours is the one line that says it
+        try:
+            self._c = clickhouse_connect.get_client(host=dsn.host, port=dsn.port, username=dsn.user,
+                                                    password=dsn.password, database=dsn.database)
+        except Exception as exc:
+            raise DsnError(f"cannot reach ClickHouse at {dsn}: {str(exc).splitlines()[0]}") from None
+        finally:
+            log.setLevel(level)
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
+        """Run a SELECT; the result as Arrow."""
+        try:
+            return self._c.query_arrow(sql, settings=settings or {}, use_strings=True)
+        except Exception as exc:
+            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+
+    def command(self, sql: str) -> None:
+        """Run a statement."""
+        try:
+            self._c.command(sql)
+        except Exception as exc:
+            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Append an Arrow table."""
+        try:
+            self._c.insert_arrow(table, data)
+        except Exception as exc:
+            raise QueryError(f"INSERT INTO {table}", str(exc).strip().splitlines()[0]) from None
+
+    def close(self) -> None:
+        """Close the HTTP pool."""
+        self._c.close()
+
+
+def open_client(dsn: str | Dsn) -> Client:
+    """A client for a DSN (see `parse_dsn`)."""
+    d = parse_dsn(dsn) if isinstance(dsn, str) else dsn
+    return ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
+
+
+def check_table_name(table: str) -> str:
+    """A table name as given (`db.table` allowed); QueryError unless it is plain identifiers."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", table):
+        raise QueryError("", f"table name {table!r} is not a plain identifier (db.table allowed)")
+    return table
+
+
+# --- the promotion rules of tracing/rows.py, in ClickHouse SQL -----------------------------
+
+def _list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(M.quote(v) for v in values) + "]"
+
+
+def _in(values: tuple[str, ...]) -> str:
+    return "(" + ", ".join(M.quote(v) for v in values) + ")"
+
+
+def _get(attrs: str, key: str) -> str:
+    return f"{attrs}[{M.quote(key)}]"
+
+
+def kind_sql(col: str = "SpanKind") -> str:
+    """SpanKind in the current spelling (`Server`), whichever spelling the exporter wrote."""
+    return f"transform(toString({col}), {_list(list(OLD_SPAN_KINDS))}, {_list(list(OLD_SPAN_KINDS.values()))}, " \
+           f"toString({col}))"
+
+
+def status_sql(col: str = "StatusCode") -> str:
+    """StatusCode in the current spelling (`Error`), whichever spelling the exporter wrote."""
+    return f"transform(toString({col}), {_list(list(OLD_STATUS_CODES))}, " \
+           f"{_list(list(OLD_STATUS_CODES.values()))}, toString({col}))"
+
+
+def stage_sql(name: str, attrs: str) -> str:
+    """`rows.stage_of`: the declared stage when in the vocabulary, else the span name when it is one."""
+    declared = _get(attrs, S.ATTR_STAGE)
+    vocab = _in(S.ALL_STAGES)
+    return f"multiIf({declared} IN {vocab}, {declared}, toString({name}) IN {vocab}, toString({name}), NULL)"
+
+
+def is_request_sql(name: str, kind: str, attrs: str) -> str:
+    """`rows.is_request`: the tailscope.request flag when present, else a Server/Internal gen_ai operation span."""
+    flag = S.ATTR_REQUEST
+    return (f"if(mapContains({attrs}, {M.quote(flag)}), lower({_get(attrs, flag)}) = 'true', "
+            f"({stage_sql(name, attrs)}) IS NULL AND {kind} IN ('Server', 'Internal') "
+            f"AND mapContains({attrs}, {M.quote(S.ATTR_OPERATION)}))")
+
+
+def outcome_sql(status: str, attrs: str) -> str:
+    """`rows.outcome_of` (the caller keeps it to request spans)."""
+    declared = _get(attrs, S.ATTR_OUTCOME)
+    err = f"replaceAll(lowerUTF8({_get(attrs, S.ATTR_ERROR_TYPE)}), '_', '')"
+    timeout = " OR ".join(f"position({err}, {M.quote(w)}) > 0" for w in R._TIMEOUT_WORDS)
+    return (f"multiIf({declared} IN {_in(S.OUTCOMES)}, {declared}, {status} != 'Error', 'ok', {timeout}, 'timeout', "
+            f"position({err}, 'cancel') > 0, 'cancelled', 'error')")
+
+
+#: `rows._UUID` for RE2: Python's `$` also matches before one trailing newline.
+_UUID_RE2: Final = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}\\n?$"
+
+
+def replica_sql(resource: str, keys: tuple[str, ...] | None = None) -> str:
+    """`rows.replica_of` over `replica_keys()` (read when the SQL is made): first non-empty key, a random
+    UUID in service.instance.id only as the last resort."""
+    keys = keys if keys is not None else R.replica_keys()
+    arms: list[str] = []
+    rnd = _get(resource, S.RANDOM_INSTANCE_KEY)
+    is_uuid = f"match({rnd}, {M.quote(_UUID_RE2)})"
+    for key in keys:
+        v = _get(resource, key)
+        cond = f"{v} != ''" + (f" AND NOT {is_uuid}" if key == S.RANDOM_INSTANCE_KEY else "")
+        arms += [cond, v]
+    if S.RANDOM_INSTANCE_KEY in keys:
+        arms += [f"{rnd} != ''", rnd]
+    return f"multiIf({', '.join(arms)}, NULL)"
+
+
+def first_sql(attrs: str, keys: tuple[str, ...]) -> str:
+    """`rows._first`: the first non-empty value among `keys`, else NULL."""
+    arms = [x for k in keys for x in (f"{_get(attrs, k)} != ''", _get(attrs, k))]
+    return f"multiIf({', '.join(arms)}, NULL)"
+
+
+_WS: Final = "[ \\t\\n\\r\\x0b\\x0c\\x1c-\\x1f]"
+_DIGITS: Final = "[0-9](_?[0-9])*"
+_INT_RE: Final = f"^[+-]?{_DIGITS}$"
+_FLOAT_RE: Final = f"^[+-]?({_DIGITS}(\\.({_DIGITS})?)?|\\.{_DIGITS})([eE][+-]?{_DIGITS})?$"
+
+
+def int_or_none_sql(text: str) -> str:
+    """`rows._int_or_none`: an integer string, else a finite float truncated, within int64, else NULL."""
+    s = f"replaceRegexpAll({text}, {M.quote(f'^{_WS}+|{_WS}+$')}, '')"
+    plain = f"replaceAll({s}, '_', '')"
+    f = f"toFloat64OrNull({plain})"
+    in_range = f"isFinite({f}) AND {f} >= -9223372036854775808.0 AND {f} < 9223372036854775808.0"
+    return (f"multiIf(match({s}, {M.quote(_INT_RE)}), toInt64OrNull({plain}), "
+            f"match({s}, {M.quote(_FLOAT_RE)}) AND {in_range}, toInt64({f}), NULL)")
+
+
+def promoted_sql(*, name: str = "SpanName", kind: str = "SpanKind", status: str = "StatusCode",
+                 attrs: str = "SpanAttributes", resource: str = "ResourceAttributes") -> dict[str, str]:
+    """SQL of each promoted column over otel_traces-shaped columns (kind / status already in the current spelling)."""
+    req = is_request_sql(name, kind, attrs)
+    return {
+        "Stage": stage_sql(name, attrs),
+        "IsRequest": req,
+        "Outcome": f"if({req}, {outcome_sql(status, attrs)}, NULL)",
+        "Replica": replica_sql(resource),
+        "Model": first_sql(attrs, S.MODEL_KEYS),
+        "ModelVersion": first_sql(attrs, S.MODEL_VERSION_KEYS),
+        "Tenant": first_sql(attrs, S.TENANT_KEYS),
+        "InputTokens": int_or_none_sql(first_sql(attrs, S.INPUT_TOKEN_KEYS)),
+        "OutputTokens": int_or_none_sql(first_sql(attrs, S.OUTPUT_TOKEN_KEYS)),
+        "TtftNs": f"if(mapContains({attrs}, {M.quote(S.ATTR_TTFT_NS)}), "
+                  f"{int_or_none_sql(_get(attrs, S.ATTR_TTFT_NS))}, NULL)",
+    }
+
+
+#: The Events column of an otel_traces table as tailscope's list of (TimestampNs, Name, Attributes).
+_EVENTS: Final = ("CAST(arrayMap((t, n, a) -> tuple(toUnixTimestamp64Nano(t), toString(n), "
+                  "CAST(a, 'Map(String, String)')), `Events.Timestamp`, `Events.Name`, `Events.Attributes`), "
+                  "'Array(Tuple(TimestampNs Int64, Name String, Attributes Map(String, String)))')")
+_LINKS: Final = ("CAST(arrayMap((t, s, st, a) -> tuple(toString(t), toString(s), toString(st), "
+                 "CAST(a, 'Map(String, String)')), `Links.TraceId`, `Links.SpanId`, `Links.TraceState`, "
+                 "`Links.Attributes`), "
+                 "'Array(Tuple(TraceId String, SpanId String, TraceState String, Attributes Map(String, String)))')")
+
+
+def source_sql(table: str = DEFAULT_TABLE, where: str = "") -> str:
+    """A parenthesised SELECT over an otel_traces-shaped table with every stored column of a tailscope store.
+
+    `where` (over the table's own columns, e.g. a Timestamp range) narrows the spans read;
+    ClickHouse reads only the columns a query uses.
+    """
+    check_table_name(table)
+    inner = (f"SELECT *, {kind_sql()} AS _kind, {status_sql()} AS _status, "
+             f"toUnixTimestamp64Nano(Timestamp) AS _ts_ns FROM {table}"
+             + (f" WHERE {where}" if where else ""))
+    p = promoted_sql(kind="_kind", status="_status")
+    cols = {
+        "Timestamp": "toDateTime64(Timestamp, 6, 'UTC')",
+        "TimestampNs": "_ts_ns",
+        "TraceId": "toString(TraceId)", "SpanId": "toString(SpanId)", "ParentSpanId": "toString(ParentSpanId)",
+        "TraceState": "toString(TraceState)", "SpanName": "toString(SpanName)", "SpanKind": "_kind",
+        "ServiceName": "toString(ServiceName)",
+        "ResourceAttributes": "CAST(ResourceAttributes, 'Map(String, String)')",
+        "ScopeName": "toString(ScopeName)", "ScopeVersion": "toString(ScopeVersion)",
+        "SpanAttributes": "CAST(SpanAttributes, 'Map(String, String)')",
+        "Duration": "toInt64(Duration)", "StatusCode": "_status", "StatusMessage": "toString(StatusMessage)",
+        "Events": _EVENTS, "Links": _LINKS, **p,
+        "EndNs": "_ts_ns + toInt64(Duration)",
+    }
+    body = ",\n  ".join(f"{expr} AS {name}" for name, expr in cols.items())
+    return f"(SELECT\n  {body}\nFROM ({inner}))"
+
+
+def requests_sql(table: str = DEFAULT_TABLE, where: str = "", request_where: str = "TRUE") -> str:
+    """`requests` (all REQUEST_COLUMNS) over an otel_traces-shaped table, for ClickHouse."""
+    return M.requests_sql(source_sql(table, where), M.CLICKHOUSE, request_where=request_where)
+
+
+def facts_sql(table: str = DEFAULT_TABLE, where: str = "", columns: tuple[str, ...] = M.FACT_COLUMNS,
+              request_where: str = "TRUE") -> str:
+    """The request-level columns only (no sweep), for ClickHouse."""
+    return M.facts_sql(source_sql(table, where), M.CLICKHOUSE, columns=columns, request_where=request_where)
+
+
+def otel_traces_ddl(table: str = DEFAULT_TABLE) -> str:
+    """CREATE TABLE IF NOT EXISTS for an otel_traces-shaped table: the clickhouseexporter's columns and keys.
+
+    Written after open-telemetry/opentelemetry-collector-contrib
+    exporter/clickhouseexporter/internal/sqltemplates/traces_table.sql at commit
+    f92a5763be13aeb59ecf6f8b47e31d54109191bb (same column names, types, partition and order;
+    its skip indexes, codecs and TTL are left out: they change no query result).
+    """
+    check_table_name(table)
+    attrs = "Map(LowCardinality(String), String)"
+    return f"""CREATE TABLE IF NOT EXISTS {table} (
+    Timestamp DateTime64(9),
+    TraceId String,
+    SpanId String,
+    ParentSpanId String,
+    TraceState String,
+    SpanName LowCardinality(String),
+    SpanKind LowCardinality(String),
+    ServiceName LowCardinality(String),
+    ResourceAttributes {attrs},
+    ScopeName String,
+    ScopeVersion String,
+    SpanAttributes {attrs},
+    Duration UInt64,
+    StatusCode LowCardinality(String),
+    StatusMessage String,
+    Events Nested (Timestamp DateTime64(9), Name LowCardinality(String), Attributes {attrs}),
+    Links Nested (TraceId String, SpanId String, TraceState String, Attributes {attrs}),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1
+) ENGINE = MergeTree
+PARTITION BY toDate(Timestamp)
+ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))"""
+
+
+#: Span columns the request model reads (the temporary copy of the spans holds only these).
+MODEL_INPUTS: Final[tuple[str, ...]] = (
+    "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName", "Duration", "TimestampNs", "Stage",
+    "IsRequest", "Outcome", "Replica", "Model", "ModelVersion", "Tenant", "InputTokens", "OutputTokens", "TtftNs")
+#: Temporary table of the spans the model read in this session.
+SPANS_TEMP: Final = "_tailscope_spans"
+
+
+def _temp(client: Client, name: str, sql: str) -> None:
+    client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+    client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {sql}"
+                   + _settings_clause(M.CLICKHOUSE_SETTINGS))
+
+
+def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: str = "", name: str = "requests",
+                         columns: tuple[str, ...] = M.REQUEST_COLUMNS) -> str:
+    """Run the request model on the server into the session's temporary table `name`; returns `name`.
+
+    The model's relations run one by one into temporary tables (ClickHouse plans the long WITH
+    chain of analysis.model far slower than it runs it). `where` narrows the spans read (over
+    the otel_traces columns, e.g. a Timestamp range). With `columns` free of stage columns the
+    critical-path sweep is skipped (request facts). Nothing outside the session is written.
+    """
+    stages = any(c in M.STAGE_COLUMNS for c in columns)
+    keep = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
+    _temp(client, SPANS_TEMP, f"SELECT {keep} FROM {source_sql(table, where)}")
+    # the model reads SpanAttributes['gen_ai.request.stream'] only: a one-key map keeps that lookup as it is
+    src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {SPANS_TEMP})")
+    for cte, _, sql in M.chain_ctes(src, M.CLICKHOUSE, stages=stages):
+        _temp(client, cte, sql)
+    _temp(client, name, M.select_sql(M.CLICKHOUSE, src, stages=stages, columns=columns))
+    return name
+
+
+def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Table:
+    """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.
+
+    `requests` / `stages` (when the query names them) are computed first into session
+    temporary tables; `spans` is a CTE in front of the query. The query itself runs with
+    `readonly = 1`: the server refuses any write, DDL or setting change in it.
+    """
+    words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
+    if words & {"requests", "stages"}:
+        materialize_requests(client, table)
+    if "stages" in words:
+        _temp(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
+    body = sql.strip().rstrip(";")
+    spans = f"spans AS {source_sql(table)}"
+    m = re.match(r"(?is)^with\s", body)
+    full = f"WITH {spans},\n{body[m.end():]}" if m else f"WITH {spans}\n{body}"
+    return client.query(full, {**M.CLICKHOUSE_SETTINGS, "readonly": 1})
+
+
+def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
+                    target: str = "tailscope_requests") -> list[str]:
+    """DDL of `target` (one row per request) and the views that keep it filled.
+
+    `<target>_spans` holds the promoted span columns the model reads, filled by an
+    insert-triggered view (promotion is per span). One request's spans arrive in several
+    inserts, so the requests come from a refreshable view: each refresh (aligned to `every`)
+    appends the requests starting in the interval that ended `lag_minutes` ago. A refresh
+    that did not run leaves its interval out; one that ran twice is folded by the
+    ReplacingMergeTree (read `target FINAL`).
+    """
+    check_table_name(table)
+    check_table_name(target)
+    if not re.fullmatch(r"\d+ (SECOND|MINUTE|HOUR|DAY)", every.upper()):
+        raise QueryError("", f"cannot read interval {every!r}: write e.g. '5 MINUTE'")
+    step = every.upper()
+    spans = f"{target}_spans"
+    end = f"toStartOfInterval(now(), INTERVAL {step}) - INTERVAL {int(lag_minutes)} MINUTE"
+    hi = f"toUnixTimestamp64Nano(toDateTime64({end}, 9))"
+    lo = f"toUnixTimestamp64Nano(toDateTime64({end} - INTERVAL {step}, 9))"
+    keep = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
+    src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {spans} "
+           f"WHERE TimestampNs >= {lo} - {M.HOUR_NS} AND TimestampNs < {hi} + {M.HOUR_NS})")
+    select = M.requests_sql(src, M.CLICKHOUSE, request_where=f"TimestampNs >= {lo} AND TimestampNs < {hi}")
+    settings = _settings_clause(M.CLICKHOUSE_SETTINGS)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {spans} ENGINE = MergeTree PARTITION BY intDiv(TimestampNs, {24 * M.HOUR_NS}) "
+        f"ORDER BY (TimestampNs, TraceId) EMPTY AS SELECT {keep} FROM {source_sql(table)}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {spans}_mv TO {spans} AS SELECT {keep} FROM {source_sql(table)}",
+        # a refresh run twice over one interval (on creation, by hand) appends its requests twice: the
+        # replacing engine keeps one row per (start_ns, trace_id, span_id) once merged; read with FINAL
+        f"CREATE TABLE IF NOT EXISTS {target} ENGINE = ReplacingMergeTree PARTITION BY toDate(start) "
+        f"ORDER BY (start_ns, trace_id, span_id) EMPTY AS {select}{settings}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {target}_mv REFRESH EVERY {step} APPEND TO {target} "
+        f"AS {select}{settings}",
+    ]

@@ -1,0 +1,148 @@
+"""Move a tailscope store into an `otel_traces`-shaped ClickHouse table without loss.
+
+Each segment file goes through a staging table (the store's own columns) and one
+`INSERT ... SELECT` that casts to the exporter's types: `Timestamp` at full ns from
+`TimestampNs`, events field by field (`Events.Timestamp` from each event's `TimestampNs`).
+The promoted columns have no place in otel_traces: where a stored promoted value differs
+from what the promotion rules (analysis.clickhouse.promoted_sql, the rules of tracing/rows.py)
+read off the attributes, as when an engine mapping set it, the value is written as the
+convention's attribute (`tailscope.request`, `tailscope.stage`, `tailscope.outcome`,
+`tailscope.ttft_ns`, the first model / version / tenant / token key, and `tailscope.replica`
+on the resource), so reading the table back gives the same spans and requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analysis import model as M
+from analysis.clickhouse import Client, check_table_name, otel_traces_ddl, outcome_sql, promoted_sql
+from tracing import schema as S
+from tracing.store import require_store, segment_files
+
+#: The staging table one segment passes through (dropped at the end).
+STAGING: Final = "tailscope_export_staging"
+
+
+def _ch_type(typ: pa.DataType, nullable: bool = True) -> str:
+    """The ClickHouse type of a store column's Arrow type (nested values are never Nullable)."""
+    if pa.types.is_map(typ):
+        return f"Map({_ch_type(typ.key_type, False)}, {_ch_type(typ.item_type, False)})"
+    if pa.types.is_list(typ):
+        return f"Array({_ch_type(typ.value_type, False)})"
+    if pa.types.is_struct(typ):
+        return "Tuple(" + ", ".join(f"{f.name} {_ch_type(f.type, False)}" for f in typ) + ")"
+    if not nullable:
+        return "Int64" if pa.types.is_integer(typ) else "String"
+    if pa.types.is_timestamp(typ):
+        return "Nullable(DateTime64(6, 'UTC'))"
+    if pa.types.is_boolean(typ):
+        return "Nullable(Bool)"
+    if pa.types.is_integer(typ):
+        return "Nullable(Int64)"
+    return "Nullable(String)"
+
+
+def staging_ddl(table: str = STAGING) -> str:
+    """A Memory table with the store's columns (the staging of one segment)."""
+    cols = []
+    for f in S.SPAN_SCHEMA:
+        t = _ch_type(f.type)
+        if f.name in ("TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
+                      "ScopeName", "ScopeVersion", "StatusCode", "StatusMessage", "TimestampNs", "Duration",
+                      "IsRequest"):
+            t = t.removeprefix("Nullable(").removesuffix(")")
+        cols.append(f"`{f.name}` {t}")
+    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) ENGINE = Memory"
+
+
+def _differs(stored: str, derived: str) -> str:
+    return f"NOT isNotDistinctFrom({stored}, {derived})"
+
+
+def _fact(key: str, cond: str, value: str) -> str:
+    return f"if({cond}, [({M.quote(key)}, toString({value}))], [])"
+
+
+def insert_sql(target: str, source: str = STAGING) -> str:
+    """INSERT INTO target (otel_traces columns) SELECT ... FROM a relation with the store's columns."""
+    p = promoted_sql()
+    span_facts = [
+        _fact(S.ATTR_REQUEST, _differs("IsRequest", p["IsRequest"]), "if(IsRequest, 'true', 'false')"),
+        _fact(S.ATTR_STAGE, f"Stage IS NOT NULL AND {_differs('Stage', p['Stage'])}", "Stage"),
+        # the outcome rule reads the status and the attributes; on a request span the stored outcome must match it
+        _fact(S.ATTR_OUTCOME, f"IsRequest AND Outcome IS NOT NULL AND "
+              f"{_differs('Outcome', outcome_sql('StatusCode', 'SpanAttributes'))}", "Outcome"),
+        _fact(S.ATTR_TTFT_NS, f"TtftNs IS NOT NULL AND {_differs('TtftNs', p['TtftNs'])}", "TtftNs"),
+        _fact(S.MODEL_KEYS[0], f"Model IS NOT NULL AND {_differs('Model', p['Model'])}", "Model"),
+        _fact(S.MODEL_VERSION_KEYS[0], f"ModelVersion IS NOT NULL AND {_differs('ModelVersion', p['ModelVersion'])}",
+              "ModelVersion"),
+        _fact(S.TENANT_KEYS[0], f"Tenant IS NOT NULL AND {_differs('Tenant', p['Tenant'])}", "Tenant"),
+        _fact(S.INPUT_TOKEN_KEYS[0], f"InputTokens IS NOT NULL AND {_differs('InputTokens', p['InputTokens'])}",
+              "InputTokens"),
+        _fact(S.OUTPUT_TOKEN_KEYS[0], f"OutputTokens IS NOT NULL AND {_differs('OutputTokens', p['OutputTokens'])}",
+              "OutputTokens"),
+    ]
+    res_fact = _fact(S.ATTR_REPLICA, f"Replica IS NOT NULL AND {_differs('Replica', p['Replica'])}", "Replica")
+    span_attrs = (f"mapUpdate(SpanAttributes, CAST(arrayConcat({', '.join(span_facts)}), "
+                  "'Map(String, String)'))")
+    res_attrs = f"mapUpdate(ResourceAttributes, CAST({res_fact}, 'Map(String, String)'))"
+    cols = {
+        "Timestamp": "fromUnixTimestamp64Nano(TimestampNs)",
+        "TraceId": "TraceId", "SpanId": "SpanId", "ParentSpanId": "ParentSpanId", "TraceState": "TraceState",
+        "SpanName": "SpanName", "SpanKind": "SpanKind", "ServiceName": "ServiceName",
+        "ResourceAttributes": res_attrs, "ScopeName": "ScopeName", "ScopeVersion": "ScopeVersion",
+        "SpanAttributes": span_attrs, "Duration": "toUInt64(Duration)", "StatusCode": "StatusCode",
+        "StatusMessage": "StatusMessage",
+        "`Events.Timestamp`": "arrayMap(e -> fromUnixTimestamp64Nano(tupleElement(e, 'TimestampNs')), Events)",
+        "`Events.Name`": "arrayMap(e -> tupleElement(e, 'Name'), Events)",
+        "`Events.Attributes`": "arrayMap(e -> tupleElement(e, 'Attributes'), Events)",
+        "`Links.TraceId`": "arrayMap(x -> tupleElement(x, 'TraceId'), Links)",
+        "`Links.SpanId`": "arrayMap(x -> tupleElement(x, 'SpanId'), Links)",
+        "`Links.TraceState`": "arrayMap(x -> tupleElement(x, 'TraceState'), Links)",
+        "`Links.Attributes`": "arrayMap(x -> tupleElement(x, 'Attributes'), Links)",
+    }
+    return (f"INSERT INTO {target} ({', '.join(cols)})\nSELECT " + ",\n       ".join(cols.values())
+            + f"\nFROM {source}")
+
+
+@dataclass
+class ExportReport:
+    """What an export moved."""
+
+    segments: int = 0
+    spans: int = 0
+
+
+def export_store(store: Path, client: Client, table: str = "otel_traces",
+                 on_segment: Callable[[int, int], None] | None = None) -> ExportReport:
+    """Copy every span of `store` into `table` (created with the exporter-shaped DDL if missing).
+
+    `on_segment(bytes_read, spans)` is called after each segment (a progress bar).
+    """
+    store = require_store(Path(store))
+    check_table_name(table)
+    client.command(otel_traces_ddl(table))
+    client.command(f"DROP TABLE IF EXISTS {STAGING}")
+    client.command(staging_ddl())
+    out = ExportReport()
+    sql = insert_sql(table)
+    try:
+        for path in segment_files(store):
+            data = pq.read_table(path, schema=S.SPAN_SCHEMA)
+            client.command(f"TRUNCATE TABLE {STAGING}")
+            client.insert_arrow(STAGING, data)
+            client.command(sql)
+            out.segments += 1
+            out.spans += data.num_rows
+            if on_segment:
+                on_segment(path.stat().st_size, data.num_rows)
+    finally:
+        client.command(f"DROP TABLE IF EXISTS {STAGING}")
+    return out

@@ -1,0 +1,212 @@
+"""`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
+
+1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
+   session temporary table, over the spans of the range asked.
+2. Only (start_ns, e2e_ns, status, the metric's value) per request comes back; detection
+   (analysis.spikes, the same code and seed as on DuckDB) runs on those.
+3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
+   spike windows and the baseline windows come back into an in-memory DuckDB, where the
+   explanation of analysis.report runs unchanged; as it goes, it asks for the spans each step
+   reads (`_Fetcher`): the tail slices' traces for the stage shares, and, only when queue_wait
+   leads, the spans within reach of the spike for the noisy-neighbour step.
+
+The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analysis import explain as X
+from analysis import model as M
+from analysis import neighbours as N
+from analysis import percentiles as P
+from analysis import report as RP
+from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
+from analysis.connect import _duck_type
+from analysis.percentiles import metric_column, parse_time
+from analysis.spikes import Detection, Spike
+from tracing import schema as S
+from tracing.errors import QueryError
+
+#: Span columns the explanation reads (explain.stage_rows, cost.gpu_shares): all a spike's neighbourhood pulls.
+SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
+#: Session temporary table of the request facts of one report.
+FACTS_TEMP = "_tailscope_facts"
+H = M.HOUR_NS
+
+
+def _span_where(lo_ns: int | None, hi_ns: int | None) -> str:
+    """Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before)."""
+    parts = []
+    if lo_ns is not None:
+        parts.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({(lo_ns // H) * H - H}))")
+    if hi_ns is not None:
+        parts.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({(hi_ns // H) * H + 2 * H}))")
+    return " AND ".join(parts)
+
+
+def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
+    parts = ["TRUE"]
+    if lo_ns is not None:
+        parts.append(f"{col} >= {int(lo_ns)}")
+    if hi_ns is not None:
+        parts.append(f"{col} < {int(hi_ns)}")
+    return " AND ".join(parts)
+
+
+def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                 window_s: float | str | None = None, since: str | int | datetime | None = None,
+                 until: str | int | datetime | None = None, include_failures: bool = True) -> dict[str, Any]:
+    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above."""
+    lo, hi = parse_time(since), parse_time(until)
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
+    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    # phase 1: (start_ns, e2e_ns, status, value) of every request in range; the other fact columns stay there
+    narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns FROM {FACTS_TEMP} "
+                          f"WHERE {_in_range(lo, hi)}")
+    local = duckdb.connect(":memory:")
+    local.register("_narrow", narrow)
+    dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
+    local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, start_ns::BIGINT AS start_ns, "
+                  f"e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, ttft_ns::BIGINT AS ttft_ns, "
+                  "tpot_ns::BIGINT AS tpot_ns FROM _narrow ORDER BY start_ns")
+    local.unregister("_narrow")
+    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1")
+    if det is None or not det.spikes:
+        return report
+    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
+    w = det.window_ns
+    wins = det.window_start_ns[det.baseline] // w
+    for s in det.spikes:
+        wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
+    wanted = ", ".join(str(int(x)) for x in np.unique(wins))
+    # the columns analysis.report's explanation reads (its `source=` contract), nothing more
+    wanted_cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
+        ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
+                         f"AND intDiv(start_ns, {w}) IN ({wanted})")
+    local.register("_facts_arrow", facts)
+    local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
+        f"{c}::{'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR'} AS {c}"
+        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
+    local.unregister("_facts_arrow")
+    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
+    fetch = _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
+    where = _in_range(lo, hi)
+    keep = "" if include_failures else " AND status = 'ok'"
+    frame = local.sql(
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{', '.join(X.DIMENSIONS)} FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
+    for item in report["spikes"]:
+        report["errors"].extend(item["errors"])
+    return report
+
+
+class _Fetcher:
+    """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
+
+    Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
+    runs only when queue_wait leads the stages, reads every span within reach of the spike and
+    its nearest baseline windows. Only the SPAN_INPUTS columns come back; the rest are null.
+    """
+
+    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int) -> None:
+        self.client, self.table, self.local, self.reach = client, table, local, reach_ns
+        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)  # one order everywhere
+        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)
+        local.execute(f"CREATE TABLE _spans_local ({cols})")
+        view = ", ".join(c if c in SPAN_INPUTS else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
+
+    def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
+        where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) "
+                 f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi}))")
+        got = self.client.query(f"SELECT {self.cols} FROM {source_sql(self.table, where)} "
+                                f"WHERE {cond}")
+        self.local.register("_pulled", got)
+        # a span pulled twice (two spikes' ranges overlap) is kept once
+        self.local.execute(f"CREATE OR REPLACE TABLE _spans_local AS SELECT DISTINCT * FROM ("
+                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.cols} FROM _pulled)")
+        self.local.unregister("_pulled")
+
+    def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
+        """The spans of these traces in [lo_ns, hi_ns)."""
+        if trace_ids:
+            self._pull(lo_ns, hi_ns, f"TraceId IN ({', '.join(M.quote(t) for t in trace_ids)})")
+
+    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+        """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
+        stages = item.get("stages") or []
+        if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < N.QUEUE_SHARE:
+            return  # the step stops before reading spans
+        w = det.window_ns
+        base = det.window_start_ns[det.baseline]
+        dist = np.maximum(spike.start_ns - (base + w), base - spike.end_ns)
+        near = base[np.argsort(dist, kind="stable")[:max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns)
+                                                                                    // w))]].tolist()
+        lo = min([spike.start_ns, *near]) - self.reach
+        hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
+        self._pull(lo, hi)
+
+
+def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                      window_s: float | str | None = None, by: Sequence[str] = (),
+                      since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+                      include_failures: bool = True) -> pl.DataFrame:
+    """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
+
+    `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
+    only one row per window (and group) comes back. Same columns as the DuckDB version.
+    """
+    column = P.metric_column(metric)
+    for name in by:
+        if name not in P.GROUP_COLUMNS:
+            raise QueryError("", f"cannot group by {name!r}; use one of {', '.join(P.GROUP_COLUMNS)}")
+    lo, hi = parse_time(since), parse_time(until)
+    stages = column in M.STAGE_COLUMNS
+    cols = M.REQUEST_COLUMNS if stages else tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in
+                                                  ("ttft_ns", "tpot_ns"))
+    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    where = _in_range(lo, hi)
+    if window_s is None:
+        first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n "
+                                      f"FROM {FACTS_TEMP} WHERE {where}").to_pylist()[0].values()
+        start = lo if lo is not None else (first or 0)
+        end = hi if hi is not None else (last or 0) + 1
+        win: float = P.auto_window_s(int(n), max(end - start, 1) / 1e9)
+    else:
+        win = P.parse_duration(window_s)
+    w = round(win * 1e9)
+    keep = "TRUE" if include_failures else "status = 'ok'"
+    qs = ", ".join(repr(q) for _, q in P.QUANTILES)
+    groups = "".join(f", {g}" for g in by)
+    frame = pl.from_arrow(client.query(f"""
+SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
+       count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS errors,
+       countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled,
+       countIf({column} IS NOT NULL AND {keep}) AS n,
+       if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
+FROM {FACTS_TEMP} WHERE {where}
+GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
+    assert isinstance(frame, pl.DataFrame)
+    q = pl.col("q")
+    frame = frame.with_columns(
+        [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
+        + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(P.QUANTILES)]
+        + [(pl.col("n") * (1 - qv) < P.MIN_TAIL).alias(f"{name}_low_sample") for name, qv in P.QUANTILES]
+    ).drop("q")
+    first_cols = ["window_start", "window_start_ns", *by]
+    return frame.select(first_cols + [c for c in frame.columns if c not in first_cols]).with_columns(
+        pl.col(c).cast(pl.Int64) for c in ("window_start_ns", "requests", "ok", "errors", "timeouts", "cancelled", "n"))

@@ -1,0 +1,118 @@
+"""Benchmark of `report --engine clickhouse` in chdb against the same report in DuckDB, same run, same spans.
+
+The store is benchmarks.bench_report's synthetic one (7 spans per request, 16 replicas over two
+hours, one slow-replica spike). It is exported into an otel_traces table in chdb (the embedded
+ClickHouse), then the report runs on both engines; the two reports must be equal.
+
+    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--json]
+
+Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio,
+the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_report import make_store
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+class _Counting:
+    """A client wrapper counting the Arrow bytes its queries return."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.dsn = inner.dsn
+        self.pulled = 0
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
+        out = self.inner.query(sql, settings)
+        self.pulled += out.nbytes
+        return out
+
+    def command(self, sql: str) -> None:
+        self.inner.command(sql)
+
+    def insert_arrow(self, table: str, data: Any) -> None:
+        self.inner.insert_arrow(table, data)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def run(spans: int, root: Path, keep_export: bool = False) -> dict[str, Any]:
+    """Build, export and report one size; the figures as a dict."""
+    from analysis.clickhouse import open_client
+    from analysis.clickhouse_export import export_store
+    from analysis.clickhouse_report import build_report as ch_report
+    from analysis.connect import connect
+    from analysis.report import build_report
+
+    store = root / f"store-{spans}"
+    if not store.exists():
+        make_store(store, spans)
+    chdir = root / f"chdb-{spans}"
+    out: dict[str, Any] = {"spans": spans, "export_s": None}
+    if not (keep_export and chdir.exists()):
+        shutil.rmtree(chdir, ignore_errors=True)
+        client = _Counting(open_client(f"chdb:{chdir}"))
+        t = time.perf_counter()
+        export_store(store, client.inner)
+        out["export_s"] = round(time.perf_counter() - t, 2)
+    else:
+        client = _Counting(open_client(f"chdb:{chdir}"))
+    out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
+    out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
+    con = connect(store)
+    con.execute("SET enable_progress_bar = false").fetchall()
+    t = time.perf_counter()
+    duck = build_report(con)
+    out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
+    con.close()
+    t = time.perf_counter()
+    ch = ch_report(client)
+    out["chdb_report_s"] = round(time.perf_counter() - t, 2)
+    out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
+    out["pulled_mib"] = round(client.pulled / 2**20, 2)
+    out["requests"] = duck["requests"]
+    out["spikes"] = len(duck["spikes"])
+    out["equal"] = ch == duck
+    client.close()
+    with open("/proc/loadavg") as fh:
+        out["loadavg_1m"] = float(fh.read().split()[0])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run each size and print the figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--spans", default="1000000")
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep-export", action="store_true", help="reuse an exported chdb directory in --dir")
+    args = parser.parse_args(argv)
+    root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
+    root.mkdir(parents=True, exist_ok=True)
+    results = [run(int(s), root, args.keep_export) for s in args.spans.split(",")]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for r in results:
+        print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): export {r['export_s']} s; "
+              f"report DuckDB {r['duckdb_report_s']} s, chdb {r['chdb_report_s']} s "
+              f"(x{r['chdb_vs_duckdb_x']}); pulled {r['pulled_mib']} MiB; store {r['store_mib']} MiB, "
+              f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']}; load {r['loadavg_1m']}")
+
+
+if __name__ == "__main__":
+    main()

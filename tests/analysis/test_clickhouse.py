@@ -1,0 +1,326 @@
+"""ClickHouse as the engine, tested in chdb: DSNs, the promotion rules in SQL, the request model and the report.
+
+The promotion SQL is compared with tracing/rows.py on random attribute maps; `requests` and
+`report --json` are compared between DuckDB (the store) and chdb (the store exported into an
+otel_traces table with the exporter's shape) on every catalogue sample.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from analysis import clickhouse as C
+from analysis import model as M
+from analysis.clickhouse_export import export_store
+from analysis.clickhouse_report import build_report as ch_report
+from analysis.connect import connect
+from analysis.report import build_report
+from intake.ingest import ingest_files
+from tracing import rows as R
+from tracing import schema as S
+from tracing.errors import TailscopeError
+
+DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
+SAMPLES = sorted(p for p in DATA.rglob("*.otlp.jsonl.gz") if p.name != "demo.otlp.jsonl.gz")
+
+
+@pytest.mark.parametrize("text", ["", "chdb:", "postgres://x@y/z", "clickhouse://", "clickhouse://h:notaport/db",
+                                  "clickhouse://u@h:8123/bad-db;"])
+def test_a_bad_dsn_is_one_clear_error(text: str) -> None:
+    with pytest.raises(C.DsnError) as err:
+        C.parse_dsn(text)
+    assert isinstance(err.value, TailscopeError) and "\n" not in str(err.value)
+
+
+def test_dsns_read_both_forms() -> None:
+    assert C.parse_dsn("chdb:some/dir") == C.Dsn("chdb", path="some/dir")
+    d = C.parse_dsn("clickhouse://ann:p%40ss@127.0.0.1:9000/traces")
+    assert (d.kind, d.host, d.port, d.user, d.password, d.database) == ("http", "127.0.0.1", 9000, "ann", "p@ss",
+                                                                           "traces")
+    assert C.parse_dsn("clickhouse://127.0.0.1").port == C.DEFAULT_PORT
+    assert "p@ss" not in str(d)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
+    yield c
+    c.close()
+
+
+_KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_OPERATION, S.ATTR_ERROR_TYPE,
+         *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS]
+_WORDS = ["", "true", "TRUE", "True ", "false", "prefill", "decode", "queue_wait", "bogus", "ok", "timeout",
+          "cancelled", "error", "Deadline_Exceeded", "TIMED_OUT", "Canceled", "read time-out", "m1", "tenant-a"]
+_NUMS = ["12", " 12 ", "+7", "-3", "1_000", "1__0", "12.9", "-0.5", "1e3", "1.5E2", ".5", "5.", "inf", "nan",
+         "0x10", "9223372036854775807", "9223372036854775808", "-9223372036854775808", "9.3e18", "1e400", "abc",
+         "", "\t42\n", "1_0.5", "00012", "1e", "--1"]
+_UUID = "3f2b8c1e-4a5d-4e6f-8a9b-0c1d2e3f4a5b"
+
+
+def _random_span(rng: random.Random) -> dict[str, Any]:
+    attrs: dict[str, str] = {}
+    for key in rng.sample(_KEYS, rng.randint(0, 7)):
+        numeric = key in (S.ATTR_TTFT_NS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS)
+        attrs[key] = rng.choice(_NUMS if numeric and rng.random() < 0.8 else _WORDS)
+    res: dict[str, str] = {}
+    for key in rng.sample(list(S.REPLICA_RESOURCE_KEYS), rng.randint(0, 4)):
+        res[key] = rng.choice(["", "pod-1", "host-a", _UUID, _UUID + "\n", _UUID.upper(), _UUID + "x", "7"])
+    kind = rng.choice(S.SPAN_KINDS)
+    status = rng.choice(S.STATUS_CODES)
+    old = rng.random() < 0.5
+    return {"SpanName": rng.choice(["prefill", "generation", "chat", "decode", "x"]),
+            "SpanKind": f"SPAN_KIND_{kind.upper()}" if old else kind, "kind": kind,
+            "StatusCode": f"STATUS_CODE_{status.upper()}" if old else status, "status": status,
+            "SpanAttributes": attrs, "ResourceAttributes": res}
+
+
+def _py_promoted(s: dict[str, Any]) -> dict[str, Any]:
+    attrs, res = s["SpanAttributes"], s["ResourceAttributes"]
+    stage = R.stage_of(s["SpanName"], attrs)
+    req = R.is_request(s["kind"], stage, attrs)
+    return {"Stage": stage, "IsRequest": req, "Outcome": R.outcome_of(s["status"], attrs) if req else None,
+            "Replica": R.replica_of(res), "Model": R._first(attrs, S.MODEL_KEYS),
+            "ModelVersion": R._first(attrs, S.MODEL_VERSION_KEYS), "Tenant": R._first(attrs, S.TENANT_KEYS),
+            "InputTokens": R._int_or_none(R._first(attrs, S.INPUT_TOKEN_KEYS)),
+            "OutputTokens": R._int_or_none(R._first(attrs, S.OUTPUT_TOKEN_KEYS)),
+            "TtftNs": R._int_or_none(attrs.get(S.ATTR_TTFT_NS))}
+
+
+def test_promotion_in_sql_equals_tracing_rows_on_random_spans(client: Any) -> None:
+    rng = random.Random(12)
+    spans = [_random_span(rng) for _ in range(1500)]
+    attrs = pa.map_(pa.string(), pa.string())
+    data = pa.table({
+        "i": pa.array(range(len(spans)), pa.int64()),
+        "SpanName": [s["SpanName"] for s in spans], "SpanKind": [s["SpanKind"] for s in spans],
+        "StatusCode": [s["StatusCode"] for s in spans],
+        "SpanAttributes": pa.array([list(s["SpanAttributes"].items()) for s in spans], attrs),
+        "ResourceAttributes": pa.array([list(s["ResourceAttributes"].items()) for s in spans], attrs)})
+    client.command("DROP TABLE IF EXISTS rnd")
+    client.command("CREATE TABLE rnd (i Int64, SpanName String, SpanKind String, StatusCode String, "
+                   "SpanAttributes Map(LowCardinality(String), String), "
+                   "ResourceAttributes Map(LowCardinality(String), String)) ENGINE = Memory")
+    client.insert_arrow("rnd", data)
+    p = C.promoted_sql(kind="_k", status="_s")
+    got = client.query(f"SELECT i, {', '.join(f'{e} AS {n}' for n, e in p.items())} FROM "
+                       f"(SELECT *, {C.kind_sql()} AS _k, {C.status_sql()} AS _s FROM rnd) ORDER BY i").to_pylist()
+    assert len(got) == len(spans)
+    for row, span in zip(got, spans, strict=True):
+        want = _py_promoted(span)
+        assert {k: row[k] for k in want} == want, span
+
+
+def _store_and_table(sample: Path, tmp: Path, client: Any) -> tuple[Path, str]:
+    store = tmp / "store"
+    ingest_files([sample], store)
+    table = "t_" + sample.name.split(".")[0]
+    client.command(f"DROP TABLE IF EXISTS {table}")
+    export_store(store, client, table)
+    return store, table
+
+
+def _same_frames(duck: pl.DataFrame, ch: pl.DataFrame) -> None:
+    assert duck.columns == ch.columns and duck.height == ch.height
+    keys = ["trace_id", "span_id"]
+    duck, ch = duck.sort(keys), ch.sort(keys)
+    for col in duck.columns:
+        a, b = duck.get_column(col), ch.get_column(col)
+        if col == "start":
+            b = b.dt.replace_time_zone(None)
+        if a.dtype.is_float():
+            assert ((a - b).abs() <= 1e-9 * a.abs().fill_null(1)).all(), col
+        else:
+            assert a.cast(pl.String).to_list() == b.cast(a.dtype).cast(pl.String).to_list(), col
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.name.split(".")[0] for p in SAMPLES])
+def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path, tmp_path: Path,
+                                                                     client: Any) -> None:
+    store, table = _store_and_table(sample, tmp_path, client)
+    con = connect(store)
+    duck = con.sql("SELECT * FROM requests").pl()
+    assert duck.height > 0
+    C.materialize_requests(client, table)
+    _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+    assert ch_report(client, table) == build_report(con)
+    if "vllm" in sample.name:
+        assert ch_report(client, table, metric="ttft") == build_report(con, metric="ttft")
+
+
+def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client: Any) -> None:
+    """Spans made by the OpenTelemetry SDK, INSERTed as the clickhouseexporter writes them (old and new spellings)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    from tracing.exporters import append_span
+    from tracing.store import SegmentWriter, init_store
+
+    mem = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "llm", "k8s.pod.name": "pod-3"}))
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = provider.get_tracer("t")
+    rng = random.Random(3)
+    t = 1_763_647_200_000_000_000
+    for i in range(60):
+        t += rng.randint(10_000_000, 900_000_000)
+        root = tracer.start_span("chat", kind=SpanKind.SERVER, start_time=t, attributes={
+            S.ATTR_OPERATION: "chat", "gen_ai.request.model": "m", "gen_ai.usage.output_tokens": rng.randint(2, 90),
+            S.ATTR_TENANT: rng.choice(["a", "b"])})
+        q = t + rng.randint(0, 50_000_000)
+        from opentelemetry import trace as api
+        ctx = api.set_span_in_context(root)
+        tracer.start_span("queue_wait", context=ctx, start_time=t).end(end_time=q)
+        g = tracer.start_span("generation", context=ctx, start_time=q)
+        g.add_event("first_token", timestamp=q + 123_457)
+        end = q + rng.randint(1_000_000, 2_000_000_000)
+        g.end(end_time=end)
+        if i % 7 == 0:
+            root.set_status(Status(StatusCode.ERROR, "boom"))
+            root.set_attribute(S.ATTR_ERROR_TYPE, "DeadlineExceeded")
+        root.end(end_time=end + 1_234)
+    spans = mem.get_finished_spans()
+    from tracing.rows import SpanBatch
+    batch = SpanBatch()
+    for s in spans:
+        append_span(batch, s)
+    store = init_store(tmp_path / "store")
+    SegmentWriter(store).write(batch.to_table())
+    duck = connect(store).sql("SELECT * FROM requests").pl()
+    attrs = pa.map_(pa.string(), pa.string())
+    for old in (False, True):
+        def kind(k: SpanKind, old: bool = old) -> str:
+            name = {SpanKind.SERVER: "Server", SpanKind.INTERNAL: "Internal", SpanKind.CLIENT: "Client"}[k]
+            return f"SPAN_KIND_{name.upper()}" if old else name
+
+        def status(c: StatusCode, old: bool = old) -> str:
+            name = {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}[c]
+            return f"STATUS_CODE_{name.upper()}" if old else name
+
+        rows = pa.table({
+            "ts": pa.array([s.start_time for s in spans], pa.int64()),
+            "TraceId": [f"{s.context.trace_id:032x}" for s in spans],
+            "SpanId": [f"{s.context.span_id:016x}" for s in spans],
+            "ParentSpanId": [f"{s.parent.span_id:016x}" if s.parent else "" for s in spans],
+            "SpanName": [s.name for s in spans], "SpanKind": [kind(s.kind) for s in spans],
+            "ServiceName": ["llm" for _ in spans],
+            "ResourceAttributes": pa.array([[(k, str(v)) for k, v in s.resource.attributes.items()] for s in spans],
+                                           attrs),
+            "SpanAttributes": pa.array([[(k, str(v)) for k, v in (s.attributes or {}).items()] for s in spans], attrs),
+            "Duration": pa.array([s.end_time - s.start_time for s in spans], pa.int64()),
+            "StatusCode": [status(s.status.status_code) for s in spans],
+            "ev_ts": pa.array([[e.timestamp for e in s.events] for s in spans], pa.list_(pa.int64())),
+            "ev_name": pa.array([[e.name for e in s.events] for s in spans], pa.list_(pa.string())),
+        })
+        client.command("DROP TABLE IF EXISTS sdk_raw")
+        client.command("CREATE TABLE sdk_raw (ts Int64, TraceId String, SpanId String, ParentSpanId String, "
+                       "SpanName String, SpanKind String, ServiceName String, ResourceAttributes Map(String, String), "
+                       "SpanAttributes Map(String, String), Duration Int64, StatusCode String, ev_ts Array(Int64), "
+                       "ev_name Array(String)) ENGINE = Memory")
+        client.insert_arrow("sdk_raw", rows)
+        client.command("DROP TABLE IF EXISTS sdk_traces")
+        client.command(C.otel_traces_ddl("sdk_traces"))
+        client.command("INSERT INTO sdk_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, "
+                       "ServiceName, ResourceAttributes, SpanAttributes, Duration, StatusCode, `Events.Timestamp`, "
+                       "`Events.Name`) SELECT fromUnixTimestamp64Nano(ts), TraceId, SpanId, ParentSpanId, SpanName, "
+                       "SpanKind, ServiceName, ResourceAttributes, SpanAttributes, Duration, StatusCode, "
+                       "arrayMap(x -> fromUnixTimestamp64Nano(x), ev_ts), ev_name FROM sdk_raw")
+        C.materialize_requests(client, "sdk_traces")
+        ch = pl.from_arrow(client.query("SELECT * FROM requests"))
+        assert isinstance(ch, pl.DataFrame)
+        _same_frames(duck, ch)
+        assert set(ch.get_column("status").to_list()) == {"ok", "timeout"}
+        assert ch.get_column("replica").unique().to_list() == ["pod-3"]
+        ev = client.query(f"SELECT Events FROM {C.source_sql('sdk_traces')} WHERE SpanName = 'generation' "
+                          "ORDER BY TimestampNs LIMIT 1").to_pylist()[0]["Events"]
+        first = min(
+            (s for s in spans if s.name == "generation"), key=lambda s: s.start_time or 0)
+        assert ev[0]["TimestampNs"] == first.events[0].timestamp and ev[0]["Name"] == "first_token"
+
+
+def test_export_keeps_every_stored_column(tmp_path: Path, client: Any) -> None:
+    """A store exported and read back through source_sql gives the same spans, ns and events included."""
+    sample = DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"
+    store, table = _store_and_table(sample, tmp_path, client)
+    duck = connect(store).sql(f"SELECT {', '.join(S.COLUMN_NAMES)} FROM spans").to_arrow_table()
+    ch = client.query(f"SELECT {', '.join(S.COLUMN_NAMES)} FROM {C.source_sql(table)}")
+    keys = [("TraceId", "ascending"), ("SpanId", "ascending"), ("TimestampNs", "ascending")]
+    a, b = duck.sort_by(keys), ch.sort_by(keys)
+    assert a.num_rows == b.num_rows > 0
+    for name in S.COLUMN_NAMES:
+        x, y = a.column(name).to_pylist(), b.column(name).to_pylist()
+        if name in ("ResourceAttributes", "SpanAttributes"):
+            # promoted facts an engine mapping set travel as attributes: the stored ones are all still there
+            assert all(set(p or []) <= set(q or []) for p, q in zip(x, y, strict=True)), name
+        elif name == "Timestamp":
+            assert [v.replace(tzinfo=None) for v in x] == [v.replace(tzinfo=None) for v in y]
+        elif name == "Events":
+            assert [[(e["TimestampNs"], e["Name"], sorted(e["Attributes"] or [])) for e in v] for v in x] == \
+                   [[(e["TimestampNs"], e["Name"], sorted(e["Attributes"] or [])) for e in v] for v in y]
+        else:
+            assert x == y, name
+
+
+def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
+    store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path, client)
+    got = C.query_views(client, "SELECT count(*) AS n FROM requests WHERE status = 'ok'", table).to_pylist()
+    want = connect(store).sql("SELECT count(*) FROM requests WHERE status = 'ok'").fetchall()[0][0]
+    assert got == [{"n": want}]
+    n_stages = C.query_views(client, "SELECT count(*) AS n FROM stages", table).to_pylist()[0]["n"]
+    assert n_stages == want * 0 + len(M.STAGE_COLUMNS) * connect(store).sql("SELECT count(*) FROM requests"
+                                                                             ).fetchall()[0][0]
+    from tracing.errors import QueryError
+    with pytest.raises(QueryError, match="readonly"):
+        C.query_views(client, f"INSERT INTO {table} SELECT * FROM {table} LIMIT 1", table)
+
+
+def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
+    """The network client is built by clickhouse-connect; nothing listens on this loopback port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(C.DsnError, match=f"cannot reach ClickHouse at clickhouse://default@127.0.0.1:{port}/default"):
+        C.open_client(f"clickhouse://127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("sample", ["incidents/slow_replica", "engines/vllm_slow_replica"])
+def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_path: Path, client: Any) -> None:
+    from analysis.clickhouse_report import percentile_series as ch_series
+    from analysis.percentiles import percentile_series
+
+    store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path, client)
+    con = connect(store)
+    cases: list[dict[str, Any]] = [{}, {"by": ("replica",), "window_s": "1m"},
+                                   {"metric": "ttft", "include_failures": False},
+                                   {"metric": "queue_wait", "by": ("status",)}]
+    for kw in cases:
+        duck = percentile_series(con, **kw)
+        ch = ch_series(client, table, **kw)
+        assert duck.height > 0 and ch.columns == duck.columns, kw
+        keys = ["window_start_ns", *kw.get("by", ())]
+        ch, duck = ch.sort(keys, nulls_last=True), duck.sort(keys, nulls_last=True)
+        for col in duck.columns:
+            a, b = duck.get_column(col), ch.get_column(col)
+            if a.dtype.is_float():  # the interpolation may round differently in the last bit
+                assert a.is_null().to_list() == b.is_null().to_list(), (kw, col)
+                assert ((a - b).abs() <= 1e-12 * a.abs()).fill_null(True).all(), (kw, col)
+            else:
+                assert a.cast(pl.String).to_list() == b.cast(a.dtype).cast(pl.String).to_list(), (kw, col)
+
+
+def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
+    from analysis.clickhouse_report import SPAN_INPUTS
+    from analysis.explain import _STAGE_INPUTS
+
+    assert set(SPAN_INPUTS) >= _STAGE_INPUTS

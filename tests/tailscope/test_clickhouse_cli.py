@@ -1,0 +1,123 @@
+"""The ClickHouse commands through the CLI, on chdb: export, report / sql --engine clickhouse, clickhouse init."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tailscope.cli import app
+
+DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("cli")
+    store = root / "store"
+    done = runner.invoke(app, ["ingest", str(DATA / "incidents" / "slow_replica.otlp.jsonl.gz"), "--store",
+                               str(store)])
+    assert done.exit_code == 0, done.output
+    dsn = f"chdb:{root / 'ch'}"
+    done = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
+    assert done.exit_code == 0, done.output
+    assert "exported" in done.output and "into otel_traces" in done.output
+    return store, dsn
+
+
+def test_report_json_is_the_same_on_both_engines(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
+    assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
+    a = json.loads(duck.stdout)
+    assert a["spikes"], "the slow_replica sample has a spike"
+    assert json.loads(ch.stdout) == a
+
+
+def test_a_time_range_and_ok_only_give_the_same_report(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    first = json.loads(runner.invoke(app, ["report", "--store", str(store), "--json"]).stdout)["spikes"][0]["start"]
+    args = ["--since", first, "--until", "2099-01-01T00:00:00Z", "--ok-only", "--json", "--metric", "ttft"]
+    duck = runner.invoke(app, ["report", "--store", str(store), *args])
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, *args])
+    assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
+    a = json.loads(duck.stdout)
+    assert a["requests"] > 0 and json.loads(ch.stdout) == a
+
+
+def test_sql_reads_the_views_and_refuses_writes(exported: tuple[Path, str]) -> None:
+    store, dsn = exported
+    duck = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store), "-f", "json"])
+    ch = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--engine", "clickhouse", "--dsn", dsn,
+                             "-f", "json"])
+    assert ch.exit_code == 0, ch.output
+    assert json.loads(ch.stdout) == json.loads(duck.stdout)
+    bad = runner.invoke(app, ["sql", "DROP TABLE otel_traces", "--engine", "clickhouse", "--dsn", dsn])
+    assert bad.exit_code == 1
+    spans = runner.invoke(app, ["sql", "SELECT count() AS n FROM otel_traces", "--engine", "clickhouse", "--dsn", dsn,
+                                "-f", "json"])
+    assert json.loads(spans.stdout)[0]["n"] > 0
+
+
+@pytest.mark.parametrize("args", [["--dsn", "mysql://x"], [], ["--dsn", "chdb:x", "--table", "a;b"]])
+def test_bad_engine_options_are_one_line(args: list[str], tmp_path: Path) -> None:
+    done = runner.invoke(app, ["report", "--engine", "clickhouse", *args])
+    assert done.exit_code == 1
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.output
+
+
+def test_clickhouse_init_prints_and_applies(tmp_path: Path) -> None:
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    printed = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn])
+    assert printed.exit_code == 0
+    assert "REFRESH EVERY 5 MINUTE APPEND TO tailscope_requests" in printed.output
+    from analysis.clickhouse import open_client, otel_traces_ddl
+    client = open_client(dsn)
+    client.command(otel_traces_ddl())
+    client.close()
+    applied = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
+    assert applied.exit_code == 0, applied.output
+    client = open_client(dsn)
+    views = client.query("SELECT view FROM system.view_refreshes").column("view").to_pylist()
+    tables = set(client.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
+                 .column("name").to_pylist())
+    client.close()
+    assert views == ["tailscope_requests_mv"]
+    assert {"tailscope_requests", "tailscope_requests_spans", "tailscope_requests_spans_mv"} <= tables
+
+
+def test_the_default_table_is_the_exporters() -> None:
+    from analysis.clickhouse import DEFAULT_TABLE
+    from tailscope.commands.common import DEFAULT
+    assert DEFAULT == DEFAULT_TABLE == "otel_traces"
+
+
+def test_the_refreshable_view_computes_the_requests_of_its_interval(tmp_path: Path) -> None:
+    """Applied in chdb, a refresh (forced with SYSTEM REFRESH) appends the requests of yesterday (--every '1 DAY')."""
+    from analysis.clickhouse import open_client, otel_traces_ddl
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    client = open_client(dsn)
+    client.command(otel_traces_ddl())
+    client.close()
+    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--every", "1 DAY", "--lag-minutes", "0"])
+    assert done.exit_code == 0, done.output
+    client = open_client(dsn)
+    t0 = "toUnixTimestamp64Nano(toDateTime64(toStartOfDay(now()) - INTERVAL 12 HOUR, 9))"
+    tid, root, child = "a" * 32, "b" * 16, "c" * 16
+    client.command(
+        "INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, "
+        f"SpanAttributes, Duration, StatusCode) SELECT fromUnixTimestamp64Nano({t0}), '{tid}', '{root}', '', 'chat', "
+        "'Server', 's', map('gen_ai.operation.name', 'chat'), 5000000000, 'Unset' UNION ALL "
+        f"SELECT fromUnixTimestamp64Nano({t0} + 1000000000), '{tid}', '{child}', '{root}', 'decode', 'Internal', "
+        "'s', map(), 3000000000, 'Unset'")
+    client.command("SYSTEM REFRESH VIEW tailscope_requests_mv")
+    client.command("SYSTEM WAIT VIEW tailscope_requests_mv")
+    rows = client.query("SELECT trace_id, e2e_ns, decode_ns, other_ns FROM tailscope_requests FINAL").to_pylist()
+    client.close()
+    assert rows == [{"trace_id": tid, "e2e_ns": 5_000_000_000, "decode_ns": 3_000_000_000,
+                     "other_ns": 2_000_000_000}]
