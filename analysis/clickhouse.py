@@ -329,6 +329,7 @@ def promoted_sql(*, name: str = "SpanName", kind: str = "SpanKind", status: str 
         "OutputTokens": int_or_none_sql(first_sql(attrs, S.OUTPUT_TOKEN_KEYS)),
         "TtftNs": f"if(mapContains({attrs}, {M.quote(S.ATTR_TTFT_NS)}), "
                   f"{int_or_none_sql(_get(attrs, S.ATTR_TTFT_NS))}, NULL)",
+        "AdjustedCount": M.adjusted_count_sql(M.CLICKHOUSE, "TraceState", attrs),
     }
 
 
@@ -418,7 +419,8 @@ ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))"""
 #: Span columns the request model reads (the temporary copy of the spans holds only these).
 MODEL_INPUTS: Final[tuple[str, ...]] = (
     "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName", "Duration", "TimestampNs", "Stage",
-    "IsRequest", "Outcome", "Replica", "Model", "ModelVersion", "Tenant", "InputTokens", "OutputTokens", "TtftNs")
+    "IsRequest", "Outcome", "Replica", "Model", "ModelVersion", "Tenant", "InputTokens", "OutputTokens", "TtftNs",
+    "AdjustedCount")
 #: Temporary table of the spans the model read in this session.
 SPANS_TEMP: Final = "_tailscope_spans"
 

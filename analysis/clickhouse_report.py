@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import duckdb
 import numpy as np
@@ -39,6 +39,8 @@ from tracing.errors import QueryError
 SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
 #: Session temporary table of the request facts of one report.
 FACTS_TEMP = "_tailscope_facts"
+#: Fact columns whose local (DuckDB) type is not read off their name.
+_DUCK_TYPES: Final = {"adjusted_count": "DOUBLE"}
 H = M.HOUR_NS
 
 
@@ -63,7 +65,8 @@ def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> st
 
 def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
                  window_s: float | str | None = None, since: str | int | datetime | None = None,
-                 until: str | int | datetime | None = None, include_failures: bool = True) -> dict[str, Any]:
+                 until: str | int | datetime | None = None, include_failures: bool = True,
+                 sampling_policy: str = "auto") -> dict[str, Any]:
     """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above."""
     lo, hi = parse_time(since), parse_time(until)
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
@@ -71,16 +74,18 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
     # phase 1: (start_ns, e2e_ns, status, value) of every request in range; the other fact columns stay there
     narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
-                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns FROM {FACTS_TEMP} "
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count FROM {FACTS_TEMP} "
                           f"WHERE {_in_range(lo, hi)}")
     local = duckdb.connect(":memory:")
     local.register("_narrow", narrow)
     dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
-    local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, start_ns::BIGINT AS start_ns, "
-                  f"e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, ttft_ns::BIGINT AS ttft_ns, "
-                  "tpot_ns::BIGINT AS tpot_ns FROM _narrow ORDER BY start_ns")
+    local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id, "
+                  f"start_ns::BIGINT AS start_ns, e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, "
+                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count "
+                  "FROM _narrow ORDER BY start_ns")
     local.unregister("_narrow")
-    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1")
+    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
+                                     sampling_policy, judge_sampling=False)
     if det is None or not det.spikes:
         return report
     # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
@@ -90,13 +95,13 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
         wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
     wanted = ", ".join(str(int(x)) for x in np.unique(wins))
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
-    wanted_cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
-        ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
+    wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
+        ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
                          f"AND intDiv(start_ns, {w}) IN ({wanted})")
     local.register("_facts_arrow", facts)
     local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
-        f"{c}::{'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR'} AS {c}"
+        f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
         for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
     local.unregister("_facts_arrow")
     e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
@@ -105,7 +110,8 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     keep = "" if include_failures else " AND status = 'ok'"
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{', '.join(X.DIMENSIONS)} FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
+        f"FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
     report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
@@ -189,6 +195,17 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
     else:
         win = P.parse_duration(window_s)
     w = round(win * 1e9)
+    sampled = client.query(f"SELECT count() AS n FROM {FACTS_TEMP} WHERE {where} AND adjusted_count != 1"
+                           ).to_pylist()[0]["n"]
+    if sampled:  # weighted quantiles: the rows come back and analysis.percentiles computes them
+        local = duckdb.connect(":memory:")
+        rows = client.query(f"SELECT start_ns, status, {column}, adjusted_count{''.join(f', {g}' for g in by)} "
+                            f"FROM {FACTS_TEMP} WHERE {where}")
+        local.register("_series_rows", rows)
+        try:
+            return P.percentile_series(local, metric, win, by, lo, hi, include_failures, source="_series_rows")
+        finally:
+            local.close()
     keep = "TRUE" if include_failures else "status = 'ok'"
     qs = ", ".join(repr(q) for _, q in P.QUANTILES)
     groups = "".join(f", {g}" for g in by)
@@ -201,6 +218,10 @@ SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
 FROM {FACTS_TEMP} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
     assert isinstance(frame, pl.DataFrame)
+    frame = frame.with_columns(  # unsampled: the weighted counts are the counts (as analysis.percentiles)
+        [pl.col(c).cast(pl.Float64).alias(f"{c}_weighted") for c in ("requests", "ok", "errors", "timeouts",
+                                                                     "cancelled", "n")]
+        + [pl.col("n").cast(pl.Float64).alias("n_effective")])
     q = pl.col("q")
     frame = frame.with_columns(
         [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]

@@ -156,12 +156,13 @@ def _sampling_parts(d: Dialect, trace_state: str, attrs: str) -> dict[str, str]:
 
 
 def stored_adjusted_count(d: Dialect, table: str = "") -> str:
-    """The span's adjusted count: the promoted column where the engine stores it (an older segment reads 1),
-    else `adjusted_count_sql` over its TraceState and attributes."""
+    """The span's adjusted count: the promoted `AdjustedCount` column (an older DuckDB segment reads 1).
+
+    Every source the model reads carries the column: the store promotes it at intake, the
+    ClickHouse source derives it with `adjusted_count_sql` (analysis.clickhouse.promoted_sql).
+    """
     pre = f"{table}." if table else ""
-    if d.name == "duckdb":
-        return f"coalesce({pre}AdjustedCount, 1.0)"
-    return adjusted_count_sql(d, f"{pre}TraceState", f"{pre}SpanAttributes")
+    return f"coalesce({pre}AdjustedCount, 1.0)"
 
 
 def _ch_round_half_away(expr: str) -> str:

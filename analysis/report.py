@@ -134,7 +134,7 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto"
+             source: str | None, sampling_policy: str = "auto", judge_sampling: bool = True
              ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
     """The report's header, its value frame, the facts table and the detection (None when it could not run)."""
     if metric not in REPORT_METRICS:
@@ -180,7 +180,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
         base_rows = np.flatnonzero(np.isin(start // det.window_ns, base_wins))
         report["baseline_effective"] = _effective(weights, base_rows)
-    if weights is not None or sampling_policy != "auto":
+    if (weights is not None or sampling_policy != "auto") and not judge_sampling:
+        report["errors"].append("could not judge the sampling because the spans' sampling records are not "
+                                "read on this engine yet (docs/scale-out.md)")
+    elif weights is not None or sampling_policy != "auto":
         try:
             _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
         except Exception as exc:

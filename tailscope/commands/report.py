@@ -84,7 +84,8 @@ def report(
             client = clickhouse_client(dsn, table)
             try:
                 result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
-                                           until=until, include_failures=not ok_only)
+                                           until=until, include_failures=not ok_only,
+                                           sampling_policy=sampling_policy.value)
             finally:
                 client.close()
         if as_json:
