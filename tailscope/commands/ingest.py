@@ -17,7 +17,7 @@ from tailscope.commands.common import (
 )
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
-NEEDS = ("pyarrow", "numpy", "duckdb")
+NEEDS = ("pyarrow", "numpy", "duckdb", "polars")
 
 
 def ingest(
