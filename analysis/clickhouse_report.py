@@ -218,16 +218,4 @@ SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
 FROM {FACTS_TEMP} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
     assert isinstance(frame, pl.DataFrame)
-    frame = frame.with_columns(  # unsampled: the weighted counts are the counts (as analysis.percentiles)
-        [pl.col(c).cast(pl.Float64).alias(f"{c}_weighted") for c in ("requests", "ok", "errors", "timeouts",
-                                                                     "cancelled", "n")]
-        + [pl.col("n").cast(pl.Float64).alias("n_effective")])
-    q = pl.col("q")
-    frame = frame.with_columns(
-        [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
-        + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(P.QUANTILES)]
-        + [(pl.col("n") * (1 - qv) < P.MIN_TAIL).alias(f"{name}_low_sample") for name, qv in P.QUANTILES]
-    ).drop("q")
-    first_cols = ["window_start", "window_start_ns", *by]
-    return frame.select(first_cols + [c for c in frame.columns if c not in first_cols]).with_columns(
-        pl.col(c).cast(pl.Int64) for c in ("window_start_ns", "requests", "ok", "errors", "timeouts", "cancelled", "n"))
+    return P.series_frame(frame, by)

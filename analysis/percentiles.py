@@ -297,6 +297,36 @@ def choose_window_s(con: duckdb.DuckDBPyConnection, since: int | None = None, un
     return auto_window_s(n, max(end - start, 1) / 1e9)
 
 
+#: The request and value counts of a window (DuckDB), the same in the weighted and unweighted series.
+_COUNTS_SQL: Final = """count(*) AS requests,
+       count(*) FILTER (WHERE status = 'ok') AS ok,
+       count(*) FILTER (WHERE status = 'error') AS errors,
+       count(*) FILTER (WHERE status = 'timeout') AS timeouts,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+       count({col}) FILTER (WHERE {keep}) AS n"""
+_COUNT_NAMES: Final = ("requests", "ok", "errors", "timeouts", "cancelled", "n")
+
+
+def series_frame(frame: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
+    """The columns of `percentile_series` from a frame of window_start_ns, `by`, the counts and `q`
+    (the list of QUANTILES values in ns), with the weighted counts and n_effective when sampled.
+
+    Any engine computing the windows (DuckDB here, ClickHouse in analysis.clickhouse_report) ends here.
+    """
+    if "n_effective" not in frame.columns:  # unsampled: the weighted counts are the counts
+        frame = frame.with_columns([pl.col(c).cast(pl.Float64).alias(f"{c}_weighted") for c in _COUNT_NAMES]
+                                   + [pl.col("n").cast(pl.Float64).alias("n_effective")])
+    q, tail_n = pl.col("q"), pl.col("n_effective")
+    frame = frame.with_columns(
+        [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
+        + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(QUANTILES)]
+        + [(tail_n * (1 - qv) < MIN_TAIL).alias(f"{name}_low_sample") for name, qv in QUANTILES]
+    ).drop("q")
+    first = ["window_start", "window_start_ns", *by]
+    return frame.select(first + [c for c in frame.columns if c not in first]).with_columns(
+        pl.col(c).cast(pl.Int64) for c in ("window_start_ns", *_COUNT_NAMES))
+
+
 def percentile_series(
     con: duckdb.DuckDBPyConnection,
     metric: str = "e2e",
@@ -332,15 +362,11 @@ def percentile_series(
     keep = "TRUE" if include_failures else "status = 'ok'"
     weight = weight_column(con, src, since_ns, until_ns)
     col = quote_ident(column)
+    counts = _COUNTS_SQL.format(col=col, keep=keep)
     if weight is None:
         sql = f"""
 SELECT (start_ns // $w) * $w AS window_start_ns{groups},
-       count(*) AS requests,
-       count(*) FILTER (WHERE status = 'ok') AS ok,
-       count(*) FILTER (WHERE status = 'error') AS errors,
-       count(*) FILTER (WHERE status = 'timeout') AS timeouts,
-       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-       count({col}) FILTER (WHERE {keep}) AS n,
+       {counts},
        quantile_cont({col}, $qs) FILTER (WHERE {keep}) AS q
 FROM {src}
 WHERE ($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)
@@ -352,12 +378,7 @@ GROUP BY ALL ORDER BY ALL
         kept = f"{keep} AND {col} IS NOT NULL"
         sql = f"""
 SELECT window_start_ns{groups},
-       count(*) AS requests,
-       count(*) FILTER (WHERE status = 'ok') AS ok,
-       count(*) FILTER (WHERE status = 'error') AS errors,
-       count(*) FILTER (WHERE status = 'timeout') AS timeouts,
-       count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-       count({col}) FILTER (WHERE {keep}) AS n,
+       {counts},
        {weighted_quantiles_sql(col, qs, keep)} AS q,
        sum({w}) AS requests_weighted,
        coalesce(sum({w}) FILTER (WHERE status = 'ok'), 0) AS ok_weighted,
@@ -376,17 +397,4 @@ GROUP BY ALL ORDER BY ALL
         frame = con.sql(sql, params=params).pl()
     except duckdb.Error as exc:
         raise QueryError(sql, f"percentile series of {metric} failed: {str(exc).splitlines()[0]}") from exc
-    q = pl.col("q")
-    if weight is None:  # unsampled: the weighted counts are the counts
-        frame = frame.with_columns([pl.col(c).cast(pl.Float64).alias(f"{c}_weighted")
-                                    for c in ("requests", "ok", "errors", "timeouts", "cancelled", "n")]
-                                   + [pl.col("n").cast(pl.Float64).alias("n_effective")])
-    tail_n = pl.col("n_effective")
-    frame = frame.with_columns(
-        [pl.from_epoch(pl.col("window_start_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("window_start")]
-        + [(q.list.get(i, null_on_oob=True) / 1e6).alias(f"{name}_ms") for i, (name, _) in enumerate(QUANTILES)]
-        + [(tail_n * (1 - qv) < MIN_TAIL).alias(f"{name}_low_sample") for name, qv in QUANTILES]
-    ).drop("q")
-    first = ["window_start", "window_start_ns", *by]
-    return frame.select(first + [c for c in frame.columns if c not in first]).with_columns(
-        pl.col(c).cast(pl.Int64) for c in ("requests", "ok", "errors", "timeouts", "cancelled", "n"))
+    return series_frame(frame, by)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -79,7 +79,6 @@ def report(
     if engine is Engine.clickhouse:
         with errors_as_messages():
             from analysis.clickhouse_report import build_report as clickhouse_report
-            from analysis.report import render_text
 
             client = clickhouse_client(dsn, table)
             try:
@@ -88,15 +87,12 @@ def report(
                                            sampling_policy=sampling_policy.value)
             finally:
                 client.close()
-        if as_json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-        else:
-            render_text(result, console)
+        _print(result, as_json)
         return
     import duckdb
 
     from analysis.connect import connect
-    from analysis.report import build_report, render_text
+    from analysis.report import build_report
     from intake.recognition import gaps
 
     with errors_as_messages():
@@ -112,10 +108,7 @@ def report(
             fail(f"report failed: {str(exc).splitlines()[0]}")
         finally:
             con.close()
-    if as_json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    else:
-        render_text(result, console)
+    _print(result, as_json)
     # what the data can and cannot show: on stderr with --json, so the contract on stdout stays as is
     out = err_console if as_json else console
     out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True)
@@ -124,6 +117,16 @@ def report(
     problem = seen.problem()
     if problem is not None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    """The report on stdout: the JSON contract, or the text rendering."""
+    from analysis.report import render_text
+
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        render_text(result, console)
 
 
 def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
