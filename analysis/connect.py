@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from analysis import model as M
-from analysis.materialize import ENGINES_KEY, HOUR_NS, engine_counts_sql, hour_where, snapshot
+from analysis.materialize import ENGINES_KEY, HOUR_NS, Snapshot, engine_counts_sql, hour_where, snapshot, stored_source
 from analysis.sandbox import SandboxConnection
 from analysis.views import LIVE_HOUR_MACRO, files_source, spans_sql
 from tracing import schema as S
@@ -105,14 +105,10 @@ def request_engines(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return counts
 
 
-def _stored_source(files: list[str]) -> str:
-    listed = ", ".join(M.quote(f) for f in files)
-    return f"read_parquet([{listed}], hive_partitioning = false)"
-
-
-def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
-    """Point the views at the segments and materialized hours present now; return the segment count."""
-    snap = snapshot(Path(store).resolve())
+def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | None = None) -> int:
+    """Point the views at the segments and materialized hours present now (or in `snap`, a snapshot of
+    `store` the caller took); return the segment count."""
+    snap = snap or snapshot(Path(store).resolve())
     files = [str(f) for f in snap.segments]
     live = [str(f) for f in snap.inputs(snap.stale)]
     cols = ", ".join(M.REQUEST_COLUMNS)
@@ -125,7 +121,7 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str) -> int:
     con.execute(f"CREATE OR REPLACE VIEW _request_facts_live AS {M.facts_sql('_spans_live', request_where=where)}")
     stored = [str(f) for f in snap.fresh.values()]
     if stored:
-        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {_stored_source(stored)}")
+        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {stored_source(stored)}")
         con.execute(f"CREATE OR REPLACE VIEW requests AS SELECT {cols} FROM _requests_stored "
                     f"UNION ALL SELECT {cols} FROM _requests_live")
     else:

@@ -80,18 +80,29 @@ class Snapshot:
     stale: list[int] = field(default_factory=list)
 
     def key(self, hour_ns: int) -> str:
-        """Hash of the model's SQL and of the segment names an hour's requests are built from (its hour
-        and both neighbours): a file built by another version of the model is stale too."""
+        """Hash of the model's SQL and of the segment names an hour's requests are built from (`hours_read`):
+        it changes whenever a segment lands in any of them, and a file built by another version of the
+        model is stale too. The one staleness rule: the dashboard keys its own rows of an hour by it."""
         h = hashlib.sha256(MODEL_FINGERPRINT.encode())
-        for k in (hour_ns - HOUR_NS, hour_ns, hour_ns + HOUR_NS):
+        for k in hours_read(hour_ns):
             for f in self.by_hour.get(k, []):
                 h.update(f"{k}/{f.name}\n".encode())
         return h.hexdigest()[:24]
 
     def inputs(self, hours: list[int]) -> list[Path]:
-        """The segments needed to compute the requests of `hours`."""
-        want = {h + d for h in hours for d in (-HOUR_NS, 0, HOUR_NS)}
+        """The segments needed to compute the requests of `hours` (and to draw one of their traces)."""
+        want = {k for h in hours for k in hours_read(h)}
         return [f for h in sorted(want) for f in self.by_hour.get(h, [])]
+
+
+def hour_of(ns: int) -> int:
+    """The hour (ns since the epoch) holding the instant `ns`."""
+    return (ns // HOUR_NS) * HOUR_NS
+
+
+def hours_read(hour_ns: int) -> tuple[int, ...]:
+    """The hours whose spans the requests of `hour_ns` read (analysis.model.READ_HOURS: its own and each neighbour)."""
+    return tuple(hour_ns + d * HOUR_NS for d in M.READ_HOURS)
 
 
 def snapshot(store: Path | str) -> Snapshot:
@@ -112,6 +123,12 @@ def snapshot(store: Path | str) -> Snapshot:
         else:
             snap.stale.append(hour)
     return snap
+
+
+def stored_source(files: list[Path] | list[str]) -> str:
+    """A FROM item reading materialized request files (the `requests` columns)."""
+    listed = ", ".join(M.quote(str(f)) for f in files)
+    return f"read_parquet([{listed}], hive_partitioning = false)"
 
 
 def hour_where(hours: list[int]) -> str:
@@ -135,6 +152,21 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
+    """SQL of the `requests` rows of one hour, read from the segments of `snap.inputs([hour_ns])`: what
+    `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
+    files = [str(f) for f in snap.inputs([hour_ns])]
+    if not files:
+        raise ValueError(f"no segment holds spans of the hour at {hour_ns} or its neighbours")
+    source = f"({spans_sql(files_source(files))})"
+    where = hour_where([hour_ns])
+    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
+    _, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
+                        f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+    bound = f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi}" if hi is not None else "FALSE"
+    return M.requests_sql(source, request_where=where, span_where=bound)
+
+
 def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
                threads: int | None = None, memory_limit: str = "4GB") -> Path:
     """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename)."""
@@ -150,14 +182,7 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"requests-{snap.key(hour_ns)}.parquet"
     tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-    files = [str(f) for f in snap.inputs([hour_ns])]
-    source = f"({spans_sql(files_source(files))})"
-    where = hour_where([hour_ns])
-    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
-    _, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
-                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
-    bound = f"TimestampNs >= {hour_ns - HOUR_NS} AND TimestampNs < {hi}" if hi is not None else "FALSE"
-    sql = M.requests_sql(source, request_where=where, span_where=bound)
+    sql = hour_requests_sql(con, snap, hour_ns)
     mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
     engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]))).fetchall()) if mine else {}
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))

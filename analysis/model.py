@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from tracing import schema as S
 
 HOUR_NS: int = 3_600_000_000_000
+#: Hours, relative to a request's own hour (that of its span's start), whose stage spans it reads:
+#: the SQL below keeps stage spans starting in [hour - 1 h, hour + 2 h), so clock skew either way is read.
+READ_HOURS: tuple[int, ...] = (-1, 0, 1)
 #: Columns of `requests`, in order.
 REQUEST_COLUMNS: tuple[str, ...] = (
     "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",

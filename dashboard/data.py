@@ -1,10 +1,10 @@
 """The dashboard's one data-access module: the store, its cached connection, and cached calls into analysis.
 
-The `requests` view (critical path per request) is costly to compute over millions of
-spans, so the workbench materializes it once into an in-memory DuckDB table and, on a
-refresh, recomputes only the hour partitions whose segments changed (plus the hour before,
-whose requests may have children there). Segments are immutable Parquet files written by
-rename, so refreshing while `tailscope collect` writes never locks or half-reads the store.
+The store is opened with analysis.connect; the dashboard's `req` relation reads the hours
+the store holds materialized (analysis.materialize) in place and keeps only the stale hours'
+rows in memory, recomputing an hour whenever analysis' key for it changes (a segment landed
+in the hour or either neighbour). Segments are immutable Parquet files written by rename, so
+refreshing while `tailscope collect` writes never locks or half-reads the store.
 
 Pages call the functions below with a `Filters`. Each is a `st.cache_data` wrapper around a
 public analysis function (analysis.report, .percentiles, .breakdowns, .traces, .whatif),
@@ -34,11 +34,14 @@ import streamlit as st
 
 from analysis import breakdowns as B
 from analysis import traces as T
-from analysis.materialize import snapshot
-from analysis.percentiles import choose_window_s, parse_time, percentile_series, request_facts
+from analysis.connect import connect
+from analysis.connect import refresh as refresh_views
+from analysis.materialize import HOUR_NS, Snapshot, hour_of, hour_requests_sql, hour_where, snapshot, stored_source
+from analysis.model import REQUEST_COLUMNS, facts_sql, requests_sql
+from analysis.percentiles import choose_window_s, parse_time, percentile_series
 from analysis.report import build_report, explain_window
 from analysis.sandbox import SandboxConnection
-from analysis.views import VIEW_SQL, files_source, spans_sql, with_later_columns
+from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import predict
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
@@ -48,7 +51,6 @@ from tracing.store import default_store, require_store
 if TYPE_CHECKING:
     from analysis.capacity import Workload
 
-HOUR_NS = 3_600_000_000_000
 #: Latency metrics a page can chart: label → analysis metric name.
 METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 #: Critical-path stage columns of `requests`, in display order (they sum to e2e_ns).
@@ -110,38 +112,30 @@ class Filters:
         return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant)
 
 
-# --- the workbench: one materialized connection per store -------------------------------
-
-def _hour_of(path: Path) -> int:
-    """The hour (ns since epoch) of a segment's partition directory dt=YYYY-MM-DD/hr=HH."""
-    day = path.parent.parent.name.removeprefix("dt=")
-    hour = int(path.parent.name.removeprefix("hr="))
-    return int(pd.Timestamp(day, tz="UTC").value) + hour * HOUR_NS
-
+# --- the workbench: one connection per store, the materialized hours read in place ------------
 
 def _list_source(files: list[Path]) -> str:
     return files_source([str(f) for f in files])
 
 
-def _requests_sql(files: list[Path]) -> list[str]:
-    """Statements creating the analysis views over exactly `files` (in the current connection)."""
-    stmts = [f"CREATE OR REPLACE TEMP VIEW spans AS {spans_sql(_list_source(files))}"]
-    stmts += [f"CREATE OR REPLACE TEMP VIEW {name} AS {sql}" for name, sql in VIEW_SQL.items()]
-    return stmts
-
-
 @dataclass
 class Workbench:
-    """An in-memory DuckDB database holding table `req` (the materialized `requests` view).
+    """A DuckDB connection (analysis.connect) whose relation `req` holds every request of the store.
 
-    `version` changes whenever `refresh()` found new or changed segments; it keys the caches.
+    `req` reads the hours the store holds materialized (analysis.materialize) from their files
+    in place, and the other (stale) hours from table `req_live`, which the workbench computes
+    itself with the model's own SQL and keys by `Snapshot.key`: analysis owns the rule of
+    which segments an hour's requests read, so an hour is recomputed exactly when analysis
+    would call its file stale. `version` changes whenever `refresh()` found new or changed
+    segments or files; it keys the caches.
     """
 
     store: Path
-    con: duckdb.DuckDBPyConnection = field(default_factory=lambda: duckdb.connect(":memory:"))
+    con: duckdb.DuckDBPyConnection = field(init=False)
     version: int = 0
-    segments: dict[int, frozenset[tuple[str, int]]] = field(default_factory=dict)
-    files: dict[int, list[Path]] = field(default_factory=dict)
+    snap: Snapshot | None = None
+    #: key (Snapshot.key) of the rows `req_live` holds for each stale hour
+    keys: dict[int, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_refresh_s: float = 0.0
     last_refresh_took_s: float = 0.0
@@ -149,54 +143,51 @@ class Workbench:
     worker: threading.Thread | None = None
     worker_error: str | None = None
 
+    def __post_init__(self) -> None:
+        self.con = connect(self.store)
+        self.con.execute(_empty_req_sql())
+
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for this thread (a DuckDB connection is not thread-safe)."""
         return self.con.cursor()
 
     def refresh(self) -> bool:
-        """Pick up segments written since the last refresh; True when the data changed.
+        """Pick up segments and materialized files written since the last refresh; True when the data changed.
 
-        Hours the store holds materialized (analysis.materialize, fresh for these segments) are
-        read from their files. Other small changes are computed exactly at once. A large load
-        (the first open of a big store never materialized) first fills the request facts
-        (analysis.percentiles.request_facts: one scan, no stage columns) so every page can render
-        within seconds, and computes the critical paths hour by hour, newest first, in a
-        background thread (`pending` holds the hours left).
+        Fresh hours are read from their files (nothing copied). A stale hour whose inputs changed
+        (its key differs) is computed exactly at once when the change is small; a large load (the
+        first open of a big store never materialized) first fills the request facts (one scan,
+        no stage columns) so every page can render within seconds, and computes the critical
+        paths hour by hour, newest first, in a background thread (`pending` holds the hours left).
         """
         with self.lock:
             t0 = time.perf_counter()
             snap = snapshot(self.store)
-            files = snap.segments
-            by_hour: dict[int, list[Path]] = {}
-            for f in files:
-                by_hour.setdefault(_hour_of(f), []).append(f)
-            seen: dict[int, frozenset[tuple[str, int]]] = {}
-            for hour, fs in by_hour.items():
-                seen[hour] = frozenset((f.name, _size(f)) for f in fs)
-            first = self.version == 0
-            changed = {h for h in set(seen) | set(self.segments) if seen.get(h) != self.segments.get(h)}
-            if not first and not changed:
+            old = self.snap
+            if old is not None and old.segments == snap.segments and old.fresh == snap.fresh:
                 self.last_refresh_s = time.time()
                 return False
-            redo = changed | {h - HOUR_NS for h in changed if h - HOUR_NS in by_hour}
-            stored = sorted(h for h in redo if h in snap.fresh)
-            compute = redo - set(stored)
-            read = sorted({f for h in compute | {h + HOUR_NS for h in compute} for f in by_hour.get(h, [])})
-            quick = sum(max(_size(f), 0) for f in read) > QUICK_LOAD_BYTES
+            keys = {h: snap.key(h) for h in snap.stale}
+            redo = sorted(h for h, k in keys.items() if self.keys.get(h) != k)
+            gone = sorted((set(self.keys) - set(keys)) | set(redo))
+            quick = sum(max(_size(f), 0) for f in snap.inputs(redo)) > QUICK_LOAD_BYTES
             cur = self.con.cursor()
             try:
                 cur.execute("BEGIN")
-                if first:
-                    cur.execute(_empty_req_sql())
-                if redo:
-                    cur.execute("DELETE FROM req WHERE (start_ns // ?) * ? IN (SELECT unnest(?))",
-                                [HOUR_NS, HOUR_NS, sorted(redo)])
-                if stored:
-                    _insert_stored(cur, [snap.fresh[h] for h in stored])
-                if read and quick:
-                    _insert_facts(cur, read, sorted(compute))
-                elif read:
-                    _insert_exact(cur, read, sorted(compute))
+                if gone:
+                    cur.execute("DELETE FROM req_live WHERE (start_ns // ?) * ? IN (SELECT unnest(?))",
+                                [HOUR_NS, HOUR_NS, gone])
+                if redo and quick:
+                    _insert_facts(cur, snap, redo)
+                for hour in [] if quick else redo:
+                    _insert_exact(cur, snap, hour)
+                refresh_views(cur, self.store, snap)
+                cols = ", ".join(REQUEST_COLUMNS)
+                stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
+                          "UNION ALL ") if snap.fresh else ""
+                cur.execute(f"CREATE OR REPLACE VIEW req AS {stored}SELECT {cols}, critical_path FROM req_live")
+                cur.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM req")
+                cur.execute("CREATE OR REPLACE VIEW stages AS " + VIEW_SQL["stages"])
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -204,10 +195,9 @@ class Workbench:
                 raise
             finally:
                 cur.close()
-            self._make_views(bool(files))
-            self.segments = seen
-            self.files = by_hour
-            self.pending = (self.pending - redo) | (compute & set(by_hour) if quick else set())
+            self.snap = snap
+            self.keys = keys
+            self.pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
             self.version += 1
             self.last_refresh_s = time.time()
             self.last_refresh_took_s = time.perf_counter() - t0
@@ -225,26 +215,24 @@ class Workbench:
         """Replace the facts-only rows of each pending hour (newest first) with the exact `requests` rows."""
         while True:
             with self.lock:
-                if not self.pending:
+                if not self.pending or self.snap is None:
                     break
                 hour = max(self.pending)
-                files = self.files.get(hour, []) + self.files.get(hour + HOUR_NS, [])
-                signature = (self.segments.get(hour), self.segments.get(hour + HOUR_NS))
+                snap, key = self.snap, self.keys.get(hour)
             work = self.con.cursor()
             try:
-                work.execute("CREATE TEMP TABLE exact_rows AS SELECT * FROM main.req LIMIT 0")
-                _insert_exact(work, files, [hour], into="exact_rows")
+                work.execute("CREATE TEMP TABLE exact_rows AS SELECT * FROM main.req_live LIMIT 0")
+                _insert_exact(work, snap, hour, into="exact_rows")
                 with self.lock:
-                    if hour not in self.pending or signature != (self.segments.get(hour),
-                                                                 self.segments.get(hour + HOUR_NS)):
+                    if hour not in self.pending or key != self.keys.get(hour):
                         continue  # a refresh recomputed or changed this hour meanwhile
                     work.execute("BEGIN")
-                    work.execute("DELETE FROM main.req WHERE (start_ns // ?) * ? = ?", [HOUR_NS, HOUR_NS, hour])
-                    work.execute("INSERT INTO main.req BY NAME SELECT * FROM exact_rows")
+                    work.execute("DELETE FROM main.req_live WHERE (start_ns // ?) * ? = ?", [HOUR_NS, HOUR_NS, hour])
+                    work.execute("INSERT INTO main.req_live BY NAME SELECT * FROM exact_rows")
                     work.execute("COMMIT")
                     self.pending.discard(hour)
                     self.version += 1
-            except duckdb.Error as exc:  # keep the facts rows; say why on the pages
+            except (duckdb.Error, ValueError) as exc:  # keep the facts rows; say why on the pages
                 with self.lock:
                     self.pending.discard(hour)
                     self.worker_error = f"could not compute the critical paths of one hour because {exc}"
@@ -261,24 +249,9 @@ class Workbench:
                     "newest first; stage breakdowns fill in as they finish. Refresh, or turn Live on, to update.")
         return self.worker_error
 
-    def _make_views(self, has_files: bool) -> None:
-        """The documented views on the main connection: `requests` over the table, `spans` over the store."""
-        glob = str(self.store / S.SEGMENT_GLOB).replace("'", "''")
-        if has_files:
-            source = with_later_columns(f"read_parquet('{glob}', union_by_name = true)")
-            self.con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(source)}")
-        else:
-            self.con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())
-            self.con.execute("CREATE OR REPLACE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
-            self.con.unregister("_empty_spans_arrow")
-            self.con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql('_empty_spans')}")
-        self.con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM req")
-        self.con.execute("CREATE OR REPLACE VIEW stages AS " + VIEW_SQL["stages"])
-
     def files_for(self, start_ns: int) -> list[Path]:
-        """Segment files that can hold spans of a request starting at `start_ns` (its hour and the next)."""
-        hour = (start_ns // HOUR_NS) * HOUR_NS
-        return self.files.get(hour, []) + self.files.get(hour + HOUR_NS, [])
+        """Segment files that can hold spans of a request starting at `start_ns` (analysis.materialize's rule)."""
+        return self.snap.inputs([hour_of(start_ns)]) if self.snap is not None else []
 
 
 def _size(path: Path) -> int:
@@ -288,44 +261,31 @@ def _size(path: Path) -> int:
         return -1
 
 
-def _insert_exact(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int], into: str = "req") -> None:
-    """Insert the exact `requests` rows (analysis views over `files`) that start in `hours`."""
-    for stmt in _requests_sql(files):
-        cur.execute(stmt)
-    cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path FROM requests "
-                "WHERE (start_ns // ?) * ? IN (SELECT unnest(?))", [HOUR_NS, HOUR_NS, hours])
+def _insert_exact(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hour: int, into: str = "req_live") -> None:
+    """Insert the exact `requests` rows of one stale hour: the rows its materialized file would hold."""
+    cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path "
+                f"FROM ({hour_requests_sql(cur, snap, hour)})")
 
 
-def _insert_stored(cur: duckdb.DuckDBPyConnection, paths: list[Path]) -> None:
-    """Insert the exact `requests` rows of materialized hours from their files (analysis.materialize)."""
-    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
-    cur.execute(f"INSERT INTO req BY NAME SELECT *, true AS critical_path "
-                f"FROM read_parquet([{listed}], hive_partitioning = false)")
-
-
-def _insert_facts(cur: duckdb.DuckDBPyConnection, files: list[Path], hours: list[int]) -> None:
-    """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of `files`."""
-    cur.execute(f"CREATE OR REPLACE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
-    facts = request_facts(cur, with_ttft=True)
+def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int]) -> None:
+    """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of their inputs."""
+    source = f"({spans_sql(_list_source(snap.inputs(hours)))})"
     cur.execute(f"""
-        INSERT INTO req BY NAME
+        INSERT INTO req_live BY NAME
         SELECT *, make_timestamp(start_ns // 1000) AS start, start_ns + e2e_ns AS end_ns, false AS critical_path
-        FROM "{facts}" WHERE (start_ns // ?) * ? IN (SELECT unnest(?))""", [HOUR_NS, HOUR_NS, hours])
-    cur.execute(f'DROP TABLE "{facts}"')
+        FROM ({facts_sql(source, request_where=hour_where(hours))})""")
 
 
 def _empty_req_sql() -> str:
-    """CREATE TABLE req with the `requests` view's columns and no rows."""
+    """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows."""
     con = duckdb.connect(":memory:")
     try:
         con.register("_e", S.SPAN_SCHEMA.empty_table())
-        con.execute(f"CREATE VIEW spans AS {spans_sql('_e')}")
-        for name, sql in VIEW_SQL.items():
-            con.execute(f"CREATE VIEW {name} AS {sql}")
-        cols = con.execute("DESCRIBE requests").fetchall()
+        con.execute("CREATE VIEW r AS " + requests_sql("(" + spans_sql("_e") + ")"))
+        cols = con.execute("DESCRIBE r").fetchall()
     finally:
         con.close()
-    return ("CREATE OR REPLACE TABLE req (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols)
+    return ("CREATE OR REPLACE TABLE req_live (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols)
             + ", critical_path BOOLEAN)")
 
 

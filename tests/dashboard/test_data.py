@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -211,3 +212,65 @@ def test_shape_cells_cover_every_request_in_the_reports_buckets(incident_store: 
     assert set(grid["input_tokens_lo"]) <= {2 ** k for k in range(20)}
     assert all(label == "{}-{}".format(*bucket_bounds(lo)) for label, lo in
                zip(grid["input_tokens_bucket"], grid["input_tokens_lo"], strict=True))
+
+
+@pytest.mark.parametrize("materialized", [False, True])
+def test_refresh_recomputes_every_hour_a_late_span_can_change(tmp_path: Path, materialized: bool) -> None:
+    """A request reads spans of its own hour and one on each side (analysis.materialize.hours_read): a
+    segment landing in one hour changes the requests of both neighbours, and the workbench's rows
+    stay equal to analysis.connect's `requests` row for row."""
+    from analysis.materialize import HOUR_NS, materialize
+    from tests.factory import T0, add_request, hex_id, write
+    from tracing.rows import SpanBatch
+
+    store = init_store(tmp_path / "store")
+    h = HOUR_NS  # offsets from T0: hour 1 is the middle one
+    first = SpanBatch()
+    skewed, skewed_root = add_request(first, "skewed", h + 10_000, h + 90_000, [("queue_wait", h + 10_000, h + 20_000)])
+    crossing, crossing_root = add_request(first, "crossing", h - 5_000, h + 60_000,
+                                          [("queue_wait", h - 5_000, h - 1_000)])
+    add_request(first, "before", 500, 900, [("generation", 500, 900)])
+    add_request(first, "after", 2 * h + 500, 2 * h + 900, [("generation", 2 * h + 500, 2 * h + 900)])
+    write(store, first)
+    if materialized:
+        assert len(materialize(store)) == 3
+    wb = data.Workbench(store)
+    assert wb.refresh() is True
+
+    def same_as_analysis() -> list[tuple[Any, ...]]:
+        con = connect(store)
+        try:
+            cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
+            want = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
+        finally:
+            con.close()
+        assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == want
+        assert len(want) == 4
+        return want
+
+    same_as_analysis()
+    # the worker's generation span, its clock behind the gateway's, starts in the hour before its
+    # request and lands in a later segment of that hour
+    late = SpanBatch()
+    late.append(trace_id=skewed, span_id=hex_id("late", 1), parent_span_id=skewed_root, name="generation",
+                kind="Internal", start_ns=T0 + h - 3_000, end_ns=T0 + h + 80_000, service="llm",
+                resource={"service.name": "llm"}, attrs={"tailscope.stage": "generation"})
+    [segment] = write(store, late)
+    assert segment.parent.name == "hr=14"  # T0's hour: the hour before the request's
+    assert wb.refresh() is True
+    rows = {r[0]: r for r in same_as_analysis()}
+    gen = wb.con.execute("SELECT generation_ns FROM req WHERE trace_id = ?", [skewed]).fetchone()
+    assert gen == (70_000,)  # clipped to the request; it outlasts the queue wait, so owns the overlap
+    assert skewed in rows
+    spans = data.trace_spans(wb, str(store), wb.version, skewed, T0 + h + 10_000)
+    assert "generation" in set(spans["stage"].dropna())
+    # the other request's decode span lands in the next hour
+    later = SpanBatch()
+    later.append(trace_id=crossing, span_id=hex_id("late", 2), parent_span_id=crossing_root, name="decode",
+                 kind="Internal", start_ns=T0 + h + 1_000, end_ns=T0 + h + 50_000, service="llm",
+                 resource={"service.name": "llm"}, attrs={"tailscope.stage": "decode"})
+    write(store, later)
+    assert wb.refresh() is True
+    same_as_analysis()
+    assert wb.con.execute("SELECT decode_ns FROM req WHERE trace_id = ?", [crossing]).fetchone() == (49_000,)
+    assert wb.refresh() is False
