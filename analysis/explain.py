@@ -135,8 +135,9 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
             lo.append(b_lo)
             hi.append(b_hi)
         return Coded(name, codes, labels, lo, hi)
-    text = col.cast(pl.String)
-    labels = text.drop_nulls().unique().sort().to_list()
+    # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
+    text = col if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum) else col.cast(pl.String)
+    labels = text.drop_nulls().unique().cast(pl.String).sort().to_list()
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
 

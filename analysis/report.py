@@ -85,14 +85,19 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
-    counts = con.sql(
-        f"SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
-        f"count(*) FILTER (WHERE status = 'error') AS errors, "
-        f"count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
-        f"count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns) "
-        f"FROM {facts} WHERE {where}", params=params).fetchall()[0]
     keep = "" if include_failures else " AND status = 'ok'"
-    dims = ", ".join(quote_ident(d) for d in X.DIMENSIONS)
+    text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
+    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text
+    row = con.sql(
+        "SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
+        "count(*) FILTER (WHERE status = 'error') AS errors, "
+        "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
+        "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
+        + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
+        + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
+    counts, labels = row[:7], dict(zip(text, row[7:], strict=True))
+    dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
     weight = weight_column(con, facts, since, until)
     weighted: dict[str, float] | None = None
     extra = ""
@@ -111,6 +116,15 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
     return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
+
+
+def _enum_of(column: str, values: list[Any] | None) -> str:
+    """`column` (text) cast to a DuckDB ENUM of `values` (NULL stays NULL), or as it is when it has no value."""
+    labels = sorted({str(v) for v in values or [] if v is not None})
+    if not labels:
+        return quote_ident(column)
+    listed = ", ".join("'" + v.replace("'", "''") + "'" for v in labels)
+    return f"CAST({quote_ident(column)} AS ENUM({listed})) AS {quote_ident(column)}"
 
 
 def weights_of(frame: pl.DataFrame) -> np.ndarray | None:
