@@ -377,13 +377,18 @@ def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.
     return pdf
 
 
-@st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
 def report_of(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.build_report over the filtered requests: the `tailscope report --json` contract.
 
     The report reads the request facts from `source="requests"`, this cursor's filtered view of
-    the materialized table, instead of rescanning the store; stage shares come from `spans`.
+    `req`, instead of rescanning the store; stage shares come from the materialized files or `spans`.
     """
+    # st.cache_data keys on the arguments as passed (a default left out is another key): pass them all
+    return _report_of(_db, store, version, filters, metric)
+
+
+@st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
+def _report_of(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
     with _cursor(_db, filters) as cur:
         try:
             return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
