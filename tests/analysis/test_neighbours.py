@@ -82,6 +82,9 @@ def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path: Path) -> None:
     assert found["gpu_share"]["spike"] > found["gpu_share"]["baseline"]
     assert found["victims"] == ["a", "b", "c"]
     assert found["sentence"].startswith("tenant x's burst pushed tenant a, b, c's queue")
+    # the dashboard's report (request facts from a `source` relation) names the same neighbour
+    via_source = build_report(connect(tmp_path), window_s="60s", source="requests")
+    assert via_source["spikes"][0]["noisy_neighbour"] == found, via_source["spikes"][0]["errors"]
 
 
 def test_a_capacity_loss_that_queues_everyone_names_no_tenant(tmp_path: Path) -> None:
