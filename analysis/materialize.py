@@ -10,7 +10,7 @@ engine, so the report's coverage line reads no span of a materialized hour. A re
 (analysis.connect) uses the file whose key matches the segments it sees and computes
 every other hour on the fly, so a query never depends on this having run. Files are
 written to a hidden temporary name, fsynced and renamed: readers see the old file or the
-new one, never half. Superseded files are removed after GRACE_S, so a
+new one, never half. Superseded files are removed GRACE_S after they were superseded, so a
 connection opened earlier keeps reading its own snapshot meanwhile.
 """
 
@@ -204,14 +204,29 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
 
 
 def _sweep(directory: Path, keep: Path) -> None:
-    """Remove superseded request files and abandoned temporaries older than GRACE_S."""
+    """Remove superseded request files GRACE_S after they were superseded, and abandoned temporaries.
+
+    A superseded file gets a marker (.<name>.superseded) the first time a sweep sees it: its
+    grace runs from then, not from when it was written, so a reader that listed it just
+    before (a dashboard open for hours) keeps it for GRACE_S.
+    """
     cutoff = time.time() - GRACE_S
     for f in directory.iterdir():
-        if f == keep or not (f.name.startswith("requests-") or f.name.startswith(".requests-")):
-            continue
         try:
-            if f.stat().st_mtime < cutoff:
-                f.unlink()
+            if f == keep:
+                continue
+            if f.name.startswith("requests-") and f.suffix == ".parquet":
+                marker = directory / f".{f.name}.superseded"
+                if not marker.exists():
+                    marker.touch()
+                if marker.stat().st_mtime <= time.time() - GRACE_S:
+                    f.unlink()
+                    marker.unlink()
+            elif f.name.endswith(".superseded"):
+                if not (directory / f.name[1:].removesuffix(".superseded")).exists():
+                    f.unlink()  # its file is gone
+            elif f.name.startswith(".requests-") and f.stat().st_mtime < cutoff:
+                f.unlink()  # a crashed writer's temporary
         except FileNotFoundError:
             pass
 

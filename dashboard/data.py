@@ -205,6 +205,14 @@ class Workbench:
             self._start_worker()
         return True
 
+    def refresh_if_gone(self) -> bool:
+        """Refresh when a materialized file `req` reads was removed (superseded, then swept after its grace
+        period): a dashboard left open that long would otherwise fail to read it. True when refreshed."""
+        snap = self.snap
+        if snap is not None and any(not f.exists() for f in snap.fresh.values()):
+            return self.refresh()
+        return False
+
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
             return
@@ -301,7 +309,9 @@ def open_store() -> Workbench:
     """The workbench of the configured store; shows an error and stops the page if it is not a store."""
     path = store_path()
     try:
-        return workbench(str(path))
+        wb = workbench(str(path))
+        wb.refresh_if_gone()
+        return wb
     except StoreError as exc:
         st.error(f"{exc}")
         st.stop()

@@ -141,6 +141,29 @@ def test_temporary_and_superseded_files_are_ignored_then_swept(tmp_path: Path, m
     assert sorted(p.name for p in rebuilt.parent.iterdir()) == [rebuilt.name]
 
 
+def test_a_superseded_file_is_kept_for_the_grace_period_from_when_it_was_superseded(tmp_path: Path,
+                                                                                     monkeypatch: Any) -> None:
+    """A reader may hold a file written hours ago (the dashboard reads them in place): its grace starts
+    when a rebuild supersedes it, not when it was written."""
+    import os
+
+    _two_hours(tmp_path)
+    [old, _] = materialize(tmp_path)
+    hours_ago = time.time() - 3 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    reader = connect(tmp_path)
+    late = SpanBatch()
+    add_request(late, "late", 77, 99, [])
+    write(tmp_path, late)
+    [rebuilt, _] = materialize(tmp_path)
+    assert rebuilt != old and old.exists()
+    assert reader.execute("SELECT count(*) FROM requests").fetchone() == (12,)  # still reads its snapshot
+    assert snapshot(tmp_path).fresh[T0] == rebuilt
+    monkeypatch.setattr(MZ, "GRACE_S", 0.0)
+    MZ._sweep(rebuilt.parent, keep=rebuilt)
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [rebuilt.name]
+
+
 def test_ingest_materializes_and_collect_builds_settled_hours(tmp_path: Path, monkeypatch: Any) -> None:
     from tailscope.commands import collect as C
 

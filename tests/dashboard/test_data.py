@@ -274,3 +274,30 @@ def test_refresh_recomputes_every_hour_a_late_span_can_change(tmp_path: Path, ma
     same_as_analysis()
     assert wb.con.execute("SELECT decode_ns FROM req WHERE trace_id = ?", [crossing]).fetchone() == (49_000,)
     assert wb.refresh() is False
+
+
+def test_a_swept_file_makes_the_workbench_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workbench reads materialized files in place; one superseded and swept is noticed, not read."""
+    from analysis import materialize as MZ
+    from tests.factory import add_request, write
+    from tracing.rows import SpanBatch
+
+    store = init_store(tmp_path / "store")
+    batch = SpanBatch()
+    for k in range(5):
+        add_request(batch, ("r", k), k * 1000, k * 1000 + 500, [("generation", k * 1000, k * 1000 + 500)])
+    write(store, batch)
+    [old] = MZ.materialize(store)
+    wb = data.Workbench(store)
+    assert wb.refresh() is True and wb.refresh_if_gone() is False
+    late = SpanBatch()
+    add_request(late, "late", 7000, 7500, [])
+    write(store, late)
+    [new] = MZ.materialize(store)
+    monkeypatch.setattr(MZ, "GRACE_S", 0.0)
+    MZ._sweep(new.parent, keep=new)
+    assert not old.exists()
+    with pytest.raises(duckdb.Error):
+        wb.con.execute("SELECT count(*) FROM req").fetchall()
+    assert wb.refresh_if_gone() is True
+    assert wb.con.execute("SELECT count(*) FROM req").fetchone() == (6,)
