@@ -108,7 +108,7 @@ def request_engines(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
 def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | None = None) -> int:
     """Point the views at the segments and materialized hours present now (or in `snap`, a snapshot of
     `store` the caller took); return the segment count."""
-    snap = snap or snapshot(Path(store).resolve())
+    snap = snapshot(Path(store).resolve()) if snap is None else snap
     files = [str(f) for f in snap.segments]
     live = [str(f) for f in snap.inputs(snap.stale)]
     cols = ", ".join(M.REQUEST_COLUMNS)
