@@ -223,3 +223,57 @@ def test_a_tail_sampled_copy_with_nothing_recorded_needs_the_declared_policy(who
     report = build_report(con, sampling_policy="tail")
     con.close()
     assert report["sampling"]["tail_based"] and "unknown" in report["warnings"][0], report["warnings"]
+
+
+#: Samples of the whole drawn to know the design distribution of the what-if answers.
+WHATIF_DRAWS = 100
+#: Server counts replayed, as shares of the fewest with which no request of the whole waits: from a deep
+#: backlog to none (the answer's sensitivity to the sample differs most across that range).
+WHATIF_SHARES = (0.25, 0.4, 0.55, 0.7, 1.0)
+
+
+def test_whatif_and_capacity_of_a_quarter_copy_lie_in_the_designs_interval(whole: tuple[Path, pa.Table],
+                                                                           tmp_path: Path) -> None:
+    """The replay of a 25 % copy (analysis.whatif.expand: each kept request stands for its adjusted count of
+    requests) against the replay of the whole: p99 per server count and the slots (the most one replica served
+    at once). The test knows the whole, so it knows the design: WHATIF_DRAWS independent 25 % samples of the
+    whole's requests, each expanded and replayed like the copy, give the law of the answer under this sampling.
+    The whole's answer must lie in its central 99 % (a biased estimator would sit off it) and so must the
+    copy's, which goes through the store, `ot=th` and the reader. Misses as in `_checks` (MAX_MISS_SHARE)."""
+    from analysis.capacity import observed_workload, replay, zero_wait_servers
+    from analysis.whatif import classes_of, expand, peak_concurrency, read_observed
+    store, spans = whole
+    copy = C.write_store(tmp_path / "copy", C.consistent_sample(spans, lambda r: 0.25))
+    con_t, con_c = connect(store), connect(copy)
+    truth = read_observed(con_t)
+    assert not truth.sampled
+    servers = sorted({max(1, round(s * zero_wait_servers(truth.arrivals, truth.services))) for s in WHATIF_SHARES})
+    want = [*(np.quantile(replay(truth.arrivals, truth.services, k), 0.99) for k in servers),
+            observed_workload(con_t).slots]
+    got = read_observed(con_c)
+    own = [*(np.quantile(replay(got.arrivals, got.services, k), 0.99) for k in servers), observed_workload(con_c).slots]
+    assert got.sampled and got.stored < truth.arrivals.size / 2
+    rows = con_t.execute("SELECT start_ns, greatest(e2e_ns - coalesce(queue_wait_ns, 0), 0), "
+                         "start_ns + coalesce(queue_wait_ns, 0), start_ns + e2e_ns, coalesce(replica, '') "
+                         "FROM requests ORDER BY start_ns").fetchall()
+    con_t.close()
+    con_c.close()
+    a, s, busy, end = (np.array([r[i] for r in rows]) for i in range(4))
+    rep = np.unique(np.array([r[4] for r in rows]), return_inverse=True)[1]
+    rng = np.random.default_rng(18)
+    draws = []
+    for i in range(WHATIF_DRAWS):
+        kept = np.flatnonzero(rng.random(a.size) < 0.25)
+        w = np.full(kept.size, 4.0)
+        src, at = expand(a[kept], w, classes_of(rep[kept], w), seed=i)
+        src = kept[src]
+        shift = at - a[src]
+        b, e, r = busy[src] + shift, end[src] + shift, rep[src]
+        slots = max(peak_concurrency(b[r == x], e[r == x]) for x in np.unique(r))
+        draws.append([*(np.quantile(replay(at, s[src], k), 0.99) for k in servers), slots])
+    lo, hi = np.quantile(np.array(draws, dtype=np.float64), [0.005, 0.995], axis=0)
+    names = [*(f"p99 at {k} servers" for k in servers), "slots"]
+    misses = [f"{who} {name}: {x:.0f} outside [{lo[j]:.0f}, {hi[j]:.0f}]"
+              for who, xs in (("whole", want), ("copy", own))
+              for j, (name, x) in enumerate(zip(names, xs, strict=True)) if not lo[j] <= x <= hi[j]]
+    assert len(misses) <= MAX_MISS_SHARE * 2 * len(names), misses
