@@ -156,6 +156,10 @@ def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -
     assert _overlaps(spike, t["window"]) and _bounds_hold(spike, t["window"], report["window_s"]), \
         f"{name}: {_summary(report)}; truth {t['window']}"
     assert spike["stages"][0]["stage"] == t["stage"], f"{name}: {_summary(report)}"
+    # beside every kept count, what it stands for (a quarter: about 4 times as many) and its effective count
+    assert spike["tail_effective"] <= spike["tail_requests"] < spike["tail_requests_weighted"]
+    assert all(d["support"] < d["support_weighted"] <= spike["tail_requests_weighted"] + 1e-6
+               for d in spike["dimensions"])
     assert spike["dimensions"] and _accepted(spike["dimensions"][0], t["accept"]), \
         f"{name}: {_summary(report)}; truth accepts {t['accept']}"
 
