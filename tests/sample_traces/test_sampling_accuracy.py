@@ -134,9 +134,17 @@ QUARTER_RUN_S = 2500.0
 
 
 #: Known miss: the cold start slows the ~60 requests routed to the new replica in its 90 s (a quarter of them
-#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32; on the quarter copy it
-#: stretches the spike to 14:10-14:25 and ranks an output-token bucket above replica-32 (second).
-QUARTER_MISSES = {"cold_start": "too few of the cold start's requests survive a quarter sampling to pin it down"}
+#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32. On the quarter copy
+#: (300 s windows of ~750 kept requests, so a window's p99 rests on ~8 values) only 14:20 rises clearly (its
+#: p99 24.8 s against 17.4-18.4 s around it, scan p 0.012), but 14:15 (20.8 s) sits high by chance and the
+#: scan's best stretch takes 14:10-14:25. Its excess rows (39, above the baseline p99) are then mostly the
+#: ordinary tail of 10 normal minutes, whose slowest requests are long outputs: the contrast, made against
+#: all baseline requests (0.19 % of which have 1,024-2,047 output tokens) rather than the baseline's own tail,
+#: ranks that bucket (12 of 39) above replica-32 (7 of 39). The stage (model_load) is still right. Fixing it
+#: means contrasting against the baseline's tail, a change of the explanation for every incident that the
+#: full accuracy suite must re-validate (not done here).
+QUARTER_MISSES = {"cold_start": "the quarter copy's spike stretches to 14:10-14:25 and its ordinary tail (long "
+                                "outputs) outranks replica-32 against the all-requests baseline contrast"}
 
 
 def _quarter_copy(scenario: Any, tmp_path: Path) -> Path:
