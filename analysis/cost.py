@@ -45,6 +45,7 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    weight_where,
     weighted_quantiles_sql,
     weighted_window_sql,
 )
@@ -254,6 +255,12 @@ def sampled_spans(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows and rows[0][0])
 
 
+def _sampled(con: duckdb.DuckDBPyConnection, facts: str) -> bool:
+    """Whether some request weighs other than 1, read from the request facts (one column of a table already
+    built) rather than a scan of every span."""
+    return weight_where(con, facts) is not None
+
+
 def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
                grid_ns: int | None = None, weighted: bool | None = None) -> tuple[str, str]:
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
@@ -395,9 +402,9 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
     since_ns, until_ns = parse_time(since), parse_time(until)
-    weighted = sampled_spans(con)
-    shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
     facts = facts or request_facts(con)
+    weighted = _sampled(con, facts)
+    shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
     where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
     params = {"since": since_ns, "until": until_ns}
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
@@ -530,8 +537,9 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
     grid = int(bucket_s) * 1_000_000_000
-    shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid, weighted=sampled_spans(con))
     facts = facts or request_facts(con)
+    shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid,
+                              weighted=_sampled(con, facts))
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     try:
         gpu = con.sql(f"""
