@@ -4,8 +4,10 @@ peak concurrency, and the values of each dimension.
 Every function reads `source` (the `requests` view by default, or any table / view with its
 columns, such as a filtered copy) and takes an optional SQL condition `where` with its
 `params`. Percentiles follow the one convention of analysis.percentiles (`quantile_cont`);
-token buckets are the report's (analysis.explain.bucket_bounds: [2^k, 2^(k+1) - 1], and 0
-alone), labelled the same way (`1024-2047`).
+with sampled traces (some `adjusted_count` other than 1 among the rows) they are its weighted
+quantiles and the `*_weighted` counts say how many requests the stored ones stand for; where
+every weight is 1 the unweighted SQL runs, so nothing changes. Token buckets are the report's
+(analysis.explain.bucket_bounds: [2^k, 2^(k+1) - 1], and 0 alone), labelled the same way (`1024-2047`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Final
 import duckdb
 import polars as pl
 
-from analysis.percentiles import MIN_TAIL, QUANTILES, metric_column, quote_ident
+from analysis.percentiles import (
+    MIN_TAIL,
+    QUANTILES,
+    metric_column,
+    quote_ident,
+    weight_where,
+    weighted_quantiles_sql,
+    weighted_window_sql,
+)
 from tracing import schema as S
 
 #: A replica is an outlier when its p99 is more than OUTLIER_MADS robust deviations
@@ -35,6 +45,25 @@ def _outcomes() -> str:
     return ", ".join(f"count(*) FILTER (WHERE status = '{o}') AS {o}" for o in S.OUTCOMES)
 
 
+def _weighted_counts(weight: str | None) -> str:
+    """requests_weighted and <outcome>_weighted: what the rows stand for (the counts themselves when unweighted)."""
+    if weight is None:
+        return "count(*) AS requests_weighted, " + ", ".join(
+            f"count(*) FILTER (WHERE status = '{o}') AS {o}_weighted" for o in S.OUTCOMES)
+    w = quote_ident(weight)
+    return f"sum({w}) AS requests_weighted, " + ", ".join(
+        f"coalesce(sum({w}) FILTER (WHERE status = '{o}'), 0) AS {o}_weighted" for o in S.OUTCOMES)
+
+
+def _n_effective(weight: str | None, col: str) -> str:
+    """Kish's effective count of the non-null values of `col` (their count when unweighted)."""
+    if weight is None:
+        return f"count({col})"
+    w = quote_ident(weight)
+    return (f"coalesce(sum({w}) FILTER (WHERE {col} IS NOT NULL) ^ 2 "
+            f"/ sum({w} * {w}) FILTER (WHERE {col} IS NOT NULL), 0)")
+
+
 def _bucket_sql(col: str) -> tuple[str, str]:
     """SQL of the report's power-of-two bucket (lo, hi) of a token column (explain.bucket_bounds), exact in integers."""
     k = f"floor(log2(greatest({col}, 1)))::INTEGER"
@@ -47,31 +76,64 @@ def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str
             params: Sequence[object] = ()) -> dict[str, float | int | None]:
     """Counts per outcome and the overall p50 / p90 / p99 (ms) of e2e, TTFT and TPOT.
 
-    Keys: requests, one per outcome (ok, error, timeout, cancelled), and <metric>_p50_ms,
-    <metric>_p90_ms, <metric>_p99_ms for e2e, ttft, tpot (None when no request has a value).
+    Keys: requests, one per outcome (ok, error, timeout, cancelled), the same weighted
+    (requests_weighted, ok_weighted ..: what they stand for under sampling, equal to the counts
+    otherwise), <metric>_p50_ms, <metric>_p90_ms, <metric>_p99_ms for e2e, ttft, tpot (None when
+    no request has a value; weighted when sampled) and <metric>_n_effective (Kish).
     """
     qs = [(name, q) for name, q in QUANTILES if name in ("p50", "p90", "p99")]
-    pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, {q}) / 1e6 AS {m}_{name}_ms"
-                     for m in SUMMARY_METRICS for name, q in qs)
-    rel = con.execute(f"SELECT count(*) AS requests, {_outcomes()}, {pcts} FROM {source} WHERE {where}", list(params))
+    weight = weight_where(con, source, where, params)
+    effective = ", ".join(f"{_n_effective(weight, quote_ident(metric_column(m)))} AS {m}_n_effective"
+                          for m in SUMMARY_METRICS)
+    if weight is None:
+        pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, {q}) / 1e6 AS {m}_{name}_ms"
+                         for m in SUMMARY_METRICS for name, q in qs)
+    else:
+        pcts = ", ".join(f"(SELECT {weighted_quantiles_sql(quote_ident(metric_column(m)), [q for _, q in qs])} "
+                         f"FROM (SELECT *, {weighted_window_sql(quote_ident(metric_column(m)), weight, '')} "
+                         f"FROM {source} WHERE {where})) AS {m}_q" for m in SUMMARY_METRICS)
+    sql = f"SELECT count(*) AS requests, {_outcomes()}, {_weighted_counts(weight)}, {effective}, {pcts} " \
+          f"FROM {source} WHERE {where}"
+    n_where = 1 + (len(SUMMARY_METRICS) if weight is not None else 0)
+    rel = con.execute(sql, list(params) * n_where)
     names = [d[0] for d in rel.description or []]
     rows = rel.fetchall()
     row = rows[0] if rows else ()
-    return {k: (None if isinstance(v, float) and v != v else v) for k, v in zip(names, row, strict=True)}
+    out: dict[str, float | int | None] = {}
+    for k, v in zip(names, row, strict=True):
+        if k.endswith("_q"):
+            for (name, _), x in zip(qs, v or [None] * len(qs), strict=True):
+                out[f"{k[:-2]}_{name}_ms"] = None if x is None else x / 1e6
+        else:
+            out[k] = None if isinstance(v, float) and v != v else v
+    return out
 
 
 def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = "requests", where: str = "true",
              params: Sequence[object] = ()) -> pl.DataFrame:
-    """Per replica ('(none)' when unknown): requests, counts per outcome, p50_ms, p99_ms and `outlier`.
+    """Per replica ('(none)' when unknown): requests, counts per outcome, the same weighted (`*_weighted`),
+    n_effective, p50_ms, p99_ms (weighted when sampled) and `outlier`.
 
     Outlier: p99 more than OUTLIER_MADS x (MAD_SCALE x MAD of the replicas' p99s) above their
     median and at least OUTLIER_RISE above it.
     """
     col = quote_ident(metric_column(metric))
-    df = con.sql(f"""
-        SELECT coalesce(replica, '(none)') AS replica, count(*) AS requests, {_outcomes()},
+    weight = weight_where(con, source, where, params)
+    rep = "coalesce(replica, '(none)')"
+    counts = (f"count(*) AS requests, {_outcomes()}, {_weighted_counts(weight)}, "
+              f"{_n_effective(weight, col)} AS n_effective")
+    if weight is None:
+        sql = f"""
+        SELECT {rep} AS replica, {counts},
                quantile_cont({col}, 0.5) / 1e6 AS p50_ms, quantile_cont({col}, 0.99) / 1e6 AS p99_ms
-        FROM {source} WHERE {where} GROUP BY 1 ORDER BY 1""", params=list(params)).pl()
+        FROM {source} WHERE {where} GROUP BY 1 ORDER BY 1"""
+    else:
+        sql = f"""
+        SELECT {rep} AS replica, {counts},
+               {weighted_quantiles_sql(col, [0.5])}[1] / 1e6 AS p50_ms,
+               {weighted_quantiles_sql(col, [0.99])}[1] / 1e6 AS p99_ms
+        FROM (SELECT *, {weighted_window_sql(col, weight, rep)} FROM {source} WHERE {where}) GROUP BY 1 ORDER BY 1"""
+    df = con.sql(sql, params=list(params)).pl()
     if df.height == 0:
         return df.with_columns(pl.lit(False).alias("outlier"))
     p99 = df.get_column("p99_ms")
@@ -86,8 +148,9 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
     """Requests, p50_ms and p99_ms per token bucket of each column in `by` (input_tokens, output_tokens).
 
     Columns per bucketed column C: C_lo, C_hi (the report's bucket bounds) and C_bucket (its
-    label, `lo-hi`); then requests, p50_ms, p99_ms, and p99_low_sample (fewer than MIN_TAIL
-    requests beyond the p99, as in percentile_series). Requests without a value in C are left out.
+    label, `lo-hi`); then requests, p50_ms, p99_ms (weighted when sampled), requests_weighted,
+    n_effective (Kish), and p99_low_sample (fewer than MIN_TAIL effective requests beyond the p99,
+    as in percentile_series). Requests without a value in C are left out.
     """
     if not by:
         raise ValueError("shape needs at least one token column")
@@ -100,14 +163,32 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
         lo, hi = _bucket_sql(c)
         keys += [f"({lo})::BIGINT AS {c}_lo", f"({hi})::BIGINT AS {c}_hi"]
     present = " AND ".join(f"{c} IS NOT NULL" for c in by) or "true"
-    df = con.sql(f"""
-        SELECT {', '.join(keys)}, count(*) AS requests,
-               quantile_cont({col}, 0.5) / 1e6 AS p50_ms, quantile_cont({col}, 0.99) / 1e6 AS p99_ms
-        FROM {source} WHERE ({where}) AND {present} AND {col} IS NOT NULL
-        GROUP BY ALL ORDER BY ALL""", params=list(params)).pl()
+    rows = f"({where}) AND {present} AND {col} IS NOT NULL"
+    weight = weight_where(con, source, rows, params)
+    if weight is None:
+        df = con.sql(f"""
+            SELECT {', '.join(keys)}, count(*) AS requests,
+                   quantile_cont({col}, 0.5) / 1e6 AS p50_ms, quantile_cont({col}, 0.99) / 1e6 AS p99_ms
+            FROM {source} WHERE {rows}
+            GROUP BY ALL ORDER BY ALL""", params=list(params)).pl()
+        df = df.with_columns(pl.col("requests").alias("requests_weighted"),
+                             pl.col("requests").cast(pl.Float64).alias("n_effective"))
+    else:
+        w = quote_ident(weight)
+        names = ", ".join(f"{c}_lo, {c}_hi" for c in by)
+        df = con.sql(f"""
+            SELECT {names}, count(*) AS requests,
+                   {weighted_quantiles_sql(col, [0.5])}[1] / 1e6 AS p50_ms,
+                   {weighted_quantiles_sql(col, [0.99])}[1] / 1e6 AS p99_ms,
+                   sum({w}) AS requests_weighted, {_n_effective(weight, col)} AS n_effective
+            FROM (SELECT *, {weighted_window_sql(col, weight, names)}
+                  FROM (SELECT *, {', '.join(keys)} FROM {source} WHERE {rows}))
+            GROUP BY ALL ORDER BY ALL""", params=list(params)).pl()
+        df = df.select(*(c for c in df.columns if c not in ("requests_weighted", "n_effective")),
+                       "requests_weighted", "n_effective")
     return df.with_columns([(pl.col(f"{c}_lo").cast(pl.String) + "-" + pl.col(f"{c}_hi").cast(pl.String))
                             .alias(f"{c}_bucket") for c in by]
-                           + [(pl.col("requests") * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")])
+                           + [(pl.col("n_effective") * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")])
 
 
 def peak_concurrency(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str = "true",

@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from analysis import breakdowns as B
 from analysis.percentiles import parse_time
-from analysis.whatif import observed_requests, simulate
+from analysis.whatif import peak_concurrency, read_observed, simulate
 
 I64 = npt.NDArray[np.int64]
 #: Version of the capacity JSON shape (`capacity_curve`).
@@ -134,6 +134,8 @@ class Workload:
         self.slots, self.observed_replicas = slots, observed_replicas
         self.cold_start_ns, self.span_ns = cold_start_ns, span_ns
         self.points: dict[int, dict[str, Any]] = {}  # replicas -> `point` without a price (a memo)
+        self.sampled = False  # expanded from sampled traces (analysis.whatif.expand) ...
+        self.stored = int(self.arrivals.size)  # ... of this many stored requests
         self._zero_wait: int | None = None
 
     @property
@@ -153,12 +155,18 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
                       until: str | int | datetime | None = None) -> Workload:
     """The requests starting in [since, until) (analysis.whatif.observed_requests), the observed slots and cold start.
 
-    Slots: analysis.breakdowns.peak_concurrency (most requests one replica served at once).
+    Slots: analysis.breakdowns.peak_concurrency (most requests one replica served at once); for
+    sampled traces the same count over the expanded workload (analysis.whatif.expand).
     """
     lo, hi = parse_time(since), parse_time(until)
-    arrivals, services, ttft_rest, _ = observed_requests(con, lo, hi)
+    o = read_observed(con, lo, hi)
+    arrivals, services, ttft_rest = o.arrivals, o.services, o.ttft_rest
     where = "(?::BIGINT IS NULL OR start_ns >= ?) AND (?::BIGINT IS NULL OR start_ns < ?)"
-    slots = B.peak_concurrency(con, "requests", where, [lo, lo, hi, hi])
+    if o.sampled:  # the slots of the expanded workload: the most one replica served at once
+        slots = max([1, *(peak_concurrency(o.busy_from[o.replica == r], o.ends[o.replica == r])
+                          for r in np.unique(o.replica))])
+    else:
+        slots = B.peak_concurrency(con, "requests", where, [lo, lo, hi, hi])
     row = con.execute(f"SELECT count(DISTINCT replica) FROM requests WHERE {where}", [lo, lo, hi, hi]).fetchone()
     replicas = max(1, int(row[0])) if row and row[0] else 1
     load = con.execute(
@@ -168,7 +176,9 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     span = (int(arrivals[-1] - arrivals[0]) if arrivals.size else 0)
     if lo is not None and hi is not None:
         span = hi - lo
-    return Workload(arrivals, services, ttft_rest, slots, replicas, cold, max(span, 1))
+    w = Workload(arrivals, services, ttft_rest, slots, replicas, cold, max(span, 1))
+    w.sampled, w.stored = o.sampled, o.stored
+    return w
 
 
 def _q_ms(values: npt.NDArray[Any], qs: Sequence[float]) -> list[float | None]:
@@ -261,7 +271,8 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
             else:
                 lo = mid
         fewest = hi
-    return {"version": CAPACITY_VERSION, "requests": w.size, "slots_per_replica": w.slots,
+    return {"version": CAPACITY_VERSION, "requests": w.size, "sampled": w.sampled, "stored_requests": w.stored,
+            "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,
             "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points,
             "advice": advice(w.observed_replicas, fewest, counts[-1] if counts else 0, target_p99_ms, metric,

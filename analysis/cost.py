@@ -39,7 +39,16 @@ from typing import Any, Final
 import duckdb
 import polars as pl
 
-from analysis.percentiles import iso, parse_time, quote_ident, request_facts
+from analysis import model as M
+from analysis.percentiles import (
+    iso,
+    parse_time,
+    quote_ident,
+    request_facts,
+    weight_where,
+    weighted_quantiles_sql,
+    weighted_window_sql,
+)
 from tracing.errors import QueryError
 
 #: Version of the `tailscope cost --json` contract; bumped only on incompatible change.
@@ -70,8 +79,12 @@ DIALECTS: Final[dict[str, dict[str, str]]] = {
 }
 
 
-def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
+def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = False) -> dict[str, str]:
     """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
+
+    `weighted` (sampled traces): each segment is shared in proportion to the active requests'
+    adjusted counts, L x w / (sum of w), in float ns, each request's total rounded to whole ns
+    (docs/cost.md#sampled-traces); without it the integer rule of the module docstring.
 
     Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
     Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
@@ -79,6 +92,7 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
     allocated_ns, cold_start_ns, idle_ns).
     """
     d = DIALECTS[dialect]
+    dialect_of = M.CLICKHOUSE if dialect == "clickhouse" else M.DUCKDB
 
     def idiv(a: str, b: str) -> str:
         return d["idiv"].format(a=a, b=b)
@@ -86,7 +100,11 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False) -> dict[str, str]:
     gpu_list = ", ".join(f"'{s}'" for s in GPU_STAGES)
     bucket = idiv("t", "$grid") + " * $grid" if grid else "0"
     steps: dict[str, str] = {}
-    steps["_cost_req"] = "SELECT DISTINCT TraceId, SpanId FROM spans WHERE IsRequest"
+    if weighted:  # a request's adjusted count (the largest of its request spans', should a store hold two)
+        steps["_cost_req"] = (f"SELECT TraceId, SpanId, max({M.stored_adjusted_count(dialect_of)}) AS w "
+                              "FROM spans WHERE IsRequest GROUP BY TraceId, SpanId")
+    else:
+        steps["_cost_req"] = "SELECT DISTINCT TraceId, SpanId FROM spans WHERE IsRequest"
     steps["_cost_st"] = f"""
 SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
        TimestampNs AS s, EndNs AS e
@@ -109,6 +127,10 @@ LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"
     steps["_cost_rid"] = """
 SELECT TraceId, request_span_id, row_number() OVER (ORDER BY TraceId, request_span_id) AS rid
 FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
+    if weighted:  # GPU spans without a request span weigh 1
+        steps["_cost_rid"] = f"""
+SELECT r.TraceId, r.request_span_id, r.rid, coalesce(q.w, 1.0) AS w
+FROM ({steps["_cost_rid"]}) r LEFT JOIN _cost_req q ON q.TraceId = r.TraceId AND q.SpanId = r.request_span_id"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
     steps["_cost_gpu_num"] = """
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
@@ -145,20 +167,35 @@ UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
 UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
 UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
 UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
+    nw = ""
+    if weighted:  # dw: the weight entering (+) or leaving (-) the GPU at t
+        no_weight = "NULL, 0.0 FROM"
+        events = f"""
+SELECT i.replica, i.s AS t, 1 AS dg, 0 AS dl, i.iid AS cand, r.w AS dw
+FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
+UNION ALL SELECT i.replica, i.e, -1, 0, NULL, -r.w FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
+UNION ALL SELECT replica, s, 0, 1, NULL, 0.0 FROM _cost_loads
+UNION ALL SELECT replica, e, 0, -1, NULL, 0.0 FROM _cost_loads
+UNION ALL SELECT replica, first_ns, 0, 0, NULL, 0.0 FROM _cost_observed
+UNION ALL SELECT replica, last_ns, 0, 0, NULL, 0.0 FROM _cost_observed{grid_events.replace("NULL FROM", no_weight)}"""
+        nw = ",\n       sum(sum(dw)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nw"
     # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
     nxt = d["next"].format(x="t", p="replica", o="t")
     steps["_cost_segs"] = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
        sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
        sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
-       max(max(cand)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best
+       max(max(cand)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best{nw}
 FROM ({events}) GROUP BY replica, t"""
     # q, r: each segment's floor share and remainder; Q(t) = q_before: the floor shares of every segment before t
+    # weighted: q is the share of one unit of weight (float ns), no remainder
+    share = ("len_ns / nw" if weighted else idiv("len_ns", "n"))
+    remainder = "0" if weighted else "len_ns % n"
     steps["_cost_shared"] = f"""
 SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
 FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
-             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {idiv("len_ns", "n")} ELSE 0 END AS q,
-             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN len_ns % n ELSE 0 END AS r
+             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {share} ELSE 0 END AS q,
+             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {remainder} ELSE 0 END AS r
       FROM _cost_segs)"""
     if grid:
         cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
@@ -167,15 +204,18 @@ SELECT i.replica, i.rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0
 FROM _cost_islands i{cells}"""
     else:
         steps["_cost_pieces"] = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
-    steps["_cost_shares"] = """
+    total, part, by_weight = (("CAST(round(sum(part)) AS BIGINT)", "(qe.q_before - qs.q_before) * w.w",
+                                "\n        JOIN _cost_rid w ON w.rid = p.rid") if weighted
+                               else ("CAST(sum(part) AS BIGINT)", "qe.q_before - qs.q_before", ""))
+    steps["_cost_shares"] = f"""
 SELECT a.replica, r.TraceId AS trace_id, r.request_span_id, a.bucket_ns, a.allocated_ns
 FROM (
-    SELECT replica, rid, bucket_ns, CAST(sum(part) AS BIGINT) AS allocated_ns
+    SELECT replica, rid, bucket_ns, {total} AS allocated_ns
     FROM (
-        SELECT p.replica, p.rid, p.bucket_ns, qe.q_before - qs.q_before AS part
+        SELECT p.replica, p.rid, p.bucket_ns, {part} AS part
         FROM _cost_pieces p
         JOIN _cost_shared qs ON qs.replica = p.replica AND qs.t = p.s
-        JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e
+        JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e{by_weight}
         UNION ALL
         SELECT w.replica, i.rid, w.bucket_ns, w.r
         FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
@@ -205,14 +245,31 @@ LEFT JOIN (SELECT replica, bucket_ns,
     return steps
 
 
+def sampled_spans(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when some request span of the store weighs other than 1 (the weighted sweep then runs)."""
+    try:
+        rows = con.execute(f"SELECT bool_or({M.stored_adjusted_count(M.DUCKDB)} <> 1) FROM spans WHERE IsRequest"
+                           ).fetchall()
+    except duckdb.Error:  # a `spans` without the column: nothing recorded a sampling probability
+        return False
+    return bool(rows and rows[0][0])
+
+
+def _sampled(con: duckdb.DuckDBPyConnection, facts: str) -> bool:
+    """Whether some request weighs other than 1, read from the request facts (one column of a table already
+    built) rather than a scan of every span."""
+    return weight_where(con, facts) is not None
+
+
 def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
-               grid_ns: int | None = None) -> tuple[str, str]:
+               grid_ns: int | None = None, weighted: bool | None = None) -> tuple[str, str]:
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
 
     Returns (shares table, replicas table): per (replica, request, bucket) the allocated
     GPU ns; per (replica, bucket) observed / allocated / cold start / idle ns. With
     `grid_ns` the timeline is also cut at multiples of it and `bucket_ns` is each piece's
-    grid cell; without it `bucket_ns` is 0. `drop_sweep(con)` removes the tables.
+    grid cell; without it `bucket_ns` is 0. `weighted` (default: `sampled_spans`) shares each segment by
+    adjusted counts. `drop_sweep(con)` removes the tables.
     """
     if grid_ns is not None and grid_ns <= 0:
         raise QueryError("", f"grid must be positive, got {grid_ns}")
@@ -223,7 +280,9 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
     params: dict[str, Any] = {"lo": lo, "hi": hi}
     if grid_ns is not None:
         params["grid"] = int(grid_ns)
-    for name, sql in sweep_sql("duckdb", grid=grid_ns is not None).items():
+    if weighted is None:
+        weighted = sampled_spans(con)
+    for name, sql in sweep_sql("duckdb", grid=grid_ns is not None, weighted=weighted).items():
         used = {k: v for k, v in params.items() if f"${k}" in sql}
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", used).fetchall()
@@ -343,21 +402,16 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
     since_ns, until_ns = parse_time(since), parse_time(until)
-    shares, reps = gpu_shares(con, since_ns, until_ns)
     facts = facts or request_facts(con)
+    weighted = _sampled(con, facts)
+    shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
     where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
     params = {"since": since_ns, "until": until_ns}
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     fkey = _key_expr(by, "f")
     try:
-        reqs = con.execute(f"""
-            WITH f AS (SELECT * FROM {facts} f WHERE {where}),
-                 q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1)
-            SELECT {fkey} AS key, count(*) AS requests,
-                   coalesce(sum(f.input_tokens), 0)::BIGINT AS input_tokens,
-                   coalesce(sum(f.output_tokens), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
-            FROM f JOIN q ON q.key = {fkey} GROUP BY 1""", params).fetchall()
-        tail_at = [(str(k), p) for k, _n, _i, _o, p in reqs]
+        reqs = con.execute(_requests_sql(con, facts, fkey, where, weighted), params).fetchall()
+        tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
         # GPU ns per (key, replica, model) (prices depend on replica and model) and the part of it spent on
         # requests in range at or above their key's p99 (the tail): one join of the shares with the facts
         gpu = con.execute(f"""
@@ -376,7 +430,8 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
 
     def row(k: str) -> dict[str, Any]:
         return rows.setdefault(k, {"key": k, "gpu_ns": 0, "gpu_seconds": 0.0, "cost_usd": 0.0 if prices.known
-                                   else None, "requests": 0, "input_tokens": 0, "output_tokens": 0,
+                                   else None, "requests": 0, "requests_weighted": 0, "input_tokens": 0,
+                                   "output_tokens": 0,
                                    "usd_per_1k_output_tokens": None, "tail_gpu_ns": 0, "tail_gpu_share": None})
 
     model_ns: dict[tuple[str, str], int] = {}
@@ -398,9 +453,10 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         if rows[k]["cost_usd"] is not None:
             rows[k]["cost_usd"] = None if len(known_prices) < len(by_price) else sum(
                 ns * p / NS_PER_HOUR for p, ns in sorted(known_prices.items()))
-    for k, n, tin, tout, _p99 in reqs:
+    for k, n, nw, tin, tout, _p99 in reqs:
         r = row(str(k))
         r["requests"], r["input_tokens"], r["output_tokens"] = int(n), int(tin), int(tout)
+        r["requests_weighted"] = nw
     out_rows = []
     for r in sorted(rows.values(), key=lambda x: (-x["gpu_ns"], x["key"])):
         r["gpu_seconds"] = r["gpu_ns"] / 1e9
@@ -435,13 +491,37 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         "overhead_usd": sum(c for c in overhead if c is not None) if known else None,
     }
     return {
-        "version": COST_VERSION, "by": by,
+        "version": COST_VERSION, "by": by, "sampled": weighted,
         "since": iso(since_ns) if since_ns is not None else None,
         "until": iso(until_ns) if until_ns is not None else None,
         "gpu_hour_usd": prices.default,
         "prices": {"source": prices.source, "replica": dict(prices.replica), "model": dict(prices.model)},
         "rows": out_rows, "replicas": replicas, "totals": totals,
     }
+
+
+def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: str, weighted: bool) -> str:
+    """Per key of the requests starting in range: requests, requests_weighted, input / output tokens and the
+    p99 of e2e; `weighted`: tokens and p99 weigh each request's adjusted count (tokens rounded to whole ones)."""
+    if not weighted:
+        return f"""
+            WITH f AS (SELECT * FROM {facts} f WHERE {where}),
+                 q AS (SELECT {fkey} AS key, quantile_cont(e2e_ns, {TAIL_Q}) AS p99 FROM f GROUP BY 1)
+            SELECT {fkey} AS key, count(*) AS requests, count(*) AS requests_weighted,
+                   coalesce(sum(f.input_tokens), 0)::BIGINT AS input_tokens,
+                   coalesce(sum(f.output_tokens), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
+            FROM f JOIN q ON q.key = {fkey} GROUP BY 1"""
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    w = "adjusted_count" if "adjusted_count" in {c[0] for c in cur.description or []} else "1.0"
+    cur.fetchall()
+    return f"""
+        WITH f AS (SELECT *, {w} AS _w FROM {facts} f WHERE {where}),
+             q AS (SELECT key, {weighted_quantiles_sql("e2e_ns", [TAIL_Q])}[1] AS p99
+                   FROM (SELECT *, {fkey} AS key, {weighted_window_sql("e2e_ns", "_w", fkey)} FROM f f) GROUP BY 1)
+        SELECT {fkey} AS key, count(*) AS requests, sum(f._w) AS requests_weighted,
+               coalesce(round(sum(f._w * f.input_tokens)), 0)::BIGINT AS input_tokens,
+               coalesce(round(sum(f._w * f.output_tokens)), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
+        FROM f JOIN q ON q.key = {fkey} GROUP BY 1"""
 
 
 def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
@@ -457,8 +537,9 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
     grid = int(bucket_s) * 1_000_000_000
-    shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid)
     facts = facts or request_facts(con)
+    shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid,
+                              weighted=_sampled(con, facts))
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     try:
         gpu = con.sql(f"""

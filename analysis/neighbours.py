@@ -16,6 +16,11 @@ MIN_SUPPORT tail requests of which most waited in the queue for more than half t
 latency. The sentence says "tenant X's burst pushed tenant Y's queue" only when there are
 victims; when the tail is the bursting tenant's own requests it says so instead.
 Nothing is said (None) when queue_wait does not lead or no tenant's concurrency rose.
+
+Sampled traces: admitted shares weigh each request's adjusted count and the binomial bound
+reads the weighted share on the effective count (as analysis.explain.contrast); GPU shares are
+the weighted fair share (analysis.cost); the tail's own share is weighted. Support stays a count
+of kept requests. Where every weight is 1 the unweighted computation runs.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import polars as pl
 
 from analysis import explain as X
 from analysis.cost import drop_sweep, gpu_shares
+from analysis.sampling import weight_of
 from analysis.spikes import Detection, Spike
 
 #: queue_wait must hold at least this share of the spike's stage excess.
@@ -70,8 +76,10 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
     w = det.window_ns
     spike_cells = list(range(spike.start_ns, spike.end_ns, w))
     cells = sorted({int(c) for c in chosen} | set(spike_cells))
+    wcol = weight_of(con, facts)
     admitted = con.sql(f"""
-        SELECT tenant, (start_ns >= $s0 AND start_ns < $s1) AS in_spike, count(*) AS n FROM {facts}
+        SELECT tenant, (start_ns >= $s0 AND start_ns < $s1) AS in_spike, count(*) AS n,
+               sum({wcol}) AS nw, sum({wcol} * {wcol}) AS nw2, bool_or({wcol} <> 1) AS weighted FROM {facts}
         WHERE list_contains($reps, replica) AND list_contains($cells, (start_ns // $w) * $w)
         GROUP BY ALL""", params={"s0": spike.start_ns, "s1": spike.end_ns, "reps": replicas, "cells": cells,
                                  "w": w}).pl()
@@ -87,7 +95,12 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
         drop_sweep(con)
     adm_spike = admitted.filter(pl.col("in_spike"))
     adm_base = admitted.filter(~pl.col("in_spike"))
-    a_s, a_b = _shares(adm_spike, "n"), _shares(adm_base, "n")
+    weighted = bool(admitted.get_column("weighted").any())
+    a_s, a_b = _shares(adm_spike, "nw" if weighted else "n"), _shares(adm_base, "nw" if weighted else "n")
+    eff_spike = 0.0
+    if weighted:  # Kish's effective count of the spike's admitted requests
+        total, squares = float(adm_spike.get_column("nw").sum() or 0), float(adm_spike.get_column("nw2").sum() or 0)
+        eff_spike = total * total / squares if squares else 0.0
     g_s, g_b = _shares(gpu.filter(pl.col("in_spike")), "ns"), _shares(gpu.filter(~pl.col("in_spike")), "ns")
     n_spike = int(adm_spike.get_column("n").sum() or 0)
     counts = {str(t): int(n) for t, n in adm_spike.select("tenant", "n").iter_rows()}
@@ -98,7 +111,8 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
         if base <= 0 or counts.get(t, 0) < X.MIN_SUPPORT:
             continue
         ratio = a_s[t] / base
-        p = X.binomial_tail_bound(counts[t], n_spike, base)
+        p = (X.binomial_tail_bound(round(a_s[t] * eff_spike), round(eff_spike), base) if weighted
+             else X.binomial_tail_bound(counts[t], n_spike, base))
         rose = ratio >= RISE and p < X.ALPHA / max(1, len(tenants)) and g_s.get(t, 0.0) > g_b.get(t, 0.0)
         if rose and (best is None or ratio > best[0]):
             best = (ratio, t)
@@ -106,7 +120,11 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
         return None
     tenant = best[1]
     tail_tenants = tail_frame.get_column("tenant").cast(pl.String).fill_null("None").to_list()
-    own = sum(1 for t in tail_tenants if t == tenant) / len(tail_tenants)
+    if "weight" in tail_frame.columns:  # sampled: the share of what the tail's requests stand for
+        tw = tail_frame.get_column("weight").to_numpy().astype(np.float64)
+        own = float(tw[np.array(tail_tenants, dtype=object) == tenant].sum() / tw.sum())
+    else:
+        own = sum(1 for t in tail_tenants if t == tenant) / len(tail_tenants)
     victims = _victims(con, facts, frame, tail, tenant)
     out = {
         "tenant": tenant, "replicas": replicas,

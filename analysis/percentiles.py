@@ -185,6 +185,13 @@ def weight_column(con: duckdb.DuckDBPyConnection, source: str, since: int | None
                   until: int | None = None) -> str | None:
     """`adjusted_count` when `source` has it and some request in [since, until) weighs other than 1, else None
     (the unweighted path: unsampled data give exactly what they gave before weights existed)."""
+    return weight_where(con, source, "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)",
+                        [since, until])
+
+
+def weight_where(con: duckdb.DuckDBPyConnection, source: str, where: str = "true",
+                 params: Sequence[object] = ()) -> str | None:
+    """`adjusted_count` when `source` has it and some row where `where` holds weighs other than 1, else None."""
     try:
         cur = con.execute(f"SELECT * FROM {source} LIMIT 0")
         cols = {c[0] for c in cur.description or []}
@@ -193,9 +200,7 @@ def weight_column(con: duckdb.DuckDBPyConnection, source: str, since: int | None
         return None
     if "adjusted_count" not in cols:
         return None
-    row = con.execute(f"SELECT bool_or(adjusted_count <> 1) FROM {source} "
-                      "WHERE ($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)",
-                      [since, until]).fetchall()
+    row = con.execute(f"SELECT bool_or(adjusted_count <> 1) FROM {source} WHERE {where}", list(params)).fetchall()
     return "adjusted_count" if row and row[0][0] else None
 
 

@@ -298,7 +298,7 @@ def explain_window(
     empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
              "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
              "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
-             "errors": list(report["errors"])}
+             "requests_weighted": 0.0, "n_effective": 0.0, "errors": list(report["errors"])}
     if det is None:
         return empty
     starts = frame.get_column("start_ns").to_numpy()
@@ -422,6 +422,12 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested
             item["tail_requests"] = int(excess_rows.size)
+            # beside the kept counts, what they stand for and their effective count (equal when unsampled)
+            tail_w = None if weights is None else float(weights[excess_rows].sum())
+            item["tail_requests_weighted"] = float(excess_rows.size) if tail_w is None else round(tail_w, 3)
+            item["tail_effective"] = _effective(weights, excess_rows)
+            for d, c in zip(item["dimensions"], ranked, strict=True):
+                d["support_weighted"] = float(c.tail_count) if tail_w is None else round(c.tail_share * tail_w, 3)
             if ranked:
                 best_mask = X.candidate_mask(coded, ranked[0], rows)
         except Exception as exc:

@@ -158,20 +158,37 @@ def _over_represented(unrecorded: Mask, mark: Mask) -> tuple[float, float] | Non
     return (share_in, share_out) if p <= TAIL_ALPHA / 2 else None
 
 
-def quantile_interval(values: F64, weights: F64 | None, q: float, level: float = 0.99,
-                      draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap interval of the (weighted) quantile q: the kept requests are drawn again with replacement,
-    each keeping its adjusted count (the resampling of a Poisson sample, the kept requests being the
-    units drawn), and the interval is the central `level` of the resampled quantiles."""
+def bootstrap_quantiles(values: F64, weights: F64 | None, q: float, draws: int = BOOTSTRAP_DRAWS,
+                        seed: int = 0) -> F64:
+    """The (weighted) quantile q of `draws` bootstrap resamples: n kept requests drawn uniformly with replacement,
+    each keeping its adjusted count (see `quantile_interval` for why this resamples in proportion to them)."""
     n = values.size
     if n == 0:
-        return (math.nan, math.nan)
+        return np.full(draws, math.nan)
     w = np.ones(n) if weights is None else weights
     rng = np.random.default_rng(seed)
     out = np.empty(draws)
     for i in range(draws):
         pick = rng.integers(0, n, n)
         out[i] = _wq(values[pick], w[pick], q)
+    return out
+
+
+def quantile_interval(values: F64, weights: F64 | None, q: float, level: float = 0.99,
+                      draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the (weighted) quantile q: the central `level` of `bootstrap_quantiles`.
+
+    The kept requests are the units a Poisson (or any probability) sampler drew, so they are what is
+    drawn again, uniformly, each keeping its adjusted count w_i. That is resampling in proportion to the
+    adjusted counts: a request's expected weight in a resample is w_i, so the resampled weighted
+    distribution is centred on the weighted one. Drawing n requests with probability w_i / sum(w), each
+    weighing 1, is the same law when every weight is equal (uniform sampling), but when weights vary it
+    ignores that a few heavy requests carry much of the estimate and gives too narrow an interval; its
+    spread matches this one only with Kish's effective count n_eff = (sum w)^2 / sum w^2 of draws
+    (tests/analysis/test_sampling_bootstrap.py compares the three on random inputs)."""
+    if values.size == 0:
+        return (math.nan, math.nan)
+    out = bootstrap_quantiles(values, weights, q, draws, seed)
     lo, hi = np.quantile(out, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 

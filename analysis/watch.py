@@ -15,6 +15,10 @@ A window [t, t + w) is evaluated at t + w + delay and sees the requests that sta
 and ended by then: a live watch (`run_live`) and a backtest (`replay`) see the same rows,
 so the replay prints exactly what the live watch would have fired. Percentiles follow the
 project convention (`quantile_cont`, failures included); each alert carries its counts.
+Sampled traces: each request weighs its adjusted count (`adjusted_count`) in the spike
+detection, the rule percentiles (analysis.percentiles' weighted quantile, low-sample on the
+effective count), the error rate and the burn rate; where every weight is 1 the unweighted
+computation runs, bit for bit.
 
 Cost per tick is independent of the store's history: a tick reads only the hour partitions
 holding the new window (`open_range`); the baseline is the in-memory buffer, rebuilt from a
@@ -44,9 +48,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import explain as X
-from analysis.percentiles import GROUP_COLUMNS, iso, parse_duration, request_facts
+from analysis.percentiles import (
+    GROUP_COLUMNS,
+    MIN_TAIL,
+    effective_count,
+    iso,
+    parse_duration,
+    request_facts,
+    weighted_quantile_sorted,
+)
 from analysis.report import explain_spikes
-from analysis.spikes import Detection, Spike, detect, quantile_sorted
+from analysis.spikes import Detection, Spike, detect
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
@@ -61,7 +73,7 @@ ALERTS_DIR: Final = "alerts"
 HOUR_NS: Final = 3_600_000_000_000
 NS: Final = 1_000_000_000
 _ROW_COLUMNS: Final = ("trace_id", "start_ns", "e2e_ns", "ttft_ns", "tpot_ns", "status", *X.DIMENSIONS,
-                       "service")
+                       "service", "adjusted_count")
 
 # --- rules ---------------------------------------------------------------------------------
 
@@ -342,6 +354,8 @@ class Watcher:
 
     def add_window(self, window_start_ns: int, rows: pl.DataFrame) -> None:
         """Append a window's rows to the buffer (without evaluating); older windows beyond the buffer drop."""
+        if "adjusted_count" not in rows.columns:  # rows from before sampling was read weigh 1
+            rows = rows.with_columns(pl.lit(1.0).alias("adjusted_count"))
         self.frames.append((int(window_start_ns), rows.select(_ROW_COLUMNS)))
         keep_from = int(window_start_ns) - (self.config.windows_kept()) * self.config.window_ns
         self.frames = [(w, f) for w, f in self.frames if w >= keep_from]
@@ -381,7 +395,7 @@ class Watcher:
         frame = self._values(buf, self.config.metric)
         start = frame.get_column("start_ns").to_numpy().astype(np.int64)
         values = frame.get_column(f"{self.config.metric}_ns").to_numpy().astype(np.float64)
-        det = detect(start, values, self.config.window_ns)
+        det = detect(start, values, self.config.window_ns, weights=weights_of_rows(frame))
         self.last_detection = det
         return frame, det
 
@@ -396,7 +410,8 @@ class Watcher:
         active = self.active.get(key)
         if spike is not None and active is None:
             alert = self._record("tail_spike", key, None, spike.start_ns, win_ns + cfg.window_ns, eval_ns,
-                                 spike.p50_ns, spike.p99_ns, spike.baseline_p99_ns, spike.requests)
+                                 spike.p50_ns, spike.p99_ns, spike.baseline_p99_ns, spike.requests,
+                                 spike.requests_weighted if det.weighted else None)
             alert["p_value"] = float(f"{spike.p_value:.3g}")
             alert["baseline_p50_ms"] = _ms(spike.baseline_p50_ns)
             if cfg.explain:
@@ -418,7 +433,8 @@ class Watcher:
         return alert
 
     def _record(self, kind: str, key: str, rule: Rule | None, start_ns: int, end_ns: int, eval_ns: int,
-                p50_ns: float, p99_ns: float, baseline_p99_ns: float, requests: int) -> dict[str, Any]:
+                p50_ns: float, p99_ns: float, baseline_p99_ns: float, requests: int,
+                requests_weighted: float | None = None) -> dict[str, Any]:
         cfg = self.config
         metric = rule.metric if rule is not None and rule.kind != "error_rate" else cfg.metric
         return {
@@ -428,6 +444,7 @@ class Watcher:
             "window_start": iso(start_ns), "window_end": iso(end_ns), "window_start_ns": int(start_ns),
             "window_s": int(cfg.window_s) if float(cfg.window_s).is_integer() else cfg.window_s,
             "requests": int(requests),
+            "requests_weighted": int(requests) if requests_weighted is None else round(requests_weighted, 3),
             "p50_ms": _ms(p50_ns), "p99_ms": _ms(p99_ns), "baseline_p99_ms": _ms(baseline_p99_ns),
             "stage": None, "stage_share": None, "stages": [],
             "dimension": None, "value": None, "explained": None, "p99_without_ms": None, "dimensions": [],
@@ -443,11 +460,13 @@ class Watcher:
         one = dataclasses.replace(det, spikes=[spike])
         facts_frame = frame.with_row_index("rid").with_columns(
             pl.col("rid").cast(pl.Int64), pl.col(f"{self.config.metric}_ns").cast(pl.Float64).alias("value"))
+        if weights_of_rows(frame) is not None:  # the report's explanation reads the weights from `weight`
+            facts_frame = facts_frame.with_columns(pl.col("adjusted_count").cast(pl.Float64).alias("weight"))
         lo = int(frame.get_column("start_ns").min() or 0)  # type: ignore[arg-type]
         hi = int(spike.end_ns + self.config.delay_ns + 1)
         con = explain_con(lo, hi) if explain_con is not None else duckdb.connect(":memory:")
         try:
-            con.register("_tailscope_watch_arrow", facts_frame.drop("rid", "value").to_arrow())
+            con.register("_tailscope_watch_arrow", facts_frame.drop("rid", "value", "weight", strict=False).to_arrow())
             con.execute("CREATE OR REPLACE TEMP TABLE _tailscope_watch_facts AS "
                         "SELECT * FROM _tailscope_watch_arrow").fetchall()
             con.unregister("_tailscope_watch_arrow")
@@ -483,14 +502,16 @@ class Watcher:
         violated, figures = measured
         active = self.active.get(rule.key)
         if violated and active is None:
-            values = self._values(win, rule.metric).get_column(f"{rule.metric}_ns").to_numpy().astype(np.float64)
-            ordered = np.sort(values)
+            ordered, ws = _sorted_values(self._values(win, rule.metric), f"{rule.metric}_ns")
             det = self.last_detection
             base = det.baseline_p99_ns if det is not None and rule.metric == cfg.metric else math.nan
-            alert = self._record("slo", rule.key, rule, win_ns, win_ns + cfg.window_ns, eval_ns,
-                                 quantile_sorted(ordered, 0.5), quantile_sorted(ordered, 0.99), base, win.height)
+            win_w = weights_of_rows(win)
+            p50, p99 = weighted_quantile_sorted(ordered, ws, 0.5), weighted_quantile_sorted(ordered, ws, 0.99)
+            alert = self._record("slo", rule.key, rule, win_ns, win_ns + cfg.window_ns, eval_ns, p50, p99,
+                                 base, win.height, None if win_w is None else float(win_w.sum()))
             alert.update(figures)
             alert["outcomes"] = _outcomes(win)
+            alert["outcomes_weighted"] = _outcomes(win, weighted=True)
             if cfg.explain and det is not None and rule.metric == cfg.metric and not rule.where:
                 spike = _window_spike(det, win_ns)
                 if spike is not None:
@@ -516,9 +537,44 @@ def _window_spike(det: Detection, win_ns: int) -> Spike | None:
                  baseline_p99_ns=det.baseline_p99_ns, p_value=float(det.p_value[i]), windows=1)
 
 
-def _outcomes(frame: pl.DataFrame) -> dict[str, int]:
+def _outcomes(frame: pl.DataFrame, weighted: bool = False) -> dict[str, int | float]:
+    """Requests per outcome; `weighted`: what they stand for (the counts themselves when unsampled)."""
     status = frame.get_column("status").to_list()
-    return {s: status.count(s) for s in ("ok", "error", "timeout", "cancelled")}
+    w = weights_of_rows(frame) if weighted else None
+    if w is None:
+        return {s: status.count(s) for s in ("ok", "error", "timeout", "cancelled")}
+    st = np.array(status, dtype=object)
+    return {s: round(float(w[st == s].sum()), 3) for s in ("ok", "error", "timeout", "cancelled")}
+
+
+def weights_of_rows(frame: pl.DataFrame) -> np.ndarray | None:
+    """Each row's adjusted count, or None when the frame has none or every one is 1 (the unweighted path)."""
+    if "adjusted_count" not in frame.columns:
+        return None
+    w = frame.get_column("adjusted_count").fill_null(1.0).to_numpy().astype(np.float64)
+    return None if bool(np.all(w == 1.0)) else w
+
+
+def _sorted_values(frame: pl.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """The non-null values of `col`, sorted, with their weights in the same order (None when unweighted)."""
+    rows = frame.filter(pl.col(col).is_not_null())
+    raw = rows.get_column(col).to_numpy().astype(np.float64)
+    w = weights_of_rows(rows)
+    if w is None:
+        return np.sort(raw), None
+    order = np.argsort(raw, kind="stable")
+    return raw[order], w[order]
+
+
+def _share(frame: pl.DataFrame, bad: pl.Expr) -> tuple[float, int | float]:
+    """(share of the rows where `bad` holds, their count), each row weighing its adjusted count when sampled."""
+    w = weights_of_rows(frame)
+    if w is None:
+        n_bad = frame.filter(bad).height
+        return n_bad / frame.height, n_bad
+    mask = frame.select(bad.fill_null(False)).to_series().to_numpy()
+    n_bad_w = float(w[mask].sum())
+    return n_bad_w / float(w.sum()), n_bad_w
 
 
 def evaluate_rule(rule: Rule, frame: pl.DataFrame, win_ns: int, window_ns: int, include_failures: bool = True
@@ -533,18 +589,20 @@ def evaluate_rule(rule: Rule, frame: pl.DataFrame, win_ns: int, window_ns: int, 
     win = frame.filter((pl.col("start_ns") >= win_ns) & (pl.col("start_ns") < win_ns + window_ns))
     if rule.kind == "percentile":
         sel = win if include_failures else win.filter(pl.col("status") == "ok")
-        values = np.sort(sel.get_column(f"{rule.metric}_ns").drop_nulls().to_numpy().astype(np.float64))
+        values, ws = _sorted_values(sel, f"{rule.metric}_ns")
         if values.size == 0:
             return None
-        q = quantile_sorted(values, rule.q)
-        return q >= rule.threshold_ns, {"measured_ms": _ms(q), "threshold_ms": _ms(rule.threshold_ns),
-                                        "values": int(values.size),
-                                        "low_sample": bool(values.size * (1 - rule.q) < 5)}
+        q = weighted_quantile_sorted(values, ws, rule.q)
+        n_eff = effective_count(ws, values.size)
+        figures: dict[str, Any] = {"measured_ms": _ms(q), "threshold_ms": _ms(rule.threshold_ns),
+                                   "values": int(values.size), "low_sample": bool(n_eff * (1 - rule.q) < MIN_TAIL)}
+        if ws is not None:
+            figures |= {"values_weighted": round(float(ws.sum()), 3), "values_effective": round(n_eff, 3)}
+        return q >= rule.threshold_ns, figures
     if rule.kind == "error_rate":
         if win.height == 0:
             return None
-        failed = win.filter(pl.col("status") != "ok").height
-        ratio = failed / win.height
+        ratio, failed = _share(win, pl.col("status") != "ok")
         return ratio >= rule.threshold_ratio, {"measured_ratio": round(ratio, 6), "threshold_ratio":
                                                rule.threshold_ratio, "failed": failed}
     # burn
@@ -557,8 +615,8 @@ def evaluate_rule(rule: Rule, frame: pl.DataFrame, win_ns: int, window_ns: int, 
         part = part.filter(pl.col(col).is_not_null() | (pl.col("status") != "ok"))
         if part.height == 0:
             return None
-        bad = part.filter((pl.col("status") != "ok") | (pl.col(col) >= rule.threshold_ns)).height
-        rates.append((bad / part.height) / (1 - rule.objective))
+        share, _ = _share(part, (pl.col("status") != "ok") | (pl.col(col) >= rule.threshold_ns))
+        rates.append(share / (1 - rule.objective))
     return all(r > rule.rate for r in rates), {"burn_fast": round(rates[0], 4), "burn_slow": round(rates[1], 4),
                                                "burn_threshold": rule.rate}
 

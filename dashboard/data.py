@@ -371,13 +371,16 @@ def window_s(_db: Workbench, store: str, version: int, filters: Filters) -> int:
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.DataFrame:
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
-    report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome."""
+    report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome
+    (weighted: the requests the stored ones stand for under sampling)."""
     frames: list[pl.DataFrame] = []
     with _cursor(_db, filters) as cur:
         for m in ("e2e", "ttft", "tpot"):
             df = percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")
-            keep = ["window_start_ns", "requests", "ok", "errors", "timeouts", "cancelled"] if not frames else \
-                ["window_start_ns"]
+            # counts are what the stored requests stand for (equal to the stored counts when unsampled)
+            keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
+                                                  ("requests", "ok", "errors", "timeouts", "cancelled")]
+                                                 if not frames else [])
             frames.append(df.select(keep + [pl.col(f"{q}_ms").alias(f"{m}_{q}_ms") for q in ("p50", "p90", "p99")]))
     out = frames[0]
     for f in frames[1:]:

@@ -16,7 +16,7 @@ of replicas, each with its own resource.)
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from opentelemetry import trace
@@ -45,14 +45,17 @@ _INTERNAL = trace.SpanKind.INTERNAL
 
 
 class _ListExporter(SpanExporter):
-    """Keeps finished spans in a list the emitter drains."""
+    """Keeps finished spans in a list the emitter drains (only those of traces `keep` accepts, when given)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Callable[[int], bool] | None = None) -> None:
         self.spans: list[ReadableSpan] = []
+        self.keep = keep
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append the spans."""
-        self.spans.extend(spans)
+        keep = self.keep
+        self.spans.extend(spans if keep is None else
+                          [sp for sp in spans if sp.context is not None and keep(sp.context.trace_id)])
         return SpanExportResult.SUCCESS
 
 
@@ -98,15 +101,21 @@ def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
     lean.finish(end)
 
 
-def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> list[str]:
-    """The OTLP/JSON lines of `requests`: one provider per replica, batches of SPANS_PER_LINE spans."""
+def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
+               keep: Callable[[int], bool] | None = None) -> list[str]:
+    """The OTLP/JSON lines of `requests`: one provider per replica, batches of SPANS_PER_LINE spans.
+
+    `keep` (a trace id -> whether it is kept) drops the other traces' spans before they are written, as a
+    head sampler in the exporting process would: ids are drawn as without it, so the kept spans are those
+    of the full emission.
+    """
     by_replica: dict[str, list[SimRequest]] = {}
     for req in requests:
         by_replica.setdefault(req.replica, []).append(req)
     zones = {r.name: r.zone for r in cfg.replicas}
     lines: list[str] = []
     for k, replica in enumerate(sorted(by_replica)):
-        exporter = _ListExporter()
+        exporter = _ListExporter(keep)
         resource = Resource.create({
             "service.name": cfg.service,
             "service.instance.id": replica,
@@ -129,9 +138,10 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> l
     return lines
 
 
-def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int) -> Path:
-    """Write gzip OTLP/JSON lines (reproducible: gzip mtime 0) and return the path."""
-    lines = emit_lines(cfg, requests, seed)
+def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
+               keep: Callable[[int], bool] | None = None) -> Path:
+    """Write gzip OTLP/JSON lines (reproducible: gzip mtime 0) and return the path (`keep`: see emit_lines)."""
+    lines = emit_lines(cfg, requests, seed, keep)
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.GzipFile(path, "wb", mtime=0) as fh:
         fh.write(("\n".join(lines) + "\n").encode())

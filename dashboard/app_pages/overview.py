@@ -21,9 +21,9 @@ if not s["requests"]:
 
 spikes = data.spikes(*key, f)
 cols = st.columns(6)
-cols[0].metric("requests", f"{s['requests']:,}")
-cols[1].metric("errors", f"{s['error']:,}")
-cols[2].metric("timeouts", f"{s['timeout']:,}")
+cols[0].metric("requests", f"{s['requests_weighted']:,.0f}")  # what the stored ones stand for when sampled
+cols[1].metric("errors", f"{s['error_weighted']:,.0f}")
+cols[2].metric("timeouts", f"{s['timeout_weighted']:,.0f}")
 cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 cols[5].metric("spikes", len(spikes))

@@ -102,3 +102,60 @@ def test_dimension_values_and_bounds(fleet: Path) -> None:
     empty = duckdb.connect()
     empty.execute("CREATE TABLE requests (start_ns BIGINT)")
     assert B.time_bounds(empty) == (None, None, 0)
+
+
+def _random_requests(con: duckdb.DuckDBPyConnection, seed: int, n: int = 400) -> None:
+    """Tables `w` (random requests, whole adjusted counts 1-4), `x` (each row of `w` repeated adjusted_count
+    times, no weights: the brute-force reference) and `u` (the rows of `w` weighing 1)."""
+    rng = np.random.default_rng(seed)
+    con.execute("""CREATE OR REPLACE TABLE w AS SELECT
+        unnest($e) AS e2e_ns, unnest($t) AS ttft_ns, unnest($p) AS tpot_ns, unnest($s) AS status,
+        unnest($r) AS replica, unnest($te) AS tenant, unnest($i) AS input_tokens, unnest($o) AS output_tokens,
+        unnest($w) AS adjusted_count""", {
+        "e": rng.integers(1, 10**9, n).tolist(),
+        "t": [None if rng.random() < 0.1 else int(x) for x in rng.integers(1, 10**8, n)],
+        "p": rng.integers(1, 10**7, n).tolist(), "s": rng.choice(list(S.OUTCOMES), n).tolist(),
+        "r": rng.choice(["r0", "r1", "r2", "r3"], n).tolist(), "te": rng.choice(["acme", "beta"], n).tolist(),
+        "i": rng.integers(0, 3000, n).tolist(), "o": rng.integers(0, 600, n).tolist(),
+        "w": rng.integers(1, 5, n).astype(float).tolist()})
+    con.execute("CREATE OR REPLACE TABLE x AS SELECT * EXCLUDE (adjusted_count, range) "
+                "FROM w, range(adjusted_count::BIGINT)")
+    con.execute("CREATE OR REPLACE TABLE u AS SELECT * REPLACE (1.0 AS adjusted_count) FROM w")
+    con.execute("CREATE OR REPLACE TABLE v AS SELECT * EXCLUDE (adjusted_count) FROM w")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_weighted_breakdowns_equal_the_expanded_rows(seed: int) -> None:
+    """Whole adjusted counts: every figure equals the unweighted one over the rows repeated that many times."""
+    con = duckdb.connect()
+    _random_requests(con, seed)
+    got, want = B.summary(con, "w", "tenant = ?", ["acme"]), B.summary(con, "x", "tenant = ?", ["acme"])
+    for k in ("requests", *S.OUTCOMES):
+        assert got[f"{k}_weighted"] == want[k]
+    for k, v in want.items():
+        if k.endswith("_ms"):
+            assert got[k] == pytest.approx(v, rel=1e-12), k
+    gr, wr = B.replicas(con, source="w"), B.replicas(con, source="x")
+    assert gr["requests_weighted"].to_list() == wr["requests"].cast(float).to_list()
+    for c in ("p50_ms", "p99_ms"):
+        assert gr[c].to_list() == pytest.approx(wr[c].to_list(), rel=1e-12)
+    gs, ws = B.shape(con, source="w"), B.shape(con, source="x")
+    assert gs["input_tokens_bucket"].to_list() == ws["input_tokens_bucket"].to_list()
+    assert gs["requests_weighted"].to_list() == ws["requests"].cast(float).to_list()
+    for c in ("p50_ms", "p99_ms"):
+        assert gs[c].to_list() == pytest.approx(ws[c].to_list(), rel=1e-12)
+    # the low-sample rule reads Kish's effective count, not the stored rows nor what they stand for
+    eff = con.execute("SELECT sum(adjusted_count) ^ 2 / sum(adjusted_count ^ 2) FROM w WHERE replica = 'r0'"
+                      ).fetchall()[0][0]
+    assert gr.filter(gr["replica"] == "r0")["n_effective"].item() == pytest.approx(eff, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_breakdowns_with_every_weight_one_are_the_unweighted_ones(seed: int) -> None:
+    con = duckdb.connect()
+    _random_requests(con, seed)
+    got, want = B.summary(con, "u"), B.summary(con, "v")
+    assert got == want
+    assert all(got[f"{k}_weighted"] == got[k] for k in ("requests", *S.OUTCOMES))
+    assert B.replicas(con, source="u").equals(B.replicas(con, source="v"))
+    assert B.shape(con, source="u").equals(B.shape(con, source="v"))

@@ -297,3 +297,74 @@ def test_two_requests_of_one_trace_starting_at_the_same_ns_are_charged_apart(tmp
     # an empty range: no requests, no GPU time, no error
     empty = cost_table(con, by="tenant", since=T0 + 100 * S, until=T0 + 200 * S)
     assert empty["rows"] == [] and empty["totals"]["allocated_ns"] == 0
+
+
+def _sampled_pair(rng: random.Random, weighted: Path, expanded: Path) -> tuple[int, int]:
+    """The same random requests twice: once kept with a `SampleRate` of 1-4, once as that many identical copies
+    weighing 1 (the brute-force reference). Times in ms so that whole-ns rounding is small. Returns
+    (copies, distinct boundaries)."""
+    ms = 1_000_000
+    wb, xb = SpanBatch(), SpanBatch()
+    copies, bounds = 0, set()
+    for i in range(rng.randint(2, 8)):
+        start = rng.randint(0, 30)
+        end = start + rng.randint(2, 25)
+        g0 = rng.randint(start, end - 1)
+        g1 = rng.randint(g0 + 1, end)
+        stages: list[tuple[Any, ...]] = [("generation", g0 * ms, g1 * ms)]
+        if rng.random() < 0.3:
+            a = rng.randint(start, end - 1)
+            stages.append(("model_load", a * ms, rng.randint(a + 1, end) * ms))
+        bounds |= {start, end, g0, g1}
+        replica, tenant = rng.choice(["A", "B"]), rng.choice(["x", "y", "z"])
+        w = rng.randint(1, 4)
+        attrs = _tenant(tenant, rng.randint(0, 500))
+        add_request(wb, f"w{i}", start * ms, end * ms, stages, replica=replica, attrs={**attrs, "SampleRate": str(w)})
+        for c in range(w):
+            add_request(xb, f"x{i}-{c}", start * ms, end * ms, stages, replica=replica, attrs=attrs)
+        copies += w
+    write(weighted, wb)
+    write(expanded, xb)
+    return copies, len(bounds)
+
+
+def test_sampled_gpu_time_equals_the_expanded_requests(tmp_path: Path) -> None:
+    """A kept request with adjusted count w costs what its w copies cost: GPU ns, tokens, requests, tail per
+    tenant, against the integer sweep over the copies. Both roundings are under 1 ns per request and segment
+    (the copies' floor division, the weighted total's rounding), hence the bound."""
+    rng = random.Random(18)
+    for case in range(8):
+        wp, xp = tmp_path / f"w{case}", tmp_path / f"x{case}"
+        copies, bounds = _sampled_pair(rng, wp, xp)
+        wcon, xcon = connect(wp), connect(xp)
+        got, want = cost_table(wcon, by="tenant"), cost_table(xcon, by="tenant")
+        assert got["sampled"] and not want["sampled"]
+        tol = 2 * copies * bounds
+        g, x = {r["key"]: r for r in got["rows"]}, {r["key"]: r for r in want["rows"]}
+        assert set(g) == set(x)
+        for k in g:
+            assert abs(g[k]["gpu_ns"] - x[k]["gpu_ns"]) <= tol, (case, k)
+            assert abs(g[k]["tail_gpu_ns"] - x[k]["tail_gpu_ns"]) <= tol, (case, k)
+            assert g[k]["requests_weighted"] == x[k]["requests"]
+            assert (g[k]["output_tokens"], g[k]["input_tokens"]) == (x[k]["output_tokens"], x[k]["input_tokens"])
+        for a, b in zip(got["replicas"], want["replicas"], strict=True):
+            assert (a["replica"], a["observed_ns"]) == (b["replica"], b["observed_ns"])
+            for c in ("allocated_ns", "cold_start_ns", "idle_ns"):
+                assert abs(a[c] - b[c]) <= tol, (case, c)
+        series = cost_series(wcon, by="tenant", bucket_s=1)
+        assert abs(int(series["gpu_ns"].sum()) - got["totals"]["observed_ns"]) <= tol
+        wcon.close()
+        xcon.close()
+
+
+def test_every_weight_one_keeps_the_integer_sweep(tmp_path: Path) -> None:
+    """SampleRate 1 everywhere: not sampled, the integer rule runs and its shares are whole ns, exactly."""
+    batch = SpanBatch()
+    add_request(batch, "r1", 0, 10 * S, [("generation", 0, 10 * S + 1)], replica="A",
+                attrs={**_tenant("x"), "SampleRate": "1"})
+    add_request(batch, "r2", 0, 10 * S, [("generation", 0, 10 * S)], replica="A", attrs=_tenant("y"))
+    write(tmp_path, batch)
+    out = cost_table(connect(tmp_path), by="tenant")
+    assert not out["sampled"]
+    rows = {r["key"]: r["gpu_ns"] for r in out["rows"]}
+    assert rows == {"x": 5 * S + 1, "y": 5 * S}

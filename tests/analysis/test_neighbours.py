@@ -22,7 +22,7 @@ MINUTES = 20
 SLOTS = 4
 
 
-def _fleet(path: Path, burst: bool, outage: bool) -> None:
+def _fleet(path: Path, burst: bool, outage: bool, sample_rate: str | None = None) -> None:
     """Two replicas of SLOTS FIFO slots; tenants a, b, c at 14/s, x at 0.5/s; minutes 10-13 perturbed.
 
     burst: x also fires 16 requests at once every 10 s. outage: replica r1 is slow to take requests and the
@@ -48,7 +48,8 @@ def _fleet(path: Path, burst: bool, outage: bool) -> None:
         service = rng.randint(200, 400) * MS
         heapq.heapreplace(free[rep], begin + service)
         add_request(batch, i, a, begin + service, [("queue_wait", a, begin), ("generation", begin, begin + service)],
-                    replica=rep, attrs={"tailscope.tenant": tenant, "gen_ai.usage.output_tokens": "10"})
+                    replica=rep, attrs={"tailscope.tenant": tenant, "gen_ai.usage.output_tokens": "10",
+                                        **({"SampleRate": sample_rate} if sample_rate else {})})
     write(path, batch)
 
 
@@ -85,6 +86,19 @@ def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path: Path) -> None:
     # the dashboard's report (request facts from a `source` relation) names the same neighbour
     via_source = build_report(connect(tmp_path), window_s="60s", source="requests")
     assert via_source["spikes"][0]["noisy_neighbour"] == found, via_source["spikes"][0]["errors"]
+
+
+def test_equal_adjusted_counts_name_the_same_neighbour(tmp_path: Path) -> None:
+    """Every request weighing 4 (the weighted path: shares of adjusted counts, the bound on the effective count)
+    is the same population in other units: the same tenant, shares, victims and own share."""
+    _fleet(tmp_path / "plain", burst=True, outage=False)
+    _fleet(tmp_path / "weighted", burst=True, outage=False, sample_rate="4")
+    plain, weighted = _spikes(tmp_path / "plain")[0], _spikes(tmp_path / "weighted")[0]
+    assert weighted["requests_weighted"] == 4 * plain["requests"]
+    a, b = plain["noisy_neighbour"], weighted["noisy_neighbour"]
+    assert a is not None and b is not None
+    for k in ("tenant", "replicas", "admitted_share", "victims", "tail_share_own", "sentence"):
+        assert a[k] == b[k], k
 
 
 def test_a_capacity_loss_that_queues_everyone_names_no_tenant(tmp_path: Path) -> None:

@@ -73,9 +73,10 @@ TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_fa
             "baseline_effective", "sampling", "warnings"}
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "stages", "dimensions", "exemplars", "errors", "candidates_tested",
-              "tail_requests", "noisy_neighbour", "requests_weighted", "n_effective"}
+              "tail_requests", "noisy_neighbour", "requests_weighted", "n_effective", "tail_requests_weighted",
+              "tail_effective"}
 DIM_KEYS = {"dimension", "value", "lo", "hi", "score", "p99_without_ms", "explained", "support", "tail_share",
-            "baseline_share", "baseline_p99_without_ms", "p_value", "conditions"}
+            "baseline_share", "baseline_p99_without_ms", "p_value", "conditions", "support_weighted"}
 
 
 def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Path) -> None:
@@ -99,6 +100,9 @@ def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Pat
     assert (top["dimension"], top["value"], top["lo"], top["hi"]) == ("replica", SLOW_REPLICA, None, None)
     assert top["explained"] > 0.9
     assert top["p99_without_ms"] < spike["p99_ms"]
+    # unsampled: every effective count is the count
+    assert spike["tail_requests_weighted"] == spike["tail_effective"] == spike["tail_requests"]
+    assert all(d["support_weighted"] == d["support"] for d in spike["dimensions"])
     # every exemplar is a slow request of replica-03 inside the spike
     slow = {hex_id("trace", w * PER_WINDOW + j, size=32) for w in SPIKE_WINDOWS for j in range(3, PER_WINDOW, 8)}
     assert spike["exemplars"] and set(spike["exemplars"]) <= slow

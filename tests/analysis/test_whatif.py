@@ -64,3 +64,74 @@ def test_whatif_replays_the_store_without_its_queue_wait(tmp_path: Path) -> None
     # by default: the observed peak in service (one at a time here), then more
     assert [r["servers"] for r in whatif(con)] == [1, 2]
     assert whatif(con)[0] == one
+
+
+def test_expand_gives_each_kept_request_its_adjusted_count_in_its_gap() -> None:
+    """Whole weights: exactly w requests per kept one; the kept one where it was, the others inside the gap to
+    the next kept request of its class, with the service of a kept request of that class."""
+    from analysis.whatif import expand
+    rng = np.random.default_rng(4)
+    for trial in range(50):
+        n = int(rng.integers(1, 60))
+        arrivals = np.sort(rng.integers(0, 10**9, n))
+        weights = rng.choice([1.0, 2.0, 5.0], n)
+        classes = rng.integers(0, 3, n)
+        src, at = expand(arrivals, weights, classes, seed=trial)
+        assert at.size == int(weights.sum()) and np.all(np.diff(at) >= 0)
+        assert set(at.tolist()) >= set(arrivals.tolist())  # every kept request is there, at its arrival
+        for c in np.unique(classes):
+            mine = np.flatnonzero(classes == c)
+            got = at[classes[src] == c]  # the requests of class c (each copy takes a service of its class)
+            assert got.size == int(weights[mine].sum()), trial
+            last = arrivals[mine[-1]]
+            gaps = np.diff(arrivals[mine])
+            end = last + (gaps.mean() if gaps.size else 0)
+            assert np.all((got >= arrivals[mine[0]]) & (got <= end)), trial
+
+
+def test_expand_rounds_fractional_counts_without_bias() -> None:
+    from analysis.whatif import expand
+    rng = np.random.default_rng(5)
+    weights = rng.uniform(1.0, 6.0, 20_000)
+    src, _ = expand(np.arange(weights.size, dtype=np.int64) * 1000, weights, seed=3)
+    frac = weights - np.floor(weights)
+    sd = float(np.sqrt((frac * (1 - frac)).sum()))
+    assert abs(src.size - weights.sum()) < 5 * sd  # a sum of independent Bernoulli(frac) on top of the floors
+    per = np.bincount(src, minlength=weights.size)
+    assert per.min() >= 1
+
+
+def test_an_unsampled_store_replays_unexpanded_and_a_sampled_one_expanded(tmp_path: Path) -> None:
+    from analysis.capacity import observed_workload
+    from analysis.whatif import read_observed
+    for name, attrs in (("plain", {}), ("ones", {"SampleRate": "1"}), ("quarter", {"SampleRate": "4"})):
+        batch = SpanBatch()
+        for i in range(40):
+            add_request(batch, i, i * 10 * MS, i * 10 * MS + 25 * MS, [("queue_wait", i * 10 * MS, i * 10 * MS + MS)],
+                        replica=f"r{i % 2}", attrs=attrs)
+        write(tmp_path / name, batch)
+    plain = read_observed(connect(tmp_path / "plain"))
+    ones = read_observed(connect(tmp_path / "ones"))
+    quarter = read_observed(connect(tmp_path / "quarter"))
+    assert not plain.sampled and not ones.sampled and quarter.sampled
+    assert plain.arrivals.tolist() == ones.arrivals.tolist() and plain.services.tolist() == ones.services.tolist()
+    assert quarter.arrivals.size == 160 and quarter.stored == 40
+    assert observed_workload(connect(tmp_path / "plain")).slots == observed_workload(connect(tmp_path / "ones")).slots
+
+
+def test_peak_concurrency_of_arrays_is_the_stores() -> None:
+    """analysis.whatif.peak_concurrency (the expanded workload's) against analysis.breakdowns' SQL on random rows."""
+    import duckdb
+
+    from analysis import breakdowns as B
+    from analysis.whatif import peak_concurrency
+    rng = np.random.default_rng(6)
+    con = duckdb.connect()
+    for _ in range(30):
+        n = int(rng.integers(1, 40))
+        s = rng.integers(0, 50, n)
+        qw = rng.integers(0, 5, n)
+        e = s + qw + rng.integers(0, 20, n)
+        con.execute("CREATE OR REPLACE TABLE r AS SELECT unnest($s) AS start_ns, unnest($q) AS queue_wait_ns, "
+                    "unnest($e) AS end_ns, 'a' AS replica", {"s": s.tolist(), "q": qw.tolist(), "e": e.tolist()})
+        assert max(1, peak_concurrency(s + qw, e)) == B.peak_concurrency(con, "r")

@@ -36,6 +36,12 @@ def randomness(trace_id: str) -> int:
     return int(trace_id[-14:], 16)
 
 
+def keeps(p: float) -> Callable[[int], bool]:
+    """Whether consistent sampling at probability p keeps a trace, from its id as an integer (its last 56 bits)."""
+    t = threshold(p)
+    return lambda trace_id: (trace_id & (TWO56 - 1)) >= t
+
+
 def read_spans(store: Path) -> pa.Table:
     """Every span of a store as one table in SPAN_SCHEMA."""
     tables = [pq.read_table(f) for f in sorted(store.glob(S.SEGMENT_GLOB))]

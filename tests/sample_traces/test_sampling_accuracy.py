@@ -134,9 +134,41 @@ QUARTER_RUN_S = 2500.0
 
 
 #: Known miss: the cold start slows the ~60 requests routed to the new replica in its 90 s (a quarter of them
-#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32; on the quarter copy it
-#: stretches the spike to 14:10-14:25 and ranks an output-token bucket above replica-32 (second).
-QUARTER_MISSES = {"cold_start": "too few of the cold start's requests survive a quarter sampling to pin it down"}
+#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32. On the quarter copy
+#: (300 s windows of ~750 kept requests, so a window's p99 rests on ~8 values) only 14:20 rises clearly (its
+#: p99 24.8 s against 17.4-18.4 s around it, scan p 0.012), but 14:15 (20.8 s) sits high by chance and the
+#: scan's best stretch takes 14:10-14:25. Its excess rows (39, above the baseline p99) are then mostly the
+#: ordinary tail of 10 normal minutes, whose slowest requests are long outputs: the contrast, made against
+#: all baseline requests (0.19 % of which have 1,024-2,047 output tokens) rather than the baseline's own tail,
+#: ranks that bucket (12 of 39) above replica-32 (7 of 39). The stage (model_load) is still right. Fixing it
+#: means contrasting against the baseline's tail, a change of the explanation for every incident that the
+#: full accuracy suite must re-validate (not done here).
+QUARTER_MISSES = {"cold_start": "the quarter copy's spike stretches to 14:10-14:25 and its ordinary tail (long "
+                                "outputs) outranks replica-32 against the all-requests baseline contrast"}
+
+
+def _quarter_copy(scenario: Any, tmp_path: Path) -> Path:
+    """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded. Only the kept traces are
+    written and ingested (C.keeps, applied to the ids the emitter draws as for the whole): the same spans as
+    sampling the ingested whole (`test_sampling_before_writing_equals_sampling_the_ingested_whole`)."""
+    traces = write_otlp(tmp_path / "kept.otlp.jsonl.gz", scenario.config, scenario.requests, generate.SEED,
+                        keep=C.keeps(0.25))
+    ingest_files([traces], tmp_path / "kept")
+    return C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(tmp_path / "kept"), lambda r: 0.25))
+
+
+def test_sampling_before_writing_equals_sampling_the_ingested_whole(tmp_path: Path) -> None:
+    scenario = run("slow_replica", generate.SEED, 150.0, generate.RATE)
+    traces = write_otlp(tmp_path / "whole.otlp.jsonl.gz", scenario.config, scenario.requests, generate.SEED)
+    ingest_files([traces], tmp_path / "whole")
+    by_store = C.write_store(tmp_path / "by_store", C.consistent_sample(C.read_spans(tmp_path / "whole"),
+                                                                        lambda r: 0.25))
+    early = _quarter_copy(scenario, tmp_path)
+    a, b = connect(by_store), connect(early)
+    want = a.execute("SELECT * FROM spans ORDER BY TraceId, SpanId").fetchall()
+    assert want and b.execute("SELECT * FROM spans ORDER BY TraceId, SpanId").fetchall() == want
+    assert b.execute("SELECT * FROM requests ORDER BY ALL").fetchall() == \
+        a.execute("SELECT * FROM requests ORDER BY ALL").fetchall()
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=QUARTER_MISSES[n]))
@@ -144,9 +176,7 @@ QUARTER_MISSES = {"cold_start": "too few of the cold start's requests survive a 
 def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
     scenario = run(name, generate.SEED, QUARTER_RUN_S, generate.RATE)
     t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
-    traces = write_otlp(tmp_path / "traces.otlp.jsonl.gz", scenario.config, scenario.requests, generate.SEED)
-    ingest_files([traces], tmp_path / "whole")
-    copy = C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(tmp_path / "whole"), lambda r: 0.25))
+    copy = _quarter_copy(scenario, tmp_path)
     con = connect(copy)
     report = build_report(con)
     con.close()
@@ -156,6 +186,10 @@ def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -
     assert _overlaps(spike, t["window"]) and _bounds_hold(spike, t["window"], report["window_s"]), \
         f"{name}: {_summary(report)}; truth {t['window']}"
     assert spike["stages"][0]["stage"] == t["stage"], f"{name}: {_summary(report)}"
+    # beside every kept count, what it stands for (a quarter: about 4 times as many) and its effective count
+    assert spike["tail_effective"] <= spike["tail_requests"] < spike["tail_requests_weighted"]
+    assert all(d["support"] < d["support_weighted"] <= spike["tail_requests_weighted"] + 1e-6
+               for d in spike["dimensions"])
     assert spike["dimensions"] and _accepted(spike["dimensions"][0], t["accept"]), \
         f"{name}: {_summary(report)}; truth accepts {t['accept']}"
 
@@ -223,3 +257,57 @@ def test_a_tail_sampled_copy_with_nothing_recorded_needs_the_declared_policy(who
     report = build_report(con, sampling_policy="tail")
     con.close()
     assert report["sampling"]["tail_based"] and "unknown" in report["warnings"][0], report["warnings"]
+
+
+#: Samples of the whole drawn to know the design distribution of the what-if answers.
+WHATIF_DRAWS = 100
+#: Server counts replayed, as shares of the fewest with which no request of the whole waits: from a deep
+#: backlog to none (the answer's sensitivity to the sample differs most across that range).
+WHATIF_SHARES = (0.25, 0.4, 0.55, 0.7, 1.0)
+
+
+def test_whatif_and_capacity_of_a_quarter_copy_lie_in_the_designs_interval(whole: tuple[Path, pa.Table],
+                                                                           tmp_path: Path) -> None:
+    """The replay of a 25 % copy (analysis.whatif.expand: each kept request stands for its adjusted count of
+    requests) against the replay of the whole: p99 per server count and the slots (the most one replica served
+    at once). The test knows the whole, so it knows the design: WHATIF_DRAWS independent 25 % samples of the
+    whole's requests, each expanded and replayed like the copy, give the law of the answer under this sampling.
+    The whole's answer must lie in its central 99 % (a biased estimator would sit off it) and so must the
+    copy's, which goes through the store, `ot=th` and the reader. Misses as in `_checks` (MAX_MISS_SHARE)."""
+    from analysis.capacity import observed_workload, replay, zero_wait_servers
+    from analysis.whatif import classes_of, expand, peak_concurrency, read_observed
+    store, spans = whole
+    copy = C.write_store(tmp_path / "copy", C.consistent_sample(spans, lambda r: 0.25))
+    con_t, con_c = connect(store), connect(copy)
+    truth = read_observed(con_t)
+    assert not truth.sampled
+    servers = sorted({max(1, round(s * zero_wait_servers(truth.arrivals, truth.services))) for s in WHATIF_SHARES})
+    want = [*(np.quantile(replay(truth.arrivals, truth.services, k), 0.99) for k in servers),
+            observed_workload(con_t).slots]
+    got = read_observed(con_c)
+    own = [*(np.quantile(replay(got.arrivals, got.services, k), 0.99) for k in servers), observed_workload(con_c).slots]
+    assert got.sampled and got.stored < truth.arrivals.size / 2
+    rows = con_t.execute("SELECT start_ns, greatest(e2e_ns - coalesce(queue_wait_ns, 0), 0), "
+                         "start_ns + coalesce(queue_wait_ns, 0), start_ns + e2e_ns, coalesce(replica, '') "
+                         "FROM requests ORDER BY start_ns").fetchall()
+    con_t.close()
+    con_c.close()
+    a, s, busy, end = (np.array([r[i] for r in rows]) for i in range(4))
+    rep = np.unique(np.array([r[4] for r in rows]), return_inverse=True)[1]
+    rng = np.random.default_rng(18)
+    draws = []
+    for i in range(WHATIF_DRAWS):
+        kept = np.flatnonzero(rng.random(a.size) < 0.25)
+        w = np.full(kept.size, 4.0)
+        src, at = expand(a[kept], w, classes_of(rep[kept], w), seed=i)
+        src = kept[src]
+        shift = at - a[src]
+        b, e, r = busy[src] + shift, end[src] + shift, rep[src]
+        slots = max(peak_concurrency(b[r == x], e[r == x]) for x in np.unique(r))
+        draws.append([*(np.quantile(replay(at, s[src], k), 0.99) for k in servers), slots])
+    lo, hi = np.quantile(np.array(draws, dtype=np.float64), [0.005, 0.995], axis=0)
+    names = [*(f"p99 at {k} servers" for k in servers), "slots"]
+    misses = [f"{who} {name}: {x:.0f} outside [{lo[j]:.0f}, {hi[j]:.0f}]"
+              for who, xs in (("whole", want), ("copy", own))
+              for j, (name, x) in enumerate(zip(names, xs, strict=True)) if not lo[j] <= x <= hi[j]]
+    assert len(misses) <= MAX_MISS_SHARE * 2 * len(names), misses
