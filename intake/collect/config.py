@@ -64,9 +64,11 @@ class CollectSettings(SettingsTable):
     durable: Setting[bool] = Setting(
         bool, True, "fsync each segment and its directory before answering (off only for benchmarks and tests).")
     grpc_workers: Setting[int] = Setting(
-        int, 8, "Threads serving gRPC calls: at most this many authenticated messages are read at once "
-        "(grpcio reads a message whole before its handler runs), and 4 calls per thread are admitted at once "
-        "(more get RESOURCE_EXHAUSTED before anything is read).")
+        int, 8, "Threads serving authenticated gRPC calls: at most this many messages are read at once "
+        "(grpcio reads a message whole before its handler runs; fewer when that many messages of "
+        "--max-body-mib would overflow --max-inflight-mib), and 4 calls per thread are admitted at once "
+        "(more get UNAVAILABLE before anything is read). Unauthenticated calls are refused on a thread "
+        "of their own and take none of these.")
     max_connections: Setting[int] = Setting(
         int, 1024, "Open HTTP connections at once; one more is answered 503 and closed.", option="--max-connections")
     max_header_bytes: Setting[int] = Setting(
