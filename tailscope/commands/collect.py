@@ -65,6 +65,12 @@ def collect(
     Prints 'listening http=HOST:PORT grpc=HOST:PORT' once ready, then a progress line
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
     SIGTERM or Ctrl-C stops cleanly: in-flight requests are answered and the queue is written.
+
+    Limits besides the options below (docs/collect.md, "Limits and errors"): OTLP/JSON nested
+    deeper than 64 levels gets 400; a request refused before its body is read is answered, then
+    its connection is drained for at most 2 s and closed; gRPC calls without the token are
+    refused on one thread of their own, at most 64 waiting at once (more are answered
+    UNIMPLEMENTED by grpcio without a thread), and never take an authenticated call's slot.
     """
     from intake.collect.receiver import Receiver
 
