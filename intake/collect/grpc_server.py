@@ -158,8 +158,9 @@ def server_options(config: CollectConfig) -> list[tuple[str, int]]:
     ]
 
 
-def make_server(intake: Intake, host: str, port: int) -> tuple[grpc.Server, int]:
-    """A started-able grpc.Server serving TraceService/Export, and its bound port."""
+def make_server(intake: Intake, host: str, port: int) -> tuple[grpc.Server, int, Callable[[], None]]:
+    """A started-able grpc.Server serving TraceService/Export, its bound port, and a function that
+    lets the handlers' worker threads go once the server has stopped."""
     config = intake.config
 
     def export(request: bytes, context: Any) -> bytes:
@@ -214,4 +215,9 @@ def make_server(intake: Intake, host: str, port: int) -> tuple[grpc.Server, int]
     bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")
-    return server, bound
+
+    def release_threads() -> None:
+        for pool in (export.experimental_thread_pool, refusal_pool):  # type: ignore[attr-defined]
+            pool.shutdown(wait=False)
+
+    return server, bound, release_threads
