@@ -3,6 +3,9 @@
     .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix phoenix-venv/bin/phoenix]
     .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
     .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
+    .venv/bin/python -m benchmarks.bench_collect --stages [1 3 8 32]         # CPU of each group-commit step
+    .venv/bin/python -m benchmarks.bench_collect --compare CHECKOUT... [--spans 200000] [--connections 8]
+                                               # one row against several checkouts' receivers, alternating
 
 Runs the receiver as a child process (`tailscope collect`), then:
 1. throughput from pre-encoded OTLP/HTTP protobuf bodies posted by an asyncio client over
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import re
@@ -32,6 +36,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -113,12 +118,15 @@ def pb_bodies(total_spans: int, spans_per_body: int, seed: int = 2) -> list[byte
 class Collector:
     """`tailscope collect` in a child process on free loopback ports."""
 
-    def __init__(self, store: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(self, store: Path, extra: Sequence[str] = (), root: Path = ROOT) -> None:
         self.store = store
         self.log = store.parent / f"{store.name}.log"
+        # `root`: the checkout whose receiver runs (the CLI moved from analysis/ to tailscope/ on 2026-12-01)
+        cli = "tailscope.cli" if (root / "tailscope" / "cli.py").exists() else "analysis.cli"
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "tailscope.cli", "collect", "--store", str(store), "--http-port", "0",
-             "--grpc-port", "0", *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+            [PYTHON, "-m", cli, "collect", "--store", str(store), "--http-port", "0",
+             "--grpc-port", "0", *extra], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             text = self.log.read_text()
@@ -230,13 +238,13 @@ def q(values: Sequence[float], p: float) -> float:
 
 
 def run_throughput(work: Path, total: int, per_body: int, connections: int,
-                   extra: Sequence[str] = (), tag: str = "") -> dict[str, float]:
+                   extra: Sequence[str] = (), tag: str = "", root: Path = ROOT) -> dict[str, float]:
     """Pre-encoded bodies into a fresh collector; spans/s until every 200 (= fsynced) is back."""
-    bodies = pb_bodies(total, per_body)
+    bodies = _bodies(total, per_body)
     # a fresh store per run: the bodies of a shape are the same bytes every time (fixed seed), so a
     # second run into the same store would only drop duplicates (no segment written: a third of the CPU)
     store = Path(tempfile.mkdtemp(prefix=f"tp-{total}-{per_body}-{connections}{tag}-", dir=work))
-    collector = Collector(store, extra)
+    collector = Collector(store, extra, root)
     cpu0 = collector.cpu_seconds()
     try:
         elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
@@ -260,6 +268,74 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
             # CPU per span falls with the group size (a group commit has a fixed cost): see docs/collect.md
             "spans_per_group": total / max(1, segments),
             "load": os.getloadavg()[0]}
+
+
+@functools.lru_cache(maxsize=1)
+def _bodies(total: int, per_body: int) -> list[bytes]:
+    return pb_bodies(total, per_body)
+
+
+def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body: int, connections: int) -> None:
+    """The same row against the receivers of several checkouts, in alternating order each round: on
+    a shared machine the receiver's CPU per span of neighbouring runs is what can be compared."""
+    print(f"compare: {total:,} spans in {per_body}-span bodies over {connections} connections, {rounds} rounds")
+    print(f"{'round':>5} {'checkout':<40} {'spans/s':>9} {'us CPU/span':>11} {'spans/group':>11} "
+          f"{'client p50':>10} {'load':>5}")
+    cpu: dict[Path, list[float]] = {root: [] for root in roots}
+    for k in range(rounds):
+        for i, root in enumerate(roots if k % 2 == 0 else roots[::-1]):
+            r = run_throughput(work, total, per_body, connections, tag=f"-{k}-{i}", root=root)
+            cpu[root].append(r["cpu_us_per_span"])
+            print(f"{k:>5} {str(root)[-40:]:<40} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} "
+                  f"{r['spans_per_group']:>11,.0f} {r['client_p50_ms']:>8.1f}ms {r['load']:>5.1f}")
+    for root, values in cpu.items():
+        print(f"median CPU/span {statistics.median(values):.2f} us "
+              f"(spread {min(values):.2f}-{max(values):.2f}): {root}")
+
+
+def commit_stages(bodies_per_group: int, total: int = 200_000) -> None:
+    """Thread CPU of each step of a group commit, run in this process on groups of
+    `bodies_per_group` 512-span bodies (C extraction, assembly, promotion, engines, recognition,
+    dedupe, Parquet write + fsync), per group and per span."""
+    from intake.collect.commit import RecentKeys
+    from intake.engines import normalize
+    from intake.otlp import base_from_columns, new_builder, promote
+    from intake.recognition import recognise
+    from tracing.store import SegmentWriter, init_store
+
+    builder = new_builder()
+    if builder is None:
+        raise SystemExit("the C decoder intake._otlpx is not built (python setup.py build_ext --inplace)")
+    bodies = _bodies(total, 512)
+    with tempfile.TemporaryDirectory(prefix="bench-stages-") as tmp:
+        writer = SegmentWriter(init_store(Path(tmp)), kind="collect", durable=True)
+        keys = RecentKeys(1_000_000)
+        spent: dict[str, float] = {}
+
+        def timed(name: str, fn: Any, *args: Any) -> Any:
+            t0 = time.thread_time()
+            out = fn(*args)
+            spent[name] = spent.get(name, 0.0) + time.thread_time() - t0
+            return out
+
+        groups = spans = 0
+        for i in range(0, len(bodies), bodies_per_group):
+            for body in bodies[i:i + bodies_per_group]:
+                timed("C extraction", builder.add, body, -1, "127.0.0.1")
+            table = timed("assembly", base_from_columns, timed("assembly", builder.take))
+            table = timed("promotion", promote, table)
+            table = timed("engines", normalize, table)
+            timed("recognition", recognise, table)
+            kept, found = timed("dedupe", keys.filter, table)
+            timed("dedupe", keys.add, found)
+            timed("write+fsync", writer.write, kept.combine_chunks())
+            groups += 1
+            spans += kept.num_rows
+    print(f"group commit steps, {spans // groups:,} spans a group, {groups} groups (thread CPU; load "
+          f"{os.getloadavg()[0]:.1f}): total {sum(spent.values()) / groups * 1e3:.2f} ms a group, "
+          f"{sum(spent.values()) / spans * 1e6:.2f} us a span")
+    for name, seconds in spent.items():
+        print(f"  {name:<13} {seconds / groups * 1e3:6.2f} ms a group {seconds / spans * 1e6:6.2f} us a span")
 
 
 def run_light_latency(work: Path, n: int = 200, per_body: int = 512) -> dict[str, float]:
@@ -454,11 +530,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --peer-cost")
     ap.add_argument("--spans", type=int, default=200_000, help="spans per round of --peer-cost")
     ap.add_argument("--forward-cost", action="store_true", help="only measure the CPU of --forward's encoding")
+    ap.add_argument("--stages", type=int, nargs="*", metavar="BODIES",
+                    help="only time each step of a group commit in this process, groups of BODIES 512-span bodies")
+    ap.add_argument("--compare", type=Path, nargs="+", metavar="CHECKOUT",
+                    help="only run one row (--spans, --per-body, --connections) against the receivers of these "
+                    "checkouts (each with its C decoder built), alternating for --rounds")
+    ap.add_argument("--per-body", type=int, default=512, help="spans per body of --compare")
     args = ap.parse_args(argv)
+    if args.stages is not None:
+        for n in args.stages or [1, 3, 8, 32]:
+            commit_stages(n, args.spans)
+        return
     if args.forward_cost:
         forward_cost(args.spans)
         return
     work = Path(tempfile.mkdtemp(prefix="bench-collect-"))
+    if args.compare:
+        try:
+            run_compare(work, [p.resolve() for p in args.compare], args.rounds, args.spans, args.per_body,
+                        args.connections)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     if args.peer_cost:
         try:
             run_peer_cost(work, args.rounds, args.spans, connections=args.connections)

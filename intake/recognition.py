@@ -74,14 +74,14 @@ def recognise(table: pa.Table) -> Recognition:
     if table.num_rows == 0:
         return Recognition()
     is_req = pc.fill_null(table.column("IsRequest"), False)
-    requests = table.filter(is_req)
+    n_requests = int(pc.sum(is_req).as_py() or 0)
     engines: dict[str, int] = {}
-    if requests.num_rows:
-        values = pc.map_lookup(requests.column("SpanAttributes"), pa.scalar(S.ATTR_ENGINE), "first")
+    if n_requests:  # only the attribute column is filtered: the receiver runs this once per group commit
+        values = pc.map_lookup(table.column("SpanAttributes").filter(is_req), pa.scalar(S.ATTR_ENGINE), "first")
         for item in pc.value_counts(pc.fill_null(values, "")).to_pylist():
             if item["values"]:
                 engines[item["values"]] = int(item["counts"])
-    return Recognition(table.num_rows, requests.num_rows, engines)
+    return Recognition(table.num_rows, n_requests, engines)
 
 
 def gaps(engines: Mapping[str, int]) -> list[str]:

@@ -81,6 +81,33 @@ def require_pyarrow(what: str) -> None:
         raise MissingExtra(what, exc.name or "pyarrow", "store") from None
 
 
+#: columns without min/max statistics in a segment's footer: random ids, free text and nested
+#: attribute maps, whose ranges no query can prune by (the time, stage, replica... columns keep theirs)
+NO_STATISTICS = frozenset({"TraceId", "SpanId", "ParentSpanId", "TraceState", "StatusMessage",
+                           "ResourceAttributes", "SpanAttributes", "Events", "Links"})
+#: columns written without dictionary encoding: almost every value differs within a segment
+NO_DICTIONARY = frozenset({"SpanId", "ParentSpanId", "Timestamp", "TimestampNs", "Duration", "TtftNs"})
+_write_options: dict[str, list[str]] = {}
+
+
+def write_options() -> dict[str, list[str]]:
+    """`pq.write_table` column options for SPAN_SCHEMA segments (Parquet leaf paths, built once):
+    statistics and dictionaries only where they pay. A segment's encoding has a fixed cost per leaf
+    column, which the receiver pays once per group commit (docs/benchmarks.md, issue #13)."""
+    if not _write_options:
+        import io
+
+        import pyarrow.parquet as pq
+
+        buf = io.BytesIO()
+        pq.write_table(S.SPAN_SCHEMA.empty_table(), buf)
+        schema = pq.ParquetFile(buf).schema
+        paths = [schema.column(i).path for i in range(len(schema))]
+        _write_options["write_statistics"] = [p for p in paths if p.split(".")[0] not in NO_STATISTICS]
+        _write_options["use_dictionary"] = [p for p in paths if p not in NO_DICTIONARY]
+    return _write_options
+
+
 class SegmentWriter:
     """Writes span tables into a store as immutable segments, one per (day, hour) partition.
 
@@ -133,7 +160,7 @@ class SegmentWriter:
         tmp = directory / f".{final.name}.{uuid.uuid4().hex[:6]}.tmp"
         try:
             with open(tmp, "wb") as fh:
-                pq.write_table(table, fh, compression=self.compression)
+                pq.write_table(table, fh, compression=self.compression, **write_options())
                 if self.durable:
                     fh.flush()
                     os.fsync(fh.fileno())

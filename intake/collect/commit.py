@@ -195,10 +195,12 @@ class Committer:
         self._last_take = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
-        # two stages: while one group is written and fsynced, the next is built and promoted. A built
-        # group waits for the writer to take it before the next group is taken: taken any earlier, the
-        # next group could not be written sooner, and it would hold fewer requests (with 8 clients in
-        # three stages, about 2.7 requests a group instead of 4: more groups, each with a fixed cost)
+        # two threads, one group at a time: the next group is taken only once the writer has written
+        # and fsynced the previous one, so everything that arrived meanwhile joins it. Overlapping the
+        # two (building a group while the previous one is written) made more, smaller groups, each
+        # with its fixed cost: with 8 clients of 512-span bodies ~1,600 spans a group against ~2,200,
+        # and 25 % more receiver CPU per span at no better rate on 2 shared cores (docs/benchmarks.md,
+        # issue #13). The writer stays a thread of its own so a failed write is handled in one place.
         self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
         self._taken = threading.Event()
         self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
@@ -303,7 +305,7 @@ class Committer:
                 prepared = self._prepare_group(*taken)
                 if prepared is not None:
                     self._handoff.put(prepared)
-                    self._taken.wait()  # until the writer has it (see __init__)
+                    self._taken.wait()  # until the writer has written it (see __init__)
                     self._taken.clear()
         finally:
             self._handoff.put(None)
@@ -336,10 +338,13 @@ class Committer:
         """Stage 2: write and fsync each prepared group, then answer its requests."""
         while True:
             prepared = self._handoff.get()
-            self._taken.set()
             if prepared is None:
+                self._taken.set()
                 return
-            self._write(prepared)
+            try:
+                self._write(prepared)
+            finally:
+                self._taken.set()  # the next group is taken now (see __init__)
 
     def _write(self, p: _Prepared) -> None:
         try:

@@ -43,13 +43,16 @@ class CollectSettings(SettingsTable):
         option="--grpc-port")
     max_body_bytes: Setting[int] = Setting(
         int, 64 * MIB, "Largest request body after gzip decompression (the OTLP recommendation); larger ones "
-        "get 413 and a gzip bomb is cut off there.", option="--max-body-mib", option_scale=MIB, option_unit="MiB")
+        "get 413 and a gzip bomb is cut off there. Also the largest gRPC message (RESOURCE_EXHAUSTED).",
+        option="--max-body-mib", option_scale=MIB, option_unit="MiB")
     max_queue_spans: Setting[int] = Setting(
         int, 1_000_000, "Spans accepted but not yet on disk; beyond this requests get 503 with Retry-After "
         "instead of growing memory.", option="--max-queue-spans")
     max_inflight_bytes: Setting[int] = Setting(
         int, 512 * MIB, "Request bytes being read, inflated or decoded at once, over all connections; a body is "
-        "claimed from its Content-Length before it is read, and one that does not fit gets 503 with Retry-After.",
+        "claimed from its Content-Length before it is read, and one that does not fit gets 503 with Retry-After. "
+        "A gRPC message is claimed once read, before it is decoded (UNAVAILABLE when it does not fit), and no "
+        "more gRPC messages are read at once than this budget holds of --max-body-mib.",
         option="--max-inflight-mib", option_scale=MIB, option_unit="MiB")
     dedupe_window: Setting[int] = Setting(
         int, 1_000_000, "Keys (TraceId, SpanId) of the most recently stored spans kept to drop re-sent spans; "
@@ -64,25 +67,32 @@ class CollectSettings(SettingsTable):
     durable: Setting[bool] = Setting(
         bool, True, "fsync each segment and its directory before answering (off only for benchmarks and tests).")
     grpc_workers: Setting[int] = Setting(
-        int, 8, "Threads serving gRPC calls: at most this many authenticated messages are read at once "
-        "(grpcio reads a message whole before its handler runs), and 4 calls per thread are admitted at once "
-        "(more get RESOURCE_EXHAUSTED before anything is read).")
+        int, 8, "Threads serving authenticated gRPC calls: at most this many messages are read at once "
+        "(grpcio reads a message whole before its handler runs; fewer when that many messages of "
+        "--max-body-mib would overflow --max-inflight-mib), and 4 calls per thread are admitted at once "
+        "(more get UNAVAILABLE before anything is read). Unauthenticated calls are refused on a thread "
+        "of their own and take none of these.", option="--grpc-workers")
     max_connections: Setting[int] = Setting(
-        int, 1024, "Open HTTP connections at once; one more is answered 503 and closed.", option="--max-connections")
+        int, 1024, "Open HTTP connections at once, one more is answered 503 and closed; as many gRPC connections "
+        "(one more is refused at connect).", option="--max-connections")
     max_header_bytes: Setting[int] = Setting(
-        int, 64 * 1024, "Largest HTTP request line plus headers; larger ones get 431.",
+        int, 64 * 1024, "Largest HTTP request line plus headers, larger ones get 431; and largest gRPC metadata.",
         option="--max-header-kib", option_scale=1024, option_unit="KiB")
     idle_timeout_s: Setting[float] = Setting(
-        float, 120.0, "Seconds a keep-alive HTTP connection may sit idle between requests before it is closed.",
+        float, 120.0, "Seconds a keep-alive HTTP connection may sit idle between requests before it is closed; "
+        "a gRPC connection with no call this long is closed too.",
         option="--idle-timeout-s")
     header_timeout_s: Setting[float] = Setting(
         float, 10.0, "Seconds from a request's first byte to the end of its headers; a slower sender gets 408 "
-        "and is closed.", option="--header-timeout-s")
+        "and is closed. Also the time a gRPC connection has to finish its HTTP/2 handshake.",
+        option="--header-timeout-s")
     read_timeout_s: Setting[float] = Setting(
         float, 15.0, "Seconds a request body may go without a new byte (408), and a slow reader may take to "
         "accept an answer.", option="--read-timeout-s")
     body_timeout_s: Setting[float] = Setting(
-        float, 60.0, "Seconds for a whole request body to arrive (408); a 64 MiB body needs about 1.1 MB/s.",
+        float, 60.0, "Seconds for a whole request body to arrive (408); a 64 MiB body needs about 1.1 MB/s. "
+        "gRPC connections are recycled (GOAWAY) after this long and their calls get as long again to end, so a "
+        "gRPC message that never arrives holds a worker at most twice this.",
         option="--body-timeout-s")
     gather_spans: Setting[int] = Setting(
         int, 4096, "While several HTTP clients send, a group commit is taken at most once per --gather-ms "
@@ -149,7 +159,8 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_connections",
-                     "max_header_bytes", "idle_timeout_s", "header_timeout_s", "read_timeout_s", "body_timeout_s"):
+                     "max_header_bytes", "idle_timeout_s", "header_timeout_s", "read_timeout_s", "body_timeout_s",
+                     "grpc_workers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gather_spans < 0 or self.gather_ms < 0:

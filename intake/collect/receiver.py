@@ -86,6 +86,7 @@ class Receiver:
         self._loop_thread: threading.Thread | None = None
         self._http: HttpServer | None = None
         self._grpc: grpc.Server | None = None
+        self._grpc_threads: Callable[[], None] | None = None  # lets the gRPC handlers' pools go after stop
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._started_at = time.monotonic()
@@ -106,7 +107,8 @@ class Receiver:
             self.forwarder.start()
         self.committer.start()
         if self.config.grpc_port is not None:
-            self._grpc, self.grpc_port = make_server(self.intake, self.config.host, self.config.grpc_port)
+            self._grpc, self.grpc_port, self._grpc_threads = make_server(self.intake, self.config.host,
+                                                                         self.config.grpc_port)
             self._grpc.start()
         if self.config.http_port is not None:
             ready = threading.Event()
@@ -148,6 +150,8 @@ class Receiver:
                     done.result(timeout + 10)
             if grpc_done is not None:
                 grpc_done.wait(timeout + 5)
+            if self._grpc_threads is not None:
+                self._grpc_threads()
             self.committer.close()
             if self.forwarder is not None:  # what is stored is sent on for a while, then counted as dropped
                 self.forwarder.close(timeout)

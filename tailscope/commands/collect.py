@@ -65,6 +65,12 @@ def collect(
     Prints 'listening http=HOST:PORT grpc=HOST:PORT' once ready, then a progress line
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
     SIGTERM or Ctrl-C stops cleanly: in-flight requests are answered and the queue is written.
+
+    Limits besides the options below (docs/collect.md, "Limits and errors"): OTLP/JSON nested
+    deeper than 64 levels gets 400; a request refused before its body is read is answered, then
+    its connection is drained for at most 2 s and closed; gRPC calls without the token are
+    refused on one thread of their own, at most 64 waiting at once (more are answered
+    UNIMPLEMENTED by grpcio without a thread), and never take an authenticated call's slot.
     """
     from intake.collect.receiver import Receiver
 
@@ -131,10 +137,13 @@ def _materialize_settled(store: Path, stop: threading.Event) -> None:
 
     Runs beside the receiver, never in its way: one DuckDB thread, and a failure is one line
     on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
+    analysis.materialize (polars, DuckDB, the request model) is imported at the first look, not
+    at startup: the import costs about half a CPU second, which used to land on the receiver's
+    first seconds and showed in bench_collect's short rows (docs/benchmarks.md, issue #13).
     """
-    from analysis.materialize import SETTLE_NS, materialize
-
     while not stop.wait(MATERIALIZE_EVERY_S):
+        from analysis.materialize import SETTLE_NS, materialize
+
         try:
             materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")
         except Exception as exc:  # telemetry intake must not die of a derived file

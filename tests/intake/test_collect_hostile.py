@@ -449,3 +449,72 @@ def test_a_directory_ingest_that_stops_names_the_files_already_stored(tmp_path: 
         f"storing 2 earlier file(s) ({src / 'a.jsonl'}, {src / 'b.jsonl'}); fix or move this file and run "
         "again (spans already stored are skipped)")
     assert stored(tmp_path / "store") == 2
+
+
+def _grpc_gate_once(request: pytest.FixtureRequest) -> None:
+    """The gRPC gate and timeouts do not depend on the decoder: run once, with the C one (CI time)."""
+    if request.node.callspec.params.get("child") == "python":
+        pytest.skip("the gRPC gate does not depend on the decoder; run with the C decoder")
+
+
+def test_an_unauthenticated_grpc_flood_does_not_starve_good_calls(child: Child, request: pytest.FixtureRequest) -> None:
+    """Rounds of 120 unauthenticated calls launched at once (64 KiB messages: more than grpcio's
+    32-call limit and the refusal queue) with 4 good calls launched among them: every good call is
+    OK and stored; every flood call is refused (UNAUTHENTICATED, or UNIMPLEMENTED from grpcio
+    itself when the refusal queue is full) and none reaches the store. Refused calls used to count
+    toward grpcio's concurrent-call limit and wait in the workers' queue, so calls, good ones
+    included, were refused RESOURCE_EXHAUSTED while a flood was being answered."""
+    _grpc_gate_once(request)
+    before = stored(child.store)
+    flood = b"\x0a" * (64 << 10)
+    refused: dict[grpc.StatusCode, int] = {}
+    good_codes: dict[grpc.StatusCode, int] = {}
+
+    def code_of(call: Any) -> grpc.StatusCode:
+        exc = call.exception(timeout=60)
+        return grpc.StatusCode.OK if exc is None else exc.code()
+
+    with grpc.insecure_channel(f"127.0.0.1:{child.grpc_port}") as bad_channel, \
+            grpc.insecure_channel(f"127.0.0.1:{child.grpc_port}") as good_channel:
+        bad, good = bad_channel.unary_unary(EXPORT), good_channel.unary_unary(EXPORT)
+        for _round in range(3):
+            bad_calls, good_calls = [], []
+            for i in range(120):
+                bad_calls.append(bad.future(flood, timeout=60, metadata=[("authorization", "Bearer not-the-token")]))
+                if i % 30 == 29:
+                    body, _ = pb_body(5, random.Random(next(_SEEDS)))
+                    good_calls.append(good.future(body, timeout=60, metadata=[("authorization", f"Bearer {TOKEN}")]))
+            for call in good_calls:
+                good_codes[code_of(call)] = good_codes.get(code_of(call), 0) + 1
+            for call in bad_calls:
+                refused[code_of(call)] = refused.get(code_of(call), 0) + 1
+    assert good_codes == {grpc.StatusCode.OK: 12}, good_codes
+    assert set(refused) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNIMPLEMENTED}, refused
+    assert sum(refused.values()) == 360 and refused.get(grpc.StatusCode.UNAUTHENTICATED, 0) > 0, refused
+    assert stored(child.store) == before + 12 * 5
+    good_request_is_stored(child, 14)
+
+
+def test_a_grpc_message_that_never_arrives_is_cut(child: Child, request: pytest.FixtureRequest) -> None:
+    """An authenticated call that sends its headers and never its message holds a worker only until
+    its connection is recycled (--body-timeout-s, then as long again for its calls): the call ends
+    with an error while the client is still holding its message back, and good calls go on."""
+    _grpc_gate_once(request)
+    release = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        release.wait(120)  # bound: the server should end the call long before this
+        yield b""
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{child.grpc_port}") as channel:
+            stalled = channel.stream_unary(EXPORT).future(never(), timeout=150,
+                                                           metadata=[("authorization", f"Bearer {TOKEN}")])
+            good_request_is_stored(child, 15)  # HTTP meanwhile
+            assert ExportTraceServiceResponse.FromString(grpc_export(child, pb_body(2, random.Random(next(_SEEDS)))[0]))
+            error = stalled.exception(timeout=150)
+            assert not release.is_set()  # ended by the server, not by the client
+            assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE, error
+    finally:
+        release.set()
+    good_request_is_stored(child, 16)
