@@ -451,15 +451,17 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     return name
 
 
-def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Table:
+def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, computed: bool = False,
+                limits: dict[str, Any] | None = None) -> pa.Table:
     """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.
 
     `requests` / `stages` (when the query names them) are computed first into session
-    temporary tables; `spans` is a CTE in front of the query. The query itself runs with
-    `readonly = 1`: the server refuses any write, DDL or setting change in it.
+    temporary tables (`computed`: `requests` is there already); `spans` is a CTE in front of
+    the query. The query itself runs with `readonly = 1` (and `limits`, e.g. max_execution_time):
+    the server refuses any write, DDL or setting change in it.
     """
     words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
-    if words & {"requests", "stages"}:
+    if words & {"requests", "stages"} and not computed:
         materialize_requests(client, table)
     if "stages" in words:
         _temp(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
@@ -467,7 +469,7 @@ def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Tabl
     spans = f"spans AS {source_sql(table)}"
     m = re.match(r"(?is)^with\s", body)
     full = f"WITH {spans},\n{body[m.end():]}" if m else f"WITH {spans}\n{body}"
-    return client.query(full, {**M.CLICKHOUSE_SETTINGS, "readonly": 1})
+    return client.query(full, {**M.CLICKHOUSE_SETTINGS, **(limits or {}), "readonly": 1})
 
 
 def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,

@@ -63,19 +63,21 @@ def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> st
     return " AND ".join(parts)
 
 
-def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
-                 window_s: float | str | None = None, since: str | int | datetime | None = None,
-                 until: str | int | datetime | None = None, include_failures: bool = True,
-                 sampling_policy: str = "auto") -> dict[str, Any]:
-    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above."""
-    lo, hi = parse_time(since), parse_time(until)
-    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | None, facts: str | None) -> str:
+    """`facts` when given, else the request facts of [lo, hi) computed into FACTS_TEMP (no stage columns)."""
+    if facts is not None:
+        return facts
     cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
-    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
-    # phase 1: (start_ns, e2e_ns, status, value) of every request in range; the other fact columns stay there
+    return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+
+
+def _phase1(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
+            lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str
+            ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None]:
+    """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`)."""
     narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
-                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count FROM {FACTS_TEMP} "
-                          f"WHERE {_in_range(lo, hi)}")
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count FROM {facts_table} "
+                          f"WHERE {cond}")
     local = duckdb.connect(":memory:")
     local.register("_narrow", narrow)
     dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
@@ -86,32 +88,56 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     local.unregister("_narrow")
     report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
                                      sampling_policy, judge_sampling=False)
-    if det is None or not det.spikes:
-        return report
-    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
+    return local, report, det
+
+
+def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
+            det: Detection, ranges: list[tuple[int, int]]) -> _Fetcher:
+    """The fact rows of the baseline windows and of the windows over `ranges` into the local `_phase2`; the
+    fetcher of the spans their explanation reads."""
     w = det.window_ns
     wins = det.window_start_ns[det.baseline] // w
-    for s in det.spikes:
-        wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
+    for a, b in ranges:
+        wins = np.concatenate([wins, np.arange(a // w, -(-b // w), dtype=np.int64)])
     wanted = ", ".join(str(int(x)) for x in np.unique(wins))
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
-    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
-                         f"AND intDiv(start_ns, {w}) IN ({wanted})")
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {cond} "
+                         f"AND intDiv(start_ns, {w}) IN ({wanted or 'NULL'})")
     local.register("_facts_arrow", facts)
     local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
         for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
     local.unregister("_facts_arrow")
     e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    fetch = _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
-    where = _in_range(lo, hi)
+    return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
+
+
+def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                 window_s: float | str | None = None, since: str | int | datetime | None = None,
+                 until: str | int | datetime | None = None, include_failures: bool = True,
+                 sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE") -> dict[str, Any]:
+    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
+
+    `facts`: a session table already holding the request facts of `table` (the dashboard's),
+    used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters).
+    """
+    lo, hi = parse_time(since), parse_time(until)
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    facts_table = _facts(client, table, metric, lo, hi, facts)
+    cond = f"{_in_range(lo, hi)} AND ({where})"
+    local, report, det = _phase1(client, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                                 sampling_policy)
+    if det is None or not det.spikes:
+        return report
+    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
+    fetch = _phase2(client, table, local, facts_table, cond, metric, det, [(s.start_ns, s.end_ns) for s in det.spikes])
     keep = "" if include_failures else " AND status = 'ok'"
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
-        f"FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
     report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
@@ -120,20 +146,57 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     return report
 
 
+def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
+                   metric: str = "e2e", window_s: float | str | None = None,
+                   since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+                   include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
+                   where: str = "TRUE") -> dict[str, Any]:
+    """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
+
+    Detection runs on phase 1's narrow rows; the fact rows of the window and of the baseline
+    windows come back (phase 2) and stand in for their narrow rows, so analysis.report runs
+    unchanged on a local table that detects the same and explains with every column it reads.
+    """
+    lo, hi = parse_time(since), parse_time(until)
+    a, b = parse_time(start), parse_time(end)
+    assert a is not None and b is not None
+    facts_table = _facts(client, table, metric, lo, hi, facts)
+    cond = f"{_in_range(lo, hi)} AND ({where})"
+    local, _, det = _phase1(client, facts_table, cond, metric, window_s, lo, hi, include_failures, sampling_policy)
+    source, fetch = "_phase1", None
+    if det is not None:
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
+                        [(a, b), *((s.start_ns, s.end_ns) for s in det.spikes)])
+        w = det.window_ns
+        local.execute(f"CREATE TABLE _explained AS SELECT * FROM (SELECT * FROM _phase2 UNION ALL BY NAME "
+                      f"SELECT * FROM _phase1 WHERE start_ns // {w} NOT IN (SELECT DISTINCT start_ns // {w} "
+                      f"FROM _phase2)) ORDER BY start_ns")
+        source = "_explained"
+    try:
+        return RP.explain_window(local, a, b, metric, window_s, lo, hi, include_failures, source, sampling_policy,
+                                 fetch=fetch, judge_sampling=False)
+    finally:
+        local.close()
+
+
 class _Fetcher:
     """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
 
     Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
     runs only when queue_wait leads the stages, reads every span within reach of the spike and
-    its nearest baseline windows. Only the SPAN_INPUTS columns come back; the rest are null.
+    its nearest baseline windows. Only the `inputs` columns come back (SPAN_INPUTS: what the
+    explanation reads); the rest are null.
     """
 
-    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int) -> None:
+    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int,
+                 inputs: Sequence[str] = SPAN_INPUTS) -> None:
         self.client, self.table, self.local, self.reach = client, table, local, reach_ns
-        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)  # one order everywhere
-        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)
+        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
+        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
+        self.casts = ", ".join(f"{c}::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         local.execute(f"CREATE TABLE _spans_local ({cols})")
-        view = ", ".join(c if c in SPAN_INPUTS else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        view = ", ".join(c if c in inputs else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
 
     def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
@@ -144,7 +207,7 @@ class _Fetcher:
         self.local.register("_pulled", got)
         # a span pulled twice (two spikes' ranges overlap) is kept once
         self.local.execute(f"CREATE OR REPLACE TABLE _spans_local AS SELECT DISTINCT * FROM ("
-                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.cols} FROM _pulled)")
+                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.casts} FROM _pulled)")
         self.local.unregister("_pulled")
 
     def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
@@ -167,14 +230,26 @@ class _Fetcher:
         self._pull(lo, hi)
 
 
+def choose_window_s(client: Client, facts: str, since_ns: int | None = None, until_ns: int | None = None,
+                    where: str = "TRUE") -> int:
+    """analysis.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
+    first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n FROM {facts} "
+                                  f"WHERE {_in_range(since_ns, until_ns)} AND ({where})").to_pylist()[0].values()
+    start = since_ns if since_ns is not None else (first or 0)
+    end = until_ns if until_ns is not None else (last or 0) + 1
+    return P.auto_window_s(int(n), max(end - start, 1) / 1e9)
+
+
 def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
                       window_s: float | str | None = None, by: Sequence[str] = (),
                       since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-                      include_failures: bool = True) -> pl.DataFrame:
+                      include_failures: bool = True, *, facts: str | None = None,
+                      where: str = "TRUE") -> pl.DataFrame:
     """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
     `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
     only one row per window (and group) comes back. Same columns as the DuckDB version.
+    `facts` / `where` as in `build_report` (`facts` must hold the metric's column).
     """
     column = P.metric_column(metric)
     for name in by:
@@ -184,23 +259,17 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
     stages = column in M.STAGE_COLUMNS
     cols = M.REQUEST_COLUMNS if stages else tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in
                                                   ("ttft_ns", "tpot_ns"))
-    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
-    where = _in_range(lo, hi)
-    if window_s is None:
-        first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n "
-                                      f"FROM {FACTS_TEMP} WHERE {where}").to_pylist()[0].values()
-        start = lo if lo is not None else (first or 0)
-        end = hi if hi is not None else (last or 0) + 1
-        win: float = P.auto_window_s(int(n), max(end - start, 1) / 1e9)
-    else:
-        win = P.parse_duration(window_s)
+    if facts is None:
+        facts = materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    where = f"{_in_range(lo, hi)} AND ({where})"
+    win = choose_window_s(client, facts, lo, hi, where) if window_s is None else P.parse_duration(window_s)
     w = round(win * 1e9)
-    sampled = client.query(f"SELECT count() AS n FROM {FACTS_TEMP} WHERE {where} AND adjusted_count != 1"
+    sampled = client.query(f"SELECT count() AS n FROM {facts} WHERE {where} AND adjusted_count != 1"
                            ).to_pylist()[0]["n"]
     if sampled:  # weighted quantiles: the rows come back and analysis.percentiles computes them
         local = duckdb.connect(":memory:")
         rows = client.query(f"SELECT start_ns, status, {column}, adjusted_count{''.join(f', {g}' for g in by)} "
-                            f"FROM {FACTS_TEMP} WHERE {where}")
+                            f"FROM {facts} WHERE {where}")
         local.register("_series_rows", rows)
         try:
             return P.percentile_series(local, metric, win, by, lo, hi, include_failures, source="_series_rows")
@@ -215,7 +284,7 @@ SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
        countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled,
        countIf({column} IS NOT NULL AND {keep}) AS n,
        if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
-FROM {FACTS_TEMP} WHERE {where}
+FROM {facts} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
     assert isinstance(frame, pl.DataFrame)
     return P.series_frame(frame, by)

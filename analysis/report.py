@@ -265,6 +265,8 @@ def explain_window(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    fetch: SpanFetcher | None = None,
+    judge_sampling: bool = True,
 ) -> dict[str, Any]:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -274,12 +276,14 @@ def explain_window(
     report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
     baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
     candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
-    `detected` true when the window is exactly one of the report's spikes.
+    `detected` true when the window is exactly one of the report's spikes. For a remote engine
+    (analysis.clickhouse_report): `fetch` is told which spans each step reads, and
+    `judge_sampling=False` leaves the tail-sampling check out.
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
-                                         sampling_policy)
+                                         sampling_policy, judge_sampling)
     empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
              "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
              "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
@@ -290,7 +294,7 @@ def explain_window(
     values = frame.get_column("value").to_numpy().astype(np.float64)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
@@ -314,7 +318,7 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
     item["detected"] = False
     return item
 

@@ -20,5 +20,11 @@ class DashboardSettings(SettingsTable):
         "then the full analysis", env="TAILSCOPE_DASHBOARD_QUICK_BYTES")
 
 
+#: How `tailscope dashboard --engine clickhouse` tells the app what to read (the DSN may hold a password,
+#: so it never goes on the command line): engine, DSN, spans table.
+ENV_ENGINE: Final = "TAILSCOPE_DASHBOARD_ENGINE"
+ENV_DSN: Final = "TAILSCOPE_DASHBOARD_DSN"
+ENV_TABLE: Final = "TAILSCOPE_DASHBOARD_TABLE"
+
 #: The dashboard's settings table.
 DASHBOARD: Final = DashboardSettings()
