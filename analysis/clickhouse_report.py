@@ -173,7 +173,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       f"FROM _phase2)) ORDER BY start_ns")
         source = "_explained"
     try:
-        return RP.explain_window(local, a, b, metric, window_s, lo, hi, include_failures, source, sampling_policy,
+        return RP.explain_window(local, start, end, metric, window_s, lo, hi, include_failures, source, sampling_policy,
                                  fetch=fetch, judge_sampling=False)
     finally:
         local.close()

@@ -69,8 +69,9 @@ def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
     The report addresses rows by rowid, which only a base table has; the copy also fixes the
     rows for the whole report while the source (a live view) may change.
     """
-    cols = ["trace_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (["ttft_ns", "tpot_ns"] if metric != "e2e"
-                                                                          else [])
+    # span_id: the noisy-neighbour step joins the stage shares to the request span
+    cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
+        ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
     if SM.weight_of(con, source) != "1.0":
         cols.append("adjusted_count")
     con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
