@@ -451,6 +451,17 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     return name
 
 
+def recognition_counts(client: Client, table: str = DEFAULT_TABLE) -> tuple[int, int, dict[str, int]]:
+    """(spans, request spans, request spans by `tailscope.engine`) of `table`, counted on the server: the
+    coverage line of `tailscope report`, as analysis.connect.request_engines counts a store."""
+    src = source_sql(table)
+    row = client.query(f"SELECT count() AS spans, countIf(IsRequest) AS requests FROM {src}").to_pylist()[0]
+    key = M.quote(S.ATTR_ENGINE)
+    engines = client.query(f"SELECT SpanAttributes[{key}] AS engine, count() AS n FROM {src} "
+                           f"WHERE IsRequest AND mapContains(SpanAttributes, {key}) GROUP BY engine").to_pylist()
+    return int(row["spans"]), int(row["requests"]), {str(r["engine"]): int(r["n"]) for r in engines}
+
+
 def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, computed: bool = False,
                 limits: dict[str, Any] | None = None) -> pa.Table:
     """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.

@@ -71,24 +71,51 @@ def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | No
     return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
 
 
-def _phase1(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
+def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str, window_s: float | str | None,
             lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str
             ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None]:
-    """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`)."""
+    """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`).
+
+    When the requests are sampled (or a policy is declared), each also brings back whether its
+    request span records a sampling probability and whether that record is malformed, read on
+    the server, so analysis.report judges tail-based sampling as on the store.
+    """
+    judged = sampling_policy != "auto" or bool(client.query(
+        f"SELECT countIf(adjusted_count != 1) AS n FROM {facts_table} WHERE {cond}").to_pylist()[0]["n"])
+    flags, join = "", ""
+    if judged:
+        rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
+        flags = ", coalesce(s.rec, false) AS recorded, coalesce(s.bad, false) AS malformed"
+        join = (f" AS f LEFT JOIN (SELECT TraceId, TimestampNs, max({rec}) AS rec, max({bad}) AS bad "
+                f"FROM {source_sql(table, _span_where(lo, hi))} WHERE IsRequest GROUP BY TraceId, TimestampNs) AS s "
+                f"ON s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns")
     narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
-                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count FROM {facts_table} "
-                          f"WHERE {cond}")
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count{flags} "
+                          f"FROM {facts_table}{join} WHERE {cond}", M.CLICKHOUSE_SETTINGS)
     local = duckdb.connect(":memory:")
     local.register("_narrow", narrow)
     dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
     local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id, "
                   f"start_ns::BIGINT AS start_ns, e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, "
-                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count "
+                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count"
+                  f"{', recorded::BOOLEAN AS recorded, malformed::BOOLEAN AS malformed' if judged else ''} "
                   "FROM _narrow ORDER BY start_ns")
     local.unregister("_narrow")
     report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
-                                     sampling_policy, judge_sampling=False)
+                                     sampling_policy, judge_sampling=_phase1_flags if judged else False)
     return local, report, det
+
+
+def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """analysis.sampling.recorded_flags from the flags phase 1 brought back: `facts` is the report's copy of
+    `_phase1`, row for row (checked on start_ns)."""
+    rows = con.execute(f"SELECT f.rowid, f.start_ns = p.start_ns, p.recorded, p.malformed FROM {facts} f "
+                       f"POSITIONAL JOIN _phase1 p WHERE list_contains($rids, f.rowid)",
+                       {"rids": rids.tolist()}).fetchall()
+    if not all(r[1] for r in rows):
+        raise QueryError("", "the report's copy of the requests is not in phase 1's order")
+    got = {int(r[0]): (bool(r[2]), bool(r[3])) for r in rows}
+    return (np.array([got[int(r)][0] for r in rids], dtype=bool), np.array([got[int(r)][1] for r in rids], dtype=bool))
 
 
 def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
@@ -127,7 +154,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    local, report, det = _phase1(client, facts_table, cond, metric, window_s, lo, hi, include_failures,
+    local, report, det = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
                                  sampling_policy)
     if det is None or not det.spikes:
         return report
@@ -162,7 +189,8 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    local, _, det = _phase1(client, facts_table, cond, metric, window_s, lo, hi, include_failures, sampling_policy)
+    local, _, det = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                            sampling_policy)
     source, fetch = "_phase1", None
     if det is not None:
         fetch = _phase2(client, table, local, facts_table, cond, metric, det,

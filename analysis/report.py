@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -58,6 +59,10 @@ class SpanFetcher(Protocol):
         """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
         ...
 
+
+#: Reads, per row id of a facts table, whether its request span records a sampling probability and
+#: whether that record is malformed (sampling.recorded_flags's signature).
+FlagsFn = Callable[[duckdb.DuckDBPyConnection, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -135,9 +140,13 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto", judge_sampling: bool = True
+             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True
              ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
-    """The report's header, its value frame, the facts table and the detection (None when it could not run)."""
+    """The report's header, its value frame, the facts table and the detection (None when it could not run).
+
+    `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
+    function reads them its own way (a remote engine's), False cannot read them.
+    """
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
     if sampling_policy not in SM.POLICIES:
@@ -181,12 +190,13 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
         base_rows = np.flatnonzero(np.isin(start // det.window_ns, base_wins))
         report["baseline_effective"] = _effective(weights, base_rows)
-    if (weights is not None or sampling_policy != "auto") and not judge_sampling:
+    flags: FlagsFn | None = SM.recorded_flags if judge_sampling is True else (judge_sampling or None)
+    if (weights is not None or sampling_policy != "auto") and flags is None:
         report["errors"].append("could not judge the sampling because the spans' sampling records are not "
-                                "read on this engine yet (docs/scale-out.md)")
+                                "read here")
     elif weights is not None or sampling_policy != "auto":
         try:
-            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
+            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy, flags or SM.recorded_flags)
         except Exception as exc:
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
@@ -211,11 +221,12 @@ def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, 
 
 
 def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
-                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
+                    weights: np.ndarray | None, report: dict[str, Any], policy: str,
+                    flags: FlagsFn = SM.recorded_flags) -> None:
     """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     w = np.ones(values.size) if weights is None else weights
     rids = frame.get_column("rid").to_numpy()
-    recorded, malformed = SM.recorded_flags(con, facts, rids)
+    recorded, malformed = flags(con, facts, rids)
     failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
         values.size, dtype=bool)
     view = SM.judge(values, w, failed, recorded, malformed, policy)
