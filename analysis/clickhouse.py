@@ -214,6 +214,13 @@ def open_client(dsn: str | Dsn) -> Client:
     return ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
 
 
+def literal(value: str | int) -> str:
+    """A ClickHouse literal: integers as they are, strings quoted with `\\` and `'` escaped."""
+    if isinstance(value, int):
+        return str(int(value))
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def check_table_name(table: str) -> str:
     """A table name as given (`db.table` allowed); QueryError unless it is plain identifiers."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", table):

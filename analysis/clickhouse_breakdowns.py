@@ -17,20 +17,13 @@ import polars as pl
 
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
-from analysis.clickhouse import DEFAULT_TABLE, Client
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse_report import _Fetcher
 from analysis.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
 #: Span columns a waterfall reads (the request model's inputs and what it lists); Events and Links stay behind.
 WATERFALL_INPUTS: Final[tuple[str, ...]] = tuple(c for c, _, _ in S.SPAN_COLUMNS if c not in ("Events", "Links"))
-
-
-def literal(value: str | int) -> str:
-    """A ClickHouse literal: integers as they are, strings quoted with `\\` and `'` escaped."""
-    if isinstance(value, int):
-        return str(int(value))
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def condition(since_ns: int | None = None, until_ns: int | None = None,

@@ -15,6 +15,7 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -28,7 +29,7 @@ from analysis import model as M
 from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
-from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
@@ -73,7 +74,7 @@ def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | No
 
 def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str, window_s: float | str | None,
             lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str
-            ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None]:
+            ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None, pl.DataFrame]:
     """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`).
 
     When the requests are sampled (or a policy is declared), each also brings back whether its
@@ -101,9 +102,9 @@ def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str
                   f"{', recorded::BOOLEAN AS recorded, malformed::BOOLEAN AS malformed' if judged else ''} "
                   "FROM _narrow ORDER BY start_ns")
     local.unregister("_narrow")
-    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
-                                     sampling_policy, judge_sampling=_phase1_flags if judged else False)
-    return local, report, det
+    report, frame, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
+                                         sampling_policy, judge_sampling=_phase1_flags if judged else False)
+    return local, report, det, frame
 
 
 def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -118,20 +119,32 @@ def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) 
     return (np.array([got[int(r)][0] for r in rids], dtype=bool), np.array([got[int(r)][1] for r in rids], dtype=bool))
 
 
+def _windows(det: Detection, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Window numbers (start // window) covering the time ranges."""
+    w = det.window_ns
+    return np.unique(np.concatenate([np.zeros(0, dtype=np.int64)] + [np.arange(a // w, -(-b // w), dtype=np.int64)
+                                                                      for a, b in ranges]))
+
+
+def _neighbour_windows(det: Detection, spike: Spike) -> np.ndarray:
+    """Starts (ns) of the baseline windows analysis.neighbours compares the spike with (its choice)."""
+    base = det.window_start_ns[det.baseline]
+    dist = np.maximum(spike.start_ns - (base + det.window_ns), base - spike.end_ns)
+    n = max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns) // det.window_ns))
+    return base[np.argsort(dist, kind="stable")[:n]]
+
+
 def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
-            det: Detection, ranges: list[tuple[int, int]]) -> _Fetcher:
-    """The fact rows of the baseline windows and of the windows over `ranges` into the local `_phase2`; the
+            det: Detection, windows: np.ndarray, extra: str = "FALSE") -> _Fetcher:
+    """The fact rows of `windows` (window numbers), and those meeting `extra`, into the local `_phase2`; the
     fetcher of the spans their explanation reads."""
     w = det.window_ns
-    wins = det.window_start_ns[det.baseline] // w
-    for a, b in ranges:
-        wins = np.concatenate([wins, np.arange(a // w, -(-b // w), dtype=np.int64)])
-    wanted = ", ".join(str(int(x)) for x in np.unique(wins))
+    wanted = ", ".join(str(int(x)) for x in np.unique(windows))
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {cond} "
-                         f"AND intDiv(start_ns, {w}) IN ({wanted or 'NULL'})")
+                         f"AND (intDiv(start_ns, {w}) IN ({wanted or 'NULL'}) OR ({extra}))")
     local.register("_facts_arrow", facts)
     local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
@@ -154,23 +167,90 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    local, report, det = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                                 sampling_policy)
+    local, report, det, frame1 = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
+                                         include_failures, sampling_policy)
     if det is None or not det.spikes:
         return report
-    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
-    fetch = _phase2(client, table, local, facts_table, cond, metric, det, [(s.start_ns, s.end_ns) for s in det.spikes])
+    # phase 2: the fact rows the explanation reads one by one, and the spans around the spikes
     keep = "" if include_failures else " AND status = 'ok'"
+    spikes = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
+    rest: RP.RestCounts | None = None
+    if report["sampled"]:  # weighted rules read every baseline request: all of their rows come back
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
+                        np.concatenate([spikes, det.window_start_ns[det.baseline] // det.window_ns]))
+    else:
+        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, frame1, spikes,
+                                   f"{col} IS NOT NULL{keep}", col)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
+    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch, rest)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
+
+
+def _bucket_code_sql(col: str) -> str:
+    """explain.code_dimension's code of a token count by its very float formula: -1 missing or negative, 0 for 0,
+    floor(log2(x)) + 1 above (so a count just below a large power of two codes as numpy's log2 puts it)."""
+    return (f"multiIf({col} IS NULL OR {col} < 0, -1, {col} < 1, 0, "
+            f"toInt64(floor(log2(toFloat64({col})))) + 1)")
+
+
+def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
+                 metric: str, det: Detection, frame1: pl.DataFrame, spike_windows: np.ndarray, valued: str, col: str
+                 ) -> tuple[_Fetcher, RP.RestCounts]:
+    """Phase 2 with the dimension contrast pushed down (unweighted requests).
+
+    Row by row come back only the requests the explanation reads one by one: those of the spike
+    windows, of the baseline windows nearest each spike (stage shares, noisy neighbour), and the
+    baseline's top slice by value (the counterfactual p99s). Every other baseline request comes
+    back as counts per combination of dimension values (token counts by bucket), computed on the
+    server; their values are read only if a counterfactual reaches below the top slice.
+    """
+    w = det.window_ns
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    near = [spike_windows]
+    for s in det.spikes:
+        near += [RP._local_baseline(det, s, counts) // w, _neighbour_windows(det, s) // w]
+    one_by_one = np.unique(np.concatenate(near))
+    base_wins = np.unique(det.window_start_ns[det.baseline] // w)
+    start1 = frame1.get_column("start_ns").to_numpy()
+    values1 = frame1.get_column("value").to_numpy().astype(np.float64)
+    in_base = np.flatnonzero(np.isin(start1 // w, base_wins)).astype(np.int64)
+    threshold = float(X.TailQuantile(values1[in_base], in_base).values[0]) if in_base.size else math.inf
+    listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
+    near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
+    in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
+    fetch = _phase2(client, table, local, facts_table, cond, metric, det, one_by_one,
+                    f"{in_baseline} AND toFloat64({col}) >= {threshold!r}")
+    rest_where = (f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed}) "
+                  f"AND toFloat64({col}) < {threshold!r}")
+    strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
+    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket
+    reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
+                     f"bitShiftLeft(toInt64(1), {_bucket_code_sql(t)} - 1)) AS _b_{t}" for t in tokens)
+    got = pl.from_arrow(client.query(
+        f"SELECT {', '.join(strings)}, {reps}, count() AS n FROM {facts_table} WHERE {rest_where} "
+        f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))
+    assert isinstance(got, pl.DataFrame)
+    combos = got.rename({f"_b_{t}": t for t in tokens}).with_columns(pl.col(t).cast(pl.Int64) for t in tokens)
+
+    def values_without(coded: list[X.Coded], cand: X.Candidate) -> np.ndarray:
+        parts = []
+        for i, code in zip(cand.dims, cand.codes, strict=True):
+            c = coded[i]
+            parts.append(f"{_bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
+                         else f"{c.name} = {literal(c.labels[code])}")
+        got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {rest_where} "
+                           f"AND NOT coalesce({' AND '.join(parts)}, false)")
+        return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
+
+    return fetch, (combos, values_without)
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
@@ -189,12 +269,13 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    local, _, det = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                            sampling_policy)
+    local, _, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                               sampling_policy)
     source, fetch = "_phase1", None
     if det is not None:
-        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
-                        [(a, b), *((s.start_ns, s.end_ns) for s in det.spikes)])
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det, np.concatenate([
+            _windows(det, [(a, b), *((s.start_ns, s.end_ns) for s in det.spikes)]),
+            det.window_start_ns[det.baseline] // det.window_ns]))
         w = det.window_ns
         local.execute(f"CREATE TABLE _explained AS SELECT * FROM (SELECT * FROM _phase2 UNION ALL BY NAME "
                       f"SELECT * FROM _phase1 WHERE start_ns // {w} NOT IN (SELECT DISTINCT start_ns // {w} "
@@ -249,10 +330,7 @@ class _Fetcher:
         if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < N.QUEUE_SHARE:
             return  # the step stops before reading spans
         w = det.window_ns
-        base = det.window_start_ns[det.baseline]
-        dist = np.maximum(spike.start_ns - (base + w), base - spike.end_ns)
-        near = base[np.argsort(dist, kind="stable")[:max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns)
-                                                                                    // w))]].tolist()
+        near = _neighbour_windows(det, spike).tolist()
         lo = min([spike.start_ns, *near]) - self.reach
         hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
         self._pull(lo, hi)

@@ -64,6 +64,10 @@ class SpanFetcher(Protocol):
 #: whether that record is malformed (sampling.recorded_flags's signature).
 FlagsFn = Callable[[duckdb.DuckDBPyConnection, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
+#: Baseline requests as counts (see `_explain_all`): combinations with their `n`, and a reader of their values
+#: outside a candidate.
+RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray]]
+
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
@@ -385,20 +389,30 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 
 def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
-                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None
-                 ) -> list[dict[str, Any]]:
+                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
+                 rest: RestCounts | None = None) -> list[dict[str, Any]]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
 
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
+    `rest` (a remote engine's, unweighted): baseline requests left out of `frame` as counts per
+    combination of dimension values (a frame of X.DIMENSIONS and `n`, token columns holding any
+    value of their bucket) and a reader of their values outside a candidate; `frame` must then
+    hold every baseline request of the windows the steps read row by row and the baseline's top slice.
     """
     if not spikes:
         return []
     win_of_row = start // det.window_ns
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
-    coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
     weights = weights_of(frame)
-    base_q = X.TailQuantile(values[base], base)
+    x_rest: X.Rest | None = None
+    if rest is None:
+        coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+    else:  # code rows and combinations together: the same labels as over every row
+        combos, read_values = rest
+        coded, combo_codes = X.code_with_counts(frame, combos)
+        x_rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(), lambda cand: read_values(coded, cand))
+    base_q = X.TailQuantile(values[base], base, n_total=None if x_rest is None else base.size + x_rest.n)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     out = []
     for spike in spikes:
@@ -415,10 +429,10 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base, weights=weights)
+            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=x_rest)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, base_q, weights)
+            X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=x_rest)
             ranked = X.rank(cands)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested

@@ -7,6 +7,7 @@ compared with its DuckDB namesake, unfiltered and under a filter.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from analysis import breakdowns as B
 from analysis import clickhouse as C
 from analysis import clickhouse_breakdowns as CB
 from analysis import clickhouse_report as CR
+from analysis import explain as X
 from analysis import traces as T
 from analysis.clickhouse_export import export_store
 from analysis.connect import connect
@@ -131,3 +133,26 @@ def test_any_window_is_explained_as_on_duckdb(engines: tuple[duckdb.DuckDBPyConn
     assert ttft == explain_window(con, a, b, metric="ttft")
     # a named source explains alike (its snapshot keeps span_id, which the noisy-neighbour step joins on)
     assert explain_window(con, a, b, metric="ttft", source="requests") == ttft
+
+
+def test_token_buckets_on_the_server_code_as_explain_does(engines: tuple[duckdb.DuckDBPyConnection, Any]) -> None:
+    _, client = engines
+    rng = random.Random(5)
+    xs: list[int | None] = [None, -3, -1, 0, 1, 2, 3]
+    xs += [v for k in range(1, 62) for v in ((1 << k) - 1, 1 << k, (1 << k) + 1)]
+    xs += [rng.randint(0, 1 << rng.randint(1, 40)) for _ in range(300)]
+    got = client.query("SELECT " + CR._bucket_code_sql("x") + " AS c FROM (SELECT arrayJoin(["
+                       + ", ".join("NULL" if x is None else f"toInt64({x})" for x in xs) + "]) AS x)").to_pylist()
+    want = X.code_dimension(pl.DataFrame({"input_tokens": xs}, schema={"input_tokens": pl.Int64}), "input_tokens")
+    assert [r["c"] for r in got] == want.codes.tolist()
+
+
+def test_counterfactuals_below_the_top_slice_read_the_counted_values(
+        engines: tuple[duckdb.DuckDBPyConnection, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the top slice never enough, every counterfactual reads the whole baseline: on ClickHouse the
+    counted requests' values come from the server, and the report stays the store's."""
+    con, client = engines
+    monkeypatch.setattr(X.TailQuantile, "without", lambda self, removed, total: math.nan)
+    want = build_report(con)
+    assert want["spikes"] and want["spikes"][0]["dimensions"]
+    assert CR.build_report(client, facts=FACTS) == want
