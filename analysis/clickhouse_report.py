@@ -16,9 +16,9 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 import numpy as np
@@ -35,6 +35,9 @@ from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
 from tracing import schema as S
 from tracing.errors import QueryError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Span columns the explanation reads (explain.stage_rows, cost.gpu_shares): all a spike's neighbourhood pulls.
 SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
@@ -138,20 +141,31 @@ def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_
             det: Detection, windows: np.ndarray, extra: str = "FALSE") -> _Fetcher:
     """The fact rows of `windows` (window numbers), and those meeting `extra`, into the local `_phase2`; the
     fetcher of the spans their explanation reads."""
-    w = det.window_ns
-    wanted = ", ".join(str(int(x)) for x in np.unique(windows))
+    facts = _pull_facts(client, local, facts_table, f"{cond} AND ({_in_windows(det, windows)} OR ({extra}))", metric)
+    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
+    return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
+
+
+def _in_windows(det: Detection, windows: np.ndarray) -> str:
+    """A condition: the request starts in one of `windows` (window numbers)."""
+    return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
+
+
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str
+                ) -> pa.Table:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
-    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {cond} "
-                         f"AND (intDiv(start_ns, {w}) IN ({wanted or 'NULL'}) OR ({extra}))")
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
-    local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
+    select = "SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
-        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
+        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns"
+    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchone()
+    local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
-    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
+    return facts
 
 
 def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
@@ -206,8 +220,9 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     """Phase 2 with the dimension contrast pushed down (unweighted requests).
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
-    windows, of the baseline windows nearest each spike (stage shares, noisy neighbour), and the
-    baseline's top slice by value (the counterfactual p99s). Every other baseline request comes
+    windows, of the baseline windows nearest each spike (stage shares), the baseline's top slice
+    by value (the counterfactual p99s), and, only when the noisy-neighbour step runs, its
+    baseline windows. Every other baseline request comes
     back as counts per combination of dimension values (token counts by bucket), computed on the
     server; their values are read only if a counterfactual reaches below the top slice.
     """
@@ -215,7 +230,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
     for s in det.spikes:
-        near += [RP._local_baseline(det, s, counts) // w, _neighbour_windows(det, s) // w]
+        near.append(RP._local_baseline(det, s, counts) // w)
     one_by_one = np.unique(np.concatenate(near))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     start1 = frame1.get_column("start_ns").to_numpy()
@@ -225,8 +240,22 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
-    fetch = _phase2(client, table, local, facts_table, cond, metric, det, one_by_one,
-                    f"{in_baseline} AND toFloat64({col}) >= {threshold!r}")
+    pulled = f"({_in_windows(det, one_by_one)} OR ({in_baseline} AND toFloat64({col}) >= {threshold!r}))"
+    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
+    # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
+    reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
+                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
+    fetch = _Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
+    done: set[int] = set(one_by_one.tolist())
+
+    def more_facts(wins: np.ndarray) -> None:
+        new = np.asarray(sorted(set(wins.tolist()) - done), dtype=np.int64)
+        if new.size:
+            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)} AND NOT {pulled}", metric)
+            done.update(new.tolist())
+
+    fetch.more_facts = more_facts
     rest_where = (f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed}) "
                   f"AND toFloat64({col}) < {threshold!r}")
     strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
@@ -300,6 +329,8 @@ class _Fetcher:
     def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int,
                  inputs: Sequence[str] = SPAN_INPUTS) -> None:
         self.client, self.table, self.local, self.reach = client, table, local, reach_ns
+        #: Pulls the fact rows of baseline windows (numbers) the report holds as counts only (see _pushed_down).
+        self.more_facts: Callable[[np.ndarray], object] | None = None
         self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
         cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
@@ -331,6 +362,8 @@ class _Fetcher:
             return  # the step stops before reading spans
         w = det.window_ns
         near = _neighbour_windows(det, spike).tolist()
+        if self.more_facts is not None:
+            self.more_facts(np.asarray(near, dtype=np.int64) // w)
         lo = min([spike.start_ns, *near]) - self.reach
         hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
         self._pull(lo, hi)
