@@ -211,7 +211,7 @@ def _bucket_code_sql(col: str) -> str:
     """explain.code_dimension's code of a token count by its very float formula: -1 missing or negative, 0 for 0,
     floor(log2(x)) + 1 above (so a count just below a large power of two codes as numpy's log2 puts it)."""
     return (f"multiIf({col} IS NULL OR {col} < 0, -1, {col} < 1, 0, "
-            f"toInt64(floor(log2(toFloat64({col})))) + 1)")
+            f"toInt64(floor(log2(toFloat64(greatest({col}, 1))))) + 1)")
 
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
