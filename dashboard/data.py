@@ -41,7 +41,7 @@ from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql, with_later_columns
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
-from dashboard.settings import DASHBOARD, ENV_DSN, ENV_ENGINE, ENV_TABLE
+from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
 from tracing.store import default_store, require_store
@@ -66,13 +66,12 @@ QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, log
 
 def engine_args(argv: list[str] | None = None) -> tuple[str, str, str]:
     """(engine, dsn, table): `--engine` / `--table` after `streamlit run app.py --`, else the variables above."""
-    import os
-
+    log = logging.getLogger("tailscope.dashboard")
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--engine", default=os.environ.get(ENV_ENGINE) or "duckdb")
-    parser.add_argument("--table", default=os.environ.get(ENV_TABLE) or CHD.C.DEFAULT_TABLE)
+    parser.add_argument("--engine", default=DASHBOARD.engine.resolve_or_default(None, None, log))
+    parser.add_argument("--table", default=DASHBOARD.table.resolve_or_default(None, None, log))
     args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return args.engine, os.environ.get(ENV_DSN, ""), args.table
+    return args.engine, DASHBOARD.dsn.resolve_or_default(None, None, log), args.table
 
 
 def store_path(argv: list[str] | None = None) -> Path:
