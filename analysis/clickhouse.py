@@ -214,6 +214,13 @@ def open_client(dsn: str | Dsn) -> Client:
     return ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
 
 
+def literal(value: str | int) -> str:
+    """A ClickHouse literal: integers as they are, strings quoted with `\\` and `'` escaped."""
+    if isinstance(value, int):
+        return str(int(value))
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def check_table_name(table: str) -> str:
     """A table name as given (`db.table` allowed); QueryError unless it is plain identifiers."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", table):
@@ -451,15 +458,28 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     return name
 
 
-def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Table:
+def recognition_counts(client: Client, table: str = DEFAULT_TABLE) -> tuple[int, int, dict[str, int]]:
+    """(spans, request spans, request spans by `tailscope.engine`) of `table`, counted on the server: the
+    coverage line of `tailscope report`, as analysis.connect.request_engines counts a store."""
+    src = source_sql(table)
+    row = client.query(f"SELECT count() AS spans, countIf(IsRequest) AS requests FROM {src}").to_pylist()[0]
+    key = M.quote(S.ATTR_ENGINE)
+    engines = client.query(f"SELECT SpanAttributes[{key}] AS engine, count() AS n FROM {src} "
+                           f"WHERE IsRequest AND mapContains(SpanAttributes, {key}) GROUP BY engine").to_pylist()
+    return int(row["spans"]), int(row["requests"]), {str(r["engine"]): int(r["n"]) for r in engines}
+
+
+def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, computed: bool = False,
+                limits: dict[str, Any] | None = None) -> pa.Table:
     """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.
 
     `requests` / `stages` (when the query names them) are computed first into session
-    temporary tables; `spans` is a CTE in front of the query. The query itself runs with
-    `readonly = 1`: the server refuses any write, DDL or setting change in it.
+    temporary tables (`computed`: `requests` is there already); `spans` is a CTE in front of
+    the query. The query itself runs with `readonly = 1` (and `limits`, e.g. max_execution_time):
+    the server refuses any write, DDL or setting change in it.
     """
     words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
-    if words & {"requests", "stages"}:
+    if words & {"requests", "stages"} and not computed:
         materialize_requests(client, table)
     if "stages" in words:
         _temp(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
@@ -467,7 +487,7 @@ def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE) -> pa.Tabl
     spans = f"spans AS {source_sql(table)}"
     m = re.match(r"(?is)^with\s", body)
     full = f"WITH {spans},\n{body[m.end():]}" if m else f"WITH {spans}\n{body}"
-    return client.query(full, {**M.CLICKHOUSE_SETTINGS, "readonly": 1})
+    return client.query(full, {**M.CLICKHOUSE_SETTINGS, **(limits or {}), "readonly": 1})
 
 
 def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,

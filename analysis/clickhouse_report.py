@@ -15,9 +15,10 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import duckdb
 import numpy as np
@@ -28,12 +29,15 @@ from analysis import model as M
 from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
-from analysis.clickhouse import DEFAULT_TABLE, Client, materialize_requests, source_sql
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
 from tracing import schema as S
 from tracing.errors import QueryError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Span columns the explanation reads (explain.stage_rows, cost.gpu_shares): all a spike's neighbourhood pulls.
 SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
@@ -63,61 +67,254 @@ def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> st
     return " AND ".join(parts)
 
 
-def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
-                 window_s: float | str | None = None, since: str | int | datetime | None = None,
-                 until: str | int | datetime | None = None, include_failures: bool = True,
-                 sampling_policy: str = "auto") -> dict[str, Any]:
-    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above."""
-    lo, hi = parse_time(since), parse_time(until)
-    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | None, facts: str | None) -> str:
+    """`facts` when given, else the request facts of [lo, hi) computed into FACTS_TEMP (no stage columns)."""
+    if facts is not None:
+        return facts
     cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
-    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
-    # phase 1: (start_ns, e2e_ns, status, value) of every request in range; the other fact columns stay there
+    return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+
+
+def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str, window_s: float | str | None,
+            lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str
+            ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None, pl.DataFrame]:
+    """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`).
+
+    When the requests are sampled (or a policy is declared), each also brings back whether its
+    request span records a sampling probability and whether that record is malformed, read on
+    the server, so analysis.report judges tail-based sampling as on the store.
+    """
+    judged = sampling_policy != "auto" or bool(client.query(
+        f"SELECT countIf(adjusted_count != 1) AS n FROM {facts_table} WHERE {cond}").to_pylist()[0]["n"])
+    flags, join = "", ""
+    if judged:
+        rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
+        flags = ", coalesce(s.rec, false) AS recorded, coalesce(s.bad, false) AS malformed"
+        join = (f" AS f LEFT JOIN (SELECT TraceId, TimestampNs, max({rec}) AS rec, max({bad}) AS bad "
+                f"FROM {source_sql(table, _span_where(lo, hi))} WHERE IsRequest GROUP BY TraceId, TimestampNs) AS s "
+                f"ON s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns")
     narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
-                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count FROM {FACTS_TEMP} "
-                          f"WHERE {_in_range(lo, hi)}")
+                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count{flags} "
+                          f"FROM {facts_table}{join} WHERE {cond}", M.CLICKHOUSE_SETTINGS)
     local = duckdb.connect(":memory:")
     local.register("_narrow", narrow)
     dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
     local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id, "
                   f"start_ns::BIGINT AS start_ns, e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, "
-                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count "
+                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count"
+                  f"{', recorded::BOOLEAN AS recorded, malformed::BOOLEAN AS malformed' if judged else ''} "
                   "FROM _narrow ORDER BY start_ns")
     local.unregister("_narrow")
-    report, _, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
-                                     sampling_policy, judge_sampling=False)
-    if det is None or not det.spikes:
-        return report
-    # phase 2: the fact rows of the spike and baseline windows, and the spans around the spikes
+    report, frame, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
+                                         sampling_policy, judge_sampling=_phase1_flags if judged else False)
+    return local, report, det, frame
+
+
+def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """analysis.sampling.recorded_flags from the flags phase 1 brought back: `facts` is the report's copy of
+    `_phase1`, row for row (checked on start_ns)."""
+    rows = con.execute(f"SELECT f.rowid, f.start_ns = p.start_ns, p.recorded, p.malformed FROM {facts} f "
+                       f"POSITIONAL JOIN _phase1 p WHERE list_contains($rids, f.rowid)",
+                       {"rids": rids.tolist()}).fetchall()
+    if not all(r[1] for r in rows):
+        raise QueryError("", "the report's copy of the requests is not in phase 1's order")
+    got = {int(r[0]): (bool(r[2]), bool(r[3])) for r in rows}
+    return (np.array([got[int(r)][0] for r in rids], dtype=bool), np.array([got[int(r)][1] for r in rids], dtype=bool))
+
+
+def _windows(det: Detection, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Window numbers (start // window) covering the time ranges."""
     w = det.window_ns
-    wins = det.window_start_ns[det.baseline] // w
-    for s in det.spikes:
-        wins = np.concatenate([wins, np.arange(s.start_ns // w, -(-s.end_ns // w), dtype=np.int64)])
-    wanted = ", ".join(str(int(x)) for x in np.unique(wins))
+    return np.unique(np.concatenate([np.zeros(0, dtype=np.int64)] + [np.arange(a // w, -(-b // w), dtype=np.int64)
+                                                                      for a, b in ranges]))
+
+
+def _neighbour_windows(det: Detection, spike: Spike) -> np.ndarray:
+    """Starts (ns) of the baseline windows analysis.neighbours compares the spike with (its choice)."""
+    base = det.window_start_ns[det.baseline]
+    dist = np.maximum(spike.start_ns - (base + det.window_ns), base - spike.end_ns)
+    n = max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns) // det.window_ns))
+    return base[np.argsort(dist, kind="stable")[:n]]
+
+
+def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
+            det: Detection, windows: np.ndarray, extra: str = "FALSE") -> _Fetcher:
+    """The fact rows of `windows` (window numbers), and those meeting `extra`, into the local `_phase2`; the
+    fetcher of the spans their explanation reads."""
+    facts = _pull_facts(client, local, facts_table, f"{cond} AND ({_in_windows(det, windows)} OR ({extra}))", metric)
+    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
+    return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
+
+
+def _in_windows(det: Detection, windows: np.ndarray) -> str:
+    """A condition: the request starts in one of `windows` (window numbers)."""
+    return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
+
+
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str
+                ) -> pa.Table:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
-    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {FACTS_TEMP} WHERE {_in_range(lo, hi)} "
-                         f"AND intDiv(start_ns, {w}) IN ({wanted})")
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
-    local.execute("CREATE TABLE _phase2 AS SELECT " + ", ".join(
+    select = "SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
-        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns")
+        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns"
+    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchone()
+    local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
-    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    fetch = _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
-    where = _in_range(lo, hi)
+    return facts
+
+
+def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
+                 window_s: float | str | None = None, since: str | int | datetime | None = None,
+                 until: str | int | datetime | None = None, include_failures: bool = True,
+                 sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE") -> dict[str, Any]:
+    """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
+
+    `facts`: a session table already holding the request facts of `table` (the dashboard's),
+    used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters).
+    """
+    lo, hi = parse_time(since), parse_time(until)
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    facts_table = _facts(client, table, metric, lo, hi, facts)
+    cond = f"{_in_range(lo, hi)} AND ({where})"
+    local, report, det, frame1 = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
+                                         include_failures, sampling_policy)
+    if det is None or not det.spikes:
+        return report
+    # phase 2: the fact rows the explanation reads one by one, and the spans around the spikes
     keep = "" if include_failures else " AND status = 'ok'"
+    spikes = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
+    rest: RP.RestCounts | None = None
+    if report["sampled"]:  # weighted rules read every baseline request: all of their rows come back
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
+                        np.concatenate([spikes, det.window_start_ns[det.baseline] // det.window_ns]))
+    else:
+        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, frame1, spikes,
+                                   f"{col} IS NOT NULL{keep}", col)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
-        f"FROM _phase2 WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch)
+    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch, rest)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
+
+
+def _bucket_code_sql(col: str) -> str:
+    """explain.code_dimension's code of a token count by its very float formula: -1 missing or negative, 0 for 0,
+    floor(log2(x)) + 1 above (so a count just below a large power of two codes as numpy's log2 puts it)."""
+    return (f"multiIf({col} IS NULL OR {col} < 0, -1, {col} < 1, 0, "
+            f"toInt64(floor(log2(toFloat64(greatest({col}, 1))))) + 1)")
+
+
+def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
+                 metric: str, det: Detection, frame1: pl.DataFrame, spike_windows: np.ndarray, valued: str, col: str
+                 ) -> tuple[_Fetcher, RP.RestCounts]:
+    """Phase 2 with the dimension contrast pushed down (unweighted requests).
+
+    Row by row come back only the requests the explanation reads one by one: those of the spike
+    windows, of the baseline windows nearest each spike (stage shares), the baseline's top slice
+    by value (the counterfactual p99s), and, only when the noisy-neighbour step runs, its
+    baseline windows. Every other baseline request comes
+    back as counts per combination of dimension values (token counts by bucket), computed on the
+    server; their values are read only if a counterfactual reaches below the top slice.
+    """
+    w = det.window_ns
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    near = [spike_windows]
+    for s in det.spikes:
+        near.append(RP._local_baseline(det, s, counts) // w)
+    one_by_one = np.unique(np.concatenate(near))
+    base_wins = np.unique(det.window_start_ns[det.baseline] // w)
+    start1 = frame1.get_column("start_ns").to_numpy()
+    values1 = frame1.get_column("value").to_numpy().astype(np.float64)
+    in_base = np.flatnonzero(np.isin(start1 // w, base_wins)).astype(np.int64)
+    threshold = float(X.TailQuantile(values1[in_base], in_base).values[0]) if in_base.size else math.inf
+    listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
+    near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
+    in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
+    pulled = f"({_in_windows(det, one_by_one)} OR ({in_baseline} AND toFloat64({col}) >= {threshold!r}))"
+    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
+    # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
+    reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
+                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
+    fetch = _Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
+    done: set[int] = set(one_by_one.tolist())
+
+    def more_facts(wins: np.ndarray) -> None:
+        new = np.asarray(sorted(set(wins.tolist()) - done), dtype=np.int64)
+        if new.size:
+            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)} AND NOT {pulled}", metric)
+            done.update(new.tolist())
+
+    fetch.more_facts = more_facts
+    rest_where = (f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed}) "
+                  f"AND toFloat64({col}) < {threshold!r}")
+    strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
+    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket
+    reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
+                     f"bitShiftLeft(toInt64(1), {_bucket_code_sql(t)} - 1)) AS _b_{t}" for t in tokens)
+    got = pl.from_arrow(client.query(
+        f"SELECT {', '.join(strings)}, {reps}, count() AS n FROM {facts_table} WHERE {rest_where} "
+        f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))
+    assert isinstance(got, pl.DataFrame)
+    combos = got.rename({f"_b_{t}": t for t in tokens}).with_columns(pl.col(t).cast(pl.Int64) for t in tokens)
+
+    def values_without(coded: list[X.Coded], cand: X.Candidate) -> np.ndarray:
+        parts = []
+        for i, code in zip(cand.dims, cand.codes, strict=True):
+            c = coded[i]
+            parts.append(f"{_bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
+                         else f"{c.name} = {literal(c.labels[code])}")
+        got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {rest_where} "
+                           f"AND NOT coalesce({' AND '.join(parts)}, false)")
+        return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
+
+    return fetch, (combos, values_without)
+
+
+def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
+                   metric: str = "e2e", window_s: float | str | None = None,
+                   since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+                   include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
+                   where: str = "TRUE") -> dict[str, Any]:
+    """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
+
+    Detection runs on phase 1's narrow rows; the fact rows of the window and of the baseline
+    windows come back (phase 2) and stand in for their narrow rows, so analysis.report runs
+    unchanged on a local table that detects the same and explains with every column it reads.
+    """
+    lo, hi = parse_time(since), parse_time(until)
+    a, b = parse_time(start), parse_time(end)
+    assert a is not None and b is not None
+    facts_table = _facts(client, table, metric, lo, hi, facts)
+    cond = f"{_in_range(lo, hi)} AND ({where})"
+    local, _, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                               sampling_policy)
+    source, fetch = "_phase1", None
+    if det is not None:
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det, np.concatenate([
+            _windows(det, [(a, b), *((s.start_ns, s.end_ns) for s in det.spikes)]),
+            det.window_start_ns[det.baseline] // det.window_ns]))
+        w = det.window_ns
+        local.execute(f"CREATE TABLE _explained AS SELECT * FROM (SELECT * FROM _phase2 UNION ALL BY NAME "
+                      f"SELECT * FROM _phase1 WHERE start_ns // {w} NOT IN (SELECT DISTINCT start_ns // {w} "
+                      f"FROM _phase2)) ORDER BY start_ns")
+        source = "_explained"
+    try:
+        return RP.explain_window(local, start, end, metric, window_s, lo, hi, include_failures, source, sampling_policy,
+                                 fetch=fetch, judge_sampling=False)
+    finally:
+        local.close()
 
 
 class _Fetcher:
@@ -125,15 +322,21 @@ class _Fetcher:
 
     Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
     runs only when queue_wait leads the stages, reads every span within reach of the spike and
-    its nearest baseline windows. Only the SPAN_INPUTS columns come back; the rest are null.
+    its nearest baseline windows. Only the `inputs` columns come back (SPAN_INPUTS: what the
+    explanation reads); the rest are null.
     """
 
-    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int) -> None:
+    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int,
+                 inputs: Sequence[str] = SPAN_INPUTS) -> None:
         self.client, self.table, self.local, self.reach = client, table, local, reach_ns
-        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)  # one order everywhere
-        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in SPAN_INPUTS)
+        #: Pulls the fact rows of baseline windows (numbers) the report holds as counts only (see _pushed_down).
+        self.more_facts: Callable[[np.ndarray], object] | None = None
+        self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
+        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
+        self.casts = ", ".join(f"{c}::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         local.execute(f"CREATE TABLE _spans_local ({cols})")
-        view = ", ".join(c if c in SPAN_INPUTS else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        view = ", ".join(c if c in inputs else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
 
     def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
@@ -144,7 +347,7 @@ class _Fetcher:
         self.local.register("_pulled", got)
         # a span pulled twice (two spikes' ranges overlap) is kept once
         self.local.execute(f"CREATE OR REPLACE TABLE _spans_local AS SELECT DISTINCT * FROM ("
-                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.cols} FROM _pulled)")
+                           f"SELECT {self.cols} FROM _spans_local UNION ALL SELECT {self.casts} FROM _pulled)")
         self.local.unregister("_pulled")
 
     def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
@@ -158,23 +361,34 @@ class _Fetcher:
         if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < N.QUEUE_SHARE:
             return  # the step stops before reading spans
         w = det.window_ns
-        base = det.window_start_ns[det.baseline]
-        dist = np.maximum(spike.start_ns - (base + w), base - spike.end_ns)
-        near = base[np.argsort(dist, kind="stable")[:max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns)
-                                                                                    // w))]].tolist()
+        near = _neighbour_windows(det, spike).tolist()
+        if self.more_facts is not None:
+            self.more_facts(np.asarray(near, dtype=np.int64) // w)
         lo = min([spike.start_ns, *near]) - self.reach
         hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
         self._pull(lo, hi)
 
 
+def choose_window_s(client: Client, facts: str, since_ns: int | None = None, until_ns: int | None = None,
+                    where: str = "TRUE") -> int:
+    """analysis.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
+    first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n FROM {facts} "
+                                  f"WHERE {_in_range(since_ns, until_ns)} AND ({where})").to_pylist()[0].values()
+    start = since_ns if since_ns is not None else (first or 0)
+    end = until_ns if until_ns is not None else (last or 0) + 1
+    return P.auto_window_s(int(n), max(end - start, 1) / 1e9)
+
+
 def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
                       window_s: float | str | None = None, by: Sequence[str] = (),
                       since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-                      include_failures: bool = True) -> pl.DataFrame:
+                      include_failures: bool = True, *, facts: str | None = None,
+                      where: str = "TRUE") -> pl.DataFrame:
     """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
     `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
     only one row per window (and group) comes back. Same columns as the DuckDB version.
+    `facts` / `where` as in `build_report` (`facts` must hold the metric's column).
     """
     column = P.metric_column(metric)
     for name in by:
@@ -184,23 +398,17 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
     stages = column in M.STAGE_COLUMNS
     cols = M.REQUEST_COLUMNS if stages else tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in
                                                   ("ttft_ns", "tpot_ns"))
-    materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
-    where = _in_range(lo, hi)
-    if window_s is None:
-        first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n "
-                                      f"FROM {FACTS_TEMP} WHERE {where}").to_pylist()[0].values()
-        start = lo if lo is not None else (first or 0)
-        end = hi if hi is not None else (last or 0) + 1
-        win: float = P.auto_window_s(int(n), max(end - start, 1) / 1e9)
-    else:
-        win = P.parse_duration(window_s)
+    if facts is None:
+        facts = materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    where = f"{_in_range(lo, hi)} AND ({where})"
+    win = choose_window_s(client, facts, lo, hi, where) if window_s is None else P.parse_duration(window_s)
     w = round(win * 1e9)
-    sampled = client.query(f"SELECT count() AS n FROM {FACTS_TEMP} WHERE {where} AND adjusted_count != 1"
+    sampled = client.query(f"SELECT count() AS n FROM {facts} WHERE {where} AND adjusted_count != 1"
                            ).to_pylist()[0]["n"]
     if sampled:  # weighted quantiles: the rows come back and analysis.percentiles computes them
         local = duckdb.connect(":memory:")
         rows = client.query(f"SELECT start_ns, status, {column}, adjusted_count{''.join(f', {g}' for g in by)} "
-                            f"FROM {FACTS_TEMP} WHERE {where}")
+                            f"FROM {facts} WHERE {where}")
         local.register("_series_rows", rows)
         try:
             return P.percentile_series(local, metric, win, by, lo, hi, include_failures, source="_series_rows")
@@ -215,7 +423,7 @@ SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
        countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled,
        countIf({column} IS NOT NULL AND {keep}) AS n,
        if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
-FROM {FACTS_TEMP} WHERE {where}
+FROM {facts} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
     assert isinstance(frame, pl.DataFrame)
     return P.series_frame(frame, by)

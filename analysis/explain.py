@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Final
@@ -142,6 +142,15 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
 
 
+def code_with_counts(frame: pl.DataFrame, combos: pl.DataFrame) -> tuple[list[Coded], list[I64]]:
+    """The DIMENSIONS of `frame`'s rows and of `combos`' rows (counted requests, see `Rest`) coded together,
+    so both carry the labels coding every request would give; (the rows' Coded, the combos' codes)."""
+    both = pl.concat([frame.select(DIMENSIONS), combos.select(DIMENSIONS)], how="vertical_relaxed")
+    every = [code_dimension(both, d) for d in DIMENSIONS]
+    rows = [Coded(c.name, c.codes[:frame.height], c.labels, c.lo, c.hi) for c in every]
+    return rows, [c.codes[frame.height:] for c in every]
+
+
 def binomial_tail_bound(k: int, n: int, p: float) -> float:
     """Upper bound (Chernoff) on P[Binomial(n, p) >= k]; 1 when k <= n p."""
     if n == 0 or k <= n * p:
@@ -169,13 +178,35 @@ class Candidate:
     explained: float = math.nan
 
 
+@dataclass
+class Rest:
+    """Baseline requests given as counts, not rows (a remote engine aggregates them; unweighted only).
+
+    `codes`: per dimension, the code of each combination (coded with the rows' `Coded`);
+    `counts`: requests per combination; `values_without(cand)`: their metric values outside a
+    candidate (read only when a counterfactual needs more than the baseline's top slice).
+    """
+
+    codes: list[I64]
+    counts: I64
+    values_without: Callable[[Candidate], F64]
+
+    @property
+    def n(self) -> int:
+        """Requests the counts stand for."""
+        return int(self.counts.sum())
+
+
 def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
-             weights: F64 | None = None) -> tuple[list[Candidate], int]:
+             weights: F64 | None = None, rest: Rest | None = None) -> tuple[list[Candidate], int]:
     """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested).
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
-    effective counts; support (`tail_count`) stays the kept requests."""
-    n_t, n_b = tail.size, base.size
+    effective counts; support (`tail_count`) stays the kept requests. `rest`: more baseline
+    requests as counts per combination of codes (unweighted only)."""
+    if rest is not None and weights is not None:
+        raise ValueError("baseline counts (rest) stand for unweighted requests only")
+    n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)
     w_t = None if weights is None else weights[tail]
     w_b = None if weights is None else weights[base]
     if w_t is not None and w_b is not None:
@@ -185,6 +216,7 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
     slots = [len(c.labels) + 1 for c in coded]
     codes_t = [np.where(c.codes[tail] < 0, k - 1, c.codes[tail]) for c, k in zip(coded, slots, strict=True)]
     codes_b = [np.where(c.codes[base] < 0, k - 1, c.codes[base]) for c, k in zip(coded, slots, strict=True)]
+    codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
     singles: dict[tuple[int, int], tuple[int, int]] = {}
@@ -200,6 +232,9 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
         key_b = codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]]
         tc = np.bincount(key_t, minlength=cells)
         bc = np.bincount(key_b, minlength=cells)
+        if rest is not None:
+            key_r = codes_r[combo[0]] if len(combo) == 1 else codes_r[combo[0]] * sizes[1] + codes_r[combo[1]]
+            bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
         if w_t is not None and w_b is not None:
             twc = np.bincount(key_t, weights=w_t, minlength=cells)
             bwc = np.bincount(key_b, weights=w_b, minlength=cells)
@@ -247,12 +282,16 @@ def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64) -> Mask:
 class TailQuantile:
     """p99 of a large sample with any subset removed, from its top slice only (exact while the slice holds it)."""
 
-    def __init__(self, values: F64, rows: I64, q: float = TAIL_Q, slice_share: float = 0.05) -> None:
-        self.n = values.size
+    def __init__(self, values: F64, rows: I64, q: float = TAIL_Q, slice_share: float = 0.05,
+                 n_total: int | None = None) -> None:
+        """`n_total`: the sample's size when `values` hold only its top part (at least the slice)."""
+        self.n = values.size if n_total is None else n_total
         self.q = q
         self.top = min(self.n, max(200, math.ceil(slice_share * self.n)))
-        part = np.argpartition(values, self.n - self.top)[self.n - self.top:] if self.top < self.n \
-            else np.arange(self.n)
+        if self.top > values.size:
+            raise ValueError(f"the top slice needs {self.top} values, {values.size} given")
+        part = np.argpartition(values, values.size - self.top)[values.size - self.top:] if self.top < values.size \
+            else np.arange(values.size)
         order = part[np.argsort(values[part], kind="stable")]
         self.values = values[order]  # the top slice, ascending
         self.rows = rows[order]
@@ -282,9 +321,9 @@ class TailQuantile:
 
 
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                   base_q: TailQuantile, weights: F64 | None = None) -> None:
+                   base_q: TailQuantile, weights: F64 | None = None, rest: Rest | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
-    (weighted quantiles when `weights` are given)."""
+    (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`)."""
     if weights is not None:
         _weighted_counterfactual(coded, cands, values, spike, base, weights)
         return
@@ -301,7 +340,9 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
         b_wo = base_q.without(in_slice, cand.base_count)
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
-            b_wo = quantile_sorted(np.sort(values[base][mask]), TAIL_Q) if mask.any() else math.nan
+            left = values[base][mask] if rest is None else np.concatenate([values[base][mask],
+                                                                           rest.values_without(cand)])
+            b_wo = quantile_sorted(np.sort(left), TAIL_Q) if left.size else math.nan
         cand.p99_without_ns = s_wo
         cand.baseline_p99_without_ns = b_wo
         if excess > 0 and math.isfinite(b_wo):

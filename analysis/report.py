@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -58,6 +59,14 @@ class SpanFetcher(Protocol):
         """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
         ...
 
+
+#: Reads, per row id of a facts table, whether its request span records a sampling probability and
+#: whether that record is malformed (sampling.recorded_flags's signature).
+FlagsFn = Callable[[duckdb.DuckDBPyConnection, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+#: Baseline requests as counts (see `_explain_all`): combinations with their `n`, and a reader of their values
+#: outside a candidate.
+RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray]]
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -149,9 +158,13 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto", judge_sampling: bool = True
+             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True
              ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
-    """The report's header, its value frame, the facts table and the detection (None when it could not run)."""
+    """The report's header, its value frame, the facts table and the detection (None when it could not run).
+
+    `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
+    function reads them its own way (a remote engine's), False cannot read them.
+    """
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
     if sampling_policy not in SM.POLICIES:
@@ -195,12 +208,13 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
         base_rows = np.flatnonzero(np.isin(start // det.window_ns, base_wins))
         report["baseline_effective"] = _effective(weights, base_rows)
-    if (weights is not None or sampling_policy != "auto") and not judge_sampling:
+    flags: FlagsFn | None = SM.recorded_flags if judge_sampling is True else (judge_sampling or None)
+    if (weights is not None or sampling_policy != "auto") and flags is None:
         report["errors"].append("could not judge the sampling because the spans' sampling records are not "
-                                "read on this engine yet (docs/scale-out.md)")
+                                "read here")
     elif weights is not None or sampling_policy != "auto":
         try:
-            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
+            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy, flags or SM.recorded_flags)
         except Exception as exc:
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
@@ -225,11 +239,12 @@ def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, 
 
 
 def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
-                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
+                    weights: np.ndarray | None, report: dict[str, Any], policy: str,
+                    flags: FlagsFn = SM.recorded_flags) -> None:
     """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     w = np.ones(values.size) if weights is None else weights
     rids = frame.get_column("rid").to_numpy()
-    recorded, malformed = SM.recorded_flags(con, facts, rids)
+    recorded, malformed = flags(con, facts, rids)
     failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
         values.size, dtype=bool)
     view = SM.judge(values, w, failed, recorded, malformed, policy)
@@ -280,6 +295,8 @@ def explain_window(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    fetch: SpanFetcher | None = None,
+    judge_sampling: bool = True,
 ) -> dict[str, Any]:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -289,12 +306,14 @@ def explain_window(
     report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
     baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
     candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
-    `detected` true when the window is exactly one of the report's spikes.
+    `detected` true when the window is exactly one of the report's spikes. For a remote engine
+    (analysis.clickhouse_report): `fetch` is told which spans each step reads, and
+    `judge_sampling=False` leaves the tail-sampling check out.
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
-                                         sampling_policy)
+                                         sampling_policy, judge_sampling)
     empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
              "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
              "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
@@ -305,7 +324,7 @@ def explain_window(
     values = frame.get_column("value").to_numpy().astype(np.float64)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
@@ -329,7 +348,7 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike])[0]
+    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
     item["detected"] = False
     return item
 
@@ -384,20 +403,30 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 
 def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
-                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None
-                 ) -> list[dict[str, Any]]:
+                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
+                 rest: RestCounts | None = None) -> list[dict[str, Any]]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
 
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
+    `rest` (a remote engine's, unweighted): baseline requests left out of `frame` as counts per
+    combination of dimension values (a frame of X.DIMENSIONS and `n`, token columns holding any
+    value of their bucket) and a reader of their values outside a candidate; `frame` must then
+    hold every baseline request of the windows the steps read row by row and the baseline's top slice.
     """
     if not spikes:
         return []
     win_of_row = start // det.window_ns
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
-    coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
     weights = weights_of(frame)
-    base_q = X.TailQuantile(values[base], base)
+    x_rest: X.Rest | None = None
+    if rest is None:
+        coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+    else:  # code rows and combinations together: the same labels as over every row
+        combos, read_values = rest
+        coded, combo_codes = X.code_with_counts(frame, combos)
+        x_rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(), lambda cand: read_values(coded, cand))
+    base_q = X.TailQuantile(values[base], base, n_total=None if x_rest is None else base.size + x_rest.n)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     out = []
     for spike in spikes:
@@ -414,10 +443,10 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base, weights=weights)
+            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=x_rest)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, base_q, weights)
+            X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=x_rest)
             ranked = X.rank(cands)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested

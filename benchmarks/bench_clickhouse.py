@@ -4,10 +4,13 @@ The store is benchmarks.bench_report's synthetic one (7 spans per request, 16 re
 hours, one slow-replica spike). It is exported into an otel_traces table in chdb (the embedded
 ClickHouse), then the report runs on both engines; the two reports must be equal.
 
-    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--json]
+    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio,
 the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
+With --dashboard also the dashboard's first Overview on each engine: opening (the store's
+Workbench load; on chdb the request model into the session) and the Overview's data calls
+(summary, three percentile series, the report), with the bytes chdb returned for them.
 """
 
 from __future__ import annotations
@@ -50,7 +53,52 @@ class _Counting:
         self.inner.close()
 
 
-def run(spans: int, root: Path, keep_export: bool = False) -> dict[str, Any]:
+def _overview(db: Any) -> float:
+    """Seconds for the Overview's data calls (dashboard.data, uncached: a new data version each time)."""
+    import streamlit as st
+
+    from dashboard import data
+
+    st.cache_data.clear()  # the store's background worker may have prewarmed the pages' calls
+    f = data.Filters()
+    t = time.perf_counter()
+    key = (db, str(db.store), db.version)
+    data.summary(*key, f)
+    data.over_time(*key, f)
+    data.report_of(*key, f)
+    return round(time.perf_counter() - t, 2)
+
+
+def dashboard_figures(store: Path, chdir: Path) -> dict[str, Any]:
+    """The dashboard's first Overview on the store (the anchor) and on the chdb table, same spans."""
+    from analysis.clickhouse import DEFAULT_TABLE, open_client
+    from dashboard import clickhouse_data as CHD
+    from dashboard import data
+
+    out: dict[str, Any] = {}
+    t = time.perf_counter()
+    wb = data.Workbench(store)
+    wb.refresh()
+    while wb.pending:  # bounded by the store: the background worker computes the critical paths
+        time.sleep(0.2)
+    out["dash_duckdb_open_s"] = round(time.perf_counter() - t, 2)
+    out["dash_duckdb_overview_s"] = _overview(wb)
+    client = _Counting(open_client(f"chdb:{chdir}"))
+    t = time.perf_counter()
+    bench = CHD.ClickHouseBench(client, DEFAULT_TABLE)
+    bench.refresh()
+    out["dash_chdb_open_s"] = round(time.perf_counter() - t, 2)
+    client.pulled = 0
+    out["dash_chdb_overview_s"] = _overview(bench)
+    out["dash_chdb_overview_pulled_mib"] = round(client.pulled / 2**20, 2)
+    f = data.Filters()
+    out["dash_equal"] = (data.report_of(wb, str(wb.store), wb.version, f)
+                         == data.report_of(bench, bench.store, bench.version, f))
+    bench.close()
+    return out
+
+
+def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
@@ -88,6 +136,8 @@ def run(spans: int, root: Path, keep_export: bool = False) -> dict[str, Any]:
     out["spikes"] = len(duck["spikes"])
     out["equal"] = ch == duck
     client.close()
+    if dashboard:
+        out |= dashboard_figures(store, chdir)
     with open("/proc/loadavg") as fh:
         out["loadavg_1m"] = float(fh.read().split()[0])
     return out
@@ -100,10 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep-export", action="store_true", help="reuse an exported chdb directory in --dir")
+    parser.add_argument("--dashboard", action="store_true", help="also time the dashboard's first Overview")
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = [run(int(s), root, args.keep_export) for s in args.spans.split(",")]
+    results = [run(int(s), root, args.keep_export, args.dashboard) for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -112,6 +163,11 @@ def main(argv: list[str] | None = None) -> None:
               f"report DuckDB {r['duckdb_report_s']} s, chdb {r['chdb_report_s']} s "
               f"(x{r['chdb_vs_duckdb_x']}); pulled {r['pulled_mib']} MiB; store {r['store_mib']} MiB, "
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']}; load {r['loadavg_1m']}")
+        if "dash_equal" in r:
+            print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
+                  f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "
+                  f"(x{round(r['dash_chdb_overview_s'] / max(r['dash_duckdb_overview_s'], 1e-9), 2)}), "
+                  f"chdb returned {r['dash_chdb_overview_pulled_mib']} MiB; equal spikes={r['dash_equal']}")
 
 
 if __name__ == "__main__":

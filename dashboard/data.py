@@ -43,9 +43,10 @@ from analysis.report import build_report, explain_window
 from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import predict
+from dashboard import clickhouse_data as CHD
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
-from tracing.errors import QueryError, StoreError
+from tracing.errors import QueryError, StoreError, TailscopeError
 from tracing.store import default_store, require_store
 
 if TYPE_CHECKING:
@@ -64,6 +65,16 @@ QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, log
 
 
 # --- where the store is ------------------------------------------------------------------
+
+def engine_args(argv: list[str] | None = None) -> tuple[str, str, str]:
+    """(engine, dsn, table): `--engine` / `--table` after `streamlit run app.py --`, else the variables above."""
+    log = logging.getLogger("tailscope.dashboard")
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--engine", default=DASHBOARD.engine.resolve_or_default(None, None, log))
+    parser.add_argument("--table", default=DASHBOARD.table.resolve_or_default(None, None, log))
+    args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return args.engine, DASHBOARD.dsn.resolve_or_default(None, None, log), args.table
+
 
 def store_path(argv: list[str] | None = None) -> Path:
     """The store: `--store DIR` passed after `streamlit run app.py --`, else $TAILSCOPE_STORE, else default."""
@@ -305,8 +316,26 @@ def workbench(store: str) -> Workbench:
     return wb
 
 
-def open_store() -> Workbench:
-    """The workbench of the configured store; shows an error and stops the page if it is not a store."""
+@st.cache_resource(show_spinner="Computing the requests on ClickHouse…")
+def clickhouse_bench(dsn: str, table: str) -> CHD.ClickHouseBench:
+    """The ClickHouse bench of `dsn` / `table`, opened once per server process and shared by every session."""
+    return CHD.open_bench(dsn, table)
+
+
+#: What a page reads: the store's workbench, or a ClickHouse table's bench.
+Bench = Workbench | CHD.ClickHouseBench
+
+
+def open_store() -> Bench:
+    """The workbench of the configured store (or ClickHouse table); shows an error and stops the page if it fails."""
+    engine, dsn, table = engine_args()
+    if engine == "clickhouse":
+        try:
+            return clickhouse_bench(dsn, table)
+        except TailscopeError as exc:
+            st.error(f"cannot open ClickHouse: {exc}")
+            st.stop()
+            raise
     path = store_path()
     try:
         wb = workbench(str(path))
@@ -316,6 +345,23 @@ def open_store() -> Workbench:
         st.error(f"{exc}")
         st.stop()
         raise  # unreachable: st.stop() raises
+
+
+def on_clickhouse(db: Bench) -> bool:
+    """Whether the pages read a ClickHouse table (`--engine clickhouse`) rather than a store."""
+    return isinstance(db, CHD.ClickHouseBench)
+
+
+def open_workbench(title: str) -> Workbench:
+    """The store's workbench for a page that runs on DuckDB only: on ClickHouse, the page says so and stops."""
+    db = open_store()
+    if isinstance(db, CHD.ClickHouseBench):
+        st.title(title)
+        st.info(f"The {title} page does not run on ClickHouse yet: {CHD.NOT_YET.get(title, 'it reads the store')}; "
+                f"open `tailscope dashboard --store DIR` on a store for it.")
+        st.stop()
+        raise AssertionError("unreachable: st.stop() raises")
+    return db
 
 
 @contextlib.contextmanager
@@ -346,42 +392,53 @@ def _inline(cond: str, params: list[Any]) -> str:
 # --- queries: caching wrappers around public analysis functions -------------------------
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def choices(_db: Workbench, store: str, version: int) -> dict[str, Any]:
+def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
     """Time bounds and the distinct values of each filter dimension, over the whole store."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.choices(_db, FILTER_DIMENSIONS)
     with _cursor(_db) as cur:
         lo, hi, n = B.time_bounds(cur, "req")
         return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, FILTER_DIMENSIONS, "req")}
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def summary(_db: Workbench, store: str, version: int, filters: Filters) -> dict[str, Any]:
+def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
     """analysis.breakdowns.summary of the filtered requests: counts per outcome, p50/p90/p99 (ms)."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.summary(_db, filters, FILTER_DIMENSIONS)
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return B.summary(cur, "req", cond, params)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def window_s(_db: Workbench, store: str, version: int, filters: Filters) -> int:
+def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
     """The report's automatic window (analysis.percentiles.choose_window_s) over the filtered requests."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.window_s(_db, filters, FILTER_DIMENSIONS)
     with _cursor(_db, filters) as cur:
         return choose_window_s(cur, filters.since_ns, filters.until_ns, source="requests")
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.DataFrame:
+def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.DataFrame:
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
     report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome
     (weighted: the requests the stored ones stand for under sampling)."""
+    def series(m: str) -> pl.DataFrame:
+        if isinstance(_db, CHD.ClickHouseBench):
+            return CHD.series(_db, filters, FILTER_DIMENSIONS, m)
+        with _cursor(_db, filters) as cur:
+            return percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")
+
     frames: list[pl.DataFrame] = []
-    with _cursor(_db, filters) as cur:
-        for m in ("e2e", "ttft", "tpot"):
-            df = percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")
-            # counts are what the stored requests stand for (equal to the stored counts when unsampled)
-            keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
-                                                  ("requests", "ok", "errors", "timeouts", "cancelled")]
-                                                 if not frames else [])
-            frames.append(df.select(keep + [pl.col(f"{q}_ms").alias(f"{m}_{q}_ms") for q in ("p50", "p90", "p99")]))
+    for m in ("e2e", "ttft", "tpot"):
+        df = series(m)
+        # counts are what the stored requests stand for (equal to the stored counts when unsampled)
+        keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
+                                              ("requests", "ok", "errors", "timeouts", "cancelled")]
+                                             if not frames else [])
+        frames.append(df.select(keep + [pl.col(f"{q}_ms").alias(f"{m}_{q}_ms") for q in ("p50", "p90", "p99")]))
     out = frames[0]
     for f in frames[1:]:
         out = out.join(f, on="window_start_ns", how="left")
@@ -390,7 +447,7 @@ def over_time(_db: Workbench, store: str, version: int, filters: Filters) -> pd.
     return pdf
 
 
-def report_of(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.build_report over the filtered requests: the `tailscope report --json` contract.
 
     The report reads the request facts from `source="requests"`, this cursor's filtered view of
@@ -401,16 +458,19 @@ def report_of(_db: Workbench, store: str, version: int, filters: Filters, metric
 
 
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
-def _report_of(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
-    with _cursor(_db, filters) as cur:
-        try:
+def _report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
+    """The cached body of report_of, on the store's workbench or on ClickHouse."""
+    try:
+        if isinstance(_db, CHD.ClickHouseBench):
+            return CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
+        with _cursor(_db, filters) as cur:
             return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
                                 include_failures=True, source="requests")
-        except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
-            return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
+    except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
+        return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
 
 
-def spikes(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> list[dict[str, Any]]:
+def spikes(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> list[dict[str, Any]]:
     """The report's spikes under `filters`, in time order."""
     found = report_of(_db, store, version, filters, metric).get("spikes", [])
     return sorted(found, key=lambda sp: spike_times_ns(sp)[0])
@@ -424,22 +484,24 @@ def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
 
 
 @st.cache_data(show_spinner="Explaining the window…", max_entries=128)
-def explain(_db: Workbench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
+def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: int, end_ns: int,
             metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.explain_window over the filtered requests: a detected spike's own report item, or
     any (brushed) window explained the same way against the report's baseline."""
     for sp in report_of(_db, store, version, filters, metric).get("spikes", []):
         if spike_times_ns(sp) == (start_ns, end_ns):  # explain_window would recompute this very item
             return {**sp, "detected": True}
-    with _cursor(_db, filters) as cur:
-        try:
+    try:
+        if isinstance(_db, CHD.ClickHouseBench):
+            return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric)
+        with _cursor(_db, filters) as cur:
             return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
                                   until=filters.until_ns, source="requests")
-        except Exception as exc:
-            return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
-                    "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
-                    "dimensions": [], "exemplars": [],
-                    "errors": [f"could not explain the window because {str(exc).splitlines()[0]}"]}
+    except Exception as exc:
+        return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
+                "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
+                "dimensions": [], "exemplars": [],
+                "errors": [f"could not explain the window because {str(exc).splitlines()[0]}"]}
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
@@ -460,9 +522,11 @@ def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric:
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def exemplars(_db: Workbench, store: str, version: int, filters: Filters, limit: int = 50,
+def exemplars(_db: Bench, store: str, version: int, filters: Filters, limit: int = 50,
               metric: str = "e2e", trace_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
     """analysis.traces.slowest under `filters` (only `trace_ids`, when given), slowest first."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.exemplars(_db, filters, FILTER_DIMENSIONS, limit, metric, trace_ids)
     cond, params = filters.where()
     if trace_ids is not None:
         cond, params = f"({cond}) AND list_contains(?, trace_id)", [*params, list(trace_ids)]
@@ -471,15 +535,19 @@ def exemplars(_db: Workbench, store: str, version: int, filters: Filters, limit:
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def find_trace(_db: Workbench, store: str, version: int, trace_id: str) -> pd.DataFrame:
+def find_trace(_db: Bench, store: str, version: int, trace_id: str) -> pd.DataFrame:
     """analysis.traces.find_requests: the request rows of a trace id (or a unique prefix of 8+ hex digits)."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.find_trace(_db, trace_id)
     with _cursor(_db) as cur:
         return T.find_requests(cur, trace_id, "req").to_pandas()
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def trace_spans(_db: Workbench, store: str, version: int, trace_id: str, start_ns: int) -> pd.DataFrame:
+def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: int) -> pd.DataFrame:
     """analysis.traces.waterfall of one trace, reading only the segments of its hour and the next."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.trace_spans(_db, trace_id, start_ns)
     files = _db.files_for(start_ns)
     if not files:
         return pd.DataFrame()

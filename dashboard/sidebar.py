@@ -25,7 +25,7 @@ def _ns(dt: datetime) -> int:
     return int(dt.replace(tzinfo=UTC).timestamp() * 1_000_000) * 1000
 
 
-def render(db: data.Workbench) -> data.Filters:
+def render(db: data.Bench) -> data.Filters:
     """Draw the filters and live controls; store and return the filters they describe."""
     with st.sidebar:
         _live_controls(db)
@@ -59,7 +59,7 @@ def render(db: data.Workbench) -> data.Filters:
         return filters
 
 
-def _live_controls(db: data.Workbench) -> None:
+def _live_controls(db: data.Bench) -> None:
     """Refresh now, or every N seconds while the store grows (no lock: segments are immutable files)."""
     cols = st.columns([1, 1])
     if cols[0].button("Refresh", key="refresh", help="Read segments written since the last refresh"):
@@ -82,7 +82,7 @@ def _live_controls(db: data.Workbench) -> None:
         st.caption(f":material/hourglass_top: {note}")
 
 
-def _refresh(db: data.Workbench, quiet: bool = False) -> bool:
+def _refresh(db: data.Bench, quiet: bool = False) -> bool:
     changed = db.refresh()
     if not quiet:
         st.toast("New data loaded." if changed else "No new segments.")
@@ -100,7 +100,7 @@ def replay_page(title: str) -> tuple[data.Workbench, data.Filters, tuple[data.Wo
 
     Returns (workbench, filters, the data-call key, the filtered replicas).
     """
-    db = data.open_store()
+    db = data.open_workbench(title)
     f = current()
     key = (db, str(db.store), db.version)
     st.title(title)

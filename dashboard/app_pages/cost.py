@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import data, sidebar
 
-db = data.open_store()
+db = data.open_workbench("Cost")
 f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Cost")

@@ -38,7 +38,7 @@ report = data.report_of(*key, f)
 notes = "; ".join(report.get("warnings", []) + report.get("errors", []))
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
-fired = data.alerts(str(db.store), f.since_ns, f.until_ns)
+fired = pd.DataFrame() if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)
 if not fired.empty:
     st.caption(f"red rules: {len(fired)} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")

@@ -12,7 +12,18 @@ from typing import Annotated
 
 import typer
 
-from tailscope.commands.common import StoreOption, err_console, errors_as_messages, fail, store_path
+from tailscope.commands.common import (
+    DEFAULT,
+    DsnOption,
+    Engine,
+    EngineOption,
+    StoreOption,
+    TableOption,
+    err_console,
+    errors_as_messages,
+    fail,
+    store_path,
+)
 from tracing.store import ENV_STORE, require_store
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -29,8 +40,9 @@ def app_file() -> Path:
     return path
 
 
-def streamlit_command(app: Path, store: Path, host: str, port: int) -> list[str]:
-    """The `streamlit run` command line that serves `app` over `store`, headless, on host:port."""
+def streamlit_command(app: Path, store: Path | None, host: str, port: int, table: str | None = None) -> list[str]:
+    """The `streamlit run` command line that serves `app` over `store` (or, with `table`, a ClickHouse table
+    whose DSN rides in the environment), headless, on host:port."""
     return [
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", host,
@@ -41,7 +53,7 @@ def streamlit_command(app: Path, store: Path, host: str, port: int) -> list[str]
         "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false",
         "--client.toolbarMode", "viewer",
-        "--", "--store", str(store),
+        "--", *(["--store", str(store)] if table is None else ["--engine", "clickhouse", "--table", table]),
     ]
 
 
@@ -50,20 +62,46 @@ def dashboard(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default; the dashboard "
                                                      "has no login, so expose it only behind one).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.", min=1, max=65535)] = 8501,
+    engine: EngineOption = Engine.duckdb,
+    dsn: DsnOption = None,
+    table: TableOption = DEFAULT,
 ) -> None:
-    """Open the incident workbench in a browser: p99 over time, spikes, what explains them, traces, SQL."""
-    with errors_as_messages():
-        path = require_store(store_path(store)).resolve()
+    """Open the incident workbench in a browser: p99 over time, spikes, what explains them, traces, SQL.
+
+    With --engine clickhouse the pages read an otel_traces table: Overview, Spike, Traces and
+    SQL run there; the others say they need a store.
+    """
+    ch_table: str | None = None
+    path: Path | None = None
+    if engine is Engine.clickhouse:
+        what, env = _clickhouse(dsn, table)
+        ch_table = table
+    else:
+        with errors_as_messages():
+            path = require_store(store_path(store)).resolve()
+        what, env = f"store {path}", {ENV_STORE: str(path)}
     if importlib.util.find_spec("streamlit") is None:
         fail("Streamlit is not installed; install tailscope with the [dashboard] extra: "
              "pip install 'tailscope[dashboard]'")
     app = app_file()
     if host not in LOOPBACK:
-        err_console.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach it can read the store")
+        err_console.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach it can read the {what}")
     err_console.print(f"tailscope dashboard on http://{'[' + host + ']' if ':' in host else host}:{port} "
-                      f"(store {path}); Ctrl-C to stop", highlight=False)
-    env = {**os.environ, ENV_STORE: str(path)}
-    raise typer.Exit(_serve(streamlit_command(app, path, host, port), env))
+                      f"({what}); Ctrl-C to stop", highlight=False)
+    raise typer.Exit(_serve(streamlit_command(app, path, host, port, ch_table), {**os.environ, **env}))
+
+
+def _clickhouse(dsn: str | None, table: str) -> tuple[str, dict[str, str]]:
+    """What the app reads on ClickHouse (checked here, reached by the app) and the variables telling it."""
+    from analysis.clickhouse import check_table_name, parse_dsn
+    from dashboard.settings import ENV_DSN, ENV_ENGINE, ENV_TABLE
+
+    if not dsn:
+        fail("--engine clickhouse needs --dsn (chdb:PATH or clickhouse://user@host:8123/db)")
+    with errors_as_messages():
+        where = parse_dsn(dsn)
+        check_table_name(table)
+    return f"ClickHouse table {table} at {where}", {ENV_ENGINE: "clickhouse", ENV_DSN: dsn, ENV_TABLE: table}
 
 
 def _serve(argv: list[str], env: dict[str, str]) -> int:

@@ -78,22 +78,25 @@ def report(
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
     if engine is Engine.clickhouse:
         with errors_as_messages():
+            from analysis.clickhouse import recognition_counts
             from analysis.clickhouse_report import build_report as clickhouse_report
+            from intake.recognition import Recognition
 
             client = clickhouse_client(dsn, table)
             try:
                 result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
                                            until=until, include_failures=not ok_only,
                                            sampling_policy=sampling_policy.value)
+                seen = Recognition(*recognition_counts(client, table))
             finally:
                 client.close()
         _print(result, as_json)
+        _coverage(seen, as_json)
         return
     import duckdb
 
     from analysis.connect import connect
     from analysis.report import build_report
-    from intake.recognition import gaps
 
     with errors_as_messages():
         if materialize:
@@ -109,7 +112,13 @@ def report(
         finally:
             con.close()
     _print(result, as_json)
-    # what the data can and cannot show: on stderr with --json, so the contract on stdout stays as is
+    _coverage(seen, as_json)
+
+
+def _coverage(seen: Recognition, as_json: bool) -> None:
+    """What the data can and cannot show: on stderr with --json, so the contract on stdout stays as is."""
+    from intake.recognition import gaps
+
     out = err_console if as_json else console
     out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True)
     for gap in gaps(seen.engines):

@@ -19,7 +19,7 @@ from analysis import clickhouse as C
 from analysis import model as M
 from analysis.clickhouse_export import export_store
 from analysis.clickhouse_report import build_report as ch_report
-from analysis.connect import connect
+from analysis.connect import connect, request_engines
 from analysis.report import build_report
 from intake.ingest import ingest_files
 from tracing import rows as R
@@ -159,6 +159,10 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     C.materialize_requests(client, table)
     _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
     assert ch_report(client, table) == build_report(con)
+    spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
+    engines = request_engines(con)
+    assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line
+    assert bool(engines) == ("vllm" in sample.name or "sglang" in sample.name)
     if "vllm" in sample.name:
         assert ch_report(client, table, metric="ttft") == build_report(con, metric="ttft")
 
@@ -362,13 +366,33 @@ def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Pat
                     assert ((a - b).abs().fill_null(0) <= 1e-9 * a.abs().fill_null(1)).all(), (kw, col)
                 else:
                     assert a.to_list() == b.to_list(), (kw, col)
-        duck_report = build_report(con)
+        duck_reports = {p: build_report(con, sampling_policy=p) for p in ("auto", "head", "tail")}
     finally:
         con.close()
-    assert duck_report["sampled"] is True
-    ch = ch_report(client, table)
-    # judging tail-based sampling reads the spans' records, which is not pushed down yet: the report says so
-    assert ch.pop("sampling") is None and duck_report.pop("sampling")["recorded"] > 0
-    judged = [e for e in ch["errors"] if e.startswith("could not judge the sampling")]
-    assert len(judged) == 1 and [e for e in ch.pop("errors") if e not in judged] == duck_report.pop("errors")
-    assert ch == duck_report
+    assert duck_reports["auto"]["sampled"] is True and duck_reports["auto"]["sampling"]["recorded"] > 0
+    for policy, duck_report in duck_reports.items():  # the sampling records are read on the server
+        assert ch_report(client, table, sampling_policy=policy) == duck_report, policy
+
+
+def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, client: Any) -> None:
+    """A tail sampler that kept every slow request and a quarter of the rest, recording the quarter as head
+    sampling: both engines see the recorded probabilities contradicted by the data, alike."""
+    from tests.sample_traces import sampled_copy as SC
+
+    whole = tmp_path / "whole"
+    ingest_files([DATA / "incidents" / "slow_replica.otlp.jsonl.gz"], whole)
+    spans = SC.read_spans(whole)
+    first = connect(whole)
+    slow = sorted(r["e2e_ns"] for r in SC.facts(first))[-300]
+    first.close()
+    store = SC.write_store(tmp_path / "tail", SC.tail_sample(spans, slow, 0.25))
+    table = "t_tail"
+    client.command(f"DROP TABLE IF EXISTS {table}")
+    export_store(store, client, table)
+    con = connect(store)
+    try:
+        duck = build_report(con)
+    finally:
+        con.close()
+    assert duck["sampling"]["unrecorded"] > 0 and duck["warnings"], "the store's report sees the tail sampler"
+    assert ch_report(client, table) == duck

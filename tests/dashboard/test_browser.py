@@ -7,6 +7,8 @@ screenshot of each page in test-artifacts/. `make test` installs chromium first
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -15,7 +17,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,17 +48,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(incident_store: Path) -> Iterator[str]:
-    """`tailscope dashboard` serving the incident store on a free loopback port."""
+@contextlib.contextmanager
+def _serving(args: list[str], log_name: str) -> Iterator[str]:
+    """`tailscope dashboard ARGS` on a free loopback port until the block ends; then SIGTERM, checked to stop it."""
     port = _free_port()
     exe = Path(sys.executable).parent / "tailscope"
-    log = ARTIFACTS / "dashboard-server.log"
+    log = ARTIFACTS / log_name
     ARTIFACTS.mkdir(exist_ok=True)
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), "dashboard", "--store", str(incident_store), "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([str(exe), "dashboard", *args, "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(600):  # bounded: about a minute
@@ -87,6 +90,13 @@ def dashboard_url(incident_store: Path) -> Iterator[str]:
             if not stopped:
                 os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail("the Streamlit server outlived `tailscope dashboard` after SIGTERM")
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(incident_store: Path) -> Iterator[str]:
+    """`tailscope dashboard` serving the incident store on a free loopback port."""
+    with _serving(["--store", str(incident_store)], "dashboard-server.log") as url:
+        yield url
 
 
 def test_click_through_every_page(dashboard_url: str) -> None:
@@ -154,3 +164,56 @@ def _screenshot(page: object, path: Path) -> None:
     _settle(page)
     page.screenshot(path=str(path))
     page.set_viewport_size(size)
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def clickhouse_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`tailscope dashboard --engine clickhouse` on a chdb table filled from a catalogue sample, and the
+    `report --engine clickhouse --json` of that table. Each step is its own process: chdb opens a
+    directory in one process at a time, and the test process never opens it."""
+    root = tmp_path_factory.mktemp("chbrowser")
+    exe = str(Path(sys.executable).parent / "tailscope")
+    dsn = f"chdb:{root / 'ch'}"
+    for args in (["ingest", str(SAMPLE), "--store", str(root / "store")],
+                 ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(root / "store"), "--quiet"]):
+        subprocess.run([exe, *args], check=True, capture_output=True, timeout=600)
+    done = subprocess.run([exe, "report", "--engine", "clickhouse", "--dsn", dsn, "--json"], check=True,
+                          capture_output=True, text=True, timeout=600)
+    with _serving(["--engine", "clickhouse", "--dsn", dsn], "dashboard-clickhouse-server.log") as url:
+        yield url, json.loads(done.stdout)
+
+
+def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]]) -> None:
+    """The Overview shades the report's spike; Spike, Traces and SQL run; a store-only page says so."""
+    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
+    from playwright.sync_api import expect, sync_playwright
+
+    url, report = clickhouse_url
+    assert report["spikes"], "the slow_replica sample has a spike"
+    spike = report["spikes"][0]
+    start, end = (f"{datetime.fromisoformat(spike[k].replace('Z', '+00:00')):%H:%M:%S}" for k in ("start", "end"))
+    lead = spike["dimensions"][0]
+    pages = (("Overview", "Overview", f"Spike {start}–{end} UTC"),
+             ("Spike", "Spike", f"{lead['dimension']} = {lead['value']}"),
+             ("Traces", "Traces", "Slowest requests"),
+             ("SQL", "SQL", "readonly = 1"),
+             ("Replicas", "Replicas", "The Replicas page does not run on ClickHouse yet"))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(90_000)
+            expect.set_options(timeout=90_000)
+            page.goto(url, wait_until="networkidle")
+            for label, heading, must_show in pages:
+                page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
+                expect(page.get_by_role("heading", name=heading, exact=True).first).to_be_visible()
+                expect(page.get_by_text(must_show).first).to_be_visible()
+                _settle(page)
+                _screenshot(page, ARTIFACTS / f"dashboard-clickhouse-{heading.lower().replace(' ', '-')}.png")
+                assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+        finally:
+            browser.close()

@@ -36,6 +36,8 @@ def test_report_json_is_the_same_on_both_engines(exported: tuple[Path, str]) -> 
     a = json.loads(duck.stdout)
     assert a["spikes"], "the slow_replica sample has a spike"
     assert json.loads(ch.stdout) == a
+    coverage = [line for line in duck.stderr.splitlines() if line.startswith("coverage:")]
+    assert len(coverage) == 1 and coverage == [line for line in ch.stderr.splitlines() if line.startswith("coverage:")]
 
 
 def test_a_time_range_and_ok_only_give_the_same_report(exported: tuple[Path, str]) -> None:

@@ -1,0 +1,128 @@
+"""The dashboard's breakdowns on ClickHouse: the functions of analysis.breakdowns and analysis.traces, pushed down.
+
+Each reads a session table of request facts (analysis.clickhouse.materialize_requests) and a
+ClickHouse condition `where` on its columns (see `condition`); only aggregates, or the few
+rows asked for, come back. Percentiles are `quantileExactInclusive`, DuckDB's `quantile_cont`
+to the last bit, so each function returns what its DuckDB namesake returns on the same requests.
+A trace's waterfall pulls that trace's spans and runs analysis.traces.waterfall on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analysis import traces as T
+from analysis.breakdowns import SUMMARY_METRICS
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal
+from analysis.clickhouse_report import _Fetcher
+from analysis.percentiles import QUANTILES, metric_column, weighted_quantile_sorted
+from tracing import schema as S
+
+#: Span columns a waterfall reads (the request model's inputs and what it lists); Events and Links stay behind.
+WATERFALL_INPUTS: Final[tuple[str, ...]] = tuple(c for c, _, _ in S.SPAN_COLUMNS if c not in ("Events", "Links"))
+
+
+def condition(since_ns: int | None = None, until_ns: int | None = None,
+              values: dict[str, Sequence[str]] | None = None) -> str:
+    """A condition on the request columns: start_ns in [since, until) and each column in its values (never empty)."""
+    parts = ["TRUE"]
+    if since_ns is not None:
+        parts.append(f"start_ns >= {int(since_ns)}")
+    if until_ns is not None:
+        parts.append(f"start_ns < {int(until_ns)}")
+    for col, vals in (values or {}).items():
+        if vals:
+            parts.append(f"{col} IN ({', '.join(literal(v) for v in vals)})")
+    return " AND ".join(parts)
+
+
+def _rows(client: Client, sql: str) -> list[dict[str, object]]:
+    return client.query(sql).to_pylist()
+
+
+def summary(client: Client, facts: str, where: str = "TRUE") -> dict[str, float | int | None]:
+    """analysis.breakdowns.summary on the server: counts per outcome (stored and weighted), p50 / p90 / p99 (ms)
+    of e2e, TTFT, TPOT and their effective counts. On a sampled table the weighted percentiles are computed
+    here from each metric's (value, weight) rows by analysis.percentiles' one rule; otherwise on the server."""
+    qs = [(name, q) for name, q in QUANTILES if name in ("p50", "p90", "p99")]
+    sampled = bool(_rows(client, f"SELECT countIf(adjusted_count != 1) AS n FROM {facts} WHERE {where}")[0]["n"])
+    outcomes = ", ".join(f"countIf(status = {literal(o)}) AS {o}" for o in S.OUTCOMES)
+    w = "adjusted_count" if sampled else "1"
+    weighted = f"sum({w}) AS requests_weighted, " + ", ".join(
+        f"sumIf({w}, status = {literal(o)}) AS {o}_weighted" for o in S.OUTCOMES)
+    if sampled:  # Kish, as breakdowns._n_effective
+        effective = ", ".join(
+            f"if(sumIf(adjusted_count * adjusted_count, {c} IS NOT NULL) = 0, 0, "
+            f"pow(sumIf(adjusted_count, {c} IS NOT NULL), 2) / sumIf(adjusted_count * adjusted_count, "
+            f"{c} IS NOT NULL)) AS {m}_n_effective" for m in SUMMARY_METRICS for c in [metric_column(m)])
+        pcts = ""
+    else:
+        effective = ", ".join(f"count({metric_column(m)}) AS {m}_n_effective" for m in SUMMARY_METRICS)
+        pcts = ", " + ", ".join(
+            f"quantileExactInclusiveOrNull({q})(toFloat64({metric_column(m)})) / 1e6 AS {m}_{name}_ms"
+            for m in SUMMARY_METRICS for name, q in qs)
+    row = _rows(client, f"SELECT count() AS requests, {outcomes}, {weighted}, {effective}{pcts} "
+                        f"FROM {facts} WHERE {where}")[0]
+    out = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    if sampled:
+        for m in SUMMARY_METRICS:
+            col = metric_column(m)
+            got = client.query(f"SELECT toFloat64({col}) AS v, toFloat64(adjusted_count) AS w FROM {facts} "
+                               f"WHERE {where} AND {col} IS NOT NULL ORDER BY v").to_pydict()
+            v, wt = np.asarray(got["v"], dtype=np.float64), np.asarray(got["w"], dtype=np.float64)
+            for name, q in qs:
+                out[f"{m}_{name}_ms"] = weighted_quantile_sorted(v, wt, q) / 1e6 if v.size else None
+    return out  # type: ignore[return-value]
+
+
+def time_bounds(client: Client, facts: str) -> tuple[int | None, int | None, int]:
+    """analysis.breakdowns.time_bounds: (first start_ns, last start_ns, requests); (None, None, 0) when empty."""
+    row = _rows(client, f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n FROM {facts}")[0]
+    n = int(row["n"])  # type: ignore[call-overload]
+    return (None, None, 0) if not n else (int(row["a"]), int(row["b"]), n)  # type: ignore[call-overload]
+
+
+def dimension_values(client: Client, facts: str, dims: Sequence[str]) -> dict[str, list[str]]:
+    """analysis.breakdowns.dimension_values: the distinct non-null values of each column, sorted."""
+    return {d: [str(r[d]) for r in _rows(client, f"SELECT DISTINCT {d} FROM {facts} WHERE {d} IS NOT NULL "
+                                                 f"ORDER BY {d}")] for d in dims}
+
+
+def slowest(client: Client, facts: str, metric: str = "e2e", limit: int = 50, where: str = "TRUE") -> pl.DataFrame:
+    """analysis.traces.slowest on the server: the `limit` slowest requests, slowest first, the same columns."""
+    col = metric_column(metric)
+    stages = ", ".join(f"{s}_ns / 1e6 AS {s}_ms" for s in S.CRITICAL_PATH_COLUMNS)
+    out = pl.from_arrow(client.query(
+        f"SELECT {', '.join(T.EXEMPLAR_COLUMNS)}, {col} / 1e6 AS latency_ms, {stages} FROM {facts} "
+        f"WHERE ({where}) AND {col} IS NOT NULL ORDER BY {col} DESC, trace_id LIMIT {int(limit)}"))
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def find_requests(client: Client, facts: str, trace_id: str, limit: int = 20) -> pl.DataFrame:
+    """analysis.traces.find_requests on the server: a full trace id, or a prefix of 8+ hex digits."""
+    tid = trace_id.strip().lower()
+    if len(tid) >= 32:
+        cond = f"trace_id = {literal(tid)}"
+    elif len(tid) < 8:
+        cond = "FALSE"
+    else:
+        cond = f"startsWith(trace_id, {literal(tid)})"
+    out = pl.from_arrow(client.query(f"SELECT * FROM {facts} WHERE {cond} ORDER BY start_ns LIMIT {int(limit)}"))
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def waterfall(client: Client, trace_id: str, since_ns: int, until_ns: int, table: str = DEFAULT_TABLE) -> pl.DataFrame:
+    """analysis.traces.waterfall of one trace: its spans starting in [since, until) come back, the rule runs here."""
+    local = duckdb.connect(":memory:")
+    try:
+        _Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
+        return T.waterfall(local, trace_id)
+    finally:
+        local.close()
