@@ -56,17 +56,18 @@ def main(argv: list[str] | None = None) -> None:
         snap = snapshot(store)
         t0, c0 = time.perf_counter(), _cpu()
         con.execute(ANCHOR).fetchall()
+        anchor_cpu = round(_cpu() - c0, 3)
         row: dict[str, object] = {"run": run, "load_start": _load(),
-                                  "anchor": [round(time.perf_counter() - t0, 3), round(_cpu() - c0, 3)]}
+                                  "anchor": [round(time.perf_counter() - t0, 3), anchor_cpu]}
         for hour in sorted(snap.by_hour):
             files = [str(f) for f in snap.by_hour[hour]]
             spans = (bcon.execute(f"SELECT count(*) FROM read_parquet({files})").fetchone() or (0,))[0]
             t0, c0 = time.perf_counter(), _cpu()
             path = build_hour(snap, hour, bcon)
             wall, cpu = time.perf_counter() - t0, _cpu() - c0
-            anchor_cpu = row["anchor"][1]  # type: ignore[index]
-            row[str(hour)] = {"spans": int(spans), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                              "cpu_x_anchor": round(cpu / anchor_cpu, 1) if anchor_cpu else None}
+            entry: dict[str, object] = {"spans": int(spans), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                                        "cpu_x_anchor": round(cpu / anchor_cpu, 1) if anchor_cpu else None}
+            row[str(hour)] = entry
             sorted_rows = f"(SELECT * FROM read_parquet('{path}') ORDER BY ALL)"
             if args.save and run == 0:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
@@ -76,10 +77,9 @@ def main(argv: list[str] | None = None) -> None:
                 diff = bcon.execute(f"SELECT (SELECT count(*) FROM (SELECT * FROM {sorted_rows} EXCEPT ALL "
                                     f"SELECT * FROM read_parquet('{ref}'))) + (SELECT count(*) FROM (SELECT * FROM "
                                     f"read_parquet('{ref}') EXCEPT ALL SELECT * FROM {sorted_rows})), "
-                                    f"(SELECT count(*) FROM read_parquet('{ref}'))").fetchone()
-                row[str(hour)]["rows_differing"] = diff[0] if diff else None  # type: ignore[index]
-                row[str(hour)]["rows"] = diff[1] if diff else None  # type: ignore[index]
-                same = same and bool(diff) and diff[0] == 0
+                                    f"(SELECT count(*) FROM read_parquet('{ref}'))").fetchone() or (None, None)
+                entry["rows_differing"], entry["rows"] = diff[0], diff[1]
+                same = same and diff[0] == 0
         row["load_end"] = _load()
         print(json.dumps(row), flush=True)
     if args.check:
