@@ -250,22 +250,20 @@ FROM {source}
 WHERE Stage IS NOT NULL AND ({span_where})
   AND TimestampNs < (SELECT max(re) FROM req) AND TimestampNs + Duration > (SELECT min(rs) FROM req)"""),
         # level 1: stage children of the request span that overlap it, clipped to it
-        "l1": (True, f"""
-SELECT r.rk, r.rs, r.re, r.hr, st.k, st.SpanId, st.Stage AS stage, st.Replica,
-       st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
-       st.Stage IN {y} AS yielding
-FROM st JOIN req r ON st.pk = r.rk
-WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h}"""),
-        # their critical stretches, computed over the few columns the later steps read
-        **({"l1w": (True, f"SELECT rk, rs, re, hr, k, SpanId, stage, yielding, s0, e0, "
-                          f"{_sweep(d, 'rk, yielding')} AS x1 FROM l1")} if stages else {}),
+        "l1w": (True, f"""
+SELECT *{f", {_sweep(d, 'rk, yielding')} AS x1" if stages else ""} FROM (
+  SELECT r.rk, r.rs, r.re, r.hr, st.k, st.SpanId, st.Stage AS stage, st.Replica,
+         st.s AS raw_s, st.e AS raw_e, greatest(st.s, r.rs) AS s0, least(st.e, r.re) AS e0,
+         st.Stage IN {y} AS yielding
+  FROM st JOIN req r ON st.pk = r.rk
+  WHERE least(st.e, r.re) > greatest(st.s, r.rs) AND st.s >= r.hr - {h} AND st.s < r.hr + 2 * {h})"""),
         # level 2: stage children of a level-1 working span that overlap the request,
         # clipped to that span's stretch (the facts, without stages, need no stretch)
         "l2": (True, f"""
 SELECT p.rk, p.k AS parent, p.s0 AS ps, p.stage AS pstage, c.SpanId, c.Stage AS stage, c.Replica,
        c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, {'p.x1' if stages else 'p.e0'}) AS e0,
        c.Stage IN {y} AS yielding
-FROM st c JOIN {'l1w' if stages else 'l1'} p ON c.pk = p.k
+FROM st c JOIN l1w p ON c.pk = p.k
 WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
   AND c.s >= p.hr - {h} AND c.s < p.hr + 2 * {h}"""),
         # the spans a request reads give its first token and replica
@@ -275,14 +273,13 @@ SELECT rk,
        {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
        {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
                  f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
-FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1 WHERE stage IN {_in_list(INFO_STAGES)}
+FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w WHERE stage IN {_in_list(INFO_STAGES)}
       UNION ALL SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l2 WHERE stage IN {_in_list(INFO_STAGES)})
 GROUP BY rk"""),
     }
     if stages:
         ctes |= {
-            "l2w": (True, f"SELECT rk, parent, ps, pstage, SpanId, stage, yielding, s0, e0, "
-                          f"{_sweep(d, 'rk, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0"),
+            "l2w": (True, f"SELECT *, {_sweep(d, 'rk, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0"),
             # Each stage's exclusive ns as signed parts, summed per request and stage in one pass:
             # a stretch counts for its stage; a level-2 stretch's exclusive ns are taken from its
             # parent's stage; a yielding stretch loses its overlap with each working sibling's stretch
