@@ -161,9 +161,11 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     source = f"({spans_sql(files_source(files))})"
     where = hour_where([hour_ns])
     # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
-    _, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
-                        f"WHERE IsRequest AND {where}").fetchone() or (None, None)
-    bound = f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi}" if hi is not None else "FALSE"
+    # (the model's own bounds on the stage spans, `< max(request end)` and `end > min(request start)`, as literals)
+    lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
+                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+    bound = (f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
+             if hi is not None else "FALSE")
     return M.requests_sql(source, request_where=where, span_where=bound)
 
 

@@ -260,7 +260,7 @@ SELECT *{f", {_sweep(d, 'rk, yielding')} AS x1" if stages else ""} FROM (
         # level 2: stage children of a level-1 working span that overlap the request,
         # clipped to that span's stretch (the facts, without stages, need no stretch)
         "l2": (True, f"""
-SELECT p.rk, p.k AS parent, p.s0 AS ps, c.SpanId, c.Stage AS stage, c.Replica,
+SELECT p.rk, p.k AS parent, p.s0 AS ps, p.stage AS pstage, c.SpanId, c.Stage AS stage, c.Replica,
        c.s AS raw_s, c.e AS raw_e, greatest(c.s, p.s0) AS s0, least(c.e, {'p.x1' if stages else 'p.e0'}) AS e0,
        c.Stage IN {y} AS yielding
 FROM st c JOIN l1w p ON c.pk = p.k
@@ -280,39 +280,31 @@ GROUP BY rk"""),
     if stages:
         ctes |= {
             "l2w": (True, f"SELECT *, {_sweep(d, 'rk, parent, ps, yielding')} AS x1 FROM l2 WHERE e0 > s0"),
-            # a yielding span owns its stretch minus its working siblings' stretches
-            "l1y": (False, _yield_sql("l1w", "rk")),
-            "l2y": (False, _yield_sql("l2w", "rk, parent, ps")),
-            "excl": (False, """
-SELECT p.rk, p.stage, (p.x1 - p.s0) - coalesce(c.ns, 0) AS excl_ns
-FROM l1w p LEFT JOIN (SELECT rk, parent, ps, sum(ns) AS ns FROM (
-        SELECT rk, parent, ps, x1 - s0 AS ns FROM l2w WHERE NOT yielding
-        UNION ALL SELECT rk, parent, ps, excl_ns FROM l2y) GROUP BY rk, parent, ps) c
-  ON c.rk = p.rk AND c.parent = p.k AND c.ps = p.s0
-WHERE NOT p.yielding AND p.x1 > p.s0
-UNION ALL SELECT rk, stage, x1 - s0 FROM l2w WHERE NOT yielding
-UNION ALL SELECT rk, stage, excl_ns FROM l1y
-UNION ALL SELECT rk, stage, excl_ns FROM l2y"""),
+            # Each stage's exclusive ns as signed parts, summed per request and stage in one pass:
+            # a stretch counts for its stage; a level-2 stretch's exclusive ns are taken from its
+            # parent's stage; a yielding stretch loses its overlap with each working sibling's stretch
+            # (working siblings' stretches are disjoint). Summed, these are the exclusive times.
+            "parts": (False, f"""
+SELECT rk, stage, x1 - s0 AS ns FROM l1w WHERE x1 > s0
+UNION ALL SELECT rk, stage, x1 - s0 FROM l2w WHERE x1 > s0
+UNION ALL SELECT rk, pstage, s0 - x1 FROM l2w WHERE x1 > s0
+UNION ALL {_overlap_sql("l1w", "rk", "stage", -1)}
+UNION ALL {_overlap_sql("l2w", "rk, parent, ps", "stage", -1)}
+UNION ALL {_overlap_sql("l2w", "rk, parent, ps", "pstage", 1)}"""),
             "stage_ns": (False, "SELECT rk,\n    " + ",\n    ".join(
                 f"coalesce({d.agg_if('sum', 'ns', f'stage = {quote(s)}')}, 0) AS {s}_ns" for s in S.ALL_STAGES)
-                + ",\n    sum(ns) AS covered_ns\n"
-                "FROM (SELECT rk, stage, sum(excl_ns) AS ns FROM excl GROUP BY rk, stage)\nGROUP BY rk"),
+                + ",\n    sum(ns) AS covered_ns\nFROM parts\nGROUP BY rk"),
         }
     return [(name, mat, sql) for name, (mat, sql) in ctes.items()]
 
 
-def _yield_sql(table: str, part: str) -> str:
-    """Exclusive ns of the yielding spans of `table`: their stretch minus overlaps with working siblings."""
-    keys = [c.strip() for c in part.split(",")] + ["SpanId", "s0"]
-    on = " AND ".join(f"w.{c} = y.{c}" for c in keys[:-2])
-    back = " AND ".join(f"o.{c} = y.{c}" for c in keys)
-    return f"""
-SELECT {', '.join(f'y.{c}' for c in keys)}, y.stage, (y.x1 - y.s0) - coalesce(o.ns, 0) AS excl_ns
-FROM {table} y LEFT JOIN (
-    SELECT {', '.join(f'y.{c}' for c in keys)}, sum(greatest(0, least(y.x1, w.x1) - greatest(y.s0, w.s0))) AS ns
-    FROM {table} y JOIN {table} w ON {on} AND NOT w.yielding
-    WHERE y.yielding AND y.x1 > y.s0 GROUP BY {', '.join(f'y.{c}' for c in keys)}) o ON {back}
-WHERE y.yielding AND y.x1 > y.s0"""
+def _overlap_sql(table: str, part: str, stage: str, sign: int) -> str:
+    """Rows (rk, `stage` column, `sign` x overlap) of each yielding stretch of `table` with each working
+    sibling's stretch (same `part`), where they overlap."""
+    on = " AND ".join(f"w.{c.strip()} = y.{c.strip()}" for c in part.split(","))
+    ov = "least(y.x1, w.x1) - greatest(y.s0, w.s0)"
+    return f"""SELECT y.rk, y.{stage}, {'' if sign > 0 else '-'}({ov}) FROM {table} y JOIN {table} w ON {on}
+WHERE y.yielding AND NOT w.yielding AND y.x1 > y.s0 AND w.x1 > w.s0 AND {ov} > 0"""
 
 
 def _ttft(d: Dialect) -> str:

@@ -513,9 +513,14 @@ def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: st
         return B.shape(cur, metric, by, "req", cond, params).to_pandas()
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
 def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> pd.DataFrame:
     """analysis.breakdowns.replicas: per replica counts, p50/p99 (ms) and the outlier flag."""
+    # st.cache_data keys on the arguments as passed (the sidebar leaves the metric out): pass them all
+    return _replicas(_db, store, version, filters, metric)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> pd.DataFrame:
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return B.replicas(cur, metric, "req", cond, params).to_pandas()

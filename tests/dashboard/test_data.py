@@ -301,3 +301,28 @@ def test_a_swept_file_makes_the_workbench_refresh(tmp_path: Path, monkeypatch: p
         wb.con.execute("SELECT count(*) FROM req").fetchall()
     assert wb.refresh_if_gone() is True
     assert wb.con.execute("SELECT count(*) FROM req").fetchone() == (6,)
+
+
+def test_replicas_is_computed_once_whether_the_metric_is_passed_or_left_out(
+        incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidebar calls replicas() without the metric, the replicas page with it: one computation for both."""
+    wb = data.Workbench(incident_store)
+    wb.refresh()
+    calls: list[str] = []
+    real = data.B.replicas
+
+    def counted(cur: Any, metric: str, *args: Any) -> Any:
+        calls.append(metric)
+        return real(cur, metric, *args)
+
+    monkeypatch.setattr(data.B, "replicas", counted)
+    data._replicas.clear()
+    key = (wb, str(wb.store), wb.version)
+    f = data.Filters()
+    a = data.replicas(*key, f)
+    b = data.replicas(*key, f, "e2e")
+    c = data.replicas(*key, f, metric="e2e")
+    assert calls == ["e2e"]
+    assert a.equals(b) and a.equals(c)
+    data.replicas(*key, f, "ttft")
+    assert calls == ["e2e", "ttft"]
