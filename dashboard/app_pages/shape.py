@@ -27,10 +27,8 @@ if not worst.empty:
                 f"{w['output_tokens_bucket']} tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** over "
                 f"{w['requests']:,.0f} requests.")
 left, right = st.columns(2)
-with left:
-    st.altair_chart(charts.bucket_p99(data.shape(*key, f, metric, ("input_tokens",)), "input_tokens", "input tokens"),
-                    width="stretch")
-with right:
-    st.altair_chart(charts.bucket_p99(data.shape(*key, f, metric, ("output_tokens",)), "output_tokens",
-                                      "output tokens"),
-                    width="stretch")
+for side, col, title in ((left, "input_tokens", "input tokens"), (right, "output_tokens", "output tokens")):
+    buckets = data.shape(*key, f, metric, (col,))
+    with side:
+        st.altair_chart(charts.bucket_p99(buckets.assign(requests=buckets["requests_weighted"]), col, title),
+                        width="stretch")
