@@ -22,8 +22,8 @@ boundaries (running sums for the counts and a running prefix sum of the floor sh
 request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
 Python loop over rows. Three pieces are dialect-specific
 (`DIALECTS`: integer division, the next boundary, the grid's cells); the rest is plain SQL
-(joins, CASE, sum/min/max, window sums). The ClickHouse text is generated but not yet run
-in tests.
+(joins, CASE, sum/min/max, window sums). `clickhouse_gpu_shares` runs the ClickHouse text on
+an otel_traces-shaped table (tested in chdb against the DuckDB sweep, weighted and not).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any, Final
 import duckdb
 import polars as pl
 
+from analysis import clickhouse as C
 from analysis import model as M
 from analysis.percentiles import (
     iso,
@@ -79,7 +80,8 @@ DIALECTS: Final[dict[str, dict[str, str]]] = {
 }
 
 
-def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = False) -> dict[str, str]:
+def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = False,
+              spans: str = "spans") -> dict[str, str]:
     """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
 
     `weighted` (sampled traces): each segment is shared in proportion to the active requests'
@@ -87,6 +89,7 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
     (docs/cost.md#sampled-traces); without it the integer rule of the module docstring.
 
     Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
+    `spans` names the relation of stored span columns the sweep reads.
     Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
     bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
     allocated_ns, cold_start_ns, idle_ns).
@@ -102,19 +105,19 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
     steps: dict[str, str] = {}
     if weighted:  # a request's adjusted count (the largest of its request spans', should a store hold two)
         steps["_cost_req"] = (f"SELECT TraceId, SpanId, max({M.stored_adjusted_count(dialect_of)}) AS w "
-                              "FROM spans WHERE IsRequest GROUP BY TraceId, SpanId")
+                              f"FROM {spans} WHERE IsRequest GROUP BY TraceId, SpanId")
     else:
-        steps["_cost_req"] = "SELECT DISTINCT TraceId, SpanId FROM spans WHERE IsRequest"
+        steps["_cost_req"] = f"SELECT DISTINCT TraceId, SpanId FROM {spans} WHERE IsRequest"
     steps["_cost_st"] = f"""
 SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
        TimestampNs AS s, EndNs AS e
-FROM spans WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
+FROM {spans} WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
     # generation spans with a prefill / decode child are represented by those children
     steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
                             "WHERE Stage IN ('prefill', 'decode')")
     # the GPU spans in the window (filtered before the parent joins), each with its request span
     steps["_cost_gpu"] = """
-SELECT g.TraceId, g.replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
+SELECT g.TraceId AS TraceId, g.replica AS replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
        coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
 FROM (SELECT g.* FROM _cost_st g
       LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
@@ -129,13 +132,13 @@ SELECT TraceId, request_span_id, row_number() OVER (ORDER BY TraceId, request_sp
 FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
     if weighted:  # GPU spans without a request span weigh 1
         steps["_cost_rid"] = f"""
-SELECT r.TraceId, r.request_span_id, r.rid, coalesce(q.w, 1.0) AS w
+SELECT r.TraceId AS TraceId, r.request_span_id AS request_span_id, r.rid AS rid, coalesce(q.w, 1.0) AS w
 FROM ({steps["_cost_rid"]}) r LEFT JOIN _cost_req q ON q.TraceId = r.TraceId AND q.SpanId = r.request_span_id"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
     steps["_cost_gpu_num"] = """
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
           OVER (PARTITION BY replica, rid ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
-FROM (SELECT g.replica, r.rid, g.s, g.e,
+FROM (SELECT g.replica AS replica, r.rid AS rid, g.s AS s, g.e AS e,
              max(g.e) OVER (PARTITION BY g.replica, r.rid ORDER BY g.s, g.e
                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
       FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId AND r.request_span_id = g.request_span_id)"""
@@ -149,17 +152,17 @@ FROM (SELECT replica, rid, min(s) AS s, max(e) AS e FROM _cost_gpu_num GROUP BY 
 SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
 WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
     steps["_cost_observed"] = """
-SELECT o.replica, greatest(o.first_ns, $lo) AS first_ns, least(o.last_ns, $hi) AS last_ns
+SELECT o.replica AS replica, greatest(o.first_ns, $lo) AS first_ns, least(o.last_ns, $hi) AS last_ns
 FROM (SELECT coalesce(Replica, '{none}') AS replica, min(TimestampNs) AS first_ns, max(EndNs) AS last_ns
-      FROM spans GROUP BY 1) o
+      FROM {spans} GROUP BY 1) o
 WHERE o.replica IN (SELECT replica FROM _cost_st)
-  AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY)
+  AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY).replace("{spans}", spans)
     grid_events = ""
     if grid:
         cells = d["cells"].format(lo=idiv("o.first_ns", "$grid") + " * $grid + $grid", hi="o.last_ns", name="t")
         grid_events = f"""
 UNION ALL
-SELECT o.replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
+SELECT o.replica AS replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
     events = f"""
 SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
 UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
@@ -171,7 +174,7 @@ UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}""
     if weighted:  # dw: the weight entering (+) or leaving (-) the GPU at t
         no_weight = "NULL, 0.0 FROM"
         events = f"""
-SELECT i.replica, i.s AS t, 1 AS dg, 0 AS dl, i.iid AS cand, r.w AS dw
+SELECT i.replica AS replica, i.s AS t, 1 AS dg, 0 AS dl, i.iid AS cand, r.w AS dw
 FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
 UNION ALL SELECT i.replica, i.e, -1, 0, NULL, -r.w FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
 UNION ALL SELECT replica, s, 0, 1, NULL, 0.0 FROM _cost_loads
@@ -200,25 +203,27 @@ FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS
     if grid:
         cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
         steps["_cost_pieces"] = f"""
-SELECT i.replica, i.rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
+SELECT i.replica AS replica, i.rid AS rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
 FROM _cost_islands i{cells}"""
     else:
         steps["_cost_pieces"] = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
     total, part, by_weight = (("CAST(round(sum(part)) AS BIGINT)", "(qe.q_before - qs.q_before) * w.w",
                                 "\n        JOIN _cost_rid w ON w.rid = p.rid") if weighted
                                else ("CAST(sum(part) AS BIGINT)", "qe.q_before - qs.q_before", ""))
+    rem = "CAST(w.rem AS DOUBLE)" if weighted else "w.rem"  # (none when weighted) one type in the union
     steps["_cost_shares"] = f"""
-SELECT a.replica, r.TraceId AS trace_id, r.request_span_id, a.bucket_ns, a.allocated_ns
+SELECT a.replica AS replica, r.TraceId AS trace_id, r.request_span_id AS request_span_id, a.bucket_ns AS bucket_ns,
+       a.allocated_ns AS allocated_ns
 FROM (
     SELECT replica, rid, bucket_ns, {total} AS allocated_ns
     FROM (
-        SELECT p.replica, p.rid, p.bucket_ns, {part} AS part
+        SELECT p.replica AS replica, p.rid AS rid, p.bucket_ns AS bucket_ns, {part} AS part
         FROM _cost_pieces p
         JOIN _cost_shared qs ON qs.replica = p.replica AND qs.t = p.s
         JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e{by_weight}
         UNION ALL
-        SELECT w.replica, i.rid, w.bucket_ns, w.r
-        FROM (SELECT replica, bucket_ns, best, sum(r) AS r FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
+        SELECT w.replica AS replica, i.rid AS rid, w.bucket_ns AS bucket_ns, {rem} AS part
+        FROM (SELECT replica, bucket_ns, best, sum(r) AS rem FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
         JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
     ) GROUP BY replica, rid, bucket_ns
 ) a JOIN _cost_rid r ON r.rid = a.rid"""
@@ -229,7 +234,7 @@ FROM (
         observed = "o.last_ns - o.first_ns"
         buckets = "(SELECT DISTINCT replica, 0 AS bucket_ns FROM _cost_shared) b"
     steps["_cost_replicas"] = f"""
-SELECT b.replica, b.bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
+SELECT b.replica AS replica, b.bucket_ns AS bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
        CAST(coalesce(a.allocated_ns, 0) AS BIGINT) AS allocated_ns,
        CAST(coalesce(x.cold_start_ns, 0) AS BIGINT) AS cold_start_ns,
        CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns
@@ -261,6 +266,20 @@ def _sampled(con: duckdb.DuckDBPyConnection, facts: str) -> bool:
     return weight_where(con, facts) is not None
 
 
+def _sweep_params(since: int | None, until: int | None, grid_ns: int | None) -> dict[str, int]:
+    """The sweep's parameters ($lo, $hi, $grid) of a range and grid, checked."""
+    if grid_ns is not None and grid_ns <= 0:
+        raise QueryError("", f"grid must be positive, got {grid_ns}")
+    lo = since if since is not None else -(2**62)
+    hi = until if until is not None else 2**62
+    if hi <= lo:
+        raise QueryError("", "the cost range is empty: until must be after since")
+    params = {"lo": int(lo), "hi": int(hi)}
+    if grid_ns is not None:
+        params["grid"] = int(grid_ns)
+    return params
+
+
 def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
                grid_ns: int | None = None, weighted: bool | None = None) -> tuple[str, str]:
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
@@ -271,15 +290,7 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
     grid cell; without it `bucket_ns` is 0. `weighted` (default: `sampled_spans`) shares each segment by
     adjusted counts. `drop_sweep(con)` removes the tables.
     """
-    if grid_ns is not None and grid_ns <= 0:
-        raise QueryError("", f"grid must be positive, got {grid_ns}")
-    lo = since if since is not None else -(2**62)
-    hi = until if until is not None else 2**62
-    if hi <= lo:
-        raise QueryError("", "the cost range is empty: until must be after since")
-    params: dict[str, Any] = {"lo": lo, "hi": hi}
-    if grid_ns is not None:
-        params["grid"] = int(grid_ns)
+    params = _sweep_params(since, until, grid_ns)
     if weighted is None:
         weighted = sampled_spans(con)
     for name, sql in sweep_sql("duckdb", grid=grid_ns is not None, weighted=weighted).items():
@@ -292,6 +303,44 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
     for name in sweep_sql("duckdb", grid=grid_ns is not None):
         if name not in ("_cost_shares", "_cost_replicas"):
             con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+    return "_cost_shares", "_cost_replicas"
+
+
+#: The span columns the sweep reads (the ClickHouse run copies only these into a temporary table).
+SWEEP_INPUTS: Final[tuple[str, ...]] = ("TraceId", "SpanId", "ParentSpanId", "Stage", "Replica", "TimestampNs",
+                                        "EndNs", "IsRequest", "AdjustedCount")
+
+
+def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since: int | None = None,
+                          until: int | None = None, grid_ns: int | None = None,
+                          weighted: bool | None = None) -> tuple[str, str]:
+    """`gpu_shares` on ClickHouse: the sweep's ClickHouse text over an otel_traces-shaped `table`, each step
+    into a temporary table of the client's session (same names and columns as `gpu_shares`').
+
+    `weighted` defaults to whether some request span weighs other than 1. The parameters are
+    integers, written into the SQL as literals.
+    """
+    params = _sweep_params(since, until, grid_ns)
+    spans = "_cost_spans"
+    steps = [(spans, f"SELECT {', '.join(SWEEP_INPUTS)} FROM {C.source_sql(table)}")]
+    if weighted is None:
+        got = client.query(f"SELECT count(*) FROM {C.source_sql(table)} "
+                           f"WHERE IsRequest AND {M.stored_adjusted_count(M.CLICKHOUSE)} <> 1")
+        weighted = bool(got.column(0)[0].as_py())
+    settings = " SETTINGS " + ", ".join(f"{k} = {int(v)}" for k, v in M.CLICKHOUSE_SETTINGS.items())
+    steps += list(sweep_sql("clickhouse", grid=grid_ns is not None, weighted=weighted, spans=spans).items())
+    for name, sql in steps:
+        for k, v in params.items():
+            sql = sql.replace(f"${k}", f"toInt64({v})")
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+        try:
+            client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {sql}"
+                           + settings)
+        except QueryError as exc:
+            raise QueryError(sql, f"the GPU-time sweep failed at {name} on ClickHouse: {exc.what}") from exc
+    for name, _ in steps:
+        if name not in ("_cost_shares", "_cost_replicas"):
+            client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
     return "_cost_shares", "_cost_replicas"
 
 

@@ -19,8 +19,8 @@ Nothing is said (None) when queue_wait does not lead or no tenant's concurrency 
 
 Sampled traces: admitted shares weigh each request's adjusted count and the binomial bound
 reads the weighted share on the effective count (as analysis.explain.contrast); GPU shares are
-the weighted fair share (analysis.cost); the tail's own share is weighted. Support stays a count
-of kept requests. Where every weight is 1 the unweighted computation runs.
+the weighted fair share (analysis.cost); the tail's own share and a victim's queued share are
+weighted. Support stays a count of kept requests. Where every weight is 1 the unweighted computation runs.
 """
 
 from __future__ import annotations
@@ -158,12 +158,15 @@ def _victims(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, ta
     lo = int(others.get_column("start_ns").min() or 0)  # type: ignore[arg-type]
     hi = int((others.get_column("start_ns") + others.get_column("e2e_ns")).max() or 0) + 1  # type: ignore[arg-type]
     stages = X.stage_rows(con, sorted(set(ids)), lo - 1, hi)
+    w = others.get_column("weight").to_list() if "weight" in others.columns else [1.0] * others.height
     rows = pl.DataFrame({"trace_id": ids, "tenant": others.get_column("tenant").cast(pl.String).to_list(),
-                         "e2e_ns": others.get_column("e2e_ns").to_list()}).join(
+                         "e2e_ns": others.get_column("e2e_ns").to_list(), "w": w}).join(
         stages.select("trace_id", "queue_wait_ns"), on="trace_id", how="left")
+    # support counts kept requests; "most" is a share of what they stand for (of them when unsampled)
     per = rows.group_by("tenant").agg(
-        pl.len().alias("n"), (pl.col("queue_wait_ns") * 2 > pl.col("e2e_ns")).sum().alias("queued"))
-    return sorted(str(t) for t, n, q in per.iter_rows() if n >= X.MIN_SUPPORT and q * 2 > n)
+        pl.len().alias("n"), pl.col("w").sum().alias("nw"),
+        pl.col("w").filter(pl.col("queue_wait_ns") * 2 > pl.col("e2e_ns")).sum().alias("queued"))
+    return sorted(str(t) for t, n, nw, q in per.iter_rows() if n >= X.MIN_SUPPORT and q * 2 > nw)
 
 
 def for_report(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, spike: Spike,

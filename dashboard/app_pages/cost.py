@@ -41,6 +41,7 @@ cols[3].metric("idle + cold start", "-" if tot["overhead_usd"] is None else f"${
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()
+rows["requests"] = rows["requests_weighted"]  # what the stored requests stand for (equal when unsampled)
 st.dataframe(rows[["key", "gpu_seconds", "cost_usd", "requests", "input_tokens", "output_tokens",
                    "usd_per_1k_output_tokens", "tail_gpu_share"]], hide_index=True, column_config={
     "key": st.column_config.TextColumn(by),

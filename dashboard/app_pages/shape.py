@@ -16,6 +16,8 @@ grid = data.shape(*key, f, metric)  # the report's token buckets: [2^k, 2^(k+1) 
 if grid.empty:
     st.info("No requests with token counts match the filters.")
     st.stop()
+# requests: what the stored ones stand for (analysis' weighted count; the stored count when unsampled)
+grid["requests"] = grid["requests_weighted"]
 value = st.radio("Colour by", ["p99_ms", "p50_ms", "requests"], horizontal=True, key="shape_value")
 st.altair_chart(charts.heatmap(grid, value), width="stretch")
 worst = grid[~grid["p99_low_sample"]].sort_values("p99_ms", ascending=False).head(1)
@@ -23,12 +25,10 @@ if not worst.empty:
     w = worst.iloc[0]
     st.markdown(f"Slowest cell with a p99 to trust: input {w['input_tokens_bucket']} tokens, output "
                 f"{w['output_tokens_bucket']} tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** over "
-                f"{int(w['requests']):,} requests.")
+                f"{w['requests']:,.0f} requests.")
 left, right = st.columns(2)
-with left:
-    st.altair_chart(charts.bucket_p99(data.shape(*key, f, metric, ("input_tokens",)), "input_tokens", "input tokens"),
-                    width="stretch")
-with right:
-    st.altair_chart(charts.bucket_p99(data.shape(*key, f, metric, ("output_tokens",)), "output_tokens",
-                                      "output tokens"),
-                    width="stretch")
+for side, col, title in ((left, "input_tokens", "input tokens"), (right, "output_tokens", "output tokens")):
+    buckets = data.shape(*key, f, metric, (col,))
+    with side:
+        st.altair_chart(charts.bucket_p99(buckets.assign(requests=buckets["requests_weighted"]), col, title),
+                        width="stretch")

@@ -57,7 +57,11 @@ if st.session_state.get("spike_choice") not in options:
 label = st.selectbox("Window", list(options), key="spike_choice")
 ex = data.explain(*key, f, *options[label])
 cols = st.columns(4)
-cols[0].metric("requests in window", f"{ex['requests']:,}")
+# what the stored requests stand for (analysis' weighted count; the stored count itself when unsampled)
+in_window = ex.get("requests_weighted", ex["requests"])
+cols[0].metric("requests in window", f"{in_window:,.0f}",
+               help=None if in_window == ex["requests"] else
+               f"{ex['requests']:,} stored requests, sampled: each stands for its adjusted count")
 cols[1].metric("p99", charts.fmt_ms(ex["p99_ms"]), delta_color="inverse",
                delta=None if ex.get("excess_ms") is None else charts.fmt_ms(ex["excess_ms"]))
 cols[2].metric("baseline p99", charts.fmt_ms(ex["baseline_p99_ms"]))
@@ -84,9 +88,12 @@ else:
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
 columns = ["dimension", "value", "explained", "p99_without_ms", "tail_share", "baseline_share", "support", "score"]
+if any(d.get("support_weighted", d["support"]) != d["support"] for d in ex.get("dimensions", [])):
+    columns.insert(columns.index("support") + 1, "support_weighted")  # sampled: what the support stands for
 dims = pd.DataFrame(ex.get("dimensions", []), columns=columns)[columns]
 pct = st.column_config.NumberColumn(format="percent")
 table_config = {"tail_share": pct, "baseline_share": pct, "explained": pct,
+                "support_weighted": st.column_config.NumberColumn("support (weighted)", format="%,.0f"),
                 "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")}
 pair = dims["dimension"].str.contains("&")
 singles, pairs = dims[~pair], dims[pair]

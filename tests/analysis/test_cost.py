@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 
 from analysis import connect
-from analysis.cost import Prices, cost_series, cost_table, drop_sweep, gpu_shares, load_prices, prices_for
+from analysis.cost import (
+    Prices,
+    clickhouse_gpu_shares,
+    cost_series,
+    cost_table,
+    drop_sweep,
+    gpu_shares,
+    load_prices,
+    prices_for,
+)
 from tests.factory import T0, add_request, hex_id, write
 from tracing.errors import QueryError
 from tracing.rows import SpanBatch
@@ -368,3 +377,55 @@ def test_every_weight_one_keeps_the_integer_sweep(tmp_path: Path) -> None:
     assert not out["sampled"]
     rows = {r["key"]: r["gpu_ns"] for r in out["rows"]}
     assert rows == {"x": 5 * S + 1, "y": 5 * S}
+
+
+
+def _ch_shares(client: Any, table: str, **kw: Any) -> tuple[dict[Any, int], dict[Any, tuple[int, ...]]]:
+    shares, reps = clickhouse_gpu_shares(client, table, **kw)
+    a = {(r["replica"], r["trace_id"], r["bucket_ns"]): r["allocated_ns"]
+         for r in client.query(f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").to_pylist()}
+    b = {(r["replica"], r["bucket_ns"]): (r["observed_ns"], r["allocated_ns"], r["cold_start_ns"], r["idle_ns"])
+         for r in client.query("SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns "
+                               f"FROM {reps}").to_pylist()}
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("chdb")
+    from analysis.clickhouse import open_client
+
+    c = open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
+    yield c
+    c.close()
+
+
+def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(tmp_path: Path, chdb_client: Any) -> None:
+    """The cold-start incident, whole (the integer rule) and as a quarter copy recording `ot=th` (the weighted
+    rule), exported to chdb: the ClickHouse text of the sweep gives DuckDB's shares and replica times, with and
+    without a window and a grid. Integer sweep: exactly. Weighted: the floats are summed in another order, so a
+    request's rounded total may differ by 1 ns."""
+    from analysis.clickhouse_export import export_store
+    from intake.ingest import ingest_files
+    from tests.sample_traces import sampled_copy as SC
+
+    data = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "cold_start.otlp.jsonl.gz"
+    whole = tmp_path / "whole"
+    ingest_files([data], whole)
+    quarter = SC.write_store(tmp_path / "quarter", SC.consistent_sample(SC.read_spans(whole), lambda r: 0.25))
+    for store, weighted, table in ((whole, False, "t_cost_whole"), (quarter, True, "t_cost_quarter")):
+        chdb_client.command(f"DROP TABLE IF EXISTS {table}")
+        export_store(store, chdb_client, table)
+        con = connect(store)
+        lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+        tol = 1 if weighted else 0
+        for kw in ({}, {"since": lo + (hi - lo) // 3, "until": lo + 2 * (hi - lo) // 3, "grid_ns": 60 * S}):
+            want_a, want_r = _shares(con, weighted=weighted, **kw)
+            got_a, got_r = _ch_shares(chdb_client, table, **kw)
+            assert sum(want_a.values()) > 0 and any(v[2] > 0 for v in want_r.values())
+            assert set(got_a) == set(want_a) and set(got_r) == set(want_r), (table, kw)
+            assert max(abs(got_a[k] - want_a[k]) for k in want_a) <= tol, (table, kw)
+            for k, v in want_r.items():
+                assert got_r[k][0] == v[0] and max(abs(g - w) for g, w in zip(got_r[k], v, strict=True)) <= (
+                    tol * len(want_a)), (table, kw, k)
+        con.close()

@@ -5,12 +5,17 @@ from __future__ import annotations
 import heapq
 import random
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
+import numpy as np
+import polars as pl
 import pytest
 from rich.console import Console
 
 from analysis import connect
+from analysis import neighbours as N
+from analysis.percentiles import weighted_quantile_sorted
 from analysis.report import build_report, render_text
 from intake.ingest import ingest_files
 from tests.factory import add_request, write
@@ -22,13 +27,17 @@ MINUTES = 20
 SLOTS = 4
 
 
-def _fleet(path: Path, burst: bool, outage: bool, sample_rate: str | None = None) -> None:
+def _fleet(path: Path, burst: bool, outage: bool, sample_rate: str | None = None,
+           weigh: dict[str, tuple[int, ...]] | None = None, expand: bool = False) -> None:
     """Two replicas of SLOTS FIFO slots; tenants a, b, c at 14/s, x at 0.5/s; minutes 10-13 perturbed.
 
     burst: x also fires 16 requests at once every 10 s. outage: replica r1 is slow to take requests and the
     router sends it only a third of them (r0 runs hotter: everyone queues a little more).
+    weigh: each request's adjusted count drawn from its tenant's choices (a second generator, so the fleet is
+    the same), kept once with that `SampleRate`, or with `expand` written as that many copies weighing 1.
     """
     rng = random.Random(21)
+    wrng = random.Random(22)
     arrivals: list[tuple[int, str]] = []
     t = 0.0
     while t < MINUTES * 60:
@@ -47,9 +56,14 @@ def _fleet(path: Path, burst: bool, outage: bool, sample_rate: str | None = None
         begin = max(a, free[rep][0])
         service = rng.randint(200, 400) * MS
         heapq.heapreplace(free[rep], begin + service)
-        add_request(batch, i, a, begin + service, [("queue_wait", a, begin), ("generation", begin, begin + service)],
-                    replica=rep, attrs={"tailscope.tenant": tenant, "gen_ai.usage.output_tokens": "10",
-                                        **({"SampleRate": sample_rate} if sample_rate else {})})
+        attrs = {"tailscope.tenant": tenant, "gen_ai.usage.output_tokens": "10"}
+        rate = sample_rate
+        if weigh is not None:
+            rate = str(wrng.choice(weigh[tenant]))
+        for c in range(int(rate) if expand and rate else 1):
+            add_request(batch, (i, c) if expand else i, a, begin + service,
+                        [("queue_wait", a, begin), ("generation", begin, begin + service)], replica=rep,
+                        attrs=attrs if expand else {**attrs, **({"SampleRate": rate} if rate else {})})
     write(path, batch)
 
 
@@ -99,6 +113,53 @@ def test_equal_adjusted_counts_name_the_same_neighbour(tmp_path: Path) -> None:
     assert a is not None and b is not None
     for k in ("tenant", "replicas", "admitted_share", "victims", "tail_share_own", "sentence"):
         assert a[k] == b[k], k
+
+
+def _neighbour_of(path: Path) -> tuple[dict[str, Any] | None, float]:
+    """noisy_neighbour on the burst minutes 10-13 of a 60 s window store, the other windows as baseline, and
+    queue_wait leading; the baseline p99 is the store's (weighted) p99 of the minutes before. Also returns
+    the spike's tail share of tenant x counted per stored request (the unweighted reading)."""
+    from analysis.report import _frame
+
+    con = connect(path)
+    frame, _, facts, _ = _frame(con, "e2e", None, None, True)
+    start = frame.get_column("start_ns").to_numpy()
+    t0 = int(start.min()) // (60 * S) * (60 * S)
+    spike = SimpleNamespace(start_ns=t0 + 600 * S, end_ns=t0 + 780 * S, baseline_p99_ns=0.0)
+    before = frame.filter(pl.col("start_ns") < spike.start_ns)
+    w = before.get_column("weight") if "weight" in before.columns else pl.Series([1.0] * before.height)
+    order = np.argsort(before.get_column("value").to_numpy(), kind="stable")
+    spike.baseline_p99_ns = weighted_quantile_sorted(before.get_column("value").to_numpy()[order],
+                                                     w.to_numpy().astype(np.float64)[order], 0.99)
+    starts = np.arange(t0, t0 + MINUTES * 60 * S, 60 * S, dtype=np.int64)
+    det = SimpleNamespace(window_ns=60 * S, window_start_ns=starts,
+                          baseline=(starts < spike.start_ns) | (starts >= spike.end_ns))
+    item = {"stages": [{"stage": "queue_wait", "share": 0.9}]}
+    found = N.noisy_neighbour(con, facts, frame, cast(Any, det), cast(Any, spike), item)
+    in_spike = frame.filter((pl.col("start_ns") >= spike.start_ns) & (pl.col("start_ns") < spike.end_ns)
+                            & (pl.col("value") > spike.baseline_p99_ns))
+    naive = float((in_spike.get_column("tenant").cast(pl.String) == "x").mean() or 0.0)
+    con.close()
+    return found, naive
+
+
+def test_unequal_adjusted_counts_name_what_the_expanded_requests_name(tmp_path: Path) -> None:
+    """Tenant x kept whole, a, b and c sampled with adjusted counts 1-4 (drawn per request): the weighted rule
+    gives what the brute force gives, the same fleet written with each request repeated its adjusted count of
+    times: the tenant, the replicas, its admitted and GPU shares, the tail's own share and the victims. Counting
+    each kept request once would shrink the others: the tail's own share differs."""
+    weigh = {"a": (1, 2, 3, 4), "b": (2, 4), "c": (1, 3), "x": (1,)}
+    _fleet(tmp_path / "kept", burst=True, outage=False, weigh=weigh)
+    _fleet(tmp_path / "expanded", burst=True, outage=False, weigh=weigh, expand=True)
+    got, naive = _neighbour_of(tmp_path / "kept")
+    want, _ = _neighbour_of(tmp_path / "expanded")
+    assert got is not None and want is not None
+    for k in ("tenant", "replicas", "admitted_share", "tail_share_own", "victims", "sentence"):
+        assert got[k] == want[k], k
+    for k in ("spike", "baseline"):  # the copies' integer shares against the float weighted ones: rounding
+        assert abs(got["gpu_share"][k] - want["gpu_share"][k]) <= 1e-4
+    assert got["tenant"] == "x" and want["victims"] == ["a", "b", "c"]
+    assert abs(naive - got["tail_share_own"]) > 0.05
 
 
 def test_a_capacity_loss_that_queues_everyone_names_no_tenant(tmp_path: Path) -> None:

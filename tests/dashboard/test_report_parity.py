@@ -116,3 +116,54 @@ def test_a_brushed_window_is_explained_as_analysis_explains_it_on_the_store(inci
     want = explain_window(connect(incident_store), a, b)
     assert shown["detected"] is False and shown["requests"] > 0 and shown["stages"]
     assert shown == want
+
+
+@pytest.fixture(scope="module")
+def half_store(incident_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The incident store sampled at one half by OpenTelemetry's consistent rule (`ot=th` recorded). Its trace ids
+    count up (no randomness in their last 56 bits): each is replaced by a hash of itself first."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from tests.sample_traces import sampled_copy as SC
+
+    spans = SC.read_spans(incident_store)
+    ids = pa.array([hashlib.blake2b(t.encode(), digest_size=16).hexdigest()
+                    for t in spans.column("TraceId").to_pylist()], pa.string())
+    spans = spans.set_column(spans.schema.get_field_index("TraceId"), "TraceId", ids)
+    spans = SC.consistent_sample(spans, lambda r: 0.5)
+    return SC.write_store(tmp_path_factory.mktemp("half") / "store", spans)
+
+
+def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
+        half_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overview, Spike, Request shape and Cost show analysis' weighted counts, not one per stored request."""
+    cli = _cli_report(half_store)
+    assert cli["sampled"] is True and cli["spikes"]
+    at = _app(half_store, monkeypatch)
+    assert _metrics(at)["requests"] == f"{cli['requests_weighted']:,.0f}" != f"{cli['requests']:,}"
+    spike = sorted(cli["spikes"], key=lambda s: s["start"])[0]
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = at.metric[0]
+    assert shown.label == "requests in window"
+    assert shown.value == f"{spike['requests_weighted']:,.0f}" != f"{spike['requests']:,}"
+    table = at.dataframe[0].value
+    singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
+    assert table["support_weighted"].tolist() == [d["support_weighted"] for d in singles]
+    wb = data.workbench(str(half_store))
+    at.switch_page("app_pages/shape.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    grid = data.shape(wb, str(half_store), wb.version, data.Filters())
+    w = grid[~grid["p99_low_sample"]].sort_values("p99_ms", ascending=False).iloc[0]
+    assert f"over {w['requests_weighted']:,.0f} requests." in " ".join(md.value for md in at.markdown)
+    at.switch_page("app_pages/cost.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    from analysis.connect import connect
+    from analysis.cost import cost_table
+
+    want = cost_table(connect(half_store), by="tenant")
+    got = at.dataframe[0].value
+    assert got["requests"].tolist() == [r["requests_weighted"] for r in want["rows"]]
+    assert sum(r["requests_weighted"] for r in want["rows"]) > sum(r["requests"] for r in want["rows"])
