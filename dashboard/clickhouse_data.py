@@ -44,6 +44,18 @@ NOT_YET: Final[dict[str, str]] = {
                 "ClickHouse",
     "Cost": "the GPU-time shares are computed in DuckDB only so far",
 }
+#: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
+PORTABLE_SQL_EXAMPLES: Final[dict[str, str]] = {
+    "critical path per stage": (
+        "SELECT stage, round(sum(critical_ns) / 1e9, 1) AS total_s,\n"
+        "       round(avg(critical_ns) / 1e6, 1) AS mean_ms\n"
+        "FROM stages GROUP BY stage ORDER BY total_s DESC"
+    ),
+    "slowest requests": (
+        "SELECT trace_id, start, replica, round(e2e_ns / 1e6) AS e2e_ms, status\n"
+        "FROM requests ORDER BY e2e_ns DESC LIMIT 20"
+    ),
+}
 #: Example ClickHouse queries of the SQL console (the DuckDB ones use DuckDB functions).
 SQL_EXAMPLES: Final[dict[str, str]] = {
     "p50 / p99 per replica": (
@@ -57,15 +69,7 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
         "       round(quantileExactInclusive(0.99)(e2e_ns) / 1e6) AS p99_ms\n"
         "FROM requests GROUP BY minute ORDER BY minute"
     ),
-    "critical path per stage": (
-        "SELECT stage, round(sum(critical_ns) / 1e9, 1) AS total_s,\n"
-        "       round(avg(critical_ns) / 1e6, 1) AS mean_ms\n"
-        "FROM stages GROUP BY stage ORDER BY total_s DESC"
-    ),
-    "slowest requests": (
-        "SELECT trace_id, start, replica, round(e2e_ns / 1e6) AS e2e_ms, status\n"
-        "FROM requests ORDER BY e2e_ns DESC LIMIT 20"
-    ),
+    **PORTABLE_SQL_EXAMPLES,
 }
 
 

@@ -676,15 +676,7 @@ SQL_EXAMPLES: dict[str, str] = {
         "       round(quantile_cont(e2e_ns, 0.99) / 1e6) AS p99_ms\n"
         "FROM requests GROUP BY 1 ORDER BY 1"
     ),
-    "critical path per stage": (
-        "SELECT stage, round(sum(critical_ns) / 1e9, 1) AS total_s,\n"
-        "       round(avg(critical_ns) / 1e6, 1) AS mean_ms\n"
-        "FROM stages GROUP BY stage ORDER BY total_s DESC"
-    ),
-    "slowest requests": (
-        "SELECT trace_id, start, replica, round(e2e_ns / 1e6) AS e2e_ms, status\n"
-        "FROM requests ORDER BY e2e_ns DESC LIMIT 20"
-    ),
+    **CHD.PORTABLE_SQL_EXAMPLES,
     "failures by replica": (
         "SELECT replica, status, count(*) AS n FROM requests\n"
         "WHERE status <> 'ok' GROUP BY ALL ORDER BY n DESC"

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,25 @@ def dashboard_url(incident_store: Path) -> Iterator[str]:
         yield url
 
 
+def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str]], shots: str) -> Any:
+    """Open `url`, click each (link, heading, text that must show) in the sidebar, screenshot each page as
+    `<shots>-<heading>.png` and fail on a traceback; returns the page, still open."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(90_000)
+    expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
+    page.goto(url, wait_until="networkidle")
+    for label, heading, must_show in pages:
+        page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
+        expect(page.get_by_role("heading", name=heading, exact=True).first).to_be_visible()
+        expect(page.get_by_text(must_show).first).to_be_visible()
+        _settle(page)
+        _screenshot(page, ARTIFACTS / f"{shots}-{heading.lower().replace(' ', '-')}.png")
+        assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+    return page
+
+
 def test_click_through_every_page(dashboard_url: str) -> None:
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import expect, sync_playwright
@@ -106,17 +125,7 @@ def test_click_through_every_page(dashboard_url: str) -> None:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(90_000)
-            expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
-            page.goto(dashboard_url, wait_until="networkidle")
-            for label, heading, must_show in PAGES:
-                page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
-                expect(page.get_by_role("heading", name=heading, exact=True).first).to_be_visible()
-                expect(page.get_by_text(must_show).first).to_be_visible()
-                _settle(page)
-                _screenshot(page, ARTIFACTS / f"dashboard-{heading.lower().replace(' ', '-')}.png")
-                assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+            page = _visit_pages(browser, dashboard_url, PAGES, "dashboard")
             # the spike page names the top replica with its counterfactual p99
             page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
             lead = page.get_by_test_id("stAlertContentSuccess").first
@@ -189,7 +198,7 @@ def clickhouse_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
 def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]]) -> None:
     """The Overview shades the report's spike; Spike, Traces and SQL run; a store-only page says so."""
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     url, report = clickhouse_url
     assert report["spikes"], "the slow_replica sample has a spike"
@@ -204,16 +213,6 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(90_000)
-            expect.set_options(timeout=90_000)
-            page.goto(url, wait_until="networkidle")
-            for label, heading, must_show in pages:
-                page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
-                expect(page.get_by_role("heading", name=heading, exact=True).first).to_be_visible()
-                expect(page.get_by_text(must_show).first).to_be_visible()
-                _settle(page)
-                _screenshot(page, ARTIFACTS / f"dashboard-clickhouse-{heading.lower().replace(' ', '-')}.png")
-                assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+            _visit_pages(browser, url, pages, "dashboard-clickhouse")
         finally:
             browser.close()

@@ -25,16 +25,21 @@ def _write(store: Path, offset: int, n: int, duration_s: float, total: int) -> N
         _chunk(np.random.default_rng(offset), offset, n, duration_s, total, Incident(1e9, 1e9 + 1)))
 
 
+def _analysis_rows(store: Path) -> tuple[str, list[tuple[Any, ...]]]:
+    """The `requests` columns (a select list) and rows of analysis.connect on `store`, in a fixed order."""
+    con = connect(store)
+    try:
+        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
+        return cols, con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
+    finally:
+        con.close()
+
+
 def test_materialized_requests_equal_the_view(incident_store: Path) -> None:
     wb = data.Workbench(incident_store)
     assert wb.refresh() is True
     assert wb.refresh() is False
-    con = connect(incident_store)
-    try:
-        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
-        view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
-    finally:
-        con.close()
+    cols, view = _analysis_rows(incident_store)
     assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
 
 
@@ -48,12 +53,7 @@ def test_a_large_load_shows_facts_first_then_exact_rows(incident_store: Path,
     assert wb.worker is not None
     wb.worker.join()
     assert not wb.pending and wb.loading_note() is None
-    con = connect(incident_store)
-    try:
-        cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
-        view = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
-    finally:
-        con.close()
+    cols, view = _analysis_rows(incident_store)
     assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == view
     assert wb.con.execute("SELECT bool_and(critical_path) FROM req").fetchone() == (True,)
 
@@ -238,12 +238,7 @@ def test_refresh_recomputes_every_hour_a_late_span_can_change(tmp_path: Path, ma
     assert wb.refresh() is True
 
     def same_as_analysis() -> list[tuple[Any, ...]]:
-        con = connect(store)
-        try:
-            cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
-            want = con.execute(f"SELECT {cols} FROM requests ORDER BY trace_id, span_id").fetchall()
-        finally:
-            con.close()
+        cols, want = _analysis_rows(store)
         assert wb.con.execute(f"SELECT {cols} FROM req ORDER BY trace_id, span_id").fetchall() == want
         assert len(want) == 4
         return want
