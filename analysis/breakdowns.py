@@ -133,7 +133,14 @@ def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = 
                {weighted_quantiles_sql(col, [0.5])}[1] / 1e6 AS p50_ms,
                {weighted_quantiles_sql(col, [0.99])}[1] / 1e6 AS p99_ms
         FROM (SELECT *, {weighted_window_sql(col, weight, rep)} FROM {source} WHERE {where}) GROUP BY 1 ORDER BY 1"""
-    df = con.sql(sql, params=list(params)).pl()
+    return mark_outliers(con.sql(sql, params=list(params)).pl())
+
+
+def mark_outliers(df: pl.DataFrame) -> pl.DataFrame:
+    """The `outlier` column of `replicas` (the rule in its docstring), from each replica's p99_ms.
+
+    Public so every engine's per-replica breakdown (analysis.clickhouse_breakdowns) flags by this one rule.
+    """
     if df.height == 0:
         return df.with_columns(pl.lit(False).alias("outlier"))
     p99 = df.get_column("p99_ms")
@@ -186,6 +193,14 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
             GROUP BY ALL ORDER BY ALL""", params=list(params)).pl()
         df = df.select(*(c for c in df.columns if c not in ("requests_weighted", "n_effective")),
                        "requests_weighted", "n_effective")
+    return label_shape(df, by)
+
+
+def label_shape(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
+    """`shape`'s last columns: each bucket's label and p99_low_sample, from its C_lo / C_hi and n_effective.
+
+    Public so every engine's shape breakdown (analysis.clickhouse_breakdowns) labels and flags by this one rule.
+    """
     return df.with_columns([(pl.col(f"{c}_lo").cast(pl.String) + "-" + pl.col(f"{c}_hi").cast(pl.String))
                             .alias(f"{c}_bucket") for c in by]
                            + [(pl.col("n_effective") * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")])

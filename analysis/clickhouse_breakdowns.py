@@ -16,6 +16,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.clickhouse import DEFAULT_TABLE, Client, literal
@@ -50,7 +51,7 @@ def summary(client: Client, facts: str, where: str = "TRUE") -> dict[str, float 
     of e2e, TTFT, TPOT and their effective counts. On a sampled table the weighted percentiles are computed
     here from each metric's (value, weight) rows by analysis.percentiles' one rule; otherwise on the server."""
     qs = [(name, q) for name, q in QUANTILES if name in ("p50", "p90", "p99")]
-    sampled = bool(_rows(client, f"SELECT countIf(adjusted_count != 1) AS n FROM {facts} WHERE {where}")[0]["n"])
+    sampled = _sampled(client, facts, where)
     outcomes = ", ".join(f"countIf(status = {literal(o)}) AS {o}" for o in S.OUTCOMES)
     w = "adjusted_count" if sampled else "1"
     weighted = f"sum({w}) AS requests_weighted, " + ", ".join(
@@ -78,6 +79,104 @@ def summary(client: Client, facts: str, where: str = "TRUE") -> dict[str, float 
             for name, q in qs:
                 out[f"{m}_{name}_ms"] = weighted_quantile_sorted(v, wt, q) / 1e6 if v.size else None
     return out  # type: ignore[return-value]
+
+
+#: The adjusted count as analysis.breakdowns reads it.
+WEIGHT: Final = "toFloat64(adjusted_count) AS adjusted_count"
+
+
+def _sampled(client: Client, facts: str, where: str) -> bool:
+    """Whether some request where `where` holds stands for other than itself (adjusted_count != 1)."""
+    return bool(_rows(client, f"SELECT countIf(adjusted_count != 1) AS n FROM {facts} WHERE {where}")[0]["n"])
+
+
+def _on_duckdb(client: Client, facts: str, where: str, columns: Sequence[str]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection whose table `t` holds `columns` of the requests where `where` holds.
+
+    The sampled path of the breakdowns: their weighted percentiles come back as rows and are computed by
+    analysis.breakdowns itself, so both engines follow the one weighted rule.
+    """
+    con = duckdb.connect(":memory:")
+    con.register("t_arrow", client.query(f"SELECT {', '.join(columns)} FROM {facts} WHERE {where}"))
+    con.execute("CREATE TABLE t AS SELECT * FROM t_arrow")
+    con.unregister("t_arrow")
+    return con
+
+
+def _counts_sql(col: str) -> str:
+    """breakdowns' unweighted count columns: requests, per outcome, the same as *_weighted, n_effective."""
+    per = [(o, f"countIf(status = {literal(o)})") for o in S.OUTCOMES]
+    return ("count() AS requests, " + ", ".join(f"{e} AS {o}" for o, e in per)
+            + ", count() AS requests_weighted, " + ", ".join(f"{e} AS {o}_weighted" for o, e in per)
+            + f", count({col}) AS n_effective")
+
+
+def _quantiles_ms(col: str) -> str:
+    """p50_ms and p99_ms of `col` (quantileExactInclusive: DuckDB's quantile_cont)."""
+    return ", ".join(f"quantileExactInclusiveOrNull({q})(toFloat64({col})) / 1e6 AS {n}_ms"
+                     for n, q in (("p50", 0.5), ("p99", 0.99)))
+
+
+def replicas(client: Client, facts: str, metric: str = "e2e", where: str = "TRUE") -> pl.DataFrame:
+    """analysis.breakdowns.replicas on ClickHouse: per replica counts, p50 / p99 (ms) and the outlier flag.
+
+    Unweighted it runs on the server; on a sampled table each request's (replica, status, value,
+    weight) comes back and breakdowns.replicas computes the weighted figures.
+    """
+    col = metric_column(metric)
+    if _sampled(client, facts, where):
+        con = _on_duckdb(client, facts, where, ["replica", "status", col, WEIGHT])
+        try:
+            return B.replicas(con, metric, "t")
+        finally:
+            con.close()
+    df = pl.from_arrow(client.query(
+        f"SELECT coalesce(replica, '(none)') AS replica, {_counts_sql(col)}, {_quantiles_ms(col)} "
+        f"FROM {facts} WHERE {where} GROUP BY replica ORDER BY replica"))
+    assert isinstance(df, pl.DataFrame)
+    return B.mark_outliers(df)
+
+
+def _bucket_bounds_sql(col: str) -> tuple[str, str]:
+    """ClickHouse SQL of the power-of-two bucket (lo, hi) of a token count (explain.bucket_bounds), settled in
+    integers: exp2 of a whole float is exact, and log2 one off next to a power of two is corrected. Every
+    branch is safe to evaluate (multiIf evaluates them all)."""
+    g = f"toInt64(exp2(floor(log2(toFloat64(greatest({col}, 1))))))"
+    lo = f"multiIf({col} <= 0, 0, {g} > {col}, intDiv({g}, 2), {g} * 2 <= {col}, {g} * 2, {g})"
+    return lo, f"if({col} <= 0, 0, 2 * ({lo}) - 1)"
+
+
+def shape(client: Client, facts: str, metric: str = "e2e", by: Sequence[str] = B.TOKEN_COLUMNS,
+          where: str = "TRUE") -> pl.DataFrame:
+    """analysis.breakdowns.shape on ClickHouse: requests and p50 / p99 (ms) per token bucket of each column in `by`.
+
+    Unweighted it runs on the server; on a sampled table the rows come back and breakdowns.shape runs on them.
+    """
+    for c in by:
+        if c not in B.TOKEN_COLUMNS:
+            raise ValueError(f"cannot bucket {c!r}; use one of {', '.join(B.TOKEN_COLUMNS)}")
+    if not by:
+        raise ValueError("shape needs at least one token column")
+    col = metric_column(metric)
+    rows = " AND ".join([f"({where})", *(f"{c} IS NOT NULL" for c in by), f"{col} IS NOT NULL"])
+    if _sampled(client, facts, rows):
+        con = _on_duckdb(client, facts, rows, [*by, col, WEIGHT])
+        try:
+            return B.shape(con, metric, by, "t")
+        finally:
+            con.close()
+    keys, names = [], []
+    for c in by:
+        lo, hi = _bucket_bounds_sql(c)
+        keys += [f"{lo} AS {c}_lo", f"{hi} AS {c}_hi"]
+        names += [f"{c}_lo", f"{c}_hi"]
+    df = pl.from_arrow(client.query(
+        f"SELECT {', '.join(keys)}, count() AS requests, {_quantiles_ms(col)} FROM {facts} WHERE {rows} "
+        f"GROUP BY {', '.join(names)} ORDER BY {', '.join(names)}"))
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_columns(pl.col("requests").alias("requests_weighted"),
+                         pl.col("requests").cast(pl.Float64).alias("n_effective"))
+    return B.label_shape(df, by)
 
 
 def time_bounds(client: Client, facts: str) -> tuple[int | None, int | None, int]:

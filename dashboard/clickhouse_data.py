@@ -31,13 +31,11 @@ from tracing.errors import QueryError
 FACTS: Final = "requests"
 HOUR_NS: Final = 3_600_000_000_000
 #: Pages that run on ClickHouse (by title); the others say so in one sentence.
-PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Traces", "SQL")
+PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "Traces", "SQL")
 #: Why a page does not run on ClickHouse yet, by title.
 NOT_YET: Final[dict[str, str]] = {
     "Alerts": "alerts live in a store's alerts/ directory, written by `tailscope watch`, which runs on the "
               "embedded store only",
-    "Request shape": "its token-bucket breakdown is computed in DuckDB only so far",
-    "Replicas": "its per-replica outlier breakdown is computed in DuckDB only so far",
     "What-if": "the queue replay reads every request's arrival and service time, which is not pulled from "
                "ClickHouse",
     "Capacity": "the queue replay reads every request's arrival and service time, which is not pulled from "
@@ -196,6 +194,18 @@ def exemplars(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], limit: int
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
     with b.lock:
         return CB.slowest(b.client, FACTS, metric, limit, cond).to_pandas()
+
+
+def replicas(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pd.DataFrame:
+    """analysis.clickhouse_breakdowns.replicas of the filtered requests."""
+    with b.lock:
+        return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
+
+
+def shape(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
+    """analysis.clickhouse_breakdowns.shape of the filtered requests."""
+    with b.lock:
+        return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:

@@ -505,22 +505,27 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def shape(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e",
+def shape(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e",
           by: tuple[str, ...] = B.TOKEN_COLUMNS) -> pd.DataFrame:
     """analysis.breakdowns.shape: requests and p50/p99 (ms) per token bucket (the report's buckets)."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.shape(_db, filters, FILTER_DIMENSIONS, metric, by)
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return B.shape(cur, metric, by, "req", cond, params).to_pandas()
 
 
-def replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str = "e2e") -> pd.DataFrame:
+def replicas(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> pd.DataFrame:
     """analysis.breakdowns.replicas: per replica counts, p50/p99 (ms) and the outlier flag."""
     # st.cache_data keys on the arguments as passed (the sidebar leaves the metric out): pass them all
     return _replicas(_db, store, version, filters, metric)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def _replicas(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> pd.DataFrame:
+def _replicas(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> pd.DataFrame:
+    """The cached body of replicas, on the store's workbench or on ClickHouse."""
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.replicas(_db, filters, FILTER_DIMENSIONS, metric)
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return B.replicas(cur, metric, "req", cond, params).to_pandas()

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard import charts, data, sidebar
 
-db = data.open_workbench("Request shape")
+db = data.open_store()
 f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Request shape")

@@ -81,6 +81,24 @@ def test_the_summary_of_a_sampled_table_equals_the_stores(engines: tuple[duckdb.
     got = CB.summary(client, "sampled_requests")
     same_numbers(got, want)
     assert got["ok_weighted"] != got["ok"] and got["error_weighted"] == got["error"], got
+    con = connect(copy)
+    try:
+        assert_frame_equal(CB.replicas(client, "sampled_requests"), B.replicas(con), check_dtypes=False)
+        assert_frame_equal(CB.shape(client, "sampled_requests"), B.shape(con), check_dtypes=False)
+        assert B.replicas(con)["requests_weighted"].to_list() != B.replicas(con)["requests"].to_list()
+    finally:
+        con.close()
+
+
+def test_token_buckets_on_clickhouse_equal_bucket_bounds(engines: tuple[duckdb.DuckDBPyConnection, Any]) -> None:
+    """The server's power-of-two buckets against explain.bucket_bounds: powers of two, their neighbours, random."""
+    _, client = engines
+    rng = random.Random(7)
+    xs = sorted({0, 1, 2, 3, *(v for k in range(1, 50) for v in (2 ** k - 1, 2 ** k, 2 ** k + 1)),
+                 *(rng.randrange(1, 2 ** 40) for _ in range(500))})
+    lo, hi = CB._bucket_bounds_sql("x")
+    got = client.query(f"SELECT x, {lo} AS lo, {hi} AS hi FROM (SELECT arrayJoin({xs}) AS x) ORDER BY x").to_pylist()
+    assert [(r["lo"], r["hi"]) for r in got] == [X.bucket_bounds(x) for x in xs]
 
 
 FILTERS = ["TRUE", "replica IN ('replica-07', 'replica-05', 'replica-11')", "status = 'ok' AND start_ns % 3 != 0"]
@@ -98,6 +116,10 @@ def test_breakdowns_equal_duckdbs(engines: tuple[duckdb.DuckDBPyConnection, Any]
     for metric in ("e2e", "ttft"):
         got, want = CB.slowest(client, FACTS, metric, 40, cond), T.slowest(cur, metric, 40, "fq")
         assert_frame_equal(got.with_columns(pl.col("start").dt.replace_time_zone(None)), want, check_dtypes=False)
+        assert_frame_equal(CB.replicas(client, FACTS, metric, cond), B.replicas(cur, metric, "fq"), check_dtypes=False)
+        for by in (B.TOKEN_COLUMNS, ("output_tokens",)):
+            assert_frame_equal(CB.shape(client, FACTS, metric, by, cond), B.shape(cur, metric, by, "fq"),
+                               check_dtypes=False)
 
 
 def test_an_empty_selection_gives_no_numbers(engines: tuple[duckdb.DuckDBPyConnection, Any]) -> None:

@@ -92,6 +92,9 @@ def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench,
         assert data.report_of(**kc, filters=f) == report
         assert data.window_s(**kc, filters=f) == data.window_s(**kw, filters=f) == report["window_s"]
         _frames(data.over_time(**kc, filters=f), data.over_time(**kw, filters=f))
+        for metric in ("e2e", "ttft"):
+            _frames(data.replicas(**kc, filters=f, metric=metric), data.replicas(**kw, filters=f, metric=metric))
+            _frames(data.shape(**kc, filters=f, metric=metric), data.shape(**kw, filters=f, metric=metric))
         for sp in data.spikes(**kw, filters=f):
             spikes_seen += 1
             a, b = data.spike_times_ns(sp)
@@ -150,8 +153,18 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
     at.switch_page("app_pages/traces.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert any(s.value.startswith("Trace ") for s in at.subheader)
-    for page, title in [("shape", "Request shape"), ("replicas", "Replicas"), ("whatif", "What-if"),
-                        ("capacity", "Capacity"), ("cost", "Cost"), ("alerts", "Alerts")]:
+    at.switch_page("app_pages/shape.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any(m.value.startswith("Slowest cell with a p99 to trust") for m in at.markdown)
+    reps = data.replicas(wb, str(wb.store), wb.version, data.Filters())
+    outliers = reps[reps["outlier"]]["replica"].tolist()
+    at.switch_page("app_pages/replicas.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    if outliers:  # the store's outliers, named by the ClickHouse page
+        assert any(all(f"**{r}**" in e.value for r in outliers) for e in at.error), [e.value for e in at.error]
+    else:
+        assert any(s.value.startswith(f"No outlier among {len(reps)} replicas") for s in at.success)
+    for page, title in [("whatif", "What-if"), ("capacity", "Capacity"), ("cost", "Cost"), ("alerts", "Alerts")]:
         at.switch_page(f"app_pages/{page}.py").run()
         assert not at.exception, (page, [e.message for e in at.exception])
         assert [i.value for i in at.info] == [
