@@ -19,7 +19,8 @@ import polars as pl
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
-from analysis.clickhouse import DEFAULT_TABLE, Client, literal
+from analysis.capacity import Workload, observed_workload
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal, source_sql
 from analysis.clickhouse_report import _Fetcher
 from analysis.percentiles import QUANTILES, metric_column, weighted_quantile_sorted
 from tracing import schema as S
@@ -90,17 +91,42 @@ def _sampled(client: Client, facts: str, where: str) -> bool:
     return bool(_rows(client, f"SELECT countIf(adjusted_count != 1) AS n FROM {facts} WHERE {where}")[0]["n"])
 
 
-def _on_duckdb(client: Client, facts: str, where: str, columns: Sequence[str]) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection whose table `t` holds `columns` of the requests where `where` holds.
+def _on_duckdb(client: Client, facts: str, where: str, columns: Sequence[str], name: str = "t",
+               con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection (`con`, else a new one) whose table `name` holds `columns` of `facts` where `where` holds.
 
-    The sampled path of the breakdowns: their weighted percentiles come back as rows and are computed by
-    analysis.breakdowns itself, so both engines follow the one weighted rule.
+    The paths that need rows: weighted percentiles (computed by analysis.breakdowns itself, so both
+    engines follow the one weighted rule) and the queue replay (every arrival of the selected range).
     """
-    con = duckdb.connect(":memory:")
+    con = con if con is not None else duckdb.connect(":memory:")
     con.register("t_arrow", client.query(f"SELECT {', '.join(columns)} FROM {facts} WHERE {where}"))
-    con.execute("CREATE TABLE t AS SELECT * FROM t_arrow")
+    con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM t_arrow')
     con.unregister("t_arrow")
     return con
+
+
+def workload(client: Client, facts: str, table: str, where: str = "TRUE", since_ns: int | None = None,
+             until_ns: int | None = None) -> Workload:
+    """analysis.capacity.observed_workload of the requests where `where` holds, on a ClickHouse table.
+
+    A queue replay reads every arrival, so the selected requests' start, e2e, queue wait, TTFT,
+    replica and adjusted count come back, with the durations of the model_load spans in
+    [since, until) (the cold start): memory grows with the selected range, not the table.
+    """
+    con = _on_duckdb(client, facts, where, ["start_ns", "e2e_ns", "start_ns + e2e_ns AS end_ns", "queue_wait_ns",
+                                            "ttft_ns", "replica", WEIGHT], name="requests")
+    try:
+        span_where = " AND ".join(
+            [f"Timestamp {op} fromUnixTimestamp64Nano(toInt64({int(t)}))"
+             for op, t in ((">=", since_ns), ("<", until_ns)) if t is not None])
+        con.register("spans_arrow", client.query(
+            f"SELECT Stage, Duration, TimestampNs FROM {source_sql(table, span_where)} "
+            "WHERE Stage = 'model_load'"))  # what observed_workload reads of the spans: the cold start
+        con.execute("CREATE TABLE spans AS SELECT * FROM spans_arrow")
+        con.unregister("spans_arrow")
+        return observed_workload(con, since_ns, until_ns)
+    finally:
+        con.close()
 
 
 def _counts_sql(col: str) -> str:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pandas as pd
 import polars as pl
@@ -27,19 +27,19 @@ from analysis import clickhouse_breakdowns as CB
 from analysis import clickhouse_report as CR
 from tracing.errors import QueryError
 
+if TYPE_CHECKING:
+    from analysis.capacity import Workload
+
 #: The session table of the request facts every page reads (also the console's `requests`).
 FACTS: Final = "requests"
 HOUR_NS: Final = 3_600_000_000_000
 #: Pages that run on ClickHouse (by title); the others say so in one sentence.
-PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "Traces", "SQL")
+PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "What-if", "Capacity", "Traces",
+                                  "SQL")
 #: Why a page does not run on ClickHouse yet, by title.
 NOT_YET: Final[dict[str, str]] = {
     "Alerts": "alerts live in a store's alerts/ directory, written by `tailscope watch`, which runs on the "
               "embedded store only",
-    "What-if": "the queue replay reads every request's arrival and service time, which is not pulled from "
-               "ClickHouse",
-    "Capacity": "the queue replay reads every request's arrival and service time, which is not pulled from "
-                "ClickHouse",
     "Cost": "the GPU-time shares are computed in DuckDB only so far",
 }
 #: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
@@ -206,6 +206,12 @@ def shape(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str, b
     """analysis.clickhouse_breakdowns.shape of the filtered requests."""
     with b.lock:
         return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
+
+
+def workload(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> Workload:
+    """analysis.clickhouse_breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
+    with b.lock:
+        return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:

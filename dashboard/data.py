@@ -567,7 +567,7 @@ def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: i
 
 
 @st.cache_resource(show_spinner="Reading the requests to replay…", max_entries=8)
-def workload(_db: Workbench, store: str, version: int, filters: Filters) -> Workload:
+def workload(_db: Bench, store: str, version: int, filters: Filters) -> Workload:
     """analysis.capacity.observed_workload of the filtered requests, kept: it memoizes the replica counts replayed.
 
     Shared (not copied) by the What-if and Capacity pages, so a new target, price or replica
@@ -575,12 +575,14 @@ def workload(_db: Workbench, store: str, version: int, filters: Filters) -> Work
     """
     from analysis.capacity import observed_workload
 
+    if isinstance(_db, CHD.ClickHouseBench):
+        return CHD.workload(_db, filters, FILTER_DIMENSIONS)
     with _cursor(_db, filters) as cur:
         return observed_workload(cur, filters.since_ns, filters.until_ns)
 
 
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
-def whatif(_db: Workbench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
+def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
     """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif.predict).
 
     Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
@@ -757,7 +759,7 @@ def cost_over_time(_db: Workbench, store: str, version: int, filters: Filters, b
 
 
 @st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)
-def capacity_curve(_db: Workbench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
+def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
                    metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
     """analysis.capacity.capacity_curve for 1..max_replicas over the filtered requests, or {"error"}."""
     from analysis.capacity import capacity_curve as curve
@@ -776,7 +778,7 @@ def capacity_curve(_db: Workbench, store: str, version: int, filters: Filters, t
 
 
 @st.cache_data(show_spinner="Replaying reactive scale-up…", max_entries=32)
-def capacity_scale_up(_db: Workbench, store: str, version: int, filters: Filters, replicas: int,
+def capacity_scale_up(_db: Bench, store: str, version: int, filters: Filters, replicas: int,
                       max_replicas: int, gpu_hour_usd: float | None) -> dict[str, Any]:
     """analysis.capacity.scale_up (reactive with the observed cold start against pre-scaling), or {"error"}."""
     from analysis.capacity import scale_up

@@ -95,12 +95,12 @@ def current() -> data.Filters:
     return value if isinstance(value, data.Filters) else data.Filters()
 
 
-def replay_page(title: str) -> tuple[data.Workbench, data.Filters, tuple[data.Workbench, str, int], pd.DataFrame]:
+def replay_page(title: str) -> tuple[data.Bench, data.Filters, tuple[data.Bench, str, int], pd.DataFrame]:
     """The head of a page that replays the queue (What-if, Capacity): title, and a stop with a note when it cannot.
 
     Returns (workbench, filters, the data-call key, the filtered replicas).
     """
-    db = data.open_workbench(title)
+    db = data.open_store()
     f = current()
     key = (db, str(db.store), db.version)
     st.title(title)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -33,6 +34,7 @@ from intake.ingest import ingest_files
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 FACTS = "requests"
 H = 3_600_000_000_000
+MINUTE = 60_000_000_000
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +201,51 @@ def test_counterfactuals_below_the_top_slice_read_the_counted_values(
     want = build_report(con)
     assert want["spikes"] and want["spikes"][0]["dimensions"]
     assert CR.build_report(client, facts=FACTS) == want
+
+
+@pytest.mark.parametrize("cond", FILTERS)
+def test_the_replayed_workload_equals_the_stores(engines: tuple[duckdb.DuckDBPyConnection, Any], cond: str) -> None:
+    """What-if and Capacity read the same arrivals, services, slots, replicas and cold start on both engines."""
+    from analysis.capacity import observed_workload
+
+    con, client = engines
+    first, last, _ = B.time_bounds(con)
+    assert first is not None and last is not None
+    local = duckdb.connect(":memory:")  # the store's requests under the filter, as the dashboard's cursor has them
+    local.register("r", con.sql(f"SELECT * FROM requests WHERE {cond}").to_arrow_table())
+    local.register("s", con.sql("SELECT * FROM spans").to_arrow_table())
+    local.execute("CREATE VIEW requests AS SELECT * FROM r")
+    local.execute("CREATE VIEW spans AS SELECT * FROM s")
+    for since, until in ((None, None), (first + 4 * MINUTE, last - 3 * MINUTE)):
+        where = cond + "".join(f" AND start_ns {op} {t}" for op, t in ((">=", since), ("<", until)) if t is not None)
+        got = CB.workload(client, FACTS, C.DEFAULT_TABLE, where, since, until)
+        want = observed_workload(local, since, until)
+        assert got.arrivals.size > 0
+        for field in ("arrivals", "services", "ttft_rest"):
+            assert np.array_equal(getattr(got, field), getattr(want, field), equal_nan=True), field
+        assert (got.slots, got.observed_replicas, got.cold_start_ns, got.span_ns, got.sampled) == \
+            (want.slots, want.observed_replicas, want.cold_start_ns, want.span_ns, want.sampled)
+    local.close()
+
+
+def test_the_cold_start_comes_from_the_servers_spans(engines: tuple[duckdb.DuckDBPyConnection, Any],
+                                                     tmp_path: Path) -> None:
+    """On the cold-start incident the model_load spans read on the server give the store's cold start."""
+    from analysis.capacity import observed_workload
+
+    _, client = engines
+    store = tmp_path / "cold"
+    ingest_files([SAMPLE.with_name("cold_start.otlp.jsonl.gz")], store)
+    export_store(store, client, "otel_cold")
+    C.materialize_requests(client, "otel_cold", name="cold_requests")
+    con = connect(store)
+    first, last, _ = B.time_bounds(con)
+    assert first is not None and last is not None
+    for since, until in ((None, None), (first + 4 * MINUTE, last)):
+        where = "".join(f" AND start_ns {op} {t}" for op, t in ((">=", since), ("<", until)) if t is not None)
+        got = CB.workload(client, "cold_requests", "otel_cold", "TRUE" + where, since, until)
+        want = observed_workload(con, since, until)
+        assert want.cold_start_ns is not None and got.cold_start_ns == want.cold_start_ns
+        assert np.array_equal(got.arrivals, want.arrivals) and np.array_equal(got.services, want.services)
+        assert (got.slots, got.observed_replicas) == (want.slots, want.observed_replicas)
+    con.close()

@@ -196,8 +196,8 @@ def clickhouse_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
 
 
 def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]]) -> None:
-    """The Overview shades the report's spike; Spike, Request shape, Replicas, Traces and SQL run; a store-only page
-    says so."""
+    """The Overview shades the report's spike; Spike, Request shape, Replicas, What-if, Traces and SQL run; a
+    store-only page says so."""
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import sync_playwright
 
@@ -211,7 +211,8 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("Traces", "Traces", "Slowest requests"),
              ("SQL", "SQL", "readonly = 1"),
              ("Replicas", "Replicas", "p99 (red: outlier"),
-             ("Capacity", "Capacity", "The Capacity page does not run on ClickHouse yet"))
+             ("What-if", "What-if", "predicted,"),
+             ("Cost", "Cost", "The Cost page does not run on ClickHouse yet"))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:

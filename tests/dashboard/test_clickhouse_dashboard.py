@@ -95,6 +95,13 @@ def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench,
         for metric in ("e2e", "ttft"):
             _frames(data.replicas(**kc, filters=f, metric=metric), data.replicas(**kw, filters=f, metric=metric))
             _frames(data.shape(**kc, filters=f, metric=metric), data.shape(**kw, filters=f, metric=metric))
+        for servers in (4, 16):  # the queue replay of What-if
+            _same(data.whatif(**kc, filters=f, servers=servers), data.whatif(**kw, filters=f, servers=servers))
+        assert data.whatif(**kc, filters=f, servers=4)["p99_ms"] is not None
+        _same(data.capacity_curve(**kc, filters=f, target_p99_ms=30_000.0, metric="e2e", gpu_hour_usd=2.0,
+                                  max_replicas=24),
+              data.capacity_curve(**kw, filters=f, target_p99_ms=30_000.0, metric="e2e", gpu_hour_usd=2.0,
+                                  max_replicas=24))
         for sp in data.spikes(**kw, filters=f):
             spikes_seen += 1
             a, b = data.spike_times_ns(sp)
@@ -164,7 +171,13 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
         assert any(all(f"**{r}**" in e.value for r in outliers) for e in at.error), [e.value for e in at.error]
     else:
         assert any(s.value.startswith(f"No outlier among {len(reps)} replicas") for s in at.success)
-    for page, title in [("whatif", "What-if"), ("capacity", "Capacity"), ("cost", "Cost"), ("alerts", "Alerts")]:
+    at.switch_page("app_pages/whatif.py").run()
+    assert not at.exception and not at.warning, ([e.message for e in at.exception], [w.value for w in at.warning])
+    assert len(at.metric) == 3
+    at.switch_page("app_pages/capacity.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [w.value for w in at.warning if "could not" in w.value]
+    for page, title in [("cost", "Cost"), ("alerts", "Alerts")]:
         at.switch_page(f"app_pages/{page}.py").run()
         assert not at.exception, (page, [e.message for e in at.exception])
         assert [i.value for i in at.info] == [
