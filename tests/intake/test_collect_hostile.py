@@ -451,20 +451,18 @@ def test_a_directory_ingest_that_stops_names_the_files_already_stored(tmp_path: 
     assert stored(tmp_path / "store") == 2
 
 
-def _grpc_gate_once(request: pytest.FixtureRequest) -> None:
-    """The gRPC gate and timeouts do not depend on the decoder: run once, with the C one (CI time)."""
-    if request.node.callspec.params.get("child") == "python":
-        pytest.skip("the gRPC gate does not depend on the decoder; run with the C decoder")
+#: The gRPC gate and timeouts do not depend on the decoder: their tests run once, with the C one (CI time).
+C_DECODER_ONLY = pytest.mark.parametrize("child", ["c"], indirect=True)
 
 
-def test_an_unauthenticated_grpc_flood_does_not_starve_good_calls(child: Child, request: pytest.FixtureRequest) -> None:
+@C_DECODER_ONLY
+def test_an_unauthenticated_grpc_flood_does_not_starve_good_calls(child: Child) -> None:
     """Rounds of 120 unauthenticated calls launched at once (64 KiB messages: more than grpcio's
     32-call limit and the refusal queue) with 4 good calls launched among them: every good call is
     OK and stored; every flood call is refused (UNAUTHENTICATED, or UNIMPLEMENTED from grpcio
     itself when the refusal queue is full) and none reaches the store. Refused calls used to count
     toward grpcio's concurrent-call limit and wait in the workers' queue, so calls, good ones
     included, were refused RESOURCE_EXHAUSTED while a flood was being answered."""
-    _grpc_gate_once(request)
     before = stored(child.store)
     flood = b"\x0a" * (64 << 10)
     refused: dict[grpc.StatusCode, int] = {}
@@ -495,11 +493,11 @@ def test_an_unauthenticated_grpc_flood_does_not_starve_good_calls(child: Child, 
     good_request_is_stored(child, 14)
 
 
-def test_a_grpc_message_that_never_arrives_is_cut(child: Child, request: pytest.FixtureRequest) -> None:
+@C_DECODER_ONLY
+def test_a_grpc_message_that_never_arrives_is_cut(child: Child) -> None:
     """An authenticated call that sends its headers and never its message holds a worker only until
     its connection is recycled (--body-timeout-s, then as long again for its calls): the call ends
     with an error while the client is still holding its message back, and good calls go on."""
-    _grpc_gate_once(request)
     release = threading.Event()
 
     def never() -> Iterator[bytes]:
