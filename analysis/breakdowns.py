@@ -159,11 +159,7 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
     n_effective (Kish), and p99_low_sample (fewer than MIN_TAIL effective requests beyond the p99,
     as in percentile_series). Requests without a value in C are left out.
     """
-    if not by:
-        raise ValueError("shape needs at least one token column")
-    for c in by:
-        if c not in TOKEN_COLUMNS:
-            raise ValueError(f"cannot bucket {c!r}; use one of {', '.join(TOKEN_COLUMNS)}")
+    check_token_columns(by)
     col = quote_ident(metric_column(metric))
     keys = []
     for c in by:
@@ -194,6 +190,15 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
         df = df.select(*(c for c in df.columns if c not in ("requests_weighted", "n_effective")),
                        "requests_weighted", "n_effective")
     return label_shape(df, by)
+
+
+def check_token_columns(by: Sequence[str]) -> None:
+    """`shape`'s `by`: at least one column, each a token column (ValueError naming the bad one)."""
+    if not by:
+        raise ValueError("shape needs at least one token column")
+    for c in by:
+        if c not in TOKEN_COLUMNS:
+            raise ValueError(f"cannot bucket {c!r}; use one of {', '.join(TOKEN_COLUMNS)}")
 
 
 def label_shape(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:

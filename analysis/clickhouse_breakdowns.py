@@ -178,11 +178,7 @@ def shape(client: Client, facts: str, metric: str = "e2e", by: Sequence[str] = B
 
     Unweighted it runs on the server; on a sampled table the rows come back and breakdowns.shape runs on them.
     """
-    for c in by:
-        if c not in B.TOKEN_COLUMNS:
-            raise ValueError(f"cannot bucket {c!r}; use one of {', '.join(B.TOKEN_COLUMNS)}")
-    if not by:
-        raise ValueError("shape needs at least one token column")
+    B.check_token_columns(by)
     col = metric_column(metric)
     rows = " AND ".join([f"({where})", *(f"{c} IS NOT NULL" for c in by), f"{col} IS NOT NULL"])
     if _sampled(client, facts, rows):
