@@ -18,6 +18,7 @@ from typing import Final
 import duckdb
 import polars as pl
 
+from analysis.explain import bucket_hi_sql, bucket_lo_sql
 from analysis.percentiles import (
     MIN_TAIL,
     QUANTILES,
@@ -62,14 +63,6 @@ def _n_effective(weight: str | None, col: str) -> str:
     w = quote_ident(weight)
     return (f"coalesce(sum({w}) FILTER (WHERE {col} IS NOT NULL) ^ 2 "
             f"/ sum({w} * {w}) FILTER (WHERE {col} IS NOT NULL), 0)")
-
-
-def _bucket_sql(col: str) -> tuple[str, str]:
-    """SQL of the report's power-of-two bucket (lo, hi) of a token column (explain.bucket_bounds), exact in integers."""
-    k = f"floor(log2(greatest({col}, 1)))::INTEGER"
-    lo = (f"CASE WHEN (1::BIGINT << {k}) > {col} THEN 1::BIGINT << ({k} - 1) "
-          f"WHEN (1::BIGINT << ({k} + 1)) <= {col} THEN 1::BIGINT << ({k} + 1) ELSE 1::BIGINT << {k} END")
-    return f"CASE WHEN {col} <= 0 THEN 0 ELSE {lo} END", f"CASE WHEN {col} <= 0 THEN 0 ELSE 2 * ({lo}) - 1 END"
 
 
 def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str = "true",
@@ -163,8 +156,7 @@ def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str]
     col = quote_ident(metric_column(metric))
     keys = []
     for c in by:
-        lo, hi = _bucket_sql(c)
-        keys += [f"({lo})::BIGINT AS {c}_lo", f"({hi})::BIGINT AS {c}_hi"]
+        keys += [f"({bucket_lo_sql(c)})::BIGINT AS {c}_lo", f"({bucket_hi_sql(c)})::BIGINT AS {c}_hi"]
     present = " AND ".join(f"{c} IS NOT NULL" for c in by) or "true"
     rows = f"({where}) AND {present} AND {col} IS NOT NULL"
     weight = weight_where(con, source, rows, params)
