@@ -252,10 +252,10 @@ class Committer:
         if self.journal is not None:
             self._journal_thread.start()
 
-    def _queue(self, item: _Pending) -> None:
+    def _queue(self, item: _Pending, journal: bool) -> None:
         """Queue `item` (under the condition): journalled while several clients send, else direct."""
         item.gen = self._gen
-        if self.journal is not None and self.journal_s > 0 and self.senders is not None and self.senders() > 1:
+        if journal and self.journal is not None and self.journal_s > 0:
             item.early = True
             self._journal_queue.append(item)
         else:
@@ -271,16 +271,18 @@ class Committer:
         if self.queued_spans and self.queued_spans + n > self.max_queue_spans:
             raise QueueFull(f"write queue full ({self.queued_spans} spans waiting, limit {self.max_queue_spans})")
 
-    def submit(self, table: pa.Table) -> Future[CommitResult]:
-        """Queue `table` for the next group commit; the future resolves once it is durable."""
+    def submit(self, table: pa.Table, *, journal: bool = False) -> Future[CommitResult]:
+        """Queue `table` for the next group commit; the future resolves once it is durable (in the
+        journal when `journal` and the committer has one, else in a segment)."""
         future: Future[CommitResult] = Future()
         n = table.num_rows
         with self._cond:
             self._check_room(n)
-            self._queue(_Pending(table, n, future, time.perf_counter()))
+            self._queue(_Pending(table, n, future, time.perf_counter()), journal)
         return future
 
-    def submit_protobuf(self, data: bytes, peer: str | None = None) -> tuple[int, Future[CommitResult]] | None:
+    def submit_protobuf(self, data: bytes, peer: str | None = None, *,
+                        journal: bool = False) -> tuple[int, Future[CommitResult]] | None:
         """Queue a protobuf body through the columnar builder: (spans, future), or None when the
         body needs the Python decoder (then nothing was queued). `peer` goes on every resource as
         `tailscope.peer` (intake.peer.with_peer, in C). Raises QueueFull or Closed."""
@@ -298,7 +300,7 @@ class Committer:
             if n == 0:  # an empty request (valid OTLP): nothing to store, answered at once
                 future.set_result(CommitResult(stored=0, duplicates=0, segments=0))
                 return 0, future
-            self._queue(_Pending(None, n, future, time.perf_counter(), body=data, peer=peer))
+            self._queue(_Pending(None, n, future, time.perf_counter(), body=data, peer=peer), journal)
         return n, future
 
     def close(self, timeout: float | None = None) -> None:
