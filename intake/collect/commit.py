@@ -231,6 +231,7 @@ class Committer:
         self._taken = threading.Event()
         self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
         self._keys_lock = threading.Lock()
+        self._builder_lock = threading.Lock()
         # statistics (read by the progress line; written under the condition's lock)
         self.queued_spans = 0
         self.stored_spans = 0
@@ -289,18 +290,24 @@ class Committer:
         if self._builder is None:
             return None
         future: Future[CommitResult] = Future()
-        with self._cond:
-            self._check_room(1)
-            room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
+        # the builder's own lock, not the condition: the C extraction runs without the GIL, and the journal
+        # and writer threads go on meanwhile; a group is taken under both (see _take), so a body is either
+        # extracted and queued before a take or after it
+        with self._builder_lock:
+            with self._cond:
+                self._check_room(1)
+                room = self.max_queue_spans - self.queued_spans if self.queued_spans else -1
             n = self._builder.add(data, room, peer)
             if n is None:
                 return None
-            if n < 0:
-                self._check_room(self.max_queue_spans + 1)  # raises QueueFull with the figures
-            if n == 0:  # an empty request (valid OTLP): nothing to store, answered at once
-                future.set_result(CommitResult(stored=0, duplicates=0, segments=0))
-                return 0, future
-            self._queue(_Pending(None, n, future, time.perf_counter(), body=data, peer=peer), journal)
+            with self._cond:
+                if n < 0:
+                    raise QueueFull(f"write queue full ({self.queued_spans} spans waiting, "
+                                    f"limit {self.max_queue_spans})")
+                if n == 0:  # an empty request (valid OTLP): nothing to store, answered at once
+                    future.set_result(CommitResult(stored=0, duplicates=0, segments=0))
+                    return 0, future
+                self._queue(_Pending(None, n, future, time.perf_counter(), body=data, peer=peer), journal)
         return n, future
 
     def close(self, timeout: float | None = None) -> None:
@@ -334,6 +341,7 @@ class Committer:
                 while (not self._closing and self._pending_spans < self.gather_spans
                        and (left := deadline - time.perf_counter()) > 0):
                     self._cond.wait(left)
+        with self._builder_lock, self._cond:  # no body half-way between extraction and the queue
             self._last_take = time.perf_counter()
             group = list(self._pending)  # everything queued: the queue bound also bounds a group
             self._pending.clear()
