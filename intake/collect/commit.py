@@ -495,7 +495,7 @@ class Committer:
             with self._cond:
                 while not self._journal_queue and not self._journal_stop and self._covered <= self._dropped_gen:
                     self._cond.wait()
-                batch = list(self._journal_queue)
+                batch = [item for item in self._journal_queue if not item.resolved]  # not yet in a segment
                 self._journal_queue.clear()
                 covered = self._covered
                 started = dict(self._gen_starts)
