@@ -1,7 +1,9 @@
 """Group commit: requests queue decoded tables, one thread writes them as one durable segment.
 
 A request is answered only after the segment holding its spans is fsynced and renamed
-into place (file and directory fsynced), so a 200 survives kill -9. While one group is
+into place (file and directory fsynced), or, while several clients send, after its body is
+fsynced in the journal (intake/collect/journal.py; replayed at the next start), so a 200
+survives kill -9. While one group is
 being written, newly arriving requests gather into the next group: the added latency is
 about one segment write, and throughput grows with concurrency instead of shrinking.
 The queue is bounded in spans; `submit` raises `QueueFull` instead of growing it.

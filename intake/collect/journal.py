@@ -81,7 +81,13 @@ def read_journal(path: Path) -> tuple[int, list[Record]]:
     return started_ns, records
 
 
-def _alive(pid: int) -> bool:
+def host_tag() -> str:
+    """This host as tracing.store.SegmentWriter puts it in writer names."""
+    return socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process `pid` exists on this host (owned by anyone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,11 +99,11 @@ def _alive(pid: int) -> bool:
 
 def orphaned_journals(store: Path) -> list[Path]:
     """Journal files left by dead receivers on this host (a live receiver's files are its own)."""
-    host = socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
+    host = host_tag()
     found = []
     for path in sorted(journal_dir(store).glob("*.journal")):
         match = _NAME.match(path.name)
-        if match is not None and match["host"] == host and not _alive(int(match["pid"])):
+        if match is not None and match["host"] == host and not pid_alive(int(match["pid"])):
             found.append(path)
     return found
 

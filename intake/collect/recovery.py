@@ -8,9 +8,7 @@ so a live writer's file (this receiver's, an ingest running beside it) is never 
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +18,15 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from intake.collect.commit import RecentKeys
-from intake.collect.journal import PROTOBUF, fsync_dir, journal_dir, orphaned_journals, records_of
+from intake.collect.journal import (
+    PROTOBUF,
+    fsync_dir,
+    host_tag,
+    journal_dir,
+    orphaned_journals,
+    pid_alive,
+    records_of,
+)
 from intake.otlp import decode_protobuf_base
 from intake.peer import with_peer
 from tracing import schema as S
@@ -33,23 +39,13 @@ _MTIME_SLACK_S = 2.0
 _TEMP = re.compile(r"^\.[a-z]+-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]+-\d+\.parquet\.[0-9a-f]+\.tmp$")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def remove_dead_temp_files(store: Path) -> list[Path]:
     """Remove temp segment files of dead writers on this host; return the paths removed."""
-    host = socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
+    host = host_tag()
     removed = []
     for path in (Path(store) / S.SPANS_DIR).glob("dt=*/hr=*/.*.tmp"):
         match = _TEMP.match(path.name)
-        if match is None or match["host"] != host or _alive(int(match["pid"])):
+        if match is None or match["host"] != host or pid_alive(int(match["pid"])):
             continue
         try:
             path.unlink()

@@ -4,7 +4,6 @@ before the segment, and a dead receiver's journal replayed so each acknowledged 
 from __future__ import annotations
 
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from analysis.connect import connect
 from intake.collect.commit import Committer, RecentKeys
-from intake.collect.journal import ARROW, PROTOBUF, Journal, encode_record, journal_dir, read_journal
+from intake.collect.journal import ARROW, PROTOBUF, Journal, encode_record, host_tag, journal_dir, read_journal
 from intake.collect.recovery import replay_journals
 from intake.engines import normalize
 from intake.otlp import base_from_columns, decode_protobuf_base, new_builder, promote
@@ -31,8 +30,7 @@ def _dead_pid() -> int:
 
 
 def _writer_name(pid: int) -> str:
-    host = socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
-    return f"collect-{host}-{pid}-0123abcd"
+    return f"collect-{host_tag()}-{pid}-0123abcd"
 
 
 def _keys(store: Path) -> list[tuple[str, str]]:
