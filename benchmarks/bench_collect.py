@@ -15,6 +15,11 @@ Runs the receiver as a child process (`tailscope collect`), then:
    encoded by the exporter, sent, stored;
 3. the added commit latency: the receiver's own submit-to-fsynced p99, and the client's p99;
 4. Arize Phoenix (`phoenix serve`) fed the same bodies by the same client, when installed.
+
+A 200 means fsynced: in the journal while several clients send, else in a segment
+(docs/collect.md). Every row ends with the receiver stopped and the stored spans counted, so the
+rate is also the rate into segments to within the last --journal-ms; the client's own CPU per span
+(this process) is printed beside the receiver's.
 """
 
 from __future__ import annotations
@@ -246,9 +251,11 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
     store = Path(tempfile.mkdtemp(prefix=f"tp-{total}-{per_body}-{connections}{tag}-", dir=work))
     collector = Collector(store, extra, root)
     cpu0 = collector.cpu_seconds()
+    client0 = time.process_time()  # this process is the client (the bodies are encoded already)
     try:
         elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
         cpu = collector.cpu_seconds() - cpu0
+        client_cpu = time.process_time() - client0
         rss = collector.rss_mb()
     finally:
         log = collector.stop()
@@ -264,7 +271,8 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
             "spans_per_s": total / elapsed, "mb_per_s": sum(map(len, bodies)) / elapsed / 1e6,
             "client_p50_ms": q(lat, 0.5) * 1000, "client_p99_ms": q(lat, 0.99) * 1000,
             "server_commit_p99_ms": float(match[-1]) if match else float("nan"),
-            "cpu_us_per_span": cpu / total * 1e6, "rss_mb": rss, "refused": statuses.get(503, 0),
+            "cpu_us_per_span": cpu / total * 1e6, "client_cpu_us_per_span": client_cpu / total * 1e6,
+            "rss_mb": rss, "refused": statuses.get(503, 0),
             # CPU per span falls with the group size (a group commit has a fixed cost): see docs/collect.md
             "spans_per_group": total / max(1, segments),
             "load": os.getloadavg()[0]}
@@ -280,14 +288,15 @@ def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body
     a shared machine the receiver's CPU per span of neighbouring runs is what can be compared."""
     print(f"compare: {total:,} spans in {per_body}-span bodies over {connections} connections, {rounds} rounds")
     print(f"{'round':>5} {'checkout':<40} {'spans/s':>9} {'us CPU/span':>11} {'spans/group':>11} "
-          f"{'client p50':>10} {'load':>5}")
+          f"{'client p50':>10} {'client us/span':>14} {'load':>5}")
     cpu: dict[Path, list[float]] = {root: [] for root in roots}
     for k in range(rounds):
         for i, root in enumerate(roots if k % 2 == 0 else roots[::-1]):
             r = run_throughput(work, total, per_body, connections, tag=f"-{k}-{i}", root=root)
             cpu[root].append(r["cpu_us_per_span"])
             print(f"{k:>5} {str(root)[-40:]:<40} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} "
-                  f"{r['spans_per_group']:>11,.0f} {r['client_p50_ms']:>8.1f}ms {r['load']:>5.1f}")
+                  f"{r['spans_per_group']:>11,.0f} {r['client_p50_ms']:>8.1f}ms {r['client_cpu_us_per_span']:>14.2f} "
+                  f"{r['load']:>5.1f}")
     for root, values in cpu.items():
         print(f"median CPU/span {statistics.median(values):.2f} us "
               f"(spread {min(values):.2f}-{max(values):.2f}): {root}")
@@ -566,17 +575,18 @@ def main(argv: list[str] | None = None) -> None:
             (400_000, 512, 8), (400_000, 64, c), (400_000, 4096, 8)]
         best = 0.0
         print("\n1. pre-encoded OTLP/HTTP protobuf bodies, asyncio client over keep-alive connections "
-              "-> fsynced segments")
+              "-> fsynced journal, then segments (docs/collect.md)")
         print(f"{'spans':>9} {'per body':>8} {'conns':>5} {'s':>6} {'spans/s':>9} {'MB/s':>6} {'client p50':>10} "
-              f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'RSS MB':>7} {'spans/group':>11} "
-              f"{'load':>5}")
+              f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'client us/span':>14} {'RSS MB':>7} "
+              f"{'spans/group':>11} {'load':>5}")
         for total, per_body, conns in sizes:
             r = run_throughput(work, total, per_body, conns)
             best = max(best, r["spans_per_s"]) if per_body == 512 else best
             print(f"{r['spans']:>9,.0f} {r['per_body']:>8,.0f} {conns:>5} {r['seconds']:>6.2f} "
                   f"{r['spans_per_s']:>9,.0f} "
                   f"{r['mb_per_s']:>6.1f} {r['client_p50_ms']:>8.1f}ms {r['client_p99_ms']:>8.1f}ms "
-                  f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} {r['rss_mb']:>7.0f} "
+                  f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} "
+                  f"{r['client_cpu_us_per_span']:>14.2f} {r['rss_mb']:>7.0f} "
                   f"{r['spans_per_group']:>11,.0f} {r['load']:>5.1f}")
         light = run_light_latency(work, n=50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "

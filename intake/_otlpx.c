@@ -4,6 +4,8 @@
  *   Builder().add(data, room=-1) -> int | None  append one request's columns to a group
  *                                               (-1: more spans than `room`; None: nothing added)
  *   Builder().take() -> dict                    the group's columns; the builder starts over
+ *   (add parses without the GIL: calls on one Builder must be serialised by the caller,
+ *   as the committer does under its lock)
  *
  * The order of calls (intake/otlp.py, intake/collect/commit.py): this runs FIRST, on the raw
  * bytes; nothing has parsed them before. It walks the wire format once, checking the tag,
@@ -169,10 +171,17 @@ static int render_double(Buf *b, double d, int json) {
         const char *s = d != d ? "NaN" : (d > 0 ? "Infinity" : "-Infinity");
         return buf_put(b, s, strlen(s));
     }
+    /* Builder.add parses without the GIL; Python's repr of a double allocates with PyMem: take it here */
+    PyGILState_STATE gil = PyGILState_Ensure();
     char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (!s) return -1;
-    int rc = buf_put(b, s, strlen(s));
-    PyMem_Free(s);
+    int rc = -1;
+    if (s) {
+        rc = buf_put(b, s, strlen(s));
+        PyMem_Free(s);
+    } else {
+        PyErr_Clear(); /* reported as a memory error by the caller */
+    }
+    PyGILState_Release(gil);
     return rc;
 }
 static int render_int(Buf *b, int64_t v) {
@@ -651,7 +660,12 @@ static PyObject *Builder_add(Builder *self, PyObject *args) {
     for (int i = 0; i < N_BUFS; i++) sizes[i] = bufs[i]->n;
     Out saved = *o; /* counters; buffer contents are restored by size below */
     o->peer.p = (const uint8_t *)peer; o->peer.n = (size_t)peer_n;
-    int rc = parse_request(o, (const uint8_t *)view.buf, view.len);
+    int rc;
+    /* the parse touches only this builder's C buffers (its caller serialises add and take), so other
+       threads run Python meanwhile: the receiver's segment work overlaps the extraction of the next body */
+    Py_BEGIN_ALLOW_THREADS
+    rc = parse_request(o, (const uint8_t *)view.buf, view.len);
+    Py_END_ALLOW_THREADS
     o->peer.p = NULL; o->peer.n = 0; saved.peer = o->peer;
     PyBuffer_Release(&view);
     long added = (long)(o->n_spans - saved.n_spans);

@@ -118,6 +118,16 @@ class CollectSettings(SettingsTable):
     gather_ms: Setting[float] = Setting(
         float, 20.0, "Shortest time between two group commits smaller than --gather-spans while several clients "
         "send, in ms (a lone client is answered at once); 0 turns gathering off.", option="--gather-ms")
+    journal_ms: Setting[float] = Setting(
+        float, 250.0, "While several HTTP clients send, a request is answered once its body is fsynced in the "
+        "store's journal (.journal/), and segments are written from the journal's spans at most this many ms "
+        "apart (or at --segment-spans): acknowledged spans become visible to queries within about this long "
+        "plus one segment write. A lone client is answered only once its spans are in a segment. A receiver "
+        "killed with journalled spans leaves them to the next start, which stores them before listening. "
+        "0 turns the journal off (every answer waits for its segment).", option="--journal-ms")
+    segment_spans: Setting[int] = Setting(
+        int, 32_768, "Journalled spans that start a segment before --journal-ms has passed.",
+        option="--segment-spans")
 
 
 #: The receiver's settings table.
@@ -150,6 +160,8 @@ class CollectConfig:
     body_timeout_s: float = COLLECT.body_timeout_s.default
     gather_spans: int = COLLECT.gather_spans.default
     gather_ms: float = COLLECT.gather_ms.default
+    journal_ms: float = COLLECT.journal_ms.default
+    segment_spans: int = COLLECT.segment_spans.default
     record_peer: bool = COLLECT.record_peer.default
     forward: str = COLLECT.forward.default
     forward_queue_spans: int = COLLECT.forward_queue_spans.default
@@ -165,6 +177,8 @@ class CollectConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gather_spans < 0 or self.gather_ms < 0:
             raise ValueError("gather_spans and gather_ms must be >= 0")
+        if self.journal_ms < 0 or self.segment_spans <= 0:
+            raise ValueError("journal_ms must be >= 0 and segment_spans positive")
         if self.forward_queue_spans <= 0 or self.forward_timeout_s <= 0 or self.forward_retry_s < 0:
             raise ValueError("forward_queue_spans and forward_timeout_s must be positive, forward_retry_s >= 0")
         if self.dedupe_window < 0:

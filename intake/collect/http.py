@@ -50,6 +50,8 @@ PATH = "/v1/traces"
 #: Bytes read from the socket at a time.
 _READ_BYTES = 256 * 1024
 #: Bodies above this many bytes are decoded on a worker thread, so the loop keeps reading others.
+#: a connection counts as sending (for the journal) this long after its last accepted body, in seconds
+SENDER_WINDOW_S = 1.0
 _INLINE_DECODE_BYTES = 4 << 20
 #: Seconds a connection closed on an early answer keeps draining (and dropping) its input.
 LINGER_S = 2.0
@@ -244,8 +246,25 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._inflight = 0
         self.connections = 0
+        # connection -> when it last had a body accepted (the HTTP thread writes it): how many clients are
+        # sending now, which decides whether requests are answered from the journal (intake/collect/journal.py)
+        self._recent: dict[int, float] = {}
+        self._pruned = 0.0
         self._writers: set[asyncio.StreamWriter] = set()
         self._drained: asyncio.Event | None = None
+
+    def others_sending(self, conn: object) -> bool:
+        """True when another connection had a body accepted in about the last second (connections that
+        only idle, stall or send what is refused do not count)."""
+        return len(self._recent) - (id(conn) in self._recent) > 0
+
+    def _accepted(self, conn: object) -> None:
+        now = time.monotonic()
+        self._recent[id(conn)] = now
+        if now - self._pruned > 0.25:
+            self._pruned = now
+            for key in [k for k, t in self._recent.items() if now - t > SENDER_WINDOW_S]:
+                del self._recent[key]
 
     async def start(self) -> int:
         """Bind and start accepting; return the bound port."""
@@ -316,6 +335,7 @@ class HttpServer:
             if conn.unread and not self.intake.draining:
                 await conn.linger()
             self.connections -= 1
+            self._recent.pop(id(conn), None)
             self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
@@ -400,7 +420,8 @@ class HttpServer:
         if conn.h11.they_are_waiting_for_100_continue:
             await conn.write(conn.h11.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
         body = await conn.body(cap, reserve)
-        decoded, future = await self._decode_and_queue(body, req, encoding, reserve)
+        decoded, future = await self._decode_and_queue(body, req, encoding, reserve, self.others_sending(conn))
+        self._accepted(conn)
         retry = config.retry_after_s
         if future is not None:
             try:
@@ -409,15 +430,16 @@ class HttpServer:
                 raise _HttpError(503, f"could not store the spans ({exc}); retry", retry_after=retry) from None
         return success_body(decoded.result, encoding)
 
-    async def _decode_and_queue(self, body: bytes, req: _Request, encoding: str,
-                                reserve: _Reserve) -> tuple[Decoded, Future[CommitResult] | None]:
+    async def _decode_and_queue(self, body: bytes, req: _Request, encoding: str, reserve: _Reserve,
+                                several: bool) -> tuple[Decoded, Future[CommitResult] | None]:
         retry = self.intake.config.retry_after_s
         try:
             if len(body) > _INLINE_DECODE_BYTES or req.headers.get("content-encoding"):
                 loop = asyncio.get_running_loop()
-                decoded, future = await loop.run_in_executor(None, self._accept, body, req, encoding, reserve)
+                decoded, future = await loop.run_in_executor(None, self._accept, body, req, encoding, reserve,
+                                                             several)
             else:
-                decoded, future = self._accept(body, req, encoding, reserve)
+                decoded, future = self._accept(body, req, encoding, reserve, several)
         except TooLarge as exc:
             raise _HttpError(413, str(exc)) from None
         except BadEncoding as exc:
@@ -428,9 +450,9 @@ class HttpServer:
             raise _HttpError(503, f"{exc}; retry after {retry} s", retry_after=retry) from None
         return decoded, future
 
-    def _accept(self, body: bytes, req: _Request, encoding: str,
-                reserve: _Reserve) -> tuple[Decoded, Future[CommitResult] | None]:
+    def _accept(self, body: bytes, req: _Request, encoding: str, reserve: _Reserve,
+                several: bool) -> tuple[Decoded, Future[CommitResult] | None]:
         data = decompress(body, req.headers.get("content-encoding"), self.intake.config.max_body_bytes)
         if data is not body:  # the inflated bytes count against the budget too
             reserve.grow(reserve.held + len(data))
-        return self.intake.accept(data, encoding, peer=req.peer)
+        return self.intake.accept(data, encoding, peer=req.peer, journal=several)

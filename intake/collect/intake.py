@@ -67,16 +67,17 @@ class Intake:
         with self._lock:
             self.refused_requests += 1
 
-    def accept(self, body: bytes, encoding: str, *,
-               peer: str | None = None) -> tuple[Decoded, Future[CommitResult] | None]:
+    def accept(self, body: bytes, encoding: str, *, peer: str | None = None,
+               journal: bool = False) -> tuple[Decoded, Future[CommitResult] | None]:
         """Decode `body` and queue its spans; raises ValueError (400), QueueFull or Closed (503).
 
         With `record_peer` and a known `peer`, every resource gets `tailscope.peer` (the C builder adds
-        it as it copies the resource, so recording the peer keeps the fast path).
+        it as it copies the resource, so recording the peer keeps the fast path). `journal`: other clients
+        are sending, so the answer may come once the body is in the journal (Committer).
         """
         peer = peer if self.config.record_peer else None
         if encoding == PROTOBUF:
-            queued = self.committer.submit_protobuf(body, peer)  # the columnar fast path
+            queued = self.committer.submit_protobuf(body, peer, journal=journal)  # the columnar fast path
             if queued is not None:
                 n, fast = queued
                 with self._lock:
@@ -86,7 +87,7 @@ class Intake:
         decoded = decode_body(body, encoding)
         if peer is not None and decoded.table is not None:
             decoded.table = with_peer(decoded.table, peer)
-        future = self.committer.submit(decoded.table) if decoded.table is not None else None
+        future = self.committer.submit(decoded.table, journal=journal) if decoded.table is not None else None
         with self._lock:
             self.requests += 1
             self.received_spans += decoded.result.accepted

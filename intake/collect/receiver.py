@@ -24,7 +24,8 @@ from intake.collect.forward import Forwarder, describe
 from intake.collect.grpc_server import make_server
 from intake.collect.http import HttpServer
 from intake.collect.intake import Intake
-from intake.collect.recovery import remove_dead_temp_files
+from intake.collect.journal import Journal
+from intake.collect.recovery import Replayed, remove_dead_temp_files, replay_journals
 from intake.engines import normalize
 from intake.otlp import base_from_columns, new_builder, promote
 from intake.recognition import Recognition, recognise
@@ -70,6 +71,7 @@ class Receiver:
         self.recognition = Recognition()
         self.loaded_keys = 0
         self.removed_temp_files: list[Path] = []
+        self.replayed = Replayed(0, 0, 0)
         self.forwarder = (Forwarder(config.forward, token=config.forward_token,
                                     max_queue_spans=config.forward_queue_spans, timeout_s=config.forward_timeout_s,
                                     retry_s=config.forward_retry_s) if config.forward else None)
@@ -78,7 +80,10 @@ class Receiver:
                                    builder=new_builder(), assemble=base_from_columns,
                                    gather_spans=config.gather_spans, gather_s=config.gather_ms / 1e3,
                                    senders=lambda: self._http.connections if self._http is not None else 0,
-                                   on_stored=self.forwarder.submit if self.forwarder is not None else None)
+                                   on_stored=self.forwarder.submit if self.forwarder is not None else None,
+                                   journal=(Journal(self.store, self.writer.writer, durable=config.durable)
+                                            if config.journal_ms > 0 else None),
+                                   journal_s=config.journal_ms / 1e3, segment_spans=config.segment_spans)
         self.intake = Intake(config, self.committer)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -103,6 +108,8 @@ class Receiver:
         """Load recent keys for dedupe, start the writer, bind and start both front ends."""
         self.removed_temp_files = remove_dead_temp_files(self.store)
         self.loaded_keys = self.keys.load(self.store, self.config.dedupe_startup_s)
+        # spans a killed receiver answered 200 from its journal but had not yet written: stored before listening
+        self.replayed = replay_journals(self.store, self.writer, self.keys, self._prepare)
         if self.forwarder is not None:
             self.forwarder.start()
         self.committer.start()

@@ -1,4 +1,4 @@
-"""Startup clean-up: temporary segment files left by writers that died mid-write (kill -9, a crash).
+"""Startup clean-up and replay: temp segment files and journals left by receivers that died (kill -9, a crash).
 
 A segment is written to `.<name>.<hex>.tmp` and renamed into place; a writer killed before the
 rename leaves the hidden file behind (often 0 bytes), which readers ignore but nothing removed.
@@ -8,34 +8,44 @@ so a live writer's file (this receiver's, an ingest running beside it) is never 
 
 from __future__ import annotations
 
-import os
 import re
-import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.ipc
+
+from intake.collect.commit import RecentKeys
+from intake.collect.journal import (
+    PROTOBUF,
+    fsync_dir,
+    host_tag,
+    journal_dir,
+    orphaned_journals,
+    pid_alive,
+    records_of,
+)
+from intake.otlp import decode_protobuf_base
+from intake.peer import with_peer
 from tracing import schema as S
+from tracing.store import SegmentWriter
+
+#: seconds subtracted from a journal generation's start when looking for segments that may hold its spans
+_MTIME_SLACK_S = 2.0
 
 #: `.<kind>-<host>-<pid>-<id>-<seq>.parquet.<hex>.tmp`, as tracing.store.SegmentWriter names them.
 _TEMP = re.compile(r"^\.[a-z]+-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]+-\d+\.parquet\.[0-9a-f]+\.tmp$")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def remove_dead_temp_files(store: Path) -> list[Path]:
     """Remove temp segment files of dead writers on this host; return the paths removed."""
-    host = socket.gethostname().replace("-", "").replace(".", "")[:16] or "host"
+    host = host_tag()
     removed = []
     for path in (Path(store) / S.SPANS_DIR).glob("dt=*/hr=*/.*.tmp"):
         match = _TEMP.match(path.name)
-        if match is None or match["host"] != host or _alive(int(match["pid"])):
+        if match is None or match["host"] != host or pid_alive(int(match["pid"])):
             continue
         try:
             path.unlink()
@@ -43,3 +53,56 @@ def remove_dead_temp_files(store: Path) -> list[Path]:
             continue
         removed.append(path)
     return removed
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What the startup replay of dead receivers' journals did."""
+
+    files: int
+    spans: int  # spans decoded from acknowledged records
+    stored: int  # of those, spans written now (the rest were already in segments)
+
+
+def replay_journals(store: Path, writer: SegmentWriter, keys: RecentKeys,
+                    prepare: Callable[[pa.Table], pa.Table]) -> Replayed:
+    """Store the spans of journals left by dead receivers (intake/collect/journal.py), then delete them.
+
+    A journalled request was answered 200, but a receiver killed before its segment was written leaves
+    the spans only there. Spans already in a segment (the segment was written, the journal file not yet
+    deleted) are those of segments written since the generation began: their keys are read and dropped
+    here whatever the dedupe settings, so each acknowledged span ends up stored exactly once. Killed
+    during the replay, the next start replays again with the same rule.
+    """
+    paths = orphaned_journals(store)
+    if not paths:
+        return Replayed(0, 0, 0)
+    tables: list[pa.Table] = []
+    oldest = None
+    for _, started_ns, records in records_of(paths):
+        oldest = started_ns if oldest is None else min(oldest, started_ns)
+        for record in records:
+            if record.kind == PROTOBUF:
+                table, _ = decode_protobuf_base(record.payload)
+                tables.append(with_peer(table, record.peer))
+            else:
+                tables.append(pa.ipc.open_stream(record.payload).read_all())
+    spans = sum(t.num_rows for t in tables)
+    stored = 0
+    if spans:
+        table = prepare(pa.concat_tables(tables))
+        if table.schema != S.SPAN_SCHEMA:
+            table = table.select(list(S.COLUMN_NAMES)).cast(S.SPAN_SCHEMA)
+        cutoff = (oldest or 0) / 1e9 - _MTIME_SLACK_S  # coarse file clocks: a little earlier
+        known = RecentKeys(capacity=1 << 62)
+        known.load(store, max_age_s=max(0.0, time.time() - cutoff))
+        table, _ = known.filter(table)
+        table, found = keys.filter(table)
+        if table.num_rows:
+            writer.write(table.combine_chunks())
+        keys.add(found)
+        stored = table.num_rows
+    for path in paths:
+        path.unlink(missing_ok=True)
+    fsync_dir(journal_dir(store))
+    return Replayed(len(paths), spans, stored)

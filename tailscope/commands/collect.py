@@ -102,6 +102,10 @@ def collect(
         forwarding = f" forward={config.forward}" if config.forward else ""
         sys.stderr.write(f"listening {' '.join(parts)} store={config.store}{forwarding} "
                          f"(dedupe: {r.loaded_keys:,} recent keys loaded)\n")
+        if r.replayed.files:
+            sys.stderr.write(f"journal: {r.replayed.files} file(s) left by a stopped receiver replayed, "
+                             f"{r.replayed.spans:,} acknowledged spans, {r.replayed.stored:,} of them stored now "
+                             "(the rest were in segments)\n")
         sys.stderr.flush()
 
     stop = threading.Event()

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from analysis.connect import connect
+from intake.collect.journal import JOURNAL_DIR
 from tests.intake.collect_helpers import pb_body, start_cli_receiver
 from tracing.store import segment_files
 
@@ -73,6 +75,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
     all_keys: set[tuple[str, str]] = set()
     acked_keys: set[tuple[str, str]] = set()
     acked_before_kill = 0
+    journalled = 0  # journal files left after a restart: must be none (replayed, then deleted)
     proc, port = start_cli_receiver(store)
     try:
         for _trial in range(TRIALS):
@@ -87,14 +90,15 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
             acked_before_kill += len(acked)
             for i in acked:
                 acked_keys.update(made[i][1])
-            # every acknowledged span is already there, before any re-send
+            # restart: spans answered from the journal are stored before the receiver listens, so every
+            # acknowledged span is there before any re-send; then re-send everything of this trial
+            # (nothing may be stored twice). The restarted receiver is the next trial's victim
+            proc, port = start_cli_receiver(store)
+            journalled += len(list((store / JOURNAL_DIR).glob("*.journal")))
             con = connect(store)
             present = {tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()}
             con.close()
             assert acked_keys <= present
-            # restart, re-send everything of this trial (nothing may be stored twice); the
-            # restarted receiver is the next trial's victim
-            proc, port = start_cli_receiver(store)
             assert asyncio.run(_resend(port, bodies)) == set(range(len(bodies)))
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -105,6 +109,11 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
     con.close()
     assert stored_keys == all_keys
     assert total == distinct == len(all_keys)
+    assert journalled == 0
+    # the journal was exercised: some acknowledged spans were stored only by a restart's replay
+    replayed = [re.search(r"journal: .* ([\d,]+) of them stored now", log.read_text())
+                for log in tmp_path.glob("collect-*.log")]
+    assert sum(int(m.group(1).replace(",", "")) for m in replayed if m) > 0
     # only complete segments are visible (temporary files are hidden names that do not match the glob)
     for path in segment_files(store):
         assert not path.name.startswith(".")
