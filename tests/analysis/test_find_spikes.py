@@ -47,6 +47,10 @@ def test_the_spikes_of_the_report(store: Path) -> None:
     {"window_s": 30},
     {"include_failures": False},
     {"source": "(SELECT * FROM requests WHERE replica <> 'replica-00')"},
+    # weighted (the copy keeps ids and dimensions: the sampling judgement reads them) and a declared policy
+    {"source": "(SELECT * REPLACE (CASE WHEN hash(trace_id) % 3 = 0 THEN 3.0 ELSE 1.0 END AS adjusted_count) "
+               "FROM requests)"},
+    {"source": "requests", "sampling_policy": "head"},
 ])
 def test_with_the_reports_options(store: Path, kw: dict[str, Any]) -> None:
     con = connect(store)
