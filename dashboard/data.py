@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,10 +230,11 @@ class Workbench:
     def warm(self) -> None:
         """Start computing the unfiltered Overview's numbers (its spikes first) in a background thread.
 
-        Called when the store opens with every hour's rows ready: the spike detection, the
-        longest step of the first page, then runs beside the page's own summary and series (two
-        threads, each call's result cached and computed once: a page reaching a call the thread
-        is computing waits for it), and the explanations for the Spike page follow.
+        Called when the store opens with every hour's rows ready: the spike detection (the longest
+        step of the first page) and the summary and series run in two threads while the first
+        session draws its sidebar and imports its page (each call's result is cached and computed
+        once: a page reaching a call a thread is computing waits for it); the explanations for the
+        Spike page follow (see `prewarm`).
         """
         if any(t is not None and t.is_alive() for t in (self.worker, self.warmer)):
             return
@@ -745,15 +747,20 @@ def prewarm(db: Workbench) -> None:
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
-    The spikes come first: the Overview waits for them, while it computes its summary and series.
+    A page reaching a call that one of these threads is computing waits for its result (Streamlit's
+    cache computes each key once).
     """
     key = (db, str(db.store), db.version)
     f = Filters()
     if not choices(*key)["requests"]:
         return
-    spike_marks(*key, f)
-    summary(*key, f)
-    over_time(*key, f)
+    # two threads: the spikes (the longest step) beside the summary and series, each DuckDB query
+    # releasing the interpreter; the full report after both, so it never delays the Overview's numbers
+    with ThreadPoolExecutor(2, thread_name_prefix="tailscope-prewarm") as pool:
+        marks = pool.submit(spike_marks, *key, f)
+        numbers = pool.submit(lambda: (summary(*key, f), over_time(*key, f)))
+        marks.result()
+        numbers.result()
     report_of(*key, f)
 
 
