@@ -507,21 +507,21 @@ def spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: 
     counts, percentiles) without their explanations, in time order; what the Overview marks.
 
     The explanations are most of the rest of the report's cost; the Spike page reads them from
-    `report_of` (the same spikes). On ClickHouse, the full report.
+    `report_of` (the same spikes). On ClickHouse, the full report (`report_of`'s, computed once).
     """
+    if isinstance(_db, CHD.ClickHouseBench):
+        full = report_of(_db, store, version, filters, metric)
+        return {**full, "spikes": spikes(_db, store, version, filters, metric)}
     return _spike_marks(_db, store, version, filters, metric)
 
 
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
-def _spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
-    """The cached body of spike_marks."""
+def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
+    """The cached body of spike_marks, on the store's workbench."""
     try:
-        if isinstance(_db, CHD.ClickHouseBench):
-            out = CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
-        else:
-            with _cursor(_db, filters) as cur:
-                out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                                  include_failures=True, source="requests")
+        with _cursor(_db, filters) as cur:
+            out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
+                              include_failures=True, source="requests")
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
