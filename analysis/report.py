@@ -284,6 +284,40 @@ def build_report(
     return report
 
 
+def find_spikes(
+    con: duckdb.DuckDBPyConnection,
+    metric: str = "e2e",
+    window_s: float | str | None = None,
+    since: str | int | datetime | None = None,
+    until: str | int | datetime | None = None,
+    include_failures: bool = True,
+    source: str | None = None,
+    sampling_policy: str = "auto",
+) -> dict[str, Any]:
+    """`build_report` without the explanations: the same header, and each spike's item without the keys
+    the explanation fills (stages, dimensions, exemplars, noisy_neighbour, errors).
+
+    For a view that only marks the spikes (the dashboard's Overview): detection is most of the
+    report's cost on a large store, the explanations the rest. The spikes are the report's own.
+    """
+    if source is not None and sampling_policy == "auto" and weight_column(
+            con, source, parse_time(since), parse_time(until)) is None:
+        # unsampled: the detection reads each request's start, value and outcome only, so the copy of the
+        # rows leaves out what the explanations read (ids, dimensions), most of the copy's cost
+        blank = ", ".join(f"CAST(NULL AS {'BIGINT' if d in X.BUCKETED else 'VARCHAR'}) AS {quote_ident(d)}"
+                          for d in ("trace_id", "span_id", *X.DIMENSIONS))
+        source = f"(SELECT * REPLACE ({blank}) FROM {source})"
+    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy)
+    if det is not None:
+        report["spikes"] = [{k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS}
+                            for s in det.spikes]
+    return report
+
+
+#: The keys of a report's spike item that its explanation fills.
+_EXPLANATION_KEYS: Final = frozenset({"stages", "dimensions", "exemplars"})
+
+
 def explain_window(
     con: duckdb.DuckDBPyConnection,
     start: str | int | datetime,

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ from analysis.connect import refresh as refresh_views
 from analysis.materialize import HOUR_NS, Snapshot, hour_of, hour_requests_sql, hour_where, snapshot, stored_source
 from analysis.model import REQUEST_COLUMNS, facts_sql, requests_sql
 from analysis.percentiles import choose_window_s, parse_time, percentile_series
-from analysis.report import build_report, explain_window
+from analysis.report import build_report, explain_window, find_spikes
 from analysis.sandbox import SandboxConnection
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import predict
@@ -153,6 +154,8 @@ class Workbench:
     pending: set[int] = field(default_factory=set)
     worker: threading.Thread | None = None
     worker_error: str | None = None
+    #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
+    warmer: threading.Thread | None = None
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
@@ -223,6 +226,24 @@ class Workbench:
         if snap is not None and any(not f.exists() for f in snap.fresh.values()):
             return self.refresh()
         return False
+
+    def warm(self) -> None:
+        """Start computing the unfiltered Overview's numbers (its spikes first) in a background thread.
+
+        Called when the store opens with every hour's rows ready: the spike detection (the longest
+        step of the first page) and the summary and series run in two threads while the first
+        session draws its sidebar and imports its page (each call's result is cached and computed
+        once: a page reaching a call a thread is computing waits for it); the explanations for the
+        Spike page follow (see `prewarm`).
+        """
+        if any(t is not None and t.is_alive() for t in (self.worker, self.warmer)):
+            return
+        self.warmer = threading.Thread(target=self._warm, name="tailscope-prewarm", daemon=True)
+        self.warmer.start()
+
+    def _warm(self) -> None:
+        with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+            prewarm(self)
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -313,6 +334,8 @@ def workbench(store: str) -> Workbench:
     """The workbench of `store`, loaded once per server process and shared by every session."""
     wb = Workbench(require_store(Path(store)).resolve())
     wb.refresh()
+    if not wb.pending:  # else the background pass warms the caches once the critical paths are done
+        wb.warm()
     return wb
 
 
@@ -425,11 +448,14 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.Data
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
     report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome
     (weighted: the requests the stored ones stand for under sampling)."""
+    win = None if isinstance(_db, CHD.ClickHouseBench) else window_s(_db, store, version, filters)
+
     def series(m: str) -> pl.DataFrame:
         if isinstance(_db, CHD.ClickHouseBench):
             return CHD.series(_db, filters, FILTER_DIMENSIONS, m)
-        with _cursor(_db, filters) as cur:
-            return percentile_series(cur, m, since=filters.since_ns, until=filters.until_ns, source="requests")
+        with _cursor(_db, filters) as cur:  # the report's window, chosen once (not once per metric)
+            return percentile_series(cur, m, window_s=win, since=filters.since_ns, until=filters.until_ns,
+                                     source="requests")
 
     frames: list[pl.DataFrame] = []
     for m in ("e2e", "ttft", "tpot"):
@@ -474,6 +500,31 @@ def spikes(_db: Bench, store: str, version: int, filters: Filters, metric: str =
     """The report's spikes under `filters`, in time order."""
     found = report_of(_db, store, version, filters, metric).get("spikes", [])
     return sorted(found, key=lambda sp: spike_times_ns(sp)[0])
+
+
+def spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """analysis.report.find_spikes over the filtered requests: the report's header and its spikes (window,
+    counts, percentiles) without their explanations, in time order; what the Overview marks.
+
+    The explanations are most of the rest of the report's cost; the Spike page reads them from
+    `report_of` (the same spikes). On ClickHouse, the full report (`report_of`'s, computed once).
+    """
+    if isinstance(_db, CHD.ClickHouseBench):
+        full = report_of(_db, store, version, filters, metric)
+        return {**full, "spikes": spikes(_db, store, version, filters, metric)}
+    return _spike_marks(_db, store, version, filters, metric)
+
+
+@st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
+def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
+    """The cached body of spike_marks, on the store's workbench."""
+    try:
+        with _cursor(_db, filters) as cur:
+            out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
+                              include_failures=True, source="requests")
+    except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
+        return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
+    return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
@@ -692,17 +743,24 @@ SQL_EXAMPLES: dict[str, str] = {
 
 
 def prewarm(db: Workbench) -> None:
-    """Compute the unfiltered overview's numbers (and its spike report) into the query caches.
+    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches.
 
-    Runs in the background thread once the critical paths are all computed, so the first
-    visitor after a big load does not wait for the report (about 2 s on 10 million spans).
+    Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
+    paths of a big load are all computed, so the first visitor does not wait for them one by one.
+    A page reaching a call that one of these threads is computing waits for its result (Streamlit's
+    cache computes each key once).
     """
     key = (db, str(db.store), db.version)
     f = Filters()
     if not choices(*key)["requests"]:
         return
-    summary(*key, f)
-    over_time(*key, f)
+    # two threads: the spikes (the longest step) beside the summary and series, each DuckDB query
+    # releasing the interpreter; the full report after both, so it never delays the Overview's numbers
+    with ThreadPoolExecutor(2, thread_name_prefix="tailscope-prewarm") as pool:
+        marks = pool.submit(spike_marks, *key, f)
+        numbers = pool.submit(lambda: (summary(*key, f), over_time(*key, f)))
+        marks.result()
+        numbers.result()
     report_of(*key, f)
 
 

@@ -1,4 +1,9 @@
-"""Overview: p50/p90/p99 over time for e2e, TTFT and TPOT with spikes shaded; outcome counts."""
+"""Overview: p50/p90/p99 over time for e2e, TTFT and TPOT with spikes shaded; outcome counts.
+
+The spikes are the report's (data.spike_marks: detection without the explanations, which the
+Spike page shows); on a store that just opened they are being computed in the background
+(Workbench.warm) while this page computes its summary and series.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ if not s["requests"]:
             "Ingest traces with `tailscope ingest FILE` or widen the filters.")
     st.stop()
 
-spikes = data.spikes(*key, f)
+df = data.over_time(*key, f)
+marks = data.spike_marks(*key, f)
+spikes = marks["spikes"]
 cols = st.columns(6)
 cols[0].metric("requests", f"{s['requests_weighted']:,.0f}")  # what the stored ones stand for when sampled
 cols[1].metric("errors", f"{s['error_weighted']:,.0f}")
@@ -28,14 +35,12 @@ cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 cols[5].metric("spikes", len(spikes))
 
-df = data.over_time(*key, f)
 shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
     st.warning(f"**Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
                "Open the Spike page to see what explains it.")
-report = data.report_of(*key, f)
-notes = "; ".join(report.get("warnings", []) + report.get("errors", []))
+notes = "; ".join(marks.get("warnings", []) + marks.get("errors", []))
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
 fired = pd.DataFrame() if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)

@@ -9,7 +9,7 @@ from dashboard import charts, data, sidebar
 
 db, f, key, reps = sidebar.replay_page("What-if")
 observed = len(reps)
-spikes = data.spikes(*key, f)
+spikes = data.spike_marks(*key, f)["spikes"]  # windows only: no explanation needed here
 windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)

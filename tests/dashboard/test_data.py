@@ -326,3 +326,41 @@ def test_replicas_is_computed_once_whether_the_metric_is_passed_or_left_out(
     assert a.equals(b) and a.equals(c)
     data.replicas(*key, f, "ttft")
     assert calls == ["e2e", "ttft"]
+
+
+def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
+        incident_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a store whose rows are ready starts the warm-up thread: the spike detection, then the full
+    report. The Overview then reads both caches (no detection or report of its own), and its spikes are the
+    report's, cut to their windows and percentiles."""
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    calls: list[str] = []
+    real_find, real_report = data.find_spikes, data.build_report
+
+    def find(*args: Any, **kw: Any) -> Any:
+        calls.append("find_spikes")
+        return real_find(*args, **kw)
+
+    def report(*args: Any, **kw: Any) -> Any:
+        calls.append("build_report")
+        return real_report(*args, **kw)
+
+    monkeypatch.setattr(data, "find_spikes", find)
+    monkeypatch.setattr(data, "build_report", report)
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmer is not None and not wb.pending
+    wb.warmer.join()
+    assert calls == ["find_spikes", "build_report"]
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store.resolve()))
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert data.workbench(str(store.resolve())) is wb and calls == ["find_spikes", "build_report"]
+    key = (wb, str(wb.store), wb.version)
+    full = data.report_of(*key, data.Filters())
+    marks = data.spike_marks(*key, data.Filters())
+    assert full["spikes"] and len(marks["spikes"]) == len(full["spikes"])
+    for mine, item in zip(marks["spikes"], data.spikes(*key, data.Filters()), strict=True):
+        assert mine == {k: item[k] for k in mine} and "stages" not in mine
+    assert [m.value for m in at.metric if m.label == "spikes"] == [str(len(full["spikes"]))]

@@ -1,0 +1,64 @@
+"""find_spikes: the report's header and spikes without the explanations, equal to build_report's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis import build_report, connect
+from analysis.report import find_spikes
+from tests.analysis.test_report import fleet_store
+
+SEC = 1_000_000_000
+#: What each spike item of find_spikes holds: the report item's keys before its explanation.
+SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
+              "p_value", "windows", "requests_weighted", "n_effective"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fleet_store(tmp_path_factory.mktemp("find-spikes"))
+
+
+def _same_as_report(found: dict[str, Any], report: dict[str, Any]) -> None:
+    """Every header key equal; each spike the report's item cut to its window and percentiles; the report's
+    errors are find_spikes' followed by the explanations' own."""
+    assert {k: v for k, v in found.items() if k not in ("spikes", "errors")} == \
+        {k: v for k, v in report.items() if k not in ("spikes", "errors")}
+    assert len(found["spikes"]) == len(report["spikes"])
+    for mine, item in zip(found["spikes"], report["spikes"], strict=True):
+        assert set(mine) == SPIKE_KEYS and set(item) > SPIKE_KEYS
+        assert mine == {k: item[k] for k in mine}
+    assert report["errors"][:len(found["errors"])] == found["errors"]
+    assert report["errors"][len(found["errors"]):] == [e for item in report["spikes"] for e in item["errors"]]
+
+
+def test_the_spikes_of_the_report(store: Path) -> None:
+    con = connect(store)
+    report = build_report(con)
+    assert report["spikes"], "the fleet store has a spike"
+    _same_as_report(find_spikes(con), report)
+
+
+@pytest.mark.parametrize("kw", [
+    {"metric": "ttft"},
+    {"window_s": 30},
+    {"include_failures": False},
+    {"source": "(SELECT * FROM requests WHERE replica <> 'replica-00')"},
+    # weighted (the copy keeps ids and dimensions: the sampling judgement reads them) and a declared policy
+    {"source": "(SELECT * REPLACE (CASE WHEN hash(trace_id) % 3 = 0 THEN 3.0 ELSE 1.0 END AS adjusted_count) "
+               "FROM requests)"},
+    {"source": "requests", "sampling_policy": "head"},
+])
+def test_with_the_reports_options(store: Path, kw: dict[str, Any]) -> None:
+    con = connect(store)
+    _same_as_report(find_spikes(con, **kw), build_report(con, **kw))
+
+
+def test_over_a_time_range(store: Path) -> None:
+    con = connect(store)
+    lo = con.execute("SELECT min(start_ns) FROM requests").fetchone()[0]  # type: ignore[index]
+    since, until = lo + 60 * SEC, lo + 40 * 60 * SEC
+    _same_as_report(find_spikes(con, since=since, until=until), build_report(con, since=since, until=until))
