@@ -283,6 +283,19 @@ def test_export_keeps_every_stored_column(tmp_path: Path, client: Any) -> None:
             assert x == y, name
 
 
+def test_export_through_staging_equals_export_from_files(tmp_path: Path, client: Any) -> None:
+    """The server's path (each segment through a staging table) writes the very rows chdb's file() path writes."""
+    store = tmp_path / "store"
+    ingest_files([DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"], store)
+    tables = []
+    for from_files in (True, False):
+        table = f"t_export_{'files' if from_files else 'staging'}"
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        export_store(store, client, table, from_files=from_files)
+        tables.append(client.query(f"SELECT * FROM {table} ORDER BY TraceId, SpanId, Timestamp"))
+    assert tables[0].num_rows > 0 and tables[0].equals(tables[1])
+
+
 def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
     store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path, client)
     got = C.query_views(client, "SELECT count(*) AS n FROM requests WHERE status = 'ok'", table).to_pylist()
