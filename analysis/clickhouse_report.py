@@ -15,6 +15,7 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -177,10 +178,13 @@ class _ServerValues:
 
     def pool(self, windows: np.ndarray) -> SP.Pool:
         """The flagged windows' values pooled on the server."""
+        return self.pool_where(f"intDiv(start_ns, {self.w}) IN ({self._listed(windows)})")
+
+    def pool_where(self, cond: str) -> SP.Pool:
+        """The values of the requests meeting `cond` too, pooled on the server."""
         row = self.client.query(
             f"SELECT length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT {self._arrays()} FROM {self.facts} "
-            f"WHERE {self.where} AND intDiv(start_ns, {self.w}) IN ({self._listed(windows)}))",
-            M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+            f"WHERE {self.where} AND {cond})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
         n = int(row["n"])
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
@@ -195,7 +199,7 @@ class _ServerValues:
 
 def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
                    lo: int | None, hi: int | None, include_failures: bool
-                   ) -> tuple[dict[str, Any], Detection | None]:
+                   ) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
     """analysis.report._prepare for unsampled requests with no policy declared, on the server: the counts, the
     per-window table and each pooled figure detection asks for come back, no request row."""
     col = metric_column(metric)
@@ -215,7 +219,7 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
     report |= RP._sampling_header(report, None, None, values)
     if values == 0:
         report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
-        return report, None
+        return report, None, None
     source = _ServerValues(client, facts_table, valued, col, None, round(win * 1e9))
     try:
         t = source.windows()
@@ -225,7 +229,7 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
                                 n.astype(np.float64), source, weighted=False)
     except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
-        return report, None
+        return report, None, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
@@ -233,7 +237,7 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
         report["baseline_effective"] = float(det.n[det.baseline].sum())
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    return report, det
+    return report, det, source
 
 
 def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -304,42 +308,47 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters).
     """
     lo, hi = parse_time(since), parse_time(until)
-    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
     if _judged(client, facts_table, cond, sampling_policy):
         local, report, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
                                         include_failures, sampling_policy)
     else:  # detection on the server: no request row comes back unless there is a spike
-        report, det = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
+        report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
         local = duckdb.connect(":memory:")
-    if det is None or not det.spikes:
-        local.close()
-        return report
-    # phase 2: the fact rows the explanation reads one by one, and the spans around the spikes
-    keep = "" if include_failures else " AND status = 'ok'"
-    spikes = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
-    rest: RP.RestCounts | None = None
-    if report["sampled"]:  # weighted rules read every baseline request: all of their rows come back
-        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
-                        np.concatenate([spikes, det.window_start_ns[det.baseline] // det.window_ns]))
-    else:
-        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes,
-                                   f"{col} IS NOT NULL{keep}", col)
-    frame = local.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
-        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
-    start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
     try:
-        report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch,
-                                           rest)
+        if det is not None and det.spikes:
+            report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
+                                        report["sampled"], include_failures, lo, hi)
     finally:
         local.close()
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
+
+
+def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
+             det: Detection, spikes: list[Spike], sampled: bool, include_failures: bool, lo: int | None,
+             hi: int | None) -> list[dict[str, Any]]:
+    """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
+    spans around them as it goes); analysis.report's explanation runs there."""
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    keep = "" if include_failures else " AND status = 'ok'"
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    rest: RP.RestCounts | None = None
+    if sampled:  # weighted rules read every baseline request: all of their rows come back
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
+                        np.concatenate([spike_windows, det.window_start_ns[det.baseline] // det.window_ns]))
+    else:
+        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
+                                   f"{col} IS NOT NULL{keep}", col)
+    frame = local.sql(
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''} "
+        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    return RP._explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
 
 
 def _bucket_code_sql(col: str) -> str:
@@ -350,8 +359,8 @@ def _bucket_code_sql(col: str) -> str:
 
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
-                 metric: str, det: Detection, spike_windows: np.ndarray, valued: str, col: str
-                 ) -> tuple[_Fetcher, RP.RestCounts]:
+                 metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
+                 col: str) -> tuple[_Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down (unweighted requests).
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -364,7 +373,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
-    for s in det.spikes:
+    for s in spikes:
         near.append(RP._local_baseline(det, s, counts) // w)
     one_by_one = np.unique(np.concatenate(near))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
@@ -432,17 +441,60 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                    where: str = "TRUE") -> dict[str, Any]:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
-    Detection runs on phase 1's narrow rows; the fact rows of the window and of the baseline
-    windows come back (phase 2) and stand in for their narrow rows, so analysis.report runs
-    unchanged on a local table that detects the same and explains with every column it reads.
+    Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
+    are pooled there, and only the rows its explanation reads come back (as for a spike). When
+    the sampling is judged (sampled requests, or a policy declared), phase 1's narrow rows come
+    back and the fact rows of the window and of the baseline windows stand in for theirs, so
+    analysis.report runs unchanged on a local table.
     """
     lo, hi = parse_time(since), parse_time(until)
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
+    if _judged(client, facts_table, cond, sampling_policy):
+        return _explain_window_rows(client, table, facts_table, cond, a, b, metric, window_s, lo, hi,
+                                    include_failures, sampling_policy)
+    report, det, source = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
+    if det is None or source is None:
+        return RP.window_not_explained(a, b, report["errors"])
+    local = duckdb.connect(":memory:")
+    try:
+        for spike in det.spikes:
+            if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
+                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False,
+                                include_failures, lo, hi)[0]
+                item["detected"] = True
+                return item
+        overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
+        det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
+        base = source.pool(det.baseline) if det.baseline.any() else None
+        inside = source.pool_where(f"start_ns >= {int(a)} AND start_ns < {int(b)}")
+        if inside.n == 0 or base is None or base.n == 0:
+            empty = RP.window_not_explained(a, b, report["errors"])
+            empty["errors"].append("could not explain the window because " + (
+                "no request with a value starts in it" if inside.n == 0 else "no baseline window lies outside it"))
+            empty["requests"] = inside.n
+            return empty
+        det.baseline_p50_ns, det.baseline_p99_ns = base.p50_ns, base.p99_ns
+        spike = Spike(start_ns=a, end_ns=b, requests=inside.n, p50_ns=inside.p50_ns, p99_ns=inside.p99_ns,
+                      baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
+                      windows=int(overlap.sum()), requests_weighted=inside.n_weighted, n_effective=inside.n_effective)
+        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False, include_failures,
+                        lo, hi)[0]
+        item["detected"] = False
+        return item
+    finally:
+        local.close()
+
+
+def _explain_window_rows(client: Client, table: str, facts_table: str, cond: str, a: int, b: int, metric: str,
+                         window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
+                         sampling_policy: str) -> dict[str, Any]:
+    """explain_window when the sampling is judged: phase 1's narrow rows and the fact rows of the window and the
+    baseline windows come back, and analysis.report.explain_window runs on them."""
     local, _, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                               sampling_policy, _judged(client, facts_table, cond, sampling_policy))
+                               sampling_policy)
     source, fetch = "_phase1", None
     if det is not None:
         fetch = _phase2(client, table, local, facts_table, cond, metric, det, np.concatenate([
@@ -454,7 +506,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       f"FROM _phase2)) ORDER BY start_ns")
         source = "_explained"
     try:
-        return RP.explain_window(local, start, end, metric, window_s, lo, hi, include_failures, source, sampling_policy,
+        return RP.explain_window(local, a, b, metric, window_s, lo, hi, include_failures, source, sampling_policy,
                                  fetch=fetch, judge_sampling=False)
     finally:
         local.close()

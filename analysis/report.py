@@ -320,10 +320,7 @@ def explain_window(
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
                                          sampling_policy, judge_sampling)
-    empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
-             "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
-             "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
-             "requests_weighted": 0.0, "n_effective": 0.0, "errors": list(report["errors"])}
+    empty = window_not_explained(start_ns, end_ns, report["errors"])
     if det is None:
         return empty
     starts = frame.get_column("start_ns").to_numpy()
@@ -357,6 +354,14 @@ def explain_window(
     item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
     item["detected"] = False
     return item
+
+
+def window_not_explained(start_ns: int, end_ns: int, errors: list[str]) -> dict[str, Any]:
+    """explain_window's item when the window cannot be explained (the errors say why)."""
+    return {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
+            "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
+            "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
+            "requests_weighted": 0.0, "n_effective": 0.0, "errors": list(errors)}
 
 
 def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
