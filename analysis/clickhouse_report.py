@@ -2,8 +2,11 @@
 
 1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
    session temporary table, over the spans of the range asked.
-2. Only (start_ns, e2e_ns, status, the metric's value) per request comes back; detection
-   (analysis.spikes, the same code and seed as on DuckDB) runs on those.
+2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
+   row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
+   (`_ServerValues`); no request row comes back. When the sampling is judged (sampled requests,
+   or a policy declared), (start_ns, e2e_ns, status, value, adjusted count, sampling flags) per
+   request still come back and detection runs on them (`_phase1`).
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
    spike windows and the baseline windows come back into an in-memory DuckDB, where the
    explanation of analysis.report runs unchanged; as it goes, it asks for the spans each step
