@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import model as M
-from analysis.clickhouse import Client, check_table_name, otel_traces_ddl, outcome_sql, promoted_sql
+from analysis.clickhouse import Client, check_table_name, literal, otel_traces_ddl, outcome_sql, promoted_sql
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 
@@ -51,6 +51,11 @@ def _ch_type(typ: pa.DataType, nullable: bool = True) -> str:
 
 def staging_ddl(table: str = STAGING) -> str:
     """A Memory table with the store's columns (the staging of one segment)."""
+    return f"CREATE TABLE IF NOT EXISTS {table} ({staging_columns()}) ENGINE = Memory"
+
+
+def staging_columns() -> str:
+    """The store's columns as ClickHouse declares them (a table's, or file()'s structure)."""
     cols = []
     for f in S.SPAN_SCHEMA:
         t = _ch_type(f.type)
@@ -59,7 +64,7 @@ def staging_ddl(table: str = STAGING) -> str:
                       "IsRequest"):
             t = t.removeprefix("Nullable(").removesuffix(")")
         cols.append(f"`{f.name}` {t}")
-    return f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(cols)}) ENGINE = Memory"
+    return ", ".join(cols)
 
 
 def _differs(stored: str, derived: str) -> str:
@@ -121,11 +126,17 @@ class ExportReport:
 
 
 def export_store(store: Path, client: Client, table: str = "otel_traces",
-                 on_segment: Callable[[int, int], None] | None = None) -> ExportReport:
+                 on_segment: Callable[[int, int], None] | None = None, from_files: bool | None = None
+                 ) -> ExportReport:
     """Copy every span of `store` into `table` (created with the exporter-shaped DDL if missing).
 
-    `on_segment(bytes_read, spans)` is called after each segment (a progress bar).
+    `on_segment(bytes_read, spans)` is called after each segment (a progress bar). On chdb
+    (the engine runs in this process and reads the store's files itself) each segment is one
+    `INSERT ... SELECT` from `file(segment, Parquet, <the store's columns>)`; a server gets
+    each segment through the staging table (`from_files` forces either way).
     """
+    if from_files if from_files is not None else client.dsn.kind == "chdb":
+        return _export_from_files(require_store(Path(store)), client, table, on_segment)
     store = require_store(Path(store))
     check_table_name(table)
     client.command(otel_traces_ddl(table))
@@ -145,4 +156,21 @@ def export_store(store: Path, client: Client, table: str = "otel_traces",
                 on_segment(path.stat().st_size, data.num_rows)
     finally:
         client.command(f"DROP TABLE IF EXISTS {STAGING}")
+    return out
+
+
+def _export_from_files(store: Path, client: Client, table: str,
+                       on_segment: Callable[[int, int], None] | None) -> ExportReport:
+    """export_store on an engine that reads the segment files itself: no row passes through Python."""
+    check_table_name(table)
+    client.command(otel_traces_ddl(table))
+    out = ExportReport()
+    for path in segment_files(store):
+        source = f"file({literal(str(path.resolve()))}, 'Parquet', {literal(staging_columns())})"
+        client.command(insert_sql(table, source))
+        spans = pq.ParquetFile(path).metadata.num_rows
+        out.segments += 1
+        out.spans += spans
+        if on_segment:
+            on_segment(path.stat().st_size, spans)
     return out

@@ -2,8 +2,11 @@
 
 1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
    session temporary table, over the spans of the range asked.
-2. Only (start_ns, e2e_ns, status, the metric's value) per request comes back; detection
-   (analysis.spikes, the same code and seed as on DuckDB) runs on those.
+2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
+   row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
+   (`_ServerValues`); no request row comes back. When the sampling is judged (sampled requests,
+   or a policy declared), (start_ns, e2e_ns, status, value, adjusted count, sampling flags) per
+   request still come back and detection runs on them (`_phase1`).
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
    spike windows and the baseline windows come back into an in-memory DuckDB, where the
    explanation of analysis.report runs unchanged; as it goes, it asks for the spans each step
@@ -15,6 +18,7 @@ The report is the same dict as `analysis.report.build_report` on a store holding
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -29,6 +33,7 @@ from analysis import model as M
 from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
+from analysis import spikes as SP
 from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
@@ -75,8 +80,14 @@ def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | No
     return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
 
 
+def _judged(client: Client, facts_table: str, cond: str, sampling_policy: str) -> bool:
+    """Whether the report judges the sampling: a policy is declared, or some request carries an adjusted count."""
+    return sampling_policy != "auto" or bool(client.query(
+        f"SELECT countIf(adjusted_count != 1) AS n FROM {facts_table} WHERE {cond}").to_pylist()[0]["n"])
+
+
 def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str, window_s: float | str | None,
-            lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str
+            lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str, judged: bool = True
             ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None, pl.DataFrame]:
     """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`).
 
@@ -84,8 +95,6 @@ def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str
     request span records a sampling probability and whether that record is malformed, read on
     the server, so analysis.report judges tail-based sampling as on the store.
     """
-    judged = sampling_policy != "auto" or bool(client.query(
-        f"SELECT countIf(adjusted_count != 1) AS n FROM {facts_table} WHERE {cond}").to_pylist()[0]["n"])
     flags, join = "", ""
     if judged:
         rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
@@ -108,6 +117,130 @@ def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str
     report, frame, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
                                          sampling_policy, judge_sampling=_phase1_flags if judged else False)
     return local, report, det, frame
+
+
+def _q_sql(sorted_values: str, q: float) -> str:
+    """The quantile q of a sorted array by percentiles.weighted_quantile_sorted's unweighted arithmetic, step for step
+    in Float64 (rank h = (n - 1) q, linear interpolation): equal to numpy's and DuckDB's to the last bit."""
+    n = f"length({sorted_values})"
+    h = f"(({n} - 1) * {q!r})"
+    lo = f"toUInt64(floor({h}))"
+    a = f"{sorted_values}[{lo} + 1]"
+    return f"if({n} = 0, nan, {a} + ({h} - floor({h})) * ({sorted_values}[least({lo} + 1, {n} - 1) + 1] - {a}))"
+
+
+def _wq_sql(values: str, cum: str, q: float) -> str:
+    """The weighted quantile q (percentiles.weighted_quantile_sorted): `values` sorted, `cum` their running weight."""
+    n = f"length({values})"
+    h = f"((arrayElement({cum}, -1) - 1) * {q!r})"
+
+    def at(level: str) -> str:  # the first value whose running weight exceeds `level` (the last past the end)
+        first = f"arrayFirstIndex(c -> c > {level}, {cum})"
+        return f"{values}[if({first} = 0, {n}, {first})]"
+    a, b = at(f"floor({h})"), at(f"floor({h}) + 1")
+    return f"if({n} = 0, nan, {a} + ({h} - floor({h})) * ({b} - {a}))"
+
+
+class _ServerValues:
+    """spikes.WindowValues answered on the server: the values of `where` in `facts`, windows intDiv(start_ns, w).
+
+    Each question is one aggregate over the requests; only its figures come back.
+    """
+
+    def __init__(self, client: Client, facts: str, where: str, value: str, weight: str | None, window_ns: int
+                 ) -> None:
+        self.client, self.facts, self.where, self.value, self.weight = client, facts, where, value, weight
+        self.w = window_ns
+        self.wins = np.zeros(0, dtype=np.int64)
+
+    def _arrays(self) -> str:
+        """Per group: `s` the sorted values, `cum` their running weight, `tot` / `sq` their sums (and of squares)."""
+        if self.weight is None:
+            return f"arraySort(groupArray(toFloat64({self.value}))) AS s, toFloat64(length(s)) AS tot, tot AS sq"
+        pairs = f"arraySort(x -> x.1, groupArray((toFloat64({self.value}), toFloat64({self.weight}))))"
+        return (f"arrayMap(x -> x.1, {pairs}) AS s, arrayMap(x -> x.2, {pairs}) AS ws, arrayCumSum(ws) AS cum, "
+                f"arraySum(ws) AS tot, arraySum(arrayMap(x -> x * x, ws)) AS sq")
+
+    def _quantiles(self) -> str:
+        if self.weight is None:
+            return f"{_q_sql('s', 0.5)} AS p50, {_q_sql('s', 0.99)} AS p99"
+        return f"{_wq_sql('s', 'cum', 0.5)} AS p50, {_wq_sql('s', 'cum', 0.99)} AS p99"
+
+    def windows(self) -> pl.DataFrame:
+        """Per window (ascending): win, n, p50, p99, tot (weighted count), sq (sum of squared weights)."""
+        got = pl.from_arrow(self.client.query(
+            f"SELECT win, length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT intDiv(start_ns, {self.w}) "
+            f"AS win, {self._arrays()} FROM {self.facts} WHERE {self.where} GROUP BY win) ORDER BY win",
+            M.CLICKHOUSE_SETTINGS))
+        assert isinstance(got, pl.DataFrame)
+        self.wins = got.get_column("win").to_numpy().astype(np.int64)
+        return got
+
+    def _listed(self, windows: np.ndarray) -> str:
+        return ", ".join(str(int(x)) for x in self.wins[windows]) or "NULL"
+
+    def pool(self, windows: np.ndarray) -> SP.Pool:
+        """The flagged windows' values pooled on the server."""
+        return self.pool_where(f"intDiv(start_ns, {self.w}) IN ({self._listed(windows)})")
+
+    def pool_where(self, cond: str) -> SP.Pool:
+        """The values of the requests meeting `cond` too, pooled on the server."""
+        row = self.client.query(
+            f"SELECT length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT {self._arrays()} FROM {self.facts} "
+            f"WHERE {self.where} AND {cond})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+        n = int(row["n"])
+        eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
+        return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
+
+    def exceed(self, threshold: float) -> np.ndarray:
+        """Per window, its values above `threshold`, counted on the server."""
+        got = self.client.query(f"SELECT intDiv(start_ns, {self.w}) AS win, countIf(toFloat64({self.value}) > "
+                                f"{threshold!r}) AS k FROM {self.facts} WHERE {self.where} GROUP BY win")
+        k = dict(zip(got.column("win").to_pylist(), got.column("k").to_pylist(), strict=True))
+        return np.array([k.get(int(x), 0) for x in self.wins], dtype=np.int64)
+
+
+def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
+                   lo: int | None, hi: int | None, include_failures: bool
+                   ) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+    """analysis.report._prepare for unsampled requests with no policy declared, on the server: the counts, the
+    per-window table and each pooled figure detection asks for come back, no request row."""
+    col = metric_column(metric)
+    keep = "" if include_failures else " AND status = 'ok'"
+    valued = f"{cond} AND {col} IS NOT NULL{keep}"
+    row = client.query(
+        f"SELECT count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS error, "
+        f"countIf(status = 'timeout') AS timeout, countIf(status = 'cancelled') AS cancelled, "
+        f"min(start_ns) AS first_ns, max(start_ns) AS last_ns, countIf({col} IS NOT NULL{keep}) AS values "
+        f"FROM {facts_table} WHERE {cond}").to_pylist()[0]
+    counts = {k: int(row[k] or 0) for k in ("requests", "ok", "error", "timeout", "cancelled")}
+    values = int(row["values"])
+    win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
+        counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
+                                - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
+    report = RP._header(metric, win, counts, include_failures, lo, hi, values)
+    report |= RP._sampling_header(report, None, None, values)
+    if values == 0:
+        report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
+        return report, None, None
+    source = _ServerValues(client, facts_table, valued, col, None, round(win * 1e9))
+    try:
+        t = source.windows()
+        n = t.get_column("n").to_numpy().astype(np.int64)
+        det = SP.detect_windows(source.w, source.wins, n, t.get_column("p50").to_numpy().astype(np.float64),
+                                t.get_column("p99").to_numpy().astype(np.float64), n.astype(np.float64),
+                                n.astype(np.float64), source, weighted=False)
+    except Exception as exc:
+        report["errors"].append(f"could not compute spikes because {exc}")
+        return report, None, None
+    report["windows"] = int(det.n.size)
+    report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
+    report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
+    if det.baseline.any():
+        report["baseline_effective"] = float(det.n[det.baseline].sum())
+    if det.note:
+        report["errors"].append(f"could not compute spikes because {det.note}")
+    return report, det, source
 
 
 def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -178,33 +311,47 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters).
     """
     lo, hi = parse_time(since), parse_time(until)
-    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    local, report, det, frame1 = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
-                                         include_failures, sampling_policy)
-    if det is None or not det.spikes:
-        return report
-    # phase 2: the fact rows the explanation reads one by one, and the spans around the spikes
-    keep = "" if include_failures else " AND status = 'ok'"
-    spikes = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
-    rest: RP.RestCounts | None = None
-    if report["sampled"]:  # weighted rules read every baseline request: all of their rows come back
-        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
-                        np.concatenate([spikes, det.window_start_ns[det.baseline] // det.window_ns]))
-    else:
-        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, frame1, spikes,
-                                   f"{col} IS NOT NULL{keep}", col)
-    frame = local.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if report['sampled'] else ''} "
-        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
-    start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
-    report["spikes"] = RP._explain_all(local, "_phase2", frame, start, values, det, metric, det.spikes, fetch, rest)
+    if _judged(client, facts_table, cond, sampling_policy):
+        local, report, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
+                                        include_failures, sampling_policy)
+    else:  # detection on the server: no request row comes back unless there is a spike
+        report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
+        local = duckdb.connect(":memory:")
+    try:
+        if det is not None and det.spikes:
+            report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
+                                        report["sampled"], include_failures, lo, hi)
+    finally:
+        local.close()
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
+
+
+def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
+             det: Detection, spikes: list[Spike], sampled: bool, include_failures: bool, lo: int | None,
+             hi: int | None) -> list[dict[str, Any]]:
+    """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
+    spans around them as it goes); analysis.report's explanation runs there."""
+    col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
+    keep = "" if include_failures else " AND status = 'ok'"
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    rest: RP.RestCounts | None = None
+    if sampled:  # weighted rules read every baseline request: all of their rows come back
+        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
+                        np.concatenate([spike_windows, det.window_start_ns[det.baseline] // det.window_ns]))
+    else:
+        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
+                                   f"{col} IS NOT NULL{keep}", col)
+    frame = local.sql(
+        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''} "
+        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy().astype(np.float64)
+    return RP._explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
 
 
 def _bucket_code_sql(col: str) -> str:
@@ -215,8 +362,8 @@ def _bucket_code_sql(col: str) -> str:
 
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
-                 metric: str, det: Detection, frame1: pl.DataFrame, spike_windows: np.ndarray, valued: str, col: str
-                 ) -> tuple[_Fetcher, RP.RestCounts]:
+                 metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
+                 col: str) -> tuple[_Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down (unweighted requests).
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -229,17 +376,14 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
-    for s in det.spikes:
+    for s in spikes:
         near.append(RP._local_baseline(det, s, counts) // w)
     one_by_one = np.unique(np.concatenate(near))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
-    start1 = frame1.get_column("start_ns").to_numpy()
-    values1 = frame1.get_column("value").to_numpy().astype(np.float64)
-    in_base = np.flatnonzero(np.isin(start1 // w, base_wins)).astype(np.int64)
-    threshold = float(X.TailQuantile(values1[in_base], in_base).values[0]) if in_base.size else math.inf
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
+    threshold = _top_slice_floor(client, facts_table, f"{cond} AND {in_baseline}", col)
     pulled = f"({_in_windows(det, one_by_one)} OR ({in_baseline} AND toFloat64({col}) >= {threshold!r}))"
     _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
@@ -282,6 +426,17 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     return fetch, (combos, values_without)
 
 
+def _top_slice_floor(client: Client, facts_table: str, where: str, col: str) -> float:
+    """The lowest value of the top slice explain.TailQuantile keeps of the values meeting `where` (inf: none)."""
+    n = int(client.query(f"SELECT count() AS n FROM {facts_table} WHERE {where}").to_pylist()[0]["n"])
+    if n == 0:
+        return math.inf
+    top = X.TailQuantile.top_size(n)
+    got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {where} ORDER BY v DESC "
+                       f"LIMIT 1 OFFSET {top - 1}")
+    return float(got.column("v")[0].as_py())
+
+
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
                    metric: str = "e2e", window_s: float | str | None = None,
                    since: str | int | datetime | None = None, until: str | int | datetime | None = None,
@@ -289,15 +444,58 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                    where: str = "TRUE") -> dict[str, Any]:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
-    Detection runs on phase 1's narrow rows; the fact rows of the window and of the baseline
-    windows come back (phase 2) and stand in for their narrow rows, so analysis.report runs
-    unchanged on a local table that detects the same and explains with every column it reads.
+    Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
+    are pooled there, and only the rows its explanation reads come back (as for a spike). When
+    the sampling is judged (sampled requests, or a policy declared), phase 1's narrow rows come
+    back and the fact rows of the window and of the baseline windows stand in for theirs, so
+    analysis.report runs unchanged on a local table.
     """
     lo, hi = parse_time(since), parse_time(until)
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
+    if _judged(client, facts_table, cond, sampling_policy):
+        return _explain_window_rows(client, table, facts_table, cond, a, b, metric, window_s, lo, hi,
+                                    include_failures, sampling_policy)
+    report, det, source = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
+    if det is None or source is None:
+        return RP.window_not_explained(a, b, report["errors"])
+    local = duckdb.connect(":memory:")
+    try:
+        for spike in det.spikes:
+            if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
+                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False,
+                                include_failures, lo, hi)[0]
+                item["detected"] = True
+                return item
+        overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
+        det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
+        base = source.pool(det.baseline) if det.baseline.any() else None
+        inside = source.pool_where(f"start_ns >= {int(a)} AND start_ns < {int(b)}")
+        if inside.n == 0 or base is None or base.n == 0:
+            empty = RP.window_not_explained(a, b, report["errors"])
+            empty["errors"].append("could not explain the window because " + (
+                "no request with a value starts in it" if inside.n == 0 else "no baseline window lies outside it"))
+            empty["requests"] = inside.n
+            return empty
+        det.baseline_p50_ns, det.baseline_p99_ns = base.p50_ns, base.p99_ns
+        spike = Spike(start_ns=a, end_ns=b, requests=inside.n, p50_ns=inside.p50_ns, p99_ns=inside.p99_ns,
+                      baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
+                      windows=int(overlap.sum()), requests_weighted=inside.n_weighted, n_effective=inside.n_effective)
+        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False, include_failures,
+                        lo, hi)[0]
+        item["detected"] = False
+        return item
+    finally:
+        local.close()
+
+
+def _explain_window_rows(client: Client, table: str, facts_table: str, cond: str, a: int, b: int, metric: str,
+                         window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
+                         sampling_policy: str) -> dict[str, Any]:
+    """explain_window when the sampling is judged: phase 1's narrow rows and the fact rows of the window and the
+    baseline windows come back, and analysis.report.explain_window runs on them."""
     local, _, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
                                sampling_policy)
     source, fetch = "_phase1", None
@@ -311,7 +509,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       f"FROM _phase2)) ORDER BY start_ns")
         source = "_explained"
     try:
-        return RP.explain_window(local, start, end, metric, window_s, lo, hi, include_failures, source, sampling_policy,
+        return RP.explain_window(local, a, b, metric, window_s, lo, hi, include_failures, source, sampling_policy,
                                  fetch=fetch, judge_sampling=False)
     finally:
         local.close()

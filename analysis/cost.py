@@ -475,6 +475,13 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
     finally:
         drop_sweep(con)
+    return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows)
+
+
+def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,
+               reqs: list[Any], gpu: list[Any], rep_rows: list[Any]) -> dict[str, Any]:
+    """The `tailscope cost --json` dict from the engine's rows: per key (requests, weighted, tokens in / out,
+    p99), per (key, replica, model) (GPU ns, tail ns), per replica (observed, allocated, cold start, idle ns)."""
     rows: dict[str, dict[str, Any]] = {}
 
     def row(k: str) -> dict[str, Any]:
@@ -598,6 +605,12 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
         over = con.sql(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}").pl()
     finally:
         drop_sweep(con)
+    return _series_frame(gpu, over, prices)
+
+
+def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices) -> pl.DataFrame:
+    """cost_series' frame from the engine's rows: GPU ns per (bucket, key, replica, model), and the replicas'
+    cold start and idle ns per bucket."""
     price = [prices.of(r, m) for r, m in zip(gpu["replica"].to_list(), gpu["model"].to_list(), strict=True)]
     gpu = gpu.with_columns(pl.Series("price", price, dtype=pl.Float64))
     over_rows = over.unpivot(index=["bucket_ns", "replica"], on=["cold_start_ns", "idle_ns"],
@@ -615,3 +628,61 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
     return out.with_columns(
         pl.from_epoch(pl.col("bucket_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("bucket_start")
     ).select("bucket_start", "bucket_ns", "key", "gpu_ns", "cost_usd")
+
+
+def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, by: str = "tenant",
+                    since: int | None = None, until: int | None = None, prices: Prices | None = None,
+                    bucket_s: int | None = None) -> dict[str, Any] | pl.DataFrame:
+    """`cost_table` (or, with `bucket_s`, `cost_series`) on ClickHouse: the sweep (clickhouse_gpu_shares) and
+    its joins with the request facts run on the server; only the rows per key, replica and model come back.
+
+    `facts`: a relation with the request facts of `table` (the dashboard's session table, filtered).
+    Unsampled requests only: the weighted p99 of the tail's share is not written for ClickHouse yet.
+    """
+    if by not in COST_GROUPS:
+        raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
+    prices = prices or Prices()
+    if client.query(f"SELECT countIf(adjusted_count != 1) AS n FROM {facts}").to_pylist()[0]["n"]:
+        raise QueryError("", "the requests are sampled, and the weighted cost runs on a store only so far")
+    grid = None if bucket_s is None else int(bucket_s) * 1_000_000_000
+    shares, reps = clickhouse_gpu_shares(client, table, since, until, grid_ns=grid, weighted=False)
+    fkey = f"coalesce(toString(f.{by}), {C.literal(NONE_KEY)})"
+    key = "s.replica" if by == "replica" else fkey
+    join = f"FROM {shares} AS s LEFT JOIN {facts} AS f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id"
+    settings = M.CLICKHOUSE_SETTINGS
+    try:
+        if grid is not None:
+            gpu = pl.from_arrow(client.query(
+                f"SELECT s.bucket_ns AS bucket_ns, {key} AS key, s.replica AS replica, f.model AS model, "
+                f"toInt64(sum(s.allocated_ns)) AS ns {join} GROUP BY bucket_ns, key, replica, model", settings))
+            over = pl.from_arrow(client.query(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}"))
+            assert isinstance(gpu, pl.DataFrame) and isinstance(over, pl.DataFrame)
+            return _series_frame(gpu.with_columns(pl.col("ns").cast(pl.Int64)), over, prices)
+        where = _in_range_sql("f.start_ns", since, until)
+        reqs_sql = (f"SELECT {fkey} AS key, count() AS requests, count() AS requests_weighted, "
+                    f"toInt64(coalesce(sum(f.input_tokens), 0)) AS input_tokens, "
+                    f"toInt64(coalesce(sum(f.output_tokens), 0)) AS output_tokens, "
+                    f"quantileExactInclusive({TAIL_Q})(f.e2e_ns) AS p99_ns FROM {facts} AS f WHERE {where} "
+                    "GROUP BY key")
+        reqs = [tuple(r.values()) for r in client.query(reqs_sql, settings).to_pylist()]
+        gpu_rows = client.query(
+            f"SELECT {key} AS key, s.replica AS replica, f.model AS model, toInt64(sum(s.allocated_ns)) AS ns, "
+            f"toInt64(sum(if({where} AND f.e2e_ns >= q.p99_ns, s.allocated_ns, 0))) AS tail_ns "
+            f"{join} LEFT JOIN ({reqs_sql}) AS q ON q.key = {fkey} GROUP BY key, replica, model", settings).to_pylist()
+        rep_rows = [tuple(r.values()) for r in client.query(
+            f"SELECT replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps} ORDER BY replica"
+        ).to_pylist()]
+    finally:
+        for name in (shares, reps):
+            client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+    gpu_t = [(r["key"], r["replica"], r["model"], r["ns"], r["tail_ns"]) for r in gpu_rows]
+    return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows)
+
+
+def _in_range_sql(col: str, since: int | None, until: int | None) -> str:
+    parts = ["TRUE"]
+    if since is not None:
+        parts.append(f"{col} >= {int(since)}")
+    if until is not None:
+        parts.append(f"{col} < {int(until)}")
+    return " AND ".join(parts)

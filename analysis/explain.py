@@ -287,7 +287,7 @@ class TailQuantile:
         """`n_total`: the sample's size when `values` hold only its top part (at least the slice)."""
         self.n = values.size if n_total is None else n_total
         self.q = q
-        self.top = min(self.n, max(200, math.ceil(slice_share * self.n)))
+        self.top = self.top_size(self.n, slice_share)
         if self.top > values.size:
             raise ValueError(f"the top slice needs {self.top} values, {values.size} given")
         part = np.argpartition(values, values.size - self.top)[values.size - self.top:] if self.top < values.size \
@@ -295,6 +295,11 @@ class TailQuantile:
         order = part[np.argsort(values[part], kind="stable")]
         self.values = values[order]  # the top slice, ascending
         self.rows = rows[order]
+
+    @staticmethod
+    def top_size(n: int, slice_share: float = 0.05) -> int:
+        """How many of n values the top slice keeps (a remote engine pulls that many)."""
+        return min(n, max(200, math.ceil(slice_share * n)))
 
     def without(self, removed_in_slice: Mask, removed_total: int) -> float:
         """The quantile after removing `removed_total` rows, of which the slice ones are flagged (nan if unknown)."""

@@ -178,17 +178,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         hi = until_ns if until_ns is not None else last_ns + 1
         win = auto_window_s(counts["requests"], max(hi - lo, 1) / 1e9)
     window_ns = round(win * 1e9)
-    report: dict[str, Any] = {
-        "version": REPORT_VERSION, "metric": metric,
-        "window_s": int(win) if float(win).is_integer() else win,
-        "requests": counts.pop("requests"), "outcomes": counts,
-        "include_failures": include_failures,
-        "since": iso(since_ns) if since_ns is not None else None,
-        "until": iso(until_ns) if until_ns is not None else None,
-        "percentile_convention": "quantile_cont (linear interpolation)",
-        "values": frame.height, "windows": 0, "baseline_p50_ms": None, "baseline_p99_ms": None,
-        "spikes": [], "errors": [],
-    }
+    report = _header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
     weights = weights_of(frame)
     report |= _sampling_header(report, weighted, weights, frame.height)
     if frame.height == 0:
@@ -220,6 +210,22 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     return report, frame, facts, det
+
+
+def _header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
+            until_ns: int | None, values: int) -> dict[str, Any]:
+    """The report's keys before detection; `counts` holds `requests` and the outcome counts (taken from it)."""
+    return {
+        "version": REPORT_VERSION, "metric": metric,
+        "window_s": int(win) if float(win).is_integer() else win,
+        "requests": counts.pop("requests"), "outcomes": counts,
+        "include_failures": include_failures,
+        "since": iso(since_ns) if since_ns is not None else None,
+        "until": iso(until_ns) if until_ns is not None else None,
+        "percentile_convention": "quantile_cont (linear interpolation)",
+        "values": values, "windows": 0, "baseline_p50_ms": None, "baseline_p99_ms": None,
+        "spikes": [], "errors": [],
+    }
 
 
 def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, weights: np.ndarray | None,
@@ -348,10 +354,7 @@ def explain_window(
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
                                          sampling_policy, judge_sampling)
-    empty: dict[str, Any] = {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
-             "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
-             "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
-             "requests_weighted": 0.0, "n_effective": 0.0, "errors": list(report["errors"])}
+    empty = window_not_explained(start_ns, end_ns, report["errors"])
     if det is None:
         return empty
     starts = frame.get_column("start_ns").to_numpy()
@@ -385,6 +388,14 @@ def explain_window(
     item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
     item["detected"] = False
     return item
+
+
+def window_not_explained(start_ns: int, end_ns: int, errors: list[str]) -> dict[str, Any]:
+    """explain_window's item when the window cannot be explained (the errors say why)."""
+    return {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
+            "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
+            "windows": 0, "detected": False, "stages": [], "dimensions": [], "exemplars": [],
+            "requests_weighted": 0.0, "n_effective": 0.0, "errors": list(errors)}
 
 
 def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:

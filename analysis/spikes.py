@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -120,6 +120,54 @@ class Detection:
     n_effective: F64 = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     #: whether the values carried weights other than 1
     weighted: bool = False
+
+
+@dataclass
+class Pool:
+    """The values of a set of windows pooled: p50, p99, how many, what they stand for, their effective count."""
+
+    p50_ns: float
+    p99_ns: float
+    n: int
+    n_weighted: float
+    n_effective: float
+
+
+class WindowValues(Protocol):
+    """Where detection reads values beyond the per-window table: pooled over windows, and counted above a level.
+
+    `detect` holds them in memory (`SortedValues`); a remote engine answers on its server
+    (analysis.clickhouse_report), so only per-window rows come back.
+    """
+
+    def pool(self, windows: npt.NDArray[np.bool_]) -> Pool:
+        """The values of the windows flagged (a mask over the detection's windows) pooled."""
+        ...
+
+    def exceed(self, threshold: float) -> I64:
+        """Per window, how many values lie above `threshold`."""
+        ...
+
+
+@dataclass
+class SortedValues:
+    """Values in memory, sorted within windows: `first` / `counts` locate each window's run, `w_sorted` its weights."""
+
+    v_sorted: F64
+    first: I64
+    counts: I64
+    w_sorted: F64 | None = None
+
+    def pool(self, windows: npt.NDArray[np.bool_]) -> Pool:
+        """The flagged windows' values pooled, sorted once."""
+        vals, ws = _pooled(self.v_sorted, self.w_sorted, np.repeat(windows, self.counts))
+        return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
+                    float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
+
+    def exceed(self, threshold: float) -> I64:
+        """Per window, its values above `threshold` (from the running count over the sorted runs)."""
+        cum_above = np.concatenate([[0], np.cumsum(self.v_sorted > threshold)])
+        return (cum_above[self.first + self.counts] - cum_above[self.first]).astype(np.int64)
 
 
 def quantile_sorted(sorted_values: F64, q: float) -> float:
@@ -218,14 +266,12 @@ class _Scan:
         return scan_p_value(float(ratio), self.null_max)
 
 
-def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int, w_sorted: F64 | None = None) -> _Scan:
+def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
     """Threshold (pooled p99 of the judged windows), exceedances per window, the null law of the largest ratio."""
     judged = np.flatnonzero(det.judged)
-    pooled, pooled_w = _pooled(v_sorted, w_sorted, np.repeat(det.judged, counts))
-    det.threshold_ns = weighted_quantile_sorted(pooled, pooled_w, 0.99)
-    above = v_sorted > det.threshold_ns
-    cum_above = np.concatenate([[0], np.cumsum(above)])
-    det.exceed = (cum_above[first + counts] - cum_above[first]).astype(np.int64)
+    det.threshold_ns = source.pool(det.judged).p99_ns
+    det.exceed = source.exceed(det.threshold_ns)
+    counts = det.n
     k, n = det.exceed[judged], counts[judged]
     total_k, total_n = int(k.sum()), int(n.sum())
     max_len = max(1, int(MAX_SCAN_SHARE * judged.size))
@@ -279,6 +325,26 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights
         wins, first, counts = np.unique(win_all[order], return_index=True, return_counts=True)
     counts = counts.astype(np.int64)
     first = first.astype(np.int64)
+    if w_sorted is None:
+        n_weighted = counts.astype(np.float64)
+        n_effective = counts.astype(np.float64)
+    else:
+        n_weighted = np.array([float(w_sorted[a:a + c].sum()) for a, c in zip(first.tolist(), counts.tolist(),
+                                                                              strict=True)])
+        n_effective = np.array([effective_count(w_sorted[a:a + c]) for a, c in zip(first.tolist(),
+                                                                                 counts.tolist(), strict=True)])
+    p50 = _window_quantiles(v_sorted, first, counts, 0.5, w_sorted) if wins.size else np.zeros(0)
+    p99 = _window_quantiles(v_sorted, first, counts, 0.99, w_sorted) if wins.size else np.zeros(0)
+    return detect_windows(window_ns, wins.astype(np.int64), counts, p50, p99, n_weighted, n_effective,
+                          SortedValues(v_sorted, first, counts, w_sorted), weighted=w_sorted is not None, seed=seed)
+
+
+def detect_windows(window_ns: int, wins: I64, counts: I64, p50_ns: F64, p99_ns: F64, n_weighted: F64,
+                   n_effective: F64, source: WindowValues, *, weighted: bool, seed: int = 0) -> Detection:
+    """`detect` from the per-window table (window numbers start // window_ns, ascending; counts, p50, p99, weighted
+    and effective counts) and a `source` answering the pooled questions: what a remote engine computes on its
+    server. `weighted`: the values carry weights other than 1 (windows are then judged on their effective count).
+    """
     m = wins.size
     empty_f = np.zeros(m, dtype=np.float64)
     det = Detection(window_ns=window_ns, window_start_ns=(wins * window_ns).astype(np.int64), n=counts,
@@ -286,21 +352,13 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights
                     baseline=np.zeros(m, bool), candidate=np.zeros(m, bool), significant=np.zeros(m, bool),
                     p_value=np.ones(m), baseline_p50_ns=math.nan, baseline_p99_ns=math.nan,
                     exceed=np.zeros(m, dtype=np.int64))
-    det.weighted = w_sorted is not None
-    if w_sorted is None:
-        det.n_weighted = counts.astype(np.float64)
-        det.n_effective = counts.astype(np.float64)
-    else:
-        det.n_weighted = np.array([float(w_sorted[a:a + c].sum()) for a, c in zip(first.tolist(), counts.tolist(),
-                                                                                  strict=True)])
-        det.n_effective = np.array([effective_count(w_sorted[a:a + c]) for a, c in zip(first.tolist(),
-                                                                                     counts.tolist(), strict=True)])
+    det.weighted = weighted
+    det.n_weighted, det.n_effective = n_weighted, n_effective
     if m == 0:
         det.note = "no requests"
         return det
-    det.p50_ns = _window_quantiles(v_sorted, first, counts, 0.5, w_sorted)
-    det.p99_ns = _window_quantiles(v_sorted, first, counts, 0.99, w_sorted)
-    det.judged = (counts if w_sorted is None else det.n_effective) * (1 - 0.99) >= MIN_TAIL
+    det.p50_ns, det.p99_ns = p50_ns, p99_ns
+    det.judged = (counts if not weighted else det.n_effective) * (1 - 0.99) >= MIN_TAIL
     if det.judged.sum() < MIN_BASELINE_WINDOWS + 1:
         det.note = (f"too few windows with enough requests to judge a p99 ({int(det.judged.sum())} windows "
                     f"with >= {int(MIN_TAIL / 0.01)} requests)")
@@ -311,8 +369,8 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
         return det
-    scan = _scan(det, v_sorted, first, counts, seed, w_sorted)
-    _pool(det, v_sorted, counts, w_sorted)
+    scan = _scan(det, source, seed)
+    _pool(det, source)
     det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all; the core and
     # the grown run are both scan stretches (one error budget). Only a significant run's shoulders leave the
@@ -325,12 +383,12 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights
             shoulders[ext] = True
     if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and (det.baseline & shoulders).any():
         det.baseline &= ~shoulders
-        _pool(det, v_sorted, counts, w_sorted)
+        _pool(det, source)
         det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     for core, ext, p_core, p_ext in tested:
         for run, p_value in ([(core, p_core), (ext, p_ext)] if ext != core else [(core, p_core)]):
             # the shoulders only when the core falls short
-            spike = _judge(det, run, v_sorted, first, counts, p_value, w_sorted)
+            spike = _judge(det, run, source, p_value)
             if spike is not None:
                 det.significant[run] = True
                 det.spikes.append(spike)
@@ -339,33 +397,28 @@ def detect(start_ns: I64, values: F64, window_ns: int, *, seed: int = 0, weights
     return det
 
 
-def _pool(det: Detection, v_sorted: F64, counts: I64, w_sorted: F64 | None = None) -> None:
+def _pool(det: Detection, source: WindowValues) -> None:
     """Set the baseline p50 / p99 from the baseline windows' values pooled."""
-    base_sorted, base_w = _pooled(v_sorted, w_sorted, np.repeat(det.baseline, counts))
-    det.baseline_p50_ns = weighted_quantile_sorted(base_sorted, base_w, 0.5)
-    det.baseline_p99_ns = weighted_quantile_sorted(base_sorted, base_w, 0.99)
+    pooled = source.pool(det.baseline)
+    det.baseline_p50_ns, det.baseline_p99_ns = pooled.p50_ns, pooled.p99_ns
 
 
-def _judge(det: Detection, run: list[int], v_sorted: F64, first: I64, counts: I64, p_value: float,
-           w_sorted: F64 | None = None) -> Spike | None:
+def _judge(det: Detection, run: list[int], source: WindowValues, p_value: float) -> Spike | None:
     """The run as a spike if its pooled p99 rose enough, its p50 held and its scan p-value is at most ALPHA."""
     if p_value > ALPHA:
         return None
-    rows = np.zeros(v_sorted.size, dtype=bool)
-    for i in run:
-        rows[first[i]:first[i] + counts[i]] = True
-    vals, ws = _pooled(v_sorted, w_sorted, rows)
-    p50 = weighted_quantile_sorted(vals, ws, 0.5)
-    p99 = weighted_quantile_sorted(vals, ws, 0.99)
+    windows = np.zeros(det.n.size, dtype=bool)
+    windows[run] = True
+    pooled = source.pool(windows)
+    p50, p99 = pooled.p50_ns, pooled.p99_ns
     if p99 < (1 + MIN_RISE) * det.baseline_p99_ns:
         return None
     if abs(p50 - det.baseline_p50_ns) > P50_TOLERANCE * abs(det.baseline_p50_ns):
         return None
     return Spike(start_ns=int(det.window_start_ns[run[0]]), end_ns=int(det.window_start_ns[run[-1]] + det.window_ns),
-                 requests=int(vals.size), p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
+                 requests=pooled.n, p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
                  baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run),
-                 requests_weighted=float(vals.size) if ws is None else float(ws.sum()),
-                 n_effective=effective_count(ws, vals.size))
+                 requests_weighted=pooled.n_weighted, n_effective=pooled.n_effective)
 
 
 def _grow(det: Detection, run: list[int]) -> list[int]:

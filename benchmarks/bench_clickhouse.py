@@ -4,10 +4,14 @@ The store is benchmarks.bench_report's synthetic one (7 spans per request, 16 re
 hours, one slow-replica spike). It is exported into an otel_traces table in chdb (the embedded
 ClickHouse), then the report runs on both engines; the two reports must be equal.
 
-    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard] [--json]
+    python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
+                                          [--fixed-spike] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio,
 the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
+With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
+million spans), so the spike (15 minutes of one replica) and the windows (the 1 M store's, given
+to both reports) stay the same while the table grows: what the chdb report pulls should not grow.
 With --dashboard also the dashboard's first Overview on each engine: opening (the store's
 Workbench load; on chdb the request model into the session) and the Overview's data calls
 (summary, three percentile series, the report), with the bytes chdb returned for them.
@@ -23,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import make_store
+from analysis.percentiles import auto_window_s
+from benchmarks.bench_report import DURATION_S, SPANS_PER_REQUEST, make_store
 
 
 def _dir_bytes(path: Path) -> int:
@@ -98,7 +103,8 @@ def dashboard_figures(store: Path, chdir: Path) -> dict[str, Any]:
     return out
 
 
-def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False) -> dict[str, Any]:
+def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False
+        ) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
@@ -106,11 +112,16 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     from analysis.connect import connect
     from analysis.report import build_report
 
-    store = root / f"store-{spans}"
+    tag = f"{spans}-fixed" if fixed_spike else f"{spans}"
+    store = root / f"store-{tag}"
+    out: dict[str, Any] = {"spans": spans, "export_s": None, "build_s": None}
     if not store.exists():
-        make_store(store, spans)
-    chdir = root / f"chdb-{spans}"
-    out: dict[str, Any] = {"spans": spans, "export_s": None}
+        t = time.perf_counter()
+        make_store(store, spans, duration_s=round(DURATION_S * spans / 1_000_000) if fixed_spike else DURATION_S)
+        out["build_s"] = round(time.perf_counter() - t, 2)
+    chdir = root / f"chdb-{tag}"
+    # the 1 M store's automatic window (its request rate), the same at every size
+    window = auto_window_s(1_000_000 // SPANS_PER_REQUEST, DURATION_S) if fixed_spike else None
     if not (keep_export and chdir.exists()):
         shutil.rmtree(chdir, ignore_errors=True)
         client = _Counting(open_client(f"chdb:{chdir}"))
@@ -124,11 +135,11 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
     t = time.perf_counter()
-    duck = build_report(con)
+    duck = build_report(con, window_s=window)
     out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
     con.close()
     t = time.perf_counter()
-    ch = ch_report(client)
+    ch = ch_report(client, window_s=window)
     out["chdb_report_s"] = round(time.perf_counter() - t, 2)
     out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
     out["pulled_mib"] = round(client.pulled / 2**20, 2)
@@ -151,15 +162,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep-export", action="store_true", help="reuse an exported chdb directory in --dir")
     parser.add_argument("--dashboard", action="store_true", help="also time the dashboard's first Overview")
+    parser.add_argument("--fixed-spike", action="store_true", help="grow the table in time, the spike fixed")
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = [run(int(s), root, args.keep_export, args.dashboard) for s in args.spans.split(",")]
+    results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike) for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
-        print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): export {r['export_s']} s; "
+        print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): build {r['build_s']} s, "
+              f"export {r['export_s']} s; "
               f"report DuckDB {r['duckdb_report_s']} s, chdb {r['chdb_report_s']} s "
               f"(x{r['chdb_vs_duckdb_x']}); pulled {r['pulled_mib']} MiB; store {r['store_mib']} MiB, "
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']}; load {r['loadavg_1m']}")

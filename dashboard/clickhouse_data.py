@@ -25,6 +25,7 @@ import polars as pl
 from analysis import clickhouse as C
 from analysis import clickhouse_breakdowns as CB
 from analysis import clickhouse_report as CR
+from analysis.cost import Prices, clickhouse_cost
 from tracing.errors import QueryError
 
 if TYPE_CHECKING:
@@ -34,13 +35,12 @@ if TYPE_CHECKING:
 FACTS: Final = "requests"
 HOUR_NS: Final = 3_600_000_000_000
 #: Pages that run on ClickHouse (by title); the others say so in one sentence.
-PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "What-if", "Capacity", "Traces",
-                                  "SQL")
+PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "What-if", "Capacity", "Cost",
+                                  "Traces", "SQL")
 #: Why a page does not run on ClickHouse yet, by title.
 NOT_YET: Final[dict[str, str]] = {
-    "Alerts": "alerts live in a store's alerts/ directory, written by `tailscope watch`, which runs on the "
-              "embedded store only",
-    "Cost": "the GPU-time shares are computed in DuckDB only so far",
+    "Alerts": "alerts are the state `tailscope watch` keeps in a store's alerts/ directory while it follows "
+              "that store's new segments; it does not follow a ClickHouse table, so a table has no alerts to show",
 }
 #: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
 PORTABLE_SQL_EXAMPLES: Final[dict[str, str]] = {
@@ -212,6 +212,16 @@ def workload(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> Workload
     """analysis.clickhouse_breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
         return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
+
+
+def cost(b: ClickHouseBench, f: FilterLike, by: str, prices: Prices, bucket_s: int | None = None
+         ) -> dict[str, Any] | pd.DataFrame:
+    """analysis.cost.clickhouse_cost over the filters' time range: the cost table, or with `bucket_s` the series
+    (as pandas). Like the store's page, every request of the range counts; the page keeps the keys filtered."""
+    with b.lock:
+        out = clickhouse_cost(b.client, FACTS, b.table, by=by, since=f.since_ns, until=f.until_ns, prices=prices,
+                              bucket_s=bucket_s)
+    return out if isinstance(out, dict) else out.to_pandas()
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:

@@ -789,11 +789,18 @@ def price_default(store: str) -> float | None:
 
 
 @st.cache_data(show_spinner="Sharing out GPU time…", max_entries=32)
-def cost_summary(_db: Workbench, store: str, version: int, filters: Filters, by: str,
+def cost_summary(_db: Bench, store: str, version: int, filters: Filters, by: str,
                  gpu_hour_usd: float | None) -> dict[str, Any]:
     """analysis.cost.cost_table over the filters' time range (the `tailscope cost --json` shape), or {"error"}."""
     from analysis.cost import cost_table, prices_for
 
+    if isinstance(_db, CHD.ClickHouseBench):
+        try:
+            out = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd))
+            assert isinstance(out, dict)
+            return out
+        except Exception as exc:  # a failing analysis degrades to a message on the page
+            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}
     with _cursor(_db) as cur:
         try:
             return cost_table(cur, by=by, since=filters.since_ns, until=filters.until_ns,
@@ -803,15 +810,18 @@ def cost_summary(_db: Workbench, store: str, version: int, filters: Filters, by:
 
 
 @st.cache_data(show_spinner="Sharing out GPU time…", max_entries=32)
-def cost_over_time(_db: Workbench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
+def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
                    gpu_hour_usd: float | None) -> pd.DataFrame:
     """analysis.cost.cost_series (GPU-seconds and USD per cell and key, idle and cold start as keys)."""
     from analysis.cost import cost_series, prices_for
 
-    with _cursor(_db) as cur:
-        frame = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,
-                            prices=prices_for(Path(store), None, gpu_hour_usd), facts="req")
-    df = frame.to_pandas()
+    if isinstance(_db, CHD.ClickHouseBench):
+        df = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd), bucket_s)
+        assert isinstance(df, pd.DataFrame)
+    else:
+        with _cursor(_db) as cur:
+            df = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,
+                             prices=prices_for(Path(store), None, gpu_hour_usd), facts="req").to_pandas()
     df["gpu_seconds"] = df["gpu_ns"] / 1e9
     return df
 

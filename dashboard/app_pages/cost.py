@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import data, sidebar
 
-db = data.open_workbench("Cost")
+db = data.open_store()  # a store, or a ClickHouse table (the sweep then runs on the server)
 f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Cost")
@@ -17,10 +17,10 @@ if not data.choices(*key)["requests"]:
     st.stop()
 left, right = st.columns(2)
 by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by")
-default = data.price_default(str(db.store))
+default = None if data.on_clickhouse(db) else data.price_default(str(db.store))
 price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0.0, step=0.1, key="cost_price",
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
-                                "(docs/cost.md).")
+                                "(docs/cost.md; a store only).")
 usd = float(price) if price else None
 res = data.cost_summary(*key, f, by, usd)
 if "error" in res:

@@ -135,6 +135,21 @@ def _store_and_table(sample: Path, tmp: Path, client: Any) -> tuple[Path, str]:
     return store, table
 
 
+class _Counting:
+    """A client counting the rows its queries return."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.dsn, self.rows = inner, inner.dsn, 0
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
+        out = self.inner.query(sql, settings)
+        self.rows += out.num_rows
+        return out
+
+    def command(self, sql: str) -> None:
+        self.inner.command(sql)
+
+
 def _same_frames(duck: pl.DataFrame, ch: pl.DataFrame) -> None:
     assert duck.columns == ch.columns and duck.height == ch.height
     keys = ["trace_id", "span_id"]
@@ -158,7 +173,11 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     assert duck.height > 0
     C.materialize_requests(client, table)
     _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
-    assert ch_report(client, table) == build_report(con)
+    counted = _Counting(client)
+    got = ch_report(counted, table)
+    assert got == build_report(con)
+    if not got["spikes"]:  # detection on the server: one row per window (twice) and a few single rows come back
+        assert counted.rows <= 2 * got["windows"] + 16 < got["requests"], (counted.rows, got["windows"])
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line
@@ -283,6 +302,19 @@ def test_export_keeps_every_stored_column(tmp_path: Path, client: Any) -> None:
             assert x == y, name
 
 
+def test_export_through_staging_equals_export_from_files(tmp_path: Path, client: Any) -> None:
+    """The server's path (each segment through a staging table) writes the very rows chdb's file() path writes."""
+    store = tmp_path / "store"
+    ingest_files([DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"], store)
+    tables = []
+    for from_files in (True, False):
+        table = f"t_export_{'files' if from_files else 'staging'}"
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        export_store(store, client, table, from_files=from_files)
+        tables.append(client.query(f"SELECT * FROM {table} ORDER BY TraceId, SpanId, Timestamp"))
+    assert tables[0].num_rows > 0 and tables[0].equals(tables[1])
+
+
 def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
     store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path, client)
     got = C.query_views(client, "SELECT count(*) AS n FROM requests WHERE status = 'ok'", table).to_pylist()
@@ -396,3 +428,72 @@ def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, c
         con.close()
     assert duck["sampling"]["unrecorded"] > 0 and duck["warnings"], "the store's report sees the tail sampler"
     assert ch_report(client, table) == duck
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_detection_on_the_server_equals_detection_in_memory(client: Any, weighted: bool) -> None:
+    """analysis.spikes.detect on random values (ties, a planted tail spike, uneven windows) against
+    detect_windows fed by the server (clickhouse_report._ServerValues): the same windows, quantiles, pooled
+    figures, exceedances and spikes, to the bit; weighted with adjusted counts that are not whole numbers (a
+    pooled figure then within float rounding: the weights are summed in another order)."""
+    import numpy as np
+
+    from analysis import clickhouse_report as CR
+    from analysis import spikes as SP
+
+    rng = np.random.default_rng(11 + weighted)
+    w_ns = 60_000_000_000
+    found = 0
+    for trial in range(4):
+        n = int(rng.integers(25_000, 35_000))
+        start = np.sort(rng.integers(0, 20 * w_ns, n)).astype(np.int64)
+        values = np.round(rng.lognormal(13, 0.4, n), -3 * (trial % 2)).astype(np.int64)  # ties on odd trials
+        hot = (start // w_ns >= 10) & (start // w_ns < 12) & (rng.random(n) < 0.06)
+        values[hot] *= 4
+        weights = rng.choice([1.0, 2.5, 4.0, 10 / 3], n) if weighted else np.ones(n)
+        table = f"t_detect_{int(weighted)}"
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        client.command(f"CREATE TABLE {table} (start_ns Int64, v Int64, w Float64) ENGINE = Memory")
+        client.insert_arrow(table, pa.table({"start_ns": start, "v": values, "w": weights}))
+        want = SP.detect(start, values.astype(np.float64), w_ns, weights=weights if weighted else None)
+        src = CR._ServerValues(client, table, "TRUE", "v", "w" if weighted else None, w_ns)
+        t = src.windows()
+        counts = t.get_column("n").to_numpy().astype(np.int64)
+        tot, sq = t.get_column("tot").to_numpy(), t.get_column("sq").to_numpy()
+        got = SP.detect_windows(w_ns, src.wins, counts, t.get_column("p50").to_numpy(), t.get_column("p99").to_numpy(),
+                                tot, tot * tot / sq if weighted else counts.astype(np.float64), src, weighted=weighted)
+        assert np.array_equal(got.window_start_ns, want.window_start_ns) and np.array_equal(got.n, want.n)
+        def same(x: Any, y: Any) -> bool:  # to the bit unweighted; weighted within float rounding
+            return bool(np.allclose(x, y, rtol=1e-12, atol=0)) if weighted else bool(np.array_equal(x, y))
+
+        assert same(got.p50_ns, want.p50_ns) and same(got.p99_ns, want.p99_ns)
+        assert np.allclose(got.n_effective, want.n_effective, rtol=1e-12)
+        for name in ("judged", "baseline", "candidate", "significant", "exceed", "p_value"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), (trial, name)
+        assert same([got.threshold_ns, got.baseline_p50_ns, got.baseline_p99_ns],
+                    [want.threshold_ns, want.baseline_p50_ns, want.baseline_p99_ns])
+        assert [(s.start_ns, s.end_ns, s.requests, s.p_value) for s in got.spikes] == [
+            (s.start_ns, s.end_ns, s.requests, s.p_value) for s in want.spikes]
+        assert same([(s.p50_ns, s.p99_ns) for s in got.spikes], [(s.p50_ns, s.p99_ns) for s in want.spikes])
+        found += len(want.spikes)
+        local = SP.SortedValues(*_sorted_runs(start // w_ns, values.astype(np.float64), weights if weighted else None))
+        for _ in range(5):  # pooled figures over random sets of windows
+            mask = rng.random(counts.size) < rng.uniform(0.05, 0.9)
+            a, b = src.pool(mask), local.pool(mask)
+            assert a.n == b.n
+            if weighted:  # weights of 10/3 summed in another order: the rank, and so the value, within rounding
+                assert (a.p50_ns, a.p99_ns) == pytest.approx((b.p50_ns, b.p99_ns), rel=1e-12, nan_ok=True)
+            else:
+                assert (a.p50_ns, a.p99_ns) == (b.p50_ns, b.p99_ns) or a.n == 0
+            assert a.n_weighted == pytest.approx(b.n_weighted, rel=1e-12)
+    assert found >= 2, "the planted spikes are found"
+
+
+def _sorted_runs(win: Any, values: Any, weights: Any) -> tuple[Any, Any, Any, Any]:
+    """Values sorted by window then value, each window's first row and count, and the weights in that order."""
+    import numpy as np
+
+    order = np.lexsort((values, win))
+    _, first, counts = np.unique(win[order], return_index=True, return_counts=True)
+    return (values[order], first.astype(np.int64), counts.astype(np.int64),
+            None if weights is None else weights[order])

@@ -429,3 +429,42 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(tmp_path: Path, 
                 assert got_r[k][0] == v[0] and max(abs(g - w) for g, w in zip(got_r[k], v, strict=True)) <= (
                     tol * len(want_a)), (table, kw, k)
         con.close()
+
+
+def test_the_cost_on_clickhouse_equals_the_stores(tmp_path: Path, chdb_client: Any) -> None:
+    """The cold-start incident in chdb: the cost table (every grouping, whole and in a range) and the series
+    computed on the server equal DuckDB's; a sampled table is refused in one sentence."""
+    import polars as pl
+
+    from analysis import clickhouse as C
+    from analysis.clickhouse_export import export_store
+    from analysis.cost import clickhouse_cost
+    from intake.ingest import ingest_files
+    from tests.sample_traces import sampled_copy as SC
+
+    data = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "cold_start.otlp.jsonl.gz"
+    whole = tmp_path / "whole"
+    ingest_files([data], whole)
+    table = "t_cost_table"
+    chdb_client.command(f"DROP TABLE IF EXISTS {table}")
+    export_store(whole, chdb_client, table)
+    facts = C.materialize_requests(chdb_client, table, name="_cost_facts")
+    con = connect(whole)
+    lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+    prices = Prices(2.5)
+    for by, kw in itertools.product(("tenant", "model", "replica"), ({}, {"since": lo + (hi - lo) // 3,
+                                                                         "until": lo + 2 * (hi - lo) // 3})):
+        want = cost_table(con, by=by, prices=prices, **kw)
+        assert want["rows"] and want["totals"]["allocated_ns"] > 0
+        assert clickhouse_cost(chdb_client, facts, table, by=by, prices=prices, **kw) == want, (by, kw)
+    want_s = cost_series(con, by="tenant", bucket_s=60, prices=prices)
+    got_s = clickhouse_cost(chdb_client, facts, table, by="tenant", prices=prices, bucket_s=60)
+    assert isinstance(got_s, pl.DataFrame) and want_s.height > 0
+    assert got_s.to_dicts() == want_s.to_dicts()
+    con.close()
+    quarter = SC.write_store(tmp_path / "quarter", SC.consistent_sample(SC.read_spans(whole), lambda r: 0.25))
+    chdb_client.command("DROP TABLE IF EXISTS t_cost_sampled")
+    export_store(quarter, chdb_client, "t_cost_sampled")
+    sampled = C.materialize_requests(chdb_client, "t_cost_sampled", name="_cost_facts_sampled")
+    with pytest.raises(QueryError, match="sampled"):
+        clickhouse_cost(chdb_client, sampled, "t_cost_sampled")

@@ -212,7 +212,8 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("SQL", "SQL", "readonly = 1"),
              ("Replicas", "Replicas", "p99 (red: outlier"),
              ("What-if", "What-if", "predicted,"),
-             ("Cost", "Cost", "The Cost page does not run on ClickHouse yet"))
+             ("Cost", "Cost", "GPU-hours allocated"),
+             ("Alerts", "Alerts", "The Alerts page does not run on ClickHouse yet"))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
