@@ -139,19 +139,61 @@ def scan_ratio(k: npt.ArrayLike, n: npt.ArrayLike, total_k: int, total_n: int,
     """Log likelihood ratio of Kulldorff's scan (Poisson model, given the total): k of the total_k values
     above the threshold fall in a stretch holding n of the total_n values, e = total_k n / total_n expected;
     k ln(k / e) + (K - k) ln((K - k) / (K - e)) when k > e, else 0."""
+    return tail_ratio(k, n, None, total_k, total_n, table)
+
+
+def tail_scores(above_sorted: F64) -> F64:
+    """Savage (exponential) scores of the values above the threshold, sorted ascending: the i-th smallest of K
+    scores E[i-th smallest of K standard exponentials] = H_K - H_(K-i); tied values share their mean score.
+    They sum to K (mean 1) and depend only on ranks, so the scan stays free of the latency's law."""
+    k = above_sorted.size
+    if k == 0:
+        return np.zeros(0)
+    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, k + 1))])
+    scores = harmonic[k] - harmonic[k - np.arange(1, k + 1)]
+    _, first, size = np.unique(above_sorted, return_index=True, return_counts=True)
+    if first.size < k:  # ties: each group of equal values gets the mean of its scores
+        group_mean = np.add.reduceat(scores, first) / size
+        scores = np.repeat(group_mean, size)
+    return scores
+
+
+def size_ratio(k: npt.ArrayLike, s: npt.ArrayLike, total_k: int, table: F64 | None = None) -> F64:
+    """Log likelihood ratio that the k exceedances of a stretch, whose tail scores sum to s, are larger than the
+    rest (exponential law of the scores, mean s/k inside and (K - s)/(K - k) outside against 1 pooled):
+    -k ln(s/k) - (K - k) ln((K - s)/(K - k)) when s/k > 1 (so 0 < k < K), else 0."""
+    return tail_ratio(k, None, s, total_k, 1, table)
+
+
+def tail_ratio(k: npt.ArrayLike, n: npt.ArrayLike | None, s: npt.ArrayLike | None, total_k: int, total_n: int,
+               table: F64 | None = None) -> F64:
+    """The scan's statistic of a stretch, the likelihood ratio of a peaks-over-threshold tail: more values above
+    the threshold than its share n of the values (`scan_ratio`; left out when n is None) plus, when their tail
+    scores s are given, larger ones (`size_ratio`). The two parts share their k ln k terms."""
     g = _xlogx_table(total_k) if table is None else table
     k = np.asarray(k, dtype=np.int64)
-    e = np.asarray(n, dtype=np.float64) * (total_k / total_n)
-    inside = (e > 0) & (e < total_k)
-    log_rest = np.log(np.where(inside, total_k - e, 1.0))
-    slope = np.log(np.where(inside, e, 1.0)) - log_rest  # per stretch, shared by every draw
-    lr = g[k] + g[total_k - k] - k * slope - total_k * log_rest
-    return np.where(inside & (k > e), lr, 0.0)
+    gk = g[k] + g[total_k - k]
+    out = np.zeros(k.shape)
+    if n is not None:
+        e = np.asarray(n, dtype=np.float64) * (total_k / total_n)
+        inside = (e > 0) & (e < total_k)
+        log_rest = np.log(np.where(inside, total_k - e, 1.0))
+        slope = np.log(np.where(inside, e, 1.0)) - log_rest  # per stretch, shared by every draw
+        np.add(out, gk - k * slope - total_k * log_rest, out=out, where=inside & (k > e))
+    if s is not None:
+        s = np.asarray(s, dtype=np.float64)
+        larger = (s > k) & (k < total_k)  # the scores outside (K - s) are positive whenever k < K
+        log_in = np.log(s, out=np.zeros(s.shape), where=larger)
+        log_out = np.log(total_k - s, out=np.zeros(s.shape), where=larger)
+        np.add(out, gk - k * log_in - (total_k - k) * log_out, out=out, where=larger)
+    return out
 
 
-def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator) -> F64:
+def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator,
+                  scores: F64 | None = None) -> F64:
     """`draws` values of the largest scan ratio over every stretch of 1..max_len consecutive windows,
-    with the total_k values above the threshold spread over windows of sizes n at random (no incident)."""
+    with the total_k values above the threshold spread over windows of sizes n at random (no incident);
+    with `scores` (the tail scores of those values), which value lands where is drawn at random too."""
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
@@ -160,11 +202,27 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     g = _xlogx_table(total_k)
     alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
     ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
+    cs = None if scores is None else _permuted_sums(np.asarray(scores, dtype=np.float64), ck, rng)
     cn = np.concatenate([[0], np.cumsum(n)])
     for length in range(1, min(max_len, n.size) + 1):
-        ratio = scan_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length], total_k, total_n, g)
+        ratio = tail_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length],
+                           None if cs is None else cs[:, length:] - cs[:, :-length], total_k, total_n, g)
         np.maximum(best, ratio.max(axis=1), out=best)
     return best
+
+
+def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
+    """Per draw, the cumulative score sums at the windows' bounds `ck` after a random permutation of the scores
+    (blocks of draws, so the draws x K matrix stays small)."""
+    draws, k = ck.shape[0], scores.size
+    out = np.empty(ck.shape, dtype=np.float64)
+    block = max(1, 2_000_000 // max(k, 1))
+    for a in range(0, draws, block):
+        b = min(draws, a + block)
+        perm = rng.permuted(np.tile(scores, (b - a, 1)), axis=1)
+        cum = np.concatenate([np.zeros((b - a, 1)), np.cumsum(perm, axis=1)], axis=1)
+        out[a:b] = np.take_along_axis(cum, ck[a:b], axis=1)
+    return out
 
 
 def scan_p_value(ratio: float, null_max: F64) -> float:
@@ -201,6 +259,7 @@ class _Scan:
     position: I64  # window index -> position among the judged windows (-1: not judged)
     ck: I64
     cn: I64
+    cs: F64
     total_k: int
     total_n: int
     max_len: int
@@ -214,32 +273,44 @@ class _Scan:
         if pos.size == 0 or pos.size > self.max_len:
             return 1.0
         a, b = int(pos[0]), int(pos[-1]) + 1
-        ratio = scan_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.total_k, self.total_n, self.table)
+        ratio = tail_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.cs[b] - self.cs[a],
+                           self.total_k, self.total_n, self.table)
         return scan_p_value(float(ratio), self.null_max)
 
 
 def _scan(det: Detection, v_sorted: F64, first: I64, counts: I64, seed: int, w_sorted: F64 | None = None) -> _Scan:
-    """Threshold (pooled p99 of the judged windows), exceedances per window, the null law of the largest ratio."""
+    """Threshold (pooled p99 of the judged windows), exceedances per window and their tail scores, the null law of
+    the largest ratio."""
     judged = np.flatnonzero(det.judged)
-    pooled, pooled_w = _pooled(v_sorted, w_sorted, np.repeat(det.judged, counts))
+    judged_rows = np.repeat(det.judged, counts)
+    pooled, pooled_w = _pooled(v_sorted, w_sorted, judged_rows)
     det.threshold_ns = weighted_quantile_sorted(pooled, pooled_w, 0.99)
     above = v_sorted > det.threshold_ns
     cum_above = np.concatenate([[0], np.cumsum(above)])
     det.exceed = (cum_above[first + counts] - cum_above[first]).astype(np.int64)
+    # each judged exceedance's score by its rank among all judged exceedances; summed per window
+    rows = np.flatnonzero(above & judged_rows)
+    order = np.argsort(v_sorted[rows], kind="stable")
+    scores = tail_scores(v_sorted[rows][order])
+    score_of_row = np.zeros(v_sorted.size)
+    score_of_row[rows[order]] = scores
+    cum_score = np.concatenate([[0.0], np.cumsum(score_of_row)])
     k, n = det.exceed[judged], counts[judged]
+    s = cum_score[first[judged] + n] - cum_score[first[judged]]
     total_k, total_n = int(k.sum()), int(n.sum())
     max_len = max(1, int(MAX_SCAN_SHARE * judged.size))
-    null_max = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(seed))
+    null_max = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(seed), scores)
     position = np.full(det.n.size, -1, dtype=np.int64)
     position[judged] = np.arange(judged.size)
     ck = np.concatenate([[0], np.cumsum(k)]).astype(np.int64)
     cn = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    cs = np.concatenate([[0.0], np.cumsum(s)])
     table = _xlogx_table(total_k)
-    scan = _Scan(position, ck, cn, total_k, total_n, max_len, null_max, table)
+    scan = _Scan(position, ck, cn, cs, total_k, total_n, max_len, null_max, table)
     best = 0.0  # the most anomalous stretch of the data itself
     for length in range(1, min(max_len, judged.size) + 1):
-        best = max(best, float(scan_ratio(ck[length:] - ck[:-length], cn[length:] - cn[:-length],
-                                          total_k, total_n, table).max()))
+        best = max(best, float(tail_ratio(ck[length:] - ck[:-length], cn[length:] - cn[:-length],
+                                          cs[length:] - cs[:-length], total_k, total_n, table).max()))
     det.scan_p_value = scan_p_value(best, null_max)
     for i in judged:
         det.p_value[i] = scan.p_value([int(i)])
