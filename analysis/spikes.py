@@ -13,11 +13,16 @@ The method, in order (constants below; the same for every store, never tuned per
    baseline) merge into one run (the core). Its shoulders are the touching windows whose
    p99 is above the baseline p99 at all.
 5. Significance, one family for everything tested (a scan statistic, Kulldorff 1997):
-   count, in every judged window, the values above the p99 of all judged windows pooled.
+   count, in every judged window, the values above the p99 of all judged windows pooled,
+   and score each of them by its rank among them (Savage scores, `tail_scores`).
    When nothing happened (every value drawn from one law) those counts are a
-   multivariate hypergeometric draw, whatever the latency distribution. The statistic of
-   a stretch of consecutive judged windows is the likelihood ratio of "its share above
-   the threshold is higher than outside"; its p-value is the rank of that ratio among the
+   multivariate hypergeometric draw and the scores a random permutation over them,
+   whatever the latency distribution. The statistic of a stretch of consecutive judged
+   windows is the likelihood ratio of a heavier tail, peaks over the threshold: "its share
+   above the threshold is higher than outside" plus "the values above it are larger"
+   (`tail_ratio`: a few much slower requests count, not only how many rose above the
+   threshold, which matters when a window's tail holds a handful of values, as under
+   sampling); its p-value is the rank of that ratio among the
    largest ratio over *all* stretches (up to half the judged windows) in SCAN_DRAWS
    simulated draws. So the core, the core with its shoulders, and every other stretch
    share one error budget: under no incident, P(any stretch has p <= ALPHA) <= ALPHA,
@@ -30,7 +35,7 @@ The method, in order (constants below; the same for every store, never tuned per
    Never a t-test on a percentile.
 
 Sampled traces (`weights`, each request's adjusted count): every percentile above is the
-weighted quantile, a window is judged on its effective count (Kish), and the scan counts the
+weighted quantile, a window is judged on its effective count (Kish), and the scan counts and ranks the
 kept values above the weighted pooled p99 (under no incident, and sampling that does not change
 from window to window, the kept values are as exchangeable as the full ones). With no weights,
 or every weight 1, the computation is the unweighted one, bit for bit.
