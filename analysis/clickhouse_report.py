@@ -192,12 +192,15 @@ class _ServerValues:
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
 
-    def exceed(self, threshold: float) -> np.ndarray:
-        """Per window, its values above `threshold`, counted on the server."""
-        got = self.client.query(f"SELECT intDiv(start_ns, {self.w}) AS win, countIf(toFloat64({self.value}) > "
-                                f"{threshold!r}) AS k FROM {self.facts} WHERE {self.where} GROUP BY win")
-        k = dict(zip(got.column("win").to_pylist(), got.column("k").to_pylist(), strict=True))
-        return np.array([k.get(int(x), 0) for x in self.wins], dtype=np.int64)
+    def above(self, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+        """The values above `threshold` with their windows' positions: the scan weighs their ranks, so these rows
+        (about 1 % of the values at the pooled p99, 16 bytes each) come back."""
+        got = self.client.query(f"SELECT intDiv(start_ns, {self.w}) AS win, toFloat64({self.value}) AS v "
+                                f"FROM {self.facts} WHERE {self.where} AND toFloat64({self.value}) > {threshold!r} "
+                                f"ORDER BY win, v")
+        wins = np.asarray(got.column("win").to_numpy(), dtype=np.int64)
+        at = np.searchsorted(self.wins, wins).astype(np.int64)
+        return at, np.asarray(got.column("v").to_numpy(), dtype=np.float64)
 
 
 def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,

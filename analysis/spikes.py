@@ -13,11 +13,16 @@ The method, in order (constants below; the same for every store, never tuned per
    baseline) merge into one run (the core). Its shoulders are the touching windows whose
    p99 is above the baseline p99 at all.
 5. Significance, one family for everything tested (a scan statistic, Kulldorff 1997):
-   count, in every judged window, the values above the p99 of all judged windows pooled.
+   count, in every judged window, the values above the p99 of all judged windows pooled,
+   and score each of them by its rank among them (Savage scores, `tail_scores`).
    When nothing happened (every value drawn from one law) those counts are a
-   multivariate hypergeometric draw, whatever the latency distribution. The statistic of
-   a stretch of consecutive judged windows is the likelihood ratio of "its share above
-   the threshold is higher than outside"; its p-value is the rank of that ratio among the
+   multivariate hypergeometric draw and the scores a random permutation over them,
+   whatever the latency distribution. The statistic of a stretch of consecutive judged
+   windows is the likelihood ratio of a heavier tail, peaks over the threshold: "its share
+   above the threshold is higher than outside" plus "the values above it are larger"
+   (`tail_ratio`: a few much slower requests count, not only how many rose above the
+   threshold, which matters when a window's tail holds a handful of values, as under
+   sampling); its p-value is the rank of that ratio among the
    largest ratio over *all* stretches (up to half the judged windows) in SCAN_DRAWS
    simulated draws. So the core, the core with its shoulders, and every other stretch
    share one error budget: under no incident, P(any stretch has p <= ALPHA) <= ALPHA,
@@ -30,7 +35,7 @@ The method, in order (constants below; the same for every store, never tuned per
    Never a t-test on a percentile.
 
 Sampled traces (`weights`, each request's adjusted count): every percentile above is the
-weighted quantile, a window is judged on its effective count (Kish), and the scan counts the
+weighted quantile, a window is judged on its effective count (Kish), and the scan counts and ranks the
 kept values above the weighted pooled p99 (under no incident, and sampling that does not change
 from window to window, the kept values are as exchangeable as the full ones). With no weights,
 or every weight 1, the computation is the unweighted one, bit for bit.
@@ -144,8 +149,12 @@ class WindowValues(Protocol):
         """The values of the windows flagged (a mask over the detection's windows) pooled."""
         ...
 
-    def exceed(self, threshold: float) -> I64:
-        """Per window, how many values lie above `threshold`."""
+    def above(self, threshold: float) -> tuple[I64, F64]:
+        """Every value above `threshold`: its window's position among the detection's windows, and the value.
+
+        The scan counts them per window and weighs their sizes by rank (`tail_scores`), so a remote engine
+        returns these few rows (about 1 % of the values at the pooled p99), not only their counts.
+        """
         ...
 
 
@@ -164,10 +173,11 @@ class SortedValues:
         return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
                     float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
 
-    def exceed(self, threshold: float) -> I64:
-        """Per window, its values above `threshold` (from the running count over the sorted runs)."""
-        cum_above = np.concatenate([[0], np.cumsum(self.v_sorted > threshold)])
-        return (cum_above[self.first + self.counts] - cum_above[self.first]).astype(np.int64)
+    def above(self, threshold: float) -> tuple[I64, F64]:
+        """The values above `threshold`, in window order, with their windows' positions."""
+        rows = np.flatnonzero(self.v_sorted > threshold)
+        at = np.searchsorted(self.first, rows, side="right") - 1
+        return at.astype(np.int64), self.v_sorted[rows]
 
 
 def quantile_sorted(sorted_values: F64, q: float) -> float:
@@ -187,19 +197,61 @@ def scan_ratio(k: npt.ArrayLike, n: npt.ArrayLike, total_k: int, total_n: int,
     """Log likelihood ratio of Kulldorff's scan (Poisson model, given the total): k of the total_k values
     above the threshold fall in a stretch holding n of the total_n values, e = total_k n / total_n expected;
     k ln(k / e) + (K - k) ln((K - k) / (K - e)) when k > e, else 0."""
+    return tail_ratio(k, n, None, total_k, total_n, table)
+
+
+def tail_scores(above_sorted: F64) -> F64:
+    """Savage (exponential) scores of the values above the threshold, sorted ascending: the i-th smallest of K
+    scores E[i-th smallest of K standard exponentials] = H_K - H_(K-i); tied values share their mean score.
+    They sum to K (mean 1) and depend only on ranks, so the scan stays free of the latency's law."""
+    k = above_sorted.size
+    if k == 0:
+        return np.zeros(0)
+    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, k + 1))])
+    scores = harmonic[k] - harmonic[k - np.arange(1, k + 1)]
+    _, first, size = np.unique(above_sorted, return_index=True, return_counts=True)
+    if first.size < k:  # ties: each group of equal values gets the mean of its scores
+        group_mean = np.add.reduceat(scores, first) / size
+        scores = np.repeat(group_mean, size)
+    return scores
+
+
+def size_ratio(k: npt.ArrayLike, s: npt.ArrayLike, total_k: int, table: F64 | None = None) -> F64:
+    """Log likelihood ratio that the k exceedances of a stretch, whose tail scores sum to s, are larger than the
+    rest (exponential law of the scores, mean s/k inside and (K - s)/(K - k) outside against 1 pooled):
+    -k ln(s/k) - (K - k) ln((K - s)/(K - k)) when s/k > 1 (so 0 < k < K), else 0."""
+    return tail_ratio(k, None, s, total_k, 1, table)
+
+
+def tail_ratio(k: npt.ArrayLike, n: npt.ArrayLike | None, s: npt.ArrayLike | None, total_k: int, total_n: int,
+               table: F64 | None = None) -> F64:
+    """The scan's statistic of a stretch, the likelihood ratio of a peaks-over-threshold tail: more values above
+    the threshold than its share n of the values (`scan_ratio`; left out when n is None) plus, when their tail
+    scores s are given, larger ones (`size_ratio`). The two parts share their k ln k terms."""
     g = _xlogx_table(total_k) if table is None else table
     k = np.asarray(k, dtype=np.int64)
-    e = np.asarray(n, dtype=np.float64) * (total_k / total_n)
-    inside = (e > 0) & (e < total_k)
-    log_rest = np.log(np.where(inside, total_k - e, 1.0))
-    slope = np.log(np.where(inside, e, 1.0)) - log_rest  # per stretch, shared by every draw
-    lr = g[k] + g[total_k - k] - k * slope - total_k * log_rest
-    return np.where(inside & (k > e), lr, 0.0)
+    gk = g[k] + g[total_k - k]
+    out = np.zeros(k.shape)
+    if n is not None:
+        e = np.asarray(n, dtype=np.float64) * (total_k / total_n)
+        inside = (e > 0) & (e < total_k)
+        log_rest = np.log(np.where(inside, total_k - e, 1.0))
+        slope = np.log(np.where(inside, e, 1.0)) - log_rest  # per stretch, shared by every draw
+        np.add(out, gk - k * slope - total_k * log_rest, out=out, where=inside & (k > e))
+    if s is not None:
+        s = np.asarray(s, dtype=np.float64)
+        larger = (s > k) & (k < total_k)  # the scores outside (K - s) are positive whenever k < K
+        log_in = np.log(s, out=np.zeros(s.shape), where=larger)
+        log_out = np.log(total_k - s, out=np.zeros(s.shape), where=larger)
+        np.add(out, gk - k * log_in - (total_k - k) * log_out, out=out, where=larger)
+    return out
 
 
-def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator) -> F64:
+def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator,
+                  scores: F64 | None = None) -> F64:
     """`draws` values of the largest scan ratio over every stretch of 1..max_len consecutive windows,
-    with the total_k values above the threshold spread over windows of sizes n at random (no incident)."""
+    with the total_k values above the threshold spread over windows of sizes n at random (no incident);
+    with `scores` (the tail scores of those values), which value lands where is drawn at random too."""
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
@@ -208,11 +260,27 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     g = _xlogx_table(total_k)
     alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
     ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
+    cs = None if scores is None else _permuted_sums(np.asarray(scores, dtype=np.float64), ck, rng)
     cn = np.concatenate([[0], np.cumsum(n)])
     for length in range(1, min(max_len, n.size) + 1):
-        ratio = scan_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length], total_k, total_n, g)
+        ratio = tail_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length],
+                           None if cs is None else cs[:, length:] - cs[:, :-length], total_k, total_n, g)
         np.maximum(best, ratio.max(axis=1), out=best)
     return best
+
+
+def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
+    """Per draw, the cumulative score sums at the windows' bounds `ck` after a random permutation of the scores
+    (blocks of draws, so the draws x K matrix stays small)."""
+    draws, k = ck.shape[0], scores.size
+    out = np.empty(ck.shape, dtype=np.float64)
+    block = max(1, 2_000_000 // max(k, 1))
+    for a in range(0, draws, block):
+        b = min(draws, a + block)
+        perm = rng.permuted(np.tile(scores, (b - a, 1)), axis=1)
+        cum = np.concatenate([np.zeros((b - a, 1)), np.cumsum(perm, axis=1)], axis=1)
+        out[a:b] = np.take_along_axis(cum, ck[a:b], axis=1)
+    return out
 
 
 def scan_p_value(ratio: float, null_max: F64) -> float:
@@ -249,6 +317,7 @@ class _Scan:
     position: I64  # window index -> position among the judged windows (-1: not judged)
     ck: I64
     cn: I64
+    cs: F64
     total_k: int
     total_n: int
     max_len: int
@@ -262,30 +331,40 @@ class _Scan:
         if pos.size == 0 or pos.size > self.max_len:
             return 1.0
         a, b = int(pos[0]), int(pos[-1]) + 1
-        ratio = scan_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.total_k, self.total_n, self.table)
+        ratio = tail_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.cs[b] - self.cs[a],
+                           self.total_k, self.total_n, self.table)
         return scan_p_value(float(ratio), self.null_max)
 
 
 def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
-    """Threshold (pooled p99 of the judged windows), exceedances per window, the null law of the largest ratio."""
+    """Threshold (pooled p99 of the judged windows), exceedances per window and their tail scores, the null law of
+    the largest ratio."""
     judged = np.flatnonzero(det.judged)
     det.threshold_ns = source.pool(det.judged).p99_ns
-    det.exceed = source.exceed(det.threshold_ns)
+    at, vals = source.above(det.threshold_ns)
+    det.exceed = np.bincount(at, minlength=det.n.size).astype(np.int64)
     counts = det.n
+    # each judged exceedance's score by its rank among all judged exceedances; summed per window
+    mine = det.judged[at]
+    order = np.argsort(vals[mine], kind="stable")
+    scores = tail_scores(vals[mine][order])
+    score_sum = np.bincount(at[mine][order], weights=scores, minlength=det.n.size)
     k, n = det.exceed[judged], counts[judged]
+    s = score_sum[judged]
     total_k, total_n = int(k.sum()), int(n.sum())
     max_len = max(1, int(MAX_SCAN_SHARE * judged.size))
-    null_max = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(seed))
+    null_max = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(seed), scores)
     position = np.full(det.n.size, -1, dtype=np.int64)
     position[judged] = np.arange(judged.size)
     ck = np.concatenate([[0], np.cumsum(k)]).astype(np.int64)
     cn = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    cs = np.concatenate([[0.0], np.cumsum(s)])
     table = _xlogx_table(total_k)
-    scan = _Scan(position, ck, cn, total_k, total_n, max_len, null_max, table)
+    scan = _Scan(position, ck, cn, cs, total_k, total_n, max_len, null_max, table)
     best = 0.0  # the most anomalous stretch of the data itself
     for length in range(1, min(max_len, judged.size) + 1):
-        best = max(best, float(scan_ratio(ck[length:] - ck[:-length], cn[length:] - cn[:-length],
-                                          total_k, total_n, table).max()))
+        best = max(best, float(tail_ratio(ck[length:] - ck[:-length], cn[length:] - cn[:-length],
+                                          cs[length:] - cs[:-length], total_k, total_n, table).max()))
     det.scan_p_value = scan_p_value(best, null_max)
     for i in judged:
         det.p_value[i] = scan.p_value([int(i)])

@@ -176,8 +176,10 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     counted = _Counting(client)
     got = ch_report(counted, table)
     assert got == build_report(con)
-    if not got["spikes"]:  # detection on the server: one row per window (twice) and a few single rows come back
-        assert counted.rows <= 2 * got["windows"] + 16 < got["requests"], (counted.rows, got["windows"])
+    if not got["spikes"]:  # detection on the server: one row per window (twice), a few single rows, and the values
+        # above the pooled p99 (the scan weighs their ranks: about 1 % of the requests) come back
+        assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
+            counted.rows, got["windows"])
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line

@@ -15,6 +15,8 @@ from analysis.spikes import (
     scan_null_max,
     scan_p_value,
     scan_ratio,
+    size_ratio,
+    tail_scores,
 )
 
 SEC = 1_000_000_000
@@ -61,6 +63,47 @@ def _ratio_reference(k: int, n: int, total_k: int, total_n: int) -> float:
     return inside + outside
 
 
+def _scores_reference(values: list[float]) -> dict[float, float]:
+    """Savage score of each distinct value: the mean, over its tied ranks i (1 = smallest of K), of the expected
+    i-th smallest of K standard exponentials, sum over j = K - i + 1 .. K of 1 / j."""
+    ordered = sorted(values)
+    big_k = len(ordered)
+    ranks: dict[float, list[int]] = {}
+    for i, v in enumerate(ordered, start=1):
+        ranks.setdefault(v, []).append(i)
+    return {v: sum(sum(1 / j for j in range(big_k - i + 1, big_k + 1)) for i in rs) / len(rs)
+            for v, rs in ranks.items()}
+
+
+def _size_reference(k: int, s: float, total_k: int) -> float:
+    """The exponential-scores likelihood ratio written out: log L(mean s/k inside, (K-s)/(K-k) outside) - log L(1)."""
+    if k == 0 or k == total_k or s / k <= 1:
+        return 0.0
+    m_in, m_out = s / k, (total_k - s) / (total_k - k)
+    return (-k * math.log(m_in) - k) - ((total_k - k) * math.log(m_out) + (total_k - k)) + total_k
+
+
+def _stretch_reference(k: int, n: int, s: float, total_k: int, total_n: int) -> float:
+    return _ratio_reference(k, n, total_k, total_n) + _size_reference(k, s, total_k)
+
+
+def test_tail_scores_and_size_ratio_match_the_plain_formulas() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        big_k = int(rng.integers(1, 60))
+        v = np.sort(rng.integers(0, int(rng.integers(1, 80)), big_k).astype(np.float64))  # ties when few distinct
+        ref = _scores_reference(v.tolist())
+        got = tail_scores(v)
+        assert got == pytest.approx([ref[x] for x in v.tolist()], rel=1e-12)
+        assert float(got.sum()) == pytest.approx(big_k)  # mean 1, ties or not
+        members = rng.random(big_k) < 0.3
+        k, s = int(members.sum()), float(got[members].sum())
+        assert float(size_ratio(k, s, big_k)) == pytest.approx(_size_reference(k, s, big_k), rel=1e-9, abs=1e-9)
+    assert tail_scores(np.array([])).size == 0
+    assert float(size_ratio(3, 3.0, 10)) == 0.0  # as large as the rest on average: no evidence
+    assert float(size_ratio(10, 10.0, 10)) == 0.0  # every exceedance inside: nothing to compare with
+
+
 def test_scan_ratio_matches_the_plain_formula() -> None:
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -90,6 +133,20 @@ def test_scan_null_matches_plain_draws() -> None:
     for q in (0.5, 0.9, 0.99):
         assert np.quantile(fast, q) == pytest.approx(np.quantile(plain, q), rel=0.08)
     assert scan_p_value(float(np.quantile(fast, 0.995)), fast) == pytest.approx(0.005, abs=0.002)
+    # with the tail scores: which window each value above the threshold lands in, drawn plainly by rank
+    scores = tail_scores(np.arange(total_k, dtype=np.float64))
+    fast = scan_null_max(n, total_k, max_len, 4000, np.random.default_rng(2), scores)
+    plain = np.empty(2000)
+    for d in range(plain.size):
+        where = labels[rng.choice(labels.size, total_k, replace=False)]  # the i-th drawn holds the i-th score
+        k = np.bincount(where, minlength=n.size)
+        s = np.bincount(where, weights=scores, minlength=n.size)
+        plain[d] = max(_stretch_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()),
+                                          float(s[a:a + length].sum()), total_k, int(n.sum()))
+                       for length in range(1, max_len + 1) for a in range(n.size - length + 1))
+    for q in (0.5, 0.9, 0.99):  # the plain draws beyond each fast quantile: 1 - q of them, within 4.5 sd of both
+        share = float(np.mean(plain >= np.quantile(fast, q)))
+        assert share == pytest.approx(1 - q, abs=4.5 * math.sqrt(q * (1 - q) * (1 / plain.size + 1 / fast.size)))
     assert scan_p_value(0.0, fast) == 1.0 and scan_p_value(1e9, fast) == 1 / (fast.size + 1)
     assert round(ALPHA * (SCAN_DRAWS + 1), 9).is_integer()  # so P(p <= ALPHA) <= ALPHA holds exactly
 
@@ -172,14 +229,38 @@ def test_detection_scan_is_the_pooled_threshold_counts_and_the_best_stretch() ->
     k = np.array([counts[w] for w in judged])
     n = np.array([sizes[w] for w in judged])
     total_k, total_n, max_len = int(k.sum()), int(n.sum()), len(judged) // 2
-    best = max(_ratio_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()), total_k, total_n)
+    tail = np.concatenate([values[(starts // WINDOW == w) & (values > det.threshold_ns)] for w in judged])
+    score_of = _scores_reference(tail.tolist())
+    s = np.array([sum(score_of[x] for x in values[(starts // WINDOW == w) & (values > det.threshold_ns)].tolist())
+                  for w in judged])
+    best = max(_stretch_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()),
+                                  float(s[a:a + length].sum()), total_k, total_n)
                for length in range(1, max_len + 1) for a in range(len(judged) - length + 1))
-    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3))
+    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3), tail_scores(np.sort(tail)))
     assert det.scan_p_value == scan_p_value(best, null)
-    assert det.p_value[4] == scan_p_value(_ratio_reference(counts[4], sizes[4], total_k, total_n), null)
+    w4 = judged.index(4)
+    assert det.p_value[4] == scan_p_value(_stretch_reference(counts[4], sizes[4], float(s[w4]), total_k, total_n),
+                                          null)
     assert det.p_value[8] == 1.0  # not judged, not tested
     [spike] = det.spikes  # window 4, with window 3 if its p99 rose 20 % by chance (adjacent candidates merge)
     a, b = spike.start_ns // WINDOW, spike.end_ns // WINDOW
     assert a <= 4 < b and b - a == spike.windows
-    run_k, run_n = sum(counts[a:b]), sum(sizes[a:b])
-    assert spike.p_value == scan_p_value(_ratio_reference(run_k, run_n, total_k, total_n), null) <= ALPHA
+    run = [judged.index(w) for w in range(a, b)]
+    run_k, run_n, run_s = sum(counts[a:b]), sum(sizes[a:b]), float(s[run].sum())
+    assert spike.p_value == scan_p_value(_stretch_reference(run_k, run_n, run_s, total_k, total_n), null) <= ALPHA
+
+
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_a_few_much_slower_requests_are_found_by_their_size_when_their_count_is_not_enough(seed: int) -> None:
+    """7 of window 4's 750 requests take 20-40 s (the rest: log-normal, median 1 s, log-sd 0.5): the count above the
+    pooled p99 alone is not significant on these seeds, the counts with the sizes of the values above it are."""
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([w * WINDOW + np.arange(750, dtype=np.int64) * (WINDOW // 750) for w in range(8)])
+    values = rng.lognormal(0.0, 0.5, starts.size) * 1e9
+    values[4 * 750 + rng.permutation(750)[:7]] = np.linspace(20, 40, 7) * 1e9
+    det = detect(starts, values, WINDOW, seed=1)
+    k, n = det.exceed, det.n
+    count_only = scan_null_max(n, int(k.sum()), 4, SCAN_DRAWS, np.random.default_rng(1))
+    assert scan_p_value(float(scan_ratio(k[4], n[4], int(k.sum()), int(n.sum()))), count_only) > ALPHA
+    assert det.p_value[4] <= ALPHA
+    assert [(s.start_ns // WINDOW, s.end_ns // WINDOW) for s in det.spikes] == [(4, 5)]

@@ -133,27 +133,6 @@ INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
 QUARTER_RUN_S = 2500.0
 
 
-#: Known miss: the cold start slows the ~60 requests routed to the new replica in its 90 s (a quarter of them
-#: kept). On the whole 2,500 s run the report finds 14:20-14:25, model_load, replica-32. On the quarter copy
-#: (300 s windows of ~750 kept requests, so a window's p99 rests on ~8 values) only 14:20 rises clearly (its
-#: p99 24.8 s against 17.4-18.4 s around it, scan p 0.012), but 14:15 (20.8 s) sits high by chance and the
-#: scan's best stretch takes 14:10-14:25. Its excess rows (39, above the baseline p99) are then mostly the
-#: ordinary tail of 10 normal minutes, whose slowest requests are long outputs: the contrast, made against
-#: all baseline requests (0.19 % of which have 1,024-2,047 output tokens) rather than the baseline's own tail,
-#: ranks that bucket (12 of 39) above replica-32 (7 of 39). The stage (model_load) is still right.
-#: The test fails first on the window: 14:10-14:25 is more than one 300 s window beyond the truth
-#: (14:20:50-14:22:20) on the left, so no change of the explanation alone can make it pass. Ranking the
-#: ordinary tail last (a candidate not over-represented against the baseline's own 37 requests beyond its p99,
-#: at ALPHA: the bucket p 0.014, replica-32 p 3.0e-4) puts replica-32 first and keeps the whole catalogue, the
-#: engine samples and the other quarter copies right, but was not committed: the window still misses.
-#: Contrasting against the baseline's own tail alone admits nothing (replica-32 p 3.0e-4 against the
-#: multiple-testing level 3.5e-5 of 287 tests). Uniform sampling gives equal weights (tail_effective 39 =
-#: 39 kept), so no rule on effective counts can differ here from one on kept counts.
-QUARTER_MISSES = {"cold_start": "the quarter copy's spike stretches to 14:10-14:25, more than a window beyond the "
-                                "truth, and its ordinary tail (long outputs) outranks replica-32 against the "
-                                "all-requests baseline contrast"}
-
-
 def _quarter_copy(scenario: Any, tmp_path: Path) -> Path:
     """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded. Only the kept traces are
     written and ingested (C.keeps, applied to the ids the emitter draws as for the whole): the same spans as
@@ -178,8 +157,7 @@ def test_sampling_before_writing_equals_sampling_the_ingested_whole(tmp_path: Pa
         a.execute("SELECT * FROM requests ORDER BY ALL").fetchall()
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=QUARTER_MISSES[n]))
-                                  if n in QUARTER_MISSES else n for n in INCIDENTS])
+@pytest.mark.parametrize("name", INCIDENTS)
 def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
     scenario = run(name, generate.SEED, QUARTER_RUN_S, generate.RATE)
     t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
