@@ -4,7 +4,8 @@
    session temporary table, over the spans of the range asked.
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
-   (`_ServerValues`); no request row comes back. When the sampling is judged (sampled requests,
+   (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
+   value, about 1 %: the scan weighs their ranks). When the sampling is judged (sampled requests,
    or a policy declared), (start_ns, e2e_ns, status, value, adjusted count, sampling flags) per
    request still come back and detection runs on them (`_phase1`).
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
@@ -207,7 +208,7 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
                    lo: int | None, hi: int | None, include_failures: bool
                    ) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
     """analysis.report._prepare for unsampled requests with no policy declared, on the server: the counts, the
-    per-window table and each pooled figure detection asks for come back, no request row."""
+    per-window table, each pooled figure detection asks for and the values above the pooled p99 come back."""
     col = metric_column(metric)
     keep = "" if include_failures else " AND status = 'ok'"
     valued = f"{cond} AND {col} IS NOT NULL{keep}"
@@ -319,7 +320,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     if _judged(client, facts_table, cond, sampling_policy):
         local, report, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
                                         include_failures, sampling_policy)
-    else:  # detection on the server: no request row comes back unless there is a spike
+    else:  # detection on the server: only the tail values come back unless there is a spike
         report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
         local = duckdb.connect(":memory:")
     try:
