@@ -30,6 +30,7 @@ from analysis import neighbours as N
 from analysis import sampling as SM
 from analysis.percentiles import (
     auto_window_s,
+    facts_by_rid,
     iso,
     metric_column,
     parse_duration,
@@ -75,16 +76,18 @@ SOURCE_TABLE: Final = "_tailscope_report_source"
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
     """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
 
-    The report addresses rows by rowid, which only a base table has; the copy also fixes the
-    rows for the whole report while the source (a live view) may change.
+    The copy fixes the rows for the whole report while the source (a live view) may change; the view
+    over it gives each row its `rid` (the table's rowid), by which the report addresses rows.
     """
     # span_id: the noisy-neighbour finding joins GPU shares on (trace_id, span_id)
     cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
     if SM.weight_of(con, source) != "1.0":
         cols.append("adjusted_count")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
+    con.execute(f"DROP VIEW IF EXISTS {SOURCE_TABLE}").fetchall()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE}_rows AS SELECT "
                 f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
+    con.execute(f"CREATE TEMP VIEW {SOURCE_TABLE} AS SELECT *, rowid AS rid FROM {SOURCE_TABLE}_rows").fetchall()
     return SOURCE_TABLE
 
 
@@ -122,7 +125,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
     frame = con.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} FROM {facts} "
+        f"SELECT rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
     return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
@@ -354,11 +357,10 @@ def explain_window(
 
 
 def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
-    """Trace ids of frame rows (the frame carries the facts' rowid, not the 32-character ids)."""
+    """Trace ids of frame rows (the frame carries the facts' rid, not the 32-character ids)."""
     rids = frame.get_column("rid").to_numpy()[rows].tolist()
-    found = dict(con.execute(f"SELECT rowid, trace_id FROM {facts} WHERE list_contains(?, rowid)",
-                             [rids]).fetchall())
-    return [found[r] for r in rids]
+    found = facts_by_rid(con, facts, rids, start_ns=frame.get_column("start_ns").to_numpy()[rows])
+    return [str(found[r][0]) for r in rids]
 
 
 def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int]) -> np.ndarray:
@@ -545,7 +547,7 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     """The report's explanation (stages, dimensions, exemplars) of `det.spikes`: (one item per spike, errors).
 
     For callers that ran `detect` themselves (the watch): `frame` holds the rows detect saw, in
-    the same order, with columns rid (the rowid of each row in the `facts` table of `con`, which
+    the same order, with columns rid (the `rid` of each row in the `facts` table or view of `con`, which
     holds trace_id), start_ns, e2e_ns, value and the explain dimensions; `con` also has the
     `spans` view over the spikes' time range for the stage shares.
     """
