@@ -138,6 +138,11 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
     text = col if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum) else col.cast(pl.String)
     labels = text.drop_nulls().unique().cast(pl.String).sort().to_list()
+    if isinstance(col.dtype, pl.Enum):  # the codes from the enum's own, through a table (no cast of every row)
+        at = {label: i for i, label in enumerate(labels)}
+        lut = np.array([at.get(c, -1) for c in col.dtype.categories.to_list()] + [-1], dtype=np.int64)
+        return Coded(name, lut[col.to_physical().cast(pl.Int64).fill_null(-1).to_numpy()], labels,
+                     [None] * len(labels), [None] * len(labels))
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
 
