@@ -281,18 +281,28 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
 
 def facts_by_rid(con: duckdb.DuckDBPyConnection, facts: str, rids: Sequence[int], columns: str = "trace_id",
                  start_ns: Sequence[int] | npt.NDArray[np.int64] = ()) -> dict[int, tuple[object, ...]]:
-    """`columns` of the rows of a facts view (`request_facts`, or a caller's with a `rid` column) by rid.
+    """`columns` of the rows of a facts view (`request_facts`, a caller's with a `rid` column, or a table
+    addressed by rowid) by row id.
 
     `start_ns`, the rows' start times when the caller has them, bound the read (the stored hours are
     sorted by start time, so row groups outside are skipped).
     """
-    where = "rid IN (SELECT unnest($rids))"
+    rid = row_id_column(con, facts)
+    where = f"{rid} IN (SELECT unnest($rids))"
     params: dict[str, object] = {"rids": list(rids)}
     if len(start_ns):
         where += " AND start_ns >= $lo AND start_ns <= $hi"
         params |= {"lo": int(min(start_ns)), "hi": int(max(start_ns))}
     return {int(r[0]): tuple(r[1:]) for r in con.execute(
-        f"SELECT rid, {columns} FROM {facts} WHERE {where}", params).fetchall()}
+        f"SELECT {rid}, {columns} FROM {facts} WHERE {where}", params).fetchall()}
+
+
+def row_id_column(con: duckdb.DuckDBPyConnection, facts: str) -> str:
+    """How rows of `facts` are addressed: its `rid` column, or the rowid of a table without one (a caller's copy)."""
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    cols = {c[0] for c in cur.description or []}
+    cur.fetchall()
+    return "rid" if "rid" in cols else "rowid"
 
 
 def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:
