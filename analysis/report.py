@@ -37,6 +37,7 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    row_id_column,
     weight_column,
 )
 from analysis.spikes import Detection, Spike, detect
@@ -76,18 +77,16 @@ SOURCE_TABLE: Final = "_tailscope_report_source"
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
     """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
 
-    The copy fixes the rows for the whole report while the source (a live view) may change; the view
-    over it gives each row its `rid` (the table's rowid), by which the report addresses rows.
+    The copy fixes the rows for the whole report while the source (a live view) may change; the report
+    addresses its rows by rowid (percentiles.row_id_column).
     """
     # span_id: the noisy-neighbour finding joins GPU shares on (trace_id, span_id)
     cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
     if SM.weight_of(con, source) != "1.0":
         cols.append("adjusted_count")
-    con.execute(f"DROP VIEW IF EXISTS {SOURCE_TABLE}").fetchall()
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE}_rows AS SELECT "
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
                 f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
-    con.execute(f"CREATE TEMP VIEW {SOURCE_TABLE} AS SELECT *, rowid AS rid FROM {SOURCE_TABLE}_rows").fetchall()
     return SOURCE_TABLE
 
 
@@ -125,7 +124,8 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
     frame = con.sql(
-        f"SELECT rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} FROM {facts} "
+        f"SELECT {row_id_column(con, facts)} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} "
+        f"FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep}", params=params).pl()
     if not frame.get_column("start_ns").is_sorted():  # the stored hours come in start order: no sort to pay
         frame = frame.sort("start_ns", maintain_order=True)
