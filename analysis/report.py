@@ -37,8 +37,6 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
-    row_id_column,
-    weight_column,
 )
 from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
@@ -99,18 +97,23 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     params = {"since": since, "until": until}
     keep = "" if include_failures else " AND status = 'ok'"
     text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    columns = {c[0] for c in cur.description or []}
+    cur.fetchall()
     # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
-    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text
+    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text; and, in the
+    # same scan, whether any request weighs other than 1 (percentiles.weight_column's rule)
     row = con.sql(
         "SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
         "count(*) FILTER (WHERE status = 'error') AS errors, "
         "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
+        + ("bool_or(adjusted_count <> 1), " if "adjusted_count" in columns else "NULL, ")
         + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
         + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
-    counts, labels = row[:7], dict(zip(text, row[7:], strict=True))
+    counts, labels = row[:7], dict(zip(text, row[8:], strict=True))
     dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
-    weight = weight_column(con, facts, since, until)
+    weight = "adjusted_count" if row[7] else None
     weighted: dict[str, float] | None = None
     extra = ""
     if weight is not None:
@@ -124,8 +127,8 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
     frame = con.sql(
-        f"SELECT {row_id_column(con, facts)} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} "
-        f"FROM {facts} "
+        f"SELECT {'rid' if 'rid' in columns else 'rowid'} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{dims}{extra} FROM {facts} "
         f"WHERE {where} AND {col} IS NOT NULL{keep}", params=params).pl()
     if not frame.get_column("start_ns").is_sorted():  # the stored hours come in start order: no sort to pay
         frame = frame.sort("start_ns", maintain_order=True)
