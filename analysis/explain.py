@@ -136,8 +136,19 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
             hi.append(b_hi)
         return Coded(name, codes, labels, lo, hi)
     # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
-    text = col if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum) else col.cast(pl.String)
-    labels = text.drop_nulls().unique().cast(pl.String).sort().to_list()
+    if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum):
+        # codes from the column's own through a table of its few values: no cast of every row
+        present = col.drop_nulls().unique()
+        phys = present.to_physical().cast(pl.Int64).to_numpy()
+        texts = present.cast(pl.String).to_list()
+        labels = sorted(texts)
+        at = {label: i for i, label in enumerate(labels)}
+        lut = np.full(int(phys.max()) + 2 if phys.size else 1, -1, dtype=np.int64)  # last slot: missing
+        lut[phys] = [at[t] for t in texts]
+        codes = lut[col.to_physical().cast(pl.Int64).fill_null(-1).to_numpy()]
+        return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+    text = col.cast(pl.String)
+    labels = text.drop_nulls().unique().sort().to_list()
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
 

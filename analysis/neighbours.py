@@ -33,6 +33,7 @@ import polars as pl
 
 from analysis import explain as X
 from analysis.cost import drop_sweep, gpu_shares
+from analysis.percentiles import facts_by_rid
 from analysis.sampling import weight_of
 from analysis.spikes import Detection, Spike
 
@@ -152,9 +153,8 @@ def _victims(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, ta
     if others.height < X.MIN_SUPPORT:
         return []
     rids = others.get_column("rid").to_list()
-    facts_ids = dict(con.execute(f"SELECT rowid, trace_id FROM {facts} WHERE list_contains(?, rowid)",
-                                 [rids]).fetchall())
-    ids = [facts_ids[r] for r in rids]
+    found = facts_by_rid(con, facts, rids, start_ns=others.get_column("start_ns").to_numpy())
+    ids = [str(found[r][0]) for r in rids]
     lo = int(others.get_column("start_ns").min() or 0)  # type: ignore[arg-type]
     hi = int((others.get_column("start_ns") + others.get_column("e2e_ns")).max() or 0) + 1  # type: ignore[arg-type]
     stages = X.stage_rows(con, sorted(set(ids)), lo - 1, hi)

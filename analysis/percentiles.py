@@ -223,20 +223,22 @@ _FACT_COLUMNS = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica
 _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
 
-def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
-    """The request-level columns of the request model (analysis.model), no critical-path sweep.
+def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, str]:
+    """(stored, live): SQL of the request-level columns of the request model (analysis.model), no
+    critical-path sweep; `stored` (with a `rid` column) reads materialized hours in place, `live`
+    computes the rest.
 
     On a connection from analysis.connect: the materialized hours plus the model on the fly for
-    the rest; on any other connection: the model over its `spans`.
+    the rest; on any other connection: the model over its `spans` (`stored` empty).
     """
     cols = _FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ())
     listed = ", ".join(cols)
     have = {name for (name,) in con.execute(
-        "SELECT view_name FROM duckdb_views() WHERE view_name IN ('_requests_stored', '_request_facts_live')"
+        "SELECT view_name FROM duckdb_views() WHERE view_name IN ('_request_rows_stored', '_request_facts_live')"
     ).fetchall()}
-    if have == {"_requests_stored", "_request_facts_live"}:
-        return f"SELECT {listed} FROM _requests_stored UNION ALL SELECT {listed} FROM _request_facts_live"
-    return M.facts_sql("spans", columns=cols)
+    if have == {"_request_rows_stored", "_request_facts_live"}:
+        return f"SELECT {listed}, rid FROM _request_rows_stored", f"SELECT {listed} FROM _request_facts_live"
+    return "", M.facts_sql("spans", columns=cols)
 
 
 def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
@@ -246,25 +248,61 @@ def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
 
 
 def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> str:
-    """Materialize, once per connection snapshot, the request-level columns of `requests` (no stage columns).
+    """Make, once per connection snapshot, the request-level columns of `requests` (no stage columns); return
+    the name of the view holding them.
 
-    The same rows and values as `requests` (one definition: analysis.model), read from the
-    materialized hours where fresh and otherwise computed without the critical-path sweep.
-    `ttft_ns` / `tpot_ns` are there only `with_ttft`. Returns the table name.
+    The same rows and values as `requests` (one definition: analysis.model), read in place from the
+    materialized hours where fresh and otherwise computed without the critical-path sweep (into a
+    temp table, so once). Each row has a `rid`, unique in the view, to address it by
+    (`facts_by_rid`); ids of stored rows name their file and row, so the facts of a day of spans
+    take no memory until read. `ttft_ns` / `tpot_ns` are there only `with_ttft`.
     """
     full = _facts_table(con, True)
     if _exists(con, full):
         return full
-    table = full if with_ttft else _facts_table(con, False)
-    if _exists(con, table):
-        return table
+    name = full if with_ttft else _facts_table(con, False)
+    if _exists(con, name):
+        return name
     keep = {full, _facts_table(con, False)}
-    for (old,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)",
-                              [REQUESTS_TABLE]).fetchall():
+    keep |= {f"{k}_live" for k in keep}
+    for old, kind in con.execute(
+            "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE temporary AND starts_with(view_name, $p) "
+            "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE temporary AND starts_with(table_name, $p)",
+            {"p": REQUESTS_TABLE}).fetchall():
         if old not in keep:
-            con.execute(f"DROP TABLE {quote_ident(old)}").fetchall()
-    con.execute(f"CREATE TEMP TABLE {table} AS {_facts_sql(con, with_ttft)}").fetchall()
-    return table
+            con.execute(f"DROP {kind} {quote_ident(old)}").fetchall()
+    stored, live = _facts_sql(con, with_ttft)
+    # the live rows' ids stay below every stored file's (connect.ROW_ID_FILE_SHIFT)
+    con.execute(f"CREATE TEMP TABLE {name}_live AS {live}").fetchall()
+    rows = f"SELECT *, rowid AS rid FROM {name}_live"
+    con.execute(f"CREATE TEMP VIEW {name} AS {f'{stored} UNION ALL ' if stored else ''}{rows}").fetchall()
+    return name
+
+
+def facts_by_rid(con: duckdb.DuckDBPyConnection, facts: str, rids: Sequence[int], columns: str = "trace_id",
+                 start_ns: Sequence[int] | npt.NDArray[np.int64] = ()) -> dict[int, tuple[object, ...]]:
+    """`columns` of the rows of a facts view (`request_facts`, a caller's with a `rid` column, or a table
+    addressed by rowid) by row id.
+
+    `start_ns`, the rows' start times when the caller has them, bound the read (the stored hours are
+    sorted by start time, so row groups outside are skipped).
+    """
+    rid = row_id_column(con, facts)
+    where = f"{rid} IN (SELECT unnest($rids))"
+    params: dict[str, object] = {"rids": list(rids)}
+    if len(start_ns):
+        where += " AND start_ns >= $lo AND start_ns <= $hi"
+        params |= {"lo": int(min(start_ns)), "hi": int(max(start_ns))}
+    return {int(r[0]): tuple(r[1:]) for r in con.execute(
+        f"SELECT {rid}, {columns} FROM {facts} WHERE {where}", params).fetchall()}
+
+
+def row_id_column(con: duckdb.DuckDBPyConnection, facts: str) -> str:
+    """How rows of `facts` are addressed: its `rid` column, or the rowid of a table without one (a caller's copy)."""
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    cols = {c[0] for c in cur.description or []}
+    cur.fetchall()
+    return "rid" if "rid" in cols else "rowid"
 
 
 def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:
@@ -275,7 +313,7 @@ def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:
 
 
 def _exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    rows = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND temporary",
+    rows = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND temporary",
                        [name]).fetchall()
     return bool(rows and rows[0][0])
 

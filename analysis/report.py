@@ -30,13 +30,13 @@ from analysis import neighbours as N
 from analysis import sampling as SM
 from analysis.percentiles import (
     auto_window_s,
+    facts_by_rid,
     iso,
     metric_column,
     parse_duration,
     parse_time,
     quote_ident,
     request_facts,
-    weight_column,
 )
 from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
@@ -75,8 +75,8 @@ SOURCE_TABLE: Final = "_tailscope_report_source"
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
     """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
 
-    The report addresses rows by rowid, which only a base table has; the copy also fixes the
-    rows for the whole report while the source (a live view) may change.
+    The copy fixes the rows for the whole report while the source (a live view) may change; the report
+    addresses its rows by rowid (percentiles.row_id_column).
     """
     # span_id: the noisy-neighbour finding joins GPU shares on (trace_id, span_id)
     cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
@@ -97,18 +97,23 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     params = {"since": since, "until": until}
     keep = "" if include_failures else " AND status = 'ok'"
     text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
+    columns = {c[0] for c in cur.description or []}
+    cur.fetchall()
     # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
-    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text
+    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text; and, in the
+    # same scan, whether any request weighs other than 1 (percentiles.weight_column's rule)
     row = con.sql(
         "SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
         "count(*) FILTER (WHERE status = 'error') AS errors, "
         "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
+        + ("bool_or(adjusted_count <> 1), " if "adjusted_count" in columns else "NULL, ")
         + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
         + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
-    counts, labels = row[:7], dict(zip(text, row[7:], strict=True))
+    counts, labels = row[:7], dict(zip(text, row[8:], strict=True))
     dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
-    weight = weight_column(con, facts, since, until)
+    weight = "adjusted_count" if row[7] else None
     weighted: dict[str, float] | None = None
     extra = ""
     if weight is not None:
@@ -122,8 +127,11 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
     frame = con.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, {dims}{extra} FROM {facts} "
-        f"WHERE {where} AND {col} IS NOT NULL{keep} ORDER BY start_ns", params=params).pl()
+        f"SELECT {'rid' if 'rid' in columns else 'rowid'} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+        f"{dims}{extra} FROM {facts} "
+        f"WHERE {where} AND {col} IS NOT NULL{keep}", params=params).pl()
+    if not frame.get_column("start_ns").is_sorted():  # the stored hours come in start order: no sort to pay
+        frame = frame.sort("start_ns", maintain_order=True)
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
     return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
 
@@ -399,11 +407,10 @@ def window_not_explained(start_ns: int, end_ns: int, errors: list[str]) -> dict[
 
 
 def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, rows: np.ndarray) -> list[str]:
-    """Trace ids of frame rows (the frame carries the facts' rowid, not the 32-character ids)."""
+    """Trace ids of frame rows (the frame carries the facts' rid, not the 32-character ids)."""
     rids = frame.get_column("rid").to_numpy()[rows].tolist()
-    found = dict(con.execute(f"SELECT rowid, trace_id FROM {facts} WHERE list_contains(?, rowid)",
-                             [rids]).fetchall())
-    return [found[r] for r in rids]
+    found = facts_by_rid(con, facts, rids, start_ns=frame.get_column("start_ns").to_numpy()[rows])
+    return [str(found[r][0]) for r in rids]
 
 
 def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int]) -> np.ndarray:
@@ -590,7 +597,7 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     """The report's explanation (stages, dimensions, exemplars) of `det.spikes`: (one item per spike, errors).
 
     For callers that ran `detect` themselves (the watch): `frame` holds the rows detect saw, in
-    the same order, with columns rid (the rowid of each row in the `facts` table of `con`, which
+    the same order, with columns rid (the `rid` of each row in the `facts` table or view of `con`, which
     holds trace_id), start_ns, e2e_ns, value and the explain dimensions; `con` also has the
     `spans` view over the spikes' time range for the stage shares.
     """

@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from analysis import model as M
 from analysis.explain import binomial_tail_bound
-from analysis.percentiles import quote_ident, weighted_quantile_sorted
+from analysis.percentiles import quote_ident, row_id_column, weighted_quantile_sorted
 
 F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
@@ -105,13 +105,14 @@ def _wq(values: F64, weights: F64, q: float) -> float:
 
 def recorded_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: npt.NDArray[np.int64]
                    ) -> tuple[Mask, Mask]:
-    """Per row id of `facts` (trace_id, start_ns): whether its request span records a sampling probability
+    """Per `rid` of `facts` (trace_id, start_ns): whether its request span records a sampling probability
     (an `ot=th` or a rate attribute) and whether that record is malformed; read from `spans`."""
     rec, bad = M.sampling_record_sql(M.DUCKDB)
+    rid = row_id_column(con, facts)
     rows = con.execute(
-        f"SELECT f.rowid, bool_or({rec}), bool_or({bad}) FROM {facts} f "
+        f"SELECT f.{rid}, bool_or({rec}), bool_or({bad}) FROM {facts} f "
         f"JOIN spans s ON s.IsRequest AND s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns "
-        f"WHERE list_contains($rids, f.rowid) GROUP BY f.rowid", {"rids": rids.tolist()}).fetchall()
+        f"WHERE list_contains($rids, f.{rid}) GROUP BY f.{rid}", {"rids": rids.tolist()}).fetchall()
     got = {int(r): (bool(a), bool(b)) for r, a, b in rows}
     recorded = np.array([got.get(int(r), (False, False))[0] for r in rids], dtype=bool)
     malformed = np.array([got.get(int(r), (False, False))[1] for r in rids], dtype=bool)

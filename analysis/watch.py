@@ -466,7 +466,7 @@ class Watcher:
         hi = int(spike.end_ns + self.config.delay_ns + 1)
         con = explain_con(lo, hi) if explain_con is not None else duckdb.connect(":memory:")
         try:
-            con.register("_tailscope_watch_arrow", facts_frame.drop("rid", "value", "weight", strict=False).to_arrow())
+            con.register("_tailscope_watch_arrow", facts_frame.drop("value", "weight", strict=False).to_arrow())
             con.execute("CREATE OR REPLACE TEMP TABLE _tailscope_watch_facts AS "
                         "SELECT * FROM _tailscope_watch_arrow").fetchall()
             con.unregister("_tailscope_watch_arrow")

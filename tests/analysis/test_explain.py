@@ -31,6 +31,22 @@ def test_power_of_two_buckets() -> None:
     assert tenant.labels == ["a", "b"] and tenant.codes.tolist() == [1, 0, -1, 1, 0]
 
 
+def test_an_enum_column_is_coded_as_its_text() -> None:
+    """The report's frame carries text dimensions as enums or categoricals (categories in any order, some
+    absent from the rows): the codes and labels equal those of the same values as plain text, on random columns."""
+    rng = random.Random(11)
+    for _ in range(100):
+        pool = rng.sample(["a", "b", "c", "B", "é", "z z", "10", "9", ""], rng.randrange(1, 9))
+        values = [rng.choice([*pool, None]) for _ in range(rng.randrange(0, 40))]
+        cats = pool[:]
+        rng.shuffle(cats)
+        as_text = X.code_dimension(pl.DataFrame({"tenant": pl.Series(values, dtype=pl.String)}), "tenant")
+        for dtype in (pl.Enum(cats), pl.Categorical):
+            coded = X.code_dimension(pl.DataFrame({"tenant": pl.Series(values, dtype=dtype)}), "tenant")
+            assert coded.labels == as_text.labels
+            assert coded.codes.tolist() == as_text.codes.tolist()
+
+
 def test_bucket_sql_equals_bucket_bounds_and_label() -> None:
     """The SQL the dashboard uses gives the report's buckets and labels, value for value."""
     import duckdb
