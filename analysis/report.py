@@ -37,6 +37,7 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    weight_column,
 )
 from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
