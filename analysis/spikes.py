@@ -275,11 +275,15 @@ def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
     draws, k = ck.shape[0], scores.size
     out = np.empty(ck.shape, dtype=np.float64)
     block = max(1, 2_000_000 // max(k, 1))
+    buf = np.zeros((min(block, draws), k + 1))  # a leading 0, then the scores; permuted and summed in place
     for a in range(0, draws, block):
         b = min(draws, a + block)
-        perm = rng.permuted(np.tile(scores, (b - a, 1)), axis=1)
-        cum = np.concatenate([np.zeros((b - a, 1)), np.cumsum(perm, axis=1)], axis=1)
-        out[a:b] = np.take_along_axis(cum, ck[a:b], axis=1)
+        rows = buf[:b - a]
+        rows[:, 0] = 0.0
+        rows[:, 1:] = scores
+        rng.permuted(rows[:, 1:], axis=1, out=rows[:, 1:])
+        np.cumsum(rows, axis=1, out=rows)
+        out[a:b] = np.take_along_axis(rows, ck[a:b], axis=1)
     return out
 
 
