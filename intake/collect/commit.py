@@ -248,6 +248,11 @@ class Committer:
         #: seconds spent writing each group commit (the last 10,000)
         self.write_seconds: deque[float] = deque(maxlen=10_000)
 
+    @property
+    def columnar(self) -> bool:
+        """True when protobuf bodies go through the C builder (its extraction runs without the GIL)."""
+        return self._builder is not None
+
     def start(self) -> None:
         """Start the commit threads."""
         self._thread.start()
