@@ -28,6 +28,7 @@ from tests.intake.collect_helpers import pb_body
 
 TOKEN = "chaos-token"
 INFLIGHT_MIB = 32
+DEDUPE_KEYS = 50_000
 GOOD_CLIENTS = 3
 SPANS_PER_BODY = 64
 QUIET_WINDOWS = 3
@@ -169,8 +170,12 @@ async def killer(world: World, started: float) -> None:
 async def run(tmp_path: Path) -> tuple[World, list[float], float, float]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
+    # the dedupe window (about 150 bytes a key, up to --dedupe-window keys) grows with the spans received; a
+    # window that fills during the quiet phase (the journal lets the good clients send ~15k spans/s) leaves the
+    # in-flight budget as the only room the chaos may add, and still covers the bodies re-sent after a kill
     extra = ("--token-file", str(token_file), "--max-body-mib", "4", "--max-inflight-mib", str(INFLIGHT_MIB),
-             "--header-timeout-s", "1", "--read-timeout-s", "1", "--body-timeout-s", "3", "--idle-timeout-s", "5")
+             "--header-timeout-s", "1", "--read-timeout-s", "1", "--body-timeout-s", "3", "--idle-timeout-s", "5",
+             "--dedupe-window", str(DEDUPE_KEYS))
     store = tmp_path / "store"
     world = World(start_child(store, *extra), store, extra)
     probe = asyncio.create_task(rss_probe(world))
