@@ -65,12 +65,7 @@ def _span_where(lo_ns: int | None, hi_ns: int | None) -> str:
 
 
 def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
-    parts = ["TRUE"]
-    if lo_ns is not None:
-        parts.append(f"{col} >= {int(lo_ns)}")
-    if hi_ns is not None:
-        parts.append(f"{col} < {int(hi_ns)}")
-    return " AND ".join(parts)
+    return P.in_range_sql(col, lo_ns, hi_ns)
 
 
 def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | None, facts: str | None) -> str:

@@ -42,6 +42,7 @@ import polars as pl
 from analysis import clickhouse as C
 from analysis import model as M
 from analysis.percentiles import (
+    in_range_sql,
     iso,
     parse_time,
     quote_ident,
@@ -658,7 +659,7 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
             over = pl.from_arrow(client.query(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}"))
             assert isinstance(gpu, pl.DataFrame) and isinstance(over, pl.DataFrame)
             return _series_frame(gpu.with_columns(pl.col("ns").cast(pl.Int64)), over, prices)
-        where = _in_range_sql("f.start_ns", since, until)
+        where = in_range_sql("f.start_ns", since, until)
         reqs_sql = (f"SELECT {fkey} AS key, count() AS requests, count() AS requests_weighted, "
                     f"toInt64(coalesce(sum(f.input_tokens), 0)) AS input_tokens, "
                     f"toInt64(coalesce(sum(f.output_tokens), 0)) AS output_tokens, "
@@ -677,12 +678,3 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
     gpu_t = [(r["key"], r["replica"], r["model"], r["ns"], r["tail_ns"]) for r in gpu_rows]
     return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows)
-
-
-def _in_range_sql(col: str, since: int | None, until: int | None) -> str:
-    parts = ["TRUE"]
-    if since is not None:
-        parts.append(f"{col} >= {int(since)}")
-    if until is not None:
-        parts.append(f"{col} < {int(until)}")
-    return " AND ".join(parts)

@@ -31,7 +31,7 @@ import duckdb
 from analysis import model as M
 from analysis.views import files_source, spans_sql
 from tracing import schema as S
-from tracing.store import require_store, segment_files
+from tracing.store import fsync_path, require_store, segment_files
 
 #: Directory of the materialized requests inside a store.
 REQUESTS_DIR = "requests"
@@ -144,14 +144,6 @@ def hour_where(hours: list[int]) -> str:
     return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
     """SQL of the `requests` rows of one hour, read from the segments of `snap.inputs([hour_ns])`: what
     `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
@@ -192,9 +184,9 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
                     f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, "
                     f"KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, final)
-        _fsync(directory)
+        fsync_path(directory)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -60,6 +60,16 @@ REQUESTS_TABLE: Final = "_tailscope_request_facts"
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def in_range_sql(col: str, since: int | None, until: int | None) -> str:
+    """SQL of `since <= col < until` in integer literals (an open end is left out): both engines' dialect."""
+    parts = ["TRUE"]
+    if since is not None:
+        parts.append(f"{col} >= {int(since)}")
+    if until is not None:
+        parts.append(f"{col} < {int(until)}")
+    return " AND ".join(parts)
+
+
 def quote_ident(name: str) -> str:
     """A SQL identifier, double-quoted with embedded quotes doubled."""
     return '"' + name.replace('"', '""') + '"'

@@ -65,7 +65,8 @@ def segment_files(store: Path) -> list[Path]:
     return sorted(Path(store).glob(S.SEGMENT_GLOB))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by its path (a directory: the names created or removed in it become durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -169,7 +170,7 @@ class SegmentWriter:
             tmp.unlink(missing_ok=True)
             raise
         if self.durable:
-            _fsync_dir(directory)
+            fsync_path(directory)
         with self._lock:
             self.segments_written += 1
             self.spans_written += table.num_rows

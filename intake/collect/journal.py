@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from tracing.store import fsync_path
+
 JOURNAL_DIR = ".journal"
 MAGIC = b"TSJ1"
 _HEADER = struct.Struct("<4sQ")
@@ -108,15 +110,6 @@ def orphaned_journals(store: Path) -> list[Path]:
     return found
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory (a created or removed name in it is then durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
     """The append side, used by the committer's journal thread only (not thread-safe by design)."""
 
@@ -146,7 +139,7 @@ class Journal:
             if self.durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-                fsync_dir(self.dir)  # the name must survive a crash too
+                fsync_path(self.dir)  # the name must survive a crash too
         data = b"".join(records)
         fh.write(data)
         fh.flush()

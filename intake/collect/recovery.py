@@ -20,7 +20,6 @@ import pyarrow.ipc
 from intake.collect.commit import RecentKeys
 from intake.collect.journal import (
     PROTOBUF,
-    fsync_dir,
     host_tag,
     journal_dir,
     orphaned_journals,
@@ -30,7 +29,7 @@ from intake.collect.journal import (
 from intake.otlp import decode_protobuf_base
 from intake.peer import with_peer
 from tracing import schema as S
-from tracing.store import SegmentWriter
+from tracing.store import SegmentWriter, fsync_path
 
 #: seconds subtracted from a journal generation's start when looking for segments that may hold its spans
 _MTIME_SLACK_S = 2.0
@@ -104,5 +103,5 @@ def replay_journals(store: Path, writer: SegmentWriter, keys: RecentKeys,
         stored = table.num_rows
     for path in paths:
         path.unlink(missing_ok=True)
-    fsync_dir(journal_dir(store))
+    fsync_path(journal_dir(store))
     return Replayed(len(paths), spans, stored)
