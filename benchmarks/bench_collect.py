@@ -54,6 +54,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 STAGES = ("network", "queue_wait", "preprocess", "prefill", "decode", "streaming")
 
+#: extra arguments given to every receiver this run starts (--receiver-arg)
+RECEIVER_ARGS: list[str] = []
+
 
 # --- spans and bodies --------------------------------------------------------------------
 
@@ -130,7 +133,7 @@ class Collector:
         cli = "tailscope.cli" if (root / "tailscope" / "cli.py").exists() else "analysis.cli"
         self.proc = subprocess.Popen(
             [PYTHON, "-m", cli, "collect", "--store", str(store), "--http-port", "0",
-             "--grpc-port", "0", *extra], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+             "--grpc-port", "0", *extra, *RECEIVER_ARGS], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
             stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -532,6 +535,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--receiver-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every receiver (repeat it), e.g. --receiver-arg=--journal-ms "
+                         "--receiver-arg=250 for the opt-in journal")
     ap.add_argument("--phoenix", default="phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
@@ -546,6 +552,7 @@ def main(argv: list[str] | None = None) -> None:
                     "checkouts (each with its C decoder built), alternating for --rounds")
     ap.add_argument("--per-body", type=int, default=512, help="spans per body of --compare")
     args = ap.parse_args(argv)
+    RECEIVER_ARGS.extend(args.receiver_arg)
     if args.stages is not None:
         for n in args.stages or [1, 3, 8, 32]:
             commit_stages(n, args.spans)

@@ -22,6 +22,8 @@ from tests.intake.collect_helpers import pb_body, start_cli_receiver
 from tracing.store import segment_files
 
 TRIALS = 20
+#: the journal is opt-in (docs/collect.md); these trials exercise it
+JOURNAL = ("--journal-ms", "250")
 BODIES_PER_TRIAL = 24
 SPANS_PER_BODY = 200
 
@@ -76,7 +78,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
     acked_keys: set[tuple[str, str]] = set()
     acked_before_kill = 0
     journalled = 0  # journal files left after a restart: must be none (replayed, then deleted)
-    proc, port = start_cli_receiver(store)
+    proc, port = start_cli_receiver(store, *JOURNAL)
     try:
         for _trial in range(TRIALS):
             made = [pb_body(SPANS_PER_BODY, rng) for _ in range(BODIES_PER_TRIAL)]
@@ -93,7 +95,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
             # restart: spans answered from the journal are stored before the receiver listens, so every
             # acknowledged span is there before any re-send; then re-send everything of this trial
             # (nothing may be stored twice). The restarted receiver is the next trial's victim
-            proc, port = start_cli_receiver(store)
+            proc, port = start_cli_receiver(store, *JOURNAL)
             journalled += len(list((store / JOURNAL_DIR).glob("*.journal")))
             con = connect(store)
             present = {tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()}
