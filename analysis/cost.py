@@ -47,6 +47,7 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    source_columns,
     weight_where,
     weighted_quantiles_sql,
     weighted_window_sql,
@@ -568,9 +569,7 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: 
                    coalesce(sum(f.input_tokens), 0)::BIGINT AS input_tokens,
                    coalesce(sum(f.output_tokens), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
             FROM f JOIN q ON q.key = {fkey} GROUP BY 1"""
-    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
-    w = "adjusted_count" if "adjusted_count" in {c[0] for c in cur.description or []} else "1.0"
-    cur.fetchall()
+    w = "adjusted_count" if "adjusted_count" in source_columns(con, facts) else "1.0"
     return f"""
         WITH f AS (SELECT *, {w} AS _w FROM {facts} f WHERE {where}),
              q AS (SELECT key, {weighted_quantiles_sql("e2e_ns", [TAIL_Q])}[1] AS p99

@@ -199,18 +199,27 @@ def weight_column(con: duckdb.DuckDBPyConnection, source: str, since: int | None
                         [since, until])
 
 
-def weight_where(con: duckdb.DuckDBPyConnection, source: str, where: str = "true",
-                 params: Sequence[object] = ()) -> str | None:
-    """`adjusted_count` when `source` has it and some row where `where` holds weighs other than 1, else None."""
+#: Whether any row weighs other than 1: the one rule that turns the weighted path on.
+ANY_WEIGHTED_SQL: Final = "bool_or(adjusted_count <> 1)"
+
+
+def source_columns(con: duckdb.DuckDBPyConnection, source: str) -> set[str]:
+    """The column names of `source` (a table or view name, or a parenthesised query); empty when it cannot be read."""
     try:
         cur = con.execute(f"SELECT * FROM {source} LIMIT 0")
         cols = {c[0] for c in cur.description or []}
         cur.fetchall()
     except duckdb.Error:
+        return set()
+    return cols
+
+
+def weight_where(con: duckdb.DuckDBPyConnection, source: str, where: str = "true",
+                 params: Sequence[object] = ()) -> str | None:
+    """`adjusted_count` when `source` has it and some row where `where` holds weighs other than 1, else None."""
+    if "adjusted_count" not in source_columns(con, source):
         return None
-    if "adjusted_count" not in cols:
-        return None
-    row = con.execute(f"SELECT bool_or(adjusted_count <> 1) FROM {source} WHERE {where}", list(params)).fetchall()
+    row = con.execute(f"SELECT {ANY_WEIGHTED_SQL} FROM {source} WHERE {where}", list(params)).fetchall()
     return "adjusted_count" if row and row[0][0] else None
 
 
@@ -309,10 +318,7 @@ def facts_by_rid(con: duckdb.DuckDBPyConnection, facts: str, rids: Sequence[int]
 
 def row_id_column(con: duckdb.DuckDBPyConnection, facts: str) -> str:
     """How rows of `facts` are addressed: its `rid` column, or the rowid of a table without one (a caller's copy)."""
-    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
-    cols = {c[0] for c in cur.description or []}
-    cur.fetchall()
-    return "rid" if "rid" in cols else "rowid"
+    return "rid" if "rid" in source_columns(con, facts) else "rowid"
 
 
 def request_source(con: duckdb.DuckDBPyConnection, metric: str = "e2e") -> str:

@@ -29,6 +29,7 @@ from analysis import explain as X
 from analysis import neighbours as N
 from analysis import sampling as SM
 from analysis.percentiles import (
+    ANY_WEIGHTED_SQL,
     auto_window_s,
     facts_by_rid,
     iso,
@@ -37,6 +38,7 @@ from analysis.percentiles import (
     parse_time,
     quote_ident,
     request_facts,
+    source_columns,
     weight_column,
 )
 from analysis.spikes import Detection, Spike, detect
@@ -98,9 +100,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     params = {"since": since, "until": until}
     keep = "" if include_failures else " AND status = 'ok'"
     text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
-    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
-    columns = {c[0] for c in cur.description or []}
-    cur.fetchall()
+    columns = source_columns(con, facts)
     # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
     # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text; and, in the
     # same scan, whether any request weighs other than 1 (percentiles.weight_column's rule)
@@ -109,7 +109,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
         "count(*) FILTER (WHERE status = 'error') AS errors, "
         "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
-        + ("bool_or(adjusted_count <> 1), " if "adjusted_count" in columns else "NULL, ")
+        + (f"{ANY_WEIGHTED_SQL}, " if "adjusted_count" in columns else "NULL, ")
         + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
         + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
     counts, labels = row[:7], dict(zip(text, row[8:], strict=True))

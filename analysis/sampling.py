@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from analysis import model as M
 from analysis.explain import binomial_tail_bound
-from analysis.percentiles import quote_ident, row_id_column, weighted_quantile_sorted
+from analysis.percentiles import quote_ident, row_id_column, source_columns, weighted_quantile_sorted
 
 F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
@@ -196,7 +196,4 @@ def quantile_interval(values: F64, weights: F64 | None, q: float, level: float =
 
 def weight_of(con: duckdb.DuckDBPyConnection, facts: str) -> str:
     """SQL reading a facts table's adjusted count (1 when the table predates it)."""
-    cur = con.execute(f"SELECT * FROM {facts} LIMIT 0")
-    names = {c[0] for c in cur.description or []}
-    cur.fetchall()
-    return quote_ident("adjusted_count") if "adjusted_count" in names else "1.0"
+    return quote_ident("adjusted_count") if "adjusted_count" in source_columns(con, facts) else "1.0"
