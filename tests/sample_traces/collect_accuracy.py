@@ -16,7 +16,7 @@ from sample_traces.generate import DURATION_S, RATE
 from sample_traces.incidents import SimRequest, run
 from tailscope.cli import app
 from tests.intake.collect_helpers import running
-from tests.sample_traces.test_vllm_accuracy import STAGES, _ns
+from tests.sample_traces.cli_checks import STAGES, ns_of, sql
 
 runner = CliRunner()
 #: (store, truth + requests that reached a replica, simulated replica → its address)
@@ -41,14 +41,6 @@ def post_incident(store: Path, lines_by_address: Callable[[Sequence[SimRequest]]
     return store, {**truth, "reached": reached}, tgi_incident.replica_addresses(scenario.requests)
 
 
-def sql(store: Path, query: str) -> list[dict[str, Any]]:
-    """`tailscope sql --format json` rows."""
-    result = runner.invoke(app, ["sql", query, "--store", str(store), "--format", "json"])
-    assert result.exit_code == 0, result.output
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
-    return rows
-
-
 def check_mapped_and_named(incident: Incident) -> None:
     """Every request that reached a replica is stored, its stages sum to e2e, its replica is its address."""
     store, truth, addresses = incident
@@ -68,7 +60,7 @@ def report_spike(incident: Incident) -> dict[str, Any]:
     spike: dict[str, Any] = report["spikes"][0]
     window = truth["window"]
     slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = _ns(spike["start"]), _ns(spike["end"])
+    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
     assert window["start_ns"] - slack <= start_ns < window["end_ns"]
     assert window["start_ns"] < end_ns <= window["end_ns"] + slack
     first = spike["dimensions"][0]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from sample_traces.emit import write_otlp
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect
 from tailscope.cli import app
+from tests.sample_traces.cli_checks import ns_of
 
 runner = CliRunner()
 NAMES = [inc.name for inc in CATALOGUE]
@@ -67,19 +67,15 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path
     return _reports[name]
 
 
-def _ns(iso: str) -> int:
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1_000_000_000)
-
-
 def _overlaps(spike: dict[str, Any], window: dict[str, Any]) -> bool:
-    return _ns(spike["start"]) < window["end_ns"] and _ns(spike["end"]) > window["start_ns"]
+    return ns_of(spike["start"]) < window["end_ns"] and ns_of(spike["end"]) > window["start_ns"]
 
 
 def _bounds_hold(spike: dict[str, Any], window: dict[str, Any], window_s: float) -> bool:
     """The spike's start and end each within one report window of the truth window's."""
     slack = round(window_s * 1_000_000_000)
-    return (abs(_ns(spike["start"]) - window["start_ns"]) <= slack
-            and abs(_ns(spike["end"]) - window["end_ns"]) <= slack)
+    return (abs(ns_of(spike["start"]) - window["start_ns"]) <= slack
+            and abs(ns_of(spike["end"]) - window["end_ns"]) <= slack)
 
 
 def _accepted(dim: dict[str, Any], accept: list[dict[str, Any]]) -> bool:
@@ -138,7 +134,7 @@ def test_the_truth_dimension_value_comes_first(name: str, tmp_path_factory: pyte
 
 
 def test_bounds_rule_is_one_window_each_side() -> None:
-    window = {"start_ns": _ns("2025-11-20T14:05:00Z"), "end_ns": _ns("2025-11-20T14:08:00Z")}
+    window = {"start_ns": ns_of("2025-11-20T14:05:00Z"), "end_ns": ns_of("2025-11-20T14:08:00Z")}
     for start, end, ok in (("14:05", "14:08", True), ("14:04", "14:09", True), ("14:06", "14:07", True),
                            ("14:03", "14:08", False), ("14:05", "14:10", False), ("14:05", "14:06", False)):
         spike = {"start": f"2025-11-20T{start}:00Z", "end": f"2025-11-20T{end}:00Z"}

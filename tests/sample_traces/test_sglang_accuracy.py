@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from sample_traces import sglang_incident
 from tailscope.cli import app
-from tests.sample_traces.test_vllm_accuracy import STAGES, _ns
+from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
 
 runner = CliRunner()
 TRACES = sglang_incident.traces_path()
@@ -26,17 +25,7 @@ TRUTH = json.loads(sglang_incident.truth_path().read_text())
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("sglang") / "store"
-    result = runner.invoke(app, ["ingest", "--quiet", "--store", str(path), str(TRACES)])
-    assert result.exit_code == 0, result.output
-    return path
-
-
-def _sql(store: Path, query: str) -> list[dict[str, Any]]:
-    result = runner.invoke(app, ["sql", query, "--store", str(store), "--format", "json"])
-    assert result.exit_code == 0, result.output
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
-    return rows
+    return ingested(tmp_path_factory.mktemp("sglang") / "store", TRACES)
 
 
 def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
@@ -45,7 +34,7 @@ def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
 
 
 def test_every_request_is_mapped_and_named_by_its_pod(store: Path) -> None:
-    [row] = _sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
+    [row] = sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
                         f"count(*) FILTER (WHERE {' + '.join(STAGES)} <> e2e_ns) AS bad_sums, "
                         f"count(*) FILTER (WHERE replica NOT LIKE 'replica-%') AS unnamed FROM requests")
     assert row == {"n": TRUTH["requests"], "replicas": 32, "bad_sums": 0, "unnamed": 0}
@@ -59,7 +48,7 @@ def test_report_finds_the_window_the_stage_and_the_pod(store: Path) -> None:
     spike = report["spikes"][0]
     window = TRUTH["window"]
     slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = _ns(spike["start"]), _ns(spike["end"])
+    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
     assert window["start_ns"] - slack <= start_ns < window["end_ns"]
     assert window["start_ns"] < end_ns <= window["end_ns"] + slack
     assert spike["stages"][0]["stage"] == TRUTH["stage"]

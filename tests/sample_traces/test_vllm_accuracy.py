@@ -9,7 +9,6 @@ dimension, as for the native incidents.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +17,16 @@ from typer.testing import CliRunner
 
 from sample_traces import vllm_incident
 from tailscope.cli import app
+from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
 
 runner = CliRunner()
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TRACES = vllm_incident.traces_path()
 TRUTH = json.loads(vllm_incident.truth_path().read_text())
-STAGES = ("network_ns", "queue_wait_ns", "preprocess_ns", "model_load_ns", "generation_ns", "prefill_ns",
-          "decode_ns", "streaming_ns", "other_ns")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("vllm") / "store"
-    result = runner.invoke(app, ["ingest", "--quiet", "--store", str(path), str(TRACES)])
-    assert result.exit_code == 0, result.output
-    return path
-
-
-def _sql(store: Path, query: str) -> list[dict[str, Any]]:
-    result = runner.invoke(app, ["sql", query, "--store", str(store), "--format", "json"])
-    assert result.exit_code == 0, result.output
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
-    return rows
+    return ingested(tmp_path_factory.mktemp("vllm") / "store", TRACES)
 
 
 def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
@@ -52,7 +39,7 @@ def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
 
 
 def test_every_request_is_mapped_and_its_stages_sum_to_e2e(store: Path) -> None:
-    [row] = _sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
+    [row] = sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
                         f"count(*) FILTER (WHERE {' + '.join(STAGES)} <> e2e_ns) AS bad_sums, "
                         f"count(*) FILTER (WHERE replica IS NULL) AS no_replica FROM requests")
     assert row == {"n": TRUTH["requests"], "replicas": 32, "bad_sums": 0, "no_replica": 0}
@@ -61,7 +48,7 @@ def test_every_request_is_mapped_and_its_stages_sum_to_e2e(store: Path) -> None:
 def test_the_slow_replica_shows_in_its_decode_time(store: Path) -> None:
     """Independent of spike detection: in the window, the truth replica's decode time per token grew."""
     w = TRUTH["window"]
-    rows = _sql(store, f"""
+    rows = sql(store, f"""
         SELECT replica = '{TRUTH["value"]}' AS slow, start_ns >= {w["start_ns"]} AND start_ns < {w["end_ns"]} AS inside,
                median(decode_ns / greatest(output_tokens - 1, 1)) AS per_token_ns
         FROM requests WHERE status = 'ok' AND output_tokens > 1 GROUP BY ALL ORDER BY ALL""")
@@ -87,14 +74,9 @@ def test_report_finds_the_window_the_stage_and_the_replica(store: Path) -> None:
     spike = report["spikes"][0]
     window = TRUTH["window"]
     slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = _ns(spike["start"]), _ns(spike["end"])
+    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
     assert window["start_ns"] - slack <= start_ns < window["end_ns"]
     assert window["start_ns"] < end_ns <= window["end_ns"] + slack
     assert spike["stages"][0]["stage"] == TRUTH["stage"]
     first = spike["dimensions"][0]
     assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
-
-
-def _ns(iso: str) -> int:
-    stamp = datetime.fromisoformat(iso)
-    return (stamp - EPOCH) // timedelta(microseconds=1) * 1_000
