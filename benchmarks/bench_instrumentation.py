@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -88,10 +89,10 @@ def bare_sdk(tracer: trace.Tracer) -> Callable[[], None]:
     return one
 
 
-def tailscope_path() -> None:
-    """One request through tracing.request / req.stage."""
-    with tracing.request(model="llama-3-8b", model_version="v7", tenant="acme", input_tokens=412,
-                         stream=True) as req:
+def _one_request(entry: Any) -> None:
+    """One request with every stage through `entry.request` (the tracing module or a lean recorder)."""
+    with entry.request(model="llama-3-8b", model_version="v7", tenant="acme", input_tokens=412,
+                       stream=True) as req:
         for name in FLAT:
             with req.stage(name, **STAGE_ATTRS):
                 pass
@@ -104,24 +105,14 @@ def tailscope_path() -> None:
         req.set(output_tokens=128)
 
 
+def tailscope_path() -> None:
+    """One request through tracing.request / req.stage."""
+    _one_request(tracing)
+
+
 def lean_path(rec: LeanRecorder) -> Callable[[], None]:
     """One request through the lean recorder."""
-
-    def one() -> None:
-        with rec.request(model="llama-3-8b", model_version="v7", tenant="acme", input_tokens=412,
-                         stream=True) as req:
-            for name in FLAT:
-                with req.stage(name, **STAGE_ATTRS):
-                    pass
-            with req.stage(tracing.GENERATION, **STAGE_ATTRS):
-                with req.stage(tracing.PREFILL, **STAGE_ATTRS):
-                    pass
-                req.first_token()
-                with req.stage(tracing.DECODE, **STAGE_ATTRS):
-                    pass
-            req.set(output_tokens=128)
-
-    return one
+    return lambda: _one_request(rec)
 
 
 _clock: Callable[[], float] = time.perf_counter
