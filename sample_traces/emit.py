@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from sample_traces.basic import SeededIds
-from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest
+from sample_traces.fleet import FleetConfig, SimRequest, sim_ns
 from tracing import schema as S
 from tracing.lean import LeanRecorder
 from tracing.otlp_json import spans_to_json_line
@@ -59,20 +59,17 @@ class _ListExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _ns(t_s: float) -> int:
-    return START_NS + round(t_s * NS)
-
 
 def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
     """Record one simulated request through the lean API, with its explicit timestamps."""
-    start, end = _ns(req.arrival_s), _ns(req.end_s)
+    start, end = sim_ns(req.arrival_s), sim_ns(req.end_s)
     lean = rec.request(model=cfg.model, model_version=req.version, tenant=req.tenant,
                        input_tokens=req.input_tokens, stream=req.streaming, operation="chat", start_ns=start)
 
     def stage(name: str, s: float, e: float) -> None:
-        s_ns = _ns(s)
+        s_ns = sim_ns(s)
         if s_ns < end or (s_ns == end and name == QUEUE_WAIT):
-            lean.record_stage(name, s_ns, max(s_ns, min(_ns(e), end)))
+            lean.record_stage(name, s_ns, max(s_ns, min(sim_ns(e), end)))
 
     stage(PREPROCESS, req.arrival_s, req.pre_end_s)
     rejected = req.error_type == "InvalidRequestError"
@@ -86,13 +83,13 @@ def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
             slot_wait_from = req.load_end_s
         stage(QUEUE_WAIT, slot_wait_from, max(slot_wait_from, req.gen_start_s))
         if req.gen_start_s < req.end_s:
-            gen = lean.start_stage(GENERATION, start_ns=_ns(req.gen_start_s))
+            gen = lean.start_stage(GENERATION, start_ns=sim_ns(req.gen_start_s))
             stage(PREFILL, req.gen_start_s, req.first_token_s)
             if req.decode_end_s > req.first_token_s:
                 stage(DECODE, req.first_token_s, req.decode_end_s)
-            lean.end_stage(gen, min(_ns(req.decode_end_s), end))
+            lean.end_stage(gen, min(sim_ns(req.decode_end_s), end))
         if req.first_token_s < req.end_s:
-            lean.first_token(_ns(req.first_token_s))
+            lean.first_token(sim_ns(req.first_token_s))
             if req.streaming and req.stream_end_s is not None:
                 stage(STREAMING, req.first_token_s, req.stream_end_s)
     lean.set(output_tokens=req.output_tokens)

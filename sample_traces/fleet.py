@@ -35,6 +35,11 @@ NS = 1_000_000_000
 #: Simulated runs start here: 2025-11-20T14:00:00Z.
 START_NS = 1_763_647_200_000_000_000
 
+
+def sim_ns(t_s: float) -> int:
+    """Epoch nanoseconds of a simulated instant `t_s` seconds after START_NS."""
+    return START_NS + round(t_s * NS)
+
 # --- configuration ----------------------------------------------------------------------
 
 

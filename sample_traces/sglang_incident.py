@@ -24,7 +24,7 @@ from pathlib import Path
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.fleet import SimRequest, sim_ns
 from sample_traces.generate import DURATION_S, RATE
 from sample_traces.vllm_incident import replica_lines, write_incident
 
@@ -45,9 +45,6 @@ def truth_path(out_dir: Path = OUT_DIR) -> Path:
     """Where the truth file goes."""
     return out_dir / f"{NAME}.truth.json"
 
-
-def _ns(t_s: float) -> int:
-    return START_NS + round(t_s * NS)
 
 
 def resource(pod: str, rng: random.Random) -> dict[str, AttributeValue]:
@@ -76,7 +73,7 @@ def root_span(req: SimRequest) -> tuple[int, int, dict[str, AttributeValue]]:
         attrs["gen_ai.latency.time_in_model_decode"] = max(0.0, last - req.first_token_s)
         attrs["gen_ai.latency.time_in_model_inference"] = max(0.0, last - start_s)
     attrs["gen_ai.response.finish_reasons"] = '["stop"]' if req.status == "ok" else '["abort"]'
-    return _ns(start_s), _ns(done_s), attrs
+    return sim_ns(start_s), sim_ns(done_s), attrs
 
 
 def _emit(tracer: trace.Tracer, req: SimRequest, _n: int, _rng: random.Random) -> None:

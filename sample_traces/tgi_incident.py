@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from opentelemetry import trace
 
-from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.fleet import NS, SimRequest, sim_ns
 from sample_traces.vllm_incident import Emit, reached_vllm, replica_lines
 
 SEED = 1
@@ -39,9 +39,6 @@ def rust_debug(ns: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _ns(t_s: float) -> int:
-    return START_NS + round(t_s * NS)
-
 
 def address(k: int) -> str:
     """The loopback address replica number `k` (in sorted replica order) sends from."""
@@ -50,17 +47,17 @@ def address(k: int) -> str:
 
 def _request(tracer: trace.Tracer, req: SimRequest, rng: random.Random) -> None:
     code = {"code.namespace": "text_generation_router::server", "code.filepath": "router/src/server.rs"}
-    start, end = _ns(req.at_replica_s), _ns(req.end_s)
+    start, end = sim_ns(req.at_replica_s), sim_ns(req.end_s)
     handler = tracer.start_span("generate_stream", start_time=start, attributes=code)
     ctx = trace.set_span_in_context(handler)
     inner = tracer.start_span("generate_stream", context=ctx, start_time=start,
                               attributes={**code, "code.namespace": "text_generation_router::infer"})
-    gen, first = _ns(req.gen_start_s), _ns(req.first_token_s)
+    gen, first = sim_ns(req.gen_start_s), sim_ns(req.first_token_s)
     if req.status == "ok" and start <= gen <= first <= end:
         infer = tracer.start_span("infer", context=trace.set_span_in_context(inner), start_time=gen,
                                   attributes={"code.namespace": "text_generation_backends_v3::queue"})
         infer.end(end_time=first)
-        last = min(_ns(req.decode_end_s), end)
+        last = min(sim_ns(req.decode_end_s), end)
         validation = min(gen - start, round(rng.uniform(0.0003, 0.0009) * NS))
         inference = last - gen
         handler.set_attributes({

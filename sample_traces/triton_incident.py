@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from opentelemetry import trace
 
-from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.fleet import SimRequest, sim_ns
 from sample_traces.tgi_incident import lines_per_replica
 
 SEED = 1
@@ -30,14 +30,11 @@ MODEL = "llama_trtllm"
 US = 1_000
 
 
-def _ns(t_s: float) -> int:
-    return START_NS + round(t_s * NS)
-
 
 def _request(tracer: trace.Tracer, req: SimRequest, trace_id: int, rng: random.Random) -> None:
-    start = _ns(req.at_replica_s)
+    start = sim_ns(req.at_replica_s)
     ok = req.status == "ok"
-    done = _ns(min(req.decode_end_s, req.end_s)) if ok else _ns(req.end_s)
+    done = sim_ns(min(req.decode_end_s, req.end_s)) if ok else sim_ns(req.end_s)
     root = tracer.start_span("InferRequest", kind=trace.SpanKind.SERVER, start_time=start)
     root.add_event("HTTP_RECV_START", timestamp=start)
     root.add_event("HTTP_RECV_END", timestamp=start + 200 * US)
@@ -48,7 +45,7 @@ def _request(tracer: trace.Tracer, req: SimRequest, trace_id: int, rng: random.R
                                   "triton.trace_id": trace_id, "triton.trace_parent_id": 0})
     model.add_event("REQUEST_START", timestamp=model_start)
     model.add_event("QUEUE_START", timestamp=model_start + 100 * US)
-    gen = max(_ns(req.gen_start_s), model_start + 100 * US)
+    gen = max(sim_ns(req.gen_start_s), model_start + 100 * US)
     out = max(done - 400 * US, gen + 600 * US)
     compute = tracer.start_span("compute", context=trace.set_span_in_context(model), kind=trace.SpanKind.SERVER,
                                 start_time=gen)

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util.types import AttributeValue
 
 from sample_traces.basic import SeededIds
-from sample_traces.fleet import NS, START_NS, SimRequest
+from sample_traces.fleet import SimRequest, sim_ns
 from sample_traces.generate import DURATION_S, RATE  # the same run length and rate as the native incidents
 from sample_traces.incidents import SLOW_REPLICA, run, write_truth
 from sample_traces.quantile import quantile
@@ -54,9 +54,6 @@ def truth_path(out_dir: Path = OUT_DIR) -> Path:
     """Where the truth file goes."""
     return out_dir / f"{NAME}.truth.json"
 
-
-def _ns(t_s: float) -> int:
-    return START_NS + round(t_s * NS)
 
 
 def reached_vllm(req: SimRequest) -> bool:
@@ -90,7 +87,7 @@ def vllm_times(req: SimRequest, rng: random.Random) -> tuple[int, int, dict[str,
     if aborted:  # the client gave up (vLLM sees an abort) or the engine died
         attrs["gen_ai.response.finish_reasons"] = '["abort"]' if req.status == "timeout" else '["error"]'
     emit_delay_s = rng.uniform(0.0002, 0.0012)  # span.end() runs after the final output is processed
-    return _ns(start_s), _ns(done_s + emit_delay_s), attrs, aborted
+    return sim_ns(start_s), sim_ns(done_s + emit_delay_s), attrs, aborted
 
 
 #: Writes one request's spans: (tracer, request, its number on the replica from 1, the shared rng).
