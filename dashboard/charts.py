@@ -1,13 +1,22 @@
-"""Altair charts of the dashboard, with one stage colour map so a stage looks the same everywhere."""
+"""Charts of the dashboard, with one stage colour map so a stage looks the same everywhere.
+
+The time-series charts of the Overview and the Spike page (`percentiles`, `counts`) are plain
+Vega-Lite specs for `st.vega_lite_chart`: the first page then neither imports Altair (about a
+second of CPU) nor validates a spec against its schema. The other charts are Altair's, which is
+imported when one of them is drawn.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import TYPE_CHECKING, Any
 
-import altair as alt
 import pandas as pd
 
 from tracing import schema as S
+
+if TYPE_CHECKING:
+    import altair as alt
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
 STAGE_COLORS: dict[str, str] = {
@@ -29,56 +38,112 @@ SPIKE_FILL = "#f2b701"
 
 def stage_scale() -> alt.Scale:
     """The colour scale of stages (same domain and range everywhere)."""
+    import altair as alt
+
     return alt.Scale(domain=list(STAGE_COLORS), range=list(STAGE_COLORS.values()))
 
 
-def _spike_rects(spikes: list[tuple[pd.Timestamp, pd.Timestamp]]) -> alt.Chart | None:
+#: A Vega-Lite spec (a dict) whose `datasets` hold data frames, as `st.vega_lite_chart` takes it.
+Spec = dict[str, Any]
+#: A temporal tooltip field shown as a time of day.
+_CLOCK = "%H:%M:%S"
+
+
+def _dataset(datasets: dict[str, pd.DataFrame], df: pd.DataFrame) -> dict[str, str]:
+    """Add `df` to `datasets` under a name derived from its content (as Altair names them, so a chart whose
+    data changed gets a new dataset, never rows patched into the old one); the layer's `data` entry."""
+    digest = hashlib.sha256(repr(list(df.columns)).encode())
+    digest.update(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes())
+    name = f"data-{digest.hexdigest()[:32]}"
+    datasets[name] = df
+    return {"name": name}
+
+
+def _field(name: str, kind: str, **extra: Any) -> dict[str, Any]:
+    """A Vega-Lite field definition (`kind`: temporal, quantitative, nominal, ordinal)."""
+    return {"field": name, "type": kind, **extra}
+
+
+def _colors(domain: dict[str, str]) -> dict[str, list[str]]:
+    return {"domain": list(domain), "range": list(domain.values())}
+
+
+def _spike_layer(datasets: dict[str, pd.DataFrame], spikes: list[tuple[pd.Timestamp, pd.Timestamp]]) -> list[Spec]:
+    """The shaded spike windows (a layer to put under the data), or nothing when there is no spike."""
     if not spikes:
-        return None
+        return []
     df = pd.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
                        "label": ["spike"] * len(spikes)})
-    return alt.Chart(df).mark_rect(color=SPIKE_FILL, opacity=0.25).encode(
-        x="start:T", x2="end:T", tooltip=[alt.Tooltip("start:T", format="%H:%M:%S"),
-                                          alt.Tooltip("end:T", format="%H:%M:%S")])
+    return [{
+        "data": _dataset(datasets, df),
+        "mark": {"type": "rect", "color": SPIKE_FILL, "opacity": 0.25},
+        "encoding": {"x": _field("start", "temporal"), "x2": {"field": "end"},
+                     "tooltip": [_field("start", "temporal", format=_CLOCK), _field("end", "temporal", format=_CLOCK)]},
+    }]
 
 
 def percentiles(df: pd.DataFrame, prefix: str, title: str, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
-                brush: alt.Parameter | None = None, height: int = 220) -> alt.LayerChart | alt.Chart:
-    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window, spikes shaded, optional x brush."""
+                brush: str | None = None, height: int = 220, alerts: pd.DataFrame | None = None) -> Spec:
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window, spikes shaded: a Vega-Lite spec.
+
+    `brush` names an x-interval selection on the lines (for `on_select`); `alerts` (rows with
+    `window` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
+    """
     cols = {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}
     long = df.melt(id_vars=["window"], value_vars=list(cols), var_name="pct", value_name="ms").dropna()
     long["pct"] = long["pct"].map(cols)
-    lines = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
-        x=alt.X("window:T", title=None),
-        y=alt.Y("ms:Q", title=f"{title} (ms)"),
-        color=alt.Color("pct:N", title=None, scale=alt.Scale(domain=list(PCT_COLORS), range=list(PCT_COLORS.values()))),
-        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "pct:N", alt.Tooltip("ms:Q", format=",.0f")],
-    )
+    datasets: dict[str, pd.DataFrame] = {}
+    layers = _spike_layer(datasets, spikes)
+    lines: Spec = {
+        "data": _dataset(datasets, long),
+        "mark": {"type": "line", "point": {"size": 12}},
+        "encoding": {
+            "x": _field("window", "temporal", title=None),
+            "y": _field("ms", "quantitative", title=f"{title} (ms)"),
+            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS)),
+            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("pct", "nominal"),
+                        _field("ms", "quantitative", format=",.0f")],
+        },
+    }
+    spec: Spec = {"title": title, "height": height}
     if brush is not None:
-        lines = lines.add_params(brush)
-    rect = _spike_rects(spikes)
-    chart: alt.LayerChart | alt.Chart = (rect + lines) if rect is not None else lines
-    return chart.properties(height=height, title=title)
+        lines["name"] = "lines"
+        spec["params"] = [{"name": brush, "select": {"type": "interval", "encodings": ["x"]}, "views": ["lines"]}]
+    layers.append(lines)
+    if alerts is not None and not alerts.empty:
+        shown = ("kind", "rule", "status", "fired_at", "stage", "value")
+        layers.append({
+            "data": _dataset(datasets, alerts[["window", *shown]]),
+            "mark": {"type": "rule", "color": "#d62728", "strokeDash": [4, 2]},
+            "encoding": {"x": _field("window", "temporal"), "tooltip": [_field(c, "nominal") for c in shown]},
+        })
+    return {**spec, "layer": layers, "datasets": datasets}
 
 
-def counts(df: pd.DataFrame, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
-           height: int = 140) -> alt.LayerChart | alt.Chart:
-    """Requests per window stacked by outcome."""
+def counts(df: pd.DataFrame, spikes: list[tuple[pd.Timestamp, pd.Timestamp]], height: int = 140) -> Spec:
+    """Requests per window stacked by outcome, spikes shaded: a Vega-Lite spec."""
     present = [o for o in S.OUTCOMES if o in df.columns]
     long = df.melt(id_vars=["window"], value_vars=present, var_name="outcome", value_name="n")
-    bars = alt.Chart(long).mark_bar().encode(
-        x=alt.X("window:T", title=None),
-        y=alt.Y("n:Q", title="requests"),
-        color=alt.Color("outcome:N", scale=alt.Scale(domain=list(OUTCOME_COLORS), range=list(OUTCOME_COLORS.values()))),
-        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "outcome:N", alt.Tooltip("n:Q", title="requests")],
-    )
-    rect = _spike_rects(spikes)
-    chart: alt.LayerChart | alt.Chart = (rect + bars) if rect is not None else bars
-    return chart.properties(height=height)
+    datasets: dict[str, pd.DataFrame] = {}
+    layers = _spike_layer(datasets, spikes)
+    layers.append({
+        "data": _dataset(datasets, long),
+        "mark": {"type": "bar"},
+        "encoding": {
+            "x": _field("window", "temporal", title=None),
+            "y": _field("n", "quantitative", title="requests"),
+            "color": _field("outcome", "nominal", scale=_colors(OUTCOME_COLORS)),
+            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("outcome", "nominal"),
+                        _field("n", "quantitative", title="requests")],
+        },
+    })
+    return {"height": height, "layer": layers, "datasets": datasets}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
     """Mean critical-path ms per stage: tail of the spike vs the same slice of the baseline."""
+    import altair as alt
+
     long = df.melt(id_vars=["stage"], value_vars=["tail_ms", "baseline_ms"], var_name="slice", value_name="ms")
     long["slice"] = long["slice"].map({"tail_ms": "spike tail", "baseline_ms": "baseline tail"})
     return alt.Chart(long).mark_bar().encode(
@@ -94,6 +159,8 @@ def stage_compare(df: pd.DataFrame) -> alt.Chart:
 
 def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     """p99 of the window without each candidate, beside the observed p99 (a rule)."""
+    import altair as alt
+
     data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
         y=alt.Y("label:N", sort=None, title=None, axis=alt.Axis(labelLimit=320)),
@@ -107,6 +174,8 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
 
 def waterfall(spans: pd.DataFrame) -> alt.Chart:
     """Spans of one trace as pale bars; the critical-path stretches drawn solid on top, coloured by stage."""
+    import altair as alt
+
     rows: list[dict[str, Any]] = []
     order: list[str] = []
     for i, r in enumerate(spans.itertuples()):
@@ -138,6 +207,8 @@ def waterfall(spans: pd.DataFrame) -> alt.Chart:
 
 def stage_stack(df: pd.DataFrame) -> alt.Chart:
     """Critical-path ms per stage of each exemplar, stacked (sums to its latency)."""
+    import altair as alt
+
     stage_cols = [c for c in df.columns if c.endswith("_ms") and c.removesuffix("_ms") in STAGE_COLORS
                   and c != "generation_ms"]
     long = df.melt(id_vars=["trace_id"], value_vars=stage_cols, var_name="stage", value_name="ms")
@@ -153,6 +224,8 @@ def stage_stack(df: pd.DataFrame) -> alt.Chart:
 
 def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
     """p99 (colour) over input-token × output-token buckets (the report's labels); counts in the tooltip."""
+    import altair as alt
+
     return alt.Chart(df).mark_rect().encode(
         x=alt.X("input_tokens_bucket:O", sort=alt.EncodingSortField("input_tokens_lo"), title="input tokens"),
         y=alt.Y("output_tokens_bucket:O", sort=alt.EncodingSortField("output_tokens_lo", order="descending"),
@@ -165,6 +238,8 @@ def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
 
 def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
     """p50 and p99 per token bucket of `column` (input_tokens or output_tokens), labelled as the report does."""
+    import altair as alt
+
     data = df.rename(columns={f"{column}_bucket": "bucket", f"{column}_lo": "lo"})
     long = data.melt(id_vars=["bucket", "lo", "requests"], value_vars=["p50_ms", "p99_ms"], var_name="pct",
                      value_name="ms")
@@ -180,6 +255,8 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
 
 def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
     """p50 (tick) and p99 (bar) per replica; outliers in red."""
+    import altair as alt
+
     data = df.assign(kind=df["outlier"].map({True: "outlier", False: "normal"}))
     bars = alt.Chart(data).mark_bar().encode(
         x=alt.X("replica:N", title=None),

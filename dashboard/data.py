@@ -752,15 +752,15 @@ def prewarm(db: Workbench) -> None:
     """
     key = (db, str(db.store), db.version)
     f = Filters()
-    if not choices(*key)["requests"]:
-        return
-    # two threads: the spikes (the longest step) beside the summary and series, each DuckDB query
-    # releasing the interpreter; the full report after both, so it never delays the Overview's numbers
+    # two threads: the spikes (the longest step) start at once, beside the sidebar's choices, the
+    # summary and the series, each DuckDB query releasing the interpreter; the full report after
+    # both, so it never delays the Overview's numbers (an empty store: nothing more to warm)
     with ThreadPoolExecutor(2, thread_name_prefix="tailscope-prewarm") as pool:
         marks = pool.submit(spike_marks, *key, f)
-        numbers = pool.submit(lambda: (summary(*key, f), over_time(*key, f)))
+        numbers = pool.submit(lambda: choices(*key)["requests"] and (summary(*key, f), over_time(*key, f)))
         marks.result()
-        numbers.result()
+        if not numbers.result():
+            return
     report_of(*key, f)
 
 

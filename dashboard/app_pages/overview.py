@@ -7,7 +7,6 @@ Spike page shows); on a store that just opened they are being computed in the ba
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -47,12 +46,8 @@ fired = pd.DataFrame() if data.on_clickhouse(db) else data.alerts(str(db.store),
 if not fired.empty:
     st.caption(f"red rules: {len(fired)} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")
+rules = None if fired.empty else fired.assign(window=pd.to_datetime(fired["window_start_ns"], unit="ns", utc=True))
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if df[f"{prefix}_p50_ms"].notna().any():
-        chart = charts.percentiles(df, prefix, label, shade)
-        if not fired.empty:
-            marks = fired.assign(window=pd.to_datetime(fired["window_start_ns"], unit="ns", utc=True))
-            chart = chart + alt.Chart(marks).mark_rule(color="#d62728", strokeDash=[4, 2]).encode(
-                x="window:T", tooltip=["kind:N", "rule:N", "status:N", "fired_at:N", "stage:N", "value:N"])
-        st.altair_chart(chart, width="stretch")
-st.altair_chart(charts.counts(df, shade), width="stretch")
+        st.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=rules), width="stretch")
+st.vega_lite_chart(charts.counts(df, shade), width="stretch")

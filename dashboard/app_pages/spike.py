@@ -6,7 +6,6 @@ a brushed window explained the same way (analysis.report.explain_window) against
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -23,9 +22,8 @@ if not data.summary(*key, f)["requests"]:
 spikes = data.spikes(*key, f)
 df = data.over_time(*key, f)
 shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
-brush = alt.selection_interval(encodings=["x"], name="brush")
-event = st.altair_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush=brush), on_select="rerun",
-                        key="spike_brush", width="stretch")
+event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush"), on_select="rerun",
+                           key="spike_brush", width="stretch")
 st.caption("Drag on the chart to inspect any window; double-click to clear.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
 

@@ -1,7 +1,11 @@
-"""dashboard.charts: one colour per stage, latency formatting."""
+"""dashboard.charts: one colour per stage, latency formatting, the time-series charts' Vega-Lite specs."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pandas as pd
 import pytest
 
 from dashboard import charts
@@ -25,8 +29,6 @@ def test_fmt_ms(ms: float | None, text: str) -> None:
 
 def test_token_buckets_are_labelled_as_the_report_labels_them() -> None:
     """The chart shows analysis' own bucket labels unchanged (the dashboard never relabels)."""
-    import pandas as pd
-
     from analysis.explain import bucket_bounds, bucket_label
 
     lows = [0, 1, 2, 1024]
@@ -36,3 +38,72 @@ def test_token_buckets_are_labelled_as_the_report_labels_them() -> None:
     chart = charts.bucket_p99(df, "input_tokens", "input tokens")
     labels = sorted(set(chart.data["bucket"]), key=lambda s: int(s.split("-")[0]))
     assert labels == ["0-0", "1-1", "2-3", "1024-2047"]
+
+
+def _series(n: int = 6) -> pd.DataFrame:
+    """over_time's shape: one row per window, e2e percentiles (one window without values) and outcome counts."""
+    df = pd.DataFrame({"window": pd.date_range("2025-11-20 15:00", periods=n, freq="5min", tz="UTC")})
+    for i, q in enumerate((50, 90, 99)):
+        df[f"e2e_p{q}_ms"] = [100.0 * (i + 1) + w for w in range(n)]
+    df.loc[2, ["e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms"]] = None
+    for i, o in enumerate(S.OUTCOMES):
+        df[o] = [10 * i + w for w in range(n)]
+    return df
+
+
+def _validate(spec: dict[str, Any]) -> None:
+    """Raise unless `spec`, its data frames written out as rows, is a valid Vega-Lite spec (Altair's schema)."""
+    from altair.utils.schemapi import validate_jsonschema
+    from altair.vegalite.v6.schema.core import load_schema
+
+    rows = {name: json.loads(df.to_json(orient="records", date_format="iso"))
+            for name, df in spec["datasets"].items()}
+    schema = load_schema()
+    validate_jsonschema({**spec, "datasets": rows}, schema, rootschema=schema)
+
+
+def _layer_data(spec: dict[str, Any], mark: str) -> pd.DataFrame:
+    (layer,) = [lay for lay in spec["layer"] if lay["mark"]["type"] == mark]
+    data = spec["datasets"][layer["data"]["name"]]
+    assert isinstance(data, pd.DataFrame)
+    return data
+
+
+@pytest.mark.parametrize("with_spikes", [False, True])
+def test_percentile_chart_is_valid_vega_lite_with_the_series_values(with_spikes: bool) -> None:
+    df = _series()
+    spikes = [(df["window"][1], df["window"][3])] if with_spikes else []
+    fired = pd.DataFrame({"window": [df["window"][4]], "kind": ["p99"], "rule": ["p99 > 1 s"], "status": ["firing"],
+                          "fired_at": ["15:21:00"], "stage": ["decode"], "value": [1234.0]})
+    spec = charts.percentiles(df, "e2e", "end-to-end", spikes, brush="brush", alerts=fired)
+    _validate(spec)
+    assert [lay["mark"]["type"] for lay in spec["layer"]] == ["rect"] * with_spikes + ["line", "rule"]
+    lines = _layer_data(spec, "line")
+    expected = {(w, f"p{q}", df[f"e2e_p{q}_ms"][i]) for i, w in enumerate(df["window"]) for q in (50, 90, 99)
+                if i != 2}
+    assert {(r.window, r.pct, r.ms) for r in lines.itertuples()} == expected
+    assert spec["params"] == [{"name": "brush", "select": {"type": "interval", "encodings": ["x"]},
+                               "views": ["lines"]}]
+    assert [lay.get("name") for lay in spec["layer"] if lay["mark"]["type"] == "line"] == ["lines"]
+    assert list(_layer_data(spec, "rule")["window"]) == [df["window"][4]]
+    if with_spikes:
+        rect = _layer_data(spec, "rect")
+        assert list(zip(rect["start"], rect["end"], strict=True)) == spikes
+
+
+def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
+    df = _series()
+    spec = charts.counts(df, [(df["window"][0], df["window"][1])])
+    _validate(spec)
+    bars = _layer_data(spec, "bar")
+    assert {(r.window, r.outcome, r.n) for r in bars.itertuples()} == {
+        (w, o, df[o][i]) for i, w in enumerate(df["window"]) for o in S.OUTCOMES}
+    assert "params" not in spec and "rule" not in [lay["mark"]["type"] for lay in spec["layer"]]
+
+
+def test_a_chart_dataset_is_named_by_its_content() -> None:
+    """Changed data gets a new name (the browser replaces it rather than patching rows into the old one)."""
+    df = _series()
+    names = [next(iter(charts.counts(d, [])["datasets"])) for d in (df, df.copy(), df.assign(ok=df["ok"] + 1))]
+    assert names[0] == names[1] != names[2]
+    assert charts.percentiles(df, "e2e", "e2e", []).keys() == {"title", "height", "layer", "datasets"}
