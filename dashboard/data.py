@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 import polars as pl
 import streamlit as st
 
@@ -51,6 +50,8 @@ from tracing.errors import QueryError, StoreError, TailscopeError
 from tracing.store import default_store, require_store
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.capacity import Workload
 
 #: Latency metrics a page can chart: label → analysis metric name.
@@ -469,15 +470,25 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.Data
     for f in frames[1:]:
         out = out.join(f, on="window_start_ns", how="left")
     pdf = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"}).to_pandas()
-    pdf["window"] = pd.to_datetime(pdf["window_ns"], unit="ns", utc=True)
+    pdf["window"] = pdf["window_ns"].astype("datetime64[ns]").dt.tz_localize("UTC")
     return pdf
+
+
+def _report_source(db: Workbench, filters: Filters) -> str | None:
+    """Where a report call reads its requests: unfiltered on a store whose every hour is materialized and
+    fresh, the store's own `requests` (None), which `tailscope report` reads, in place and without a
+    copy; otherwise `requests`, the cursor's filtered view of `req`, instead of rescanning the store."""
+    snap = db.snap
+    if filters == Filters() and snap is not None and not snap.stale and not db.pending:
+        return None
+    return "requests"
 
 
 def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.build_report over the filtered requests: the `tailscope report --json` contract.
 
-    The report reads the request facts from `source="requests"`, this cursor's filtered view of
-    `req`, instead of rescanning the store; stage shares come from the materialized files or `spans`.
+    The report reads the request facts where `_report_source` says; stage shares come from the
+    materialized files or `spans`.
     """
     # st.cache_data keys on the arguments as passed (a default left out is another key): pass them all
     return _report_of(_db, store, version, filters, metric)
@@ -491,7 +502,7 @@ def _report_of(_db: Bench, store: str, version: int, filters: Filters, metric: s
             return CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
         with _cursor(_db, filters) as cur:
             return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                                include_failures=True, source="requests")
+                                include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
 
@@ -521,7 +532,7 @@ def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, met
     try:
         with _cursor(_db, filters) as cur:
             out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                              include_failures=True, source="requests")
+                              include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
@@ -547,7 +558,7 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
             return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric)
         with _cursor(_db, filters) as cur:
             return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
-                                  until=filters.until_ns, source="requests")
+                                  until=filters.until_ns, source=_report_source(_db, filters))
     except Exception as exc:
         return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
                 "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
@@ -611,6 +622,8 @@ def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: i
         return CHD.trace_spans(_db, trace_id, start_ns)
     files = _db.files_for(start_ns)
     if not files:
+        import pandas as pd
+
         return pd.DataFrame()
     with _cursor(_db) as cur:
         cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
@@ -718,6 +731,8 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     finally:
         timer.cancel()
         cur.close()
+    import pandas as pd
+
     return pd.DataFrame(rows[:limit], columns=names), len(rows) > limit
 
 
@@ -817,7 +832,7 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
 
     if isinstance(_db, CHD.ClickHouseBench):
         df = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd), bucket_s)
-        assert isinstance(df, pd.DataFrame)
+        assert not isinstance(df, dict)
     else:
         with _cursor(_db) as cur:
             df = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,
