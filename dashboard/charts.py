@@ -1,22 +1,25 @@
 """Charts of the dashboard, with one stage colour map so a stage looks the same everywhere.
 
 The time-series charts of the Overview and the Spike page (`percentiles`, `counts`) are plain
-Vega-Lite specs for `st.vega_lite_chart`: the first page then neither imports Altair (about a
-second of CPU) nor validates a spec against its schema. The other charts are Altair's, which is
-imported when one of them is drawn.
+Vega-Lite specs for `st.vega_lite_chart` over polars frames: the first page then imports neither
+Altair nor pandas (a second or more of CPU each, on the path of a store's first page) and validates
+no spec against Vega-Lite's schema. The other charts are Altair's over pandas, imported when drawn.
 """
 
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import polars as pl
 
 from tracing import schema as S
 
 if TYPE_CHECKING:
     import altair as alt
+    import pandas as pd
+    import pyarrow as pa
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
 STAGE_COLORS: dict[str, str] = {
@@ -43,19 +46,25 @@ def stage_scale() -> alt.Scale:
     return alt.Scale(domain=list(STAGE_COLORS), range=list(STAGE_COLORS.values()))
 
 
-#: A Vega-Lite spec (a dict) whose `datasets` hold data frames, as `st.vega_lite_chart` takes it.
+#: A Vega-Lite spec (a dict) whose `datasets` hold Arrow tables, as `st.vega_lite_chart` takes it.
 Spec = dict[str, Any]
 #: A temporal tooltip field shown as a time of day.
 _CLOCK = "%H:%M:%S"
+_UTC_NS = pl.Datetime("ns", "UTC")
 
 
-def _dataset(datasets: dict[str, pd.DataFrame], df: pd.DataFrame) -> dict[str, str]:
+def clock(ns: int) -> str:
+    """An instant (integer ns since the epoch) as a UTC time of day, HH:MM:SS (the charts' tooltips' format)."""
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC).strftime(_CLOCK)
+
+
+def _dataset(datasets: dict[str, pa.Table], df: pl.DataFrame) -> dict[str, str]:
     """Add `df` to `datasets` under a name derived from its content (as Altair names them, so a chart whose
     data changed gets a new dataset, never rows patched into the old one); the layer's `data` entry."""
-    digest = hashlib.sha256(repr(list(df.columns)).encode())
-    digest.update(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes())
+    digest = hashlib.sha256(repr(df.schema).encode())
+    digest.update(df.hash_rows(seed=0).to_numpy().tobytes())
     name = f"data-{digest.hexdigest()[:32]}"
-    datasets[name] = df
+    datasets[name] = df.to_arrow()
     return {"name": name}
 
 
@@ -68,12 +77,12 @@ def _colors(domain: dict[str, str]) -> dict[str, list[str]]:
     return {"domain": list(domain), "range": list(domain.values())}
 
 
-def _spike_layer(datasets: dict[str, pd.DataFrame], spikes: list[tuple[pd.Timestamp, pd.Timestamp]]) -> list[Spec]:
-    """The shaded spike windows (a layer to put under the data), or nothing when there is no spike."""
+def _spike_layer(datasets: dict[str, pa.Table], spikes: list[tuple[int, int]]) -> list[Spec]:
+    """The shaded spike windows ((start, end) in ns) as a layer to put under the data; none without spikes."""
     if not spikes:
         return []
-    df = pd.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
-                       "label": ["spike"] * len(spikes)})
+    df = pl.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
+                       "label": ["spike"] * len(spikes)}, schema={"start": _UTC_NS, "end": _UTC_NS, "label": pl.String})
     return [{
         "data": _dataset(datasets, df),
         "mark": {"type": "rect", "color": SPIKE_FILL, "opacity": 0.25},
@@ -82,20 +91,30 @@ def _spike_layer(datasets: dict[str, pd.DataFrame], spikes: list[tuple[pd.Timest
     }]
 
 
-def percentiles(df: pd.DataFrame, prefix: str, title: str, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
-                brush: str | None = None, height: int = 220, alerts: pd.DataFrame | None = None) -> Spec:
-    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window, spikes shaded: a Vega-Lite spec.
+def _long(df: pl.DataFrame, columns: dict[str, str], name: str, value: str) -> pl.DataFrame:
+    """`df` (one row per window) as one row per window and column (renamed by `columns`), nulls and NaNs left out."""
+    return (df.select("window", *columns).unpivot(index="window", variable_name=name, value_name=value)
+            .with_columns(pl.col(name).replace_strict(columns), pl.col(value).cast(pl.Float64).fill_nan(None))
+            .drop_nulls(value))
+
+
+def has_values(df: pl.DataFrame, prefix: str) -> bool:
+    """Whether any window of `df` (data.over_time) has a p50 of `prefix` (e2e, ttft, tpot) to draw."""
+    return bool(df.get_column(f"{prefix}_p50_ms").cast(pl.Float64).fill_nan(None).is_not_null().any())
+
+
+def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]],
+                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None) -> Spec:
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time), `spikes` ((start,
+    end) ns) shaded: a Vega-Lite spec.
 
     `brush` names an x-interval selection on the lines (for `on_select`); `alerts` (rows with
-    `window` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
+    `window_start_ns` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
     """
-    cols = {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}
-    long = df.melt(id_vars=["window"], value_vars=list(cols), var_name="pct", value_name="ms").dropna()
-    long["pct"] = long["pct"].map(cols)
-    datasets: dict[str, pd.DataFrame] = {}
+    datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, spikes)
     lines: Spec = {
-        "data": _dataset(datasets, long),
+        "data": _dataset(datasets, _long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms")),
         "mark": {"type": "line", "point": {"size": 12}},
         "encoding": {
             "x": _field("window", "temporal", title=None),
@@ -110,24 +129,24 @@ def percentiles(df: pd.DataFrame, prefix: str, title: str, spikes: list[tuple[pd
         lines["name"] = "lines"
         spec["params"] = [{"name": brush, "select": {"type": "interval", "encodings": ["x"]}, "views": ["lines"]}]
     layers.append(lines)
-    if alerts is not None and not alerts.empty:
+    if alerts is not None and not alerts.is_empty():
         shown = ("kind", "rule", "status", "fired_at", "stage", "value")
+        rules = alerts.select(pl.col("window_start_ns").cast(_UTC_NS).alias("window"), *shown)
         layers.append({
-            "data": _dataset(datasets, alerts[["window", *shown]]),
+            "data": _dataset(datasets, rules),
             "mark": {"type": "rule", "color": "#d62728", "strokeDash": [4, 2]},
             "encoding": {"x": _field("window", "temporal"), "tooltip": [_field(c, "nominal") for c in shown]},
         })
     return {**spec, "layer": layers, "datasets": datasets}
 
 
-def counts(df: pd.DataFrame, spikes: list[tuple[pd.Timestamp, pd.Timestamp]], height: int = 140) -> Spec:
-    """Requests per window stacked by outcome, spikes shaded: a Vega-Lite spec."""
-    present = [o for o in S.OUTCOMES if o in df.columns]
-    long = df.melt(id_vars=["window"], value_vars=present, var_name="outcome", value_name="n")
-    datasets: dict[str, pd.DataFrame] = {}
+def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], height: int = 140) -> Spec:
+    """Requests per window of `df` (data.over_time) stacked by outcome, `spikes` shaded: a Vega-Lite spec."""
+    present = {o: o for o in S.OUTCOMES if o in df.columns}
+    datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, spikes)
     layers.append({
-        "data": _dataset(datasets, long),
+        "data": _dataset(datasets, _long(df, present, "outcome", "n")),
         "mark": {"type": "bar"},
         "encoding": {
             "x": _field("window", "temporal", title=None),
@@ -160,6 +179,7 @@ def stage_compare(df: pd.DataFrame) -> alt.Chart:
 def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     """p99 of the window without each candidate, beside the observed p99 (a rule)."""
     import altair as alt
+    import pandas as pd
 
     data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
@@ -175,6 +195,7 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
 def waterfall(spans: pd.DataFrame) -> alt.Chart:
     """Spans of one trace as pale bars; the critical-path stretches drawn solid on top, coloured by stage."""
     import altair as alt
+    import pandas as pd
 
     rows: list[dict[str, Any]] = []
     order: list[str] = []

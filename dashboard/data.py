@@ -160,7 +160,7 @@ class Workbench:
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
-        self.con.execute(_empty_req_sql())
+        self.con.execute(_empty_req_sql(self.con))
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for this thread (a DuckDB connection is not thread-safe)."""
@@ -317,15 +317,22 @@ def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[in
         FROM ({facts_sql(source, request_where=hour_where(hours))})""")
 
 
-def _empty_req_sql() -> str:
-    """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows."""
-    con = duckdb.connect(":memory:")
+def _empty_req_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows.
+
+    The types are read from the model's SQL over an empty span table on a cursor of `con` (its temp
+    objects go with it). The empty table is built from no batches: pyarrow's `Schema.empty_table()`
+    imports pandas, a second or more before the store can open.
+    """
+    import pyarrow as pa
+
+    cur = con.cursor()
     try:
-        con.register("_e", S.SPAN_SCHEMA.empty_table())
-        con.execute("CREATE VIEW r AS " + requests_sql("(" + spans_sql("_e") + ")"))
-        cols = con.execute("DESCRIBE r").fetchall()
+        cur.register("_empty_spans_for_req", pa.Table.from_batches([], schema=S.SPAN_SCHEMA))
+        cur.execute("CREATE TEMP VIEW _empty_req AS " + requests_sql("(" + spans_sql("_empty_spans_for_req") + ")"))
+        cols = cur.execute("DESCRIBE _empty_req").fetchall()
     finally:
-        con.close()
+        cur.close()
     return ("CREATE OR REPLACE TABLE req_live (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols)
             + ", critical_path BOOLEAN)")
 
@@ -445,10 +452,13 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.DataFrame:
+def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
-    report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome
-    (weighted: the requests the stored ones stand for under sampling)."""
+    report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
+    / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
+
+    A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
+    """
     win = None if isinstance(_db, CHD.ClickHouseBench) else window_s(_db, store, version, filters)
 
     def series(m: str) -> pl.DataFrame:
@@ -469,9 +479,8 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.Data
     out = frames[0]
     for f in frames[1:]:
         out = out.join(f, on="window_start_ns", how="left")
-    pdf = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"}).to_pandas()
-    pdf["window"] = pdf["window_ns"].astype("datetime64[ns]").dt.tz_localize("UTC")
-    return pdf
+    out = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"})
+    return out.with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
 
 
 def _report_source(db: Workbench, filters: Filters) -> str | None:
@@ -782,13 +791,13 @@ def prewarm(db: Workbench) -> None:
 # --- alerts (tailscope watch) ---------------------------------------------------------------
 
 @st.cache_data(show_spinner=False, max_entries=64, ttl=5)
-def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None) -> pd.DataFrame:
+def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None) -> pl.DataFrame:
     """The alerts `tailscope watch` kept in the store (analysis.watch.alerts_frame), overlapping the range.
 
     Keyed by the store and range only, with a short ttl: alerts change without new segments.
     """
     from analysis.watch import alerts_frame
-    return alerts_frame(store, since_ns, until_ns).to_pandas()
+    return alerts_frame(store, since_ns, until_ns)
 
 
 # --- cost and capacity (analysis.cost, analysis.capacity) ---------------------------------
