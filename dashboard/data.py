@@ -767,12 +767,13 @@ SQL_EXAMPLES: dict[str, str] = {
 
 
 def prewarm(db: Workbench) -> None:
-    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches.
+    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches; then
+    import what the other pages draw with (pandas, Altair), which the Overview does without.
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
     A page reaching a call that one of these threads is computing waits for its result (Streamlit's
-    cache computes each key once).
+    cache computes each key once), and one importing a module this thread is importing waits for it.
     """
     key = (db, str(db.store), db.version)
     f = Filters()
@@ -786,6 +787,8 @@ def prewarm(db: Workbench) -> None:
         if not numbers.result():
             return
     report_of(*key, f)
+    import altair  # noqa: F401
+    import pandas  # noqa: F401
 
 
 # --- alerts (tailscope watch) ---------------------------------------------------------------
