@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -374,16 +375,18 @@ def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store
 
     store = tmp_path / "store"
     shutil.copytree(incident_store, store, ignore=shutil.ignore_patterns(REQUESTS_DIR))
-    stale = data.Workbench(store)
-    stale.refresh()
-    assert stale.snap is not None and stale.snap.stale
-    assert data._report_source(stale, data.Filters()) == "requests"
     materialize(store)
     wb = data.Workbench(store)
     wb.refresh()
     assert wb.snap is not None and not wb.snap.stale and wb.snap.fresh
     some = data.Filters(replica=("replica-05",))
     assert data._report_source(wb, data.Filters()) is None and data._report_source(wb, some) == "requests"
+    snap, hour = wb.snap, next(iter(wb.snap.fresh))
+    wb.snap = dataclasses.replace(snap, stale=[hour])  # an hour whose file is missing or stale
+    assert data._report_source(wb, data.Filters()) == "requests"
+    wb.snap, wb.pending = snap, {hour}  # an hour whose critical paths are still being computed
+    assert data._report_source(wb, data.Filters()) == "requests"
+    wb.pending = set()
     report = data._report_of(wb, str(store), wb.version, data.Filters(), "e2e")
     marks = data._spike_marks(wb, str(store), wb.version, data.Filters(), "e2e")
     assert report["spikes"] and not report["errors"]
