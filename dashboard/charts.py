@@ -1,13 +1,25 @@
-"""Altair charts of the dashboard, with one stage colour map so a stage looks the same everywhere."""
+"""Charts of the dashboard, with one stage colour map so a stage looks the same everywhere.
+
+The time-series charts of the Overview and the Spike page (`percentiles`, `counts`) are plain
+Vega-Lite specs for `st.vega_lite_chart` over polars frames: the first page then imports neither
+Altair nor pandas (a second or more of CPU each, on the path of a store's first page) and validates
+no spec against Vega-Lite's schema. The other charts are Altair's over pandas, imported when drawn.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
-import altair as alt
-import pandas as pd
+import polars as pl
 
 from tracing import schema as S
+
+if TYPE_CHECKING:
+    import altair as alt
+    import pandas as pd
+    import pyarrow as pa
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
 STAGE_COLORS: dict[str, str] = {
@@ -29,56 +41,128 @@ SPIKE_FILL = "#f2b701"
 
 def stage_scale() -> alt.Scale:
     """The colour scale of stages (same domain and range everywhere)."""
+    import altair as alt
+
     return alt.Scale(domain=list(STAGE_COLORS), range=list(STAGE_COLORS.values()))
 
 
-def _spike_rects(spikes: list[tuple[pd.Timestamp, pd.Timestamp]]) -> alt.Chart | None:
+#: A Vega-Lite spec (a dict) whose `datasets` hold Arrow tables, as `st.vega_lite_chart` takes it.
+Spec = dict[str, Any]
+#: A temporal tooltip field shown as a time of day.
+_CLOCK = "%H:%M:%S"
+_UTC_NS = pl.Datetime("ns", "UTC")
+
+
+def clock(ns: int) -> str:
+    """An instant (integer ns since the epoch) as a UTC time of day, HH:MM:SS (the charts' tooltips' format)."""
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC).strftime(_CLOCK)
+
+
+def _dataset(datasets: dict[str, pa.Table], df: pl.DataFrame) -> dict[str, str]:
+    """Add `df` to `datasets` under a name derived from its content (as Altair names them, so a chart whose
+    data changed gets a new dataset, never rows patched into the old one); the layer's `data` entry."""
+    digest = hashlib.sha256(repr(df.schema).encode())
+    digest.update(df.hash_rows(seed=0).to_numpy().tobytes())
+    name = f"data-{digest.hexdigest()[:32]}"
+    datasets[name] = df.to_arrow()
+    return {"name": name}
+
+
+def _field(name: str, kind: str, **extra: Any) -> dict[str, Any]:
+    """A Vega-Lite field definition (`kind`: temporal, quantitative, nominal, ordinal)."""
+    return {"field": name, "type": kind, **extra}
+
+
+def _colors(domain: dict[str, str]) -> dict[str, list[str]]:
+    return {"domain": list(domain), "range": list(domain.values())}
+
+
+def _spike_layer(datasets: dict[str, pa.Table], spikes: list[tuple[int, int]]) -> list[Spec]:
+    """The shaded spike windows ((start, end) in ns) as a layer to put under the data; none without spikes."""
     if not spikes:
-        return None
-    df = pd.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
-                       "label": ["spike"] * len(spikes)})
-    return alt.Chart(df).mark_rect(color=SPIKE_FILL, opacity=0.25).encode(
-        x="start:T", x2="end:T", tooltip=[alt.Tooltip("start:T", format="%H:%M:%S"),
-                                          alt.Tooltip("end:T", format="%H:%M:%S")])
+        return []
+    df = pl.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
+                       "label": ["spike"] * len(spikes)}, schema={"start": _UTC_NS, "end": _UTC_NS, "label": pl.String})
+    return [{
+        "data": _dataset(datasets, df),
+        "mark": {"type": "rect", "color": SPIKE_FILL, "opacity": 0.25},
+        "encoding": {"x": _field("start", "temporal"), "x2": {"field": "end"},
+                     "tooltip": [_field("start", "temporal", format=_CLOCK), _field("end", "temporal", format=_CLOCK)]},
+    }]
 
 
-def percentiles(df: pd.DataFrame, prefix: str, title: str, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
-                brush: alt.Parameter | None = None, height: int = 220) -> alt.LayerChart | alt.Chart:
-    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window, spikes shaded, optional x brush."""
-    cols = {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}
-    long = df.melt(id_vars=["window"], value_vars=list(cols), var_name="pct", value_name="ms").dropna()
-    long["pct"] = long["pct"].map(cols)
-    lines = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
-        x=alt.X("window:T", title=None),
-        y=alt.Y("ms:Q", title=f"{title} (ms)"),
-        color=alt.Color("pct:N", title=None, scale=alt.Scale(domain=list(PCT_COLORS), range=list(PCT_COLORS.values()))),
-        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "pct:N", alt.Tooltip("ms:Q", format=",.0f")],
-    )
+def _long(df: pl.DataFrame, columns: dict[str, str], name: str, value: str) -> pl.DataFrame:
+    """`df` (one row per window) as one row per window and column (renamed by `columns`), nulls and NaNs left out."""
+    return (df.select("window", *columns).unpivot(index="window", variable_name=name, value_name=value)
+            .with_columns(pl.col(name).replace_strict(columns), pl.col(value).cast(pl.Float64).fill_nan(None))
+            .drop_nulls(value))
+
+
+def has_values(df: pl.DataFrame, prefix: str) -> bool:
+    """Whether any window of `df` (data.over_time) has a p50 of `prefix` (e2e, ttft, tpot) to draw."""
+    return bool(df.get_column(f"{prefix}_p50_ms").cast(pl.Float64).fill_nan(None).is_not_null().any())
+
+
+def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]],
+                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None) -> Spec:
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time), `spikes` ((start,
+    end) ns) shaded: a Vega-Lite spec.
+
+    `brush` names an x-interval selection on the lines (for `on_select`); `alerts` (rows with
+    `window_start_ns` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
+    """
+    datasets: dict[str, pa.Table] = {}
+    layers = _spike_layer(datasets, spikes)
+    lines: Spec = {
+        "data": _dataset(datasets, _long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms")),
+        "mark": {"type": "line", "point": {"size": 12}},
+        "encoding": {
+            "x": _field("window", "temporal", title=None),
+            "y": _field("ms", "quantitative", title=f"{title} (ms)"),
+            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS)),
+            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("pct", "nominal"),
+                        _field("ms", "quantitative", format=",.0f")],
+        },
+    }
+    spec: Spec = {"title": title, "height": height}
     if brush is not None:
-        lines = lines.add_params(brush)
-    rect = _spike_rects(spikes)
-    chart: alt.LayerChart | alt.Chart = (rect + lines) if rect is not None else lines
-    return chart.properties(height=height, title=title)
+        lines["name"] = "lines"
+        spec["params"] = [{"name": brush, "select": {"type": "interval", "encodings": ["x"]}, "views": ["lines"]}]
+    layers.append(lines)
+    if alerts is not None and not alerts.is_empty():
+        shown = ("kind", "rule", "status", "fired_at", "stage", "value")
+        rules = alerts.select(pl.col("window_start_ns").cast(_UTC_NS).alias("window"), *shown)
+        layers.append({
+            "data": _dataset(datasets, rules),
+            "mark": {"type": "rule", "color": "#d62728", "strokeDash": [4, 2]},
+            "encoding": {"x": _field("window", "temporal"), "tooltip": [_field(c, "nominal") for c in shown]},
+        })
+    return {**spec, "layer": layers, "datasets": datasets}
 
 
-def counts(df: pd.DataFrame, spikes: list[tuple[pd.Timestamp, pd.Timestamp]],
-           height: int = 140) -> alt.LayerChart | alt.Chart:
-    """Requests per window stacked by outcome."""
-    present = [o for o in S.OUTCOMES if o in df.columns]
-    long = df.melt(id_vars=["window"], value_vars=present, var_name="outcome", value_name="n")
-    bars = alt.Chart(long).mark_bar().encode(
-        x=alt.X("window:T", title=None),
-        y=alt.Y("n:Q", title="requests"),
-        color=alt.Color("outcome:N", scale=alt.Scale(domain=list(OUTCOME_COLORS), range=list(OUTCOME_COLORS.values()))),
-        tooltip=[alt.Tooltip("window:T", format="%H:%M:%S"), "outcome:N", alt.Tooltip("n:Q", title="requests")],
-    )
-    rect = _spike_rects(spikes)
-    chart: alt.LayerChart | alt.Chart = (rect + bars) if rect is not None else bars
-    return chart.properties(height=height)
+def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], height: int = 140) -> Spec:
+    """Requests per window of `df` (data.over_time) stacked by outcome, `spikes` shaded: a Vega-Lite spec."""
+    present = {o: o for o in S.OUTCOMES if o in df.columns}
+    datasets: dict[str, pa.Table] = {}
+    layers = _spike_layer(datasets, spikes)
+    layers.append({
+        "data": _dataset(datasets, _long(df, present, "outcome", "n")),
+        "mark": {"type": "bar"},
+        "encoding": {
+            "x": _field("window", "temporal", title=None),
+            "y": _field("n", "quantitative", title="requests"),
+            "color": _field("outcome", "nominal", scale=_colors(OUTCOME_COLORS)),
+            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("outcome", "nominal"),
+                        _field("n", "quantitative", title="requests")],
+        },
+    })
+    return {"height": height, "layer": layers, "datasets": datasets}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
     """Mean critical-path ms per stage: tail of the spike vs the same slice of the baseline."""
+    import altair as alt
+
     long = df.melt(id_vars=["stage"], value_vars=["tail_ms", "baseline_ms"], var_name="slice", value_name="ms")
     long["slice"] = long["slice"].map({"tail_ms": "spike tail", "baseline_ms": "baseline tail"})
     return alt.Chart(long).mark_bar().encode(
@@ -94,6 +178,9 @@ def stage_compare(df: pd.DataFrame) -> alt.Chart:
 
 def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
     """p99 of the window without each candidate, beside the observed p99 (a rule)."""
+    import altair as alt
+    import pandas as pd
+
     data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
         y=alt.Y("label:N", sort=None, title=None, axis=alt.Axis(labelLimit=320)),
@@ -107,6 +194,9 @@ def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
 
 def waterfall(spans: pd.DataFrame) -> alt.Chart:
     """Spans of one trace as pale bars; the critical-path stretches drawn solid on top, coloured by stage."""
+    import altair as alt
+    import pandas as pd
+
     rows: list[dict[str, Any]] = []
     order: list[str] = []
     for i, r in enumerate(spans.itertuples()):
@@ -138,6 +228,8 @@ def waterfall(spans: pd.DataFrame) -> alt.Chart:
 
 def stage_stack(df: pd.DataFrame) -> alt.Chart:
     """Critical-path ms per stage of each exemplar, stacked (sums to its latency)."""
+    import altair as alt
+
     stage_cols = [c for c in df.columns if c.endswith("_ms") and c.removesuffix("_ms") in STAGE_COLORS
                   and c != "generation_ms"]
     long = df.melt(id_vars=["trace_id"], value_vars=stage_cols, var_name="stage", value_name="ms")
@@ -153,6 +245,8 @@ def stage_stack(df: pd.DataFrame) -> alt.Chart:
 
 def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
     """p99 (colour) over input-token × output-token buckets (the report's labels); counts in the tooltip."""
+    import altair as alt
+
     return alt.Chart(df).mark_rect().encode(
         x=alt.X("input_tokens_bucket:O", sort=alt.EncodingSortField("input_tokens_lo"), title="input tokens"),
         y=alt.Y("output_tokens_bucket:O", sort=alt.EncodingSortField("output_tokens_lo", order="descending"),
@@ -165,6 +259,8 @@ def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
 
 def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
     """p50 and p99 per token bucket of `column` (input_tokens or output_tokens), labelled as the report does."""
+    import altair as alt
+
     data = df.rename(columns={f"{column}_bucket": "bucket", f"{column}_lo": "lo"})
     long = data.melt(id_vars=["bucket", "lo", "requests"], value_vars=["p50_ms", "p99_ms"], var_name="pct",
                      value_name="ms")
@@ -180,6 +276,8 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
 
 def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
     """p50 (tick) and p99 (bar) per replica; outliers in red."""
+    import altair as alt
+
     data = df.assign(kind=df["outlier"].map({True: "outlier", False: "normal"}))
     bars = alt.Chart(data).mark_bar().encode(
         x=alt.X("replica:N", title=None),

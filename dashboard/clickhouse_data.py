@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import pandas as pd
 import polars as pl
 
 from analysis import clickhouse as C
@@ -29,6 +28,8 @@ from analysis.cost import Prices, clickhouse_cost
 from tracing.errors import QueryError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.capacity import Workload
 
 #: The session table of the request facts every page reads (also the console's `requests`).

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 import polars as pl
 import streamlit as st
 
@@ -51,6 +50,8 @@ from tracing.errors import QueryError, StoreError, TailscopeError
 from tracing.store import default_store, require_store
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.capacity import Workload
 
 #: Latency metrics a page can chart: label → analysis metric name.
@@ -159,7 +160,7 @@ class Workbench:
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
-        self.con.execute(_empty_req_sql())
+        self.con.execute(_empty_req_sql(self.con))
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for this thread (a DuckDB connection is not thread-safe)."""
@@ -316,15 +317,22 @@ def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[in
         FROM ({facts_sql(source, request_where=hour_where(hours))})""")
 
 
-def _empty_req_sql() -> str:
-    """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows."""
-    con = duckdb.connect(":memory:")
+def _empty_req_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows.
+
+    The types are read from the model's SQL over an empty span table on a cursor of `con` (its temp
+    objects go with it). The empty table is built from no batches: pyarrow's `Schema.empty_table()`
+    imports pandas, a second or more before the store can open.
+    """
+    import pyarrow as pa
+
+    cur = con.cursor()
     try:
-        con.register("_e", S.SPAN_SCHEMA.empty_table())
-        con.execute("CREATE VIEW r AS " + requests_sql("(" + spans_sql("_e") + ")"))
-        cols = con.execute("DESCRIBE r").fetchall()
+        cur.register("_empty_spans_for_req", pa.Table.from_batches([], schema=S.SPAN_SCHEMA))
+        cur.execute("CREATE TEMP VIEW _empty_req AS " + requests_sql("(" + spans_sql("_empty_spans_for_req") + ")"))
+        cols = cur.execute("DESCRIBE _empty_req").fetchall()
     finally:
-        con.close()
+        cur.close()
     return ("CREATE OR REPLACE TABLE req_live (" + ", ".join(f'"{c[0]}" {c[1]}' for c in cols)
             + ", critical_path BOOLEAN)")
 
@@ -444,10 +452,13 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.DataFrame:
+def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
     """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
-    report's windows: one row per window, <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome
-    (weighted: the requests the stored ones stand for under sampling)."""
+    report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
+    / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
+
+    A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
+    """
     win = None if isinstance(_db, CHD.ClickHouseBench) else window_s(_db, store, version, filters)
 
     def series(m: str) -> pl.DataFrame:
@@ -468,16 +479,25 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pd.Data
     out = frames[0]
     for f in frames[1:]:
         out = out.join(f, on="window_start_ns", how="left")
-    pdf = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"}).to_pandas()
-    pdf["window"] = pd.to_datetime(pdf["window_ns"], unit="ns", utc=True)
-    return pdf
+    out = out.rename({"window_start_ns": "window_ns", "errors": "error", "timeouts": "timeout"})
+    return out.with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
+
+
+def _report_source(db: Workbench, filters: Filters) -> str | None:
+    """Where a report call reads its requests: unfiltered on a store whose every hour is materialized and
+    fresh, the store's own `requests` (None), which `tailscope report` reads, in place and without a
+    copy; otherwise `requests`, the cursor's filtered view of `req`, instead of rescanning the store."""
+    snap = db.snap
+    if filters == Filters() and snap is not None and not snap.stale and not db.pending:
+        return None
+    return "requests"
 
 
 def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
     """analysis.report.build_report over the filtered requests: the `tailscope report --json` contract.
 
-    The report reads the request facts from `source="requests"`, this cursor's filtered view of
-    `req`, instead of rescanning the store; stage shares come from the materialized files or `spans`.
+    The report reads the request facts where `_report_source` says; stage shares come from the
+    materialized files or `spans`.
     """
     # st.cache_data keys on the arguments as passed (a default left out is another key): pass them all
     return _report_of(_db, store, version, filters, metric)
@@ -491,7 +511,7 @@ def _report_of(_db: Bench, store: str, version: int, filters: Filters, metric: s
             return CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
         with _cursor(_db, filters) as cur:
             return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                                include_failures=True, source="requests")
+                                include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
 
@@ -521,7 +541,7 @@ def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, met
     try:
         with _cursor(_db, filters) as cur:
             out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                              include_failures=True, source="requests")
+                              include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
@@ -547,7 +567,7 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
             return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric)
         with _cursor(_db, filters) as cur:
             return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
-                                  until=filters.until_ns, source="requests")
+                                  until=filters.until_ns, source=_report_source(_db, filters))
     except Exception as exc:
         return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
                 "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
@@ -611,6 +631,8 @@ def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: i
         return CHD.trace_spans(_db, trace_id, start_ns)
     files = _db.files_for(start_ns)
     if not files:
+        import pandas as pd
+
         return pd.DataFrame()
     with _cursor(_db) as cur:
         cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
@@ -718,6 +740,8 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     finally:
         timer.cancel()
         cur.close()
+    import pandas as pd
+
     return pd.DataFrame(rows[:limit], columns=names), len(rows) > limit
 
 
@@ -743,37 +767,40 @@ SQL_EXAMPLES: dict[str, str] = {
 
 
 def prewarm(db: Workbench) -> None:
-    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches.
+    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches; then
+    import what the other pages draw with (pandas, Altair), which the Overview does without.
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
     A page reaching a call that one of these threads is computing waits for its result (Streamlit's
-    cache computes each key once).
+    cache computes each key once), and one importing a module this thread is importing waits for it.
     """
     key = (db, str(db.store), db.version)
     f = Filters()
-    if not choices(*key)["requests"]:
-        return
-    # two threads: the spikes (the longest step) beside the summary and series, each DuckDB query
-    # releasing the interpreter; the full report after both, so it never delays the Overview's numbers
+    # two threads: the spikes (the longest step) start at once, beside the sidebar's choices, the
+    # summary and the series, each DuckDB query releasing the interpreter; the full report after
+    # both, so it never delays the Overview's numbers (an empty store: nothing more to warm)
     with ThreadPoolExecutor(2, thread_name_prefix="tailscope-prewarm") as pool:
         marks = pool.submit(spike_marks, *key, f)
-        numbers = pool.submit(lambda: (summary(*key, f), over_time(*key, f)))
+        numbers = pool.submit(lambda: choices(*key)["requests"] and (summary(*key, f), over_time(*key, f)))
         marks.result()
-        numbers.result()
+        if not numbers.result():
+            return
     report_of(*key, f)
+    import altair  # noqa: F401
+    import pandas  # noqa: F401
 
 
 # --- alerts (tailscope watch) ---------------------------------------------------------------
 
 @st.cache_data(show_spinner=False, max_entries=64, ttl=5)
-def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None) -> pd.DataFrame:
+def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None) -> pl.DataFrame:
     """The alerts `tailscope watch` kept in the store (analysis.watch.alerts_frame), overlapping the range.
 
     Keyed by the store and range only, with a short ttl: alerts change without new segments.
     """
     from analysis.watch import alerts_frame
-    return alerts_frame(store, since_ns, until_ns).to_pandas()
+    return alerts_frame(store, since_ns, until_ns)
 
 
 # --- cost and capacity (analysis.cost, analysis.capacity) ---------------------------------
@@ -817,7 +844,7 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
 
     if isinstance(_db, CHD.ClickHouseBench):
         df = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd), bucket_s)
-        assert isinstance(df, pd.DataFrame)
+        assert not isinstance(df, dict)
     else:
         with _cursor(_db) as cur:
             df = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,

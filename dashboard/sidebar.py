@@ -7,11 +7,14 @@ page switches; pages read the result with `current()`.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import data
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _KEY = "tailscope_filters"
 LIVE_INTERVALS_S: tuple[int, ...] = (5, 15, 60)

@@ -10,7 +10,7 @@ from dashboard import data, sidebar
 db = data.open_workbench("Alerts")
 f = sidebar.current()
 st.title("Alerts")
-df = data.alerts(str(db.store), f.since_ns, f.until_ns)
+df = data.alerts(str(db.store), f.since_ns, f.until_ns).to_pandas()
 if df.empty:
     st.info("No alert in this range. Alerts appear here when `tailscope watch` runs on this store "
             "(docs/watch.md); `tailscope watch --replay` shows what it would have fired.")

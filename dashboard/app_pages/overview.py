@@ -2,13 +2,12 @@
 
 The spikes are the report's (data.spike_marks: detection without the explanations, which the
 Spike page shows); on a store that just opened they are being computed in the background
-(Workbench.warm) while this page computes its summary and series.
+(Workbench.warm) while this page computes its summary and series. The page imports neither pandas
+nor Altair (polars frames, Vega-Lite specs: see dashboard.charts).
 """
 
 from __future__ import annotations
 
-import altair as alt
-import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, sidebar
@@ -35,24 +34,19 @@ cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 cols[5].metric("spikes", len(spikes))
 
-shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
+shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
-    st.warning(f"**Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
+    st.warning(f"**Spike {charts.clock(a)}–{charts.clock(b)} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
-               "Open the Spike page to see what explains it.")
+               "Open the Spike page to see what explains it.", icon=":material/local_fire_department:")
 notes = "; ".join(marks.get("warnings", []) + marks.get("errors", []))
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
-fired = pd.DataFrame() if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)
-if not fired.empty:
-    st.caption(f"red rules: {len(fired)} alert(s) of `tailscope watch` at the start of their window "
+fired = None if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)
+if fired is not None and not fired.is_empty():
+    st.caption(f"red rules: {fired.height} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
-    if df[f"{prefix}_p50_ms"].notna().any():
-        chart = charts.percentiles(df, prefix, label, shade)
-        if not fired.empty:
-            marks = fired.assign(window=pd.to_datetime(fired["window_start_ns"], unit="ns", utc=True))
-            chart = chart + alt.Chart(marks).mark_rule(color="#d62728", strokeDash=[4, 2]).encode(
-                x="window:T", tooltip=["kind:N", "rule:N", "status:N", "fired_at:N", "stage:N", "value:N"])
-        st.altair_chart(chart, width="stretch")
-st.altair_chart(charts.counts(df, shade), width="stretch")
+    if charts.has_values(df, prefix):
+        st.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired), width="stretch")
+st.vega_lite_chart(charts.counts(df, shade), width="stretch")

@@ -6,7 +6,6 @@ a brushed window explained the same way (analysis.report.explain_window) against
 
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -22,25 +21,24 @@ if not data.summary(*key, f)["requests"]:
 
 spikes = data.spikes(*key, f)
 df = data.over_time(*key, f)
-shade = [tuple(pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp)) for sp in spikes]
-brush = alt.selection_interval(encodings=["x"], name="brush")
-event = st.altair_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush=brush), on_select="rerun",
-                        key="spike_brush", width="stretch")
+shade = [data.spike_times_ns(sp) for sp in spikes]
+event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush"), on_select="rerun",
+                           key="spike_brush", width="stretch")
 st.caption("Drag on the chart to inspect any window; double-click to clear.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
 
 options: dict[str, tuple[int, int]] = {}
 if brushed.get("window"):
     a, b = (int(float(ms) * 1e6) for ms in brushed["window"][:2])
-    options[f"brushed {pd.Timestamp(a, unit='ns'):%H:%M:%S}–{pd.Timestamp(b, unit='ns'):%H:%M:%S}"] = (a, b)
+    options[f"brushed {charts.clock(a)}–{charts.clock(b)}"] = (a, b)
 linked = st.query_params.get("start_ns"), st.query_params.get("end_ns")  # from an alert: ?start_ns=&end_ns=
 linked_label = None
 if all(v is not None and str(v).isdigit() for v in linked) and int(linked[1]) > int(linked[0]):  # type: ignore[arg-type]
     la, lb = int(linked[0]), int(linked[1])  # type: ignore[arg-type]
-    linked_label = f"linked {pd.Timestamp(la, unit='ns'):%H:%M:%S}–{pd.Timestamp(lb, unit='ns'):%H:%M:%S}"
+    linked_label = f"linked {charts.clock(la)}–{charts.clock(lb)}"
     options[linked_label] = (la, lb)
 for sp, (ta, tb) in zip(spikes, shade, strict=True):
-    options[f"spike {ta:%H:%M:%S}–{tb:%H:%M:%S} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = data.spike_times_ns(sp)
+    options[f"spike {charts.clock(ta)}–{charts.clock(tb)} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = (ta, tb)
 if not options:
     st.info("No spike detected under these filters: p99 stayed with p50. Brush a window on the chart to "
             "inspect it anyway.")

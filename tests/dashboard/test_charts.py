@@ -1,7 +1,11 @@
-"""dashboard.charts: one colour per stage, latency formatting."""
+"""dashboard.charts: one colour per stage, latency formatting, the time-series charts' Vega-Lite specs."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import polars as pl
 import pytest
 
 from dashboard import charts
@@ -36,3 +40,77 @@ def test_token_buckets_are_labelled_as_the_report_labels_them() -> None:
     chart = charts.bucket_p99(df, "input_tokens", "input tokens")
     labels = sorted(set(chart.data["bucket"]), key=lambda s: int(s.split("-")[0]))
     assert labels == ["0-0", "1-1", "2-3", "1024-2047"]
+
+
+def _series(n: int = 6) -> pl.DataFrame:
+    """data.over_time's shape: one row per window, e2e percentiles (one window without values, one NaN) and
+    outcome counts."""
+    start = 1_763_650_800 * 10**9
+    cols: dict[str, Any] = {"window_ns": [start + w * 300 * 10**9 for w in range(n)]}
+    for i, q in enumerate((50, 90, 99)):
+        cols[f"e2e_p{q}_ms"] = [None if w == 2 else 100.0 * (i + 1) + w for w in range(n)]
+    cols["e2e_p99_ms"][4] = float("nan")
+    for i, o in enumerate(S.OUTCOMES):
+        cols[o] = [10 * i + w for w in range(n)]
+    return pl.DataFrame(cols).with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
+
+
+def _validate(spec: dict[str, Any]) -> None:
+    """Raise unless `spec`, its Arrow tables written out as rows, is a valid Vega-Lite spec (Altair's schema)."""
+    from altair.utils.schemapi import validate_jsonschema
+    from altair.vegalite.v6.schema.core import load_schema
+
+    rows = {name: json.loads(pl.from_arrow(t).write_json()) for name, t in spec["datasets"].items()}
+    schema = load_schema()
+    validate_jsonschema({**spec, "datasets": rows}, schema, rootschema=schema)
+
+
+def _layer_data(spec: dict[str, Any], mark: str) -> pl.DataFrame:
+    (layer,) = [lay for lay in spec["layer"] if lay["mark"]["type"] == mark]
+    data = pl.from_arrow(spec["datasets"][layer["data"]["name"]])
+    assert isinstance(data, pl.DataFrame)
+    return data
+
+
+@pytest.mark.parametrize("with_spikes", [False, True])
+def test_percentile_chart_is_valid_vega_lite_with_the_series_values(with_spikes: bool) -> None:
+    df = _series()
+    ns = df["window_ns"].to_list()
+    spikes = [(ns[1], ns[3])] if with_spikes else []
+    fired = pl.DataFrame({"window_start_ns": [ns[4]], "kind": ["p99"], "rule": ["p99 > 1 s"], "status": ["firing"],
+                          "fired_at": ["15:21:00"], "stage": ["decode"], "value": ["1234"]})
+    spec = charts.percentiles(df, "e2e", "end-to-end", spikes, brush="brush", alerts=fired)
+    _validate(spec)
+    assert [lay["mark"]["type"] for lay in spec["layer"]] == ["rect"] * with_spikes + ["line", "rule"]
+    lines = _layer_data(spec, "line")
+    expected = {(w, f"p{q}", df[f"e2e_p{q}_ms"][i]) for i, w in enumerate(df["window"]) for q in (50, 90, 99)
+                if i != 2 and (i, q) != (4, 99)}  # no value, NaN: no point
+    assert set(lines.select("window", "pct", "ms").iter_rows()) == expected
+    assert spec["params"] == [{"name": "brush", "select": {"type": "interval", "encodings": ["x"]},
+                               "views": ["lines"]}]
+    assert [lay.get("name") for lay in spec["layer"] if lay["mark"]["type"] == "line"] == ["lines"]
+    assert _layer_data(spec, "rule")["window"].to_list() == [df["window"][4]]
+    if with_spikes:
+        rect = _layer_data(spec, "rect")
+        assert rect.select("start", "end").rows() == [(df["window"][1], df["window"][3])]
+        assert charts.clock(ns[1]) == "15:05:00"
+
+
+def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
+    df = _series()
+    spec = charts.counts(df, [(df["window_ns"][0], df["window_ns"][1])])
+    _validate(spec)
+    bars = _layer_data(spec, "bar")
+    assert set(bars.select("window", "outcome", "n").iter_rows()) == {
+        (w, o, float(df[o][i])) for i, w in enumerate(df["window"]) for o in S.OUTCOMES}
+    assert "params" not in spec and "rule" not in [lay["mark"]["type"] for lay in spec["layer"]]
+
+
+def test_a_chart_dataset_is_named_by_its_content() -> None:
+    """Changed data gets a new name (the browser replaces it rather than patching rows into the old one)."""
+    df = _series()
+    names = [next(iter(charts.counts(d, [])["datasets"]))
+             for d in (df, df.clone(), df.with_columns(ok=pl.col("ok") + 1))]
+    assert names[0] == names[1] != names[2]
+    assert charts.percentiles(df, "e2e", "e2e", []).keys() == {"title", "height", "layer", "datasets"}
+    assert charts.has_values(df, "e2e") and not charts.has_values(df.with_columns(e2e_p50_ms=None), "e2e")

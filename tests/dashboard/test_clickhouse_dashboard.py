@@ -91,7 +91,7 @@ def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench,
         report = data.report_of(**kw, filters=f)
         assert data.report_of(**kc, filters=f) == report
         assert data.window_s(**kc, filters=f) == data.window_s(**kw, filters=f) == report["window_s"]
-        _frames(data.over_time(**kc, filters=f), data.over_time(**kw, filters=f))
+        _frames(data.over_time(**kc, filters=f).to_pandas(), data.over_time(**kw, filters=f).to_pandas())
         for metric in ("e2e", "ttft"):
             _frames(data.replicas(**kc, filters=f, metric=metric), data.replicas(**kw, filters=f, metric=metric))
             _frames(data.shape(**kc, filters=f, metric=metric), data.shape(**kw, filters=f, metric=metric))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,31 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
     for mine, item in zip(marks["spikes"], data.spikes(*key, data.Filters()), strict=True):
         assert mine == {k: item[k] for k in mine} and "stages" not in mine
     assert [m.value for m in at.metric if m.label == "spikes"] == [str(len(full["spikes"]))]
+
+
+def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store: Path, tmp_path: Path) -> None:
+    """Unfiltered on a store whose hours are all materialized, the report calls read the store's own requests
+    (no copy); filtered or with a stale hour, the filtered view of `req`. Both give the same report."""
+    from analysis.materialize import materialize
+    from analysis.report import build_report, find_spikes
+
+    store = tmp_path / "store"
+    shutil.copytree(incident_store, store, ignore=shutil.ignore_patterns(REQUESTS_DIR))
+    materialize(store)
+    wb = data.Workbench(store)
+    wb.refresh()
+    assert wb.snap is not None and not wb.snap.stale and wb.snap.fresh
+    some = data.Filters(replica=("replica-05",))
+    assert data._report_source(wb, data.Filters()) is None and data._report_source(wb, some) == "requests"
+    snap, hour = wb.snap, next(iter(wb.snap.fresh))
+    wb.snap = dataclasses.replace(snap, stale=[hour])  # an hour whose file is missing or stale
+    assert data._report_source(wb, data.Filters()) == "requests"
+    wb.snap, wb.pending = snap, {hour}  # an hour whose critical paths are still being computed
+    assert data._report_source(wb, data.Filters()) == "requests"
+    wb.pending = set()
+    report = data._report_of(wb, str(store), wb.version, data.Filters(), "e2e")
+    marks = data._spike_marks(wb, str(store), wb.version, data.Filters(), "e2e")
+    assert report["spikes"] and not report["errors"]
+    with data._cursor(wb, data.Filters()) as cur:
+        assert report == build_report(cur, include_failures=True, source="requests")
+        assert marks == find_spikes(cur, include_failures=True, source="requests")
