@@ -13,11 +13,12 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
 from analysis import model as M
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse_export import export_store, insert_sql, staging_columns
 from analysis.clickhouse_report import build_report as ch_report
 from analysis.connect import connect, request_engines
 from analysis.report import build_report
@@ -315,6 +316,43 @@ def test_export_through_staging_equals_export_from_files(tmp_path: Path, client:
         export_store(store, client, table, from_files=from_files)
         tables.append(client.query(f"SELECT * FROM {table} ORDER BY TraceId, SpanId, Timestamp"))
     assert tables[0].num_rows > 0 and tables[0].equals(tables[1])
+
+
+def test_export_without_facts_writes_the_attributes_as_stored(tmp_path: Path, client: Any) -> None:
+    """insert_sql(facts=False), the benchmark's price of the facts, writes the stored attributes unchanged; the export
+    writes them plus the facts of the spans a mapping promoted (here a tenant stored on the request spans that no
+    attribute names), and nothing else differs."""
+    store = tmp_path / "store"
+    ingest_files([DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"], store)
+    for path in (store / "spans").rglob("*.parquet"):  # as a mapping would: a promoted value no attribute holds
+        seg = pq.read_table(path)
+        tenant = pa.array(["tenant-z" if r else t for r, t in zip(seg.column("IsRequest").to_pylist(),
+                                                                   seg.column("Tenant").to_pylist(), strict=True)])
+        pq.write_table(seg.set_column(seg.schema.get_field_index("Tenant"), "Tenant", tenant), path)
+    attrs = ("SpanAttributes", "ResourceAttributes")
+
+    def by_span(t: pa.Table) -> dict[tuple[str, str], list[set[tuple[str, str]]]]:
+        return {(r["TraceId"], r["SpanId"]): [set(r[c] or []) for c in attrs] for r in t.to_pylist()}
+
+    stored = by_span(connect(store).sql(f"SELECT TraceId, SpanId, {', '.join(attrs)} FROM spans").to_arrow_table())
+    got, rest = {}, {}
+    for facts in (True, False):
+        table = f"t_facts_{facts}"
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        client.command(C.otel_traces_ddl(table))
+        for path in sorted((store / "spans").rglob("*.parquet")):
+            source = f"file({C.literal(str(path.resolve()))}, 'Parquet', {C.literal(staging_columns())})"
+            client.command(insert_sql(table, source, facts=facts))
+        t = client.query(f"SELECT * FROM {table} ORDER BY TraceId, SpanId, Timestamp")
+        got[facts] = by_span(t)
+        rest[facts] = t.drop_columns(list(attrs))
+    assert len(stored) > 0 and got[False] == stored
+    assert rest[False].equals(rest[True])
+    added = set()
+    for key, (span, res) in got[True].items():
+        assert res == stored[key][1]
+        added |= span - stored[key][0]
+    assert added == {(S.TENANT_KEYS[0], "tenant-z")}
 
 
 def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
