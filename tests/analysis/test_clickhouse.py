@@ -323,7 +323,7 @@ def test_export_without_facts_writes_the_attributes_as_stored(tmp_path: Path, cl
     writes them plus the facts of the spans a mapping promoted (here a tenant stored on the request spans that no
     attribute names), and nothing else differs."""
     store = tmp_path / "store"
-    ingest_files([DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"], store)
+    ingest_files([DATA / "basic.otlp.jsonl.gz"], store)
     for path in (store / "spans").rglob("*.parquet"):  # as a mapping would: a promoted value no attribute holds
         seg = pq.read_table(path)
         tenant = pa.array(["tenant-z" if r else t for r, t in zip(seg.column("IsRequest").to_pylist(),
