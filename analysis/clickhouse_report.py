@@ -423,9 +423,10 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
                   f"AND toFloat64({col}) < {threshold!r}")
     strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
-    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket
+    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket; the shift
+    # is kept non-negative since ClickHouse may evaluate it on every row, missing ones included (an error there)
     reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
-                     f"bitShiftLeft(toInt64(1), {_bucket_code_sql(t)} - 1)) AS _b_{t}" for t in tokens)
+                     f"bitShiftLeft(toInt64(1), greatest({_bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
     got = pl.from_arrow(client.query(
         f"SELECT {', '.join(strings)}, {reps}, count() AS n FROM {facts_table} WHERE {rest_where} "
         f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))
