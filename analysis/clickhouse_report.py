@@ -270,10 +270,10 @@ def _neighbour_windows(det: Detection, spike: Spike) -> np.ndarray:
 
 
 def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
-            det: Detection, windows: np.ndarray, extra: str = "FALSE") -> _Fetcher:
-    """The fact rows of `windows` (window numbers), and those meeting `extra`, into the local `_phase2`; the
+            det: Detection, windows: np.ndarray, ids: str = "TRUE") -> _Fetcher:
+    """The fact rows of `windows` (window numbers) into the local `_phase2` (ids only where `ids` holds); the
     fetcher of the spans their explanation reads."""
-    facts = _pull_facts(client, local, facts_table, f"{cond} AND ({_in_windows(det, windows)} OR ({extra}))", metric)
+    facts = _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, windows)}", metric, ids)
     e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
     return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
 
@@ -283,13 +283,20 @@ def _in_windows(det: Detection, windows: np.ndarray) -> str:
     return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
 
 
-def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str
-                ) -> pa.Table:
-    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start)."""
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str,
+                ids: str = "TRUE") -> pa.Table:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start).
+
+    Rows not meeting `ids` come back without their trace and span ids (null): the explanation reads ids only in the
+    windows `_by_id` lists, and the rest (the baseline's top slice, a sampled baseline) only as values and
+    dimensions, so about a third of their bytes stay on the server.
+    """
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
-    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
+    exprs = [f"if({ids}, {c}, NULL) AS {c}" if c in ("trace_id", "span_id") and ids != "TRUE" else c
+             for c in wanted_cols]
+    facts = client.query(f"SELECT {', '.join(exprs)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
     select = "SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
@@ -298,6 +305,17 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
     local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
     return facts
+
+
+def _by_id(det: Detection, spikes: list[Spike], spike_windows: np.ndarray) -> np.ndarray:
+    """Window numbers whose requests the explanation reads by trace id: the spike windows (exemplars, stage shares),
+    each spike's nearest baseline windows (stage shares) and its noisy-neighbour windows (their GPU time)."""
+    w = det.window_ns
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    parts = [spike_windows]
+    for s in spikes:
+        parts += [RP._local_baseline(det, s, counts) // w, _neighbour_windows(det, s) // w]
+    return np.unique(np.concatenate(parts))
 
 
 def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
@@ -340,7 +358,8 @@ def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts
     rest: RP.RestCounts | None = None
     if sampled:  # weighted rules read every baseline request: all of their rows come back
         fetch = _phase2(client, table, local, facts_table, cond, metric, det,
-                        np.concatenate([spike_windows, det.window_start_ns[det.baseline] // det.window_ns]))
+                        np.concatenate([spike_windows, det.window_start_ns[det.baseline] // det.window_ns]),
+                        _in_windows(det, _by_id(det, spikes, spike_windows)))
     else:
         fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
                                    f"{col} IS NOT NULL{keep}", col)
@@ -384,7 +403,8 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     threshold = _top_slice_floor(client, facts_table, f"{cond} AND {in_baseline}", col)
     pulled = f"({_in_windows(det, one_by_one)} OR ({in_baseline} AND toFloat64({col}) >= {threshold!r}))"
-    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
+    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric,
+                _in_windows(det, _by_id(det, spikes, spike_windows)))
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
     reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
                          f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
@@ -403,9 +423,10 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
                   f"AND toFloat64({col}) < {threshold!r}")
     strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
-    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket
+    # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket; the shift
+    # is kept non-negative since ClickHouse may evaluate it on every row, missing ones included (an error there)
     reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
-                     f"bitShiftLeft(toInt64(1), {_bucket_code_sql(t)} - 1)) AS _b_{t}" for t in tokens)
+                     f"bitShiftLeft(toInt64(1), greatest({_bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
     got = pl.from_arrow(client.query(
         f"SELECT {', '.join(strings)}, {reps}, count() AS n FROM {facts_table} WHERE {rest_where} "
         f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))

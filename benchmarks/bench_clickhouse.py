@@ -5,9 +5,10 @@ hours, one slow-replica spike). It is exported into an otel_traces table in chdb
 ClickHouse), then the report runs on both engines; the two reports must be equal.
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
-                                          [--fixed-spike] [--json]
+                                          [--fixed-spike] [--profile-export] [--json]
 
-Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio,
+Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
+also in CPU seconds of the process, which the load of a shared machine does not stretch),
 the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
 With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
 million spans), so the spike (15 minutes of one replica) and the windows (the 1 M store's, given
@@ -15,12 +16,16 @@ to both reports) stay the same while the table grows: what the chdb report pulls
 With --dashboard also the dashboard's first Overview on each engine: opening (the store's
 Workbench load; on chdb the request model into the session) and the Overview's data calls
 (summary, three percentile series, the report), with the bytes chdb returned for them.
+With --profile-export also the export's CPU seconds per million spans split into its steps
+(EXPORT_STEPS: parsing the Parquet, the casts, the promoted facts, the MergeTree write and its
+bloom filter index), each as a share of the whole export (the anchor).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import tempfile
 import time
@@ -29,6 +34,13 @@ from typing import Any
 
 from analysis.percentiles import auto_window_s
 from benchmarks.bench_report import DURATION_S, SPANS_PER_REQUEST, make_store
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far, every thread (chdb's and DuckDB's included): unlike the wall time, it
+    does not stretch with the load of a shared machine."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _dir_bytes(path: Path) -> int:
@@ -103,8 +115,60 @@ def dashboard_figures(store: Path, chdir: Path) -> dict[str, Any]:
     return out
 
 
-def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False
-        ) -> dict[str, Any]:
+#: The export's steps priced by export_profile, each adding one piece to the one before (the last is the export).
+EXPORT_STEPS = (
+    ("parse", "read the segment (file(), Parquet) and discard it"),
+    ("convert", "+ the casts to the exporter's types (Timestamp at ns, events field by field), into a Null table"),
+    ("facts", "+ the promoted facts (each promotion rule run and compared with the stored value)"),
+    ("write_no_index", "+ the write into the exporter's MergeTree (partition, ORDER BY), without the TraceId bloom "
+                       "filter"),
+    ("write", "+ the bloom filter index: the export as it runs"),
+)
+
+
+def export_profile(store: Path, chdir: Path) -> dict[str, Any]:
+    """CPU seconds per million spans of each export step (EXPORT_STEPS) over every segment of `store`, in chdb, and
+    each step's share of the whole: where the export's time goes."""
+    from analysis.clickhouse import literal, open_client, otel_traces_ddl
+    from analysis.clickhouse_export import insert_sql, staging_columns
+    from tracing.store import segment_files
+
+    shutil.rmtree(chdir, ignore_errors=True)
+    client = open_client(f"chdb:{chdir}")
+    client.command(otel_traces_ddl("p_write"))
+    client.command(otel_traces_ddl("p_write_no_index"))
+    client.command("ALTER TABLE p_write_no_index DROP INDEX idx_trace_id")
+    client.command("CREATE TABLE p_null AS p_write ENGINE = Null")
+    cpu = dict.fromkeys((k for k, _ in EXPORT_STEPS), 0.0)
+    spans = 0
+    for path in segment_files(store):
+        source = f"file({literal(str(path.resolve()))}, 'Parquet', {literal(staging_columns())})"
+        steps = {"parse": f"SELECT * FROM {source} FORMAT Null",
+                 "convert": insert_sql("p_null", source, facts=False), "facts": insert_sql("p_null", source),
+                 "write_no_index": insert_sql("p_write_no_index", source), "write": insert_sql("p_write", source)}
+        for key, sql in steps.items():
+            c = _cpu_s()
+            client.command(sql)
+            cpu[key] += _cpu_s() - c
+        spans += int(client.query(f"SELECT count() AS n FROM {source}").to_pylist()[0]["n"])
+    client.close()
+    shutil.rmtree(chdir, ignore_errors=True)
+    per_m = {k: round(v * 1e6 / max(spans, 1), 2) for k, v in cpu.items()}
+    out: dict[str, Any] = {"profile_spans": spans, "cpu_s_per_m": per_m}
+    # the anchor: the whole export; each step's own part is its figure minus the one before
+    total = max(per_m["write"], 1e-9)
+    before = 0.0
+    parts = {}
+    for key, _ in EXPORT_STEPS:
+        parts[key] = round(max(per_m[key] - before, 0.0) / total, 2)
+        before = per_m[key]
+    out["share_of_export"] = parts
+    out["spans_per_cpu_s"] = round(1e6 / total)
+    return out
+
+
+def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False,
+        profile: bool = False) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
@@ -125,22 +189,25 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     if not (keep_export and chdir.exists()):
         shutil.rmtree(chdir, ignore_errors=True)
         client = _Counting(open_client(f"chdb:{chdir}"))
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu_s()
         export_store(store, client.inner)
         out["export_s"] = round(time.perf_counter() - t, 2)
+        out["export_cpu_s"] = round(_cpu_s() - c, 2)
     else:
         client = _Counting(open_client(f"chdb:{chdir}"))
     out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
     out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu_s()
     duck = build_report(con, window_s=window)
     out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
+    out["duckdb_report_cpu_s"] = round(_cpu_s() - c, 2)
     con.close()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu_s()
     ch = ch_report(client, window_s=window)
     out["chdb_report_s"] = round(time.perf_counter() - t, 2)
+    out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
     out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
     out["pulled_mib"] = round(client.pulled / 2**20, 2)
     out["requests"] = duck["requests"]
@@ -149,6 +216,8 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     client.close()
     if dashboard:
         out |= dashboard_figures(store, chdir)
+    if profile:
+        out |= export_profile(store, root / f"chdb-profile-{tag}")
     with open("/proc/loadavg") as fh:
         out["loadavg_1m"] = float(fh.read().split()[0])
     return out
@@ -163,17 +232,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-export", action="store_true", help="reuse an exported chdb directory in --dir")
     parser.add_argument("--dashboard", action="store_true", help="also time the dashboard's first Overview")
     parser.add_argument("--fixed-spike", action="store_true", help="grow the table in time, the spike fixed")
+    parser.add_argument("--profile-export", action="store_true",
+                        help="also price each step of the export in CPU seconds (EXPORT_STEPS)")
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike) for s in args.spans.split(",")]
+    results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike, args.profile_export)
+               for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
         print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): build {r['build_s']} s, "
-              f"export {r['export_s']} s; "
-              f"report DuckDB {r['duckdb_report_s']} s, chdb {r['chdb_report_s']} s "
+              f"export {r['export_s']} s ({r.get('export_cpu_s')} CPU-s); "
+              f"report DuckDB {r['duckdb_report_s']} s ({r['duckdb_report_cpu_s']} CPU-s), chdb {r['chdb_report_s']} s "
+              f"({r['chdb_report_cpu_s']} CPU-s) "
               f"(x{r['chdb_vs_duckdb_x']}); pulled {r['pulled_mib']} MiB; store {r['store_mib']} MiB, "
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']}; load {r['loadavg_1m']}")
         if "dash_equal" in r:
@@ -181,6 +254,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "
                   f"(x{round(r['dash_chdb_overview_s'] / max(r['dash_duckdb_overview_s'], 1e-9), 2)}), "
                   f"chdb returned {r['dash_chdb_overview_pulled_mib']} MiB; equal spikes={r['dash_equal']}")
+        if "cpu_s_per_m" in r:
+            print("  export profile, CPU-s per 1 M spans (cumulative), share of the export: "
+                  + "; ".join(f"{k} {r['cpu_s_per_m'][k]} ({r['share_of_export'][k]:.0%})" for k, _ in EXPORT_STEPS)
+                  + f"; {r['spans_per_cpu_s']:,} spans per CPU-s")
 
 
 if __name__ == "__main__":

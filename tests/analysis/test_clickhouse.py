@@ -13,11 +13,12 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
 from analysis import model as M
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse_export import export_store, insert_sql, staging_columns
 from analysis.clickhouse_report import build_report as ch_report
 from analysis.connect import connect, request_engines
 from analysis.report import build_report
@@ -317,6 +318,43 @@ def test_export_through_staging_equals_export_from_files(tmp_path: Path, client:
     assert tables[0].num_rows > 0 and tables[0].equals(tables[1])
 
 
+def test_export_without_facts_writes_the_attributes_as_stored(tmp_path: Path, client: Any) -> None:
+    """insert_sql(facts=False), the benchmark's price of the facts, writes the stored attributes unchanged; the export
+    writes them plus the facts of the spans a mapping promoted (here a tenant stored on the request spans that no
+    attribute names), and nothing else differs."""
+    store = tmp_path / "store"
+    ingest_files([DATA / "basic.otlp.jsonl.gz"], store)
+    for path in (store / "spans").rglob("*.parquet"):  # as a mapping would: a promoted value no attribute holds
+        seg = pq.read_table(path)
+        tenant = pa.array(["tenant-z" if r else t for r, t in zip(seg.column("IsRequest").to_pylist(),
+                                                                   seg.column("Tenant").to_pylist(), strict=True)])
+        pq.write_table(seg.set_column(seg.schema.get_field_index("Tenant"), "Tenant", tenant), path)
+    attrs = ("SpanAttributes", "ResourceAttributes")
+
+    def by_span(t: pa.Table) -> dict[tuple[str, str], list[set[tuple[str, str]]]]:
+        return {(r["TraceId"], r["SpanId"]): [set(r[c] or []) for c in attrs] for r in t.to_pylist()}
+
+    stored = by_span(connect(store).sql(f"SELECT TraceId, SpanId, {', '.join(attrs)} FROM spans").to_arrow_table())
+    got, rest = {}, {}
+    for facts in (True, False):
+        table = f"t_facts_{facts}"
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        client.command(C.otel_traces_ddl(table))
+        for path in sorted((store / "spans").rglob("*.parquet")):
+            source = f"file({C.literal(str(path.resolve()))}, 'Parquet', {C.literal(staging_columns())})"
+            client.command(insert_sql(table, source, facts=facts))
+        t = client.query(f"SELECT * FROM {table} ORDER BY TraceId, SpanId, Timestamp")
+        got[facts] = by_span(t)
+        rest[facts] = t.drop_columns(list(attrs))
+    assert len(stored) > 0 and got[False] == stored
+    assert rest[False].equals(rest[True])
+    added = set()
+    for key, (span, res) in got[True].items():
+        assert res == stored[key][1]
+        added |= span - stored[key][0]
+    assert added == {(S.TENANT_KEYS[0], "tenant-z")}
+
+
 def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
     store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path, client)
     got = C.query_views(client, "SELECT count(*) AS n FROM requests WHERE status = 'ok'", table).to_pylist()
@@ -499,3 +537,93 @@ def _sorted_runs(win: Any, values: Any, weights: Any) -> tuple[Any, Any, Any, An
     _, first, counts = np.unique(win[order], return_index=True, return_counts=True)
     return (values[order], first.astype(np.int64), counts.astype(np.int64),
             None if weights is None else weights[order])
+
+
+def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int) -> None:
+    """Request facts (analysis.model.FACT_COLUMNS) of `windows` windows of 600 requests each; the last 40 windows
+    are the same for every `windows` (one seed), and their windows 30-32 hold a tail spike on replica r-hot."""
+    import numpy as np
+
+    parts = []
+    for block, seed_of in ((windows - 40, seed + 1), (40, seed)):  # older baseline first, then the shared part
+        rng = np.random.default_rng(seed_of)
+        n = 600 * block
+        win = np.repeat(np.arange(block), 600)
+        start = win * w_ns + rng.integers(0, w_ns, n)
+        value = rng.lognormal(18, 0.3, n).astype(np.int64)
+        replica = rng.choice(["r-a", "r-b", "r-c", "r-hot"], n)
+        if seed_of == seed:
+            hot = (win >= 30) & (win < 33) & (replica == "r-hot") & (rng.random(n) < 0.4)
+            value[hot] *= 5
+        parts.append((start, value, replica))
+    offset = (windows - 40) * w_ns
+    start = np.concatenate([parts[0][0], parts[1][0] + offset]).astype(np.int64)
+    value = np.concatenate([parts[0][1], parts[1][1]])
+    replica = np.concatenate([parts[0][2], parts[1][2]])
+    n = start.size
+    tag = np.concatenate([np.full(parts[0][0].size, "old"), np.full(parts[1][0].size, "new")])
+    ids = [f"{t}{i:030d}" for t, i in zip(tag, np.concatenate([np.arange(parts[0][0].size),
+                                                                np.arange(parts[1][0].size)]), strict=True)]
+    client.command(f"DROP TABLE IF EXISTS {name}")
+    client.command(f"CREATE TABLE {name} (trace_id String, span_id String, start_ns Int64, e2e_ns Int64, "
+                   "status String, replica Nullable(String), service Nullable(String), model Nullable(String), "
+                   "model_version Nullable(String), tenant Nullable(String), input_tokens Nullable(Int64), "
+                   "output_tokens Nullable(Int64), ttft_ns Nullable(Int64), tpot_ns Nullable(Int64), "
+                   "adjusted_count Float64) ENGINE = Memory")
+    none = pa.nulls(n, pa.string())
+    client.insert_arrow(name, pa.table({
+        "trace_id": ids, "span_id": [t[:16] for t in ids], "start_ns": start, "e2e_ns": value,
+        "status": ["ok"] * n, "replica": replica, "service": ["svc"] * n, "model": none, "model_version": none,
+        "tenant": none, "input_tokens": pa.nulls(n, pa.int64()), "output_tokens": pa.nulls(n, pa.int64()),
+        "ttft_ns": pa.nulls(n, pa.int64()), "tpot_ns": pa.nulls(n, pa.int64()), "adjusted_count": [1.0] * n}))
+
+
+def test_with_a_spike_the_rows_read_by_id_do_not_grow_with_the_baseline(client: Any) -> None:
+    """The same spike after 40 and after 80 more baseline windows: the fact rows that come back with their ids (the
+    spike's, its nearest and its noisy-neighbour windows) are the same requests; the rows without ids are the
+    baseline's top slice (explain.TailQuantile's, at most top_size of the baseline), which does grow with the
+    baseline: the known limit docs/scale-out.md explains."""
+    from analysis import explain as X
+    from analysis.percentiles import iso
+
+    w_ns = 60_000_000_000
+    client.command("DROP TABLE IF EXISTS t_no_spans")
+    client.command(C.otel_traces_ddl("t_no_spans"))
+    seen: dict[int, tuple[dict[str, int], int, dict[str, Any], int]] = {}
+
+    class Watching:  # the client, keeping what the request facts' pulls returned
+        dsn = client.dsn
+
+        def __init__(self) -> None:
+            self.pulled: list[pa.Table] = []
+
+        def query(self, sql: str, settings: Any = None) -> pa.Table:
+            out = client.query(sql, settings)
+            if "trace_id" in out.column_names:
+                self.pulled.append(out)
+            return out
+
+        def command(self, sql: str) -> None:
+            client.command(sql)
+
+    for windows in (80, 120):
+        _facts_table(client, "t_facts_spike", windows, 5, w_ns)
+        watching = Watching()
+        report = ch_report(watching, "t_no_spans", window_s=60, facts="t_facts_spike")  # type: ignore[arg-type]
+        rows = pa.concat_tables(watching.pulled).select(["trace_id", "e2e_ns"]).to_pylist()
+        bare = [r["e2e_ns"] for r in rows if r["trace_id"] is None]
+        floor = min(bare)  # the slice's lowest value: rows below it came back for their window alone
+        ids = {r["trace_id"]: r["e2e_ns"] for r in rows if r["trace_id"] is not None}
+        seen[windows] = (ids, len(bare), report, floor)
+    (ids_a, bare_a, rep_a, floor_a), (ids_b, bare_b, rep_b, floor_b) = seen[80], seen[120]
+    for rep, windows in ((rep_a, 80), (rep_b, 120)):  # the planted spike, windows 30-32 of the shared part
+        first = windows - 40 + 30
+        assert [(s["start"], s["end"]) for s in rep["spikes"]] == [(iso(first * w_ns), iso((first + 3) * w_ns))]
+        assert rep["spikes"][0]["dimensions"][0]["value"] == "r-hot"
+    # below both slices, the requests read by id (a slice row of a noisy-neighbour window keeps its id too)
+    below = min(floor_a, floor_b)
+    read_a, read_b = ({t for t, v in ids.items() if v < below} for ids in (ids_a, ids_b))
+    assert read_a == read_b and len(read_a) >= 600 * 5 and all(t.startswith("new") for t in read_a)
+    for bare, windows in ((bare_a, 80), (bare_b, 120)):
+        assert 0 < bare <= X.TailQuantile.top_size(600 * windows)
+    assert bare_b > bare_a
