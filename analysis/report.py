@@ -75,26 +75,32 @@ RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarr
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
 
-def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
+def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
     """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
 
     The copy fixes the rows for the whole report while the source (a live view) may change; the report
-    addresses its rows by rowid (percentiles.row_id_column).
+    addresses its rows by rowid (percentiles.row_id_column). `detection_only` (find_spikes on unsampled
+    rows): the detection reads each request's start, value and outcome only, so the ids and dimensions,
+    most of the copy's cost, are written as NULLs of their types instead of copied.
     """
     # span_id: the noisy-neighbour finding joins GPU shares on (trace_id, span_id)
+    ids = ("trace_id", "span_id", *X.DIMENSIONS)
     cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
-    if SM.weight_of(con, source) != "1.0":
+    if not detection_only and SM.weight_of(con, source) != "1.0":
         cols.append("adjusted_count")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
-                f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
+    listed = ", ".join(
+        f"CAST(NULL AS {'BIGINT' if c in X.BUCKETED else 'VARCHAR'}) AS {quote_ident(c)}"
+        if detection_only and c in ids else quote_ident(c) for c in cols)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT {listed} FROM {source}").fetchall()
     return SOURCE_TABLE
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool, source: str | None = None
+           include_failures: bool, source: str | None = None, detection_only: bool = False
            ) -> tuple[pl.DataFrame, dict[str, int], str, dict[str, float] | None]:
-    facts = request_facts(con, with_ttft=metric != "e2e") if source is None else _snapshot(con, source, metric)
+    facts = (request_facts(con, with_ttft=metric != "e2e") if source is None
+             else _snapshot(con, source, metric, detection_only))
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
@@ -167,12 +173,14 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True
-             ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
+             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
+             explain: bool = True) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
     """The report's header, its value frame, the facts table and the detection (None when it could not run).
 
     `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
-    function reads them its own way (a remote engine's), False cannot read them.
+    function reads them its own way (a remote engine's), False cannot read them. `explain=False`
+    (find_spikes): nothing will read the rows' ids or dimensions; a caller's `source` that is unsampled
+    in range under the auto policy (no sampling judgement either) is then copied without them.
     """
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
@@ -180,7 +188,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
-    frame, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source)
+    detection_only = (not explain and source is not None and sampling_policy == "auto"
+                      and weight_column(con, source, since_ns, until_ns) is None)
+    frame, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source,
+                                            detection_only)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -315,14 +326,8 @@ def find_spikes(
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
     report's cost on a large store, the explanations the rest. The spikes are the report's own.
     """
-    if source is not None and sampling_policy == "auto" and weight_column(
-            con, source, parse_time(since), parse_time(until)) is None:
-        # unsampled: the detection reads each request's start, value and outcome only, so the copy of the
-        # rows leaves out what the explanations read (ids, dimensions), most of the copy's cost
-        blank = ", ".join(f"CAST(NULL AS {'BIGINT' if d in X.BUCKETED else 'VARCHAR'}) AS {quote_ident(d)}"
-                          for d in ("trace_id", "span_id", *X.DIMENSIONS))
-        source = f"(SELECT * REPLACE ({blank}) FROM {source})"
-    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy)
+    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy,
+                                 explain=False)
     if det is not None:
         report["spikes"] = [{k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS}
                             for s in det.spikes]
