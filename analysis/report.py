@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -97,29 +98,32 @@ def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detectio
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool, source: str | None = None, detection_only: bool = False
-           ) -> tuple[pl.DataFrame, dict[str, int], str, dict[str, float] | None]:
+           include_failures: bool, source: str | None = None, detection_only: bool = False, explain: bool = True
+           ) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str, dict[str, float] | None]:
+    """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
+
+    The values frame holds what detection reads (rid, start_ns, e2e_ns, value; weight and status when
+    sampled), in start order; the reader (None unless `explain`) returns rid and the DIMENSIONS of the
+    same rows, for `_with_dims`: `_prepare` runs it on a second thread while detection runs on the values
+    (DuckDB releases the GIL), so the dimensions' scan, most of the frame's cost, is not waited for.
+    """
     facts = (request_facts(con, with_ttft=metric != "e2e") if source is None
              else _snapshot(con, source, metric, detection_only))
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
     keep = "" if include_failures else " AND status = 'ok'"
-    text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     columns = source_columns(con, facts)
-    # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
-    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text; and, in the
-    # same scan, whether any request weighs other than 1 (percentiles.weight_column's rule)
+    rid = "rid" if "rid" in columns else "rowid"
+    # in the same scan as the counts, whether any request weighs other than 1 (percentiles.weight_column's rule)
     row = con.sql(
         "SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
         "count(*) FILTER (WHERE status = 'error') AS errors, "
         "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
-        + (f"{ANY_WEIGHTED_SQL}, " if "adjusted_count" in columns else "NULL, ")
-        + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
+        + (f"{ANY_WEIGHTED_SQL}" if "adjusted_count" in columns else "NULL")
         + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
-    counts, labels = row[:7], dict(zip(text, row[8:], strict=True))
-    dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
+    counts = row[:7]
     weight = "adjusted_count" if row[7] else None
     weighted: dict[str, float] | None = None
     extra = ""
@@ -133,14 +137,35 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             f"coalesce(sum({w}) FILTER (WHERE status = 'cancelled'), 0) FROM {facts} WHERE {where}",
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
-    frame = con.sql(
-        f"SELECT {'rid' if 'rid' in columns else 'rowid'} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{dims}{extra} FROM {facts} "
-        f"WHERE {where} AND {col} IS NOT NULL{keep}", params=params).pl()
+    rows = f"FROM {facts} WHERE {where} AND {col} IS NOT NULL{keep}"
+    frame = con.sql(f"SELECT {rid} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value{extra} {rows}",
+                    params=params).pl()
     if not frame.get_column("start_ns").is_sorted():  # the stored hours come in start order: no sort to pay
         frame = frame.sort("start_ns", maintain_order=True)
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
-    return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
+    totals = {n: int(v or 0) for n, v in zip(names, counts, strict=True)}
+
+    def read_dims() -> pl.DataFrame:
+        # the text dimensions' values among the frame's rows first: the frame then carries them as ENUMs
+        # (categoricals in polars), far cheaper to sort and hand over than text
+        text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+        found = con.sql(f"SELECT {', '.join(f'list(DISTINCT {quote_ident(d)})' for d in text)} {rows}",
+                        params=params).fetchall()[0]
+        labels = dict(zip(text, found, strict=True))
+        dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
+        return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
+
+    return frame, read_dims if explain else None, totals, facts, weighted
+
+
+def _with_dims(frame: pl.DataFrame, dims: pl.DataFrame) -> pl.DataFrame:
+    """The values frame with the dimensions of its rows (`dims`: rid and the DIMENSIONS, from `_frame`'s reader)."""
+    if frame.get_column("rid").equals(dims.get_column("rid")):  # the same scan order: no join to pay
+        both = frame.hstack(dims.drop("rid").get_columns())
+    else:
+        both = frame.join(dims, on="rid", how="left", maintain_order="left")
+    first = ["rid", "start_ns", "e2e_ns", "value", *X.DIMENSIONS]
+    return both.select(first + [c for c in both.columns if c not in first])
 
 
 def _enum_of(column: str, values: list[Any] | None) -> str:
@@ -190,8 +215,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     win = parse_duration(window_s) if window_s is not None else None
     detection_only = (not explain and source is not None and sampling_policy == "auto"
                       and weight_column(con, source, since_ns, until_ns) is None)
-    frame, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source,
-                                            detection_only)
+    frame, read_dims, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source,
+                                                       detection_only, explain)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -201,15 +226,23 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     report = _header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
     weights = weights_of(frame)
     report |= _sampling_header(report, weighted, weights, frame.height)
-    if frame.height == 0:
-        report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
-        return report, frame, facts, None
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    try:
-        det = detect(start, values, window_ns, weights=weights)
-    except Exception as exc:
-        report["errors"].append(f"could not compute spikes because {exc}")
+    det: Detection | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
+        # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
+        # uses the connection until the read is joined
+        dims = pool.submit(read_dims) if read_dims is not None and frame.height else None
+        if frame.height == 0:
+            report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
+        else:
+            try:
+                det = detect(start, values, window_ns, weights=weights)
+            except Exception as exc:
+                report["errors"].append(f"could not compute spikes because {exc}")
+        if dims is not None:
+            frame = _with_dims(frame, dims.result())
+    if det is None:
         return report, frame, facts, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
