@@ -510,34 +510,85 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
     weights = weights_of(frame)
-    x_rest: X.Rest | None = None
-    if rest is None:
-        coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
-    else:  # code rows and combinations together: the same labels as over every row
-        combos, read_values = rest
-        coded, combo_codes = X.code_with_counts(frame, combos)
-        x_rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(), lambda cand: read_values(coded, cand))
-    base_q = X.TailQuantile(values[base], base, n_total=None if x_rest is None else base.size + x_rest.n)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
+    rows_of = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in spikes]
+    tails = [X.tail_slice(values, rows, weights=weights) for rows in rows_of]
+
+    def stages_of(spike: Spike, tail: np.ndarray) -> list[dict[str, Any]] | str:
+        # a spike's stage shares, or why they could not be computed
+        try:
+            return _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
+        except Exception as exc:
+            return f"could not compute stages because {str(exc).splitlines()[0]}"
+
+    local = fetch is None and rest is None
+    found: list[list[dict[str, Any]] | str] = []
+    dims: list[tuple[dict[str, Any], np.ndarray | None]] = []
+    if local:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
+            # the stage shares are DuckDB reads of `spans` (the GIL released): they run on a second thread
+            # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
+            # connection is that thread's alone until it is joined
+            stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
+            coding = _Coding(frame, values, base, weights, rest)
+            dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
+            found = stages.result()
+    else:
+        coding = _Coding(frame, values, base, weights, rest)
     out = []
-    for spike in spikes:
-        rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
-        tail = X.tail_slice(values, rows, weights=weights)
+    for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
+        # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
+        stage = found[n] if local else stages_of(spike, tail)
+        item, best_mask = dims[n] if local else coding.dimensions(spike, rows, tail)
+        if isinstance(stage, str):
+            item["errors"].insert(0, stage)
+        else:
+            item["stages"] = stage
+        try:
+            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
+        except Exception as exc:
+            item["errors"].append(f"could not compute exemplars because {exc}")
+        if fetch is not None:
+            fetch.neighbourhood(det, spike, item)
+        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
+        out.append(item)
+    return out
+
+
+class _Coding:
+    """The dimensions of a frame coded once, and each spike's ranked dimensions from them (numpy only, `rest`'s
+    reader aside: no connection)."""
+
+    def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
+                 rest: RestCounts | None) -> None:
+        """`base`: the baseline's rows; `rest`: as `_explain_all`'s."""
+        self.values, self.base, self.weights = values, base, weights
+        self.rest: X.Rest | None = None
+        if rest is None:
+            self.coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+        else:  # code rows and combinations together: the same labels as over every row
+            combos, read_values = rest
+            self.coded, combo_codes = X.code_with_counts(frame, combos)
+            self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
+                               lambda cand: read_values(self.coded, cand))
+        self.base_q = X.TailQuantile(values[base], base, n_total=None if self.rest is None
+                                     else base.size + self.rest.n)
+
+    def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
+        """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
+        candidate over `rows`, the spike's rows (None without one); `tail`: their tail slice."""
+        values, base, weights, coded = self.values, self.base, self.weights, self.coded
         item = _spike_json(spike)
         item["errors"] = []
-        try:
-            item["stages"] = _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
-        except Exception as exc:
-            item["errors"].append(f"could not compute stages because {str(exc).splitlines()[0]}")
         best_mask = None
         try:
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=x_rest)
+            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=self.rest)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=x_rest)
+            X.counterfactual(coded, cands, values, rows, base, self.base_q, weights, rest=self.rest)
             ranked = X.rank(cands)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested
@@ -552,15 +603,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
                 best_mask = X.candidate_mask(coded, ranked[0], rows)
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
-        try:
-            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
-        except Exception as exc:
-            item["errors"].append(f"could not compute exemplars because {exc}")
-        if fetch is not None:
-            fetch.neighbourhood(det, spike, item)
-        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
-        out.append(item)
-    return out
+        return item, best_mask
 
 
 def _spike_json(s: Spike) -> dict[str, Any]:
