@@ -181,7 +181,15 @@ def weights_of(frame: pl.DataFrame) -> np.ndarray | None:
     """The adjusted count of each frame row, or None when the values are unsampled (every weight 1)."""
     if "weight" not in frame.columns:
         return None
-    return frame.get_column("weight").to_numpy().astype(np.float64)
+    return frame.get_column("weight").to_numpy().astype(np.float64, copy=False)
+
+
+def values_of(frame: pl.DataFrame) -> np.ndarray:
+    """The frame's metric values as float64: the frame's own buffer, no copy of millions of rows; read-only,
+    so a step writing into it fails instead of changing the frame under the others."""
+    values = frame.get_column("value").to_numpy().astype(np.float64, copy=False)
+    values.flags.writeable = False
+    return values
 
 
 def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: int = 0) -> float:
@@ -227,7 +235,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     weights = weights_of(frame)
     report |= _sampling_header(report, weighted, weights, frame.height)
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     det: Detection | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
         # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
@@ -336,7 +344,7 @@ def build_report(
     if det is None:
         return report
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
@@ -405,7 +413,7 @@ def explain_window(
     if det is None:
         return empty
     starts = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
             item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
@@ -684,6 +692,6 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     `spans` view over the spikes' time range for the stage shares.
     """
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
     return items, [e for item in items for e in item.get("errors", [])]
