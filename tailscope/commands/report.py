@@ -104,6 +104,10 @@ def report(
         con = connect(store_path(store))
         try:
             con.execute("SET enable_progress_bar = false").fetchall()
+            # the report binds the store's files a dozen times (each query over the facts and spans views):
+            # their Parquet footers read once, not per query (the files never change: segments are immutable,
+            # a materialized hour is a new file)
+            con.execute("SET parquet_metadata_cache = true").fetchall()
             result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
                                   include_failures=not ok_only, sampling_policy=sampling_policy.value)
             seen = recognition_of(con)
