@@ -98,8 +98,20 @@ def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detectio
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
-           include_failures: bool, source: str | None = None, detection_only: bool = False, explain: bool = True
-           ) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str, dict[str, float] | None]:
+           include_failures: bool, source: str | None = None
+           ) -> tuple[pl.DataFrame, dict[str, int], str, dict[str, float] | None]:
+    """(the frame: values and dimensions of the rows in range, the counts, the facts table, the weighted counts),
+    read one after the other (`_prepare` overlaps the dimensions' read with detection: `_frame_parts`)."""
+    frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since, until, include_failures, source)
+    if read_dims is not None and frame.height:
+        frame = _with_dims(frame, read_dims())
+    return frame, counts, facts, weighted
+
+
+def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
+                 include_failures: bool, source: str | None = None, detection_only: bool = False,
+                 explain: bool = True) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
+                                                dict[str, float] | None]:
     """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
 
     The values frame holds what detection reads (rid, start_ns, e2e_ns, value; weight and status when
@@ -223,8 +235,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     win = parse_duration(window_s) if window_s is not None else None
     detection_only = (not explain and source is not None and sampling_policy == "auto"
                       and weight_column(con, source, since_ns, until_ns) is None)
-    frame, read_dims, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source,
-                                                       detection_only, explain)
+    frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since_ns, until_ns, include_failures,
+                                                             source, detection_only, explain)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -240,7 +252,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
         # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
         # uses the connection until the read is joined
-        dims = pool.submit(read_dims) if read_dims is not None and frame.height else None
+        values_only = frame
+        # the dimensions read and aligned to the values' rows on that thread, so their row ids are freed there
+        dims = pool.submit(lambda: _with_dims(values_only, read_dims())) \
+            if read_dims is not None and frame.height else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
@@ -249,7 +264,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
             except Exception as exc:
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
-            frame = _with_dims(frame, dims.result())
+            frame = dims.result()
     if det is None:
         return report, frame, facts, None
     report["windows"] = int(det.n.size)
