@@ -103,7 +103,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     """(the frame: values and dimensions of the rows in range, the counts, the facts table, the weighted counts),
     read one after the other (`_prepare` overlaps the dimensions' read with detection: `_frame_parts`)."""
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since, until, include_failures, source)
-    if read_dims is not None and frame.height:
+    if read_dims is not None:
         frame = _with_dims(frame, read_dims())
     return frame, counts, facts, weighted
 
@@ -251,11 +251,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     det: Detection | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
         # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
-        # uses the connection until the read is joined
+        # uses the connection until the read is joined. They are aligned to the values' rows on that thread
+        # too, so their row ids are freed there.
         values_only = frame
-        # the dimensions read and aligned to the values' rows on that thread, so their row ids are freed there
-        dims = pool.submit(lambda: _with_dims(values_only, read_dims())) \
-            if read_dims is not None and frame.height else None
+        dims = pool.submit(lambda: _with_dims(values_only, read_dims())) if read_dims is not None else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
