@@ -14,12 +14,21 @@ The method, in order (constants below; the same for every store, never tuned per
    p99 is above the baseline p99 at all.
 5. Significance, one family for everything tested (a scan statistic, Kulldorff 1997):
    count, in every judged window, the values above the p99 of all judged windows pooled,
-   and score each of them by its rank among them (Savage scores, `tail_scores`).
+   and score each of them by its rank among them (Savage scores, `tail_scores`), averaged
+   within blocks of nearly equal scores (`block_scores`: from the largest down, a block takes
+   every score within SCORE_BLOCK_SPREAD of its largest, so no score moves by more than that;
+   the largest ranks, whose score gaps 1/rank exceed it, stay alone; the mean stays 1).
    When nothing happened (every value drawn from one law) those counts are a
-   multivariate hypergeometric draw and the scores a random permutation over them,
-   whatever the latency distribution. The statistic of a stretch of consecutive judged
-   windows is the likelihood ratio of a heavier tail, peaks over the threshold: "its share
-   above the threshold is higher than outside" plus "the values above it are larger"
+   multivariate hypergeometric draw and the block scores a random permutation over them,
+   whatever the latency distribution. The null is drawn exactly, one of two ways with the
+   same law (`scan_null_max`): shuffling all K scores per draw, or, cheaper when K is large,
+   per block in turn, how many of its values take slots in each window: a multivariate
+   hypergeometric draw over the windows' free slots (`_table_sums`), whose cost grows with
+   blocks x windows (about 100 blocks at K = 140,000), not with K. The blocks exist for that;
+   the statistic stays a fixed function of the ranks, so the test stays exact.
+   The statistic of a stretch of consecutive judged windows is the likelihood ratio of a
+   heavier tail, peaks over the threshold: "its share above the threshold is higher than
+   outside" plus "the values above it are larger"
    (`tail_ratio`: a few much slower requests count, not only how many rose above the
    threshold, which matters when a window's tail holds a handful of values, as under
    sampling); its p-value is the rank of that ratio among the
@@ -63,6 +72,9 @@ ALPHA: Final = 0.01
 SCAN_DRAWS: Final = 999
 #: Longest stretch scanned, as a share of the judged windows (a spike longer than that has no baseline).
 MAX_SCAN_SHARE: Final = 0.5
+#: Widest spread of the tail scores averaged into one block (`block_scores`): the scores have mean and sd 1,
+#: so the blocks move each by less than a tenth of an sd; small ranks (score gaps of 1/rank) stay alone.
+SCORE_BLOCK_SPREAD: Final = 0.1
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -247,26 +259,114 @@ def tail_ratio(k: npt.ArrayLike, n: npt.ArrayLike | None, s: npt.ArrayLike | Non
     return out
 
 
+def block_scores(scores_sorted: F64) -> F64:
+    """The tail scores (ascending) averaged within blocks: from the largest down, a block takes every score within
+    SCORE_BLOCK_SPREAD of its largest (tied scores always share a block). The mean stays 1, every score moves by less
+    than the spread, and the null law needs one draw per block, not per value (`scan_null_max`)."""
+    k = scores_sorted.size
+    if k == 0:
+        return np.zeros(0)
+    starts = []
+    hi = k
+    while hi > 0:
+        hi = int(np.searchsorted(scores_sorted, scores_sorted[hi - 1] - SCORE_BLOCK_SPREAD, side="left"))
+        starts.append(hi)
+    first = np.array(starts[::-1], dtype=np.int64)
+    size = np.diff(np.append(first, k))
+    return np.repeat(np.add.reduceat(scores_sorted, first) / size, size)
+
+
 def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator,
-                  scores: F64 | None = None) -> F64:
+                  scores: F64 | None = None, method: str = "auto") -> F64:
     """`draws` values of the largest scan ratio over every stretch of 1..max_len consecutive windows,
     with the total_k values above the threshold spread over windows of sizes n at random (no incident);
-    with `scores` (the tail scores of those values), which value lands where is drawn at random too."""
+    with `scores` (the tail scores of those values), which value lands where is drawn at random too.
+
+    Both ways of drawing are exact (the same law): "permute" shuffles all total_k scores per draw; "table" draws,
+    per group of equal scores, how many of its values land in each window (`_table_sums`), which costs per group, not
+    per value. "auto" takes the cheaper one (`_table_is_cheaper`); the choice changes the draws, never their law."""
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
     if total_k <= 0 or n.size == 0:
         return best
     g = _xlogx_table(total_k)
-    alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
-    ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
-    cs = None if scores is None else _permuted_sums(np.asarray(scores, dtype=np.float64), ck, rng)
+    cs = None
+    if scores is not None:
+        scores = np.asarray(scores, dtype=np.float64)
+        values, size = np.unique(scores, return_counts=True)
+        if method == "table" or (method == "auto" and _table_is_cheaper(size, n.size, total_k)):
+            ck, cs = _table_sums(values, size.astype(np.int64), n, draws, rng)
+        else:
+            alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
+            ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
+            cs = _permuted_sums(scores, ck, rng)
+    else:
+        alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
+        ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
     cn = np.concatenate([[0], np.cumsum(n)])
     for length in range(1, min(max_len, n.size) + 1):
         ratio = tail_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length],
                            None if cs is None else cs[:, length:] - cs[:, :-length], total_k, total_n, g)
         np.maximum(best, ratio.max(axis=1), out=best)
     return best
+
+
+#: Relative CPU of the null's steps, per draw (measured with benchmarks.bench_detect's parts): shuffling one score
+#: about 30 units, one hypergeometric draw about 200, one pass over a window's remaining slots about 4.
+_COST_SHUFFLE, _COST_HYPERGEOMETRIC, _COST_SLOT_PASS = 30, 200, 4
+
+
+def _table_is_cheaper(size: I64, windows: int, total_k: int) -> bool:
+    """Whether drawing per group of equal scores (`_table_sums`) costs less than shuffling every score."""
+    per_group = np.minimum(size * windows * _COST_SLOT_PASS, (windows - 1) * _COST_HYPERGEOMETRIC)
+    return bool(per_group.sum() < total_k * _COST_SHUFFLE)
+
+
+def _value_by_value(m: int, windows: int) -> bool:
+    """Whether `_table_sums` places a block of m values one by one (cheaper than a hypergeometric per window)."""
+    return m * windows * _COST_SLOT_PASS < (windows - 1) * _COST_HYPERGEOMETRIC
+
+
+def _table_sums(values: F64, size: I64, n: I64, draws: int, rng: np.random.Generator) -> tuple[I64, F64]:
+    """Per draw, the cumulative counts and score sums at the windows' bounds when the values above the threshold
+    (size[g] of them with score values[g]) take slots among the n[j] of each window uniformly at random.
+
+    Exact: each group in turn takes a uniformly random subset of the slots still free, a multivariate
+    hypergeometric draw over the windows (their free slots as colours): one univariate hypergeometric per window
+    (the marginal method) when the group is large, else its values one by one, each on a free slot drawn uniformly.
+    The slots left at the end are the values below the threshold."""
+    w = n.size
+    free = np.repeat(n[:, None], draws, axis=1)  # windows x draws: a window's row is contiguous
+    k = np.zeros((w, draws), dtype=np.int64)
+    s = np.zeros((w, draws))
+    cols = np.arange(draws)
+    total = np.full(draws, int(n.sum()), dtype=np.int64)
+    for value, m in zip(values.tolist(), size.tolist(), strict=True):
+        if _value_by_value(m, w):
+            for _ in range(m):  # one value: a free slot uniformly, found through the windows' cumulative free slots
+                slot = rng.integers(0, total)
+                j = (np.cumsum(free, axis=0) <= slot).sum(axis=0)
+                free[j, cols] -= 1
+                k[j, cols] += 1
+                s[j, cols] += value
+                total -= 1
+            continue
+        left, rest = np.full(draws, m, dtype=np.int64), total.copy()
+        for j in range(w - 1):
+            rest -= free[j]
+            x = rng.hypergeometric(free[j], rest, left)
+            free[j] -= x
+            k[j] += x
+            s[j] += value * x
+            left -= x
+        free[w - 1] -= left
+        k[w - 1] += left
+        s[w - 1] += value * left
+        total -= m
+    zero_k, zero_s = np.zeros((draws, 1), dtype=np.int64), np.zeros((draws, 1))
+    return (np.concatenate([zero_k, np.cumsum(k.T, axis=1)], axis=1),
+            np.concatenate([zero_s, np.cumsum(s.T, axis=1)], axis=1))
 
 
 def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
@@ -351,7 +451,7 @@ def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
     # each judged exceedance's score by its rank among all judged exceedances; summed per window
     mine = det.judged[at]
     order = np.argsort(vals[mine], kind="stable")
-    scores = tail_scores(vals[mine][order])
+    scores = block_scores(tail_scores(vals[mine][order]))
     score_sum = np.bincount(at[mine][order], weights=scores, minlength=det.n.size)
     k, n = det.exceed[judged], counts[judged]
     s = score_sum[judged]
