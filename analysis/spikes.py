@@ -20,11 +20,12 @@ The method, in order (constants below; the same for every store, never tuned per
    the largest ranks, whose score gaps 1/rank exceed it, stay alone; the mean stays 1).
    When nothing happened (every value drawn from one law) those counts are a
    multivariate hypergeometric draw and the block scores a random permutation over them,
-   whatever the latency distribution. The null is drawn exactly, one of two ways with the
-   same law (`scan_null_max`): shuffling all K scores per draw, or, cheaper when K is large,
-   per block in turn, how many of its values take slots in each window: a multivariate
-   hypergeometric draw over the windows' free slots (`_table_sums`), whose cost grows with
-   blocks x windows (about 100 blocks at K = 140,000), not with K. The blocks exist for that;
+   whatever the latency distribution. The null is drawn exactly (`scan_null_max`,
+   `_block_sums`): the values of the small blocks take a random subset of the slots and are
+   shuffled over it, as every value was before; then each large block in turn takes a random
+   subset of the slots still free, drawn as how many of its values land in each window (a
+   multivariate hypergeometric over the windows' free slots), whose cost grows with the
+   windows, not with the block (54 blocks at K = 140,000). The blocks exist for that;
    the statistic stays a fixed function of the ranks, so the test stays exact.
    The statistic of a stretch of consecutive judged windows is the likelihood ratio of a
    heavier tail, peaks over the threshold: "its share above the threshold is higher than
@@ -72,9 +73,11 @@ ALPHA: Final = 0.01
 SCAN_DRAWS: Final = 999
 #: Longest stretch scanned, as a share of the judged windows (a spike longer than that has no baseline).
 MAX_SCAN_SHARE: Final = 0.5
-#: Widest spread of the tail scores averaged into one block (`block_scores`): the scores have mean and sd 1,
-#: so the blocks move each by less than a tenth of an sd; small ranks (score gaps of 1/rank) stay alone.
-SCORE_BLOCK_SPREAD: Final = 0.1
+#: Widest spread of the tail scores averaged into one block (`block_scores`): the scores have mean and sd about 1,
+#: so no score moves by more than a fifth of an sd; the four largest (score gaps 1/rank > 0.2) stay alone. Chosen
+#: for the null's cost (benchmarks.bench_detect: 0.1 gave ~100 blocks at K = 140,000 and 0.38 against 0.23 CPU-s of
+#: detection on 1.44 M values), not on any scenario's outcome.
+SCORE_BLOCK_SPREAD: Final = 0.2
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -180,7 +183,17 @@ class SortedValues:
     w_sorted: F64 | None = None
 
     def pool(self, windows: npt.NDArray[np.bool_]) -> Pool:
-        """The flagged windows' values pooled, sorted once."""
+        """The flagged windows' values pooled: unweighted, only the order statistics the two quantiles read are put in
+        place (a partition, not a sort; the same numbers); weighted, sorted once."""
+        if self.w_sorted is None:
+            vals = self.v_sorted[np.repeat(windows, self.counts)]
+            n = vals.size
+            if n == 0:
+                return Pool(math.nan, math.nan, 0, 0.0, 0.0)
+            ranks = [((n - 1) * q, math.floor((n - 1) * q)) for q in (0.5, 0.99)]
+            vals.partition(sorted({i for _, lo in ranks for i in (lo, min(lo + 1, n - 1))}))
+            p50, p99 = (float(vals[lo] + (h - lo) * (vals[min(lo + 1, n - 1)] - vals[lo])) for h, lo in ranks)
+            return Pool(p50, p99, n, float(n), float(n))
         vals, ws = _pooled(self.v_sorted, self.w_sorted, np.repeat(windows, self.counts))
         return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
                     float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
@@ -282,9 +295,10 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     with the total_k values above the threshold spread over windows of sizes n at random (no incident);
     with `scores` (the tail scores of those values), which value lands where is drawn at random too.
 
-    Both ways of drawing are exact (the same law): "permute" shuffles all total_k scores per draw; "table" draws,
-    per group of equal scores, how many of its values land in each window (`_table_sums`), which costs per group, not
-    per value. "auto" takes the cheaper one (`_table_is_cheaper`); the choice changes the draws, never their law."""
+    Both ways of drawing have the same law, the exact one: "permute" shuffles all total_k scores per draw; "auto"
+    does so only for the values of small groups of equal scores and draws, for each large group, how many of its
+    values land in each window (`_block_sums`): the cost of a large group does not grow with its size. When every
+    group is small the two are the same draws."""
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
@@ -293,14 +307,7 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     g = _xlogx_table(total_k)
     cs = None
     if scores is not None:
-        scores = np.asarray(scores, dtype=np.float64)
-        values, size = np.unique(scores, return_counts=True)
-        if method == "table" or (method == "auto" and _table_is_cheaper(size, n.size, total_k)):
-            ck, cs = _table_sums(values, size.astype(np.int64), n, draws, rng)
-        else:
-            alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
-            ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
-            cs = _permuted_sums(scores, ck, rng)
+        ck, cs = _block_sums(np.asarray(scores, dtype=np.float64), n, draws, rng, by_value_only=method == "permute")
     else:
         alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
         ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
@@ -312,46 +319,43 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     return best
 
 
-#: Relative CPU of the null's steps, per draw (measured with benchmarks.bench_detect's parts): shuffling one score
-#: about 30 units, one hypergeometric draw about 200, one pass over a window's remaining slots about 4.
-_COST_SHUFFLE, _COST_HYPERGEOMETRIC, _COST_SLOT_PASS = 30, 200, 4
-
-
-def _table_is_cheaper(size: I64, windows: int, total_k: int) -> bool:
-    """Whether drawing per group of equal scores (`_table_sums`) costs less than shuffling every score."""
-    per_group = np.minimum(size * windows * _COST_SLOT_PASS, (windows - 1) * _COST_HYPERGEOMETRIC)
-    return bool(per_group.sum() < total_k * _COST_SHUFFLE)
+#: CPU of the null's two steps per simulated draw, relative (measured in the prototype of benchmarks.bench_detect on
+#: the 2-core machine, 27-33 ns against 200-240 ns): shuffling one score, and one hypergeometric draw.
+_COST_SHUFFLE, _COST_HYPERGEOMETRIC = 30, 200
 
 
 def _value_by_value(m: int, windows: int) -> bool:
-    """Whether `_table_sums` places a block of m values one by one (cheaper than a hypergeometric per window)."""
-    return m * windows * _COST_SLOT_PASS < (windows - 1) * _COST_HYPERGEOMETRIC
+    """Whether a group of m equal scores is placed by shuffling its values (cheaper than a hypergeometric a window)."""
+    return m * _COST_SHUFFLE < (windows - 1) * _COST_HYPERGEOMETRIC
 
 
-def _table_sums(values: F64, size: I64, n: I64, draws: int, rng: np.random.Generator) -> tuple[I64, F64]:
+def _block_sums(scores: F64, n: I64, draws: int, rng: np.random.Generator,
+                by_value_only: bool = False) -> tuple[I64, F64]:
     """Per draw, the cumulative counts and score sums at the windows' bounds when the values above the threshold
-    (size[g] of them with score values[g]) take slots among the n[j] of each window uniformly at random.
+    (with `scores`) take slots among the n[j] of each window uniformly at random.
 
-    Exact: each group in turn takes a uniformly random subset of the slots still free, a multivariate
-    hypergeometric draw over the windows (their free slots as colours): one univariate hypergeometric per window
-    (the marginal method) when the group is large, else its values one by one, each on a free slot drawn uniformly.
-    The slots left at the end are the values below the threshold."""
+    Exact, in two steps. The values of the small groups of equal scores (`_value_by_value`; all of them with
+    `by_value_only`) take a uniformly random subset of all slots: its count per window is a multivariate
+    hypergeometric draw over the window sizes, and the values are shuffled over the slots drawn (`_permuted_sums`).
+    Then each large group in turn takes a uniformly random subset of the slots still free, a multivariate
+    hypergeometric draw over the windows' free slots, one univariate hypergeometric per window (the marginal
+    method); its cost grows with the windows, not with the group. The slots left are the values below the threshold.
+    """
     w = n.size
-    free = np.repeat(n[:, None], draws, axis=1)  # windows x draws: a window's row is contiguous
-    k = np.zeros((w, draws), dtype=np.int64)
-    s = np.zeros((w, draws))
-    cols = np.arange(draws)
-    total = np.full(draws, int(n.sum()), dtype=np.int64)
-    for value, m in zip(values.tolist(), size.tolist(), strict=True):
-        if _value_by_value(m, w):
-            for _ in range(m):  # one value: a free slot uniformly, found through the windows' cumulative free slots
-                slot = rng.integers(0, total)
-                j = (np.cumsum(free, axis=0) <= slot).sum(axis=0)
-                free[j, cols] -= 1
-                k[j, cols] += 1
-                s[j, cols] += value
-                total -= 1
-            continue
+    values, size = np.unique(scores, return_counts=True)
+    small = np.array([by_value_only or _value_by_value(int(m), w) for m in size.tolist()], dtype=bool)
+    few = np.repeat(values[small], size[small])
+    zero_k = np.zeros((draws, 1), dtype=np.int64)
+    alloc = rng.multivariate_hypergeometric(n, few.size, size=draws, method="marginals")
+    ck = np.concatenate([zero_k, np.cumsum(alloc, axis=1)], axis=1)
+    cs = _permuted_sums(few, ck, rng) if few.size else np.zeros((draws, w + 1))
+    if small.all():
+        return ck, cs
+    free = (n[:, None] - alloc.T).copy()  # windows x draws: a window's row is contiguous
+    k = alloc.T.copy()
+    s = np.diff(cs, axis=1).T.copy()
+    total = free.sum(axis=0)
+    for value, m in zip(values[~small].tolist(), size[~small].tolist(), strict=True):
         left, rest = np.full(draws, m, dtype=np.int64), total.copy()
         for j in range(w - 1):
             rest -= free[j]
@@ -364,9 +368,8 @@ def _table_sums(values: F64, size: I64, n: I64, draws: int, rng: np.random.Gener
         k[w - 1] += left
         s[w - 1] += value * left
         total -= m
-    zero_k, zero_s = np.zeros((draws, 1), dtype=np.int64), np.zeros((draws, 1))
     return (np.concatenate([zero_k, np.cumsum(k.T, axis=1)], axis=1),
-            np.concatenate([zero_s, np.cumsum(s.T, axis=1)], axis=1))
+            np.concatenate([np.zeros((draws, 1)), np.cumsum(s.T, axis=1)], axis=1))
 
 
 def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
