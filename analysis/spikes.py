@@ -299,6 +299,8 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
     does so only for the values of small groups of equal scores and draws, for each large group, how many of its
     values land in each window (`_block_sums`): the cost of a large group does not grow with its size. When every
     group is small the two are the same draws."""
+    if method not in ("auto", "permute"):
+        raise ValueError(f"scan_null_max: method must be 'auto' or 'permute', not {method!r}")
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
