@@ -14,12 +14,22 @@ The method, in order (constants below; the same for every store, never tuned per
    p99 is above the baseline p99 at all.
 5. Significance, one family for everything tested (a scan statistic, Kulldorff 1997):
    count, in every judged window, the values above the p99 of all judged windows pooled,
-   and score each of them by its rank among them (Savage scores, `tail_scores`).
+   and score each of them by its rank among them (Savage scores, `tail_scores`), averaged
+   within blocks of nearly equal scores (`block_scores`: from the largest down, a block takes
+   every score within SCORE_BLOCK_SPREAD of its largest, so no score moves by more than that;
+   the largest ranks, whose score gaps 1/rank exceed it, stay alone; the mean stays 1).
    When nothing happened (every value drawn from one law) those counts are a
-   multivariate hypergeometric draw and the scores a random permutation over them,
-   whatever the latency distribution. The statistic of a stretch of consecutive judged
-   windows is the likelihood ratio of a heavier tail, peaks over the threshold: "its share
-   above the threshold is higher than outside" plus "the values above it are larger"
+   multivariate hypergeometric draw and the block scores a random permutation over them,
+   whatever the latency distribution. The null is drawn exactly (`scan_null_max`,
+   `_block_sums`): the values of the small blocks take a random subset of the slots and are
+   shuffled over it, as every value was before; then each large block in turn takes a random
+   subset of the slots still free, drawn as how many of its values land in each window (a
+   multivariate hypergeometric over the windows' free slots), whose cost grows with the
+   windows, not with the block (54 blocks at K = 140,000). The blocks exist for that;
+   the statistic stays a fixed function of the ranks, so the test stays exact.
+   The statistic of a stretch of consecutive judged windows is the likelihood ratio of a
+   heavier tail, peaks over the threshold: "its share above the threshold is higher than
+   outside" plus "the values above it are larger"
    (`tail_ratio`: a few much slower requests count, not only how many rose above the
    threshold, which matters when a window's tail holds a handful of values, as under
    sampling); its p-value is the rank of that ratio among the
@@ -63,6 +73,11 @@ ALPHA: Final = 0.01
 SCAN_DRAWS: Final = 999
 #: Longest stretch scanned, as a share of the judged windows (a spike longer than that has no baseline).
 MAX_SCAN_SHARE: Final = 0.5
+#: Widest spread of the tail scores averaged into one block (`block_scores`): the scores have mean and sd about 1,
+#: so no score moves by more than a fifth of an sd; the four largest (score gaps 1/rank > 0.2) stay alone. Chosen
+#: for the null's cost (benchmarks.bench_detect: 0.1 gave ~100 blocks at K = 140,000 and 0.38 against 0.23 CPU-s of
+#: detection on 1.44 M values), not on any scenario's outcome.
+SCORE_BLOCK_SPREAD: Final = 0.2
 #: Fewest baseline windows for any judgement.
 MIN_BASELINE_WINDOWS: Final = 3
 
@@ -168,7 +183,17 @@ class SortedValues:
     w_sorted: F64 | None = None
 
     def pool(self, windows: npt.NDArray[np.bool_]) -> Pool:
-        """The flagged windows' values pooled, sorted once."""
+        """The flagged windows' values pooled: unweighted, only the order statistics the two quantiles read are put in
+        place (a partition, not a sort; the same numbers); weighted, sorted once."""
+        if self.w_sorted is None:
+            vals = self.v_sorted[np.repeat(windows, self.counts)]
+            n = vals.size
+            if n == 0:
+                return Pool(math.nan, math.nan, 0, 0.0, 0.0)
+            ranks = [((n - 1) * q, math.floor((n - 1) * q)) for q in (0.5, 0.99)]
+            vals.partition(sorted({i for _, lo in ranks for i in (lo, min(lo + 1, n - 1))}))
+            p50, p99 = (float(vals[lo] + (h - lo) * (vals[min(lo + 1, n - 1)] - vals[lo])) for h, lo in ranks)
+            return Pool(p50, p99, n, float(n), float(n))
         vals, ws = _pooled(self.v_sorted, self.w_sorted, np.repeat(windows, self.counts))
         return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
                     float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
@@ -247,26 +272,106 @@ def tail_ratio(k: npt.ArrayLike, n: npt.ArrayLike | None, s: npt.ArrayLike | Non
     return out
 
 
+def block_scores(scores_sorted: F64) -> F64:
+    """The tail scores (ascending) averaged within blocks: from the largest down, a block takes every score within
+    SCORE_BLOCK_SPREAD of its largest (tied scores always share a block). The mean stays 1, every score moves by less
+    than the spread, and the null law needs one draw per block, not per value (`scan_null_max`)."""
+    k = scores_sorted.size
+    if k == 0:
+        return np.zeros(0)
+    starts = []
+    hi = k
+    while hi > 0:
+        hi = int(np.searchsorted(scores_sorted, scores_sorted[hi - 1] - SCORE_BLOCK_SPREAD, side="left"))
+        starts.append(hi)
+    first = np.array(starts[::-1], dtype=np.int64)
+    size = np.diff(np.append(first, k))
+    return np.repeat(np.add.reduceat(scores_sorted, first) / size, size)
+
+
 def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator,
-                  scores: F64 | None = None) -> F64:
+                  scores: F64 | None = None, method: str = "auto") -> F64:
     """`draws` values of the largest scan ratio over every stretch of 1..max_len consecutive windows,
     with the total_k values above the threshold spread over windows of sizes n at random (no incident);
-    with `scores` (the tail scores of those values), which value lands where is drawn at random too."""
+    with `scores` (the tail scores of those values), which value lands where is drawn at random too.
+
+    Both ways of drawing have the same law, the exact one: "permute" shuffles all total_k scores per draw; "auto"
+    does so only for the values of small groups of equal scores and draws, for each large group, how many of its
+    values land in each window (`_block_sums`): the cost of a large group does not grow with its size. When every
+    group is small the two are the same draws."""
+    if method not in ("auto", "permute"):
+        raise ValueError(f"scan_null_max: method must be 'auto' or 'permute', not {method!r}")
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
     best = np.zeros(draws)
     if total_k <= 0 or n.size == 0:
         return best
     g = _xlogx_table(total_k)
-    alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
-    ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
-    cs = None if scores is None else _permuted_sums(np.asarray(scores, dtype=np.float64), ck, rng)
+    cs = None
+    if scores is not None:
+        ck, cs = _block_sums(np.asarray(scores, dtype=np.float64), n, draws, rng, by_value_only=method == "permute")
+    else:
+        alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
+        ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
     cn = np.concatenate([[0], np.cumsum(n)])
     for length in range(1, min(max_len, n.size) + 1):
         ratio = tail_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length],
                            None if cs is None else cs[:, length:] - cs[:, :-length], total_k, total_n, g)
         np.maximum(best, ratio.max(axis=1), out=best)
     return best
+
+
+#: CPU of the null's two steps per simulated draw, relative (measured in the prototype of benchmarks.bench_detect on
+#: the 2-core machine, 27-33 ns against 200-240 ns): shuffling one score, and one hypergeometric draw.
+_COST_SHUFFLE, _COST_HYPERGEOMETRIC = 30, 200
+
+
+def _value_by_value(m: int, windows: int) -> bool:
+    """Whether a group of m equal scores is placed by shuffling its values (cheaper than a hypergeometric a window)."""
+    return m * _COST_SHUFFLE < (windows - 1) * _COST_HYPERGEOMETRIC
+
+
+def _block_sums(scores: F64, n: I64, draws: int, rng: np.random.Generator,
+                by_value_only: bool = False) -> tuple[I64, F64]:
+    """Per draw, the cumulative counts and score sums at the windows' bounds when the values above the threshold
+    (with `scores`) take slots among the n[j] of each window uniformly at random.
+
+    Exact, in two steps. The values of the small groups of equal scores (`_value_by_value`; all of them with
+    `by_value_only`) take a uniformly random subset of all slots: its count per window is a multivariate
+    hypergeometric draw over the window sizes, and the values are shuffled over the slots drawn (`_permuted_sums`).
+    Then each large group in turn takes a uniformly random subset of the slots still free, a multivariate
+    hypergeometric draw over the windows' free slots, one univariate hypergeometric per window (the marginal
+    method); its cost grows with the windows, not with the group. The slots left are the values below the threshold.
+    """
+    w = n.size
+    values, size = np.unique(scores, return_counts=True)
+    small = np.array([by_value_only or _value_by_value(int(m), w) for m in size.tolist()], dtype=bool)
+    few = np.repeat(values[small], size[small])
+    zero_k = np.zeros((draws, 1), dtype=np.int64)
+    alloc = rng.multivariate_hypergeometric(n, few.size, size=draws, method="marginals")
+    ck = np.concatenate([zero_k, np.cumsum(alloc, axis=1)], axis=1)
+    cs = _permuted_sums(few, ck, rng) if few.size else np.zeros((draws, w + 1))
+    if small.all():
+        return ck, cs
+    free = (n[:, None] - alloc.T).copy()  # windows x draws: a window's row is contiguous
+    k = alloc.T.copy()
+    s = np.diff(cs, axis=1).T.copy()
+    total = free.sum(axis=0)
+    for value, m in zip(values[~small].tolist(), size[~small].tolist(), strict=True):
+        left, rest = np.full(draws, m, dtype=np.int64), total.copy()
+        for j in range(w - 1):
+            rest -= free[j]
+            x = rng.hypergeometric(free[j], rest, left)
+            free[j] -= x
+            k[j] += x
+            s[j] += value * x
+            left -= x
+        free[w - 1] -= left
+        k[w - 1] += left
+        s[w - 1] += value * left
+        total -= m
+    return (np.concatenate([zero_k, np.cumsum(k.T, axis=1)], axis=1),
+            np.concatenate([np.zeros((draws, 1)), np.cumsum(s.T, axis=1)], axis=1))
 
 
 def _permuted_sums(scores: F64, ck: I64, rng: np.random.Generator) -> F64:
@@ -351,7 +456,7 @@ def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
     # each judged exceedance's score by its rank among all judged exceedances; summed per window
     mine = det.judged[at]
     order = np.argsort(vals[mine], kind="stable")
-    scores = tail_scores(vals[mine][order])
+    scores = block_scores(tail_scores(vals[mine][order]))
     score_sum = np.bincount(at[mine][order], weights=scores, minlength=det.n.size)
     k, n = det.exceed[judged], counts[judged]
     s = score_sum[judged]

@@ -10,6 +10,10 @@ import pytest
 from analysis.spikes import (
     ALPHA,
     SCAN_DRAWS,
+    SCORE_BLOCK_SPREAD,
+    SortedValues,
+    _block_sums,
+    block_scores,
     detect,
     quantile_sorted,
     scan_null_max,
@@ -230,13 +234,16 @@ def test_detection_scan_is_the_pooled_threshold_counts_and_the_best_stretch() ->
     n = np.array([sizes[w] for w in judged])
     total_k, total_n, max_len = int(k.sum()), int(n.sum()), len(judged) // 2
     tail = np.concatenate([values[(starts // WINDOW == w) & (values > det.threshold_ns)] for w in judged])
-    score_of = _scores_reference(tail.tolist())
+    savage = _scores_reference(tail.tolist())
+    ordered = sorted(tail.tolist())
+    score_of = dict(zip(ordered, _blocks_reference([savage[x] for x in ordered], SCORE_BLOCK_SPREAD), strict=True))
     s = np.array([sum(score_of[x] for x in values[(starts // WINDOW == w) & (values > det.threshold_ns)].tolist())
                   for w in judged])
     best = max(_stretch_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()),
                                   float(s[a:a + length].sum()), total_k, total_n)
                for length in range(1, max_len + 1) for a in range(len(judged) - length + 1))
-    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3), tail_scores(np.sort(tail)))
+    null = scan_null_max(n, total_k, max_len, SCAN_DRAWS, np.random.default_rng(3),
+                         block_scores(tail_scores(np.sort(tail))))
     assert det.scan_p_value == scan_p_value(best, null)
     w4 = judged.index(4)
     assert det.p_value[4] == scan_p_value(_stretch_reference(counts[4], sizes[4], float(s[w4]), total_k, total_n),
@@ -264,3 +271,142 @@ def test_a_few_much_slower_requests_are_found_by_their_size_when_their_count_is_
     assert scan_p_value(float(scan_ratio(k[4], n[4], int(k.sum()), int(n.sum()))), count_only) > ALPHA
     assert det.p_value[4] <= ALPHA
     assert [(s.start_ns // WINDOW, s.end_ns // WINDOW) for s in det.spikes] == [(4, 5)]
+
+
+def _blocks_reference(scores: list[float], spread: float) -> list[float]:
+    """Block scores written out: from the largest score down, a block takes every score within `spread` of its
+    largest; each score is replaced by its block's mean."""
+    out: list[float] = []
+    rest = sorted(scores, reverse=True)
+    while rest:
+        block = [x for x in rest if x >= rest[0] - spread]
+        rest = rest[len(block):]
+        out = [sum(block) / len(block)] * len(block) + out
+    return out
+
+
+def test_block_scores_match_the_plain_rule() -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        big_k = int(rng.integers(1, 400))
+        v = np.sort(rng.integers(0, int(rng.integers(1, 600)), big_k).astype(np.float64))  # ties when few distinct
+        scores = tail_scores(v)
+        got = block_scores(scores)
+        assert got == pytest.approx(_blocks_reference(scores.tolist(), SCORE_BLOCK_SPREAD), rel=1e-12)
+        assert float(got.sum()) == pytest.approx(big_k)  # mean 1 still
+        assert float(np.max(np.abs(got - scores))) <= SCORE_BLOCK_SPREAD
+        ties = np.concatenate([[False], v[1:] == v[:-1]])
+        assert np.array_equal(got[1:][ties[1:]], got[:-1][ties[1:]])  # tied values share a block
+    top = block_scores(tail_scores(np.arange(1000, dtype=np.float64)))
+    alone = math.ceil(1 / SCORE_BLOCK_SPREAD) - 1  # score gaps 1/rank above the spread: these largest stay alone
+    assert np.unique(top[-alone:]).size == alone and top[-alone - 1] == top[-alone - 2]
+    assert block_scores(np.array([])).size == 0
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_the_block_null_has_the_permutation_null_law(case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawing large groups of equal scores by a hypergeometric per window ("auto", here every group of 3 or more so
+    that both steps run on every input) against shuffling every score ("permute") on random inputs: the share of
+    permutation draws at or beyond the block null's 0.9 and 0.99 quantiles is 1 - q within 4.5 binomial sd of both
+    samples (the two are independent). Odd cases hold thousands of values above the threshold, even ones a few
+    dozen to hundreds; every third has ties."""
+    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: m < 3)
+    rng = np.random.default_rng(100 + case)
+    windows = int(rng.integers(4, 30))
+    n = rng.integers(300, 3000, windows)
+    share_k = (0.03, 0.06) if case % 2 else (0.002, 0.02)
+    total_k = int(rng.integers(int(share_k[0] * n.sum()) + 5, int(share_k[1] * n.sum()) + 10))
+    tail = rng.lognormal(0.0, 1.0, total_k)
+    if case % 3 == 0:
+        tail = np.round(tail, 1)  # ties
+    scores = block_scores(tail_scores(np.sort(tail)))
+    sizes = np.unique(scores, return_counts=True)[1]
+    assert (sizes < 3).any() and (sizes >= 3).any()
+    max_len = max(1, windows // 2)
+    draws = 2000
+    mixed = scan_null_max(n, total_k, max_len, draws, np.random.default_rng(7 * case), scores)
+    perm = scan_null_max(n, total_k, max_len, draws, np.random.default_rng(7 * case + 1), scores, method="permute")
+    for q in (0.9, 0.99):
+        share = float(np.mean(perm >= np.quantile(mixed, q)))
+        assert share == pytest.approx(1 - q, abs=4.5 * math.sqrt(q * (1 - q) * 2 / draws))
+
+
+def test_the_block_null_against_plain_draws_and_its_totals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block draws (every group of 4 or more by hypergeometrics) against placing the scored values on slots plainly
+    (rng.choice of K of the N slots, the i-th chosen slot holding the i-th score), and each draw's counts and sums add
+    up to K and the scores' sum."""
+    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: m < 4)
+    rng = np.random.default_rng(9)
+    n = np.array([500, 700, 520, 900, 610, 505, 800, 640])
+    total_k, max_len = int(0.02 * n.sum()), 4
+    scores = block_scores(tail_scores(np.sort(rng.lognormal(0.0, 1.0, total_k))))
+    fast = scan_null_max(n, total_k, max_len, 4000, np.random.default_rng(3), scores)
+    labels = np.repeat(np.arange(n.size), n)
+    plain = np.empty(2000)
+    for d in range(plain.size):
+        where = labels[rng.choice(labels.size, total_k, replace=False)]
+        k = np.bincount(where, minlength=n.size)
+        s = np.bincount(where, weights=scores, minlength=n.size)
+        plain[d] = max(_stretch_reference(int(k[a:a + length].sum()), int(n[a:a + length].sum()),
+                                          float(s[a:a + length].sum()), total_k, int(n.sum()))
+                       for length in range(1, max_len + 1) for a in range(n.size - length + 1))
+    for q in (0.5, 0.9, 0.99):
+        share = float(np.mean(plain >= np.quantile(fast, q)))
+        assert share == pytest.approx(1 - q, abs=4.5 * math.sqrt(q * (1 - q) * (1 / plain.size + 1 / fast.size)))
+    ck, cs = _block_sums(scores, n, 50, np.random.default_rng(4))
+    assert (ck[:, -1] == total_k).all() and cs[:, -1] == pytest.approx(float(scores.sum()))
+    assert (np.diff(ck, axis=1) <= n).all() and (np.diff(ck, axis=1) >= 0).all()
+
+
+@pytest.mark.parametrize("by_value", [True, False])
+def test_the_block_draws_have_the_exact_law_of_a_uniform_placement(by_value: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 9 slots in 3 windows, 5 scored values (3 of score 0.5, 2 of score 1.5): every ordered placement of the 5 on
+    distinct slots is equally likely, which gives each outcome (counts and sums per window) an exact probability.
+    20,000 block draws, with the values shuffled over the slots drawn or placed by one hypergeometric per window and
+    group, hit each outcome that often within 4.5 binomial sd."""
+    import itertools
+
+    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: by_value)
+    n = np.array([3, 2, 4])
+    slot_window = np.repeat(np.arange(3), n)
+    scores = [0.5, 0.5, 0.5, 1.5, 1.5]
+    exact: dict[tuple[int, ...], int] = {}
+    for slots in itertools.permutations(range(n.sum()), len(scores)):
+        k, s = [0, 0, 0], [0.0, 0.0, 0.0]
+        for slot, score in zip(slots, scores, strict=True):
+            k[slot_window[slot]] += 1
+            s[slot_window[slot]] += score
+        key = (*k, *(round(x * 2) for x in s))
+        exact[key] = exact.get(key, 0) + 1
+    total = sum(exact.values())
+    draws = 20_000
+    ck, cs = _block_sums(np.array(scores), n, draws, np.random.default_rng(5))
+    k, s = np.diff(ck, axis=1), np.diff(cs, axis=1)
+    seen: dict[tuple[int, ...], int] = {}
+    for row in np.concatenate([k, np.round(s * 2).astype(np.int64)], axis=1).tolist():
+        seen[tuple(row)] = seen.get(tuple(row), 0) + 1
+    assert set(seen) <= set(exact)
+    for key, ways in exact.items():
+        p = ways / total
+        assert seen.get(key, 0) == pytest.approx(draws * p, abs=4.5 * math.sqrt(draws * p * (1 - p)) + 1)
+
+
+def test_the_pooled_quantiles_by_partition_equal_those_of_the_sorted_pool() -> None:
+    """`SortedValues.pool` (unweighted: a partition) against sorting the flagged windows' values and reading
+    `quantile_sorted`, bit for bit, on 300 random inputs with ties and empty windows."""
+    rng = np.random.default_rng(13)
+    for _ in range(300):
+        counts = rng.integers(0, 50, int(rng.integers(1, 12)))
+        vals = np.round(rng.lognormal(0.0, 1.0, int(counts.sum())), int(rng.integers(0, 3)))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        for a, c in zip(first.tolist(), counts.tolist(), strict=True):
+            vals[a:a + c].sort()
+        mask = rng.random(counts.size) < 0.6
+        got = SortedValues(vals, first, counts.astype(np.int64)).pool(mask)
+        ref = np.sort(vals[np.repeat(mask, counts)])
+        assert got.n == ref.size == got.n_weighted == got.n_effective
+        if ref.size == 0:
+            assert math.isnan(got.p50_ns) and math.isnan(got.p99_ns)
+        else:
+            assert (got.p50_ns, got.p99_ns) == (quantile_sorted(ref, 0.5), quantile_sorted(ref, 0.99))
