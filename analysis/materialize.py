@@ -41,6 +41,9 @@ REQUESTS_GLOB = f"{REQUESTS_DIR}/dt=*/hr=*/requests-*.parquet"
 GRACE_S = 600.0
 #: Rows per Parquet row group: a time predicate skips the groups outside it.
 ROW_GROUP_ROWS = 16_384
+#: zstd level of the request files: level 1 wrote the 2 M-span store's hours in about half the CPU of
+#: DuckDB's default (3) for a file 1 % larger (docs/benchmarks.md, issue #11).
+ZSTD_LEVEL = 1
 #: `collect` builds an hour once the hour after it has ended this long ago (spans arriving later rebuild it).
 SETTLE_NS = 5 * 60 * 1_000_000_000
 
@@ -182,8 +185,8 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
         con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, "
-                    f"KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
+                    f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
+                    f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         fsync_path(tmp)
         os.replace(tmp, final)
         fsync_path(directory)
