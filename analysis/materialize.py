@@ -153,28 +153,29 @@ def hour_where(hours: list[int]) -> str:
     return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
 
 
-def _hour_inputs(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> tuple[str, str, str]:
-    """(source, request_where, span_where) of one hour's requests: the spans of `snap.inputs([hour_ns])`, the
-    hour's request spans, and a literal bound on the stage spans that can overlap them."""
+def _hour_source(snap: Snapshot, hour_ns: int) -> tuple[str, str]:
+    """(source, request_where) of one hour's requests: the spans of `snap.inputs([hour_ns])`, its request spans."""
     files = [str(f) for f in snap.inputs([hour_ns])]
     if not files:
         raise ValueError(f"no segment holds spans of the hour at {hour_ns} or its neighbours")
-    source = f"({spans_sql(files_source(files))})"
-    where = hour_where([hour_ns])
-    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
-    # (the model's own bounds on the stage spans, `< max(request end)` and `end > min(request start)`, as literals)
-    lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
-                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
-    bound = (f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
-             if hi is not None else "FALSE")
-    return source, where, bound
+    return f"({spans_sql(files_source(files))})", hour_where([hour_ns])
+
+
+def _span_bound(hour_ns: int, lo: int | None, hi: int | None) -> str:
+    """The stage spans that can overlap requests spanning [lo, hi): the model's own bounds on the stage spans
+    (`< max(request end)`, `end > min(request start)`) as literals, so that the scan skips most of the next hour."""
+    if hi is None:
+        return "FALSE"
+    return f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
 
 
 def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
     """SQL of the `requests` rows of one hour, read from the segments of `snap.inputs([hour_ns])`: what
     `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
-    source, where, bound = _hour_inputs(con, snap, hour_ns)
-    return M.requests_sql(source, request_where=where, span_where=bound)
+    source, where = _hour_source(snap, hour_ns)
+    lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
+                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+    return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
 
 
 def kernel_path() -> Path:
@@ -223,23 +224,27 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
     SQL does; the kernel replaces the relations between them. `names` are the temporary relations it
     creates in `con` (the caller drops them): the request spans, `info` and `stage_ns`.
     """
-    source, where, bound = _hour_inputs(con, snap, hour_ns)
-    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where, span_where=bound)}
+    source, where = _hour_source(snap, hour_ns)
+    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where)}
     con.execute(f"CREATE OR REPLACE TEMP TABLE {names['req']} AS WITH "
-                + ", ".join(f"{n} AS MATERIALIZED ({ctes[n]})" for n in ("req0", "dup", "req")) + " SELECT * FROM req")
+                + ", ".join(f"{n} AS ({ctes[n]})" for n in ("req0", "dup", "req")) + " SELECT * FROM req")
     req = con.sql(f"SELECT rk, coalesce(rs, 0) AS rs, coalesce(re, 0) AS re, coalesce(hr, 0) AS hr, "
                   f"rs IS NOT NULL AND re IS NOT NULL AS ok FROM {names['req']}").fetchnumpy()
-    st = con.sql(f"WITH req AS (SELECT * FROM {names['req']}) SELECT k, pk, s, e, Stage, Replica, SpanId "
-                 f"FROM ({ctes['st']})").to_arrow_table()
+    # the stage spans' literal bound from the deduplicated request spans: the bound `st` itself applies
+    lo, hi = con.execute(f"SELECT min(rs), max(re) FROM {names['req']}").fetchall()[0]
+    st_sql = dict((name, sql) for name, _, sql in M.chain_ctes(
+        source, request_where=where, span_where=_span_bound(hour_ns, lo, hi)))["st"]
+    codes = " ".join(f"WHEN {M.quote(x)} THEN {c}" for c, x in enumerate(S.ALL_STAGES))
+    st = con.sql(f"WITH req AS (SELECT * FROM {names['req']}) SELECT k, pk, s, e, "
+                 f"CASE Stage {codes} ELSE {len(S.ALL_STAGES)} END::INTEGER AS code, Replica, SpanId "
+                 f"FROM ({st_sql})").to_arrow_table()
     nr, ns, nstages = len(req["rk"]), st.num_rows, len(S.ALL_STAGES)
     rk = np.ascontiguousarray(req["rk"]).view(np.int64)
     rs, re, hr = (np.ascontiguousarray(req[c], dtype=np.int64) for c in ("rs", "re", "hr"))
     ok = np.ascontiguousarray(req["ok"], dtype=np.uint8)
     k, pk = (np.ascontiguousarray(st[c].to_numpy()).view(np.int64) for c in ("k", "pk"))
     s, e = (np.ascontiguousarray(st[c].to_numpy(), dtype=np.int64) for c in ("s", "e"))
-    vocabulary = pa.array(S.ALL_STAGES)
-    code = np.ascontiguousarray(pc.fill_null(pc.index_in(st["Stage"], value_set=vocabulary), nstages).to_numpy(),
-                                dtype=np.int32)
+    code = np.ascontiguousarray(st["code"].to_numpy(), dtype=np.int32)
     rep_ok = np.ascontiguousarray(st["Replica"].is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
     ids = pc.cast(st["SpanId"], pa.large_string()).combine_chunks()
     if isinstance(ids, pa.ChunkedArray):
