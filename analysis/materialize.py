@@ -198,7 +198,7 @@ def load_sweep() -> ctypes.CDLL | None:
             i64, u8 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint8)
             lib.critical_path.argtypes = [
                 ctypes.c_int64, i64, i64, i64, i64, u8,
-                ctypes.c_int64, i64, i64, i64, i64, ctypes.POINTER(ctypes.c_int32), u8, i64, ctypes.c_char_p, u8,
+                ctypes.c_int64, i64, i64, i64, i64, ctypes.POINTER(ctypes.c_int32), u8, i64, ctypes.c_void_p, u8,
                 ctypes.c_int64, u8, u8, i64, i64, i64, u8, i64, u8, i64]
             lib.critical_path.restype = ctypes.c_int
             _SWEEP = lib
@@ -251,8 +251,8 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
         ids = ids.chunk(0) if ids.num_chunks else pa.array([], pa.large_string())
     id_ok = np.ascontiguousarray(ids.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
     bufs = ids.buffers()
-    id_off = np.frombuffer(bufs[1], dtype=np.int64, count=len(ids) + 1, offset=ids.offset * 8).copy()
-    id_dat = bufs[2].to_pybytes() if bufs[2] is not None else b""
+    id_off = np.frombuffer(bufs[1], dtype=np.int64, count=len(ids) + 1, offset=ids.offset * 8)
+    id_dat = ctypes.c_void_p(bufs[2].address if bufs[2] is not None and bufs[2].size else None)  # `ids` keeps it
     yielding = np.array([st_ in S.YIELDING_STAGES for st_ in S.ALL_STAGES] + [False], dtype=np.uint8)
     flags = np.array([(_PREFILL if x == "prefill" else 0) | (_STREAM if x == "streaming" else 0)
                       | (_WORKER if x in M.WORKER_STAGES else 0) for x in S.ALL_STAGES] + [0], dtype=np.uint8)
