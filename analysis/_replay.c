@@ -1,17 +1,26 @@
-/* FIFO k-server queue replay for analysis.capacity (optional; the Python loop gives the same numbers).
+/* The optional C kernels of analysis, reached through ctypes (the Python paths give the same numbers).
  *
- * fifo_replay(a, s, n, k, lat, heap): requests in arrival order (a ascending), service times s,
- * k identical servers; lat[j] = finish - arrival. heap: caller's scratch of min(k, n) int64.
- * Each request begins at max(its arrival, the earliest server free time): a binary min-heap of
- * the servers' free times, O(n log k). Returns 0, or -1 on bad arguments.
+ * fifo_replay(a, s, n, k, lat, heap): FIFO k-server queue replay for analysis.capacity. Requests in
+ * arrival order (a ascending), service times s, k identical servers; lat[j] = finish - arrival.
+ * heap: caller's scratch of min(k, n) int64. Each request begins at max(its arrival, the earliest
+ * server free time): a binary min-heap of the servers' free times, O(n log k). Returns 0, or -1 on
+ * bad arguments.
+ *
+ * critical_path(...): the critical-path sweep of the request model (analysis.model: the relations
+ * l1w, l2, l2w, info, parts and stage_ns of chain_ctes) over one hour's request spans and stage
+ * spans, for analysis.materialize.build_hour. The SQL of analysis.model is the definition; this is
+ * the same computation written as loops, and tests/analysis/test_materialize.py compares the two
+ * row for row on thousands of random traces.
  *
  * Built by setup.py as the extension module analysis._replay: the module itself is empty (so
- * that importing it, as tools that walk the package do, works) and the function is reached
+ * that importing it, as tools that walk the package do, works) and the functions are reached
  * through ctypes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static void sift_down(int64_t *h, int64_t m, int64_t i) {
     int64_t v = h[i];
@@ -42,8 +51,283 @@ int fifo_replay(const int64_t *a, const int64_t *s, int64_t n, int64_t k, int64_
     return 0;
 }
 
+/* ---- critical_path ------------------------------------------------------------------------ */
+
+#define HOUR_NS 3600000000000LL
+
+typedef struct {  /* a level-1 or level-2 row (a stage span read by a request, clipped) */
+    int64_t j;      /* request index */
+    int64_t i;      /* stage span index */
+    int64_t pk;     /* level 2: the parent's span hash (partition key); level 1: 0 */
+    int64_t ps;     /* level 2: the parent's stretch start (partition key); level 1: 0 */
+    int64_t s0, e0, x1;
+    int32_t yielding;
+    int32_t pstage; /* level 2: the parent's stage code */
+} Row;
+
+typedef struct {
+    const int64_t *id_off;      /* span ids: Arrow large_string offsets and bytes; id_ok: not NULL */
+    const char *id_dat;
+    const uint8_t *id_ok;
+} Ids;
+
+/* SpanId ascending, NULLs last, byte-wise like DuckDB's VARCHAR order. */
+static int cmp_id(const Ids *ids, int64_t a, int64_t b) {
+    int na = !ids->id_ok[a], nb = !ids->id_ok[b];
+    if (na || nb) return na - nb;
+    int64_t la = ids->id_off[a + 1] - ids->id_off[a], lb = ids->id_off[b + 1] - ids->id_off[b];
+    int c = memcmp(ids->id_dat + ids->id_off[a], ids->id_dat + ids->id_off[b], (size_t)(la < lb ? la : lb));
+    if (c) return c < 0 ? -1 : 1;
+    return (la > lb) - (la < lb);
+}
+
+#define CMP(x, y) do { if ((x) != (y)) return (x) < (y) ? -1 : 1; } while (0)
+
+/* The sweep's order: partition (j, pk, ps, yielding), then e0 DESC, s0 DESC, SpanId. */
+static int cmp_row(const Row *a, const Row *b, const Ids *ids) {
+    CMP(a->j, b->j);
+    CMP(a->pk, b->pk);
+    CMP(a->ps, b->ps);
+    CMP(a->yielding, b->yielding);
+    CMP(b->e0, a->e0);
+    CMP(b->s0, a->s0);
+    return cmp_id(ids, a->i, b->i);
+}
+
+static int same_part(const Row *a, const Row *b) {
+    return a->j == b->j && a->pk == b->pk && a->ps == b->ps && a->yielding == b->yielding;
+}
+
+/* Stable bottom-up merge sort of n rows (no global state: callers may run in parallel). */
+static int merge_sort(Row *r, int64_t n, const Ids *ids) {
+    Row *tmp = malloc((size_t)n * sizeof(Row));
+    if (!tmp) return -1;
+    Row *src = r, *dst = tmp;
+    for (int64_t w = 1; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi) dst[o++] = cmp_row(&src[b], &src[a], ids) < 0 ? src[b++] : src[a++];
+            while (a < mid) dst[o++] = src[a++];
+            while (b < hi) dst[o++] = src[b++];
+        }
+        Row *t = src; src = dst; dst = t;
+    }
+    if (src != r) memcpy(r, src, (size_t)n * sizeof(Row));
+    free(tmp);
+    return 0;
+}
+
+/* Sort rows in the sweep's order: a counting sort by request (j < nr), then each request's few rows. */
+static int sort_rows(Row **rows, int64_t n, int64_t nr, const Ids *ids) {
+    if (n < 2) return 0;
+    Row *r = *rows, *out = malloc((size_t)n * sizeof(Row));
+    int64_t *start = calloc((size_t)nr + 1, sizeof(int64_t));
+    if (!out || !start) { free(out); free(start); return -1; }
+    for (int64_t t = 0; t < n; t++) start[r[t].j + 1]++;
+    for (int64_t j = 0; j < nr; j++) start[j + 1] += start[j];
+    for (int64_t t = 0; t < n; t++) out[start[r[t].j]++] = r[t];
+    free(r);
+    *rows = out;
+    int rc = 0;
+    for (int64_t lo = 0, hi; lo < n && rc == 0; lo = hi) {
+        for (hi = lo + 1; hi < n && out[hi].j == out[lo].j; hi++) {}
+        if (hi - lo > 32) {
+            rc = merge_sort(out + lo, hi - lo, ids);
+            continue;
+        }
+        for (int64_t t = lo + 1; t < hi; t++) {  /* insertion sort: stable */
+            Row v = out[t];
+            int64_t u = t;
+            while (u > lo && cmp_row(&v, &out[u - 1], ids) < 0) { out[u] = out[u - 1]; u--; }
+            out[u] = v;
+        }
+    }
+    free(start);
+    return rc;
+}
+
+/* x1 of every row: greatest(s0, least(e0, min(s0) of the earlier rows of its partition, else e0)). */
+static void sweep(Row *r, int64_t n) {
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int first = t == 0 || !same_part(&r[t - 1], &r[t]);
+        int64_t lim = first ? r[t].e0 : (m < r[t].e0 ? m : r[t].e0);
+        r[t].x1 = lim > r[t].s0 ? lim : r[t].s0;
+        m = first || r[t].s0 < m ? r[t].s0 : m;
+    }
+}
+
+/* An open-addressing table of 64-bit keys -> first index of a chain (next[] links equal keys). A slot
+ * holds its key and head side by side: one cache line per probe. */
+typedef struct { int64_t key, head; } Slot;
+typedef struct { int64_t cap; Slot *slot; } Table;
+
+static uint64_t mix(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33;
+    return x;
+}
+
+static int table_init(Table *t, int64_t n) {
+    t->cap = 16;
+    while (t->cap < n + n / 2) t->cap *= 2;
+    t->slot = malloc((size_t)t->cap * sizeof(Slot));
+    if (!t->slot) return -1;
+    for (int64_t q = 0; q < t->cap; q++) t->slot[q].head = -1;
+    return 0;
+}
+
+/* The head of `key`'s chain, to be set (insert). */
+static int64_t *table_slot(Table *t, int64_t key) {
+    uint64_t m = (uint64_t)(t->cap - 1), q = mix((uint64_t)key) & m;
+    while (t->slot[q].head >= 0 && t->slot[q].key != key) q = (q + 1) & m;
+    t->slot[q].key = key;
+    return &t->slot[q].head;
+}
+
+/* The head of `key`'s chain, or -1 (look-up: writes nothing). */
+static int64_t table_get(const Table *t, int64_t key) {
+    uint64_t m = (uint64_t)(t->cap - 1), q = mix((uint64_t)key) & m;
+    while (t->slot[q].head >= 0) {
+        if (t->slot[q].key == key) return t->slot[q].head;
+        q = (q + 1) & m;
+    }
+    return -1;
+}
+
+static void table_free(Table *t) { free(t->slot); }
+
+static int push(Row **rows, int64_t *n, int64_t *cap, Row row) {
+    if (*n == *cap) {
+        int64_t c = *cap ? 2 * *cap : 1024;
+        Row *g = realloc(*rows, (size_t)c * sizeof(Row));
+        if (!g) return -1;
+        *rows = g;
+        *cap = c;
+    }
+    (*rows)[(*n)++] = row;
+    return 0;
+}
+
+static int64_t lo_of(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t hi_of(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The first token and replica a row gives its request (the relation `info`). */
+static void info_of(const Row *w, const int64_t *s, const int64_t *e, const int32_t *stage, const uint8_t *flags,
+                    const uint8_t *rep_ok, const Ids *ids, int64_t *prefill_end, uint8_t *prefill_ok,
+                    int64_t *stream_start, uint8_t *stream_ok, int64_t *worker) {
+    int64_t j = w->j, i = w->i;
+    uint8_t f = flags[stage[i]];
+    if ((f & 1) && (!prefill_ok[j] || e[i] < prefill_end[j])) { prefill_end[j] = e[i]; prefill_ok[j] = 1; }
+    if ((f & 2) && (!stream_ok[j] || s[i] < stream_start[j])) { stream_start[j] = s[i]; stream_ok[j] = 1; }
+    if ((f & 4) && rep_ok[i]) {
+        int64_t b = worker[j];
+        if (b < 0 || s[i] < s[b] || (s[i] == s[b] && cmp_id(ids, i, b) < 0)) worker[j] = i;
+    }
+}
+
+/* Add a request's parts to its stage sums: each stretch for its stage (level 2: taken from the
+ * parent's stage), each yielding stretch less its overlap with each working sibling's stretch. */
+static void parts_of(const Row *r, int64_t lo, int64_t hi, int level, const int32_t *stage, int64_t nstages,
+                     int64_t *stage_ns, int64_t *covered) {
+    for (int64_t t = lo; t < hi; t++) {
+        const Row *y = &r[t];
+        if (y->x1 <= y->s0) continue;
+        int64_t len = y->x1 - y->s0, *out = stage_ns + y->j * (nstages + 1);
+        out[stage[y->i]] += len;
+        covered[y->j] += len;
+        if (level == 2) { out[y->pstage] -= len; covered[y->j] -= len; }
+        if (!y->yielding) continue;
+        for (int64_t u = lo; u < hi; u++) {
+            const Row *w = &r[u];
+            if (w->yielding || w->x1 <= w->s0) continue;
+            int64_t ov = lo_of(y->x1, w->x1) - hi_of(y->s0, w->s0);
+            if (ov <= 0) continue;
+            out[stage[y->i]] -= ov;
+            covered[y->j] -= ov;
+            if (level == 2) { out[y->pstage] += ov; covered[y->j] += ov; }
+        }
+    }
+}
+
+/* Requests (nr): span hash rk, start rs, end re, hour hr, req_ok (rs and re not NULL); rk unique.
+ * Stage spans (ns): span hash k, parent hash pk, start s, end e, stage code (0..nstages, nstages for
+ * a stage outside the vocabulary), rep_ok (Replica not NULL), span ids; yielding[code]; flags[code]:
+ * 1 prefill, 2 streaming, 4 worker stage. Out, per request: stage_ns[j * (nstages + 1) + code]
+ * (critical ns), covered[j], prefill_end / stream_start with their _ok flags, worker (the stage span
+ * whose Replica is the request's, or -1). Returns 0, or -1 when out of memory. */
+int critical_path(int64_t nr, const int64_t *rk, const int64_t *rs, const int64_t *re, const int64_t *hr,
+                  const uint8_t *req_ok, int64_t ns, const int64_t *k, const int64_t *pk, const int64_t *s,
+                  const int64_t *e, const int32_t *stage, const uint8_t *rep_ok, const int64_t *id_off,
+                  const char *id_dat, const uint8_t *id_ok, int64_t nstages, const uint8_t *yielding,
+                  const uint8_t *flags, int64_t *stage_ns, int64_t *covered, int64_t *prefill_end,
+                  uint8_t *prefill_ok, int64_t *stream_start, uint8_t *stream_ok, int64_t *worker) {
+    Ids ids = {id_off, id_dat, id_ok};
+    int rc = -1;
+    Row *l1 = NULL, *l2 = NULL;
+    int64_t n1 = 0, c1 = 0, n2 = 0, c2 = 0, *next = NULL;
+    Table reqs = {0, NULL}, parents = {0, NULL};
+    for (int64_t j = 0; j < nr; j++) {
+        covered[j] = 0; prefill_ok[j] = 0; stream_ok[j] = 0; worker[j] = -1;
+        for (int64_t c = 0; c <= nstages; c++) stage_ns[j * (nstages + 1) + c] = 0;
+    }
+    if (table_init(&reqs, nr) < 0) goto done;
+    for (int64_t j = 0; j < nr; j++) if (req_ok[j]) *table_slot(&reqs, rk[j]) = j;
+    /* level 1: stage children of the request span that overlap it, clipped to it */
+    for (int64_t i = 0; i < ns; i++) {
+        int64_t j = table_get(&reqs, pk[i]);
+        if (j < 0) continue;
+        if (!(lo_of(e[i], re[j]) > hi_of(s[i], rs[j])) || s[i] < hr[j] - HOUR_NS || s[i] >= hr[j] + 2 * HOUR_NS)
+            continue;
+        Row w = {j, i, 0, 0, hi_of(s[i], rs[j]), lo_of(e[i], re[j]), 0, yielding[stage[i]], 0};
+        if (push(&l1, &n1, &c1, w) < 0) goto done;
+    }
+    if (sort_rows(&l1, n1, nr, &ids) < 0) goto done;
+    sweep(l1, n1);
+    /* level 2: stage children of a working level-1 row that overlap the request, clipped to its stretch */
+    if (table_init(&parents, n1) < 0) goto done;
+    next = malloc((size_t)(n1 ? n1 : 1) * sizeof(int64_t));
+    if (!next) goto done;
+    for (int64_t t = n1 - 1; t >= 0; t--) {
+        if (l1[t].yielding) continue;
+        int64_t *h = table_slot(&parents, k[l1[t].i]);
+        next[t] = *h;
+        *h = t;
+    }
+    for (int64_t i = 0; i < ns; i++) {
+        for (int64_t t = table_get(&parents, pk[i]); t >= 0; t = next[t]) {
+            const Row *p = &l1[t];
+            int64_t j = p->j;
+            if (!(lo_of(e[i], re[j]) > hi_of(s[i], rs[j])) || s[i] < hr[j] - HOUR_NS || s[i] >= hr[j] + 2 * HOUR_NS)
+                continue;
+            Row c = {j, i, k[p->i], p->s0, hi_of(s[i], p->s0), lo_of(e[i], p->x1), 0, yielding[stage[i]],
+                     stage[p->i]};
+            info_of(&c, s, e, stage, flags, rep_ok, &ids, prefill_end, prefill_ok, stream_start, stream_ok, worker);
+            if (c.e0 > c.s0 && push(&l2, &n2, &c2, c) < 0) goto done;
+        }
+    }
+    for (int64_t t = 0; t < n1; t++)
+        info_of(&l1[t], s, e, stage, flags, rep_ok, &ids, prefill_end, prefill_ok, stream_start, stream_ok, worker);
+    if (sort_rows(&l2, n2, nr, &ids) < 0) goto done;
+    sweep(l2, n2);
+    /* parts: level 1 per request (both yielding groups are adjacent), level 2 per (request, parent, ps) */
+    for (int64_t lo = 0, hi; lo < n1; lo = hi) {
+        for (hi = lo + 1; hi < n1 && l1[hi].j == l1[lo].j; hi++) {}
+        parts_of(l1, lo, hi, 1, stage, nstages, stage_ns, covered);
+    }
+    for (int64_t lo = 0, hi; lo < n2; lo = hi) {
+        for (hi = lo + 1; hi < n2 && l2[hi].j == l2[lo].j && l2[hi].pk == l2[lo].pk && l2[hi].ps == l2[lo].ps; hi++) {}
+        parts_of(l2, lo, hi, 2, stage, nstages, stage_ns, covered);
+    }
+    rc = 0;
+done:
+    free(l1); free(l2); free(next);
+    table_free(&reqs); table_free(&parents);
+    return rc;
+}
+
 static struct PyModuleDef replay_module = {
-    PyModuleDef_HEAD_INIT, "_replay", "FIFO k-server replay kernel; called through ctypes (analysis.capacity).",
+    PyModuleDef_HEAD_INIT, "_replay", "C kernels of analysis (FIFO replay, critical-path sweep); called through ctypes.",
     -1, NULL, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__replay(void) { return PyModule_Create(&replay_module); }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import heapq
-import importlib.machinery
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import breakdowns as B
+from analysis.materialize import kernel_path
 from analysis.percentiles import parse_time
 from analysis.whatif import peak_concurrency, read_observed, simulate
 
@@ -42,15 +42,6 @@ I64 = npt.NDArray[np.int64]
 CAPACITY_VERSION: Final = 1
 _LIB: ctypes.CDLL | None = None
 _LIB_TRIED = False
-
-
-def kernel_path() -> Path:
-    """Where `pip install` puts the kernel: analysis/_replay<extension suffix> (setup.py builds it)."""
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        if (here / f"_replay{suffix}").is_file():
-            return here / f"_replay{suffix}"
-    return here / f"_replay{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 
 
 def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:

@@ -16,7 +16,9 @@ connection opened earlier keeps reading its own snapshot meanwhile.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib.machinery
 import json
 import os
 import time
@@ -25,8 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis import model as M
 from analysis.views import files_source, spans_sql
@@ -41,6 +47,9 @@ REQUESTS_GLOB = f"{REQUESTS_DIR}/dt=*/hr=*/requests-*.parquet"
 GRACE_S = 600.0
 #: Rows per Parquet row group: a time predicate skips the groups outside it.
 ROW_GROUP_ROWS = 16_384
+#: zstd level of the request files: level 1 wrote the 2 M-span store's hours in about half the CPU of
+#: DuckDB's default (3) for a file 1 % larger (docs/benchmarks.md, issue #11).
+ZSTD_LEVEL = 1
 #: `collect` builds an hour once the hour after it has ended this long ago (spans arriving later rebuild it).
 SETTLE_NS = 5 * 60 * 1_000_000_000
 
@@ -144,26 +153,141 @@ def hour_where(hours: list[int]) -> str:
     return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
 
 
-def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
-    """SQL of the `requests` rows of one hour, read from the segments of `snap.inputs([hour_ns])`: what
-    `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
+def _hour_source(snap: Snapshot, hour_ns: int) -> tuple[str, str]:
+    """(source, request_where) of one hour's requests: the spans of `snap.inputs([hour_ns])`, its request spans."""
     files = [str(f) for f in snap.inputs([hour_ns])]
     if not files:
         raise ValueError(f"no segment holds spans of the hour at {hour_ns} or its neighbours")
-    source = f"({spans_sql(files_source(files))})"
-    where = hour_where([hour_ns])
-    # the stage spans that can overlap this hour's requests: a literal bound skips most of the next hour
-    # (the model's own bounds on the stage spans, `< max(request end)` and `end > min(request start)`, as literals)
+    return f"({spans_sql(files_source(files))})", hour_where([hour_ns])
+
+
+def _span_bound(hour_ns: int, lo: int | None, hi: int | None) -> str:
+    """The stage spans that can overlap requests spanning [lo, hi): the model's own bounds on the stage spans
+    (`< max(request end)`, `end > min(request start)`) as literals, so that the scan skips most of the next hour."""
+    if hi is None:
+        return "FALSE"
+    return f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
+
+
+def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
+    """SQL of the `requests` rows of one hour, read from the segments of `snap.inputs([hour_ns])`: what
+    `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
+    source, where = _hour_source(snap, hour_ns)
     lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
                          f"WHERE IsRequest AND {where}").fetchone() or (None, None)
-    bound = (f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
-             if hi is not None else "FALSE")
-    return M.requests_sql(source, request_where=where, span_where=bound)
+    return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
+
+
+def kernel_path() -> Path:
+    """Where `pip install` puts analysis's C kernels: analysis/_replay<extension suffix> (setup.py builds it)."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (here / f"_replay{suffix}").is_file():
+            return here / f"_replay{suffix}"
+    return here / f"_replay{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def load_sweep() -> ctypes.CDLL | None:
+    """The C critical-path sweep (`critical_path` in analysis/_replay.c), or None when the kernel is not built."""
+    global _SWEEP, _SWEEP_TRIED
+    if not _SWEEP_TRIED:
+        _SWEEP_TRIED = True
+        file = kernel_path()
+        lib = ctypes.CDLL(str(file)) if file.is_file() else None
+        if lib is not None and hasattr(lib, "critical_path"):
+            i64, u8 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint8)
+            lib.critical_path.argtypes = [
+                ctypes.c_int64, i64, i64, i64, i64, u8,
+                ctypes.c_int64, i64, i64, i64, i64, ctypes.POINTER(ctypes.c_int32), u8, i64, ctypes.c_void_p, u8,
+                ctypes.c_int64, u8, u8, i64, i64, i64, u8, i64, u8, i64]
+            lib.critical_path.restype = ctypes.c_int
+            _SWEEP = lib
+    return _SWEEP
+
+
+_SWEEP: ctypes.CDLL | None = None
+_SWEEP_TRIED = False
+#: Bits of a stage's role in `info` (analysis/_replay.c): its end ends prefill, its start starts the stream,
+#: its replica is the worker's.
+_PREFILL, _STREAM, _WORKER = 1, 2, 4
+
+
+def _ptr(a: np.ndarray, typ: type) -> Any:
+    return a.ctypes.data_as(ctypes.POINTER(typ))
+
+
+def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int, lib: ctypes.CDLL,
+                        names: dict[str, str]) -> str:
+    """`hour_requests_sql`'s rows with the sweep (the model's `info` and `stage_ns`) computed by the C kernel.
+
+    DuckDB computes the model's request spans (`req`) and stage spans (`st`) and the final SELECT, as the
+    SQL does; the kernel replaces the relations between them. `names` are the temporary relations it
+    creates in `con` (the caller drops them): the request spans, `info` and `stage_ns`.
+    """
+    source, where = _hour_source(snap, hour_ns)
+    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where)}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {names['req']} AS WITH "
+                + ", ".join(f"{n} AS ({ctes[n]})" for n in ("req0", "dup", "req")) + " SELECT * FROM req")
+    req = con.sql(f"SELECT rk, coalesce(rs, 0) AS rs, coalesce(re, 0) AS re, coalesce(hr, 0) AS hr, "
+                  f"rs IS NOT NULL AND re IS NOT NULL AS ok FROM {names['req']}").fetchnumpy()
+    # the stage spans' literal bound from the deduplicated request spans: the bound `st` itself applies
+    lo, hi = con.execute(f"SELECT min(rs), max(re) FROM {names['req']}").fetchall()[0]
+    st_sql = dict((name, sql) for name, _, sql in M.chain_ctes(
+        source, request_where=where, span_where=_span_bound(hour_ns, lo, hi)))["st"]
+    codes = " ".join(f"WHEN {M.quote(x)} THEN {c}" for c, x in enumerate(S.ALL_STAGES))
+    st = con.sql(f"WITH req AS (SELECT * FROM {names['req']}) SELECT k, pk, s, e, "
+                 f"CASE Stage {codes} ELSE {len(S.ALL_STAGES)} END::INTEGER AS code, Replica, SpanId "
+                 f"FROM ({st_sql})").to_arrow_table()
+    nr, ns, nstages = len(req["rk"]), st.num_rows, len(S.ALL_STAGES)
+    rk = np.ascontiguousarray(req["rk"]).view(np.int64)
+    rs, re, hr = (np.ascontiguousarray(req[c], dtype=np.int64) for c in ("rs", "re", "hr"))
+    ok = np.ascontiguousarray(req["ok"], dtype=np.uint8)
+    k, pk = (np.ascontiguousarray(st[c].to_numpy()).view(np.int64) for c in ("k", "pk"))
+    s, e = (np.ascontiguousarray(st[c].to_numpy(), dtype=np.int64) for c in ("s", "e"))
+    code = np.ascontiguousarray(st["code"].to_numpy(), dtype=np.int32)
+    rep_ok = np.ascontiguousarray(st["Replica"].is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+    ids = pc.cast(st["SpanId"], pa.large_string()).combine_chunks()
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.chunk(0) if ids.num_chunks else pa.array([], pa.large_string())
+    id_ok = np.ascontiguousarray(ids.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+    bufs = ids.buffers()
+    id_off = np.frombuffer(bufs[1], dtype=np.int64, count=len(ids) + 1, offset=ids.offset * 8)
+    id_dat = ctypes.c_void_p(bufs[2].address if bufs[2] is not None and bufs[2].size else None)  # `ids` keeps it
+    yielding = np.array([st_ in S.YIELDING_STAGES for st_ in S.ALL_STAGES] + [False], dtype=np.uint8)
+    flags = np.array([(_PREFILL if x == "prefill" else 0) | (_STREAM if x == "streaming" else 0)
+                      | (_WORKER if x in M.WORKER_STAGES else 0) for x in S.ALL_STAGES] + [0], dtype=np.uint8)
+    stage_ns = np.zeros((nr, nstages + 1), dtype=np.int64)
+    covered, prefill_end, stream_start, worker = (np.zeros(nr, dtype=np.int64) for _ in range(4))
+    prefill_ok, stream_ok = np.zeros(nr, dtype=np.uint8), np.zeros(nr, dtype=np.uint8)
+    i64, u8 = ctypes.c_int64, ctypes.c_uint8
+    rc = lib.critical_path(nr, _ptr(rk, i64), _ptr(rs, i64), _ptr(re, i64), _ptr(hr, i64), _ptr(ok, u8),
+                           ns, _ptr(k, i64), _ptr(pk, i64), _ptr(s, i64), _ptr(e, i64), _ptr(code, ctypes.c_int32),
+                           _ptr(rep_ok, u8), _ptr(id_off, i64), id_dat, _ptr(id_ok, u8),
+                           nstages, _ptr(yielding, u8), _ptr(flags, u8), _ptr(stage_ns, i64), _ptr(covered, i64),
+                           _ptr(prefill_end, i64), _ptr(prefill_ok, u8), _ptr(stream_start, i64), _ptr(stream_ok, u8),
+                           _ptr(worker, i64))
+    if rc != 0:
+        raise MemoryError("the critical-path kernel ran out of memory")
+    keys = pa.array(rk.view(np.uint64))
+    con.register(names["stage_ns"], pa.table(
+        {"rk": keys, **{f"{x}_ns": stage_ns[:, c] for c, x in enumerate(S.ALL_STAGES)}, "covered_ns": covered}))
+    replica = st["Replica"].take(pa.array(np.where(worker < 0, 0, worker), mask=worker < 0)) if ns else (
+        pa.nulls(nr, pa.string()))
+    con.register(names["info"], pa.table({
+        "rk": keys, "prefill_end_ns": pa.array(prefill_end, mask=prefill_ok == 0),
+        "stream_start_ns": pa.array(stream_start, mask=stream_ok == 0), "worker_replica": replica}))
+    return (f"WITH req AS (SELECT * FROM {names['req']}), info AS (SELECT * FROM {names['info']}), "
+            f"stage_ns AS (SELECT * FROM {names['stage_ns']})\n"
+            + M.select_sql(M.DUCKDB, source, stages=True, columns=M.REQUEST_COLUMNS))
 
 
 def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
-               threads: int | None = None, memory_limit: str = "4GB") -> Path:
-    """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename)."""
+               threads: int | None = None, memory_limit: str = "4GB", kernel: bool = True) -> Path:
+    """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename).
+
+    With `kernel` and the C kernel built, the critical-path sweep runs in C (`_swept_requests_sql`, the
+    same rows); otherwise all in the model's SQL (`hour_requests_sql`).
+    """
     own = con is None
     if con is None:
         con = duckdb.connect(":memory:")
@@ -176,14 +300,18 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"requests-{snap.key(hour_ns)}.parquet"
     tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-    sql = hour_requests_sql(con, snap, hour_ns)
+    lib = load_sweep() if kernel else None
+    tag = uuid.uuid4().hex[:8]
+    names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
     mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
     engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]))).fetchall()) if mine else {}
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
+        sql = _swept_requests_sql(con, snap, hour_ns, lib, names) if lib is not None else hour_requests_sql(
+            con, snap, hour_ns)
         con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, "
-                    f"KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
+                    f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
+                    f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         fsync_path(tmp)
         os.replace(tmp, final)
         fsync_path(directory)
@@ -191,6 +319,10 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         tmp.unlink(missing_ok=True)
         raise
     finally:
+        if lib is not None:
+            con.execute(f"DROP TABLE IF EXISTS {names['req']}")
+            for n in ("info", "stage_ns"):
+                con.unregister(names[n])
         if own:
             con.close()
     _sweep(directory, keep=final)

@@ -1,13 +1,15 @@
 """Time building one hour's request file (analysis.materialize.build_hour) against a plain spans scan.
 
     python -m benchmarks.bench_build_hour --store STORE [--threads 2] [--repeat 2] [--save DIR] [--check DIR]
+                                          [--sweep c|sql|both]
 
 In one process, alternating: the anchor `SELECT Replica, quantile_cont(Duration, 0.99) FROM spans
 GROUP BY 1` over every span of the store, then each hour's build (it reads its hour and both
 neighbours). Prints wall and CPU seconds (user + system of every thread of this process), the
 hour's span count, the CPU ratio to the anchor and the load average before and after. --save copies
 each hour's rows (sorted) to DIR; --check compares them with a DIR saved before (another version
-of the model must give the same rows).
+of the model must give the same rows). --sweep: the critical-path sweep in C (build_hour's default when
+the kernel is built), in the model's SQL, or both alternating within each run (each hour built twice).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _cpu() -> float:
 def main(argv: list[str] | None = None) -> None:
     """Build every hour of --store --repeat times beside the anchor; print one JSON line per run."""
     from analysis import connect
-    from analysis.materialize import build_hour, snapshot
+    from analysis.materialize import build_hour, load_sweep, snapshot
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--store", required=True)
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--save", default=None)
     parser.add_argument("--check", default=None)
+    parser.add_argument("--sweep", choices=("c", "sql", "both"), default="c")
     args = parser.parse_args(argv)
     store = Path(args.store)
     con = connect(store, threads=args.threads, memory_limit="4GB")
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     bcon.execute("SET enable_progress_bar = false")
     bcon.execute("SET preserve_insertion_order = false")
     same = True
+    if args.sweep != "sql" and load_sweep() is None:
+        parser.error("--sweep c needs the C kernel: python setup.py build_ext --inplace")
+    sweeps = {"c": [True], "sql": [False], "both": [True, False]}[args.sweep]
     for run in range(args.repeat):
         snap = snapshot(store)
         t0, c0 = time.perf_counter(), _cpu()
@@ -59,17 +65,17 @@ def main(argv: list[str] | None = None) -> None:
         anchor_cpu = round(_cpu() - c0, 3)
         row: dict[str, object] = {"run": run, "load_start": _load(),
                                   "anchor": [round(time.perf_counter() - t0, 3), anchor_cpu]}
-        for hour in sorted(snap.by_hour):
+        for hour, kernel in ((h, k) for h in sorted(snap.by_hour) for k in (sweeps if run % 2 == 0 else sweeps[::-1])):
             files = [str(f) for f in snap.by_hour[hour]]
             spans = (bcon.execute(f"SELECT count(*) FROM read_parquet({files})").fetchone() or (0,))[0]
             t0, c0 = time.perf_counter(), _cpu()
-            path = build_hour(snap, hour, bcon)
+            path = build_hour(snap, hour, bcon, kernel=kernel)
             wall, cpu = time.perf_counter() - t0, _cpu() - c0
             entry: dict[str, object] = {"spans": int(spans), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
                                         "cpu_x_anchor": round(cpu / anchor_cpu, 1) if anchor_cpu else None}
-            row[str(hour)] = entry
+            row[f"{hour}{'' if len(sweeps) == 1 else ('/c' if kernel else '/sql')}"] = entry
             sorted_rows = f"(SELECT * FROM read_parquet('{path}') ORDER BY ALL)"
-            if args.save and run == 0:
+            if args.save and run == 0 and kernel == sweeps[0]:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
                 bcon.execute(f"COPY {sorted_rows} TO '{Path(args.save) / f'{hour}.parquet'}' (FORMAT parquet)")
             if args.check and run == 0:
