@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--receiver-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every receiver (repeat it), e.g. --receiver-arg=--journal-ms "
-                         "--receiver-arg=250 for the opt-in journal")
+                         "--receiver-arg=0 to turn the journal off")
     ap.add_argument("--phoenix", default="phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")

@@ -168,8 +168,8 @@ def test_a_live_receivers_journal_is_not_replayed(tmp_path: Path) -> None:
     journal.close()
 
 
-def test_replay_writes_one_file_at_a_time_and_a_headerless_file_widens_nothing(tmp_path: Path,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_writes_one_file_at_a_time_and_a_headerless_file_widens_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two generations of a dead receiver and a file killed before its header: one segment per generation (the
     replay holds one group at a time), and the segments read for keys are those since the oldest header, not
     the whole store (a header-less file has no start)."""
