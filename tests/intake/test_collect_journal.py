@@ -197,3 +197,50 @@ def test_replay_writes_one_file_at_a_time_and_a_headerless_file_widens_nothing(
     assert sorted(_keys(store)) == sorted(k for _, ks in made for k in ks)
     assert len(ages) == 1 and ages[0] < 60.0
     assert list(journal_dir(store).glob("*.journal")) == []
+
+
+def test_a_failed_group_does_not_delete_the_journal_of_a_group_still_being_written(tmp_path: Path) -> None:
+    """Groups of journalled requests overlap (the next is prepared while one is written): a later group that
+    fails must not mark the earlier generation covered, or its journal file would go before its segment."""
+    import threading
+
+    store = init_store(tmp_path / "store")
+    release = threading.Event()
+    writing = threading.Event()
+
+    class SlowWriter(SegmentWriter):
+        def write(self, table: pa.Table) -> list[Path]:
+            writing.set()
+            assert release.wait(60)
+            return super().write(table)
+
+    def prepare(table: pa.Table) -> pa.Table:
+        if "poison" in table.column("SpanName").to_pylist():
+            raise ValueError("poisoned group")
+        return normalize(promote(table))
+
+    writer = SlowWriter(store, kind="collect", durable=True)
+    journal = Journal(store, writer.writer, durable=True)
+    committer = Committer(writer, RecentKeys(1000), max_queue_spans=10_000, prepare=prepare, journal=journal,
+                          journal_s=0.01, segment_spans=1_000_000)
+    committer.start()
+    try:
+        body, keys = pb_body(20, random.Random(9))
+        first, _ = decode_protobuf_base(body)
+        assert committer.submit(first, journal=True).result(timeout=60).segments == 0  # answered from the journal
+        assert writing.wait(60)  # its group is being written (and held there)
+        files = list(journal_dir(store).glob("*.journal"))
+        assert len(files) == 1
+        poison, _ = decode_protobuf_base(pb_body(3, random.Random(10))[0])
+        poison = poison.set_column(poison.schema.get_field_index("SpanName"), "SpanName",
+                                   pa.array(["poison"] * poison.num_rows, pa.string()))
+        with pytest.raises(ValueError, match="poisoned"):
+            committer.submit(poison).result(timeout=60)  # answered only once in a segment: it fails
+        time.sleep(0.2)  # the journal thread would delete covered files now
+        assert [p for p in files if p.exists()] == files  # the first group is not written yet: its file stays
+        release.set()
+    finally:
+        release.set()
+        committer.close()
+    assert sorted(_keys(store)) == sorted(keys)
+    assert list(journal_dir(store).glob("*.journal")) == []
