@@ -223,20 +223,14 @@ class Committer:
         self.journalled_requests = 0
         self._journal_thread = threading.Thread(target=self._journal_loop, name="tailscope-journal", daemon=True)
         self._thread = threading.Thread(target=self._run, name="tailscope-prepare", daemon=True)
-        # two threads. A group with requests answered only once in a segment is handed to the writer and
-        # the next group taken only once it is written and fsynced, so everything that arrived meanwhile
-        # joins it: overlapping the two made more, smaller groups, each with its fixed cost (with 8 clients
-        # of 512-span bodies ~1,600 spans a group against ~2,200, and 25 % more receiver CPU per span;
-        # docs/benchmarks.md, issue #13). A group of journalled requests only is not waited for: its size
-        # comes from --journal-ms, not from what is in flight, so the next group is promoted (GIL held)
-        # while this one is encoded by Parquet (GIL released), on the other core. The writer writes groups
-        # in order and is the only one to mark journal generations covered (a group that fails or holds no
-        # spans hands the writer its generation), so no journal file goes before the segments of the
-        # generations it follows.
-        self._handoff: queue.Queue[_Prepared | int | None] = queue.Queue(maxsize=1)
-        self._written = threading.Condition()
-        self._handed_groups = 0  # groups handed to the writer (prepare thread)
-        self._written_groups = 0  # of those, written or given up (writer thread, under _written)
+        # two threads, one group at a time: the next group is taken only once the writer has written
+        # and fsynced the previous one, so everything that arrived meanwhile joins it. Overlapping the
+        # two (building a group while the previous one is written) made more, smaller groups, each
+        # with its fixed cost: with 8 clients of 512-span bodies ~1,600 spans a group against ~2,200,
+        # and 25 % more receiver CPU per span at no better rate on 2 shared cores (docs/benchmarks.md,
+        # issue #13). The writer stays a thread of its own so a failed write is handled in one place.
+        self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
+        self._taken = threading.Event()
         self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)
         self._keys_lock = threading.Lock()
         self._builder_lock = threading.Lock()
@@ -377,20 +371,15 @@ class Committer:
                 taken = self._take()
                 if taken is None:
                     return
-                group = taken[0]
-                serial = not all(item.early for item in group)  # see __init__
-                self._handoff.put(self._prepare_group(*taken))
-                self._handed_groups += 1
-                if serial:
-                    with self._written:
-                        while self._written_groups < self._handed_groups:
-                            self._written.wait()
+                prepared = self._prepare_group(*taken)
+                if prepared is not None:
+                    self._handoff.put(prepared)
+                    self._taken.wait()  # until the writer has written it (see __init__)
+                    self._taken.clear()
         finally:
             self._handoff.put(None)
 
-    def _prepare_group(self, group: list[_Pending], columns: dict[str, Any] | None) -> _Prepared | int:
-        """The group's table, promoted and without duplicates; or, when there is nothing to write (only empty
-        requests, or preparing it failed), its journal generation for the writer to mark covered in turn."""
+    def _prepare_group(self, group: list[_Pending], columns: dict[str, Any] | None) -> _Prepared | None:
         started = time.perf_counter()
         try:
             tables = [item.table for item in group if item.table is not None]
@@ -399,7 +388,8 @@ class Committer:
             gen = self._group_gen
             if not tables:  # only empty requests in this group: nothing to write
                 self._resolve(group, CommitResult(stored=0, duplicates=0, segments=0))
-                return gen
+                self._cover(gen)
+                return None
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             if self._prepare is not None:  # promotion and engine normalization, once per group
                 table = self._prepare(table)
@@ -417,23 +407,20 @@ class Committer:
                 if any(item.early and item.resolved for item in group):
                     self._journal_frozen = True  # answered spans stay in the journal for the next start
             self._fail(group, exc)
-            return self._group_gen
+            self._cover(self._group_gen)
+            return None
 
     def _write_loop(self) -> None:
         """Stage 2: write and fsync each prepared group, then answer its requests."""
         while True:
             prepared = self._handoff.get()
             if prepared is None:
+                self._taken.set()
                 return
             try:
-                if isinstance(prepared, int):
-                    self._cover(prepared)
-                else:
-                    self._write(prepared)
+                self._write(prepared)
             finally:
-                with self._written:  # a serial group's next one is taken now (see __init__)
-                    self._written_groups += 1
-                    self._written.notify_all()
+                self._taken.set()  # the next group is taken now (see __init__)
 
     def _write(self, p: _Prepared) -> None:
         with self._keys_lock:
