@@ -249,6 +249,7 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
                    extra: Sequence[str] = (), tag: str = "", root: Path = ROOT) -> dict[str, float]:
     """Pre-encoded bodies into a fresh collector; spans/s until every 200 (= fsynced) is back."""
     bodies = _bodies(total, per_body)
+    anchor = anchor_rate(bodies)
     # a fresh store per run: the bodies of a shape are the same bytes every time (fixed seed), so a
     # second run into the same store would only drop duplicates (no segment written: a third of the CPU)
     store = Path(tempfile.mkdtemp(prefix=f"tp-{total}-{per_body}-{connections}{tag}-", dir=work))
@@ -278,7 +279,22 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
             "rss_mb": rss, "refused": statuses.get(503, 0),
             # CPU per span falls with the group size (a group commit has a fixed cost): see docs/collect.md
             "spans_per_group": total / max(1, segments),
+            "anchor_spans_per_s": anchor, "anchor_ratio": total / elapsed / anchor,
             "load": os.getloadavg()[0]}
+
+
+def anchor_rate(bodies: list[bytes], seconds: float = 0.5) -> float:
+    """Spans/s of this process decoding the row's bodies on one thread (C extraction and assembly, wall clock),
+    measured just before a row: the machine's speed at that moment, so rows run at different loads compare
+    by their ratio to it (a shared 2-core machine's load moves the absolute figures several-fold)."""
+    from intake.otlp import decode_protobuf_base
+
+    spans = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for body in bodies[:64]:
+            spans += decode_protobuf_base(body)[0].num_rows
+    return spans / (time.perf_counter() - t0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -291,7 +307,7 @@ def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body
     a shared machine the receiver's CPU per span of neighbouring runs is what can be compared."""
     print(f"compare: {total:,} spans in {per_body}-span bodies over {connections} connections, {rounds} rounds")
     print(f"{'round':>5} {'checkout':<40} {'spans/s':>9} {'us CPU/span':>11} {'spans/group':>11} "
-          f"{'client p50':>10} {'client us/span':>14} {'load':>5}")
+          f"{'client p50':>10} {'client us/span':>14} {'ratio':>5} {'load':>5}")
     cpu: dict[Path, list[float]] = {root: [] for root in roots}
     for k in range(rounds):
         for i, root in enumerate(roots if k % 2 == 0 else roots[::-1]):
@@ -299,7 +315,7 @@ def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body
             cpu[root].append(r["cpu_us_per_span"])
             print(f"{k:>5} {str(root)[-40:]:<40} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} "
                   f"{r['spans_per_group']:>11,.0f} {r['client_p50_ms']:>8.1f}ms {r['client_cpu_us_per_span']:>14.2f} "
-                  f"{r['load']:>5.1f}")
+                  f"{r['anchor_ratio']:>5.2f} {r['load']:>5.1f}")
     for root, values in cpu.items():
         print(f"median CPU/span {statistics.median(values):.2f} us "
               f"(spread {min(values):.2f}-{max(values):.2f}): {root}")
@@ -537,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--receiver-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every receiver (repeat it), e.g. --receiver-arg=--journal-ms "
-                         "--receiver-arg=250 for the opt-in journal")
+                         "--receiver-arg=0 to turn the journal off")
     ap.add_argument("--phoenix", default="phoenix-venv/bin/phoenix", help="phoenix executable ('' skips)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
@@ -585,7 +601,9 @@ def main(argv: list[str] | None = None) -> None:
               "-> fsynced journal, then segments (docs/collect.md)")
         print(f"{'spans':>9} {'per body':>8} {'conns':>5} {'s':>6} {'spans/s':>9} {'MB/s':>6} {'client p50':>10} "
               f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'client us/span':>14} {'RSS MB':>7} "
-              f"{'spans/group':>11} {'load':>5}")
+              f"{'spans/group':>11} {'anchor':>9} {'ratio':>5} {'load':>5}")
+        print("   (anchor: spans/s of one thread of this process decoding the same bodies just before the row; "
+              "ratio: spans/s / anchor)")
         for total, per_body, conns in sizes:
             r = run_throughput(work, total, per_body, conns)
             best = max(best, r["spans_per_s"]) if per_body == 512 else best
@@ -594,7 +612,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['mb_per_s']:>6.1f} {r['client_p50_ms']:>8.1f}ms {r['client_p99_ms']:>8.1f}ms "
                   f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} "
                   f"{r['client_cpu_us_per_span']:>14.2f} {r['rss_mb']:>7.0f} "
-                  f"{r['spans_per_group']:>11,.0f} {r['load']:>5.1f}")
+                  f"{r['spans_per_group']:>11,.0f} {r['anchor_spans_per_s']:>9,.0f} {r['anchor_ratio']:>5.2f} "
+                  f"{r['load']:>5.1f}")
         light = run_light_latency(work, n=50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
               f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "

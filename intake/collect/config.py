@@ -119,12 +119,12 @@ class CollectSettings(SettingsTable):
         float, 20.0, "Shortest time between two group commits smaller than --gather-spans while several clients "
         "send, in ms (a lone client is answered at once); 0 turns gathering off.", option="--gather-ms")
     journal_ms: Setting[float] = Setting(
-        float, 0.0, "Off by default (0: every answer waits for its segment). Set (e.g. 250): while several HTTP "
-        "clients send, a request is answered once its body is fsynced in the "
+        float, 250.0, "While several HTTP clients send, a request is answered once its body is fsynced in the "
         "store's journal (.journal/), and segments are written from the journal's spans at most this many ms "
         "apart (or at --segment-spans): acknowledged spans become visible to queries within about this long "
         "plus one segment write. A lone client is answered only once its spans are in a segment. A receiver "
-        "killed with journalled spans leaves them to the next start, which stores them before listening.",
+        "killed with journalled spans leaves them to the next start, which stores them before listening. "
+        "0: off (every answer waits for its segment).",
         option="--journal-ms")
     segment_spans: Setting[int] = Setting(
         int, 32_768, "Journalled spans that start a segment before --journal-ms has passed.",

@@ -24,7 +24,6 @@ import re
 import socket
 import struct
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -59,6 +58,15 @@ class Record:
     kind: int
     peer: str | None
     payload: bytes
+
+
+def journal_started_ns(path: Path) -> int:
+    """The wall-clock ns the generation of journal file `path` began (0: no header, nothing acknowledged)."""
+    with open(path, "rb") as fh:
+        head = fh.read(_HEADER.size)
+    if len(head) < _HEADER.size or head[:4] != MAGIC:
+        return 0
+    return int(_HEADER.unpack(head)[1])
 
 
 def read_journal(path: Path) -> tuple[int, list[Record]]:
@@ -162,10 +170,3 @@ class Journal:
         for fh in self._files.values():
             fh.close()
         self._files.clear()
-
-
-def records_of(paths: list[Path]) -> Iterator[tuple[Path, int, list[Record]]]:
-    """(path, generation start ns, records) of each journal file."""
-    for path in paths:
-        started_ns, records = read_journal(path)
-        yield path, started_ns, records

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import sys
 import threading
@@ -50,6 +51,22 @@ class Stats:
     recognised_requests: int = 0  # request spans among the spans prepared for storage
 
 
+def use_system_memory_pool() -> bool:
+    """Make the C heap (malloc) pyarrow's default pool for this process, unless ARROW_DEFAULT_MEMORY_POOL
+    chose one; True when it did.
+
+    pyarrow's default, mimalloc, kept what the startup's Parquet reads freed (the dedupe keys and the journal
+    replay read ~20 segments): a restarted receiver sat 50-60 MiB above its first start (+43 MiB anonymous
+    memory over 21 key reads, against +2 with malloc and +4 with jemalloc), and that is what the chaos
+    test's RSS bound caught with the journal on (docs/benchmarks.md, issue #13). Receiving costs the same
+    CPU per span with either pool.
+    """
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return False
+    pa.set_memory_pool(pa.system_memory_pool())
+    return True
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -65,6 +82,7 @@ class Receiver:
 
     def __init__(self, config: CollectConfig) -> None:
         self.config = config
+        use_system_memory_pool()  # before the first Arrow allocation of the receiver (process-wide)
         self.store = init_store(config.store)
         self.writer = SegmentWriter(self.store, kind="collect", durable=config.durable)
         self.keys = RecentKeys(config.dedupe_window)

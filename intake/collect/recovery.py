@@ -22,9 +22,10 @@ from intake.collect.journal import (
     PROTOBUF,
     host_tag,
     journal_dir,
+    journal_started_ns,
     orphaned_journals,
     pid_alive,
-    records_of,
+    read_journal,
 )
 from intake.otlp import decode_protobuf_base
 from intake.peer import with_peer
@@ -70,38 +71,37 @@ def replay_journals(store: Path, writer: SegmentWriter, keys: RecentKeys,
     A journalled request was answered 200, but a receiver killed before its segment was written leaves
     the spans only there. Spans already in a segment (the segment was written, the journal file not yet
     deleted) are those of segments written since the generation began: their keys are read and dropped
-    here whatever the dedupe settings, so each acknowledged span ends up stored exactly once. Killed
-    during the replay, the next start replays again with the same rule.
+    here whatever the dedupe settings, so each acknowledged span ends up stored exactly once. One file
+    (one segment group of the dead receiver) is decoded, written and deleted at a time, so the replay
+    holds no more than the dead receiver's largest group. Killed during the replay, the next start
+    replays the files left with the same rule.
     """
     paths = orphaned_journals(store)
     if not paths:
         return Replayed(0, 0, 0)
-    tables: list[pa.Table] = []
-    oldest = None
-    for _, started_ns, records in records_of(paths):
-        oldest = started_ns if oldest is None else min(oldest, started_ns)
-        for record in records:
-            if record.kind == PROTOBUF:
-                table, _ = decode_protobuf_base(record.payload)
-                tables.append(with_peer(table, record.peer))
-            else:
-                tables.append(pa.ipc.open_stream(record.payload).read_all())
-    spans = sum(t.num_rows for t in tables)
-    stored = 0
-    if spans:
-        table = prepare(pa.concat_tables(tables))
-        if table.schema != S.SPAN_SCHEMA:
-            table = table.select(list(S.COLUMN_NAMES)).cast(S.SPAN_SCHEMA)
-        cutoff = (oldest or 0) / 1e9 - _MTIME_SLACK_S  # coarse file clocks: a little earlier
-        known = RecentKeys(capacity=1 << 62)
-        known.load(store, max_age_s=max(0.0, time.time() - cutoff))
-        table, _ = known.filter(table)
-        table, found = keys.filter(table)
-        if table.num_rows:
-            writer.write(table.combine_chunks())
-        keys.add(found)
-        stored = table.num_rows
+    starts = [started for started in map(journal_started_ns, paths) if started]
+    cutoff = min(starts, default=time.time_ns()) / 1e9 - _MTIME_SLACK_S  # coarse file clocks: a little earlier
+    known = RecentKeys(capacity=1 << 62)
+    known.load(store, max_age_s=max(0.0, time.time() - cutoff))
+    spans = stored = 0
     for path in paths:
+        _, records = read_journal(path)
+        tables = [with_peer(decode_protobuf_base(r.payload)[0], r.peer) if r.kind == PROTOBUF
+                  else pa.ipc.open_stream(r.payload).read_all() for r in records]
+        n = sum(t.num_rows for t in tables)
+        if n:
+            spans += n
+            table = prepare(pa.concat_tables(tables))
+            del tables
+            if table.schema != S.SPAN_SCHEMA:
+                table = table.select(list(S.COLUMN_NAMES)).cast(S.SPAN_SCHEMA)
+            table, _ = known.filter(table)
+            table, found = keys.filter(table)
+            if table.num_rows:
+                writer.write(table.combine_chunks())  # fsynced (durable) before the file goes
+            keys.add(found)
+            known.add(found)
+            stored += table.num_rows
         path.unlink(missing_ok=True)
     fsync_path(journal_dir(store))
     return Replayed(len(paths), spans, stored)

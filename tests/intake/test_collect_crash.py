@@ -22,7 +22,7 @@ from tests.intake.collect_helpers import pb_body, start_cli_receiver
 from tracing.store import segment_files
 
 TRIALS = 20
-#: the journal is opt-in (docs/collect.md); these trials exercise it
+#: the journal (the default since it is on again; explicit so these trials exercise it whatever the default)
 JOURNAL = ("--journal-ms", "250")
 BODIES_PER_TRIAL = 24
 SPANS_PER_BODY = 200

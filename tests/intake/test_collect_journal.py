@@ -166,3 +166,34 @@ def test_a_live_receivers_journal_is_not_replayed(tmp_path: Path) -> None:
     assert replay_journals(store, writer, RecentKeys(10), lambda t: normalize(promote(t))).files == 0
     assert segment_files(store) == []
     journal.close()
+
+
+def test_replay_writes_one_file_at_a_time_and_a_headerless_file_widens_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two generations of a dead receiver and a file killed before its header: one segment per generation (the
+    replay holds one group at a time), and the segments read for keys are those since the oldest header, not
+    the whole store (a header-less file has no start)."""
+    store = init_store(tmp_path / "store")
+    rng = random.Random(5)
+    made = [pb_body(20, rng) for _ in range(4)]
+    journal = Journal(store, _writer_name(_dead_pid()), durable=True)
+    started_ns = time.time_ns()
+    journal.append(0, started_ns, [encode_record(PROTOBUF, None, body) for body, _ in made[:2]])
+    journal.append(1, started_ns + 1000, [encode_record(PROTOBUF, None, body) for body, _ in made[2:]])
+    journal.close()
+    journal.path(2).write_bytes(b"")  # killed before the header: nothing in it was acknowledged
+    ages: list[float] = []
+    load = RecentKeys.load
+
+    def spy(self: RecentKeys, store: Path, max_age_s: float) -> int:
+        ages.append(max_age_s)
+        return load(self, store, max_age_s)
+
+    monkeypatch.setattr(RecentKeys, "load", spy)
+    writer = SegmentWriter(store, kind="collect", durable=True)
+    replayed = replay_journals(store, writer, RecentKeys(0), lambda t: normalize(promote(t)))
+    assert (replayed.files, replayed.spans, replayed.stored) == (3, 80, 80)
+    assert len(segment_files(store)) == 2
+    assert sorted(_keys(store)) == sorted(k for _, ks in made for k in ks)
+    assert len(ages) == 1 and ages[0] < 60.0
+    assert list(journal_dir(store).glob("*.journal")) == []
