@@ -32,7 +32,6 @@ import numpy as np
 import polars as pl
 
 from analysis import explain as X
-from analysis.cost import drop_sweep, gpu_shares
 from analysis.percentiles import facts_by_rid
 from analysis.sampling import weight_of
 from analysis.spikes import Detection, Spike
@@ -84,6 +83,10 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
         WHERE list_contains($reps, replica) AND list_contains($cells, (start_ns // $w) * $w)
         GROUP BY ALL""", params={"s0": spike.start_ns, "s1": spike.end_ns, "reps": replicas, "cells": cells,
                                  "w": w}).pl()
+    # here, not at the top: most reports stop before this step, and analysis.cost (with the ClickHouse SQL it
+    # generates on import) is a tenth of the report's start-up
+    from analysis.cost import drop_sweep, gpu_shares
+
     shares, _ = gpu_shares(con, min(cells), max(cells) + w, grid_ns=w)
     try:
         gpu = con.sql(f"""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -75,45 +76,66 @@ RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarr
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
 
-def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str) -> str:
+def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
     """A temp table of the request-fact columns of `source` (a table or view name, or a parenthesised query).
 
     The copy fixes the rows for the whole report while the source (a live view) may change; the report
-    addresses its rows by rowid (percentiles.row_id_column).
+    addresses its rows by rowid (percentiles.row_id_column). `detection_only` (find_spikes on unsampled
+    rows): the detection reads each request's start, value and outcome only, so the ids and dimensions,
+    most of the copy's cost, are written as NULLs of their types instead of copied.
     """
     # span_id: the noisy-neighbour finding joins GPU shares on (trace_id, span_id)
+    ids = ("trace_id", "span_id", *X.DIMENSIONS)
     cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else [])
-    if SM.weight_of(con, source) != "1.0":
+    if not detection_only and SM.weight_of(con, source) != "1.0":
         cols.append("adjusted_count")
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT "
-                f"{', '.join(quote_ident(c) for c in cols)} FROM {source}").fetchall()
+    listed = ", ".join(
+        f"CAST(NULL AS {'BIGINT' if c in X.BUCKETED else 'VARCHAR'}) AS {quote_ident(c)}"
+        if detection_only and c in ids else quote_ident(c) for c in cols)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {SOURCE_TABLE} AS SELECT {listed} FROM {source}").fetchall()
     return SOURCE_TABLE
 
 
 def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
            include_failures: bool, source: str | None = None
            ) -> tuple[pl.DataFrame, dict[str, int], str, dict[str, float] | None]:
-    facts = request_facts(con, with_ttft=metric != "e2e") if source is None else _snapshot(con, source, metric)
+    """(the frame: values and dimensions of the rows in range, the counts, the facts table, the weighted counts),
+    read one after the other (`_prepare` overlaps the dimensions' read with detection: `_frame_parts`)."""
+    frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since, until, include_failures, source)
+    if read_dims is not None:
+        frame = _with_dims(frame, read_dims())
+    return frame, counts, facts, weighted
+
+
+def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
+                 include_failures: bool, source: str | None = None, detection_only: bool = False,
+                 explain: bool = True) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
+                                                dict[str, float] | None]:
+    """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
+
+    The values frame holds what detection reads (rid, start_ns, e2e_ns, value; weight and status when
+    sampled), in start order; the reader (None unless `explain`) returns rid and the DIMENSIONS of the
+    same rows, for `_with_dims`: `_prepare` runs it on a second thread while detection runs on the values
+    (DuckDB releases the GIL), so the dimensions' scan, most of the frame's cost, is not waited for.
+    """
+    facts = (request_facts(con, with_ttft=metric != "e2e") if source is None
+             else _snapshot(con, source, metric, detection_only))
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
     keep = "" if include_failures else " AND status = 'ok'"
-    text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     columns = source_columns(con, facts)
-    # the text dimensions' values among the frame's rows, read in the same scan: the frame then carries
-    # them as ENUMs (categoricals in polars), far cheaper to sort and hand over than text; and, in the
-    # same scan, whether any request weighs other than 1 (percentiles.weight_column's rule)
+    rid = "rid" if "rid" in columns else "rowid"
+    # in the same scan as the counts, whether any request weighs other than 1 (percentiles.weight_column's rule)
     row = con.sql(
         "SELECT count(*) AS requests, count(*) FILTER (WHERE status = 'ok') AS ok, "
         "count(*) FILTER (WHERE status = 'error') AS errors, "
         "count(*) FILTER (WHERE status = 'timeout') AS timeouts, "
         "count(*) FILTER (WHERE status = 'cancelled') AS cancelled, min(start_ns), max(start_ns), "
-        + (f"{ANY_WEIGHTED_SQL}, " if "adjusted_count" in columns else "NULL, ")
-        + ", ".join(f"list(DISTINCT {quote_ident(d)}) FILTER (WHERE {col} IS NOT NULL{keep})" for d in text)
+        + (f"{ANY_WEIGHTED_SQL}" if "adjusted_count" in columns else "NULL")
         + f" FROM {facts} WHERE {where}", params=params).fetchall()[0]
-    counts, labels = row[:7], dict(zip(text, row[8:], strict=True))
-    dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
+    counts = row[:7]
     weight = "adjusted_count" if row[7] else None
     weighted: dict[str, float] | None = None
     extra = ""
@@ -127,14 +149,35 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
             f"coalesce(sum({w}) FILTER (WHERE status = 'cancelled'), 0) FROM {facts} WHERE {where}",
             params=params).fetchall()[0]
         weighted = dict(zip(("requests", "ok", "error", "timeout", "cancelled"), map(float, row), strict=True))
-    frame = con.sql(
-        f"SELECT {'rid' if 'rid' in columns else 'rowid'} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{dims}{extra} FROM {facts} "
-        f"WHERE {where} AND {col} IS NOT NULL{keep}", params=params).pl()
+    rows = f"FROM {facts} WHERE {where} AND {col} IS NOT NULL{keep}"
+    frame = con.sql(f"SELECT {rid} AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value{extra} {rows}",
+                    params=params).pl()
     if not frame.get_column("start_ns").is_sorted():  # the stored hours come in start order: no sort to pay
         frame = frame.sort("start_ns", maintain_order=True)
     names = ("requests", "ok", "error", "timeout", "cancelled", "first_ns", "last_ns")
-    return frame, {n: int(v or 0) for n, v in zip(names, counts, strict=True)}, facts, weighted
+    totals = {n: int(v or 0) for n, v in zip(names, counts, strict=True)}
+
+    def read_dims() -> pl.DataFrame:
+        # the text dimensions' values among the frame's rows first: the frame then carries them as ENUMs
+        # (categoricals in polars), far cheaper to sort and hand over than text
+        text = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+        found = con.sql(f"SELECT {', '.join(f'list(DISTINCT {quote_ident(d)})' for d in text)} {rows}",
+                        params=params).fetchall()[0]
+        labels = dict(zip(text, found, strict=True))
+        dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
+        return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
+
+    return frame, read_dims if explain else None, totals, facts, weighted
+
+
+def _with_dims(frame: pl.DataFrame, dims: pl.DataFrame) -> pl.DataFrame:
+    """The values frame with the dimensions of its rows (`dims`: rid and the DIMENSIONS, from `_frame`'s reader)."""
+    if frame.get_column("rid").equals(dims.get_column("rid")):  # the same scan order: no join to pay
+        both = frame.hstack(dims.drop("rid").get_columns())
+    else:
+        both = frame.join(dims, on="rid", how="left", maintain_order="left")
+    first = ["rid", "start_ns", "e2e_ns", "value", *X.DIMENSIONS]
+    return both.select(first + [c for c in both.columns if c not in first])
 
 
 def _enum_of(column: str, values: list[Any] | None) -> str:
@@ -150,7 +193,15 @@ def weights_of(frame: pl.DataFrame) -> np.ndarray | None:
     """The adjusted count of each frame row, or None when the values are unsampled (every weight 1)."""
     if "weight" not in frame.columns:
         return None
-    return frame.get_column("weight").to_numpy().astype(np.float64)
+    return frame.get_column("weight").to_numpy().astype(np.float64, copy=False)
+
+
+def values_of(frame: pl.DataFrame) -> np.ndarray:
+    """The frame's metric values as float64: the frame's own buffer, no copy of millions of rows; read-only,
+    so a step writing into it fails instead of changing the frame under the others."""
+    values = frame.get_column("value").to_numpy().astype(np.float64, copy=False)
+    values.flags.writeable = False
+    return values
 
 
 def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: int = 0) -> float:
@@ -167,12 +218,14 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True
-             ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
+             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
+             explain: bool = True) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
     """The report's header, its value frame, the facts table and the detection (None when it could not run).
 
     `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
-    function reads them its own way (a remote engine's), False cannot read them.
+    function reads them its own way (a remote engine's), False cannot read them. `explain=False`
+    (find_spikes): nothing will read the rows' ids or dimensions; a caller's `source` that is unsampled
+    in range under the auto policy (no sampling judgement either) is then copied without them.
     """
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
@@ -180,7 +233,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
         raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     since_ns, until_ns = parse_time(since), parse_time(until)
     win = parse_duration(window_s) if window_s is not None else None
-    frame, counts, facts, weighted = _frame(con, metric, since_ns, until_ns, include_failures, source)
+    detection_only = (not explain and source is not None and sampling_policy == "auto"
+                      and weight_column(con, source, since_ns, until_ns) is None)
+    frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since_ns, until_ns, include_failures,
+                                                             source, detection_only, explain)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -190,15 +246,25 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     report = _header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
     weights = weights_of(frame)
     report |= _sampling_header(report, weighted, weights, frame.height)
-    if frame.height == 0:
-        report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
-        return report, frame, facts, None
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
-    try:
-        det = detect(start, values, window_ns, weights=weights)
-    except Exception as exc:
-        report["errors"].append(f"could not compute spikes because {exc}")
+    values = values_of(frame)
+    det: Detection | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
+        # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
+        # uses the connection until the read is joined. They are aligned to the values' rows on that thread
+        # too, so their row ids are freed there.
+        values_only = frame
+        dims = pool.submit(lambda: _with_dims(values_only, read_dims())) if read_dims is not None else None
+        if frame.height == 0:
+            report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
+        else:
+            try:
+                det = detect(start, values, window_ns, weights=weights)
+            except Exception as exc:
+                report["errors"].append(f"could not compute spikes because {exc}")
+        if dims is not None:
+            frame = dims.result()
+    if det is None:
         return report, frame, facts, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
@@ -292,7 +358,7 @@ def build_report(
     if det is None:
         return report
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
@@ -315,14 +381,8 @@ def find_spikes(
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
     report's cost on a large store, the explanations the rest. The spikes are the report's own.
     """
-    if source is not None and sampling_policy == "auto" and weight_column(
-            con, source, parse_time(since), parse_time(until)) is None:
-        # unsampled: the detection reads each request's start, value and outcome only, so the copy of the
-        # rows leaves out what the explanations read (ids, dimensions), most of the copy's cost
-        blank = ", ".join(f"CAST(NULL AS {'BIGINT' if d in X.BUCKETED else 'VARCHAR'}) AS {quote_ident(d)}"
-                          for d in ("trace_id", "span_id", *X.DIMENSIONS))
-        source = f"(SELECT * REPLACE ({blank}) FROM {source})"
-    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy)
+    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy,
+                                 explain=False)
     if det is not None:
         report["spikes"] = [{k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS}
                             for s in det.spikes]
@@ -367,7 +427,7 @@ def explain_window(
     if det is None:
         return empty
     starts = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
             item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
@@ -472,34 +532,85 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
     weights = weights_of(frame)
-    x_rest: X.Rest | None = None
-    if rest is None:
-        coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
-    else:  # code rows and combinations together: the same labels as over every row
-        combos, read_values = rest
-        coded, combo_codes = X.code_with_counts(frame, combos)
-        x_rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(), lambda cand: read_values(coded, cand))
-    base_q = X.TailQuantile(values[base], base, n_total=None if x_rest is None else base.size + x_rest.n)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
+    rows_of = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in spikes]
+    tails = [X.tail_slice(values, rows, weights=weights) for rows in rows_of]
+
+    def stages_of(spike: Spike, tail: np.ndarray) -> list[dict[str, Any]] | str:
+        # a spike's stage shares, or why they could not be computed
+        try:
+            return _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
+        except Exception as exc:
+            return f"could not compute stages because {str(exc).splitlines()[0]}"
+
+    local = fetch is None and rest is None
+    found: list[list[dict[str, Any]] | str] = []
+    dims: list[tuple[dict[str, Any], np.ndarray | None]] = []
+    if local:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
+            # the stage shares are DuckDB reads of `spans` (the GIL released): they run on a second thread
+            # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
+            # connection is that thread's alone until it is joined
+            stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
+            coding = _Coding(frame, values, base, weights, rest)
+            dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
+            found = stages.result()
+    else:
+        coding = _Coding(frame, values, base, weights, rest)
     out = []
-    for spike in spikes:
-        rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
-        tail = X.tail_slice(values, rows, weights=weights)
+    for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
+        # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
+        stage = found[n] if local else stages_of(spike, tail)
+        item, best_mask = dims[n] if local else coding.dimensions(spike, rows, tail)
+        if isinstance(stage, str):
+            item["errors"].insert(0, stage)
+        else:
+            item["stages"] = stage
+        try:
+            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
+        except Exception as exc:
+            item["errors"].append(f"could not compute exemplars because {exc}")
+        if fetch is not None:
+            fetch.neighbourhood(det, spike, item)
+        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
+        out.append(item)
+    return out
+
+
+class _Coding:
+    """The dimensions of a frame coded once, and each spike's ranked dimensions from them (numpy only, `rest`'s
+    reader aside: no connection)."""
+
+    def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
+                 rest: RestCounts | None) -> None:
+        """`base`: the baseline's rows; `rest`: as `_explain_all`'s."""
+        self.values, self.base, self.weights = values, base, weights
+        self.rest: X.Rest | None = None
+        if rest is None:
+            self.coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+        else:  # code rows and combinations together: the same labels as over every row
+            combos, read_values = rest
+            self.coded, combo_codes = X.code_with_counts(frame, combos)
+            self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
+                               lambda cand: read_values(self.coded, cand))
+        self.base_q = X.TailQuantile(values[base], base, n_total=None if self.rest is None
+                                     else base.size + self.rest.n)
+
+    def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
+        """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
+        candidate over `rows`, the spike's rows (None without one); `tail`: their tail slice."""
+        values, base, weights, coded = self.values, self.base, self.weights, self.coded
         item = _spike_json(spike)
         item["errors"] = []
-        try:
-            item["stages"] = _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
-        except Exception as exc:
-            item["errors"].append(f"could not compute stages because {str(exc).splitlines()[0]}")
         best_mask = None
         try:
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=x_rest)
+            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=self.rest)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=x_rest)
+            X.counterfactual(coded, cands, values, rows, base, self.base_q, weights, rest=self.rest)
             ranked = X.rank(cands)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             item["candidates_tested"] = tested
@@ -514,15 +625,7 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
                 best_mask = X.candidate_mask(coded, ranked[0], rows)
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
-        try:
-            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
-        except Exception as exc:
-            item["errors"].append(f"could not compute exemplars because {exc}")
-        if fetch is not None:
-            fetch.neighbourhood(det, spike, item)
-        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
-        out.append(item)
-    return out
+        return item, best_mask
 
 
 def _spike_json(s: Spike) -> dict[str, Any]:
@@ -603,6 +706,6 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     `spans` view over the spikes' time range for the stage shares.
     """
     start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
+    values = values_of(frame)
     items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
     return items, [e for item in items for e in item.get("errors", [])]

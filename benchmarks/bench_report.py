@@ -6,9 +6,11 @@ minutes, so the report has one spike to explain. Columns are built with numpy an
 through `tracing.store.SegmentWriter`, so the files are what the store holds.
 
     python -m benchmarks.bench_report [--spans 1000000,10000000] [--dir DIR] [--json]
+    python -m benchmarks.bench_report --store STORE[,STORE...] [--json]   # stores already built, read only
 
-It prints, per store: the time to materialize the request hours (as `ingest` leaves a store),
-the full report time and peak RSS (each in a fresh process, in Python and through
+It prints, per store: the time to materialize the request hours (as `ingest` leaves a store;
+not with --store, whose stores are read as they are and never written), the full report time,
+CPU seconds and peak RSS (each in a fresh process, in Python and through
 `python -m tailscope.cli report`), one percentile series, and DuckDB's plain p50/p99 per span
 name over the same Parquet files (the anchor).
 """
@@ -192,12 +194,18 @@ def bench_args(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spans", default="1000000,10000000")
     parser.add_argument("--dir", default=None, help="where the stores live (default: a temp dir)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store", default=None,
+                        help="comma-separated stores already built: measured as they are (read only), none built")
     parser.add_argument("--json", action="store_true")
     return parser.parse_args(argv)
 
 
 def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
     """(span count, store) for each of --spans under --dir: built once (make_store), reused after."""
+    if getattr(args, "store", None):
+        for name in args.store.split(","):
+            yield _stored_spans(Path(name)), Path(name)
+        return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
     for spans in (int(s) for s in args.spans.split(",")):
         store = base / f"store-{spans}"
@@ -206,6 +214,24 @@ def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
             make_store(store, spans)
             print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         yield spans, store
+
+
+def _stored_spans(store: Path) -> int:
+    """The spans of a store already built, from its segments' Parquet footers (no column is read)."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        row = con.execute("SELECT sum(num_rows) FROM parquet_file_metadata(?)",
+                          [str(store / S.SEGMENT_GLOB)]).fetchone()
+    finally:
+        con.close()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _peak_rss_mib() -> float:
@@ -259,6 +285,7 @@ def run_one(store: Path) -> dict[str, Any]:
 
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
+    con.execute("SET parquet_metadata_cache = true").fetchall()  # as `tailscope report` sets it
     report, out["report_s"], out["report_cpu_s"] = _timed(lambda: build_report(con))
     out["requests"] = report["requests"]
     out["spikes"] = [(s["start"], s["end"], s["stages"][0]["stage"] if s["stages"] else None,
@@ -292,21 +319,25 @@ def main(argv: list[str] | None = None) -> None:
         return
     results: dict[str, Any] = {}
     for spans, store in stores(args):
-        # the request hours materialized first, as `tailscope ingest` / `collect` leave a store
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "
-                        "print(len(materialize(sys.argv[1])))", str(store)], check=True, env=os.environ.copy())
-        materialize_s = round(time.perf_counter() - t, 3)
+        materialize_s = None
+        if not args.store:  # the request hours materialized first, as `tailscope ingest` / `collect` leave a store
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "
+                            "print(len(materialize(sys.argv[1])))", str(store)], check=True, env=os.environ.copy())
+            materialize_s = round(time.perf_counter() - t, 3)
         # a fresh process per store, so peak RSS is the report's own
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_report", "--one", str(store)],
                               check=True, capture_output=True, text=True, env=os.environ.copy())
         results[str(spans)] = json.loads(proc.stdout.strip().splitlines()[-1])
         results[str(spans)]["materialize_s"] = materialize_s
-        # the public CLI (`python -m tailscope.cli report`), a new process: wall time and its peak RSS
-        t = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-c", _CLI_RUNNER, "report", "--store", str(store)], check=True,
+        # the public CLI (`python -m tailscope.cli report`), a new process: wall time, CPU time and peak RSS
+        # (a store given with --store is read as it is: --no-materialize, so the run writes nothing)
+        t, c = time.perf_counter(), _children_cpu_s()
+        cli = subprocess.run([sys.executable, "-c", _CLI_RUNNER, "report", "--store", str(store),
+                              *(["--no-materialize"] if args.store else [])], check=True,
                              capture_output=True, text=True, env=os.environ.copy())
         results[str(spans)]["cli_report_s"] = round(time.perf_counter() - t, 3)
+        results[str(spans)]["cli_report_cpu_s"] = round(_children_cpu_s() - c, 3)
         results[str(spans)]["cli_report_peak_rss_mib"] = round(int(cli.stderr.strip().splitlines()[-1]) / 1024, 1)
     keys = list(results)
     if len(keys) >= 2:

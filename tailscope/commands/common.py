@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tracing.errors import TailscopeError
 from tracing.store import ENV_STORE, default_store
@@ -83,6 +82,8 @@ def byte_progress(total: int, label: str, enabled: bool = True) -> Iterator[Call
     if not enabled:
         yield lambda _n: None
         return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn  # ingest only
+
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task(label, total=total)

@@ -93,6 +93,8 @@ def report(
         _print(result, as_json)
         _coverage(seen, as_json)
         return
+    from concurrent.futures import ThreadPoolExecutor
+
     import duckdb
 
     from analysis.connect import connect
@@ -104,9 +106,17 @@ def report(
         con = connect(store_path(store))
         try:
             con.execute("SET enable_progress_bar = false").fetchall()
-            result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
-                                  include_failures=not ok_only, sampling_policy=sampling_policy.value)
-            seen = recognition_of(con)
+            # the report binds the store's files a dozen times (each query over the facts and spans views):
+            # their Parquet footers read once, not per query (the files never change: segments are immutable,
+            # a materialized hour is a new file)
+            con.execute("SET parquet_metadata_cache = true").fetchall()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-coverage") as pool:
+                # the coverage line's count of every span is a scan of its own: on a second connection to the
+                # same views, it runs beside the report (DuckDB releases the GIL) instead of after it
+                coverage = pool.submit(_recognition_on, con.cursor())
+                result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
+                                      include_failures=not ok_only, sampling_policy=sampling_policy.value)
+                seen = coverage.result()
         except duckdb.Error as exc:
             fail(f"report failed: {str(exc).splitlines()[0]}")
         finally:
@@ -136,6 +146,14 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
         render_text(result, console)
+
+
+def _recognition_on(cur: duckdb.DuckDBPyConnection) -> Recognition:
+    """recognition_of on a cursor of its own, closed after."""
+    try:
+        return recognition_of(cur)
+    finally:
+        cur.close()
 
 
 def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:

@@ -62,3 +62,30 @@ def test_over_a_time_range(store: Path) -> None:
     lo = con.execute("SELECT min(start_ns) FROM requests").fetchone()[0]  # type: ignore[index]
     since, until = lo + 60 * SEC, lo + 40 * 60 * SEC
     _same_as_report(find_spikes(con, since=since, until=until), build_report(con, since=since, until=until))
+
+
+@pytest.mark.parametrize(("kw", "blank"), [
+    ({"source": "requests"}, True),
+    ({"source": "requests", "metric": "ttft"}, True),
+    # a declared policy judges the sampling, which reads the ids: they are copied
+    ({"source": "requests", "sampling_policy": "head"}, False),
+    # weighted in range: the sampling judgement reads ids and dimensions
+    ({"source": "(SELECT * REPLACE (CASE WHEN hash(trace_id) % 3 = 0 THEN 3.0 ELSE 1.0 END AS adjusted_count) "
+                "FROM requests)"}, False),
+])
+def test_the_copy_of_a_source_leaves_out_what_detection_does_not_read(store: Path, kw: dict[str, Any],
+                                                                     blank: bool) -> None:
+    """find_spikes copies a caller's source without ids and dimensions exactly when nothing reads them
+    (auto policy, no weight in range); build_report always copies them."""
+    from analysis.report import SOURCE_TABLE
+
+    con = connect(store)
+    kept = ", ".join(f"count({c})" for c in ("trace_id", "span_id", "replica", "tenant", "input_tokens"))
+    n = con.execute(f"SELECT count(*) FROM {kw['source']}").fetchone()[0]  # type: ignore[index]
+    find_spikes(con, **kw)
+    counts = con.execute(f"SELECT count(*), {kept} FROM {SOURCE_TABLE}").fetchone()
+    assert counts is not None and counts[0] == n
+    assert all(c == 0 for c in counts[1:]) if blank else all(c == n for c in counts[1:])
+    build_report(con, **kw)
+    counts = con.execute(f"SELECT {kept} FROM {SOURCE_TABLE}").fetchone()
+    assert counts is not None and all(c == n for c in counts)

@@ -180,3 +180,13 @@ def test_public_names() -> None:
     for name in ("build_report", "render_text", "percentile_series", "request_facts", "detect", "simulate",
                  "whatif"):
         assert name in analysis.__all__ and callable(getattr(analysis, name))
+
+
+def test_a_source_out_of_start_order_gives_the_same_report(spiky: Path) -> None:
+    """The frame's dimensions are read apart from its values and joined by row id: rows handed over in any
+    order (the frame then sorts its values) give the report of the same rows in start order."""
+    con = connect(spiky)
+    ordered = build_report(con, source="(SELECT * FROM requests ORDER BY start_ns)")
+    shuffled = build_report(con, source="(SELECT * FROM requests ORDER BY hash(trace_id))")
+    assert ordered["spikes"] and ordered["spikes"][0]["dimensions"][0]["value"] == SLOW_REPLICA
+    assert shuffled == ordered
