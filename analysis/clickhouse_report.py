@@ -385,11 +385,11 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     """Phase 2 with the dimension contrast pushed down (unweighted requests).
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
-    windows, of the baseline windows nearest each spike (stage shares), the baseline's top slice
-    by value (the counterfactual p99s), and, only when the noisy-neighbour step runs, its
-    baseline windows. Every other baseline request comes
-    back as counts per combination of dimension values (token counts by bucket), computed on the
-    server; their values are read only if a counterfactual reaches below the top slice.
+    windows, of the baseline windows nearest each spike (stage shares), and, only when the
+    noisy-neighbour step runs, its baseline windows. Every other baseline request comes back as
+    counts per combination of dimension values (token counts by bucket), computed on the server;
+    the baseline's p99 with and without each candidate (the counterfactuals) is an exact quantile
+    on the server (`_ServerTail`). So what comes back grows with the spike, not with the baseline.
     """
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
@@ -401,8 +401,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
-    threshold = _top_slice_floor(client, facts_table, f"{cond} AND {in_baseline}", col)
-    pulled = f"({_in_windows(det, one_by_one)} OR ({in_baseline} AND toFloat64({col}) >= {threshold!r}))"
+    pulled = _in_windows(det, one_by_one)
     _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric,
                 _in_windows(det, _by_id(det, spikes, spike_windows)))
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
@@ -419,8 +418,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
             done.update(new.tolist())
 
     fetch.more_facts = more_facts
-    rest_where = (f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed}) "
-                  f"AND toFloat64({col}) < {threshold!r}")
+    rest_where = f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed})"
     strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
     # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket; the shift
@@ -434,27 +432,46 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     combos = got.rename({f"_b_{t}": t for t in tokens}).with_columns(pl.col(t).cast(pl.Int64) for t in tokens)
 
     def values_without(coded: list[X.Coded], cand: X.Candidate) -> np.ndarray:
-        parts = []
-        for i, code in zip(cand.dims, cand.codes, strict=True):
-            c = coded[i]
-            parts.append(f"{_bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
-                         else f"{c.name} = {literal(c.labels[code])}")
         got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {rest_where} "
-                           f"AND NOT coalesce({' AND '.join(parts)}, false)")
+                           f"AND NOT {_candidate_sql(coded, cand)}")
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
-    return fetch, (combos, values_without)
+    return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col))
 
 
-def _top_slice_floor(client: Client, facts_table: str, where: str, col: str) -> float:
-    """The lowest value of the top slice explain.TailQuantile keeps of the values meeting `where` (inf: none)."""
-    n = int(client.query(f"SELECT count() AS n FROM {facts_table} WHERE {where}").to_pylist()[0]["n"])
-    if n == 0:
-        return math.inf
-    top = X.TailQuantile.top_size(n)
-    got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {where} ORDER BY v DESC "
-                       f"LIMIT 1 OFFSET {top - 1}")
-    return float(got.column("v")[0].as_py())
+def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate) -> str:
+    """A candidate's requests as a predicate over the facts (false where a dimension is missing)."""
+    parts = []
+    for i, code in zip(cand.dims, cand.codes, strict=True):
+        c = coded[i]
+        parts.append(f"{_bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
+                     else f"{c.name} = {literal(c.labels[code])}")
+    return f"coalesce({' AND '.join(parts)}, false)"
+
+
+class _ServerTail:
+    """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests, one
+    query each (its values sorted and interpolated as explain.TailQuantile does), so no baseline row comes back."""
+
+    def __init__(self, client: Client, facts_table: str, where: str, col: str) -> None:
+        """`where`: the baseline's requests (with a value) among `facts_table`'s; `col`: the value column."""
+        self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
+        self._whole: float | None = None
+
+    def _q(self, where: str) -> float:
+        got = self.client.query(f"SELECT {_q_sql('s', X.TAIL_Q)} AS q FROM (SELECT arraySort(groupArray("
+                                f"toFloat64({self.col}))) AS s FROM {self.facts_table} WHERE {where})")
+        return float(got.column("q")[0].as_py())
+
+    def quantile(self) -> float:
+        """The whole baseline's p99 (asked once)."""
+        if self._whole is None:
+            self._whole = self._q(self.where)
+        return self._whole
+
+    def without_candidate(self, coded: Sequence[X.Coded], cand: X.Candidate) -> float:
+        """The baseline's p99 without the candidate's requests (nan when none are left)."""
+        return self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand)}")
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,

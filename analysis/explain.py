@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import duckdb
 import numpy as np
@@ -335,9 +335,26 @@ class TailQuantile:
         """Row ids of the top slice."""
         return self.rows
 
+    def without_candidate(self, coded: Sequence[Coded], cand: Candidate) -> float:
+        """The quantile with the candidate's baseline requests removed (nan when it reaches below the slice)."""
+        return self.without(candidate_mask(coded, cand, self.rows), cand.base_count)
+
+
+class BaselineTail(Protocol):
+    """The baseline's p99, whole and with a candidate's requests removed: a TailQuantile in memory, or a remote
+    engine's exact quantile per candidate (so no baseline row need come back for it)."""
+
+    def quantile(self) -> float:
+        """The quantile of the whole baseline."""
+        ...
+
+    def without_candidate(self, coded: Sequence[Coded], cand: Candidate) -> float:
+        """The quantile with the candidate's requests removed; nan when unknown (the caller then reads them)."""
+        ...
+
 
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                   base_q: TailQuantile, weights: F64 | None = None, rest: Rest | None = None) -> None:
+                   base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
     (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`)."""
     if weights is not None:
@@ -346,14 +363,12 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     spike_p99 = quantile_sorted(np.sort(values[spike]), TAIL_Q)
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
-    slice_rows = base_q.slice_rows()
     for cand in cands:
         keep = ~candidate_mask(coded, cand, spike)
         if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:
             continue
         s_wo = quantile_sorted(np.sort(values[spike][keep]), TAIL_Q)
-        in_slice = candidate_mask(coded, cand, slice_rows)
-        b_wo = base_q.without(in_slice, cand.base_count)
+        b_wo = base_q.without_candidate(coded, cand)
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
             left = values[base][mask] if rest is None else np.concatenate([values[base][mask],

@@ -68,9 +68,9 @@ class SpanFetcher(Protocol):
 #: whether that record is malformed (sampling.recorded_flags's signature).
 FlagsFn = Callable[[duckdb.DuckDBPyConnection, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
-#: Baseline requests as counts (see `_explain_all`): combinations with their `n`, and a reader of their values
-#: outside a candidate.
-RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray]]
+#: Baseline requests as counts (see `_explain_all`): combinations with their `n`, a reader of their values
+#: outside a candidate, and the whole baseline's p99 with and without a candidate (the engine's own).
+RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray], X.BaselineTail]
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -523,8 +523,9 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
     `rest` (a remote engine's, unweighted): baseline requests left out of `frame` as counts per
     combination of dimension values (a frame of X.DIMENSIONS and `n`, token columns holding any
-    value of their bucket) and a reader of their values outside a candidate; `frame` must then
-    hold every baseline request of the windows the steps read row by row and the baseline's top slice.
+    value of their bucket), a reader of their values outside a candidate and the baseline's p99 with and without
+    a candidate (X.BaselineTail); `frame` must then hold every baseline request of the windows the steps read
+    row by row.
     """
     if not spikes:
         return []
@@ -586,15 +587,15 @@ class _Coding:
         """`base`: the baseline's rows; `rest`: as `_explain_all`'s."""
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
+        self.base_q: X.BaselineTail
         if rest is None:
             self.coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+            self.base_q = X.TailQuantile(values[base], base)
         else:  # code rows and combinations together: the same labels as over every row
-            combos, read_values = rest
+            combos, read_values, self.base_q = rest
             self.coded, combo_codes = X.code_with_counts(frame, combos)
             self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
                                lambda cand: read_values(self.coded, cand))
-        self.base_q = X.TailQuantile(values[base], base, n_total=None if self.rest is None
-                                     else base.size + self.rest.n)
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
