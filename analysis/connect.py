@@ -32,10 +32,6 @@ from tracing.store import require_store
 ROW_ID_FILE_SHIFT = 40
 
 
-def _empty_spans() -> pa.Table:
-    return S.SPAN_SCHEMA.empty_table()
-
-
 def _duck_type(typ: pa.DataType) -> str:
     """The DuckDB type DuckDB reads a Parquet column of this Arrow type as."""
     if pa.types.is_map(typ):

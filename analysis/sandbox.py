@@ -47,7 +47,7 @@ def _build(db: Path, files: list[str]) -> None:
     con = duckdb.connect(str(db))
     try:
         if not files:  # the views still need the columns
-            con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())
+            con.register("_empty_spans_arrow", S.empty_span_table())
             con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
             con.unregister("_empty_spans_arrow")
         source = files_source(files) if files else "_empty_spans"

@@ -237,7 +237,7 @@ def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -
     con.execute("SET memory_limit = ?", [memory_limit])
     con.execute("SET enable_progress_bar = false")
     files = [str(f) for f in segment_files_between(store, lo_ns, hi_ns)]
-    con.register("_empty_spans_arrow", S.SPAN_SCHEMA.empty_table())
+    con.register("_empty_spans_arrow", S.empty_span_table())
     con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
     con.unregister("_empty_spans_arrow")
     source = spans_sql(files_source(files)) if files else spans_sql("_empty_spans")

@@ -321,14 +321,12 @@ def _empty_req_sql(con: duckdb.DuckDBPyConnection) -> str:
     """CREATE TABLE req_live with the `requests` view's columns, `critical_path` and no rows.
 
     The types are read from the model's SQL over an empty span table on a cursor of `con` (its temp
-    objects go with it). The empty table is built from no batches: pyarrow's `Schema.empty_table()`
-    imports pandas, a second or more before the store can open.
+    objects go with it). The empty table is tracing.schema.empty_span_table (no pandas import before the store
+    can open).
     """
-    import pyarrow as pa
-
     cur = con.cursor()
     try:
-        cur.register("_empty_spans_for_req", pa.Table.from_batches([], schema=S.SPAN_SCHEMA))
+        cur.register("_empty_spans_for_req", S.empty_span_table())
         cur.execute("CREATE TEMP VIEW _empty_req AS " + requests_sql("(" + spans_sql("_empty_spans_for_req") + ")"))
         cols = cur.execute("DESCRIBE _empty_req").fetchall()
     finally:

@@ -181,6 +181,14 @@ def _arrow_objects() -> dict[str, Any]:
     return _ARROW
 
 
+def empty_span_table() -> pa.Table:
+    """A table of no spans in SPAN_SCHEMA, built from no batches (pyarrow's `Schema.empty_table()` imports pandas:
+    about a second at a command's start)."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches([], schema=_arrow_objects()["SPAN_SCHEMA"])
+
+
 def __getattr__(name: str) -> Any:
     """The Arrow types (ATTRS, EVENT, LINK, SPAN_COLUMNS, SPAN_SCHEMA), built on first use."""
     if name in ("ATTRS", "EVENT", "LINK", "SPAN_COLUMNS", "SPAN_SCHEMA"):

@@ -101,7 +101,7 @@ def write_options() -> dict[str, list[str]]:
         import pyarrow.parquet as pq
 
         buf = io.BytesIO()
-        pq.write_table(S.SPAN_SCHEMA.empty_table(), buf)
+        pq.write_table(S.empty_span_table(), buf)
         schema = pq.ParquetFile(buf).schema
         paths = [schema.column(i).path for i in range(len(schema))]
         _write_options["write_statistics"] = [p for p in paths if p.split(".")[0] not in NO_STATISTICS]
