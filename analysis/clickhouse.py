@@ -430,12 +430,24 @@ MODEL_INPUTS: Final[tuple[str, ...]] = (
     "AdjustedCount")
 #: Temporary table of the spans the model read in this session.
 SPANS_TEMP: Final = "_tailscope_spans"
+#: Above this many spans the model's temporary tables are MergeTree (on disk) instead of Memory: a Memory copy of
+#: the model's span columns takes ~200 bytes a span (100 M spans in chdb went past a 21 GiB limit), while MergeTree
+#: costs ~40 % more time at 1 M spans (docs/benchmarks.md, "The request model's temporary tables").
+MEMORY_TEMP_MAX_SPANS: Final = 20_000_000
 
 
-def _temp(client: Client, name: str, sql: str) -> None:
+def temp_table(client: Client, name: str, sql: str, engine: str = "Memory") -> None:
+    """(Re)create the session's temporary table `name` from `sql` with the model's settings."""
     client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
-    client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {sql}"
+    client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = {engine} AS {sql}"
                    + _settings_clause(M.CLICKHOUSE_SETTINGS))
+
+
+def temp_engine(client: Client, source: str) -> str:
+    """The engine of the model's temporary tables over `source` (a FROM item): Memory while it holds at most
+    MEMORY_TEMP_MAX_SPANS spans, else MergeTree, so the session's memory does not grow with the table."""
+    n = int(client.query(f"SELECT count() AS n FROM {source}").to_pylist()[0]["n"])
+    return "Memory" if n <= MEMORY_TEMP_MAX_SPANS else "MergeTree ORDER BY tuple()"
 
 
 def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: str = "", name: str = "requests",
@@ -449,12 +461,13 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     """
     stages = any(c in M.STAGE_COLUMNS for c in columns)
     keep = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
-    _temp(client, SPANS_TEMP, f"SELECT {keep} FROM {source_sql(table, where)}")
+    engine = temp_engine(client, source_sql(table, where))
+    temp_table(client, SPANS_TEMP, f"SELECT {keep} FROM {source_sql(table, where)}", engine)
     # the model reads SpanAttributes['gen_ai.request.stream'] only: a one-key map keeps that lookup as it is
     src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {SPANS_TEMP})")
     for cte, _, sql in M.chain_ctes(src, M.CLICKHOUSE, stages=stages):
-        _temp(client, cte, sql)
-    _temp(client, name, M.select_sql(M.CLICKHOUSE, src, stages=stages, columns=columns))
+        temp_table(client, cte, sql, engine)
+    temp_table(client, name, M.select_sql(M.CLICKHOUSE, src, stages=stages, columns=columns), engine)
     return name
 
 
@@ -482,7 +495,7 @@ def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, compute
     if words & {"requests", "stages"} and not computed:
         materialize_requests(client, table)
     if "stages" in words:
-        _temp(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
+        temp_table(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
     body = sql.strip().rstrip(";")
     spans = f"spans AS {source_sql(table)}"
     m = re.match(r"(?is)^with\s", body)

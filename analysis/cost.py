@@ -329,15 +329,13 @@ def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since:
         got = client.query(f"SELECT count(*) FROM {C.source_sql(table)} "
                            f"WHERE IsRequest AND {M.stored_adjusted_count(M.CLICKHOUSE)} <> 1")
         weighted = bool(got.column(0)[0].as_py())
-    settings = " SETTINGS " + ", ".join(f"{k} = {int(v)}" for k, v in M.CLICKHOUSE_SETTINGS.items())
     steps += list(sweep_sql("clickhouse", grid=grid_ns is not None, weighted=weighted, spans=spans).items())
+    engine = C.temp_engine(client, C.source_sql(table))
     for name, sql in steps:
         for k, v in params.items():
             sql = sql.replace(f"${k}", f"toInt64({v})")
-        client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
         try:
-            client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = Memory AS {sql}"
-                           + settings)
+            C.temp_table(client, name, sql, engine)
         except QueryError as exc:
             raise QueryError(sql, f"the GPU-time sweep failed at {name} on ClickHouse: {exc.what}") from exc
     for name, _ in steps:

@@ -189,6 +189,22 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
         assert ch_report(client, table, metric="ttft") == build_report(con, metric="ttft")
 
 
+def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path, client: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above MEMORY_TEMP_MAX_SPANS the model's temporary tables are MergeTree (on disk, so a large table does not
+    have to fit in the session's memory): the same requests and report as the store, and the tables' engine is it."""
+    sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
+    store, table = _store_and_table(sample, tmp_path, client)
+    con = connect(store)
+    monkeypatch.setattr(C, "MEMORY_TEMP_MAX_SPANS", 0)
+    C.materialize_requests(client, table)
+    engines = client.query("SELECT name, engine FROM system.tables WHERE is_temporary").to_pylist()
+    assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
+    _same_frames(con.sql("SELECT * FROM requests").pl(),
+                 pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+    assert ch_report(client, table) == build_report(con)
+
+
 def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client: Any) -> None:
     """Spans made by the OpenTelemetry SDK, INSERTed as the clickhouseexporter writes them (old and new spellings)."""
     from opentelemetry.sdk.resources import Resource
