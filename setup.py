@@ -2,9 +2,11 @@
 
 - `intake._otlpx`: the columnwise OTLP decoder. Without it `intake.otlp` uses its pure-Python
   decoder, which stores exactly the same rows, several times slower.
-- `analysis._replay`: the FIFO k-server replay kernel of the capacity curve (a plain C library
-  loaded with ctypes). Without it `analysis.capacity` replays in Python: the same numbers,
-  about ten times slower.
+- `analysis._replay`: a plain C library loaded with ctypes, two kernels: the FIFO k-server replay
+  of the capacity curve (without it `analysis.capacity` replays in Python: the same numbers,
+  about ten times slower) and the critical-path sweep of one hour's build
+  (`analysis.materialize.build_hour`; without it the model's SQL builds the same rows, about
+  twice the CPU).
 
 Everything else about the package is in pyproject.toml. Without a compiler (or Python's
 headers) the build notes it and goes on.
