@@ -25,7 +25,6 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Final
 
 import duckdb
@@ -33,34 +32,13 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import breakdowns as B
-from analysis.materialize import kernel_path
+from analysis.kernel import load_kernel
 from analysis.percentiles import parse_time
 from analysis.whatif import peak_concurrency, read_observed, simulate
 
 I64 = npt.NDArray[np.int64]
 #: Version of the capacity JSON shape (`capacity_curve`).
 CAPACITY_VERSION: Final = 1
-_LIB: ctypes.CDLL | None = None
-_LIB_TRIED = False
-
-
-def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
-    """The C replay kernel (analysis/_replay.so, or `path`), or None when it is not built."""
-    global _LIB, _LIB_TRIED
-    if path is None and _LIB_TRIED:
-        return _LIB
-    file = Path(path) if path is not None else kernel_path()
-    lib: ctypes.CDLL | None = None
-    if file.is_file():
-        lib = ctypes.CDLL(str(file))
-        p = ctypes.POINTER(ctypes.c_int64)
-        lib.fifo_replay.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p]
-        lib.fifo_replay.restype = ctypes.c_int
-    if path is None:
-        _LIB, _LIB_TRIED = lib, True
-    return lib
-
-
 def replay(arrivals: I64, services: I64, servers: int, kernel: ctypes.CDLL | None = None,
            checked: bool = False) -> I64:
     """Latency of each request through `servers` FIFO servers; arrivals sorted ascending (the C kernel's input).

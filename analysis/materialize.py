@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.machinery
 import json
 import os
 import time
@@ -35,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis import model as M
+from analysis.kernel import load_kernel
 from analysis.views import files_source, spans_sql
 from tracing import schema as S
 from tracing.store import fsync_path, require_store, segment_files
@@ -178,35 +178,12 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
 
 
-def kernel_path() -> Path:
-    """Where `pip install` puts analysis's C kernels: analysis/_replay<extension suffix> (setup.py builds it)."""
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        if (here / f"_replay{suffix}").is_file():
-            return here / f"_replay{suffix}"
-    return here / f"_replay{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-
-
 def load_sweep() -> ctypes.CDLL | None:
     """The C critical-path sweep (`critical_path` in analysis/_replay.c), or None when the kernel is not built."""
-    global _SWEEP, _SWEEP_TRIED
-    if not _SWEEP_TRIED:
-        _SWEEP_TRIED = True
-        file = kernel_path()
-        lib = ctypes.CDLL(str(file)) if file.is_file() else None
-        if lib is not None and hasattr(lib, "critical_path"):
-            i64, u8 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint8)
-            lib.critical_path.argtypes = [
-                ctypes.c_int64, i64, i64, i64, i64, u8,
-                ctypes.c_int64, i64, i64, i64, i64, ctypes.POINTER(ctypes.c_int32), u8, i64, ctypes.c_void_p, u8,
-                ctypes.c_int64, u8, u8, i64, i64, i64, u8, i64, u8, i64]
-            lib.critical_path.restype = ctypes.c_int
-            _SWEEP = lib
-    return _SWEEP
+    lib = load_kernel()
+    return lib if lib is not None and hasattr(lib, "critical_path") else None
 
 
-_SWEEP: ctypes.CDLL | None = None
-_SWEEP_TRIED = False
 #: Bits of a stage's role in `info` (analysis/_replay.c): its end ends prefill, its start starts the stream,
 #: its replica is the worker's.
 _PREFILL, _STREAM, _WORKER = 1, 2, 4

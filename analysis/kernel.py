@@ -1,0 +1,48 @@
+"""The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
+
+One library, two functions: `fifo_replay` (the capacity curve's FIFO k-server replay, analysis.capacity)
+and `critical_path` (one hour's critical-path sweep, analysis.materialize). Their signatures are declared
+here, beside the loading; without the library (no C compiler at install) both callers run in Python/SQL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+from pathlib import Path
+
+_LIB: ctypes.CDLL | None = None
+_LIB_TRIED = False
+
+
+def kernel_path() -> Path:
+    """Where `pip install` puts analysis's C kernels: analysis/_replay<extension suffix> (setup.py builds it)."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (here / f"_replay{suffix}").is_file():
+            return here / f"_replay{suffix}"
+    return here / f"_replay{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
+    """The C kernels' library (analysis/_replay.so, or `path`), or None when it is not built; the default one is
+    loaded once per process."""
+    global _LIB, _LIB_TRIED
+    if path is None and _LIB_TRIED:
+        return _LIB
+    file = Path(path) if path is not None else kernel_path()
+    lib: ctypes.CDLL | None = None
+    if file.is_file():
+        lib = ctypes.CDLL(str(file))
+        i64, u8 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint8)
+        lib.fifo_replay.argtypes = [i64, i64, ctypes.c_int64, ctypes.c_int64, i64, i64]
+        lib.fifo_replay.restype = ctypes.c_int
+        if hasattr(lib, "critical_path"):  # a library built before the sweep has the replay only
+            lib.critical_path.argtypes = [
+                ctypes.c_int64, i64, i64, i64, i64, u8,
+                ctypes.c_int64, i64, i64, i64, i64, ctypes.POINTER(ctypes.c_int32), u8, i64, ctypes.c_void_p, u8,
+                ctypes.c_int64, u8, u8, i64, i64, i64, u8, i64, u8, i64]
+            lib.critical_path.restype = ctypes.c_int
+    if path is None:
+        _LIB, _LIB_TRIED = lib, True
+    return lib
