@@ -288,7 +288,7 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
     """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start).
 
     Rows not meeting `ids` come back without their trace and span ids (null): the explanation reads ids only in the
-    windows `_by_id` lists, and the rest (the baseline's top slice, a sampled baseline) only as values and
+    windows `_by_id` lists, and the rest (a sampled baseline away from the spike) only as values and
     dimensions, so about a third of their bytes stay on the server.
     """
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
@@ -402,8 +402,8 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
-    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric,
-                _in_windows(det, _by_id(det, spikes, spike_windows)))
+    # every window pulled here is one `_by_id` lists (the spike's and its nearest): all come with their ids
+    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
     reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
                          f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]

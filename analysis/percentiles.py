@@ -156,6 +156,16 @@ def weighted_quantile_sorted(values: npt.NDArray[np.float64], weights: npt.NDArr
     return float(values[i] + (h - lo) * (values[j] - values[i]))
 
 
+def quantiles_unsorted(values: npt.NDArray[np.float64], qs: tuple[float, ...]) -> list[float]:
+    """`quantile_cont` of unsorted `values` at each q, as weighted_quantile_sorted (unweighted) computes it: a
+    partition puts in place only the order statistics it reads, not a sort. Reorders `values` in place."""
+    n = values.size
+    if n == 0:
+        return [math.nan] * len(qs)
+    values.partition(sorted({i for q in qs for lo in [math.floor((n - 1) * q)] for i in (lo, min(lo + 1, n - 1))}))
+    return [weighted_quantile_sorted(values, None, q) for q in qs]
+
+
 def effective_count(weights: npt.NDArray[np.float64] | None, n: int | None = None) -> float:
     """Kish's effective sample size (sum w)^2 / sum w^2: n when every weight is equal, less when they vary."""
     if weights is None:

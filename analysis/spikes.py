@@ -60,7 +60,7 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from analysis.percentiles import MIN_TAIL, effective_count, weighted_quantile_sorted
+from analysis.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
 
 #: Relative rise of p99 over the baseline p99 below which nothing is a spike.
 MIN_RISE: Final = 0.2
@@ -187,13 +187,8 @@ class SortedValues:
         place (a partition, not a sort; the same numbers); weighted, sorted once."""
         if self.w_sorted is None:
             vals = self.v_sorted[np.repeat(windows, self.counts)]
-            n = vals.size
-            if n == 0:
-                return Pool(math.nan, math.nan, 0, 0.0, 0.0)
-            ranks = [((n - 1) * q, math.floor((n - 1) * q)) for q in (0.5, 0.99)]
-            vals.partition(sorted({i for _, lo in ranks for i in (lo, min(lo + 1, n - 1))}))
-            p50, p99 = (float(vals[lo] + (h - lo) * (vals[min(lo + 1, n - 1)] - vals[lo])) for h, lo in ranks)
-            return Pool(p50, p99, n, float(n), float(n))
+            p50, p99 = quantiles_unsorted(vals, (0.5, 0.99))
+            return Pool(p50, p99, vals.size, float(vals.size), float(vals.size))
         vals, ws = _pooled(self.v_sorted, self.w_sorted, np.repeat(windows, self.counts))
         return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
                     float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
