@@ -63,18 +63,22 @@ class Record:
 def journal_started_ns(path: Path) -> int:
     """The wall-clock ns the generation of journal file `path` began (0: no header, nothing acknowledged)."""
     with open(path, "rb") as fh:
-        head = fh.read(_HEADER.size)
-    if len(head) < _HEADER.size or head[:4] != MAGIC:
+        return _started_ns(fh.read(_HEADER.size))
+
+
+def _started_ns(data: bytes) -> int:
+    """The generation start a journal's first bytes record (0: no complete header, killed before it was written)."""
+    if len(data) < _HEADER.size or data[:4] != MAGIC:
         return 0
-    return int(_HEADER.unpack(head)[1])
+    return int(_HEADER.unpack_from(data)[1])
 
 
 def read_journal(path: Path) -> tuple[int, list[Record]]:
     """(the generation's start in wall-clock ns, its complete records); a torn or corrupt tail ends them."""
     data = path.read_bytes()
-    if len(data) < _HEADER.size or data[:4] != MAGIC:
+    started_ns = _started_ns(data)
+    if not started_ns:
         return 0, []  # killed before the header was written: no record in it was acknowledged
-    _, started_ns = _HEADER.unpack_from(data)
     records: list[Record] = []
     pos = _HEADER.size
     while pos + _RECORD.size <= len(data):
