@@ -136,12 +136,12 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
                           for r in np.unique(o.replica))])
     else:
         slots = B.peak_concurrency(con, "requests", where, [lo, lo, hi, hi])
-    row = con.execute(f"SELECT count(DISTINCT replica) FROM requests WHERE {where}", [lo, lo, hi, hi]).fetchone()
-    replicas = max(1, int(row[0])) if row and row[0] else 1
+    row = con.execute(f"SELECT count(DISTINCT replica) FROM requests WHERE {where}", [lo, lo, hi, hi]).fetchall()[0]
+    replicas = max(1, int(row[0])) if row[0] else 1
     load = con.execute(
         "SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = 'model_load' "
-        "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchone()
-    cold = round(float(load[0])) if load and load[0] is not None else None
+        "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchall()[0]
+    cold = round(float(load[0])) if load[0] is not None else None
     span = (int(arrivals[-1] - arrivals[0]) if arrivals.size else 0)
     if lo is not None and hi is not None:
         span = hi - lo

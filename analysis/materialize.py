@@ -174,7 +174,7 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     `build_hour` writes, and what a reader keeping its own copy of a stale hour computes."""
     source, where = _hour_source(snap, hour_ns)
     lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
-                         f"WHERE IsRequest AND {where}").fetchone() or (None, None)
+                         f"WHERE IsRequest AND {where}").fetchall()[0]
     return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
 
 

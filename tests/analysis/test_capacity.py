@@ -135,6 +135,8 @@ def test_reactive_against_brute_force() -> None:
 def test_scale_up_report(tmp_path: Path) -> None:
     con = connect(_store(tmp_path))
     w = observed_workload(con)
+    # every result it read is finished: DuckDB 2 refuses the relation API after a half-read execute()
+    assert con.sql("SELECT 1").fetchall() == [(1,)]
     out = scale_up(w, 1, 3, gpu_hour_usd=1.0)
     assert out["cold_start_ms"] == 300.0 and out["cold_start_observed"]
     assert out["static"]["replicas"] == 1 and out["prescaled"]["replicas"] == 3
