@@ -121,10 +121,8 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     """Integer codes of a dimension column (token columns bucketed by powers of two)."""
     col = frame.get_column(name)
     if name in BUCKETED:
-        x = col.cast(pl.Int64).to_numpy()
-        xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=-1.0)
-        k = np.where(xs >= 1, np.floor(np.log2(np.maximum(xs, 1))).astype(np.int64) + 1, 0)
-        codes = np.where(xs < 0, -1, k).astype(np.int64)
+        x = col.cast(pl.Int64)
+        codes = _bucket_codes(x)
         top = int(codes.max()) if codes.size else -1
         labels: list[str] = []
         lo: list[int | None] = []
@@ -145,12 +143,35 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
         at = {label: i for i, label in enumerate(labels)}
         lut = np.full(int(phys.max()) + 2 if phys.size else 1, -1, dtype=np.int64)  # last slot: missing
         lut[phys] = [at[t] for t in texts]
-        codes = lut[col.to_physical().cast(pl.Int64).fill_null(-1).to_numpy()]
-        return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+        own = col.to_physical()  # unsigned: the missing rows read the last slot
+        return Coded(name, lut[(own.fill_null(lut.size - 1) if own.null_count() else own).to_numpy()],
+                     labels, [None] * len(labels), [None] * len(labels))
     text = col.cast(pl.String)
     labels = text.drop_nulls().unique().sort().to_list()
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+
+
+#: Token counts up to this are bucketed through a table of every count's code (`_bucket_codes`).
+_BUCKET_TABLE_MAX: Final = 1 << 22
+
+
+def _bucket_float_codes(x: npt.NDArray[Any]) -> I64:
+    """The bucket code of each count by its float formula: -1 missing (NaN) or negative, 0 for 0, else
+    floor(log2(x)) + 1 (the ClickHouse report writes the same formula in SQL)."""
+    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=-1.0)
+    k = np.where(xs >= 1, np.floor(np.log2(np.maximum(xs, 1))).astype(np.int64) + 1, 0)
+    return np.where(xs < 0, -1, k).astype(np.int64)
+
+
+def _bucket_codes(x: pl.Series) -> I64:
+    """`_bucket_float_codes` of an Int64 column; counts in [0, _BUCKET_TABLE_MAX] read a table of the formula's
+    code for every count up to the largest (one gather instead of a log per row), the same codes."""
+    lo, hi = x.min(), x.max()
+    if not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi > _BUCKET_TABLE_MAX:
+        return _bucket_float_codes(x.to_numpy())
+    table = np.append(_bucket_float_codes(np.arange(hi + 1)), -1)  # last slot: missing
+    return table[(x.fill_null(hi + 1) if x.null_count() else x).to_numpy()]
 
 
 def code_with_counts(frame: pl.DataFrame, combos: pl.DataFrame) -> tuple[list[Coded], list[I64]]:
