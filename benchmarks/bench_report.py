@@ -285,7 +285,6 @@ def run_one(store: Path) -> dict[str, Any]:
 
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
-    con.execute("SET parquet_metadata_cache = true").fetchall()  # as `tailscope report` sets it
     report, out["report_s"], out["report_cpu_s"] = _timed(lambda: build_report(con))
     out["requests"] = report["requests"]
     out["spikes"] = [(s["start"], s["end"], s["stages"][0]["stage"] if s["stages"] else None,

@@ -106,10 +106,6 @@ def report(
         con = connect(store_path(store))
         try:
             con.execute("SET enable_progress_bar = false").fetchall()
-            # the report binds the store's files a dozen times (each query over the facts and spans views):
-            # their Parquet footers read once, not per query (the files never change: segments are immutable,
-            # a materialized hour is a new file)
-            con.execute("SET parquet_metadata_cache = true").fetchall()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-coverage") as pool:
                 # the coverage line's count of every span is a scan of its own: on a second connection to the
                 # same views, it runs beside the report (DuckDB releases the GIL) instead of after it
