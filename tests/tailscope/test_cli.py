@@ -69,3 +69,16 @@ def test_a_missing_package_named_in_needs_is_one_line() -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == ("tailscope report needs polars, which is not installed: "
                                    "pip install 'tailscope[analysis]'")
+
+
+def test_the_entry_point_freezes_what_the_command_left_for_the_teardown() -> None:
+    """main() ends with every object moved out of the collector's reach, so the interpreter's teardown does not
+    scan them all again; the exit code is the command's."""
+    code = ("import gc, sys; sys.argv = ['tailscope', *sys.argv[1:]]\n"
+            "from tailscope.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n"
+            "    print(exc.code, gc.get_freeze_count() > 1000, gc.get_count()[2], file=sys.stderr)")
+    done = run(code, "--help")
+    assert done.stderr.strip().splitlines()[-1] == "0 True 0"
+    done = run(code, "report", "--store", "/nonexistent-store")
+    assert done.stderr.strip().splitlines()[-1] == "1 True 0"
