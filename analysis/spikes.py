@@ -186,12 +186,21 @@ class SortedValues:
         """The flagged windows' values pooled: unweighted, only the order statistics the two quantiles read are put in
         place (a partition, not a sort; the same numbers); weighted, sorted once."""
         if self.w_sorted is None:
-            vals = self.v_sorted[np.repeat(windows, self.counts)]
+            vals = self._values_of(windows)
             p50, p99 = quantiles_unsorted(vals, (0.5, 0.99))
             return Pool(p50, p99, vals.size, float(vals.size), float(vals.size))
         vals, ws = _pooled(self.v_sorted, self.w_sorted, np.repeat(windows, self.counts))
         return Pool(weighted_quantile_sorted(vals, ws, 0.5), weighted_quantile_sorted(vals, ws, 0.99), int(vals.size),
                     float(vals.size) if ws is None else float(ws.sum()), effective_count(ws, vals.size))
+
+    def _values_of(self, windows: npt.NDArray[np.bool_]) -> F64:
+        """A copy of the flagged windows' values, in window order: their runs joined (`v_sorted[np.repeat(windows,
+        counts)]` without a mask over every value)."""
+        flagged = np.flatnonzero(windows)
+        if flagged.size == 0:
+            return np.zeros(0)
+        return np.concatenate([self.v_sorted[a:a + c] for a, c in zip(self.first[flagged].tolist(),
+                                                                      self.counts[flagged].tolist(), strict=True)])
 
     def above(self, threshold: float) -> tuple[I64, F64]:
         """The values above `threshold`, in window order, with their windows' positions."""
