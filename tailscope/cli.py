@@ -73,6 +73,10 @@ for _name in COMMANDS:
         continue
     _module.register(app)
 
+# what start-up imported (typer, rich, the command modules) lives as long as the process: out of the collector's
+# reach, the full collections the command's own imports set off (DuckDB, polars, ...) do not scan it again
+gc.freeze()
+
 
 def main() -> None:
     """Console-script entry point."""
