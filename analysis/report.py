@@ -24,7 +24,6 @@ import duckdb
 import numpy as np
 import polars as pl
 from rich.console import Console
-from rich.table import Table
 
 from analysis import explain as X
 from analysis import neighbours as N
@@ -684,6 +683,8 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 def render_text(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the report as rich tables (what `tailscope report` shows without --json)."""
+    from rich.table import Table  # here: --json (and every other reader of the report) needs none
+
     con = console or Console()
     out = report["outcomes"]
     con.print(f"[bold]{report['metric']}[/] report: {report['requests']:,} requests "

@@ -214,6 +214,17 @@ def quantile_sorted(sorted_values: F64, q: float) -> float:
     return weighted_quantile_sorted(sorted_values, None, q)
 
 
+def median(values: F64) -> float:
+    """`np.median` of a few values, the same number (the middle one, or the mean of the two middle ones; nan with a
+    nan), without np.median's import of numpy.ma (0.05-0.06 s of the report's start)."""
+    s = np.sort(np.asarray(values, dtype=np.float64))
+    n = s.size
+    if n == 0 or np.isnan(s[-1]):
+        return math.nan
+    h = n // 2
+    return float(s[h]) if n % 2 else float((s[h - 1] + s[h]) / 2)
+
+
 def _xlogx_table(top: int) -> F64:
     """x ln x for every whole x in 0..top (0 at 0): the scan ratio is a sum of such terms."""
     x = np.arange(top + 1, dtype=np.float64)
@@ -555,7 +566,7 @@ def detect_windows(window_ns: int, wins: I64, counts: I64, p50_ns: F64, p99_ns: 
         det.note = (f"too few windows with enough requests to judge a p99 ({int(det.judged.sum())} windows "
                     f"with >= {int(MIN_TAIL / 0.01)} requests)")
         return det
-    med = float(np.median(det.p99_ns[det.judged]))
+    med = median(det.p99_ns[det.judged])
     elevated = det.p99_ns > (1 + MIN_RISE) * med
     det.baseline = det.judged & ~elevated
     if det.baseline.sum() < MIN_BASELINE_WINDOWS:
