@@ -126,9 +126,10 @@ def _coverage(seen: Recognition, as_json: bool) -> None:
     from intake.recognition import gaps
 
     out = err_console if as_json else console
-    out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True)
+    # plain text: no :name: emoji look-up (whose table rich imports on first use)
+    out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True, emoji=False)
     for gap in gaps(seen.engines):
-        out.print(f"  {gap}", highlight=False, soft_wrap=True)
+        out.print(f"  {gap}", highlight=False, soft_wrap=True, emoji=False)
     problem = seen.problem()
     if problem is not None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)

@@ -49,19 +49,14 @@ def test_an_enum_column_is_coded_as_its_text() -> None:
             assert coded.codes.tolist() == as_text.codes.tolist()
 
 
-def test_token_buckets_through_the_table_equal_the_float_formula() -> None:
+def test_token_buckets_through_the_table_equal_the_float_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     """Counts up to the table's bound are coded through a table of the formula's codes: on random columns (nulls,
-    zeros, powers of two and their neighbours, negatives, counts past the bound) the codes equal the formula's
-    applied row by row, and the labels are the buckets up to the largest code."""
+    zeros, powers of two and their neighbours, negatives, counts past the bound: the bound lowered to 1,000 so both
+    paths run often) the codes equal the formula's applied row by row, and the labels are the buckets up to the
+    largest code; once more at the real bound."""
     rng = random.Random(7)
-    edges = [0, 1, 2, 3, 1023, 1024, 1025, X._BUCKET_TABLE_MAX - 1, X._BUCKET_TABLE_MAX]
-    for case in range(60):
-        top = rng.choice([5, 3000, X._BUCKET_TABLE_MAX, X._BUCKET_TABLE_MAX + 1, 2**40])
-        xs: list[int | None] = [rng.choice([None, rng.choice(edges), rng.randrange(top + 1),
-                                            (1 << rng.randrange(max(1, top.bit_length()))) + rng.randrange(-1, 2)])
-                                for _ in range(rng.randrange(1, 200))]
-        if case % 5 == 0:
-            xs.append(-rng.randrange(1, 9))
+
+    def check(xs: list[int | None], case: object) -> None:
         coded = X.code_dimension(pl.DataFrame({"input_tokens": xs}, schema={"input_tokens": pl.Int64}),
                                  "input_tokens")
         want = [-1 if x is None or x < 0 else 0 if x == 0 else math.floor(np.log2(np.float64(x))) + 1 for x in xs]
@@ -70,6 +65,19 @@ def test_token_buckets_through_the_table_equal_the_float_formula() -> None:
         for code, label in enumerate(coded.labels):
             lo, hi = X.bucket_bounds(0 if code == 0 else 1 << (code - 1))
             assert (label, coded.lo[code], coded.hi[code]) == (X.bucket_label(lo, hi), lo, hi)
+
+    check([0, 1, 2, 3, X._BUCKET_TABLE_MAX - 1, X._BUCKET_TABLE_MAX, None], "the real bound")
+    check([0, 1, 2, 3, X._BUCKET_TABLE_MAX + 1, None], "past the real bound")
+    with monkeypatch.context() as m:
+        m.setattr(X, "_BUCKET_TABLE_MAX", 1000)
+        for case in range(200):
+            top = rng.choice([5, 999, 1000, 1001, 3000, 2**40])
+            xs: list[int | None] = [rng.choice([None, rng.choice([0, 1, 2, 3, 999, 1000, 1001]), rng.randrange(top + 1),
+                                                (1 << rng.randrange(top.bit_length())) + rng.randrange(-1, 2)])
+                                    for _ in range(rng.randrange(1, 60))]
+            if case % 5 == 0:
+                xs.append(-rng.randrange(1, 9))
+            check(xs, case)
 
 
 def test_bucket_sql_equals_bucket_bounds_and_label() -> None:
