@@ -137,14 +137,14 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
     if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum):
         # codes from the column's own through a table of its few values: no cast of every row
-        present = col.drop_nulls().unique()
+        own = col.to_physical()  # unsigned: the missing rows read the table's last slot
+        present = col.gather(own.arg_unique()).drop_nulls()  # one row of each value (cheaper than unique())
         phys = present.to_physical().cast(pl.Int64).to_numpy()
         texts = present.cast(pl.String).to_list()
         labels = sorted(texts)
         at = {label: i for i, label in enumerate(labels)}
         lut = np.full(int(phys.max()) + 2 if phys.size else 1, -1, dtype=np.int64)  # last slot: missing
         lut[phys] = [at[t] for t in texts]
-        own = col.to_physical()  # unsigned: the missing rows read the last slot
         return Coded(name, lut[(own.fill_null(lut.size - 1) if own.null_count() else own).to_numpy()],
                      labels, [None] * len(labels), [None] * len(labels))
     text = col.cast(pl.String)
