@@ -80,6 +80,10 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         return SandboxConnection(store, threads=threads, memory_limit=memory_limit)
     store = require_store(Path(store)).resolve()
     con = duckdb.connect(":memory:")
+    # the views bind the store's files at every query (a report binds them a dozen times): their Parquet footers
+    # are read once, not per query. Files never change in place (segments are immutable, a materialized hour is
+    # a new file), and DuckDB revalidates a cached footer against its file (duckdb/duckdb#17334).
+    con.execute("SET parquet_metadata_cache = true")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:

@@ -27,6 +27,7 @@ kept requests: it is the evidence there is. Without weights nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ import polars as pl
 import pyarrow as pa
 
 from analysis import model as M
-from analysis.percentiles import MIN_TAIL, effective_count, weighted_quantile_sorted
+from analysis.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
 from analysis.spikes import quantile_sorted
 from analysis.views import LIVE_HOUR_MACRO, VIEW_SQL
 from tracing import schema as S
@@ -121,10 +122,8 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     """Integer codes of a dimension column (token columns bucketed by powers of two)."""
     col = frame.get_column(name)
     if name in BUCKETED:
-        x = col.cast(pl.Int64).to_numpy()
-        xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=-1.0)
-        k = np.where(xs >= 1, np.floor(np.log2(np.maximum(xs, 1))).astype(np.int64) + 1, 0)
-        codes = np.where(xs < 0, -1, k).astype(np.int64)
+        x = col.cast(pl.Int64)
+        codes = _bucket_codes(x)
         top = int(codes.max()) if codes.size else -1
         labels: list[str] = []
         lo: list[int | None] = []
@@ -138,19 +137,42 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
     if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum):
         # codes from the column's own through a table of its few values: no cast of every row
-        present = col.drop_nulls().unique()
+        own = col.to_physical()  # unsigned: the missing rows read the table's last slot
+        present = col.gather(own.arg_unique()).drop_nulls()  # one row of each value (cheaper than unique())
         phys = present.to_physical().cast(pl.Int64).to_numpy()
         texts = present.cast(pl.String).to_list()
         labels = sorted(texts)
         at = {label: i for i, label in enumerate(labels)}
         lut = np.full(int(phys.max()) + 2 if phys.size else 1, -1, dtype=np.int64)  # last slot: missing
         lut[phys] = [at[t] for t in texts]
-        codes = lut[col.to_physical().cast(pl.Int64).fill_null(-1).to_numpy()]
-        return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+        return Coded(name, lut[(own.fill_null(lut.size - 1) if own.null_count() else own).to_numpy()],
+                     labels, [None] * len(labels), [None] * len(labels))
     text = col.cast(pl.String)
     labels = text.drop_nulls().unique().sort().to_list()
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+
+
+#: Token counts up to this are bucketed through a table of every count's code (`_bucket_codes`).
+_BUCKET_TABLE_MAX: Final = 1 << 22
+
+
+def _bucket_float_codes(x: npt.NDArray[Any]) -> I64:
+    """The bucket code of each count by its float formula: -1 missing (NaN) or negative, 0 for 0, else
+    floor(log2(x)) + 1 (the ClickHouse report writes the same formula in SQL)."""
+    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=-1.0)
+    k = np.where(xs >= 1, np.floor(np.log2(np.maximum(xs, 1))).astype(np.int64) + 1, 0)
+    return np.where(xs < 0, -1, k).astype(np.int64)
+
+
+def _bucket_codes(x: pl.Series) -> I64:
+    """`_bucket_float_codes` of an Int64 column; counts in [0, _BUCKET_TABLE_MAX] read a table of the formula's
+    code for every count up to the largest (one gather instead of a log per row), the same codes."""
+    lo, hi = x.min(), x.max()
+    if not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi > _BUCKET_TABLE_MAX:
+        return _bucket_float_codes(x.to_numpy())
+    table = np.append(_bucket_float_codes(np.arange(hi + 1)), -1)  # last slot: missing
+    return table[(x.fill_null(hi + 1) if x.null_count() else x).to_numpy()]
 
 
 def code_with_counts(frame: pl.DataFrame, combos: pl.DataFrame) -> tuple[list[Coded], list[I64]]:
@@ -225,8 +247,11 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
         eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
-    codes_t = [np.where(c.codes[tail] < 0, k - 1, c.codes[tail]) for c, k in zip(coded, slots, strict=True)]
-    codes_b = [np.where(c.codes[base] < 0, k - 1, c.codes[base]) for c, k in zip(coded, slots, strict=True)]
+    codes_t = [_missing_last(c.codes[tail], k) for c, k in zip(coded, slots, strict=True)]
+    codes_b = [_missing_last(c.codes[base], k) for c, k in zip(coded, slots, strict=True)]
+    # unweighted, the baseline's count of every single and pair is a sum over one count per combination of all
+    # the dimensions (exact integers): one pass over its rows instead of one per single and pair
+    joint = _joint_counts(codes_b, slots) if w_b is None and len(coded) > 2 else None
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
@@ -240,13 +265,19 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
         if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
             continue
         key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
-        key_b = codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]]
+        key_b = None if joint is not None else (
+            codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]])
         tc = np.bincount(key_t, minlength=cells)
-        bc = np.bincount(key_b, minlength=cells)
+        if key_b is None:
+            assert joint is not None
+            bc = joint.sum(axis=tuple(i for i in range(len(coded)) if i not in combo)).ravel()
+        else:
+            bc = np.bincount(key_b, minlength=cells)
         if rest is not None:
             key_r = codes_r[combo[0]] if len(combo) == 1 else codes_r[combo[0]] * sizes[1] + codes_r[combo[1]]
             bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
         if w_t is not None and w_b is not None:
+            assert key_b is not None
             twc = np.bincount(key_t, weights=w_t, minlength=cells)
             bwc = np.bincount(key_b, weights=w_b, minlength=cells)
         for cell in np.flatnonzero(tc):
@@ -274,6 +305,27 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
     return [c for c in found if c.p_value <= level], tested
 
 
+#: The most cells `contrast` counts the baseline's combinations of every dimension in (else pair by pair).
+MAX_JOINT_CELLS: Final = 1 << 22
+
+
+def _missing_last(codes: I64, slots: int) -> I64:
+    """Codes with the missing value (-1) moved to the extra last slot (slots - 1); `codes` itself when none is."""
+    return np.where(codes < 0, slots - 1, codes) if codes.size and codes.min() < 0 else codes
+
+
+def _joint_counts(codes: list[I64], slots: list[int]) -> I64 | None:
+    """Rows per combination of every dimension's code (codes in [0, slots)), an array of shape `slots`; None
+    when it would have more than MAX_JOINT_CELLS cells."""
+    if math.prod(slots) > MAX_JOINT_CELLS or not codes:
+        return None
+    key = codes[0].astype(np.int64, copy=True)
+    for c, k in zip(codes[1:], slots[1:], strict=True):
+        key *= k
+        key += c
+    return np.bincount(key, minlength=math.prod(slots)).reshape(slots)
+
+
 def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
     out: list[int] = []
     for size in reversed(sizes):
@@ -282,11 +334,14 @@ def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64) -> Mask:
-    """Which of `rows` match the candidate."""
-    mask = np.ones(rows.size, dtype=bool)
+def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64 | None) -> Mask:
+    """Which of `rows` (None: every row of `coded`) match the candidate."""
+    mask: Mask | None = None
     for i, code in zip(cand.dims, cand.codes, strict=True):
-        mask &= coded[i].codes[rows] == code
+        match = (coded[i].codes if rows is None else coded[i].codes[rows]) == code
+        mask = match if mask is None else mask & match
+    if mask is None:
+        return np.ones(coded[0].codes.size if rows is None else rows.size, dtype=bool)
     return mask
 
 
@@ -306,6 +361,7 @@ class TailQuantile:
         order = part[np.argsort(values[part], kind="stable")]
         self.values = values[order]  # the top slice, ascending
         self.rows = rows[order]
+        self._slice_coded: tuple[Sequence[Coded], list[Coded]] | None = None  # (coded, its codes of the slice)
 
     @staticmethod
     def top_size(n: int, slice_share: float = 0.05) -> int:
@@ -337,7 +393,9 @@ class TailQuantile:
 
     def without_candidate(self, coded: Sequence[Coded], cand: Candidate) -> float:
         """The quantile with the candidate's baseline requests removed (nan when it reaches below the slice)."""
-        return self.without(candidate_mask(coded, cand, self.rows), cand.base_count)
+        if self._slice_coded is None or self._slice_coded[0] is not coded:  # the slice's codes, gathered once
+            self._slice_coded = (coded, [dataclasses.replace(c, codes=c.codes[self.rows]) for c in coded])
+        return self.without(candidate_mask(self._slice_coded[1], cand, None), cand.base_count)
 
 
 class BaselineTail(Protocol):
@@ -360,20 +418,24 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     if weights is not None:
         _weighted_counterfactual(coded, cands, values, spike, base, weights)
         return
-    spike_p99 = quantile_sorted(np.sort(values[spike]), TAIL_Q)
+    # quantiles of fresh copies by a partition (quantiles_unsorted: the sorted computation's very figures)
+    spike_values = values[spike]
+    spike_p99 = quantiles_unsorted(spike_values.copy(), (TAIL_Q,))[0]
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
+    # the spike rows' codes gathered once for every candidate's mask
+    spike_coded = [dataclasses.replace(c, codes=c.codes[spike]) for c in coded]
     for cand in cands:
-        keep = ~candidate_mask(coded, cand, spike)
+        keep = ~candidate_mask(spike_coded, cand, None)
         if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:
             continue
-        s_wo = quantile_sorted(np.sort(values[spike][keep]), TAIL_Q)
+        s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0]
         b_wo = base_q.without_candidate(coded, cand)
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
             left = values[base][mask] if rest is None else np.concatenate([values[base][mask],
                                                                            rest.values_without(cand)])
-            b_wo = quantile_sorted(np.sort(left), TAIL_Q) if left.size else math.nan
+            b_wo = quantiles_unsorted(left, (TAIL_Q,))[0] if left.size else math.nan
         cand.p99_without_ns = s_wo
         cand.baseline_p99_without_ns = b_wo
         if excess > 0 and math.isfinite(b_wo):

@@ -24,7 +24,6 @@ import duckdb
 import numpy as np
 import polars as pl
 from rich.console import Console
-from rich.table import Table
 
 from analysis import explain as X
 from analysis import neighbours as N
@@ -204,6 +203,22 @@ def values_of(frame: pl.DataFrame) -> np.ndarray:
     return values
 
 
+def rows_in_windows(start: np.ndarray, windows: np.ndarray, window_ns: int) -> np.ndarray:
+    """Positions of the rows whose start is in one of the `windows` (window numbers: start // window_ns), ascending:
+    `np.flatnonzero(np.isin(start // window_ns, windows))`. For rows in start order (the report's frame) by
+    bisection, a slice per window, instead of a look-up of every row."""
+    start = np.asarray(start)
+    windows = np.asarray(windows, dtype=np.int64)
+    if start.size > 1 and not bool(np.all(start[1:] >= start[:-1])):
+        return np.flatnonzero(np.isin(start // window_ns, windows))
+    mask = np.zeros(start.size, dtype=bool)
+    lo = windows * window_ns  # window k holds the starts in [k w, (k + 1) w)
+    for a, b in zip(np.searchsorted(start, lo, side="left").tolist(),
+                    np.searchsorted(start, lo + window_ns, side="left").tolist(), strict=True):
+        mask[a:b] = True
+    return np.flatnonzero(mask)
+
+
 def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: int = 0) -> float:
     if weights is None:
         return float(n if rows is None else rows.size)
@@ -220,7 +235,20 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
              source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
              explain: bool = True) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
-    """The report's header, its value frame, the facts table and the detection (None when it could not run).
+    """The report's header, its value frame, the facts table and the detection (None when it could not run):
+    `_prepare_coded` without the coded dimensions."""
+    report, frame, facts, det, _ = _prepare_coded(con, metric, window_s, since, until, include_failures, source,
+                                                  sampling_policy, judge_sampling, explain)
+    return report, frame, facts, det
+
+
+def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
+                   since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
+                   source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
+                   explain: bool = True
+                   ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None, list[X.Coded] | None]:
+    """The report's header, its value frame, the facts table, the detection (None when it could not run) and the
+    frame's DIMENSIONS coded for the explanation (None unless `explain`).
 
     `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
     function reads them its own way (a remote engine's), False cannot read them. `explain=False`
@@ -249,12 +277,19 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
     det: Detection | None = None
+    coded: list[X.Coded] | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
         # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
         # uses the connection until the read is joined. They are aligned to the values' rows on that thread
-        # too, so their row ids are freed there.
+        # too, so their row ids are freed there, and coded for the explanation (numpy and polars, the GIL
+        # mostly released), which would otherwise wait for detection to end.
         values_only = frame
-        dims = pool.submit(lambda: _with_dims(values_only, read_dims())) if read_dims is not None else None
+
+        def dims_coded(read: Callable[[], pl.DataFrame]) -> tuple[pl.DataFrame, list[X.Coded]]:
+            both = _with_dims(values_only, read())
+            return both, [X.code_dimension(both, d) for d in X.DIMENSIONS]
+
+        dims = pool.submit(dims_coded, read_dims) if read_dims is not None else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
@@ -263,15 +298,15 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
             except Exception as exc:
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
-            frame = dims.result()
+            frame, coded = dims.result()
     if det is None:
-        return report, frame, facts, None
+        return report, frame, facts, None, coded
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = _ms(det.baseline_p99_ns)
     if det.baseline.any():
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
-        base_rows = np.flatnonzero(np.isin(start // det.window_ns, base_wins))
+        base_rows = rows_in_windows(start, base_wins, det.window_ns)
         report["baseline_effective"] = _effective(weights, base_rows)
     flags: FlagsFn | None = SM.recorded_flags if judge_sampling is True else (judge_sampling or None)
     if (weights is not None or sampling_policy != "auto") and flags is None:
@@ -284,7 +319,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    return report, frame, facts, det
+    return report, frame, facts, det, coded
 
 
 def _header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
@@ -353,13 +388,13 @@ def build_report(
     facts of the whole store. Stage shares are always read from the connection's `spans`.
     `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).
     """
-    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
-                                         sampling_policy)
+    report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
+                                                      source, sampling_policy)
     if det is None:
         return report
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
-    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
+    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
@@ -421,8 +456,8 @@ def explain_window(
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
-    report, frame, facts, det = _prepare(con, metric, window_s, since, until, include_failures, source,
-                                         sampling_policy, judge_sampling)
+    report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
+                                                      source, sampling_policy, judge_sampling)
     empty = window_not_explained(start_ns, end_ns, report["errors"])
     if det is None:
         return empty
@@ -430,14 +465,14 @@ def explain_window(
     values = values_of(frame)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
+            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch, coded=coded)[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
     det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     weights = weights_of(frame)
-    base_rows = np.flatnonzero(np.isin(starts // det.window_ns, base_wins))
+    base_rows = rows_in_windows(starts, base_wins, det.window_ns)
     inside_rows = np.flatnonzero((starts >= start_ns) & (starts < end_ns))
     det.baseline_p50_ns = X.weighted_q(values, weights, base_rows, 0.5)
     det.baseline_p99_ns = X.weighted_q(values, weights, base_rows, 0.99)
@@ -454,7 +489,7 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch)[0]
+    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch, coded=coded)[0]
     item["detected"] = False
     return item
 
@@ -494,7 +529,7 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
     weights = weights_of(frame)
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = _local_baseline(det, spike, counts)
-    local_rows = np.flatnonzero(np.isin((start // det.window_ns) * det.window_ns, local)).astype(np.int64)
+    local_rows = rows_in_windows(start, local // det.window_ns, det.window_ns).astype(np.int64)
     base_tail = X.tail_slice(values, local_rows, weights=weights)
     rows = np.concatenate([spike_tail, base_tail])
     e2e = frame.get_column("e2e_ns").to_numpy()
@@ -517,7 +552,7 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
                  det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
-                 rest: RestCounts | None = None) -> list[dict[str, Any]]:
+                 rest: RestCounts | None = None, coded: list[X.Coded] | None = None) -> list[dict[str, Any]]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
 
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
@@ -525,13 +560,12 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     combination of dimension values (a frame of X.DIMENSIONS and `n`, token columns holding any
     value of their bucket), a reader of their values outside a candidate and the baseline's p99 with and without
     a candidate (X.BaselineTail); `frame` must then hold every baseline request of the windows the steps read
-    row by row.
+    row by row. `coded`: the frame's DIMENSIONS already coded (`_prepare_coded`), else coded here.
     """
     if not spikes:
         return []
-    win_of_row = start // det.window_ns
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
-    base = np.flatnonzero(np.isin(win_of_row, base_wins)).astype(np.int64)
+    base = rows_in_windows(start, base_wins, det.window_ns).astype(np.int64)
     weights = weights_of(frame)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     rows_of = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in spikes]
@@ -553,11 +587,11 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
             # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
             # connection is that thread's alone until it is joined
             stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
-            coding = _Coding(frame, values, base, weights, rest)
+            coding = _Coding(frame, values, base, weights, rest, coded)
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
-        coding = _Coding(frame, values, base, weights, rest)
+        coding = _Coding(frame, values, base, weights, rest, coded)
     out = []
     for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
         # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
@@ -583,13 +617,14 @@ class _Coding:
     reader aside: no connection)."""
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
-                 rest: RestCounts | None) -> None:
-        """`base`: the baseline's rows; `rest`: as `_explain_all`'s."""
+                 rest: RestCounts | None, coded: list[X.Coded] | None = None) -> None:
+        """`base`: the baseline's rows; `rest`: as `_explain_all`'s; `coded`: the frame's DIMENSIONS coded (by
+        `X.code_dimension`), when already done."""
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
         self.base_q: X.BaselineTail
         if rest is None:
-            self.coded = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+            self.coded = coded if coded is not None else [X.code_dimension(frame, d) for d in X.DIMENSIONS]
             self.base_q = X.TailQuantile(values[base], base)
         else:  # code rows and combinations together: the same labels as over every row
             combos, read_values, self.base_q = rest
@@ -648,6 +683,8 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 def render_text(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the report as rich tables (what `tailscope report` shows without --json)."""
+    from rich.table import Table  # here: --json (and every other reader of the report) needs none
+
     con = console or Console()
     out = report["outcomes"]
     con.print(f"[bold]{report['metric']}[/] report: {report['requests']:,} requests "

@@ -7,8 +7,13 @@ through `tracing.store.SegmentWriter`, so the files are what the store holds.
 
     python -m benchmarks.bench_report [--spans 1000000,10000000] [--dir DIR] [--json]
     python -m benchmarks.bench_report --store STORE[,STORE...] [--json]   # stores already built, read only
+    python -m benchmarks.bench_report --store STORE[,...] --cli-ab BASE_TREE [--runs 7]   # against another tree
 
-It prints, per store: the time to materialize the request hours (as `ingest` leaves a store;
+With --cli-ab, only `tailscope report --json` through the CLI, alternating between this source tree and
+BASE_TREE (an exported copy of another commit, bytecode compiled), --runs times each: the median and
+smallest wall time and CPU seconds of each, their ratios, and whether the two JSON outputs are identical.
+
+Otherwise it prints, per store: the time to materialize the request hours (as `ingest` leaves a store;
 not with --store, whose stores are read as they are and never written), the full report time,
 CPU seconds and peak RSS (each in a fresh process, in Python and through
 `python -m tailscope.cli report`), one percentile series, and DuckDB's plain p50/p99 per span
@@ -197,7 +202,37 @@ def bench_args(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--store", default=None,
                         help="comma-separated stores already built: measured as they are (read only), none built")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cli-ab", default=None, metavar="BASE_TREE",
+                        help="with --store: the CLI report alternated with another source tree (see the module doc)")
+    parser.add_argument("--runs", type=int, default=7, help="runs of each tree with --cli-ab")
     return parser.parse_args(argv)
+
+
+def cli_ab(store: Path, base: Path, runs: int) -> dict[str, Any]:
+    """`tailscope report --json` on `store` through the CLI of this tree and of `base`, alternating (so both see
+    the same machine load): wall and CPU seconds of each run, medians, ratios and whether the outputs match."""
+    trees = {"this": Path(__file__).resolve().parents[1], "base": base.resolve()}
+    runs_of: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    outputs: dict[str, set[str]] = {name: set() for name in trees}
+    for _ in range(runs):
+        for name, tree in trees.items():
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            t, c = time.perf_counter(), _children_cpu_s()
+            done = subprocess.run([sys.executable, "-m", "tailscope", "report", "--store", str(store), "--json",
+                                   "--no-materialize"], cwd=tree, env=env, check=True, capture_output=True, text=True)
+            runs_of[name].append((time.perf_counter() - t, _children_cpu_s() - c))
+            outputs[name].add(done.stdout)
+    out: dict[str, Any] = {"store": str(store), "runs": runs}
+    for name, xs in runs_of.items():
+        walls, cpus = sorted(x[0] for x in xs), sorted(x[1] for x in xs)
+        out[name] = {"wall_median_s": round(walls[len(walls) // 2], 3), "wall_min_s": round(walls[0], 3),
+                     "cpu_median_s": round(cpus[len(cpus) // 2], 3), "walls_s": [round(x[0], 2) for x in xs]}
+    out["wall_median_ratio"] = round(out["this"]["wall_median_s"] / out["base"]["wall_median_s"], 3)
+    out["cpu_median_ratio"] = round(out["this"]["cpu_median_s"] / out["base"]["cpu_median_s"], 3)
+    out["json_identical"] = len(outputs["this"] | outputs["base"]) == 1
+    with open("/proc/loadavg") as fh:
+        out["loadavg_1m_after"] = float(fh.read().split()[0])
+    return out
 
 
 def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
@@ -285,7 +320,6 @@ def run_one(store: Path) -> dict[str, Any]:
 
     con = connect(store)
     con.execute("SET enable_progress_bar = false").fetchall()
-    con.execute("SET parquet_metadata_cache = true").fetchall()  # as `tailscope report` sets it
     report, out["report_s"], out["report_cpu_s"] = _timed(lambda: build_report(con))
     out["requests"] = report["requests"]
     out["spikes"] = [(s["start"], s["end"], s["stages"][0]["stage"] if s["stages"] else None,
@@ -316,6 +350,12 @@ def main(argv: list[str] | None = None) -> None:
     args = bench_args(__doc__, argv)
     if args.one:
         print(json.dumps(run_one(Path(args.one))))
+        return
+    if args.cli_ab:
+        if not args.store:
+            raise SystemExit("--cli-ab compares stores already built: give them with --store")
+        for store in args.store.split(","):
+            print(json.dumps(cli_ab(Path(store), Path(args.cli_ab), args.runs), indent=2 if args.json else None))
         return
     results: dict[str, Any] = {}
     for spans, store in stores(args):

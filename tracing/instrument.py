@@ -23,9 +23,9 @@ global tracer provider sends them (see `tracing.configure`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -82,7 +82,9 @@ _GEN_PARTS: Final = frozenset(S.GENERATION_PARTS)
 _GENERATION: Final = S.STAGE_PARENT[PREFILL]
 _OUTCOME_SET: Final = frozenset(S.OUTCOMES)
 _OK, _ERROR, _TIMEOUT, _CANCELLED = S.OUTCOMES
-_CANCELLED_TYPE: Final = f"{asyncio.CancelledError.__module__}.{asyncio.CancelledError.__qualname__}"
+#: `error_type_of` an asyncio cancellation (asyncio is imported only by code that uses it: no cancellation
+#: can arise before, and importing it here would cost every user of the package, the CLI included)
+_CANCELLED_TYPE: Final = "asyncio.exceptions.CancelledError"
 _SERVER = SpanKind.SERVER
 _INTERNAL = SpanKind.INTERNAL
 _ERROR_STATUS = StatusCode.ERROR
@@ -110,11 +112,17 @@ def outcome_of_exception(exc: BaseException, *, streaming: bool = False) -> str:
     """
     if isinstance(exc, TimeoutError):
         return _TIMEOUT
-    if isinstance(exc, (asyncio.CancelledError, ClientDisconnected, GeneratorExit, KeyboardInterrupt)):
+    if isinstance(exc, (ClientDisconnected, GeneratorExit, KeyboardInterrupt)) or _is_asyncio_cancellation(exc):
         return _CANCELLED
     if streaming and isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
         return _CANCELLED
     return _ERROR
+
+
+def _is_asyncio_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is asyncio's CancelledError, without importing asyncio (not imported: it cannot be one)."""
+    aio = sys.modules.get("asyncio")
+    return aio is not None and isinstance(exc, aio.CancelledError)
 
 
 def check_stage(name: str) -> str:

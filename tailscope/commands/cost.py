@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tailscope.commands.common import StoreOption, console, errors_as_messages, fail, store_path
 
@@ -36,6 +35,8 @@ def _share(x: float | None) -> str:
 
 def render_text(result: dict[str, Any]) -> None:
     """Print the cost table and the replicas' time as rich tables."""
+    from rich.table import Table  # here: imported by every command's start-up otherwise
+
     t = Table(result["by"], "GPU-s", "cost", "requests", "in tokens", "out tokens", "$/1k out", "p99 tail GPU",
               title="fair-share GPU time")
     for r in result["rows"]:

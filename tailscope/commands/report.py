@@ -106,10 +106,6 @@ def report(
         con = connect(store_path(store))
         try:
             con.execute("SET enable_progress_bar = false").fetchall()
-            # the report binds the store's files a dozen times (each query over the facts and spans views):
-            # their Parquet footers read once, not per query (the files never change: segments are immutable,
-            # a materialized hour is a new file)
-            con.execute("SET parquet_metadata_cache = true").fetchall()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-coverage") as pool:
                 # the coverage line's count of every span is a scan of its own: on a second connection to the
                 # same views, it runs beside the report (DuckDB releases the GIL) instead of after it
@@ -130,9 +126,10 @@ def _coverage(seen: Recognition, as_json: bool) -> None:
     from intake.recognition import gaps
 
     out = err_console if as_json else console
-    out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True)
+    # plain text: no :name: emoji look-up (whose table rich imports on first use)
+    out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True, emoji=False)
     for gap in gaps(seen.engines):
-        out.print(f"  {gap}", highlight=False, soft_wrap=True)
+        out.print(f"  {gap}", highlight=False, soft_wrap=True, emoji=False)
     problem = seen.problem()
     if problem is not None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)

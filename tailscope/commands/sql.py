@@ -12,7 +12,6 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tailscope.commands.common import (
     DEFAULT,
@@ -127,6 +126,8 @@ def print_table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
     """
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     if fits(names, console.width):
+        from rich.table import Table  # here: imported by every command's start-up otherwise
+
         table = Table(*names, show_lines=False)
         for column in table.columns:
             column.min_width = len(str(column.header))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from analysis import connect
 from analysis import explain as X
+from analysis.percentiles import MIN_TAIL
 from analysis.spikes import quantile_sorted
 from tests.analysis.test_report import fleet_store
 from tests.factory import T0, add_request, write
@@ -45,6 +47,37 @@ def test_an_enum_column_is_coded_as_its_text() -> None:
             coded = X.code_dimension(pl.DataFrame({"tenant": pl.Series(values, dtype=dtype)}), "tenant")
             assert coded.labels == as_text.labels
             assert coded.codes.tolist() == as_text.codes.tolist()
+
+
+def test_token_buckets_through_the_table_equal_the_float_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts up to the table's bound are coded through a table of the formula's codes: on random columns (nulls,
+    zeros, powers of two and their neighbours, negatives, counts past the bound: the bound lowered to 1,000 so both
+    paths run often) the codes equal the formula's applied row by row, and the labels are the buckets up to the
+    largest code; once more at the real bound."""
+    rng = random.Random(7)
+
+    def check(xs: list[int | None], case: object) -> None:
+        coded = X.code_dimension(pl.DataFrame({"input_tokens": xs}, schema={"input_tokens": pl.Int64}),
+                                 "input_tokens")
+        want = [-1 if x is None or x < 0 else 0 if x == 0 else math.floor(np.log2(np.float64(x))) + 1 for x in xs]
+        assert coded.codes.dtype == np.int64 and coded.codes.tolist() == want, case
+        assert len(coded.labels) == max(want) + 1
+        for code, label in enumerate(coded.labels):
+            lo, hi = X.bucket_bounds(0 if code == 0 else 1 << (code - 1))
+            assert (label, coded.lo[code], coded.hi[code]) == (X.bucket_label(lo, hi), lo, hi)
+
+    check([0, 1, 2, 3, X._BUCKET_TABLE_MAX - 1, X._BUCKET_TABLE_MAX, None], "the real bound")
+    check([0, 1, 2, 3, X._BUCKET_TABLE_MAX + 1, None], "past the real bound")
+    with monkeypatch.context() as m:
+        m.setattr(X, "_BUCKET_TABLE_MAX", 1000)
+        for case in range(200):
+            top = rng.choice([5, 999, 1000, 1001, 3000, 2**40])
+            xs: list[int | None] = [rng.choice([None, rng.choice([0, 1, 2, 3, 999, 1000, 1001]), rng.randrange(top + 1),
+                                                (1 << rng.randrange(top.bit_length())) + rng.randrange(-1, 2)])
+                                    for _ in range(rng.randrange(1, 60))]
+            if case % 5 == 0:
+                xs.append(-rng.randrange(1, 9))
+            check(xs, case)
 
 
 def test_bucket_sql_equals_bucket_bounds_and_label() -> None:
@@ -134,6 +167,67 @@ def test_contrast_counterfactual_and_ranking_name_the_cause_not_the_always_slow(
     long_out = [d for d in ranked if d["dimension"] == "output_tokens" and d["lo"] == 2048]
     assert not long_out or long_out[0]["explained"] < first["explained"] - 0.3
     assert all(d["dimension"] != "model" for d in ranked)  # one value everywhere: never a cause
+
+
+def _random_coded(rng: np.random.Generator, n: int) -> list[X.Coded]:
+    """3 to 6 dimensions of 1 to 12 labels (or none), about 5 % of the codes missing (-1)."""
+    coded = []
+    for d in range(int(rng.integers(3, 7))):
+        k = int(rng.integers(0, 13))
+        codes = rng.integers(0, max(k, 1), n) if k else np.full(n, -1)
+        codes = np.where(rng.random(n) < 0.05, -1, codes).astype(np.int64)
+        labels = [f"v{i}" for i in range(k)]
+        coded.append(X.Coded(f"d{d}", codes, labels, [None] * k, [None] * k))
+    return coded
+
+
+def _reference_counterfactual(coded: list[X.Coded], cands: list[X.Candidate], values: np.ndarray,
+                              spike: np.ndarray, base: np.ndarray) -> list[tuple[float, float, float]]:
+    """Each candidate's (p99 without, baseline p99 without, explained) by plain masks and full sorts."""
+    def p99(x: np.ndarray) -> float:
+        return quantile_sorted(np.sort(x), 0.99) if x.size else math.nan
+
+    def matches(rows: np.ndarray, c: X.Candidate) -> np.ndarray:
+        return np.all([coded[i].codes[rows] == code for i, code in zip(c.dims, c.codes, strict=True)], axis=0)
+
+    excess = p99(values[spike]) - p99(values[base])
+    out = []
+    for c in cands:
+        keep = ~matches(spike, c)
+        if keep.sum() * (1 - X.TAIL_Q) < MIN_TAIL / 5:
+            out.append((math.nan, math.nan, math.nan))
+            continue
+        s_wo, b_wo = p99(values[spike][keep]), p99(values[base][~matches(base, c)])
+        out.append((s_wo, b_wo, 1.0 - (s_wo - b_wo) / excess if excess > 0 and math.isfinite(b_wo) else math.nan))
+    return out
+
+
+def test_contrast_by_joint_counts_equals_pair_by_pair_and_counterfactuals_equal_plain_masks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baseline's counts of every single and pair read off one count per combination of all dimensions give
+    the same candidates as counting each single and pair over the rows (forced by a joint limit of 0), on random
+    coded dimensions with missing codes; the counterfactuals (slice codes gathered once, partitions) equal
+    plain masks and full sorts."""
+    rng = np.random.default_rng(17)
+    for case in range(40):
+        n = int(rng.integers(200, 4000))
+        coded = _random_coded(rng, n)
+        values = rng.lognormal(0, 1, n)
+        hot = coded[0].codes == 0
+        values[hot] *= rng.uniform(1, 4)  # a cause, sometimes
+        rows = rng.permutation(n).astype(np.int64)
+        split = int(rng.integers(n // 4, 3 * n // 4))
+        spike, base = np.sort(rows[:split]), np.sort(rows[split:])
+        tail = spike[values[spike] > quantile_sorted(np.sort(values[base]), 0.99)]
+        joint = X.contrast(coded, tail, base)
+        with monkeypatch.context() as m:
+            m.setattr(X, "MAX_JOINT_CELLS", 0)
+            assert repr(X.contrast(coded, tail, base)) == repr(joint), case
+        cands, _ = joint
+        X.counterfactual(coded, cands, values, spike, base, X.TailQuantile(values[base], base, slice_share=0.5))
+        want = _reference_counterfactual(coded, cands, values, spike, base)
+        got = [(c.p99_without_ns, c.baseline_p99_without_ns, c.explained) for c in cands]
+        assert repr(got) == repr(want), case
 
 
 def test_binomial_bound_and_guard() -> None:

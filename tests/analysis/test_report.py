@@ -190,3 +190,24 @@ def test_a_source_out_of_start_order_gives_the_same_report(spiky: Path) -> None:
     shuffled = build_report(con, source="(SELECT * FROM requests ORDER BY hash(trace_id))")
     assert ordered["spikes"] and ordered["spikes"][0]["dimensions"][0]["value"] == SLOW_REPLICA
     assert shuffled == ordered
+
+
+def test_rows_in_windows_equals_a_look_up_of_every_row() -> None:
+    """The rows of a set of windows found by bisection (rows in start order) or by look-up (any order) are those of
+    np.isin over every row's window number, on random rows: empty, unsorted, negative and boundary starts."""
+    import numpy as np
+
+    from analysis.report import rows_in_windows
+
+    rng = np.random.default_rng(23)
+    for case in range(300):
+        w = int(rng.integers(1, 50))
+        n = int(rng.integers(0, 400))
+        start = rng.integers(-5 * w, 40 * w, n).astype(np.int64)
+        edge = rng.random(n) < 0.2  # starts on a window's bound, or just before one
+        start[edge] = rng.integers(-5, 40, int(edge.sum())) * w - rng.integers(0, 2, int(edge.sum()))
+        if case % 3:
+            start.sort()
+        windows = np.unique(rng.integers(-6, 42, int(rng.integers(0, 12))))
+        got = rows_in_windows(start, windows, w)
+        assert got.tolist() == np.flatnonzero(np.isin(start // w, windows)).tolist(), case

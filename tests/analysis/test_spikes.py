@@ -410,3 +410,41 @@ def test_the_pooled_quantiles_by_partition_equal_those_of_the_sorted_pool() -> N
             assert math.isnan(got.p50_ns) and math.isnan(got.p99_ns)
         else:
             assert (got.p50_ns, got.p99_ns) == (quantile_sorted(ref, 0.5), quantile_sorted(ref, 0.99))
+
+
+def test_pooled_windows_read_the_runs_of_the_flagged_windows() -> None:
+    """SortedValues.pool joins the flagged windows' runs: the same values in the same order as a mask over every
+    value, so the pooled quantiles are those of the mask's values, on random windows (some empty)."""
+    from analysis.percentiles import quantiles_unsorted
+    from analysis.spikes import SortedValues
+
+    rng = np.random.default_rng(29)
+    for case in range(200):
+        counts = rng.integers(0, 30, int(rng.integers(1, 20))).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        values = rng.lognormal(0, 1, int(counts.sum()))
+        source = SortedValues(values, first, counts)
+        flagged = rng.random(counts.size) < 0.5
+        want = values[np.repeat(flagged, counts)]
+        assert source._values_of(flagged).tolist() == want.tolist(), case
+        pooled = source.pool(flagged)
+        assert pooled.n == want.size
+        if want.size:
+            assert (pooled.p50_ns, pooled.p99_ns) == tuple(quantiles_unsorted(want.copy(), (0.5, 0.99))), case
+
+
+def test_median_is_numpys() -> None:
+    """spikes.median (the baseline's median window p99, without numpy.ma) equals np.median bit for bit on random
+    arrays: odd and even sizes, ties, one value, a nan."""
+    from analysis.spikes import median
+
+    rng = np.random.default_rng(31)
+    for case in range(500):
+        x = rng.lognormal(10, 2, int(rng.integers(1, 80)))
+        if case % 4 == 0:
+            x = np.round(x, -3)  # ties
+        if case % 50 == 0:
+            x[int(rng.integers(x.size))] = np.nan
+        want = float(np.median(x))
+        got = median(x)
+        assert (math.isnan(got) and math.isnan(want)) or got == want, case

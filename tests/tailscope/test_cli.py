@@ -69,3 +69,16 @@ def test_a_missing_package_named_in_needs_is_one_line() -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == ("tailscope report needs polars, which is not installed: "
                                    "pip install 'tailscope[analysis]'")
+
+
+def test_the_entry_point_freezes_what_the_command_left_for_the_teardown() -> None:
+    """main() ends with every object moved out of the collector's reach, so the interpreter's teardown does not
+    scan them all again; the exit code is the command's."""
+    code = ("import gc, sys; sys.argv = ['tailscope', *sys.argv[1:]]\n"
+            "from tailscope.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n"
+            "    print(exc.code, len(gc.get_objects()), file=sys.stderr)")
+    for args, exit_code in ((["--help"], 0), (["report", "--store", "/nonexistent-store"], 1)):
+        done = run(code, *args)
+        got, unfrozen = done.stderr.strip().splitlines()[-1].split()
+        assert int(got) == exit_code and int(unfrozen) < 50, (args, done.stderr)

@@ -236,3 +236,15 @@ def test_100_interleaved_asyncio_requests_never_mix(spans: InMemorySpanExporter)
             parent = ids[parent_id(s)]  # type: ignore[index]
             assert parent is (root if s.name not in S.STAGE_PARENT else
                               next(x for x in mine if x.name == "generation"))
+
+
+def test_an_asyncio_cancellation_is_known_without_importing_asyncio_first() -> None:
+    """instrument names asyncio's CancelledError without importing asyncio: the name it checks against is the one
+    error_type_of gives, and the outcome of a cancellation is `cancelled`, of any other error `error`."""
+    import asyncio
+
+    from tracing import instrument as I
+
+    assert I.error_type_of(asyncio.CancelledError()) == I._CANCELLED_TYPE
+    assert I.outcome_of_exception(asyncio.CancelledError()) == "cancelled"
+    assert I.outcome_of_exception(RuntimeError("x")) == "error"
