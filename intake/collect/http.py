@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -263,10 +261,6 @@ class HttpServer:
         # sending now, which decides whether requests are answered from the journal (intake/collect/journal.py)
         self._recent: dict[int, float] = {}
         self._delivered = 0  # requests whose whole body was read and that are not answered yet
-        # commits resolved by the committer's threads, handed to the loop in batches (see _committed)
-        self._resolved: deque[tuple[asyncio.Future[CommitResult], Future[CommitResult]]] = deque()
-        self._resolved_lock = threading.Lock()
-        self._wake_pending = False
         self._pruned = 0.0
         self._writers: set[asyncio.StreamWriter] = set()
         self._drained: asyncio.Event | None = None
@@ -452,52 +446,12 @@ class HttpServer:
             retry = config.retry_after_s
             if future is not None:
                 try:
-                    await self._committed(future)
+                    await asyncio.wrap_future(future)
                 except Exception as exc:
                     raise _HttpError(503, f"could not store the spans ({exc}); retry", retry_after=retry) from None
         finally:
             self._delivered -= 1
         return success_body(decoded.result, encoding)
-
-    def _committed(self, future: Future[CommitResult]) -> asyncio.Future[CommitResult]:
-        """An asyncio future of the loop that follows `future` (resolved on a committer thread).
-
-        Like asyncio.wrap_future, except that the futures one thread resolves in a row (the journal thread
-        answers every request of an fdatasync at once) wake the loop once, not once each: every wake-up is a
-        write to the loop's self-pipe, made by a thread that must take the GIL back after each (issue #13).
-        """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[CommitResult] = loop.create_future()
-
-        def done(f: Future[CommitResult]) -> None:
-            with self._resolved_lock:
-                self._resolved.append((waiter, f))
-                if self._wake_pending:  # a _deliver is scheduled and has not taken the list yet
-                    return
-                self._wake_pending = True
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(self._deliver)
-
-        future.add_done_callback(done)
-        return waiter
-
-    def _deliver(self) -> None:
-        """On the loop: pass every resolved commit to its waiting request."""
-        with self._resolved_lock:
-            items = list(self._resolved)
-            self._resolved.clear()
-            self._wake_pending = False
-        for waiter, f in items:
-            if waiter.done():  # the request was cancelled meanwhile
-                continue
-            if f.cancelled():
-                waiter.cancel()
-                continue
-            exc = f.exception()
-            if exc is not None:
-                waiter.set_exception(exc)
-            else:
-                waiter.set_result(f.result())
 
     async def _decode_and_queue(self, body: bytes, req: _Request, encoding: str, reserve: _Reserve,
                                 several: bool) -> tuple[Decoded, Future[CommitResult] | None]:
