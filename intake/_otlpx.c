@@ -4,8 +4,8 @@
  *   Builder().add(data, room=-1) -> int | None  append one request's columns to a group
  *                                               (-1: more spans than `room`; None: nothing added)
  *   Builder().take() -> dict                    the group's columns; the builder starts over
- *   (add parses without the GIL: calls on one Builder must be serialised by the caller,
- *   as the committer does under its lock)
+ *   (add parses without the GIL and writes the text of double values once it holds it again;
+ *   calls on one Builder must be serialised by the caller, as the committer does under its lock)
  *
  * The order of calls (intake/otlp.py, intake/collect/commit.py): this runs FIRST, on the raw
  * bytes; nothing has parsed them before. It walks the wire format once, checking the tag,
@@ -81,7 +81,13 @@ static int col_hex(Col *c, const uint8_t *p, size_t n) {
 }
 
 /* an attribute list column: per owner an offset into key/value columns */
-typedef struct { Buf off; int32_t owners; Col key, val; } Attrs;
+/* a double attribute value whose text is written once the GIL is held again (Builder.add): Python's
+   repr of a double allocates with PyMem, and taking the GIL for each value meant a GIL hand-off per double
+   while the other threads ran Python (issue #13). `pos`: where in the value data it goes; `k`: the value */
+typedef struct { size_t pos; int32_t k; double d; } Fix;
+typedef struct { Fix *p; size_t n, cap; } Fixes;
+/* `fx`: NULL renders doubles at once (the GIL is held), else they are recorded there (see Fix) */
+typedef struct { Buf off; int32_t owners; Col key, val; Fixes *fx; } Attrs;
 
 /* --- wire format ------------------------------------------------------------------------ */
 
@@ -166,22 +172,71 @@ static int utf8_ok(const uint8_t *p, size_t n) {
 
 /* --- values ------------------------------------------------------------------------------- */
 
-static int render_double(Buf *b, double d, int json) {
+static int render_double(Attrs *a, double d, int json) {
+    Buf *b = &a->val.data;
     if (json && (d != d || d == 1.0 / 0.0 || d == -1.0 / 0.0)) {
         const char *s = d != d ? "NaN" : (d > 0 ? "Infinity" : "-Infinity");
         return buf_put(b, s, strlen(s));
     }
-    /* Builder.add parses without the GIL; Python's repr of a double allocates with PyMem: take it here */
-    PyGILState_STATE gil = PyGILState_Ensure();
-    char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    int rc = -1;
-    if (s) {
-        rc = buf_put(b, s, strlen(s));
-        PyMem_Free(s);
-    } else {
-        PyErr_Clear(); /* reported as a memory error by the caller */
+    if (a->fx) { /* Builder.add: parsing without the GIL; the text goes in at fixes_apply */
+        Fixes *fx = a->fx;
+        if (fx->n == fx->cap) {
+            size_t cap = fx->cap ? fx->cap * 2 : 64;
+            Fix *p = realloc(fx->p, cap * sizeof *p);
+            if (!p) return -1;
+            fx->p = p; fx->cap = cap;
+        }
+        fx->p[fx->n++] = (Fix){b->n, a->val.count, d};
+        return 0;
     }
-    PyGILState_Release(gil);
+    /* the GIL is held (extract): Python's own repr */
+    char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (!s) { PyErr_Clear(); return -1; } /* reported as a memory error by the caller */
+    int rc = buf_put(b, s, strlen(s));
+    PyMem_Free(s);
+    return rc;
+}
+/* with the GIL held: write the text of every double `a` recorded (in order) into its value data, moving
+   what follows and the value offsets after it; -1 on a memory error (the caller rolls the body back) */
+static int fixes_apply(Attrs *a) {
+    Fixes *fx = a->fx;
+    if (!fx || !fx->n) return 0;
+    size_t n = fx->n, extra = 0;
+    char **text = calloc(n, sizeof *text);
+    size_t *len = calloc(n, sizeof *len);
+    int rc = -1;
+    if (!text || !len) goto done;
+    for (size_t i = 0; i < n; i++) {
+        text[i] = PyOS_double_to_string(fx->p[i].d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+        if (!text[i]) { PyErr_Clear(); goto done; }
+        len[i] = strlen(text[i]);
+        extra += len[i];
+    }
+    Buf *d = &a->val.data;
+    if (d->n + extra > INT32_MAX || buf_reserve(d, extra)) goto done;
+    /* from the last: move the bytes after each insertion point up by what is inserted before them */
+    size_t end = d->n, shift = extra;
+    for (size_t i = n; i-- > 0;) {
+        size_t pos = fx->p[i].pos;
+        memmove(d->p + pos + shift, d->p + pos, end - pos);
+        shift -= len[i];
+        memcpy(d->p + pos + shift, text[i], len[i]);
+        end = pos;
+    }
+    d->n += extra;
+    /* offset j ends value j - 1: it grows by the text of every double of values before j */
+    int32_t *off = (int32_t *)a->val.off.p;
+    size_t f = 0, add = 0;
+    for (int32_t j = fx->p[0].k + 1; j <= a->val.count; j++) {
+        while (f < n && fx->p[f].k < j) add += len[f++];
+        off[j] += (int32_t)add;
+    }
+    rc = 0;
+done:
+    if (text) for (size_t i = 0; i < n; i++) PyMem_Free(text[i]);
+    free(text);
+    free(len);
+    fx->n = 0;
     return rc;
 }
 static int render_int(Buf *b, int64_t v) {
@@ -211,9 +266,10 @@ static int json_string(Buf *b, Str s) {
 }
 
 /* One AnyValue into `b`. json=1 renders as an element of a JSON array. */
-static int render_any(Rd r, Buf *b, int json, int depth);
+static int render_any(Rd r, Attrs *a, int json, int depth);
 
-static int render_array(Rd r, Buf *b, int depth) {
+static int render_array(Rd r, Attrs *a, int depth) {
+    Buf *b = &a->val.data;
     if (depth > 0) return FALLBACK; /* nested arrays: Python */
     MEM(buf_put(b, "[", 1));
     int first = 1;
@@ -224,7 +280,7 @@ static int render_array(Rd r, Buf *b, int depth) {
             CHECK(rd_len(&r, &sub));
             if (!first) MEM(buf_put(b, ",", 1));
             first = 0;
-            CHECK(render_any(sub, b, 1, depth + 1));
+            CHECK(render_any(sub, a, 1, depth + 1));
         } else {
             return FALLBACK;
         }
@@ -232,7 +288,8 @@ static int render_array(Rd r, Buf *b, int depth) {
     return buf_put(b, "]", 1) ? -1 : 0;
 }
 
-static int render_any(Rd r, Buf *b, int json, int depth) {
+static int render_any(Rd r, Attrs *a, int json, int depth) {
+    Buf *b = &a->val.data;
     /* the last oneof member set wins, as in protobuf */
     int which = 0; Str s = {0}; uint64_t v = 0; Rd sub = {0};
     while (r.p < r.end) {
@@ -257,8 +314,8 @@ static int render_any(Rd r, Buf *b, int json, int depth) {
         return buf_put(b, s.p, s.n) ? -1 : 0;
     case 2: return buf_put(b, v ? "true" : "false", v ? 4 : 5) ? -1 : 0;
     case 3: return render_int(b, (int64_t)v) ? -1 : 0;
-    case 4: { double d; memcpy(&d, &v, 8); return render_double(b, d, json) ? -1 : 0; }
-    case 5: return json ? FALLBACK : render_array(sub, b, depth);
+    case 4: { double d; memcpy(&d, &v, 8); return render_double(a, d, json) ? -1 : 0; }
+    case 5: return json ? FALLBACK : render_array(sub, a, depth);
     case 7:
         if (json) { MEM(buf_put(b, "\"", 1)); MEM(hex_into(b, s.p, s.n)); return buf_put(b, "\"", 1) ? -1 : 0; }
         return hex_into(b, s.p, s.n) ? -1 : 0;
@@ -284,7 +341,7 @@ static int attr_kv(Rd r, Attrs *a, int32_t first_index) {
         if (n == key.n && memcmp(a->key.data.p + ko[i], key.p, n) == 0) return FALLBACK;
     }
     CHECK(col_text(&a->key, key.p, key.n));
-    if (have_val) CHECK(render_any(val, &a->val.data, 0, 0));
+    if (have_val) CHECK(render_any(val, a, 0, 0));
     MEM(col_end(&a->val));
     return 0;
 }
@@ -548,7 +605,7 @@ static PyObject *attrs_of(Attrs *a) {
 }
 
 static int parse_request(Out *o, const uint8_t *p, Py_ssize_t len) {
-    /* the GIL stays held: rendering doubles uses PyOS_double_to_string (PyMem allocator) */
+    /* extract() keeps the GIL: doubles are rendered at once with PyOS_double_to_string (PyMem allocator) */
     int rc = 0;
     Rd r = {p, p + len};
     while (rc == 0 && r.p < r.end) {
@@ -617,6 +674,7 @@ typedef struct {
     PyObject_HEAD
     Out o;
     int ready;
+    Fixes fx[4]; /* the doubles of one body being added, per Attrs (see Fix) */
 } Builder;
 
 static int builder_reset(Builder *self) {
@@ -641,6 +699,7 @@ static int Builder_init(Builder *self, PyObject *args, PyObject *kwds) { return 
 
 static void Builder_dealloc(Builder *self) {
     if (self->ready) out_free(&self->o);
+    for (int i = 0; i < 4; i++) free(self->fx[i].p);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -660,6 +719,8 @@ static PyObject *Builder_add(Builder *self, PyObject *args) {
     for (int i = 0; i < N_BUFS; i++) sizes[i] = bufs[i]->n;
     Out saved = *o; /* counters; buffer contents are restored by size below */
     o->peer.p = (const uint8_t *)peer; o->peer.n = (size_t)peer_n;
+    Attrs *with_doubles[4] = {&o->attrs, &o->ev_attrs, &o->ln_attrs, &o->res_attrs};
+    for (int i = 0; i < 4; i++) { self->fx[i].n = 0; with_doubles[i]->fx = &self->fx[i]; }
     int rc;
     /* the parse touches only this builder's C buffers (its caller serialises add and take), so other
        threads run Python meanwhile: the receiver's segment work overlaps the extraction of the next body */
@@ -668,6 +729,11 @@ static PyObject *Builder_add(Builder *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     o->peer.p = NULL; o->peer.n = 0; saved.peer = o->peer;
     PyBuffer_Release(&view);
+    for (int i = 0; i < 4; i++) {  /* the GIL is held again: the doubles' text */
+        if (rc == 0 && fixes_apply(with_doubles[i])) rc = -1;
+        self->fx[i].n = 0;
+        with_doubles[i]->fx = NULL;
+    }
     long added = (long)(o->n_spans - saved.n_spans);
     if (rc == 0 && (room < 0 || added <= room)) return PyLong_FromLong(added);
     /* roll back: keep the (possibly reallocated) buffers, restore sizes and counters */

@@ -228,3 +228,49 @@ def test_builder_records_the_peer_as_with_peer_does(awkward: bool) -> None:
         fast = otlp.promote(otlp.base_from_columns(builder.take())) if n else slow.slice(0, 0)
         assert str(fast.to_pylist()) == str(slow.to_pylist()), i
     assert taken >= 50  # the comparison is not vacuous: the builder took a good share of the bodies
+
+
+def test_builder_groups_equal_the_python_decoder_with_doubles_everywhere() -> None:
+    """Builder.add writes the text of double values after its GIL-free parse (moving what follows them and
+    the value offsets): many bodies with doubles in every attribute list (arrays of them too), bodies it
+    refuses or rolls back in between, and several takes must give exactly the Python decoder's spans."""
+    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)
+    rng = random.Random(2026)
+
+    def doubles(target: object) -> None:
+        for i in range(rng.randrange(4)):
+            kv = target.add(key=f"d{i}")  # type: ignore[attr-defined]
+            if rng.random() < 0.3:
+                for _ in range(rng.randrange(4)):
+                    kv.value.array_value.values.append(AnyValue(double_value=rng.choice(
+                        [rng.random(), 1e22, -0.0, 5e-324, float("nan"), float("inf"), 1.0])))
+                kv.value.array_value.SetInParent()
+            else:
+                kv.value.double_value = rng.choice([rng.random() * 10 ** rng.randint(-30, 30), 0.5, -3.0,
+                                                    float("nan"), float("-inf"), 2.0 ** rng.randint(-1074, 1023)])
+
+    builder = otlp.new_builder()
+    want: list[pa.Table] = []
+    groups = 0
+    for i in range(240):
+        req = ExportTraceServiceRequest.FromString(request(rng, False))
+        for rs in req.resource_spans:
+            doubles(rs.resource.attributes)
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    doubles(sp.attributes)
+                    for ev in sp.events:
+                        doubles(ev.attributes)
+                    for ln in sp.links:
+                        doubles(ln.attributes)
+        data = req.SerializeToString()
+        slow = slow_table(data)[0]
+        n = builder.add(data, rng.choice([-1, -1, max(0, slow.num_rows - 1)]), "127.0.0.1")
+        if n is not None and n >= 0:
+            want.append(with_peer(slow, "127.0.0.1"))
+        if i % 40 == 39:  # a group: everything taken since the last one, in order
+            got = otlp.promote(otlp.base_from_columns(builder.take()))
+            assert str(got.to_pylist()) == str(pa.concat_tables(want).to_pylist()), i
+            groups += 1 if want else 0
+            want = []
+    assert groups == 6

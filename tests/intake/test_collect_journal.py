@@ -197,3 +197,52 @@ def test_replay_writes_one_file_at_a_time_and_a_headerless_file_widens_nothing(
     assert sorted(_keys(store)) == sorted(k for _, ks in made for k in ks)
     assert len(ages) == 1 and ages[0] < 60.0
     assert list(journal_dir(store).glob("*.journal")) == []
+
+
+def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_path: Path) -> None:
+    """A body read while another connection's whole body is still being decoded is answered from the journal:
+    clients that start at the same moment do not each wait for a segment (the connection seen sending
+    only once its body is queued came too late for the others' first bodies)."""
+    import gzip
+    import http.client
+    import threading
+
+    from tests.intake.collect_helpers import running
+
+    rng = random.Random(5)
+    (body_a, keys_a), (body_b, keys_b) = pb_body(40, rng), pb_body(40, rng)
+    store = tmp_path / "store"
+    with running(store, grpc_port=None) as receiver:
+        calls: list[tuple[bytes, bool]] = []
+        entered, release = threading.Event(), threading.Event()
+        accept = receiver.intake.accept
+
+        def held_accept(body: bytes, encoding: str, *, peer: str | None = None, journal: bool = False) -> object:
+            calls.append((body, journal))
+            if body == body_a:  # A's body stays in decoding until B has been answered
+                entered.set()
+                release.wait(60)
+            return accept(body, encoding, peer=peer, journal=journal)
+
+        receiver.intake.accept = held_accept  # type: ignore[method-assign]
+
+        def post(body: bytes, out: list[int]) -> None:
+            con = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=60)
+            # gzip: decoded on the worker threads, so A's held decoding blocks neither the loop nor B
+            con.request("POST", "/v1/traces", gzip.compress(body), {"Content-Type": "application/x-protobuf",
+                                                                    "Content-Encoding": "gzip"})
+            out.append(con.getresponse().status)
+            con.close()
+
+        status_a: list[int] = []
+        sender = threading.Thread(target=post, args=(body_a, status_a))
+        sender.start()
+        assert entered.wait(60)
+        status_b: list[int] = []
+        post(body_b, status_b)  # answered while A is still being decoded: from the journal
+        release.set()
+        sender.join(60)
+        assert status_a == status_b == [200]
+        assert calls == [(body_a, False), (body_b, True)]
+        assert receiver.committer.journalled_requests == 1
+    assert sorted(_keys(store)) == sorted(keys_a + keys_b)
