@@ -34,8 +34,9 @@ from analysis import model as M
 from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
+from analysis import sampling as SM
 from analysis import spikes as SP
-from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql, temp_table
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
@@ -199,36 +200,118 @@ class _ServerValues:
         return at, np.asarray(got.column("v").to_numpy(), dtype=np.float64)
 
 
+#: Session temporary table of what the sampling judgement reads, one row per analysed value (`_ServerJudged`).
+JUDGED_TEMP = "_tailscope_judged"
+
+
+class _ServerJudged:
+    """sampling.JudgeInputs answered on the server over `table`'s columns v (value), w (weight), failed, recorded and
+    malformed (one row per analysed value): each question is one aggregate, only its figures come back."""
+
+    def __init__(self, client: Client, table: str) -> None:
+        self.client, self.table = client, table
+
+    def _row(self, select: str, where: str = "TRUE") -> dict[str, Any]:
+        return dict(self.client.query(f"SELECT {select} FROM {self.table} WHERE {where}",
+                                      M.CLICKHOUSE_SETTINGS).to_pylist()[0])
+
+    def counts(self) -> SM.Counts:
+        """The values counted."""
+        row = self._row("countIf(recorded) AS r, countIf(NOT recorded) AS u, countIf(malformed) AS m, "
+                        "countIf(w != 1) AS x")
+        return SM.Counts(int(row["r"]), int(row["u"]), int(row["m"]), int(row["x"]) > 0)
+
+    def quantiles(self, qs: tuple[float, ...], recorded_only: bool = False) -> list[float]:
+        """Weighted quantiles by percentiles.weighted_quantile_sorted's rule (`_wq_sql`)."""
+        pairs = "arraySort(x -> x.1, groupArray((toFloat64(v), toFloat64(w))))"
+        wanted = ", ".join(f"{_wq_sql('s', 'cum', q)} AS q{i}" for i, q in enumerate(qs))
+        got = self.client.query(
+            f"SELECT {wanted} FROM (SELECT "
+            f"arrayMap(x -> x.1, {pairs}) AS s, arrayCumSum(arrayMap(x -> x.2, {pairs})) AS cum FROM {self.table} "
+            f"WHERE {'recorded' if recorded_only else 'TRUE'})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+        return [float(got[f"q{i}"]) for i in range(len(qs))]
+
+    def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
+        """Counts of marked / unrecorded values, in and out of the mark."""
+        mark = "failed" if slower_than is None else f"toFloat64(v) > {float(slower_than)!r}"
+        row = self._row(f"countIf({mark}) AS a, countIf({mark} AND NOT recorded) AS b, countIf(NOT ({mark})) AS c, "
+                        f"countIf(NOT ({mark}) AND NOT recorded) AS d")
+        return int(row["a"]), int(row["b"]), int(row["c"]), int(row["d"])
+
+
+def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, col: str, lo: int | None,
+                     hi: int | None, policy: str) -> SM.SamplingView:
+    """sampling.judge over the analysed values (`valued` among `facts_table`'s), their sampling records read from the
+    spans' request spans: every figure on the server (JUDGED_TEMP), none of their rows come back."""
+    rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
+    temp_table(client, JUDGED_TEMP, (
+        f"SELECT toFloat64({col}) AS v, toFloat64(adjusted_count) AS w, status != 'ok' AS failed, "
+        f"coalesce(s.rec, false) AS recorded, coalesce(s.bad, false) AS malformed FROM {facts_table} AS f "
+        f"LEFT JOIN (SELECT TraceId, TimestampNs, max({rec}) AS rec, max({bad}) AS bad "
+        f"FROM {source_sql(table, _span_where(lo, hi))} WHERE IsRequest GROUP BY TraceId, TimestampNs) AS s "
+        f"ON s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns WHERE {valued}"))
+    try:
+        return SM.judge(_ServerJudged(client, JUDGED_TEMP), policy)
+    finally:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {JUDGED_TEMP}")
+
+
 def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
-                   lo: int | None, hi: int | None, include_failures: bool
-                   ) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
-    """analysis.report._prepare for unsampled requests with no policy declared, on the server: the counts, the
-    per-window table, each pooled figure detection asks for and the values above the pooled p99 come back."""
+                   lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str = "auto",
+                   table: str | None = None) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+    """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
+    figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
+    (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
+    if sampling_policy not in SM.POLICIES:
+        raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     col = metric_column(metric)
     keep = "" if include_failures else " AND status = 'ok'"
     valued = f"{cond} AND {col} IS NOT NULL{keep}"
+    is_valued = f"{col} IS NOT NULL{keep}"
     row = client.query(
         f"SELECT count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS error, "
         f"countIf(status = 'timeout') AS timeout, countIf(status = 'cancelled') AS cancelled, "
-        f"min(start_ns) AS first_ns, max(start_ns) AS last_ns, countIf({col} IS NOT NULL{keep}) AS values "
+        f"min(start_ns) AS first_ns, max(start_ns) AS last_ns, countIf({is_valued}) AS values, "
+        f"countIf(adjusted_count != 1) AS any_weighted, "
+        f"countIf({is_valued} AND adjusted_count != 1) AS values_weighted, "
+        f"sum(toFloat64(adjusted_count)) AS w_requests, sumIf(toFloat64(adjusted_count), status = 'ok') AS w_ok, "
+        f"sumIf(toFloat64(adjusted_count), status = 'error') AS w_error, "
+        f"sumIf(toFloat64(adjusted_count), status = 'timeout') AS w_timeout, "
+        f"sumIf(toFloat64(adjusted_count), status = 'cancelled') AS w_cancelled, "
+        f"sumIf(toFloat64(adjusted_count), {is_valued}) AS w_values, "
+        f"sumIf(toFloat64(adjusted_count) * toFloat64(adjusted_count), {is_valued}) AS sq_values "
         f"FROM {facts_table} WHERE {cond}").to_pylist()[0]
     counts = {k: int(row[k] or 0) for k in ("requests", "ok", "error", "timeout", "cancelled")}
     values = int(row["values"])
+    # the store's rule (report._frame_parts, detect): weighted counts when any request in range weighs other than 1,
+    # weighted detection when any analysed value does
+    sampled = int(row["any_weighted"] or 0) > 0
+    weighted = ({k: float(row[f"w_{k}"] or 0.0) for k in ("requests", "ok", "error", "timeout", "cancelled")}
+                if sampled else None)
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
     report = RP._header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP._sampling_header(report, None, None, values)
+    report |= RP._sampling_header(report, weighted, None, values)
+    if sampled:  # as _sampling_header over the values' weights
+        tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
+        report["values_weighted"] = tot
+        report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
     if values == 0:
         report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         return report, None, None
-    source = _ServerValues(client, facts_table, valued, col, None, round(win * 1e9))
+    weigh = int(row["values_weighted"] or 0) > 0
+    source = _ServerValues(client, facts_table, valued, col, "adjusted_count" if weigh else None, round(win * 1e9))
     try:
         t = source.windows()
         n = t.get_column("n").to_numpy().astype(np.int64)
+        tot_w = t.get_column("tot").to_numpy().astype(np.float64)
+        sq_w = t.get_column("sq").to_numpy().astype(np.float64)
+        eff = np.divide(tot_w * tot_w, sq_w, out=np.zeros_like(tot_w), where=sq_w > 0) if weigh else n.astype(
+            np.float64)
         det = SP.detect_windows(source.w, source.wins, n, t.get_column("p50").to_numpy().astype(np.float64),
-                                t.get_column("p99").to_numpy().astype(np.float64), n.astype(np.float64),
-                                n.astype(np.float64), source, weighted=False)
+                                t.get_column("p99").to_numpy().astype(np.float64),
+                                tot_w if weigh else n.astype(np.float64), eff, source, weighted=weigh)
     except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
         return report, None, None
@@ -236,7 +319,18 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
     report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
     if det.baseline.any():
-        report["baseline_effective"] = float(det.n[det.baseline].sum())
+        report["baseline_effective"] = (round(source.pool(det.baseline).n_effective, 3) if sampled
+                                        else float(det.n[det.baseline].sum()))
+    if sampled or sampling_policy != "auto":
+        if table is None:
+            report["errors"].append("could not judge the sampling because the spans' sampling records are not "
+                                    "read here")
+        else:
+            try:
+                RP.record_sampling(report, _judge_on_server(client, table, facts_table, valued, col, lo, hi,
+                                                            sampling_policy))
+            except Exception as exc:
+                report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     return report, det, source
@@ -330,12 +424,10 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     lo, hi = parse_time(since), parse_time(until)
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    if _judged(client, facts_table, cond, sampling_policy):
-        local, report, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
-                                        include_failures, sampling_policy)
-    else:  # detection on the server: only the tail values come back unless there is a spike
-        report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
-        local = duckdb.connect(":memory:")
+    # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
+    report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                                    sampling_policy, table)
+    local = duckdb.connect(":memory:")
     try:
         if det is not None and det.spikes:
             report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,

@@ -328,7 +328,11 @@ def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
     recorded, malformed = flags(con, facts, rids)
     failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
         values.size, dtype=bool)
-    view = SM.judge(values, w, failed, recorded, malformed, policy)
+    record_sampling(report, SM.judge(SM.Arrays(values, w, failed, recorded, malformed), policy))
+
+
+def record_sampling(report: dict[str, Any], view: SM.SamplingView) -> None:
+    """The report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     report["sampling"] = view.to_json()
     note = view.warning()
     if note:
