@@ -225,9 +225,9 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
         client.command(f"DROP TEMPORARY TABLE IF EXISTS {JUDGED_TEMP}")
 
 
-def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
-                   lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str = "auto",
-                   table: str | None = None) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metric: str,
+                   window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
+                   sampling_policy: str) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
     figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
@@ -291,15 +291,11 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
         report["baseline_effective"] = (round(source.pool(det.baseline).n_effective, 3) if sampled
                                         else float(det.n[det.baseline].sum()))
     if sampled or sampling_policy != "auto":
-        if table is None:
-            report["errors"].append("could not judge the sampling because the spans' sampling records are not "
-                                    "read here")
-        else:
-            try:
-                RP.record_sampling(report, _judge_on_server(client, table, facts_table, valued, col, lo, hi,
-                                                            sampling_policy))
-            except Exception as exc:
-                report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
+        try:
+            RP.record_sampling(report, _judge_on_server(client, table, facts_table, valued, col, lo, hi,
+                                                        sampling_policy))
+        except Exception as exc:
+            report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     return report, det, source
@@ -355,8 +351,8 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
     # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
-    report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                                    sampling_policy, table)
+    report, det, _ = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                                    sampling_policy)
     local = duckdb.connect(":memory:")
     try:
         if det is not None and det.spikes:
@@ -512,8 +508,8 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    report, det, source = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                                         sampling_policy, table)
+    report, det, source = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi,
+                                         include_failures, sampling_policy)
     sampled = bool(report["sampled"])
     if det is None or source is None:
         return RP.window_not_explained(a, b, report["errors"])
