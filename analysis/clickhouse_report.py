@@ -5,14 +5,16 @@
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
-   value, about 1 %: the scan weighs their ranks). When the sampling is judged (sampled requests,
-   or a policy declared), (start_ns, e2e_ns, status, value, adjusted count, sampling flags) per
-   request still come back and detection runs on them (`_phase1`).
+   value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
+   adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
+   weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
 3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
-   spike windows and the baseline windows come back into an in-memory DuckDB, where the
-   explanation of analysis.report runs unchanged; as it goes, it asks for the spans each step
-   reads (`_Fetcher`): the tail slices' traces for the stage shares, and, only when queue_wait
-   leads, the spans within reach of the spike for the noisy-neighbour step.
+   spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
+   rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
+   with and without each candidate computed on the server (`_pushed_down`); the explanation of
+   analysis.report runs there; as it goes, it asks for the spans each step reads (`_Fetcher`):
+   the tail slices' traces for the stage shares, and, only when queue_wait leads, the spans
+   within reach of the spike for the noisy-neighbour step.
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -34,8 +36,9 @@ from analysis import model as M
 from analysis import neighbours as N
 from analysis import percentiles as P
 from analysis import report as RP
+from analysis import sampling as SM
 from analysis import spikes as SP
-from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql
+from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql, temp_table
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
@@ -76,45 +79,6 @@ def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | No
     return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
 
 
-def _judged(client: Client, facts_table: str, cond: str, sampling_policy: str) -> bool:
-    """Whether the report judges the sampling: a policy is declared, or some request carries an adjusted count."""
-    return sampling_policy != "auto" or bool(client.query(
-        f"SELECT countIf(adjusted_count != 1) AS n FROM {facts_table} WHERE {cond}").to_pylist()[0]["n"])
-
-
-def _phase1(client: Client, table: str, facts_table: str, cond: str, metric: str, window_s: float | str | None,
-            lo: int | None, hi: int | None, include_failures: bool, sampling_policy: str, judged: bool = True
-            ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], Detection | None, pl.DataFrame]:
-    """Detection on (start_ns, e2e_ns, status, value) of every request in range, in a local DuckDB (`_phase1`).
-
-    When the requests are sampled (or a policy is declared), each also brings back whether its
-    request span records a sampling probability and whether that record is malformed, read on
-    the server, so analysis.report judges tail-based sampling as on the store.
-    """
-    flags, join = "", ""
-    if judged:
-        rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
-        flags = ", coalesce(s.rec, false) AS recorded, coalesce(s.bad, false) AS malformed"
-        join = (f" AS f LEFT JOIN (SELECT TraceId, TimestampNs, max({rec}) AS rec, max({bad}) AS bad "
-                f"FROM {source_sql(table, _span_where(lo, hi))} WHERE IsRequest GROUP BY TraceId, TimestampNs) AS s "
-                f"ON s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns")
-    narrow = client.query(f"SELECT start_ns, e2e_ns, status, {'NULL' if metric == 'e2e' else 'ttft_ns'} AS ttft_ns, "
-                          f"{'NULL' if metric == 'e2e' else 'tpot_ns'} AS tpot_ns, adjusted_count{flags} "
-                          f"FROM {facts_table}{join} WHERE {cond}", M.CLICKHOUSE_SETTINGS)
-    local = duckdb.connect(":memory:")
-    local.register("_narrow", narrow)
-    dims = ", ".join(f"NULL::{'BIGINT' if d in X.BUCKETED else 'VARCHAR'} AS {d}" for d in X.DIMENSIONS)
-    local.execute(f"CREATE TABLE _phase1 AS SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id, "
-                  f"start_ns::BIGINT AS start_ns, e2e_ns::BIGINT AS e2e_ns, status::VARCHAR AS status, {dims}, "
-                  "ttft_ns::BIGINT AS ttft_ns, tpot_ns::BIGINT AS tpot_ns, adjusted_count::DOUBLE AS adjusted_count"
-                  f"{', recorded::BOOLEAN AS recorded, malformed::BOOLEAN AS malformed' if judged else ''} "
-                  "FROM _narrow ORDER BY start_ns")
-    local.unregister("_narrow")
-    report, frame, _, det = RP._prepare(local, metric, window_s, lo, hi, include_failures, "_phase1",
-                                         sampling_policy, judge_sampling=_phase1_flags if judged else False)
-    return local, report, det, frame
-
-
 def _q_sql(sorted_values: str, q: float) -> str:
     """The quantile q of a sorted array by percentiles.weighted_quantile_sorted's unweighted arithmetic, step for step
     in Float64 (rank h = (n - 1) q, linear interpolation): equal to numpy's and DuckDB's to the last bit."""
@@ -137,6 +101,21 @@ def _wq_sql(values: str, cum: str, q: float) -> str:
     return f"if({n} = 0, nan, {a} + ({h} - floor({h})) * ({b} - {a}))"
 
 
+def _arrays_sql(value: str, weight: str | None) -> str:
+    """Aggregates over a group: `s` its values sorted, `cum` their running weight (when weighted), `tot` / `sq` the
+    sums of the weights and of their squares (the count twice, unweighted)."""
+    if weight is None:
+        return f"arraySort(groupArray(toFloat64({value}))) AS s, toFloat64(length(s)) AS tot, tot AS sq"
+    pairs = f"arraySort(x -> x.1, groupArray((toFloat64({value}), toFloat64({weight}))))"
+    return (f"arrayMap(x -> x.1, {pairs}) AS s, arrayMap(x -> x.2, {pairs}) AS ws, arrayCumSum(ws) AS cum, "
+            f"arraySum(ws) AS tot, arraySum(arrayMap(x -> x * x, ws)) AS sq")
+
+
+def _quantile_sql(weight: str | None, q: float) -> str:
+    """The quantile q over `_arrays_sql`'s aggregates: `_q_sql` unweighted, `_wq_sql` weighted."""
+    return _q_sql("s", q) if weight is None else _wq_sql("s", "cum", q)
+
+
 class _ServerValues:
     """spikes.WindowValues answered on the server: the values of `where` in `facts`, windows intDiv(start_ns, w).
 
@@ -150,17 +129,10 @@ class _ServerValues:
         self.wins = np.zeros(0, dtype=np.int64)
 
     def _arrays(self) -> str:
-        """Per group: `s` the sorted values, `cum` their running weight, `tot` / `sq` their sums (and of squares)."""
-        if self.weight is None:
-            return f"arraySort(groupArray(toFloat64({self.value}))) AS s, toFloat64(length(s)) AS tot, tot AS sq"
-        pairs = f"arraySort(x -> x.1, groupArray((toFloat64({self.value}), toFloat64({self.weight}))))"
-        return (f"arrayMap(x -> x.1, {pairs}) AS s, arrayMap(x -> x.2, {pairs}) AS ws, arrayCumSum(ws) AS cum, "
-                f"arraySum(ws) AS tot, arraySum(arrayMap(x -> x * x, ws)) AS sq")
+        return _arrays_sql(self.value, self.weight)
 
     def _quantiles(self) -> str:
-        if self.weight is None:
-            return f"{_q_sql('s', 0.5)} AS p50, {_q_sql('s', 0.99)} AS p99"
-        return f"{_wq_sql('s', 'cum', 0.5)} AS p50, {_wq_sql('s', 'cum', 0.99)} AS p99"
+        return f"{_quantile_sql(self.weight, 0.5)} AS p50, {_quantile_sql(self.weight, 0.99)} AS p99"
 
     def windows(self) -> pl.DataFrame:
         """Per window (ascending): win, n, p50, p99, tot (weighted count), sq (sum of squared weights)."""
@@ -199,36 +171,116 @@ class _ServerValues:
         return at, np.asarray(got.column("v").to_numpy(), dtype=np.float64)
 
 
-def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, window_s: float | str | None,
-                   lo: int | None, hi: int | None, include_failures: bool
-                   ) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
-    """analysis.report._prepare for unsampled requests with no policy declared, on the server: the counts, the
-    per-window table, each pooled figure detection asks for and the values above the pooled p99 come back."""
+#: Session temporary table of what the sampling judgement reads, one row per analysed value (`_ServerJudged`).
+JUDGED_TEMP = "_tailscope_judged"
+
+
+class _ServerJudged:
+    """sampling.JudgeInputs answered on the server over `table`'s columns v (value), w (weight), failed, recorded and
+    malformed (one row per analysed value): each question is one aggregate, only its figures come back."""
+
+    def __init__(self, client: Client, table: str) -> None:
+        self.client, self.table = client, table
+
+    def _row(self, select: str, where: str = "TRUE") -> dict[str, Any]:
+        return dict(self.client.query(f"SELECT {select} FROM {self.table} WHERE {where}",
+                                      M.CLICKHOUSE_SETTINGS).to_pylist()[0])
+
+    def counts(self) -> SM.Counts:
+        """The values counted."""
+        row = self._row("countIf(recorded) AS r, countIf(NOT recorded) AS u, countIf(malformed) AS m, "
+                        "countIf(w != 1) AS x")
+        return SM.Counts(int(row["r"]), int(row["u"]), int(row["m"]), int(row["x"]) > 0)
+
+    def quantiles(self, qs: tuple[float, ...], recorded_only: bool = False) -> list[float]:
+        """Weighted quantiles by percentiles.weighted_quantile_sorted's rule (`_wq_sql`)."""
+        wanted = ", ".join(f"{_quantile_sql('w', q)} AS q{i}" for i, q in enumerate(qs))
+        got = self.client.query(
+            f"SELECT {wanted} FROM (SELECT {_arrays_sql('v', 'w')} FROM {self.table} "
+            f"WHERE {'recorded' if recorded_only else 'TRUE'})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+        return [float(got[f"q{i}"]) for i in range(len(qs))]
+
+    def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
+        """Counts of marked / unrecorded values, in and out of the mark."""
+        mark = "failed" if slower_than is None else f"toFloat64(v) > {float(slower_than)!r}"
+        row = self._row(f"countIf({mark}) AS a, countIf({mark} AND NOT recorded) AS b, countIf(NOT ({mark})) AS c, "
+                        f"countIf(NOT ({mark}) AND NOT recorded) AS d")
+        return int(row["a"]), int(row["b"]), int(row["c"]), int(row["d"])
+
+
+def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, col: str, lo: int | None,
+                     hi: int | None, policy: str) -> SM.SamplingView:
+    """sampling.judge over the analysed values (`valued` among `facts_table`'s), their sampling records read from the
+    spans' request spans: every figure on the server (JUDGED_TEMP), none of their rows come back."""
+    rec, bad = M.sampling_record_sql(M.CLICKHOUSE)
+    temp_table(client, JUDGED_TEMP, (
+        f"SELECT toFloat64({col}) AS v, toFloat64(adjusted_count) AS w, status != 'ok' AS failed, "
+        f"coalesce(s.rec, false) AS recorded, coalesce(s.bad, false) AS malformed FROM {facts_table} AS f "
+        f"LEFT JOIN (SELECT TraceId, TimestampNs, max({rec}) AS rec, max({bad}) AS bad "
+        f"FROM {source_sql(table, _span_where(lo, hi))} WHERE IsRequest GROUP BY TraceId, TimestampNs) AS s "
+        f"ON s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns WHERE {valued}"))
+    try:
+        return SM.judge(_ServerJudged(client, JUDGED_TEMP), policy)
+    finally:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {JUDGED_TEMP}")
+
+
+def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metric: str,
+                   window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
+                   sampling_policy: str) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+    """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
+    figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
+    (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
+    if sampling_policy not in SM.POLICIES:
+        raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     col = metric_column(metric)
     keep = "" if include_failures else " AND status = 'ok'"
     valued = f"{cond} AND {col} IS NOT NULL{keep}"
+    is_valued = f"{col} IS NOT NULL{keep}"
     row = client.query(
         f"SELECT count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS error, "
         f"countIf(status = 'timeout') AS timeout, countIf(status = 'cancelled') AS cancelled, "
-        f"min(start_ns) AS first_ns, max(start_ns) AS last_ns, countIf({col} IS NOT NULL{keep}) AS values "
+        f"min(start_ns) AS first_ns, max(start_ns) AS last_ns, countIf({is_valued}) AS values, "
+        f"countIf(adjusted_count != 1) AS any_weighted, "
+        f"countIf({is_valued} AND adjusted_count != 1) AS values_weighted, "
+        f"sum(toFloat64(adjusted_count)) AS w_requests, sumIf(toFloat64(adjusted_count), status = 'ok') AS w_ok, "
+        f"sumIf(toFloat64(adjusted_count), status = 'error') AS w_error, "
+        f"sumIf(toFloat64(adjusted_count), status = 'timeout') AS w_timeout, "
+        f"sumIf(toFloat64(adjusted_count), status = 'cancelled') AS w_cancelled, "
+        f"sumIf(toFloat64(adjusted_count), {is_valued}) AS w_values, "
+        f"sumIf(toFloat64(adjusted_count) * toFloat64(adjusted_count), {is_valued}) AS sq_values "
         f"FROM {facts_table} WHERE {cond}").to_pylist()[0]
     counts = {k: int(row[k] or 0) for k in ("requests", "ok", "error", "timeout", "cancelled")}
     values = int(row["values"])
+    # the store's rule (report._frame_parts, detect): weighted counts when any request in range weighs other than 1,
+    # weighted detection when any analysed value does
+    sampled = int(row["any_weighted"] or 0) > 0
+    weighted = ({k: float(row[f"w_{k}"] or 0.0) for k in ("requests", "ok", "error", "timeout", "cancelled")}
+                if sampled else None)
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
     report = RP._header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP._sampling_header(report, None, None, values)
+    report |= RP._sampling_header(report, weighted, None, values)
+    if sampled:  # as _sampling_header over the values' weights
+        tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
+        report["values_weighted"] = tot
+        report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
     if values == 0:
         report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         return report, None, None
-    source = _ServerValues(client, facts_table, valued, col, None, round(win * 1e9))
+    weigh = int(row["values_weighted"] or 0) > 0
+    source = _ServerValues(client, facts_table, valued, col, "adjusted_count" if weigh else None, round(win * 1e9))
     try:
         t = source.windows()
         n = t.get_column("n").to_numpy().astype(np.int64)
+        tot_w = t.get_column("tot").to_numpy().astype(np.float64)
+        sq_w = t.get_column("sq").to_numpy().astype(np.float64)
+        eff = np.divide(tot_w * tot_w, sq_w, out=np.zeros_like(tot_w), where=sq_w > 0) if weigh else n.astype(
+            np.float64)
         det = SP.detect_windows(source.w, source.wins, n, t.get_column("p50").to_numpy().astype(np.float64),
-                                t.get_column("p99").to_numpy().astype(np.float64), n.astype(np.float64),
-                                n.astype(np.float64), source, weighted=False)
+                                t.get_column("p99").to_numpy().astype(np.float64),
+                                tot_w if weigh else n.astype(np.float64), eff, source, weighted=weigh)
     except Exception as exc:
         report["errors"].append(f"could not compute spikes because {exc}")
         return report, None, None
@@ -236,22 +288,17 @@ def _phase1_server(client: Client, facts_table: str, cond: str, metric: str, win
     report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
     if det.baseline.any():
-        report["baseline_effective"] = float(det.n[det.baseline].sum())
+        report["baseline_effective"] = (round(source.pool(det.baseline).n_effective, 3) if sampled
+                                        else float(det.n[det.baseline].sum()))
+    if sampled or sampling_policy != "auto":
+        try:
+            RP.record_sampling(report, _judge_on_server(client, table, facts_table, valued, col, lo, hi,
+                                                        sampling_policy))
+        except Exception as exc:
+            report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     return report, det, source
-
-
-def _phase1_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """analysis.sampling.recorded_flags from the flags phase 1 brought back: `facts` is the report's copy of
-    `_phase1`, row for row (checked on start_ns)."""
-    rows = con.execute(f"SELECT f.rowid, f.start_ns = p.start_ns, p.recorded, p.malformed FROM {facts} f "
-                       f"POSITIONAL JOIN _phase1 p WHERE list_contains($rids, f.rowid)",
-                       {"rids": rids.tolist()}).fetchall()
-    if not all(r[1] for r in rows):
-        raise QueryError("", "the report's copy of the requests is not in phase 1's order")
-    got = {int(r[0]): (bool(r[2]), bool(r[3])) for r in rows}
-    return (np.array([got[int(r)][0] for r in rids], dtype=bool), np.array([got[int(r)][1] for r in rids], dtype=bool))
 
 
 def _windows(det: Detection, ranges: list[tuple[int, int]]) -> np.ndarray:
@@ -269,34 +316,18 @@ def _neighbour_windows(det: Detection, spike: Spike) -> np.ndarray:
     return base[np.argsort(dist, kind="stable")[:n]]
 
 
-def _phase2(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
-            det: Detection, windows: np.ndarray, ids: str = "TRUE") -> _Fetcher:
-    """The fact rows of `windows` (window numbers) into the local `_phase2` (ids only where `ids` holds); the
-    fetcher of the spans their explanation reads."""
-    facts = _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, windows)}", metric, ids)
-    e2e = facts.column("e2e_ns").to_numpy(zero_copy_only=False)
-    return _Fetcher(client, table, local, int(np.nanmax(e2e)) + 1 if e2e.size else 0)
-
-
 def _in_windows(det: Detection, windows: np.ndarray) -> str:
     """A condition: the request starts in one of `windows` (window numbers)."""
     return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
 
 
-def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str,
-                ids: str = "TRUE") -> pa.Table:
-    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start).
-
-    Rows not meeting `ids` come back without their trace and span ids (null): the explanation reads ids only in the
-    windows `_by_id` lists, and the rest (a sampled baseline away from the spike) only as values and
-    dimensions, so about a third of their bytes stay on the server.
-    """
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str
+                ) -> pa.Table:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
-    exprs = [f"if({ids}, {c}, NULL) AS {c}" if c in ("trace_id", "span_id") and ids != "TRUE" else c
-             for c in wanted_cols]
-    facts = client.query(f"SELECT {', '.join(exprs)} FROM {facts_table} WHERE {where}")
+    facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
     select = "SELECT " + ", ".join(
         f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
@@ -305,17 +336,6 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
     local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
     return facts
-
-
-def _by_id(det: Detection, spikes: list[Spike], spike_windows: np.ndarray) -> np.ndarray:
-    """Window numbers whose requests the explanation reads by trace id: the spike windows (exemplars, stage shares),
-    each spike's nearest baseline windows (stage shares) and its noisy-neighbour windows (their GPU time)."""
-    w = det.window_ns
-    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    parts = [spike_windows]
-    for s in spikes:
-        parts += [RP._local_baseline(det, s, counts) // w, _neighbour_windows(det, s) // w]
-    return np.unique(np.concatenate(parts))
 
 
 def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
@@ -330,12 +350,10 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     lo, hi = parse_time(since), parse_time(until)
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    if _judged(client, facts_table, cond, sampling_policy):
-        local, report, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi,
-                                        include_failures, sampling_policy)
-    else:  # detection on the server: only the tail values come back unless there is a spike
-        report, det, _ = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
-        local = duckdb.connect(":memory:")
+    # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
+    report, det, _ = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
+                                    sampling_policy)
+    local = duckdb.connect(":memory:")
     try:
         if det is not None and det.spikes:
             report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
@@ -355,14 +373,8 @@ def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
-    rest: RP.RestCounts | None = None
-    if sampled:  # weighted rules read every baseline request: all of their rows come back
-        fetch = _phase2(client, table, local, facts_table, cond, metric, det,
-                        np.concatenate([spike_windows, det.window_start_ns[det.baseline] // det.window_ns]),
-                        _in_windows(det, _by_id(det, spikes, spike_windows)))
-    else:
-        fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
-                                   f"{col} IS NOT NULL{keep}", col)
+    fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
+                               f"{col} IS NOT NULL{keep}", col, "adjusted_count" if sampled else None)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''} "
@@ -381,15 +393,16 @@ def _bucket_code_sql(col: str) -> str:
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
                  metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str) -> tuple[_Fetcher, RP.RestCounts]:
-    """Phase 2 with the dimension contrast pushed down (unweighted requests).
+                 col: str, weight: str | None = None) -> tuple[_Fetcher, RP.RestCounts]:
+    """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
     windows, of the baseline windows nearest each spike (stage shares), and, only when the
     noisy-neighbour step runs, its baseline windows. Every other baseline request comes back as
-    counts per combination of dimension values (token counts by bucket), computed on the server;
-    the baseline's p99 with and without each candidate (the counterfactuals) is an exact quantile
-    on the server (`_ServerTail`). So what comes back grows with the spike, not with the baseline.
+    counts per combination of dimension values (token counts by bucket), with their summed `weight`
+    (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
+    p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
+    (`_ServerTail`). So what comes back grows with the spike, not with the baseline.
     """
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
@@ -402,7 +415,6 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
-    # every window pulled here is one `_by_id` lists (the spike's and its nearest): all come with their ids
     _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
     reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
@@ -426,7 +438,8 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
                      f"bitShiftLeft(toInt64(1), greatest({_bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
     got = pl.from_arrow(client.query(
-        f"SELECT {', '.join(strings)}, {reps}, count() AS n FROM {facts_table} WHERE {rest_where} "
+        f"SELECT {', '.join(strings)}, {reps}, count() AS n"
+        f"{'' if weight is None else f', sum(toFloat64({weight})) AS w'} FROM {facts_table} WHERE {rest_where} "
         f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))
     assert isinstance(got, pl.DataFrame)
     combos = got.rename({f"_b_{t}": t for t in tokens}).with_columns(pl.col(t).cast(pl.Int64) for t in tokens)
@@ -436,7 +449,8 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
                            f"AND NOT {_candidate_sql(coded, cand)}")
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
-    return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col))
+    return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
+                                                       weight))
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate) -> str:
@@ -451,16 +465,20 @@ def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate) -> str:
 
 class _ServerTail:
     """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests, one
-    query each (its values sorted and interpolated as explain.TailQuantile does), so no baseline row comes back."""
+    query each (its values sorted and interpolated as explain.TailQuantile does; weighted, by
+    percentiles.weighted_quantile_sorted's rule as explain.weighted_q), so no baseline row comes back."""
 
-    def __init__(self, client: Client, facts_table: str, where: str, col: str) -> None:
-        """`where`: the baseline's requests (with a value) among `facts_table`'s; `col`: the value column."""
+    def __init__(self, client: Client, facts_table: str, where: str, col: str, weight: str | None = None) -> None:
+        """`where`: the baseline's requests (with a value) among `facts_table`'s; `col`: the value column;
+        `weight`: their adjusted count's column (None: unweighted)."""
         self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
+        self.weight = weight
         self._whole: float | None = None
 
     def _q(self, where: str) -> float:
-        got = self.client.query(f"SELECT {_q_sql('s', X.TAIL_Q)} AS q FROM (SELECT arraySort(groupArray("
-                                f"toFloat64({self.col}))) AS s FROM {self.facts_table} WHERE {where})")
+        got = self.client.query(f"SELECT {_quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
+                                f"{_arrays_sql(self.col, self.weight)} FROM {self.facts_table} WHERE {where})",
+                                M.CLICKHOUSE_SETTINGS)
         return float(got.column("q")[0].as_py())
 
     def quantile(self) -> float:
@@ -482,27 +500,24 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
     Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
-    are pooled there, and only the rows its explanation reads come back (as for a spike). When
-    the sampling is judged (sampled requests, or a policy declared), phase 1's narrow rows come
-    back and the fact rows of the window and of the baseline windows stand in for theirs, so
-    analysis.report runs unchanged on a local table.
+    are pooled there (weighted for sampled requests), and only the rows its explanation reads
+    come back (as for a spike).
     """
     lo, hi = parse_time(since), parse_time(until)
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts)
     cond = f"{_in_range(lo, hi)} AND ({where})"
-    if _judged(client, facts_table, cond, sampling_policy):
-        return _explain_window_rows(client, table, facts_table, cond, a, b, metric, window_s, lo, hi,
-                                    include_failures, sampling_policy)
-    report, det, source = _phase1_server(client, facts_table, cond, metric, window_s, lo, hi, include_failures)
+    report, det, source = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi,
+                                         include_failures, sampling_policy)
+    sampled = bool(report["sampled"])
     if det is None or source is None:
         return RP.window_not_explained(a, b, report["errors"])
     local = duckdb.connect(":memory:")
     try:
         for spike in det.spikes:
             if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
-                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False,
+                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled,
                                 include_failures, lo, hi)[0]
                 item["detected"] = True
                 return item
@@ -519,35 +534,12 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
         det.baseline_p50_ns, det.baseline_p99_ns = base.p50_ns, base.p99_ns
         spike = Spike(start_ns=a, end_ns=b, requests=inside.n, p50_ns=inside.p50_ns, p99_ns=inside.p99_ns,
                       baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
-                      windows=int(overlap.sum()), requests_weighted=inside.n_weighted, n_effective=inside.n_effective)
-        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], False, include_failures,
+                      windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
+                      n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
+        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled, include_failures,
                         lo, hi)[0]
         item["detected"] = False
         return item
-    finally:
-        local.close()
-
-
-def _explain_window_rows(client: Client, table: str, facts_table: str, cond: str, a: int, b: int, metric: str,
-                         window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
-                         sampling_policy: str) -> dict[str, Any]:
-    """explain_window when the sampling is judged: phase 1's narrow rows and the fact rows of the window and the
-    baseline windows come back, and analysis.report.explain_window runs on them."""
-    local, _, det, _ = _phase1(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                               sampling_policy)
-    source, fetch = "_phase1", None
-    if det is not None:
-        fetch = _phase2(client, table, local, facts_table, cond, metric, det, np.concatenate([
-            _windows(det, [(a, b), *((s.start_ns, s.end_ns) for s in det.spikes)]),
-            det.window_start_ns[det.baseline] // det.window_ns]))
-        w = det.window_ns
-        local.execute(f"CREATE TABLE _explained AS SELECT * FROM (SELECT * FROM _phase2 UNION ALL BY NAME "
-                      f"SELECT * FROM _phase1 WHERE start_ns // {w} NOT IN (SELECT DISTINCT start_ns // {w} "
-                      f"FROM _phase2)) ORDER BY start_ns")
-        source = "_explained"
-    try:
-        return RP.explain_window(local, a, b, metric, window_s, lo, hi, include_failures, source, sampling_policy,
-                                 fetch=fetch, judge_sampling=False)
     finally:
         local.close()
 

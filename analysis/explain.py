@@ -213,16 +213,18 @@ class Candidate:
 
 @dataclass
 class Rest:
-    """Baseline requests given as counts, not rows (a remote engine aggregates them; unweighted only).
+    """Baseline requests given as counts, not rows (a remote engine aggregates them).
 
     `codes`: per dimension, the code of each combination (coded with the rows' `Coded`);
     `counts`: requests per combination; `values_without(cand)`: their metric values outside a
-    candidate (read only when a counterfactual needs more than the baseline's top slice).
+    candidate (read only when a counterfactual needs more than the baseline's top slice);
+    `weights`: the summed adjusted counts per combination, for weighted requests (None: unweighted).
     """
 
     codes: list[I64]
     counts: I64
     values_without: Callable[[Candidate], F64]
+    weights: F64 | None = None
 
     @property
     def n(self) -> int:
@@ -236,14 +238,15 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
     effective counts; support (`tail_count`) stays the kept requests. `rest`: more baseline
-    requests as counts per combination of codes (unweighted only)."""
-    if rest is not None and weights is not None:
-        raise ValueError("baseline counts (rest) stand for unweighted requests only")
+    requests as counts per combination of codes (with their summed weights when `weights` are given)."""
+    if rest is not None and weights is not None and rest.weights is None:
+        raise ValueError("weighted requests need the baseline counts' (rest's) summed weights")
     n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)
     w_t = None if weights is None else weights[tail]
     w_b = None if weights is None else weights[base]
+    w_r = None if rest is None else rest.weights
     if w_t is not None and w_b is not None:
-        sum_t, sum_b = float(w_t.sum()), float(w_b.sum())
+        sum_t, sum_b = float(w_t.sum()), float(w_b.sum()) + (float(w_r.sum()) if w_r is not None else 0.0)
         eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
@@ -280,6 +283,8 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
             assert key_b is not None
             twc = np.bincount(key_t, weights=w_t, minlength=cells)
             bwc = np.bincount(key_b, weights=w_b, minlength=cells)
+            if w_r is not None:
+                bwc = bwc + np.bincount(key_r, weights=w_r, minlength=cells)
         for cell in np.flatnonzero(tc):
             codes = _unkey(int(cell), sizes)
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
@@ -414,9 +419,10 @@ class BaselineTail(Protocol):
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
                    base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
-    (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`)."""
+    (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`;
+    weighted, the baseline's quantiles are then `base_q`'s, which must weigh them)."""
     if weights is not None:
-        _weighted_counterfactual(coded, cands, values, spike, base, weights)
+        _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None)
         return
     # quantiles of fresh copies by a partition (quantiles_unsorted: the sorted computation's very figures)
     spike_values = values[spike]
@@ -451,15 +457,21 @@ def weighted_q(values: F64, weights: F64 | None, rows: I64, q: float = TAIL_Q) -
 
 
 def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                             weights: F64) -> None:
-    excess = weighted_q(values, weights, spike) - weighted_q(values, weights, base)
+                             weights: F64, base_q: BaselineTail | None = None) -> None:
+    """`counterfactual` weighted: the baseline's weighted p99s from its rows `base`, or from `base_q` when given
+    (a remote engine's, over the baseline it holds as counts too)."""
+    excess = weighted_q(values, weights, spike) - (base_q.quantile() if base_q is not None
+                                                   else weighted_q(values, weights, base))
     for cand in cands:
         keep = ~candidate_mask(coded, cand, spike)
         if effective_count(weights[spike][keep]) * (1 - TAIL_Q) < MIN_TAIL / 5:
             continue
         s_wo = weighted_q(values, weights, spike[keep])
-        rest = base[~candidate_mask(coded, cand, base)]
-        b_wo = weighted_q(values, weights, rest) if rest.size else math.nan
+        if base_q is not None:
+            b_wo = base_q.without_candidate(coded, cand)
+        else:
+            rest = base[~candidate_mask(coded, cand, base)]
+            b_wo = weighted_q(values, weights, rest) if rest.size else math.nan
         cand.p99_without_ns = s_wo
         cand.baseline_p99_without_ns = b_wo
         if excess > 0 and math.isfinite(b_wo):

@@ -363,7 +363,11 @@ def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
     recorded, malformed = flags(con, facts, rids)
     failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
         values.size, dtype=bool)
-    view = SM.judge(values, w, failed, recorded, malformed, policy)
+    record_sampling(report, SM.judge(SM.Arrays(values, w, failed, recorded, malformed), policy))
+
+
+def record_sampling(report: dict[str, Any], view: SM.SamplingView) -> None:
+    """The report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     report["sampling"] = view.to_json()
     note = view.warning()
     if note:
@@ -556,11 +560,12 @@ def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
 
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
-    `rest` (a remote engine's, unweighted): baseline requests left out of `frame` as counts per
-    combination of dimension values (a frame of X.DIMENSIONS and `n`, token columns holding any
-    value of their bucket), a reader of their values outside a candidate and the baseline's p99 with and without
-    a candidate (X.BaselineTail); `frame` must then hold every baseline request of the windows the steps read
-    row by row. `coded`: the frame's DIMENSIONS already coded (`_prepare_coded`), else coded here.
+    `rest` (a remote engine's): baseline requests left out of `frame` as counts per combination of
+    dimension values (a frame of X.DIMENSIONS and `n`, and `w` their summed weights when weighted, token columns
+    holding any value of their bucket), a reader of their values outside a candidate and the baseline's (weighted)
+    p99 with and without a candidate (X.BaselineTail); `frame` must then hold every baseline request of the
+    windows the steps read row by row. `coded`: the frame's DIMENSIONS already coded (`_prepare_coded`), else
+    coded here.
     """
     if not spikes:
         return []
@@ -630,7 +635,8 @@ class _Coding:
             combos, read_values, self.base_q = rest
             self.coded, combo_codes = X.code_with_counts(frame, combos)
             self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
-                               lambda cand: read_values(self.coded, cand))
+                               lambda cand: read_values(self.coded, cand),
+                               combos.get_column("w").to_numpy() if "w" in combos.columns else None)
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best

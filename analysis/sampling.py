@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import duckdb
 import numpy as np
@@ -119,26 +119,88 @@ def recorded_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: npt.NDArray
     return recorded, malformed
 
 
-def judge(values: F64, weights: F64, failed: Mask, recorded: Mask, malformed: Mask, policy: str) -> SamplingView:
+@dataclass(frozen=True)
+class Counts:
+    """The analysed values counted: with / without a recorded sampling probability, malformed records, and
+    whether any value weighs other than 1."""
+
+    recorded: int
+    unrecorded: int
+    malformed: int
+    weighted: bool
+
+
+class JudgeInputs(Protocol):
+    """What `judge` reads of the analysed values (each with its weight, outcome and sampling record): counts and
+    weighted quantiles, never the values themselves, so a remote engine answers on its server
+    (analysis.clickhouse_report) and `Arrays` in memory; the rule stays in `judge`."""
+
+    def counts(self) -> Counts:
+        """The values counted (see `Counts`)."""
+        ...
+
+    def quantiles(self, qs: tuple[float, ...], recorded_only: bool = False) -> list[float]:
+        """The weighted quantiles (percentiles.weighted_quantile_sorted) of every value, or of those with a
+        recorded probability only; nan when there is none."""
+        ...
+
+    def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
+        """(marked, unrecorded among them, the rest, unrecorded among the rest): marked are the values above
+        `slower_than`, or the failed requests' when it is None."""
+        ...
+
+
+@dataclass
+class Arrays:
+    """JudgeInputs over per-value arrays (the store's report)."""
+
+    values: F64
+    weights: F64
+    failed: Mask
+    recorded: Mask
+    malformed: Mask
+
+    def counts(self) -> Counts:
+        """The values counted."""
+        n_rec = int(self.recorded.sum())
+        return Counts(n_rec, int(self.recorded.size) - n_rec, int(self.malformed.sum()),
+                      bool(np.any(self.weights != 1.0)))
+
+    def quantiles(self, qs: tuple[float, ...], recorded_only: bool = False) -> list[float]:
+        """Weighted quantiles of the values (or of the recorded ones)."""
+        v, w = (self.values[self.recorded], self.weights[self.recorded]) if recorded_only else (self.values,
+                                                                                              self.weights)
+        order = np.argsort(v, kind="stable")
+        v, w = v[order], w[order]
+        return [weighted_quantile_sorted(v, w, q) for q in qs]
+
+    def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
+        """Counts of marked / unrecorded values, in and out of the mark."""
+        mark = self.failed if slower_than is None else self.values > slower_than
+        unrec = ~self.recorded
+        return (int(mark.sum()), int((unrec & mark).sum()), int((~mark).sum()), int((unrec & ~mark).sum()))
+
+
+def judge(inputs: JudgeInputs, policy: str) -> SamplingView:
     """The sampling view of analysed values (see the module docstring for the rule)."""
-    view = SamplingView(policy=policy, sampled=bool(np.any(weights != 1.0)), recorded=int(recorded.sum()),
-                        unrecorded=int((~recorded).sum()), malformed=int(malformed.sum()))
+    c = inputs.counts()
+    view = SamplingView(policy=policy, sampled=c.weighted, recorded=c.recorded, unrecorded=c.unrecorded,
+                        malformed=c.malformed)
     if policy == "tail":
         view.tail_based, view.evidence = True, "declared"
     elif policy == "auto" and view.recorded and view.unrecorded:
-        slow = values > _wq(values, weights, SLOW_Q)
-        for name, mark in (("latency", slow), ("outcome", failed)):
-            ev = _over_represented(~recorded, mark)
+        slow_at = inputs.quantiles((SLOW_Q,))[0]
+        for name, at in (("latency", slow_at), ("outcome", None)):
+            ev = _over_represented(*inputs.unrecorded_split(at))
             if ev is not None:
                 view.tail_based = True
                 view.evidence = (f"requests without a recorded probability are {ev[0]:.0%} of the "
                                  f"{'slowest 10 %' if name == 'latency' else 'failures'} but {ev[1]:.0%} of the rest")
                 break
-    if values.size:
-        view.p50_ns, view.p99_ns = _wq(values, weights, 0.5), _wq(values, weights, 0.99)
+    if view.recorded + view.unrecorded:
+        view.p50_ns, view.p99_ns = inputs.quantiles((0.5, 0.99))
     if view.tail_based and view.recorded:
-        v, w = values[recorded], weights[recorded]
-        view.unbiased_p50_ns, view.unbiased_p99_ns = _wq(v, w, 0.5), _wq(v, w, 0.99)
+        view.unbiased_p50_ns, view.unbiased_p99_ns = inputs.quantiles((0.5, 0.99), recorded_only=True)
         view.bias = {"p50": round((view.p50_ns - view.unbiased_p50_ns) / view.unbiased_p50_ns, 4)
                      if view.unbiased_p50_ns else None,
                      "p99": round((view.p99_ns - view.unbiased_p99_ns) / view.unbiased_p99_ns, 4)
@@ -146,13 +208,12 @@ def judge(values: F64, weights: F64, failed: Mask, recorded: Mask, malformed: Ma
     return view
 
 
-def _over_represented(unrecorded: Mask, mark: Mask) -> tuple[float, float] | None:
-    """(share of `unrecorded` among marked rows, among the rest) when clearly and significantly higher."""
-    n_in, n_out = int(mark.sum()), int((~mark).sum())
+def _over_represented(n_in: int, k_in: int, n_out: int, k_out: int) -> tuple[float, float] | None:
+    """(share of unrecorded among the n_in marked values, among the n_out rest) when clearly and significantly
+    higher; k_in / k_out: the unrecorded among each."""
     if n_in == 0 or n_out == 0:
         return None
-    k_in = int((unrecorded & mark).sum())
-    share_in, share_out = k_in / n_in, int((unrecorded & ~mark).sum()) / n_out
+    share_in, share_out = k_in / n_in, k_out / n_out
     if share_in < TAIL_RATIO * share_out:
         return None
     p = binomial_tail_bound(k_in, n_in, min(1.0, share_out + 1 / n_out))

@@ -555,9 +555,11 @@ def _sorted_runs(win: Any, values: Any, weights: Any) -> tuple[Any, Any, Any, An
             None if weights is None else weights[order])
 
 
-def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int) -> None:
+def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int, weights: tuple[float, ...] = (1.0,)
+                 ) -> None:
     """Request facts (analysis.model.FACT_COLUMNS) of `windows` windows of 600 requests each; the last 40 windows
-    are the same for every `windows` (one seed), and their windows 30-32 hold a tail spike on replica r-hot."""
+    are the same for every `windows` (one seed), and their windows 30-32 hold a tail spike on replica r-hot;
+    adjusted counts drawn from `weights` (one seed)."""
     import numpy as np
 
     parts = []
@@ -591,14 +593,18 @@ def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int) -> 
         "trace_id": ids, "span_id": [t[:16] for t in ids], "start_ns": start, "e2e_ns": value,
         "status": ["ok"] * n, "replica": replica, "service": ["svc"] * n, "model": none, "model_version": none,
         "tenant": none, "input_tokens": pa.nulls(n, pa.int64()), "output_tokens": pa.nulls(n, pa.int64()),
-        "ttft_ns": pa.nulls(n, pa.int64()), "tpot_ns": pa.nulls(n, pa.int64()), "adjusted_count": [1.0] * n}))
+        "ttft_ns": pa.nulls(n, pa.int64()), "tpot_ns": pa.nulls(n, pa.int64()),
+        "adjusted_count": np.random.default_rng(seed + 7).choice(np.asarray(weights), n)}))
 
 
-def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(client: Any) -> None:
+@pytest.mark.parametrize("weights", [(1.0,), (1.0, 2.0)], ids=["unsampled", "sampled"])
+def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(client: Any,
+                                                                            weights: tuple[float, ...]) -> None:
     """The same spike after 40 and after 80 more baseline windows: the fact rows that come back are the same requests
     (the spike's, its nearest and its noisy-neighbour windows), with the same ids and values; the baseline's p99 with
     and without each candidate is computed on the server (clickhouse_report._ServerTail), and equals the report's
-    in memory (test_report_parity covers every catalogue sample)."""
+    in memory (test_report_parity covers every catalogue sample; the sampled table's, with adjusted counts 1 and 2:
+    test_a_sampled_spike_is_explained_on_the_server_as_in_memory)."""
     from analysis.percentiles import iso
 
     w_ns = 60_000_000_000
@@ -622,7 +628,7 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
             client.command(sql)
 
     for windows in (80, 120):
-        _facts_table(client, "t_facts_spike", windows, 5, w_ns)
+        _facts_table(client, "t_facts_spike", windows, 5, w_ns, weights)
         watching = Watching()
         report = ch_report(watching, "t_no_spans", window_s=60, facts="t_facts_spike")  # type: ignore[arg-type]
         rows = pa.concat_tables(watching.pulled).select(["trace_id", "e2e_ns"]).to_pylist()
@@ -635,3 +641,90 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
         assert rep["spikes"][0]["dimensions"][0]["explained"] is not None
     assert rows_a == rows_b
     assert len(rows_a) >= 600 * 5 and all(t.startswith("new") for t, _ in rows_a)
+
+
+def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(client: Any) -> None:
+    """A sampled facts table (adjusted counts 1 and 2) with a planted spike: before the spike's rows are pulled,
+    only per-window rows, pooled figures and the values above the pooled p99 come back; the detection is
+    analysis.spikes.detect's weighted one in memory, and the sampling view sampling.judge's over the arrays."""
+    import numpy as np
+
+    from analysis import sampling as SM
+    from analysis import spikes as SP
+    from analysis.percentiles import iso
+
+    w_ns = 60_000_000_000
+    client.command("DROP TABLE IF EXISTS t_no_spans")
+    client.command(C.otel_traces_ddl("t_no_spans"))
+    _facts_table(client, "t_facts_sampled", 80, 5, w_ns, weights=(1.0, 2.0))
+    got: list[pa.Table] = []
+
+    class Watching:  # the client, keeping every result until the first fact rows (a spike's) are pulled
+        dsn = client.dsn
+        pulling = False
+
+        def query(self, sql: str, settings: Any = None) -> pa.Table:
+            out = client.query(sql, settings)
+            self.pulling = self.pulling or "trace_id" in out.column_names
+            if not self.pulling:
+                got.append(out)
+            return out
+
+        def command(self, sql: str) -> None:
+            client.command(sql)
+
+    report = ch_report(Watching(), "t_no_spans", window_s=60, facts="t_facts_sampled")  # type: ignore[arg-type]
+    rows = client.query("SELECT start_ns, e2e_ns, adjusted_count FROM t_facts_sampled ORDER BY start_ns")
+    start, value = rows.column("start_ns").to_numpy(), rows.column("e2e_ns").to_numpy().astype(np.float64)
+    weights = rows.column("adjusted_count").to_numpy()
+    assert got and all(t.num_rows <= 80 or t.column_names == ["win", "v"] for t in got)
+    assert sum(t.num_rows for t in got if t.column_names == ["win", "v"]) < 0.02 * start.size
+    want = SP.detect(start, value, w_ns, weights=weights)
+    assert [(s["start"], s["end"], s["requests"]) for s in report["spikes"]] == [
+        (iso(s.start_ns), iso(s.end_ns), s.requests) for s in want.spikes] and len(want.spikes) == 1
+    assert (report["baseline_p50_ms"], report["baseline_p99_ms"]) == (
+        round(want.baseline_p50_ns / 1e6, 3), round(want.baseline_p99_ns / 1e6, 3))
+    assert report["sampled"] and report["values_weighted"] == float(weights.sum())
+    assert report["values_effective"] == round(weights.sum() ** 2 / np.square(weights).sum(), 3)
+    none = np.zeros(start.size, dtype=bool)  # t_no_spans holds no sampling record; every request is ok
+    assert report["sampling"] == SM.judge(SM.Arrays(value, weights, none, none, none), "auto").to_json()
+
+
+def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) -> None:
+    """A sampled facts table (adjusted counts 1 and 2) with a planted spike: the report on ClickHouse, whose baseline
+    away from the spike comes back as counts and summed weights per dimension combination and whose weighted
+    counterfactual p99s are computed on the server, equals analysis.report's over every row in memory (the weighted
+    contrast and counterfactuals of analysis.explain, over the whole baseline), and so does explain_window on a
+    window that is not a spike."""
+    import duckdb
+
+    from analysis import clickhouse_report as CR
+    from analysis import report as RP
+    from analysis.connect import _duck_type
+    from analysis.percentiles import iso
+
+    w_ns = 60_000_000_000
+    client.command("DROP TABLE IF EXISTS t_no_spans")
+    client.command(C.otel_traces_ddl("t_no_spans"))
+    _facts_table(client, "t_facts_weighed", 80, 5, w_ns, weights=(1.0, 2.0))
+    local = duckdb.connect(":memory:")
+    try:  # the same requests, and the same (empty) spans, in memory
+        local.register("_rows", client.query("SELECT * FROM t_facts_weighed"))
+        local.execute("CREATE TABLE facts AS SELECT * FROM _rows")
+        cols = ", ".join(f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        local.execute(f"CREATE TABLE _spans_local AS SELECT {cols} LIMIT 0")
+        local.execute("CREATE VIEW spans AS SELECT *, TimestampNs + Duration AS EndNs FROM _spans_local")
+        want = RP.build_report(local, window_s=60, source="facts")
+        first = (80 - 40 + 30) * w_ns
+        calm = (iso(first - 20 * w_ns), iso(first - 18 * w_ns))  # two baseline windows
+        want_window = RP.explain_window(local, *calm, window_s=60, source="facts")
+    finally:
+        local.close()
+    assert [(s["start"], s["end"]) for s in want["spikes"]] == [(iso(first), iso(first + 3 * w_ns))]
+    dims = want["spikes"][0]["dimensions"]
+    assert dims[0]["value"] == "r-hot" and all(d["explained"] is not None for d in dims)
+    got = CR.build_report(client, "t_no_spans", window_s=60, facts="t_facts_weighed")
+    assert got["sampled"] and got == want
+    got_window = CR.explain_window(client, "t_no_spans", *calm, window_s=60, facts="t_facts_weighed")
+    assert got_window["detected"] is False and got_window["dimensions"] is not None
+    assert got_window == want_window
