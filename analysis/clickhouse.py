@@ -488,17 +488,18 @@ def recognition_counts(client: Client, table: str = DEFAULT_TABLE) -> tuple[int,
 
 
 def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, computed: bool = False,
-                limits: dict[str, Any] | None = None) -> pa.Table:
+                limits: dict[str, Any] | None = None, materialized: bool = True) -> pa.Table:
     """Run a read-only query over `spans`, `requests` and `stages` computed from `table`.
 
     `requests` / `stages` (when the query names them) are computed first into session
     temporary tables (`computed`: `requests` is there already); `spans` is a CTE in front of
-    the query. The query itself runs with `readonly = 1` (and `limits`, e.g. max_execution_time):
-    the server refuses any write, DDL or setting change in it.
+    the query; `requests` reads the materialized table where it is current (`requests_facts`,
+    unless not `materialized`). The query itself runs with `readonly = 1` (and `limits`, e.g.
+    max_execution_time): the server refuses any write, DDL or setting change in it.
     """
     words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
     if words & {"requests", "stages"} and not computed:
-        materialize_requests(client, table)
+        requests_facts(client, table, materialized=materialized)
     if "stages" in words:
         temp_table(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
     body = sql.strip().rstrip(";")
@@ -701,6 +702,45 @@ def _uncovered(covered: list[Refresh], lo_ns: int | None, hi_ns: int | None) -> 
     return out
 
 
+def _ts(ns: int) -> str:
+    return f"fromUnixTimestamp64Nano(toInt64({int(ns)}))"
+
+
+def _rest_spans_where(client: Client, table: str, rest: list[tuple[int | None, int | None]], client_spans: bool
+                      ) -> str:
+    """A condition on `table` keeping every span the requests starting in `rest` read ('' when no request starts
+    there): per range, its request spans, and the spans starting from the hour before the first one's hour up to
+    the last one's end that end after the first one starts (the model's `st` reads no other stage span); with
+    `client_spans`, the client spans within the model's read hours of those requests."""
+    if not rest:
+        return ""
+    arms = ", ".join(f"{P.in_range_sql('TimestampNs', a, b)}, {i}" for i, (a, b) in enumerate(rest))
+    ranges = " OR ".join(f"({_ts_range(a, b) or 'TRUE'})" for a, b in rest)
+    found = client.query(
+        f"SELECT multiIf({arms}, -1) AS i, min(TimestampNs) AS a, max(TimestampNs) AS b, max(EndNs) AS e "
+        f"FROM {source_sql(table, ranges)} WHERE IsRequest GROUP BY i").to_pylist()
+    conds = []
+    for f in found:
+        if int(f["i"]) < 0:
+            continue
+        lo, hi = rest[int(f["i"])]
+        a, b, e = int(f["a"]), int(f["b"]), int(f["e"])
+        first = (a // _H) * _H - _H
+        conds.append(_ts_range(lo, hi) or "TRUE")
+        conds.append(f"Timestamp >= {_ts(first)} AND Timestamp < {_ts(e + 1)} "
+                     f"AND toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) > {a}")
+        if client_spans:
+            conds.append(f"Timestamp >= {_ts(first)} AND Timestamp < {_ts((b // _H) * _H + 2 * _H)} "
+                         f"AND {kind_sql()} = 'Client'")
+    return " OR ".join(f"({c})" for c in conds)
+
+
+def _ts_range(lo: int | None, hi: int | None) -> str:
+    """`lo <= Timestamp < hi` over an otel_traces table ('' when unbounded both ways)."""
+    return " AND ".join([*([f"Timestamp >= {_ts(lo)}"] if lo is not None else []),
+                         *([f"Timestamp < {_ts(hi)}"] if hi is not None else [])])
+
+
 def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | None = None,
                    hi_ns: int | None = None, name: str = "requests", columns: tuple[str, ...] = M.REQUEST_COLUMNS,
                    materialized: bool = True, target: str = REQUESTS_TABLE) -> str:
@@ -719,8 +759,8 @@ def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | N
     parts = [f"SELECT {cols} FROM {target} WHERE NOT (trace_id = '' AND span_id = '') AND {in_range} "
              f"AND (refresh_lo_ns, refreshed_ns) IN ({stamps})"]
     rest = _uncovered(covered, lo_ns, hi_ns)
-    if rest:
-        where = " OR ".join(f"({span_where(a, b) or 'TRUE'})" for a, b in rest)
+    where = _rest_spans_where(client, table, rest, "client_e2e_ns" in columns or "client_network_ns" in columns)
+    if where:
         parts.append(f"SELECT {cols} FROM " + materialize_requests(
             client, table, where=where, name=f"{name}_computed", columns=columns,
             request_where=_ranges_sql("TimestampNs", rest)))
