@@ -11,6 +11,9 @@
   opentelemetry-collector-contrib PR #34799 of Aug 2024, `SPAN_KIND_SERVER`).
 - `requests_sql` / `facts_sql` / `with_views`: the request model (analysis.model) generated
   for the CLICKHOUSE dialect over that source.
+- `requests_mv_ddl` / `coverage` / `requests_facts`: the materialized `tailscope_requests`, which
+  refreshed intervals of it may be read as they are, and the requests of a range read from it
+  there and computed from the spans elsewhere (docs/scale-out.md, "Materialized requests").
 
 Known gap against tracing/rows.py: integers in token / TTFT attributes are read with ASCII
 digits and ASCII whitespace only (Python's int() also reads other Unicode digits).

@@ -1,7 +1,8 @@
 """`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
 
-1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
-   session temporary table, over the spans of the range asked.
+1. The request facts (analysis.model, CLICKHOUSE dialect) are put on the server into a session
+   temporary table, for the range asked: read from the materialized `tailscope_requests` where
+   analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
