@@ -1,7 +1,8 @@
 """`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
 
-1. The request facts (analysis.model, CLICKHOUSE dialect) are computed on the server into a
-   session temporary table, over the spans of the range asked.
+1. The request facts (analysis.model, CLICKHOUSE dialect) are put on the server into a session
+   temporary table, for the range asked: read from the materialized `tailscope_requests` where
+   analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
@@ -38,7 +39,15 @@ from analysis import percentiles as P
 from analysis import report as RP
 from analysis import sampling as SM
 from analysis import spikes as SP
-from analysis.clickhouse import DEFAULT_TABLE, Client, literal, materialize_requests, source_sql, temp_table
+from analysis.clickhouse import (
+    DEFAULT_TABLE,
+    Client,
+    literal,
+    requests_facts,
+    source_sql,
+    span_where,
+    temp_table,
+)
 from analysis.connect import _duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
@@ -57,26 +66,22 @@ _DUCK_TYPES: Final = {"adjusted_count": "DOUBLE"}
 H = M.HOUR_NS
 
 
-def _span_where(lo_ns: int | None, hi_ns: int | None) -> str:
-    """Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before)."""
-    parts = []
-    if lo_ns is not None:
-        parts.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({(lo_ns // H) * H - H}))")
-    if hi_ns is not None:
-        parts.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({(hi_ns // H) * H + 2 * H}))")
-    return " AND ".join(parts)
+#: Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before).
+_span_where = span_where
 
 
 def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
     return P.in_range_sql(col, lo_ns, hi_ns)
 
 
-def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | None, facts: str | None) -> str:
-    """`facts` when given, else the request facts of [lo, hi) computed into FACTS_TEMP (no stage columns)."""
+def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | None, facts: str | None,
+           materialized: bool = True) -> str:
+    """`facts` when given, else the request facts of [lo, hi) in FACTS_TEMP (no stage columns): read from the
+    materialized requests table where `clickhouse.coverage` allows (`materialized`), computed elsewhere."""
     if facts is not None:
         return facts
     cols = tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in ("ttft_ns", "tpot_ns"))
-    return materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+    return requests_facts(client, table, lo_ns=lo, hi_ns=hi, name=FACTS_TEMP, columns=cols, materialized=materialized)
 
 
 def _q_sql(sorted_values: str, q: float) -> str:
@@ -341,14 +346,16 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
 def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e",
                  window_s: float | str | None = None, since: str | int | datetime | None = None,
                  until: str | int | datetime | None = None, include_failures: bool = True,
-                 sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE") -> dict[str, Any]:
+                 sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE",
+                 materialized: bool = True) -> dict[str, Any]:
     """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
 
     `facts`: a session table already holding the request facts of `table` (the dashboard's),
-    used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters).
+    used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters);
+    `materialized`: read the intervals the materialized requests table covers (False: all on the fly).
     """
     lo, hi = parse_time(since), parse_time(until)
-    facts_table = _facts(client, table, metric, lo, hi, facts)
+    facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
     cond = f"{_in_range(lo, hi)} AND ({where})"
     # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
     report, det, _ = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
@@ -496,7 +503,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                    metric: str = "e2e", window_s: float | str | None = None,
                    since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                    include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
-                   where: str = "TRUE") -> dict[str, Any]:
+                   where: str = "TRUE", materialized: bool = True) -> dict[str, Any]:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
     Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
@@ -506,7 +513,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     lo, hi = parse_time(since), parse_time(until)
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
-    facts_table = _facts(client, table, metric, lo, hi, facts)
+    facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
     cond = f"{_in_range(lo, hi)} AND ({where})"
     report, det, source = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi,
                                          include_failures, sampling_policy)
@@ -610,12 +617,12 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
                       window_s: float | str | None = None, by: Sequence[str] = (),
                       since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                       include_failures: bool = True, *, facts: str | None = None,
-                      where: str = "TRUE") -> pl.DataFrame:
+                      where: str = "TRUE", materialized: bool = True) -> pl.DataFrame:
     """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
     `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
     only one row per window (and group) comes back. Same columns as the DuckDB version.
-    `facts` / `where` as in `build_report` (`facts` must hold the metric's column).
+    `facts` / `where` / `materialized` as in `build_report` (`facts` must hold the metric's column).
     """
     column = P.metric_column(metric)
     for name in by:
@@ -626,7 +633,8 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
     cols = M.REQUEST_COLUMNS if stages else tuple(c for c in M.FACT_COLUMNS if metric != "e2e" or c not in
                                                   ("ttft_ns", "tpot_ns"))
     if facts is None:
-        facts = materialize_requests(client, table, where=_span_where(lo, hi), name=FACTS_TEMP, columns=cols)
+        facts = requests_facts(client, table, lo_ns=lo, hi_ns=hi, name=FACTS_TEMP, columns=cols,
+                               materialized=materialized)
     where = f"{_in_range(lo, hi)} AND ({where})"
     win = choose_window_s(client, facts, lo, hi, where) if window_s is None else P.parse_duration(window_s)
     w = round(win * 1e9)

@@ -5,7 +5,7 @@ hours, one slow-replica spike). It is exported into an otel_traces table in chdb
 ClickHouse), then the report runs on both engines; the two reports must be equal.
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
-                                          [--fixed-spike] [--sampled] [--profile-export] [--json]
+                                          [--fixed-spike] [--sampled] [--profile-export] [--materialized] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
@@ -23,6 +23,11 @@ report's digest (`report_sha256`) lets two versions of the code be compared on t
 With --profile-export also the export's CPU seconds per million spans split into its steps
 (EXPORT_STEPS: parsing the Parquet, the casts, the promoted facts, the MergeTree write and its
 bloom filter index), each as a share of the whole export (the anchor).
+With --materialized also the report reading `tailscope_requests` (analysis.clickhouse.requests_facts)
+against the chdb report computed from the spans (the anchor here), same run: the table's views
+are created (without the refreshable view), the spans copied into `tailscope_requests_spans`
+(`copy_spans`) and every 5-minute interval of the table refreshed by hand (`refresh`), that fill
+timed apart; both reports must equal DuckDB's. --skip-fly leaves out the report from the spans.
 """
 
 from __future__ import annotations
@@ -185,8 +190,40 @@ def sampled_copy(client: Any, source: str = "otel_traces", name: str = SAMPLED_T
                    f"AS TraceState) FROM {source} WHERE cityHash64(TraceId) % 4 < 3")
 
 
+#: The refresh interval of the --materialized fill (`tailscope clickhouse init`'s default).
+FILL_STEP_NS = 300 * 1_000_000_000
+
+
+def fill_materialized(client: Any) -> dict[str, Any]:
+    """Create tailscope_requests (and its spans copy) on an exported table and refresh each 5-minute interval by
+    hand, as the refreshable view would have once the spans had arrived; time and CPU of the copy and the refreshes
+    (skipped, None, when the table is already filled: --keep-export)."""
+    from analysis import clickhouse as C
+
+    out: dict[str, Any] = {"fill_copy_s": None, "fill_refresh_s": None, "fill_intervals": None}
+    if C.coverage(client):
+        return out
+    for ddl in C.requests_mv_ddl()[:3]:  # the spans copy, its insert view, the requests table
+        client.command(ddl)
+    t, c = time.perf_counter(), _cpu_s()
+    C.copy_spans(client)
+    out["fill_copy_s"], out["fill_copy_cpu_s"] = round(time.perf_counter() - t, 2), round(_cpu_s() - c, 2)
+    row = client.query("SELECT min(TimestampNs) AS a, max(TimestampNs) AS b FROM tailscope_requests_spans"
+                       ).to_pylist()[0]
+    first, last = int(row["a"]) // FILL_STEP_NS * FILL_STEP_NS, int(row["b"])
+    t, c = time.perf_counter(), _cpu_s()
+    lo = first
+    while lo <= last:  # bounded: (last - first) / 5 minutes intervals
+        C.refresh(client, C.DEFAULT_TABLE, lo, lo + FILL_STEP_NS)
+        lo += FILL_STEP_NS
+    out["fill_refresh_s"], out["fill_refresh_cpu_s"] = round(time.perf_counter() - t, 2), round(_cpu_s() - c, 2)
+    out["fill_intervals"] = (lo - first) // FILL_STEP_NS
+    return out
+
+
 def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False,
-        profile: bool = False, sampled: bool = False) -> dict[str, Any]:
+        profile: bool = False, sampled: bool = False, materialized: bool = False, skip_fly: bool = False
+        ) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
@@ -227,18 +264,30 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         sampled_copy(client.inner)
         table = SAMPLED_TABLE
         client.pulled = 0
-    t, c = time.perf_counter(), _cpu_s()
-    ch = ch_report(client, table, window_s=window)
-    out["chdb_report_s"] = round(time.perf_counter() - t, 2)
-    out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-    out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
-    out["pulled_mib"] = round(client.pulled / 2**20, 2)
     out["requests"] = duck["requests"]
     out["spikes"] = len(duck["spikes"])
-    out["equal"] = None if sampled else ch == duck
     out["sampled"] = sampled
-    out["report_sha256"] = hashlib.sha256(json.dumps(ch, sort_keys=True).encode()).hexdigest()[:16]
-    out["chdb_spikes"] = len(ch["spikes"])
+    if not skip_fly:  # the chdb report computing the model from the spans (842 s at 100 M spans)
+        t, c = time.perf_counter(), _cpu_s()
+        ch = ch_report(client, table, window_s=window, materialized=False)
+        out["chdb_report_s"] = round(time.perf_counter() - t, 2)
+        out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
+        out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
+        out["pulled_mib"] = round(client.pulled / 2**20, 2)
+        out["equal"] = None if sampled else ch == duck
+        out["report_sha256"] = hashlib.sha256(json.dumps(ch, sort_keys=True).encode()).hexdigest()[:16]
+        out["chdb_spikes"] = len(ch["spikes"])
+    if materialized:
+        out |= fill_materialized(client.inner)
+        client.pulled = 0
+        t, c = time.perf_counter(), _cpu_s()
+        mat = ch_report(client, window_s=window)
+        out["chdb_mat_report_s"] = round(time.perf_counter() - t, 2)
+        out["chdb_mat_report_cpu_s"] = round(_cpu_s() - c, 2)
+        if "chdb_report_s" in out:
+            out["mat_vs_fly_x"] = round(out["chdb_mat_report_s"] / max(out["chdb_report_s"], 1e-9), 3)
+        out["mat_pulled_mib"] = round(client.pulled / 2**20, 2)
+        out["mat_equal"] = mat == duck
     client.close()
     if dashboard:
         out |= dashboard_figures(store, chdir)
@@ -259,17 +308,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dashboard", action="store_true", help="also time the dashboard's first Overview")
     parser.add_argument("--fixed-spike", action="store_true", help="grow the table in time, the spike fixed")
     parser.add_argument("--sampled", action="store_true", help="report on a sampled copy in chdb (SAMPLED_TABLE)")
+    parser.add_argument("--materialized", action="store_true",
+                        help="also the report reading tailscope_requests, filled by hand first")
+    parser.add_argument("--skip-fly", action="store_true",
+                        help="with --materialized: leave out the chdb report computed from the spans")
     parser.add_argument("--profile-export", action="store_true",
                         help="also price each step of the export in CPU seconds (EXPORT_STEPS)")
     args = parser.parse_args(argv)
+    if args.sampled and args.materialized:
+        parser.error("--materialized fills tailscope_requests over otel_traces, not the --sampled copy: pick one")
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
     results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike, args.profile_export,
-                   args.sampled) for s in args.spans.split(",")]
+                   args.sampled, args.materialized, args.skip_fly)
+               for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
+        if "equal" not in r:  # --skip-fly
+            print(json.dumps(r))
+            continue
         print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): build {r['build_s']} s, "
               f"export {r['export_s']} s ({r.get('export_cpu_s')} CPU-s); "
               f"report DuckDB {r['duckdb_report_s']} s ({r['duckdb_report_cpu_s']} CPU-s), chdb {r['chdb_report_s']} s "
@@ -281,6 +340,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "
                   f"(x{round(r['dash_chdb_overview_s'] / max(r['dash_duckdb_overview_s'], 1e-9), 2)}), "
                   f"chdb returned {r['dash_chdb_overview_pulled_mib']} MiB; equal spikes={r['dash_equal']}")
+        if "mat_equal" in r:
+            print(f"  materialized: fill {r['fill_intervals']} intervals, copy {r['fill_copy_s']} s, refreshes "
+                  f"{r['fill_refresh_s']} s; chdb report reading tailscope_requests {r['chdb_mat_report_s']} s "
+                  f"({r['chdb_mat_report_cpu_s']} CPU-s) against {r.get('chdb_report_s')} s from the spans "
+                  f"(x{r.get('mat_vs_fly_x')}); pulled {r['mat_pulled_mib']} MiB; equal={r['mat_equal']}")
         if "cpu_s_per_m" in r:
             print("  export profile, CPU-s per 1 M spans (cumulative), share of the export: "
                   + "; ".join(f"{k} {r['cpu_s_per_m'][k]} ({r['share_of_export'][k]:.0%})" for k, _ in EXPORT_STEPS)

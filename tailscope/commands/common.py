@@ -36,7 +36,9 @@ MaterializeOption = Annotated[
     typer.Option(
         "--materialize/--no-materialize",
         help="First store the requests of settled hours not materialized yet (this run pays the build, later "
-        "ones read the files); --no-materialize computes them on the fly and writes nothing.",
+        "ones read the files); --no-materialize computes them on the fly and writes nothing. With --engine "
+        "clickhouse: read tailscope_requests where it is current (`tailscope clickhouse init`); "
+        "--no-materialize computes every request from the spans.",
     ),
 ]
 

@@ -86,7 +86,7 @@ def report(
             try:
                 result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
                                            until=until, include_failures=not ok_only,
-                                           sampling_policy=sampling_policy.value)
+                                           sampling_policy=sampling_policy.value, materialized=materialize)
                 seen = Recognition(*recognition_counts(client, table))
             finally:
                 client.close()

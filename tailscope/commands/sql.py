@@ -76,7 +76,7 @@ def sql(
 
             client = clickhouse_client(dsn, table)
             try:
-                result = query_views(client, query, table)
+                result = query_views(client, query, table, materialized=materialize)
             finally:
                 client.close()
         names = result.column_names
