@@ -256,9 +256,11 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
     collector = Collector(store, extra, root)
     cpu0 = collector.cpu_seconds()
     client0 = time.process_time()  # this process is the client (the bodies are encoded already)
+    ticks0 = cpu_ticks()
     try:
         elapsed, lat, statuses = post_bodies(collector.http_port, bodies, connections)
         cpu = collector.cpu_seconds() - cpu0
+        steal = steal_share(ticks0, cpu_ticks())
         client_cpu = time.process_time() - client0
         rss = collector.rss_mb()
     finally:
@@ -280,7 +282,26 @@ def run_throughput(work: Path, total: int, per_body: int, connections: int,
             # CPU per span falls with the group size (a group commit has a fixed cost): see docs/collect.md
             "spans_per_group": total / max(1, segments),
             "anchor_spans_per_s": anchor, "anchor_ratio": total / elapsed / anchor,
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], "steal": steal}
+
+
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time counters (/proc/stat's `cpu` line: user, nice, system, idle, iowait, irq, softirq,
+    steal, ...); empty where there is no /proc."""
+    try:
+        with open("/proc/stat") as fh:
+            return [int(x) for x in fh.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """The share of the machine's CPU time its host took back (steal) between two `cpu_ticks`: on a virtual
+    machine the same code's CPU per span moves with it (NaN where unknown)."""
+    if len(before) < 8 or len(after) < 8:
+        return float("nan")
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return delta[7] / sum(delta) if sum(delta) > 0 else float("nan")
 
 
 def anchor_rate(bodies: list[bytes], seconds: float = 0.5) -> float:
@@ -307,7 +328,7 @@ def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body
     a shared machine the receiver's CPU per span of neighbouring runs is what can be compared."""
     print(f"compare: {total:,} spans in {per_body}-span bodies over {connections} connections, {rounds} rounds")
     print(f"{'round':>5} {'checkout':<40} {'spans/s':>9} {'us CPU/span':>11} {'spans/group':>11} "
-          f"{'client p50':>10} {'client us/span':>14} {'ratio':>5} {'load':>5}")
+          f"{'client p50':>10} {'client us/span':>14} {'ratio':>5} {'load':>5} {'steal':>5}")
     cpu: dict[Path, list[float]] = {root: [] for root in roots}
     for k in range(rounds):
         for i, root in enumerate(roots if k % 2 == 0 else roots[::-1]):
@@ -315,7 +336,7 @@ def run_compare(work: Path, roots: list[Path], rounds: int, total: int, per_body
             cpu[root].append(r["cpu_us_per_span"])
             print(f"{k:>5} {str(root)[-40:]:<40} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} "
                   f"{r['spans_per_group']:>11,.0f} {r['client_p50_ms']:>8.1f}ms {r['client_cpu_us_per_span']:>14.2f} "
-                  f"{r['anchor_ratio']:>5.2f} {r['load']:>5.1f}")
+                  f"{r['anchor_ratio']:>5.2f} {r['load']:>5.1f} {r['steal']:>5.1%}")
     for root, values in cpu.items():
         print(f"median CPU/span {statistics.median(values):.2f} us "
               f"(spread {min(values):.2f}-{max(values):.2f}): {root}")
@@ -601,7 +622,7 @@ def main(argv: list[str] | None = None) -> None:
               "-> fsynced journal, then segments (docs/collect.md)")
         print(f"{'spans':>9} {'per body':>8} {'conns':>5} {'s':>6} {'spans/s':>9} {'MB/s':>6} {'client p50':>10} "
               f"{'client p99':>10} {'commit p99':>10} {'us CPU/span':>11} {'client us/span':>14} {'RSS MB':>7} "
-              f"{'spans/group':>11} {'anchor':>9} {'ratio':>5} {'load':>5}")
+              f"{'spans/group':>11} {'anchor':>9} {'ratio':>5} {'load':>5} {'steal':>5}")
         print("   (anchor: spans/s of one thread of this process decoding the same bodies just before the row; "
               "ratio: spans/s / anchor)")
         for total, per_body, conns in sizes:
@@ -613,7 +634,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['server_commit_p99_ms']:>8.1f}ms {r['cpu_us_per_span']:>11.2f} "
                   f"{r['client_cpu_us_per_span']:>14.2f} {r['rss_mb']:>7.0f} "
                   f"{r['spans_per_group']:>11,.0f} {r['anchor_spans_per_s']:>9,.0f} {r['anchor_ratio']:>5.2f} "
-                  f"{r['load']:>5.1f}")
+                  f"{r['load']:>5.1f} {r['steal']:>5.1%}")
         light = run_light_latency(work, n=50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
               f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "
