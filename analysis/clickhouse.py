@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -587,6 +588,50 @@ def copy_spans(client: Client, table: str = DEFAULT_TABLE, target: str = REQUEST
     client.command(f"INSERT INTO {target}_spans SELECT {_KEEP} FROM {source_sql(table, where)}")
 
 
+#: Nanoseconds of each unit `clickhouse init --every` takes.
+_INTERVAL_NS: Final = {"SECOND": 10**9, "MINUTE": 60 * 10**9, "HOUR": _H, "DAY": 24 * _H}
+
+
+def _interval(every: str) -> tuple[str, int]:
+    """`every` ('5 MINUTE') as the ClickHouse interval's text and its length in ns; QueryError if unreadable."""
+    m = re.fullmatch(r"(\d+) (SECOND|MINUTE|HOUR|DAY)", every.strip().upper())
+    if m is None or int(m.group(1)) == 0:
+        raise QueryError("", f"cannot read interval {every!r}: write e.g. '5 MINUTE'")
+    return f"{int(m.group(1))} {m.group(2)}", int(m.group(1)) * _INTERVAL_NS[m.group(2)]
+
+
+def _view_end_sql(step: str, lag_minutes: int) -> str:
+    """The end of the interval the refreshable view computes now: `step`-aligned, `lag_minutes` ago."""
+    return f"toStartOfInterval(now(), INTERVAL {step}) - INTERVAL {int(lag_minutes)} MINUTE"
+
+
+def backfill(client: Client, table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
+             target: str = REQUESTS_TABLE, until_ns: int | None = None, copy: bool = True,
+             progress: Callable[[int, int], object] | None = None) -> int:
+    """Fill `target` for the spans `table` held before `clickhouse init`: copy them into `<target>_spans`
+    (`copy_spans`; `copy=False` when done already), then run one refresh (`refresh`) per `every` interval from
+    the first span's to the last span's, no later than the end the refreshable view has reached (`until_ns`
+    instead, when given). Returns the intervals refreshed; `progress(done, total)` is called after each."""
+    step, step_ns = _interval(every)
+    if copy:
+        copy_spans(client, table, target)
+    row = client.query(f"SELECT minOrNull(TimestampNs) AS a, maxOrNull(TimestampNs) AS b, toUnixTimestamp64Nano("
+                       f"toDateTime64({_view_end_sql(step, lag_minutes)}, 9)) AS e FROM {target}_spans").to_pylist()[0]
+    if row["a"] is None:
+        return 0
+    # no later than the view's end, nor past the interval of the last span (a table idle for months would
+    # otherwise be refreshed empty interval by interval): what lies between is computed on the fly, cheaply
+    end = min(int(row["e"]), int(row["b"]) // step_ns * step_ns + step_ns) if until_ns is None else int(until_ns)
+    # aligned as the view aligns them (toStartOfInterval counts from the epoch), so the view's later refreshes of
+    # the same intervals replace these rather than overlap them
+    starts = range(int(row["a"]) // step_ns * step_ns, end, step_ns)
+    for k, lo in enumerate(starts):
+        refresh(client, table, lo, lo + step_ns, target)
+        if progress is not None:
+            progress(k + 1, len(starts))
+    return len(starts)
+
+
 def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
                     target: str = REQUESTS_TABLE) -> list[str]:
     """DDL of `target` (one row per request) and the views that keep it filled.
@@ -600,11 +645,9 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
     """
     check_table_name(table)
     check_table_name(target)
-    if not re.fullmatch(r"\d+ (SECOND|MINUTE|HOUR|DAY)", every.upper()):
-        raise QueryError("", f"cannot read interval {every!r}: write e.g. '5 MINUTE'")
-    step = every.upper()
+    step = _interval(every)[0]
     spans = f"{target}_spans"
-    end = f"toStartOfInterval(now(), INTERVAL {step}) - INTERVAL {int(lag_minutes)} MINUTE"
+    end = _view_end_sql(step, lag_minutes)
     select = refresh_sql(table, target, f"toUnixTimestamp64Nano(toDateTime64({end} - INTERVAL {step}, 9))",
                          f"toUnixTimestamp64Nano(toDateTime64({end}, 9))")
     keep = _KEEP

@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from tailscope.commands.common import DEFAULT, TableOption, clickhouse_client, console, errors_as_messages
+from tailscope.commands.common import (
+    DEFAULT,
+    TableOption,
+    clickhouse_client,
+    console,
+    err_console,
+    errors_as_messages,
+    fail,
+)
 
 clickhouse_app = typer.Typer(help="ClickHouse helpers: the materialized requests table.", no_args_is_help=True)
 
@@ -21,11 +29,18 @@ def init(
     lag: Annotated[int, typer.Option("--lag-minutes", help="Requests younger than this are left to the next "
                                      "refresh (their spans may still be arriving).")] = 10,
     apply: Annotated[bool, typer.Option("--apply", help="Run the DDL instead of printing it.")] = False,
+    backfill: Annotated[bool, typer.Option(
+        "--backfill", help="With --apply: also compute the requests of the spans already in the table, one "
+        "refresh per interval up to where the view starts (best run while nothing writes to the table: spans "
+        "inserted during the copy are copied twice and their intervals then computed from the spans).")] = False,
 ) -> None:
     """Print (or apply) a tailscope_requests table and the refreshable materialized view that fills it."""
+    from analysis.clickhouse import backfill as fill
     from analysis.clickhouse import requests_mv_ddl
 
     with errors_as_messages():
+        if backfill and not apply:
+            fail("--backfill needs --apply (it writes to the server)")
         statements = requests_mv_ddl(table, every=every, lag_minutes=lag)
         if not apply:
             console.print(";\n\n".join(statements) + ";", highlight=False, markup=False, soft_wrap=True)
@@ -34,9 +49,19 @@ def init(
         try:
             for sql in statements:
                 client.command(sql)
+            console.print(f"created tailscope_requests and tailscope_requests_mv over {table}", highlight=False)
+            if backfill:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+                with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TimeRemainingColumn(), console=err_console, transient=True) as bar:
+                    task = bar.add_task("backfill: intervals", total=None)
+                    done = fill(client, table, every=every, lag_minutes=lag,
+                                progress=lambda k, n: bar.update(task, completed=k, total=n))
+                console.print(f"backfilled {done:,} interval(s) of {every} from the spans already in {table}",
+                              highlight=False)
         finally:
             client.close()
-    console.print(f"created tailscope_requests and tailscope_requests_mv over {table}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

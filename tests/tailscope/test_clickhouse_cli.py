@@ -163,3 +163,49 @@ def test_report_reads_the_materialized_table_unless_told_not_to(exported: tuple[
     assert json.loads(off.stdout) == duck
     assert json.loads(on.stdout)["requests"] == duck["requests"] and json.loads(on.stdout) != duck
     assert json.loads(sql.stdout)[0]["m"] == 3 * json.loads(sql_off.stdout)[0]["m"]
+
+
+def test_init_backfill_covers_the_spans_already_there(exported: tuple[Path, str]) -> None:
+    """`clickhouse init --apply --backfill` computes the requests of every interval holding spans written before it:
+    each of them is then covered (read from the table) and the report equals the store's."""
+    from analysis import clickhouse as C
+    store, dsn = exported
+    refused = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--backfill"])
+    assert refused.exit_code == 1 and refused.output.strip().startswith("error:") and \
+        len(refused.output.strip().splitlines()) == 1, refused.output
+    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--backfill", "--every", "1 HOUR"])
+    try:
+        assert done.exit_code == 0, done.output
+        client = C.open_client(dsn)
+        hour = 3_600 * 10**9
+        row = client.query("SELECT min(toUnixTimestamp64Nano(Timestamp)) AS a, max(toUnixTimestamp64Nano(Timestamp)) "
+                           "AS b FROM otel_traces").to_pylist()[0]
+        covered = sorted(r.lo_ns for r in C.coverage(client) if r.lo_ns <= row["b"])
+        client.close()
+        want = list(range(row["a"] // hour * hour, row["b"] // hour * hour + hour, hour))
+        assert f"backfilled {len(want):,} interval(s) of 1 HOUR" in done.output
+        assert covered == want
+        ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
+        duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
+        assert ch.exit_code == 0, ch.output
+        assert json.loads(ch.stdout) == json.loads(duck.stdout)
+    finally:
+        client = C.open_client(dsn)
+        for name in ("tailscope_requests_mv", "tailscope_requests_spans_mv", "tailscope_requests",
+                     "tailscope_requests_spans"):
+            client.command(f"DROP TABLE IF EXISTS {name}")
+        client.close()
+
+
+def test_a_backfill_of_an_empty_table_refreshes_nothing(tmp_path: Path) -> None:
+    from analysis import clickhouse as C
+    client = C.open_client(f"chdb:{tmp_path / 'ch'}")
+    try:
+        client.command(C.otel_traces_ddl())
+        for ddl in C.requests_mv_ddl()[:3]:
+            client.command(ddl)
+        assert C.backfill(client) == 0
+        with pytest.raises(C.QueryError, match="cannot read interval"):
+            C.backfill(client, every="0 MINUTE")
+    finally:
+        client.close()
