@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from typing import Final
 
 import duckdb
-import numpy as np
 import polars as pl
 
 from analysis import breakdowns as B
+from analysis import model as M
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
-from analysis.clickhouse import DEFAULT_TABLE, Client, literal, source_sql
+from analysis.clickhouse import DEFAULT_TABLE, Client, arrays_sql, kish_sql, literal, quantile_sql, source_sql
 from analysis.clickhouse_report import _Fetcher
-from analysis.percentiles import QUANTILES, metric_column, weighted_quantile_sorted
+from analysis.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
 #: Span columns a waterfall reads (the request model's inputs and what it lists); Events and Links stay behind.
@@ -49,41 +49,41 @@ def _rows(client: Client, sql: str) -> list[dict[str, object]]:
 
 def summary(client: Client, facts: str, where: str = "TRUE") -> dict[str, float | int | None]:
     """analysis.breakdowns.summary on the server: counts per outcome (stored and weighted), p50 / p90 / p99 (ms)
-    of e2e, TTFT, TPOT and their effective counts. On a sampled table the weighted percentiles are computed
-    here from each metric's (value, weight) rows by analysis.percentiles' one rule; otherwise on the server."""
+    of e2e, TTFT, TPOT and their effective counts; on a sampled table weighted (clickhouse.wq_sql over each metric's
+    sorted (value, weight) pairs, Kish's effective count), one row back either way."""
     qs = [(name, q) for name, q in QUANTILES if name in ("p50", "p90", "p99")]
     sampled = _sampled(client, facts, where)
+    w = "adjusted_count" if sampled else None
     outcomes = ", ".join(f"countIf(status = {literal(o)}) AS {o}" for o in S.OUTCOMES)
-    w = "adjusted_count" if sampled else "1"
-    weighted = f"sum({w}) AS requests_weighted, " + ", ".join(
-        f"sumIf({w}, status = {literal(o)}) AS {o}_weighted" for o in S.OUTCOMES)
-    if sampled:  # Kish, as breakdowns._n_effective
-        effective = ", ".join(
-            f"if(sumIf(adjusted_count * adjusted_count, {c} IS NOT NULL) = 0, 0, "
-            f"pow(sumIf(adjusted_count, {c} IS NOT NULL), 2) / sumIf(adjusted_count * adjusted_count, "
-            f"{c} IS NOT NULL)) AS {m}_n_effective" for m in SUMMARY_METRICS for c in [metric_column(m)])
-        pcts = ""
-    else:
-        effective = ", ".join(f"count({metric_column(m)}) AS {m}_n_effective" for m in SUMMARY_METRICS)
-        pcts = ", " + ", ".join(
+    if w is None:
+        pcts = ", ".join(
             f"quantileExactInclusiveOrNull({q})(toFloat64({metric_column(m)})) / 1e6 AS {m}_{name}_ms"
             for m in SUMMARY_METRICS for name, q in qs)
-    row = _rows(client, f"SELECT count() AS requests, {outcomes}, {weighted}, {effective}{pcts} "
-                        f"FROM {facts} WHERE {where}")[0]
+        sql = (f"SELECT count() AS requests, {outcomes}, {_weighted_sql(None)}, "
+               + ", ".join(f"count({metric_column(m)}) AS {m}_n_effective" for m in SUMMARY_METRICS)
+               + f", {pcts} FROM {facts} WHERE {where}")
+    else:  # the arrays stay in the inner query: one row of figures comes back
+        figures = ", ".join(f"{quantile_sql(w, q, f'_{m}_')} / 1e6 AS {m}_{name}_ms"
+                            for m in SUMMARY_METRICS for name, q in qs)
+        inner = ", ".join(f"{kish_sql(w, f'{metric_column(m)} IS NOT NULL')} AS {m}_n_effective, "
+                          f"{arrays_sql(metric_column(m), w, 'TRUE', f'_{m}_')}" for m in SUMMARY_METRICS)
+        kept = ", ".join(["requests", *S.OUTCOMES, "requests_weighted", *(f"{o}_weighted" for o in S.OUTCOMES),
+                          *(f"{m}_n_effective" for m in SUMMARY_METRICS)])
+        sql = (f"SELECT {kept}, {figures} FROM (SELECT count() AS requests, {outcomes}, {_weighted_sql(w)}, {inner} "
+               f"FROM {facts} WHERE {where})")
+    row = _rows(client, sql)[0]
     out = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
-    if sampled:
-        for m in SUMMARY_METRICS:
-            col = metric_column(m)
-            got = client.query(f"SELECT toFloat64({col}) AS v, toFloat64(adjusted_count) AS w FROM {facts} "
-                               f"WHERE {where} AND {col} IS NOT NULL ORDER BY v").to_pydict()
-            v, wt = np.asarray(got["v"], dtype=np.float64), np.asarray(got["w"], dtype=np.float64)
-            for name, q in qs:
-                out[f"{m}_{name}_ms"] = weighted_quantile_sorted(v, wt, q) / 1e6 if v.size else None
     return out  # type: ignore[return-value]
 
 
-#: The adjusted count as analysis.breakdowns reads it.
-WEIGHT: Final = "toFloat64(adjusted_count) AS adjusted_count"
+def _weighted_sql(weight: str | None) -> str:
+    """breakdowns' requests_weighted and <outcome>_weighted: the sums of `weight` (the counts when None)."""
+    if weight is None:
+        return "count() AS requests_weighted, " + ", ".join(
+            f"countIf(status = {literal(o)}) AS {o}_weighted" for o in S.OUTCOMES)
+    w = f"toFloat64({weight})"
+    return f"sum({w}) AS requests_weighted, " + ", ".join(
+        f"sumIf({w}, status = {literal(o)}) AS {o}_weighted" for o in S.OUTCOMES)
 
 
 def _sampled(client: Client, facts: str, where: str) -> bool:
@@ -91,12 +91,15 @@ def _sampled(client: Client, facts: str, where: str) -> bool:
     return bool(_rows(client, f"SELECT countIf(adjusted_count != 1) AS n FROM {facts} WHERE {where}")[0]["n"])
 
 
+#: The adjusted count as analysis.capacity reads it.
+WEIGHT: Final = "toFloat64(adjusted_count) AS adjusted_count"
+
+
 def _on_duckdb(client: Client, facts: str, where: str, columns: Sequence[str], name: str = "t",
                con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (`con`, else a new one) whose table `name` holds `columns` of `facts` where `where` holds.
 
-    The paths that need rows: weighted percentiles (computed by analysis.breakdowns itself, so both
-    engines follow the one weighted rule) and the queue replay (every arrival of the selected range).
+    The one path that needs rows: the queue replay (every arrival of the selected range).
     """
     con = con if con is not None else duckdb.connect(":memory:")
     con.register("t_arrow", client.query(f"SELECT {', '.join(columns)} FROM {facts} WHERE {where}"))
@@ -129,36 +132,45 @@ def workload(client: Client, facts: str, table: str, where: str = "TRUE", since_
         con.close()
 
 
-def _counts_sql(col: str) -> str:
-    """breakdowns' unweighted count columns: requests, per outcome, the same as *_weighted, n_effective."""
-    per = [(o, f"countIf(status = {literal(o)})") for o in S.OUTCOMES]
-    return ("count() AS requests, " + ", ".join(f"{e} AS {o}" for o, e in per)
-            + ", count() AS requests_weighted, " + ", ".join(f"{e} AS {o}_weighted" for o, e in per)
-            + f", count({col}) AS n_effective")
+def _counts_sql(col: str, weight: str | None) -> str:
+    """breakdowns' count columns: requests, per outcome, the same weighted (`_weighted_sql`), n_effective (Kish's
+    over the values of `col`; their count when unweighted)."""
+    per = ", ".join(f"countIf(status = {literal(o)}) AS {o}" for o in S.OUTCOMES)
+    eff = f"count({col})" if weight is None else kish_sql(weight, f"{col} IS NOT NULL")
+    return f"count() AS requests, {per}, {_weighted_sql(weight)}, {eff} AS n_effective"
 
 
-def _quantiles_ms(col: str) -> str:
-    """p50_ms and p99_ms of `col` (quantileExactInclusive: DuckDB's quantile_cont)."""
-    return ", ".join(f"quantileExactInclusiveOrNull({q})(toFloat64({col})) / 1e6 AS {n}_ms"
-                     for n, q in (("p50", 0.5), ("p99", 0.99)))
+def _quantiles_ms(col: str, weight: str | None) -> tuple[str, str]:
+    """p50_ms and p99_ms of `col` as (the outer query's columns, the inner grouped query's aggregates):
+    quantileExactInclusive (DuckDB's quantile_cont) unweighted; weighted, clickhouse.wq_sql over `arrays_sql`'s
+    aggregates, which stay in the inner query (only the figures come back)."""
+    if weight is None:
+        return "p50_ms, p99_ms", ", ".join(f"quantileExactInclusiveOrNull({q})(toFloat64({col})) / 1e6 AS {n}_ms"
+                                           for n, q in (("p50", 0.5), ("p99", 0.99)))
+    # nan (no value) becomes null, as breakdowns' min over no row
+    return (", ".join(f"if(length(s) = 0, NULL, {quantile_sql(weight, q)} / 1e6) AS {n}_ms"
+                      for n, q in (("p50", 0.5), ("p99", 0.99))), arrays_sql(col, weight, "TRUE"))
+
+
+def _weighting(client: Client, facts: str, where: str) -> str | None:
+    """`adjusted_count` when some request where `where` holds weighs other than 1, else None (unweighted)."""
+    return "adjusted_count" if _sampled(client, facts, where) else None
 
 
 def replicas(client: Client, facts: str, metric: str = "e2e", where: str = "TRUE") -> pl.DataFrame:
     """analysis.breakdowns.replicas on ClickHouse: per replica counts, p50 / p99 (ms) and the outlier flag.
 
-    Unweighted it runs on the server; on a sampled table each request's (replica, status, value,
-    weight) comes back and breakdowns.replicas computes the weighted figures.
+    On the server, weighted on a sampled table (weighted counts, Kish, weighted quantiles): one row per replica.
     """
     col = metric_column(metric)
-    if _sampled(client, facts, where):
-        con = _on_duckdb(client, facts, where, ["replica", "status", col, WEIGHT])
-        try:
-            return B.replicas(con, metric, "t")
-        finally:
-            con.close()
+    weight = _weighting(client, facts, where)
+    pcts, arrays = _quantiles_ms(col, weight)
+    names = ", ".join(["replica", "requests", *S.OUTCOMES, "requests_weighted", *(f"{o}_weighted" for o in S.OUTCOMES),
+                       "n_effective"])
     df = pl.from_arrow(client.query(
-        f"SELECT coalesce(replica, '(none)') AS replica, {_counts_sql(col)}, {_quantiles_ms(col)} "
-        f"FROM {facts} WHERE {where} GROUP BY replica ORDER BY replica"))
+        f"SELECT {names}, {pcts} FROM (SELECT coalesce(replica, '(none)') AS replica, {_counts_sql(col, weight)}, "
+        f"{arrays} FROM {facts} WHERE {where} GROUP BY replica) ORDER BY replica",
+        M.CLICKHOUSE_SETTINGS))
     assert isinstance(df, pl.DataFrame)
     return B.mark_outliers(df)
 
@@ -176,28 +188,29 @@ def shape(client: Client, facts: str, metric: str = "e2e", by: Sequence[str] = B
           where: str = "TRUE") -> pl.DataFrame:
     """analysis.breakdowns.shape on ClickHouse: requests and p50 / p99 (ms) per token bucket of each column in `by`.
 
-    Unweighted it runs on the server; on a sampled table the rows come back and breakdowns.shape runs on them.
+    On the server, weighted on a sampled table (summed weights, Kish, weighted quantiles): one row per bucket.
     """
     B.check_token_columns(by)
     col = metric_column(metric)
     rows = " AND ".join([f"({where})", *(f"{c} IS NOT NULL" for c in by), f"{col} IS NOT NULL"])
-    if _sampled(client, facts, rows):
-        con = _on_duckdb(client, facts, rows, [*by, col, WEIGHT])
-        try:
-            return B.shape(con, metric, by, "t")
-        finally:
-            con.close()
+    weight = _weighting(client, facts, rows)
+    pcts, arrays = _quantiles_ms(col, weight)
     keys, names = [], []
     for c in by:
         lo, hi = _bucket_bounds_sql(c)
         keys += [f"{lo} AS {c}_lo", f"{hi} AS {c}_hi"]
         names += [f"{c}_lo", f"{c}_hi"]
+    tail = "" if weight is None else (f", sum(toFloat64({weight})) AS requests_weighted, "
+                                      f"{kish_sql(weight, f'{col} IS NOT NULL')} AS n_effective")
+    outer = "" if weight is None else ", requests_weighted, n_effective"
     df = pl.from_arrow(client.query(
-        f"SELECT {', '.join(keys)}, count() AS requests, {_quantiles_ms(col)} FROM {facts} WHERE {rows} "
-        f"GROUP BY {', '.join(names)} ORDER BY {', '.join(names)}"))
+        f"SELECT {', '.join(names)}, requests, {pcts}{outer} FROM (SELECT {', '.join(keys)}, count() AS requests"
+        f"{tail}, {arrays} FROM {facts} WHERE {rows} "
+        f"GROUP BY {', '.join(names)}) ORDER BY {', '.join(names)}", M.CLICKHOUSE_SETTINGS))
     assert isinstance(df, pl.DataFrame)
-    df = df.with_columns(pl.col("requests").alias("requests_weighted"),
-                         pl.col("requests").cast(pl.Float64).alias("n_effective"))
+    if weight is None:
+        df = df.with_columns(pl.col("requests").alias("requests_weighted"),
+                             pl.col("requests").cast(pl.Float64).alias("n_effective"))
     return B.label_shape(df, by)
 
 

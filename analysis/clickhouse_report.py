@@ -42,7 +42,10 @@ from analysis import spikes as SP
 from analysis.clickhouse import (
     DEFAULT_TABLE,
     Client,
+    arrays_sql,
+    kish_sql,
     literal,
+    quantile_sql,
     requests_facts,
     source_sql,
     span_where,
@@ -84,43 +87,6 @@ def _facts(client: Client, table: str, metric: str, lo: int | None, hi: int | No
     return requests_facts(client, table, lo_ns=lo, hi_ns=hi, name=FACTS_TEMP, columns=cols, materialized=materialized)
 
 
-def _q_sql(sorted_values: str, q: float) -> str:
-    """The quantile q of a sorted array by percentiles.weighted_quantile_sorted's unweighted arithmetic, step for step
-    in Float64 (rank h = (n - 1) q, linear interpolation): equal to numpy's and DuckDB's to the last bit."""
-    n = f"length({sorted_values})"
-    h = f"(({n} - 1) * {q!r})"
-    lo = f"toUInt64(floor({h}))"
-    a = f"{sorted_values}[{lo} + 1]"
-    return f"if({n} = 0, nan, {a} + ({h} - floor({h})) * ({sorted_values}[least({lo} + 1, {n} - 1) + 1] - {a}))"
-
-
-def _wq_sql(values: str, cum: str, q: float) -> str:
-    """The weighted quantile q (percentiles.weighted_quantile_sorted): `values` sorted, `cum` their running weight."""
-    n = f"length({values})"
-    h = f"((arrayElement({cum}, -1) - 1) * {q!r})"
-
-    def at(level: str) -> str:  # the first value whose running weight exceeds `level` (the last past the end)
-        first = f"arrayFirstIndex(c -> c > {level}, {cum})"
-        return f"{values}[if({first} = 0, {n}, {first})]"
-    a, b = at(f"floor({h})"), at(f"floor({h}) + 1")
-    return f"if({n} = 0, nan, {a} + ({h} - floor({h})) * ({b} - {a}))"
-
-
-def _arrays_sql(value: str, weight: str | None) -> str:
-    """Aggregates over a group: `s` its values sorted, `cum` their running weight (when weighted), `tot` / `sq` the
-    sums of the weights and of their squares (the count twice, unweighted)."""
-    if weight is None:
-        return f"arraySort(groupArray(toFloat64({value}))) AS s, toFloat64(length(s)) AS tot, tot AS sq"
-    pairs = f"arraySort(x -> x.1, groupArray((toFloat64({value}), toFloat64({weight}))))"
-    return (f"arrayMap(x -> x.1, {pairs}) AS s, arrayMap(x -> x.2, {pairs}) AS ws, arrayCumSum(ws) AS cum, "
-            f"arraySum(ws) AS tot, arraySum(arrayMap(x -> x * x, ws)) AS sq")
-
-
-def _quantile_sql(weight: str | None, q: float) -> str:
-    """The quantile q over `_arrays_sql`'s aggregates: `_q_sql` unweighted, `_wq_sql` weighted."""
-    return _q_sql("s", q) if weight is None else _wq_sql("s", "cum", q)
-
-
 class _ServerValues:
     """spikes.WindowValues answered on the server: the values of `where` in `facts`, windows intDiv(start_ns, w).
 
@@ -134,10 +100,10 @@ class _ServerValues:
         self.wins = np.zeros(0, dtype=np.int64)
 
     def _arrays(self) -> str:
-        return _arrays_sql(self.value, self.weight)
+        return arrays_sql(self.value, self.weight)
 
     def _quantiles(self) -> str:
-        return f"{_quantile_sql(self.weight, 0.5)} AS p50, {_quantile_sql(self.weight, 0.99)} AS p99"
+        return f"{quantile_sql(self.weight, 0.5)} AS p50, {quantile_sql(self.weight, 0.99)} AS p99"
 
     def windows(self) -> pl.DataFrame:
         """Per window (ascending): win, n, p50, p99, tot (weighted count), sq (sum of squared weights)."""
@@ -198,10 +164,10 @@ class _ServerJudged:
         return SM.Counts(int(row["r"]), int(row["u"]), int(row["m"]), int(row["x"]) > 0)
 
     def quantiles(self, qs: tuple[float, ...], recorded_only: bool = False) -> list[float]:
-        """Weighted quantiles by percentiles.weighted_quantile_sorted's rule (`_wq_sql`)."""
-        wanted = ", ".join(f"{_quantile_sql('w', q)} AS q{i}" for i, q in enumerate(qs))
+        """Weighted quantiles by percentiles.weighted_quantile_sorted's rule (`clickhouse.wq_sql`)."""
+        wanted = ", ".join(f"{quantile_sql('w', q)} AS q{i}" for i, q in enumerate(qs))
         got = self.client.query(
-            f"SELECT {wanted} FROM (SELECT {_arrays_sql('v', 'w')} FROM {self.table} "
+            f"SELECT {wanted} FROM (SELECT {arrays_sql('v', 'w')} FROM {self.table} "
             f"WHERE {'recorded' if recorded_only else 'TRUE'})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
         return [float(got[f"q{i}"]) for i in range(len(qs))]
 
@@ -483,8 +449,8 @@ class _ServerTail:
         self._whole: float | None = None
 
     def _q(self, where: str) -> float:
-        got = self.client.query(f"SELECT {_quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
-                                f"{_arrays_sql(self.col, self.weight)} FROM {self.facts_table} WHERE {where})",
+        got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
+                                f"{arrays_sql(self.col, self.weight)} FROM {self.facts_table} WHERE {where})",
                                 M.CLICKHOUSE_SETTINGS)
         return float(got.column("q")[0].as_py())
 
@@ -620,8 +586,9 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
                       where: str = "TRUE", materialized: bool = True) -> pl.DataFrame:
     """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
-    `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q);
-    only one row per window (and group) comes back. Same columns as the DuckDB version.
+    `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q); on a
+    sampled table the weighted quantiles (clickhouse.wq_sql), weighted counts and Kish's effective count
+    are computed there too. Only one row per window (and group) comes back. Same columns as the DuckDB version.
     `facts` / `where` / `materialized` as in `build_report` (`facts` must hold the metric's column).
     """
     column = P.metric_column(metric)
@@ -640,25 +607,35 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
     w = round(win * 1e9)
     sampled = client.query(f"SELECT count() AS n FROM {facts} WHERE {where} AND adjusted_count != 1"
                            ).to_pylist()[0]["n"]
-    if sampled:  # weighted quantiles: the rows come back and analysis.percentiles computes them
-        local = duckdb.connect(":memory:")
-        rows = client.query(f"SELECT start_ns, status, {column}, adjusted_count{''.join(f', {g}' for g in by)} "
-                            f"FROM {facts} WHERE {where}")
-        local.register("_series_rows", rows)
-        try:
-            return P.percentile_series(local, metric, win, by, lo, hi, include_failures, source="_series_rows")
-        finally:
-            local.close()
     keep = "TRUE" if include_failures else "status = 'ok'"
     qs = ", ".join(repr(q) for _, q in P.QUANTILES)
     groups = "".join(f", {g}" for g in by)
-    frame = pl.from_arrow(client.query(f"""
-SELECT intDiv(start_ns, {w}) * {w} AS window_start_ns{groups},
-       count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS errors,
-       countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled,
-       countIf({column} IS NOT NULL AND {keep}) AS n,
+    counts = (f"count() AS requests, countIf(status = 'ok') AS ok, countIf(status = 'error') AS errors, "
+              f"countIf(status = 'timeout') AS timeouts, countIf(status = 'cancelled') AS cancelled, "
+              f"countIf({column} IS NOT NULL AND {keep}) AS n")
+    key = f"intDiv(start_ns, {w}) * {w} AS window_start_ns{groups}"
+    if sampled:  # weighted: the rule of percentiles.weighted_quantile_sorted over each window's sorted (value, weight)
+        kept = f"{column} IS NOT NULL AND {keep}"
+        wq = ", ".join(quantile_sql("adjusted_count", q) for _, q in P.QUANTILES)
+        wsum = "toFloat64(adjusted_count)"
+        names = f"window_start_ns{groups}, requests, ok, errors, timeouts, cancelled, n"
+        # the arrays stay on the server: the outer query keeps one row of figures per window (and group)
+        sql = f"""
+SELECT {names}, if(length(s) = 0, [], [{wq}]) AS q, requests_weighted, ok_weighted, errors_weighted,
+       timeouts_weighted, cancelled_weighted, n_weighted, n_effective
+FROM (SELECT {key}, {counts}, sum({wsum}) AS requests_weighted, sumIf({wsum}, status = 'ok') AS ok_weighted,
+             sumIf({wsum}, status = 'error') AS errors_weighted,
+             sumIf({wsum}, status = 'timeout') AS timeouts_weighted,
+             sumIf({wsum}, status = 'cancelled') AS cancelled_weighted, sumIf({wsum}, {kept}) AS n_weighted,
+             {kish_sql("adjusted_count", kept)} AS n_effective, {arrays_sql(column, "adjusted_count", keep)}
+      FROM {facts} WHERE {where} GROUP BY window_start_ns{groups})
+ORDER BY window_start_ns{groups}"""
+    else:
+        sql = f"""
+SELECT {key}, {counts},
        if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
 FROM {facts} WHERE {where}
-GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}""", M.CLICKHOUSE_SETTINGS))
+GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}"""
+    frame = pl.from_arrow(client.query(sql, M.CLICKHOUSE_SETTINGS))
     assert isinstance(frame, pl.DataFrame)
     return P.series_frame(frame, by)
