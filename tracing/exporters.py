@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import Resource
@@ -284,6 +284,9 @@ class _Lane:
                     tick()
                 except Exception:
                     owner._log("tailscope: exporter %s failed in tick", self.name, exc_info=True)
+        # shut down: what is still queued goes out on this thread, so a hung exporter keeps only its own lane
+        # (and shutdown stops waiting for it at its deadline)
+        self.export_all()
 
     def export_all(self, deadline: float | None = None) -> bool:
         """Export everything queued; False when `deadline` (monotonic) passed while waiting for the worker."""
@@ -310,6 +313,11 @@ class _Lane:
         finally:
             self.export_lock.release()
         return True
+
+
+#: How long `BoundedBatchProcessor.shutdown` waits for the exporters' last exports, all lanes at once (the host's
+#: exit waits for it, so a hung backend must not hold it for the exporter's own timeout and retries).
+SHUTDOWN_TIMEOUT_MS: Final = 5_000
 
 
 class BoundedBatchProcessor(SpanProcessor):
@@ -386,16 +394,30 @@ class BoundedBatchProcessor(SpanProcessor):
                 ok = False
         return ok
 
-    def shutdown(self) -> None:
-        """Stop the workers, export what is queued, and shut the exporters down."""
+    def shutdown(self, timeout_millis: int = SHUTDOWN_TIMEOUT_MS) -> None:
+        """Stop the workers, export what is queued, and shut the exporters down, within `timeout_millis` in all.
+
+        Each lane exports its last spans on its own thread and every lane is waited for at once, so an exporter
+        stuck on a hung backend neither delays the others nor holds the host's exit past the deadline: its lane
+        (a daemon thread) is left behind and its queued spans are counted as dropped.
+        """
         if self._shutdown:
             return
         self._shutdown = True
+        deadline = time.monotonic() + timeout_millis / 1e3
         for lane in self._lanes:
             lane.wake.set()
-        for lane in self._lanes:
-            lane.thread.join(timeout=30)
-            lane.export_all(time.monotonic() + 30)
+        pending = list(self._lanes)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            pending[0].thread.join(timeout=min(left, 0.05))
+            pending = [lane for lane in pending if lane.thread.is_alive()]
+        for lane in pending:
+            lane.dropped_spans += len(lane.queue)
+            self._log("tailscope: exporter %s still busy at shutdown after %d ms; %d queued span(s) dropped",
+                      lane.name, timeout_millis, len(lane.queue))
         for exporter in self.exporters:
             try:
                 exporter.shutdown()

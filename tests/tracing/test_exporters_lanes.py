@@ -71,5 +71,19 @@ def test_a_hung_otlp_endpoint_does_not_stall_the_store(tmp_path: Path) -> None:
         con = connect(tmp_path / "store")
         assert con.execute("SELECT count(*) FROM spans WHERE ServiceName = 'lanes'").fetchone() == (total,)
         con.close()
+        # shutting down (the host exiting) with the OTLP export still hung: the store's lane finishes, the OTLP
+        # lane is left behind at the deadline with its queued spans counted, and shutdown returns although the
+        # hung export has not (the old shutdown waited for it: its timeout, then its retries)
+        for _ in range(200):
+            tracer.start_span("late").end()
+        queued_otlp = len(processor._lanes[0].queue)
+        dropped_before = processor.dropped_spans
+        processor.shutdown(timeout_millis=300)
+        assert not otlp.returned.is_set(), "the OTLP export returned before shutdown did: the test proved nothing"
+        assert processor._lanes[0].thread.is_alive() and not processor._lanes[1].thread.is_alive()
+        assert processor.dropped_spans == dropped_before + queued_otlp and queued_otlp > 0
+        con = connect(tmp_path / "store")
+        assert con.execute("SELECT count(*) FROM spans WHERE ServiceName = 'lanes'").fetchone() == (total + 200,)
+        con.close()
     finally:
         hung.close()
