@@ -57,17 +57,19 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-class _Counting:
-    """A client wrapper counting the Arrow bytes its queries return."""
+class Counting:
+    """A client wrapper counting the Arrow bytes (`pulled`) and rows (`rows`) its queries return."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.dsn = inner.dsn
         self.pulled = 0
+        self.rows = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
         out = self.inner.query(sql, settings)
         self.pulled += out.nbytes
+        self.rows += out.num_rows
         return out
 
     def command(self, sql: str) -> None:
@@ -110,7 +112,7 @@ def dashboard_figures(store: Path, chdir: Path) -> dict[str, Any]:
         time.sleep(0.2)
     out["dash_duckdb_open_s"] = round(time.perf_counter() - t, 2)
     out["dash_duckdb_overview_s"] = _overview(wb)
-    client = _Counting(open_client(f"chdb:{chdir}"))
+    client = Counting(open_client(f"chdb:{chdir}"))
     t = time.perf_counter()
     bench = CHD.ClickHouseBench(client, DEFAULT_TABLE)
     bench.refresh()
@@ -237,13 +239,13 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     window = auto_window_s(1_000_000 // SPANS_PER_REQUEST, DURATION_S) if fixed_spike else None
     if not (keep_export and chdir.exists()):
         shutil.rmtree(chdir, ignore_errors=True)
-        client = _Counting(open_client(f"chdb:{chdir}"))
+        client = Counting(open_client(f"chdb:{chdir}"))
         t, c = time.perf_counter(), _cpu_s()
         export_store(store, client.inner)
         out["export_s"] = round(time.perf_counter() - t, 2)
         out["export_cpu_s"] = round(_cpu_s() - c, 2)
     else:
-        client = _Counting(open_client(f"chdb:{chdir}"))
+        client = Counting(open_client(f"chdb:{chdir}"))
     out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
     out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
     con = connect(store)

@@ -23,22 +23,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.bench_clickhouse import Counting
+
 TABLE = "bench_weighted"
-
-
-class _Counting:
-    """A ClickHouse client that counts the rows it receives."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.rows, self.dsn = inner, 0, getattr(inner, "dsn", "")
-
-    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
-        out = self.inner.query(sql, settings)
-        self.rows += out.num_rows
-        return out
-
-    def command(self, sql: str) -> None:
-        self.inner.command(sql)
 
 
 def make_table(client: Any, rows: int, seed: int = 1) -> None:
@@ -83,9 +70,9 @@ def run(rows: int, root: Path) -> list[dict[str, Any]]:
     ]
     out = []
     for name, server, memory in cases:
-        client = _Counting(inner)
+        client = Counting(inner)
         got, server_s = _timed(lambda: server(client))  # noqa: B023 - called at once
-        pull = _Counting(inner)
+        pull = Counting(inner)
 
         def anchor() -> Any:
             con = duckdb.connect(":memory:")
