@@ -65,7 +65,6 @@ class SpanFetcher(Protocol):
 
 #: Reads, per row id of a facts table, whether its request span records a sampling probability and
 #: whether that record is malformed (sampling.recorded_flags's signature).
-FlagsFn = Callable[[duckdb.DuckDBPyConnection, str, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 #: Baseline requests as counts (see `_explain_all`): combinations with their `n`, a reader of their values
 #: outside a candidate, and the whole baseline's p99 with and without a candidate (the engine's own).
@@ -233,25 +232,23 @@ def _ms(ns: float) -> float | None:
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
+             source: str | None, sampling_policy: str = "auto",
              explain: bool = True) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
     """The report's header, its value frame, the facts table and the detection (None when it could not run):
     `_prepare_coded` without the coded dimensions."""
     report, frame, facts, det, _ = _prepare_coded(con, metric, window_s, since, until, include_failures, source,
-                                                  sampling_policy, judge_sampling, explain)
+                                                  sampling_policy, explain)
     return report, frame, facts, det
 
 
 def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
                    since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-                   source: str | None, sampling_policy: str = "auto", judge_sampling: bool | FlagsFn = True,
-                   explain: bool = True
+                   source: str | None, sampling_policy: str = "auto", explain: bool = True
                    ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None, list[X.Coded] | None]:
     """The report's header, its value frame, the facts table, the detection (None when it could not run) and the
     frame's DIMENSIONS coded for the explanation (None unless `explain`).
 
-    `judge_sampling`: True reads the sampling records from `spans` (sampling.recorded_flags), a
-    function reads them its own way (a remote engine's), False cannot read them. `explain=False`
+    The sampling records are read from `spans` (sampling.recorded_flags). `explain=False`
     (find_spikes): nothing will read the rows' ids or dimensions; a caller's `source` that is unsampled
     in range under the auto policy (no sampling judgement either) is then copied without them.
     """
@@ -308,13 +305,9 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
         base_rows = rows_in_windows(start, base_wins, det.window_ns)
         report["baseline_effective"] = _effective(weights, base_rows)
-    flags: FlagsFn | None = SM.recorded_flags if judge_sampling is True else (judge_sampling or None)
-    if (weights is not None or sampling_policy != "auto") and flags is None:
-        report["errors"].append("could not judge the sampling because the spans' sampling records are not "
-                                "read here")
-    elif weights is not None or sampling_policy != "auto":
+    if weights is not None or sampling_policy != "auto":
         try:
-            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy, flags or SM.recorded_flags)
+            _judge_sampling(con, facts, frame, values, weights, report, sampling_policy)
         except Exception as exc:
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
@@ -355,12 +348,11 @@ def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, 
 
 
 def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
-                    weights: np.ndarray | None, report: dict[str, Any], policy: str,
-                    flags: FlagsFn = SM.recorded_flags) -> None:
+                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
     """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     w = np.ones(values.size) if weights is None else weights
     rids = frame.get_column("rid").to_numpy()
-    recorded, malformed = flags(con, facts, rids)
+    recorded, malformed = SM.recorded_flags(con, facts, rids)
     failed = (frame.get_column("status").to_numpy() != "ok") if "status" in frame.columns else np.zeros(
         values.size, dtype=bool)
     record_sampling(report, SM.judge(SM.Arrays(values, w, failed, recorded, malformed), policy))
@@ -443,8 +435,6 @@ def explain_window(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
-    fetch: SpanFetcher | None = None,
-    judge_sampling: bool = True,
 ) -> dict[str, Any]:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -454,14 +444,12 @@ def explain_window(
     report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
     baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
     candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
-    `detected` true when the window is exactly one of the report's spikes. For a remote engine
-    (analysis.clickhouse_report): `fetch` is told which spans each step reads, and
-    `judge_sampling=False` leaves the tail-sampling check out.
+    `detected` true when the window is exactly one of the report's spikes.
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
-                                                      source, sampling_policy, judge_sampling)
+                                                      source, sampling_policy)
     empty = window_not_explained(start_ns, end_ns, report["errors"])
     if det is None:
         return empty
@@ -469,7 +457,7 @@ def explain_window(
     values = values_of(frame)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch, coded=coded)[0]
+            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
@@ -493,7 +481,7 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], fetch, coded=coded)[0]
+    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
     item["detected"] = False
     return item
 
