@@ -116,6 +116,9 @@ class Coded:
     labels: list[str]
     lo: list[int | None]
     hi: list[int | None]
+    #: the attribute key a dimension reads and where from (request, stage, resource); None / "builtin" for the six
+    attribute: str | None = None
+    source: str = "builtin"
 
 
 def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
@@ -234,7 +237,21 @@ class Rest:
 
 def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
              weights: F64 | None = None, rest: Rest | None = None) -> tuple[list[Candidate], int]:
-    """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested).
+    """Candidates over-represented among `tail` rows against `base` rows; returns (passing, tested): each passing
+    candidate's p-value is at most ALPHA / tested (Bonferroni over every candidate tested)."""
+    found, tested = contrast_raw(coded, tail, base, pairs, weights, rest)
+    return significant(found, tested), tested
+
+
+def significant(found: Sequence[Candidate], tested: int) -> list[Candidate]:
+    """The candidates whose p-value passes ALPHA / tested (the family-wise level over `tested` candidates)."""
+    level = ALPHA / max(tested, 1)
+    return [c for c in found if c.p_value <= level]
+
+
+def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
+                 weights: F64 | None = None, rest: Rest | None = None) -> tuple[list[Candidate], int]:
+    """`contrast` before the significance level: (candidates with support, their p-values, tested).
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
     effective counts; support (`tail_count`) stays the kept requests. `rest`: more baseline
@@ -306,8 +323,7 @@ def contrast(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
             else:  # the weighted shares on the effective sample sizes
                 p = binomial_tail_bound(round(t_share * eff_t), round(eff_t), (b_share * n_b + 1) / (n_b + 2))
             found.append(Candidate(combo, codes, t, b, t_share, b_share, t_share - b_share, p))
-    level = ALPHA / max(tested, 1)
-    return [c for c in found if c.p_value <= level], tested
+    return found, tested
 
 
 #: The most cells `contrast` counts the baseline's combinations of every dimension in (else pair by pair).
@@ -493,17 +509,21 @@ def candidate_json(coded: Sequence[Coded], c: Candidate) -> dict[str, Any]:
     values = [coded[i].labels[code] for i, code in zip(c.dims, c.codes, strict=True)]
     los = [coded[i].lo[code] for i, code in zip(c.dims, c.codes, strict=True)]
     his = [coded[i].hi[code] for i, code in zip(c.dims, c.codes, strict=True)]
-    bucketed = [j for j, n in enumerate(names) if n in BUCKETED]
+    bucketed = [j for j, a in enumerate(los) if a is not None]
     lo = los[bucketed[0]] if len(bucketed) == 1 else None
     hi = his[bucketed[0]] if len(bucketed) == 1 else None
+    attrs = [coded[i].attribute for i in c.dims]
+    sources = [coded[i].source for i in c.dims]
     return {
         "dimension": "&".join(names), "value": "&".join(values), "lo": lo, "hi": hi,
+        "attribute": "&".join(a or n for a, n in zip(attrs, names, strict=True)) if any(attrs) else None,
+        "source": "&".join(sources),
         "score": round(c.score, 4),
         "p99_without_ms": _ms(c.p99_without_ns), "explained": _round(c.explained, 4),
         "support": c.tail_count, "tail_share": round(c.tail_share, 4), "baseline_share": round(c.base_share, 4),
         "baseline_p99_without_ms": _ms(c.baseline_p99_without_ns), "p_value": float(f"{c.p_value:.3g}"),
-        "conditions": [{"dimension": n, "value": v, "lo": a, "hi": b}
-                       for n, v, a, b in zip(names, values, los, his, strict=True)],
+        "conditions": [{"dimension": n, "value": v, "lo": a, "hi": b, "attribute": k, "source": src}
+                       for n, v, a, b, k, src in zip(names, values, los, his, attrs, sources, strict=True)],
     }
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 from rich.console import Console
 
+from analysis import attributes as A
 from analysis import explain as X
 from analysis import neighbours as N
 from analysis import sampling as SM
@@ -41,6 +42,7 @@ from analysis.percentiles import (
     source_columns,
     weight_column,
 )
+from analysis.settings import EXPLAIN
 from analysis.spikes import Detection, Spike, detect
 from tracing import schema as S
 from tracing.errors import QueryError
@@ -165,6 +167,7 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
         dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
         return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
 
+    read_dims.facts_rows = (f"SELECT {rid} AS rid, trace_id, span_id {rows}", params)  # type: ignore[attr-defined]
     return frame, read_dims if explain else None, totals, facts, weighted
 
 
@@ -243,7 +246,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str 
 
 def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
                    since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-                   source: str | None, sampling_policy: str = "auto", explain: bool = True
+                   source: str | None, sampling_policy: str = "auto", explain: bool = True,
+                   rules: A.AttributeRules | None = None
                    ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None, list[X.Coded] | None]:
     """The report's header, its value frame, the facts table, the detection (None when it could not run) and the
     frame's DIMENSIONS coded for the explanation (None unless `explain`).
@@ -251,6 +255,8 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     The sampling records are read from `spans` (sampling.recorded_flags). `explain=False`
     (find_spikes): nothing will read the rows' ids or dimensions; a caller's `source` that is unsampled
     in range under the auto policy (no sampling judgement either) is then copied without them.
+    `rules`: which dimensions to consider (None: every one; the report's `attributes` object says
+    which attributes were considered and which skipped, and why).
     """
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
@@ -284,7 +290,11 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
 
         def dims_coded(read: Callable[[], pl.DataFrame]) -> tuple[pl.DataFrame, list[X.Coded]]:
             both = _with_dims(values_only, read())
-            return both, [X.code_dimension(both, d) for d in X.DIMENSIONS]
+            builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
+            attrs = _attribute_dims(con, read, both, builtin, rules or A.AttributeRules(), since_ns, until_ns)
+            report["attributes"] = attrs.to_json()
+            kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
+            return both, kept + attrs.coded
 
         dims = pool.submit(dims_coded, read_dims) if read_dims is not None else None
         if frame.height == 0:
@@ -296,6 +306,7 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
             frame, coded = dims.result()
+            report["errors"].extend((report.get("attributes") or {}).get("errors", []))
     if det is None:
         return report, frame, facts, None, coded
     report["windows"] = int(det.n.size)
@@ -315,6 +326,27 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     return report, frame, facts, det, coded
 
 
+def _attribute_dims(con: duckdb.DuckDBPyConnection, read: Callable[[], pl.DataFrame], frame: pl.DataFrame,
+                    builtin: list[X.Coded], rules: A.AttributeRules, since_ns: int | None,
+                    until_ns: int | None) -> A.Attributes:
+    """The attribute dimensions of the frame's rows (analysis.attributes), the built-ins the rules leave out listed
+    as skipped; an error (say, a caller's source without span ids) is recorded, never raised."""
+    out = A.Attributes()
+    try:
+        facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
+        replica = next((c for c in builtin if c.name == "replica"), None)
+        out = A.read_attributes(con, facts_rows, params, frame.get_column("rid").to_numpy().astype(np.int64),
+                                replica, builtin, rules, since_ns, until_ns)
+    except (duckdb.Error, AttributeError) as exc:
+        out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
+    for c in builtin:
+        why = rules.ruled_out(c.name)
+        if why is not None:
+            out.skipped.insert(0, {"attribute": None, "dimension": c.name, "source": "builtin",
+                                   "reason": "pattern", "why": why})
+    return out
+
+
 def _header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
             until_ns: int | None, values: int) -> dict[str, Any]:
     """The report's keys before detection; `counts` holds `requests` and the outcome counts (taken from it)."""
@@ -327,7 +359,7 @@ def _header(metric: str, win: float, counts: dict[str, int], include_failures: b
         "until": iso(until_ns) if until_ns is not None else None,
         "percentile_convention": "quantile_cont (linear interpolation)",
         "values": values, "windows": 0, "baseline_p50_ms": None, "baseline_p99_ms": None,
-        "spikes": [], "errors": [],
+        "spikes": [], "errors": [], "attributes": None,
     }
 
 
@@ -366,6 +398,15 @@ def record_sampling(report: dict[str, Any], view: SM.SamplingView) -> None:
         report["warnings"].append(note)
 
 
+def attribute_rules(dimensions: str | tuple[str, ...] | None = None,
+                    exclude_dimensions: str | tuple[str, ...] | None = None) -> A.AttributeRules:
+    """The dimension patterns of a report: the arguments, else the settings (`EXPLAIN.dimensions`,
+    `EXPLAIN.exclude_dimensions`: their environment variables); the settings' exclusions always apply."""
+    include = A.AttributeRules.parse(dimensions) or A.AttributeRules.parse(EXPLAIN.dimensions.resolve())
+    exclude = A.AttributeRules.parse(exclude_dimensions) + A.AttributeRules.parse(EXPLAIN.exclude_dimensions.resolve())
+    return A.AttributeRules(include, exclude)
+
+
 def build_report(
     con: duckdb.DuckDBPyConnection,
     metric: str = "e2e",
@@ -375,6 +416,8 @@ def build_report(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    dimensions: str | tuple[str, ...] | None = None,
+    exclude_dimensions: str | tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
@@ -383,9 +426,12 @@ def build_report(
     e2e_ns, status, the DIMENSIONS, and ttft_ns / tpot_ns for those metrics); by default the
     facts of the whole store. Stage shares are always read from the connection's `spans`.
     `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).
+    `dimensions` / `exclude_dimensions`: glob patterns (comma-separated) of the dimensions to consider / leave out
+    (attribute keys or built-in names; the settings' `dimensions` / `exclude_dimensions` when None).
     """
     report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
-                                                      source, sampling_policy)
+                                                      source, sampling_policy,
+                                                      rules=attribute_rules(dimensions, exclude_dimensions))
     if det is None:
         return report
     start = frame.get_column("start_ns").to_numpy()
@@ -435,6 +481,8 @@ def explain_window(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    dimensions: str | tuple[str, ...] | None = None,
+    exclude_dimensions: str | tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -449,7 +497,8 @@ def explain_window(
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
-                                                      source, sampling_policy)
+                                                      source, sampling_policy,
+                                                      rules=attribute_rules(dimensions, exclude_dimensions))
     empty = window_not_explained(start_ns, end_ns, report["errors"])
     if det is None:
         return empty
@@ -637,12 +686,22 @@ class _Coding:
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            cands, tested = X.contrast(coded, excess_rows, base, weights=weights, rest=self.rest)
+            # the built-in six and their pairs, then each attribute alone: one family-wise level over all of them
+            nb = sum(1 for c in coded if c.source == "builtin")
+            found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=self.rest)
+            if nb < len(coded):
+                more, more_tested = X.contrast_raw(coded[nb:], excess_rows, base, pairs=False, weights=weights)
+                found += [dataclasses.replace(c, dims=tuple(d + nb for d in c.dims)) for c in more]
+                tested += more_tested
+            cands = X.significant(found, tested)
             cands.sort(key=lambda c: -c.score)
             cands = cands[:X.MAX_COUNTERFACTUAL]
             X.counterfactual(coded, cands, values, rows, base, self.base_q, weights, rest=self.rest)
-            ranked = X.rank(cands)
+            ranked, finer, coarser = A.name_level(coded, X.rank(cands))
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
+            if item["dimensions"]:
+                item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
+                item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
             item["candidates_tested"] = tested
             item["tail_requests"] = int(excess_rows.size)
             # beside the kept counts, what they stand for and their effective count (equal when unsampled)
@@ -656,6 +715,22 @@ class _Coding:
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         return item, best_mask
+
+
+def _level_json(coded: list[X.Coded], c: X.Candidate) -> dict[str, Any]:
+    """A value nested with the named one (a finer or coarser level of a learned hierarchy)."""
+    d = X.candidate_json(coded, c)
+    return {k: d[k] for k in ("dimension", "value", "attribute", "source", "explained", "support")}
+
+
+def hierarchy_text(d: dict[str, Any]) -> str:
+    """"k8s.node.name = node-2 explains 91% (replica replica-09 alone 27%)": a named dimension with the finer values
+    nested in it (render_text's line, the watch's message)."""
+    expl = "-" if d.get("explained") is None else f"{d['explained']:.0%}"
+    text = f"{d['dimension']} = {d['value']} explains {expl}"
+    finer = [f"{f['dimension']} {f['value']} alone {'-' if f['explained'] is None else format(f['explained'], '.0%')}"
+             for f in d.get("finer") or []]
+    return text + (f" ({'; '.join(finer)})" if finer else "")
 
 
 def _spike_json(s: Spike) -> dict[str, Any]:
@@ -720,6 +795,8 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
                 t.add_row(d["dimension"], d["value"], expl, _fmt(d["p99_without_ms"], " ms"),
                           f"{d['score']:.2f}", str(d["support"]))
             con.print(t)
+            if spike["dimensions"][0].get("finer"):
+                con.print(hierarchy_text(spike["dimensions"][0]), highlight=False)
         if spike["exemplars"]:
             con.print("exemplars: " + ", ".join(spike["exemplars"]), highlight=False)
         if spike.get("noisy_neighbour"):

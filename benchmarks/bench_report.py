@@ -73,8 +73,25 @@ def _empty_lists(n: int, typ: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, pa.array([], type=typ.value_type))
 
 
-def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa.Table:
-    """Spans of `n` requests arriving uniformly in [t_lo, t_hi) ns, as one table in SPAN_SCHEMA."""
+#: Cardinalities of the extra request attributes (`--attrs`), cycled: few values, many, one per request (ids).
+EXTRA_CARDINALITIES = (2, 3, 5, 8, 16, 50, 200, 1000, 0)
+
+
+def extra_attributes(rng: np.random.Generator, n: int, count: int) -> tuple[list[str], np.ndarray]:
+    """`count` random attributes of `n` requests, unrelated to latency: (keys, values as an n x count text array).
+    Cardinalities cycle through EXTRA_CARDINALITIES (0: unique per request, an id); every third is numeric."""
+    keys = [f"bench.attr.{j:02d}" for j in range(count)]
+    cols = []
+    for j in range(count):
+        card = EXTRA_CARDINALITIES[j % len(EXTRA_CARDINALITIES)]
+        x = np.arange(n) + 7 * n * j if card == 0 else rng.integers(0, card, size=n)
+        cols.append(x.astype(str) if j % 3 == 0 else np.char.add(f"v{j}-", x.astype(str)))
+    return keys, np.stack(cols, axis=1) if cols else np.empty((n, 0), dtype=str)
+
+
+def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int, extra: int = 0) -> pa.Table:
+    """Spans of `n` requests arriving uniformly in [t_lo, t_hi) ns, as one table in SPAN_SCHEMA (the request
+    spans carrying `extra` random attributes besides their own two: `extra_attributes`)."""
     t0 = np.sort(rng.integers(t_lo, t_hi, size=n, dtype=np.int64))
     replica = rng.integers(0, REPLICAS, size=n)
     input_tokens = (rng.lognormal(6.0, 0.8, size=n)).astype(np.int64) + 1
@@ -143,7 +160,27 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
                          np.array([[S.ATTR_STAGE, "thread.id"]], dtype=object)).reshape(-1)
     stage_vals = np.array(["true", *stage_names[1:]], dtype=object)[kind_of]
     attr_vals = np.stack([stage_vals, np.where(is_req, "true", "1")], axis=1).reshape(-1)
-    attrs = pa.MapArray.from_arrays(pa.array(np.arange(0, total * 2 + 1, 2, dtype=np.int32)),
+    sizes = np.where(is_req, 2 + extra, 2).astype(np.int32)
+    if extra:  # the request spans' extra entries after their own two
+        extra_keys, extra_vals = extra_attributes(rng, n, extra)
+        keys_2d = attr_keys.reshape(total, 2)
+        vals_2d = attr_vals.reshape(total, 2)
+        req_rows = np.flatnonzero(is_req)
+        full_k = np.concatenate([keys_2d[req_rows], np.tile(np.array(extra_keys, dtype=object), (n, 1))], axis=1)
+        full_v = np.concatenate([vals_2d[req_rows], extra_vals.astype(object)], axis=1)
+        stage_rows = ~is_req
+        # every span's entries in span order: a request's 2 + extra, a stage's 2
+        flat_k = np.empty(int(sizes.sum()), dtype=object)
+        flat_v = np.empty(int(sizes.sum()), dtype=object)
+        starts_at = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for c in range(2 + extra):
+            flat_k[starts_at[req_rows] + c] = full_k[:, c]
+            flat_v[starts_at[req_rows] + c] = full_v[:, c]
+        for c in range(2):
+            flat_k[starts_at[stage_rows] + c] = keys_2d[stage_rows, c]
+            flat_v[starts_at[stage_rows] + c] = vals_2d[stage_rows, c]
+        attr_keys, attr_vals = flat_k, flat_v
+    attrs = pa.MapArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)),
                                     pa.array(attr_keys, type=pa.string()), pa.array(attr_vals, type=pa.string()))
     resource_attrs = _map_column(["service.instance.id"], replica_col, total)
     cols: dict[str, Any] = {
@@ -180,8 +217,9 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int) -> pa
     return pa.Table.from_pydict(cols, schema=S.SPAN_SCHEMA)
 
 
-def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATION_S) -> int:
-    """Write a synthetic store of about `spans` spans over `duration_s` seconds; return the number of requests."""
+def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATION_S, extra: int = 0) -> int:
+    """Write a synthetic store of about `spans` spans over `duration_s` seconds; return the number of requests
+    (`extra`: random attributes on each request span, `extra_attributes`)."""
     rng = np.random.default_rng(seed)
     n = spans // SPANS_PER_REQUEST
     writer = SegmentWriter(store, kind="bench")
@@ -189,7 +227,7 @@ def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATIO
     edges = np.linspace(START_NS, START_NS + duration_s * 1_000_000_000, chunks + 1).astype(np.int64)
     per = np.diff(np.linspace(0, n, chunks + 1).astype(np.int64))
     for c in range(chunks):
-        writer.write(_request_table(rng, int(per[c]), int(edges[c]), int(edges[c + 1])))
+        writer.write(_request_table(rng, int(per[c]), int(edges[c]), int(edges[c + 1]), extra))
     return n
 
 

@@ -70,13 +70,14 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_failures", "since", "until",
             "percentile_convention", "values", "windows", "baseline_p50_ms", "baseline_p99_ms", "spikes", "errors",
             "sampled", "requests_weighted", "outcomes_weighted", "values_weighted", "values_effective",
-            "baseline_effective", "sampling", "warnings"}
+            "baseline_effective", "sampling", "warnings", "attributes"}
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "stages", "dimensions", "exemplars", "errors", "candidates_tested",
               "tail_requests", "noisy_neighbour", "requests_weighted", "n_effective", "tail_requests_weighted",
               "tail_effective"}
 DIM_KEYS = {"dimension", "value", "lo", "hi", "score", "p99_without_ms", "explained", "support", "tail_share",
-            "baseline_share", "baseline_p99_without_ms", "p_value", "conditions", "support_weighted"}
+            "baseline_share", "baseline_p99_without_ms", "p_value", "conditions", "support_weighted", "attribute",
+            "source"}
 
 
 def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Path) -> None:
@@ -96,7 +97,7 @@ def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Pat
     assert sum(s["share"] for s in spike["stages"] if s["share"] > 0) == pytest.approx(1.0, abs=1e-3)
     assert {s["stage"] for s in spike["stages"]} <= {"decode", "prefill", "queue_wait"}  # no `generation`
     top = spike["dimensions"][0]
-    assert set(top) == DIM_KEYS
+    assert set(top) == DIM_KEYS | {"finer", "coarser"}  # the named one's levels of a learned hierarchy
     assert (top["dimension"], top["value"], top["lo"], top["hi"]) == ("replica", SLOW_REPLICA, None, None)
     assert top["explained"] > 0.9
     assert top["p99_without_ms"] < spike["p99_ms"]

@@ -1,0 +1,435 @@
+"""Every attribute of a request as a candidate dimension of the explanation, coded once for the report's frame.
+
+Three sources, each giving at most one value per request:
+
+- `request`: the request span's own attributes (`SpanAttributes`).
+- `stage`: the attributes of the request's stage spans (the spans of its trace with a stage):
+  a key's value is the one value every stage span carrying it agrees on; where they disagree
+  the request has no value for it.
+- `resource`: the resource attributes of the process that served the request, i.e. of its
+  replica (the replica rule, docs/convention.md#replica): a key's value is the one value the
+  replica's request and worker-stage spans carry; a replica whose spans disagree gives none.
+
+Text values are values, booleans too ("true" / "false"); a key whose every value parses as a
+number is bucketed by powers of two (`number_buckets`: 0 is its own bucket). What cannot be a
+dimension is skipped with a reason (`SKIP_REASONS`): tailscope's own keys and those the
+built-in dimensions read, glob patterns (`AttributeRules`), keys on too few requests, ids
+(values about unique per request) and keys with more values than the bound relative to the
+window's requests, keys partitioning requests exactly as another dimension does (a replica's
+`service.instance.id`), and past MAX_ATTRIBUTES the rarest keys (cut, and said).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis import model as M
+from analysis.explain import Coded, bucket_label
+from tracing import schema as S
+
+SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
+#: A key must be on at least this share of the window's requests (and MIN_PRESENT of them).
+MIN_PRESENCE: Final = 0.01
+MIN_PRESENT: Final = 10
+#: Ids: a key with at least this many distinct values per request carrying it.
+UNIQUE_SHARE: Final = 0.5
+#: The cardinality bound: at most this share of the window's requests, and at most MAX_VALUES, distinct values.
+MAX_VALUE_SHARE: Final = 0.05
+MAX_VALUES: Final = 4096
+#: At most this many attribute dimensions (the most present first); the others are cut, and the report says so.
+MAX_ATTRIBUTES: Final = 64
+#: Keys the built-in dimensions are read from (their values are those dimensions already).
+BUILTIN_KEYS: Final[dict[str, str]] = {
+    **{k: "model" for k in S.MODEL_KEYS}, **{k: "model_version" for k in S.MODEL_VERSION_KEYS},
+    **{k: "tenant" for k in S.TENANT_KEYS}, **{k: "input_tokens" for k in S.INPUT_TOKEN_KEYS},
+    **{k: "output_tokens" for k in S.OUTPUT_TOKEN_KEYS}}
+#: Why an attribute is not a dimension (the `reason` of a skipped entry).
+SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "pattern", "rare", "ids", "cardinality",
+                                        "same_partition", "shadowed", "cut", "source")
+_OWN_PREFIX: Final = "tailscope."
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class AttributeRules:
+    """Which dimensions a report considers: glob patterns on dimension names (attribute keys or the built-in
+    names). `include` empty: every one; a name matching any `exclude` pattern is left out."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def ruled_out(self, name: str) -> str | None:
+        """Why the patterns rule `name` out, or None when they keep it."""
+        for pat in self.exclude:
+            if fnmatch.fnmatchcase(name, pat):
+                return f"excluded by the pattern {pat!r}"
+        if self.include and not any(fnmatch.fnmatchcase(name, pat) for pat in self.include):
+            return f"matches none of the --dimensions patterns ({', '.join(self.include)})"
+        return None
+
+    @staticmethod
+    def parse(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
+        """Comma-separated (or listed) glob patterns, blanks dropped."""
+        if patterns is None:
+            return ()
+        items = patterns.split(",") if isinstance(patterns, str) else [p for x in patterns for p in x.split(",")]
+        return tuple(p.strip() for p in items if p.strip())
+
+
+@dataclass
+class Attributes:
+    """The attribute dimensions of a frame (coded, aligned with its rows) and what was considered and skipped."""
+
+    coded: list[Coded] = field(default_factory=list)
+    considered: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    cut: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's `attributes` object."""
+        return {"considered": self.considered, "skipped": self.skipped, "cut": self.cut,
+                "max_attributes": MAX_ATTRIBUTES, "errors": self.errors}
+
+
+def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int | None], list[int | None]]:
+    """Power-of-two bucket codes of numbers (NaN: -1), with each code's label and integer ends.
+
+    0 is its own bucket; x > 0 falls in [2^k, 2^(k+1)); negatives mirror the positives. When every
+    number is an integer, buckets are written as the token buckets are ("lo-hi", both ends
+    included, `bucket_label`), else "lo-hi" with hi excluded and lo / hi null.
+    """
+    ok = ~np.isnan(x)
+    ax = np.abs(np.where(ok, x, 0.0))
+    _, exp = np.frexp(ax)  # ax = m 2^exp, m in [0.5, 1): k = exp - 1
+    k = exp.astype(np.int64) - 1
+    sign = np.where(x < 0, 2, np.where(ax == 0, 0, 1))
+    key = np.where(ok, sign * 4096 + np.where(sign == 0, 0, k + 2048), -1)
+    present = np.unique(key[key >= 0])
+    integral = bool(np.all(np.equal(np.mod(x[ok], 1), 0))) if ok.any() else True
+
+    def value_of(c: int) -> float:
+        s, kk = divmod(int(c), 4096)
+        return 0.0 if s == 0 else (1.0 if s == 1 else -1.0) * 2.0 ** (kk - 2048)
+
+    order = sorted(present.tolist(), key=value_of)
+    labels: list[str] = []
+    los: list[int | None] = []
+    his: list[int | None] = []
+    for c in order:
+        v = value_of(c)
+        if v == 0:
+            labels.append(bucket_label(0, 0) if integral else "0")
+            los.append(0 if integral else None)
+            his.append(0 if integral else None)
+            continue
+        lo = abs(v)
+        if integral:
+            a, b = int(lo), int(2 * lo) - 1
+            labels.append(bucket_label(a, b) if v > 0 else f"-({bucket_label(a, b)})")
+            los.append(a if v > 0 else -b)
+            his.append(b if v > 0 else -a)
+        else:
+            text = f"{lo:g}-{2 * lo:g}"
+            labels.append(text if v > 0 else f"-({text})")
+            los.append(None)
+            his.append(None)
+    lut = {c: i for i, c in enumerate(order)}
+    codes = np.full(x.size, -1, dtype=np.int64)
+    if present.size:
+        table = np.searchsorted(present, key[ok])
+        remap = np.array([lut[int(c)] for c in present.tolist()], dtype=np.int64)
+        codes[ok] = remap[table]
+    return codes, labels, los, his
+
+
+def code_values(name: str, rows: I64, values: pa.Array, n_rows: int, numeric_ok: bool = True
+                ) -> tuple[Coded, int, bool]:
+    """A key's values on `rows` (frame positions) coded for all `n_rows` rows (-1 elsewhere): (coded, distinct raw
+    values, numeric). Numbers (every value parses) are bucketed; other values are text labels, sorted."""
+    enc = pc.dictionary_encode(values).combine_chunks() if isinstance(values, pa.ChunkedArray) \
+        else pc.dictionary_encode(values)
+    uniq = enc.dictionary
+    idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    distinct = len(uniq)
+    numbers = None
+    if numeric_ok and distinct:
+        try:
+            numbers = pc.cast(uniq, pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            numbers = None
+        if numbers is not None and not np.all(np.isfinite(numbers)):
+            numbers = None
+    codes = np.full(n_rows, -1, dtype=np.int64)
+    if numbers is not None:
+        ucodes, labels, los, his = number_buckets(numbers)
+        codes[rows] = ucodes[idx]
+        return Coded(name, codes, labels, los, his), distinct, True
+    texts = uniq.to_pylist()
+    order = sorted(range(distinct), key=lambda i: texts[i])
+    rank = np.empty(distinct, dtype=np.int64)
+    rank[order] = np.arange(distinct)
+    codes[rows] = rank[idx]
+    labels = [texts[i] for i in order]
+    return Coded(name, codes, labels, [None] * distinct, [None] * distinct), distinct, False
+
+
+def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
+    return con.sql(sql, params=params).to_arrow_table()
+
+
+def request_attribute_sql(facts_rows: str) -> str:
+    """DuckDB SQL of (rid, a): the attribute map of each request's own span; `facts_rows` is a query of the facts
+    rows (rid, trace_id, span_id); $lo / $hi bound the span start times read."""
+    return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN spans s "
+            "ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
+            "WHERE s.IsRequest AND ($lo IS NULL OR s.TimestampNs >= $lo) AND ($hi IS NULL OR s.TimestampNs < $hi)")
+
+
+def stage_attribute_sql(facts_rows: str) -> str:
+    """DuckDB SQL of (rid, k, v): each key of a request's stage spans (spans of its trace with a stage) that they
+    all agree on; $lo / $hi bound the span start times read."""
+    return (f"WITH st AS (SELECT TraceId AS t, unnest(map_keys(SpanAttributes)) AS k, "
+            "unnest(map_values(SpanAttributes)) AS v FROM spans WHERE Stage IS NOT NULL AND NOT IsRequest "
+            f"AND len(list_filter(map_keys(SpanAttributes), lambda x: NOT starts_with(x, '{_OWN_PREFIX}'))) > 0 "
+            "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)), "
+            f"one AS (SELECT t, k, min(v) AS v FROM st WHERE NOT starts_with(k, '{_OWN_PREFIX}') GROUP BY t, k "
+            "HAVING count(DISTINCT v) = 1) "
+            f"SELECT f.rid, one.k, one.v FROM ({facts_rows}) f JOIN one ON one.t = f.trace_id")
+
+
+def resource_attribute_sql() -> str:
+    """DuckDB SQL of (replica, k, vs): each replica's resource keys and their distinct values, over its request and
+    worker-stage spans (the serving process); $lo / $hi bound the span start times read."""
+    worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
+    return ("SELECT Replica, k, list(DISTINCT v) AS vs FROM (SELECT Replica, unnest(map_keys(ResourceAttributes)) "
+            "AS k, unnest(map_values(ResourceAttributes)) AS v FROM spans WHERE Replica IS NOT NULL "
+            f"AND (IsRequest OR Stage IN ({worker})) "
+            "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)) "
+            f"WHERE NOT starts_with(k, '{_OWN_PREFIX}') GROUP BY Replica, k")
+
+
+def _positions(frame_rid: I64, rid: I64) -> I64:
+    """Frame positions of row ids (every id must be a frame row's)."""
+    order = np.argsort(frame_rid, kind="stable")
+    return order[np.searchsorted(frame_rid[order], rid)].astype(np.int64)
+
+
+def _split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
+    """key -> (row ids, values) of a long (rid, k, v) table, or of a (rid, a) table of attribute maps."""
+    if table.num_rows == 0:
+        return {}
+    rid = table.column("rid").to_numpy().astype(np.int64)
+    if "a" in table.column_names:  # one map per row: its entries, each with its row's id
+        maps = table.column("a").combine_chunks()
+        offsets = maps.offsets.to_numpy()
+        rid = np.repeat(rid, np.diff(offsets))
+        key_col, vals = maps.keys, maps.items
+        if offsets[0] != 0 or offsets[-1] != len(key_col):
+            key_col, vals = key_col.slice(offsets[0], offsets[-1] - offsets[0]), vals.slice(
+                offsets[0], offsets[-1] - offsets[0])
+    else:
+        key_col, vals = table.column("k").combine_chunks(), table.column("v").combine_chunks()
+    keys = pc.dictionary_encode(key_col)
+    kidx = keys.indices.to_numpy(zero_copy_only=False)
+    small = kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx  # a radix sort
+    order = np.argsort(small, kind="stable")
+    bounds = np.searchsorted(small[order], np.arange(len(keys.dictionary) + 1))
+    out: dict[str, tuple[I64, pa.Array | None]] = {}
+    for i, key in enumerate(keys.dictionary.to_pylist()):
+        sel = order[bounds[i]:bounds[i + 1]]  # tailscope's own keys: counted only (they are skipped)
+        out[str(key)] = (rid[sel], None if str(key).startswith(_OWN_PREFIX) else vals.take(pa.array(sel)))
+    return out
+
+
+def _same_partition(a: Coded, b: Coded) -> bool:
+    """Whether two codings split rows into the same groups (missing alike)."""
+    if len(a.labels) != len(b.labels) or not np.array_equal(a.codes < 0, b.codes < 0):
+        return False
+    ok = a.codes >= 0
+    if not ok.any():
+        return True
+    key = a.codes[ok] * (len(b.labels) + 1) + b.codes[ok]
+    return int(np.unique(key).size) == len(a.labels)
+
+
+class _Judge:
+    """Applies the skip rules to each key, in the order of SKIP_REASONS; keeps what is left."""
+
+    def __init__(self, n_rows: int, rules: AttributeRules, builtin: Sequence[Coded]) -> None:
+        self.n = n_rows
+        self.rules = rules
+        self.builtin = builtin
+        self.bound = min(MAX_VALUES, max(MIN_PRESENT, math.floor(MAX_VALUE_SHARE * n_rows)))
+        self.out = Attributes()
+        self.taken: dict[str, str] = {}
+
+    def skip(self, key: str, source: str, reason: str, why: str) -> None:
+        self.out.skipped.append({"attribute": key, "source": source, "reason": reason, "why": why})
+
+    def before_coding(self, key: str, source: str, present: int) -> bool:
+        """The rules read before a key's values are coded; True when it goes on."""
+        if key in BUILTIN_KEYS:
+            self.skip(key, source, "builtin", f"read as the built-in dimension {BUILTIN_KEYS[key]!r}")
+            return False
+        if key.startswith(_OWN_PREFIX):
+            self.skip(key, source, "tailscope", "tailscope's own key (the convention's bookkeeping)")
+            return False
+        if key in {c.name for c in self.builtin} or key in {"replica"}:
+            self.skip(key, source, "builtin", "has the name of a built-in dimension")
+            return False
+        why = self.rules.ruled_out(key)
+        if why is not None:
+            self.skip(key, source, "pattern", why)
+            return False
+        if key in self.taken:
+            self.skip(key, source, "shadowed", f"also a {self.taken[key]} attribute, which is the one used")
+            return False
+        least = max(MIN_PRESENT, math.ceil(MIN_PRESENCE * self.n))
+        if present < least:
+            self.skip(key, source, "rare", f"on {present} of {self.n} requests (fewer than {least}: "
+                      f"{MIN_PRESENCE:.0%} of the window's requests, at least {MIN_PRESENT})")
+            return False
+        return True
+
+    def after_coding(self, coded: Coded, source: str, present: int, distinct: int, numeric: bool) -> None:
+        """The rules read from a key's coded values; keeps it (as a candidate) when none applies."""
+        key = coded.name
+        if distinct >= UNIQUE_SHARE * present and distinct > 1:
+            self.skip(key, source, "ids", f"{distinct} distinct values on {present} requests: about one per "
+                      f"request (at least {UNIQUE_SHARE:.0%}), an id or free text")
+            return
+        if not numeric and distinct > self.bound:
+            self.skip(key, source, "cardinality", f"{distinct} distinct values, over the bound {self.bound} "
+                      f"({MAX_VALUE_SHARE:.0%} of the window's {self.n} requests, at most {MAX_VALUES})")
+            return
+        for other in [*self.builtin, *self.out.coded]:
+            if _same_partition(coded, other):
+                self.skip(key, source, "same_partition", f"splits the requests exactly as {other.name!r} does")
+                return
+        coded.attribute, coded.source = key, source
+        self.taken[key] = source
+        self.out.coded.append(coded)
+        self.out.considered.append({"attribute": key, "source": source, "kind": "number" if numeric else "text",
+                                    "values": len(coded.labels), "requests": present})
+
+
+def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame_rid: I64,
+                    replica: Coded | None, builtin: Sequence[Coded], rules: AttributeRules,
+                    since_ns: int | None, until_ns: int | None) -> Attributes:
+    """The attribute dimensions of the frame's rows (`frame_rid`: their facts row ids, `facts_rows`: a query of
+    those facts rows with rid, trace_id, span_id; `params` its parameters), from the connection's `spans`.
+
+    `replica`: the frame's replica dimension (the resource attributes are the replica's); `builtin`: the built-in
+    dimensions coded (a key splitting requests as one of them does is skipped)."""
+    n = frame_rid.size
+    judge = _Judge(n, rules, builtin)
+    p = {**params, "lo": since_ns, "hi": until_ns}
+    for source, sql in (("request", request_attribute_sql(facts_rows)), ("stage", stage_attribute_sql(facts_rows))):
+        try:
+            by_key = _split_by_key(_read_long(con, sql, p))
+        except duckdb.Error as exc:
+            judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
+            continue
+        for key in sorted(by_key, key=lambda k: (-by_key[k][0].size, k)):
+            rid, values = by_key[key]
+            if not judge.before_coding(key, source, rid.size):
+                continue
+            if len(judge.out.coded) >= MAX_ATTRIBUTES:
+                judge.out.cut += 1
+                judge.skip(key, source, "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions (the most "
+                           "present first)")
+                continue
+            assert values is not None
+            rows = _positions(frame_rid, rid)
+            coded, distinct, numeric = code_values(key, rows, values, n)
+            judge.after_coding(coded, source, rid.size, distinct, numeric)
+    if replica is not None and replica.labels:
+        try:
+            _resource(con, p, replica, judge)
+        except duckdb.Error as exc:
+            judge.out.errors.append(f"could not read the resource attributes because {str(exc).splitlines()[0]}")
+    return judge.out
+
+
+def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: Coded, judge: _Judge) -> None:
+    """The resource attributes of each request's replica, as dimensions (through a table over the replicas)."""
+    found = con.sql(resource_attribute_sql(), params={"lo": params["lo"], "hi": params["hi"]}).fetchall()
+    at = {label: i for i, label in enumerate(replica.labels)}
+    per_key: dict[str, list[str | None]] = {}
+    for rep, key, vs in found:
+        if rep not in at:
+            continue
+        per_key.setdefault(str(key), [None] * len(replica.labels))[at[rep]] = vs[0] if len(vs) == 1 else None
+    has = replica.codes >= 0
+    for key in sorted(per_key, key=lambda k: (-sum(v is not None for v in per_key[k]), k)):
+        table = per_key[key]
+        rep_codes = np.flatnonzero([v is not None for v in table])
+        rows = np.flatnonzero(has & np.isin(replica.codes, rep_codes))
+        if not judge.before_coding(key, "resource", rows.size):
+            continue
+        if len(judge.out.coded) >= MAX_ATTRIBUTES:
+            judge.out.cut += 1
+            judge.skip(key, "resource", "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions")
+            continue
+        values = pa.array([table[int(r)] for r in rep_codes], type=pa.string())
+        small, distinct, numeric = code_values(key, np.arange(rep_codes.size, dtype=np.int64), values,
+                                               rep_codes.size)
+        lut = np.full(len(replica.labels) + 1, -1, dtype=np.int64)
+        lut[rep_codes] = small.codes
+        codes = lut[np.where(has, replica.codes, len(replica.labels))]
+        coded = Coded(key, codes, small.labels, small.lo, small.hi)
+        judge.after_coding(coded, "resource", int(rows.size), distinct, numeric)
+
+
+#: A coarser value is named over a finer one nested in it only when it explains this much more of the excess.
+HIERARCHY_MARGIN: Final = 0.1
+
+
+def _subset(a: npt.NDArray[np.bool_], b: npt.NDArray[np.bool_]) -> bool:
+    return bool(a.any()) and not bool((a & ~b).any())
+
+
+def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The level of a learned hierarchy the first candidate names: (candidates reordered, finer, coarser).
+
+    The single candidates nested with the first one (every request of one carries the other's value, over
+    the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
+    chain explaining as much as any (within HIERARCHY_MARGIN); the finer ones are shown under it.
+    """
+    if not ranked or len(ranked[0].dims) != 1:
+        return ranked, [], []
+
+    def mask(c: Any) -> npt.NDArray[np.bool_]:
+        return np.asarray(coded[c.dims[0]].codes == c.codes[0])
+
+    top = mask(ranked[0])
+    chain = [(int(top.sum()), 0)]
+    for i, c in enumerate(ranked[1:], 1):
+        if len(c.dims) != 1 or not math.isfinite(c.explained):
+            continue
+        m = mask(c)
+        if np.array_equal(m, top):
+            continue
+        if _subset(m, top) or _subset(top, m):
+            chain.append((int(m.sum()), i))
+    if len(chain) == 1 or not math.isfinite(ranked[0].explained):
+        return ranked, [], []
+    chain.sort()
+    best = max(ranked[i].explained for _, i in chain)
+    pos = next(j for j, (_, i) in enumerate(chain) if ranked[i].explained >= best - HIERARCHY_MARGIN)
+    named = chain[pos][1]
+    finer = [ranked[i] for _, i in reversed(chain[:pos])]
+    coarser = [ranked[i] for _, i in chain[pos + 1:]]
+    return [ranked[named], *(c for i, c in enumerate(ranked) if i != named)], finer, coarser

@@ -1,0 +1,214 @@
+"""Every attribute a candidate dimension: request, stage and resource attributes, the skip rules, the learned
+hierarchy (the node named, the replica under it), the patterns, and the per-request coding against a plain
+reference on a random store."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis import attributes as A
+from analysis import build_report, connect
+from analysis.explain import Coded, bucket_bounds, bucket_label
+from tests.factory import T0, hex_id, write
+from tracing import schema as S
+from tracing.rows import SpanBatch
+
+MS = 1_000_000
+SEC = 1_000_000_000
+WINDOWS = 10
+PER_WINDOW = 600
+REPLICAS = [f"gpu-{i:02d}" for i in range(24)]
+NODE = {r: f"node-{i // 3}" for i, r in enumerate(REPLICAS)}  # three replicas a node
+ZONE = {r: f"zone-{'ab'[i // 12]}" for i, r in enumerate(REPLICAS)}  # four nodes a zone
+SLOW_NODE = "node-2"
+
+
+def _append(batch: SpanBatch, trace: str, span: str, parent: str, name: str, start: int, end: int,
+            resource: dict[str, str], attrs: dict[str, str], kind: str = "Internal") -> None:
+    batch.append(trace_id=trace, span_id=span, parent_span_id=parent, name=name, kind=kind, start_ns=T0 + start,
+                 end_ns=T0 + end, service="llm", resource=resource, attrs=attrs)
+
+
+def node_store(path: Path) -> Path:
+    """10 one-minute windows of 600 requests over 24 replicas on 8 nodes in 2 zones; in windows 5..6 every
+    replica of node-2 decodes 4x slower. Requests carry ids, free text, a rare key, a cache-read count,
+    a boolean and a stage attribute."""
+    batch = SpanBatch()
+    rng = random.Random(7)
+    for w in range(WINDOWS):
+        for j in range(PER_WINDOW):
+            i = w * PER_WINDOW + j
+            rep = REPLICAS[(j * 5) % len(REPLICAS)]
+            start = w * 60 * SEC + j * 100 * MS
+            decode = (1000 + (j * 617) % 1000) * MS
+            if w in (5, 6) and NODE[rep] == SLOW_NODE:
+                decode *= 4
+            q1, p1 = start + 20 * MS, start + 70 * MS
+            end = p1 + decode
+            resource = {"service.name": "llm", "service.instance.id": rep, "k8s.node.name": NODE[rep],
+                        "cloud.availability_zone": ZONE[rep]}
+            attrs = {S.ATTR_REQUEST: "true", "gen_ai.request.model": "llama", S.ATTR_TENANT: "acme",
+                     "gen_ai.usage.input_tokens": str(100 + j % 900), "gen_ai.usage.output_tokens": "200",
+                     "request.id": f"req-{i}", "user.note": f"note {rng.random():.6f}",
+                     "gen_ai.usage.cache_read.input_tokens": str((0, 0, 64, 300, 1024)[j % 5]),
+                     "retry": ("true", "false")[j % 2]}
+            if i % 250 == 0:
+                attrs["rare.key"] = "x"
+            trace, root = hex_id("trace", i, size=32), hex_id("span", i, "request")
+            _append(batch, trace, root, "", "request", start, end, resource, attrs, kind="Server")
+            gen = hex_id("span", i, "generation")
+            layout = ("paged", "flat")[int(j % 3 == 0)]
+            _append(batch, trace, hex_id("span", i, "q"), root, "queue_wait", start, q1, resource,
+                    {S.ATTR_STAGE: "queue_wait"})
+            _append(batch, trace, gen, root, "generation", q1, end, resource, {S.ATTR_STAGE: "generation"})
+            _append(batch, trace, hex_id("span", i, "p"), gen, "prefill", q1, p1, resource,
+                    {S.ATTR_STAGE: "prefill", "kv.layout": layout})
+            _append(batch, trace, hex_id("span", i, "d"), gen, "decode", p1, end, resource,
+                    {S.ATTR_STAGE: "decode", "kv.layout": layout})
+    write(path, batch)
+    return path
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return node_store(tmp_path_factory.mktemp("nodes"))
+
+
+@pytest.fixture(scope="module")
+def report(nodes: Path) -> dict[str, Any]:
+    return build_report(connect(nodes))
+
+
+def test_the_node_is_named_with_its_replica_under_it(report: dict[str, Any]) -> None:
+    assert len(report["spikes"]) == 1
+    top = report["spikes"][0]["dimensions"][0]
+    assert (top["dimension"], top["value"], top["attribute"], top["source"]) == (
+        "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource")
+    assert top["explained"] > 0.8
+    # the finer level: replicas of node-2 alone explain clearly less; the zone holding node-2 is the coarser
+    node_replicas = {r for r in REPLICAS if NODE[r] == SLOW_NODE}
+    assert top["finer"] and {f["value"] for f in top["finer"]} <= node_replicas
+    assert all(f["dimension"] == "replica" and f["explained"] < top["explained"] - A.HIERARCHY_MARGIN
+               for f in top["finer"])
+    assert [(c["dimension"], c["value"]) for c in top["coarser"]] in ([], [("cloud.availability_zone", "zone-a")])
+
+
+def test_considered_and_skipped_say_what_and_why(report: dict[str, Any]) -> None:
+    attrs = report["attributes"]
+    considered = {(c["attribute"], c["source"], c["kind"]) for c in attrs["considered"]}
+    assert considered == {("gen_ai.usage.cache_read.input_tokens", "request", "number"),
+                          ("retry", "request", "text"), ("kv.layout", "stage", "text"),
+                          ("k8s.node.name", "resource", "text"), ("cloud.availability_zone", "resource", "text")}
+    skipped = {(s["attribute"], s["source"]): s["reason"] for s in attrs["skipped"]}
+    assert skipped == {
+        ("request.id", "request"): "ids", ("user.note", "request"): "ids", ("rare.key", "request"): "rare",
+        ("gen_ai.request.model", "request"): "builtin", (S.ATTR_TENANT, "request"): "builtin",
+        ("gen_ai.usage.input_tokens", "request"): "builtin", ("gen_ai.usage.output_tokens", "request"): "builtin",
+        (S.ATTR_REQUEST, "request"): "tailscope",
+        ("service.instance.id", "resource"): "same_partition", ("service.name", "resource"): "same_partition"}
+    assert attrs["cut"] == 0 and attrs["errors"] == []
+    cache = next(c for c in attrs["considered"] if c["attribute"] == "gen_ai.usage.cache_read.input_tokens")
+    assert cache["values"] == 4  # 0 (its own bucket), 64-127, 256-511, 1024-2047
+    # every candidate of the family is counted in the correction: the six and their pairs, and each attribute
+    spike = report["spikes"][0]
+    assert spike["candidates_tested"] > len(REPLICAS) + 4 + 2
+
+
+def test_patterns_rule_dimensions_out_and_the_zone_is_named_instead(nodes: Path) -> None:
+    out = build_report(connect(nodes), exclude_dimensions="k8s.*")
+    assert ("k8s.node.name", "pattern") in {(s["attribute"], s["reason"]) for s in out["attributes"]["skipped"]}
+    top = out["spikes"][0]["dimensions"][0]
+    assert (top["dimension"], top["value"]) != ("k8s.node.name", SLOW_NODE)
+    only = build_report(connect(nodes), dimensions="replica,cloud.*")
+    names = {d["dimension"] for d in only["spikes"][0]["dimensions"]}
+    assert names <= {"replica", "cloud.availability_zone", "replica&cloud.availability_zone"}
+    assert {s["dimension"] for s in only["attributes"]["skipped"] if s["source"] == "builtin"} == {
+        "model", "model_version", "tenant", "input_tokens", "output_tokens"}
+
+
+def _reference_bucket(x: float) -> str:
+    """The label number_buckets gives an integer (the token buckets')."""
+    lo, hi = bucket_bounds(int(abs(x)))
+    return bucket_label(lo, hi) if x >= 0 else f"-({bucket_label(lo, hi)})"
+
+
+def test_number_buckets_match_a_plain_reference() -> None:
+    rng = np.random.default_rng(3)
+    ints = np.concatenate([[0.0, 1.0, 2.0, 3.0, 4.0, -1.0, -5.0], rng.integers(-5000, 70000, 3000).astype(float)])
+    codes, labels, los, his = A.number_buckets(ints)
+    assert [labels[c] for c in codes] == [_reference_bucket(x) for x in ints]
+    for c, x in zip(codes, ints, strict=True):
+        assert los[c] is not None and his[c] is not None and los[c] <= x <= his[c]
+    fracs = np.array([0.0, 0.3, 0.5, 0.75, 1.5, 3.0, math.nan])
+    codes, labels, _, _ = A.number_buckets(fracs)
+    assert [labels[c] if c >= 0 else None for c in codes] == ["0", "0.25-0.5", "0.5-1", "0.5-1", "1-2", "2-4",
+                                                            None]
+
+
+def random_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]:
+    """A store of random requests with random request, stage and resource attributes; and the value each
+    request should have of each key under the module's rules (written plainly: the reference)."""
+    rng = random.Random(seed)
+    batch = SpanBatch()
+    replicas = [f"r{i}" for i in range(6)]
+    # a replica's resource: `host` always one value; `rack` two values on r5 (its processes disagree)
+    expected: dict[str, dict[str, str]] = {}
+    for i in range(400):
+        rep = rng.choice(replicas)
+        start = i * 50 * MS
+        end = start + rng.randint(50, 500) * MS
+        rack = f"rack-{replicas.index(rep) % 3}"
+        res = {"service.name": "llm", "service.instance.id": rep, "host": f"h{replicas.index(rep) // 2}",
+               "rack": rack if rep != "r5" else f"rack-{i % 2}"}
+        attrs = {S.ATTR_REQUEST: "true", "color": rng.choice(["red", "green", "blue"])}
+        if rng.random() < 0.7:
+            attrs["n"] = str(rng.choice([0, 1, 3, 17, 100, 4096]))
+        stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
+        trace, root = hex_id("rt", seed, i, size=32), hex_id("rs", seed, i)
+        _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
+        mid = (start + end) // 2
+        for n, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
+            sattrs = {S.ATTR_STAGE: st}
+            if stage_vals[n] is not None:
+                sattrs["phase"] = stage_vals[n]
+            _append(batch, trace, hex_id("rst", seed, i, n), root, st, s0, s1, res, sattrs)
+        want = {"color": attrs["color"]}
+        if "n" in attrs:
+            want["n"] = _reference_bucket(float(attrs["n"]))
+        seen = {v for v in stage_vals if v is not None}
+        if len(seen) == 1:
+            want["phase"] = seen.pop()
+        want["host"] = res["host"]
+        want["service.name"] = "llm"
+        if rep != "r5":
+            want["rack"] = rack
+        expected[trace] = want
+    write(path, batch)
+    return path, expected
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_request_gets_the_value_the_rules_give(tmp_path: Path, seed: int) -> None:
+    store, expected = random_store(tmp_path / "s", seed)
+    con = connect(store)
+    from analysis.percentiles import request_facts
+
+    facts = request_facts(con)
+    rows = con.sql(f"SELECT rid, trace_id, replica FROM {facts} ORDER BY rid").fetchall()
+    rid = np.array([r[0] for r in rows], dtype=np.int64)
+    labels = sorted({r[2] for r in rows})
+    replica = Coded("replica", np.array([labels.index(r[2]) for r in rows], dtype=np.int64), labels,
+                      [None] * len(labels), [None] * len(labels))
+    out = A.read_attributes(con, f"SELECT rid, trace_id, span_id FROM {facts}", {}, rid, replica, [replica],
+                            A.AttributeRules(), None, None)
+    by_name = {c.name: c for c in out.coded}
+    assert set(by_name) == {"color", "n", "phase", "host", "rack", "service.name"}, out.skipped
+    for k, (_, trace, _) in enumerate(rows):
+        got = {name: c.labels[c.codes[k]] for name, c in by_name.items() if c.codes[k] >= 0}
+        assert got == expected[trace], trace
