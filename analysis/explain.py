@@ -302,11 +302,13 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
             bwc = np.bincount(key_b, weights=w_b, minlength=cells)
             if w_r is not None:
                 bwc = bwc + np.bincount(key_r, weights=w_r, minlength=cells)
+        # the family: every value (or pair of values) the window's requests hold, whether or not it reached the
+        # tail: counting only those in the tail would let a dimension of many rare values pass by chance
+        tested += _present_cells(tc, bc, sizes)
         for cell in np.flatnonzero(tc):
             codes = _unkey(int(cell), sizes)
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
                 continue  # a missing value is not a candidate
-            tested += 1
             t, b = int(tc[cell]), int(bc[cell])
             if len(combo) == 1:
                 singles[(combo[0], codes[0])] = (t, b)
@@ -328,6 +330,15 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
 
 #: The most cells `contrast` counts the baseline's combinations of every dimension in (else pair by pair).
 MAX_JOINT_CELLS: Final = 1 << 22
+
+
+def _present_cells(tc: I64, bc: I64, sizes: list[int]) -> int:
+    """Cells (values, or pairs of values) held by a tail or baseline request, the missing value's left out."""
+    held = (tc > 0) | (bc > 0)
+    grid = held.reshape(sizes)
+    for axis, size in enumerate(sizes):
+        grid = np.delete(grid, size - 1, axis=axis)  # the missing slot
+    return int(grid.sum())
 
 
 def _missing_last(codes: I64, slots: int) -> I64:

@@ -686,18 +686,8 @@ class _Coding:
             excess_rows = rows[values[rows] > spike.baseline_p99_ns]
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
-            # the built-in six and their pairs, then each attribute alone: one family-wise level over all of them
-            nb = sum(1 for c in coded if c.source == "builtin")
-            found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=self.rest)
-            if nb < len(coded):
-                more, more_tested = X.contrast_raw(coded[nb:], excess_rows, base, pairs=False, weights=weights)
-                found += [dataclasses.replace(c, dims=tuple(d + nb for d in c.dims)) for c in more]
-                tested += more_tested
-            cands = X.significant(found, tested)
-            cands.sort(key=lambda c: -c.score)
-            cands = cands[:X.MAX_COUNTERFACTUAL]
-            X.counterfactual(coded, cands, values, rows, base, self.base_q, weights, rest=self.rest)
-            ranked, finer, coarser = A.name_level(coded, X.rank(cands))
+            ranked, finer, coarser, tested = rank_dimensions(coded, values, rows, excess_rows, base, self.base_q,
+                                                             weights, self.rest)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
@@ -715,6 +705,31 @@ class _Coding:
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         return item, best_mask
+
+
+def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, excess_rows: np.ndarray,
+                    base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
+                    rest: X.Rest | None = None) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
+    """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
+
+    The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone, all
+    under one family-wise level (Bonferroni over every candidate tested); the counterfactual of the
+    MAX_COUNTERFACTUAL best scores; the first one's level of a learned hierarchy (attributes.name_level).
+    `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99)."""
+    nb = sum(1 for c in coded if c.source == "builtin")
+    if rest is not None and nb < len(coded):
+        raise ValueError("baseline counts (rest) cover the built-in dimensions only, not attributes")
+    found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=rest)
+    if nb < len(coded):
+        more, more_tested = X.contrast_raw(coded[nb:], excess_rows, base, pairs=False, weights=weights)
+        found += [dataclasses.replace(c, dims=tuple(d + nb for d in c.dims)) for c in more]
+        tested += more_tested
+    cands = X.significant(found, tested)
+    cands.sort(key=lambda c: -c.score)
+    cands = cands[:X.MAX_COUNTERFACTUAL]
+    X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=rest)
+    ranked, finer, coarser = A.name_level(coded, X.rank(cands))
+    return ranked, finer, coarser, tested
 
 
 def _level_json(coded: list[X.Coded], c: X.Candidate) -> dict[str, Any]:

@@ -71,6 +71,13 @@ def report(
         "--sampling-policy", help="How traces were sampled: auto judges tail-based sampling from the data; "
         "tail declares a sampler that kept requests for their latency or outcome (percentiles are then "
         "flagged as biased); head trusts the recorded probabilities.")] = SamplingPolicy.auto,
+    dimensions: Annotated[str | None, typer.Option(
+        "--dimensions", help="Comma-separated glob patterns: only the dimensions matching one are considered "
+        "(attribute keys as in your traces, e.g. 'k8s.*,gen_ai.*', or built-in names such as replica); "
+        "default: TAILSCOPE_DIMENSIONS, else every one.", show_default=False)] = None,
+    exclude_dimensions: Annotated[str | None, typer.Option(
+        "--exclude-dimensions", help="Comma-separated glob patterns of dimensions never considered (added to "
+        "TAILSCOPE_EXCLUDE_DIMENSIONS).", show_default=False)] = None,
     engine: EngineOption = Engine.duckdb,
     dsn: DsnOption = None,
     table: TableOption = DEFAULT,
@@ -111,7 +118,8 @@ def report(
                 # same views, it runs beside the report (DuckDB releases the GIL) instead of after it
                 coverage = pool.submit(_recognition_on, con.cursor())
                 result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
-                                      include_failures=not ok_only, sampling_policy=sampling_policy.value)
+                                      include_failures=not ok_only, sampling_policy=sampling_policy.value,
+                                      dimensions=dimensions, exclude_dimensions=exclude_dimensions)
                 seen = coverage.result()
         except duckdb.Error as exc:
             fail(f"report failed: {str(exc).splitlines()[0]}")

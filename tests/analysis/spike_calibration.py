@@ -10,6 +10,15 @@ few hundred of these; this module is also the offline sweep behind docs/methods.
 It prints, per size, the runs, the false spikes, their rate with its exact 95 % upper
 bound (Clopper-Pearson), and how often the scan alone (before the effect-size rules)
 was significant.
+
+False leads (`count_false_leads`, `--leads`): null runs whose requests carry ATTRIBUTES random
+attributes of varied cardinality (2 to 500 values, every third a number), independent of
+latency; the window with the highest p99 is explained against the others exactly as the report
+explains a spike (`analysis.report.rank_dimensions`), and a run whose explanation names any
+dimension is a false lead. The family-wise rate is ALPHA (explain.ALPHA, Bonferroni over every
+candidate tested):
+
+    python -m tests.analysis.spike_calibration --leads --runs 500
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from analysis import explain as X
+from analysis.report import rank_dimensions
 from analysis.spikes import ALPHA, detect
 
 SEC = 1_000_000_000
@@ -78,6 +89,53 @@ def count_false(runs: int, windows: int, per: int, sigma: float, seed: int,
     return spikes, scans
 
 
+#: Attributes on each null request, and the cardinalities they cycle through.
+ATTRIBUTES = 40
+CARDINALITIES = (2, 3, 5, 10, 30, 100, 500)
+
+
+def null_attributes(rng: np.random.Generator, n: int, count: int = ATTRIBUTES) -> list[X.Coded]:
+    """`count` random attribute dimensions of `n` requests, independent of anything: text values of the
+    CARDINALITIES (cycled; every third a number bucketed by powers of two), 10 % of requests without the key."""
+    from analysis.attributes import number_buckets
+
+    out = []
+    for j in range(count):
+        card = CARDINALITIES[j % len(CARDINALITIES)]
+        x = rng.integers(0, card, n)
+        missing = rng.random(n) < 0.1
+        if j % 3 == 2:  # a number: bucketed as the report buckets one
+            codes, labels, lo, hi = number_buckets(np.where(missing, np.nan, x.astype(np.float64)))
+        else:
+            codes = np.where(missing, -1, x).astype(np.int64)
+            labels, lo, hi = [f"v{v}" for v in range(card)], [None] * card, [None] * card
+        out.append(X.Coded(f"attr.{j:02d}", codes, labels, lo, hi, attribute=f"attr.{j:02d}", source="request"))
+    return out
+
+
+def false_lead(rng: np.random.Generator, windows: int, per: int, sigma: float) -> bool:
+    """One null run with attributes: does explaining its slowest window (highest p99) name a dimension?"""
+    starts, values = null_run(rng, windows, per, sigma)
+    coded = null_attributes(rng, values.size)
+    win = starts // WINDOW_NS
+    p99 = np.array([np.quantile(values[win == w], X.TAIL_Q) for w in range(windows)])
+    worst = int(np.argmax(p99))
+    rows = np.flatnonzero(win == worst).astype(np.int64)
+    base = np.flatnonzero(win != worst).astype(np.int64)
+    base_q = X.TailQuantile(values[base], base)
+    excess = rows[values[rows] > base_q.quantile()]
+    if excess.size < X.MIN_TAIL_SLICE:
+        excess = X.tail_slice(values, rows)
+    ranked, _, _, _ = rank_dimensions(coded, values, rows, excess, base, base_q)
+    return bool(ranked)
+
+
+def count_false_leads(runs: int, windows: int, per: int, sigma: float, seed: int) -> int:
+    """Null runs (of `runs`, from `seed`) whose slowest window's explanation names a dimension."""
+    rng = np.random.default_rng(seed)
+    return sum(false_lead(rng, windows, per, sigma) for _ in range(runs))
+
+
 def main() -> None:
     """Sweep the sizes asked and print one line per (windows, requests per window, sigma)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,7 +144,20 @@ def main() -> None:
     ap.add_argument("--per", default="500,1000,2000,5000")
     ap.add_argument("--sigma", default="1.0,1.5")
     ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--leads", action="store_true",
+                    help=f"false leads with {ATTRIBUTES} random attributes instead of false spikes")
     args = ap.parse_args()
+    if args.leads:
+        print(f"{'windows':>7} {'per':>5} {'sigma':>5} {'runs':>5} {'leads':>6} {'rate':>6} {'95% up':>7} {'s':>6}")
+        for windows in (int(x) for x in args.windows.split(",")):
+            for per in (int(x) for x in args.per.split(",")):
+                for sigma in (float(x) for x in args.sigma.split(",")):
+                    t0 = time.perf_counter()
+                    leads = count_false_leads(args.runs, windows, per, sigma, args.seed)
+                    up = clopper_pearson_upper(leads, args.runs)
+                    print(f"{windows:>7} {per:>5} {sigma:>5} {args.runs:>5} {leads:>6} {leads / args.runs:>6.2%} "
+                          f"{up:>7.2%} {time.perf_counter() - t0:>6.1f}", flush=True)
+        return
     print(f"{'windows':>7} {'per':>5} {'sigma':>5} {'runs':>5} {'spikes':>6} {'rate':>6} {'95% up':>7} "
           f"{'scan':>5} {'s':>6}")
     for windows in (int(x) for x in args.windows.split(",")):

@@ -164,4 +164,5 @@ def test_weighted_counts_explain_as_weighted_rows_on_random_requests() -> None:
                       "explained"):
                 x, y = getattr(a, f), getattr(b, f)
                 assert x == y or (math.isnan(x) and math.isnan(y)), f
-    assert found >= 20, "the random requests hold candidates to compare"
+    # (the family counts every value the requests hold, so fewer pass than when it counted the tail's only)
+    assert found >= 10, "the random requests hold candidates to compare"

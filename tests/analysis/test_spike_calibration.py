@@ -48,3 +48,45 @@ def test_false_spike_rate_on_null_data_is_at_most_alpha() -> None:
     # and the test is not vacuous: its p-value is about uniform on null data (P(p <= 0.25) ~ 0.25)
     low = RUNS - binomial_upper(RUNS, 0.75, 0.001)
     assert low <= scans_quarter <= binomial_upper(RUNS, 0.25, 0.001), scans_quarter
+
+
+LEAD_RUNS = 200
+#: (windows, requests per window, log-sd) of the false-lead runs, cycled.
+LEAD_SIZES = ((10, 500, 1.5), (30, 500, 1.0), (20, 1000, 1.2))
+
+
+def test_false_leads_with_40_random_attributes_stay_at_most_alpha() -> None:
+    # every null run's slowest window explained against the rest, 40 attributes of 2 to 500 values each
+    # (tests.analysis.spike_calibration.null_attributes): a dimension named is a false lead, at rate <= ALPHA
+    from analysis.explain import ALPHA as EXPLAIN_ALPHA
+    from tests.analysis.spike_calibration import ATTRIBUTES, false_lead
+
+    assert ATTRIBUTES == 40
+    rng = np.random.default_rng(SEED)
+    leads = sum(false_lead(rng, *size) for _, size in zip(range(LEAD_RUNS), itertools.cycle(LEAD_SIZES),
+                                                           strict=False))
+    bound = binomial_upper(LEAD_RUNS, EXPLAIN_ALPHA, 0.001)
+    assert leads <= bound, f"{leads} false leads in {LEAD_RUNS} null runs (bound {bound})"
+
+
+def test_a_planted_attribute_is_found_among_the_40() -> None:
+    # the same null data with one attribute value made slow: the explanation names it (the test has power)
+    from analysis import explain as X
+    from analysis.report import rank_dimensions
+    from tests.analysis.spike_calibration import null_attributes, null_run
+
+    rng = np.random.default_rng(SEED + 1)
+    starts, values = null_run(rng, 20, 1000, 1.0)
+    coded = null_attributes(rng, values.size)
+    win = starts // WINDOW_NS
+    rows = np.flatnonzero(win == 12).astype(np.int64)
+    base = np.flatnonzero(win != 12).astype(np.int64)
+    planted = coded[4]  # 30 values: one of them 10x slower in window 12
+    slow = rows[planted.codes[rows] == 7]
+    values = values.copy()
+    values[slow] *= 10
+    base_q = X.TailQuantile(values[base], base)
+    excess = rows[values[rows] > base_q.quantile()]
+    ranked, _, _, tested = rank_dimensions(coded, values, rows, excess, base, base_q)
+    assert ranked and (coded[ranked[0].dims[0]].name, ranked[0].codes[0]) == (planted.name, 7)
+    assert tested >= sum(len(c.labels) for c in coded) * 0.9  # the family holds every value present, not the tail's
