@@ -406,7 +406,8 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
 
     The single candidates nested with the first one (every request of one carries the other's value, over
     the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
-    chain explaining as much as any (within HIERARCHY_MARGIN); the finer ones are shown under it.
+    chain explaining as much as any (within HIERARCHY_MARGIN); the finer ones are shown under it. Of values
+    selecting exactly the same requests, the one of the dimension with fewer values comes first.
     """
     if not ranked or len(ranked[0].dims) != 1:
         return ranked, [], []
@@ -415,6 +416,11 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
         return np.asarray(coded[c.dims[0]].codes == c.codes[0])
 
     top = mask(ranked[0])
+    # values selecting exactly the same requests (the small zone's one node, the zone): the coarser dimension's
+    same = [i for i, c in enumerate(ranked) if len(c.dims) == 1 and np.array_equal(mask(c), top)]
+    first = min(same, key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
+    if first:
+        ranked = [ranked[first], *(c for i, c in enumerate(ranked) if i != first)]
     chain = [(int(top.sum()), 0)]
     for i, c in enumerate(ranked[1:], 1):
         if len(c.dims) != 1 or not math.isfinite(c.explained):

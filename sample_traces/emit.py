@@ -2,12 +2,14 @@
 
 Each replica is one `tracing.LeanRecorder` (the library's explicit-timestamp request API)
 emitting through its own OpenTelemetry SDK `TracerProvider` (resource `service.name`,
-`service.instance.id` = the replica, `cloud.availability_zone`) with seeded trace and
+`service.instance.id` = the replica, `cloud.availability_zone`, `k8s.node.name`) with seeded trace and
 span ids, so the output is byte-for-byte the same for the same requests. So the spans are
 what the instrumentation makes (docs/convention.md): the request span is kind SERVER
 with `tailscope.request=true` and the request shape; each stage is an INTERNAL child
 named after its stage with `tailscope.stage`; `prefill` and `decode` sit under
-`generation`; the request span carries `tailscope.outcome`, `tailscope.ttft_ns` and the
+`generation`; the request span also carries the request's priority class, LoRA adapter
+(when it asks for one) and prefix-cache read tokens (ATTR_PRIORITY, ATTR_LORA, ATTR_CACHE_READ);
+the request span carries `tailscope.outcome`, `tailscope.ttft_ns` and the
 output tokens, and failures carry status ERROR and `error.type`. (`tracing.request(...)`
 would take its tracer from the one process-wide provider; here one process plays dozens
 of replicas, each with its own resource.)
@@ -36,6 +38,12 @@ SCOPE_VERSION = "0.1.0"
 #: Spans per OTLP/JSON line (one export batch).
 SPANS_PER_LINE = 256
 ATTR_ZONE = "cloud.availability_zone"
+ATTR_NODE = "k8s.node.name"
+#: Request attributes beside the convention's: the priority class, the LoRA adapter asked for (when one is),
+#: and the prompt tokens read from the prefix cache (the OpenTelemetry GenAI key).
+ATTR_PRIORITY = "request.priority"
+ATTR_LORA = "gen_ai.request.lora_adapter"
+ATTR_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 
 NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, STREAMING = S.STAGES
 PREFILL, DECODE = S.GENERATION_PARTS
@@ -63,8 +71,12 @@ class _ListExporter(SpanExporter):
 def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
     """Record one simulated request through the lean API, with its explicit timestamps."""
     start, end = sim_ns(req.arrival_s), sim_ns(req.end_s)
+    attributes: dict[str, str | int] = {ATTR_PRIORITY: req.priority, ATTR_CACHE_READ: req.cached_tokens}
+    if req.lora_adapter:
+        attributes[ATTR_LORA] = req.lora_adapter
     lean = rec.request(model=cfg.model, model_version=req.version, tenant=req.tenant,
-                       input_tokens=req.input_tokens, stream=req.streaming, operation="chat", start_ns=start)
+                       input_tokens=req.input_tokens, stream=req.streaming, operation="chat", start_ns=start,
+                       attributes=attributes)
 
     def stage(name: str, s: float, e: float) -> None:
         s_ns = sim_ns(s)
@@ -110,6 +122,7 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
     for req in requests:
         by_replica.setdefault(req.replica, []).append(req)
     zones = {r.name: r.zone for r in cfg.replicas}
+    nodes = {r.name: r.node for r in cfg.replicas if r.node}
     lines: list[str] = []
     for k, replica in enumerate(sorted(by_replica)):
         exporter = _ListExporter(keep)
@@ -118,6 +131,7 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
             "service.instance.id": replica,
             ATTR_ZONE: zones.get(replica, ""),
             "cloud.region": "us-east-1",
+            **({ATTR_NODE: nodes[replica]} if replica in nodes else {}),
         })
         provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1_000 + k))
         provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -77,6 +77,8 @@ class ReplicaSpec:
     weight: float = 1.0
     #: Multiplier on decode step time (a slower model build).
     decode_factor: float = 1.0
+    #: The Kubernetes node it runs on (resource `k8s.node.name`; "" for none).
+    node: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,26 @@ class NetworkFault:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """Requests of `priority` starting generation in [start_s, end_s) are preempted and resumed by the scheduler:
+    their decode takes `factor` times the steps (the recomputation after each preemption)."""
+
+    priority: str
+    start_s: float
+    end_s: float
+    factor: float
+
+
+#: Request priority classes and their shares of traffic (request attribute `request.priority`).
+PRIORITIES: tuple[tuple[str, float], ...] = (("interactive", 0.20), ("standard", 0.76), ("batch", 0.04))
+#: LoRA adapters a share of requests asks for (request attribute `gen_ai.request.lora_adapter`), and that share.
+LORA_ADAPTERS: tuple[str, ...] = ("sql-coder", "support-tone", "legal-summary")
+LORA_SHARE = 0.3
+#: Share of requests whose prompt prefix is in the prefix cache (attribute gen_ai.usage.cache_read.input_tokens).
+PREFIX_HIT_SHARE = 0.6
+
+
+@dataclass(frozen=True, slots=True)
 class FleetConfig:
     """The whole fleet and its traffic; incidents add perturbations to a copy of it."""
 
@@ -157,18 +179,27 @@ class FleetConfig:
     shifts: tuple[ShapeShift, ...] = ()
     bursts: tuple[Burst, ...] = ()
     network_faults: tuple[NetworkFault, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
 
 
 ZONES: tuple[str, ...] = ("us-east-1a", "us-east-1b", "us-east-1c")
 
 
+#: Replicas per Kubernetes node (the nodes of a zone are filled in replica order).
+REPLICAS_PER_NODE = 2
+
+
 def default_replicas(count: int = 32, small_zone_replicas: int = 2) -> tuple[ReplicaSpec, ...]:
-    """`count` warm replicas: `small_zone_replicas` in the small third zone, the rest split over two."""
+    """`count` warm replicas: `small_zone_replicas` in the small third zone, the rest split over two; each zone's
+    replicas fill its nodes REPLICAS_PER_NODE at a time (node `<zone>-node-<k>`)."""
     specs = []
     big = count - small_zone_replicas
+    in_zone: dict[str, int] = {}
     for i in range(count):
         zone = ZONES[2] if i >= big else ZONES[i % 2]
-        specs.append(ReplicaSpec(name=f"replica-{i:02d}", zone=zone))
+        k = in_zone.get(zone, 0)
+        in_zone[zone] = k + 1
+        specs.append(ReplicaSpec(name=f"replica-{i:02d}", zone=zone, node=f"{zone}-node-{k // REPLICAS_PER_NODE}"))
     return tuple(specs)
 
 
@@ -219,6 +250,10 @@ class SimRequest:
     deadline_s: float
     fault_u: float = 1.0
     fault_extra_u: float = 0.0
+    #: request attributes drawn from their own stream (so adding them moved no other draw)
+    priority: str = "standard"
+    lora_adapter: str = ""
+    cached_tokens: int = 0
     replica: str = ""
     zone: str = ""
     version: str = ""
@@ -268,6 +303,7 @@ class _Sim:
     def __init__(self, cfg: FleetConfig, seed: int) -> None:
         self.cfg = cfg
         self.rng = random.Random(seed)
+        self.attr_rng = random.Random(f"attributes-{seed}")
         self.events: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.replicas = {spec.name: _Replica(spec, ready_s=spec.joins_s + spec.load_s) for spec in cfg.replicas}
@@ -335,8 +371,22 @@ class _Sim:
             req.output_tokens = max(1, min(out_max, round(out_med * math.exp(out_sig * z_out))))
             req.client_tps = lo + (hi - lo) * u_tps
             req.hop_end_s = at + req.hop_s
+            self.draw_attributes(req)
             out.append(req)
         return out
+
+    def draw_attributes(self, req: SimRequest) -> None:
+        """Priority class, LoRA adapter and prefix-cache hit of a request, from the attributes' own stream."""
+        a = self.attr_rng
+        u, acc = a.random(), 0.0
+        for name, share in PRIORITIES:
+            acc += share
+            if u < acc:
+                req.priority = name
+                break
+        u_lora, k, u_hit, frac = a.random(), a.randrange(len(LORA_ADAPTERS)), a.random(), a.uniform(0.2, 0.9)
+        req.lora_adapter = LORA_ADAPTERS[k] if u_lora < LORA_SHARE else ""
+        req.cached_tokens = int(req.input_tokens * frac) // 16 * 16 if u_hit < PREFIX_HIT_SHARE else 0
 
     # -- routing
     def refresh_routes(self, now: float) -> None:
@@ -449,7 +499,11 @@ class _Sim:
                     self.release(rep, req, now)
                 else:
                     self.sync_clock(rep, now)
-                    req.decode_target = rep.clock + (req.output_tokens - 1)
+                    steps = float(req.output_tokens - 1)
+                    for pre in cfg.preemptions:
+                        if pre.priority == req.priority and pre.start_s <= req.gen_start_s < pre.end_s:
+                            steps *= pre.factor
+                    req.decode_target = rep.clock + steps
                     heapq.heappush(rep.decoding, (req.decode_target, req.index, req))
                     self.schedule_decode(rep, now)
             elif kind == _DECODE_CHECK:

@@ -27,6 +27,7 @@ from sample_traces.fleet import (
     Burst,
     FleetConfig,
     NetworkFault,
+    Preemption,
     ReplicaSpec,
     ShapeShift,
     SimRequest,
@@ -83,6 +84,8 @@ BURST_TENANT = "cyberdyne"
 SLOW_REPLICA = "replica-07"
 NEW_REPLICA = "replica-32"
 SLOW_ZONE = "us-east-1c"
+#: The node whose CPU is starved (its replicas' host-side scheduling falls behind).
+SLOW_NODE = "us-east-1b-node-3"
 CANARY_VERSION = "v2"
 MODEL_LOAD_S = 90.0
 #: Share of traffic the gateway sends to the canary.
@@ -136,8 +139,20 @@ def _zone_network(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
     return replace(cfg, network_faults=_add(cfg.network_faults, fault))
 
 
-def _zone_replicas() -> tuple[str, ...]:
-    return tuple(r.name for r in default_config().replicas if r.zone == SLOW_ZONE)
+#: The priority class the scheduler starts preempting.
+PREEMPTED_PRIORITY = "batch"
+
+
+def _preempted(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    return replace(cfg, preemptions=(*cfg.preemptions, Preemption(PREEMPTED_PRIORITY, t0, t1, factor=5.0)))
+
+
+def _node_replicas() -> tuple[str, ...]:
+    return tuple(r.name for r in default_config().replicas if r.node == SLOW_NODE)
+
+
+def _node_starved(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    return replace(cfg, throttles=cfg.throttles + tuple(Throttle(r, t0, t1, factor=4.0) for r in _node_replicas()))
 
 
 CATALOGUE: tuple[Incident, ...] = (
@@ -174,8 +189,17 @@ CATALOGUE: tuple[Incident, ...] = (
              "streaming", "tenant", SLOW_CLIENT_TENANT, _slow_clients, (Accept("tenant", SLOW_CLIENT_TENANT),)),
     Incident("zone_network", "Network hop adding latency on one zone",
              f"The gateway's hop into {SLOW_ZONE} drops packets: half its requests wait 10-40 s on retransmits.",
-             "network", "zone", SLOW_ZONE, _zone_network,
-             (Accept("zone", SLOW_ZONE), *(Accept("replica", r) for r in _zone_replicas()))),
+             "network", "cloud.availability_zone", SLOW_ZONE, _zone_network,
+             (Accept("cloud.availability_zone", SLOW_ZONE),)),
+    Incident("node_cpu_starved", "CPU-starved Kubernetes node",
+             f"A batch job lands on node {SLOW_NODE} and starves its {len(_node_replicas())} replicas' host threads: "
+             "their prefill and decode steps run 4x slower.",
+             "decode", "k8s.node.name", SLOW_NODE, _node_starved, (Accept("k8s.node.name", SLOW_NODE),)),
+    Incident("priority_preemption", "A priority class preempted",
+             f"A scheduler change starts preempting {PREEMPTED_PRIORITY!r}-priority requests under load (4 % of "
+             "traffic): each is resumed and recomputed, so its decode takes 5x the steps.",
+             "decode", "request.priority", PREEMPTED_PRIORITY, _preempted,
+             (Accept("request.priority", PREEMPTED_PRIORITY),)),
 )
 
 BY_NAME: dict[str, Incident] = {i.name: i for i in CATALOGUE}

@@ -13,8 +13,9 @@ own store; the report must
 - name the truth stage first among the stages whose tail time grew;
 - name, as its first dimension, a value the truth accepts (the injected one, or one that
   selects the same requests: the tenant's very long prompts are the only ones in the top
-  input-token buckets; the lossy zone's replicas for the zone, which the report has no
-  dimension for);
+  input-token buckets); an incident whose cause is an attribute (the lossy zone's
+  `cloud.availability_zone`, the starved node's `k8s.node.name`) accepts that attribute
+  only, not one of its replicas;
 
 and it must report no spike on three runs where nothing is a tail spike: the clean run; a
 fleet-wide slowdown (every replica 1.5x slower in 14:05-14:08: p50 and p99 rise together,

@@ -258,7 +258,7 @@ def test_committed_truth_matches_the_catalogue_and_the_simulator(name: str) -> N
     if inc.stage is not None:
         assert (truth["stage"], truth["dimension"], truth["value"]) == (inc.stage, inc.dimension, inc.value)
         assert truth["window"]["start_ns"] == START_NS + round(scenario.window_s[0] * NS)
-        assert {"dimension": inc.dimension, "value": inc.value} in truth["accept"] or inc.dimension == "zone"
+        assert {"dimension": inc.dimension, "value": inc.value} in truth["accept"]
 
 
 # --- emission ---------------------------------------------------------------------------------

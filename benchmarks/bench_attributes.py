@@ -1,0 +1,79 @@
+"""Benchmark of the report with every attribute a candidate: the same spans with 40 extra request attributes and
+without them (the anchor), each reported in a fresh process, in the same run.
+
+The stores are bench_report's (16 replicas, one spike on replica-05, the same seed so the same requests);
+the extra attributes are `bench_report.extra_attributes` (random, of 2 to 1,000 values, some ids, every
+third a number), unrelated to latency. Prints, for each store, the report's wall and CPU seconds and peak RSS
+(bench_report.run_one), the attributes considered and skipped, and the ratios with / without.
+
+    python -m benchmarks.bench_attributes [--spans 1000000] [--attrs 40] [--dir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_report import make_store
+
+
+def _one(store: Path) -> dict[str, Any]:
+    """bench_report's figures of one store, in a fresh process (so its peak RSS is the report's own)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_report", "--one", str(store)], check=True,
+                          capture_output=True, text=True, env=os.environ.copy())
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _attributes(store: Path) -> dict[str, int]:
+    """How many attributes the report considered and skipped on `store`."""
+    from analysis import build_report, connect
+
+    con = connect(store)
+    try:
+        attrs = build_report(con)["attributes"] or {}
+    finally:
+        con.close()
+    return {"considered": len(attrs.get("considered", [])), "skipped": len(attrs.get("skipped", []))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build both stores (or reuse them under --dir) and print the figures."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--spans", type=int, default=1_000_000)
+    ap.add_argument("--attrs", type=int, default=40)
+    ap.add_argument("--dir", default=None, help="where the stores live (default: a temp dir)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-attrs-"))
+    stores = {"without": base / f"store-{args.spans}", "with": base / f"store-{args.spans}-x{args.attrs}"}
+    for name, store in stores.items():
+        if not store.exists():
+            t = time.perf_counter()
+            make_store(store, args.spans, extra=args.attrs if name == "with" else 0)
+            print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    results: dict[str, Any] = {}
+    for name, store in stores.items():  # the anchor first, then the store with attributes: the same minutes
+        results[name] = _one(store)
+        results[name]["attributes"] = _attributes(store)
+    w, wo = results["with"], results["without"]
+    results["report_x"] = round(w["report_s"] / max(wo["report_s"], 1e-9), 2)
+    results["report_cpu_x"] = round(w["report_cpu_s"] / max(wo["report_cpu_s"], 1e-9), 2)
+    results["peak_rss_x"] = round(w["peak_rss_mib"] / max(wo["peak_rss_mib"], 1e-9), 2)
+    results["spans"], results["extra_attributes"] = args.spans, args.attrs
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for name, r in results.items():
+        print(name, r)
+
+
+if __name__ == "__main__":
+    main()
