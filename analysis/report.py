@@ -291,7 +291,9 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
         def dims_coded(read: Callable[[], pl.DataFrame]) -> tuple[pl.DataFrame, list[X.Coded]]:
             both = _with_dims(values_only, read())
             builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
-            attrs = _attribute_dims(con, read, both, builtin, rules or A.AttributeRules(), since_ns, until_ns)
+            facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
+            attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules or A.AttributeRules(), since_ns,
+                                    until_ns)
             report["attributes"] = attrs.to_json()
             kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
             return both, kept + attrs.coded
@@ -326,18 +328,18 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     return report, frame, facts, det, coded
 
 
-def _attribute_dims(con: duckdb.DuckDBPyConnection, read: Callable[[], pl.DataFrame], frame: pl.DataFrame,
+def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
                     builtin: list[X.Coded], rules: A.AttributeRules, since_ns: int | None,
                     until_ns: int | None) -> A.Attributes:
-    """The attribute dimensions of the frame's rows (analysis.attributes), the built-ins the rules leave out listed
-    as skipped; an error (say, a caller's source without span ids) is recorded, never raised."""
+    """The attribute dimensions of the frame's rows (analysis.attributes; `facts_rows`: a query of their facts rows,
+    rid, trace_id and span_id), the built-ins the rules leave out listed as skipped; an error (say, a caller's
+    source without span ids) is recorded, never raised."""
     out = A.Attributes()
     try:
-        facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
         replica = next((c for c in builtin if c.name == "replica"), None)
         out = A.read_attributes(con, facts_rows, params, frame.get_column("rid").to_numpy().astype(np.int64),
                                 replica, builtin, rules, since_ns, until_ns)
-    except (duckdb.Error, AttributeError) as exc:
+    except duckdb.Error as exc:
         out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
     for c in builtin:
         why = rules.ruled_out(c.name)
@@ -831,5 +833,15 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     """
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
-    items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
+    coded = None
+    spans = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'spans'").fetchall()[0][0]
+    if spans and "span_id" in source_columns(con, facts) and det.spikes:
+        # the attributes too, read from the spans over the frame's time range (as the report reads them)
+        builtin = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+        lo = int(start.min()) if start.size else None
+        rules = attribute_rules()
+        attrs = _attribute_dims(con, f"SELECT rid, trace_id, span_id FROM {facts}", {}, frame, builtin, rules, lo,
+                                max(s.end_ns for s in det.spikes) + 1)
+        coded = [c for c in builtin if rules.ruled_out(c.name) is None] + attrs.coded
+    items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
     return items, [e for item in items for e in item.get("errors", [])]

@@ -72,7 +72,7 @@ WATCH_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
 ALERTS_DIR: Final = "alerts"
 HOUR_NS: Final = 3_600_000_000_000
 NS: Final = 1_000_000_000
-_ROW_COLUMNS: Final = ("trace_id", "start_ns", "e2e_ns", "ttft_ns", "tpot_ns", "status", *X.DIMENSIONS,
+_ROW_COLUMNS: Final = ("trace_id", "span_id", "start_ns", "e2e_ns", "ttft_ns", "tpot_ns", "status", *X.DIMENSIONS,
                        "service", "adjusted_count")
 
 # --- rules ---------------------------------------------------------------------------------
@@ -447,7 +447,8 @@ class Watcher:
             "requests_weighted": int(requests) if requests_weighted is None else round(requests_weighted, 3),
             "p50_ms": _ms(p50_ns), "p99_ms": _ms(p99_ns), "baseline_p99_ms": _ms(baseline_p99_ns),
             "stage": None, "stage_share": None, "stages": [],
-            "dimension": None, "value": None, "explained": None, "p99_without_ms": None, "dimensions": [],
+            "dimension": None, "value": None, "attribute": None, "source": None, "explained": None,
+            "p99_without_ms": None, "dimensions": [],
             "exemplars": [], "dashboard_url": spike_url(cfg.dashboard_url, start_ns, end_ns), "errors": [],
         }
 
@@ -486,6 +487,7 @@ class Watcher:
         if alert["dimensions"]:
             top = alert["dimensions"][0]
             alert["dimension"], alert["value"] = top["dimension"], top["value"]
+            alert["attribute"], alert["source"] = top.get("attribute"), top.get("source")
             alert["explained"], alert["p99_without_ms"] = top["explained"], top["p99_without_ms"]
         alert["exemplars"] = item.get("exemplars", [])
 

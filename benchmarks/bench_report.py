@@ -89,7 +89,8 @@ def extra_attributes(rng: np.random.Generator, n: int, count: int) -> tuple[list
     return keys, np.stack(cols, axis=1) if cols else np.empty((n, 0), dtype=str)
 
 
-def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int, extra: int = 0) -> pa.Table:
+def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int, extra: int = 0,
+                   extra_rng: np.random.Generator | None = None) -> pa.Table:
     """Spans of `n` requests arriving uniformly in [t_lo, t_hi) ns, as one table in SPAN_SCHEMA (the request
     spans carrying `extra` random attributes besides their own two: `extra_attributes`)."""
     t0 = np.sort(rng.integers(t_lo, t_hi, size=n, dtype=np.int64))
@@ -162,7 +163,7 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int, extra
     attr_vals = np.stack([stage_vals, np.where(is_req, "true", "1")], axis=1).reshape(-1)
     sizes = np.where(is_req, 2 + extra, 2).astype(np.int32)
     if extra:  # the request spans' extra entries after their own two
-        extra_keys, extra_vals = extra_attributes(rng, n, extra)
+        extra_keys, extra_vals = extra_attributes(extra_rng or rng, n, extra)
         keys_2d = attr_keys.reshape(total, 2)
         vals_2d = attr_vals.reshape(total, 2)
         req_rows = np.flatnonzero(is_req)
@@ -219,15 +220,17 @@ def _request_table(rng: np.random.Generator, n: int, t_lo: int, t_hi: int, extra
 
 def make_store(store: Path, spans: int, seed: int = 1, duration_s: int = DURATION_S, extra: int = 0) -> int:
     """Write a synthetic store of about `spans` spans over `duration_s` seconds; return the number of requests
-    (`extra`: random attributes on each request span, `extra_attributes`)."""
+    (`extra`: random attributes on each request span, `extra_attributes`, drawn from a stream of their own:
+    the spans are those of the same store without them)."""
     rng = np.random.default_rng(seed)
+    extra_rng = np.random.default_rng([seed, extra])
     n = spans // SPANS_PER_REQUEST
     writer = SegmentWriter(store, kind="bench")
     chunks = max(1, n // 150_000)
     edges = np.linspace(START_NS, START_NS + duration_s * 1_000_000_000, chunks + 1).astype(np.int64)
     per = np.diff(np.linspace(0, n, chunks + 1).astype(np.int64))
     for c in range(chunks):
-        writer.write(_request_table(rng, int(per[c]), int(edges[c]), int(edges[c + 1]), extra))
+        writer.write(_request_table(rng, int(per[c]), int(edges[c]), int(edges[c + 1]), extra, extra_rng))
     return n
 
 

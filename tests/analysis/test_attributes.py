@@ -212,3 +212,15 @@ def test_each_request_gets_the_value_the_rules_give(tmp_path: Path, seed: int) -
     for k, (_, trace, _) in enumerate(rows):
         got = {name: c.labels[c.codes[k]] for name, c in by_name.items() if c.codes[k] >= 0}
         assert got == expected[trace], trace
+
+
+def test_a_watch_alert_carries_the_attribute_and_its_value(nodes: Path) -> None:
+    from analysis.watch import Config, replay
+
+    # the spike's windows (5..6) evaluated live, four windows of history before them
+    alerts = replay(nodes, Config(window_s=60, delay_s=60, lookback=4), T0 + 5 * 60 * SEC, T0 + 7 * 60 * SEC)
+    spikes = [a for a in alerts if a["kind"] == "tail_spike"]
+    assert spikes, alerts
+    top = spikes[0]
+    assert (top["dimension"], top["value"], top["attribute"], top["source"]) == (
+        "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource"), top
