@@ -436,6 +436,6 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
     best = max(ranked[i].explained for _, i in chain)
     pos = next(j for j, (_, i) in enumerate(chain) if ranked[i].explained >= best - HIERARCHY_MARGIN)
     named = chain[pos][1]
-    finer = [ranked[i] for _, i in reversed(chain[:pos])]
+    finer = sorted((ranked[i] for _, i in chain[:pos]), key=lambda c: -c.explained)
     coarser = [ranked[i] for _, i in chain[pos + 1:]]
     return [ranked[named], *(c for i, c in enumerate(ranked) if i != named)], finer, coarser

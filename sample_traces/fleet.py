@@ -122,13 +122,15 @@ class Burst:
 
 @dataclass(frozen=True, slots=True)
 class NetworkFault:
-    """A lossy hop in front of `zone`: a share of requests wait on retransmits in [start_s, end_s)."""
+    """A lossy hop in front of `zone` (or of one node's replicas, when `node` is given): a share of requests wait on
+    retransmits in [start_s, end_s)."""
 
     zone: str
     start_s: float
     end_s: float
     probability: float
     extra_s: tuple[float, float]
+    node: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,7 +411,8 @@ class _Sim:
         req.routed_s = now
         hop = self.cfg.forward_hop_s
         for fault in self.cfg.network_faults:
-            if fault.zone == rep.spec.zone and fault.start_s <= now < fault.end_s and req.fault_u < fault.probability:
+            hit = fault.node == rep.spec.node if fault.node else fault.zone == rep.spec.zone
+            if hit and fault.start_s <= now < fault.end_s and req.fault_u < fault.probability:
                 lo, hi = fault.extra_s
                 hop += lo + (hi - lo) * req.fault_extra_u
         req.at_replica_s = now + hop

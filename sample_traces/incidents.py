@@ -84,7 +84,7 @@ BURST_TENANT = "cyberdyne"
 SLOW_REPLICA = "replica-07"
 NEW_REPLICA = "replica-32"
 SLOW_ZONE = "us-east-1c"
-#: The node whose CPU is starved (its replicas' host-side scheduling falls behind).
+#: The node whose network card flaps.
 SLOW_NODE = "us-east-1b-node-3"
 CANARY_VERSION = "v2"
 MODEL_LOAD_S = 90.0
@@ -144,15 +144,16 @@ PREEMPTED_PRIORITY = "batch"
 
 
 def _preempted(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
-    return replace(cfg, preemptions=(*cfg.preemptions, Preemption(PREEMPTED_PRIORITY, t0, t1, factor=5.0)))
+    return replace(cfg, preemptions=(*cfg.preemptions, Preemption(PREEMPTED_PRIORITY, t0, t1, factor=6.0)))
 
 
 def _node_replicas() -> tuple[str, ...]:
     return tuple(r.name for r in default_config().replicas if r.node == SLOW_NODE)
 
 
-def _node_starved(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
-    return replace(cfg, throttles=cfg.throttles + tuple(Throttle(r, t0, t1, factor=4.0) for r in _node_replicas()))
+def _node_nic(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    fault = NetworkFault("", t0, t1, probability=0.5, extra_s=(10.0, 40.0), node=SLOW_NODE)
+    return replace(cfg, network_faults=_add(cfg.network_faults, fault))
 
 
 CATALOGUE: tuple[Incident, ...] = (
@@ -191,13 +192,13 @@ CATALOGUE: tuple[Incident, ...] = (
              f"The gateway's hop into {SLOW_ZONE} drops packets: half its requests wait 10-40 s on retransmits.",
              "network", "cloud.availability_zone", SLOW_ZONE, _zone_network,
              (Accept("cloud.availability_zone", SLOW_ZONE),)),
-    Incident("node_cpu_starved", "CPU-starved Kubernetes node",
-             f"A batch job lands on node {SLOW_NODE} and starves its {len(_node_replicas())} replicas' host threads: "
-             "their prefill and decode steps run 4x slower.",
-             "decode", "k8s.node.name", SLOW_NODE, _node_starved, (Accept("k8s.node.name", SLOW_NODE),)),
+    Incident("node_nic_flapping", "A flapping network card on one Kubernetes node",
+             f"The network card of node {SLOW_NODE} flaps: half the requests the gateway sends to its "
+             f"{len(_node_replicas())} replicas wait 10-40 s on retransmits.",
+             "network", "k8s.node.name", SLOW_NODE, _node_nic, (Accept("k8s.node.name", SLOW_NODE),)),
     Incident("priority_preemption", "A priority class preempted",
              f"A scheduler change starts preempting {PREEMPTED_PRIORITY!r}-priority requests under load (4 % of "
-             "traffic): each is resumed and recomputed, so its decode takes 5x the steps.",
+             "traffic): each is resumed and recomputed, so its decode takes 6x the steps.",
              "decode", "request.priority", PREEMPTED_PRIORITY, _preempted,
              (Accept("request.priority", PREEMPTED_PRIORITY),)),
 )
