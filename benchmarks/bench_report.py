@@ -126,8 +126,13 @@ def _children_cpu_s() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far, MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident memory of this process so far, MiB: VmHWM, its own since exec. (ru_maxrss is not: Linux keeps
+    it across exec, so a child started by a parent that had just built a 1 M-span store reported the parent's peak.)"""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _cpu_s() -> float:
@@ -191,14 +196,14 @@ def run_one(store: Path) -> dict[str, Any]:
 
 
 _CLI_RUNNER = """
-import resource, runpy, sys
+import runpy, sys
 sys.argv = ["tailscope.cli", *sys.argv[1:]]
 try:
     runpy.run_module("tailscope.cli", run_name="__main__")
 except SystemExit as exc:
     if exc.code:
         raise
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")), file=sys.stderr)
 """
 
 
