@@ -40,8 +40,8 @@ import duckdb
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis import model as M
-from analysis.percentiles import (
+from analysis.engine import model as M
+from analysis.engine.percentiles import (
     in_range_sql,
     iso,
     parse_time,
@@ -445,7 +445,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     requests, tokens and the p99 tail are those of the requests that start in [since, until).
     Request columns come from `facts` (a table with the `requests` view's trace_id, span_id, start_ns,
     e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
-    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
+    analysis.engine.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")

@@ -1,8 +1,8 @@
 """The request model, defined once: SQL that turns spans into one row per inference request.
 
-Every consumer reads this definition: the `requests` / `stages` views (analysis.views,
-analysis.connect), the materialized per-hour request files (analysis.materialize), the
-report's request facts (analysis.percentiles) and, through those, the dashboard. The
+Every consumer reads this definition: the `requests` / `stages` views (analysis.engine.views,
+analysis.engine.connect), the materialized per-hour request files (analysis.engine.materialize), the
+report's request facts (analysis.engine.percentiles) and, through those, the dashboard. The
 rules (critical-path sweep, stage columns, TTFT / TPOT, outcome, replica, which spans a
 request reads) are listed in docs/schema.md; tests/analysis/test_model_oracle.py checks
 them against a plain-Python per-instant reference.
