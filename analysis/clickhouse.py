@@ -305,7 +305,7 @@ def replica_sql(resource: str, keys: tuple[str, ...] | None = None) -> str:
 
 
 def first_sql(attrs: str, keys: tuple[str, ...]) -> str:
-    """`rows._first`: the first non-empty value among `keys`, else NULL."""
+    """`rows.first_attr`: the first non-empty value among `keys`, else NULL."""
     arms = [x for k in keys for x in (f"{_get(attrs, k)} != ''", _get(attrs, k))]
     return f"multiIf({', '.join(arms)}, NULL)"
 
@@ -317,7 +317,7 @@ _FLOAT_RE: Final = f"^[+-]?({_DIGITS}(\\.({_DIGITS})?)?|\\.{_DIGITS})([eE][+-]?{
 
 
 def int_or_none_sql(text: str) -> str:
-    """`rows._int_or_none`: an integer string, else a finite float truncated, within int64, else NULL."""
+    """`rows.attr_int`: an integer string, else a finite float truncated, within int64, else NULL."""
     s = f"replaceRegexpAll({text}, {M.quote(f'^{_WS}+|{_WS}+$')}, '')"
     plain = f"replaceAll({s}, '_', '')"
     f = f"toFloat64OrNull({plain})"

@@ -95,11 +95,11 @@ def _py_promoted(s: dict[str, Any]) -> dict[str, Any]:
     stage = R.stage_of(s["SpanName"], attrs)
     req = R.is_request(s["kind"], stage, attrs)
     return {"Stage": stage, "IsRequest": req, "Outcome": R.outcome_of(s["status"], attrs) if req else None,
-            "Replica": R.replica_of(res), "Model": R._first(attrs, S.MODEL_KEYS),
-            "ModelVersion": R._first(attrs, S.MODEL_VERSION_KEYS), "Tenant": R._first(attrs, S.TENANT_KEYS),
-            "InputTokens": R._int_or_none(R._first(attrs, S.INPUT_TOKEN_KEYS)),
-            "OutputTokens": R._int_or_none(R._first(attrs, S.OUTPUT_TOKEN_KEYS)),
-            "TtftNs": R._int_or_none(attrs.get(S.ATTR_TTFT_NS)),
+            "Replica": R.replica_of(res), "Model": R.first_attr(attrs, S.MODEL_KEYS),
+            "ModelVersion": R.first_attr(attrs, S.MODEL_VERSION_KEYS), "Tenant": R.first_attr(attrs, S.TENANT_KEYS),
+            "InputTokens": R.attr_int(R.first_attr(attrs, S.INPUT_TOKEN_KEYS)),
+            "OutputTokens": R.attr_int(R.first_attr(attrs, S.OUTPUT_TOKEN_KEYS)),
+            "TtftNs": R.attr_int(attrs.get(S.ATTR_TTFT_NS)),
             "AdjustedCount": R.adjusted_count_of(s["TraceState"], attrs)}
 
 
