@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.clickhouse_export import export_store
-from analysis.percentiles import auto_window_s
+from analysis.engine.percentiles import auto_window_s
 from benchmarks.inputs import clear, matches, prepare, read_stamp, record
 from benchmarks.synthetic import DURATION_S, SPANS_PER_REQUEST, make_store
 
@@ -235,7 +235,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse_report import build_report as ch_report
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report
 
     tag = f"{spans}-fixed" if fixed_spike else f"{spans}"

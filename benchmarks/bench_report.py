@@ -102,7 +102,7 @@ def materialize_in_child(store: Path) -> float:
 
     The store comes from `stores`, which removed the hours earlier runs materialized: this builds every one."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "
+    subprocess.run([sys.executable, "-c", "import sys; from analysis.engine.materialize import materialize; "
                     "materialize(sys.argv[1])", str(store)], check=True, env=os.environ.copy())
     return round(time.perf_counter() - t, 3)
 
@@ -168,7 +168,7 @@ def run_one(store: Path) -> dict[str, Any]:
     """
 
     from analysis import connect
-    from analysis.percentiles import percentile_series
+    from analysis.engine.percentiles import percentile_series
     from analysis.report import build_report
 
     out: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analysis.percentiles import parse_time
+from analysis.engine.percentiles import parse_time
 from analysis.watch import ALERTS_DIR, Config, LiveWatch, replay
 from benchmarks.inputs import check, clear, prepare, record
 from benchmarks.synthetic import SPANS_PER_REQUEST, START_NS, request_table

@@ -107,7 +107,7 @@ def test_the_fingerprint_follows_imports_of_this_repository() -> None:
 
 def test_bench_report_stores_never_time_a_materialization_an_earlier_run_did(tmp_path: Path) -> None:
     """`stores()` used to reuse any --dir/store-N as it was, so a second run's materialize_s timed a no-op."""
-    from analysis.materialize import materialize
+    from analysis.engine.materialize import materialize
 
     args = argparse.Namespace(spans="7000", dir=str(tmp_path), store=None)
     [(spans, store)] = list(stores(args))

@@ -59,7 +59,7 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
 def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
-        from analysis.materialize import load_sweep
+        from analysis.engine.materialize import load_sweep
 
         need(load_sweep() is not None, "the C kernel analysis._replay", "build it: python setup.py build_ext --inplace")
     out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)
