@@ -8,6 +8,10 @@
    generator) grown to 1, 6 and 24 hours of history; at each size a fresh live watch starts near
    the end (reading its bounded lookback) and then evaluates 5 new windows. Beside it, the anchor:
    one DuckDB p99 over every request span of the store (what re-reading history each tick costs).
+   "Fresh" means a new LiveWatch with no alert state; it runs in this process, so the watch's
+   process-wide cache of segment time ranges (read from Parquet footers) keeps what earlier watches
+   read: the segments of the newest hour are new at each size, but --positions' second and third
+   runs find theirs cached, as a long-running `tailscope watch` does. The OS page cache is not dropped.
 
     python -m benchmarks.bench_watch [--hours 1,6,24] [--rate 16] [--dir DIR] [--skip-catalogue] [--incidents A,B]
     python -m benchmarks.bench_watch --positions --dir DIR [--hours 1,6,24] [--rate 16]
