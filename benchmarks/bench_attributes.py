@@ -1,8 +1,8 @@
 """Benchmark of the report with every attribute a candidate: the same spans with 40 extra request attributes and
 without them (the anchor), each reported in a fresh process, in the same run.
 
-The stores are bench_report's (16 replicas, one spike on replica-05, the same seed so the same requests);
-the extra attributes are `bench_report.extra_attributes` (random, of 2 to 1,000 values, some ids, every
+The stores are benchmarks.synthetic's (16 replicas, one spike on replica-05, the same seed so the same requests);
+the extra attributes are `synthetic.extra_attributes` (random, of 2 to 1,000 values, some ids, every
 third a number), unrelated to latency. Prints, for each store, the report's wall and CPU seconds and peak RSS
 (bench_report.run_one), the attributes considered and skipped, and the ratios with / without.
 
@@ -17,11 +17,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import make_store
+from benchmarks.inputs import prepare
+from benchmarks.synthetic import make_store
 
 
 def _one(store: Path) -> dict[str, Any]:
@@ -55,10 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-attrs-"))
     stores = {"without": base / f"store-{args.spans}", "with": base / f"store-{args.spans}-x{args.attrs}"}
     for name, store in stores.items():
-        if not store.exists():
-            t = time.perf_counter()
-            make_store(store, args.spans, extra=args.attrs if name == "with" else 0)
-            print(f"built {store} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        prepare(store, make_store, spans=args.spans, extra=args.attrs if name == "with" else 0)
     results: dict[str, Any] = {}
     for name, store in stores.items():  # the anchor first, then the store with attributes: the same minutes
         results[name] = _one(store)

@@ -1,4 +1,4 @@
-"""False-spike rate of `analysis.spikes.detect` on exact null data: i.i.d. windows, no incident.
+"""False-spike rate of `analysis.stats.spikes.detect` on exact null data: i.i.d. windows, no incident.
 
 Every request of a run is drawn from one log-normal law (median 1 s, log-sd `sigma`), so
 any spike reported is a false one. The calibration test (test_spike_calibration.py) runs a
@@ -30,9 +30,9 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from analysis import explain as X
 from analysis.report import rank_dimensions
-from analysis.spikes import ALPHA, detect
+from analysis.stats import explain as X
+from analysis.stats.spikes import ALPHA, detect
 
 SEC = 1_000_000_000
 WINDOW_NS = 60 * SEC
@@ -97,7 +97,7 @@ CARDINALITIES = (2, 3, 5, 10, 30, 100, 500)
 def null_attributes(rng: np.random.Generator, n: int, count: int = ATTRIBUTES) -> list[X.Coded]:
     """`count` random attribute dimensions of `n` requests, independent of anything: text values of the
     CARDINALITIES (cycled; every third a number bucketed by powers of two), 10 % of requests without the key."""
-    from analysis.attributes import number_buckets
+    from analysis.stats.attributes import number_buckets
 
     out = []
     for j in range(count):

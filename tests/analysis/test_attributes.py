@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis import attributes as A
 from analysis import build_report, connect
-from analysis.explain import Coded, bucket_bounds, bucket_label
+from analysis.stats import attributes as A
+from analysis.stats.explain import Coded, bucket_bounds, bucket_label
 from tests.factory import T0, hex_id, write
 from tracing import schema as S
 from tracing.rows import SpanBatch
@@ -197,7 +197,7 @@ def random_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]
 def test_each_request_gets_the_value_the_rules_give(tmp_path: Path, seed: int) -> None:
     store, expected = random_store(tmp_path / "s", seed)
     con = connect(store)
-    from analysis.percentiles import request_facts
+    from analysis.engine.percentiles import request_facts
 
     facts = request_facts(con)
     rows = con.sql(f"SELECT rid, trace_id, replica FROM {facts} ORDER BY rid").fetchall()

@@ -15,7 +15,7 @@ import itertools
 
 import numpy as np
 
-from analysis.spikes import ALPHA, detect
+from analysis.stats.spikes import ALPHA, detect
 from tests.analysis.spike_calibration import WINDOW_NS, binomial_upper, null_run
 
 RUNS = 200
@@ -58,7 +58,7 @@ LEAD_SIZES = ((10, 500, 1.5), (30, 500, 1.0), (20, 1000, 1.2))
 def test_false_leads_with_40_random_attributes_stay_at_most_alpha() -> None:
     # every null run's slowest window explained against the rest, 40 attributes of 2 to 500 values each
     # (tests.analysis.spike_calibration.null_attributes): a dimension named is a false lead, at rate <= ALPHA
-    from analysis.explain import ALPHA as EXPLAIN_ALPHA
+    from analysis.stats.explain import ALPHA as EXPLAIN_ALPHA
     from tests.analysis.spike_calibration import ATTRIBUTES, false_lead
 
     assert ATTRIBUTES == 40
@@ -71,8 +71,8 @@ def test_false_leads_with_40_random_attributes_stay_at_most_alpha() -> None:
 
 def test_a_planted_attribute_is_found_among_the_40() -> None:
     # the same null data with one attribute value made slow: the explanation names it (the test has power)
-    from analysis import explain as X
     from analysis.report import rank_dimensions
+    from analysis.stats import explain as X
     from tests.analysis.spike_calibration import null_attributes, null_run
 
     rng = np.random.default_rng(SEED + 1)

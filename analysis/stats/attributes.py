@@ -33,8 +33,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis import model as M
-from analysis.explain import Coded, bucket_label
+from analysis.engine import model as M
+from analysis.stats.explain import Coded, bucket_label
 from tracing import schema as S
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
