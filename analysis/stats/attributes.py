@@ -205,7 +205,7 @@ def stage_attribute_sql(facts_rows: str) -> str:
             f"AND len(list_filter(map_keys(SpanAttributes), lambda x: NOT starts_with(x, '{_OWN_PREFIX}'))) > 0 "
             "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)), "
             f"one AS (SELECT t, k, min(v) AS v FROM st WHERE NOT starts_with(k, '{_OWN_PREFIX}') GROUP BY t, k "
-            "HAVING count(DISTINCT v) = 1) "
+            "HAVING min(v) = max(v)) "
             f"SELECT f.rid, one.k, one.v FROM ({facts_rows}) f JOIN one ON one.t = f.trace_id")
 
 
