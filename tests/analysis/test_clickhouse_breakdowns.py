@@ -30,23 +30,13 @@ from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
 from analysis.stats import explain as X
 from intake.ingest import ingest_files
+from tests.analysis.engines_compared import builtin_dimensions, core  # noqa: F401 (an autouse fixture)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 FACTS = "requests"
 H = 3_600_000_000_000
 MINUTE = 60_000_000_000
 
-
-@pytest.fixture(autouse=True)
-def _builtin_dimensions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ClickHouse engine explains by the built-in dimensions only (attributes are not pushed down): the store's
-    report is compared on those (TAILSCOPE_DIMENSIONS), and without its `attributes` object (`_core`)."""
-    monkeypatch.setenv("TAILSCOPE_DIMENSIONS", ",".join(X.DIMENSIONS))
-
-
-def _core(report: dict[str, Any]) -> dict[str, Any]:
-    """A report without its `attributes` object (what the store read of the attributes, which ClickHouse does not)."""
-    return {k: v for k, v in report.items() if k != "attributes"}
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +166,7 @@ def test_any_window_is_explained_as_on_duckdb(engines: tuple[duckdb.DuckDBPyConn
     con, client = engines
     cur = _filtered(con, cond)
     report = build_report(cur, source="fq")
-    assert _core(CR.build_report(client, facts=FACTS, where=cond)) == _core(report)
+    assert core(CR.build_report(client, facts=FACTS, where=cond)) == core(report)
     spike = build_report(con)["spikes"][0]
     a, b = parse_time(spike["start"]), parse_time(spike["end"])
     assert a is not None and b is not None
@@ -213,7 +203,7 @@ def test_counterfactuals_on_the_server_equal_the_whole_baseline_in_memory(
     monkeypatch.setattr(X.TailQuantile, "without_candidate", lambda self, coded, cand: math.nan)
     want = build_report(con)
     assert want["spikes"] and any(d["explained"] is not None for d in want["spikes"][0]["dimensions"])
-    assert _core(CR.build_report(client, facts=FACTS)) == _core(want)
+    assert core(CR.build_report(client, facts=FACTS)) == core(want)
 
 
 @pytest.mark.parametrize("cond", FILTERS)

@@ -1,0 +1,21 @@
+"""What the ClickHouse tests compare the store's report on: the built-in dimensions only (the ClickHouse engine does
+not push attributes down yet), and the report without its `attributes` object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from analysis.stats import explain as X
+
+
+@pytest.fixture(autouse=True)
+def builtin_dimensions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's report explains by the built-in dimensions (TAILSCOPE_DIMENSIONS), as ClickHouse's does."""
+    monkeypatch.setenv("TAILSCOPE_DIMENSIONS", ",".join(X.DIMENSIONS))
+
+
+def core(report: dict[str, Any]) -> dict[str, Any]:
+    """A report without its `attributes` object (what the store read of the attributes, which ClickHouse does not)."""
+    return {k: v for k, v in report.items() if k != "attributes"}
