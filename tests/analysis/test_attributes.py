@@ -224,3 +224,21 @@ def test_a_watch_alert_carries_the_attribute_and_its_value(nodes: Path) -> None:
     top = spikes[0]
     assert (top["dimension"], top["value"], top["attribute"], top["source"]) == (
         "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource"), top
+
+
+def test_the_cli_options_and_the_setting_rule_dimensions_out(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from tailscope.cli import app
+
+    runner = CliRunner()
+    monkeypatch.setenv("TAILSCOPE_EXCLUDE_DIMENSIONS", "retry")
+    out = runner.invoke(app, ["report", "--json", "--no-materialize", "--store", str(nodes),
+                              "--exclude-dimensions", "k8s.*,cloud.*"])
+    assert out.exit_code == 0, out.output
+    skipped = {s["attribute"]: s for s in json.loads(out.stdout)["attributes"]["skipped"]}
+    assert skipped["k8s.node.name"]["why"] == "excluded by the pattern 'k8s.*'"
+    assert skipped["cloud.availability_zone"]["reason"] == "pattern"
+    assert skipped["retry"]["why"] == "excluded by the pattern 'retry'"  # the setting's, added to the option's
