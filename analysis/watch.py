@@ -356,6 +356,8 @@ class Watcher:
         """Append a window's rows to the buffer (without evaluating); older windows beyond the buffer drop."""
         if "adjusted_count" not in rows.columns:  # rows from before sampling was read weigh 1
             rows = rows.with_columns(pl.lit(1.0).alias("adjusted_count"))
+        if "span_id" not in rows.columns:  # rows without span ids: their attributes cannot be read, only the rest
+            rows = rows.with_columns(pl.lit(None, dtype=pl.String).alias("span_id"))
         self.frames.append((int(window_start_ns), rows.select(_ROW_COLUMNS)))
         keep_from = int(window_start_ns) - (self.config.windows_kept()) * self.config.window_ns
         self.frames = [(w, f) for w, f in self.frames if w >= keep_from]

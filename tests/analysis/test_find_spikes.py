@@ -24,9 +24,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _same_as_report(found: dict[str, Any], report: dict[str, Any]) -> None:
     """Every header key equal; each spike the report's item cut to its window and percentiles; the report's
-    errors are find_spikes' followed by the explanations' own."""
-    assert {k: v for k, v in found.items() if k not in ("spikes", "errors")} == \
-        {k: v for k, v in report.items() if k not in ("spikes", "errors")}
+    errors are find_spikes' followed by the explanations' own. `attributes` (what the explanation read of the
+    attributes) is null without an explanation."""
+    assert found["attributes"] is None
+    assert {k: v for k, v in found.items() if k not in ("spikes", "errors", "attributes")} == \
+        {k: v for k, v in report.items() if k not in ("spikes", "errors", "attributes")}
     assert len(found["spikes"]) == len(report["spikes"])
     for mine, item in zip(found["spikes"], report["spikes"], strict=True):
         assert set(mine) == SPIKE_KEYS and set(item) > SPIKE_KEYS
