@@ -67,9 +67,9 @@ def watch(
     poll: Annotated[str, typer.Option("--poll", help="Live: longest sleep between checks.")] = "5s",
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
-    from analysis.alerting import receivers_from
     from analysis.percentiles import parse_duration
     from analysis.watch import Config, load_rules
+    from analysis.watch.delivery import receivers_from
 
     with errors_as_messages():
         config = Config(metric=metric.value, window_s=parse_duration(window),
@@ -128,8 +128,8 @@ def _replay(path: Path, config: Config, since: str | None, until: str | None, as
 def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float) -> None:
     import duckdb
 
-    from analysis.alerting import Deliverer, Outbox
     from analysis.watch import Event, LiveWatch, summary_line
+    from analysis.watch.delivery import Deliverer, Outbox
 
     outbox = Outbox(path, receivers)
     deliverer = Deliverer(outbox)

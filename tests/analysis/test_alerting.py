@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.alerting import (
+from analysis.watch import Event
+from analysis.watch.delivery import (
     Deliverer,
     Outbox,
     Receiver,
@@ -13,7 +14,6 @@ from analysis.alerting import (
     receivers_from,
     webhook_payload,
 )
-from analysis.watch import Event
 from tests.analysis.alert_receiver import recording
 from tracing.store import init_store
 

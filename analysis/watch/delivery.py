@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from analysis.watch import ALERT_VERSION, ALERTS_DIR, Event, write_atomic
+from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Event
+from analysis.watch.state import write_atomic
 from tracing.errors import QueryError
 
 #: Version of the webhook payload (the alert record inside has its own `version`).
