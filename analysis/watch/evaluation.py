@@ -66,7 +66,7 @@ class Watcher:
         eval_ns = win_end + cfg.delay_ns
         events: list[Event] = []
         events += self._tail(buf, window_start_ns, eval_ns, explain_con)
-        for rule in cfg.rules:
+        for rule in cfg.slo_rules:
             events += self._slo(rule, buf, window_start_ns, eval_ns, explain_con)
         return events
 
@@ -92,9 +92,10 @@ class Watcher:
         spike = next((s for s in det.spikes if s.start_ns <= win_ns < s.end_ns), None) if firing else None
         active = self.active.get(key)
         if spike is not None and active is None:
-            alert = self._record("tail_spike", key, None, spike.start_ns, win_ns + cfg.window_ns, eval_ns,
+            alert = self._record("tail_spike", key, cfg.spike_rule, spike.start_ns, win_ns + cfg.window_ns, eval_ns,
                                  spike.p50_ns, spike.p99_ns, spike.baseline_p99_ns, spike.requests,
                                  spike.requests_weighted if det.weighted else None)
+            alert["service"] = _service_of(frame.filter(pl.col("start_ns") >= spike.start_ns), cfg.metric)
             alert["p_value"] = float(f"{spike.p_value:.3g}")
             alert["baseline_p50_ms"] = to_ms(spike.baseline_p50_ns)
             if cfg.explain:
@@ -102,12 +103,17 @@ class Watcher:
             self.active[key] = alert
             return [Event("firing", alert)]
         if spike is not None and active is not None:
-            active["window_end"] = iso(win_ns + cfg.window_ns)
+            self._grow(active, win_ns + cfg.window_ns, ())
             active["last_p99_ms"] = to_ms(spike.p99_ns)
             return []
         if active is not None:
             return [Event("resolved", self._resolve(key, eval_ns))]
         return []
+
+    def _grow(self, alert: dict[str, Any], end_ns: int, filters: tuple[tuple[str, str], ...]) -> None:
+        """The alert's window now ends at end_ns: its end and its dashboard link follow."""
+        alert["window_end"] = iso(end_ns)
+        alert["dashboard_url"] = spike_url(self.config.dashboard_url, alert["window_start_ns"], end_ns, filters)
 
     def _resolve(self, key: str, eval_ns: int) -> dict[str, Any]:
         alert = self.active.pop(key)
@@ -119,10 +125,12 @@ class Watcher:
                 p50_ns: float, p99_ns: float, baseline_p99_ns: float, requests: int,
                 requests_weighted: float | None = None) -> dict[str, Any]:
         cfg = self.config
-        metric = rule.metric if rule is not None and rule.kind != "error_rate" else cfg.metric
+        slo = rule is not None and rule.kind != "tail_spike"
+        metric = rule.metric if rule is not None and slo and rule.kind != "error_rate" else cfg.metric
+        where = rule.where if rule is not None else ()
         return {
             "version": ALERT_VERSION, "id": alert_id(key, metric, start_ns), "kind": kind, "status": "firing",
-            "rule": rule.text if rule is not None else None, "metric": metric,
+            "rule": rule.text if rule is not None and slo else None, "metric": metric,
             "fired_at": iso(eval_ns), "resolved_at": None,
             "window_start": iso(start_ns), "window_end": iso(end_ns), "window_start_ns": int(start_ns),
             "window_s": int(cfg.window_s) if float(cfg.window_s).is_integer() else cfg.window_s,
@@ -131,7 +139,10 @@ class Watcher:
             "p50_ms": to_ms(p50_ns), "p99_ms": to_ms(p99_ns), "baseline_p99_ms": to_ms(baseline_p99_ns),
             "stage": None, "stage_share": None, "stages": [],
             "dimension": None, "value": None, "explained": None, "p99_without_ms": None, "dimensions": [],
-            "exemplars": [], "dashboard_url": spike_url(cfg.dashboard_url, start_ns, end_ns), "errors": [],
+            "exemplars": [], "dashboard_url": spike_url(cfg.dashboard_url, start_ns, end_ns, where), "errors": [],
+            "service": None, "filters": [list(f) for f in where],
+            "labels": dict(rule.labels) if rule is not None else {},
+            "annotations": dict(rule.annotations) if rule is not None else {},
         }
 
     def _explain(self, alert: dict[str, Any], frame: pl.DataFrame, det: Detection, spike: Spike,
@@ -193,6 +204,8 @@ class Watcher:
             alert = self._record("slo", rule.key, rule, win_ns, win_ns + cfg.window_ns, eval_ns, p50, p99,
                                  base, win.height, None if win_w is None else float(win_w.sum()))
             alert.update(figures)
+            alert["service"] = dict(rule.where).get("service") or _service_of(self._values(win, rule.metric),
+                                                                              rule.metric)
             alert["outcomes"] = _outcomes(win)
             alert["outcomes_weighted"] = _outcomes(win, weighted=True)
             if cfg.explain and det is not None and rule.metric == cfg.metric and not rule.where:
@@ -202,7 +215,7 @@ class Watcher:
             self.active[rule.key] = alert
             return [Event("firing", alert)]
         if violated and active is not None:
-            active["window_end"] = iso(win_ns + cfg.window_ns)
+            self._grow(active, win_ns + cfg.window_ns, rule.where)
             return []
         if not violated and active is not None:
             return [Event("resolved", self._resolve(rule.key, eval_ns))]
@@ -218,6 +231,21 @@ def _window_spike(det: Detection, win_ns: int) -> Spike | None:
     return Spike(start_ns=win_ns, end_ns=win_ns + det.window_ns, requests=int(det.n[i]), p50_ns=float(det.p50_ns[i]),
                  p99_ns=float(det.p99_ns[i]), baseline_p50_ns=det.baseline_p50_ns,
                  baseline_p99_ns=det.baseline_p99_ns, p_value=float(det.p_value[i]), windows=1)
+
+
+def _service_of(frame: pl.DataFrame, metric: str) -> str | None:
+    """The service an alert is about: the one service of its requests, else the one serving most of its tail
+    (requests at or above the p99 of `metric`); None without requests."""
+    services = frame.get_column("service").drop_nulls()
+    if services.len() == 0:
+        return None
+    if services.n_unique() == 1:
+        return str(services[0])
+    values = frame.get_column(f"{metric}_ns").cast(pl.Float64)
+    threshold = values.quantile(0.99, "linear")
+    tail = frame.filter(values >= threshold).get_column("service").drop_nulls() if threshold is not None else services
+    counts = (tail if tail.len() else services).value_counts(sort=True)
+    return str(counts.row(0)[0])
 
 
 def _outcomes(frame: pl.DataFrame, weighted: bool = False) -> dict[str, int | float]:

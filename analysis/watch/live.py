@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import polars as pl
 
+from analysis.percentiles import choose_window_s
 from analysis.watch.evaluation import Watcher
-from analysis.watch.reading import open_range, read_rows
-from analysis.watch.records import Config, Event
+from analysis.watch.reading import open_range, read_rows, request_source
+from analysis.watch.records import Config, Event, fmt_ms
 from analysis.watch.state import AlertStore
 from tracing.store import require_store
+
+#: The span of stored requests whose rate chooses a live watch's window (the last hour before now - delay).
+RATE_SPAN_NS: Final = 3_600_000_000_000
+
+
+def live_window_s(store: Path, now_ns: int, delay_s: float) -> float:
+    """The window of a live watch started without --window: the one its saved state used (a restart keeps
+    the grid), else the report's choice (percentiles.choose_window_s) for the requests of the last hour."""
+    saved = AlertStore(store).load_state().get("window_s")
+    if saved:
+        return float(saved)
+    hi = now_ns - round(delay_s * 1e9)
+    con = open_range(store, hi - RATE_SPAN_NS, hi)
+    try:
+        return float(choose_window_s(con, hi - RATE_SPAN_NS, hi, request_source(con)))
+    finally:
+        con.close()
 
 
 class LiveWatch:
@@ -93,7 +112,7 @@ def summary_line(ev: Event) -> str:
     when = a["resolved_at"] if ev.status == "resolved" else a["fired_at"]
     what = a["rule"] if a["kind"] == "slo" else f"tail spike of {a['metric']}"
     parts = [f"{when} {ev.status.upper()} {what} [{a['id']}] window {a['window_start']}..{a['window_end']}",
-             f"p50 {_fmt(a['p50_ms'])} p99 {_fmt(a['p99_ms'])} (baseline p99 {_fmt(a['baseline_p99_ms'])})"]
+             f"p50 {fmt_ms(a['p50_ms'])} p99 {fmt_ms(a['p99_ms'])} (baseline p99 {fmt_ms(a['baseline_p99_ms'])})"]
     if a.get("stage"):
         parts.append(f"stage {a['stage']} ({a['stage_share']:.0%})" if a.get("stage_share") is not None
                      else f"stage {a['stage']}")
@@ -107,5 +126,3 @@ def summary_line(ev: Event) -> str:
     return " · ".join(parts)
 
 
-def _fmt(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms:,.0f} ms"

@@ -99,14 +99,19 @@ def _ensure_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
 
 
+def request_source(con: duckdb.DuckDBPyConnection) -> str:
+    """The request facts (percentiles.request_facts, with TTFT) of a range connection."""
+    try:
+        return request_facts(con, with_ttft=True)
+    except duckdb.CatalogException:  # traces holding several requests are read through the `requests` view
+        _ensure_views(con)
+        return request_facts(con, with_ttft=True)
+
+
 def read_rows(con: duckdb.DuckDBPyConnection, lo_ns: int, hi_ns: int, window_ns: int, delay_ns: int
               ) -> pl.DataFrame:
     """Requests starting in [lo_ns, hi_ns) that ended by their window's end + delay (what a live watch saw)."""
-    try:
-        facts = request_facts(con, with_ttft=True)
-    except duckdb.CatalogException:  # traces holding several requests are read through the `requests` view
-        _ensure_views(con)
-        facts = request_facts(con, with_ttft=True)
+    facts = request_source(con)
     cols = ", ".join(ROW_COLUMNS)
     return con.sql(
         f"SELECT {cols} FROM {facts} WHERE start_ns >= $lo AND start_ns < $hi "

@@ -34,8 +34,10 @@ def watch(
     store: StoreOption = None,
     metric: Annotated[Metric, typer.Option("--metric", "-m", help="Latency whose p99 spikes are alerted on.")
                       ] = Metric.e2e,
-    window: Annotated[str, typer.Option("--window", "-w", help="Window evaluated at each tick, e.g. 30s, 1m.")
-                      ] = "60s",
+    window: Annotated[str | None, typer.Option(
+        "--window", "-w", help="Window evaluated at each tick, e.g. 30s, 1m (default: chosen from the request "
+                               "rate as the report chooses it; live: over the last hour, kept across restarts).",
+        show_default=False)] = None,
     delay: Annotated[str, typer.Option(
         "--delay", help="Evaluate a window this long after it closes (requests started in it must have ended and "
                         "been stored by then), e.g. 60s.")] = "60s",
@@ -53,7 +55,8 @@ def watch(
     ok_only: Annotated[bool, typer.Option(
         "--ok-only", help="Leave errors, timeouts and cancellations out of the percentiles.")] = False,
     replay_mode: Annotated[bool, typer.Option(
-        "--replay", help="Backtest: evaluate stored windows as if live and print the alerts; deliver nothing.")
+        "--replay", help="Backtest: evaluate stored windows as if live and print the alerts; delivers nothing "
+                         "(--webhook and --alertmanager are refused with it).")
                            ] = False,
     since: Annotated[str | None, typer.Option(
         "--since", help="Replay from this time (ISO-8601, UTC if no zone; default: the first request).",
@@ -72,43 +75,50 @@ def watch(
     from analysis.watch.delivery import receivers_from
 
     with errors_as_messages():
-        config = Config(metric=metric.value, window_s=parse_duration(window),
+        if replay_mode and (webhook or alertmanager):
+            raise QueryError("", "--replay delivers nothing: drop --webhook / --alertmanager, or run the live watch")
+        config = Config(metric=metric.value, window_s=parse_duration(window) if window else 60.0,
                         delay_s=0.0 if delay.strip() in ("0", "0s") else parse_duration(delay),
                         lookback=lookback, rules=load_rules(rules) if rules else [],
                         include_failures=not ok_only, dashboard_url=dashboard_url)
         config.check()
         path = require_store(store_path(store))
         if replay_mode:
-            _replay(path, config, since, until, as_json)
+            _replay(path, config, since, until, as_json, auto_window=window is None)
             return
         if since or until or as_json:
             raise QueryError("", "--since, --until and --json apply to --replay only")
+        if window is None:
+            from analysis.watch.live import live_window_s
+            config.window_s = live_window_s(path, time.time_ns(), config.delay_s)
         _live(path, config, receivers_from(webhook or [], alertmanager or []), once, parse_duration(poll))
 
 
-def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool) -> None:
+def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool,
+            auto_window: bool) -> None:
     import duckdb
 
     from analysis.connect import connect
-    from analysis.percentiles import parse_time, request_facts, time_range
+    from analysis.percentiles import auto_window_s, parse_time, request_facts, time_range
     from analysis.watch import Event, replay, replay_json, summary_line
 
     since_ns, until_ns = parse_time(since), parse_time(until)
-    if since_ns is None or until_ns is None:
-        con = connect(path)
-        try:
-            con.execute("SET enable_progress_bar = false").fetchall()
-            lo, hi, n = time_range(con, since_ns, until_ns, request_facts(con))
-        except duckdb.Error as exc:
-            fail(f"replay failed: {str(exc).splitlines()[0]}")
-        finally:
-            con.close()
-        if n == 0:
-            fail("no request in the store for that range: nothing to replay")
-        since_ns = since_ns if since_ns is not None else lo
-        until_ns = until_ns if until_ns is not None else hi + 1
+    con = connect(path)
+    try:
+        con.execute("SET enable_progress_bar = false").fetchall()
+        lo, hi, n = time_range(con, since_ns, until_ns, request_facts(con))
+    except duckdb.Error as exc:
+        fail(f"replay failed: {str(exc).splitlines()[0]}")
+    finally:
+        con.close()
+    if n == 0:
+        fail("no request in the store for that range: nothing to replay")
+    since_ns = since_ns if since_ns is not None else lo
+    until_ns = until_ns if until_ns is not None else hi + 1
     if until_ns <= since_ns:
         fail("--until must be after --since")
+    if auto_window:  # the report's choice for this range (percentiles.choose_window_s)
+        config.window_s = float(auto_window_s(n, (until_ns - since_ns) / 1e9))
 
     def show(ev: Event) -> None:
         if not as_json:
