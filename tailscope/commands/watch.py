@@ -68,6 +68,14 @@ def watch(
     once: Annotated[bool, typer.Option(
         "--once", help="Live: evaluate the windows due now, deliver, and exit.")] = False,
     poll: Annotated[str, typer.Option("--poll", help="Live: longest sleep between checks.")] = "5s",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Live: serve the watch's health on GET /metrics (OpenMetrics) on this port; "
+                               "0 picks a free one (docs/metrics.md).", show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Live: address of /metrics. Loopback by default.")] = "127.0.0.1",
+    metrics_token_file: Annotated[Path | None, typer.Option(
+        "--metrics-token-file", help="Live: file holding a bearer token scrapes of /metrics must send.",
+        show_default=False)] = None,
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
     from analysis.percentiles import parse_duration
@@ -88,10 +96,11 @@ def watch(
             return
         if since or until or as_json:
             raise QueryError("", "--since, --until and --json apply to --replay only")
+        metrics = _metrics_options(metrics_port, metrics_host, metrics_token_file)
         if window is None:
             from analysis.watch.live import live_window_s
             config.window_s = live_window_s(path, time.time_ns(), config.delay_s)
-        _live(path, config, receivers_from(webhook or [], alertmanager or []), once, parse_duration(poll))
+        _live(path, config, receivers_from(webhook or [], alertmanager or []), once, parse_duration(poll), metrics)
 
 
 def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool,
@@ -135,11 +144,34 @@ def _replay(path: Path, config: Config, since: str | None, until: str | None, as
         console.print("no alert would have fired", highlight=False)
 
 
-def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float) -> None:
+def _metrics_options(port: int | None, host: str, token_file: Path | None) -> tuple[int, str, str | None] | None:
+    """(port, host, token) of the watch's /metrics, or None when off; a bad token file ends the command."""
+    if port is None:
+        if token_file is not None:
+            raise QueryError("", "--metrics-token-file needs --metrics-port")
+        return None
+    from intake.collect.config import read_token
+    from tailscope.commands.metrics import exposure_warning
+
+    token = None
+    if token_file is not None:
+        try:
+            token = read_token(token_file)
+        except (OSError, ValueError) as exc:
+            fail(f"--metrics-token-file: {exc}")
+    warning = exposure_warning(host, token)
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
+    return port, host, token
+
+
+def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float,
+          metrics: tuple[int, str, str | None] | None = None) -> None:
     import duckdb
 
     from analysis.watch import Event, LiveWatch, summary_line
     from analysis.watch.delivery import Deliverer, Outbox
+    from analysis.watch.health import WatchHealth
 
     outbox = Outbox(path, receivers)
     deliverer = Deliverer(outbox)
@@ -158,14 +190,26 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
         _out(summary_line(ev))
 
     live = LiveWatch(path, config, deliver)
+    health = WatchHealth(live, deliverer)
+    server = None
+    if metrics is not None:
+        from tailscope.commands.metrics import serve_metrics
+        try:
+            server = serve_metrics([health], metrics[1], metrics[0], metrics[2])
+        except OSError as exc:
+            fail(f"could not listen for /metrics: {exc}")
     deliverer.start()
+    served = f" · metrics={metrics[1]}:{server.port}" if server is not None and metrics is not None else ""
     _out(f"watching {path} · {config.metric} · window {config.window_s:g} s · delay {config.delay_s:g} s · "
-         f"{len(config.rules)} rule(s) · {len(receivers)} receiver(s)")
+         f"{len(config.slo_rules)} rule(s) · {len(receivers)} receiver(s){served}")
     try:
         while not stopping["now"]:
+            began = time.monotonic()
             try:
                 live.step(time.time_ns())
+                health.evaluated(time.monotonic() - began)
             except duckdb.Error as exc:  # a segment being compacted away, a full disk: retry next tick
+                health.evaluated(time.monotonic() - began, ok=False)
                 print(f"tailscope watch: evaluation failed ({str(exc).splitlines()[0]}); retrying",
                       file=sys.stderr)
             deliverer.wake()
@@ -178,6 +222,8 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
                 time.sleep(min(0.1, wait_s))
     finally:
         deliverer.stop(drain_s=10.0 if once else 2.0)
+        if server is not None:
+            server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
