@@ -84,12 +84,48 @@ class _Series:
     exemplars: dict[int, tuple[str, float, float]] = field(default_factory=dict)  # bucket -> (trace, value s, time)
 
 
+def _escape(value: str) -> str:
+    """A label value as the exposition formats write it (backslash, double quote and newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_LE: Final = [repr(b) for b in BUCKETS_S] + ["+Inf"]
+
+
 class _Histogram:
     """A labelled latency histogram filled by whole columns at once."""
 
     def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
         self.name, self.doc, self.labels = name, doc, labels
         self.series: dict[tuple[str, ...], _Series] = {}
+        self._prefixes: dict[tuple[str, ...], tuple[list[str], str, str]] = {}  # the line starts of a label set
+
+    def snapshot(self) -> list[tuple[tuple[str, ...], list[int], float, dict[int, tuple[str, float, float]]]]:
+        """(labels, cumulative bucket counts, sum, exemplars) of every label set (taken under the caller's lock)."""
+        return [(k, np.cumsum(s.counts).tolist(), s.sum_s, dict(s.exemplars)) for k, s in self.series.items()]
+
+    def render(self, snapshot: list[tuple[tuple[str, ...], list[int], float, dict[int, tuple[str, float, float]]]],
+               openmetrics: bool) -> str:
+        """The exposition text of a snapshot: HELP, TYPE, then per label set its buckets (with their exemplars in
+        OpenMetrics), count and sum. Written here rather than by prometheus_client's encoder, which takes
+        about 20x as long per series (benchmarks/bench_metrics.py); test_metrics checks both parse the same."""
+        out = [f"# HELP {self.name} {self.doc}\n# TYPE {self.name} histogram\n"]
+        for key, cum, total, exemplars in snapshot:
+            pre = self._prefixes.get(key)
+            if pre is None:
+                labels = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=True))
+                sep = "," if labels else ""
+                pre = self._prefixes[key] = ([f'{self.name}_bucket{{{labels}{sep}le="{le}"}} ' for le in _LE],
+                                             f"{self.name}_count{{{labels}}} ", f"{self.name}_sum{{{labels}}} ")
+            buckets, count, sum_ = pre
+            for i, line in enumerate(buckets):
+                ex = exemplars.get(i) if openmetrics else None
+                if ex is None:
+                    out.append(f"{line}{cum[i]}\n")
+                else:
+                    out.append(f'{line}{cum[i]} # {{trace_id="{_escape(ex[0])}"}} {ex[1]!r} {ex[2]!r}\n')
+            out.append(f"{count}{cum[-1]}\n{sum_}{total!r}\n")
+        return "".join(out)
 
     def add(self, label_columns: list[pa.Array], values_ns: np.ndarray, trace_ids: pa.Array, now_s: float) -> None:
         """Count values (ns) under their label columns."""
@@ -200,10 +236,18 @@ class SpanMetrics:
             return sum(len(h.series) for h in (self.request, self.ttft, self.tpot, self.stage))
 
     def collect(self) -> Iterator[Metric]:
-        """The four histogram families (prometheus_client's collector protocol)."""
+        """The four histogram families (prometheus_client's collector protocol; /metrics uses `render`)."""
         with self._lock:
             families = [self.request.family(), self.ttft.family(), self.tpot.family(), self.stage.family()]
         yield from families
+
+    def render(self, openmetrics: bool = True) -> bytes:
+        """The four histograms as exposition text (OpenMetrics with exemplars, or the classic text format),
+        without the final `# EOF`; counts are copied under the lock and formatted outside it."""
+        hists = (self.request, self.ttft, self.tpot, self.stage)
+        with self._lock:
+            snaps = [h.snapshot() for h in hists]
+        return "".join(h.render(snap, openmetrics) for h, snap in zip(hists, snaps, strict=True)).encode()
 
 
 def store_bytes(store: Path) -> int:

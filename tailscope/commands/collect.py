@@ -138,8 +138,8 @@ def _serve_metrics(receiver: Any, config: CollectConfig) -> Any:
     from intake.collect.metrics import ReceiverMetrics
     from tailscope.commands.metrics import serve_metrics
 
-    return serve_metrics([receiver.span_metrics, ReceiverMetrics(receiver)], config.host,
-                         config.metrics_port or 0, config.token)
+    return serve_metrics([ReceiverMetrics(receiver)], config.host, config.metrics_port or 0, config.token,
+                         renderers=[receiver.span_metrics.render])
 
 
 def _token(path: Path | None, option: str) -> str | None:

@@ -11,7 +11,7 @@ import hmac
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,8 +39,10 @@ class MetricsServer:
         self.server.server_close()
 
 
-def serve_metrics(collectors: Iterable[Any], host: str, port: int, token: str | None = None) -> MetricsServer:
-    """Serve GET /metrics from prometheus_client collectors on host:port (0: a free port), in a daemon thread."""
+def serve_metrics(collectors: Iterable[Any], host: str, port: int, token: str | None = None,
+                  renderers: Iterable[Callable[[bool], bytes]] = ()) -> MetricsServer:
+    """Serve GET /metrics on host:port (0: a free port), in a daemon thread: what each renderer writes
+    (`render(openmetrics)`: SpanMetrics.render), then the prometheus_client collectors' families."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import choose_encoder
 
@@ -48,6 +50,7 @@ def serve_metrics(collectors: Iterable[Any], host: str, port: int, token: str | 
     for c in collectors:
         registry.register(c)
     expected = token.encode() if token else None
+    fast = list(renderers)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -60,8 +63,9 @@ def serve_metrics(collectors: Iterable[Any], host: str, port: int, token: str | 
                     self._answer(401, b"missing or wrong bearer token\n", "text/plain")
                     return
             encoder, content_type = choose_encoder(self.headers.get("Accept") or "")
+            openmetrics = content_type.startswith("application/openmetrics-text")
             try:
-                body = encoder(registry)
+                body = b"".join(r(openmetrics) for r in fast) + encoder(registry)
             except Exception as exc:  # a collector failing: say it, keep serving
                 self._answer(500, f"metrics failed: {exc}\n".encode(), "text/plain")
                 return
@@ -160,7 +164,7 @@ def metrics(
     tail = StoreTail(path, span_metrics, from_start=from_start)
     tail.poll()
     try:
-        server = serve_metrics([span_metrics], host, port, token)
+        server = serve_metrics([], host, port, token, renderers=[span_metrics.render])
     except OSError as exc:
         fail(f"could not listen: {exc}")
     sys.stderr.write(f"metrics http://{host}:{server.port}/metrics store={path}\n")

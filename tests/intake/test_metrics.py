@@ -126,7 +126,7 @@ def test_a_table_without_promoted_columns_is_ignored() -> None:
 def test_the_endpoint_serves_openmetrics_with_exemplars_and_checks_the_token(tmp_path: Path) -> None:
     metrics = SpanMetrics()
     metrics.observe(_table(random.Random(7), 300))
-    server = serve_metrics([metrics], "127.0.0.1", 0, token="s3cret")
+    server = serve_metrics([], "127.0.0.1", 0, token="s3cret", renderers=[metrics.render])
     try:
         url = f"http://127.0.0.1:{server.port}/metrics"
         with pytest.raises(urllib.error.HTTPError) as err:
@@ -152,6 +152,33 @@ def test_the_endpoint_serves_openmetrics_with_exemplars_and_checks_the_token(tmp
             exemplars += 1
             assert len(sample.exemplar.labels["trace_id"]) == 32
     assert exemplars >= len(counts)  # at least one per label set
+
+
+@pytest.mark.parametrize("openmetrics", [True, False])
+def test_the_fast_rendering_parses_as_prometheus_clients_own(openmetrics: bool) -> None:
+    """SpanMetrics.render writes the text itself (for speed): parsed, it must equal the library's rendering."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest as text_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+    from prometheus_client.parser import text_string_to_metric_families as text_parse
+
+    metrics = SpanMetrics(tenants=2)
+    rng = random.Random(11)
+    for _ in range(3):
+        table = _table(rng, 200)
+        metrics.observe(table.set_column(table.schema.get_field_index("Replica"), "Replica",
+                                         pa.array(['r "1"\\x\n'] * table.num_rows)))  # escaped label values
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    parse = text_string_to_metric_families if openmetrics else text_parse
+    ours = metrics.render(openmetrics).decode() + ("# EOF\n" if openmetrics else "")
+    theirs = (om_latest if openmetrics else text_latest)(registry).decode()
+
+    def samples(text: str) -> list[Any]:
+        return sorted((s.name, sorted(s.labels.items()), s.value,
+                       (s.exemplar.labels, s.exemplar.value, s.exemplar.timestamp) if s.exemplar else None)
+                      for f in parse(text) for s in f.samples)
+    assert samples(ours) == samples(theirs) and len(samples(ours)) > 100
 
 
 def test_the_store_tail_counts_each_new_segment_once(tmp_path: Path) -> None:
