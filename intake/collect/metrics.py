@@ -52,6 +52,9 @@ _REQUEST_LABELS: Final = ("service", "model", "model_version", "replica", "outco
 _STAGE_LABELS: Final = ("service", "stage", "model", "model_version", "replica")
 _COLUMN_OF: Final = {"service": "ServiceName", "model": "Model", "model_version": "ModelVersion",
                      "replica": "Replica", "outcome": "Outcome", "stage": "Stage", "tenant": "Tenant"}
+_KEY_COLUMNS: Final = ("Stage", "Outcome", "ServiceName", "Model", "ModelVersion", "Replica")
+_NEEDED: Final = ("IsRequest", "Stage", "Outcome", "ServiceName", "Model", "ModelVersion", "Replica", "Tenant",
+                  "Duration", "TraceId", "TtftNs", "OutputTokens")
 _BOUNDS_NS: Final = np.array([round(b * 1e9) for b in BUCKETS_S], dtype=np.int64)
 
 
@@ -62,17 +65,16 @@ class LabelBound:
         self.limit = limit
         self.kept: set[str] = set()
 
-    def map(self, values: pa.Array) -> pa.Array:
-        """The values with those beyond the bound replaced by OTHER (nulls become "")."""
-        values = pc.fill_null(values.cast(pa.string()), "")
-        uniq = pc.unique(values).to_pylist()
-        new = [v for v in uniq if v not in self.kept and v != ""]
-        room = self.limit - len(self.kept)
-        self.kept.update(new[:max(room, 0)])
-        if all(v in self.kept or v == "" for v in uniq):
-            return values
-        keep = pa.array(sorted(self.kept | {""}), pa.string())
-        return pc.if_else(pc.is_in(values, keep), values, pa.scalar(OTHER))
+    def name(self, value: str | None) -> str:
+        """The label value for `value`: itself while within the bound, else OTHER ("" when missing)."""
+        if not value:
+            return ""
+        if value in self.kept:
+            return value
+        if len(self.kept) < self.limit:
+            self.kept.add(value)
+            return value
+        return OTHER
 
 
 @dataclass
@@ -127,25 +129,15 @@ class _Histogram:
             out.append(f"{count}{cum[-1]}\n{sum_}{total!r}\n")
         return "".join(out)
 
-    def add(self, label_columns: list[pa.Array], values_ns: np.ndarray, trace_ids: pa.Array, now_s: float) -> None:
-        """Count values (ns) under their label columns."""
-        if values_ns.size == 0:
-            return
-        bucket = np.searchsorted(_BOUNDS_NS, values_ns, side="left").astype(np.int64)  # le: value <= bound
-        names = [f"l{i}" for i in range(len(label_columns))]
-        table = pa.table([*label_columns, pa.array(bucket), pa.array(values_ns.astype(np.float64) / 1e9),
-                          trace_ids], names=[*names, "b", "v", "t"])
-        agg = table.group_by([*names, "b"], use_threads=False).aggregate(
-            [("v", "count"), ("v", "sum"), ("v", "last"), ("t", "last")]).to_pydict()
-        for i in range(len(agg["b"])):
-            key = tuple(agg[n][i] for n in names)
-            s = self.series.get(key)
-            if s is None:
-                s = self.series[key] = _Series()
-            b = agg["b"][i]
-            s.counts[b] += agg["v_count"][i]
-            s.sum_s += agg["v_sum"][i]
-            s.exemplars[b] = (agg["t_last"][i], agg["v_last"][i], now_s)
+    def add(self, key: tuple[str, ...], bucket: int, count: int, total_s: float, exemplar: tuple[str, float, float]
+            ) -> None:
+        """Add `count` values of one bucket (their sum in s, the exemplar of the last) to a label set."""
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        series.counts[bucket] += count
+        series.sum_s += total_s
+        series.exemplars[bucket] = exemplar
 
     def family(self, extra_labels: tuple[str, ...] = ()) -> HistogramMetricFamily:
         """The OpenMetrics family: cumulative buckets with their exemplars, count and sum per label set."""
@@ -160,6 +152,26 @@ class _Histogram:
                 buckets.append((le, int(cum[i]), exemplar) if exemplar is not None else (le, int(cum[i])))
             fam.add_metric(list(key), buckets, s.sum_s)
         return fam
+
+
+def _groups(t: pa.Table, cols: list[str], kind: np.ndarray, values_ns: np.ndarray) -> list[dict[str, Any]]:
+    """One dict per (kind, label columns, bucket) of the rows: count, sum of the values (s), last row index
+    (`i_max`), in order of first appearance (one pyarrow group-by; rows of kind -1 come back and are ignored)."""
+    bucket = np.searchsorted(_BOUNDS_NS, values_ns, side="left").astype(np.int64)  # le: value <= bound
+    data = pa.table([t.column(c) for c in cols] + [pa.array(kind), pa.array(bucket),
+                                                    pa.array(values_ns.astype(np.float64) / 1e9),
+                                                    pa.array(np.arange(values_ns.size, dtype=np.int64))],
+                    names=[*cols, "kind", "b", "v", "i"])
+    agg = data.group_by([*cols, "kind", "b"], use_threads=False).aggregate(
+        [("v", "count"), ("v", "sum"), ("i", "max")]).to_pylist()
+    return agg
+
+
+def _bucket_figures(g: dict[str, Any], values_ns: np.ndarray, ids: pa.ChunkedArray | pa.Array, now: float
+                    ) -> tuple[int, int, float, tuple[str, float, float]]:
+    """(bucket, count, sum s, exemplar) of a group: the exemplar is its last row (trace id, value s, now)."""
+    i = int(g["i_max"])
+    return int(g["b"]), int(g["v_count"]), float(g["v_sum"]), (str(ids[i].as_py()), float(values_ns[i]) / 1e9, now)
 
 
 class SpanMetrics:
@@ -183,9 +195,6 @@ class SpanMetrics:
         self._lock = threading.Lock()
         self.spans = 0
 
-    def _labels(self, table: pa.Table, names: tuple[str, ...]) -> list[pa.Array]:
-        return [self.bounds[n].map(table.column(_COLUMN_OF[n]).combine_chunks()) for n in names]
-
     def observe(self, table: pa.Table) -> None:
         """Add a table of promoted spans (tracing.schema columns) to the histograms; never raises into the caller."""
         try:
@@ -197,38 +206,47 @@ class SpanMetrics:
         if table.num_rows == 0:
             return
         now = time.time()
-        is_request = pc.fill_null(table.column("IsRequest"), False)
-        requests = table.filter(is_request)
-        stages = table.filter(pc.is_valid(table.column("Stage")))
-        names = _REQUEST_LABELS + (("tenant",) if self.tenants > 0 else ())
+        t = table.select(_NEEDED)  # the attribute maps and events are never copied
+        is_request = pc.fill_null(t.column("IsRequest"), False).to_numpy(zero_copy_only=False)
+        has_stage = pc.is_valid(t.column("Stage")).to_numpy(zero_copy_only=False)
+        kind = np.where(is_request, 0, np.where(has_stage, 1, -1)).astype(np.int8)
+        dur = pc.fill_null(t.column("Duration"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        ids = t.column("TraceId")
+        cols = list(_KEY_COLUMNS) + (["Tenant"] if self.tenants > 0 else [])
+        ttft_col = t.column("TtftNs")
+        timed = np.flatnonzero(is_request & pc.is_valid(ttft_col).to_numpy(zero_copy_only=False))
         with self._lock:
-            self.spans += table.num_rows
-            if requests.num_rows:
-                outcome = pc.fill_null(requests.column("Outcome"), "ok")
-                requests = requests.set_column(requests.schema.get_field_index("Outcome"), "Outcome", outcome)
-                labels = self._labels(requests, names)
-                dur = requests.column("Duration").to_numpy(zero_copy_only=False).astype(np.int64)
-                ids = requests.column("TraceId").combine_chunks()
-                self.request.add(labels, dur, ids, now)
-                ttft_col = requests.column("TtftNs")
-                has = pc.is_valid(ttft_col).to_numpy(zero_copy_only=False)
-                if has.any():
-                    mask = pa.array(has)
-                    ttft = ttft_col.to_numpy(zero_copy_only=False)[has].astype(np.int64)
-                    sub = [pc.filter(c, mask) for c in labels]
-                    sub_ids = pc.filter(ids, mask)
-                    self.ttft.add(sub, ttft, sub_ids, now)
-                    out = requests.column("OutputTokens").to_numpy(zero_copy_only=False)[has]
-                    out = np.nan_to_num(out.astype(np.float64), nan=0.0)
-                    many = out > 1
-                    if many.any():
-                        tpot = np.round((dur[has][many] - ttft[many]) / (out[many] - 1)).astype(np.int64)
-                        m2 = pa.array(many)
-                        self.tpot.add([pc.filter(c, m2) for c in sub], tpot, pc.filter(sub_ids, m2), now)
-            if stages.num_rows:
-                labels = self._labels(stages, _STAGE_LABELS)
-                dur = stages.column("Duration").to_numpy(zero_copy_only=False).astype(np.int64)
-                self.stage.add(labels, dur, stages.column("TraceId").combine_chunks(), now)
+            self.spans += t.num_rows
+            for g in _groups(t, cols, kind, dur):
+                if g["kind"] == 0:
+                    self.request.add(self._request_key(g), *_bucket_figures(g, dur, ids, now))
+                elif g["kind"] == 1:
+                    self.stage.add(self._stage_key(g), *_bucket_figures(g, dur, ids, now))
+            if timed.size:
+                sub = t.take(pa.array(timed))
+                ttft = ttft_col.to_numpy(zero_copy_only=False)[timed].astype(np.int64)
+                sub_ids = sub.column("TraceId")
+                for g in _groups(sub, cols, np.zeros(timed.size, np.int8), ttft):
+                    self.ttft.add(self._request_key(g), *_bucket_figures(g, ttft, sub_ids, now))
+                out = np.nan_to_num(sub.column("OutputTokens").to_numpy(zero_copy_only=False).astype(np.float64))
+                many = np.flatnonzero(out > 1)
+                if many.size:
+                    tpot = np.round((dur[timed][many] - ttft[many]) / (out[many] - 1)).astype(np.int64)
+                    sub2 = sub.take(pa.array(many))
+                    for g in _groups(sub2, cols, np.zeros(many.size, np.int8), tpot):
+                        self.tpot.add(self._request_key(g), *_bucket_figures(g, tpot, sub2.column("TraceId"), now))
+
+    def _request_key(self, g: dict[str, Any]) -> tuple[str, ...]:
+        b = self.bounds
+        key = (b["service"].name(g["ServiceName"]), b["model"].name(g["Model"]),
+               b["model_version"].name(g["ModelVersion"]), b["replica"].name(g["Replica"]),
+               b["outcome"].name(g["Outcome"] or "ok"))
+        return (*key, b["tenant"].name(g["Tenant"])) if self.tenants > 0 else key
+
+    def _stage_key(self, g: dict[str, Any]) -> tuple[str, ...]:
+        b = self.bounds
+        return (b["service"].name(g["ServiceName"]), b["stage"].name(g["Stage"]), b["model"].name(g["Model"]),
+                b["model_version"].name(g["ModelVersion"]), b["replica"].name(g["Replica"]))
 
     def series_count(self) -> int:
         """Label sets across the four histograms (each is len(BUCKETS_S) + 3 samples)."""

@@ -71,9 +71,8 @@ def _reference(tables: list[pa.Table], tenants: int) -> dict[str, dict[tuple[str
         out[hist][key] = (counts, total + ns / 1e9)
 
     for table in tables:
-        rows = table.to_pylist()
-        # labels are bounded in column order (first seen first), per table: requests first, then stages
-        for r in rows:
+        # labels are bounded in the order their values first appear among request and stage spans
+        for r in table.to_pylist():
             if r["IsRequest"]:
                 key = (r["ServiceName"], r["Model"] or "", r["ModelVersion"], bound("replica", r["Replica"]),
                        r["Outcome"] or "ok") + ((bound("tenant", r["Tenant"]),) if tenants else ())
@@ -82,8 +81,7 @@ def _reference(tables: list[pa.Table], tenants: int) -> dict[str, dict[tuple[str
                     add("ttft", key, r["TtftNs"])
                     if (r["OutputTokens"] or 0) > 1:
                         add("tpot", key, round((r["Duration"] - r["TtftNs"]) / (r["OutputTokens"] - 1)))
-        for r in rows:
-            if r["Stage"] is not None:
+            elif r["Stage"] is not None:
                 key = (r["ServiceName"], r["Stage"], r["Model"] or "", r["ModelVersion"],
                        bound("replica", r["Replica"]))
                 add("stage", key, r["Duration"])
