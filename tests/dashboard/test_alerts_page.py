@@ -80,7 +80,7 @@ def test_the_alerts_page_on_a_store_without_alerts(empty_store: Path, monkeypatc
 def test_a_link_with_a_rules_filter_opens_with_that_filter(alerted: tuple[Path, list[dict]],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """An SLO rule's link carries its filter (`&replica=...`): a new session starts with it picked in the sidebar."""
-    store, fired = alerted
+    store, _ = alerted
     con = connect(store)
     replica = con.execute("SELECT min(replica) FROM requests").fetchall()[0][0]
     con.close()
