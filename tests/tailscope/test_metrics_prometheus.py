@@ -84,3 +84,18 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
             assert abs(float(ex["value"]) - durations[trace]) < 1e-6 and float(ex["value"]) <= le
             seen += 1
     assert seen >= 2, data
+
+
+def test_metrics_and_watch_options_fail_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tailscope.cli import app
+    from tracing.store import init_store
+    runner = CliRunner()
+    result = runner.invoke(app, ["metrics", "--store", str(tmp_path / "nothing")])
+    assert result.exit_code == 1 and "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    store = init_store(tmp_path / "store")
+    token = tmp_path / "token"
+    token.write_text("t0k3n\n")
+    result = runner.invoke(app, ["watch", "--store", str(store), "--once", "--metrics-token-file", str(token)])
+    assert result.exit_code == 1 and result.output.strip() == "error: --metrics-token-file needs --metrics-port"
