@@ -98,6 +98,23 @@ def exposure_warning(host: str, token: str | None) -> str | None:
             "the latency figures and trace ids; give --token-file, or keep the default --host 127.0.0.1")
 
 
+def scrape_token(token_file: Path | None, option: str, host: str) -> str | None:
+    """The bearer token scrapes must send (None without a file), with the exposure warning on stderr;
+    a bad token file ends the command in one line naming `option`."""
+    from intake.collect.config import read_token
+
+    token = None
+    if token_file is not None:
+        try:
+            token = read_token(token_file)
+        except (OSError, ValueError) as exc:
+            fail(f"{option}: {exc}")
+    warning = exposure_warning(host, token)
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
+    return token
+
+
 class StoreTail:
     """Feeds a SpanMetrics with the segments that appear in a store (each segment once)."""
 
@@ -146,20 +163,11 @@ def metrics(
 ) -> None:
     """Serve /metrics (OpenMetrics, exemplars) from the spans new segments of a store hold (a store `collect` does
     not fill: the store exporter, `tailscope ingest`)."""
-    from intake.collect.config import read_token
     from intake.collect.metrics import SpanMetrics
 
     with errors_as_messages():
         path = require_store(store_path(store))
-    token = None
-    if token_file is not None:
-        try:
-            token = read_token(token_file)
-        except (OSError, ValueError) as exc:
-            fail(f"--token-file: {exc}")
-    warning = exposure_warning(host, token)
-    if warning:
-        sys.stderr.write(f"warning: {warning}\n")
+    token = scrape_token(token_file, "--token-file", host)
     span_metrics = SpanMetrics(tenants)
     tail = StoreTail(path, span_metrics, from_start=from_start)
     tail.poll()

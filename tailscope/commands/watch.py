@@ -150,19 +150,9 @@ def _metrics_options(port: int | None, host: str, token_file: Path | None) -> tu
         if token_file is not None:
             raise QueryError("", "--metrics-token-file needs --metrics-port")
         return None
-    from intake.collect.config import read_token
-    from tailscope.commands.metrics import exposure_warning
+    from tailscope.commands.metrics import scrape_token
 
-    token = None
-    if token_file is not None:
-        try:
-            token = read_token(token_file)
-        except (OSError, ValueError) as exc:
-            fail(f"--metrics-token-file: {exc}")
-    warning = exposure_warning(host, token)
-    if warning:
-        sys.stderr.write(f"warning: {warning}\n")
-    return port, host, token
+    return port, host, scrape_token(token_file, "--metrics-token-file", host)
 
 
 def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float,
