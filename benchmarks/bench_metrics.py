@@ -59,8 +59,8 @@ def p99_errors(demo_store: Path) -> None:
     """Per 120 s window of the demo: |bucket p99 - exact p99| / exact p99, classic and native schema 3."""
     import duckdb
 
-    from analysis.connect import connect
-    from analysis.percentiles import request_facts
+    from analysis.engine.connect import connect
+    from analysis.engine.percentiles import request_facts
 
     con = connect(demo_store)
     facts = request_facts(con, with_ttft=True)

@@ -3,7 +3,7 @@
 One evaluation per closed window (`Watcher.tick`): the window's requests join a buffer of
 the last `lookback` windows, and
 
-- tail spike: `analysis.spikes.detect` runs on the buffer; while the newest window is part
+- tail spike: `analysis.stats.spikes.detect` runs on the buffer; while the newest window is part
   of a significant spike (p99 up, p50 flat) the alert fires, with the report's explanation
   (`analysis.report.explain_spikes`: stage shares, the top dimension and its counterfactual,
   exemplar trace ids). It resolves on the first evaluated window that is not;
@@ -16,7 +16,7 @@ and ended by then: a live watch (`run_live`) and a backtest (`replay`) see the s
 so the replay prints exactly what the live watch would have fired. Percentiles follow the
 project convention (`quantile_cont`, failures included); each alert carries its counts.
 Sampled traces: each request weighs its adjusted count (`adjusted_count`) in the spike
-detection, the rule percentiles (analysis.percentiles' weighted quantile, low-sample on the
+detection, the rule percentiles (analysis.engine.percentiles' weighted quantile, low-sample on the
 effective count), the error rate and the burn rate; where every weight is 1 the unweighted
 computation runs, bit for bit.
 

@@ -11,9 +11,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis.percentiles import MIN_TAIL, effective_count, iso, weighted_quantile_sorted
+from analysis.engine.percentiles import MIN_TAIL, effective_count, iso, weighted_quantile_sorted
 from analysis.report import explain_spikes
-from analysis.spikes import Detection, Spike, detect
+from analysis.stats.spikes import Detection, Spike, detect
 from analysis.watch.reading import ROW_COLUMNS
 from analysis.watch.records import ALERT_VERSION, Config, Event, alert_id, spike_url, to_ms
 from analysis.watch.rules import NS, Rule

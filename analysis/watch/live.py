@@ -8,7 +8,7 @@ from typing import Final
 
 import polars as pl
 
-from analysis.percentiles import choose_window_s
+from analysis.engine.percentiles import choose_window_s
 from analysis.watch.evaluation import Watcher
 from analysis.watch.reading import open_range, read_rows, request_source
 from analysis.watch.records import Config, Event, fmt_ms

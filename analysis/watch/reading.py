@@ -11,9 +11,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import explain as X
-from analysis.percentiles import iso, request_facts
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.engine.percentiles import iso, request_facts
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.stats import explain as X
 from tracing import schema as S
 from tracing.store import require_store
 

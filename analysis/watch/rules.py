@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from analysis.percentiles import GROUP_COLUMNS, parse_duration
+from analysis.engine.percentiles import GROUP_COLUMNS, parse_duration
 from tracing.errors import QueryError
 
 #: Metrics the watch can detect spikes on and rules can name.

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from analysis.percentiles import parse_time
+from analysis.engine.percentiles import parse_time
 from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Config
 from analysis.watch.rules import NS
 from tracing.errors import StoreError

@@ -177,7 +177,7 @@ class CollectConfig:
     forward_timeout_s: float = COLLECT.forward_timeout_s.default
     forward_retry_s: float = COLLECT.forward_retry_s.default
     forward_token: str | None = None
-    metrics_port: int | None = None
+    metrics_port: int | None = COLLECT.metrics_port.default  # None or negative: off
     metrics_tenants: int = COLLECT.metrics_tenants.default
 
     def __post_init__(self) -> None:

@@ -91,7 +91,8 @@ class Receiver:
         self.loaded_keys = 0
         self.removed_temp_files: list[Path] = []
         self.replayed = Replayed(0, 0, 0)
-        self.span_metrics = SpanMetrics(config.metrics_tenants) if config.metrics_port is not None else None
+        metrics_on = config.metrics_port is not None and config.metrics_port >= 0
+        self.span_metrics = SpanMetrics(config.metrics_tenants) if metrics_on else None
         self.forwarder = (Forwarder(config.forward, token=config.forward_token,
                                     max_queue_spans=config.forward_queue_spans, timeout_s=config.forward_timeout_s,
                                     retry_s=config.forward_retry_s) if config.forward else None)

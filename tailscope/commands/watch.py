@@ -78,7 +78,7 @@ def watch(
         show_default=False)] = None,
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
-    from analysis.percentiles import parse_duration
+    from analysis.engine.percentiles import parse_duration
     from analysis.watch import Config, load_rules
     from analysis.watch.delivery import receivers_from
 
@@ -107,8 +107,8 @@ def _replay(path: Path, config: Config, since: str | None, until: str | None, as
             auto_window: bool) -> None:
     import duckdb
 
-    from analysis.connect import connect
-    from analysis.percentiles import auto_window_s, parse_time, request_facts, time_range
+    from analysis.engine.connect import connect
+    from analysis.engine.percentiles import auto_window_s, parse_time, request_facts, time_range
     from analysis.watch import Event, replay, replay_json, summary_line
 
     since_ns, until_ns = parse_time(since), parse_time(until)

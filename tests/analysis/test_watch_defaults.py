@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from analysis.percentiles import auto_window_s
+from analysis.engine.percentiles import auto_window_s
 from analysis.watch import Config, parse_rule, parse_rules
 from analysis.watch.delivery import alertmanager_alert
 from analysis.watch.live import live_window_s
@@ -66,7 +66,7 @@ def test_the_window_is_the_reports(demo_store: Path, replayed: list[dict[str, An
 
 
 def test_the_link_and_the_window_end_follow_the_alert_as_it_grows(replayed: list[dict[str, Any]]) -> None:
-    from analysis.percentiles import parse_time
+    from analysis.engine.percentiles import parse_time
     for alert in replayed:
         start_ns, end_ns = parse_time(alert["window_start"]), parse_time(alert["window_end"])
         assert start_ns is not None and end_ns is not None
