@@ -197,3 +197,43 @@ def test_the_store_tail_counts_each_new_segment_once(tmp_path: Path) -> None:
     assert tail.poll() == spans and tail.poll() == 0  # each segment once
     assert sum(int(s.counts.sum()) for s in metrics.request.series.values()) == requests > 0
     assert store_bytes(store) > 0
+
+
+def test_the_receivers_health_is_what_it_did(tmp_path: Path) -> None:
+    """Counters of a real receiver after known posts: 8 spans stored, 8 sent again (duplicates), one bad body,
+    one commit-latency sample per accepted request; a hook is absent while it returns None."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    from intake.collect.metrics import ReceiverMetrics
+    from tests.intake.collect_helpers import pb_body, running
+
+    body, _ = pb_body(8, random.Random(5))
+    with running(tmp_path / "store", metrics_port=0, journal_ms=0) as receiver:
+        url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+        for data in (body, body):
+            req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/x-protobuf"})
+            urllib.request.urlopen(req, timeout=30).read()
+        bad = urllib.request.Request(url, data=b"\xff\xff not protobuf",
+                                     headers={"Content-Type": "application/x-protobuf"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(bad, timeout=30)
+        assert err.value.code == 400
+        lag: list[float | None] = [None]
+        health = ReceiverMetrics(receiver)
+        health.hook("tailscope_store_compaction_lag_seconds", "Compaction lag.", lambda: lag[0])
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(health)
+        first = generate_latest(registry).decode()
+        lag[0] = 12.5
+        second = generate_latest(registry).decode()
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(second) for s in f.samples}
+    assert values[("tailscope_receiver_spans_received_total", ())] == 16
+    assert values[("tailscope_receiver_spans_stored_total", ())] == 8
+    assert values[("tailscope_receiver_spans_duplicate_total", ())] == 8
+    assert values[("tailscope_receiver_refused_total", (("reason", "bad_request"),))] == 1
+    assert values[("tailscope_receiver_refused_total", (("reason", "overload"),))] == 0
+    assert values[("tailscope_receiver_commit_latency_seconds_count", ())] == 2
+    assert values[("tailscope_receiver_store_bytes", ())] > 0  # the segment (measured once per 10 s)
+    assert "compaction_lag" not in first and values[("tailscope_store_compaction_lag_seconds", ())] == 12.5
