@@ -214,8 +214,10 @@ def exposure_warning(config: CollectConfig) -> str | None:
     """A warning when the receiver listens beyond loopback without a token (None otherwise)."""
     if config.token or is_loopback(config.host):
         return None
+    metrics = (" and read /metrics (latencies, trace ids)" if config.metrics_port is not None
+               and config.metrics_port >= 0 else "")
     return (f"listening on {config.host} without --token-file: anyone who can reach this machine can "
-            "write spans to the store (gRPC and HTTP alike); give --token-file, or keep the default "
+            f"write spans to the store (gRPC and HTTP alike){metrics}; give --token-file, or keep the default "
             "--host 127.0.0.1")
 
 
