@@ -1,6 +1,6 @@
 """Benchmark /metrics: the p99 error of the latency buckets on the demo, and a scrape of a large receiver.
 
-    .venv/bin/python -m benchmarks.bench_metrics [--quick]
+    .venv/bin/python -m benchmarks.bench_metrics [--quick] [--dir DIR] [--sample demo|basic]
 
 1. p99 error: the demo store's requests (`tailscope demo`'s sample, ingested here) in the report's
    120 s windows; per window the exact p99 (quantile_cont, the project's convention) against the
@@ -29,7 +29,6 @@ import pyarrow as pa
 from intake.collect.metrics import BUCKETS_S, SpanMetrics
 from tracing import schema as S
 
-WINDOW_NS = 120_000_000_000
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
@@ -55,8 +54,9 @@ def native_bounds(lo_s: float = 1e-4, hi_s: float = 1200.0, schema: int = 3) -> 
     return lo_s * factor ** np.arange(1, n + 1)
 
 
-def p99_errors(demo_store: Path) -> None:
-    """Per 120 s window of the demo: |bucket p99 - exact p99| / exact p99, classic and native schema 3."""
+def p99_errors(demo_store: Path, window_s: int = 120, min_requests: int = 100) -> None:
+    """Per window of the sample: |bucket p99 - exact p99| / exact p99, classic and native schema 3."""
+    window_ns = window_s * 1_000_000_000
     import duckdb
 
     from analysis.engine.connect import connect
@@ -74,7 +74,7 @@ def p99_errors(demo_store: Path) -> None:
         "WHERE Stage = 'decode'").fetchnumpy()
     classic = np.array(BUCKETS_S)
     native = native_bounds()
-    print(f"p99 error per {WINDOW_NS // 10**9} s window of the demo (exact: quantile_cont); classic = "
+    print(f"p99 error per {window_s} s window of the sample (exact: quantile_cont); classic = "
           f"{len(BUCKETS_S)} buckets, native = schema 3 ({native.size} buckets over 0.1 ms-20 min)")
     print(f"{'metric':<12} {'windows':>7} {'classic median':>14} {'classic max':>11} {'native median':>13} "
           f"{'native max':>10}")
@@ -82,9 +82,9 @@ def p99_errors(demo_store: Path) -> None:
         start = np.asarray(f["start_ns"], dtype=np.int64)
         v = np.asarray(f["v"], dtype=np.float64) / 1e9
         errs: dict[str, list[float]] = {"classic": [], "native": []}
-        for w in np.unique(start // WINDOW_NS):
-            x = v[(start // WINDOW_NS) == w]
-            if x.size < 100:
+        for w in np.unique(start // window_ns):
+            x = v[(start // window_ns) == w]
+            if x.size < min_requests:
                 continue
             exact = float(np.quantile(x, 0.99))
             errs["classic"].append(abs(bucket_quantile(x, classic, 0.99) - exact) / exact)
@@ -166,15 +166,25 @@ def main(argv: list[str] | None = None) -> None:
     """Run both parts (the demo is ingested into a temporary store)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 replicas x 2 models, for a smoke run")
+    ap.add_argument("--dir", type=Path, default=None, help="where the ingested sample is kept (default: a temp dir)")
+    ap.add_argument("--sample", choices=("demo", "basic"), default="demo",
+                    help="the committed sample whose p99 errors are measured (basic: the small one, 60 s windows)")
     args = ap.parse_args(argv)
-    from intake.ingest import ingest_files
-    from sample_traces import generate
-    from tracing.store import init_store
+    import hashlib
 
-    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as work:
-        store = init_store(Path(work) / "demo")
-        ingest_files([generate.DEMO_TRACES], store)
-        p99_errors(store)
+    from benchmarks.bench_watch import ingest_sample
+    from benchmarks.inputs import prepare
+    from sample_traces import generate
+
+    traces = generate.DEMO_TRACES if args.sample == "demo" else generate.DATA_DIR / "basic.otlp.jsonl.gz"
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        store = (args.dir or Path(tmp)) / args.sample
+        prepare(store, ingest_sample, traces=str(traces),
+                traces_sha256=hashlib.sha256(traces.read_bytes()).hexdigest())
+        if args.sample == "demo":
+            p99_errors(store)
+        else:
+            p99_errors(store, window_s=60, min_requests=10)
     scrape(8 if args.quick else 32, 2 if args.quick else 4, 4)
 
 
