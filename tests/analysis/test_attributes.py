@@ -222,7 +222,7 @@ def test_a_watch_alert_carries_the_attribute_and_its_value(nodes: Path) -> None:
     spikes = [a for a in alerts if a["kind"] == "tail_spike"]
     assert spikes, alerts
     top = spikes[0]
-    assert (top["dimension"], top["value"], top["attribute"], top["source"]) == (
+    assert (top["dimension"], top["value"], top["attribute"], top["attribute_source"]) == (
         "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource"), top
 
 
