@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_report import print_results
 from benchmarks.inputs import prepare
 from benchmarks.synthetic import make_store
 
@@ -65,11 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     results["report_cpu_x"] = round(w["report_cpu_s"] / max(wo["report_cpu_s"], 1e-9), 2)
     results["peak_rss_x"] = round(w["peak_rss_mib"] / max(wo["peak_rss_mib"], 1e-9), 2)
     results["spans"], results["extra_attributes"] = args.spans, args.attrs
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    for name, r in results.items():
-        print(name, r)
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -243,7 +243,12 @@ def main(argv: list[str] | None = None) -> None:
         results["growth_report_x"] = round(hi["report_s"] / max(lo["report_s"], 1e-9), 2)
         results["growth_series_x"] = round(hi["series_s"] / max(lo["series_s"], 1e-9), 2)
         results["growth_report_cpu_x"] = round(hi["report_cpu_s"] / max(lo["report_cpu_s"], 1e-9), 2)
-    if args.json:
+    print_results(results, args.json)
+
+
+def print_results(results: dict[str, Any], as_json: bool) -> None:
+    """The figures: indented JSON, or one line per entry."""
+    if as_json:
         print(json.dumps(results, indent=2))
         return
     for name, r in results.items():
