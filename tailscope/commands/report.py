@@ -84,6 +84,9 @@ def report(
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
     if engine is Engine.clickhouse:
+        if dimensions is not None or exclude_dimensions is not None:
+            fail("--dimensions and --exclude-dimensions need --engine duckdb: the ClickHouse engine explains "
+                 "by the built-in dimensions only")
         with errors_as_messages():
             from analysis.clickhouse import recognition_counts
             from analysis.clickhouse_report import build_report as clickhouse_report
