@@ -52,9 +52,14 @@ MAX_ATTRIBUTES: Final = 64
 BUILTIN_KEYS: Final[dict[str, str]] = {
     **{k: "model" for k in S.MODEL_KEYS}, **{k: "model_version" for k in S.MODEL_VERSION_KEYS},
     **{k: "tenant" for k in S.TENANT_KEYS}, **{k: "input_tokens" for k in S.INPUT_TOKEN_KEYS},
-    **{k: "output_tokens" for k in S.OUTPUT_TOKEN_KEYS}}
+    **{k: "output_tokens" for k in S.OUTPUT_TOKEN_KEYS},
+    # process ids the replica rule falls back to: a number per process, never a level of anything
+    **{k: "replica" for k in S.REPLICA_RESOURCE_KEYS if k in ("process.pid", "vllm.process_id")}}
 #: Why an attribute is not a dimension (the `reason` of a skipped entry).
-SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "pattern", "rare", "ids", "cardinality",
+#: Keys recording the request's own timing: the latency itself (an effect of whatever made it slow), never a cause.
+TIMING_PATTERNS: Final[tuple[str, ...]] = ("*latency*", "*duration*", "*_ns", "*_ms", "*_us", "*_seconds", "*.time_*",
+                                           "*time_to_first_token*")
+SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "timing", "pattern", "rare", "ids", "cardinality",
                                         "same_partition", "shadowed", "cut", "source")
 _OWN_PREFIX: Final = "tailscope."
 
@@ -285,6 +290,11 @@ class _Judge:
             return False
         if key.startswith(_OWN_PREFIX):
             self.skip(key, source, "tailscope", "tailscope's own key (the convention's bookkeeping)")
+            return False
+        timing = next((p for p in TIMING_PATTERNS if fnmatch.fnmatchcase(key.lower(), p)), None)
+        if timing is not None:
+            self.skip(key, source, "timing", f"records the request's own timing ({timing!r}): the latency is the "
+                      "effect being explained, not a cause")
             return False
         if key in {c.name for c in self.builtin} or key in {"replica"}:
             self.skip(key, source, "builtin", "has the name of a built-in dimension")

@@ -38,7 +38,7 @@ def _append(batch: SpanBatch, trace: str, span: str, parent: str, name: str, sta
 def node_store(path: Path) -> Path:
     """10 one-minute windows of 600 requests over 24 replicas on 8 nodes in 2 zones; in windows 5..6 every
     replica of node-2 decodes 4x slower. Requests carry ids, free text, a rare key, a cache-read count,
-    a boolean and a stage attribute."""
+    a boolean, their own duration and a stage attribute."""
     batch = SpanBatch()
     rng = random.Random(7)
     for w in range(WINDOWS):
@@ -57,7 +57,9 @@ def node_store(path: Path) -> Path:
                      "gen_ai.usage.input_tokens": str(100 + j % 900), "gen_ai.usage.output_tokens": "200",
                      "request.id": f"req-{i}", "user.note": f"note {rng.random():.6f}",
                      "gen_ai.usage.cache_read.input_tokens": str((0, 0, 64, 300, 1024)[j % 5]),
-                     "retry": ("true", "false")[j % 2]}
+                     "retry": ("true", "false")[j % 2],
+                     # the request's own latency, as a server might record it: an effect, never a candidate
+                     "server.duration_ms": str((end - start) // (100 * MS) * 100)}
             if i % 250 == 0:
                 attrs["rare.key"] = "x"
             trace, root = hex_id("trace", i, size=32), hex_id("span", i, "request")
@@ -110,7 +112,7 @@ def test_considered_and_skipped_say_what_and_why(report: dict[str, Any]) -> None
         ("request.id", "request"): "ids", ("user.note", "request"): "ids", ("rare.key", "request"): "rare",
         ("gen_ai.request.model", "request"): "builtin", (S.ATTR_TENANT, "request"): "builtin",
         ("gen_ai.usage.input_tokens", "request"): "builtin", ("gen_ai.usage.output_tokens", "request"): "builtin",
-        (S.ATTR_REQUEST, "request"): "tailscope",
+        (S.ATTR_REQUEST, "request"): "tailscope", ("server.duration_ms", "request"): "timing",
         ("service.instance.id", "resource"): "same_partition", ("service.name", "resource"): "same_partition"}
     assert attrs["cut"] == 0 and attrs["errors"] == []
     cache = next(c for c in attrs["considered"] if c["attribute"] == "gen_ai.usage.cache_read.input_tokens")
