@@ -416,7 +416,8 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
 
     The single candidates nested with the first one (every request of one carries the other's value, over
     the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
-    chain explaining as much as any (within HIERARCHY_MARGIN); the finer ones are shown under it. Of values
+    chain explaining as much as any (within HIERARCHY_MARGIN, explained capped at 1); the finer ones are shown
+    under it. Of values
     selecting exactly the same requests, the one of the dimension with fewer values comes first.
     """
     if not ranked or len(ranked[0].dims) != 1:
@@ -443,8 +444,10 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
     if len(chain) == 1 or not math.isfinite(ranked[0].explained):
         return ranked, [], []
     chain.sort()
-    best = max(ranked[i].explained for _, i in chain)
-    pos = next(j for j, (_, i) in enumerate(chain) if ranked[i].explained >= best - HIERARCHY_MARGIN)
+    # explained capped at 1: a value whose removal takes away the whole excess explains all there is to explain
+    # (past 1, a coarser value only removes more of the ordinary tail with it)
+    best = max(min(ranked[i].explained, 1.0) for _, i in chain)
+    pos = next(j for j, (_, i) in enumerate(chain) if min(ranked[i].explained, 1.0) >= best - HIERARCHY_MARGIN)
     named = chain[pos][1]
     finer = sorted((ranked[i] for _, i in chain[:pos]), key=lambda c: -c.explained)
     coarser = [ranked[i] for _, i in chain[pos + 1:]]
