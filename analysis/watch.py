@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import explain as X
+from analysis.mapping.rules import load as load_mapping
 from analysis.percentiles import (
     GROUP_COLUMNS,
     MIN_TAIL,
@@ -240,7 +241,8 @@ def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -
     con.register("_empty_spans_arrow", S.empty_span_table())
     con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
     con.unregister("_empty_spans_arrow")
-    source = spans_sql(files_source(files)) if files else spans_sql("_empty_spans")
+    mapping = load_mapping(store)
+    source = spans_sql(files_source(files), mapping) if files else spans_sql("_empty_spans", mapping)
     con.execute(f"CREATE VIEW spans AS SELECT * FROM ({source}) "
                 f"WHERE TimestampNs >= {int(lo_ns)} AND TimestampNs < {int(hi_ns)}")
     return con

@@ -179,7 +179,8 @@ class Workbench:
             t0 = time.perf_counter()
             snap = snapshot(self.store)
             old = self.snap
-            if old is not None and old.segments == snap.segments and old.fresh == snap.fresh:
+            if (old is not None and old.segments == snap.segments and old.fresh == snap.fresh
+                    and old.mapping == snap.mapping):
                 self.last_refresh_s = time.time()
                 return False
             keys = {h: snap.key(h) for h in snap.stale}
@@ -310,7 +311,7 @@ def _insert_exact(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hour: int, int
 
 def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int]) -> None:
     """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of their inputs."""
-    source = f"({spans_sql(_list_source(snap.inputs(hours)))})"
+    source = f"({spans_sql(_list_source(snap.inputs(hours)), snap.mapping)})"
     cur.execute(f"""
         INSERT INTO req_live BY NAME
         SELECT *, make_timestamp(start_ns // 1000) AS start, start_ns + e2e_ns AS end_ns, false AS critical_path
@@ -633,7 +634,8 @@ def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: i
 
         return pd.DataFrame()
     with _cursor(_db) as cur:
-        cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
+        mapping = _db.snap.mapping if _db.snap is not None else None
+        cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files), mapping)}")
         return T.waterfall(cur, trace_id).to_pandas()
 
 

@@ -59,6 +59,7 @@ ATTR_OPERATION: Final = "gen_ai.operation.name"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_SYNTHETIC: Final = "tailscope.synthetic"  # "true" on a stage span derived from an engine's native trace
 ATTR_ENGINE: Final = "tailscope.engine"  # the serving engine a mapped request came from (vllm, sglang, tgi, triton)
+ATTR_ENGINE_EVIDENCE: Final = "tailscope.engine.evidence"  # why a mapper claimed the span (scope, service, ...)
 ATTR_DERIVED_FROM: Final = "tailscope.derived_from"  # the native field(s) or span a synthetic stage span was laid from
 
 #: Keys tried in order for each promoted field (first present wins).

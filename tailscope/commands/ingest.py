@@ -52,7 +52,7 @@ def ingest(
             for problem in report.problems[:5]:
                 console.print(f"  {problem}", highlight=False)
         console.print(report.recognition.summary(), highlight=False)
-    hint = report.recognition.problem()
+    hint = report.recognition.problem(str(target))
     if hint is not None:  # said even with --quiet: the data will not show up as requests
         err_console.print(f"[yellow]{hint}[/]", highlight=False, soft_wrap=True)
 

@@ -118,10 +118,10 @@ def report(
         finally:
             con.close()
     _print(result, as_json)
-    _coverage(seen, as_json)
+    _coverage(seen, as_json, str(store_path(store)))
 
 
-def _coverage(seen: Recognition, as_json: bool) -> None:
+def _coverage(seen: Recognition, as_json: bool, store: str = "DIR") -> None:
     """What the data can and cannot show: on stderr with --json, so the contract on stdout stays as is."""
     from intake.recognition import gaps
 
@@ -130,7 +130,7 @@ def _coverage(seen: Recognition, as_json: bool) -> None:
     out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True, emoji=False)
     for gap in gaps(seen.engines):
         out.print(f"  {gap}", highlight=False, soft_wrap=True, emoji=False)
-    problem = seen.problem()
+    problem = seen.problem(store)
     if problem is not None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
 
