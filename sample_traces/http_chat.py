@@ -53,23 +53,26 @@ CLIENT_CLOSED_SHARE = 0.005
 
 @dataclass(frozen=True)
 class Truth:
-    """What the simulator did: the incident's window (ns), its stage and its pod; and the request count."""
+    """What the simulator did: the incident's window (ns), its stage and its pod; the request count, and how many
+    requests failed with 500 and were closed by the client (499)."""
 
     start_ns: int
     end_ns: int
     stage: str
     pod: str
     requests: int
+    errors: int = 0
+    cancelled: int = 0
 
 
-def truth(requests: int) -> Truth:
+def truth(requests: int, errors: int = 0, cancelled: int = 0) -> Truth:
     """The incident of a run of `requests` requests."""
     duration = requests / RATE
     lo, hi = (x * duration / DURATION_S for x in INCIDENT_S)
-    return Truth(T0 + int(lo * S), T0 + int(hi * S), "generation", PODS[INCIDENT_POD], requests)
+    return Truth(T0 + int(lo * S), T0 + int(hi * S), "generation", PODS[INCIDENT_POD], requests, errors, cancelled)
 
 
-def _request(tracer: trace.Tracer, rng: random.Random, start: int, slow: bool, customer: str) -> None:
+def _request(tracer: trace.Tracer, rng: random.Random, start: int, slow: bool, customer: str) -> int:
     tok = int(rng.uniform(3, 8) * MS)
     gen = int(rng.lognormvariate(math.log(400), 0.3) * MS * (INCIDENT_FACTOR if slow else 1.0))
     first = int(gen * rng.uniform(0.05, 0.15))
@@ -96,10 +99,13 @@ def _request(tracer: trace.Tracer, rng: random.Random, start: int, slow: bool, c
     if code >= 500:
         root.set_status(trace.Status(trace.StatusCode.ERROR))
     root.end(end_time=g0 + gen + int(rng.uniform(4, 8) * MS))
+    return code
 
 
-def lines(requests: int = int(RATE * DURATION_S), seed: int = 1, batch: int = 512) -> Iterator[str]:
-    """OTLP/JSON lines (one export batch of up to `batch` spans each) of a run of `requests` requests."""
+def lines(requests: int = int(RATE * DURATION_S), seed: int = 1, batch: int = 512,
+          codes: dict[int, int] | None = None) -> Iterator[str]:
+    """OTLP/JSON lines (one export batch of up to `batch` spans each) of a run of `requests` requests; `codes`
+    counts the HTTP status codes sent."""
     rng = random.Random(seed)
     duration = requests / RATE
     lo, hi = (x * duration / DURATION_S for x in INCIDENT_S)
@@ -119,7 +125,9 @@ def lines(requests: int = int(RATE * DURATION_S), seed: int = 1, batch: int = 51
         tracer = provider.get_tracer("app.chat")
         for k, at in enumerate(per_pod[n]):
             slow = n == INCIDENT_POD and lo <= at < hi
-            _request(tracer, rng, T0 + int(at * S), slow, rng.choice(customers))
+            code = _request(tracer, rng, T0 + int(at * S), slow, rng.choice(customers))
+            if codes is not None:
+                codes[code] = codes.get(code, 0) + 1
             if (k + 1) % (batch // 4) == 0:
                 yield spans_to_json_line(list(exporter.get_finished_spans())) + "\n"
                 exporter.clear()
@@ -131,11 +139,11 @@ def lines(requests: int = int(RATE * DURATION_S), seed: int = 1, batch: int = 51
 
 def write(path: Path, requests: int = int(RATE * DURATION_S), seed: int = 1) -> Truth:
     """Write a run to `path` (gzip when it ends in .gz); return its truth."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wt") as out:
-        for line in lines(requests, seed):
+    codes: dict[int, int] = {}
+    with (gzip.open(path, "wt") if path.suffix == ".gz" else path.open("w")) as out:
+        for line in lines(requests, seed, codes=codes):
             out.write(line)
-    return truth(requests)
+    return truth(requests, codes.get(500, 0), codes.get(499, 0))
 
 
 if __name__ == "__main__":

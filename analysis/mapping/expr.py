@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 from tracing import schema as S
@@ -69,7 +70,7 @@ class Field:
 
     source: str  # "span", "attr", "resource"
     key: str
-    label: str  # as written, for messages
+    label: str = dc_field(default="", compare=False)  # as written, for messages
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,10 @@ def parse(text: str) -> Node:
 # --- SQL ------------------------------------------------------------------------------------------
 
 
-def _q(text: str) -> str:
+def quote(text: str, dialect: str) -> str:
+    """A string literal `dialect` reads as `text` (ClickHouse reads a backslash as an escape: doubled there)."""
+    if dialect == "clickhouse":
+        text = text.replace("\\", "\\\\")
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -334,15 +338,23 @@ def _num(value: float) -> str:
 NUMBER = r"^[-+]?[0-9]{1,15}([.][0-9]{1,15})?$"
 
 #: Per dialect: text of an attribute ('' when absent), presence test, a regex search, text to a double or NULL.
+def _dq(text: str) -> str:
+    return quote(text, "duckdb")
+
+
+def _cq(text: str) -> str:
+    return quote(text, "clickhouse")
+
+
 _SQL: dict[str, dict[str, Any]] = {
-    "duckdb": {"get": lambda col, k: f"coalesce({col}[{_q(k)}], '')",
-               "has": lambda col, k: f"map_contains({col}, {_q(k)})",
-               "match": lambda x, rx: f"regexp_matches({x}, {_q(rx)})",
-               "double": lambda x: f"(CASE WHEN regexp_matches({x}, {_q(NUMBER)}) THEN CAST({x} AS DOUBLE) END)"},
-    "clickhouse": {"get": lambda col, k: f"{col}[{_q(k)}]",
-                   "has": lambda col, k: f"mapContains({col}, {_q(k)})",
-                   "match": lambda x, rx: f"match({x}, {_q(rx)})",
-                   "double": lambda x: f"(CASE WHEN match({x}, {_q(NUMBER)}) THEN toFloat64OrNull({x}) END)"},
+    "duckdb": {"get": lambda col, k: f"coalesce({col}[{_dq(k)}], '')",
+               "has": lambda col, k: f"map_contains({col}, {_dq(k)})",
+               "match": lambda x, rx: f"regexp_matches({x}, {_dq(rx)})",
+               "double": lambda x: f"(CASE WHEN regexp_matches({x}, {_dq(NUMBER)}) THEN CAST({x} AS DOUBLE) END)"},
+    "clickhouse": {"get": lambda col, k: f"{col}[{_cq(k)}]",
+                   "has": lambda col, k: f"mapContains({col}, {_cq(k)})",
+                   "match": lambda x, rx: f"match({x}, {_cq(rx)})",
+                   "double": lambda x: f"(CASE WHEN match({x}, {_cq(NUMBER)}) THEN toFloat64OrNull({x}) END)"},
 }
 DIALECTS: tuple[str, ...] = tuple(_SQL)
 
@@ -381,8 +393,8 @@ def to_sql(node: Node, dialect: str) -> str:
         return f"(NOT {test})" if op == "!=" else test
     texts = [v if isinstance(v, str) else _canonical(v) for v in values]
     if op == "in":
-        return f"({x} IN ({', '.join(_q(t) for t in texts)}))"
-    return f"({x} {'=' if op == '==' else '<>'} {_q(texts[0])})"
+        return f"({x} IN ({', '.join(quote(t, dialect) for t in texts)}))"
+    return f"({x} {'=' if op == '==' else '<>'} {quote(texts[0], dialect)})"
 
 
 def _canonical(value: float) -> str:
@@ -432,3 +444,29 @@ def keys_read(node: Node) -> set[tuple[str, str]]:
     if isinstance(node, Not):
         return keys_read(node.arg)
     return {(node.field.source, node.field.key)}
+
+
+def _text_value(value: str | float) -> str:
+    if isinstance(value, float):
+        return _canonical(value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
+def _text_field(f: Field) -> str:
+    if f.source == "span":
+        return f.key
+    prefix = "attributes" if f.source == "attr" else "resource"
+    return f'{prefix}[{_text_value(f.key)}]'
+
+
+def to_text(node: Node) -> str:
+    """The expression written back in the rule language (`parse(to_text(n)) == n`)."""
+    if isinstance(node, BoolOp):
+        return "(" + f" {node.op} ".join(to_text(a) for a in node.args) + ")"
+    if isinstance(node, Not):
+        return f"not {to_text(node.arg)}"
+    if isinstance(node, Exists):
+        return f"exists({_text_field(node.field)})"
+    if node.op == "in":
+        return f"{_text_field(node.field)} in [{', '.join(_text_value(v) for v in node.values)}]"
+    return f"{_text_field(node.field)} {node.op} {_text_value(node.values[0])}"

@@ -114,7 +114,7 @@ def _evidence(picked: pa.Table, cand: _Attrs) -> pa.Array:
     out = pc.if_else(pa.array(by_scope), pc.binary_join_element_wise("scope", scope, " "), pc.if_else(
         pa.array(by_resource), pa.scalar(f"resource {RESOURCE_KEY}"), pc.if_else(
             by_service, pc.binary_join_element_wise("service", service, " "),
-            pa.array(np.where(by_attrs, "attributes gen_ai.latency.*", None).tolist(), pa.string()))))
+            pa.array(["attributes gen_ai.latency.*"] * n, pa.string(), mask=~by_attrs))))
     return out if isinstance(out, pa.Array) else out.combine_chunks()
 
 
