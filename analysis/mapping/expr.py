@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
 
+from analysis.engine.dialect import DIALECTS as _DIALECTS
+from analysis.engine.dialect import dialect as dialect_of
 from tracing import schema as S
 from tracing.errors import TailscopeError
 
@@ -324,10 +326,8 @@ def parse(text: str) -> Node:
 
 
 def quote(text: str, dialect: str) -> str:
-    """A string literal `dialect` reads as `text` (ClickHouse reads a backslash as an escape: doubled there)."""
-    if dialect == "clickhouse":
-        text = text.replace("\\", "\\\\")
-    return "'" + text.replace("'", "''") + "'"
+    """A string literal `dialect` reads back as `text`."""
+    return dialect_of(dialect).literal(text)
 
 
 def _num(value: float) -> str:
@@ -336,40 +336,26 @@ def _num(value: float) -> str:
 
 #: The attribute values a numeric comparison reads as numbers: a plain decimal (no exponent, no spaces).
 NUMBER = r"^[-+]?[0-9]{1,15}([.][0-9]{1,15})?$"
-
-#: Per dialect: text of an attribute ('' when absent), presence test, a regex search, text to a double or NULL.
-def _dq(text: str) -> str:
-    return quote(text, "duckdb")
-
-
-def _cq(text: str) -> str:
-    return quote(text, "clickhouse")
-
-
-_SQL: dict[str, dict[str, Any]] = {
-    "duckdb": {"get": lambda col, k: f"coalesce({col}[{_dq(k)}], '')",
-               "has": lambda col, k: f"map_contains({col}, {_dq(k)})",
-               "match": lambda x, rx: f"regexp_matches({x}, {_dq(rx)})",
-               "double": lambda x: f"(CASE WHEN regexp_matches({x}, {_dq(NUMBER)}) THEN CAST({x} AS DOUBLE) END)"},
-    "clickhouse": {"get": lambda col, k: f"{col}[{_cq(k)}]",
-                   "has": lambda col, k: f"mapContains({col}, {_cq(k)})",
-                   "match": lambda x, rx: f"match({x}, {_cq(rx)})",
-                   "double": lambda x: f"(CASE WHEN match({x}, {_cq(NUMBER)}) THEN toFloat64OrNull({x}) END)"},
-}
-DIALECTS: tuple[str, ...] = tuple(_SQL)
+DIALECTS: tuple[str, ...] = tuple(_DIALECTS)
 
 
 def field_sql(field: Field, dialect: str) -> str:
     """SQL text of what `field` reads on a span row ('' when an attribute is absent)."""
-    d = _SQL[dialect]
     if field.source == "span":
         return f"coalesce({SPAN_FIELDS[field.key]}, '')"
-    return str(d["get"]("SpanAttributes" if field.source == "attr" else "ResourceAttributes", field.key))
+    return dialect_of(dialect).map_get("SpanAttributes" if field.source == "attr" else "ResourceAttributes",
+                                       field.key)
+
+
+def number_sql(x: str, dialect: str) -> str:
+    """The number text `x` holds when it is a plain decimal (NUMBER), else NULL."""
+    d = dialect_of(dialect)
+    return f"(CASE WHEN {d.regex_search(x, NUMBER)} THEN {d.to_double_or_null(x)} END)"
 
 
 def to_sql(node: Node, dialect: str) -> str:
     """A SQL boolean (never NULL) over the span columns of one row, in `dialect`."""
-    d = _SQL[dialect]
+    d = dialect_of(dialect)
     if isinstance(node, BoolOp):
         return "(" + f" {node.op.upper()} ".join(to_sql(a, dialect) for a in node.args) + ")"
     if isinstance(node, Not):
@@ -378,14 +364,14 @@ def to_sql(node: Node, dialect: str) -> str:
         f = node.field
         if f.source == "span":
             return "true"
-        return str(d["has"]("SpanAttributes" if f.source == "attr" else "ResourceAttributes", f.key))
+        return d.map_has("SpanAttributes" if f.source == "attr" else "ResourceAttributes", f.key)
     x = field_sql(node.field, dialect)
     op, values = node.op, node.values
     if op in ("=~", "!~"):
-        m = d["match"](x, str(values[0]))
+        m = d.regex_search(x, str(values[0]))
         return f"({m})" if op == "=~" else f"(NOT {m})"
     if all(isinstance(v, float) for v in values):
-        number = d["double"](x)
+        number = number_sql(x, dialect)
         if op == "in":
             return f"coalesce({number} IN ({', '.join(_num(float(v)) for v in values)}), false)"
         sql_op = {"==": "="}.get(op, op)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analysis.engine.dialect import dialect as dialect_of
 from analysis.mapping import expr as E
 from tracing import schema as S
 from tracing.errors import StoreError, TailscopeError
@@ -134,7 +135,7 @@ class Mapping:
     def _outcome_sql(self, dialect: str) -> str:
         declared = E.field_sql(E.Field("attr", S.ATTR_OUTCOME, S.ATTR_OUTCOME), dialect)
         err = E.field_sql(E.Field("attr", S.ATTR_ERROR_TYPE, S.ATTR_ERROR_TYPE), dialect)
-        err = f"{'replaceAll' if dialect == 'clickhouse' else 'replace'}(lower({err}), '_', '')"
+        err = dialect_of(dialect).replace_all(f"lower({err})", "_", "")
         rules = " ".join(f"WHEN {E.to_sql(E.parse(rule), dialect)} THEN {_q(outcome)}"
                          for outcome, rule in self.outcome_rules())
         outcomes = ", ".join(_q(o) for o in S.OUTCOMES)
@@ -208,9 +209,8 @@ def _q(text: str) -> str:
 
 
 def _int_sql(value: str, dialect: str) -> str:
-    if dialect == "clickhouse":
-        return f"(CASE WHEN match({value}, '^[0-9]{{1,18}}$') THEN toInt64OrNull({value}) END)"
-    return f"(CASE WHEN regexp_matches({value}, '^[0-9]{{1,18}}$') THEN CAST({value} AS BIGINT) END)"
+    d = dialect_of(dialect)
+    return f"(CASE WHEN {d.regex_search(value, '^[0-9]{1,18}$')} THEN {d.int64(value)} END)"
 
 
 def _sh(text: str) -> str:

@@ -60,8 +60,8 @@ def map_command(
     dashboard); the materialized requests of every hour are rebuilt with it. With no rule it shows the
     saved mapping; a new mapping replaces the saved one. Expressions: docs/convention.md#map.
     """
+    from analysis.engine.materialize import materialize
     from analysis.mapping import rules as R
-    from analysis.materialize import materialize
     from tracing.store import require_store
 
     target = store_path(store)
@@ -107,7 +107,7 @@ def map_command(
 
 def _counts(store: Path, mapping: object) -> None:
     """What the mapping finds: requests, and per stage rule the requests where that stage holds time."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.mapping.rules import Mapping
 
     assert isinstance(mapping, Mapping)
@@ -131,8 +131,8 @@ def _counts(store: Path, mapping: object) -> None:
 def _suggest(store: Path) -> None:
     import duckdb
 
+    from analysis.engine.views import files_source
     from analysis.mapping.suggest import suggest
-    from analysis.views import files_source
     from tracing.store import segment_files
 
     files = [str(f) for f in segment_files(store)]

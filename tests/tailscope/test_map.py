@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from analysis.engine.materialize import snapshot
 from analysis.mapping.rules import MAP_FILE
-from analysis.materialize import snapshot
 from sample_traces import http_chat
 from tailscope.cli import app
 
