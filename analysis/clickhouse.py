@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from analysis.engine import model as M
 from analysis.engine import percentiles as P
+from analysis.mapping.rules import Mapping, project
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import MissingExtra, QueryError, TailscopeError
@@ -316,6 +317,13 @@ _INT_RE: Final = f"^[+-]?{_DIGITS}$"
 _FLOAT_RE: Final = f"^[+-]?({_DIGITS}(\\.({_DIGITS})?)?|\\.{_DIGITS})([eE][+-]?{_DIGITS})?$"
 
 
+def ttfc_sql(attrs: str) -> str:
+    """`rows.ttft_ns_of`'s second rule: `gen_ai.response.time_to_first_chunk` in ns (half to even), or NULL."""
+    text = _get(attrs, S.ATTR_TIME_TO_FIRST_CHUNK)
+    return (f"if(match({text}, {M.quote(R.SECONDS_TEXT)}), "
+            f"toInt64(roundBankers(toFloat64OrNull({text}) * 1e9)), NULL)")
+
+
 def int_or_none_sql(text: str) -> str:
     """`rows.attr_int`: an integer string, else a finite float truncated, within int64, else NULL."""
     s = f"replaceRegexpAll({text}, {M.quote(f'^{_WS}+|{_WS}+$')}, '')"
@@ -340,8 +348,8 @@ def promoted_sql(*, name: str = "SpanName", kind: str = "SpanKind", status: str 
         "Tenant": first_sql(attrs, S.TENANT_KEYS),
         "InputTokens": int_or_none_sql(first_sql(attrs, S.INPUT_TOKEN_KEYS)),
         "OutputTokens": int_or_none_sql(first_sql(attrs, S.OUTPUT_TOKEN_KEYS)),
-        "TtftNs": f"if(mapContains({attrs}, {M.quote(S.ATTR_TTFT_NS)}), "
-                  f"{int_or_none_sql(_get(attrs, S.ATTR_TTFT_NS))}, NULL)",
+        "TtftNs": f"coalesce(if(mapContains({attrs}, {M.quote(S.ATTR_TTFT_NS)}), "
+                  f"{int_or_none_sql(_get(attrs, S.ATTR_TTFT_NS))}, NULL), {ttfc_sql(attrs)})",
         "AdjustedCount": M.adjusted_count_sql(M.CLICKHOUSE, "TraceState", attrs),
     }
 
@@ -354,6 +362,21 @@ _LINKS: Final = ("CAST(arrayMap((t, s, st, a) -> tuple(toString(t), toString(s),
                  "CAST(a, 'Map(String, String)')), `Links.TraceId`, `Links.SpanId`, `Links.TraceState`, "
                  "`Links.Attributes`), "
                  "'Array(Tuple(TraceId String, SpanId String, TraceState String, Attributes Map(String, String)))')")
+
+
+#: Mappings (analysis.mapping) applied to the spans of a table, by table name: what `--mapping FILE` registers
+#: (`use_mapping`). Every SQL built from `source_sql` (requests, facts, reports, the materialized requests'
+#: fingerprint) then reads the mapped columns.
+MAPPINGS: dict[str, Mapping] = {}
+
+
+def use_mapping(table: str, mapping: Mapping | None) -> None:
+    """Apply `mapping` to the spans of `table` from now on in this process (None: stop)."""
+    check_table_name(table)
+    if mapping is None:
+        MAPPINGS.pop(table, None)
+    else:
+        MAPPINGS[table] = mapping
 
 
 def source_sql(table: str = DEFAULT_TABLE, where: str = "") -> str:
@@ -381,7 +404,7 @@ def source_sql(table: str = DEFAULT_TABLE, where: str = "") -> str:
         "EndNs": "_ts_ns + toInt64(Duration)",
     }
     body = ",\n  ".join(f"{expr} AS {name}" for name, expr in cols.items())
-    return f"(SELECT\n  {body}\nFROM ({inner}))"
+    return project(f"(SELECT\n  {body}\nFROM ({inner}))", MAPPINGS.get(table), "clickhouse")
 
 
 def requests_sql(table: str = DEFAULT_TABLE, where: str = "", request_where: str = "TRUE") -> str:

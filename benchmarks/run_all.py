@@ -21,6 +21,7 @@ SMALL: dict[str, list[str]] = {
     "bench_instrumentation": ["--requests", "100", "--rounds", "5"],
     "bench_views": ["--spans", "100000"],
     "bench_report": ["--spans", "100000"],
+    "bench_map": ["--spans", "100000", "--repeat", "1"],
     "bench_dashboard": ["--spans", "200000"],
     "bench_collect": ["--quick", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "8"],

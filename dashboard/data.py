@@ -49,6 +49,7 @@ from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
 from analysis.engine.percentiles import choose_window_s, parse_time, percentile_series
 from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.mapping.rules import no_request_hint as _no_request_hint
 from analysis.report import build_report, explain_window, find_spikes
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
@@ -440,6 +441,11 @@ def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
+def no_request_hint(store: Path | str) -> str:
+    """What to run when the store holds spans but no request (analysis.mapping's words)."""
+    return _no_request_hint(store)
+
+
 def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
     """analysis.breakdowns.summary of the filtered requests: counts per outcome, p50/p90/p99 (ms)."""
     if isinstance(_db, CHD.ClickHouseBench):

@@ -34,7 +34,7 @@ def render(db: data.Bench) -> data.Filters:
         _live_controls(db)
         c = data.choices(db, str(db.store), db.version)
         if not c["requests"]:
-            st.caption("No requests in the store yet.")
+            st.caption(f"No requests in the store yet: {data.no_request_hint(db.store)}.")
             filters = data.Filters()
             st.session_state[_KEY] = filters
             return filters

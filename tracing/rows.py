@@ -83,6 +83,23 @@ def attr_int(text: str | None) -> int | None:
     return value if _INT64_MIN <= value <= _INT64_MAX else None
 
 
+#: A duration in seconds as the GenAI conventions write one (a double): a plain non-negative decimal.
+SECONDS_TEXT = r"^[0-9]{1,9}([.][0-9]{1,12})?$"
+_SECONDS_TEXT = re.compile(SECONDS_TEXT)
+
+
+def ttft_ns_of(attrs: Mapping[str, str]) -> int | None:
+    """The time to first token a span states, in ns: `tailscope.ttft_ns`, else `gen_ai.response.time_to_first_chunk`
+    (seconds; times 1e9 as a double, rounded half to even), else None."""
+    declared = attr_int(attrs.get(S.ATTR_TTFT_NS))
+    if declared is not None:
+        return declared
+    text = attrs.get(S.ATTR_TIME_TO_FIRST_CHUNK)
+    if text is None or not _SECONDS_TEXT.match(text):
+        return None
+    return round(float(text) * 1e9)
+
+
 _THRESHOLD = re.compile(rf"[0-9a-f]{{1,{S.THRESHOLD_DIGITS}}}")
 _RATE = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
 _TWO56 = 1 << S.THRESHOLD_BITS
@@ -262,7 +279,7 @@ class SpanBatch:
         c["Tenant"].append(first_attr(attrs, S.TENANT_KEYS))
         c["InputTokens"].append(attr_int(first_attr(attrs, S.INPUT_TOKEN_KEYS)))
         c["OutputTokens"].append(attr_int(first_attr(attrs, S.OUTPUT_TOKEN_KEYS)))
-        c["TtftNs"].append(attr_int(attrs.get(S.ATTR_TTFT_NS)))
+        c["TtftNs"].append(ttft_ns_of(attrs))
         c["AdjustedCount"].append(adjusted_count_of(trace_state, attrs))
 
     def to_table(self) -> pa.Table:

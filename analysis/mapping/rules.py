@@ -267,6 +267,12 @@ def reset(store: Path | str) -> bool:
     return True
 
 
+def no_request_hint(store: Path | str) -> str:
+    """What to do when a store holds spans but no request: the command that proposes a mapping."""
+    return (f"if the store holds spans no rule recognises as requests, `tailscope map --suggest --store {store}` "
+            "proposes the mapping that declares them (docs/convention.md#map)")
+
+
 def project(source: str, mapping: Mapping | None, dialect: str = "duckdb") -> str:
     """`source` (a FROM item of span rows) with `mapping` applied, as a FROM item; `source` itself without one."""
     return source if mapping is None else f"({mapping.project_sql(source, dialect)})"

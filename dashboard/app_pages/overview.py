@@ -19,8 +19,9 @@ key = (db, str(db.store), db.version)
 st.title("Overview")
 s = data.summary(*key, f)
 if not s["requests"]:
-    st.info("No requests match: the store is empty or the filters exclude everything. "
-            "Ingest traces with `tailscope ingest FILE` or widen the filters.")
+    st.info("No requests match: the store is empty, no span is recognised as a request, or the filters exclude "
+            "everything. Ingest traces with `tailscope ingest FILE` or widen the filters; "
+            f"{data.no_request_hint(db.store)}.")
     st.stop()
 
 df = data.over_time(*key, f)

@@ -90,7 +90,7 @@ def derived_span_id(trace_id: str, span_id: str, key: str) -> str:
 def finish_reason_outcome(status_code: str, attrs: Mapping[str, str]) -> str:
     """Outcome from `gen_ai.response.finish_reasons` (abort → cancelled, error → error), else the status."""
     if S.ATTR_OUTCOME not in attrs:
-        reasons = attrs.get("gen_ai.response.finish_reasons", "").lower()
+        reasons = attrs.get(S.ATTR_FINISH_REASONS, "").lower()
         if "abort" in reasons or "cancel" in reasons:
             return "cancelled"
         if "error" in reasons:

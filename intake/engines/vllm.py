@@ -244,7 +244,7 @@ def _outcomes(table: pa.Table, attrs: _Attrs) -> pa.Array:
     declared = attrs.get(S.ATTR_OUTCOME)
     has_declared = pc.is_valid(declared).to_numpy(zero_copy_only=False)
     valid_declared = pc.is_in(declared, value_set=pa.array(S.OUTCOMES)).to_numpy(zero_copy_only=False)
-    reasons = attrs.get("gen_ai.response.finish_reasons")
+    reasons = attrs.get(S.ATTR_FINISH_REASONS)
     err_type = pc.replace_substring(pc.fill_null(attrs.get(S.ATTR_ERROR_TYPE), ""), "_", "")
     status_error = pc.equal(table.column("StatusCode").combine_chunks(), "Error").to_numpy(zero_copy_only=False)
     conditions = [

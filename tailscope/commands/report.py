@@ -14,6 +14,7 @@ from tailscope.commands.common import (
     DsnOption,
     Engine,
     EngineOption,
+    MappingOption,
     MaterializeOption,
     StoreOption,
     TableOption,
@@ -23,6 +24,7 @@ from tailscope.commands.common import (
     errors_as_messages,
     fail,
     store_path,
+    use_mapping_file,
     write_through,
 )
 
@@ -74,8 +76,10 @@ def report(
     engine: EngineOption = Engine.duckdb,
     dsn: DsnOption = None,
     table: TableOption = DEFAULT,
+    mapping: MappingOption = None,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
+    use_mapping_file(engine, table, mapping)
     if engine is Engine.clickhouse:
         with errors_as_messages():
             from analysis.clickhouse import recognition_counts

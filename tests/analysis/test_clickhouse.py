@@ -55,20 +55,21 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     c.close()
 
 
-_KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_OPERATION, S.ATTR_ERROR_TYPE,
+_KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, S.ATTR_OPERATION,
+         S.ATTR_ERROR_TYPE,
          *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS]
 _WORDS = ["", "true", "TRUE", "True ", "false", "prefill", "decode", "queue_wait", "bogus", "ok", "timeout",
           "cancelled", "error", "Deadline_Exceeded", "TIMED_OUT", "Canceled", "read time-out", "m1", "tenant-a"]
 _NUMS = ["12", " 12 ", "+7", "-3", "1_000", "1__0", "12.9", "-0.5", "1e3", "1.5E2", ".5", "5.", "inf", "nan",
          "0x10", "9223372036854775807", "9223372036854775808", "-9223372036854775808", "9.3e18", "1e400", "abc",
-         "", "\t42\n", "1_0.5", "00012", "1e", "--1"]
+         "", "\t42\n", "1_0.5", "00012", "1e", "--1", "0.25", "0.1234567895", "0.0000000005", "3.5"]
 _UUID = "3f2b8c1e-4a5d-4e6f-8a9b-0c1d2e3f4a5b"
 
 
 def _random_span(rng: random.Random) -> dict[str, Any]:
     attrs: dict[str, str] = {}
     for key in rng.sample(_KEYS, rng.randint(0, 7)):
-        numeric = key in (S.ATTR_TTFT_NS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS)
+        numeric = key in (S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS)
         attrs[key] = rng.choice(_NUMS if numeric and rng.random() < 0.8 else _WORDS)
     res: dict[str, str] = {}
     for key in rng.sample(list(S.REPLICA_RESOURCE_KEYS), rng.randint(0, 4)):
@@ -99,7 +100,7 @@ def _py_promoted(s: dict[str, Any]) -> dict[str, Any]:
             "ModelVersion": R.first_attr(attrs, S.MODEL_VERSION_KEYS), "Tenant": R.first_attr(attrs, S.TENANT_KEYS),
             "InputTokens": R.attr_int(R.first_attr(attrs, S.INPUT_TOKEN_KEYS)),
             "OutputTokens": R.attr_int(R.first_attr(attrs, S.OUTPUT_TOKEN_KEYS)),
-            "TtftNs": R.attr_int(attrs.get(S.ATTR_TTFT_NS)),
+            "TtftNs": R.ttft_ns_of(attrs),
             "AdjustedCount": R.adjusted_count_of(s["TraceState"], attrs)}
 
 

@@ -163,3 +163,42 @@ def test_a_bad_rule_is_one_line_with_its_column(tmp_path: Path, scenario: tuple[
     result = runner.invoke(app, ["map", "--store", str(base / "plain"), "--stage", "generate"])
     assert result.exit_code == 1 and "write NAME=EXPRESSION" in result.output
     assert not (base / "plain" / MAP_FILE).exists()
+
+
+def test_clickhouse_honours_the_same_mapping_file(mapped: Path, tmp_path: Path) -> None:
+    """The mapping the store saved, given as a file to --engine clickhouse (compiled to ClickHouse SQL, run in chdb),
+    gives the same report as the store's own."""
+    pytest.importorskip("chdb")
+    from analysis import clickhouse
+
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    _ok("export", "--to", "clickhouse", "--dsn", dsn, "--store", str(mapped), "--quiet")
+    rules = str(mapped / MAP_FILE)
+    try:
+        count = ["sql", "SELECT count(*) AS n, countIf(status = 'error') AS errors FROM requests", "--engine",
+                 "clickhouse", "--dsn", dsn, "-f", "json", "--no-materialize"]
+        assert json.loads(_ok(*count)) == [{"n": 0, "errors": 0}]  # the table alone: no request
+        ch = json.loads(_ok(*count, "--mapping", rules))
+        duck = _sql(mapped, "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'error') AS errors FROM requests")
+        assert ch == duck and duck[0]["n"] > 0
+        ch_report = _ok("report", "--engine", "clickhouse", "--dsn", dsn, "--json", "--no-materialize",
+                        "--mapping", rules)
+        assert json.loads(ch_report) == json.loads(_ok("report", "--store", str(mapped), "--json"))
+    finally:
+        clickhouse.use_mapping("otel_traces", None)
+    bad = runner.invoke(app, ["report", "--store", str(mapped), "--mapping", rules])
+    assert bad.exit_code == 1 and "--mapping is for --engine clickhouse" in bad.output
+
+
+def test_collect_saves_the_mapping_file_in_its_store(mapped: Path, tmp_path: Path) -> None:
+    import signal
+
+    from tests.intake.collect_helpers import start_cli_receiver
+
+    store = tmp_path / "collected"
+    proc, _port = start_cli_receiver(store, "--mapping", str(mapped / MAP_FILE))
+    try:
+        assert json.loads((store / MAP_FILE).read_text()) == json.loads((mapped / MAP_FILE).read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
