@@ -158,8 +158,8 @@ def test_duckdb_sql_equals_the_reference(node: E.Node, duck: duckdb.DuckDBPyConn
     assert got == [E.evaluate(node, s) for s in SPANS], E.to_text(node)
 
 
-@settings(max_examples=60, deadline=None)
-@given(nodes=st.lists(_EXPRS, min_size=5, max_size=5))
+@settings(max_examples=6, deadline=None)
+@given(nodes=st.lists(_EXPRS, min_size=50, max_size=50))  # many per query: each chdb query costs ~0.5 s to plan
 def test_clickhouse_sql_equals_the_reference(nodes: list[E.Node]) -> None:
     chdb = pytest.importorskip("chdb")
     cols = ", ".join(f"toUInt8({E.to_sql(n, 'clickhouse')})" for n in nodes)
