@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import Any
@@ -185,19 +185,19 @@ class _Parser:
             self.fail(tok, f"expected and, or or the end, found {self.describe(tok)}")
         return node
 
-    def or_(self) -> Node:
-        args = [self.and_()]
-        while self.peek().kind == "or":
+    def chain(self, op: str, operand: Callable[[], Node]) -> Node:
+        """`operand (op operand)*`: one BoolOp of every operand, or the operand alone."""
+        args = [operand()]
+        while self.peek().kind == op:
             self.i += 1
-            args.append(self.and_())
-        return args[0] if len(args) == 1 else BoolOp("or", tuple(args))
+            args.append(operand())
+        return args[0] if len(args) == 1 else BoolOp(op, tuple(args))
+
+    def or_(self) -> Node:
+        return self.chain("or", self.and_)
 
     def and_(self) -> Node:
-        args = [self.not_()]
-        while self.peek().kind == "and":
-            self.i += 1
-            args.append(self.not_())
-        return args[0] if len(args) == 1 else BoolOp("and", tuple(args))
+        return self.chain("and", self.not_)
 
     def not_(self) -> Node:
         tok = self.peek()
