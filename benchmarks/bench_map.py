@@ -36,8 +36,8 @@ def _load() -> float:
         return float(fh.read().split()[0])
 
 
-def build(store: Path, spans: int, native: bool, seed: int = 1) -> int:
-    """Write about `spans` spans (4 per request) into a new store; return the request count."""
+def build(store: Path, spans: int, native: bool, seed: int = 1) -> None:
+    """Write about `spans` spans (4 per request) into a new store (benchmarks.inputs' builder)."""
     from sample_traces.http_chat import PODS, T0
     from tracing import schema as S
     from tracing.rows import SpanBatch
@@ -76,7 +76,6 @@ def build(store: Path, spans: int, native: bool, seed: int = 1) -> int:
             batch = SpanBatch()
     if len(batch):
         writer.write(batch.to_table())
-    return requests
 
 
 def _drop_requests(store: Path) -> None:
@@ -97,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     """Build both stores, then time the anchor and the map step alternately; print one JSON line per run."""
     from analysis.engine.materialize import materialize
     from analysis.mapping import rules as R
+    from benchmarks.inputs import prepare
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
@@ -107,8 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-map-"))
     native, plain = base / "native", base / "plain"
     for store, is_native in ((native, True), (plain, False)):
-        if not store.exists():
-            build(store, args.spans, is_native)
+        prepare(store, build, spans=args.spans, native=is_native)  # by fingerprint (benchmarks.inputs)
     mapping = R.Mapping(request=str(RULES["request"]), stages=tuple(RULES["stages"]))  # type: ignore[arg-type]
     best: dict[str, float] = {}
     for run in range(args.repeat):
@@ -126,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
             out[f"{label}_wall_s"], out[f"{label}_cpu_s"] = round(wall, 3), round(cpu, 3)
             out[f"{label}_hours"] = len(hours)
             out[f"{label}_requests"] = _count(store)
+        out["same_requests"] = out["map_requests"] == out["anchor_materialize_requests"]
         out["ratio_wall"] = round(float(out["map_wall_s"]) / float(out["anchor_materialize_wall_s"]), 3)  # type: ignore[arg-type]
         out["ratio_cpu"] = round(float(out["map_cpu_s"]) / float(out["anchor_materialize_cpu_s"]), 3)  # type: ignore[arg-type]
         out["load_before"], out["load_after"] = load0, _load()
