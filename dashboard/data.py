@@ -440,12 +440,12 @@ def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
         return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, FILTER_DIMENSIONS, "req")}
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
 def no_request_hint(store: Path | str) -> str:
     """What to run when the store holds spans but no request (analysis.mapping's words)."""
     return _no_request_hint(store)
 
 
+@st.cache_data(show_spinner=False, max_entries=256)
 def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
     """analysis.breakdowns.summary of the filtered requests: counts per outcome, p50/p90/p99 (ms)."""
     if isinstance(_db, CHD.ClickHouseBench):

@@ -103,6 +103,24 @@ def test_mapped_requests_have_their_stages_and_outcomes(mapped: Path, scenario: 
     assert truth.errors > 0 and truth.cancelled > 0
 
 
+def test_watch_cost_and_the_dashboard_read_the_mapped_requests(mapped: Path, tmp_path: Path,
+                                                               scenario: tuple[Path, http_chat.Truth]) -> None:
+    _, truth = scenario
+    rules = tmp_path / "slo.txt"
+    rules.write_text("p99(e2e) < 2s\n")
+    alerts = [json.loads(line) for line in _ok("watch", "--store", str(mapped), "--replay", "--json", "--rules",
+                                               str(rules)).splitlines() if line.startswith("{")]
+    assert [(_ns(a["window_start"]), _ns(a["window_end"])) for a in alerts] == [(truth.start_ns, truth.end_ns)]
+    cost = json.loads(_ok("cost", "--store", str(mapped), "--json", "--by", "replica"))
+    assert sum(row["requests"] for row in cost["rows"]) == truth.requests
+    from dashboard import data
+
+    wb = data.workbench(str(mapped.resolve()))
+    if wb.warmer is not None:
+        wb.warmer.join()
+    assert data.summary(wb, str(wb.store), wb.version, data.Filters())["requests"] == truth.requests
+
+
 def test_the_mapping_is_shown_saved_and_versioned_into_the_materialized_hours(
         mapped: Path, scenario: tuple[Path, http_chat.Truth]) -> None:
     base, _ = scenario
