@@ -225,3 +225,14 @@ def test_collect_saves_the_mapping_file_in_its_store(mapped: Path, tmp_path: Pat
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+def test_ingest_into_a_mapped_store_says_the_mapping_declares_the_requests(tmp_path: Path,
+                                                                          mapped: Path) -> None:
+    store = tmp_path / "more"
+    shutil.copytree(mapped, store)
+    http_chat.write(tmp_path / "later.otlp.jsonl", requests=60, seed=9)
+    result = runner.invoke(app, ["ingest", "--store", str(store), str(tmp_path / "later.otlp.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert "the store's mapping declares the requests" in " ".join(result.stdout.split())
+    assert "no span was recognised" not in result.stderr
