@@ -7,7 +7,7 @@ import random
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.mapping import expr as E
@@ -158,7 +158,7 @@ def test_duckdb_sql_equals_the_reference(node: E.Node, duck: duckdb.DuckDBPyConn
     assert got == [E.evaluate(node, s) for s in SPANS], E.to_text(node)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(nodes=st.lists(_EXPRS, min_size=50, max_size=50))  # many per query: each chdb query costs ~0.5 s to plan
 def test_clickhouse_sql_equals_the_reference(nodes: list[E.Node]) -> None:
     chdb = pytest.importorskip("chdb")
