@@ -47,9 +47,8 @@ MappingOption = Annotated[
     Path | None,
     typer.Option(
         "--mapping",
-        help="A mapping file (tailscope-map.json, as `tailscope map` saves it in a store) whose request and stage "
-        "rules apply to the spans read; with --engine clickhouse, compiled to ClickHouse SQL. On a store, use "
-        "`tailscope map` instead.",
+        help="A mapping file (tailscope-map.json, as `tailscope map` saves it in a store): report and sql with "
+        "--engine clickhouse compile its rules to ClickHouse SQL over the table; collect saves it in its store.",
         show_default=False,
     ),
 ]
