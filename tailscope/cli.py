@@ -37,6 +37,7 @@ EXTRAS: dict[str, str] = {
     "map": "analysis",
     "report": "analysis",
     "collect": "collect",
+    "metrics": "collect",
     "dashboard": "dashboard",
     "demo": "all",
     "watch": "analysis",
