@@ -110,7 +110,11 @@ def test_watch_cost_and_the_dashboard_read_the_mapped_requests(mapped: Path, tmp
     rules.write_text("p99(e2e) < 2s\n")
     alerts = [json.loads(line) for line in _ok("watch", "--store", str(mapped), "--replay", "--json", "--rules",
                                                str(rules)).splitlines() if line.startswith("{")]
-    assert [(_ns(a["window_start"]), _ns(a["window_end"])) for a in alerts] == [(truth.start_ns, truth.end_ns)]
+    assert sorted(a["kind"] for a in alerts) == ["slo", "tail_spike"]
+    for alert in alerts:
+        assert (_ns(alert["window_start"]), _ns(alert["window_end"])) == (truth.start_ns, truth.end_ns)
+    [spike] = [a for a in alerts if a["kind"] == "tail_spike"]
+    assert (spike["stage"], spike["dimension"], spike["value"]) == (truth.stage, "replica", truth.pod)
     cost = json.loads(_ok("cost", "--store", str(mapped), "--json", "--by", "replica"))
     assert sum(row["requests"] for row in cost["rows"]) == truth.requests
     from dashboard import data
