@@ -160,31 +160,34 @@ def summary(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> dict[str,
         return CB.summary(b.client, FACTS, condition(f, dims))
 
 
-def window_s(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> int:
-    """The report's automatic window over the filtered requests (analysis.clickhouse_report.choose_window_s)."""
+def time_bounds(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> tuple[int | None, int | None, int]:
+    """analysis.clickhouse_breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
     with b.lock:
-        return CR.choose_window_s(b.client, FACTS, f.since_ns, f.until_ns, condition(f, dims))
+        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(f, dims)})")
 
 
-def series(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pl.DataFrame:
+def series(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str,
+           window_s: int | None = None) -> pl.DataFrame:
     """analysis.clickhouse_report.percentile_series of one metric over the filtered requests."""
     with b.lock:
-        return CR.percentile_series(b.client, b.table, metric, since=f.since_ns, until=f.until_ns, facts=FACTS,
-                                    where=condition(f, dims))
+        return CR.percentile_series(b.client, b.table, metric, window_s=window_s, since=f.since_ns,
+                                    until=f.until_ns, facts=FACTS, where=condition(f, dims))
 
 
-def report(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> dict[str, Any]:
+def report(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str,
+           window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse_report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
-        return CR.build_report(b.client, b.table, metric=metric, since=f.since_ns, until=f.until_ns,
-                               include_failures=True, facts=FACTS, where=condition(f, dims))
+        return CR.build_report(b.client, b.table, metric=metric, window_s=window_s, since=f.since_ns,
+                               until=f.until_ns, include_failures=True, facts=FACTS, where=condition(f, dims))
 
 
 def explain_window(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], start_ns: int, end_ns: int,
-                   metric: str) -> dict[str, Any]:
+                   metric: str, window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse_report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
-        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, since=f.since_ns,
+        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, window_s=window_s,
+                                 since=f.since_ns,
                                  until=f.until_ns, facts=FACTS, where=condition(f, dims))
 
 
@@ -202,6 +205,27 @@ def replicas(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str
     """analysis.clickhouse_breakdowns.replicas of the filtered requests."""
     with b.lock:
         return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
+
+
+def outlier_explanations(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> list[dict[str, Any]]:
+    """analysis.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
+    from analysis.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
+
+    cond = condition(f, dims)
+    with b.lock:
+        by_replica = CB.replicas(b.client, FACTS, metric, cond)
+        outliers = by_replica.filter(pl.col("outlier")).get_column("replica").to_list()
+        if not outliers:
+            return []
+        reps = ", ".join(CB.literal(r) for r in outliers)
+        values = {d: [r[d] for r in b.client.query(
+            f"SELECT {d}, count() AS n FROM {FACTS} WHERE ({cond}) AND replica IN ({reps}) AND {d} IS NOT NULL "
+            f"GROUP BY {d} ORDER BY n DESC, {d} LIMIT {OUTLIER_VALUES}").to_pylist()] for d in OUTLIER_DIMENSIONS}
+
+        def without(dim: str, value: Any) -> pl.DataFrame:
+            return CB.replicas(b.client, FACTS, metric, f"({cond}) AND {dim} IS DISTINCT FROM {CB.literal(value)}")
+
+        return explain_outliers(by_replica, without, values)
 
 
 def shape(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:

@@ -38,9 +38,11 @@ from analysis.connect import connect
 from analysis.connect import refresh as refresh_views
 from analysis.materialize import HOUR_NS, Snapshot, hour_of, hour_requests_sql, hour_where, snapshot, stored_source
 from analysis.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis.percentiles import choose_window_s, parse_time, percentile_series
+from analysis import verdicts as V
+from analysis.percentiles import auto_window_s, parse_time, percentile_series
 from analysis.report import build_report, explain_window, find_spikes
 from analysis.sandbox import SandboxConnection
+from analysis.spikes import MIN_RISE as SPIKE_MIN_RISE
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
@@ -59,6 +61,8 @@ METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 #: Critical-path stage columns of `requests`, in display order (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
+#: Request outcomes (tracing.schema), in display order.
+OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = 10.0
 SQL_ROW_LIMIT = 5_000
@@ -441,12 +445,28 @@ def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str,
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
-    """The report's automatic window (analysis.percentiles.choose_window_s) over the filtered requests."""
+def detection(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
+    """The filtered requests' count and the window spike detection can judge them at (analysis.verdicts):
+    {"requests", "judged_window_s" (None: detection cannot judge this few requests), "window_s" (what the
+    charts use: the judged window, else the report's own)}."""
     if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.window_s(_db, filters, FILTER_DIMENSIONS)
-    with _cursor(_db, filters) as cur:
-        return choose_window_s(cur, filters.since_ns, filters.until_ns, source="requests")
+        first, last, n = CHD.time_bounds(_db, filters, FILTER_DIMENSIONS)
+    else:
+        with _cursor(_db, filters) as cur:
+            first, last, n = B.time_bounds(cur, "requests")
+    judged = V.range_window_s(first, last, n, filters.since_ns, filters.until_ns)
+    if judged is not None or not n or first is None or last is None:
+        shown = judged or 60
+    else:
+        lo = filters.since_ns if filters.since_ns is not None else first
+        hi = filters.until_ns if filters.until_ns is not None else last + 1
+        shown = auto_window_s(n, max(hi - lo, 1) / 1e9)
+    return {"requests": n, "judged_window_s": judged, "window_s": shown}
+
+
+def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
+    """The window of every chart and of the spike detection under `filters` (see `detection`)."""
+    return int(detection(_db, store, version, filters)["window_s"])
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -457,11 +477,11 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.Data
 
     A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
     """
-    win = None if isinstance(_db, CHD.ClickHouseBench) else window_s(_db, store, version, filters)
+    win = window_s(_db, store, version, filters)
 
     def series(m: str) -> pl.DataFrame:
         if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.series(_db, filters, FILTER_DIMENSIONS, m)
+            return CHD.series(_db, filters, FILTER_DIMENSIONS, m, win)
         with _cursor(_db, filters) as cur:  # the report's window, chosen once (not once per metric)
             return percentile_series(cur, m, window_s=win, since=filters.since_ns, until=filters.until_ns,
                                      source="requests")
@@ -504,11 +524,12 @@ def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: st
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
 def _report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
     """The cached body of report_of, on the store's workbench or on ClickHouse."""
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
         if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
+            return CHD.report(_db, filters, FILTER_DIMENSIONS, metric, win)
         with _cursor(_db, filters) as cur:
-            return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
+            return build_report(cur, metric=metric, window_s=win, since=filters.since_ns, until=filters.until_ns,
                                 include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
@@ -536,13 +557,45 @@ def spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: 
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
 def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
     """The cached body of spike_marks, on the store's workbench."""
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
         with _cursor(_db, filters) as cur:
-            out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
+            out = find_spikes(cur, metric=metric, window_s=win, since=filters.since_ns, until=filters.until_ns,
                               include_failures=True, source=_report_source(_db, filters))
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
+
+
+def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """The detected spikes under `filters` and whether detection could judge them at all (analysis.verdicts).
+
+    {"spikes" (spike_marks'), "judged", "reason" (why not, a sentence), "context" (when not judged under
+    dimension filters: the spikes of the same time range without them)}. "No spike" is only ever said
+    when `judged`.
+    """
+    marks = spike_marks(_db, store, version, filters, metric)
+    det = detection(_db, store, version, filters)
+    why = V.not_judged(marks)
+    out: dict[str, Any] = {"spikes": marks["spikes"], "judged": why is None, "reason": None, "context": [],
+                           "marks": marks}
+    if why is None:
+        return out
+    if det["judged_window_s"] is None:
+        out["reason"] = (f"{det['requests']:,} requests match; a window's p99 is judged only from "
+                         f"{V.JUDGED_WINDOW_REQUESTS:,} requests, and detection needs {V.MIN_JUDGED_WINDOWS} such "
+                         f"windows ({V.MIN_JUDGED_REQUESTS:,} requests at least)")
+    else:
+        out["reason"] = why
+    wide = Filters(filters.since_ns, filters.until_ns)
+    if wide != filters:
+        out["context"] = spike_marks(_db, store, version, wide, metric)["spikes"]
+    return out
+
+
+#: How an explained window stands against its baseline (analysis.verdicts.against_baseline), and the rise a spike needs.
+against_baseline = V.against_baseline
+MIN_RISE = SPIKE_MIN_RISE
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
@@ -560,11 +613,12 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
     for sp in report_of(_db, store, version, filters, metric).get("spikes", []):
         if spike_times_ns(sp) == (start_ns, end_ns):  # explain_window would recompute this very item
             return {**sp, "detected": True}
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
         if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric)
+            return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric, win)
         with _cursor(_db, filters) as cur:
-            return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
+            return explain_window(cur, start_ns, end_ns, metric=metric, window_s=win, since=filters.since_ns,
                                   until=filters.until_ns, source=_report_source(_db, filters))
     except Exception as exc:
         return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
@@ -598,6 +652,19 @@ def _replicas(_db: Bench, store: str, version: int, filters: Filters, metric: st
     cond, params = filters.where()
     with _cursor(_db) as cur:
         return B.replicas(cur, metric, "req", cond, params).to_pandas()
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def outlier_explanations(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> list[dict[str, Any]]:
+    """analysis.verdicts.outlier_explanations: the outlier replicas one tenant (model, version, service) explains."""
+    try:
+        if isinstance(_db, CHD.ClickHouseBench):
+            return CHD.outlier_explanations(_db, filters, FILTER_DIMENSIONS, metric)
+        cond, params = filters.where()
+        with _cursor(_db) as cur:
+            return V.outlier_explanations(cur, metric, "req", cond, params)
+    except Exception:  # an explanation that fails leaves the outliers as the breakdown flags them
+        return []
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
