@@ -8,6 +8,7 @@ false. These rules say what is true; views call them instead of deciding themsel
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -20,10 +21,13 @@ from analysis.spikes import MIN_BASELINE_WINDOWS, MIN_RISE
 
 #: Requests a window needs for its p99 to be judged by the detector (MIN_TAIL beyond the p99).
 JUDGED_WINDOW_REQUESTS: Final = round(MIN_TAIL / (1 - 0.99))
+#: Requests a window must hold on average for nearly every window to reach JUDGED_WINDOW_REQUESTS under steady
+#: traffic: three Poisson standard deviations above it (a window of steady arrivals falls short with p < 0.2%).
+MEAN_WINDOW_REQUESTS: Final = JUDGED_WINDOW_REQUESTS + math.ceil(3 * math.sqrt(JUDGED_WINDOW_REQUESTS))
 #: Judged windows the detector needs: a baseline of MIN_BASELINE_WINDOWS and one more.
 MIN_JUDGED_WINDOWS: Final = MIN_BASELINE_WINDOWS + 1
 #: Fewest requests in a range that detection can ever judge.
-MIN_JUDGED_REQUESTS: Final = JUDGED_WINDOW_REQUESTS * MIN_JUDGED_WINDOWS
+MIN_JUDGED_REQUESTS: Final = MEAN_WINDOW_REQUESTS * MIN_JUDGED_WINDOWS
 #: The start of every report error that says the detection did not run (analysis.report writes it).
 NOT_COMPUTED: Final = "could not compute spikes because "
 #: Dimensions whose values may explain an outlier replica (the replica's own requests of one value).
@@ -36,17 +40,17 @@ def detection_window_s(requests: int, span_s: float) -> int | None:
     """The window (s) at which spike detection can judge `requests` spread over `span_s`, or None when none can.
 
     The report's own window (analysis.percentiles.auto_window_s) when its windows hold on average the
-    JUDGED_WINDOW_REQUESTS a p99 needs; else the smallest of the report's window sizes whose windows do
-    while at least MIN_JUDGED_WINDOWS of them fit in the range. A filter that keeps few requests then gets
+    MEAN_WINDOW_REQUESTS that make nearly every one judged; else the smallest of the report's window sizes
+    whose windows do while at least MIN_JUDGED_WINDOWS of them fit in the range. A filter that keeps few requests then gets
     wider windows instead of a detector that silently never ran.
     """
     if requests <= 0 or span_s <= 0:
         return None
     chosen = auto_window_s(requests, span_s)
-    if requests * chosen / span_s >= JUDGED_WINDOW_REQUESTS:
+    if requests * chosen / span_s >= MEAN_WINDOW_REQUESTS:
         return chosen
     for w in NICE_WINDOWS_S:
-        if w > chosen and requests * w / span_s >= JUDGED_WINDOW_REQUESTS:
+        if w > chosen and requests * w / span_s >= MEAN_WINDOW_REQUESTS:
             return w if span_s / w >= MIN_JUDGED_WINDOWS else None
     return None
 

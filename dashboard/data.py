@@ -584,7 +584,7 @@ def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric
     if det["judged_window_s"] is None:
         out["reason"] = (f"{det['requests']:,} requests match; a window's p99 is judged only from "
                          f"{V.JUDGED_WINDOW_REQUESTS:,} requests, and detection needs {V.MIN_JUDGED_WINDOWS} such "
-                         f"windows ({V.MIN_JUDGED_REQUESTS:,} requests at least)")
+                         f"windows (about {V.MIN_JUDGED_REQUESTS:,} requests in the range)")
     else:
         out["reason"] = why
     wide = Filters(filters.since_ns, filters.until_ns)
