@@ -188,7 +188,7 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
             .with_columns(bottom=pl.col("top") - pl.col("n")))  # stacked by hand: a ranged bar does not stack
     layers.append({
         "data": _dataset(datasets, long.drop("rank")),
-        "mark": {"type": "rect", "stroke": "white", "strokeWidth": 0.5},
+        "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": _time_x("window"), "x2": {"field": "end"},
             "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f"}),

@@ -32,8 +32,18 @@ def window() -> tuple[int, int] | None:
     return (a, b) if a is not None and b is not None and b > a else None
 
 
+def new_window() -> tuple[int, int] | None:
+    """The URL's window when it changed since this session last saw it (a link followed), else None."""
+    value = window()
+    if value is None or value == st.session_state.get("_seen_window"):
+        return None
+    st.session_state["_seen_window"] = value
+    return value
+
+
 def set_window(start_ns: int, end_ns: int) -> None:
     """Put the shown window in the URL (a reload or a shared link opens it)."""
+    st.session_state["_seen_window"] = (start_ns, end_ns)
     if window() != (start_ns, end_ns):
         st.query_params["start_ns"], st.query_params["end_ns"] = str(start_ns), str(end_ns)
 
@@ -44,8 +54,18 @@ def trace() -> str | None:
     return str(value) if value else None
 
 
+def new_trace() -> str | None:
+    """The URL's trace when it changed since this session last saw it (a link followed), else None."""
+    value = trace()
+    if value is None or value == st.session_state.get("_seen_trace"):
+        return None
+    st.session_state["_seen_trace"] = value
+    return value
+
+
 def set_trace(trace_id: str) -> None:
     """Put the shown trace in the URL."""
+    st.session_state["_seen_trace"] = trace_id
     if trace() != trace_id:
         st.query_params["trace"] = trace_id
 

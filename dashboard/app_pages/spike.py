@@ -40,10 +40,9 @@ if brushed.get("window"):
     a, b = (int(float(ms) * 1e6) for ms in brushed["window"][:2])
     options[f"brushed {charts.window_label(a, b)}"] = (a, b)
 linked = links.window()  # from a link: ?start_ns=&end_ns= (alerts, banners, a shared view)
-linked_label = None
-if linked is not None and linked not in shade:
-    linked_label = f"linked {charts.window_label(*linked)}"
-    options[linked_label] = linked
+followed = links.new_window()
+if linked is not None and linked not in shade and linked not in options.values():
+    options[f"linked {charts.window_label(*linked)}"] = linked
 for sp, (ta, tb) in zip(spikes, shade, strict=True):
     options[f"spike {charts.window_label(ta, tb)} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = (ta, tb)
 if not options:
@@ -56,9 +55,8 @@ brushed_label = next((k for k in options if k.startswith("brushed")), None)
 if brushed_label and st.session_state.get("_last_brush") != brushed_label:  # a new brush: show it
     st.session_state["spike_choice"] = brushed_label
 st.session_state["_last_brush"] = brushed_label
-if linked is not None and st.session_state.get("_last_link") != linked:  # a new link: show its window
-    st.session_state["spike_choice"] = next(k for k, v in options.items() if v == linked)
-st.session_state["_last_link"] = linked
+if followed is not None and not brushed_label:  # a link followed: show its window
+    st.session_state["spike_choice"] = next(k for k, v in options.items() if v == followed)
 if st.session_state.get("spike_choice") not in options:
     st.session_state.pop("spike_choice", None)
 label = st.selectbox("Window", list(options), key="spike_choice")

@@ -15,10 +15,9 @@ f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Traces")
 
-linked = links.trace()
-if linked and st.session_state.get("_last_trace_link") != linked:  # a new link: show its trace
+linked = links.new_trace()
+if linked:  # a link followed: show its trace
     st.session_state["trace_id"] = linked
-st.session_state["_last_trace_link"] = linked
 ex = data.exemplars(*key, f, 50)
 wanted = st.text_input("Trace id (full, or a prefix of 8+ hex digits)", key="trace_id",
                        placeholder="e.g. 7a11000000000000000000000000002a")
@@ -62,8 +61,9 @@ with trace_box:
                 by_stage = spans[spans["stage"].notna()].groupby("stage")["critical_ms"].sum()
                 crit = {str(k): float(v) for k, v in by_stage.items() if v > 0}
                 crit["other"] = req["e2e_ns"] / 1e6 - sum(crit.values())
-            st.dataframe([{"stage": k, "critical path": charts.fmt_ms(v), "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
-                          for k, v in sorted(crit.items(), key=lambda kv: -kv[1])], hide_index=True)
+            st.dataframe([{"stage": k, "critical-path ms": round(v, 1), "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
+                          for k, v in sorted(crit.items(), key=lambda kv: -kv[1])], hide_index=True,
+                         column_config={"critical-path ms": formats.number("on the critical path", "%,.1f ms")})
 
 if not ex.empty:
     st.subheader("Slowest requests (exemplars of the tail)")

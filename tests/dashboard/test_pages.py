@@ -128,12 +128,34 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
         con.close()
     at.text_input(key="trace_id").input(tid.upper()).run()
     assert not at.exception
-    assert at.subheader[-1].value == f"Trace {tid}"
-    table = at.dataframe[-1].value
+    assert at.subheader[0].value == f"Trace {tid}"  # the waterfall opens at the top, above the exemplars
+    assert at.query_params["trace"] == tid  # and the trace is in the URL
+    table = at.dataframe[0].value
     assert round(float(table.loc[table["stage"] == "decode", "critical-path ms"].iloc[0]), 1) == round(
         decode_ns / 1e6, 1)
     at.text_input(key="trace_id").input("ffffffffffff").run()
     assert "No request with trace id" in at.error[0].value
+
+
+def test_a_link_opens_its_trace_and_filters(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """?trace=&replica= (a shared link, or an exemplar row's) opens that trace under those filters."""
+    con = connect(incident_store)
+    try:
+        tid, replica = con.execute("SELECT trace_id, replica FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", "")
+    finally:
+        con.close()
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["trace"] = tid
+    at.query_params["replica"] = replica
+    at.switch_page("app_pages/traces.py").run()
+    assert not at.exception
+    assert at.subheader[0].value == f"Trace {tid}"
+    assert at.multiselect(key="f_replica").value == [replica]
+    shown = at.dataframe[-1].value
+    assert set(shown["replica"]) == {replica}
+    assert all(link.startswith("traces?replica=") and f"trace={t}" in link
+               for link, t in zip(shown["trace"], shown["trace_id"], strict=True))
 
 
 def test_sql_console_runs_a_select(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
