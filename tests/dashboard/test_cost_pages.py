@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.capacity import capacity_curve, observed_workload
+from analysis.batching import service_vs_batch
 from analysis.connect import connect
 from analysis.cost import Prices, cost_table
 from tests.dashboard.conftest import APP
@@ -61,7 +62,14 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     assert want is not None
     assert _metric(at, "fewest replicas for the target") == str(want)
     said = answer["advice"]["sentence"]  # scale down / up / keep against the observed replicas, in words
-    assert any(m.value == said[0].upper() + said[1:] + "." for m in at.markdown), [m.value for m in at.markdown]
+    # the headline states the replay's assumption, then what the traces show of service time against the batch
+    heads = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If service times stay as observed")]
+    assert heads and heads[0].startswith(f"If service times stay as observed, {said}."), heads
+    rel = service_vs_batch(connect(incident_store))
+    if rel is None:
+        assert "cannot show whether service time grows with the batch" in heads[0]
+    elif want < w.observed_replicas:
+        assert f"{rel['growth']:+.0%}" in heads[0] if rel["growth"] > 0 else "no growth of service time" in heads[0]
     at.number_input(key="cap_target").set_value(20_000.0).run()
     tighter = capacity_curve(w, range(1, 65), target_p99_ms=20_000.0)["fewest_replicas"]
     shown = _metric(at, "fewest replicas for the target")

@@ -8,6 +8,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.connect import connect
+from analysis.percentiles import percentile_series
+from analysis.report import explain_window
+from analysis.verdicts import against_baseline, detection_window_s
 from tests.dashboard.conftest import APP, REQUESTS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
@@ -80,6 +83,43 @@ def test_replica_filter_changes_the_numbers(incident_store: Path, monkeypatch: p
     at.run()
     assert _metric(at, "requests") == format(_count(incident_store, "replica <> 'replica-05'"), ",")
     assert _metric(at, "spikes") == "0"
+
+
+def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """replica-05 alone (2,500 requests over 30 minutes) is too few for any window to be judged: the pages say
+    detection could not judge, and show the unfiltered spikes as context, instead of "0 spikes"."""
+    n = _count(incident_store, "replica = 'replica-05'")
+    assert detection_window_s(n, 1_800.0) is None
+    at = _app(incident_store, monkeypatch)
+    at.multiselect(key="f_replica").select("replica-05").run()
+    assert not at.exception
+    assert _metric(at, "spikes") == "not judged"
+    (said,) = [e.value for e in at.error if "could not judge" in e.value]
+    assert f"{n:,} requests match" in said and "Without the filters, this range has 1 spike(s)" in said
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+    assert any("could not judge" in e.value for e in at.error)
+    assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
+
+
+def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A linked window whose p99 is below the baseline says so, with no green "cause"."""
+    con = connect(incident_store)
+    try:
+        series = percentile_series(con, "e2e", window_s=120)
+        quiet = series.sort("p99_ms").row(0, named=True)["window_start_ns"]
+        item = explain_window(con, quiet, quiet + 120 * 10**9)
+    finally:
+        con.close()
+    assert against_baseline(item) == "at or below"
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["start_ns"], at.query_params["end_ns"] = str(quiet), str(quiet + 120 * 10**9)
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+    assert at.selectbox(key="spike_choice").value.startswith("linked ")
+    assert any("at or below the baseline p99" in i.value for i in at.info)
+    assert not at.success
 
 
 def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
