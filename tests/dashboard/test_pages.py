@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,32 @@ def test_sql_console_example_runs(incident_store: Path, monkeypatch: pytest.Monk
     assert sorted(table["replica"]) == [f"replica-{i:02d}" for i in range(8)]
     assert int(table["requests"].sum()) == REQUESTS
     assert table.iloc[0]["replica"] == "replica-05"  # ordered by p99, slowest first
+
+
+ALL_PAGES = (*PAGES, "app_pages/alerts.py", "app_pages/capacity.py", "app_pages/cost.py")
+_RAW = re.compile(r"(?<![\w.])(None|nan|NaN)(?![\w.])|\d\.\d{4,}")
+
+
+def test_every_table_and_sentence_reads_as_numbers_for_people(incident_store: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On every page: each float column of a table has a display format, headers are words (no snake_case),
+    no cell holds None / nan, and no sentence or metric reads None, nan or a float with 4+ decimals."""
+    at = _app(incident_store, monkeypatch)
+    for page in ALL_PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.message for e in at.exception])
+        for frame in at.dataframe:
+            config = json.loads(frame.proto.columns or "{}")
+            df = frame.value
+            for col in df.columns:
+                shown = config.get(str(col), {})
+                label = shown.get("label") or str(col)
+                assert "_" not in label, (page, label)
+                if df[col].dtype.kind == "f":
+                    assert shown.get("type_config", {}).get("format"), (page, col, "a float column without a format")
+                if df[col].dtype == object:
+                    assert not df[col].map(lambda v: v is None or (isinstance(v, float) and v != v)).any(), (page, col)
+        texts = [m.value for m in (*at.markdown, *at.caption, *at.info, *at.warning, *at.error, *at.success)]
+        texts += [str(m.value) for m in at.metric]
+        for text in texts:
+            assert not _RAW.search(str(text)), (page, text)
