@@ -1,4 +1,4 @@
-"""Time building one hour's request file (analysis.materialize.build_hour) against a plain spans scan.
+"""Time building one hour's request file (analysis.engine.materialize.build_hour) against a plain spans scan.
 
     python -m benchmarks.bench_build_hour --store STORE [--threads 2] [--repeat 2] [--save DIR] [--check DIR]
                                           [--sweep c|sql|both]
@@ -36,7 +36,7 @@ def _cpu() -> float:
 def main(argv: list[str] | None = None) -> None:
     """Build every hour of --store --repeat times beside the anchor; print one JSON line per run."""
     from analysis import connect
-    from analysis.materialize import build_hour, load_sweep, snapshot
+    from analysis.engine.materialize import build_hour, load_sweep, snapshot
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--store", required=True)

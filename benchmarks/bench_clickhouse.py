@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.percentiles import auto_window_s
+from analysis.engine.percentiles import auto_window_s
 from benchmarks.bench_report import DURATION_S, SPANS_PER_REQUEST, make_store
 
 
@@ -224,7 +224,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     from analysis.clickhouse import open_client
     from analysis.clickhouse_export import export_store
     from analysis.clickhouse_report import build_report as ch_report
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report
 
     tag = f"{spans}-fixed" if fixed_spike else f"{spans}"

@@ -154,8 +154,8 @@ class Collector:
         return self.log.read_text()
 
     def stored(self) -> int:
-        """Spans in the store, counted through analysis.connect."""
-        from analysis.connect import connect
+        """Spans in the store, counted through analysis.engine.connect."""
+        from analysis.engine.connect import connect
 
         con = connect(self.store)
         try:

@@ -306,7 +306,7 @@ def run_one(store: Path) -> dict[str, Any]:
     """
 
     from analysis import connect
-    from analysis.percentiles import percentile_series
+    from analysis.engine.percentiles import percentile_series
     from analysis.report import build_report
 
     out: dict[str, Any] = {}
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         materialize_s = None
         if not args.store:  # the request hours materialized first, as `tailscope ingest` / `collect` leave a store
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import sys; from analysis.materialize import materialize; "
+            subprocess.run([sys.executable, "-c", "import sys; from analysis.engine.materialize import materialize; "
                             "print(len(materialize(sys.argv[1])))", str(store)], check=True, env=os.environ.copy())
             materialize_s = round(time.perf_counter() - t, 3)
         # a fresh process per store, so peak RSS is the report's own

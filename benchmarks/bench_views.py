@@ -8,7 +8,7 @@ in one fresh process per store times, side by side:
 - the anchor: `SELECT replica, quantile_cont(Duration, 0.99) FROM spans GROUP BY 1`;
 - requests p99 per replica and a 5-minute slice (literal start_ns bounds) with no hour
   materialized (everything on the fly);
-- the build of each hour's request file (analysis.materialize), seconds and spans per hour;
+- the build of each hour's request file (analysis.engine.materialize), seconds and spans per hour;
 - the same queries once every hour is materialized, `requests_between` for the slice, and
   `stages`; then the same through the public CLI (`python -m tailscope.cli sql ...`, a new process).
 
@@ -60,7 +60,7 @@ def _time(con: Any, sql: str) -> tuple[float, Any]:
 def run_one(store: Path, threads: int, stored_only: bool = False) -> dict[str, Any]:
     """Figures for one store, in this process (the store's request files are removed first unless stored_only)."""
     from analysis import connect
-    from analysis.materialize import build_hour, snapshot
+    from analysis.engine.materialize import build_hour, snapshot
 
     if not stored_only:
         shutil.rmtree(store / "requests", ignore_errors=True)

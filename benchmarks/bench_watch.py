@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analysis.percentiles import parse_time
+from analysis.engine.percentiles import parse_time
 from analysis.watch import ALERTS_DIR, Config, LiveWatch, replay
 from benchmarks.bench_report import SPANS_PER_REQUEST, START_NS, _request_table
 from intake.ingest import ingest_files

@@ -66,7 +66,8 @@ def window_label(start_ns: int, end_ns: int) -> str:
 
 
 #: Axis labels of a UTC time axis by the ticks' granularity: 24-hour times, the date at day ticks.
-_AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M", "date": "%m-%d",
+_AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
+                      "date": "%m-%d",
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 

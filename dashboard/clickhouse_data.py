@@ -208,8 +208,8 @@ def replicas(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str
 
 
 def outlier_explanations(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> list[dict[str, Any]]:
-    """analysis.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
-    from analysis.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
+    """analysis.stats.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
+    from analysis.stats.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
 
     cond = condition(f, dims)
     with b.lock:

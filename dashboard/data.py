@@ -1,7 +1,7 @@
 """The dashboard's one data-access module: the store, its cached connection, and cached calls into analysis.
 
-The store is opened with analysis.connect; the dashboard's `req` relation reads the hours
-the store holds materialized (analysis.materialize) in place and keeps only the stale hours'
+The store is opened with analysis.engine.connect; the dashboard's `req` relation reads the hours
+the store holds materialized (analysis.engine.materialize) in place and keeps only the stale hours'
 rows in memory, recomputing an hour whenever analysis' key for it changes (a segment landed
 in the hour or either neighbour). Segments are immutable Parquet files written by rename, so
 refreshing while `tailscope collect` writes never locks or half-reads the store.
@@ -34,16 +34,24 @@ import streamlit as st
 
 from analysis import breakdowns as B
 from analysis import traces as T
-from analysis.connect import connect
-from analysis.connect import refresh as refresh_views
-from analysis.materialize import HOUR_NS, Snapshot, hour_of, hour_requests_sql, hour_where, snapshot, stored_source
-from analysis.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis import verdicts as V
-from analysis.percentiles import auto_window_s, parse_time, percentile_series
+from analysis.engine.connect import connect
+from analysis.engine.connect import refresh as refresh_views
+from analysis.engine.materialize import (
+    HOUR_NS,
+    Snapshot,
+    hour_of,
+    hour_requests_sql,
+    hour_where,
+    snapshot,
+    stored_source,
+)
+from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
+from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series
+from analysis.engine.sandbox import SandboxConnection
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.report import build_report, explain_window, find_spikes
-from analysis.sandbox import SandboxConnection
-from analysis.spikes import MIN_RISE as SPIKE_MIN_RISE
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.stats import verdicts as V
+from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
 from dashboard.settings import DASHBOARD
@@ -137,9 +145,9 @@ def _list_source(files: list[Path]) -> str:
 
 @dataclass
 class Workbench:
-    """A DuckDB connection (analysis.connect) whose relation `req` holds every request of the store.
+    """A DuckDB connection (analysis.engine.connect) whose relation `req` holds every request of the store.
 
-    `req` reads the hours the store holds materialized (analysis.materialize) from their files
+    `req` reads the hours the store holds materialized (analysis.engine.materialize) from their files
     in place, and the other (stale) hours from table `req_live`, which the workbench computes
     itself with the model's own SQL and keys by `Snapshot.key`: analysis owns the rule of
     which segments an hour's requests read, so an hour is recomputed exactly when analysis
@@ -295,7 +303,7 @@ class Workbench:
         return self.worker_error
 
     def files_for(self, start_ns: int) -> list[Path]:
-        """Segment files that can hold spans of a request starting at `start_ns` (analysis.materialize's rule)."""
+        """Segment files that can hold spans of a request starting at `start_ns` (materialize's rule)."""
         return self.snap.inputs([hour_of(start_ns)]) if self.snap is not None else []
 
 
@@ -446,7 +454,7 @@ def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str,
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def detection(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
-    """The filtered requests' count and the window spike detection can judge them at (analysis.verdicts):
+    """The filtered requests' count and the window spike detection can judge them at (analysis.stats.verdicts):
     {"requests", "judged_window_s" (None: detection cannot judge this few requests), "window_s" (what the
     charts use: the judged window, else the report's own)}."""
     if isinstance(_db, CHD.ClickHouseBench):
@@ -471,7 +479,7 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
-    """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
+    """analysis.engine.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
     report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
     / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
 
@@ -568,7 +576,7 @@ def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, met
 
 
 def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
-    """The detected spikes under `filters` and whether detection could judge them at all (analysis.verdicts).
+    """The detected spikes under `filters` and whether detection could judge them at all (analysis.stats.verdicts).
 
     {"spikes" (spike_marks'), "judged", "reason" (why not, a sentence), "context" (when not judged under
     dimension filters: the spikes of the same time range without them)}. "No spike" is only ever said
@@ -593,7 +601,8 @@ def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric
     return out
 
 
-#: How an explained window stands against its baseline (analysis.verdicts.against_baseline), and the rise a spike needs.
+#: How an explained window stands against its baseline (analysis.stats.verdicts.against_baseline), and the rise
+#: a spike needs.
 against_baseline = V.against_baseline
 MIN_RISE = SPIKE_MIN_RISE
 
@@ -656,7 +665,8 @@ def _replicas(_db: Bench, store: str, version: int, filters: Filters, metric: st
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def outlier_explanations(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> list[dict[str, Any]]:
-    """analysis.verdicts.outlier_explanations: the outlier replicas one tenant (model, version, service) explains."""
+    """analysis.stats.verdicts.outlier_explanations: the outlier replicas one tenant (model, version, service)
+    explains."""
     try:
         if isinstance(_db, CHD.ClickHouseBench):
             return CHD.outlier_explanations(_db, filters, FILTER_DIMENSIONS, metric)
@@ -743,8 +753,8 @@ def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int)
 
 @st.cache_resource(show_spinner=False)
 def sandbox(store: str) -> SandboxConnection:
-    """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked."""
-    from analysis.connect import connect
+    """A sandboxed connection (analysis.engine.connect(sandbox=True)): only the store readable, config locked."""
+    from analysis.engine.connect import connect
 
     return connect(Path(store), sandbox=True)
 
@@ -920,9 +930,9 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def batching(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any] | None:
-    """analysis.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
+    """analysis.stats.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
     the traces cannot show it (or on ClickHouse, where it is not computed yet)."""
-    from analysis.batching import service_vs_batch
+    from analysis.stats.batching import service_vs_batch
 
     if isinstance(_db, CHD.ClickHouseBench):
         return None

@@ -112,12 +112,11 @@ def url(page: str, f: Filters, dims: Sequence[str], **extra: Any) -> str:
     return f"{page}?{query}" if query else page
 
 
-def exemplar_table(rows: pd.DataFrame, key: str) -> None:
+def exemplar_table(rows: pd.DataFrame, key: str, f: Filters) -> None:
     """Exemplar rows (analysis.traces.slowest) with the columns an on-call reads, each trace id a link that
-    opens its waterfall on the Traces page (with the same filters)."""
-    from dashboard import data, formats, sidebar
+    opens its waterfall on the Traces page (with the same filters `f`)."""
+    from dashboard import data, formats
 
-    f = sidebar.current()
     shown = rows.assign(trace=[url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in rows["trace_id"]])
     cols = [c for c in ("trace", "start", "replica", "model", "tenant", "status", "latency_ms", "input_tokens",
                         "output_tokens") if c in shown.columns]

@@ -83,7 +83,8 @@ def _live_controls(db: data.Bench) -> None:
                 st.rerun(scope="app")
 
         _tick()
-    st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s, tz=UTC):%H:%M:%S} UTC")
+    refreshed = datetime.fromtimestamp(db.last_refresh_s, tz=UTC)
+    st.caption(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC")
     note = db.loading_note()
     if note:
         st.caption(f":material/hourglass_top: {note}")

@@ -37,8 +37,9 @@ if curve["advice"] is not None:
     head = f"If service times stay as observed, {sentence}."
     if rel is not None and fewest is not None and fewest < curve["observed_replicas"]:
         scale = curve["observed_replicas"] / fewest
-        head += (f" But the traces show service time growing with the batch: median {charts.fmt_ms(rel['small_service_ms'])} "
-                 f"in batches of {rel['small_batch']:,.0f} against {charts.fmt_ms(rel['large_service_ms'])} in batches of "
+        head += (" But the traces show service time growing with the batch: median "
+                 f"{charts.fmt_ms(rel['small_service_ms'])} in batches of {rel['small_batch']:,.0f} against "
+                 f"{charts.fmt_ms(rel['large_service_ms'])} in batches of "
                  f"{rel['large_batch']:,.0f} ({rel['growth']:+.0%}); {fewest} replicas would run batches about "
                  f"{scale:,.1f}× larger, so expect a higher p99 than this replay predicts."
                  if rel["growth"] > 0 else
@@ -63,7 +64,8 @@ if usd is not None:
                     width="stretch")
 st.caption("Each request keeps its observed arrival and service time (latency minus queue wait) and waits first "
            f"come, first served for one of replicas × {curve['slots_per_replica']} slots; the replay assumes service "
-           "times do not change with load (the headline says what the traces show). Dashed: the target." + ("" if curve["kernel"] else
+           "times do not change with load (the headline says what the traces show). Dashed: the target."
+           + ("" if curve["kernel"] else
                                                        " (C replay kernel not built: a coarse curve.)"))
 st.subheader("Reactive scale-up against pre-scaling")
 cold = curve["cold_start_ms"]
@@ -78,10 +80,12 @@ up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])
     st.stop()
-policies = {"static": f"static {int(start)}", "reactive": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
+policies = {"static": f"static {int(start)}",
+            "reactive": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
             "prescaled": f"pre-scaled {int(top)}"}
 table = pd.DataFrame([{"policy": name, "p99_ms": up[k]["p99_ms"], "ttft_p99_ms": up[k]["ttft_p99_ms"],
-                       "gpu_usd_per_hour": formats.usd(up[k]["gpu_usd_per_hour"], "/h")} for k, name in policies.items()])
+                       "gpu_usd_per_hour": formats.usd(up[k]["gpu_usd_per_hour"], "/h")}
+                      for k, name in policies.items()])
 st.dataframe(table, hide_index=True, column_config={
     "p99_ms": formats.ms("p99"), "ttft_p99_ms": formats.ms("TTFT p99"),
     "gpu_usd_per_hour": st.column_config.TextColumn("GPU USD per hour")})

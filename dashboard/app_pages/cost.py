@@ -79,5 +79,6 @@ st.dataframe(reps[["replica", "observed_seconds", "allocated_seconds", "cold_sta
                    "idle_share"]], hide_index=True, column_config={
     "observed_seconds": formats.number("observed (s)", "%,.1f"),
     "allocated_seconds": formats.number("allocated to requests (s)", "%,.1f"),
-    "cold_start_seconds": formats.number("cold start (s)", "%,.1f"), "idle_seconds": formats.number("idle (s)", "%,.1f"),
+    "cold_start_seconds": formats.number("cold start (s)", "%,.1f"),
+    "idle_seconds": formats.number("idle (s)", "%,.1f"),
     "idle_share": st.column_config.ProgressColumn("idle share", format="percent", min_value=0.0, max_value=1.0)})

@@ -33,7 +33,8 @@ cols[2].metric("timeouts", f"{s['timeout_weighted']:,.0f}")
 cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 cols[5].metric("spikes", len(spikes) if verdict["judged"] else "not judged",
-               help=None if verdict["judged"] else f"Spike detection could not judge these filters: {verdict['reason']}.")
+               help=None if verdict["judged"] else
+               f"Spike detection could not judge these filters: {verdict['reason']}.")
 
 shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):

@@ -33,7 +33,8 @@ if not len(out):
     st.success(f"No outlier among {len(df)} replicas: p99 spread {charts.fmt_ms(df['p99_ms'].min())}"
                f"–{charts.fmt_ms(df['p99_ms'].max())}.")
 # the tooltip's requests: what the stored ones stand for (the table shows both counts)
-explained_by = [f"{explained[r]['dimension']} = {explained[r]['value']}" if r in explained else "" for r in df["replica"]]
+explained_by = [f"{explained[r]['dimension']} = {explained[r]['value']}" if r in explained else ""
+                for r in df["replica"]]
 st.altair_chart(charts.replica_chart(df.assign(requests=df["requests_weighted"], explained_by=explained_by)),
                 width="stretch")
 st.caption("Bars: p99 (red: outlier, more than 3 robust deviations and 20% above the replicas' median p99; "

@@ -139,7 +139,8 @@ else:
         st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
                                               ex.get("baseline_p99_ms")), width="stretch")
     st.dataframe(shown, hide_index=True, column_config=table_config)
-st.caption("Ranked by analysis.explain, best explanation first: tail (requests above the baseline p99) against the "
+st.caption("Ranked by analysis.stats.explain, best explanation first: tail (requests above the baseline p99) "
+           "against the "
            "baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, left out of "
            "the window and of the baseline alike.")
 
@@ -155,4 +156,4 @@ rows = data.exemplars(*key, f, len(ids), trace_ids=ids) if ids else pd.DataFrame
 if rows.empty:
     st.caption("No exemplar in this window.")
 else:
-    links.exemplar_table(rows, "spike_exemplars")
+    links.exemplar_table(rows, "spike_exemplars", f)

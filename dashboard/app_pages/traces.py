@@ -46,7 +46,8 @@ with trace_box:
         cols[2].metric("replica", str(req["replica"]))
         cols[3].metric("tenant", str(req["tenant"]) if req.get("tenant") is not None else "–")
         cols[4].metric("status", str(req["status"]))
-        cols[5].metric("tokens in / out", f"{formats.count(req['input_tokens'])} / {formats.count(req['output_tokens'])}")
+        cols[5].metric("tokens in / out",
+                       f"{formats.count(req['input_tokens'])} / {formats.count(req['output_tokens'])}")
         spans = data.trace_spans(*key, str(req["trace_id"]), int(req["start_ns"]))
         if spans.empty:
             st.warning("The spans of this trace are no longer in the store (compacted or removed).")

@@ -1,4 +1,4 @@
-"""analysis.verdicts and analysis.batching: what a view may claim, checked against the real detector and
+"""analysis.stats.verdicts and analysis.stats.batching: what a view may claim, checked against the real detector and
 breakdowns on real DuckDB tables."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import duckdb
 import numpy as np
 import pytest
 
-from analysis import verdicts as V
-from analysis.batching import service_vs_batch
-from analysis.percentiles import NICE_WINDOWS_S, auto_window_s
-from analysis.spikes import detect
+from analysis.engine.percentiles import NICE_WINDOWS_S, auto_window_s
+from analysis.stats import verdicts as V
+from analysis.stats.batching import service_vs_batch
+from analysis.stats.spikes import detect
 
 NS = 1_000_000_000
 

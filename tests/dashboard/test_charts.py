@@ -31,7 +31,7 @@ def test_token_buckets_are_labelled_as_the_report_labels_them() -> None:
     """The chart shows analysis' own bucket labels unchanged (the dashboard never relabels)."""
     import pandas as pd
 
-    from analysis.explain import bucket_bounds, bucket_label
+    from analysis.stats.explain import bucket_bounds, bucket_label
 
     lows = [0, 1, 2, 1024]
     df = pd.DataFrame({"input_tokens_bucket": [bucket_label(*bucket_bounds(lo)) for lo in lows],
@@ -106,7 +106,7 @@ def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
     # each bar spans its whole window, stacked by hand (bottom to top) in outcome order
     assert (bars["end"] - bars["window"]).dt.total_seconds().unique().to_list() == [60]
     assert (bars["top"] - bars["bottom"]).to_list() == bars["n"].to_list()
-    for w, group in bars.group_by("window"):
+    for _, group in bars.group_by("window"):
         assert group["bottom"].min() == 0 and group["top"].max() == group["n"].sum()
     only_failed = _layer_data(charts.counts(df, [], 60, ("error", "timeout")), "bar")
     assert set(only_failed["outcome"]) <= {"error", "timeout"}

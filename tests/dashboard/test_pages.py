@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.connect import connect
-from analysis.percentiles import percentile_series
+from analysis.engine.connect import connect
+from analysis.engine.percentiles import percentile_series
 from analysis.report import explain_window
-from analysis.verdicts import against_baseline, detection_window_s
+from analysis.stats.verdicts import against_baseline, detection_window_s
 from tests.dashboard.conftest import APP, REQUESTS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
@@ -183,7 +183,8 @@ def test_a_link_opens_its_trace_and_filters(incident_store: Path, monkeypatch: p
     """?trace=&replica= (a shared link, or an exemplar row's) opens that trace under those filters."""
     con = connect(incident_store)
     try:
-        tid, replica = con.execute("SELECT trace_id, replica FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", "")
+        row = con.execute("SELECT trace_id, replica FROM requests ORDER BY e2e_ns LIMIT 1").fetchone()
+        tid, replica = row or ("", "")
     finally:
         con.close()
     monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))

@@ -14,7 +14,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from sample_traces import generate
 
 TAILSCOPE = Path(sys.executable).parent / "tailscope"

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import duckdb
 
-from analysis.percentiles import request_source
+from analysis.engine.percentiles import request_source
 
 #: A median service time this much larger in the largest batches than in the smallest counts as growth
 #: (10%: below it the replay's fixed service times are within the noise of a median).

@@ -16,8 +16,8 @@ import duckdb
 import polars as pl
 
 from analysis.breakdowns import mark_outliers, replicas
-from analysis.percentiles import MIN_TAIL, NICE_WINDOWS_S, auto_window_s, quote_ident
-from analysis.spikes import MIN_BASELINE_WINDOWS, MIN_RISE
+from analysis.engine.percentiles import MIN_TAIL, NICE_WINDOWS_S, auto_window_s, quote_ident
+from analysis.stats.spikes import MIN_BASELINE_WINDOWS, MIN_RISE
 
 #: Requests a window needs for its p99 to be judged by the detector (MIN_TAIL beyond the p99).
 JUDGED_WINDOW_REQUESTS: Final = round(MIN_TAIL / (1 - 0.99))
@@ -39,9 +39,10 @@ OUTLIER_VALUES: Final = 8
 def detection_window_s(requests: int, span_s: float) -> int | None:
     """The window (s) at which spike detection can judge `requests` spread over `span_s`, or None when none can.
 
-    The report's own window (analysis.percentiles.auto_window_s) when its windows hold on average the
+    The report's own window (analysis.engine.percentiles.auto_window_s) when its windows hold on average the
     MEAN_WINDOW_REQUESTS that make nearly every one judged; else the smallest of the report's window sizes
-    whose windows do while at least MIN_JUDGED_WINDOWS of them fit in the range. A filter that keeps few requests then gets
+    whose windows do while at least MIN_JUDGED_WINDOWS of them fit in the range. A filter that keeps few
+    requests then gets
     wider windows instead of a detector that silently never ran.
     """
     if requests <= 0 or span_s <= 0:
@@ -86,7 +87,8 @@ def explain_outliers(by_replica: pl.DataFrame, without: Callable[[str, Any], pl.
     gives the breakdown again), the replica is no outlier under the same rule (mark_outliers).
 
     Returns one item per explained replica ({replica, dimension, value, p99_ms, p99_without_ms, requests,
-    requests_without, fleet_median_p99_without_ms}); when several values clear it, the one leaving the lowest p99. An outlier
+    requests_without, fleet_median_p99_without_ms}); when several values clear it, the one leaving the lowest p99. An
+    outlier
     no single value explains is not listed (it is the replica's own).
     """
     outliers = by_replica.filter(pl.col("outlier"))
