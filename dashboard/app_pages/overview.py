@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data, sidebar
+from dashboard import charts, data, links, sidebar
 
 db = data.open_store()
 f = sidebar.current()
@@ -40,7 +40,8 @@ shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
     st.warning(f"**Spike {charts.window_label(a, b)}**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
-               "Open the Spike page to see what explains it.", icon=":material/local_fire_department:")
+               f"[Open it on the Spike page]({links.url('spike', f, data.FILTER_DIMENSIONS, start_ns=a, end_ns=b)}) "
+               "to see what explains it.", icon=":material/local_fire_department:")
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
 if not verdict["judged"]:
     st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
