@@ -15,7 +15,7 @@ metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
 seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
 target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen or 1000.0)), step=100.0,
                         key="cap_target")
-price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(str(db.store)) or 0.0,
+price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
 curve = data.capacity_curve(*key, f, float(target), metric, usd)

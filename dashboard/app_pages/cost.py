@@ -17,7 +17,7 @@ if not data.choices(*key)["requests"]:
     st.stop()
 left, right = st.columns(2)
 by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by")
-default = None if data.on_clickhouse(db) else data.price_default(str(db.store))
+default = data.price_default(db)
 price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0.0, step=0.1, key="cost_price",
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
                                 "(docs/cost.md; a store only).")

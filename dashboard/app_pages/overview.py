@@ -51,7 +51,7 @@ if not verdict["judged"]:
 notes = "; ".join(marks.get("warnings", []) + [e for e in marks.get("errors", []) if verdict["judged"]])
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
-fired = None if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)
+fired = None if not db.can("alerts") else data.alerts(str(db.store), f.since_ns, f.until_ns)
 if fired is not None and not fired.is_empty():
     st.caption(f"red rules: {fired.height} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")

@@ -277,7 +277,7 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("Replicas", "Replicas", "p99 (red: outlier"),
              ("What-if", "What-if", "predicted,"),
              ("Cost", "Cost", "GPU-hours allocated"),
-             ("Alerts", "Alerts", "The Alerts page does not run on ClickHouse yet"))
+             ("Alerts", "Alerts", "The Alerts page does not run on this engine yet"))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
