@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import duckdb
+import numpy as np
 
 from analysis.engine.percentiles import request_source
 
@@ -35,27 +36,32 @@ def service_vs_batch(con: duckdb.DuckDBPyConnection, since: int | None = None,
     """
     src = request_source(con, "queue_wait")
     cond = "(?::BIGINT IS NULL OR start_ns >= ?) AND (?::BIGINT IS NULL OR start_ns < ?)"
-    rows = con.execute(f"""
-        WITH r AS (
-            SELECT trace_id || ':' || span_id AS id, coalesce(replica, '') AS replica,
-                   start_ns + coalesce(queue_wait_ns, 0) AS busy_ns, start_ns + e2e_ns AS end_ns,
-                   greatest(e2e_ns - coalesce(queue_wait_ns, 0), 0) AS service_ns
-            FROM {src} WHERE e2e_ns IS NOT NULL AND {cond}),
-        m AS (SELECT id, replica, service_ns, (busy_ns + end_ns) // 2 AS mid_ns FROM r),
-        b AS (SELECT m.id, any_value(m.service_ns) AS service_ns, count(*) AS batch
-              FROM m JOIN r ON r.replica = m.replica AND r.busy_ns <= m.mid_ns AND r.end_ns > m.mid_ns
-              GROUP BY m.id),
-        cut AS (SELECT quantile_disc(batch, 0.25) AS lo, quantile_disc(batch, 0.75) AS hi FROM b),
-        q AS (SELECT b.*, CASE WHEN batch <= lo THEN 1 WHEN batch >= hi THEN 4 END AS quarter FROM b, cut
-              WHERE lo < hi)
-        SELECT quarter, count(*), median(batch), median(service_ns) / 1e6
-        FROM q WHERE quarter IS NOT NULL GROUP BY quarter ORDER BY quarter""", [since, since, until, until]).fetchall()
-    if len(rows) != 2 or min(r[1] for r in rows) < MIN_REQUESTS:
+    cols = con.execute(f"""
+        SELECT coalesce(replica, '') AS replica, start_ns + coalesce(queue_wait_ns, 0) AS busy_ns,
+               start_ns + e2e_ns AS end_ns, greatest(e2e_ns - coalesce(queue_wait_ns, 0), 0) AS service_ns
+        FROM {src} WHERE e2e_ns IS NOT NULL AND {cond}
+        ORDER BY replica""", [since, since, until, until]).fetchnumpy()
+    replica = np.asarray(cols["replica"])
+    busy, end = np.asarray(cols["busy_ns"], dtype=np.int64), np.asarray(cols["end_ns"], dtype=np.int64)
+    service = np.asarray(cols["service_ns"], dtype=np.float64)
+    batch = np.zeros(busy.size, dtype=np.int64)
+    cuts = np.flatnonzero(replica[1:] != replica[:-1]) + 1 if busy.size else np.zeros(0, dtype=np.int64)
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, busy.size], strict=True):  # one sweep per replica
+        b, e = np.sort(busy[lo:hi]), np.sort(end[lo:hi])
+        mid = (busy[lo:hi] + end[lo:hi]) // 2  # serving: busy <= mid < end
+        batch[lo:hi] = np.searchsorted(b, mid, side="right") - np.searchsorted(e, mid, side="right")
+    if batch.size == 0:
         return None
-    (_, n1, b1, s1), (_, n4, b4, s4) = rows
+    small_cut, large_cut = np.quantile(batch, [0.25, 0.75], method="inverted_cdf")
+    small, large = batch <= small_cut, batch >= large_cut
+    if small_cut >= large_cut or min(int(small.sum()), int(large.sum())) < MIN_REQUESTS:
+        return None
+    b1, b4 = float(np.median(batch[small])), float(np.median(batch[large]))
+    s1, s4 = float(np.median(service[small])) / 1e6, float(np.median(service[large])) / 1e6
+    n1, n4 = int(small.sum()), int(large.sum())
     if not s1:
         return None
-    growth = float(s4) / float(s1) - 1
-    return {"small_batch": float(b1), "large_batch": float(b4), "small_service_ms": float(s1),
-            "large_service_ms": float(s4), "growth": growth, "grows": growth >= GROWTH,
-            "growth_per_request": growth / (float(b4) - float(b1)) if b4 > b1 else 0.0, "compared": int(n1 + n4)}
+    growth = s4 / s1 - 1
+    return {"small_batch": b1, "large_batch": b4, "small_service_ms": s1, "large_service_ms": s4, "growth": growth,
+            "grows": growth >= GROWTH, "growth_per_request": growth / (b4 - b1) if b4 > b1 else 0.0,
+            "compared": n1 + n4}

@@ -119,3 +119,32 @@ def test_service_vs_batch_known_answer() -> None:
     # one batch size everywhere: the traces cannot show a relation
     con.execute("DELETE FROM requests WHERE replica = 'b'")
     assert service_vs_batch(con) is None
+
+
+def test_service_vs_batch_matches_a_brute_force_count_on_random_traffic() -> None:
+    """Each request's batch counted pair by pair (who is serving at its midpoint), then the same quartile rule."""
+    for seed in range(1, 6):
+        rng = np.random.default_rng(seed)
+        n = 600
+        start = np.sort(rng.integers(0, 600 * NS, n))
+        wait = rng.integers(0, 2 * NS, n) * (rng.random(n) < 0.3)
+        e2e = wait + rng.integers(NS // 2, 8 * NS, n)
+        replica = rng.choice(["a", "b", "c"], n)
+        con = duckdb.connect()
+        con.execute("CREATE TABLE requests (trace_id VARCHAR, span_id VARCHAR, replica VARCHAR, start_ns BIGINT, "
+                    "e2e_ns BIGINT, queue_wait_ns BIGINT)")
+        con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)",
+                        [(f"t{i}", "s", str(replica[i]), int(start[i]), int(e2e[i]), int(wait[i])) for i in range(n)])
+        busy, end = start + wait, start + e2e
+        mid = (busy + end) // 2
+        batch = np.array([sum(1 for j in range(n) if replica[j] == replica[i] and busy[j] <= mid[i] < end[j])
+                          for i in range(n)])
+        lo, hi = np.sort(batch)[int(np.ceil(0.25 * n)) - 1], np.sort(batch)[int(np.ceil(0.75 * n)) - 1]
+        service = (e2e - wait) / 1e6
+        got = service_vs_batch(con)
+        assert got is not None and lo < hi
+        assert got["small_service_ms"] == pytest.approx(float(np.median(service[batch <= lo])))
+        assert got["large_service_ms"] == pytest.approx(float(np.median(service[batch >= hi])))
+        assert (got["small_batch"], got["large_batch"]) == (float(np.median(batch[batch <= lo])),
+                                                            float(np.median(batch[batch >= hi])))
+        assert got["compared"] == int((batch <= lo).sum() + (batch >= hi).sum())
