@@ -11,7 +11,10 @@ A page counts as drawn when Streamlit's status widget says nothing runs, its hea
 every chart of it has drawn. The anchor, in the same run: a DuckDB scan of the store's spans (p50/p99
 per span name), in this process.
 
-    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3]
+    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...]
+
+Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
+temp directory removed afterwards).
 """
 
 from __future__ import annotations
@@ -115,8 +118,9 @@ def anchor(store: Path) -> float:
     return took
 
 
-def run(store: Path, repeat: int) -> list[tuple[str, float, float]]:
-    """Drive the browser; (what, median seconds over `repeat` rounds, limit) per measurement."""
+def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES) -> list[tuple[str, float, float]]:
+    """Drive the browser over `pages` (the first one must be the Overview); (what, median seconds over `repeat`
+    rounds, limit) per measurement."""
     from playwright.sync_api import sync_playwright
 
     rounds: dict[str, list[float]] = {}
@@ -129,14 +133,14 @@ def run(store: Path, repeat: int) -> list[tuple[str, float, float]]:
                 rounds.setdefault("first session: Overview, server just up", []).append(
                     fresh(browser, url, "", "Overview"))
                 limits["first session: Overview, server just up"] = float("inf")
-                for _, path, heading in PAGES:
+                for _, path, heading in pages:
                     label = f"fresh session: {heading}"
                     rounds.setdefault(label, []).append(fresh(browser, url, path, heading))
                     limits[label] = PAGE_LIMIT_S
                 page = browser.new_page(viewport={"width": 1440, "height": 1000})
                 page.goto(url)
                 drawn(page, "Overview")
-                for name, _, heading in (*PAGES[1:], PAGES[0]):
+                for name, _, heading in (*pages[1:], pages[0]):
                     t0 = time.perf_counter()
                     page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True).click()
                     drawn(page, heading)
@@ -153,7 +157,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
+                        "Overview is always first")
     args = parser.parse_args()
+    wanted = {p.strip() for p in args.pages.split(",") if p.strip()}
+    pages = tuple(p for p in PAGES if not wanted or p[0] in wanted or p[0] == "Overview")
     if not CHROMIUM.exists():
         sys.exit("needs Debian's chromium: make browser-deps")
     tmp = None
@@ -161,11 +169,12 @@ def main() -> None:
     if store is None:
         tmp = Path(tempfile.mkdtemp(prefix="tailscope-bench-browser-"))
         store = tmp / "store"
+    if not store.exists():  # the demo store, as `tailscope demo` writes it
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
     try:
         base = anchor(store)
-        results = run(store, max(1, args.repeat))
+        results = run(store, max(1, args.repeat), pages)
         base = min(base, anchor(store))
     finally:
         if tmp is not None:
