@@ -6,9 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
-from dashboard.engine import CAPABILITIES, Engine
 
 from dashboard import data
+from dashboard.engine import CAPABILITIES, Engine
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard"
 
