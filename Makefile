@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-.PHONY: all venv demo test lint typecheck unit browser-deps bench clean
+.PHONY: all venv demo test lint typecheck unit browser-deps monitoring-deps bench clean
 
 all: test
 
@@ -31,13 +31,20 @@ browser-deps:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; \
 	fi
 
+# Debian's Prometheus and Alertmanager for the /metrics and alert-routing tests (real servers on loopback).
+monitoring-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; fi; \
+	fi
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP) browser-deps
+unit: $(STAMP) browser-deps monitoring-deps
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck unit
