@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from analysis.engine import model as M
+
 if TYPE_CHECKING:
     import pandas as pd
     import polars as pl
 
     from analysis.capacity import Workload
 
-#: The dimensions the sidebar filters on (columns of `requests`).
-FILTER_DIMENSIONS: Final[tuple[str, ...]] = ("service", "model", "replica", "tenant")
+#: The dimensions the sidebar filters on (columns of `requests`; analysis owns the list, alert links use it too).
+FILTER_DIMENSIONS: Final[tuple[str, ...]] = M.FILTER_DIMENSIONS
 
 #: What an engine may or may not do, by name: what each means.
 CAPABILITIES: Final[dict[str, str]] = {

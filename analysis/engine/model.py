@@ -33,6 +33,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service",
                                  "model", "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns",
                                  "tpot_ns", "adjusted_count")
+#: Request columns a view is filtered by: the dashboard's sidebar, a shared link, an alert's dashboard link.
+FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
 #: Stage columns of `requests` (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Stages whose span's replica is the request's replica (the replica that generated).
