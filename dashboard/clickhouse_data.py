@@ -3,8 +3,8 @@
 `ClickHouseBench` stands where dashboard.data's Workbench stands: it computes the request
 model on the server once per data version into the session temporary table `requests` (and
 `stages`, for the SQL console) and every page's figure comes from an analysis function run
-against it: analysis.clickhouse_report (report, explained windows, percentile series) and
-analysis.clickhouse_breakdowns (summary, exemplars, trace lookup, waterfall). Only
+against it: analysis.clickhouse.report (report, explained windows, percentile series) and
+analysis.clickhouse.breakdowns (summary, exemplars, trace lookup, waterfall). Only
 aggregates and the rows a page lists come back. One client serves every session, one call
 at a time (a ClickHouse session runs one query at a time; chdb is one engine per process).
 dashboard.data dispatches to the functions below and keeps the caching; nothing here
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis import clickhouse_breakdowns as CB
-from analysis import clickhouse_report as CR
+from analysis.clickhouse import breakdowns as CB
+from analysis.clickhouse import report as CR
 from analysis.cost import Prices, clickhouse_cost
 from tracing.errors import QueryError
 
@@ -148,33 +148,33 @@ def condition(f: FilterLike, dims: Sequence[str]) -> str:
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
-    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse_breakdowns)."""
+    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse.breakdowns)."""
     with b.lock:
         lo, hi, n = CB.time_bounds(b.client, FACTS)
         return {"min_ns": lo, "max_ns": hi, "requests": n, **CB.dimension_values(b.client, FACTS, dims)}
 
 
 def summary(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> dict[str, Any]:
-    """analysis.clickhouse_breakdowns.summary of the filtered requests."""
+    """analysis.clickhouse.breakdowns.summary of the filtered requests."""
     with b.lock:
         return CB.summary(b.client, FACTS, condition(f, dims))
 
 
 def window_s(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> int:
-    """The report's automatic window over the filtered requests (analysis.clickhouse_report.choose_window_s)."""
+    """The report's automatic window over the filtered requests (analysis.clickhouse.report.choose_window_s)."""
     with b.lock:
         return CR.choose_window_s(b.client, FACTS, f.since_ns, f.until_ns, condition(f, dims))
 
 
 def series(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pl.DataFrame:
-    """analysis.clickhouse_report.percentile_series of one metric over the filtered requests."""
+    """analysis.clickhouse.report.percentile_series of one metric over the filtered requests."""
     with b.lock:
         return CR.percentile_series(b.client, b.table, metric, since=f.since_ns, until=f.until_ns, facts=FACTS,
                                     where=condition(f, dims))
 
 
 def report(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> dict[str, Any]:
-    """analysis.clickhouse_report.build_report over the filtered requests (the `report --json` contract)."""
+    """analysis.clickhouse.report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
         return CR.build_report(b.client, b.table, metric=metric, since=f.since_ns, until=f.until_ns,
                                include_failures=True, facts=FACTS, where=condition(f, dims))
@@ -182,7 +182,7 @@ def report(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) 
 
 def explain_window(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], start_ns: int, end_ns: int,
                    metric: str) -> dict[str, Any]:
-    """analysis.clickhouse_report.explain_window: any window explained as the report explains a spike."""
+    """analysis.clickhouse.report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
         return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, since=f.since_ns,
                                  until=f.until_ns, facts=FACTS, where=condition(f, dims))
@@ -190,7 +190,7 @@ def explain_window(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], start
 
 def exemplars(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], limit: int, metric: str,
               trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.slowest under the filters (only `trace_ids`, when given)."""
+    """analysis.clickhouse.breakdowns.slowest under the filters (only `trace_ids`, when given)."""
     cond = condition(f, dims)
     if trace_ids is not None:
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
@@ -199,19 +199,19 @@ def exemplars(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], limit: int
 
 
 def replicas(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.replicas of the filtered requests."""
+    """analysis.clickhouse.breakdowns.replicas of the filtered requests."""
     with b.lock:
         return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
 
 
 def shape(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.shape of the filtered requests."""
+    """analysis.clickhouse.breakdowns.shape of the filtered requests."""
     with b.lock:
         return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
 
 
 def workload(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> Workload:
-    """analysis.clickhouse_breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
+    """analysis.clickhouse.breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
         return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
 
@@ -227,7 +227,7 @@ def cost(b: ClickHouseBench, f: FilterLike, by: str, prices: Prices, bucket_s: i
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
+    """analysis.clickhouse.breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
     with b.lock:
         return CB.find_requests(b.client, FACTS, trace_id).to_pandas()
 

@@ -39,7 +39,7 @@ def export(
     mapping set (request, stage, outcome, TTFT, replica, ...) are written as the convention's
     attributes, so `report --engine clickhouse` reads the same requests (docs/scale-out.md).
     """
-    from analysis.clickhouse_export import export_store
+    from analysis.clickhouse.export import export_store
     from tracing.store import require_store, segment_files
 
     with errors_as_messages():

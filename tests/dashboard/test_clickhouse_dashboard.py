@@ -17,7 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis import clickhouse as C
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse.export import export_store
 from dashboard import clickhouse_data as CHD
 from dashboard import data
 from dashboard.settings import ENV_DSN, ENV_ENGINE

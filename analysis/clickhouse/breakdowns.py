@@ -20,8 +20,10 @@ from analysis import model as M
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
-from analysis.clickhouse import DEFAULT_TABLE, Client, arrays_sql, kish_sql, literal, quantile_sql, source_sql
-from analysis.clickhouse_report import _Fetcher
+from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
+from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
+from analysis.clickhouse.report import Fetcher
 from analysis.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
@@ -256,7 +258,7 @@ def waterfall(client: Client, trace_id: str, since_ns: int, until_ns: int, table
     """analysis.traces.waterfall of one trace: its spans starting in [since, until) come back, the rule runs here."""
     local = duckdb.connect(":memory:")
     try:
-        _Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
+        Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
         return T.waterfall(local, trace_id)
     finally:
         local.close()

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis import model as M
-from analysis.clickhouse import Client, check_table_name, literal, otel_traces_ddl, outcome_sql, promoted_sql
+from analysis.clickhouse.client import Client, check_table_name, literal
+from analysis.clickhouse.promotion import otel_traces_ddl, outcome_sql, promoted_sql
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 

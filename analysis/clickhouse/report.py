@@ -13,7 +13,7 @@
    spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
    rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
    with and without each candidate computed on the server (`_pushed_down`); the explanation of
-   analysis.report runs there; as it goes, it asks for the spans each step reads (`_Fetcher`):
+   analysis.report runs there; as it goes, it asks for the spans each step reads (`Fetcher`):
    the tail slices' traces for the stage shares, and, only when queue_wait leads, the spans
    within reach of the spike for the noisy-neighbour step.
 
@@ -39,19 +39,12 @@ from analysis import percentiles as P
 from analysis import report as RP
 from analysis import sampling as SM
 from analysis import spikes as SP
-from analysis.clickhouse import (
-    DEFAULT_TABLE,
-    Client,
-    arrays_sql,
-    kish_sql,
-    literal,
-    quantile_sql,
-    requests_facts,
-    source_sql,
-    span_where,
-    temp_table,
-)
-from analysis.connect import _duck_type
+from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
+from analysis.clickhouse.model import temp_table
+from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
+from analysis.clickhouse.requests import requests_facts, span_where
+from analysis.connect import duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
 from tracing import schema as S
@@ -366,7 +359,7 @@ def _bucket_code_sql(col: str) -> str:
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
                  metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str, weight: str | None = None) -> tuple[_Fetcher, RP.RestCounts]:
+                 col: str, weight: str | None = None) -> tuple[Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -392,7 +385,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
     reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
                          f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
-    fetch = _Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    fetch = Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
 
@@ -517,7 +510,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
         local.close()
 
 
-class _Fetcher:
+class Fetcher:
     """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
 
     Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
@@ -532,11 +525,11 @@ class _Fetcher:
         #: Pulls the fact rows of baseline windows (numbers) the report holds as counts only (see _pushed_down).
         self.more_facts: Callable[[np.ndarray], object] | None = None
         self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
-        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        cols = ", ".join(f"{c} {duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
-        self.casts = ", ".join(f"{c}::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        self.casts = ", ".join(f"{c}::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         local.execute(f"CREATE TABLE _spans_local ({cols})")
-        view = ", ".join(c if c in inputs else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        view = ", ".join(c if c in inputs else f"NULL::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
 
     def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
