@@ -16,7 +16,6 @@ import duckdb
 import polars as pl
 
 from analysis import breakdowns as B
-from analysis import model as M
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
@@ -24,6 +23,7 @@ from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.report import Fetcher
+from analysis.clickhouse.server import features
 from analysis.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
@@ -172,7 +172,7 @@ def replicas(client: Client, facts: str, metric: str = "e2e", where: str = "TRUE
     df = pl.from_arrow(client.query(
         f"SELECT {names}, {pcts} FROM (SELECT coalesce(replica, '(none)') AS replica, {_counts_sql(col, weight)}, "
         f"{arrays} FROM {facts} WHERE {where} GROUP BY replica) ORDER BY replica",
-        M.CLICKHOUSE_SETTINGS))
+        features(client).settings))
     assert isinstance(df, pl.DataFrame)
     return B.mark_outliers(df)
 
@@ -208,7 +208,7 @@ def shape(client: Client, facts: str, metric: str = "e2e", by: Sequence[str] = B
     df = pl.from_arrow(client.query(
         f"SELECT {', '.join(names)}, requests, {pcts}{outer} FROM (SELECT {', '.join(keys)}, count() AS requests"
         f"{tail}, {arrays} FROM {facts} WHERE {rows} "
-        f"GROUP BY {', '.join(names)}) ORDER BY {', '.join(names)}", M.CLICKHOUSE_SETTINGS))
+        f"GROUP BY {', '.join(names)}) ORDER BY {', '.join(names)}", features(client).settings))
     assert isinstance(df, pl.DataFrame)
     if weight is None:
         df = df.with_columns(pl.col("requests").alias("requests_weighted"),

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from analysis import model as M
+from analysis.clickhouse.server import features
 from tracing.errors import MissingExtra, QueryError, TailscopeError
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 DEFAULT_TABLE: Final = "otel_traces"
 #: Default HTTP port of a ClickHouse server.
 DEFAULT_PORT: Final = 8123
+#: Seconds a server may take to answer one request (a DSN's `?timeout=` changes it).
+DEFAULT_TIMEOUT_S: Final = 300
 
 
 class DsnError(TailscopeError):
@@ -40,6 +43,7 @@ class Dsn:
     user: str = "default"
     password: str = ""
     database: str = "default"
+    timeout_s: int = DEFAULT_TIMEOUT_S
 
     def __str__(self) -> str:
         if self.kind == "chdb":
@@ -48,7 +52,8 @@ class Dsn:
 
 
 def parse_dsn(text: str) -> Dsn:
-    """Read `chdb:PATH` or `clickhouse://user[:password]@host[:port][/database]`; DsnError names what is wrong."""
+    """Read `chdb:PATH` or `clickhouse://user[:password]@host[:port][/database][?timeout=SECONDS]`; DsnError names
+    what is wrong."""
     if text.startswith("chdb:"):
         path = text[len("chdb:"):]
         if not path:
@@ -66,8 +71,15 @@ def parse_dsn(text: str) -> Dsn:
     database = parts.path.strip("/") or "default"
     if not re.fullmatch(r"[A-Za-z0-9_]+", database):
         raise DsnError(f"DSN {text!r}: database name {database!r} is not a plain identifier")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(options) - {"timeout"}
+    if unknown:
+        raise DsnError(f"DSN {text!r}: unknown option {sorted(unknown)[0]!r} (the one option is ?timeout=SECONDS)")
+    timeout = options.get("timeout", str(DEFAULT_TIMEOUT_S))
+    if not timeout.isdigit() or int(timeout) == 0:
+        raise DsnError(f"DSN {text!r}: timeout {timeout!r} is not a whole number of seconds above 0")
     return Dsn("http", host=parts.hostname, port=port, user=unquote(parts.username or "default"),
-               password=unquote(parts.password or ""), database=database)
+               password=unquote(parts.password or ""), database=database, timeout_s=int(timeout))
 
 
 class Client(Protocol):
@@ -145,7 +157,12 @@ class ChdbClient:
 
 
 class HttpClient:
-    """A ClickHouse server over HTTP, through clickhouse-connect (thin: the same SQL as the embedded engine)."""
+    """A ClickHouse server over HTTP, through clickhouse-connect (thin: the same SQL as the embedded engine).
+
+    Every failure is one line saying which: nothing answers at the address ("cannot reach"), the
+    server refused the user, the database does not exist, no answer within the DSN's timeout,
+    the connection closed mid-answer, or the server's own error (its code and message).
+    """
 
     def __init__(self, dsn: Dsn) -> None:
         try:
@@ -160,42 +177,87 @@ class HttpClient:
         log.setLevel(logging.CRITICAL)  # the driver logs the failure too; ours is the one line that says it
         try:
             self._c = clickhouse_connect.get_client(host=dsn.host, port=dsn.port, username=dsn.user,
-                                                    password=dsn.password, database=dsn.database)
+                                                    password=dsn.password, database=dsn.database,
+                                                    send_receive_timeout=dsn.timeout_s)
         except Exception as exc:
-            raise DsnError(f"cannot reach ClickHouse at {dsn}: {str(exc).splitlines()[0]}") from None
+            raise DsnError(http_failure(dsn, exc)) from None
         finally:
             log.setLevel(level)
+
+    def _fail(self, sql: str, exc: Exception) -> QueryError:
+        return QueryError(sql, http_failure(self.dsn, exc))
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the result as Arrow."""
         try:
             return self._c.query_arrow(sql, settings=settings or {}, use_strings=True)
         except Exception as exc:
-            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+            raise self._fail(sql, exc) from None
 
     def command(self, sql: str) -> None:
         """Run a statement."""
         try:
             self._c.command(sql)
         except Exception as exc:
-            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+            raise self._fail(sql, exc) from None
 
     def insert_arrow(self, table: str, data: pa.Table) -> None:
         """Append an Arrow table."""
         try:
             self._c.insert_arrow(table, data)
         except Exception as exc:
-            raise QueryError(f"INSERT INTO {table}", str(exc).strip().splitlines()[0]) from None
+            raise self._fail(f"INSERT INTO {table}", exc) from None
 
     def close(self) -> None:
         """Close the HTTP pool."""
         self._c.close()
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 16:
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+def http_failure(dsn: Dsn, exc: Exception) -> str:
+    """One line for a failed request to the server at `dsn`: which of the failures it is (see HttpClient)."""
+    code = getattr(exc, "code", None)
+    text = " ".join(str(e) for e in _causes(exc))
+    names = {type(e).__name__ for e in _causes(exc)}
+    said = re.search(r"DB::Exception: (.*?)(?: \(([A-Z_]+)\))?(?: \(version [^)]*\))?(?:\s*\(for url|$|\n)", text)
+    message = said.group(1).strip().rstrip(".") if said else ""
+    if code is None and (m := re.search(r"code: (\d+)", text)):
+        code = int(m.group(1))
+    if code in (516, 192, 193, 194):
+        return f"ClickHouse at {dsn} refused user {dsn.user!r}: {message or 'authentication failed'} (Code {code})"
+    if code == 81:
+        return f"ClickHouse at {dsn}: {message or 'the database does not exist'} (Code 81)"
+    if code is not None:
+        return f"ClickHouse at {dsn} failed the query: {message or text.splitlines()[0]} (Code {code})"
+    if names & {"ReadTimeoutError", "TimeoutError", "ReadTimeout"} or "timed out" in text.lower():
+        return f"ClickHouse at {dsn} did not answer within {dsn.timeout_s} s (the DSN's ?timeout=)"
+    if names & {"NewConnectionError", "ConnectionRefusedError", "NameResolutionError", "ConnectTimeoutError"} or (
+            "refused" in text.lower() or "resolve" in text.lower() or "max retries" in text.lower()):
+        return f"cannot reach ClickHouse at {dsn}: {text.splitlines()[0]}"
+    if names & {"ProtocolError", "IncompleteRead", "RemoteDisconnected", "StreamFailureError",
+                "ConnectionResetError"} or "connection broken" in text.lower():
+        return f"ClickHouse at {dsn} closed the connection mid-answer: {text.splitlines()[0]}"
+    return f"ClickHouse at {dsn}: {text.splitlines()[0] if text else type(exc).__name__}"
+
+
 def open_client(dsn: str | Dsn) -> Client:
-    """A client for a DSN (see `parse_dsn`)."""
+    """A client for a DSN (see `parse_dsn`), after checking the server's release (UnsupportedServer when too old)."""
     d = parse_dsn(dsn) if isinstance(dsn, str) else dsn
-    return ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
+    client: Client = ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
+    try:
+        features(client)
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def literal(value: str | int) -> str:

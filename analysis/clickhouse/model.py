@@ -9,21 +9,23 @@ from typing import TYPE_CHECKING, Final
 from analysis import model as M
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, settings_clause
 from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.server import NEWEST, Features, features
 from tracing import schema as S
 
 if TYPE_CHECKING:
     pass
 
 
-def requests_sql(table: str = DEFAULT_TABLE, where: str = "", request_where: str = "TRUE") -> str:
-    """`requests` (all REQUEST_COLUMNS) over an otel_traces-shaped table, for ClickHouse."""
-    return M.requests_sql(source_sql(table, where), M.CLICKHOUSE, request_where=request_where)
+def requests_sql(table: str = DEFAULT_TABLE, where: str = "", request_where: str = "TRUE",
+                 server: Features = NEWEST) -> str:
+    """`requests` (all REQUEST_COLUMNS) over an otel_traces-shaped table, for ClickHouse (as `server` reads it)."""
+    return M.requests_sql(source_sql(table, where), server.dialect, request_where=request_where)
 
 
 def facts_sql(table: str = DEFAULT_TABLE, where: str = "", columns: tuple[str, ...] = M.FACT_COLUMNS,
-              request_where: str = "TRUE") -> str:
-    """The request-level columns only (no sweep), for ClickHouse."""
-    return M.facts_sql(source_sql(table, where), M.CLICKHOUSE, columns=columns, request_where=request_where)
+              request_where: str = "TRUE", server: Features = NEWEST) -> str:
+    """The request-level columns only (no sweep), for ClickHouse (as `server` reads it)."""
+    return M.facts_sql(source_sql(table, where), server.dialect, columns=columns, request_where=request_where)
 
 
 #: Span columns the request model reads (the temporary copy of the spans holds only these).
@@ -45,7 +47,7 @@ def temp_table(client: Client, name: str, sql: str, engine: str = "Memory") -> N
     """(Re)create the session's temporary table `name` from `sql` with the model's settings."""
     client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
     client.command(f"CREATE TEMPORARY TABLE {name} ENGINE = {engine} AS {sql}"
-                   + settings_clause(M.CLICKHOUSE_SETTINGS))
+                   + settings_clause(features(client).settings))
 
 
 def temp_engine(client: Client, source: str) -> str:
@@ -71,9 +73,10 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     temp_table(client, SPANS_TEMP, f"SELECT {keep} FROM {source_sql(table, where)}", engine)
     # the model reads SpanAttributes['gen_ai.request.stream'] only: a one-key map keeps that lookup as it is
     src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {SPANS_TEMP})")
-    for cte, _, sql in M.chain_ctes(src, M.CLICKHOUSE, stages=stages, request_where=request_where):
+    d = features(client).dialect
+    for cte, _, sql in M.chain_ctes(src, d, stages=stages, request_where=request_where):
         temp_table(client, cte, sql, engine)
-    temp_table(client, name, M.select_sql(M.CLICKHOUSE, src, stages=stages, columns=columns), engine)
+    temp_table(client, name, M.select_sql(d, src, stages=stages, columns=columns), engine)
     return name
 
 

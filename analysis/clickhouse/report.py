@@ -44,6 +44,7 @@ from analysis.clickhouse.model import temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.requests import requests_facts, span_where
+from analysis.clickhouse.server import features
 from analysis.connect import duck_type
 from analysis.percentiles import metric_column, parse_time
 from analysis.spikes import Detection, Spike
@@ -103,7 +104,7 @@ class _ServerValues:
         got = pl.from_arrow(self.client.query(
             f"SELECT win, length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT intDiv(start_ns, {self.w}) "
             f"AS win, {self._arrays()} FROM {self.facts} WHERE {self.where} GROUP BY win) ORDER BY win",
-            M.CLICKHOUSE_SETTINGS))
+            features(self.client).settings))
         assert isinstance(got, pl.DataFrame)
         self.wins = got.get_column("win").to_numpy().astype(np.int64)
         return got
@@ -119,7 +120,7 @@ class _ServerValues:
         """The values of the requests meeting `cond` too, pooled on the server."""
         row = self.client.query(
             f"SELECT length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT {self._arrays()} FROM {self.facts} "
-            f"WHERE {self.where} AND {cond})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+            f"WHERE {self.where} AND {cond})", features(self.client).settings).to_pylist()[0]
         n = int(row["n"])
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
@@ -148,7 +149,7 @@ class _ServerJudged:
 
     def _row(self, select: str, where: str = "TRUE") -> dict[str, Any]:
         return dict(self.client.query(f"SELECT {select} FROM {self.table} WHERE {where}",
-                                      M.CLICKHOUSE_SETTINGS).to_pylist()[0])
+                                      features(self.client).settings).to_pylist()[0])
 
     def counts(self) -> SM.Counts:
         """The values counted."""
@@ -161,7 +162,7 @@ class _ServerJudged:
         wanted = ", ".join(f"{quantile_sql('w', q)} AS q{i}" for i, q in enumerate(qs))
         got = self.client.query(
             f"SELECT {wanted} FROM (SELECT {arrays_sql('v', 'w')} FROM {self.table} "
-            f"WHERE {'recorded' if recorded_only else 'TRUE'})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+            f"WHERE {'recorded' if recorded_only else 'TRUE'})", features(self.client).settings).to_pylist()[0]
         return [float(got[f"q{i}"]) for i in range(len(qs))]
 
     def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
@@ -444,7 +445,7 @@ class _ServerTail:
     def _q(self, where: str) -> float:
         got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
                                 f"{arrays_sql(self.col, self.weight)} FROM {self.facts_table} WHERE {where})",
-                                M.CLICKHOUSE_SETTINGS)
+                                features(self.client).settings)
         return float(got.column("q")[0].as_py())
 
     def quantile(self) -> float:
@@ -629,6 +630,6 @@ SELECT {key}, {counts},
        if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
 FROM {facts} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}"""
-    frame = pl.from_arrow(client.query(sql, M.CLICKHOUSE_SETTINGS))
+    frame = pl.from_arrow(client.query(sql, features(client).settings))
     assert isinstance(frame, pl.DataFrame)
     return P.series_frame(frame, by)

@@ -16,6 +16,7 @@ from analysis import percentiles as P
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, check_table_name, literal, settings_clause
 from analysis.clickhouse.model import KEEP_SQL, MEMORY_TEMP_MAX_SPANS, materialize_requests, temp_table
 from analysis.clickhouse.promotion import kind_sql, source_sql
+from analysis.clickhouse.server import NEWEST, Features, features
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -66,14 +67,15 @@ def _marker_sql(lo: str) -> str:
     return "SELECT " + ", ".join(f"{e} AS {c}" for c, e in exprs.items())
 
 
-def refresh_sql(table: str, target: str, lo: str, hi: str) -> str:
+def refresh_sql(table: str, target: str, lo: str, hi: str, server: Features = NEWEST, spans: str = "") -> str:
     """The SELECT one refresh appends to `target`: the requests starting in [lo, hi) (SQL expressions of ns)
-    computed from `<target>_spans` in the interval's reach, one marker row, all stamped with STAMP_COLUMNS."""
-    spans = f"{target}_spans"
+    computed from `<target>_spans` (or the relation `spans`) in the interval's reach, one marker row, all stamped
+    with STAMP_COLUMNS."""
+    spans = spans or f"{target}_spans"
     reach = (f"TimestampNs >= intDiv({lo}, {_H}) * {_H} - {_H} "
              f"AND TimestampNs < intDiv({hi} - 1, {_H}) * {_H} + {2 * _H}")
     src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {spans} WHERE {reach})")
-    requests = M.requests_sql(src, M.CLICKHOUSE, request_where=f"TimestampNs >= {lo} AND TimestampNs < {hi}")
+    requests = M.requests_sql(src, server.dialect, request_where=f"TimestampNs >= {lo} AND TimestampNs < {hi}")
     return (f"SELECT *, toUInt64(count() OVER ()) AS refresh_rows, {lo} AS refresh_lo_ns, {hi} AS refresh_hi_ns, "
             f"toUnixTimestamp64Nano(now64(9)) AS refreshed_ns, "
             f"(SELECT count() FROM {spans} WHERE {reach}) AS refresh_spans, "
@@ -84,8 +86,9 @@ def refresh_sql(table: str, target: str, lo: str, hi: str) -> str:
 def refresh(client: Client, table: str, lo_ns: int, hi_ns: int, target: str = REQUESTS_TABLE) -> None:
     """Run one refresh by hand: append the requests of [lo, hi) to `target` as the refreshable view would
     (a backfill of intervals before `clickhouse init`, once `<target>_spans` holds their spans)."""
-    client.command(f"INSERT INTO {target} {refresh_sql(table, target, str(int(lo_ns)), str(int(hi_ns)))}"
-                   + settings_clause(M.CLICKHOUSE_SETTINGS))
+    server = features(client)
+    client.command(f"INSERT INTO {target} {refresh_sql(table, target, str(int(lo_ns)), str(int(hi_ns)), server)}"
+                   + settings_clause(server.settings))
 
 
 def copy_spans(client: Client, table: str = DEFAULT_TABLE, target: str = REQUESTS_TABLE, where: str = "") -> None:
@@ -139,7 +142,7 @@ def backfill(client: Client, table: str = DEFAULT_TABLE, *, every: str = "5 MINU
 
 
 def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
-                    target: str = REQUESTS_TABLE) -> list[str]:
+                    target: str = REQUESTS_TABLE, server: Features = NEWEST) -> list[str]:
     """DDL of `target` (one row per request) and the views that keep it filled.
 
     `<target>_spans` holds the promoted span columns the model reads, filled by an
@@ -147,7 +150,7 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
     inserts, so the requests come from a refreshable view: each refresh (aligned to `every`)
     appends the requests starting in the interval that ended `lag_minutes` ago, plus one
     marker row, every row stamped with STAMP_COLUMNS. Readers never trust a refresh blindly:
-    `coverage` decides which intervals may be read as they are.
+    `coverage` decides which intervals may be read as they are. `server`: the release the DDL is for.
     """
     check_table_name(table)
     check_table_name(target)
@@ -155,9 +158,9 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
     spans = f"{target}_spans"
     end = _view_end_sql(step, lag_minutes)
     select = refresh_sql(table, target, f"toUnixTimestamp64Nano(toDateTime64({end} - INTERVAL {step}, 9))",
-                         f"toUnixTimestamp64Nano(toDateTime64({end}, 9))")
+                         f"toUnixTimestamp64Nano(toDateTime64({end}, 9))", server)
     keep = KEEP_SQL
-    settings = settings_clause(M.CLICKHOUSE_SETTINGS)
+    settings = settings_clause(server.settings)
     return [
         f"CREATE TABLE IF NOT EXISTS {spans} ENGINE = MergeTree PARTITION BY intDiv(TimestampNs, {24 * _H}) "
         f"ORDER BY (TimestampNs, TraceId) EMPTY AS SELECT {keep} FROM {source_sql(table)}",
@@ -321,3 +324,70 @@ def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | N
     temp_table(client, name, union, "Memory" if n <= MEMORY_TEMP_MAX_SPANS else "MergeTree ORDER BY tuple()")
     return name
 
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `apply_schema` did: the objects it created and those that were there already (in DDL order)."""
+
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+
+
+def schema_objects(target: str = REQUESTS_TABLE) -> tuple[str, ...]:
+    """The objects `requests_mv_ddl` creates, in its order: the spans copy, its view, the requests, their view."""
+    return (f"{target}_spans", f"{target}_spans_mv", target, f"{target}_mv")
+
+
+def _present(client: Client, names: tuple[str, ...]) -> set[str]:
+    """Which of `names` (db.table allowed) exist."""
+    found: set[str] = set()
+    for name in names:
+        db, _, short = name.rpartition(".")
+        where = f"database = {literal(db)}" if db else "database = currentDatabase()"
+        if client.query(f"SELECT count() AS n FROM system.tables WHERE {where} AND name = {literal(short)}"
+                        ).to_pylist()[0]["n"]:
+            found.add(name)
+    return found
+
+
+def apply_schema(client: Client, table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_minutes: int = 10,
+                 target: str = REQUESTS_TABLE) -> Applied:
+    """Create the materialized requests (`requests_mv_ddl`) all or nothing: check first, then create what is missing.
+
+    Checked before anything is created: `table` exists, the server keeps refreshable views that
+    APPEND, every statement parses there (EXPLAIN AST) and the spans' SELECT runs on `table` (with
+    no row; the requests' SELECT is analysed when its table is created, which takes tens of seconds
+    on a release without materialized CTEs, so it is not run twice). A statement refused while
+    applying drops what this run created, and the error (QueryError) says so; what was there before
+    is never dropped. On an applied schema it
+    creates nothing (`Applied.created` is empty)."""
+    server = features(client)
+    statements = requests_mv_ddl(table, every=every, lag_minutes=lag_minutes, target=target, server=server)
+    names = schema_objects(target)
+    if not _present(client, (table,)):
+        raise QueryError("", f"table {table} does not exist: nothing was created")
+    for sql in statements:
+        try:
+            client.query(f"EXPLAIN AST {sql}")
+        except QueryError as exc:
+            if " APPEND TO " in sql:  # refreshable views that append came after 24.8
+                raise QueryError(sql, f"ClickHouse {server.version} has no refreshable views that APPEND TO a "
+                                      "table: the materialized requests cannot be kept there, so nothing was created; "
+                                      "reports compute the requests from the spans") from None
+            raise QueryError(sql, f"{exc.what}: nothing was created") from None
+    client.query(f"SELECT * FROM (SELECT {KEEP_SQL} FROM {source_sql(table)}) LIMIT 0")
+    before = _present(client, names)
+    created: list[str] = []
+    for name, sql in zip(names, statements, strict=True):
+        if name in before:
+            continue
+        try:
+            client.command(sql)
+        except QueryError as exc:
+            for done in reversed(created):
+                client.command(f"DROP TABLE IF EXISTS {done}")
+            undone = f"; dropped again what this run created ({', '.join(created)})" if created else ""
+            raise QueryError(exc.sql, f"creating {name} failed: {exc.what}{undone}") from None
+        created.append(name)
+    return Applied(tuple(created), tuple(n for n in names if n in before))

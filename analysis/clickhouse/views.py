@@ -10,6 +10,7 @@ from analysis.clickhouse.client import DEFAULT_TABLE, Client
 from analysis.clickhouse.model import temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.requests import requests_facts
+from analysis.clickhouse.server import features
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -29,10 +30,10 @@ def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, compute
     if words & {"requests", "stages"} and not computed:
         requests_facts(client, table, materialized=materialized)
     if "stages" in words:
-        temp_table(client, "stages", M.stages_sql("requests", M.CLICKHOUSE))
+        temp_table(client, "stages", M.stages_sql("requests", features(client).dialect))
     body = sql.strip().rstrip(";")
     spans = f"spans AS {source_sql(table)}"
     m = re.match(r"(?is)^with\s", body)
     full = f"WITH {spans},\n{body[m.end():]}" if m else f"WITH {spans}\n{body}"
-    return client.query(full, {**M.CLICKHOUSE_SETTINGS, **(limits or {}), "readonly": 1})
+    return client.query(full, {**features(client).settings, **(limits or {}), "readonly": 1})
 

@@ -22,6 +22,7 @@ from dashboard import clickhouse_data as CHD
 from dashboard import data
 from dashboard.settings import ENV_DSN, ENV_ENGINE
 from intake.ingest import ingest_files
+from tests.analysis.clickhouse_releases import older_releases, serve
 from tests.dashboard.conftest import APP
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
@@ -81,7 +82,36 @@ def _filters(wb: data.Workbench) -> list[data.Filters]:
 
 
 def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench, CHD.ClickHouseBench]) -> None:
-    wb, ch = benches
+    _agree(*benches)
+
+
+@pytest.fixture(scope="module", params=older_releases())
+def served_bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 exported: tuple[Path, str]) -> Iterator[tuple[data.Workbench, CHD.ClickHouseBench]]:
+    """The store's workbench and the bench of the same spans on an older release, over HTTP (the real client)."""
+    store = exported[0]
+    with serve(str(request.param), tmp_path_factory.mktemp("chdash-http")) as srv:
+        client = C.open_client(srv.dsn)
+        try:
+            export_store(store, client, C.DEFAULT_TABLE)
+        finally:
+            client.close()
+        ch = CHD.open_bench(srv.dsn, C.DEFAULT_TABLE)
+        try:
+            yield data.workbench(str(store)), ch
+        finally:
+            ch.close()
+
+
+def test_the_data_functions_agree_on_the_older_releases(served_bench: tuple[data.Workbench, CHD.ClickHouseBench]
+                                                        ) -> None:
+    """The same calls through clickhouse:// on each older release (tests/clickhouse_http.py): every breakdown,
+    cost, what-if, capacity and trace query of the dashboard runs there with the same answers."""
+    _agree(*served_bench)
+
+
+def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench) -> None:
+    """Every data function of the dashboard gives the same on the store's workbench and on the ClickHouse bench."""
     kw = {"_db": wb, "store": str(wb.store), "version": wb.version}
     kc = {"_db": ch, "store": ch.store, "version": ch.version}
     assert data.choices(**kc) == data.choices(**kw)
