@@ -48,7 +48,7 @@ def _one(release: str, store: Path, root: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the report on each release and the newest (the anchor); print the times, their ratio and the load."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report
     from tests.analysis.clickhouse_releases import NEWEST
 

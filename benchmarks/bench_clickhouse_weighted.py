@@ -54,10 +54,10 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def run(rows: int, root: Path) -> list[dict[str, Any]]:
     """Each function both ways on a fresh table of `rows` requests."""
     from analysis import breakdowns as B
-    from analysis import percentiles as P
     from analysis.clickhouse import breakdowns as CB
     from analysis.clickhouse import open_client
     from analysis.clickhouse import report as CR
+    from analysis.engine import percentiles as P
 
     inner = open_client(f"chdb:{root / f'chdb-{rows}'}")
     make_table(inner, rows)

@@ -2,7 +2,7 @@
 
 - `client`: DSNs (`chdb:PATH`, `clickhouse://...`) and the clients that run SQL on them.
 - `promotion`: the promotion rules of tracing/rows.py in ClickHouse SQL, `source_sql`, the exporter's DDL.
-- `model`: the request model (analysis.model) in ClickHouse SQL, run on the server into temporary tables.
+- `model`: the request model (analysis.engine.model) in ClickHouse SQL, run on the server into temporary tables.
 - `requests`: the materialized `tailscope_requests`, its coverage rule and backfill.
 - `server`: what a server takes (its release and settings), read once per client.
 - `views`: read-only SQL over spans / requests / stages.

@@ -24,7 +24,7 @@ from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.report import Fetcher
 from analysis.clickhouse.server import features
-from analysis.percentiles import QUANTILES, metric_column
+from analysis.engine.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
 #: Span columns a waterfall reads (the request model's inputs and what it lists); Events and Links stay behind.

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from analysis import model as M
 from analysis.clickhouse.server import features
+from analysis.engine import model as M
 from tracing.errors import MissingExtra, QueryError, TailscopeError
 
 if TYPE_CHECKING:

@@ -22,9 +22,9 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import model as M
 from analysis.clickhouse.client import Client, check_table_name, literal
 from analysis.clickhouse.promotion import otel_traces_ddl, outcome_sql, promoted_sql
+from analysis.engine import model as M
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 

@@ -1,4 +1,4 @@
-"""The request model (analysis.model) generated for the CLICKHOUSE dialect over an otel_traces table, and run
+"""The request model (analysis.engine.model) generated for the CLICKHOUSE dialect over an otel_traces table, and run
 on the server into session temporary tables (`materialize_requests`).
 """
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from analysis import model as M
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, settings_clause
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
+from analysis.engine import model as M
 from tracing import schema as S
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     """Run the request model on the server into the session's temporary table `name`; returns `name`.
 
     The model's relations run one by one into temporary tables (ClickHouse plans the long WITH
-    chain of analysis.model far slower than it runs it). `where` narrows the spans read (over
+    chain of analysis.engine.model far slower than it runs it). `where` narrows the spans read (over
     the otel_traces columns, e.g. a Timestamp range), `request_where` the request spans (over the
     model's span columns, e.g. TimestampNs). With `columns` free of stage columns the
     critical-path sweep is skipped (request facts). Nothing outside the session is written.

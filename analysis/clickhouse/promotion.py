@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from analysis import model as M
 from analysis.clickhouse.client import DEFAULT_TABLE, check_table_name
+from analysis.engine import model as M
 from tracing import rows as R
 from tracing import schema as S
 

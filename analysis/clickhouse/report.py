@@ -1,6 +1,6 @@
 """`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
 
-1. The request facts (analysis.model, CLICKHOUSE dialect) are put on the server into a session
+1. The request facts (analysis.engine.model, CLICKHOUSE dialect) are put on the server into a session
    temporary table, for the range asked: read from the materialized `tailscope_requests` where
    analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
@@ -32,22 +32,22 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis import explain as X
-from analysis import model as M
 from analysis import neighbours as N
-from analysis import percentiles as P
 from analysis import report as RP
-from analysis import sampling as SM
-from analysis import spikes as SP
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse.model import temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.requests import requests_facts, span_where
 from analysis.clickhouse.server import features
-from analysis.connect import duck_type
-from analysis.percentiles import metric_column, parse_time
-from analysis.spikes import Detection, Spike
+from analysis.engine import model as M
+from analysis.engine import percentiles as P
+from analysis.engine.connect import duck_type
+from analysis.engine.percentiles import metric_column, parse_time
+from analysis.stats import explain as X
+from analysis.stats import sampling as SM
+from analysis.stats import spikes as SP
+from analysis.stats.spikes import Detection, Spike
 from tracing import schema as S
 from tracing.errors import QueryError
 

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from analysis import model as M
-from analysis import percentiles as P
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, check_table_name, literal, settings_clause
 from analysis.clickhouse.model import KEEP_SQL, MEMORY_TEMP_MAX_SPANS, materialize_requests, temp_table
 from analysis.clickhouse.promotion import kind_sql, source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
+from analysis.engine import model as M
+from analysis.engine import percentiles as P
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -41,7 +41,7 @@ def requests_fingerprint(table: str = DEFAULT_TABLE) -> str:
 
 def reach_ns(lo_ns: int, hi_ns: int) -> tuple[int, int]:
     """The span start times the requests starting in [lo, hi) may read: from the hour before lo's hour to the end
-    of the hour after (hi - 1)'s (analysis.model.READ_HOURS)."""
+    of the hour after (hi - 1)'s (analysis.engine.model.READ_HOURS)."""
     return (lo_ns // _H) * _H - _H, ((hi_ns - 1) // _H) * _H + 2 * _H
 
 

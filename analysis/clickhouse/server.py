@@ -23,15 +23,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
-from analysis import model as M
+from analysis.engine import dialect as D
 from tracing.errors import TailscopeError
 
 #: The oldest release tailscope supports (an LTS release).
 OLDEST: Final = (24, 8)
 #: The setting the materialized CTEs need (and the server has from the release that reads them).
 MATERIALIZED_CTE_SETTING: Final = "enable_materialized_cte"
-#: The request model's spelling for a server without materialized CTEs (otherwise analysis.model.CLICKHOUSE).
-PLAIN_DIALECT: Final = dataclasses.replace(M.CLICKHOUSE, materialized_ctes=False)
+#: The request model's spelling for a server without materialized CTEs (otherwise analysis.engine.dialect.CLICKHOUSE).
+PLAIN_DIALECT: Final = dataclasses.replace(D.CLICKHOUSE, materialized_ctes=False)
 
 
 class UnsupportedServer(TailscopeError):
@@ -46,14 +46,14 @@ class Features:
     materialized_cte: bool = True
 
     @property
-    def dialect(self) -> M.Dialect:
+    def dialect(self) -> D.Dialect:
         """The request model's ClickHouse spelling for this server."""
-        return M.CLICKHOUSE if self.materialized_cte else PLAIN_DIALECT
+        return D.CLICKHOUSE if self.materialized_cte else PLAIN_DIALECT
 
     @property
     def settings(self) -> dict[str, int]:
-        """The settings the model's queries run with (analysis.model.CLICKHOUSE_SETTINGS less what the server lacks)."""
-        return {k: v for k, v in M.CLICKHOUSE_SETTINGS.items()
+        """The settings the model's queries run with (dialect.CLICKHOUSE_SETTINGS less what the server lacks)."""
+        return {k: v for k, v in D.CLICKHOUSE_SETTINGS.items()
                 if self.materialized_cte or k != MATERIALIZED_CTE_SETTING}
 
 

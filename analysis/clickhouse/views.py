@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from analysis import model as M
 from analysis.clickhouse.client import DEFAULT_TABLE, Client
 from analysis.clickhouse.model import temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.requests import requests_facts
 from analysis.clickhouse.server import features
+from analysis.engine import model as M
 
 if TYPE_CHECKING:
     import pyarrow as pa

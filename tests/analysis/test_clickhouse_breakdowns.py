@@ -21,14 +21,14 @@ from polars.testing import assert_frame_equal
 
 from analysis import breakdowns as B
 from analysis import clickhouse as C
-from analysis import explain as X
 from analysis import traces as T
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
 from analysis.clickhouse.export import export_store
-from analysis.connect import connect
-from analysis.percentiles import parse_time
+from analysis.engine.connect import connect
+from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
+from analysis.stats import explain as X
 from intake.ingest import ingest_files
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"

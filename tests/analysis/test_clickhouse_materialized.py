@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from analysis import clickhouse as C
-from analysis import model as M
 from analysis.clickhouse import requests as CRQ
 from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report, explain_window, percentile_series
+from analysis.engine import model as M
 from intake.ingest import ingest_files
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"

@@ -20,7 +20,7 @@ import pytest
 from analysis import clickhouse as C
 from analysis.clickhouse import report as CR
 from analysis.clickhouse.export import export_store
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from analysis.report import build_report
 from intake.ingest import ingest_files
 from tests.analysis.clickhouse_releases import NEWEST, Served, older_releases, serve
