@@ -93,6 +93,7 @@ from analysis.clickhouse.server import (
 from analysis.clickhouse.views import (
     query_views,
 )
+from tracing.errors import QueryError  # the error every function here raises (callers catch it as C.QueryError)
 
 __all__ = [
     "DEFAULT_PORT",
@@ -115,6 +116,7 @@ __all__ = [
     "DsnError",
     "Features",
     "HttpClient",
+    "QueryError",
     "Refresh",
     "UnsupportedServer",
     "apply_schema",
