@@ -53,10 +53,10 @@ def init(
             if done.created:
                 console.print(f"created {', '.join(done.created)} over {table}"
                               + (f" ({', '.join(done.existing)} were there already)" if done.existing else ""),
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
             else:
                 console.print(f"nothing to change: {', '.join(done.existing)} are there already over {table}",
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
             if backfill:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
