@@ -25,6 +25,8 @@ parameter (`param_x`) is refused; the `readonly` of a query that has a SETTINGS 
 is appended to that clause. One test-only setting: `tailscope_test_cut=1` sends the headers and
 half the answer, then closes the connection (a server dying mid-answer).
 
+With CH_HTTP_DEBUG=1 in its environment it prints each statement the engine refused to stderr.
+
 This file runs in a venv holding only chdb (and lz4 / zstandard when the client compresses with
 them): it imports nothing of tailscope. It prints the port it listens on (127.0.0.1), then serves.
 """

@@ -232,6 +232,7 @@ def http_failure(dsn: Dsn, exc: Exception) -> str:
     if code is None and (m := re.search(r"code: (\d+)", text)):
         code = int(m.group(1))
     if code in (516, 192, 193, 194):
+        message = message.removeprefix(f"{dsn.user}: ")  # the server names the user first
         return f"ClickHouse at {dsn} refused user {dsn.user!r}: {message or 'authentication failed'} (Code {code})"
     if code == 81:
         return f"ClickHouse at {dsn}: {message or 'the database does not exist'} (Code 81)"
@@ -253,7 +254,7 @@ def open_client(dsn: str | Dsn) -> Client:
     d = parse_dsn(dsn) if isinstance(dsn, str) else dsn
     client: Client = ChdbClient(d) if d.kind == "chdb" else HttpClient(d)
     try:
-        features(client)
+        features(client, fresh=True)
     except BaseException:
         client.close()
         raise

@@ -16,10 +16,8 @@ never initialised.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -86,19 +84,23 @@ def from_server(version: str, settings: dict[str, str]) -> Features:
     return Features(version, materialized_cte=MATERIALIZED_CTE_SETTING in settings)
 
 
-_CACHE: weakref.WeakKeyDictionary[Any, Features] = weakref.WeakKeyDictionary()
+#: Features by DSN: asked once per engine or server address in a process (a wrapper of a client, which keeps its
+#: `dsn`, shares its entry; each client opened asks again).
+_CACHE: dict[Any, Features] = {}
 
 
-def features(client: Any) -> Features:
-    """The features of the server behind `client` (an analysis.clickhouse.client.Client), asked once per client."""
-    try:
-        return _CACHE[client]
-    except (KeyError, TypeError):
-        pass
+def features(client: Any, *, fresh: bool = False) -> Features:
+    """The features of the server behind `client` (an analysis.clickhouse.client.Client), asked once per DSN (again
+    with `fresh`, as opening a client does: another server may answer at an address now)."""
+    key = getattr(client, "dsn", None)
+    if key is not None and key in _CACHE and not fresh:
+        return _CACHE[key]
     version = str(client.query("SELECT version() AS v").to_pylist()[0]["v"])
     rows = client.query(f"SELECT name, value FROM system.settings WHERE name = '{MATERIALIZED_CTE_SETTING}'"
                         ).to_pylist()
     out = from_server(version, {str(r["name"]): str(r["value"]) for r in rows})
-    with contextlib.suppress(TypeError):  # a client that cannot be weakly referenced is asked each time
-        _CACHE[client] = out
+    if key is not None:
+        if len(_CACHE) >= 256:  # bounded: a process that opens many addresses forgets the oldest
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = out
     return out

@@ -198,3 +198,34 @@ def test_a_release_older_than_24_8_is_one_line(version: str, ok: bool) -> None:
         C.require_supported(version)
     major, minor = version.split(".")[:2]
     assert str(err.value).startswith(f"ClickHouse {major}.{minor} is older than the oldest supported (24.8): ")
+
+
+def test_the_cli_over_http(guarded: Served, store: Path) -> None:
+    """export (twice), report and sql through the CLI with a clickhouse:// DSN; a refused password is one line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tailscope.cli import app
+
+    runner = CliRunner()
+    dsn = guarded.dsn
+    first = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
+    spans = connect(store).sql("SELECT count(*) FROM spans").fetchall()[0][0]
+    assert first.exit_code == 0 and f"exported {spans:,} spans" in first.output, first.output
+    again = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
+    assert again.exit_code == 0 and "exported 0 spans" in again.output and "were there already" in again.output
+    report = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout) == json.loads(runner.invoke(app, ["report", "--store", str(store),
+                                                                       "--json"]).stdout)
+    sql = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM requests", "--engine", "clickhouse", "--dsn", dsn,
+                              "-f", "json"])
+    assert sql.exit_code == 0 and json.loads(sql.stdout) == json.loads(runner.invoke(
+        app, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store), "-f", "json"]).stdout)
+    bad = dsn.replace(":s3cret@", ":nope@")
+    refused = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", bad])
+    assert refused.exit_code == 1
+    assert [line for line in refused.output.splitlines() if line.strip()] == [
+        f"error: ClickHouse at clickhouse://alice@127.0.0.1:{guarded.port}/tailscope refused user 'alice': "
+        "Authentication failed: password is incorrect, or there is no user with such name (Code 516)"]
