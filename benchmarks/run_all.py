@@ -35,6 +35,7 @@ SMALL: dict[str, list[str]] = {
     "bench_collect": ["--quick", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "8", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
+    "bench_metrics": ["--quick", "--dir", "{dir}"],
 }
 
 #: script -> the arguments of its tiny run (the smoke test in tests/benchmarks: every part, a second or two each)
@@ -52,6 +53,7 @@ TINY: dict[str, list[str]] = {
     "bench_collect": ["--tiny", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "0.25", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "1", "--mib", "1", "--rounds", "1"],
+    "bench_metrics": ["--quick", "--sample", "basic", "--dir", "{dir}"],
 }
 
 

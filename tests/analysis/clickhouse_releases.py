@@ -37,7 +37,7 @@ def python_of(release: str) -> str:
         return sys.executable
     py = ROOT / ".venv-ch" / release / "bin" / "python"
     need(py.exists(), f"chdb embedding ClickHouse {release} ({py.relative_to(ROOT)})",
-         f"run `make .venv-ch/{release}/.installed`")
+         "run `make ch-releases`")
     return str(py)
 
 

@@ -39,6 +39,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
     "bench_ingest_memory": (r"\n +whole +\d+", r"\n +streaming +\d+"),
     "bench_grpc_unauth": (r"answers: \{'UNAUTHENTICATED': 1\}", r"receiver RSS: before \d+ MiB, peak \d+ MiB"),
+    "bench_metrics": (r"\ne2e +1 +[\d.]+%", r"label sets 182; series \(sample lines\) 4,914",
+                      r"per series ours/anchor [\d.]+"),
 }
 
 
