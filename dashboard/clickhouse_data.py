@@ -3,8 +3,8 @@
 `ClickHouseBench` stands where dashboard.data's Workbench stands: it computes the request
 model on the server once per data version into the session temporary table `requests` (and
 `stages`, for the SQL console) and every page's figure comes from an analysis function run
-against it: analysis.clickhouse_report (report, explained windows, percentile series) and
-analysis.clickhouse_breakdowns (summary, exemplars, trace lookup, waterfall). Only
+against it: analysis.clickhouse.report (report, explained windows, percentile series) and
+analysis.clickhouse.breakdowns (summary, exemplars, trace lookup, waterfall). Only
 aggregates and the rows a page lists come back. One client serves every session, one call
 at a time (a ClickHouse session runs one query at a time; chdb is one engine per process).
 dashboard.data dispatches to the functions below and keeps the caching; nothing here
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Final
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis import clickhouse_breakdowns as CB
-from analysis import clickhouse_report as CR
+from analysis.clickhouse import breakdowns as CB
+from analysis.clickhouse import report as CR
 from analysis.cost import Prices, clickhouse_cost
 from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Filters
 from tracing.errors import QueryError
@@ -226,27 +226,27 @@ def condition(f: Filters, dims: Sequence[str]) -> str:
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
-    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse_breakdowns)."""
+    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse.breakdowns)."""
     with b.lock:
         lo, hi, n = CB.time_bounds(b.client, FACTS)
         return {"min_ns": lo, "max_ns": hi, "requests": n, **CB.dimension_values(b.client, FACTS, dims)}
 
 
 def summary(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> dict[str, Any]:
-    """analysis.clickhouse_breakdowns.summary of the filtered requests."""
+    """analysis.clickhouse.breakdowns.summary of the filtered requests."""
     with b.lock:
         return CB.summary(b.client, FACTS, condition(f, dims))
 
 
 def time_bounds(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> tuple[int | None, int | None, int]:
-    """analysis.clickhouse_breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
+    """analysis.clickhouse.breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
     with b.lock:
         return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(f, dims)})")
 
 
 def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
            window_s: int | None = None) -> pl.DataFrame:
-    """analysis.clickhouse_report.percentile_series of one metric over the filtered requests."""
+    """analysis.clickhouse.report.percentile_series of one metric over the filtered requests."""
     with b.lock:
         return CR.percentile_series(b.client, b.table, metric, window_s=window_s, since=f.since_ns,
                                     until=f.until_ns, facts=FACTS, where=condition(f, dims))
@@ -254,7 +254,7 @@ def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
 
 def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
            window_s: int | None = None) -> dict[str, Any]:
-    """analysis.clickhouse_report.build_report over the filtered requests (the `report --json` contract)."""
+    """analysis.clickhouse.report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
         return CR.build_report(b.client, b.table, metric=metric, window_s=window_s, since=f.since_ns,
                                until=f.until_ns, include_failures=True, facts=FACTS, where=condition(f, dims))
@@ -262,7 +262,7 @@ def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
 
 def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
                    metric: str, window_s: int | None = None) -> dict[str, Any]:
-    """analysis.clickhouse_report.explain_window: any window explained as the report explains a spike."""
+    """analysis.clickhouse.report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
         return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, window_s=window_s,
                                  since=f.since_ns,
@@ -271,7 +271,7 @@ def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns
 
 def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,
               trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.slowest under the filters (only `trace_ids`, when given)."""
+    """analysis.clickhouse.breakdowns.slowest under the filters (only `trace_ids`, when given)."""
     cond = condition(f, dims)
     if trace_ids is not None:
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
@@ -280,7 +280,7 @@ def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, m
 
 
 def replicas(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.replicas of the filtered requests."""
+    """analysis.clickhouse.breakdowns.replicas of the filtered requests."""
     with b.lock:
         return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
 
@@ -307,13 +307,13 @@ def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], me
 
 
 def shape(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.shape of the filtered requests."""
+    """analysis.clickhouse.breakdowns.shape of the filtered requests."""
     with b.lock:
         return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
 
 
 def workload(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> Workload:
-    """analysis.clickhouse_breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
+    """analysis.clickhouse.breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
         return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
 
@@ -329,7 +329,7 @@ def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int 
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
+    """analysis.clickhouse.breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
     with b.lock:
         return CB.find_requests(b.client, FACTS, trace_id).to_pandas()
 

@@ -17,11 +17,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis import clickhouse as C
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse.export import export_store
 from dashboard import clickhouse_data as CHD
 from dashboard import data
 from dashboard.settings import ENV_DSN, ENV_ENGINE
 from intake.ingest import ingest_files
+from tests.analysis.clickhouse_releases import older_releases, serve
 from tests.dashboard.conftest import APP
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
@@ -81,12 +82,43 @@ def _filters(wb: data.Workbench) -> list[data.Filters]:
 
 
 def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench, CHD.ClickHouseBench]) -> None:
-    wb, ch = benches
+    _agree(*benches)
+
+
+@pytest.fixture(scope="module", params=older_releases())
+def served_bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 exported: tuple[Path, str]) -> Iterator[tuple[data.Workbench, CHD.ClickHouseBench]]:
+    """The store's workbench and the bench of the same spans on an older release, over HTTP (the real client)."""
+    store = exported[0]
+    with serve(str(request.param), tmp_path_factory.mktemp("chdash-http")) as srv:
+        client = C.open_client(srv.dsn)
+        try:
+            export_store(store, client, C.DEFAULT_TABLE)
+        finally:
+            client.close()
+        ch = CHD.open_bench(srv.dsn, C.DEFAULT_TABLE)
+        try:
+            yield data.workbench(str(store)), ch
+        finally:
+            ch.close()
+
+
+def test_the_data_functions_agree_on_the_older_releases(served_bench: tuple[data.Workbench, CHD.ClickHouseBench]
+                                                        ) -> None:
+    """The same calls through clickhouse:// on each older release (tests/clickhouse_http.py): every breakdown,
+    cost, what-if, capacity and trace query of the dashboard runs there with the same answers. Unfiltered only:
+    a filter adds `start_ns` bounds and `IN` lists to the same SQL (clickhouse.breakdowns.condition)."""
+    _agree(*served_bench, filters=[data.Filters()])
+
+
+def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench, filters: list[data.Filters] | None = None) -> None:
+    """Every data function of the dashboard gives the same on the store's workbench and on the ClickHouse bench
+    (under `filters`, by default unfiltered, three replicas and a time range)."""
     kw = {"_db": wb, "store": str(wb.store), "version": wb.version}
     kc = {"_db": ch, "store": ch.store, "version": ch.version}
     assert data.choices(**kc) == data.choices(**kw)
     spikes_seen = 0
-    for f in _filters(wb):
+    for f in filters if filters is not None else _filters(wb):
         _same(data.summary(**kc, filters=f), data.summary(**kw, filters=f))
         report = data.report_of(**kw, filters=f)
         assert data.report_of(**kc, filters=f) == report
