@@ -40,14 +40,14 @@ from tracing.store import require_store
 ROW_ID_FILE_SHIFT = 40
 
 
-def _duck_type(typ: pa.DataType) -> str:
+def duck_type(typ: pa.DataType) -> str:
     """The DuckDB type DuckDB reads a Parquet column of this Arrow type as."""
     if pa.types.is_map(typ):
-        return f"MAP({_duck_type(typ.key_type)}, {_duck_type(typ.item_type)})"
+        return f"MAP({duck_type(typ.key_type)}, {duck_type(typ.item_type)})"
     if pa.types.is_list(typ):
-        return f"{_duck_type(typ.value_type)}[]"
+        return f"{duck_type(typ.value_type)}[]"
     if pa.types.is_struct(typ):
-        return "STRUCT(" + ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in typ) + ")"
+        return "STRUCT(" + ", ".join(f'"{f.name}" {duck_type(f.type)}' for f in typ) + ")"
     if pa.types.is_timestamp(typ):
         return "TIMESTAMP WITH TIME ZONE" if typ.tz else "TIMESTAMP"
     if pa.types.is_boolean(typ):
@@ -61,7 +61,7 @@ def _duck_type(typ: pa.DataType) -> str:
 
 def _empty_spans_ddl() -> str:
     """CREATE TABLE _empty_spans in SPAN_SCHEMA, from the schema alone (no Arrow scan: faster to start)."""
-    cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in S.SPAN_SCHEMA)
+    cols = ", ".join(f'"{f.name}" {duck_type(f.type)}' for f in S.SPAN_SCHEMA)
     return f"CREATE TABLE _empty_spans ({cols})"
 
 

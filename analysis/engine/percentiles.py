@@ -380,7 +380,7 @@ def series_frame(frame: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """The columns of `percentile_series` from a frame of window_start_ns, `by`, the counts and `q`
     (the list of QUANTILES values in ns), with the weighted counts and n_effective when sampled.
 
-    Any engine computing the windows (DuckDB here, ClickHouse in analysis.clickhouse_report) ends here.
+    Any engine computing the windows (DuckDB here, ClickHouse in analysis.clickhouse.report) ends here.
     """
     if "n_effective" not in frame.columns:  # unsampled: the weighted counts are the counts
         frame = frame.with_columns([pl.col(c).cast(pl.Float64).alias(f"{c}_weighted") for c in _COUNT_NAMES]

@@ -133,7 +133,7 @@ class Counts:
 class JudgeInputs(Protocol):
     """What `judge` reads of the analysed values (each with its weight, outcome and sampling record): counts and
     weighted quantiles, never the values themselves, so a remote engine answers on its server
-    (analysis.clickhouse_report) and `Arrays` in memory; the rule stays in `judge`."""
+    (analysis.clickhouse.report) and `Arrays` in memory; the rule stays in `judge`."""
 
     def counts(self) -> Counts:
         """The values counted (see `Counts`)."""

@@ -74,7 +74,7 @@ def use_mapping_file(engine: Engine, table: str, path: Path | None) -> None:
         return
     if engine is not Engine.clickhouse:
         fail("--mapping is for --engine clickhouse: a store keeps its mapping (tailscope map --store DIR ...)")
-    from analysis.clickhouse import use_mapping
+    from analysis.clickhouse.promotion import use_mapping
 
     with errors_as_messages():
         use_mapping(table, read_mapping(path))

@@ -83,7 +83,7 @@ def report(
     if engine is Engine.clickhouse:
         with errors_as_messages():
             from analysis.clickhouse import recognition_counts
-            from analysis.clickhouse_report import build_report as clickhouse_report
+            from analysis.clickhouse.report import build_report as clickhouse_report
             from intake.recognition import Recognition
 
             client = clickhouse_client(dsn, table)

@@ -37,7 +37,9 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_clickhouse_weighted": (r"2,000 summary .* True", r"2,000 replicas .* True", r"2,000 shape .* True",
                                   r"2,000 series by replica, 1 min .* True"),
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
-    "bench_dashboard": (r"\| page overview \(new session\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
+                                r"anchor \(spans scan"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
     "bench_ingest_memory": (r"\n +whole +\d+", r"\n +streaming +\d+"),
     "bench_grpc_unauth": (r"answers: \{'UNAUTHENTICATED': 1\}", r"receiver RSS: before \d+ MiB, peak \d+ MiB"),
@@ -66,6 +68,8 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         from analysis.engine.materialize import load_sweep
 
         need(load_sweep() is not None, "the C kernel analysis._replay", "build it: python setup.py build_ext --inplace")
+    if name == "bench_dashboard_browser":
+        need(Path("/usr/bin/chromium").exists(), "Debian's chromium", "run `make browser-deps`")
     out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)
     for pattern in PRINTS[name]:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"

@@ -191,7 +191,7 @@ def test_clickhouse_honours_the_same_mapping_file(tmp_path: Path) -> None:
     """The mapping a store saved, given as a file to --engine clickhouse (compiled to ClickHouse SQL, run in chdb),
     gives the same report as the store's own (a smaller run of the same API: equality needs no spike)."""
     pytest.importorskip("chdb")
-    from analysis import clickhouse
+    from analysis.clickhouse import promotion
 
     http_chat.write(tmp_path / "chat.otlp.jsonl", requests=1200, seed=2)
     mapped = tmp_path / "store"
@@ -212,7 +212,7 @@ def test_clickhouse_honours_the_same_mapping_file(tmp_path: Path) -> None:
                         "--mapping", rules)
         assert json.loads(ch_report) == json.loads(_ok("report", "--store", str(mapped), "--json"))
     finally:
-        clickhouse.use_mapping("otel_traces", None)
+        promotion.use_mapping("otel_traces", None)
     bad = runner.invoke(app, ["report", "--store", str(mapped), "--mapping", rules])
     assert bad.exit_code == 1 and "--mapping is for --engine clickhouse" in bad.output
 
