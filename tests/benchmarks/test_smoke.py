@@ -36,6 +36,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_clickhouse": (r"7,000 spans, 1,000 requests", r"report DuckDB [\d.]+ s", r"equal=True"),
     "bench_clickhouse_weighted": (r"2,000 summary .* True", r"2,000 replicas .* True", r"2,000 shape .* True",
                                   r"2,000 series by replica, 1 min .* True"),
+    "bench_clickhouse_releases": (r"\n +24\.8 \(24\.8\.[\d.]+\): export [\d.]+ s, report [\d.]+ s, x[\d.]+ the newest; "
+                                  r"equal to the newest True, to DuckDB True",),
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
     "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan"),
     "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
