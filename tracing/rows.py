@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 _STAGE_SET = frozenset(S.ALL_STAGES)
 _OUTCOME_SET = frozenset(S.OUTCOMES)
-_TIMEOUT_WORDS = ("timeout", "timedout", "deadline")
+TIMEOUT_WORDS = ("timeout", "timedout", "deadline")
 
 
 def attr_str(value: Any) -> str:
@@ -175,7 +175,7 @@ def outcome_of(status_code: str, attrs: Mapping[str, str]) -> str:
     if status_code != "Error":
         return "ok"
     err = attrs.get(S.ATTR_ERROR_TYPE, "").lower().replace("_", "")
-    if any(word in err for word in _TIMEOUT_WORDS):
+    if any(word in err for word in TIMEOUT_WORDS):
         return "timeout"
     if "cancel" in err:
         return "cancelled"

@@ -68,7 +68,7 @@ def outcome_sql(status: str, attrs: str) -> str:
     """`rows.outcome_of` (the caller keeps it to request spans)."""
     declared = _get(attrs, S.ATTR_OUTCOME)
     err = f"replaceAll(lowerUTF8({_get(attrs, S.ATTR_ERROR_TYPE)}), '_', '')"
-    timeout = " OR ".join(f"position({err}, {M.quote(w)}) > 0" for w in R._TIMEOUT_WORDS)
+    timeout = " OR ".join(f"position({err}, {M.quote(w)}) > 0" for w in R.TIMEOUT_WORDS)
     return (f"multiIf({declared} IN {_in(S.OUTCOMES)}, {declared}, {status} != 'Error', 'ok', {timeout}, 'timeout', "
             f"position({err}, 'cancel') > 0, 'cancelled', 'error')")
 

@@ -43,7 +43,7 @@ from analysis.clickhouse.server import features
 from analysis.engine import model as M
 from analysis.engine import percentiles as P
 from analysis.engine.connect import duck_type
-from analysis.engine.percentiles import metric_column, parse_time
+from analysis.engine.percentiles import metric_column, ms, parse_time
 from analysis.stats import explain as X
 from analysis.stats import sampling as SM
 from analysis.stats import spikes as SP
@@ -225,9 +225,9 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
-    report = RP._header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP._sampling_header(report, weighted, None, values)
-    if sampled:  # as _sampling_header over the values' weights
+    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values)
+    report |= RP.sampling_header(report, weighted, None, values)
+    if sampled:  # as sampling_header over the values' weights
         tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
         report["values_weighted"] = tot
         report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
@@ -250,8 +250,8 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
         report["errors"].append(f"could not compute spikes because {exc}")
         return report, None, None
     report["windows"] = int(det.n.size)
-    report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
-    report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
+    report["baseline_p50_ms"] = ms(det.baseline_p50_ns)
+    report["baseline_p99_ms"] = ms(det.baseline_p99_ns)
     if det.baseline.any():
         report["baseline_effective"] = (round(source.pool(det.baseline).n_effective, 3) if sampled
                                         else float(det.n[det.baseline].sum()))
@@ -348,7 +348,7 @@ def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    return RP._explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
+    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
 
 
 def _bucket_code_sql(col: str) -> str:
@@ -375,7 +375,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
     for s in spikes:
-        near.append(RP._local_baseline(det, s, counts) // w)
+        near.append(RP.local_baseline(det, s, counts) // w)
     one_by_one = np.unique(np.concatenate(near))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"

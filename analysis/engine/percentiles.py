@@ -116,6 +116,11 @@ def parse_time(value: str | int | float | datetime | None) -> int | None:
     return parse_time(dt)
 
 
+def ms(ns: float | None) -> float | None:
+    """Nanoseconds as the milliseconds a report shows: rounded to the microsecond, None when missing or infinite."""
+    return round(ns / 1e6, 3) if ns is not None and math.isfinite(ns) else None
+
+
 def iso(ns: int) -> str:
     """ISO-8601 UTC text of an epoch-ns instant, 'Z'-suffixed, with sub-second digits only when present."""
     sec, rem = divmod(int(ns), 1_000_000_000)

@@ -22,10 +22,6 @@ DEFAULT_SEVERITY: Final = "warning"
 VALUE_LABEL_MAX: Final = 64
 
 
-def to_ms(ns: float | None) -> float | None:
-    """Nanoseconds as milliseconds rounded to the microsecond (None for a missing or infinite value)."""
-    return round(ns / 1e6, 3) if ns is not None and math.isfinite(ns) else None
-
 
 def alert_id(key: str, metric: str, first_window_ns: int) -> str:
     """Stable id of an alert: the same condition starting in the same window always gets the same id."""
