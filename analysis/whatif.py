@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from analysis.engine.percentiles import parse_time, request_source, weight_where
 from analysis.stats.spikes import quantile_sorted
+from tracing import schema as S
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -173,7 +174,7 @@ def read_observed(con: duckdb.DuckDBPyConnection, since: str | int | datetime | 
     Service = e2e minus critical-path queue wait (at least 0); TTFT after the queue = TTFT
     minus queue wait (at least 0; NaN without a TTFT). The one reader of the replayed workload.
     """
-    src = request_source(con, "queue_wait")
+    src = request_source(con, S.QUEUE_WAIT)
     lo, hi = parse_time(since), parse_time(until)
     where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
     weight = weight_where(con, src, where, [lo, hi])
