@@ -6,7 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-.PHONY: all venv demo test lint typecheck unit browser-deps bench clean
+#: pytest workers (pytest-xdist): one per core; `make test WORKERS=1` runs the suite in one process
+WORKERS ?= auto
+#: what makes a missing prerequisite (chromium, chdb, a C part where a compiler is) fail rather than skip
+STRICT := TAILSCOPE_TEST_STRICT=1
+#: the parallel run: a test file stays on one worker (its module fixtures are built once)
+PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile
+
+.PHONY: all venv demo test test-fast lint typecheck unit checks browser-deps bench clean
 
 all: test
 
@@ -37,10 +44,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
 unit: $(STAMP) browser-deps
-	$(VENV)/bin/pytest -q
+	$(STRICT) $(PYTEST_PAR) --durations=10
 
-test: lint typecheck unit
+# what CI runs (.ci/run): install (the venv and chromium at once), ruff, then mypy beside the suite
+test:
+	@$(MAKE) --no-print-directory -j2 venv browser-deps
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j2 typecheck unit
+
+# the edit-run loop: the suite without the tests marked `slow` (CONTRIBUTING.md); CI still runs everything
+test-fast: $(STAMP)
+	$(PYTEST_PAR) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
-import pytest
 
 from analysis import model as M
 from analysis.connect import connect
+from tests.needs import CHDB_HOW, need_module
 from tests.tracing.test_sampling import random_attrs, random_state
 from tracing import schema as S
 from tracing.rows import SpanBatch, adjusted_count_of
@@ -34,7 +34,7 @@ def test_duckdb_sql_form_equals_the_python_rule() -> None:
 
 
 def test_clickhouse_sql_form_equals_the_python_rule() -> None:
-    chdb = pytest.importorskip("chdb")
+    chdb = need_module("chdb", CHDB_HOW)
     ch = M.Dialect(**{**M.DUCKDB.__dict__, "name": "clickhouse"})  # only the name picks the sampling spellings
     rows = _random_rows(8, 1500)
 
