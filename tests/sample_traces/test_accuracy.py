@@ -40,6 +40,7 @@ from sample_traces.emit import write_otlp
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect
 from tailscope.cli import app
+from tests.intake.test_engines_clean_input import engine_warnings
 from tests.sample_traces.cli_checks import ns_of
 
 runner = CliRunner()
@@ -59,8 +60,10 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path
     if name not in _reports:
         store = tmp_path_factory.mktemp(name) / "store"
         files = traces or (generate.traces_path(generate.INCIDENTS_DIR, name),)
-        result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), *map(str, files)])
+        with engine_warnings() as warned:
+            result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), *map(str, files)])
         assert result.exit_code == 0, result.output
+        assert warned == [], f"{name}: an engine mapper failed on the sample: {warned[:3]}"
         result = runner.invoke(app, ["report", "--json", "--store", str(store)])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)

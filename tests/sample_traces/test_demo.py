@@ -16,6 +16,7 @@ from pathlib import Path
 
 from analysis.connect import connect
 from sample_traces import generate
+from tests.intake.test_engines_clean_input import engine_warnings
 
 TAILSCOPE = Path(sys.executable).parent / "tailscope"
 
@@ -55,7 +56,9 @@ def test_demo_report_names_each_labelled_incident(tmp_path: Path) -> None:
     from tracing.store import init_store
 
     store = init_store(tmp_path / "store")
-    ingest_files([generate.DEMO_TRACES], store)
+    with engine_warnings() as warned:
+        ingest_files([generate.DEMO_TRACES], store)
+    assert warned == [], warned
     con = connect(store)
     report = build_report(con)
     con.close()
