@@ -29,15 +29,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ingested(tmp_path_factory.mktemp("vllm") / "store", TRACES)
 
 
-def test_generation_is_deterministic_from_the_seed(tmp_path: Path) -> None:
-    a = vllm_incident.generate(tmp_path / "a")
-    b = vllm_incident.generate(tmp_path / "b")
-    assert a[0].read_bytes() == b[0].read_bytes() and a[1].read_text() == b[1].read_text()
-    truth = json.loads(a[1].read_text())
-    assert {k: truth[k] for k in ("window", "stage", "dimension", "value")} == \
-        {k: TRUTH[k] for k in ("window", "stage", "dimension", "value")}
-
-
 def test_every_request_is_mapped_and_its_stages_sum_to_e2e(store: Path) -> None:
     [row] = sql(store, f"SELECT count(*) AS n, count(DISTINCT replica) AS replicas, "
                         f"count(*) FILTER (WHERE {' + '.join(STAGES)} <> e2e_ns) AS bad_sums, "
