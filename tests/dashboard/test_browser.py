@@ -26,6 +26,8 @@ import pytest
 
 from tests.needs import need
 
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -118,34 +120,43 @@ def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str]], 
     return page
 
 
-def test_click_through_every_page(dashboard_url: str) -> None:
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Debian chromium for every browser test of the module (each opens its own page)."""
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            page = _visit_pages(browser, dashboard_url, PAGES, "dashboard")
-            # the spike page names the top replica with its counterfactual p99
-            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
-            lead = page.get_by_test_id("stAlertContentSuccess").first
-            expect(lead).to_contain_text("replica = replica-05")
-            expect(lead).to_contain_text("instead of")
-            # brushing a window on the chart selects it for explanation
-            _settle(page)
-            box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
-            assert box is not None
-            y = box["y"] + box["height"] * 0.45
-            page.mouse.move(box["x"] + box["width"] * 0.25, y)
-            page.mouse.down()
-            page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
-            page.mouse.up()
-            expect(page.get_by_role("combobox", name="Window")).to_have_value(re.compile(r"^brushed \d\d:\d\d"))
-            _settle(page)
-            _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
-            assert page.get_by_test_id("stException").count() == 0
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+def test_click_through_every_page(dashboard_url: str, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = _visit_pages(browser, dashboard_url, PAGES, "dashboard")
+    # the spike page names the top replica with its counterfactual p99
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
+    lead = page.get_by_test_id("stAlertContentSuccess").first
+    expect(lead).to_contain_text("replica = replica-05")
+    expect(lead).to_contain_text("instead of")
+    # brushing a window on the chart selects it for explanation
+    _settle(page)
+    box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] * 0.45
+    page.mouse.move(box["x"] + box["width"] * 0.25, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
+    page.mouse.up()
+    expect(page.get_by_role("combobox", name="Window")).to_have_value(re.compile(r"^brushed \d\d:\d\d"))
+    _settle(page)
+    _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
+    assert page.get_by_test_id("stException").count() == 0
+    page.close()
 
 
 def _settle(page: object) -> None:
@@ -195,12 +206,9 @@ def clickhouse_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
         yield url, json.loads(done.stdout)
 
 
-def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]]) -> None:
+def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]], browser: Any) -> None:
     """The Overview shades the report's spike; Spike, Request shape, Replicas, What-if, Traces and SQL run; a
     store-only page says so."""
-    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import sync_playwright
-
     url, report = clickhouse_url
     assert report["spikes"], "the slow_replica sample has a spike"
     spike = report["spikes"][0]
@@ -214,9 +222,4 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("What-if", "What-if", "predicted,"),
              ("Cost", "Cost", "GPU-hours allocated"),
              ("Alerts", "Alerts", "The Alerts page does not run on ClickHouse yet"))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            _visit_pages(browser, url, pages, "dashboard-clickhouse")
-        finally:
-            browser.close()
+    _visit_pages(browser, url, pages, "dashboard-clickhouse").close()

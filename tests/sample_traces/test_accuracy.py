@@ -43,6 +43,8 @@ from tailscope.cli import app
 from tests.intake.test_engines_clean_input import engine_warnings
 from tests.sample_traces.cli_checks import ns_of
 
+pytestmark = pytest.mark.slow  # simulated fleets through ingest and report (make test-fast leaves it out)
+
 runner = CliRunner()
 NAMES = [inc.name for inc in CATALOGUE]
 INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]

@@ -19,6 +19,8 @@ from sample_traces import vllm_incident
 from tailscope.cli import app
 from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
 
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
+
 runner = CliRunner()
 TRACES = vllm_incident.traces_path()
 TRUTH = json.loads(vllm_incident.truth_path().read_text())
