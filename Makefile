@@ -13,7 +13,7 @@ STRICT := TAILSCOPE_TEST_STRICT=1
 #: the parallel run: a test file stays on one worker (its module fixtures are built once)
 PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile
 
-.PHONY: all venv demo test test-fast lint typecheck unit checks browser-deps bench clean
+.PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps bench clean
 
 all: test
 
@@ -38,6 +38,18 @@ browser-deps:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; \
 	fi
 
+# Debian's Prometheus and Alertmanager for the /metrics and alert-routing tests (real servers on loopback).
+monitoring-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; fi; \
+	fi
+
+# the Debian packages the tests drive, one apt-get after the other (apt holds one lock)
+system-deps:
+	@$(MAKE) --no-print-directory browser-deps
+	@$(MAKE) --no-print-directory monitoring-deps
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -45,12 +57,12 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
-unit: $(STAMP) browser-deps
+unit: $(STAMP) system-deps
 	$(STRICT) $(PYTEST_PAR) --durations=10
 
-# what CI runs (.ci/run): install (the venv and chromium at once), ruff, then mypy beside the suite
+# what CI runs (.ci/run): install (the venv beside the Debian packages), ruff, then mypy beside the suite
 test:
-	@$(MAKE) --no-print-directory -j2 venv browser-deps
+	@$(MAKE) --no-print-directory -j2 venv system-deps
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j2 typecheck unit
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix phoenix-venv/bin/phoenix]
     .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
+    .venv/bin/python -m benchmarks.bench_collect --metrics-cost [--rounds 3]  # /metrics (span histograms) on vs off
     .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
     .venv/bin/python -m benchmarks.bench_collect --stages [1 3 8 32]         # CPU of each group-commit step
     .venv/bin/python -m benchmarks.bench_collect --compare CHECKOUT... [--spans 200000] [--connections 8]
@@ -154,8 +155,8 @@ class Collector:
         return self.log.read_text()
 
     def stored(self) -> int:
-        """Spans in the store, counted through analysis.connect."""
-        from analysis.connect import connect
+        """Spans in the store, counted through analysis.engine.connect."""
+        from analysis.engine.connect import connect
 
         con = connect(self.store)
         try:
@@ -529,21 +530,29 @@ def _children(pid: int) -> list[int]:
 def run_peer_cost(work: Path, rounds: int, total: int, per_body: int = 512, connections: int = 32) -> None:
     """`--record-peer` on against off, alternating in the same run: CPU per span and spans/s (the peer is
     added by the C builder, so the ratio should stay near 1)."""
-    print(f"--record-peer cost: {total:,} spans in {per_body}-span bodies over {connections} connections, "
+    run_on_off(work, "--record-peer", ("--record-peer",), ("--no-record-peer",), rounds, total, per_body,
+               connections)
+
+
+def run_on_off(work: Path, name: str, on: Sequence[str], off: Sequence[str], rounds: int, total: int,
+               per_body: int = 512, connections: int = 32) -> None:
+    """A receiver option on against off, alternating in the same run: CPU per span and spans/s, medians and ratio."""
+    print(f"{name} cost: {total:,} spans in {per_body}-span bodies over {connections} connections, "
           f"{rounds} alternating rounds")
-    print(f"{'round':>5} {'peer':>4} {'spans/s':>9} {'us CPU/span':>11} {'load':>5}")
+    print(f"{'round':>5} {'mode':>4} {'spans/s':>9} {'us CPU/span':>11} {'load':>5}")
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     rate: dict[str, list[float]] = {"off": [], "on": []}
     for k in range(rounds):
         for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-            extra = ("--record-peer",) if mode == "on" else ("--no-record-peer",)
+            extra = on if mode == "on" else off
             r = run_throughput(work, total, per_body, connections, extra, tag=f"-{mode}-{k}")
             cpu[mode].append(r["cpu_us_per_span"])
             rate[mode].append(r["spans_per_s"])
             print(f"{k:>5} {mode:>4} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} {r['load']:>5.1f}")
-    on, off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-    print(f"median CPU/span: on {on:.2f} us, off {off:.2f} us, ratio on/off {on / off:.2f}; median spans/s: "
-          f"on {statistics.median(rate['on']):,.0f}, off {statistics.median(rate['off']):,.0f}")
+    c_on, c_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    r_on, r_off = statistics.median(rate["on"]), statistics.median(rate["off"])
+    print(f"median CPU/span: on {c_on:.2f} us, off {c_off:.2f} us, ratio on/off {c_on / c_off:.2f}; median spans/s: "
+          f"on {r_on:,.0f}, off {r_off:,.0f}, ratio on/off {r_on / r_off:.3f}")
 
 
 def forward_cost(total: int) -> None:
@@ -571,7 +580,9 @@ def forward_cost(total: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a short run")
+    ap.add_argument("--tiny", action="store_true", help="the smallest sizes that run every part (the test suite's "
+                    "smoke run: figures meaningless)")
     ap.add_argument("--receiver-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every receiver (repeat it), e.g. --receiver-arg=--journal-ms "
                          "--receiver-arg=0 to turn the journal off")
@@ -579,6 +590,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
     ap.add_argument("--peer-cost", action="store_true", help="only measure --record-peer on against off")
+    ap.add_argument("--metrics-cost", action="store_true",
+                    help="only measure /metrics (--metrics-port 0: span histograms) on against off")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --peer-cost")
     ap.add_argument("--spans", type=int, default=200_000, help="spans per round of --peer-cost")
     ap.add_argument("--forward-cost", action="store_true", help="only measure the CPU of --forward's encoding")
@@ -611,10 +624,17 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return
+    if args.metrics_cost:
+        try:
+            run_on_off(work, "/metrics", ("--metrics-port", "0"), (), args.rounds, args.spans,
+                       connections=args.connections)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; work dir {work}")
         c = args.connections
-        sizes = [(50_000, 512, c)] if args.quick else [
+        sizes = [(2_048, 512, 2)] if args.tiny else [(50_000, 512, c)] if args.quick else [
             (100_000, 512, c), (400_000, 512, c), (1_000_000, 512, c),
             (400_000, 512, 8), (400_000, 64, c), (400_000, 4096, 8)]
         best = 0.0
@@ -635,12 +655,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['client_cpu_us_per_span']:>14.2f} {r['rss_mb']:>7.0f} "
                   f"{r['spans_per_group']:>11,.0f} {r['anchor_spans_per_s']:>9,.0f} {r['anchor_ratio']:>5.2f} "
                   f"{r['load']:>5.1f} {r['steal']:>5.1%}")
-        light = run_light_latency(work, n=50 if args.quick else 200)
+        light = run_light_latency(work, n=5 if args.tiny else 50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
               f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "
               f"p99 {light['server_commit_p99_ms']:.1f} ms")
-        n_req = 1500 if args.quick else 8000
-        enc = encode_rate(500 if args.quick else 2000)
+        n_req = 80 if args.tiny else 1500 if args.quick else 8000
+        enc = encode_rate(80 if args.tiny else 500 if args.quick else 2000)
         print(f"\n3. official exporters end to end (7 spans per request, 512-span batches, 2 threads); "
               f"encoder alone: {enc:,.0f} spans/s")
         for kind in ("http", "grpc"):
@@ -648,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"   OTLP/{kind:<4} exporter: {r['spans']:,.0f} spans in {r['seconds']:.2f} s = "
                   f"{r['spans_per_s']:,.0f} spans/s ({r['spans_per_s'] / enc:.2f} of the encoder's rate)")
         print("\n4. Arize Phoenix, same bodies, same client (4 connections)")
-        ph = run_phoenix(work, args.phoenix, 2_000 if args.quick else 10_000, 512) if args.phoenix \
+        ph = run_phoenix(work, args.phoenix, 2_000 if args.quick or args.tiny else 10_000, 512) if args.phoenix \
             else "not run (--phoenix '')"
         if isinstance(ph, str):
             print(f"   {ph}")

@@ -52,6 +52,9 @@ def render(db: data.Bench) -> data.Filters:
         picks: dict[str, tuple[str, ...]] = {}
         for dim in data.FILTER_DIMENSIONS:
             options = c[dim]
+            linked = st.query_params.get(dim)  # from an alert's link: ?tenant=acme (once, then the widget rules)
+            if linked and f"f_{dim}" not in st.session_state and linked in options:
+                st.session_state[f"f_{dim}"] = [linked]
             if len(options) > 1 or st.session_state.get(f"f_{dim}"):
                 chosen = st.multiselect(dim.capitalize(), options, key=f"f_{dim}", placeholder=f"all {dim}s")
             else:

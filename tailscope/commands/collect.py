@@ -16,7 +16,7 @@ from tailscope.commands.common import StoreOption, errors_as_messages, fail, sto
 from tracing.settings import Setting, SettingsTable
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
-NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb")
+NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb", "prometheus_client")
 
 #: Seconds between two looks for settled hours to materialize while collecting.
 MATERIALIZE_EVERY_S = 60.0
@@ -78,7 +78,7 @@ def collect(
     forward_token = _token(forward_token_file, "--forward-token-file")
     try:
         values = setting_values(COLLECT, options)
-        for port in ("http_port", "grpc_port"):  # -1 on the command line turns a protocol off
+        for port in ("http_port", "grpc_port", "metrics_port"):  # -1 on the command line turns a protocol off
             if values.get(port) is not None and values[port] < 0:
                 values[port] = None
         config = CollectConfig(store=store_path(store), token=token, forward_token=forward_token, **values)
@@ -93,8 +93,13 @@ def collect(
         except ValueError as exc:  # a --forward URL that is not one
             fail(str(exc))
 
+    served: list[Any] = []
+
     def ready(r: Receiver) -> None:
         parts = []
+        if r.span_metrics is not None:
+            served.append(_serve_metrics(r, config))
+            parts.append(f"metrics={config.host}:{served[0].port}")
         if r.http_port is not None:
             parts.append(f"http={config.host}:{r.http_port}")
         if r.grpc_port is not None:
@@ -118,12 +123,23 @@ def collect(
         fail(f"could not listen: {exc}")
     finally:
         stop.set()
+        for server in served:
+            server.stop()
     forwarded = ""
     if receiver.forwarder is not None:
         f = receiver.forwarder
         forwarded = f", {f.forwarded_spans:,} forwarded, {f.dropped_spans:,} not forwarded (dropped)"
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected{forwarded}\n")
+
+
+def _serve_metrics(receiver: Any, config: CollectConfig) -> Any:
+    """/metrics of a started receiver: its span histograms and its own health (tailscope.commands.metrics)."""
+    from intake.collect.metrics import ReceiverMetrics
+    from tailscope.commands.metrics import serve_metrics
+
+    return serve_metrics([ReceiverMetrics(receiver)], config.host, config.metrics_port or 0, config.token,
+                         renderers=[receiver.span_metrics.render])
 
 
 def _token(path: Path | None, option: str) -> str | None:
@@ -137,16 +153,16 @@ def _token(path: Path | None, option: str) -> str | None:
 
 
 def _materialize_settled(store: Path, stop: threading.Event) -> None:
-    """Every MATERIALIZE_EVERY_S, write the requests of hours that settled (analysis.materialize).
+    """Every MATERIALIZE_EVERY_S, write the requests of hours that settled (analysis.engine.materialize).
 
     Runs beside the receiver, never in its way: one DuckDB thread, and a failure is one line
     on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
-    analysis.materialize (polars, DuckDB, the request model) is imported at the first look, not
+    analysis.engine.materialize (polars, DuckDB, the request model) is imported at the first look, not
     at startup: the import costs about half a CPU second, which used to land on the receiver's
     first seconds and showed in bench_collect's short rows (docs/benchmarks.md, issue #13).
     """
     while not stop.wait(MATERIALIZE_EVERY_S):
-        from analysis.materialize import SETTLE_NS, materialize
+        from analysis.engine.materialize import SETTLE_NS, materialize
 
         try:
             materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")

@@ -64,11 +64,11 @@ def errors_as_messages() -> Iterator[None]:
 
 
 def write_through(store: Path) -> None:
-    """Materialize the store's settled hours that are stale or missing (analysis.materialize), as `collect`
+    """Materialize the store's settled hours that are stale or missing (analysis.engine.materialize), as `collect`
     does, so stores written without `collect` or `ingest` get fast too; a store we cannot write is read as is."""
     import duckdb
 
-    from analysis.materialize import SETTLE_NS, materialize
+    from analysis.engine.materialize import SETTLE_NS, materialize
 
     try:
         materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS)

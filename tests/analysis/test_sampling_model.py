@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-from analysis import model as M
-from analysis.connect import connect
+from analysis.engine import model as M
+from analysis.engine.connect import connect
 from tests.needs import CHDB_HOW, need_module
 from tests.tracing.test_sampling import random_attrs, random_state
 from tracing import schema as S

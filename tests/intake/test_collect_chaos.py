@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.intake.collect_child import Child, start_child
 from tests.intake.collect_helpers import pb_body
 
