@@ -24,6 +24,8 @@ from dashboard.settings import ENV_DSN, ENV_ENGINE
 from intake.ingest import ingest_files
 from tests.dashboard.conftest import APP
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 MINUTE = 60_000_000_000
 
