@@ -13,7 +13,7 @@ STRICT := TAILSCOPE_TEST_STRICT=1
 #: the parallel run: a test file stays on one worker (its module fixtures are built once)
 PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile
 
-.PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps bench clean
+.PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps ch-releases bench clean
 
 all: test
 
@@ -50,6 +50,26 @@ system-deps:
 	@$(MAKE) --no-print-directory browser-deps
 	@$(MAKE) --no-print-directory monitoring-deps
 
+# The older ClickHouse releases the tests serve over HTTP (tests/clickhouse_http.py), one venv each since one venv
+# holds one chdb: release -> the chdb that embeds it (checked with SELECT version()). The newest is .venv's chdb.
+# No chdb embeds 25.3 (3.3.0 embeds 24.8.4, 3.4.1 embeds 25.5.2): 25.5 stands between the two LTS releases.
+CH_RELEASES := 24.8 25.5 25.8
+CHDB_24.8 := 3.3.0
+CHDB_25.5 := 3.4.1
+CHDB_25.8 := 3.7.2
+CH_STAMPS := $(foreach r,$(CH_RELEASES),.venv-ch/$(r)/.chdb-$(CHDB_$(r)))
+
+# installed once per release and chdb version (the stamp names both)
+define CH_VENV
+.venv-ch/$(1)/.chdb-$(CHDB_$(1)):
+	$(PYTHON) -m venv .venv-ch/$(1)
+	.venv-ch/$(1)/bin/python -m pip install --quiet "chdb==$(CHDB_$(1))" lz4 zstandard
+	touch $$@
+endef
+$(foreach r,$(CH_RELEASES),$(eval $(call CH_VENV,$(r))))
+
+ch-releases: $(CH_STAMPS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -57,7 +77,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
-unit: $(STAMP) system-deps
+unit: $(STAMP) system-deps ch-releases
 	$(STRICT) $(PYTEST_PAR) --durations=10
 
 # what CI runs (.ci/run): install (the venv beside the Debian packages), ruff, then mypy beside the suite
@@ -74,4 +94,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-ch build *.egg-info .pytest_cache .mypy_cache .ruff_cache

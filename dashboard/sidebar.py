@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, links
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,15 +34,18 @@ def render(db: data.Bench) -> data.Filters:
         _live_controls(db)
         c = data.choices(db, str(db.store), db.version)
         if not c["requests"]:
-            st.caption("No requests in the store yet.")
+            st.caption(f"No requests in the store yet: {data.no_request_hint(db.store)}.")
             filters = data.Filters()
             st.session_state[_KEY] = filters
             return filters
         lo, hi = _dt(c["min_ns"]), _dt(c["max_ns"]) + timedelta(seconds=1)
         lo = lo.replace(second=0, microsecond=0)
         since_ns = until_ns = None
+        a_ns, b_ns = links.seed_filters(data.FILTER_DIMENSIONS, c)  # a shared link's filters, on a first run
         if hi - lo > timedelta(minutes=1):
-            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
+            start = min(max(_dt(a_ns), lo), hi) if a_ns is not None else lo
+            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi,
+                               value=(start, max(min(_dt(b_ns), hi), start) if b_ns is not None else hi),
                                step=timedelta(minutes=1), format="MM-DD HH:mm", key="f_time")
             a, b = picked
             if a > lo:
@@ -52,9 +55,6 @@ def render(db: data.Bench) -> data.Filters:
         picks: dict[str, tuple[str, ...]] = {}
         for dim in data.FILTER_DIMENSIONS:
             options = c[dim]
-            linked = st.query_params.get(dim)  # from an alert's link: ?tenant=acme (once, then the widget rules)
-            if linked and f"f_{dim}" not in st.session_state and linked in options:
-                st.session_state[f"f_{dim}"] = [linked]
             if len(options) > 1 or st.session_state.get(f"f_{dim}"):
                 chosen = st.multiselect(dim.capitalize(), options, key=f"f_{dim}", placeholder=f"all {dim}s")
             else:
@@ -62,6 +62,7 @@ def render(db: data.Bench) -> data.Filters:
             picks[dim] = tuple(sorted(chosen))
         filters = data.Filters(since_ns, until_ns, **picks)
         st.session_state[_KEY] = filters
+        links.publish_filters(filters, data.FILTER_DIMENSIONS)
         return filters
 
 
@@ -82,7 +83,8 @@ def _live_controls(db: data.Bench) -> None:
                 st.rerun(scope="app")
 
         _tick()
-    st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s):%H:%M:%S}")
+    refreshed = datetime.fromtimestamp(db.last_refresh_s, tz=UTC)
+    st.caption(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC")
     note = db.loading_note()
     if note:
         st.caption(f":material/hourglass_top: {note}")

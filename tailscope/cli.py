@@ -34,6 +34,7 @@ app = typer.Typer(
 EXTRAS: dict[str, str] = {
     "ingest": "collect",
     "sql": "analysis",
+    "map": "analysis",
     "report": "analysis",
     "collect": "collect",
     "metrics": "collect",

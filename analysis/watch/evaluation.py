@@ -11,11 +11,11 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis.engine.percentiles import MIN_TAIL, effective_count, iso, weighted_quantile_sorted
+from analysis.engine.percentiles import MIN_TAIL, effective_count, iso, ms, weighted_quantile_sorted
 from analysis.report import explain_spikes
 from analysis.stats.spikes import Detection, Spike, detect
 from analysis.watch.reading import ROW_COLUMNS
-from analysis.watch.records import ALERT_VERSION, Config, Event, alert_id, spike_url, to_ms
+from analysis.watch.records import ALERT_VERSION, Config, Event, alert_id, spike_url
 from analysis.watch.rules import NS, Rule
 
 
@@ -97,14 +97,14 @@ class Watcher:
                                  spike.requests_weighted if det.weighted else None)
             alert["service"] = _service_of(frame.filter(pl.col("start_ns") >= spike.start_ns), cfg.metric)
             alert["p_value"] = float(f"{spike.p_value:.3g}")
-            alert["baseline_p50_ms"] = to_ms(spike.baseline_p50_ns)
+            alert["baseline_p50_ms"] = ms(spike.baseline_p50_ns)
             if cfg.explain:
                 self._explain(alert, frame, det, spike, explain_con)
             self.active[key] = alert
             return [Event("firing", alert)]
         if spike is not None and active is not None:
             self._grow(active, win_ns + cfg.window_ns, ())
-            active["last_p99_ms"] = to_ms(spike.p99_ns)
+            active["last_p99_ms"] = ms(spike.p99_ns)
             return []
         if active is not None:
             return [Event("resolved", self._resolve(key, eval_ns))]
@@ -136,7 +136,7 @@ class Watcher:
             "window_s": int(cfg.window_s) if float(cfg.window_s).is_integer() else cfg.window_s,
             "requests": int(requests),
             "requests_weighted": int(requests) if requests_weighted is None else round(requests_weighted, 3),
-            "p50_ms": to_ms(p50_ns), "p99_ms": to_ms(p99_ns), "baseline_p99_ms": to_ms(baseline_p99_ns),
+            "p50_ms": ms(p50_ns), "p99_ms": ms(p99_ns), "baseline_p99_ms": ms(baseline_p99_ns),
             "stage": None, "stage_share": None, "stages": [],
             "dimension": None, "value": None, "explained": None, "p99_without_ms": None, "dimensions": [],
             "exemplars": [], "dashboard_url": spike_url(cfg.dashboard_url, start_ns, end_ns, where), "errors": [],
@@ -305,7 +305,7 @@ def evaluate_rule(rule: Rule, frame: pl.DataFrame, win_ns: int, window_ns: int, 
             return None
         q = weighted_quantile_sorted(values, ws, rule.q)
         n_eff = effective_count(ws, values.size)
-        figures: dict[str, Any] = {"measured_ms": to_ms(q), "threshold_ms": to_ms(rule.threshold_ns),
+        figures: dict[str, Any] = {"measured_ms": ms(q), "threshold_ms": ms(rule.threshold_ns),
                                    "values": int(values.size), "low_sample": bool(n_eff * (1 - rule.q) < MIN_TAIL)}
         if ws is not None:
             figures |= {"values_weighted": round(float(ws.sum()), 3), "values_effective": round(n_eff, 3)}

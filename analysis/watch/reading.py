@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from analysis.engine.percentiles import iso, request_facts
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.mapping.rules import load as load_mapping
 from analysis.stats import explain as X
 from tracing import schema as S
 from tracing.store import require_store
@@ -86,7 +87,8 @@ def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -
     con.register("_empty_spans_arrow", S.empty_span_table())
     con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
     con.unregister("_empty_spans_arrow")
-    source = spans_sql(files_source(files)) if files else spans_sql("_empty_spans")
+    mapping = load_mapping(store)
+    source = spans_sql(files_source(files), mapping) if files else spans_sql("_empty_spans", mapping)
     con.execute(f"CREATE VIEW spans AS SELECT * FROM ({source}) "
                 f"WHERE TimestampNs >= {int(lo_ns)} AND TimestampNs < {int(hi_ns)}")
     return con

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlencode
 
+from analysis.engine import model as M
 from analysis.watch.rules import NS, WATCH_METRICS, Rule
 from tracing.errors import QueryError
 
@@ -19,13 +20,7 @@ ALERTS_DIR: Final = "alerts"
 DEFAULT_SEVERITY: Final = "warning"
 #: Longest `value` label: longer values are cut (the full value stays in the description).
 VALUE_LABEL_MAX: Final = 64
-#: Filters the dashboard's sidebar reads from a link (`?tenant=acme`); other rule filters stay in the description.
-LINK_FILTERS: Final = ("service", "model", "replica", "tenant")
 
-
-def to_ms(ns: float | None) -> float | None:
-    """Nanoseconds as milliseconds rounded to the microsecond (None for a missing or infinite value)."""
-    return round(ns / 1e6, 3) if ns is not None and math.isfinite(ns) else None
 
 
 def alert_id(key: str, metric: str, first_window_ns: int) -> str:
@@ -40,7 +35,8 @@ def spike_url(dashboard_url: str | None, start_ns: int, end_ns: int,
     if not dashboard_url:
         return None
     query = [("start_ns", str(int(start_ns))), ("end_ns", str(int(end_ns)))]
-    query += [(k, v) for k, v in filters if k in LINK_FILTERS]
+    # the filters the sidebar reads from a link; the rest stay in the description
+    query += [(k, v) for k, v in filters if k in M.FILTER_DIMENSIONS]
     return f"{dashboard_url.rstrip('/')}/spike?{urlencode(query)}"
 
 

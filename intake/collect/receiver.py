@@ -273,7 +273,7 @@ class ProgressLine:
                 f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
                 f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
         line = " | ".join([line, *describe(self.receiver.forwarder)])
-        problem = self.receiver.recognition.problem()
+        problem = self.receiver.recognition.problem(str(self.receiver.store))
         if problem is not None and not self._hinted:  # once: spans arrive but none is a request
             self._hinted = True
             self.out.write(("\r\x1b[2K" if self.tty else "") + problem + "\n")

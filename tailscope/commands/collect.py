@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from intake.collect.config import COLLECT, CollectConfig, exposure_warning, read_token
-from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
+from tailscope.commands.common import MappingOption, StoreOption, errors_as_messages, fail, read_mapping, store_path
 from tracing.settings import Setting, SettingsTable
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
@@ -58,9 +58,12 @@ def collect(
         "--forward-token-file", help="File holding a bearer token sent as 'Authorization: Bearer <token>' "
         "with every --forward request.", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
+    mapping: MappingOption = None,
     **options: Any,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
+
+    With --mapping FILE the mapping is saved in the store first, as `tailscope map` does.
 
     Prints 'listening http=HOST:PORT grpc=HOST:PORT' once ready, then a progress line
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
@@ -87,11 +90,16 @@ def collect(
     warning = exposure_warning(config)
     if warning:
         sys.stderr.write(f"warning: {warning}\n")
+    rules = read_mapping(mapping) if mapping is not None else None
     with errors_as_messages():
         try:
             receiver = Receiver(config)
         except ValueError as exc:  # a --forward URL that is not one
             fail(str(exc))
+        if rules is not None:  # saved in the store: its materialized hours and every reader use it (tailscope map)
+            from analysis.mapping.rules import save
+
+            save(config.store, rules)
 
     served: list[Any] = []
 
