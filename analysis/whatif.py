@@ -69,32 +69,6 @@ def simulate(arrivals: Sequence[int] | I64, services: Sequence[int] | I64, serve
     return latency
 
 
-def oracle(arrivals: Sequence[int], services: Sequence[int], servers: int) -> list[int]:
-    """Tick-by-tick reference of `simulate` for small integer workloads (for tests)."""
-    n = len(arrivals)
-    order = sorted(range(n), key=lambda i: (arrivals[i], i))
-    busy_until = [0] * servers
-    waiting: list[int] = []
-    nxt = 0
-    latency = [0] * n
-    done = 0
-    t = min(arrivals) if n else 0
-    while done < n:
-        while nxt < n and arrivals[order[nxt]] <= t:
-            waiting.append(order[nxt])
-            nxt += 1
-        for k in range(servers):
-            while busy_until[k] <= t and waiting:
-                i = waiting.pop(0)
-                busy_until[k] = t + services[i]
-                latency[i] = busy_until[k] - arrivals[i]
-                done += 1
-                if services[i] > 0:
-                    break
-        t += 1
-    return latency
-
-
 def predict(arrivals: I64, services: I64, servers: Sequence[int],
             replay: Callable[[I64, I64, int], I64] | None = None) -> list[dict[str, Any]]:
     """p50 / p99 latency (ms) predicted for each server count.
