@@ -15,7 +15,10 @@
     │   ├── Closed                  (intake.collect.commit) the receiver is shutting down
     │   └── Busy                    (intake.collect.intake) too many request bytes in flight
     ├── SettingError                (tracing.settings) a setting's value (argument or variable) cannot be used
-    ├── DsnError                    (analysis.clickhouse) a ClickHouse DSN that cannot be read or reached
+    ├── MappingError                (analysis.mapping.rules) a `tailscope map` rule that cannot be used
+    ├── ExpressionError             (analysis.mapping.expr) a rule expression that does not read (names its column)
+    ├── DsnError                    (analysis.clickhouse.client) a ClickHouse DSN that cannot be read or reached
+    ├── UnsupportedServer           (analysis.clickhouse.server) a ClickHouse release older than the oldest supported
     └── MissingExtra                a part of tailscope used without the pip extra that installs it
 
 Each message says what was wrong, where, and what to do next, on one line. The leaves

@@ -239,7 +239,7 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
     id_off = np.frombuffer(bufs[1], dtype=np.int64, count=len(ids) + 1, offset=ids.offset * 8)
     id_dat = ctypes.c_void_p(bufs[2].address if bufs[2] is not None and bufs[2].size else None)  # `ids` keeps it
     yielding = np.array([st_ in S.YIELDING_STAGES for st_ in S.ALL_STAGES] + [False], dtype=np.uint8)
-    flags = np.array([(_PREFILL if x == "prefill" else 0) | (_STREAM if x == "streaming" else 0)
+    flags = np.array([(_PREFILL if x == S.PREFILL else 0) | (_STREAM if x == S.STREAMING else 0)
                       | (_WORKER if x in M.WORKER_STAGES else 0) for x in S.ALL_STAGES] + [0], dtype=np.uint8)
     stage_ns = np.zeros((nr, nstages + 1), dtype=np.int64)
     covered, prefill_end, stream_start, worker = (np.zeros(nr, dtype=np.int64) for _ in range(4))

@@ -53,8 +53,8 @@ DIMENSIONS: Final[tuple[str, ...]] = ("replica", "model", "model_version", "tena
 #: Numeric dimensions, bucketed by powers of two: [2^k, 2^(k+1) - 1], and [0, 0].
 BUCKETED: Final[frozenset[str]] = frozenset({"input_tokens", "output_tokens"})
 #: Stages that happen before the first token (the ones TTFT is made of).
-BEFORE_FIRST_TOKEN: Final[tuple[str, ...]] = ("network", "queue_wait", "preprocess", "model_load", "generation",
-                                              "prefill", "other")
+BEFORE_FIRST_TOKEN: Final[tuple[str, ...]] = (S.NETWORK, S.QUEUE_WAIT, S.PREPROCESS, S.MODEL_LOAD, S.GENERATION,
+                                              S.PREFILL, S.OTHER)
 TAIL_Q: Final = 0.99
 MIN_TAIL_SLICE: Final = 10
 MIN_SUPPORT: Final = 3
