@@ -62,7 +62,7 @@ from analysis.spikes import Detection, Spike, detect
 from analysis.views import VIEW_SQL, files_source, spans_sql
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
-from tracing.store import require_store
+from tracing.store import list_hour, require_store
 
 #: Version of the alert record (replay --json, webhook payload, STORE/alerts/ files).
 ALERT_VERSION: Final = 1
@@ -216,7 +216,7 @@ def segment_files_between(store: Path, lo_ns: int, hi_ns: int) -> list[Path]:
         text = iso(hour)
         directory = spans / f"dt={text[:10]}" / f"hr={text[11:13]}"
         if directory.is_dir():
-            for path in sorted(directory.glob("*.parquet")):
+            for path in list_hour(directory).files:
                 try:
                     first, last = _ts_range(path)
                 except (FileNotFoundError, OSError, pa.ArrowException):  # compacted away meanwhile, or unreadable

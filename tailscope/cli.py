@@ -36,6 +36,7 @@ EXTRAS: dict[str, str] = {
     "sql": "analysis",
     "report": "analysis",
     "collect": "collect",
+    "compact": "collect",
     "dashboard": "dashboard",
     "demo": "all",
     "watch": "analysis",

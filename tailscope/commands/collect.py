@@ -22,15 +22,16 @@ NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb")
 MATERIALIZE_EVERY_S = 60.0
 
 
-def setting_options(table: SettingsTable) -> list[inspect.Parameter]:
-    """One parameter (a typer option, passed by keyword) per setting of `table` that names an option.
+def setting_options(table: SettingsTable, names: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
+    """One parameter (a typer option, passed by keyword) per setting of `table` that names an option
+    (only those in `names` when given).
 
     Name, type, default and help come from the table; a setting with `option_scale` is given on
     the command line in its `option_unit` (the default shown divided by the scale).
     """
     params = []
     for s in table.settings():
-        if s.option is None:
+        if s.option is None or (names is not None and s.name not in names):
             continue
         unit = f" In {s.option_unit}." if s.option_unit else ""
         default = s.default // s.option_scale if s.option_scale != 1 else s.default

@@ -1,0 +1,436 @@
+"""Compaction: the segments of an hour partition merged, in levels, into a few large sorted files.
+
+A receiver writes one small segment per group commit. The compactor keeps each hour's file
+count small (docs/collect.md, "What happens to files"):
+
+- While an hour is written, `fan_in` segments of one level that are below half the target
+  size are merged into one segment of the next level (level 0: any segment a writer made;
+  level N: `cN-<id>.parquet`), so an hour holds fewer than `fan_in` files per level.
+- Once the hour has settled (it ended `settle_s` ago and no segment landed for `quiet_s`),
+  its remaining small segments are merged into files of up to the target size, sorted by
+  TimestampNs, with row groups of `row_group_spans` spans (time-range reads prune by them).
+  Late spans make a new small segment, merged the same way at the next pass.
+
+A merge is atomic for readers (tracing.store.list_hour): the output's record, naming its
+inputs, is fsynced before the output gets its name, and a listing that sees the output
+leaves its inputs out. The inputs stay on disk `grace_s` (for readers that listed them
+before) and are then deleted, inputs before the record that hides them. A kill -9 at any
+point leaves either the inputs visible (the output never got its name: its temporary and
+orphan record are removed at the next start) or the output visible (its inputs are deleted
+later), never both, never neither; a merge that is done is never redone (idempotent).
+A segment that cannot be read is moved to STORE/quarantine/ with one line naming it; a
+write that fails (a full disk) removes its temporary, keeps the inputs, and is retried after
+`retry_s`. One compactor per store at a time (an flock on STORE/.compact.lock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracing import schema as S
+from tracing.errors import StoreError
+from tracing.store import (
+    COMPACTED,
+    COMPACTION_STATE,
+    HOUR_NS,
+    QUARANTINE_DIR,
+    RECORD_SUFFIX,
+    HourListing,
+    combine_digests,
+    fsync_path,
+    hour_dirs,
+    hour_of_dir,
+    list_hour,
+    read_record,
+    require_store,
+    segment_level,
+    write_options,
+)
+
+MIB = 1 << 20
+#: The lock file a compactor holds (flock) while it works on a store.
+LOCK_NAME = ".compact.lock"
+
+
+class CompactorBusy(StoreError):
+    """Another process compacts this store already."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the compactor shapes an hour (the `compact_*` settings of intake.collect.config.COLLECT)."""
+
+    fan_in: int = 8
+    target_bytes: int = 64 * MIB
+    settle_s: float = 300.0
+    quiet_s: float = 60.0
+    grace_s: float = 600.0
+    row_group_spans: int = 65_536
+    retry_s: float = 30.0
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fan_in < 2:
+            raise ValueError(f"compact fan-in must be at least 2, got {self.fan_in}")
+        if self.target_bytes <= 0 or self.row_group_spans <= 0:
+            raise ValueError("compact target size and row group spans must be positive")
+        if min(self.settle_s, self.quiet_s, self.grace_s, self.retry_s) < 0:
+            raise ValueError("compact times must be >= 0")
+
+
+@dataclass
+class PassResult:
+    """What one pass did."""
+
+    merges: int = 0
+    merged_segments: int = 0
+    written_spans: int = 0
+    deleted: int = 0
+    quarantined: list[Path] = field(default_factory=list)
+    failed: int = 0
+    hours: int = 0
+    files: int = 0  # visible segments after the pass
+    max_files_per_hour: int = 0
+    pending_hours: int = 0  # settled hours still holding small segments after the pass
+    removed_hours: list[int] = field(default_factory=list)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Compactor:
+    """Compacts one store: `run_once()` for one pass (`tailscope compact`), `run(stop)` to keep at it (collect).
+
+    `say` gets the one-line messages (quarantined segments, failed merges); `retention` is
+    called once per pass, under the same lock, with the time (intake.compact.retention).
+    """
+
+    def __init__(self, store: Path, policy: Policy | None = None, *, say: Callable[[str], None] | None = None,
+                 retention: Callable[[float], list[int]] | None = None, retention_text: str = "off",
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = require_store(Path(store))
+        self.policy = policy or Policy()
+        self.say = say or (lambda line: None)
+        self.retention = retention
+        self.clock = clock
+        self._lock_fd: int | None = None
+        self._retry_at = 0.0
+        self._cleaned: set[Path] = set()  # records whose inputs are all deleted
+        self._seen: set[Path] = set()
+        self.last: PassResult = PassResult()
+        self.passes = 0
+        self.total_merges = 0
+        self.removed_hours = 0
+        #: what `tailscope store` prints as the retention ("3d, 20 GB" or "off")
+        self.retention_text = retention_text
+
+    # --- the lock and recovery ----------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the store's compaction lock (CompactorBusy if another process holds it), then undo what a
+        killed compactor left: temporaries and records whose output never got its name."""
+        if self._lock_fd is not None:
+            return
+        path = self.store / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = path.read_text().strip() or "another process"
+            raise CompactorBusy(f"{self.store}: already being compacted (pid {holder}); "
+                                "one compactor per store (a running `tailscope collect` compacts it)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        for directory in hour_dirs(self.store):
+            self._recover(directory)
+
+    def release(self) -> None:
+        """Let go of the lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Compactor:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _recover(self, directory: Path) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return
+        names = {e.name for e in entries}
+        for e in entries:
+            orphan = e.name.endswith(RECORD_SUFFIX) and e.name[0] == "c" and (
+                e.name.removesuffix(RECORD_SUFFIX) + ".parquet") not in names
+            ours = e.name.startswith(".c") and e.name.endswith(".ctmp")
+            if orphan or ours:
+                Path(e.path).unlink(missing_ok=True)
+
+    # --- a pass --------------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> PassResult:
+        """One pass over every hour: merges, deletions of replaced segments past their grace, retention."""
+        self.acquire()
+        now = self.clock() if now is None else now
+        result = PassResult()
+        if self.retention is not None:
+            try:
+                result.removed_hours = self.retention(now)
+            except OSError as exc:
+                self.say(f"compact: retention failed ({_first_line(exc)}); will retry")
+        self._seen = set()
+        for directory in hour_dirs(self.store):
+            self._hour(directory, now, result)
+        self._cleaned &= self._seen  # forget outputs that are gone
+        self.last = result
+        self.passes += 1
+        self.total_merges += result.merges
+        self.removed_hours += len(result.removed_hours)
+        self._write_state(now, result)
+        return result
+
+    def _write_state(self, now: float, result: PassResult) -> None:
+        """STORE/compaction.json: the policy and the last pass, for `tailscope store` (best effort)."""
+        state = {"pid": os.getpid(), "last_pass_ns": int(now * 1e9), "policy": asdict(self.policy),
+                 "retention": self.retention_text, "merges": result.merges, "files": result.files,
+                 "hours": result.hours, "max_files_per_hour": result.max_files_per_hour,
+                 "pending_hours": result.pending_hours, "removed_hours": self.removed_hours,
+                 "quarantined": len(result.quarantined), "failed": result.failed}
+        tmp = self.store / f".{COMPACTION_STATE}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(json.dumps(state), encoding="utf-8")
+            os.replace(tmp, self.store / COMPACTION_STATE)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+    def run(self, stop: Any, every_s: float = 2.0) -> None:
+        """Pass after pass until `stop` (a threading.Event) is set; a failure is one line, then the next pass."""
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except CompactorBusy as exc:
+                self.say(f"compact: {exc}")
+                stop.wait(60.0)
+                continue
+            except Exception as exc:  # the receiver must not die of a merge
+                self.say(f"compact: pass failed ({_first_line(exc)}); will retry")
+            stop.wait(every_s)
+        self.release()
+
+    def _hour(self, directory: Path, now: float, result: PassResult) -> None:
+        listing = list_hour(directory)
+        self._delete_replaced(listing, now, result)
+        for _ in range(10_000):  # each merge leaves fewer files: bounded
+            plan = self.plan(listing, now)
+            if not plan or now < self._retry_at:
+                break
+            if not self._merge(listing, plan, result, now):
+                break
+            listing = list_hour(directory)
+        if listing.files:
+            result.hours += 1
+            result.files += len(listing.files)
+            result.max_files_per_hour = max(result.max_files_per_hour, len(listing.files))
+            if self.settled(listing, now) and self._small(listing):
+                result.pending_hours += 1
+
+    # --- planning ------------------------------------------------------------------------
+
+    def _sizes(self, listing: HourListing) -> dict[Path, os.stat_result]:
+        out = {}
+        for f in listing.files:
+            try:
+                out[f] = f.stat()
+            except FileNotFoundError:
+                continue
+        return out
+
+    def settled(self, listing: HourListing, now: float) -> bool:
+        """The hour ended `settle_s` ago and no segment landed in it for `quiet_s`."""
+        end_s = (hour_of_dir(listing.directory) + HOUR_NS) / 1e9
+        if now - end_s < self.policy.settle_s:
+            return False
+        newest = max((st.st_mtime for st in self._sizes(listing).values()), default=0.0)
+        return now - newest >= self.policy.quiet_s
+
+    def _small(self, listing: HourListing) -> list[Path]:
+        """Segments still to merge once the hour settles: below half the target, or never sorted (level 0)."""
+        stats = self._sizes(listing)
+        small = [f for f, st in stats.items() if st.st_size < self.policy.target_bytes // 2]
+        big_raw = [f for f, st in stats.items()
+                   if st.st_size >= self.policy.target_bytes // 2 and segment_level(f.name) == 0]
+        if len(small) == 1 and segment_level(small[0].name) > 0:
+            small = []  # one sorted file: nothing to gain
+        return small + [f for f in big_raw if stats[f].st_size <= 4 * self.policy.target_bytes]
+
+    def plan(self, listing: HourListing, now: float) -> list[Path]:
+        """The inputs of the next merge in this hour (oldest first), or [] when the hour is in shape."""
+        stats = self._sizes(listing)
+        half = self.policy.target_bytes // 2
+        if self.settled(listing, now):
+            todo = sorted(self._small(listing), key=lambda f: (stats[f].st_mtime, f.name))
+            if not todo:
+                return []
+            return self._fill(todo, stats) if len(todo) > 1 or segment_level(todo[0].name) == 0 else []
+        by_level: dict[int, list[Path]] = {}
+        for f, st in stats.items():
+            if st.st_size < half:
+                by_level.setdefault(segment_level(f.name), []).append(f)
+        for level in sorted(by_level):
+            files = sorted(by_level[level], key=lambda f: (stats[f].st_mtime, f.name))
+            if len(files) >= self.policy.fan_in:
+                return self._fill(files[:self.policy.fan_in], stats)
+        return []
+
+    def _fill(self, files: list[Path], stats: dict[Path, os.stat_result]) -> list[Path]:
+        """The longest prefix of `files` whose bytes stay within the target (at least two files, or one)."""
+        out: list[Path] = []
+        total = 0
+        for f in files:
+            if len(out) >= 2 and total + stats[f].st_size > self.policy.target_bytes:
+                break
+            out.append(f)
+            total += stats[f].st_size
+        return out
+
+    # --- a merge -------------------------------------------------------------------------
+
+    def _quarantine(self, path: Path, exc: BaseException, result: PassResult) -> None:
+        """Move an unreadable segment to STORE/quarantine/dt=…/hr=…/ (never deleted) and say so."""
+        target_dir = self.store / QUARANTINE_DIR / path.parent.parent.name / path.parent.name
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / path.name
+        os.replace(path, target)
+        if self.policy.durable:
+            fsync_path(target_dir)
+            fsync_path(path.parent)
+        result.quarantined.append(target)
+        self.say(f"compact: {path} is not a readable segment ({_first_line(exc)}); moved to {target}")
+
+    def _merge(self, listing: HourListing, inputs: list[Path], result: PassResult, now: float) -> bool:
+        """Merge `inputs` into one sorted segment of the next level; False when nothing was written."""
+        tables = []
+        for path in inputs:
+            try:
+                tables.append(pq.read_table(path))
+            except FileNotFoundError:
+                return False  # gone meanwhile (another tool): plan again at the next pass
+            except pa.ArrowException as exc:  # not Parquet, truncated, a bad footer
+                self._quarantine(path, exc, result)
+                return True  # the hour changed: plan again
+            except OSError as exc:  # the disk, not the file: leave it and retry later
+                self._fail(path, exc, result, now)
+                return False
+        try:
+            table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        except pa.ArrowException as exc:
+            self._fail(listing.directory, exc, result, now)
+            return False
+        del tables
+        table = table.sort_by([("TimestampNs", "ascending")]) if "TimestampNs" in table.column_names else table
+        level = max(segment_level(p.name) for p in inputs) + 1
+        name = f"c{level}-{uuid.uuid4().hex[:16]}.parquet"
+        directory = listing.directory
+        final = directory / name
+        tmp = directory / f".{name}.ctmp"
+        record_path = final.with_suffix(RECORD_SUFFIX)
+        record_tmp = directory / f".{record_path.name}.ctmp"
+        record = {"inputs": [p.name for p in inputs], "level": level, "spans": table.num_rows,
+                  "digest": f"{combine_digests(listing.digests[p.name] for p in inputs):032x}",
+                  "committed_ns": int(now * 1e9)}  # the pass's time: grace is counted on the same clock
+        try:
+            self._write(table, tmp)
+            with open(record_tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(record))
+                if self.policy.durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(record_tmp, record_path)  # not yet in force: its segment has no name yet
+            if self.policy.durable:
+                fsync_path(directory)
+            os.replace(tmp, final)  # the commit: readers now see `final` and not the inputs
+            if self.policy.durable:
+                fsync_path(directory)
+        except OSError as exc:
+            for p in (tmp, record_tmp):
+                p.unlink(missing_ok=True)
+            if not final.exists():
+                record_path.unlink(missing_ok=True)
+            self._fail(directory, exc, result, now)
+            return False
+        result.merges += 1
+        result.merged_segments += len(inputs)
+        result.written_spans += table.num_rows
+        return True
+
+    def _write(self, table: pa.Table, path: Path) -> None:
+        # the segment writer's column options (statistics, dictionaries) when the table is in SPAN_SCHEMA
+        options = write_options() if table.schema.equals(S.SPAN_SCHEMA, check_metadata=False) else {}
+        with open(path, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd", row_group_size=self.policy.row_group_spans, **options)
+            if self.policy.durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _fail(self, where: Path, exc: BaseException, result: PassResult, now: float) -> None:
+        result.failed += 1
+        self._retry_at = now + self.policy.retry_s
+        self.say(f"compact: could not merge in {where} ({_first_line(exc)}); the segments stay as they are, "
+                 f"retrying in {self.policy.retry_s:.0f} s")
+
+    # --- deleting what was merged ---------------------------------------------------------
+
+    def _delete_replaced(self, listing: HourListing, now: float, result: PassResult) -> None:
+        """Delete the inputs of merges committed more than `grace_s` ago (each input's own inputs first)."""
+        if not listing.replaced:
+            return
+        cutoff_ns = (now - self.policy.grace_s) * 1e9
+        for out in listing.files:
+            if not COMPACTED.match(out.name):
+                continue
+            self._seen.add(out)
+            if out in self._cleaned:
+                continue
+            record = read_record(out)
+            if record is None or record.get("committed_ns", 0) > cutoff_ns:
+                continue
+            for name in record.get("inputs", ()):
+                result.deleted += self._delete_tree(listing.directory / name)
+            self._cleaned.add(out)
+        if result.deleted and self.policy.durable:
+            fsync_path(listing.directory)
+
+    def _delete_tree(self, path: Path, depth: int = 0) -> int:
+        """Delete a replaced segment, and first, when it is a compacted one, whatever it replaced itself."""
+        n = 0
+        if COMPACTED.match(path.name) and depth < 64:
+            record = read_record(path)
+            for name in (record or {}).get("inputs", ()):
+                n += self._delete_tree(path.parent / name, depth + 1)
+        try:
+            path.unlink()
+            n += 1
+        except FileNotFoundError:
+            pass
+        if COMPACTED.match(path.name):
+            path.with_suffix(RECORD_SUFFIX).unlink(missing_ok=True)
+        return n
