@@ -20,11 +20,11 @@ __all__ = ["Compactor", "CompactorBusy", "PassResult", "Policy", "make_compactor
 
 def make_compactor(store: Path, policy: Policy, keep: R.Retention, *, say: Callable[[str], None],
                    on_removed: Callable[[int], None] | None = None,
-                   extra_bytes: Callable[[int], int] | None = None) -> Compactor:
+                   extra_bytes: Callable[[int], int] | None = None, merge: bool = True) -> Compactor:
     """A compactor of `store` that also applies `keep` at every pass (`on_removed(hour_ns)` after each hour
     removed; `extra_bytes(hour_ns)`: the bytes of an hour's materialized requests, counted toward the size limit)."""
     apply = partial(R.apply, store, keep, on_removed=on_removed, extra_bytes=extra_bytes) if keep.active else None
-    return Compactor(store, policy, say=say, retention=apply, retention_text=keep.describe())
+    return Compactor(store, policy, say=say, retention=apply, retention_text=keep.describe(), merge=merge)
 
 
 def start_background(compactor: Compactor, every_s: float) -> tuple[threading.Thread, threading.Event]:

@@ -120,12 +120,14 @@ class Compactor:
 
     def __init__(self, store: Path, policy: Policy | None = None, *, say: Callable[[str], None] | None = None,
                  retention: Callable[[float], list[int]] | None = None, retention_text: str = "off",
-                 clock: Callable[[], float] = time.time) -> None:
+                 merge: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.store = require_store(Path(store))
         self.policy = policy or Policy()
         self.say = say or (lambda line: None)
         self.retention = retention
         self.clock = clock
+        #: False: only retention and the deletion of merged segments (`tailscope collect --no-compact`)
+        self.merge = merge
         self._lock_fd: int | None = None
         self._retry_at = 0.0
         self._cleaned: set[Path] = set()  # records whose inputs are all deleted
@@ -240,7 +242,7 @@ class Compactor:
         listing = list_hour(directory)
         self._delete_replaced(listing, now, result)
         for _ in range(10_000):  # each merge leaves fewer files: bounded
-            plan = self.plan(listing, now)
+            plan = self.plan(listing, now) if self.merge else []
             if not plan or now < self._retry_at:
                 break
             if not self._merge(listing, plan, result, now):

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from intake.collect.config import COLLECT, CollectConfig, exposure_warning, read_token
-from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
+from tailscope.commands.common import StoreOption, errors_as_messages, fail, say, store_hooks, store_path
 from tracing.settings import Setting, SettingsTable
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
@@ -90,7 +90,8 @@ def collect(
         sys.stderr.write(f"warning: {warning}\n")
     with errors_as_messages():
         try:
-            receiver = Receiver(config)
+            on_removed, extra_bytes = store_hooks(config.store)
+            receiver = Receiver(config, on_hour_removed=on_removed, hour_extra_bytes=extra_bytes, say=say)
         except ValueError as exc:  # a --forward URL that is not one
             fail(str(exc))
 

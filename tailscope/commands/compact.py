@@ -10,19 +10,10 @@ import typer
 
 from intake.collect.config import COLLECT, COMPACT_SETTINGS, CollectConfig
 from tailscope.commands.collect import setting_options, setting_values
-from tailscope.commands.common import StoreOption, errors_as_messages, fail, store_path
+from tailscope.commands.common import StoreOption, errors_as_messages, fail, say, store_hooks, store_path
 
 #: Third-party packages the command needs.
 NEEDS = ("pyarrow", "duckdb")
-
-
-def store_hooks(store: Any) -> dict[str, Any]:
-    """The callbacks retention needs from analysis: remove an hour's materialized requests, count their bytes."""
-    from functools import partial
-
-    from analysis.materialize import hour_bytes, remove_hour
-
-    return {"on_removed": partial(remove_hour, store), "extra_bytes": partial(hour_bytes, store)}
 
 
 def compact(store: StoreOption = None, **options: Any) -> None:
@@ -42,8 +33,9 @@ def compact(store: StoreOption = None, **options: Any) -> None:
     except ValueError as exc:
         fail(str(exc))
     with errors_as_messages():
-        compactor = make_compactor(config.store, policy, keep, say=lambda line: sys.stderr.write(line + "\n"),
-                                   **store_hooks(config.store))
+        on_removed, extra_bytes = store_hooks(config.store)
+        compactor = make_compactor(config.store, policy, keep, say=say, on_removed=on_removed,
+                                   extra_bytes=extra_bytes)
         with compactor:
             r = compactor.run_once()
     removed = f", {len(r.removed_hours)} hour(s) removed by retention ({keep.describe()})" if r.removed_hours else ""
