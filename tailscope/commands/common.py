@@ -145,3 +145,13 @@ def say(line: str) -> None:
     """Write one line to stderr (the compactor's messages)."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def query_failure(what: str, exc: Exception) -> str:
+    """The one line for a failed query: when a file it had listed is gone (compaction merged it and the grace
+    passed, or retention removed its hour while the query ran), say so and what to do, not DuckDB's words."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "No files found that match" in first or "No such file or directory" in first:
+        return (f"{what} failed: the store changed under it (a file it had listed was removed by compaction or "
+                f"retention meanwhile); run it again ({first})")
+    return f"{what} failed: {first}"

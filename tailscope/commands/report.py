@@ -22,6 +22,7 @@ from tailscope.commands.common import (
     err_console,
     errors_as_messages,
     fail,
+    query_failure,
     store_path,
     write_through,
 )
@@ -114,7 +115,7 @@ def report(
                                       include_failures=not ok_only, sampling_policy=sampling_policy.value)
                 seen = coverage.result()
         except duckdb.Error as exc:
-            fail(f"report failed: {str(exc).splitlines()[0]}")
+            fail(query_failure("report", exc))
         finally:
             con.close()
     _print(result, as_json)

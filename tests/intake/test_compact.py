@@ -161,14 +161,18 @@ def test_a_full_disk_leaves_the_segments_and_retries_later(tmp_path: Path, monke
     assert rows(tmp_path) == before
 
 
+#: the command on segments just written: settled at once, merged segments deleted at the next run
+NOW_OPTIONS = ("--compact-grace-s", "0", "--compact-quiet-s", "0")
+
+
 def test_compact_command(tmp_path: Path) -> None:
     write_segments(tmp_path, random.Random(8), 20)
     before = keys(tmp_path)
-    result = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), "--compact-grace-s", "0", "--compact-quiet-s", "0"])
+    result = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), *NOW_OPTIONS])
     assert result.exit_code == 0, result.output
     assert "merge(s) of 20 segments" in result.output and "now 1 segment(s) in 1 hour(s)" in result.output
     assert keys(tmp_path) == before
-    result = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), "--compact-grace-s", "0", "--compact-quiet-s", "0"])
+    result = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), *NOW_OPTIONS])
     assert "0 merge(s)" in result.output and "20 merged segment(s) deleted" in result.output
     assert len(list((tmp_path / "spans").rglob("*.parquet"))) == 1
     bad = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), "--retain", "3 days"])
