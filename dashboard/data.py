@@ -221,10 +221,11 @@ class Workbench:
         return True
 
     def refresh_if_gone(self) -> bool:
-        """Refresh when a materialized file `req` reads was removed (superseded, then swept after its grace
-        period): a dashboard left open that long would otherwise fail to read it. True when refreshed."""
+        """Refresh when a materialized file `req` reads, or a segment the views read, was removed (superseded
+        or merged by compaction, then deleted after its grace period; or its hour removed by retention): a
+        dashboard left open that long would otherwise fail to read it. True when refreshed."""
         snap = self.snap
-        if snap is not None and any(not f.exists() for f in snap.fresh.values()):
+        if snap is not None and any(not f.exists() for f in (*snap.fresh.values(), *snap.segments)):
             return self.refresh()
         return False
 

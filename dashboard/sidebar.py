@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from analysis.store_status import store_status, summary_line
 from dashboard import data
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ def _live_controls(db: data.Bench) -> None:
 
         _tick()
     st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s):%H:%M:%S}")
+    if not data.on_clickhouse(db):  # how the store is (segments, compaction lag, retention): the listing only
+        st.caption(summary_line(store_status(db.store, footers=False)))
     note = db.loading_note()
     if note:
         st.caption(f":material/hourglass_top: {note}")

@@ -37,6 +37,7 @@ EXTRAS: dict[str, str] = {
     "report": "analysis",
     "collect": "collect",
     "compact": "collect",
+    "store": "analysis",
     "dashboard": "dashboard",
     "demo": "all",
     "watch": "analysis",
