@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from intake.compact.merge import Policy
+from intake.compact.policy import Policy
 from intake.compact.retention import Retention, parse_duration
 from tracing.settings import Setting, SettingsTable
 

@@ -27,7 +27,7 @@ from intake.collect.http import HttpServer
 from intake.collect.intake import Intake
 from intake.collect.journal import Journal
 from intake.collect.recovery import Replayed, remove_dead_temp_files, replay_journals
-from intake.compact import Compactor, make_compactor, start_background
+from intake.compact.merge import Compactor, make_compactor, start_background
 from intake.engines import normalize
 from intake.otlp import base_from_columns, new_builder, promote
 from intake.recognition import Recognition, recognise

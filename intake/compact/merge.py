@@ -28,16 +28,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from intake.compact import retention as R
+from intake.compact.policy import Policy
 from tracing import schema as S
 from tracing.errors import StoreError
 from tracing.store import (
@@ -58,35 +62,12 @@ from tracing.store import (
     write_options,
 )
 
-MIB = 1 << 20
 #: The lock file a compactor holds (flock) while it works on a store.
 LOCK_NAME = ".compact.lock"
 
 
 class CompactorBusy(StoreError):
     """Another process compacts this store already."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How the compactor shapes an hour (the `compact_*` settings of intake.collect.config.COLLECT)."""
-
-    fan_in: int = 8
-    target_bytes: int = 64 * MIB
-    settle_s: float = 300.0
-    quiet_s: float = 60.0
-    grace_s: float = 600.0
-    row_group_spans: int = 65_536
-    retry_s: float = 30.0
-    durable: bool = True
-
-    def __post_init__(self) -> None:
-        if self.fan_in < 2:
-            raise ValueError(f"compact fan-in must be at least 2, got {self.fan_in}")
-        if self.target_bytes <= 0 or self.row_group_spans <= 0:
-            raise ValueError("compact target size and row group spans must be positive")
-        if min(self.settle_s, self.quiet_s, self.grace_s, self.retry_s) < 0:
-            raise ValueError("compact times must be >= 0")
 
 
 @dataclass
@@ -436,3 +417,20 @@ class Compactor:
         if COMPACTED.match(path.name):
             path.with_suffix(RECORD_SUFFIX).unlink(missing_ok=True)
         return n
+
+
+def make_compactor(store: Path, policy: Policy, keep: R.Retention, *, say: Callable[[str], None],
+                   on_removed: Callable[[int], None] | None = None,
+                   extra_bytes: Callable[[int], int] | None = None, merge: bool = True) -> Compactor:
+    """A compactor of `store` that also applies `keep` at every pass (`on_removed(hour_ns)` after each hour
+    removed; `extra_bytes(hour_ns)`: the bytes of an hour's materialized requests, counted toward the size limit)."""
+    apply = partial(R.apply, store, keep, on_removed=on_removed, extra_bytes=extra_bytes) if keep.active else None
+    return Compactor(store, policy, say=say, retention=apply, retention_text=keep.describe(), merge=merge)
+
+
+def start_background(compactor: Compactor, every_s: float) -> tuple[threading.Thread, threading.Event]:
+    """Run `compactor` pass after pass on a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=compactor.run, args=(stop, every_s), name="tailscope-compact", daemon=True)
+    thread.start()
+    return thread, stop

@@ -25,7 +25,7 @@ def compact(store: StoreOption = None, **options: Any) -> None:
     listed them may finish) and are deleted by a later run. A running `tailscope collect`
     compacts its store already (one compactor per store).
     """
-    from intake.compact import make_compactor
+    from intake.compact.merge import make_compactor
 
     try:
         config = CollectConfig(store=store_path(store), **setting_values(COLLECT, options))

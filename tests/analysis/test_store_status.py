@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from analysis.store_status import store_status
-from intake.compact import Compactor, Policy
+from intake.compact.merge import Compactor, Policy
 from tailscope.cli import app
 from tests.factory import T0
 from tests.intake.compact_helpers import write_segments

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from intake.compact import Compactor, CompactorBusy, Policy
+from intake.compact.merge import Compactor, CompactorBusy, Policy
 from tailscope.cli import app
 from tests.intake.compact_helpers import keys, rows, write_segments
 from tracing.store import HOUR_NS, QUARANTINE_DIR, hour_dirs, init_store, list_hour, segment_level

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from intake.compact import Compactor, Policy
+from intake.compact.merge import Compactor, Policy
 from tests.intake.collect_helpers import ROOT
 from tests.intake.compact_helpers import keys, rows, write_segments
 from tracing.store import init_store, segment_files
@@ -21,7 +21,7 @@ GRACE_S = 3.0  # longer than a reader's list-then-read; the trials delete merged
 #: the child: imports done, it says so, then one compaction pass (fan-in 4, so a pass commits several merges)
 CHILD = ("import sys, time\n"
          "from pathlib import Path\n"
-         "from intake.compact import Compactor, Policy\n"
+         "from intake.compact.merge import Compactor, Policy\n"
          "c = Compactor(Path(sys.argv[1]), Policy(fan_in=4, quiet_s=0, grace_s=float(sys.argv[2]), "
          "target_bytes=1 << 20))\n"
          "c.acquire()\n"
