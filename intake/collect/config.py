@@ -157,7 +157,7 @@ class CollectSettings(SettingsTable):
         int, 65_536, "Spans per Parquet row group in compacted segments (sorted by start time, so a time range "
         "reads only the row groups it meets).")
     compact_every_s: Setting[float] = Setting(
-        float, 2.0, "Seconds between two compaction passes over the store.")
+        float, 0.5, "Seconds between two compaction passes over the store.")
     retain: Setting[str] = Setting(
         str, "", "Remove spans, a whole hour at a time and oldest first, once their hour ended this long ago "
         "(e.g. 72h, 3d, 2w), with the hour's materialized requests. Empty: keep everything.", option="--retain")
