@@ -25,6 +25,7 @@ SMALL: dict[str, list[str]] = {
     "bench_collect": ["--quick", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "8"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
+    "bench_compact": ["--exports", "200"],
 }
 
 

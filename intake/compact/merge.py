@@ -25,6 +25,7 @@ write that fails (a full disk) removes its temporary, keeps the inputs, and is r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -62,6 +63,10 @@ from tracing.store import (
     write_options,
 )
 
+#: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
+CATCH_UP = 8
+#: Niceness added to the compaction thread (Linux: per thread), so the receiver's threads come first on a busy CPU.
+NICE = 10
 #: The lock file a compactor holds (flock) while it works on a store.
 LOCK_NAME = ".compact.lock"
 
@@ -206,7 +211,11 @@ class Compactor:
             tmp.unlink(missing_ok=True)
 
     def run(self, stop: Any, every_s: float = 2.0) -> None:
-        """Pass after pass until `stop` (a threading.Event) is set; a failure is one line, then the next pass."""
+        """Pass after pass until `stop` (a threading.Event) is set; a failure is one line, then the next pass.
+
+        Runs at a lower CPU priority than the rest of the process where the platform allows it per thread."""
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + NICE)
         while not stop.is_set():
             try:
                 self.run_once()
@@ -281,7 +290,10 @@ class Compactor:
         for level in sorted(by_level):
             files = sorted(by_level[level], key=lambda f: (stats[f].st_mtime, f.name))
             if len(files) >= self.policy.fan_in:
-                return self._fill(files[:self.policy.fan_in], stats)
+                # fan_in at a time; after a backlog (segments that landed during a long merge) all of the level's
+                # whole groups at once, up to CATCH_UP groups: one merge catches up instead of several passes
+                groups = min(len(files) // self.policy.fan_in, CATCH_UP)
+                return self._fill(files[:groups * self.policy.fan_in], stats)
         return []
 
     def _fill(self, files: list[Path], stats: dict[Path, os.stat_result]) -> list[Path]:
