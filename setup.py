@@ -5,7 +5,7 @@
 - `analysis._replay`: a plain C library loaded with ctypes, two kernels: the FIFO k-server replay
   of the capacity curve (without it `analysis.capacity` replays in Python: the same numbers,
   about ten times slower) and the critical-path sweep of one hour's build
-  (`analysis.materialize.build_hour`; without it the model's SQL builds the same rows, about
+  (`analysis.engine.materialize.build_hour`; without it the model's SQL builds the same rows, about
   twice the CPU).
 
 Everything else about the package is in pyproject.toml. Without a compiler (or Python's

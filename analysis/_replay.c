@@ -6,9 +6,9 @@
  * server free time): a binary min-heap of the servers' free times, O(n log k). Returns 0, or -1 on
  * bad arguments.
  *
- * critical_path(...): the critical-path sweep of the request model (analysis.model: the relations
+ * critical_path(...): the critical-path sweep of the request model (analysis.engine.model: the relations
  * l1w, l2, l2w, info, parts and stage_ns of chain_ctes) over one hour's request spans and stage
- * spans, for analysis.materialize.build_hour. The SQL of analysis.model is the definition; this is
+ * spans, for analysis.engine.materialize.build_hour. The SQL of analysis.engine.model is the definition; this is
  * the same computation written as loops, and tests/analysis/test_materialize.py compares the two
  * row for row on thousands of random traces.
  *

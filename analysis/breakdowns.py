@@ -3,11 +3,11 @@ peak concurrency, and the values of each dimension.
 
 Every function reads `source` (the `requests` view by default, or any table / view with its
 columns, such as a filtered copy) and takes an optional SQL condition `where` with its
-`params`. Percentiles follow the one convention of analysis.percentiles (`quantile_cont`);
+`params`. Percentiles follow the one convention of analysis.engine.percentiles (`quantile_cont`);
 with sampled traces (some `adjusted_count` other than 1 among the rows) they are its weighted
 quantiles and the `*_weighted` counts say how many requests the stored ones stand for; where
 every weight is 1 the unweighted SQL runs, so nothing changes. Token buckets are the report's
-(analysis.explain.bucket_bounds: [2^k, 2^(k+1) - 1], and 0 alone), labelled the same way (`1024-2047`).
+(analysis.stats.explain.bucket_bounds: [2^k, 2^(k+1) - 1], and 0 alone), labelled the same way (`1024-2047`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Final
 import duckdb
 import polars as pl
 
-from analysis.explain import bucket_hi_sql, bucket_lo_sql
-from analysis.percentiles import (
+from analysis.engine.percentiles import (
     MIN_TAIL,
     QUANTILES,
     metric_column,
@@ -28,6 +27,7 @@ from analysis.percentiles import (
     weighted_quantiles_sql,
     weighted_window_sql,
 )
+from analysis.stats.explain import bucket_hi_sql, bucket_lo_sql
 from tracing import schema as S
 
 #: A replica is an outlier when its p99 is more than OUTLIER_MADS robust deviations

@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import breakdowns as B
+from analysis.engine.percentiles import parse_time
 from analysis.kernel import load_kernel
-from analysis.percentiles import parse_time
 from analysis.whatif import peak_concurrency, read_observed, simulate
 
 I64 = npt.NDArray[np.int64]

@@ -9,7 +9,7 @@
   SQL by the rules of tracing/rows.py, so a table tailscope never wrote reads the same as a
   store. Both exporter spellings of the enums are read (`Server` and, before
   opentelemetry-collector-contrib PR #34799 of Aug 2024, `SPAN_KIND_SERVER`).
-- `requests_sql` / `facts_sql` / `with_views`: the request model (analysis.model) generated
+- `requests_sql` / `facts_sql` / `with_views`: the request model (analysis.engine.model) generated
   for the CLICKHOUSE dialect over that source.
 - `requests_mv_ddl` / `coverage` / `requests_facts`: the materialized `tailscope_requests`, which
   refreshed intervals of it may be read as they are, and the requests of a range read from it
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import unquote, urlsplit
 
-from analysis import model as M
-from analysis import percentiles as P
+from analysis.engine import model as M
+from analysis.engine import percentiles as P
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import MissingExtra, QueryError, TailscopeError
@@ -305,7 +305,7 @@ def replica_sql(resource: str, keys: tuple[str, ...] | None = None) -> str:
 
 
 def first_sql(attrs: str, keys: tuple[str, ...]) -> str:
-    """`rows._first`: the first non-empty value among `keys`, else NULL."""
+    """`rows.first_attr`: the first non-empty value among `keys`, else NULL."""
     arms = [x for k in keys for x in (f"{_get(attrs, k)} != ''", _get(attrs, k))]
     return f"multiIf({', '.join(arms)}, NULL)"
 
@@ -317,7 +317,7 @@ _FLOAT_RE: Final = f"^[+-]?({_DIGITS}(\\.({_DIGITS})?)?|\\.{_DIGITS})([eE][+-]?{
 
 
 def int_or_none_sql(text: str) -> str:
-    """`rows._int_or_none`: an integer string, else a finite float truncated, within int64, else NULL."""
+    """`rows.attr_int`: an integer string, else a finite float truncated, within int64, else NULL."""
     s = f"replaceRegexpAll({text}, {M.quote(f'^{_WS}+|{_WS}+$')}, '')"
     plain = f"replaceAll({s}, '_', '')"
     f = f"toFloat64OrNull({plain})"
@@ -463,7 +463,7 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     """Run the request model on the server into the session's temporary table `name`; returns `name`.
 
     The model's relations run one by one into temporary tables (ClickHouse plans the long WITH
-    chain of analysis.model far slower than it runs it). `where` narrows the spans read (over
+    chain of analysis.engine.model far slower than it runs it). `where` narrows the spans read (over
     the otel_traces columns, e.g. a Timestamp range), `request_where` the request spans (over the
     model's span columns, e.g. TimestampNs). With `columns` free of stage columns the
     critical-path sweep is skipped (request facts). Nothing outside the session is written.
@@ -482,7 +482,7 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
 
 def recognition_counts(client: Client, table: str = DEFAULT_TABLE) -> tuple[int, int, dict[str, int]]:
     """(spans, request spans, request spans by `tailscope.engine`) of `table`, counted on the server: the
-    coverage line of `tailscope report`, as analysis.connect.request_engines counts a store."""
+    coverage line of `tailscope report`, as analysis.engine.connect.request_engines counts a store."""
     src = source_sql(table)
     row = client.query(f"SELECT count() AS spans, countIf(IsRequest) AS requests FROM {src}").to_pylist()[0]
     key = M.quote(S.ATTR_ENGINE)
@@ -534,7 +534,7 @@ def requests_fingerprint(table: str = DEFAULT_TABLE) -> str:
 
 def reach_ns(lo_ns: int, hi_ns: int) -> tuple[int, int]:
     """The span start times the requests starting in [lo, hi) may read: from the hour before lo's hour to the end
-    of the hour after (hi - 1)'s (analysis.model.READ_HOURS)."""
+    of the hour after (hi - 1)'s (analysis.engine.model.READ_HOURS)."""
     return (lo_ns // _H) * _H - _H, ((hi_ns - 1) // _H) * _H + 2 * _H
 
 

@@ -16,13 +16,13 @@ import duckdb
 import polars as pl
 
 from analysis import breakdowns as B
-from analysis import model as M
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
 from analysis.clickhouse import DEFAULT_TABLE, Client, arrays_sql, kish_sql, literal, quantile_sql, source_sql
 from analysis.clickhouse_report import _Fetcher
-from analysis.percentiles import QUANTILES, metric_column
+from analysis.engine import model as M
+from analysis.engine.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
 #: Span columns a waterfall reads (the request model's inputs and what it lists); Events and Links stay behind.

@@ -21,8 +21,8 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import model as M
 from analysis.clickhouse import Client, check_table_name, literal, otel_traces_ddl, outcome_sql, promoted_sql
+from analysis.engine import model as M
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 

@@ -1,9 +1,9 @@
 """`tailscope report` on ClickHouse: the request model runs on the server, little comes back.
 
-1. The request facts (analysis.model, CLICKHOUSE dialect) are put on the server into a session
+1. The request facts (analysis.engine.model, CLICKHOUSE dialect) are put on the server into a session
    temporary table, for the range asked: read from the materialized `tailscope_requests` where
    analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
-2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
+2. Detection (analysis.stats.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
    value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
@@ -32,13 +32,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis import explain as X
-from analysis import model as M
 from analysis import neighbours as N
-from analysis import percentiles as P
 from analysis import report as RP
-from analysis import sampling as SM
-from analysis import spikes as SP
 from analysis.clickhouse import (
     DEFAULT_TABLE,
     Client,
@@ -51,9 +46,14 @@ from analysis.clickhouse import (
     span_where,
     temp_table,
 )
-from analysis.connect import _duck_type
-from analysis.percentiles import metric_column, parse_time
-from analysis.spikes import Detection, Spike
+from analysis.engine import model as M
+from analysis.engine import percentiles as P
+from analysis.engine.connect import _duck_type
+from analysis.engine.percentiles import metric_column, parse_time
+from analysis.stats import explain as X
+from analysis.stats import sampling as SM
+from analysis.stats import spikes as SP
+from analysis.stats.spikes import Detection, Spike
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -571,7 +571,7 @@ class _Fetcher:
 
 def choose_window_s(client: Client, facts: str, since_ns: int | None = None, until_ns: int | None = None,
                     where: str = "TRUE") -> int:
-    """analysis.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
+    """analysis.engine.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
     first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n FROM {facts} "
                                   f"WHERE {_in_range(since_ns, until_ns)} AND ({where})").to_pylist()[0].values()
     start = since_ns if since_ns is not None else (first or 0)
@@ -584,7 +584,7 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
                       since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                       include_failures: bool = True, *, facts: str | None = None,
                       where: str = "TRUE", materialized: bool = True) -> pl.DataFrame:
-    """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
+    """`analysis.engine.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
     `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q); on a
     sampled table the weighted quantiles (clickhouse.wq_sql), weighted counts and Kish's effective count

@@ -21,7 +21,7 @@ The sweep is SQL over the documented `spans` view: window functions over the int
 boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
 request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
 Python loop over rows. Three pieces are dialect-specific
-(`DIALECTS`: integer division, the next boundary, the grid's cells); the rest is plain SQL
+(analysis.engine.dialect: integer division, the next boundary, the grid's cells); the rest is plain SQL
 (joins, CASE, sum/min/max, window sums). `clickhouse_gpu_shares` runs the ClickHouse text on
 an otel_traces-shaped table (tested in chdb against the DuckDB sweep, weighted and not).
 """
@@ -40,8 +40,9 @@ import duckdb
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis import model as M
-from analysis.percentiles import (
+from analysis.engine import dialect as D
+from analysis.engine import model as M
+from analysis.engine.percentiles import (
     in_range_sql,
     iso,
     parse_time,
@@ -70,18 +71,6 @@ PRICE_FILE: Final = "prices.toml"
 TAIL_Q: Final = 0.99
 NS_PER_HOUR: Final = 3_600_000_000_000
 
-#: Dialect-specific pieces of the sweep SQL: integer division, the next boundary, a series of grid edges.
-DIALECTS: Final[dict[str, dict[str, str]]] = {
-    "duckdb": {"idiv": "({a} // {b})",
-               "next": "lead({x}) OVER (PARTITION BY {p} ORDER BY {o})",
-               "cells": ", LATERAL (SELECT unnest(range({lo}, {hi}, $grid)) AS {name})"},
-    "clickhouse": {"idiv": "intDiv({a}, {b})",
-                   "next": "leadInFrame(toNullable({x}), 1, NULL) OVER (PARTITION BY {p} ORDER BY {o} "
-                           "ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)",
-                   "cells": " ARRAY JOIN range({lo}, {hi}, $grid) AS {name}"},
-}
-
-
 def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = False,
               spans: str = "spans") -> dict[str, str]:
     """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
@@ -96,17 +85,16 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
     bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
     allocated_ns, cold_start_ns, idle_ns).
     """
-    d = DIALECTS[dialect]
-    dialect_of = M.CLICKHOUSE if dialect == "clickhouse" else M.DUCKDB
+    d = D.dialect(dialect)
 
     def idiv(a: str, b: str) -> str:
-        return d["idiv"].format(a=a, b=b)
+        return f"({d.int_div(a, b)})"
 
     gpu_list = ", ".join(f"'{s}'" for s in GPU_STAGES)
     bucket = idiv("t", "$grid") + " * $grid" if grid else "0"
     steps: dict[str, str] = {}
     if weighted:  # a request's adjusted count (the largest of its request spans', should a store hold two)
-        steps["_cost_req"] = (f"SELECT TraceId, SpanId, max({M.stored_adjusted_count(dialect_of)}) AS w "
+        steps["_cost_req"] = (f"SELECT TraceId, SpanId, max({M.stored_adjusted_count(d)}) AS w "
                               f"FROM {spans} WHERE IsRequest GROUP BY TraceId, SpanId")
     else:
         steps["_cost_req"] = f"SELECT DISTINCT TraceId, SpanId FROM {spans} WHERE IsRequest"
@@ -161,7 +149,7 @@ WHERE o.replica IN (SELECT replica FROM _cost_st)
   AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY).replace("{spans}", spans)
     grid_events = ""
     if grid:
-        cells = d["cells"].format(lo=idiv("o.first_ns", "$grid") + " * $grid + $grid", hi="o.last_ns", name="t")
+        cells = d.grid_cells(idiv("o.first_ns", "$grid") + " * $grid + $grid", "o.last_ns", "t")
         grid_events = f"""
 UNION ALL
 SELECT o.replica AS replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
@@ -185,7 +173,7 @@ UNION ALL SELECT replica, first_ns, 0, 0, NULL, 0.0 FROM _cost_observed
 UNION ALL SELECT replica, last_ns, 0, 0, NULL, 0.0 FROM _cost_observed{grid_events.replace("NULL FROM", no_weight)}"""
         nw = ",\n       sum(sum(dw)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nw"
     # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
-    nxt = d["next"].format(x="t", p="replica", o="t")
+    nxt = d.lead("t", "replica", "t")
     steps["_cost_segs"] = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
        sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
@@ -203,7 +191,7 @@ FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS
              CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {remainder} ELSE 0 END AS r
       FROM _cost_segs)"""
     if grid:
-        cells = d["cells"].format(lo=idiv("i.s", "$grid") + " * $grid", hi="i.e", name="b0")
+        cells = d.grid_cells(idiv("i.s", "$grid") + " * $grid", "i.e", "b0")
         steps["_cost_pieces"] = f"""
 SELECT i.replica AS replica, i.rid AS rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
 FROM _cost_islands i{cells}"""
@@ -445,7 +433,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     requests, tokens and the p99 tail are those of the requests that start in [since, until).
     Request columns come from `facts` (a table with the `requests` view's trace_id, span_id, start_ns,
     e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
-    analysis.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
+    analysis.engine.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")

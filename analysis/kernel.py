@@ -1,7 +1,7 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
 One library, two functions: `fifo_replay` (the capacity curve's FIFO k-server replay, analysis.capacity)
-and `critical_path` (one hour's critical-path sweep, analysis.materialize). Their signatures are declared
+and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize). Their signatures are declared
 here, beside the loading; without the library (no C compiler at install) both callers run in Python/SQL.
 """
 

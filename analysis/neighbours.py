@@ -10,7 +10,7 @@ slower than the baseline p99), for every tenant:
 
 A tenant's concurrency *rose* when its admitted share grew at least `RISE`-fold, the
 binomial over-representation bound of its admitted count is below ALPHA / tenants
-(analysis.explain's guard), and its GPU share grew too. The tenant with the largest
+(analysis.stats.explain's guard), and its GPU share grew too. The tenant with the largest
 admitted-share ratio among those is named. Victims: other tenants with at least
 MIN_SUPPORT tail requests of which most waited in the queue for more than half their
 latency. The sentence says "tenant X's burst pushed tenant Y's queue" only when there are
@@ -18,7 +18,7 @@ victims; when the tail is the bursting tenant's own requests it says so instead.
 Nothing is said (None) when queue_wait does not lead or no tenant's concurrency rose.
 
 Sampled traces: admitted shares weigh each request's adjusted count and the binomial bound
-reads the weighted share on the effective count (as analysis.explain.contrast); GPU shares are
+reads the weighted share on the effective count (as analysis.stats.explain.contrast); GPU shares are
 the weighted fair share (analysis.cost); the tail's own share and a victim's queued share are
 weighted. Support stays a count of kept requests. Where every weight is 1 the unweighted computation runs.
 """
@@ -31,10 +31,10 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis import explain as X
-from analysis.percentiles import facts_by_rid
-from analysis.sampling import weight_of
-from analysis.spikes import Detection, Spike
+from analysis.engine.percentiles import facts_by_rid
+from analysis.stats import explain as X
+from analysis.stats.sampling import weight_of
+from analysis.stats.spikes import Detection, Spike
 
 #: queue_wait must hold at least this share of the spike's stage excess.
 QUEUE_SHARE: Final = 0.5

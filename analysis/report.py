@@ -25,10 +25,8 @@ import numpy as np
 import polars as pl
 from rich.console import Console
 
-from analysis import explain as X
 from analysis import neighbours as N
-from analysis import sampling as SM
-from analysis.percentiles import (
+from analysis.engine.percentiles import (
     ANY_WEIGHTED_SQL,
     auto_window_s,
     facts_by_rid,
@@ -41,7 +39,9 @@ from analysis.percentiles import (
     source_columns,
     weight_column,
 )
-from analysis.spikes import Detection, Spike, detect
+from analysis.stats import explain as X
+from analysis.stats import sampling as SM
+from analysis.stats.spikes import Detection, Spike, detect
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -379,7 +379,7 @@ def build_report(
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
     `source` (a table or view name, or a parenthesised query) holds the requests to analyse,
-    with the request-fact columns of `analysis.percentiles.request_facts` (trace_id, start_ns,
+    with the request-fact columns of `analysis.engine.percentiles.request_facts` (trace_id, start_ns,
     e2e_ns, status, the DIMENSIONS, and ttft_ns / tpot_ns for those metrics); by default the
     facts of the whole store. Stage shares are always read from the connection's `spans`.
     `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).

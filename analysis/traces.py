@@ -1,7 +1,7 @@
 """Single requests: the slowest ones, lookup by trace id, and one trace's waterfall with its critical path.
 
 `waterfall(con, trace_id)` lists every span of a trace with the stretches it holds on its
-request's critical path, by the rule of the `requests` view (analysis/views.py): its
+request's critical path, by the rule of the `requests` view (analysis/engine/views.py): its
 level-1 and level-2 stage stretches, a parent stage owning its stretch minus its
 children's, and a yielding stage (streaming) only the instants no working stage holds.
 Per stage, the stretches sum to the view's stage columns (tests/analysis/test_traces.py).
@@ -14,8 +14,8 @@ from typing import Final
 import duckdb
 import polars as pl
 
-from analysis.model import span_stretches
-from analysis.percentiles import metric_column, quote_ident
+from analysis.engine.model import span_stretches
+from analysis.engine.percentiles import metric_column, quote_ident
 from tracing import schema as S
 
 #: Prefix of the temp objects a waterfall creates (views over one trace's spans).

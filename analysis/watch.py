@@ -3,7 +3,7 @@
 One evaluation per closed window (`Watcher.tick`): the window's requests join a buffer of
 the last `lookback` windows, and
 
-- tail spike: `analysis.spikes.detect` runs on the buffer; while the newest window is part
+- tail spike: `analysis.stats.spikes.detect` runs on the buffer; while the newest window is part
   of a significant spike (p99 up, p50 flat) the alert fires, with the report's explanation
   (`analysis.report.explain_spikes`: stage shares, the top dimension and its counterfactual,
   exemplar trace ids). It resolves on the first evaluated window that is not;
@@ -16,7 +16,7 @@ and ended by then: a live watch (`run_live`) and a backtest (`replay`) see the s
 so the replay prints exactly what the live watch would have fired. Percentiles follow the
 project convention (`quantile_cont`, failures included); each alert carries its counts.
 Sampled traces: each request weighs its adjusted count (`adjusted_count`) in the spike
-detection, the rule percentiles (analysis.percentiles' weighted quantile, low-sample on the
+detection, the rule percentiles (analysis.engine.percentiles' weighted quantile, low-sample on the
 effective count), the error rate and the burn rate; where every weight is 1 the unweighted
 computation runs, bit for bit.
 
@@ -47,8 +47,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis import explain as X
-from analysis.percentiles import (
+from analysis.engine.percentiles import (
     GROUP_COLUMNS,
     MIN_TAIL,
     effective_count,
@@ -57,9 +56,10 @@ from analysis.percentiles import (
     request_facts,
     weighted_quantile_sorted,
 )
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.report import explain_spikes
-from analysis.spikes import Detection, Spike, detect
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.stats import explain as X
+from analysis.stats.spikes import Detection, Spike, detect
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError
 from tracing.store import list_hour, require_store
@@ -705,7 +705,7 @@ def alerts_frame(store: Path | str, since_ns: int | None = None, until_ns: int |
 
 
 def _parse_ns(text: str) -> int:
-    from analysis.percentiles import parse_time
+    from analysis.engine.percentiles import parse_time
     return int(parse_time(text) or 0)
 
 

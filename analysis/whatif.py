@@ -34,8 +34,8 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
-from analysis.percentiles import parse_time, request_source, weight_where
-from analysis.spikes import quantile_sorted
+from analysis.engine.percentiles import parse_time, request_source, weight_where
+from analysis.stats.spikes import quantile_sorted
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]

@@ -1,7 +1,11 @@
-"""Time building one hour's request file (analysis.materialize.build_hour) against a plain spans scan.
+"""Time building one hour's request file (analysis.engine.materialize.build_hour) against a plain spans scan.
 
     python -m benchmarks.bench_build_hour --store STORE [--threads 2] [--repeat 2] [--save DIR] [--check DIR]
                                           [--sweep c|sql|both]
+    python -m benchmarks.bench_build_hour --spans 2000000 [--dir DIR] [...]   # benchmarks.synthetic's store
+
+`--store` measures a store as it is; `--spans` builds (or reuses by fingerprint, benchmarks.inputs) the
+synthetic store, two hours of spans.
 
 In one process, alternating: the anchor `SELECT Replica, quantile_cont(Duration, 0.99) FROM spans
 GROUP BY 1` over every span of the store, then each hour's build (it reads its hour and both
@@ -16,10 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import duckdb
+
+from benchmarks.inputs import prepare
+from benchmarks.synthetic import make_store
 
 ANCHOR = "SELECT Replica, quantile_cont(Duration, 0.99) FROM spans GROUP BY 1"
 
@@ -36,17 +44,26 @@ def _cpu() -> float:
 def main(argv: list[str] | None = None) -> None:
     """Build every hour of --store --repeat times beside the anchor; print one JSON line per run."""
     from analysis import connect
-    from analysis.materialize import build_hour, load_sweep, snapshot
+    from analysis.engine.materialize import build_hour, load_sweep, snapshot
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--store", required=True)
+    parser.add_argument("--store", default=None, help="a store already built, measured as it is")
+    parser.add_argument("--spans", type=int, default=None,
+                        help="instead of --store: benchmarks.synthetic's store of this many spans under --dir")
+    parser.add_argument("--dir", default=None, help="with --spans: where the store lives (default: a temp dir)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--save", default=None)
     parser.add_argument("--check", default=None)
     parser.add_argument("--sweep", choices=("c", "sql", "both"), default="c")
     args = parser.parse_args(argv)
-    store = Path(args.store)
+    if (args.store is None) == (args.spans is None):
+        parser.error("give --store STORE, or --spans N to build the synthetic store")
+    if args.store:
+        store = Path(args.store)
+    else:  # by fingerprint (benchmarks.inputs): request hours an earlier run built are removed
+        store = Path(args.dir or tempfile.mkdtemp(prefix="bench-build-hour-")) / f"store-{args.spans}"
+        prepare(store, make_store, spans=args.spans)
     con = connect(store, threads=args.threads, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false")
     bcon = duckdb.connect(":memory:")

@@ -1,8 +1,11 @@
 """Benchmark of `report --engine clickhouse` in chdb against the same report in DuckDB, same run, same spans.
 
-The store is benchmarks.bench_report's synthetic one (7 spans per request, 16 replicas over two
-hours, one slow-replica spike). It is exported into an otel_traces table in chdb (the embedded
-ClickHouse), then the report runs on both engines; the two reports must be equal.
+The store is benchmarks.synthetic's (7 spans per request, 16 replicas over two hours, one slow-replica
+spike), built or reused under --dir by its fingerprint (benchmarks.inputs), with no request hour
+materialized: the DuckDB report (the anchor) computes its requests from the spans, as the chdb report
+does. It is exported into an otel_traces table in chdb (the embedded ClickHouse), then the report runs
+on both engines; the two reports must be equal. --keep-export reuses an export only when it was made
+from this very store by the running export code (its stamp says so), with every other table dropped.
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
                                           [--fixed-spike] [--sampled] [--profile-export] [--materialized] [--json]
@@ -15,7 +18,10 @@ million spans), so the spike (15 minutes of one replica) and the windows (the 1 
 to both reports) stay the same while the table grows: what the chdb report pulls should not grow.
 With --dashboard also the dashboard's first Overview on each engine: opening (the store's
 Workbench load; on chdb the request model into the session) and the Overview's data calls
-(summary, three percentile series, the report), with the bytes chdb returned for them.
+(summary, three percentile series, the report), with the bytes chdb returned for them. Those calls
+are cold as far as tailscope goes: the Workbench's background threads (critical paths, prewarm) are
+joined first, then Streamlit's query cache (`st.cache_data`) is cleared; the OS page cache is not
+(the files were just written or read), nor chdb's mark cache.
 With --sampled the chdb report reads a sampled copy of the exported table instead (SAMPLED_TABLE: three
 traces in four kept, two of them recording a 0.5 probability, `ot=th:8`, so the requests weigh 1 or 2 and
 the sampling is judged): the DuckDB report (the store, unsampled) stays the time anchor only, and the chdb
@@ -37,13 +43,16 @@ import hashlib
 import json
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from analysis.percentiles import auto_window_s
-from benchmarks.bench_report import DURATION_S, SPANS_PER_REQUEST, make_store
+from analysis.clickhouse_export import export_store
+from analysis.engine.percentiles import auto_window_s
+from benchmarks.inputs import clear, matches, prepare, read_stamp, record
+from benchmarks.synthetic import DURATION_S, SPANS_PER_REQUEST, make_store
 
 
 def _cpu_s() -> float:
@@ -83,12 +92,15 @@ class Counting:
 
 
 def _overview(db: Any) -> float:
-    """Seconds for the Overview's data calls (dashboard.data, uncached: a new data version each time)."""
+    """Seconds for the Overview's data calls (dashboard.data), with Streamlit's query cache cleared first."""
     import streamlit as st
 
     from dashboard import data
 
-    st.cache_data.clear()  # the store's background worker may have prewarmed the pages' calls
+    for thread in (getattr(db, "worker", None), getattr(db, "warmer", None)):
+        if thread is not None:  # a background prewarm would refill the cache while the calls are timed
+            thread.join()
+    st.cache_data.clear()
     f = data.Filters()
     t = time.perf_counter()
     key = (db, str(db.store), db.version)
@@ -222,30 +234,35 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         ) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
-    from analysis.clickhouse_export import export_store
     from analysis.clickhouse_report import build_report as ch_report
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report
 
     tag = f"{spans}-fixed" if fixed_spike else f"{spans}"
     store = root / f"store-{tag}"
-    out: dict[str, Any] = {"spans": spans, "export_s": None, "build_s": None}
-    if not store.exists():
-        t = time.perf_counter()
-        make_store(store, spans, duration_s=round(DURATION_S * spans / 1_000_000) if fixed_spike else DURATION_S)
-        out["build_s"] = round(time.perf_counter() - t, 2)
+    # the synthetic store by fingerprint (benchmarks.inputs): hours an earlier run materialized are removed, so the
+    # DuckDB report computes its requests from the spans, as the chdb report does
+    shape: dict[str, Any] = {"duration_s": round(DURATION_S * spans / 1_000_000)} if fixed_spike else {}
+    out: dict[str, Any] = {"spans": spans, "export_s": None, "build_s": prepare(store, make_store, spans=spans,
+                                                                                    **shape)}
     chdir = root / f"chdb-{tag}"
     # the 1 M store's automatic window (its request rate), the same at every size
     window = auto_window_s(1_000_000 // SPANS_PER_REQUEST, DURATION_S) if fixed_spike else None
-    if not (keep_export and chdir.exists()):
-        shutil.rmtree(chdir, ignore_errors=True)
+    exported = {"store_digest": (read_stamp(store) or {}).get("digest")}  # a new store means a new export
+    if keep_export and matches(chdir, export_store, **exported):
+        client = Counting(open_client(f"chdb:{chdir}"))
+        for row in client.inner.query("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                                      "AND name != 'otel_traces'").to_pylist():
+            client.inner.command(f"DROP TABLE IF EXISTS `{row['name']}`")  # what an earlier run derived from it
+        print(f"{chdir}: export reused (same store and export code); other tables dropped", file=sys.stderr)
+    else:
+        clear(chdir)
         client = Counting(open_client(f"chdb:{chdir}"))
         t, c = time.perf_counter(), _cpu_s()
         export_store(store, client.inner)
         out["export_s"] = round(time.perf_counter() - t, 2)
         out["export_cpu_s"] = round(_cpu_s() - c, 2)
-    else:
-        client = Counting(open_client(f"chdb:{chdir}"))
+        record(chdir, export_store, exported, manifest=False)  # chdb rewrites its parts: no file list
     out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
     out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
     con = connect(store)

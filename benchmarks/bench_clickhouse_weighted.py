@@ -56,8 +56,8 @@ def run(rows: int, root: Path) -> list[dict[str, Any]]:
     from analysis import breakdowns as B
     from analysis import clickhouse_breakdowns as CB
     from analysis import clickhouse_report as CR
-    from analysis import percentiles as P
     from analysis.clickhouse import open_client
+    from analysis.engine import percentiles as P
 
     inner = open_client(f"chdb:{root / f'chdb-{rows}'}")
     make_table(inner, rows)

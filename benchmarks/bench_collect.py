@@ -154,8 +154,8 @@ class Collector:
         return self.log.read_text()
 
     def stored(self) -> int:
-        """Spans in the store, counted through analysis.connect."""
-        from analysis.connect import connect
+        """Spans in the store, counted through analysis.engine.connect."""
+        from analysis.engine.connect import connect
 
         con = connect(self.store)
         try:
@@ -571,7 +571,9 @@ def forward_cost(total: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run every measurement and print figures and ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a short run")
+    ap.add_argument("--tiny", action="store_true", help="the smallest sizes that run every part (the test suite's "
+                    "smoke run: figures meaningless)")
     ap.add_argument("--receiver-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every receiver (repeat it), e.g. --receiver-arg=--journal-ms "
                          "--receiver-arg=0 to turn the journal off")
@@ -614,7 +616,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; work dir {work}")
         c = args.connections
-        sizes = [(50_000, 512, c)] if args.quick else [
+        sizes = [(2_048, 512, 2)] if args.tiny else [(50_000, 512, c)] if args.quick else [
             (100_000, 512, c), (400_000, 512, c), (1_000_000, 512, c),
             (400_000, 512, 8), (400_000, 64, c), (400_000, 4096, 8)]
         best = 0.0
@@ -635,12 +637,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['client_cpu_us_per_span']:>14.2f} {r['rss_mb']:>7.0f} "
                   f"{r['spans_per_group']:>11,.0f} {r['anchor_spans_per_s']:>9,.0f} {r['anchor_ratio']:>5.2f} "
                   f"{r['load']:>5.1f} {r['steal']:>5.1%}")
-        light = run_light_latency(work, n=50 if args.quick else 200)
+        light = run_light_latency(work, n=5 if args.tiny else 50 if args.quick else 200)
         print(f"\n2. added commit latency, one connection, 512-span requests one at a time: client p50 "
               f"{light['client_p50_ms']:.1f} ms, p99 {light['client_p99_ms']:.1f} ms; receiver submit-to-fsynced "
               f"p99 {light['server_commit_p99_ms']:.1f} ms")
-        n_req = 1500 if args.quick else 8000
-        enc = encode_rate(500 if args.quick else 2000)
+        n_req = 80 if args.tiny else 1500 if args.quick else 8000
+        enc = encode_rate(80 if args.tiny else 500 if args.quick else 2000)
         print(f"\n3. official exporters end to end (7 spans per request, 512-span batches, 2 threads); "
               f"encoder alone: {enc:,.0f} spans/s")
         for kind in ("http", "grpc"):
@@ -648,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"   OTLP/{kind:<4} exporter: {r['spans']:,.0f} spans in {r['seconds']:.2f} s = "
                   f"{r['spans_per_s']:,.0f} spans/s ({r['spans_per_s'] / enc:.2f} of the encoder's rate)")
         print("\n4. Arize Phoenix, same bodies, same client (4 connections)")
-        ph = run_phoenix(work, args.phoenix, 2_000 if args.quick else 10_000, 512) if args.phoenix \
+        ph = run_phoenix(work, args.phoenix, 2_000 if args.quick or args.tiny else 10_000, 512) if args.phoenix \
             else "not run (--phoenix '')"
         if isinstance(ph, str):
             print(f"   {ph}")

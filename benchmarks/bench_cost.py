@@ -1,8 +1,11 @@
 """Benchmark of `tailscope cost` and the capacity curve on bench_report's synthetic stores.
 
     python -m benchmarks.bench_cost [--spans 1000000,10000000] [--dir DIR] [--json]
+    python -m benchmarks.bench_cost --store STORE[,STORE...] [--json]   # stores already built, read as they are
 
-Per store, in a fresh process (DuckDB memory_limit 4GB): the anchor (DuckDB's plain
+The stores are built (or reused) as bench_report's are (benchmarks.inputs: by fingerprint), then their
+request hours are materialized, as `tailscope ingest` leaves a store. Per store, in a fresh process
+(DuckDB memory_limit 4GB): the anchor (DuckDB's plain
 p50/p99 of `Duration` per `SpanName` over the same Parquet files), the fair-share GPU-time
 sweep with the cost table (`cost_table`), the `requests` view copied into a table once (what
 the dashboard holds in memory; the replay needs each request's critical-path queue wait), the
@@ -23,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import _peak_rss_mib, _timed, anchor, bench_args, stores
+from benchmarks.bench_report import anchor, bench_args, materialize_in_child, peak_rss_mib, stores, timed
 
 
 def run_one(store: Path) -> dict[str, Any]:
@@ -38,7 +41,7 @@ def run_one(store: Path) -> dict[str, Any]:
 
     con = connect(store, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false").fetchall()
-    table, out["cost_table_s"], out["cost_table_cpu_s"] = _timed(
+    table, out["cost_table_s"], out["cost_table_cpu_s"] = timed(
         lambda: cost_table(con, by="tenant", prices=Prices(default=2.0)))
     tot = table["totals"]
     out["identity_holds"] = tot["allocated_ns"] + tot["cold_start_ns"] + tot["idle_ns"] == tot["observed_ns"]
@@ -49,10 +52,10 @@ def run_one(store: Path) -> dict[str, Any]:
 
     con = connect(store, memory_limit="4GB")
     con.execute("SET enable_progress_bar = false").fetchall()
-    _, out["requests_table_s"], out["requests_table_cpu_s"] = _timed(lambda: con.execute(
+    _, out["requests_table_s"], out["requests_table_cpu_s"] = timed(lambda: con.execute(
         "CREATE TABLE req AS SELECT * FROM requests").fetchall())
     con.execute("CREATE OR REPLACE TEMP VIEW requests AS SELECT * FROM req").fetchall()
-    w, out["workload_s"], out["workload_cpu_s"] = _timed(lambda: observed_workload(con))
+    w, out["workload_s"], out["workload_cpu_s"] = timed(lambda: observed_workload(con))
     out["requests"] = w.size
     out["slots_per_replica"] = w.slots
     out["observed_replicas"] = w.observed_replicas
@@ -64,29 +67,29 @@ def run_one(store: Path) -> dict[str, Any]:
     # the anchor of the curve: every count replayed, one per core (the curve before the zero-wait cut-off)
     every_w = fresh()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        every, out["every_count_replayed_s"], out["every_count_replayed_cpu_s"] = _timed(
+        every, out["every_count_replayed_s"], out["every_count_replayed_cpu_s"] = timed(
             lambda: list(pool.map(lambda k: _replayed(every_w, k, None), range(1, 65))))
     # a reachable target: 10% above the p99 of 64 replicas (where queueing is gone)
     target = round(1.1 * (every[-1]["p99_ms"] or 0.0))
     curve_w = fresh()
-    curve, out["curve_1_64_s"], out["curve_1_64_cpu_s"] = _timed(
+    curve, out["curve_1_64_s"], out["curve_1_64_cpu_s"] = timed(
         lambda: capacity_curve(curve_w, range(1, 65), target_p99_ms=target, gpu_hour_usd=2.0))
     out["zero_wait_replicas"] = curve_w.zero_wait_replicas
     out["counts_replayed"] = min(64, curve_w.zero_wait_replicas)
     out["identical_to_every_count_replayed"] = all(
         {k: v for k, v in p.items() if k != "gpu_usd_per_hour"} == e for p, e in zip(curve["points"], every,
                                                                                     strict=True))
-    _, out["curve_new_target_s"], out["curve_new_target_cpu_s"] = _timed(
+    _, out["curve_new_target_s"], out["curve_new_target_cpu_s"] = timed(
         lambda: capacity_curve(curve_w, range(1, 65), target_p99_ms=2 * target, gpu_hour_usd=3.0))
     out["target_p99_ms"] = target
     out["fewest_replicas"] = curve["fewest_replicas"]
     out["advice"] = curve["advice"]["sentence"] if curve["advice"] else None
     ks = [1, 8]
-    _, py_s, _ = _timed(lambda: [simulate(w.arrivals, w.services, k * w.slots) for k in ks])
+    _, py_s, _ = timed(lambda: [simulate(w.arrivals, w.services, k * w.slots) for k in ks])
     out["python_loop_per_replay_ms"] = round(py_s / len(ks) * 1000, 1)
-    _, c_s, _ = _timed(lambda: [replay(w.arrivals, w.services, k * w.slots, checked=True) for k in ks])
+    _, c_s, _ = timed(lambda: [replay(w.arrivals, w.services, k * w.slots, checked=True) for k in ks])
     out["kernel_per_replay_ms"] = round(c_s / len(ks) * 1000, 1)
-    out["peak_rss_mib"] = round(_peak_rss_mib(), 1)
+    out["peak_rss_mib"] = round(peak_rss_mib(), 1)
     out["cost_vs_anchor_x"] = round(out["cost_table_s"] / max(out["anchor_s"], 1e-9), 1)
     out["curve_vs_every_count_x"] = round(out["curve_1_64_cpu_s"] / max(out["every_count_replayed_cpu_s"], 1e-9), 3)
     with open("/proc/loadavg") as fh:
@@ -102,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     results: dict[str, Any] = {}
     for spans, store in stores(args):
+        # the request hours materialized first (untimed here; bench_report times it), as `tailscope ingest` leaves
+        # a store: `stores` removed what an earlier run materialized, so every run reads the hours it built
+        if not args.store:
+            materialize_in_child(store)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cost", "--one", str(store)],
                               check=True, capture_output=True, text=True)
         results[str(spans)] = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -67,7 +67,7 @@ def _timed(label: str, results: list[tuple[str, float, float]], limit: float, fn
 
 def anchor(store: Path) -> None:
     """The plain `spans` scan the figures are compared with, in this process, and the load average."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
 
     con = connect(store)
     t0, c0 = time.perf_counter(), _cpu_s()

@@ -1,4 +1,4 @@
-"""CPU of spike detection (`analysis.spikes.detect`) on N log-normal values in W windows, against the exact
+"""CPU of spike detection (`analysis.stats.spikes.detect`) on N log-normal values in W windows, against the exact
 permutation null it used before, in the same process.
 
     python -m benchmarks.bench_detect [--sizes 1440000:24,14000000:48] [--repeat 1]
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import spikes
+from analysis.stats import spikes
 
 WINDOW_NS = 300 * 1_000_000_000
 

@@ -20,7 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.inputs import prepare
+
 ROOT = Path(__file__).resolve().parent.parent
+#: The document's name inside its input directory.
+DOCUMENT = "one-line.json"
 STAGES = ("queue_wait", "prefill", "decode", "streaming")
 
 
@@ -113,11 +117,16 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def write_document(path: Path, mib: float) -> None:
+    """The input: DOCUMENT in directory `path`, one OTLP/JSON line of about `mib` MiB."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / DOCUMENT).write_bytes(big_document(int(mib * (1 << 20))) + b"\n")
+
+
 def run(work: Path, mib: float) -> None:
-    """Write (or reuse) the document in `work` and print one row per decoder."""
-    doc = work / f"one-line-{mib:g}mib.json"
-    if not doc.exists():
-        doc.write_bytes(big_document(int(mib * (1 << 20))) + b"\n")
+    """Write the document in `work` (or reuse it by fingerprint: benchmarks.inputs); print one row per decoder."""
+    prepare(work / f"one-line-{mib:g}mib", write_document, mib=mib)
+    doc = work / f"one-line-{mib:g}mib" / DOCUMENT
     size = doc.stat().st_size
     print(f"input: {size / (1 << 20):.1f} MiB on one line; load {os.getloadavg()[0]:.1f}")
     print(f"{'decoder':>10} {'peak MiB':>9} {'growth MiB':>10} {'peak/input':>10} {'growth/input':>12} "

@@ -2,19 +2,21 @@
 
     python -m benchmarks.bench_views [--spans 2000000,10000000] [--dir DIR] [--threads 2] [--stored-only]
 
-Builds (or reuses, under --dir) the synthetic stores of bench_report (two hours of spans), then
+Builds (or reuses, under --dir, by fingerprint: benchmarks.inputs) the synthetic stores of
+benchmarks.synthetic (two hours of spans), then
 in one fresh process per store times, side by side:
 
 - the anchor: `SELECT replica, quantile_cont(Duration, 0.99) FROM spans GROUP BY 1`;
 - requests p99 per replica and a 5-minute slice (literal start_ns bounds) with no hour
   materialized (everything on the fly);
-- the build of each hour's request file (analysis.materialize), seconds and spans per hour;
+- the build of each hour's request file (analysis.engine.materialize), seconds and spans per hour;
 - the same queries once every hour is materialized, `requests_between` for the slice, and
   `stages`; then the same through the public CLI (`python -m tailscope.cli sql ...`, a new process).
 
 Prints seconds and the ratio to the anchor of the same run; the machine's load average beside them.
-With --stored-only the store's request files are kept (built only where stale) and the on-the-fly
-queries are skipped: the materialized figures alone, with each query's CPU seconds too.
+With --stored-only the on-the-fly queries are skipped: the materialized figures alone, with each
+query's CPU seconds too (the hours are built in the run all the same: a store is always measured as
+its generator built it, request files of earlier runs removed).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_report import START_NS, make_store
+from benchmarks.inputs import prepare
+from benchmarks.synthetic import START_NS, make_store
 
 SLICE_LO = START_NS + 3600 * 1_000_000_000 + 600 * 1_000_000_000  # 15:10:00
 SLICE_HI = SLICE_LO + 300 * 1_000_000_000
@@ -60,7 +63,7 @@ def _time(con: Any, sql: str) -> tuple[float, Any]:
 def run_one(store: Path, threads: int, stored_only: bool = False) -> dict[str, Any]:
     """Figures for one store, in this process (the store's request files are removed first unless stored_only)."""
     from analysis import connect
-    from analysis.materialize import build_hour, snapshot
+    from analysis.engine.materialize import build_hour, snapshot
 
     if not stored_only:
         shutil.rmtree(store / "requests", ignore_errors=True)
@@ -132,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     for spans in (int(s) for s in args.spans.split(",")):
         store = base / f"store-{spans}"
-        if not store.exists():
-            make_store(store, spans)
+        prepare(store, make_store, spans=spans)  # by fingerprint: built, or reused as built (benchmarks.inputs)
         done = subprocess.run([sys.executable, "-m", "benchmarks.bench_views", "--one", str(store),
                                "--threads", str(args.threads), *(["--stored-only"] if args.stored_only else [])],
                               capture_output=True, text=True, check=True)

@@ -8,13 +8,23 @@
    generator) grown to 1, 6 and 24 hours of history; at each size a fresh live watch starts near
    the end (reading its bounded lookback) and then evaluates 5 new windows. Beside it, the anchor:
    one DuckDB p99 over every request span of the store (what re-reading history each tick costs).
+   "Fresh" means a new LiveWatch with no alert state; it runs in this process, so the watch's
+   process-wide cache of segment time ranges (read from Parquet footers) keeps what earlier watches
+   read: the segments of the newest hour are new at each size, but --positions' second and third
+   runs find theirs cached, as a long-running `tailscope watch` does. The OS page cache is not dropped.
 
-    python -m benchmarks.bench_watch [--hours 1,6,24] [--rate 16] [--dir DIR] [--skip-catalogue]
+    python -m benchmarks.bench_watch [--hours 1,6,24] [--rate 16] [--dir DIR] [--skip-catalogue] [--incidents A,B]
+    python -m benchmarks.bench_watch --positions --dir DIR [--hours 1,6,24] [--rate 16]
+
+The incident stores are built, or reused under --dir by their fingerprint (benchmarks.inputs: the ingest
+code and the sample's digest); the history is grown from nothing every run, then stamped, and --positions
+refuses a history that other code or other --hours/--rate grew.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -26,9 +36,10 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analysis.percentiles import parse_time
+from analysis.engine.percentiles import parse_time
 from analysis.watch import ALERTS_DIR, Config, LiveWatch, replay
-from benchmarks.bench_report import SPANS_PER_REQUEST, START_NS, _request_table
+from benchmarks.inputs import check, clear, prepare, record
+from benchmarks.synthetic import SPANS_PER_REQUEST, START_NS, request_table
 from intake.ingest import ingest_files
 from sample_traces import generate
 from sample_traces.incidents import CATALOGUE
@@ -38,14 +49,22 @@ NS = 1_000_000_000
 SEGMENT_S = 300  # one segment per 5 minutes of history, as a receiver flushing often would leave (fewer, larger)
 
 
-def catalogue(root: Path) -> list[dict[str, Any]]:
-    """Replay every incident; windows from its start to the fire and from its end to the resolve."""
+def ingest_sample(store: Path, traces: str, traces_sha256: str) -> None:
+    """A store of one committed sample (its digest is a parameter, so a changed sample is a new input)."""
+    ingest_files([Path(traces)], store)
+
+
+def catalogue(root: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Replay every incident (or those named); windows from its start to the fire and from its end to the resolve."""
     cfg = Config()
     w, d = cfg.window_ns, cfg.delay_ns
     out = []
     for inc in CATALOGUE:
+        if names and inc.name not in names:
+            continue
         store = root / inc.name
-        ingest_files([generate.traces_path(generate.INCIDENTS_DIR, inc.name)], store)
+        traces = generate.traces_path(generate.INCIDENTS_DIR, inc.name)
+        prepare(store, ingest_sample, traces=str(traces), traces_sha256=hashlib.sha256(traces.read_bytes()).hexdigest())
         truth = json.loads(generate.truth_path(generate.INCIDENTS_DIR, inc.name).read_text())
         t0 = time.perf_counter()
         alerts = replay(store, cfg, START_NS_SAMPLES, START_NS_SAMPLES + 600 * NS)
@@ -71,7 +90,7 @@ def grow(store: Path, writer: SegmentWriter, rng: np.random.Generator, from_s: i
     spans = 0
     for lo in range(from_s, to_s, SEGMENT_S):
         n = int(rate * SEGMENT_S)
-        writer.write(_request_table(rng, n, START_NS + lo * NS, START_NS + (lo + SEGMENT_S) * NS))
+        writer.write(request_table(rng, n, START_NS + lo * NS, START_NS + (lo + SEGMENT_S) * NS))
         spans += n * SPANS_PER_REQUEST
     return spans
 
@@ -126,8 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--positions", action="store_true",
                         help="reuse DIR/history (already grown to the largest size): tick cost at the end of each "
                              "hour count in that one store, median of 3 runs each")
+    parser.add_argument("--incidents", default="", help="comma-separated catalogue incidents (default: all)")
     args = parser.parse_args(argv)
+    grown = {"rate": args.rate, "hours": args.hours}
     if args.positions:
+        if not args.dir:
+            parser.error("--positions reads DIR/history, grown by a run with the same --dir, --hours and --rate")
+        check(Path(args.dir) / "history", grow, **grown)  # refuses a history other code or parameters grew
         positions(Path(args.dir) / "history", [int(h) for h in args.hours.split(",")])
         return
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-watch-"))
@@ -136,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n1. detection delay in replay (60 s windows, evaluated 60 s after they close)")
         print(f"{'scenario':24} {'alerts':>6} {'fire (windows)':>15} {'fire (s)':>9} {'resolve (windows)':>18} "
               f"{'stage':>11} {'value':>12} {'replay s':>9}")
-        for r in catalogue(root / "catalogue"):
+        for r in catalogue(root / "catalogue", [n for n in args.incidents.split(",") if n]):
             print(f"{r['scenario']:24} {r['alerts']:>6} {r.get('fire_windows', '-')!s:>15} "
                   f"{r.get('fire_s', '-')!s:>9} {r.get('resolve_windows', '-')!s:>18} {r.get('stage', '-')!s:>11} "
                   f"{r.get('value', '-')!s:>12} {r['replay_s']:>9}")
@@ -144,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'history':>8} {'spans':>12} {'segments':>9} {'start s':>8} {'tick s':>8} {'anchor s':>9} "
           f"{'tick/anchor':>12} {'tick/first tick':>16} {'load':>5}")
     store = root / "history"
+    clear(store)  # grown from nothing every run (a history an earlier run grew is removed, anything else refused)
     writer = SegmentWriter(store, kind="bench")
     rng = np.random.default_rng(1)
     spans = 0
@@ -158,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{hours:>7}h {spans:>12,} {len(segment_files(store)):>9} {cost['start_s']:>8.3f} "
               f"{cost['tick_s']:>8.3f} {base:>9.3f} {cost['tick_s'] / base:>12.3f} "
               f"{cost['tick_s'] / first_tick:>16.2f} {os.getloadavg()[0]:>5.1f}")
+    shutil.rmtree(store / ALERTS_DIR, ignore_errors=True)
+    record(store, grow, grown)  # what --positions checks before it reads this history
 
 
 if __name__ == "__main__":

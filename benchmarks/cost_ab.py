@@ -3,6 +3,7 @@
     PYTHONPATH=OLD_TREE python -m benchmarks.cost_ab --store STORE --out old.json
     PYTHONPATH=NEW_TREE python -m benchmarks.cost_ab --store STORE --out new.json
     python -m benchmarks.cost_ab --compare old.json new.json
+    python -m benchmarks.cost_ab --spans 1000000 [--dir DIR] --out this.json   # benchmarks.synthetic's store
 
 Times (wall and CPU seconds) the cost table by tenant (priced), the observed workload, the
 1-64 replica curve and the same curve with another target on the same workload, with
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -74,7 +76,10 @@ def _same_table(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Measure one tree (--store, --out) or compare two outputs (--compare)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--store")
+    parser.add_argument("--store", help="the store to measure, as it is")
+    parser.add_argument("--spans", type=int, default=None,
+                        help="instead of --store: benchmarks.synthetic's store of this many spans under --dir")
+    parser.add_argument("--dir", default=None, help="with --spans: where the store lives (default: a temp dir)")
     parser.add_argument("--out")
     parser.add_argument("--compare", nargs=2)
     args = parser.parse_args(argv)
@@ -85,9 +90,16 @@ def main(argv: list[str] | None = None) -> None:
         print("cost table the same:", _same_table(old["table"], new["table"]),
               "| curve the same:", old["curve"] == new["curve"])
         return
-    if not args.store or not args.out:
-        parser.error("give --store and --out, or --compare OLD NEW")
-    res = measure(Path(args.store))
+    if not (args.store or args.spans) or not args.out:
+        parser.error("give --store (or --spans) and --out, or --compare OLD NEW")
+    work = Path(args.dir or tempfile.mkdtemp(prefix="cost-ab-"))
+    store = Path(args.store) if args.store else work / f"store-{args.spans}"
+    if not args.store:  # by fingerprint (benchmarks.inputs), as its generator built it
+        from benchmarks.inputs import prepare
+        from benchmarks.synthetic import make_store
+
+        prepare(store, make_store, spans=args.spans)
+    res = measure(store)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     print({k: v for k, v in res.items() if k not in ("table", "curve")})
 

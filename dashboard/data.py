@@ -1,7 +1,7 @@
 """The dashboard's one data-access module: the store, its cached connection, and cached calls into analysis.
 
-The store is opened with analysis.connect; the dashboard's `req` relation reads the hours
-the store holds materialized (analysis.materialize) in place and keeps only the stale hours'
+The store is opened with analysis.engine.connect; the dashboard's `req` relation reads the hours
+the store holds materialized (analysis.engine.materialize) in place and keeps only the stale hours'
 rows in memory, recomputing an hour whenever analysis' key for it changes (a segment landed
 in the hour or either neighbour). Segments are immutable Parquet files written by rename, so
 refreshing while `tailscope collect` writes never locks or half-reads the store.
@@ -34,14 +34,22 @@ import streamlit as st
 
 from analysis import breakdowns as B
 from analysis import traces as T
-from analysis.connect import connect
-from analysis.connect import refresh as refresh_views
-from analysis.materialize import HOUR_NS, Snapshot, hour_of, hour_requests_sql, hour_where, snapshot, stored_source
-from analysis.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis.percentiles import choose_window_s, parse_time, percentile_series
+from analysis.engine.connect import connect
+from analysis.engine.connect import refresh as refresh_views
+from analysis.engine.materialize import (
+    HOUR_NS,
+    Snapshot,
+    hour_of,
+    hour_requests_sql,
+    hour_where,
+    snapshot,
+    stored_source,
+)
+from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
+from analysis.engine.percentiles import choose_window_s, parse_time, percentile_series
+from analysis.engine.sandbox import SandboxConnection
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.report import build_report, explain_window, find_spikes
-from analysis.sandbox import SandboxConnection
-from analysis.views import VIEW_SQL, files_source, spans_sql
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
 from dashboard.settings import DASHBOARD
@@ -133,9 +141,9 @@ def _list_source(files: list[Path]) -> str:
 
 @dataclass
 class Workbench:
-    """A DuckDB connection (analysis.connect) whose relation `req` holds every request of the store.
+    """A DuckDB connection (analysis.engine.connect) whose relation `req` holds every request of the store.
 
-    `req` reads the hours the store holds materialized (analysis.materialize) from their files
+    `req` reads the hours the store holds materialized (analysis.engine.materialize) from their files
     in place, and the other (stale) hours from table `req_live`, which the workbench computes
     itself with the model's own SQL and keys by `Snapshot.key`: analysis owns the rule of
     which segments an hour's requests read, so an hour is recomputed exactly when analysis
@@ -292,7 +300,7 @@ class Workbench:
         return self.worker_error
 
     def files_for(self, start_ns: int) -> list[Path]:
-        """Segment files that can hold spans of a request starting at `start_ns` (analysis.materialize's rule)."""
+        """Segment files that can hold spans of a request starting at `start_ns` (materialize's rule)."""
         return self.snap.inputs([hour_of(start_ns)]) if self.snap is not None else []
 
 
@@ -443,7 +451,7 @@ def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str,
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
-    """The report's automatic window (analysis.percentiles.choose_window_s) over the filtered requests."""
+    """The report's automatic window (analysis.engine.percentiles.choose_window_s) over the filtered requests."""
     if isinstance(_db, CHD.ClickHouseBench):
         return CHD.window_s(_db, filters, FILTER_DIMENSIONS)
     with _cursor(_db, filters) as cur:
@@ -452,7 +460,7 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
-    """analysis.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
+    """analysis.engine.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
     report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
     / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
 
@@ -678,7 +686,7 @@ def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int)
 @st.cache_resource(show_spinner=False)
 def sandbox(store: str) -> SandboxConnection:
     """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
 
     return connect(Path(store), sandbox=True)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from analysis.store_status import store_status, summary_line
+from analysis.engine.store_status import store_status, summary_line
 from dashboard import data
 
 if TYPE_CHECKING:

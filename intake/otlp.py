@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tracing import schema as S
 from tracing.errors import BadRequest
-from tracing.rows import SpanBatch, _int_or_none, attr_str, replica_of, sampling_of, threshold_text
+from tracing.rows import SpanBatch, attr_int, attr_str, replica_of, sampling_of, threshold_text
 
 try:  # the optional C decoder, built by pip install when a C compiler exists; Python is exact too
     from intake import _otlpx  # type: ignore[attr-defined]
@@ -214,7 +214,8 @@ def _json_value(value: Any, where: str) -> Any:
     return ""
 
 
-def _json_attrs(kvs: Any, where: str) -> dict[str, str]:
+def json_attrs(kvs: Any, where: str) -> dict[str, str]:
+    """An OTLP/JSON attribute list as a str -> str map; `where` names the list in an error."""
     if kvs is None:
         return {}
     if not isinstance(kvs, list):
@@ -274,7 +275,7 @@ def _decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool, malformed_
         where_rs = f"resourceSpans[{i}]"
         if not isinstance(rs, Mapping):
             raise ValueError(f"{where_rs} must be an object")
-        resource = _json_attrs((rs.get("resource") or {}).get("attributes"), f"{where_rs}.resource.attributes")
+        resource = json_attrs((rs.get("resource") or {}).get("attributes"), f"{where_rs}.resource.attributes")
         service = resource.get("service.name", "")
         replica = replica_of(resource)
         for j, ss in enumerate(_list(rs, "scopeSpans", where_rs, "instrumentationLibrarySpans")):
@@ -282,15 +283,15 @@ def _decode_json_obj(payload: Any, batch: SpanBatch, *, strict: bool, malformed_
             if not isinstance(ss, Mapping):
                 raise ValueError(f"{where_ss} must be an object")
             scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
-            owner = _Owner(resource, service, replica, str(scope.get("name", "")), str(scope.get("version", "")))
+            owner = Owner(resource, service, replica, str(scope.get("name", "")), str(scope.get("version", "")))
             for k, sp in enumerate(_list(ss, "spans", where_ss)):
-                _append_json_span(sp, f"{where_ss}.spans[{k}]", owner, batch, result,
+                append_json_span(sp, f"{where_ss}.spans[{k}]", owner, batch, result,
                                   strict=strict, malformed_raises=malformed_raises)
     return result
 
 
 @dataclass(frozen=True)
-class _Owner:
+class Owner:
     """What a span takes from the resource and scope around it."""
 
     resource: dict[str, str]
@@ -300,7 +301,7 @@ class _Owner:
     scope_version: str
 
 
-def _append_json_span(sp: Any, where: str, owner: _Owner, batch: SpanBatch, result: DecodeResult, *,
+def append_json_span(sp: Any, where: str, owner: Owner, batch: SpanBatch, result: DecodeResult, *,
                       strict: bool, malformed_raises: bool) -> None:
     """Append one parsed OTLP/JSON span to `batch`, or count it rejected (raise when strict)."""
     try:
@@ -339,7 +340,7 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
     for e, ev in enumerate(_list(sp, "events", where)):
         if not isinstance(ev, Mapping):
             raise MalformedField(f"{where}.events[{e}] must be an object")
-        ev_attrs = _json_attrs(ev.get("attributes"), f"{where}.events[{e}].attributes")
+        ev_attrs = json_attrs(ev.get("attributes"), f"{where}.events[{e}].attributes")
         event_times.append(_json_int(ev, "timeUnixNano", f"{where}.events[{e}]"))
         events.append({"TimestampNs": event_times[-1], "Name": str(ev.get("name", "")),
                        "Attributes": list(ev_attrs.items())})
@@ -353,7 +354,7 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
         links.append({"TraceId": _hex_id(ln.get("traceId"), f"{where}.links[{n}].traceId"),
                       "SpanId": _hex_id(ln.get("spanId"), f"{where}.links[{n}].spanId"),
                       "TraceState": str(ln.get("traceState", "")),
-                      "Attributes": list(_json_attrs(ln.get("attributes"), f"{where}.links[{n}].attributes").items())})
+                      "Attributes": list(json_attrs(ln.get("attributes"), f"{where}.links[{n}].attributes").items())})
     return {
         "trace_id": trace_id,
         "span_id": span_id,
@@ -362,7 +363,7 @@ def _json_span(sp: Any, where: str) -> dict[str, Any]:
         "kind": S.SPAN_KINDS[kind] if 0 <= kind < len(S.SPAN_KINDS) else "Unspecified",
         "start_ns": start,
         "end_ns": end,
-        "attrs": _json_attrs(sp.get("attributes"), f"{where}.attributes"),
+        "attrs": json_attrs(sp.get("attributes"), f"{where}.attributes"),
         "status_code": S.STATUS_CODES[code] if 0 <= code < 3 else "Unset",
         "status_message": str(status.get("message", "")),
         "trace_state": str(sp.get("traceState", "")),
@@ -530,7 +531,7 @@ class _Lookup:
         hits = np.flatnonzero(slots >= 0)
         self.index = np.full((len(_LOOKUP_KEYS), self.n), -1, np.int64)
         self.index[slots[hits], self.owner[hits]] = hits
-        # per value: present (not null) and not empty, for `first` (rows._first skips both)
+        # per value: present (not null) and not empty, for `first` (rows.first_attr skips both)
         self.usable = pc.fill_null(pc.greater(pc.binary_length(self.values), 0), False).to_numpy(zero_copy_only=False)
 
     def get(self, key: str) -> pa.Array:
@@ -541,7 +542,7 @@ class _Lookup:
         return self.values.take(pa.array(index, mask=index < 0))
 
     def first(self, keys: tuple[str, ...]) -> pa.Array:
-        """Vectorized rows._first: the first key whose value is present and not empty (index
+        """Vectorized rows.first_attr: the first key whose value is present and not empty (index
         arithmetic in numpy and one take: a compute call costs tens of microseconds however short
         the column, and this runs once per commit group per promoted column)."""
         chosen = np.full(self.n, -1, np.int64)
@@ -556,14 +557,14 @@ class _Lookup:
 
 
 def _ints(text: pa.Array) -> pa.Array:
-    """Vectorized rows._int_or_none: plain decimals cast in Arrow, anything else through Python."""
+    """Vectorized rows.attr_int: plain decimals cast in Arrow, anything else through Python."""
     if text.null_count == len(text):
         return pa.nulls(len(text), pa.int64())
     plain = pc.fill_null(pc.match_substring_regex(text, r"^-?[0-9]{1,18}$"), False)
     odd = pc.and_(pc.invert(plain), pc.is_valid(text))
     if not pc.any(odd).as_py():
         return pc.cast(pc.if_else(plain, text, pa.scalar(None, pa.string())), pa.int64())
-    return pa.array([_int_or_none(v) for v in text.to_pylist()], pa.int64())
+    return pa.array([attr_int(v) for v in text.to_pylist()], pa.int64())
 
 
 def _per_distinct(text: pa.Array, rule: Callable[[str], float], missing: float) -> np.ndarray:
@@ -643,7 +644,7 @@ def base_from_columns(c: dict[str, Any]) -> pa.Table:
 
 def promote(table: pa.Table) -> pa.Table:
     """Add the promoted columns to a base table: the same rules as `SpanBatch.append`
-    (rows.stage_of, is_request, outcome_of, _first, _int_or_none, adjusted_count_of), vectorized.
+    (rows.stage_of, is_request, outcome_of, first_attr, attr_int, adjusted_count_of), vectorized.
     Returns SPAN_SCHEMA."""
     attrs = _Lookup(table.column("SpanAttributes"))
     names = pa.concat_arrays(table.column("SpanName").chunks) if table.num_rows else pa.array([], pa.string())

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from intake.otlp import DecodeResult, _append_json_span, _json_attrs, _Owner
+from intake.otlp import DecodeResult, Owner, append_json_span, json_attrs
 from tracing.rows import SpanBatch, replica_of
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -139,7 +139,7 @@ class _Walk:
         if self.peek() != "{":
             raise _Fallback
         resource: Any = _MISSING
-        owner: _Owner | None = None
+        owner: Owner | None = None
         later: int | None = None  # where the scopeSpans array starts when it came before the resource
         lists_seen = 0
         for key in self.members():
@@ -164,17 +164,17 @@ class _Walk:
             self.scope_spans_list(where, owner)
             self.i = end
 
-    def owner_of(self, resource: Mapping[str, Any], where: str) -> _Owner | None:
+    def owner_of(self, resource: Mapping[str, Any], where: str) -> Owner | None:
         if self.error is not None:
             return None
         try:
-            attrs = _json_attrs(resource.get("attributes"), f"{where}.resource.attributes")
+            attrs = json_attrs(resource.get("attributes"), f"{where}.resource.attributes")
         except ValueError as exc:
             self.fail(exc)
             return None
-        return _Owner(attrs, attrs.get("service.name", ""), replica_of(attrs), "", "")
+        return Owner(attrs, attrs.get("service.name", ""), replica_of(attrs), "", "")
 
-    def scope_spans_list(self, where_rs: str, owner: _Owner | None) -> None:
+    def scope_spans_list(self, where_rs: str, owner: Owner | None) -> None:
         """Walk a scopeSpans array; with `owner` None only check it (its spans are read later, or never)."""
         for j in self.elements():
             where = f"{where_rs}.scopeSpans[{j}]"
@@ -203,22 +203,22 @@ class _Walk:
                 self.spans(where, self.with_scope(owner, scope, library))
                 self.i = end
 
-    def with_scope(self, owner: _Owner | None, scope: Any, library: Any) -> _Owner | None:
+    def with_scope(self, owner: Owner | None, scope: Any, library: Any) -> Owner | None:
         if owner is None:
             return None
         chosen = (None if scope is _MISSING else scope) or (None if library is _MISSING else library) or {}
         if not isinstance(chosen, Mapping):
             raise _Fallback
-        return _Owner(owner.resource, owner.service, owner.replica, str(chosen.get("name", "")),
+        return Owner(owner.resource, owner.service, owner.replica, str(chosen.get("name", "")),
                       str(chosen.get("version", "")))
 
-    def spans(self, where_ss: str, owner: _Owner | None) -> None:
+    def spans(self, where_ss: str, owner: Owner | None) -> None:
         for k in self.elements():
             sp = self.value()
             if owner is None or self.error is not None:
                 continue
             try:
-                _append_json_span(sp, f"{where_ss}.spans[{k}]", owner, self.batch, self.result,
+                append_json_span(sp, f"{where_ss}.spans[{k}]", owner, self.batch, self.result,
                                   strict=self.strict, malformed_raises=False)
             except ValueError as exc:
                 self.fail(exc)

@@ -5,7 +5,7 @@
     ├── InputError                  bad input: carries the source (file) and line it came from
     ├── QueryError                  a SQL query failed or was refused (carries the SQL)
     │   ├── RefusedQuery            (dashboard.data) the SQL console takes one SELECT only
-    │   └── RefusedStatement        (analysis.sandbox) a sandbox connection runs SELECT and EXPLAIN only
+    │   └── RefusedStatement        (analysis.engine.sandbox) a sandbox connection runs SELECT and EXPLAIN only
     ├── BadRequest                  a request that is wrong as sent: never retry it (also a ValueError)
     │   ├── MalformedField          (intake.otlp) an OTLP/JSON field of the wrong type or spelling: 400
     │   ├── TooLarge                (intake.collect.decode) a body over the size cap: 413

@@ -54,7 +54,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _first(attrs: Mapping[str, str], keys: Iterable[str]) -> str | None:
+def first_attr(attrs: Mapping[str, str], keys: Iterable[str]) -> str | None:
+    """The first non-empty value among `keys` in `attrs` (the order of a schema key tuple is its precedence)."""
     for key in keys:
         value = attrs.get(key)
         if value is not None and value != "":
@@ -65,7 +66,7 @@ def _first(attrs: Mapping[str, str], keys: Iterable[str]) -> str | None:
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _int_or_none(text: str | None) -> int | None:
+def attr_int(text: str | None) -> int | None:
     """An int64 read off an attribute string ("12", "1e3", "12.9" → 12), else None.
 
     Infinity, NaN and values beyond int64 give None rather than failing the whole batch.
@@ -130,7 +131,7 @@ def sampling_of(trace_state: str, rate: str | None) -> tuple[float, bool]:
 
 def adjusted_count_of(trace_state: str, attrs: Mapping[str, str]) -> float:
     """How many spans this one stands for under sampling (see `sampling_of`; docs/convention.md#sampling)."""
-    return sampling_of(trace_state, _first(attrs, S.SAMPLE_RATE_KEYS))[0]
+    return sampling_of(trace_state, first_attr(attrs, S.SAMPLE_RATE_KEYS))[0]
 
 
 def stage_of(name: str, attrs: Mapping[str, str]) -> str | None:
@@ -256,12 +257,12 @@ class SpanBatch:
         c["IsRequest"].append(request)
         c["Outcome"].append(outcome_of(status_code, attrs) if request else None)
         c["Replica"].append(replica if replica is not None else replica_of(resource))
-        c["Model"].append(_first(attrs, S.MODEL_KEYS))
-        c["ModelVersion"].append(_first(attrs, S.MODEL_VERSION_KEYS))
-        c["Tenant"].append(_first(attrs, S.TENANT_KEYS))
-        c["InputTokens"].append(_int_or_none(_first(attrs, S.INPUT_TOKEN_KEYS)))
-        c["OutputTokens"].append(_int_or_none(_first(attrs, S.OUTPUT_TOKEN_KEYS)))
-        c["TtftNs"].append(_int_or_none(attrs.get(S.ATTR_TTFT_NS)))
+        c["Model"].append(first_attr(attrs, S.MODEL_KEYS))
+        c["ModelVersion"].append(first_attr(attrs, S.MODEL_VERSION_KEYS))
+        c["Tenant"].append(first_attr(attrs, S.TENANT_KEYS))
+        c["InputTokens"].append(attr_int(first_attr(attrs, S.INPUT_TOKEN_KEYS)))
+        c["OutputTokens"].append(attr_int(first_attr(attrs, S.OUTPUT_TOKEN_KEYS)))
+        c["TtftNs"].append(attr_int(attrs.get(S.ATTR_TTFT_NS)))
         c["AdjustedCount"].append(adjusted_count_of(trace_state, attrs))
 
     def to_table(self) -> pa.Table:

@@ -108,7 +108,7 @@ else:
         st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0)),
                         width="stretch")
     st.dataframe(shown, hide_index=True, column_config=table_config)
-st.caption("Ranked by analysis.explain: tail (requests above the baseline p99) against the baseline, a "
+st.caption("Ranked by analysis.stats.explain: tail (requests above the baseline p99) against the baseline, a "
            "Bonferroni-guarded over-representation test, then the p99 without each value.")
 
 st.subheader("Pairs")

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from tracing import schema as S
-from tracing.rows import _first, _int_or_none, outcome_of, replica_of
+from tracing.rows import attr_int, first_attr, outcome_of, replica_of
 
 Row = dict[str, Any]
 
@@ -152,10 +152,10 @@ def fact_attrs(row: Row, attrs: Mapping[str, str]) -> dict[str, str]:
     if row["TtftNs"] is not None and attrs.get(S.ATTR_TTFT_NS) != str(row["TtftNs"]):
         out[S.ATTR_TTFT_NS] = str(row["TtftNs"])
     for column, keys in (("Model", S.MODEL_KEYS), ("ModelVersion", S.MODEL_VERSION_KEYS)):
-        if row[column] and _first(attrs, keys) != row[column]:
+        if row[column] and first_attr(attrs, keys) != row[column]:
             out[keys[0]] = row[column]
     for column, keys in (("InputTokens", S.INPUT_TOKEN_KEYS), ("OutputTokens", S.OUTPUT_TOKEN_KEYS)):
-        if row[column] is not None and _int_or_none(_first(attrs, keys)) != row[column]:
+        if row[column] is not None and attr_int(first_attr(attrs, keys)) != row[column]:
             out[keys[0]] = str(row[column])
     return out
 

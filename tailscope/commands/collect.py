@@ -139,16 +139,16 @@ def _token(path: Path | None, option: str) -> str | None:
 
 
 def _materialize_settled(store: Path, stop: threading.Event) -> None:
-    """Every MATERIALIZE_EVERY_S, write the requests of hours that settled (analysis.materialize).
+    """Every MATERIALIZE_EVERY_S, write the requests of hours that settled (analysis.engine.materialize).
 
     Runs beside the receiver, never in its way: one DuckDB thread, and a failure is one line
     on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
-    analysis.materialize (polars, DuckDB, the request model) is imported at the first look, not
+    analysis.engine.materialize (polars, DuckDB, the request model) is imported at the first look, not
     at startup: the import costs about half a CPU second, which used to land on the receiver's
     first seconds and showed in bench_collect's short rows (docs/benchmarks.md, issue #13).
     """
     while not stop.wait(MATERIALIZE_EVERY_S):
-        from analysis.materialize import SETTLE_NS, materialize
+        from analysis.engine.materialize import SETTLE_NS, materialize
 
         try:
             materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS, threads=1, memory_limit="2GB")

@@ -65,11 +65,11 @@ def errors_as_messages() -> Iterator[None]:
 
 
 def write_through(store: Path) -> None:
-    """Materialize the store's settled hours that are stale or missing (analysis.materialize), as `collect`
+    """Materialize the store's settled hours that are stale or missing (analysis.engine.materialize), as `collect`
     does, so stores written without `collect` or `ingest` get fast too; a store we cannot write is read as is."""
     import duckdb
 
-    from analysis.materialize import SETTLE_NS, materialize
+    from analysis.engine.materialize import SETTLE_NS, materialize
 
     try:
         materialize(store, settled_before_ns=time.time_ns() - SETTLE_NS)
@@ -129,12 +129,12 @@ def store_hooks(store: Path) -> tuple[Callable[[int], None], Callable[[int], int
     analysis is imported at the first call, not when a receiver starts."""
 
     def on_removed(hour_ns: int) -> None:
-        from analysis.materialize import remove_hour
+        from analysis.engine.materialize import remove_hour
 
         remove_hour(store, hour_ns)
 
     def extra_bytes(hour_ns: int) -> int:
-        from analysis.materialize import hour_bytes
+        from analysis.engine.materialize import hour_bytes
 
         return hour_bytes(store, hour_ns)
 

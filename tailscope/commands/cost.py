@@ -78,8 +78,8 @@ def cost(
     """GPU-seconds and cost per tenant / model / version / replica, with idle, cold start and the p99 tail's share."""
     import duckdb
 
-    from analysis.connect import connect
     from analysis.cost import cost_table, prices_for
+    from analysis.engine.connect import connect
 
     with errors_as_messages():
         path = store_path(store)

@@ -46,7 +46,7 @@ def truth_lines(truth: dict[str, Any]) -> list[str]:
 
 def print_report(target: Path) -> None:
     """Print the spike report of the store (analysis.report) as text."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report, render_text
 
     con = connect(target)

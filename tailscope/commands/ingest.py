@@ -29,7 +29,7 @@ def ingest(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Load trace files into the store; re-ingesting a file adds no duplicate span."""
-    from analysis.materialize import materialize
+    from analysis.engine.materialize import materialize
     from intake.ingest import ingest_files, iter_files
 
     target = store_path(store)

@@ -37,7 +37,7 @@ NEEDS = ("duckdb", "polars", "numpy", "pyarrow")
 
 
 class SamplingPolicy(enum.StrEnum):
-    """What the trace sampler did (analysis.sampling)."""
+    """What the trace sampler did (analysis.stats.sampling)."""
 
     auto = "auto"
     head = "head"
@@ -98,7 +98,7 @@ def report(
 
     import duckdb
 
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
     from analysis.report import build_report
 
     with errors_as_messages():
@@ -156,7 +156,7 @@ def _recognition_on(cur: duckdb.DuckDBPyConnection) -> Recognition:
 
 def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
     """Spans in the store and the request spans among them, by `tailscope.engine`."""
-    from analysis.connect import request_engines
+    from analysis.engine.connect import request_engines
     from intake.recognition import Recognition
 
     spans, requests = con.execute(

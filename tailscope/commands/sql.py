@@ -86,7 +86,7 @@ def sql(
         return
     import duckdb
 
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
 
     with errors_as_messages():
         if materialize and READS_REQUESTS.search(query):

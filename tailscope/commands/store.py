@@ -31,7 +31,7 @@ def store(
     has waited since it settled (0 while the compactor keeps up); retention is what the last
     compactor (`tailscope collect` or `tailscope compact`) applied.
     """
-    from analysis.store_status import store_status, summary_line
+    from analysis.engine.store_status import store_status, summary_line
 
     with errors_as_messages():
         status = store_status(store_path(store))

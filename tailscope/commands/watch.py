@@ -68,7 +68,7 @@ def watch(
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
     from analysis.alerting import receivers_from
-    from analysis.percentiles import parse_duration
+    from analysis.engine.percentiles import parse_duration
     from analysis.watch import Config, load_rules
 
     with errors_as_messages():
@@ -89,8 +89,8 @@ def watch(
 def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool) -> None:
     import duckdb
 
-    from analysis.connect import connect
-    from analysis.percentiles import parse_time, request_facts, time_range
+    from analysis.engine.connect import connect
+    from analysis.engine.percentiles import parse_time, request_facts, time_range
     from analysis.watch import Event, replay, replay_json, summary_line
 
     since_ns, until_ns = parse_time(since), parse_time(until)

@@ -1,6 +1,6 @@
 """A plain-Python reference of the request model (docs/schema.md), walking instant by instant.
 
-Independent of analysis.model: no sweep, no running minimum, no SQL. For every integer
+Independent of analysis.engine.model: no sweep, no running minimum, no SQL. For every integer
 instant t of a request it asks which span owns t, by the documented rules:
 
 1. A request is a span with IsRequest; copies of one (same trace and span id) count once:

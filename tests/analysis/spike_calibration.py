@@ -1,4 +1,4 @@
-"""False-spike rate of `analysis.spikes.detect` on exact null data: i.i.d. windows, no incident.
+"""False-spike rate of `analysis.stats.spikes.detect` on exact null data: i.i.d. windows, no incident.
 
 Every request of a run is drawn from one log-normal law (median 1 s, log-sd `sigma`), so
 any spike reported is a false one. The calibration test (test_spike_calibration.py) runs a
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from analysis.spikes import ALPHA, detect
+from analysis.stats.spikes import ALPHA, detect
 
 SEC = 1_000_000_000
 WINDOW_NS = 60 * SEC

@@ -11,7 +11,7 @@ import pytest
 
 from analysis import breakdowns as B
 from analysis import connect
-from analysis.explain import bucket_bounds
+from analysis.stats.explain import bucket_bounds
 from tests.analysis.test_report import SLOW_REPLICA, fleet_store
 from tracing import schema as S
 

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
-from analysis import model as M
 from analysis.clickhouse_export import export_store, insert_sql, staging_columns
 from analysis.clickhouse_report import build_report as ch_report
-from analysis.connect import connect, request_engines
+from analysis.engine import model as M
+from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
 from intake.ingest import ingest_files
 from tracing import rows as R
@@ -95,11 +95,11 @@ def _py_promoted(s: dict[str, Any]) -> dict[str, Any]:
     stage = R.stage_of(s["SpanName"], attrs)
     req = R.is_request(s["kind"], stage, attrs)
     return {"Stage": stage, "IsRequest": req, "Outcome": R.outcome_of(s["status"], attrs) if req else None,
-            "Replica": R.replica_of(res), "Model": R._first(attrs, S.MODEL_KEYS),
-            "ModelVersion": R._first(attrs, S.MODEL_VERSION_KEYS), "Tenant": R._first(attrs, S.TENANT_KEYS),
-            "InputTokens": R._int_or_none(R._first(attrs, S.INPUT_TOKEN_KEYS)),
-            "OutputTokens": R._int_or_none(R._first(attrs, S.OUTPUT_TOKEN_KEYS)),
-            "TtftNs": R._int_or_none(attrs.get(S.ATTR_TTFT_NS)),
+            "Replica": R.replica_of(res), "Model": R.first_attr(attrs, S.MODEL_KEYS),
+            "ModelVersion": R.first_attr(attrs, S.MODEL_VERSION_KEYS), "Tenant": R.first_attr(attrs, S.TENANT_KEYS),
+            "InputTokens": R.attr_int(R.first_attr(attrs, S.INPUT_TOKEN_KEYS)),
+            "OutputTokens": R.attr_int(R.first_attr(attrs, S.OUTPUT_TOKEN_KEYS)),
+            "TtftNs": R.attr_int(attrs.get(S.ATTR_TTFT_NS)),
             "AdjustedCount": R.adjusted_count_of(s["TraceState"], attrs)}
 
 
@@ -398,7 +398,7 @@ def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
 @pytest.mark.parametrize("sample", ["incidents/slow_replica", "engines/vllm_slow_replica"])
 def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_path: Path, client: Any) -> None:
     from analysis.clickhouse_report import percentile_series as ch_series
-    from analysis.percentiles import percentile_series
+    from analysis.engine.percentiles import percentile_series
 
     store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path, client)
     con = connect(store)
@@ -422,7 +422,7 @@ def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_p
 
 def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
     from analysis.clickhouse_report import SPAN_INPUTS
-    from analysis.explain import _STAGE_INPUTS
+    from analysis.stats.explain import _STAGE_INPUTS
 
     assert set(SPAN_INPUTS) >= _STAGE_INPUTS
 
@@ -430,7 +430,7 @@ def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
 def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Path, client: Any) -> None:
     """Adjusted counts travel in TraceState (ot=th): ClickHouse derives them and weighs as the store does."""
     from analysis.clickhouse_report import percentile_series as ch_series
-    from analysis.percentiles import percentile_series
+    from analysis.engine.percentiles import percentile_series
     from tests.sample_traces import sampled_copy as SC
 
     whole = tmp_path / "whole"
@@ -488,15 +488,14 @@ def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, c
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_detection_on_the_server_equals_detection_in_memory(client: Any, weighted: bool) -> None:
-    """analysis.spikes.detect on random values (ties, a planted tail spike, uneven windows) against
+    """analysis.stats.spikes.detect on random values (ties, a planted tail spike, uneven windows) against
     detect_windows fed by the server (clickhouse_report._ServerValues): the same windows, quantiles, pooled
     figures, exceedances and spikes, to the bit; weighted with adjusted counts that are not whole numbers (a
     pooled figure then within float rounding: the weights are summed in another order)."""
     import numpy as np
 
     from analysis import clickhouse_report as CR
-    from analysis import spikes as SP
-
+    from analysis.stats import spikes as SP
     rng = np.random.default_rng(11 + weighted)
     w_ns = 60_000_000_000
     found = 0
@@ -557,7 +556,7 @@ def _sorted_runs(win: Any, values: Any, weights: Any) -> tuple[Any, Any, Any, An
 
 def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int, weights: tuple[float, ...] = (1.0,)
                  ) -> None:
-    """Request facts (analysis.model.FACT_COLUMNS) of `windows` windows of 600 requests each; the last 40 windows
+    """Request facts (analysis.engine.model.FACT_COLUMNS) of `windows` windows of 600 requests each; the last 40 windows
     are the same for every `windows` (one seed), and their windows 30-32 hold a tail spike on replica r-hot;
     adjusted counts drawn from `weights` (one seed)."""
     import numpy as np
@@ -605,7 +604,7 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
     and without each candidate is computed on the server (clickhouse_report._ServerTail), and equals the report's
     in memory (test_report_parity covers every catalogue sample; the sampled table's, with adjusted counts 1 and 2:
     test_a_sampled_spike_is_explained_on_the_server_as_in_memory)."""
-    from analysis.percentiles import iso
+    from analysis.engine.percentiles import iso
 
     w_ns = 60_000_000_000
     client.command("DROP TABLE IF EXISTS t_no_spans")
@@ -646,12 +645,12 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
 def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(client: Any) -> None:
     """A sampled facts table (adjusted counts 1 and 2) with a planted spike: before the spike's rows are pulled,
     only per-window rows, pooled figures and the values above the pooled p99 come back; the detection is
-    analysis.spikes.detect's weighted one in memory, and the sampling view sampling.judge's over the arrays."""
+    analysis.stats.spikes.detect's weighted one in memory, and the sampling view sampling.judge's over the arrays."""
     import numpy as np
 
-    from analysis import sampling as SM
-    from analysis import spikes as SP
-    from analysis.percentiles import iso
+    from analysis.engine.percentiles import iso
+    from analysis.stats import sampling as SM
+    from analysis.stats import spikes as SP
 
     w_ns = 60_000_000_000
     client.command("DROP TABLE IF EXISTS t_no_spans")
@@ -694,14 +693,14 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     """A sampled facts table (adjusted counts 1 and 2) with a planted spike: the report on ClickHouse, whose baseline
     away from the spike comes back as counts and summed weights per dimension combination and whose weighted
     counterfactual p99s are computed on the server, equals analysis.report's over every row in memory (the weighted
-    contrast and counterfactuals of analysis.explain, over the whole baseline), and so does explain_window on a
+    contrast and counterfactuals of analysis.stats.explain, over the whole baseline), and so does explain_window on a
     window that is not a spike."""
     import duckdb
 
     from analysis import clickhouse_report as CR
     from analysis import report as RP
-    from analysis.connect import _duck_type
-    from analysis.percentiles import iso
+    from analysis.engine.connect import _duck_type
+    from analysis.engine.percentiles import iso
 
     w_ns = 60_000_000_000
     client.command("DROP TABLE IF EXISTS t_no_spans")

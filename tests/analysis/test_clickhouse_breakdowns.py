@@ -23,12 +23,12 @@ from analysis import breakdowns as B
 from analysis import clickhouse as C
 from analysis import clickhouse_breakdowns as CB
 from analysis import clickhouse_report as CR
-from analysis import explain as X
 from analysis import traces as T
 from analysis.clickhouse_export import export_store
-from analysis.connect import connect
-from analysis.percentiles import parse_time
+from analysis.engine.connect import connect
+from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
+from analysis.stats import explain as X
 from intake.ingest import ingest_files
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from analysis import clickhouse as C
-from analysis import model as M
 from analysis.clickhouse_export import export_store
 from analysis.clickhouse_report import build_report, explain_window, percentile_series
+from analysis.engine import model as M
 from intake.ingest import ingest_files
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis import connect
-from analysis.views import PUBLIC_VIEWS
+from analysis.engine.views import PUBLIC_VIEWS
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch
 

@@ -11,9 +11,9 @@ import polars as pl
 import pytest
 
 from analysis import connect
-from analysis import explain as X
-from analysis.percentiles import MIN_TAIL
-from analysis.spikes import quantile_sorted
+from analysis.engine.percentiles import MIN_TAIL
+from analysis.stats import explain as X
+from analysis.stats.spikes import quantile_sorted
 from tests.analysis.test_report import fleet_store
 from tests.factory import T0, add_request, write
 from tracing import schema as S
@@ -276,7 +276,7 @@ def test_stage_rows_on_a_fleet_store(tmp_path: Path) -> None:
 
 def test_stage_rows_read_materialized_hours_and_compute_the_others(tmp_path: Path) -> None:
     """Mixed store: one hour materialized, its neighbours computed on the fly; every stage column equals the view."""
-    from analysis.materialize import HOUR_NS, build_hour, materialize, snapshot
+    from analysis.engine.materialize import HOUR_NS, build_hour, materialize, snapshot
 
     rng = random.Random(7)
     batch = SpanBatch()

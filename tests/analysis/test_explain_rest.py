@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analysis import explain as X
+from analysis.stats import explain as X
 
 
 def _bucket_floor(x: int | None) -> int | None:

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import explain as X
+from analysis.stats import explain as X
 
 
 def _case(seed: int) -> tuple[np.ndarray, np.ndarray, pl.DataFrame, np.ndarray, np.ndarray]:

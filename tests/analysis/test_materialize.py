@@ -11,8 +11,8 @@ import duckdb
 from typer.testing import CliRunner
 
 from analysis import connect, refresh
-from analysis import materialize as MZ
-from analysis.materialize import HOUR_NS, materialize, snapshot
+from analysis.engine import materialize as MZ
+from analysis.engine.materialize import HOUR_NS, materialize, snapshot
 from tailscope.cli import app
 from tests.factory import T0, add_request, write
 from tracing.rows import SpanBatch
@@ -207,7 +207,7 @@ def _otlp_json(path: Path) -> None:
 def test_the_empty_spans_table_has_the_types_of_a_stored_segment(tmp_path: Path) -> None:
     import duckdb
 
-    from analysis.connect import _empty_spans_ddl
+    from analysis.engine.connect import _empty_spans_ddl
 
     _two_hours(tmp_path)
     con = duckdb.connect(":memory:")
@@ -230,7 +230,7 @@ def test_files_of_another_model_version_are_stale(tmp_path: Path, monkeypatch: A
 def test_request_engines_equal_a_scan_of_the_spans_however_much_is_materialized(tmp_path: Path) -> None:
     import random
 
-    from analysis.connect import request_engines
+    from analysis.engine.connect import request_engines
     from tracing import schema as S
 
     rng = random.Random(3)

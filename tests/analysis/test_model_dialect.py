@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from analysis import model as M
+from analysis.engine import model as M
 
 D = M.DUCKDB
 

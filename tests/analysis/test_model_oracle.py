@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from analysis import connect
-from analysis.materialize import materialize
+from analysis.engine.materialize import materialize
 from tests.analysis.request_oracle import Span, reference
 from tests.factory import T0
 from tracing import schema as S
@@ -163,7 +163,7 @@ def test_streaming_only_request_gets_its_streaming_time(tmp_path: Path) -> None:
 
 
 def test_exclusive_stretches_add_up_to_the_stage_columns(random_traces: Any) -> None:
-    from analysis.model import exclusive_stretches, stretches_sql
+    from analysis.engine.model import exclusive_stretches, stretches_sql
 
     store, want = random_traces
     con = connect(store)
@@ -184,7 +184,7 @@ def test_exclusive_stretches_add_up_to_the_stage_columns(random_traces: Any) -> 
 
 
 def test_request_facts_match_the_per_instant_reference(random_traces: Any) -> None:
-    from analysis.percentiles import request_facts
+    from analysis.engine.percentiles import request_facts
 
     store, want = random_traces
     con = connect(store)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from analysis import connect
 from analysis import neighbours as N
-from analysis.percentiles import weighted_quantile_sorted
+from analysis.engine.percentiles import weighted_quantile_sorted
 from analysis.report import build_report, render_text
 from intake.ingest import ingest_files
 from tests.factory import add_request, write

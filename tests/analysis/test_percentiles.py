@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis import connect
-from analysis.percentiles import (
+from analysis.engine.percentiles import (
     auto_window_s,
     iso,
     parse_duration,

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from analysis import build_report, connect
-from analysis import explain as X
 from analysis.report import render_text
+from analysis.stats import explain as X
 from tailscope.cli import app
 from tests.factory import T0, add_request, hex_id, write
 from tracing import schema as S

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis import build_report, connect
-from analysis.percentiles import iso, request_facts
+from analysis.engine.percentiles import iso, request_facts
 from analysis.report import explain_window
 from tests.analysis.test_report import SLOW_REPLICA, fleet_store
 from tests.factory import T0

@@ -1,4 +1,4 @@
-"""analysis.sampling's bootstrap of a weighted quantile against a literal "draw in proportion to the adjusted
+"""analysis.stats.sampling's bootstrap of a weighted quantile against a literal "draw in proportion to the adjusted
 counts" reference, on random inputs (seeded), compared in distribution by a two-sample Kolmogorov-Smirnov test.
 
 The critical distance is the asymptotic one at ALPHA, sqrt(-ln(ALPHA / 2) (m + n) / (2 m n)); with
@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.percentiles import effective_count
-from analysis.sampling import bootstrap_quantiles, quantile_interval
+from analysis.engine.percentiles import effective_count
+from analysis.stats.sampling import bootstrap_quantiles, quantile_interval
 
 ALPHA = 1e-3
 DRAWS = 1000

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from analysis import clickhouse as C
-from analysis import sampling as SM
 from analysis.clickhouse_report import _ServerJudged
-from analysis.explain import binomial_tail_bound
+from analysis.stats import sampling as SM
+from analysis.stats.explain import binomial_tail_bound
 
 
 def _ref_quantile(values: list[float], weights: list[float], q: float) -> float:
@@ -40,7 +40,7 @@ def _ref_quantile(values: list[float], weights: list[float], q: float) -> float:
 
 
 def _ref_judge(values: Any, weights: Any, failed: Any, recorded: Any, malformed: Any, policy: str) -> SM.SamplingView:
-    """The rule of analysis.sampling's docstring, written plainly over lists."""
+    """The rule of analysis.stats.sampling's docstring, written plainly over lists."""
     vals, ws = values.tolist(), weights.tolist()
     rec, bad, fail = recorded.tolist(), malformed.tolist(), failed.tolist()
     view = SM.SamplingView(policy=policy, sampled=any(w != 1.0 for w in ws), recorded=sum(rec),

@@ -10,8 +10,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import model as M
-from analysis.connect import connect
+from analysis.engine import model as M
+from analysis.engine.connect import connect
 from tests.tracing.test_sampling import random_attrs, random_state
 from tracing import schema as S
 from tracing.rows import SpanBatch, adjusted_count_of

@@ -7,8 +7,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.connect import connect
-from analysis.sandbox import SANDBOX_THREADS, RefusedStatement, SandboxConnection
+from analysis.engine.connect import connect
+from analysis.engine.sandbox import SANDBOX_THREADS, RefusedStatement, SandboxConnection
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch
 from tracing.store import segment_files

@@ -15,7 +15,7 @@ import itertools
 
 import numpy as np
 
-from analysis.spikes import ALPHA, detect
+from analysis.stats.spikes import ALPHA, detect
 from tests.analysis.spike_calibration import WINDOW_NS, binomial_upper, null_run
 
 RUNS = 200

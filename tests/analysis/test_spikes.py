@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.spikes import (
+from analysis.stats.spikes import (
     ALPHA,
     SCAN_DRAWS,
     SCORE_BLOCK_SPREAD,
@@ -310,7 +310,7 @@ def test_the_block_null_has_the_permutation_null_law(case: int, monkeypatch: pyt
     permutation draws at or beyond the block null's 0.9 and 0.99 quantiles is 1 - q within 4.5 binomial sd of both
     samples (the two are independent). Odd cases hold thousands of values above the threshold, even ones a few
     dozen to hundreds; every third has ties."""
-    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: m < 3)
+    monkeypatch.setattr("analysis.stats.spikes._value_by_value", lambda m, windows: m < 3)
     rng = np.random.default_rng(100 + case)
     windows = int(rng.integers(4, 30))
     n = rng.integers(300, 3000, windows)
@@ -335,7 +335,7 @@ def test_the_block_null_against_plain_draws_and_its_totals(monkeypatch: pytest.M
     """The block draws (every group of 4 or more by hypergeometrics) against placing the scored values on slots plainly
     (rng.choice of K of the N slots, the i-th chosen slot holding the i-th score), and each draw's counts and sums add
     up to K and the scores' sum."""
-    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: m < 4)
+    monkeypatch.setattr("analysis.stats.spikes._value_by_value", lambda m, windows: m < 4)
     rng = np.random.default_rng(9)
     n = np.array([500, 700, 520, 900, 610, 505, 800, 640])
     total_k, max_len = int(0.02 * n.sum()), 4
@@ -367,7 +367,7 @@ def test_the_block_draws_have_the_exact_law_of_a_uniform_placement(by_value: boo
     group, hit each outcome that often within 4.5 binomial sd."""
     import itertools
 
-    monkeypatch.setattr("analysis.spikes._value_by_value", lambda m, windows: by_value)
+    monkeypatch.setattr("analysis.stats.spikes._value_by_value", lambda m, windows: by_value)
     n = np.array([3, 2, 4])
     slot_window = np.repeat(np.arange(3), n)
     scores = [0.5, 0.5, 0.5, 1.5, 1.5]
@@ -415,8 +415,8 @@ def test_the_pooled_quantiles_by_partition_equal_those_of_the_sorted_pool() -> N
 def test_pooled_windows_read_the_runs_of_the_flagged_windows() -> None:
     """SortedValues.pool joins the flagged windows' runs: the same values in the same order as a mask over every
     value, so the pooled quantiles are those of the mask's values, on random windows (some empty)."""
-    from analysis.percentiles import quantiles_unsorted
-    from analysis.spikes import SortedValues
+    from analysis.engine.percentiles import quantiles_unsorted
+    from analysis.stats.spikes import SortedValues
 
     rng = np.random.default_rng(29)
     for case in range(200):
@@ -436,7 +436,7 @@ def test_pooled_windows_read_the_runs_of_the_flagged_windows() -> None:
 def test_median_is_numpys() -> None:
     """spikes.median (the baseline's median window p99, without numpy.ma) equals np.median bit for bit on random
     arrays: odd and even sizes, ties, one value, a nan."""
-    from analysis.spikes import median
+    from analysis.stats.spikes import median
 
     rng = np.random.default_rng(31)
     for case in range(500):

@@ -1,4 +1,4 @@
-"""`tailscope store` and analysis.store_status: the figures, exactly, before and after compaction."""
+"""`tailscope store` and analysis.engine.store_status: the figures, exactly, before and after compaction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from analysis.store_status import store_status
+from analysis.engine.store_status import store_status
 from intake.compact.merge import Compactor, Policy
 from tailscope.cli import app
 from tests.factory import T0

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import connect
 from analysis import traces as T
-from analysis.model import subtract
+from analysis.engine.model import subtract
 from tests.analysis.test_report import fleet_store
 from tests.dashboard.incident_store import write_incident_store
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from analysis import connect
-from analysis.views import REQUEST_STAGE_COLUMNS
+from analysis.engine.views import REQUEST_STAGE_COLUMNS
 from tests.factory import add_request, write
 from tracing import schema as S
 from tracing.errors import StoreError

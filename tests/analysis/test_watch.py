@@ -70,7 +70,7 @@ def replay_json(store: Path, *extra: str) -> list[dict[str, Any]]:
 
 
 def _ns(text: str) -> int:
-    from analysis.percentiles import parse_time
+    from analysis.engine.percentiles import parse_time
     value = parse_time(text)
     assert value is not None
     return value
@@ -266,8 +266,8 @@ def test_replay_text_names_the_cause(tmp_path_factory: pytest.TempPathFactory) -
 
 
 def test_detect_is_the_reports(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The watch's baseline figures come from analysis.spikes.detect on the buffered rows (no second detector)."""
-    from analysis.spikes import detect
+    """The watch's baseline figures come from analysis.stats.spikes.detect on the buffered rows (no second detector)."""
+    from analysis.stats.spikes import detect
     from analysis.watch import Watcher, open_range, read_rows
     store = store_of("slow_replica", tmp_path_factory)
     con = open_range(store, START_NS, START_NS + 900 * NS)

@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import explain as X
-from analysis.spikes import detect
+from analysis.stats import explain as X
+from analysis.stats.spikes import detect
 from analysis.watch import Config, Rule, Watcher, evaluate_rule
 
 NS = 1_000_000_000

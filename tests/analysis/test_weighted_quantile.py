@@ -10,8 +10,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from analysis.percentiles import QUANTILES, effective_count, percentile_series, weighted_quantile_sorted
-from analysis.spikes import quantile_sorted
+from analysis.engine.percentiles import QUANTILES, effective_count, percentile_series, weighted_quantile_sorted
+from analysis.stats.spikes import quantile_sorted
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.connect import connect
-from analysis.percentiles import parse_time
+from analysis.engine.connect import connect
+from analysis.engine.percentiles import parse_time
 from analysis.watch import AlertStore, Config, alerts_frame, replay
 from tests.dashboard.conftest import APP
 from tests.dashboard.incident_store import Incident

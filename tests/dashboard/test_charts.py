@@ -31,7 +31,7 @@ def test_token_buckets_are_labelled_as_the_report_labels_them() -> None:
     """The chart shows analysis' own bucket labels unchanged (the dashboard never relabels)."""
     import pandas as pd
 
-    from analysis.explain import bucket_bounds, bucket_label
+    from analysis.stats.explain import bucket_bounds, bucket_label
 
     lows = [0, 1, 2, 1024]
     df = pd.DataFrame({"input_tokens_bucket": [bucket_label(*bucket_bounds(lo)) for lo in lows],

@@ -8,8 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.capacity import capacity_curve, observed_workload
-from analysis.connect import connect
 from analysis.cost import Prices, cost_table
+from analysis.engine.connect import connect
 from tests.dashboard.conftest import APP
 
 

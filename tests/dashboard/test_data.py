@@ -11,8 +11,8 @@ import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.connect import connect
-from analysis.materialize import REQUESTS_DIR
+from analysis.engine.connect import connect
+from analysis.engine.materialize import REQUESTS_DIR
 from dashboard import data
 from tests.dashboard.conftest import APP
 from tests.dashboard.incident_store import START_NS, Incident, _chunk
@@ -29,7 +29,7 @@ def _write(store: Path, offset: int, n: int, duration_s: float, total: int) -> N
 
 
 def _analysis_rows(store: Path) -> tuple[str, list[tuple[Any, ...]]]:
-    """The `requests` columns (a select list) and rows of analysis.connect on `store`, in a fixed order."""
+    """The `requests` columns (a select list) and rows of analysis.engine.connect on `store`, in a fixed order."""
     con = connect(store)
     try:
         cols = ", ".join(c[0] for c in con.execute("DESCRIBE requests").fetchall())
@@ -66,7 +66,7 @@ def test_a_large_load_shows_facts_first_then_exact_rows(incident_store: Path, tm
 
 def test_materialized_hours_are_read_from_their_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hours the store holds materialized load exact at once; only the others wait for the background."""
-    from analysis.materialize import build_hour, materialize, snapshot
+    from analysis.engine.materialize import build_hour, materialize, snapshot
 
     store = init_store(tmp_path / "store")
     _write(store, 0, 600, 3 * HOUR_S, 600)
@@ -209,7 +209,7 @@ def test_waterfall_stretches_sum_to_the_stage_columns(incident_store: Path) -> N
 
 
 def test_shape_cells_cover_every_request_in_the_reports_buckets(incident_store: Path) -> None:
-    from analysis.explain import bucket_bounds
+    from analysis.stats.explain import bucket_bounds
 
     wb = data.Workbench(incident_store)
     wb.refresh()
@@ -222,10 +222,10 @@ def test_shape_cells_cover_every_request_in_the_reports_buckets(incident_store: 
 
 @pytest.mark.parametrize("materialized", [False, True])
 def test_refresh_recomputes_every_hour_a_late_span_can_change(tmp_path: Path, materialized: bool) -> None:
-    """A request reads spans of its own hour and one on each side (analysis.materialize.hours_read): a
+    """A request reads spans of its own hour and one on each side (analysis.engine.materialize.hours_read): a
     segment landing in one hour changes the requests of both neighbours, and the workbench's rows
-    stay equal to analysis.connect's `requests` row for row."""
-    from analysis.materialize import HOUR_NS, materialize
+    stay equal to analysis.engine.connect's `requests` row for row."""
+    from analysis.engine.materialize import HOUR_NS, materialize
     from tests.factory import T0, add_request, hex_id, write
     from tracing.rows import SpanBatch
 
@@ -279,7 +279,7 @@ def test_refresh_recomputes_every_hour_a_late_span_can_change(tmp_path: Path, ma
 
 def test_a_swept_file_makes_the_workbench_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The workbench reads materialized files in place; one superseded and swept is noticed, not read."""
-    from analysis import materialize as MZ
+    from analysis.engine import materialize as MZ
     from tests.factory import add_request, write
     from tracing.rows import SpanBatch
 
@@ -370,7 +370,7 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
 def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store: Path, tmp_path: Path) -> None:
     """Unfiltered on a store whose hours are all materialized, the report calls read the store's own requests
     (no copy); filtered or with a stale hour, the filtered view of `req`. Both give the same report."""
-    from analysis.materialize import materialize
+    from analysis.engine.materialize import materialize
     from analysis.report import build_report, find_spikes
 
     store = tmp_path / "store"

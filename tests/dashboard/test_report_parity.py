@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.percentiles import iso, parse_time
+from analysis.engine.percentiles import iso, parse_time
 from analysis.report import explain_window
 from dashboard import charts, data
 from tests.dashboard.conftest import APP
@@ -107,7 +107,7 @@ def test_under_a_time_filter_the_pages_equal_the_cli_with_since(incident_store: 
 
 def test_a_brushed_window_is_explained_as_analysis_explains_it_on_the_store(incident_store: Path) -> None:
     """A window that is no spike: the dashboard's explanation equals explain_window on a plain connection."""
-    from analysis.connect import connect
+    from analysis.engine.connect import connect
 
     wb = data.workbench(str(incident_store))
     lo = data.choices(wb, str(incident_store), wb.version)["min_ns"]
@@ -160,8 +160,8 @@ def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
     assert f"over {w['requests_weighted']:,.0f} requests." in " ".join(md.value for md in at.markdown)
     at.switch_page("app_pages/cost.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    from analysis.connect import connect
     from analysis.cost import cost_table
+    from analysis.engine.connect import connect
 
     want = cost_table(connect(half_store), by="tenant")
     got = at.dataframe[0].value

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from examples.loadgen import run
 from examples.model import ModelCosts
 from tests.tracing.otel_helpers import spans

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake.collect import Receiver
 from tests.intake.collect_helpers import T0, pb_body, running
 from tracing.rows import attr_str
@@ -63,7 +63,7 @@ def make_spans() -> list[ReadableSpan]:
 
 
 def stored(store: Path) -> dict[str, dict[str, Any]]:
-    """Every stored span by SpanId, read back through analysis.connect."""
+    """Every stored span by SpanId, read back through analysis.engine.connect."""
     con = connect(store)
     try:
         cur = con.execute("SELECT TraceId, SpanId, ParentSpanId, SpanName, SpanKind, TimestampNs, Duration, "

@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.intake.collect_child import Child, start_child
 from tests.intake.collect_helpers import pb_body
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake.collect.journal import JOURNAL_DIR
 from tests.intake.collect_helpers import pb_body, start_cli_receiver
 from tracing.store import segment_files

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake import otlp
 from intake.collect.config import CollectConfig, exposure_warning
 from intake.otlp import MAX_JSON_DEPTH, json_depth

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake.collect.commit import Committer, RecentKeys
 from intake.collect.journal import ARROW, PROTOBUF, Journal, encode_record, host_tag, journal_dir, read_journal
 from intake.collect.recovery import replay_journals

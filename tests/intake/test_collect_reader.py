@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.intake.collect_helpers import ROOT, pb_body, running
 
 BODIES = 120

@@ -104,7 +104,7 @@ def test_one_compactor_per_store(tmp_path: Path) -> None:
 
 def test_materialized_requests_stay_fresh_through_a_merge_and_go_stale_on_new_spans(tmp_path: Path) -> None:
     from analysis import connect
-    from analysis.materialize import materialize, snapshot
+    from analysis.engine.materialize import materialize, snapshot
 
     rng = random.Random(3)
     write_segments(tmp_path, rng, 12)

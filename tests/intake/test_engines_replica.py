@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake.peer import peer_host, with_peer
 from tests.intake.collect_helpers import T0, running
 from tracing.rows import SpanBatch, attr_str, is_random_instance_id, replica_of

@@ -1,5 +1,5 @@
-"""intake.otlp.promote (vectorized, once per commit group) against SpanBatch.append (rows._first and
-rows._int_or_none per span) on random attribute maps: absent, empty and present values of every key
+"""intake.otlp.promote (vectorized, once per commit group) against SpanBatch.append (rows.first_attr and
+rows.attr_int per span) on random attribute maps: absent, empty and present values of every key
 that a promoted column reads, in every order."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ KEYS = (*S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEY
 VALUES = ("", "m1", "m2", "12", "-7", "3.5", "x9", " 4")
 
 
-def _first(attrs: dict[str, str], keys: tuple[str, ...]) -> str | None:
+def first_attr(attrs: dict[str, str], keys: tuple[str, ...]) -> str | None:
     """The reference: the first key whose value is there and not empty."""
     return next((attrs[k] for k in keys if attrs.get(k, "") != ""), None)
 
@@ -34,6 +34,6 @@ def test_promoted_columns_equal_the_per_span_rules_on_random_attributes() -> Non
         table = batch.to_table()
         promoted = promote(base_of(table))
         assert promoted.equals(table)
-        assert promoted.column("Model").to_pylist() == [_first(a, S.MODEL_KEYS) for a in rows]
-        assert promoted.column("Tenant").to_pylist() == [_first(a, S.TENANT_KEYS) for a in rows]
-        assert promoted.column("ModelVersion").to_pylist() == [_first(a, S.MODEL_VERSION_KEYS) for a in rows]
+        assert promoted.column("Model").to_pylist() == [first_attr(a, S.MODEL_KEYS) for a in rows]
+        assert promoted.column("Tenant").to_pylist() == [first_attr(a, S.TENANT_KEYS) for a in rows]
+        assert promoted.column("ModelVersion").to_pylist() == [first_attr(a, S.MODEL_VERSION_KEYS) for a in rows]

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from analysis import connect
-from analysis.materialize import REQUESTS_DIR, materialize, partition_dir
+from analysis.engine.materialize import REQUESTS_DIR, materialize, partition_dir
 from intake.compact import retention as R
 from tailscope.cli import app
 from tailscope.commands.common import query_failure, store_hooks

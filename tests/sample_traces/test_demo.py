@@ -2,7 +2,8 @@
 
 Runs the real console script in a subprocess (stdout is a pipe, not a TTY: the dashboard must
 not start, the command that opens it is printed instead), twice, to check that loading is
-idempotent, and checks the report against the demo's truth file.
+idempotent, and checks the report against the demo's truth file. The first run's output is also
+what README.md's demo block must show (with lines left out only where it says `…`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,38 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from sample_traces import generate
 
 TAILSCOPE = Path(sys.executable).parent / "tailscope"
+README = Path(__file__).resolve().parents[2] / "README.md"
+#: A line of the README's demo block that stands for any number of lines left out.
+ELIDED = "…"
+
+
+def readme_demo_block() -> tuple[str, list[str]]:
+    """The README's demo output: (the command line after `$ `, the output lines shown)."""
+    section = README.read_text().split("<!-- demo:begin -->", 1)[1].split("<!-- demo:end -->", 1)[0]
+    block = section.split("```\n$ ", 1)[1].split("\n```", 1)[0]
+    command, *lines = block.split("\n")
+    return command, lines
+
+
+def unmatched(shown: list[str], output: list[str]) -> str | None:
+    """The first line of `shown` that does not follow in `output` (each line exactly, `…` any run of lines), or
+    None when `shown` is `output` with some runs of lines left out where it says `…`."""
+    at = 0
+    skipping = False
+    for line in shown:
+        if line == ELIDED:
+            skipping = True
+            continue
+        found = next((i for i in range(at, len(output) if skipping else min(at + 1, len(output)))
+                      if output[i] == line), None)
+        if found is None:
+            return line
+        at, skipping = found + 1, False
+    return None if skipping or at == len(output) else f"(the output goes on: {output[at]!r})"
 
 
 def _demo(store: Path) -> subprocess.CompletedProcess[str]:
@@ -32,6 +61,12 @@ def test_demo_loads_the_sample_prints_a_spike_and_the_dashboard_command(tmp_path
     first = _demo(store)
     assert first.returncode == 0, first.stderr
     out = first.stdout
+    # the README shows this run's output (its store named demo-store), lines left out only where it says so
+    command, shown = readme_demo_block()
+    assert command == "tailscope demo --store demo-store --no-dashboard"
+    real = [line.rstrip() for line in out.replace(str(store), "demo-store").splitlines()]
+    assert unmatched(shown, real) is None, (
+        f"README.md's demo block is stale at {unmatched(shown, real)!r}; the real output:\n" + "\n".join(real))
     assert "spike 1" in out
     assert f"Open the dashboard: tailscope dashboard --store {store}" in out
     for inc in truth["incidents"]:  # the ground truth is printed for comparison
@@ -67,3 +102,15 @@ def test_demo_report_names_each_labelled_incident(tmp_path: Path) -> None:
             if datetime.fromisoformat(spike["start"]) < w1 and datetime.fromisoformat(spike["end"]) > w0:
                 found.append((inc["scenario"], spike["stages"][0]["stage"], spike["dimensions"][0]["value"]))
     assert sorted(found) == sorted((i["scenario"], i["stage"], i["value"]) for i in truth["incidents"])
+
+
+def test_unmatched_reads_the_readme_block_as_the_output_with_marked_gaps() -> None:
+    """The README check itself: exact lines in order, `…` for a run of lines, nothing left out silently."""
+    out = ["a", "b", "c", "d"]
+    assert unmatched(["a", "b", "c", "d"], out) is None
+    assert unmatched(["a", ELIDED, "d"], out) is None
+    assert unmatched([ELIDED, "c", ELIDED], out) is None
+    assert unmatched(["a", "c", "d"], out) == "c"  # b left out without a mark
+    assert unmatched(["a", "b"], out) == "(the output goes on: 'c')"
+    assert unmatched(["a", ELIDED, "x"], out) == "x"
+    assert unmatched(["b", "a"], out) == "b"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from intake.ingest import ingest_files
 from sample_traces import generate
 from sample_traces.emit import write_otlp

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from analysis.spikes import quantile_sorted
+from analysis.stats.spikes import quantile_sorted
 from sample_traces.quantile import quantile
 
 

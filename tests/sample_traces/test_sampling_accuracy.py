@@ -4,7 +4,7 @@ recorded as `ot=th`) and the weighted analysis of the copy is checked against th
 
 - Counts, p50 and p99 per window and per tenant: the whole's value must lie within the copy's 99 %
   interval wherever the copy's figure is not flagged low-sample: the bootstrap of
-  `analysis.sampling.quantile_interval` for percentiles; for counts the normal interval of the
+  `analysis.stats.sampling.quantile_interval` for percentiles; for counts the normal interval of the
   sampling design itself, variance sum (1 - p) / p over the whole's requests, which the test knows
   (an interval estimated from the copy is empty when it kept no error at all). A 99 % interval
   misses 1 % of the time when calibrated; the bootstrap of a quantile from a few hundred values is
@@ -27,9 +27,9 @@ import pyarrow as pa
 import pytest
 
 from analysis import connect
-from analysis.percentiles import percentile_series
+from analysis.engine.percentiles import percentile_series
 from analysis.report import build_report
-from analysis.sampling import quantile_interval
+from analysis.stats.sampling import quantile_interval
 from intake.ingest import ingest_files
 from intake.otlp import base_of, promote
 from sample_traces import generate

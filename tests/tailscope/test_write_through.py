@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from analysis.materialize import HOUR_NS, snapshot
+from analysis.engine.materialize import HOUR_NS, snapshot
 from tailscope.cli import app
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch

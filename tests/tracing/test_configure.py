@@ -12,7 +12,7 @@ import pytest
 
 import tracing
 import tracing.store
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.tracing.otel_helpers import reset_globals
 from tracing import schema as S
 

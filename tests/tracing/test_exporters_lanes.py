@@ -13,7 +13,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tracing.exporters import BoundedBatchProcessor, GuardedExporter, SegmentStoreExporter
 
 OTLP_TIMEOUT_S = 30

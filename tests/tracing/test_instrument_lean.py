@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tracing
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.tracing.otel_helpers import spans
 from tracing import schema as S
 from tracing.exporters import append_span

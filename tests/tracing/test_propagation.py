@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import tracing
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tests.tracing.otel_helpers import reset_globals, span_id, spans, trace_id
 from tracing import schema as S
 

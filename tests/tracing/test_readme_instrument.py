@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analysis.connect import connect
+from analysis.engine.connect import connect
 from tracing import schema as S
 
 ROOT = Path(__file__).parents[2]

@@ -41,10 +41,10 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from analysis import model as M
-from analysis.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
-from analysis.spikes import quantile_sorted
-from analysis.views import LIVE_HOUR_MACRO, VIEW_SQL
+from analysis.engine import model as M
+from analysis.engine.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
+from analysis.engine.views import LIVE_HOUR_MACRO, VIEW_SQL
+from analysis.stats.spikes import quantile_sorted
 from tracing import schema as S
 
 #: Dimensions a spike is explained by (columns of `requests`).
@@ -553,7 +553,7 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
     The view's own SQL runs over a temp copy of just these traces' spans. `since_ns` / `until_ns`
     bound the span start times read (the caller passes bounds that hold every span overlapping
     the requests), so only the segments of that time range are read. On a connection from
-    `analysis.connect`, requests of materialized hours are read from their files and only the
+    `analysis.engine.connect`, requests of materialized hours are read from their files and only the
     other hours' spans are scanned (a store materialized throughout reads no span at all).
     """
     params = {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}

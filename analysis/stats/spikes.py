@@ -60,7 +60,7 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from analysis.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
+from analysis.engine.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
 
 #: Relative rise of p99 over the baseline p99 below which nothing is a spike.
 MIN_RISE: Final = 0.2

@@ -1,4 +1,4 @@
-"""Materialized requests: the request model (analysis.model) written once per hour as Parquet.
+"""Materialized requests: the request model (analysis.engine.model) written once per hour as Parquet.
 
 Layout: STORE/requests/dt=YYYY-MM-DD/hr=HH/requests-<key>.parquet holds the requests whose
 request span starts in that hour, sorted by start_ns. A request reads spans from its own
@@ -9,7 +9,7 @@ spans keeps the file fresh): when a segment lands in any of them (late spans, a 
 the hour boundary), the key changes and the file is stale. The file's key-value metadata
 (ENGINES_KEY) counts the hour's request spans by engine, so the report's coverage line reads no
 span of a materialized hour. A reader
-(analysis.connect) uses the file whose key matches the segments it sees and computes
+(analysis.engine.connect) uses the file whose key matches the segments it sees and computes
 every other hour on the fly, so a query never depends on this having run. Files are
 written to a hidden temporary name, fsynced and renamed: readers see the old file or the
 new one, never half. Superseded files are removed GRACE_S after they were superseded, so a
@@ -36,9 +36,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from analysis import model as M
+from analysis.engine import model as M
+from analysis.engine.views import files_source, spans_sql
 from analysis.kernel import load_kernel
-from analysis.views import files_source, spans_sql
 from tracing import schema as S
 from tracing.store import fsync_path, hour_of_dir, list_store, require_store
 
@@ -111,7 +111,7 @@ def hour_of(ns: int) -> int:
 
 
 def hours_read(hour_ns: int) -> tuple[int, ...]:
-    """The hours whose spans the requests of `hour_ns` read (analysis.model.READ_HOURS: its own and each neighbour)."""
+    """The hours whose spans the requests of `hour_ns` read (model.READ_HOURS: its own and each neighbour)."""
     return tuple(hour_ns + d * HOUR_NS for d in M.READ_HOURS)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import duckdb
 
-from analysis.views import VIEW_SQL, files_source, spans_sql
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from tracing import schema as S
 from tracing.errors import QueryError
 from tracing.store import require_store, segment_files

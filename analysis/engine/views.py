@@ -1,16 +1,16 @@
 """The documented SQL views over a segment store: `spans`, `requests`, `stages`.
 
 The request model (what a request is, its critical-path stage columns, TTFT / TPOT,
-status, replica) is defined once in analysis.model; this module names the views built
+status, replica) is defined once in analysis.engine.model; this module names the views built
 from it. `VIEW_SQL` computes `requests` / `stages` from whatever relation is called
 `spans` in the connection (used by per-trace helpers and the dashboard); a connection
-from analysis.connect reads materialized hours instead where they are fresh
-(analysis.materialize).
+from analysis.engine.connect reads materialized hours instead where they are fresh
+(analysis.engine.materialize).
 """
 
 from __future__ import annotations
 
-from analysis import model as M
+from analysis.engine import model as M
 
 REQUEST_STAGE_COLUMNS: tuple[str, ...] = M.STAGE_COLUMNS
 
@@ -29,7 +29,7 @@ def with_later_columns(scan: str) -> str:
 
     union_by_name gives NULL where some files lack a column, but no column at all when every file
     does; the typed empty relation supplies it. NULL means "written before the column": readers
-    coalesce it to the default (analysis.model.LATER_COLUMNS).
+    coalesce it to the default (analysis.engine.model.LATER_COLUMNS).
     """
     empty = ", ".join(f"NULL::{typ} AS {name}" for name, typ, _ in M.LATER_COLUMNS)
     return f"(SELECT * FROM {scan} UNION ALL BY NAME SELECT {empty} WHERE false)"
@@ -47,7 +47,7 @@ VIEW_SQL: dict[str, str] = {
     "stages": M.stages_sql("requests"),
 }
 
-#: Macro of a connection from analysis.connect: is a span start (ns) in an hour that is not materialized?
+#: Macro of a connection from analysis.engine.connect: is a span start (ns) in an hour that is not materialized?
 LIVE_HOUR_MACRO = "_tailscope_live_hour"
 
 #: The documented views, for docs and tests.

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from analysis import model as M
+from analysis.engine import model as M
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -253,11 +253,11 @@ _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
 
 def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, str]:
-    """(stored, live): SQL of the request-level columns of the request model (analysis.model), no
+    """(stored, live): SQL of the request-level columns of the request model (analysis.engine.model), no
     critical-path sweep; `stored` (with a `rid` column) reads materialized hours in place, `live`
     computes the rest.
 
-    On a connection from analysis.connect: the materialized hours plus the model on the fly for
+    On a connection from analysis.engine.connect: the materialized hours plus the model on the fly for
     the rest; on any other connection: the model over its `spans` (`stored` empty).
     """
     cols = _FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ())
@@ -280,7 +280,7 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
     """Make, once per connection snapshot, the request-level columns of `requests` (no stage columns); return
     the name of the view holding them.
 
-    The same rows and values as `requests` (one definition: analysis.model), read in place from the
+    The same rows and values as `requests` (one definition: analysis.engine.model), read in place from the
     materialized hours where fresh and otherwise computed without the critical-path sweep (into a
     temp table, so once). Each row has a `rid`, unique in the view, to address it by
     (`facts_by_rid`); ids of stored rows name their file and row, so the facts of a day of spans

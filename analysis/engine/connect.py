@@ -5,11 +5,11 @@ it opened, or at the last `refresh(con, store)`. Writers in other processes keep
 segments meanwhile and are never blocked (no DuckDB file, no lock); every scan inside one
 query sees the same files, so a request never shows up with half its stages.
 
-`requests` is the union of the fresh materialized hours (analysis.materialize) and, for
-every other hour, the request model computed on the fly from the spans (analysis.model):
+`requests` is the union of the fresh materialized hours (analysis.engine.materialize) and, for
+every other hour, the request model computed on the fly from the spans (analysis.engine.model):
 the same rows either way. `requests_between(lo_ns, hi_ns)` is the same over requests
 starting in [lo_ns, hi_ns), reading only the files of those hours. With `sandbox=True` the
-connection can only read the store (see analysis/sandbox.py).
+connection can only read the store (see analysis/engine/sandbox.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,18 @@ from typing import Literal, overload
 import duckdb
 import pyarrow as pa
 
-from analysis import model as M
-from analysis.materialize import ENGINES_KEY, HOUR_NS, Snapshot, engine_counts_sql, hour_where, snapshot, stored_source
-from analysis.sandbox import SandboxConnection
-from analysis.views import LIVE_HOUR_MACRO, files_source, spans_sql
+from analysis.engine import model as M
+from analysis.engine.materialize import (
+    ENGINES_KEY,
+    HOUR_NS,
+    Snapshot,
+    engine_counts_sql,
+    hour_where,
+    snapshot,
+    stored_source,
+)
+from analysis.engine.sandbox import SandboxConnection
+from analysis.engine.views import LIVE_HOUR_MACRO, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store
 
@@ -73,7 +81,7 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
 
     Raises StoreError if `store` is not a store. The views see the segments present now;
     call `refresh(con, store)` (or reconnect) to see segments written later. With `sandbox`,
-    an `analysis.sandbox.SandboxConnection` instead: read-only, SELECT/EXPLAIN only, its own
+    an `analysis.engine.sandbox.SandboxConnection` instead: read-only, SELECT/EXPLAIN only, its own
     memory limit and threads (defaults SANDBOX_MEMORY_LIMIT, SANDBOX_THREADS); reconnect to refresh.
     """
     if sandbox:

@@ -1,24 +1,21 @@
 """The request model, defined once: SQL that turns spans into one row per inference request.
 
-Every consumer reads this definition: the `requests` / `stages` views (analysis.views,
-analysis.connect), the materialized per-hour request files (analysis.materialize), the
-report's request facts (analysis.percentiles) and, through those, the dashboard. The
+Every consumer reads this definition: the `requests` / `stages` views (analysis.engine.views,
+analysis.engine.connect), the materialized per-hour request files (analysis.engine.materialize), the
+report's request facts (analysis.engine.percentiles) and, through those, the dashboard. The
 rules (critical-path sweep, stage columns, TTFT / TPOT, outcome, replica, which spans a
 request reads) are listed in docs/schema.md; tests/analysis/test_model_oracle.py checks
 them against a plain-Python per-instant reference.
 
-The SQL is generated for a `Dialect`, a small map of the few constructs that differ
-between engines: `DUCKDB` and `CLICKHOUSE` (its traps: window `min` over an empty frame
-gives 0, so `minOrNull`; an aggregate over no row gives 0, so the `OrNull` combinator; a
-LEFT JOIN needs `join_use_nulls = 1`, see `CLICKHOUSE_SETTINGS`; `round` is banker's for
-floats; use `quantileExactInclusive`, never `quantile` / `median`, which sample).
+The SQL is generated for a `Dialect` (analysis.engine.dialect, the one table of what differs
+between engines: `DUCKDB` and `CLICKHOUSE`, re-exported here for the model's callers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
+from analysis.engine.dialect import CLICKHOUSE as CLICKHOUSE
+from analysis.engine.dialect import CLICKHOUSE_SETTINGS as CLICKHOUSE_SETTINGS
+from analysis.engine.dialect import DUCKDB, Dialect, quote
 from tracing import schema as S
 
 HOUR_NS: int = 3_600_000_000_000
@@ -44,74 +41,17 @@ WORKER_STAGES: tuple[str, ...] = ("generation", "prefill", "decode")
 INFO_STAGES: tuple[str, ...] = (*WORKER_STAGES, "streaming")
 
 
-def quote(text: str) -> str:
-    """A SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _in_list(values: tuple[str, ...]) -> str:
     return "(" + ", ".join(quote(v) for v in values) + ")"
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """The engine-specific spellings the model uses; everything else is common SQL."""
-
-    name: str
-    #: aggregate `agg(expr)` over the rows where `cond` holds
-    agg_if: Callable[[str, str, str], str]
-    #: minimum over a window frame that is NULL (not 0) on an empty frame
-    min_or_null: Callable[[str], str]
-    #: value of `val` on the row with the smallest `key` (a row / tuple of sort keys)
-    arg_min: Callable[[str, str], str]
-    #: floor division of integers
-    int_div: Callable[[str, str], str]
-    #: round half away from zero to a 64-bit integer
-    round_int: Callable[[str], str]
-    #: cast to a 64-bit integer
-    int64: Callable[[str], str]
-    #: UTC timestamp (microseconds) from integer ns since the epoch
-    ts_from_ns: Callable[[str], str]
-    #: a tuple of sort keys
-    row: Callable[[list[str]], str]
-    #: a 64-bit hash of two strings (the join key of a span and of its parent)
-    hash2: Callable[[str, str], str]
-    #: whether a CTE may be marked MATERIALIZED (computed once)
-    materialized_ctes: bool = True
-    #: a boolean result as the engine's boolean type
-    to_bool: Callable[[str], str] = lambda expr: expr
-
-
-DUCKDB = Dialect(
-    name="duckdb",
-    agg_if=lambda agg, expr, cond: f"{agg}({expr}) FILTER (WHERE {cond})",
-    min_or_null=lambda expr: f"min({expr})",
-    arg_min=lambda val, key: f"arg_min({val}, {key})",
-    int_div=lambda a, b: f"({a}) // ({b})",
-    round_int=lambda expr: f"round({expr})::BIGINT",  # DuckDB rounds half away from zero
-    int64=lambda expr: f"({expr})::BIGINT",
-    ts_from_ns=lambda expr: f"make_timestamp(({expr}) // 1000)",
-    row=lambda keys: f"row({', '.join(keys)})",
-    hash2=lambda a, b: f"hash({a}, {b})",
-)
 
 
 #: Span columns added after stores were written: (column, DuckDB type, the value an older segment reads as).
 LATER_COLUMNS: tuple[tuple[str, str, str], ...] = (("AdjustedCount", "DOUBLE", "1.0"),)
 
-#: Per dialect: a 56-bit threshold from 14 lowercase hex digits; a regex match; the first capture group;
-#: a double read off text (NULL when it does not read).
-_SAMPLING_SPELLINGS: dict[str, tuple[Callable[[str], str], Callable[[str, str], str], Callable[[str, str], str],
-                                     Callable[[str], str]]] = {
-    "duckdb": (lambda hx: f"TRY_CAST('0x' || {hx} AS BIGINT)",
-               lambda x, rx: f"regexp_matches({x}, {quote(rx)})",
-               lambda x, rx: f"regexp_extract({x}, {quote(rx)}, 1)",
-               lambda x: f"TRY_CAST({x} AS DOUBLE)"),
-    "clickhouse": (lambda hx: f"toInt64(reinterpretAsUInt64(reverse(unhex(concat('00', {hx})))))",
-                   lambda x, rx: f"match({x}, {quote(rx)})",
-                   lambda x, rx: f"extract({x}, {quote(rx)})",
-                   lambda x: f"toFloat64OrNull({x})"),
-}
 
 
 def adjusted_count_sql(d: Dialect, trace_state: str = "TraceState", attrs: str = "SpanAttributes") -> str:
@@ -139,7 +79,7 @@ def sampling_record_sql(d: Dialect, trace_state: str = "TraceState", attrs: str 
 
 
 def _sampling_parts(d: Dialect, trace_state: str, attrs: str) -> dict[str, str]:
-    hex56, matches, extract, to_double = _SAMPLING_SPELLINGS[d.name]
+    hex56, matches, extract, to_double = d.hex56, d.regex_matches, d.regex_extract, d.to_double_or_null
     ws = " \\t"  # a regex class: space and tab
     ot = extract(trace_state, f"(?:^|,)[{ws}]*ot=([^,]*?)[{ws}]*(?:,|$)")
     has_ot = matches(trace_state, f"(?:^|,)[{ws}]*ot=")
@@ -168,30 +108,6 @@ def stored_adjusted_count(d: Dialect, table: str = "") -> str:
     return f"coalesce({pre}AdjustedCount, 1.0)"
 
 
-def _ch_round_half_away(expr: str) -> str:
-    """Round half away from zero exactly: the fraction of |x| below 2**52 is exact in a double."""
-    a = f"abs({expr})"
-    return f"toInt64(sign({expr}) * (floor({a}) + ({a} - floor({a}) >= 0.5)))"
-
-
-#: Settings every query of the model needs on ClickHouse: unmatched LEFT JOIN columns are NULL (not 0 / ''),
-#: and a MATERIALIZED CTE is computed once (without it, each reference recomputes it).
-CLICKHOUSE_SETTINGS: dict[str, int] = {"join_use_nulls": 1, "enable_materialized_cte": 1}
-
-CLICKHOUSE = Dialect(
-    name="clickhouse",
-    # the OrNull combinator: an aggregate over no row is NULL, as in SQL, not the type's default
-    agg_if=lambda agg, expr, cond: f"{'argMin' if agg == 'arg_min' else agg}OrNullIf({expr}, {cond})",
-    min_or_null=lambda expr: f"minOrNull({expr})",
-    arg_min=lambda val, key: f"argMin({val}, {key})",
-    int_div=lambda a, b: f"intDiv({a}, {b})",
-    round_int=_ch_round_half_away,
-    int64=lambda expr: f"toInt64({expr})",
-    ts_from_ns=lambda expr: f"fromUnixTimestamp64Micro(intDiv({expr}, 1000), 'UTC')",
-    row=lambda keys: f"tuple({', '.join(keys)})",
-    hash2=lambda a, b: f"cityHash64({a}, {b})",
-    to_bool=lambda expr: f"toBool({expr})",
-)
 
 
 def _sweep(d: Dialect, part: str) -> str:
@@ -380,16 +296,7 @@ def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str 
 def stages_sql(source: str = "requests", d: Dialect = DUCKDB) -> str:
     """The long `stages` view: one row per request and stage over a `requests` relation."""
     keep = "trace_id, span_id, start, start_ns, status, replica, service, model, model_version, tenant"
-    cols = ", ".join(STAGE_COLUMNS)
-    if d.name == "clickhouse":
-        pairs = ", ".join(f"({quote(c.removesuffix('_ns'))}, {c})" for c in STAGE_COLUMNS)
-        return f"""
-SELECT {keep}, sc.1 AS stage, sc.2 AS critical_ns
-FROM (SELECT {keep}, arrayJoin([{pairs}]) AS sc FROM {source})"""
-    return f"""
-SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
-FROM (UNPIVOT (SELECT {keep}, {cols} FROM {source})
-      ON {cols} INTO NAME stage_col VALUE critical_ns)"""
+    return d.unpivot_stages(keep, STAGE_COLUMNS, source)
 
 
 def stretches_sql(source: str = "spans", d: Dialect = DUCKDB) -> str:

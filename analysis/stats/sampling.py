@@ -2,7 +2,7 @@
 rate looks tail-based (it depends on latency or outcome without saying so), and by roughly how much
 the percentiles are then off; plus the bootstrap interval of a weighted quantile.
 
-Weights (each request's adjusted count, analysis.model) make counts and percentiles right for
+Weights (each request's adjusted count, analysis.engine.model) make counts and percentiles right for
 any sampler that *records* its probability, whatever it keeps (errors at 100 % and the rest at
 20 %, a rate per tenant): the kept requests, weighted, stand for the whole. A tail-based sampler
 (keep the slow ones, keep the errors, decided after the request ended) records nothing; its
@@ -32,9 +32,9 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
-from analysis import model as M
-from analysis.explain import binomial_tail_bound
-from analysis.percentiles import quote_ident, row_id_column, source_columns, weighted_quantile_sorted
+from analysis.engine import model as M
+from analysis.engine.percentiles import quote_ident, row_id_column, source_columns, weighted_quantile_sorted
+from analysis.stats.explain import binomial_tail_bound
 
 F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]

@@ -1,0 +1,77 @@
+"""Every benchmark script runs once at its tiny size (benchmarks.run_all.TINY) and prints its table.
+
+No timing is asserted: the figures of a tiny run mean nothing. What is checked is that each script
+finishes, prints the rows its docs describe, and that the results it checks itself (reports equal
+across engines, the cost identity, the same curve both ways) hold. Each script runs in its own
+process, as `make bench` runs it, with its inputs and temporary files under the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import run_all
+from tests.needs import need
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: script -> patterns its tiny run's output must contain (its table's rows, and the checks it makes itself)
+PRINTS: dict[str, tuple[str, ...]] = {
+    "bench_instrumentation": (r"medians: tailscope / bare = \d", r"lean path, total +\d"),
+    "bench_views": (r'"anchor_s": \d', r'"stored_p99_per_replica_x": \d', r'"same_answers": true',
+                    r'"cli_p99_per_replica_x": \d'),
+    "bench_report": (r"'report_vs_duckdb_cpu_x': \d", r"'materialize_s': \d", r"'cli_report_peak_rss_mib': \d",
+                     r"'requests': 1000\b"),
+    "bench_cost": (r"1,000 requests", r"identity holds", r"identical: True", r"kernel [\d.]+ ms/replay"),
+    "bench_build_hour": (r'"anchor": \[', r'"cpu_x_anchor": \d'),
+    "bench_detect": (r"values=20000 windows=8 K=200 detect_cpu_s=[\d.]+ anchor_permutation_cpu_s=[\d.]+",),
+    "bench_clickhouse": (r"7,000 spans, 1,000 requests", r"report DuckDB [\d.]+ s", r"equal=True"),
+    "bench_clickhouse_weighted": (r"2,000 summary .* True", r"2,000 replicas .* True", r"2,000 shape .* True",
+                                  r"2,000 series by replica, 1 min .* True"),
+    "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
+    "bench_dashboard": (r"\| page overview \(new session\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
+    "bench_ingest_memory": (r"\n +whole +\d+", r"\n +streaming +\d+"),
+    "bench_grpc_unauth": (r"answers: \{'UNAUTHENTICATED': 1\}", r"receiver RSS: before \d+ MiB, peak \d+ MiB"),
+}
+
+
+def _run(cmd: list[str], tmp_path: Path) -> str:
+    """Run one benchmark command in its own process (temporary files under tmp_path); its stdout."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, f"{' '.join(cmd[1:])} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_every_benchmark_script_has_a_tiny_run() -> None:
+    """A new benchmark script cannot escape the smoke test: each has its tiny arguments and its expected rows."""
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("bench_*.py")}
+    assert scripts == set(run_all.TINY) == set(run_all.SMALL) == set(PRINTS)
+
+
+@pytest.mark.parametrize("name", sorted(run_all.TINY))
+def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
+    if name == "bench_build_hour":
+        from analysis.engine.materialize import load_sweep
+
+        need(load_sweep() is not None, "the C kernel analysis._replay", "build it: python setup.py build_ext --inplace")
+    out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)
+    for pattern in PRINTS[name]:
+        assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"
+
+
+def test_cost_ab_measures_a_tree_and_compares_two_runs(tmp_path: Path) -> None:
+    """benchmarks.cost_ab: one tree measured on the tiny synthetic store, then two outputs compared."""
+    out_file = tmp_path / "this.json"
+    measured = _run([sys.executable, "-m", "benchmarks.cost_ab", "--spans", "7000", "--dir", str(tmp_path / "work"),
+                     "--out", str(out_file)], tmp_path)
+    assert re.search(r"'cost_s': [\d.]+", measured) and out_file.exists()
+    compared = _run([sys.executable, "-m", "benchmarks.cost_ab", "--compare", str(out_file), str(out_file)], tmp_path)
+    assert "cost table the same: True | curve the same: True" in compared
