@@ -55,7 +55,7 @@ from dashboard import clickhouse_data as CHD
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
-from tracing.store import default_store, require_store
+from tracing.store import default_store, require_store, segment_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -683,9 +683,10 @@ def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int)
 
 # --- the SQL console ---------------------------------------------------------------------
 
-@st.cache_resource(show_spinner=False)
-def sandbox(store: str) -> SandboxConnection:
-    """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked."""
+@st.cache_resource(show_spinner=False, max_entries=2)
+def sandbox(store: str, files: tuple[str, ...] = ()) -> SandboxConnection:
+    """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked.
+    `files` (the segments listed now) keys it: a new one once segments were written, merged or removed."""
     from analysis.engine.connect import connect
 
     return connect(Path(store), sandbox=True)
@@ -724,7 +725,7 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     (interrupted, not left running), duckdb.Error when DuckDB rejects it (e.g. file access).
     """
     text = check_read_only(sql)
-    cur = sandbox(store).cursor()
+    cur = sandbox(store, tuple(str(f) for f in segment_files(Path(store)))).cursor()
     timed_out = threading.Event()
 
     def _fire() -> None:
