@@ -20,6 +20,7 @@ Scenarios:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -38,6 +39,7 @@ from benchmarks.bench_collect import PYTHON, ROOT, Collector, post_bodies, sdk_s
 from tracing.store import HOUR_NS, SegmentWriter, list_store, segment_files
 
 REPLICAS = 16
+print = functools.partial(print, flush=True)  # figures appear as they are measured
 REQUESTS_PER_EXPORT = 8
 
 

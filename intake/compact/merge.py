@@ -25,7 +25,6 @@ write that fails (a full disk) removes its temporary, keeps the inputs, and is r
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -65,8 +64,6 @@ from tracing.store import (
 
 #: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
 CATCH_UP = 8
-#: Niceness added to the compaction thread (Linux: per thread), so the receiver's threads come first on a busy CPU.
-NICE = 10
 #: The lock file a compactor holds (flock) while it works on a store.
 LOCK_NAME = ".compact.lock"
 
@@ -213,9 +210,8 @@ class Compactor:
     def run(self, stop: Any, every_s: float = 2.0) -> None:
         """Pass after pass until `stop` (a threading.Event) is set; a failure is one line, then the next pass.
 
-        Runs at a lower CPU priority than the rest of the process where the platform allows it per thread."""
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + NICE)
+        At the process's own CPU priority: a lower one (nice 10 on the thread) let a busy machine starve it,
+        and an hour held 707 segments while spans arrived (docs/benchmarks.md, "compaction")."""
         while not stop.is_set():
             try:
                 self.run_once()
