@@ -139,7 +139,7 @@ def store_status(store: Path | str, *, footers: bool = True, now_s: float | None
                 continue  # merged or removed meanwhile, or unreadable (compaction quarantines it)
             size += st.st_size
             small += st.st_size < target // 2
-            mergeable_raw += segment_level(f.name) == 0 and st.st_size <= 4 * target
+            mergeable_raw += segment_level(f.name) == 0 and st.st_size <= 2 * target
             newest_mtime = max(newest_mtime, st.st_mtime)
             spans += n
             first = lo if first is None or (lo is not None and lo < first) else first

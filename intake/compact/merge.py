@@ -268,17 +268,18 @@ class Compactor:
                    if st.st_size >= self.policy.target_bytes // 2 and segment_level(f.name) == 0]
         if len(small) == 1 and segment_level(small[0].name) > 0:
             small = []  # one sorted file: nothing to gain
-        return small + [f for f in big_raw if stats[f].st_size <= 4 * self.policy.target_bytes]
+        return small + [f for f in big_raw if stats[f].st_size <= 2 * self.policy.target_bytes]
 
     def plan(self, listing: HourListing, now: float) -> list[Path]:
         """The inputs of the next merge in this hour (oldest first), or [] when the hour is in shape."""
         stats = self._sizes(listing)
         half = self.policy.target_bytes // 2
         if self.settled(listing, now):
-            todo = sorted(self._small(listing), key=lambda f: (stats[f].st_mtime, f.name))
-            if not todo:
-                return []
-            return self._fill(todo, stats) if len(todo) > 1 or segment_level(todo[0].name) == 0 else []
+            todo = sorted(self._small(listing), key=lambda f: (stats[f].st_size, f.name))  # smallest first
+            group = self._fill(todo, stats)
+            if len(group) == 1 and segment_level(group[0].name) > 0:  # one sorted file alone: nothing to gain,
+                group = [f for f in todo if segment_level(f.name) == 0][:1]  # but a raw one is rewritten sorted
+            return group
         by_level: dict[int, list[Path]] = {}
         for f, st in stats.items():
             if st.st_size < half:
@@ -293,11 +294,12 @@ class Compactor:
         return []
 
     def _fill(self, files: list[Path], stats: dict[Path, os.stat_result]) -> list[Path]:
-        """The longest prefix of `files` whose bytes stay within the target (at least two files, or one)."""
+        """The longest prefix of `files` whose bytes stay within the target (at least one file): what one merge
+        reads, so its memory stays bounded."""
         out: list[Path] = []
         total = 0
         for f in files:
-            if len(out) >= 2 and total + stats[f].st_size > self.policy.target_bytes:
+            if out and total + stats[f].st_size > self.policy.target_bytes:
                 break
             out.append(f)
             total += stats[f].st_size
