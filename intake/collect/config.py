@@ -155,7 +155,7 @@ class CollectSettings(SettingsTable):
         "so a query that listed them before the merge can finish.", option="--compact-grace-s")
     compact_row_group_spans: Setting[int] = Setting(
         int, 65_536, "Spans per Parquet row group in compacted segments (sorted by start time, so a time range "
-        "reads only the row groups it meets).")
+        "reads only the row groups it meets); a multiple of 2,048 (DuckDB writes them).")
     compact_every_s: Setting[float] = Setting(
         float, 0.5, "Seconds between two compaction passes over the store.")
     retain: Setting[str] = Setting(

@@ -37,12 +37,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from intake.compact import retention as R
 from intake.compact.policy import Policy
-from tracing import schema as S
 from tracing.errors import StoreError
 from tracing.store import (
     COMPACTED,
@@ -59,9 +59,12 @@ from tracing.store import (
     read_record,
     require_store,
     segment_level,
-    write_options,
 )
 
+#: Memory one merge's sort may use (DuckDB's memory_limit); beyond it the sort spills to SPILL_DIR.
+MEMORY_LIMIT = "256MB"
+#: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
+SPILL_DIR = ".compact-tmp"
 #: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
 CATCH_UP = 8
 #: The lock file a compactor holds (flock) while it works on a store.
@@ -321,10 +324,9 @@ class Compactor:
 
     def _merge(self, listing: HourListing, inputs: list[Path], result: PassResult, now: float) -> bool:
         """Merge `inputs` into one sorted segment of the next level; False when nothing was written."""
-        tables = []
-        for path in inputs:
+        for path in inputs:  # every footer first: a segment that is not Parquet goes to quarantine
             try:
-                tables.append(pq.read_table(path))
+                pq.read_metadata(path)
             except FileNotFoundError:
                 return False  # gone meanwhile (another tool): plan again at the next pass
             except pa.ArrowException as exc:  # not Parquet, truncated, a bad footer
@@ -333,13 +335,6 @@ class Compactor:
             except OSError as exc:  # the disk, not the file: leave it and retry later
                 self._fail(path, exc, result, now)
                 return False
-        try:
-            table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        except pa.ArrowException as exc:
-            self._fail(listing.directory, exc, result, now)
-            return False
-        del tables
-        table = table.sort_by([("TimestampNs", "ascending")]) if "TimestampNs" in table.column_names else table
         level = max(segment_level(p.name) for p in inputs) + 1
         name = f"c{level}-{uuid.uuid4().hex[:16]}.parquet"
         directory = listing.directory
@@ -347,11 +342,11 @@ class Compactor:
         tmp = directory / f".{name}.ctmp"
         record_path = final.with_suffix(RECORD_SUFFIX)
         record_tmp = directory / f".{record_path.name}.ctmp"
-        record = {"inputs": [p.name for p in inputs], "level": level, "spans": table.num_rows,
-                  "digest": f"{combine_digests(listing.digests[p.name] for p in inputs):032x}",
-                  "committed_ns": int(now * 1e9)}  # the pass's time: grace is counted on the same clock
         try:
-            self._write(table, tmp)
+            spans = self._write(inputs, tmp)
+            record = {"inputs": [p.name for p in inputs], "level": level, "spans": spans,
+                      "digest": f"{combine_digests(listing.digests[p.name] for p in inputs):032x}",
+                      "committed_ns": int(now * 1e9)}  # the pass's time: grace is counted on the same clock
             with open(record_tmp, "w", encoding="utf-8") as fh:
                 fh.write(json.dumps(record))
                 if self.policy.durable:
@@ -363,7 +358,7 @@ class Compactor:
             os.replace(tmp, final)  # the commit: readers now see `final` and not the inputs
             if self.policy.durable:
                 fsync_path(directory)
-        except OSError as exc:
+        except (OSError, duckdb.Error) as exc:
             for p in (tmp, record_tmp):
                 p.unlink(missing_ok=True)
             if not final.exists():
@@ -372,17 +367,28 @@ class Compactor:
             return False
         result.merges += 1
         result.merged_segments += len(inputs)
-        result.written_spans += table.num_rows
+        result.written_spans += spans
         return True
 
-    def _write(self, table: pa.Table, path: Path) -> None:
-        # the segment writer's column options (statistics, dictionaries) when the table is in SPAN_SCHEMA
-        options = write_options() if table.schema.equals(S.SPAN_SCHEMA, check_metadata=False) else {}
-        with open(path, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd", row_group_size=self.policy.row_group_spans, **options)
-            if self.policy.durable:
-                fh.flush()
-                os.fsync(fh.fileno())
+    def _write(self, inputs: list[Path], path: Path) -> int:
+        """Write the spans of `inputs`, sorted by start time, to `path` (fsynced); return how many.
+
+        DuckDB sorts within MEMORY_LIMIT, spilling to STORE/.compact-tmp/ beyond it, so a merge's memory
+        stays bounded whatever the target size; columns a segment lacks (written before them) come out NULL."""
+        spill = self.store / SPILL_DIR
+        con = duckdb.connect(":memory:", config={"memory_limit": MEMORY_LIMIT, "threads": 1,
+                                                 "temp_directory": str(spill), "preserve_insertion_order": False})
+        try:
+            files = [str(p) for p in inputs]
+            order = "ORDER BY TimestampNs" if "TimestampNs" in pq.read_schema(inputs[0]).names else ""
+            row = con.execute(f"COPY (SELECT * FROM read_parquet(?, union_by_name = true, hive_partitioning = false) "
+                              f"{order}) TO '{path}' (FORMAT parquet, COMPRESSION zstd, "
+                              f"ROW_GROUP_SIZE {int(self.policy.row_group_spans)})", [files]).fetchone()
+        finally:
+            con.close()
+        if self.policy.durable:
+            fsync_path(path)
+        return int(row[0]) if row else 0
 
     def _fail(self, where: Path, exc: BaseException, result: PassResult, now: float) -> None:
         result.failed += 1

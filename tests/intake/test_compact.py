@@ -25,7 +25,7 @@ LATER = time.time() + 1000
 
 def _policy(**kw: object) -> Policy:
     base: dict[str, object] = {"fan_in": 4, "target_bytes": 1 << 20, "settle_s": 300.0, "quiet_s": 60.0,
-                               "grace_s": 600.0, "row_group_spans": 50, "durable": False}
+                               "grace_s": 600.0, "row_group_spans": 2048, "durable": False}
     base.update(kw)
     return Policy(**base)  # type: ignore[arg-type]
 
