@@ -20,7 +20,8 @@ orphan record are removed at the next start) or the output visible (its inputs a
 later), never both, never neither; a merge that is done is never redone (idempotent).
 A segment that cannot be read is moved to STORE/quarantine/ with one line naming it; a
 write that fails (a full disk) removes its temporary, keeps the inputs, and is retried after
-`retry_s`. One compactor per store at a time (an flock on STORE/.compact.lock).
+`retry_s`. One compactor per store at a time (an flock on STORE/.compact.lock). DuckDB does
+the merge (an out-of-core sort within MEMORY_LIMIT), so its memory does not follow the target size.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -129,7 +131,7 @@ class Compactor:
 
     def acquire(self) -> None:
         """Take the store's compaction lock (CompactorBusy if another process holds it), then undo what a
-        killed compactor left: temporaries and records whose output never got its name."""
+        killed compactor left: temporaries, spilled sort runs and records whose output never got its name."""
         if self._lock_fd is not None:
             return
         path = self.store / LOCK_NAME
@@ -144,6 +146,7 @@ class Compactor:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+        shutil.rmtree(self.store / SPILL_DIR, ignore_errors=True)  # a killed merge's spilled sort runs
         for directory in hour_dirs(self.store):
             self._recover(directory)
 
