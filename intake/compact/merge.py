@@ -64,7 +64,7 @@ from tracing.store import (
 )
 
 #: Memory one merge's sort may use (DuckDB's memory_limit); beyond it the sort spills to SPILL_DIR.
-MEMORY_LIMIT = "256MB"
+MEMORY_LIMIT = "64MB"
 #: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
 SPILL_DIR = ".compact-tmp"
 #: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
