@@ -140,7 +140,8 @@ def store_status(store: Path | str, *, footers: bool = True, now_s: float | None
             size += st.st_size
             small += st.st_size < target // 2
             mergeable_raw += segment_level(f.name) == 0 and st.st_size <= 2 * target
-            newest_mtime = max(newest_mtime, st.st_mtime)
+            if segment_level(f.name) == 0:  # a writer's segment (compaction's own are not new spans)
+                newest_mtime = max(newest_mtime, st.st_mtime)
             spans += n
             first = lo if first is None or (lo is not None and lo < first) else first
             last = hi if last is None or (hi is not None and hi > last) else last

@@ -64,9 +64,12 @@ from tracing.store import (
 )
 
 #: Memory one merge's sort may use (DuckDB's memory_limit); beyond it the sort spills to SPILL_DIR.
-MEMORY_LIMIT = "64MB"
+MEMORY_LIMIT = "256MB"
 #: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
 SPILL_DIR = ".compact-tmp"
+#: At most this many segments read by one merge (DuckDB keeps state per file it reads: 3,000 did not fit in
+#: MEMORY_LIMIT); a settled hour of more is merged in rounds.
+MAX_INPUTS = 64
 #: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
 CATCH_UP = 8
 #: The lock file a compactor holds (flock) while it works on a store.
@@ -263,7 +266,9 @@ class Compactor:
         end_s = (hour_of_dir(listing.directory) + HOUR_NS) / 1e9
         if now - end_s < self.policy.settle_s:
             return False
-        newest = max((st.st_mtime for st in self._sizes(listing).values()), default=0.0)
+        # segments writers made (compaction's own outputs are not "new spans landing")
+        newest = max((st.st_mtime for f, st in self._sizes(listing).items() if segment_level(f.name) == 0),
+                     default=0.0)
         return now - newest >= self.policy.quiet_s
 
     def _small(self, listing: HourListing) -> list[Path]:
@@ -305,7 +310,7 @@ class Compactor:
         out: list[Path] = []
         total = 0
         for f in files:
-            if out and total + stats[f].st_size > self.policy.target_bytes:
+            if out and (total + stats[f].st_size > self.policy.target_bytes or len(out) >= MAX_INPUTS):
                 break
             out.append(f)
             total += stats[f].st_size
