@@ -64,7 +64,7 @@ from tracing.store import (
 )
 
 #: Memory one merge's sort may use (DuckDB's memory_limit); beyond it the sort spills to SPILL_DIR.
-MEMORY_LIMIT = "256MB"
+MEMORY_LIMIT = "128MB"
 #: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
 SPILL_DIR = ".compact-tmp"
 #: At most this many segments read by one merge (DuckDB keeps state per file it reads: 3,000 did not fit in
