@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-.PHONY: all venv demo test lint typecheck unit browser-deps bench clean
+.PHONY: all venv demo test lint typecheck unit browser-deps monitoring-deps ch-releases bench clean
 
 all: test
 
@@ -31,13 +31,40 @@ browser-deps:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; \
 	fi
 
+# Debian's Prometheus and Alertmanager for the /metrics and alert-routing tests (real servers on loopback).
+monitoring-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; fi; \
+	fi
+
+# The older ClickHouse releases the tests serve over HTTP (tests/clickhouse_http.py), one venv each since one venv
+# holds one chdb: release -> the chdb that embeds it (checked with SELECT version()). The newest is .venv's chdb.
+# No chdb embeds 25.3 (3.3.0 embeds 24.8.4, 3.4.1 embeds 25.5.2): 25.5 stands between the two LTS releases.
+CH_RELEASES := 24.8 25.5 25.8
+CHDB_24.8 := 3.3.0
+CHDB_25.5 := 3.4.1
+CHDB_25.8 := 3.7.2
+CH_STAMPS := $(foreach r,$(CH_RELEASES),.venv-ch/$(r)/.chdb-$(CHDB_$(r)))
+
+# installed once per release and chdb version (the stamp names both)
+define CH_VENV
+.venv-ch/$(1)/.chdb-$(CHDB_$(1)):
+	$(PYTHON) -m venv .venv-ch/$(1)
+	.venv-ch/$(1)/bin/python -m pip install --quiet "chdb==$(CHDB_$(1))" lz4 zstandard
+	touch $$@
+endef
+$(foreach r,$(CH_RELEASES),$(eval $(call CH_VENV,$(r))))
+
+ch-releases: $(CH_STAMPS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP) browser-deps
+unit: $(STAMP) browser-deps monitoring-deps ch-releases
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck unit
@@ -46,4 +73,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-ch build *.egg-info .pytest_cache .mypy_cache .ruff_cache

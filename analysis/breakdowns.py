@@ -132,7 +132,7 @@ def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = 
 def mark_outliers(df: pl.DataFrame) -> pl.DataFrame:
     """The `outlier` column of `replicas` (the rule in its docstring), from each replica's p99_ms.
 
-    Public so every engine's per-replica breakdown (analysis.clickhouse_breakdowns) flags by this one rule.
+    Public so every engine's per-replica breakdown (analysis.clickhouse.breakdowns) flags by this one rule.
     """
     if df.height == 0:
         return df.with_columns(pl.lit(False).alias("outlier"))
@@ -196,7 +196,7 @@ def check_token_columns(by: Sequence[str]) -> None:
 def label_shape(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """`shape`'s last columns: each bucket's label and p99_low_sample, from its C_lo / C_hi and n_effective.
 
-    Public so every engine's shape breakdown (analysis.clickhouse_breakdowns) labels and flags by this one rule.
+    Public so every engine's shape breakdown (analysis.clickhouse.breakdowns) labels and flags by this one rule.
     """
     return df.with_columns([(pl.col(f"{c}_lo").cast(pl.String) + "-" + pl.col(f"{c}_hi").cast(pl.String))
                             .alias(f"{c}_bucket") for c in by]

@@ -176,7 +176,7 @@ def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
         at = replicas if replicas < w.zero_wait_replicas else w.zero_wait_replicas
         base = w.points.get(at)
         if base is None:
-            base = _replayed(w, at, kernel)
+            base = replayed(w, at, kernel)
             w.points[at] = base
         if at != replicas:
             base = {**base, "replicas": replicas, "servers": replicas * w.slots}
@@ -184,7 +184,7 @@ def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
     return {**base, "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd}
 
 
-def _replayed(w: Workload, replicas: int, kernel: ctypes.CDLL | None) -> dict[str, Any]:
+def replayed(w: Workload, replicas: int, kernel: ctypes.CDLL | None) -> dict[str, Any]:
     """`point` without its price: one replay through replicas x slots servers."""
     lat = replay(w.arrivals, w.services, replicas * w.slots, kernel, checked=True)
     p50, p99 = _q_ms(lat, [0.5, 0.99])

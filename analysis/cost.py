@@ -635,7 +635,7 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
     fkey = f"coalesce(toString(f.{by}), {C.literal(NONE_KEY)})"
     key = "s.replica" if by == "replica" else fkey
     join = f"FROM {shares} AS s LEFT JOIN {facts} AS f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id"
-    settings = M.CLICKHOUSE_SETTINGS
+    settings = C.features(client).settings
     try:
         if grid is not None:
             gpu = pl.from_arrow(client.query(

@@ -32,6 +32,7 @@ from analysis.engine.percentiles import (
     facts_by_rid,
     iso,
     metric_column,
+    ms,
     parse_duration,
     parse_time,
     quote_ident,
@@ -66,7 +67,7 @@ class SpanFetcher(Protocol):
 #: Reads, per row id of a facts table, whether its request span records a sampling probability and
 #: whether that record is malformed (sampling.recorded_flags's signature).
 
-#: Baseline requests as counts (see `_explain_all`): combinations with their `n`, a reader of their values
+#: Baseline requests as counts (see `explain_all`): combinations with their `n`, a reader of their values
 #: outside a candidate, and the whole baseline's p99 with and without a candidate (the engine's own).
 RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray], X.BaselineTail]
 
@@ -226,9 +227,6 @@ def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: in
     return round(total * total / squares, 3) if squares else 0.0
 
 
-def _ms(ns: float) -> float | None:
-    return round(ns / 1e6, 3) if math.isfinite(ns) else None
-
 
 def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
              since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
@@ -268,9 +266,9 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
         hi = until_ns if until_ns is not None else last_ns + 1
         win = auto_window_s(counts["requests"], max(hi - lo, 1) / 1e9)
     window_ns = round(win * 1e9)
-    report = _header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
+    report = report_header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
     weights = weights_of(frame)
-    report |= _sampling_header(report, weighted, weights, frame.height)
+    report |= sampling_header(report, weighted, weights, frame.height)
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
     det: Detection | None = None
@@ -299,8 +297,8 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     if det is None:
         return report, frame, facts, None, coded
     report["windows"] = int(det.n.size)
-    report["baseline_p50_ms"] = _ms(det.baseline_p50_ns)
-    report["baseline_p99_ms"] = _ms(det.baseline_p99_ns)
+    report["baseline_p50_ms"] = ms(det.baseline_p50_ns)
+    report["baseline_p99_ms"] = ms(det.baseline_p99_ns)
     if det.baseline.any():
         base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
         base_rows = rows_in_windows(start, base_wins, det.window_ns)
@@ -315,7 +313,7 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     return report, frame, facts, det, coded
 
 
-def _header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
+def report_header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
             until_ns: int | None, values: int) -> dict[str, Any]:
     """The report's keys before detection; `counts` holds `requests` and the outcome counts (taken from it)."""
     return {
@@ -331,7 +329,7 @@ def _header(metric: str, win: float, counts: dict[str, int], include_failures: b
     }
 
 
-def _sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, weights: np.ndarray | None,
+def sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, weights: np.ndarray | None,
                      values: int) -> dict[str, Any]:
     """The report's sampling keys: `sampled`, the weighted counts beside the counts, effective counts."""
     out = report["outcomes"]
@@ -390,7 +388,7 @@ def build_report(
         return report
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
-    report["spikes"] = _explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
+    report["spikes"] = explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
@@ -457,7 +455,7 @@ def explain_window(
     values = values_of(frame)
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
+            item = explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
@@ -481,7 +479,7 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = _explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
+    item = explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
     item["detected"] = False
     return item
 
@@ -501,7 +499,7 @@ def _trace_ids(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, 
     return [str(found[r][0]) for r in rids]
 
 
-def _local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int]) -> np.ndarray:
+def local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int]) -> np.ndarray:
     """Window starts (ns) of the baseline windows nearest the spike, holding at least as many requests."""
     base = det.window_start_ns[det.baseline]
     dist = np.maximum(spike.start_ns - (base + det.window_ns), base - spike.end_ns)
@@ -520,7 +518,7 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
                 fetch: SpanFetcher | None = None) -> list[dict[str, Any]]:
     weights = weights_of(frame)
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    local = _local_baseline(det, spike, counts)
+    local = local_baseline(det, spike, counts)
     local_rows = rows_in_windows(start, local // det.window_ns, det.window_ns).astype(np.int64)
     base_tail = X.tail_slice(values, local_rows, weights=weights)
     rows = np.concatenate([spike_tail, base_tail])
@@ -542,7 +540,7 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
                           table.join(base_ids, on="trace_id", how="semi"), stage_names)
 
 
-def _explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
+def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
                  det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
                  rest: RestCounts | None = None, coded: list[X.Coded] | None = None) -> list[dict[str, Any]]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
@@ -611,7 +609,7 @@ class _Coding:
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
                  rest: RestCounts | None, coded: list[X.Coded] | None = None) -> None:
-        """`base`: the baseline's rows; `rest`: as `_explain_all`'s; `coded`: the frame's DIMENSIONS coded (by
+        """`base`: the baseline's rows; `rest`: as `explain_all`'s; `coded`: the frame's DIMENSIONS coded (by
         `X.code_dimension`), when already done."""
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
@@ -661,9 +659,9 @@ class _Coding:
 def _spike_json(s: Spike) -> dict[str, Any]:
     return {
         "start": iso(s.start_ns), "end": iso(s.end_ns), "requests": s.requests,
-        "p50_ms": _ms(s.p50_ns), "p99_ms": _ms(s.p99_ns),
-        "baseline_p50_ms": _ms(s.baseline_p50_ns), "baseline_p99_ms": _ms(s.baseline_p99_ns),
-        "excess_ms": _ms(s.excess_ns),
+        "p50_ms": ms(s.p50_ns), "p99_ms": ms(s.p99_ns),
+        "baseline_p50_ms": ms(s.baseline_p50_ns), "baseline_p99_ms": ms(s.baseline_p99_ns),
+        "excess_ms": ms(s.excess_ns),
         "p_value": float(f"{s.p_value:.3g}") if math.isfinite(s.p_value) else None, "windows": s.windows,
         "stages": [], "dimensions": [], "exemplars": [],
         "requests_weighted": float(s.requests) if math.isnan(s.requests_weighted) else s.requests_weighted,
@@ -739,5 +737,5 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     """
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
-    items = _explain_all(con, facts, frame, start, values, det, metric, det.spikes)
+    items = explain_all(con, facts, frame, start, values, det, metric, det.spikes)
     return items, [e for item in items for e in item.get("errors", [])]

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse.export import export_store
 from analysis.engine.percentiles import auto_window_s
 from benchmarks.inputs import clear, matches, prepare, read_stamp, record
 from benchmarks.synthetic import DURATION_S, SPANS_PER_REQUEST, make_store
@@ -154,7 +154,7 @@ def export_profile(store: Path, chdir: Path) -> dict[str, Any]:
     """CPU seconds per million spans of each export step (EXPORT_STEPS) over every segment of `store`, in chdb, and
     each step's share of the whole: where the export's time goes."""
     from analysis.clickhouse import literal, open_client, otel_traces_ddl
-    from analysis.clickhouse_export import insert_sql, staging_columns
+    from analysis.clickhouse.export import insert_sql, staging_columns
     from tracing.store import segment_files
 
     shutil.rmtree(chdir, ignore_errors=True)
@@ -234,7 +234,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         ) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
     from analysis.clickhouse import open_client
-    from analysis.clickhouse_report import build_report as ch_report
+    from analysis.clickhouse.report import build_report as ch_report
     from analysis.engine.connect import connect
     from analysis.report import build_report
 

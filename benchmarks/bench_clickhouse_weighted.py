@@ -54,9 +54,9 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def run(rows: int, root: Path) -> list[dict[str, Any]]:
     """Each function both ways on a fresh table of `rows` requests."""
     from analysis import breakdowns as B
-    from analysis import clickhouse_breakdowns as CB
-    from analysis import clickhouse_report as CR
+    from analysis.clickhouse import breakdowns as CB
     from analysis.clickhouse import open_client
+    from analysis.clickhouse import report as CR
     from analysis.engine import percentiles as P
 
     inner = open_client(f"chdb:{root / f'chdb-{rows}'}")

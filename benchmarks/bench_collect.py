@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_collect [--quick] [--phoenix phoenix-venv/bin/phoenix]
     .venv/bin/python -m benchmarks.bench_collect --peer-cost [--rounds 3]   # --record-peer on vs off only
+    .venv/bin/python -m benchmarks.bench_collect --metrics-cost [--rounds 3]  # /metrics (span histograms) on vs off
     .venv/bin/python -m benchmarks.bench_collect --forward-cost             # CPU of --forward per span
     .venv/bin/python -m benchmarks.bench_collect --stages [1 3 8 32]         # CPU of each group-commit step
     .venv/bin/python -m benchmarks.bench_collect --compare CHECKOUT... [--spans 200000] [--connections 8]
@@ -529,21 +530,29 @@ def _children(pid: int) -> list[int]:
 def run_peer_cost(work: Path, rounds: int, total: int, per_body: int = 512, connections: int = 32) -> None:
     """`--record-peer` on against off, alternating in the same run: CPU per span and spans/s (the peer is
     added by the C builder, so the ratio should stay near 1)."""
-    print(f"--record-peer cost: {total:,} spans in {per_body}-span bodies over {connections} connections, "
+    run_on_off(work, "--record-peer", ("--record-peer",), ("--no-record-peer",), rounds, total, per_body,
+               connections)
+
+
+def run_on_off(work: Path, name: str, on: Sequence[str], off: Sequence[str], rounds: int, total: int,
+               per_body: int = 512, connections: int = 32) -> None:
+    """A receiver option on against off, alternating in the same run: CPU per span and spans/s, medians and ratio."""
+    print(f"{name} cost: {total:,} spans in {per_body}-span bodies over {connections} connections, "
           f"{rounds} alternating rounds")
-    print(f"{'round':>5} {'peer':>4} {'spans/s':>9} {'us CPU/span':>11} {'load':>5}")
+    print(f"{'round':>5} {'mode':>4} {'spans/s':>9} {'us CPU/span':>11} {'load':>5}")
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     rate: dict[str, list[float]] = {"off": [], "on": []}
     for k in range(rounds):
         for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-            extra = ("--record-peer",) if mode == "on" else ("--no-record-peer",)
+            extra = on if mode == "on" else off
             r = run_throughput(work, total, per_body, connections, extra, tag=f"-{mode}-{k}")
             cpu[mode].append(r["cpu_us_per_span"])
             rate[mode].append(r["spans_per_s"])
             print(f"{k:>5} {mode:>4} {r['spans_per_s']:>9,.0f} {r['cpu_us_per_span']:>11.2f} {r['load']:>5.1f}")
-    on, off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-    print(f"median CPU/span: on {on:.2f} us, off {off:.2f} us, ratio on/off {on / off:.2f}; median spans/s: "
-          f"on {statistics.median(rate['on']):,.0f}, off {statistics.median(rate['off']):,.0f}")
+    c_on, c_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    r_on, r_off = statistics.median(rate["on"]), statistics.median(rate["off"])
+    print(f"median CPU/span: on {c_on:.2f} us, off {c_off:.2f} us, ratio on/off {c_on / c_off:.2f}; median spans/s: "
+          f"on {r_on:,.0f}, off {r_off:,.0f}, ratio on/off {r_on / r_off:.3f}")
 
 
 def forward_cost(total: int) -> None:
@@ -581,6 +590,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--connections", type=int, default=32,
                     help="client connections (a group commit holds what is in flight: about connections x body)")
     ap.add_argument("--peer-cost", action="store_true", help="only measure --record-peer on against off")
+    ap.add_argument("--metrics-cost", action="store_true",
+                    help="only measure /metrics (--metrics-port 0: span histograms) on against off")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --peer-cost")
     ap.add_argument("--spans", type=int, default=200_000, help="spans per round of --peer-cost")
     ap.add_argument("--forward-cost", action="store_true", help="only measure the CPU of --forward's encoding")
@@ -610,6 +621,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.peer_cost:
         try:
             run_peer_cost(work, args.rounds, args.spans, connections=args.connections)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
+    if args.metrics_cost:
+        try:
+            run_on_off(work, "/metrics", ("--metrics-port", "0"), (), args.rounds, args.spans,
+                       connections=args.connections)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return

@@ -32,7 +32,7 @@ from benchmarks.bench_report import anchor, bench_args, materialize_in_child, pe
 def run_one(store: Path) -> dict[str, Any]:
     """Time each step in this process; wall and CPU seconds."""
     from analysis import connect
-    from analysis.capacity import Workload, _replayed, capacity_curve, load_kernel, observed_workload, replay
+    from analysis.capacity import Workload, capacity_curve, load_kernel, observed_workload, replay, replayed
     from analysis.cost import Prices, cost_table
     from analysis.whatif import simulate
 
@@ -68,7 +68,7 @@ def run_one(store: Path) -> dict[str, Any]:
     every_w = fresh()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         every, out["every_count_replayed_s"], out["every_count_replayed_cpu_s"] = timed(
-            lambda: list(pool.map(lambda k: _replayed(every_w, k, None), range(1, 65))))
+            lambda: list(pool.map(lambda k: replayed(every_w, k, None), range(1, 65))))
     # a reachable target: 10% above the p99 of 64 replicas (where queueing is gone)
     target = round(1.1 * (every[-1]["p99_ms"] or 0.0))
     curve_w = fresh()

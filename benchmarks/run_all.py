@@ -25,17 +25,21 @@ SMALL: dict[str, list[str]] = {
     "bench_instrumentation": ["--requests", "100", "--rounds", "5"],
     "bench_views": ["--spans", "100000", "--dir", "{dir}"],
     "bench_report": ["--spans", "100000", "--dir", "{dir}"],
+    "bench_map": ["--spans", "100000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "100000", "--dir", "{dir}"],
     "bench_build_hour": ["--spans", "100000", "--dir", "{dir}"],
     "bench_detect": ["--sizes", "144000:24"],
     "bench_clickhouse": ["--spans", "100000", "--dir", "{dir}"],
     "bench_clickhouse_weighted": ["--rows", "100000", "--dir", "{dir}"],
+    "bench_clickhouse_releases": ["--spans", "100000", "--releases", "24.8,25.8"],
     "bench_watch": ["--hours", "1,2", "--rate", "4", "--dir", "{dir}", "--incidents", "slow_replica"],
     "bench_dashboard": ["--spans", "200000", "--store", "{dir}/dashboard-store"],
+    "bench_dashboard_browser": ["--store", "{dir}/demo-store", "--repeat", "1"],
     "bench_collect": ["--quick", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "8", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
     "bench_compact": ["--exports", "200"],
+    "bench_metrics": ["--quick", "--dir", "{dir}"],
 }
 
 #: script -> the arguments of its tiny run (the smoke test in tests/benchmarks: every part, a second or two each)
@@ -43,16 +47,20 @@ TINY: dict[str, list[str]] = {
     "bench_instrumentation": ["--requests", "10", "--rounds", "1"],
     "bench_views": ["--spans", "7000", "--dir", "{dir}"],
     "bench_report": ["--spans", "7000", "--dir", "{dir}"],
+    "bench_map": ["--spans", "7000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "7000", "--dir", "{dir}"],
     "bench_build_hour": ["--spans", "7000", "--dir", "{dir}", "--repeat", "1"],
     "bench_detect": ["--sizes", "20000:8"],
     "bench_clickhouse": ["--spans", "7000", "--dir", "{dir}"],
     "bench_clickhouse_weighted": ["--rows", "2000", "--dir", "{dir}"],
+    "bench_clickhouse_releases": ["--spans", "7000", "--releases", "24.8"],
     "bench_watch": ["--hours", "1", "--rate", "0.5", "--dir", "{dir}", "--incidents", "slow_replica"],
     "bench_dashboard": ["--spans", "7000", "--store", "{dir}/dashboard-store"],
+    "bench_dashboard_browser": ["--store", "{dir}/demo-store", "--repeat", "1", "--pages", "Overview,SQL"],
     "bench_collect": ["--tiny", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "0.25", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "1", "--mib", "1", "--rounds", "1"],
+    "bench_metrics": ["--quick", "--sample", "basic", "--dir", "{dir}"],
 }
 
 

@@ -18,7 +18,8 @@ if str(HERE.parent) not in sys.path:  # `streamlit run dashboard/app.py` from a 
 
 from dashboard import data, sidebar  # noqa: E402
 
-st.set_page_config(page_title="tailscope", page_icon=":material/timer:", layout="wide")
+# a local favicon: a `:material/...:` page icon is fetched from a font host, which an air-gapped cluster cannot reach
+st.set_page_config(page_title="tailscope", page_icon=str(HERE / "favicon.png"), layout="wide")
 
 PAGES = [
     st.Page(HERE / "app_pages" / "overview.py", title="Overview", icon=":material/monitoring:", default=True),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import polars as pl
 
@@ -37,6 +37,8 @@ STAGE_COLORS: dict[str, str] = {
 PCT_COLORS: dict[str, str] = {"p50": "#4c78a8", "p90": "#9ecae9", "p99": "#e45756"}
 OUTCOME_COLORS: dict[str, str] = {"ok": "#9ecae9", "error": "#e45756", "timeout": "#f58518", "cancelled": "#b279a2"}
 SPIKE_FILL = "#f2b701"
+#: Spikes of the range without the dimension filters, drawn as context when the filtered set cannot be judged.
+CONTEXT_FILL = "#9e9e9e"
 
 
 def stage_scale() -> alt.Scale:
@@ -58,6 +60,29 @@ def clock(ns: int) -> str:
     return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC).strftime(_CLOCK)
 
 
+def window_label(start_ns: int, end_ns: int) -> str:
+    """A window as the banners name it: HH:MM:SS–HH:MM:SS UTC (24-hour, the charts' clock)."""
+    return f"{clock(start_ns)}–{clock(end_ns)} UTC"
+
+
+#: Axis labels of a UTC time axis by the ticks' granularity: 24-hour times, the date at day ticks.
+_AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
+                      "date": "%m-%d",
+                      "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
+
+
+def _time_x(name: str, **extra: Any) -> dict[str, Any]:
+    """A temporal x field drawn in UTC with 24-hour labels, whatever the browser's time zone."""
+    return _field(name, "temporal", scale={"type": "utc"}, axis={"format": _AXIS_CLOCK, "labelOverlap": True},
+                  **{"title": "UTC", **extra})
+
+
+def _utc_text(df: pl.DataFrame, column: str, alias: str = "time (UTC)") -> pl.DataFrame:
+    """`df` with a text column `alias`: the UTC datetime `column` as HH:MM:SS, for tooltips (a browser formats
+    a temporal tooltip in its own zone)."""
+    return df.with_columns(pl.col(column).dt.convert_time_zone("UTC").dt.strftime(_CLOCK).alias(alias))
+
+
 def _dataset(datasets: dict[str, pa.Table], df: pl.DataFrame) -> dict[str, str]:
     """Add `df` to `datasets` under a name derived from its content (as Altair names them, so a chart whose
     data changed gets a new dataset, never rows patched into the old one); the layer's `data` entry."""
@@ -77,17 +102,20 @@ def _colors(domain: dict[str, str]) -> dict[str, list[str]]:
     return {"domain": list(domain), "range": list(domain.values())}
 
 
-def _spike_layer(datasets: dict[str, pa.Table], spikes: list[tuple[int, int]]) -> list[Spec]:
+def _spike_layer(datasets: dict[str, pa.Table], spikes: list[tuple[int, int]], label: str = "spike",
+                 color: str = "") -> list[Spec]:
     """The shaded spike windows ((start, end) in ns) as a layer to put under the data; none without spikes."""
     if not spikes:
         return []
     df = pl.DataFrame({"start": [a for a, _ in spikes], "end": [b for _, b in spikes],
-                       "label": ["spike"] * len(spikes)}, schema={"start": _UTC_NS, "end": _UTC_NS, "label": pl.String})
+                       "label": [label] * len(spikes)}, schema={"start": _UTC_NS, "end": _UTC_NS, "label": pl.String})
+    df = _utc_text(_utc_text(df, "start", "a"), "end", "b").with_columns(
+        window=pl.concat_str(pl.col("a"), pl.lit("–"), pl.col("b"), pl.lit(" UTC"))).drop("a", "b")
     return [{
         "data": _dataset(datasets, df),
-        "mark": {"type": "rect", "color": SPIKE_FILL, "opacity": 0.25},
-        "encoding": {"x": _field("start", "temporal"), "x2": {"field": "end"},
-                     "tooltip": [_field("start", "temporal", format=_CLOCK), _field("end", "temporal", format=_CLOCK)]},
+        "mark": {"type": "rect", "color": color or SPIKE_FILL, "opacity": 0.25},
+        "encoding": {"x": _time_x("start"), "x2": {"field": "end"},
+                     "tooltip": [_field("label", "nominal"), _field("window", "nominal")]},
     }]
 
 
@@ -104,7 +132,8 @@ def has_values(df: pl.DataFrame, prefix: str) -> bool:
 
 
 def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]],
-                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None) -> Spec:
+                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None,
+                context: list[tuple[int, int]] | None = None) -> Spec:
     """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time), `spikes` ((start,
     end) ns) shaded: a Vega-Lite spec.
 
@@ -112,15 +141,17 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
     `window_start_ns` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
     """
     datasets: dict[str, pa.Table] = {}
-    layers = _spike_layer(datasets, spikes)
+    layers = _spike_layer(datasets, context or [], "spike without the filters", CONTEXT_FILL)
+    layers += _spike_layer(datasets, spikes)
+    long = _utc_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), "window")
     lines: Spec = {
-        "data": _dataset(datasets, _long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms")),
+        "data": _dataset(datasets, long),
         "mark": {"type": "line", "point": {"size": 12}},
         "encoding": {
-            "x": _field("window", "temporal", title=None),
-            "y": _field("ms", "quantitative", title=f"{title} (ms)"),
+            "x": _time_x("window"),
+            "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f"}),
             "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS)),
-            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("pct", "nominal"),
+            "tooltip": [_field("time (UTC)", "nominal"), _field("pct", "nominal"),
                         _field("ms", "quantitative", format=",.0f")],
         },
     }
@@ -131,32 +162,45 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
     layers.append(lines)
     if alerts is not None and not alerts.is_empty():
         shown = ("kind", "rule", "status", "fired_at", "stage", "value")
-        rules = alerts.select(pl.col("window_start_ns").cast(_UTC_NS).alias("window"), *shown)
+        rules = _utc_text(alerts.select(pl.col("window_start_ns").cast(_UTC_NS).alias("window"), *shown), "window")
         layers.append({
             "data": _dataset(datasets, rules),
             "mark": {"type": "rule", "color": "#d62728", "strokeDash": [4, 2]},
-            "encoding": {"x": _field("window", "temporal"), "tooltip": [_field(c, "nominal") for c in shown]},
+            "encoding": {"x": _time_x("window"),
+                         "tooltip": [_field(c, "nominal") for c in ("time (UTC)", *shown)]},
         })
     return {**spec, "layer": layers, "datasets": datasets}
 
 
-def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], height: int = 140) -> Spec:
-    """Requests per window of `df` (data.over_time) stacked by outcome, `spikes` shaded: a Vega-Lite spec."""
-    present = {o: o for o in S.OUTCOMES if o in df.columns}
+def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outcomes: tuple[str, ...] = S.OUTCOMES,
+           title: str = "requests per window", height: int = 240) -> Spec:
+    """Requests per window of `df` (data.over_time) stacked by outcome (those of `outcomes`), `spikes`
+    shaded: a Vega-Lite spec. Each bar spans its whole window, so a window of a few failures still shows
+    a bar (the Overview draws the failures in a chart of their own, on their own scale)."""
+    present = {o: o for o in outcomes if o in df.columns}
     datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, spikes)
+    rank = {o: i for i, o in enumerate(present)}
+    long = (_utc_text(_long(df, present, "outcome", "n").filter(pl.col("n") > 0), "window")
+            .with_columns(end=pl.col("window") + pl.duration(seconds=window_s),
+                          rank=pl.col("outcome").replace_strict(rank, return_dtype=pl.Int32))
+            .sort("window", "rank")
+            .with_columns(top=pl.col("n").cum_sum().over("window"))
+            .with_columns(bottom=pl.col("top") - pl.col("n")))  # stacked by hand: a ranged bar does not stack
     layers.append({
-        "data": _dataset(datasets, _long(df, present, "outcome", "n")),
-        "mark": {"type": "bar"},
+        "data": _dataset(datasets, long.drop("rank")),
+        "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
-            "x": _field("window", "temporal", title=None),
-            "y": _field("n", "quantitative", title="requests"),
-            "color": _field("outcome", "nominal", scale=_colors(OUTCOME_COLORS)),
-            "tooltip": [_field("window", "temporal", format=_CLOCK), _field("outcome", "nominal"),
-                        _field("n", "quantitative", title="requests")],
+            "x": _time_x("window"), "x2": {"field": "end"},
+            "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f"}),
+            "y2": {"field": "bottom"},
+            "color": _field("outcome", "nominal", scale=_colors({o: OUTCOME_COLORS[o] for o in present}),
+                            legend={"orient": "top", "title": None}),
+            "tooltip": [_field("time (UTC)", "nominal"), _field("outcome", "nominal"),
+                        _field("n", "quantitative", title="requests", format=",.0f")],
         },
     })
-    return {"height": height, "layer": layers, "datasets": datasets}
+    return {"title": title, "height": height, "layer": layers, "datasets": datasets}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
@@ -176,20 +220,31 @@ def stage_compare(df: pd.DataFrame) -> alt.Chart:
     ).properties(height=max(120, 34 * len(df)))
 
 
-def counterfactual(df: pd.DataFrame, p99_ms: float) -> alt.LayerChart:
-    """p99 of the window without each candidate, beside the observed p99 (a rule)."""
+def counterfactual(df: pd.DataFrame, p99_ms: float, baseline_p99_ms: float | None = None) -> alt.LayerChart:
+    """p99 of the window without each candidate (one labelled bar each, in the report's order: best first),
+    beside the observed p99 (red rule) and the baseline p99 (green rule)."""
     import altair as alt
     import pandas as pd
 
-    data = df.assign(label=df["dimension"] + " = " + df["value"].astype(str))
+    data = df.assign(label=[f"{i + 1}. {d} = {v}" for i, (d, v) in enumerate(zip(df["dimension"], df["value"],
+                                                                                   strict=True))])
+    order = list(data["label"])
     bars = alt.Chart(data).mark_bar(color="#4c78a8").encode(
-        y=alt.Y("label:N", sort=None, title=None, axis=alt.Axis(labelLimit=320)),
-        x=alt.X("p99_without_ms:Q", title="p99 without it (ms)"),
-        tooltip=["label:N", alt.Tooltip("p99_without_ms:Q", format=",.0f"), alt.Tooltip("tail_share:Q", format=".0%"),
-                 alt.Tooltip("baseline_share:Q", format=".0%")],
+        y=alt.Y("label:N", sort=order, scale=alt.Scale(domain=order), title=None,
+                axis=alt.Axis(labelLimit=360, labelOverlap=False)),
+        x=alt.X("p99_without_ms:Q", title="p99 without it (ms)", axis=alt.Axis(format=",.0f")),
+        tooltip=[alt.Tooltip("label:N", title="left out"),
+                 alt.Tooltip("p99_without_ms:Q", format=",.0f", title="p99 without (ms)"),
+                 alt.Tooltip("tail_share:Q", format=".0%", title="share of the tail"),
+                 alt.Tooltip("baseline_share:Q", format=".0%", title="share of the baseline")],
     )
-    rule = alt.Chart(pd.DataFrame({"p99": [p99_ms]})).mark_rule(color="#e45756", strokeDash=[4, 3]).encode(x="p99:Q")
-    return (bars + rule).properties(height=max(120, 26 * len(df)))
+    marks = pd.DataFrame({"ms": [p99_ms] + ([baseline_p99_ms] if baseline_p99_ms is not None else []),
+                          "what": ["observed p99"] + (["baseline p99"] if baseline_p99_ms is not None else [])})
+    rule = alt.Chart(marks).mark_rule(strokeDash=[4, 3], size=2).encode(
+        x="ms:Q", color=alt.Color("what:N", title=None, scale=alt.Scale(domain=["observed p99", "baseline p99"],
+                                                                        range=["#e45756", "#54a24b"])),
+        tooltip=["what:N", alt.Tooltip("ms:Q", format=",.0f")])
+    return (bars + rule).properties(height=max(120, 32 * len(df)))
 
 
 def waterfall(spans: pd.DataFrame) -> alt.Chart:
@@ -244,17 +299,30 @@ def stage_stack(df: pd.DataFrame) -> alt.Chart:
 
 
 def heatmap(df: pd.DataFrame, value: str = "p99_ms") -> alt.Chart:
-    """p99 (colour) over input-token × output-token buckets (the report's labels); counts in the tooltip."""
+    """`value` (colour) over input-token × output-token buckets (the report's labels); counts in the tooltip.
+
+    Every bucket is labelled, and the colour scale ends at the largest cell whose p99 the data can
+    support (analysis' `p99_low_sample` flag): one cell of a few requests does not wash out the rest;
+    cells beyond it take the top colour.
+    """
     import altair as alt
 
+    trusted = df if "p99_low_sample" not in df.columns else df[~df["p99_low_sample"].astype(bool)]
+    top = float(trusted[value].max()) if len(trusted) and trusted[value].notna().any() else None
+    scale = alt.Scale(scheme="orangered", domain=[0, top], clamp=True) if top else alt.Scale(scheme="orangered")
+    label = {"p99_ms": "p99 (ms)", "p50_ms": "p50 (ms)", "requests": "requests"}.get(value, value)
     return alt.Chart(df).mark_rect().encode(
-        x=alt.X("input_tokens_bucket:O", sort=alt.EncodingSortField("input_tokens_lo"), title="input tokens"),
+        x=alt.X("input_tokens_bucket:O", sort=alt.EncodingSortField("input_tokens_lo"), title="input tokens",
+                axis=alt.Axis(labelOverlap=False, labelAngle=-45)),
         y=alt.Y("output_tokens_bucket:O", sort=alt.EncodingSortField("output_tokens_lo", order="descending"),
-                title="output tokens"),
-        color=alt.Color(f"{value}:Q", title=value.replace("_", " "), scale=alt.Scale(scheme="orangered")),
-        tooltip=["input_tokens_bucket:O", "output_tokens_bucket:O", "requests:Q",
-                 alt.Tooltip("p50_ms:Q", format=",.0f"), alt.Tooltip("p99_ms:Q", format=",.0f")],
-    ).properties(height=320)
+                title="output tokens", axis=alt.Axis(labelOverlap=False)),
+        color=alt.Color(f"{value}:Q", title=label, scale=scale, legend=alt.Legend(format=",.0f")),
+        tooltip=[alt.Tooltip("input_tokens_bucket:O", title="input tokens"),
+                 alt.Tooltip("output_tokens_bucket:O", title="output tokens"),
+                 alt.Tooltip("requests:Q", format=",.0f"),
+                 alt.Tooltip("p50_ms:Q", format=",.0f", title="p50 (ms)"),
+                 alt.Tooltip("p99_ms:Q", format=",.0f", title="p99 (ms)")],
+    ).properties(height=max(320, 24 * df["output_tokens_bucket"].nunique()))
 
 
 def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
@@ -275,16 +343,19 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
 
 
 def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
-    """p50 (tick) and p99 (bar) per replica; outliers in red."""
+    """p50 (tick) and p99 (bar) per replica; outliers in red, outliers a dimension's value explains in yellow."""
     import altair as alt
+    import pandas as pd
 
-    data = df.assign(kind=df["outlier"].map({True: "outlier", False: "normal"}))
+    explained = df["explained_by"].fillna("") if "explained_by" in df.columns else pd.Series("", index=df.index)
+    data = df.assign(kind=["normal" if not o else "explained by a dimension" if e else "outlier"
+                           for o, e in zip(df["outlier"], explained, strict=True)])
+    kinds = ["normal", "outlier", "explained by a dimension"]
     bars = alt.Chart(data).mark_bar().encode(
         x=alt.X("replica:N", title=None),
-        y=alt.Y("p99_ms:Q", title="ms"),
-        color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=["normal", "outlier"],
-                                                               range=["#9ecae9", "#e45756"])),
-        tooltip=["replica:N", "requests:Q", alt.Tooltip("p50_ms:Q", format=",.0f"),
+        y=alt.Y("p99_ms:Q", title="p99 (ms)", axis=alt.Axis(format=",.0f")),
+        color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701"])),
+        tooltip=["replica:N", alt.Tooltip("requests:Q", format=",.0f"), alt.Tooltip("p50_ms:Q", format=",.0f"),
                  alt.Tooltip("p99_ms:Q", format=",.0f"), "error:Q", "timeout:Q"],
     )
     ticks = alt.Chart(data).mark_tick(color="#1f4e9c", thickness=3, size=28).encode(x="replica:N", y="p50_ms:Q")

@@ -3,8 +3,8 @@
 `ClickHouseBench` stands where dashboard.data's Workbench stands: it computes the request
 model on the server once per data version into the session temporary table `requests` (and
 `stages`, for the SQL console) and every page's figure comes from an analysis function run
-against it: analysis.clickhouse_report (report, explained windows, percentile series) and
-analysis.clickhouse_breakdowns (summary, exemplars, trace lookup, waterfall). Only
+against it: analysis.clickhouse.report (report, explained windows, percentile series) and
+analysis.clickhouse.breakdowns (summary, exemplars, trace lookup, waterfall). Only
 aggregates and the rows a page lists come back. One client serves every session, one call
 at a time (a ClickHouse session runs one query at a time; chdb is one engine per process).
 dashboard.data dispatches to the functions below and keeps the caching; nothing here
@@ -17,14 +17,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis import clickhouse_breakdowns as CB
-from analysis import clickhouse_report as CR
+from analysis.clickhouse import breakdowns as CB
+from analysis.clickhouse import report as CR
 from analysis.cost import Prices, clickhouse_cost
+from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Filters
 from tracing.errors import QueryError
 
 if TYPE_CHECKING:
@@ -38,11 +39,16 @@ HOUR_NS: Final = 3_600_000_000_000
 #: Pages that run on ClickHouse (by title); the others say so in one sentence.
 PAGES: Final[tuple[str, ...]] = ("Overview", "Spike", "Request shape", "Replicas", "What-if", "Capacity", "Cost",
                                   "Traces", "SQL")
-#: Why a page does not run on ClickHouse yet, by title.
-NOT_YET: Final[dict[str, str]] = {
-    "Alerts": "alerts are the state `tailscope watch` keeps in a store's alerts/ directory while it follows "
+#: What a ClickHouse table cannot do yet (dashboard.engine.CAPABILITIES), and why.
+NOT_YET_CAN: Final[dict[str, str]] = {
+    "alerts": "alerts are the state `tailscope watch` keeps in a store's alerts/ directory while it follows "
               "that store's new segments; it does not follow a ClickHouse table, so a table has no alerts to show",
+    "prices": "per-replica and per-model prices live in a store's prices.toml; on a table, one price applies to all",
+    "batching": "the relation of service time to batch size is computed on DuckDB only",
+    "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
 }
+#: Seconds a console query may run (the server stops it).
+SQL_TIMEOUT_S: Final = 10.0
 #: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
 PORTABLE_SQL_EXAMPLES: Final[dict[str, str]] = {
     "critical path per stage": (
@@ -70,18 +76,6 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
     ),
     **PORTABLE_SQL_EXAMPLES,
 }
-
-
-class FilterLike(Protocol):
-    """What the sidebar's filters hold (dashboard.data.Filters)."""
-
-    @property
-    def since_ns(self) -> int | None:
-        """Inclusive start (ns), or None."""
-
-    @property
-    def until_ns(self) -> int | None:
-        """Exclusive end (ns), or None."""
 
 
 @dataclass
@@ -129,6 +123,90 @@ class ClickHouseBench:
         with self.lock:
             self.client.close()
 
+    # --- the engine seam (dashboard.engine.Engine): each the module function of the same name below ----------
+
+    def can(self, capability: str) -> bool:
+        """What a ClickHouse table does of dashboard.engine.CAPABILITIES (NOT_YET says why not the others)."""
+        return capability in CAPABILITIES and capability not in NOT_YET_CAN
+
+    def missing(self, capability: str) -> str:
+        """Why this engine cannot do `capability` (empty when it can)."""
+        return "" if self.can(capability) else NOT_YET_CAN.get(capability, "it is not computed on ClickHouse yet")
+
+    def choices(self, dims: Sequence[str]) -> dict[str, Any]:
+        """`choices`."""
+        return choices(self, dims)
+
+    def summary(self, f: Filters) -> dict[str, Any]:
+        """`summary`."""
+        return summary(self, f, FILTER_DIMENSIONS)
+
+    def time_bounds(self, f: Filters) -> tuple[int | None, int | None, int]:
+        """`time_bounds`."""
+        return time_bounds(self, f, FILTER_DIMENSIONS)
+
+    def series(self, f: Filters, metric: str, window_s: int) -> pl.DataFrame:
+        """`series`."""
+        return series(self, f, FILTER_DIMENSIONS, metric, window_s)
+
+    def report(self, f: Filters, metric: str, window_s: int | None, explain: bool) -> dict[str, Any]:
+        """`report` (always with its explanations: `can("spike_marks")` is false)."""
+        return report(self, f, FILTER_DIMENSIONS, metric, window_s)
+
+    def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
+                       window_s: int | None) -> dict[str, Any]:
+        """`explain_window`."""
+        return explain_window(self, f, FILTER_DIMENSIONS, start_ns, end_ns, metric, window_s)
+
+    def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
+        """`shape`."""
+        return shape(self, f, FILTER_DIMENSIONS, metric, by)
+
+    def replicas(self, f: Filters, metric: str) -> pd.DataFrame:
+        """`replicas`."""
+        return replicas(self, f, FILTER_DIMENSIONS, metric)
+
+    def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
+        """`outlier_explanations`."""
+        return outlier_explanations(self, f, FILTER_DIMENSIONS, metric)
+
+    def exemplars(self, f: Filters, limit: int, metric: str, trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
+        """`exemplars`."""
+        return exemplars(self, f, FILTER_DIMENSIONS, limit, metric, trace_ids)
+
+    def find_trace(self, trace_id: str) -> pd.DataFrame:
+        """`find_trace`."""
+        return find_trace(self, trace_id)
+
+    def trace_spans(self, trace_id: str, start_ns: int) -> pd.DataFrame:
+        """`trace_spans`."""
+        return trace_spans(self, trace_id, start_ns)
+
+    def workload(self, f: Filters) -> Workload:
+        """`workload`."""
+        return workload(self, f, FILTER_DIMENSIONS)
+
+    def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None) -> Any:
+        """`cost` at one price for every key (a table has no price file)."""
+        from analysis.cost import prices_for
+
+        return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s)
+
+    def batching(self, f: Filters) -> dict[str, Any] | None:
+        """Not computed on ClickHouse yet (`can("batching")` is false)."""
+        return None
+
+    def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
+        """`run_sql`."""
+        return run_sql(self, sql, timeout_s, limit)
+
+    def sql_help(self) -> tuple[str, dict[str, str]]:
+        """The console's caption and examples (ClickHouse SQL, readonly = 1)."""
+        return ("One ClickHouse SELECT (or WITH … SELECT) over `spans`, `requests`, `stages`, computed from "
+                f"`{self.table}` (see docs/scale-out.md). It runs with readonly = 1: no writes, no DDL, no setting "
+                f"changes; the server stops it after {SQL_TIMEOUT_S:g} s. Sidebar filters do not apply here.",
+                SQL_EXAMPLES)
+
 
 def open_bench(dsn: str, table: str = C.DEFAULT_TABLE) -> ClickHouseBench:
     """A bench on `table` at `dsn`, with its request facts computed (DsnError / QueryError say what is wrong)."""
@@ -142,55 +220,58 @@ def open_bench(dsn: str, table: str = C.DEFAULT_TABLE) -> ClickHouseBench:
     return bench
 
 
-def condition(f: FilterLike, dims: Sequence[str]) -> str:
+def condition(f: Filters, dims: Sequence[str]) -> str:
     """The filters as a ClickHouse condition on the request columns."""
     return CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
-    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse_breakdowns)."""
+    """Time bounds and the distinct values of each filter dimension (analysis.clickhouse.breakdowns)."""
     with b.lock:
         lo, hi, n = CB.time_bounds(b.client, FACTS)
         return {"min_ns": lo, "max_ns": hi, "requests": n, **CB.dimension_values(b.client, FACTS, dims)}
 
 
-def summary(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> dict[str, Any]:
-    """analysis.clickhouse_breakdowns.summary of the filtered requests."""
+def summary(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> dict[str, Any]:
+    """analysis.clickhouse.breakdowns.summary of the filtered requests."""
     with b.lock:
         return CB.summary(b.client, FACTS, condition(f, dims))
 
 
-def window_s(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> int:
-    """The report's automatic window over the filtered requests (analysis.clickhouse_report.choose_window_s)."""
+def time_bounds(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> tuple[int | None, int | None, int]:
+    """analysis.clickhouse.breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
     with b.lock:
-        return CR.choose_window_s(b.client, FACTS, f.since_ns, f.until_ns, condition(f, dims))
+        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(f, dims)})")
 
 
-def series(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pl.DataFrame:
-    """analysis.clickhouse_report.percentile_series of one metric over the filtered requests."""
+def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
+           window_s: int | None = None) -> pl.DataFrame:
+    """analysis.clickhouse.report.percentile_series of one metric over the filtered requests."""
     with b.lock:
-        return CR.percentile_series(b.client, b.table, metric, since=f.since_ns, until=f.until_ns, facts=FACTS,
-                                    where=condition(f, dims))
+        return CR.percentile_series(b.client, b.table, metric, window_s=window_s, since=f.since_ns,
+                                    until=f.until_ns, facts=FACTS, where=condition(f, dims))
 
 
-def report(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> dict[str, Any]:
-    """analysis.clickhouse_report.build_report over the filtered requests (the `report --json` contract)."""
+def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
+           window_s: int | None = None) -> dict[str, Any]:
+    """analysis.clickhouse.report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
-        return CR.build_report(b.client, b.table, metric=metric, since=f.since_ns, until=f.until_ns,
-                               include_failures=True, facts=FACTS, where=condition(f, dims))
+        return CR.build_report(b.client, b.table, metric=metric, window_s=window_s, since=f.since_ns,
+                               until=f.until_ns, include_failures=True, facts=FACTS, where=condition(f, dims))
 
 
-def explain_window(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], start_ns: int, end_ns: int,
-                   metric: str) -> dict[str, Any]:
-    """analysis.clickhouse_report.explain_window: any window explained as the report explains a spike."""
+def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
+                   metric: str, window_s: int | None = None) -> dict[str, Any]:
+    """analysis.clickhouse.report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
-        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, since=f.since_ns,
+        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, window_s=window_s,
+                                 since=f.since_ns,
                                  until=f.until_ns, facts=FACTS, where=condition(f, dims))
 
 
-def exemplars(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], limit: int, metric: str,
+def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,
               trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.slowest under the filters (only `trace_ids`, when given)."""
+    """analysis.clickhouse.breakdowns.slowest under the filters (only `trace_ids`, when given)."""
     cond = condition(f, dims)
     if trace_ids is not None:
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
@@ -198,25 +279,46 @@ def exemplars(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], limit: int
         return CB.slowest(b.client, FACTS, metric, limit, cond).to_pandas()
 
 
-def replicas(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.replicas of the filtered requests."""
+def replicas(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> pd.DataFrame:
+    """analysis.clickhouse.breakdowns.replicas of the filtered requests."""
     with b.lock:
         return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
 
 
-def shape(b: ClickHouseBench, f: FilterLike, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.shape of the filtered requests."""
+def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> list[dict[str, Any]]:
+    """analysis.stats.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
+    from analysis.stats.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
+
+    cond = condition(f, dims)
+    with b.lock:
+        by_replica = CB.replicas(b.client, FACTS, metric, cond)
+        outliers = by_replica.filter(pl.col("outlier")).get_column("replica").to_list()
+        if not outliers:
+            return []
+        reps = ", ".join(CB.literal(r) for r in outliers)
+        values = {d: [r[d] for r in b.client.query(
+            f"SELECT {d}, count() AS n FROM {FACTS} WHERE ({cond}) AND replica IN ({reps}) AND {d} IS NOT NULL "
+            f"GROUP BY {d} ORDER BY n DESC, {d} LIMIT {OUTLIER_VALUES}").to_pylist()] for d in OUTLIER_DIMENSIONS}
+
+        def without(dim: str, value: Any) -> pl.DataFrame:
+            return CB.replicas(b.client, FACTS, metric, f"({cond}) AND {dim} IS DISTINCT FROM {CB.literal(value)}")
+
+        return explain_outliers(by_replica, without, values)
+
+
+def shape(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
+    """analysis.clickhouse.breakdowns.shape of the filtered requests."""
     with b.lock:
         return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
 
 
-def workload(b: ClickHouseBench, f: FilterLike, dims: Sequence[str]) -> Workload:
-    """analysis.clickhouse_breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
+def workload(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> Workload:
+    """analysis.clickhouse.breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
         return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
 
 
-def cost(b: ClickHouseBench, f: FilterLike, by: str, prices: Prices, bucket_s: int | None = None
+def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int | None = None
          ) -> dict[str, Any] | pd.DataFrame:
     """analysis.cost.clickhouse_cost over the filters' time range: the cost table, or with `bucket_s` the series
     (as pandas). Like the store's page, every request of the range counts; the page keeps the keys filtered."""
@@ -227,7 +329,7 @@ def cost(b: ClickHouseBench, f: FilterLike, by: str, prices: Prices, bucket_s: i
 
 
 def find_trace(b: ClickHouseBench, trace_id: str) -> pd.DataFrame:
-    """analysis.clickhouse_breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
+    """analysis.clickhouse.breakdowns.find_requests: the request rows of a trace id or a prefix of 8+ digits."""
     with b.lock:
         return CB.find_requests(b.client, FACTS, trace_id).to_pandas()
 

@@ -22,7 +22,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +46,16 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis.engine.percentiles import choose_window_s, parse_time, percentile_series
+from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series
 from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.mapping.rules import no_request_hint as _no_request_hint
 from analysis.report import build_report, explain_window, find_spikes
+from analysis.stats import verdicts as V
+from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
 from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
+from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
@@ -66,9 +70,10 @@ if TYPE_CHECKING:
 METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 #: Critical-path stage columns of `requests`, in display order (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
-FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
+#: Request outcomes (tracing.schema), in display order.
+OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
 #: Seconds a SQL console query may run before it is interrupted.
-SQL_TIMEOUT_S = 10.0
+SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 SQL_ROW_LIMIT = 5_000
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
 QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
@@ -95,43 +100,6 @@ def store_path(argv: list[str] | None = None) -> Path:
 
 
 # --- filters -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Filters:
-    """What every page shows: a time range (ns, inclusive start, exclusive end) and dimension values.
-
-    An empty tuple means "all values". Frozen and hashable so it can key `st.cache_data`.
-    """
-
-    since_ns: int | None = None
-    until_ns: int | None = None
-    service: tuple[str, ...] = ()
-    model: tuple[str, ...] = ()
-    replica: tuple[str, ...] = ()
-    tenant: tuple[str, ...] = ()
-
-    def where(self, alias: str = "") -> tuple[str, list[Any]]:
-        """A SQL condition (never empty) and its parameters for the `requests` columns."""
-        p = f"{alias}." if alias else ""
-        parts: list[str] = ["true"]
-        params: list[Any] = []
-        if self.since_ns is not None:
-            parts.append(f"{p}start_ns >= ?")
-            params.append(self.since_ns)
-        if self.until_ns is not None:
-            parts.append(f"{p}start_ns < ?")
-            params.append(self.until_ns)
-        for dim in FILTER_DIMENSIONS:
-            values = getattr(self, dim)
-            if values:
-                parts.append(f"{p}{dim} IN ({', '.join('?' for _ in values)})")
-                params.extend(values)
-        return " AND ".join(parts), params
-
-    def narrowed(self, since_ns: int | None, until_ns: int | None) -> Filters:
-        """The same filters over a sub-range of time."""
-        return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant)
-
 
 # --- the workbench: one connection per store, the materialized hours read in place ------------
 
@@ -187,7 +155,8 @@ class Workbench:
             t0 = time.perf_counter()
             snap = snapshot(self.store)
             old = self.snap
-            if old is not None and old.segments == snap.segments and old.fresh == snap.fresh:
+            if (old is not None and old.segments == snap.segments and old.fresh == snap.fresh
+                    and old.mapping == snap.mapping):
                 self.last_refresh_s = time.time()
                 return False
             keys = {h: snap.key(h) for h in snap.stale}
@@ -303,6 +272,131 @@ class Workbench:
         """Segment files that can hold spans of a request starting at `start_ns` (materialize's rule)."""
         return self.snap.inputs([hour_of(start_ns)]) if self.snap is not None else []
 
+    # --- the engine seam (dashboard.engine.Engine): each a public analysis function over `req` ----------------
+
+    def can(self, capability: str) -> bool:
+        """A store does everything the pages ask (dashboard.engine.CAPABILITIES)."""
+        return capability in CAPABILITIES
+
+    def missing(self, capability: str) -> str:
+        """Nothing is missing on a store."""
+        return ""
+
+    def choices(self, dims: Sequence[str]) -> dict[str, Any]:
+        """analysis.breakdowns.time_bounds and dimension_values over every request."""
+        with _cursor(self) as cur:
+            lo, hi, n = B.time_bounds(cur, "req")
+            return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, dims, "req")}
+
+    def summary(self, f: Filters) -> dict[str, Any]:
+        """analysis.breakdowns.summary of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return B.summary(cur, "req", cond, params)
+
+    def time_bounds(self, f: Filters) -> tuple[int | None, int | None, int]:
+        """analysis.breakdowns.time_bounds of the filtered requests."""
+        with _cursor(self, f) as cur:
+            return B.time_bounds(cur, "requests")
+
+    def series(self, f: Filters, metric: str, window_s: int) -> pl.DataFrame:
+        """analysis.engine.percentiles.percentile_series of the filtered requests."""
+        with _cursor(self, f) as cur:
+            return percentile_series(cur, metric, window_s=window_s, since=f.since_ns, until=f.until_ns,
+                                     source="requests")
+
+    def report(self, f: Filters, metric: str, window_s: int | None, explain: bool) -> dict[str, Any]:
+        """analysis.report.build_report (find_spikes without `explain`) over the filtered requests."""
+        run = build_report if explain else find_spikes
+        with _cursor(self, f) as cur:
+            return run(cur, metric=metric, window_s=window_s, since=f.since_ns, until=f.until_ns,
+                       include_failures=True, source=_report_source(self, f))
+
+    def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
+                       window_s: int | None) -> dict[str, Any]:
+        """analysis.report.explain_window over the filtered requests."""
+        with _cursor(self, f) as cur:
+            return explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s, since=f.since_ns,
+                                  until=f.until_ns, source=_report_source(self, f))
+
+    def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
+        """analysis.breakdowns.shape of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return B.shape(cur, metric, by, "req", cond, params).to_pandas()
+
+    def replicas(self, f: Filters, metric: str) -> pd.DataFrame:
+        """analysis.breakdowns.replicas of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return B.replicas(cur, metric, "req", cond, params).to_pandas()
+
+    def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
+        """analysis.stats.verdicts.outlier_explanations of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return V.outlier_explanations(cur, metric, "req", cond, params)
+
+    def exemplars(self, f: Filters, limit: int, metric: str, trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
+        """analysis.traces.slowest of the filtered requests (only `trace_ids`, when given)."""
+        cond, params = f.where()
+        if trace_ids is not None:
+            cond, params = f"({cond}) AND list_contains(?, trace_id)", [*params, list(trace_ids)]
+        with _cursor(self) as cur:
+            return T.slowest(cur, metric, limit, "req", cond, params).to_pandas()
+
+    def find_trace(self, trace_id: str) -> pd.DataFrame:
+        """analysis.traces.find_requests over every request."""
+        with _cursor(self) as cur:
+            return T.find_requests(cur, trace_id, "req").to_pandas()
+
+    def trace_spans(self, trace_id: str, start_ns: int) -> pd.DataFrame:
+        """analysis.traces.waterfall, reading only the segments of the request's hour and the next."""
+        files = self.files_for(start_ns)
+        if not files:
+            import pandas as pd
+
+            return pd.DataFrame()
+        with _cursor(self) as cur:
+            mapping = self.snap.mapping if self.snap is not None else None
+            cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files), mapping)}")
+            return T.waterfall(cur, trace_id).to_pandas()
+
+    def workload(self, f: Filters) -> Workload:
+        """analysis.capacity.observed_workload of the filtered requests."""
+        from analysis.capacity import observed_workload
+
+        with _cursor(self, f) as cur:
+            return observed_workload(cur, f.since_ns, f.until_ns)
+
+    def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None) -> Any:
+        """analysis.cost.cost_table (or with `bucket_s` cost_series, as pandas) over the filters' time range."""
+        from analysis.cost import cost_series, cost_table, prices_for
+
+        prices = prices_for(Path(self.store), None, gpu_hour_usd)
+        with _cursor(self) as cur:
+            if bucket_s is None:
+                return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
+            return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
+                               facts="req").to_pandas()
+
+    def batching(self, f: Filters) -> dict[str, Any] | None:
+        """analysis.stats.batching.service_vs_batch of the filtered range."""
+        from analysis.stats.batching import service_vs_batch
+
+        with _cursor(self, f) as cur:
+            return service_vs_batch(cur, f.since_ns, f.until_ns)
+
+    def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
+        """One read-only query in the store's sandbox (see `run_sql`)."""
+        return run_sql(str(self.store), sql, timeout_s, limit)
+
+    def sql_help(self) -> tuple[str, dict[str, str]]:
+        """The console's caption and examples (DuckDB SQL over the store's views)."""
+        return ("One SELECT (or WITH … SELECT) over the views `spans`, `requests`, `stages` (see docs/schema.md). "
+                "The console reads only the store: no files, no network, no COPY/ATTACH/INSTALL; a query running "
+                f"past {SQL_TIMEOUT_S:g} s is interrupted. Sidebar filters do not apply here.", SQL_EXAMPLES)
+
 
 def _size(path: Path) -> int:
     try:
@@ -319,7 +413,7 @@ def _insert_exact(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hour: int, int
 
 def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int]) -> None:
     """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of their inputs."""
-    source = f"({spans_sql(_list_source(snap.inputs(hours)))})"
+    source = f"({spans_sql(_list_source(snap.inputs(hours)), snap.mapping)})"
     cur.execute(f"""
         INSERT INTO req_live BY NAME
         SELECT *, make_timestamp(start_ns // 1000) AS start, start_ns + e2e_ns AS end_ns, false AS critical_path
@@ -360,8 +454,8 @@ def clickhouse_bench(dsn: str, table: str) -> CHD.ClickHouseBench:
     return CHD.open_bench(dsn, table)
 
 
-#: What a page reads: the store's workbench, or a ClickHouse table's bench.
-Bench = Workbench | CHD.ClickHouseBench
+#: What a page reads: the store's workbench, or a ClickHouse table's bench (the seam: dashboard.engine.Engine).
+Bench = Engine
 
 
 def open_store() -> Bench:
@@ -385,18 +479,13 @@ def open_store() -> Bench:
         raise  # unreachable: st.stop() raises
 
 
-def on_clickhouse(db: Bench) -> bool:
-    """Whether the pages read a ClickHouse table (`--engine clickhouse`) rather than a store."""
-    return isinstance(db, CHD.ClickHouseBench)
-
-
-def open_workbench(title: str) -> Workbench:
-    """The store's workbench for a page that runs on DuckDB only: on ClickHouse, the page says so and stops."""
+def open_for(title: str, capability: str) -> Bench:
+    """The engine, for a page that needs `capability`: where the engine cannot, the page says why and stops."""
     db = open_store()
-    if isinstance(db, CHD.ClickHouseBench):
+    if not db.can(capability):
         st.title(title)
-        st.info(f"The {title} page does not run on ClickHouse yet: {CHD.NOT_YET.get(title, 'it reads the store')}; "
-                f"open `tailscope dashboard --store DIR` on a store for it.")
+        st.info(f"The {title} page does not run on this engine yet: {db.missing(capability)}; open "
+                "`tailscope dashboard --store DIR` on a store for it.")
         st.stop()
         raise AssertionError("unreachable: st.stop() raises")
     return db
@@ -432,30 +521,39 @@ def _inline(cond: str, params: list[Any]) -> str:
 @st.cache_data(show_spinner=False, max_entries=64)
 def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
     """Time bounds and the distinct values of each filter dimension, over the whole store."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.choices(_db, FILTER_DIMENSIONS)
-    with _cursor(_db) as cur:
-        lo, hi, n = B.time_bounds(cur, "req")
-        return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, FILTER_DIMENSIONS, "req")}
+    return _db.choices(FILTER_DIMENSIONS)
+
+
+def no_request_hint(store: Path | str) -> str:
+    """What to run when the store holds spans but no request (analysis.mapping's words)."""
+    return _no_request_hint(store)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def summary(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
     """analysis.breakdowns.summary of the filtered requests: counts per outcome, p50/p90/p99 (ms)."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.summary(_db, filters, FILTER_DIMENSIONS)
-    cond, params = filters.where()
-    with _cursor(_db) as cur:
-        return B.summary(cur, "req", cond, params)
+    return _db.summary(filters)
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
+def detection(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any]:
+    """The filtered requests' count and the window spike detection can judge them at (analysis.stats.verdicts):
+    {"requests", "judged_window_s" (None: detection cannot judge this few requests), "window_s" (what the
+    charts use: the judged window, else the report's own)}."""
+    first, last, n = _db.time_bounds(filters)
+    judged = V.range_window_s(first, last, n, filters.since_ns, filters.until_ns)
+    if judged is not None or not n or first is None or last is None:
+        shown = judged or 60
+    else:
+        lo = filters.since_ns if filters.since_ns is not None else first
+        hi = filters.until_ns if filters.until_ns is not None else last + 1
+        shown = auto_window_s(n, max(hi - lo, 1) / 1e9)
+    return {"requests": n, "judged_window_s": judged, "window_s": shown}
+
+
 def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
-    """The report's automatic window (analysis.engine.percentiles.choose_window_s) over the filtered requests."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.window_s(_db, filters, FILTER_DIMENSIONS)
-    with _cursor(_db, filters) as cur:
-        return choose_window_s(cur, filters.since_ns, filters.until_ns, source="requests")
+    """The window of every chart and of the spike detection under `filters` (see `detection`)."""
+    return int(detection(_db, store, version, filters)["window_s"])
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -466,18 +564,10 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.Data
 
     A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
     """
-    win = None if isinstance(_db, CHD.ClickHouseBench) else window_s(_db, store, version, filters)
-
-    def series(m: str) -> pl.DataFrame:
-        if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.series(_db, filters, FILTER_DIMENSIONS, m)
-        with _cursor(_db, filters) as cur:  # the report's window, chosen once (not once per metric)
-            return percentile_series(cur, m, window_s=win, since=filters.since_ns, until=filters.until_ns,
-                                     source="requests")
-
+    win = window_s(_db, store, version, filters)  # the report's window, chosen once (not once per metric)
     frames: list[pl.DataFrame] = []
     for m in ("e2e", "ttft", "tpot"):
-        df = series(m)
+        df = _db.series(filters, m, win)
         # counts are what the stored requests stand for (equal to the stored counts when unsampled)
         keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
                                               ("requests", "ok", "errors", "timeouts", "cancelled")]
@@ -513,12 +603,9 @@ def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: st
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
 def _report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
     """The cached body of report_of, on the store's workbench or on ClickHouse."""
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
-        if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.report(_db, filters, FILTER_DIMENSIONS, metric)
-        with _cursor(_db, filters) as cur:
-            return build_report(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                                include_failures=True, source=_report_source(_db, filters))
+        return _db.report(filters, metric, win, True)
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
 
@@ -536,22 +623,53 @@ def spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: 
     The explanations are most of the rest of the report's cost; the Spike page reads them from
     `report_of` (the same spikes). On ClickHouse, the full report (`report_of`'s, computed once).
     """
-    if isinstance(_db, CHD.ClickHouseBench):
+    if not _db.can("spike_marks"):  # the full report, computed once (report_of's)
         full = report_of(_db, store, version, filters, metric)
         return {**full, "spikes": spikes(_db, store, version, filters, metric)}
     return _spike_marks(_db, store, version, filters, metric)
 
 
 @st.cache_data(show_spinner="Looking for spikes…", max_entries=128)
-def _spike_marks(_db: Workbench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
-    """The cached body of spike_marks, on the store's workbench."""
+def _spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> dict[str, Any]:
+    """The cached body of spike_marks: the report without its explanations."""
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
-        with _cursor(_db, filters) as cur:
-            out = find_spikes(cur, metric=metric, since=filters.since_ns, until=filters.until_ns,
-                              include_failures=True, source=_report_source(_db, filters))
+        out = _db.report(filters, metric, win, False)
     except Exception as exc:  # a failing analysis degrades to a message on the page, not a traceback
         return {"spikes": [], "errors": [f"could not compute spikes because {str(exc).splitlines()[0]}"]}
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
+
+
+def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """The detected spikes under `filters` and whether detection could judge them at all (analysis.stats.verdicts).
+
+    {"spikes" (spike_marks'), "judged", "reason" (why not, a sentence), "context" (when not judged under
+    dimension filters: the spikes of the same time range without them)}. "No spike" is only ever said
+    when `judged`.
+    """
+    marks = spike_marks(_db, store, version, filters, metric)
+    det = detection(_db, store, version, filters)
+    why = V.not_judged(marks)
+    out: dict[str, Any] = {"spikes": marks["spikes"], "judged": why is None, "reason": None, "context": [],
+                           "marks": marks}
+    if why is None:
+        return out
+    if det["judged_window_s"] is None:
+        out["reason"] = (f"{det['requests']:,} requests match; a window's p99 is judged only from "
+                         f"{V.JUDGED_WINDOW_REQUESTS:,} requests, and detection needs {V.MIN_JUDGED_WINDOWS} such "
+                         f"windows (about {V.MIN_JUDGED_REQUESTS:,} requests in the range)")
+    else:
+        out["reason"] = why
+    wide = Filters(filters.since_ns, filters.until_ns)
+    if wide != filters:
+        out["context"] = spike_marks(_db, store, version, wide, metric)["spikes"]
+    return out
+
+
+#: How an explained window stands against its baseline (analysis.stats.verdicts.against_baseline), and the rise
+#: a spike needs.
+against_baseline = V.against_baseline
+MIN_RISE = SPIKE_MIN_RISE
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
@@ -569,12 +687,9 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
     for sp in report_of(_db, store, version, filters, metric).get("spikes", []):
         if spike_times_ns(sp) == (start_ns, end_ns):  # explain_window would recompute this very item
             return {**sp, "detected": True}
+    win = detection(_db, store, version, filters)["judged_window_s"]
     try:
-        if isinstance(_db, CHD.ClickHouseBench):
-            return CHD.explain_window(_db, filters, FILTER_DIMENSIONS, start_ns, end_ns, metric)
-        with _cursor(_db, filters) as cur:
-            return explain_window(cur, start_ns, end_ns, metric=metric, since=filters.since_ns,
-                                  until=filters.until_ns, source=_report_source(_db, filters))
+        return _db.explain_window(filters, start_ns, end_ns, metric, win)
     except Exception as exc:
         return {"start": start_ns, "end": end_ns, "requests": 0, "p50_ms": None, "p99_ms": None,
                 "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "stages": [],
@@ -586,11 +701,7 @@ def explain(_db: Bench, store: str, version: int, filters: Filters, start_ns: in
 def shape(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e",
           by: tuple[str, ...] = B.TOKEN_COLUMNS) -> pd.DataFrame:
     """analysis.breakdowns.shape: requests and p50/p99 (ms) per token bucket (the report's buckets)."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.shape(_db, filters, FILTER_DIMENSIONS, metric, by)
-    cond, params = filters.where()
-    with _cursor(_db) as cur:
-        return B.shape(cur, metric, by, "req", cond, params).to_pandas()
+    return _db.shape(filters, metric, by)
 
 
 def replicas(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> pd.DataFrame:
@@ -602,48 +713,36 @@ def replicas(_db: Bench, store: str, version: int, filters: Filters, metric: str
 @st.cache_data(show_spinner=False, max_entries=128)
 def _replicas(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> pd.DataFrame:
     """The cached body of replicas, on the store's workbench or on ClickHouse."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.replicas(_db, filters, FILTER_DIMENSIONS, metric)
-    cond, params = filters.where()
-    with _cursor(_db) as cur:
-        return B.replicas(cur, metric, "req", cond, params).to_pandas()
+    return _db.replicas(filters, metric)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def outlier_explanations(_db: Bench, store: str, version: int, filters: Filters, metric: str) -> list[dict[str, Any]]:
+    """analysis.stats.verdicts.outlier_explanations: the outlier replicas one tenant (model, version, service)
+    explains."""
+    try:
+        return _db.outlier_explanations(filters, metric)
+    except Exception:  # an explanation that fails leaves the outliers as the breakdown flags them
+        return []
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def exemplars(_db: Bench, store: str, version: int, filters: Filters, limit: int = 50,
               metric: str = "e2e", trace_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
     """analysis.traces.slowest under `filters` (only `trace_ids`, when given), slowest first."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.exemplars(_db, filters, FILTER_DIMENSIONS, limit, metric, trace_ids)
-    cond, params = filters.where()
-    if trace_ids is not None:
-        cond, params = f"({cond}) AND list_contains(?, trace_id)", [*params, list(trace_ids)]
-    with _cursor(_db) as cur:
-        return T.slowest(cur, metric, limit, "req", cond, params).to_pandas()
+    return _db.exemplars(filters, limit, metric, trace_ids)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def find_trace(_db: Bench, store: str, version: int, trace_id: str) -> pd.DataFrame:
     """analysis.traces.find_requests: the request rows of a trace id (or a unique prefix of 8+ hex digits)."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.find_trace(_db, trace_id)
-    with _cursor(_db) as cur:
-        return T.find_requests(cur, trace_id, "req").to_pandas()
+    return _db.find_trace(trace_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def trace_spans(_db: Bench, store: str, version: int, trace_id: str, start_ns: int) -> pd.DataFrame:
     """analysis.traces.waterfall of one trace, reading only the segments of its hour and the next."""
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.trace_spans(_db, trace_id, start_ns)
-    files = _db.files_for(start_ns)
-    if not files:
-        import pandas as pd
-
-        return pd.DataFrame()
-    with _cursor(_db) as cur:
-        cur.execute(f"CREATE TEMP VIEW spans AS {spans_sql(_list_source(files))}")
-        return T.waterfall(cur, trace_id).to_pandas()
+    return _db.trace_spans(trace_id, start_ns)
 
 
 @st.cache_resource(show_spinner="Reading the requests to replay…", max_entries=8)
@@ -653,12 +752,7 @@ def workload(_db: Bench, store: str, version: int, filters: Filters) -> Workload
     Shared (not copied) by the What-if and Capacity pages, so a new target, price or replica
     count reads nothing and replays at most one count.
     """
-    from analysis.capacity import observed_workload
-
-    if isinstance(_db, CHD.ClickHouseBench):
-        return CHD.workload(_db, filters, FILTER_DIMENSIONS)
-    with _cursor(_db, filters) as cur:
-        return observed_workload(cur, filters.since_ns, filters.until_ns)
+    return _db.workload(filters)
 
 
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
@@ -685,7 +779,7 @@ def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int)
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def sandbox(store: str, files: tuple[str, ...] = ()) -> SandboxConnection:
-    """A sandboxed connection (analysis.connect(sandbox=True)): only the store readable, config locked.
+    """A sandboxed connection (analysis.engine.connect(sandbox=True)): only the store readable, config locked.
     `files` (the segments listed now) keys it: a new one once segments were written, merged or removed."""
     from analysis.engine.connect import connect
 
@@ -813,10 +907,13 @@ def alerts(store: str, since_ns: int | None = None, until_ns: int | None = None)
 
 # --- cost and capacity (analysis.cost, analysis.capacity) ---------------------------------
 
-def price_default(store: str) -> float | None:
-    """The default USD per GPU-hour of the store's price table (STORE/prices.toml), if it has one."""
+def price_default(db: Bench) -> float | None:
+    """The default USD per GPU-hour of the store's price table (STORE/prices.toml), if the engine has one."""
     from analysis.cost import prices_for
 
+    if not db.can("prices"):
+        return None
+    store = db.store
     try:
         return prices_for(Path(store)).default
     except Exception:  # a broken price table is reported by the page that uses it
@@ -827,38 +924,34 @@ def price_default(store: str) -> float | None:
 def cost_summary(_db: Bench, store: str, version: int, filters: Filters, by: str,
                  gpu_hour_usd: float | None) -> dict[str, Any]:
     """analysis.cost.cost_table over the filters' time range (the `tailscope cost --json` shape), or {"error"}."""
-    from analysis.cost import cost_table, prices_for
-
-    if isinstance(_db, CHD.ClickHouseBench):
-        try:
-            out = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd))
-            assert isinstance(out, dict)
-            return out
-        except Exception as exc:  # a failing analysis degrades to a message on the page
-            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}
-    with _cursor(_db) as cur:
-        try:
-            return cost_table(cur, by=by, since=filters.since_ns, until=filters.until_ns,
-                              prices=prices_for(Path(store), None, gpu_hour_usd), facts="req")
-        except Exception as exc:  # a failing analysis degrades to a message on the page
-            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}
+    try:
+        out = _db.cost(filters, by, gpu_hour_usd, None)
+        assert isinstance(out, dict)
+        return out
+    except Exception as exc:  # a failing analysis degrades to a message on the page
+        return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}
 
 
 @st.cache_data(show_spinner="Sharing out GPU time…", max_entries=32)
 def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
                    gpu_hour_usd: float | None) -> pd.DataFrame:
     """analysis.cost.cost_series (GPU-seconds and USD per cell and key, idle and cold start as keys)."""
-    from analysis.cost import cost_series, prices_for
-
-    if isinstance(_db, CHD.ClickHouseBench):
-        df = CHD.cost(_db, filters, by, prices_for(None, None, gpu_hour_usd), bucket_s)
-        assert not isinstance(df, dict)
-    else:
-        with _cursor(_db) as cur:
-            df = cost_series(cur, by=by, bucket_s=bucket_s, since=filters.since_ns, until=filters.until_ns,
-                             prices=prices_for(Path(store), None, gpu_hour_usd), facts="req").to_pandas()
+    df = _db.cost(filters, by, gpu_hour_usd, bucket_s)
+    assert not isinstance(df, dict)
     df["gpu_seconds"] = df["gpu_ns"] / 1e9
     return df
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def batching(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any] | None:
+    """analysis.stats.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
+    the traces cannot show it (or on ClickHouse, where it is not computed yet)."""
+    if not _db.can("batching"):
+        return None
+    try:
+        return _db.batching(filters)
+    except Exception:  # the relation is context for the headline; without it the headline says less
+        return None
 
 
 @st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)

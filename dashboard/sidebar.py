@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from analysis.engine.store_status import store_status, summary_line
-from dashboard import data
+from dashboard import data, links
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,15 +35,18 @@ def render(db: data.Bench) -> data.Filters:
         _live_controls(db)
         c = data.choices(db, str(db.store), db.version)
         if not c["requests"]:
-            st.caption("No requests in the store yet.")
+            st.caption(f"No requests in the store yet: {data.no_request_hint(db.store)}.")
             filters = data.Filters()
             st.session_state[_KEY] = filters
             return filters
         lo, hi = _dt(c["min_ns"]), _dt(c["max_ns"]) + timedelta(seconds=1)
         lo = lo.replace(second=0, microsecond=0)
         since_ns = until_ns = None
+        a_ns, b_ns = links.seed_filters(data.FILTER_DIMENSIONS, c)  # a shared link's filters, on a first run
         if hi - lo > timedelta(minutes=1):
-            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
+            start = min(max(_dt(a_ns), lo), hi) if a_ns is not None else lo
+            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi,
+                               value=(start, max(min(_dt(b_ns), hi), start) if b_ns is not None else hi),
                                step=timedelta(minutes=1), format="MM-DD HH:mm", key="f_time")
             a, b = picked
             if a > lo:
@@ -60,6 +63,7 @@ def render(db: data.Bench) -> data.Filters:
             picks[dim] = tuple(sorted(chosen))
         filters = data.Filters(since_ns, until_ns, **picks)
         st.session_state[_KEY] = filters
+        links.publish_filters(filters, data.FILTER_DIMENSIONS)
         return filters
 
 
@@ -80,8 +84,9 @@ def _live_controls(db: data.Bench) -> None:
                 st.rerun(scope="app")
 
         _tick()
-    st.caption(f"{db.store} · data v{db.version} · refreshed {datetime.fromtimestamp(db.last_refresh_s):%H:%M:%S}")
-    if not data.on_clickhouse(db):  # how the store is (segments, compaction lag, retention): the listing only
+    refreshed = datetime.fromtimestamp(db.last_refresh_s, tz=UTC)
+    st.caption(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC")
+    if db.can("segments"):  # how the store is (segments, compaction lag, retention): the listing only
         st.caption(summary_line(store_status(db.store, footers=False)))
     note = db.loading_note()
     if note:

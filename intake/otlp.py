@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tracing import schema as S
 from tracing.errors import BadRequest
-from tracing.rows import SpanBatch, attr_int, attr_str, replica_of, sampling_of, threshold_text
+from tracing.rows import SECONDS_TEXT, SpanBatch, attr_int, attr_str, replica_of, sampling_of, threshold_text
 
 try:  # the optional C decoder, built by pip install when a C compiler exists; Python is exact too
     from intake import _otlpx  # type: ignore[attr-defined]
@@ -556,6 +556,18 @@ class _Lookup:
         return self.values.take(pa.array(chosen, mask=chosen < 0))
 
 
+def _ttft(attrs: Any) -> pa.Array:
+    """Vectorized rows.ttft_ns_of: `tailscope.ttft_ns`, else `gen_ai.response.time_to_first_chunk` seconds in ns."""
+    declared = _ints(attrs.get(S.ATTR_TTFT_NS))
+    text = attrs.get(S.ATTR_TIME_TO_FIRST_CHUNK)
+    if text.null_count == len(text):
+        return declared
+    ok = pc.fill_null(pc.match_substring_regex(text, SECONDS_TEXT), False)
+    secs = pc.cast(pc.if_else(ok, text, pa.scalar(None, pa.string())), pa.float64())
+    ns = pc.cast(pc.round(pc.multiply(secs, 1e9), round_mode="half_to_even"), pa.int64())
+    return pc.coalesce(declared, ns)
+
+
 def _ints(text: pa.Array) -> pa.Array:
     """Vectorized rows.attr_int: plain decimals cast in Arrow, anything else through Python."""
     if text.null_count == len(text):
@@ -677,7 +689,7 @@ def promote(table: pa.Table) -> pa.Table:
         "Tenant": attrs.first(S.TENANT_KEYS),
         "InputTokens": _ints(attrs.first(S.INPUT_TOKEN_KEYS)),
         "OutputTokens": _ints(attrs.first(S.OUTPUT_TOKEN_KEYS)),
-        "TtftNs": _ints(attrs.get(S.ATTR_TTFT_NS)),
+        "TtftNs": _ttft(attrs),
         "AdjustedCount": _adjusted_counts(states, attrs.first(S.SAMPLE_RATE_KEYS)),
     }
     columns = [pa.chunked_array([promoted[name]]) if name in promoted else table.column(name)
@@ -686,7 +698,8 @@ def promote(table: pa.Table) -> pa.Table:
 
 
 _LOOKUP_KEYS = pa.array(sorted({S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OPERATION, S.ATTR_OUTCOME, S.ATTR_ERROR_TYPE,
-                                 S.ATTR_TTFT_NS, *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS,
+                                 S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS,
+                                 *S.TENANT_KEYS,
                                  *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS, *S.SAMPLE_RATE_KEYS}), pa.string())
 _LOOKUP_SLOT = {k: i for i, k in enumerate(_LOOKUP_KEYS.to_pylist())}
 _KIND_ARRAY = pa.array(S.SPAN_KINDS, pa.string())

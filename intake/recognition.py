@@ -30,12 +30,13 @@ ENGINE_GAPS: Mapping[str, str] = {
 
 NO_REQUEST_WHY = (
     "no span carries tailscope.request, gen_ai.operation.name (on a SERVER or INTERNAL span) or an "
-    "engine's request shape (vLLM llm_request or '<operation> <model>', SGLang 'Req ...', "
-    "TGI generate/generate_stream/chat_completions, Triton InferRequest)"
+    "engine's request span with the engine's own evidence (its scope, service, attribute set or span tree: "
+    "vLLM, SGLang, TGI, Triton)"
 )
 NO_REQUEST_FIX = (
-    "fix: set the attribute tailscope.request=true on the span that is one inference request "
-    f"(span.set_attribute(\"tailscope.request\", True)), or gen_ai.operation.name; see {DOCS}"
+    "fix without a code change: `tailscope map --suggest --store {store}` prints the `tailscope map` command "
+    "that declares the request and stage spans of these traces; or set tailscope.request=true on the span "
+    f"that is one inference request (or gen_ai.operation.name); see {DOCS}"
 )
 
 
@@ -46,6 +47,8 @@ class Recognition:
     spans: int = 0
     requests: int = 0
     engines: dict[str, int] = field(default_factory=dict)
+    #: engine -> why its mapper claimed the spans (`tailscope.engine.evidence`) -> request spans
+    evidence: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add(self, other: Recognition) -> None:
         """Count `other` in too."""
@@ -53,17 +56,29 @@ class Recognition:
         self.requests += other.requests
         for name, n in other.engines.items():
             self.engines[name] = self.engines.get(name, 0) + n
+        for name, whys in other.evidence.items():
+            mine = self.evidence.setdefault(name, {})
+            for why, n in whys.items():
+                mine[why] = mine.get(why, 0) + n
 
     def summary(self) -> str:
-        """'12 requests recognised among 340 spans (vllm 12)'."""
-        by = ", ".join(f"{k} {v:,}" for k, v in sorted(self.engines.items()))
+        """'12 request(s) recognised among 340 span(s) (vllm 12 by scope vllm.llm_engine)'."""
+        def one(name: str, n: int) -> str:
+            whys = sorted(self.evidence.get(name, {}).items(), key=lambda kv: (-kv[1], kv[0]))
+            if not whys:
+                return f"{name} {n:,}"
+            if len(whys) == 1:
+                return f"{name} {n:,} by {whys[0][0]}"
+            return f"{name} {n:,} by " + ", ".join(f"{why} ({k:,})" for why, k in whys)
+
+        by = "; ".join(one(k, v) for k, v in sorted(self.engines.items()))
         return f"{self.requests:,} request(s) recognised among {self.spans:,} span(s)" + (f" ({by})" if by else "")
 
-    def problem(self) -> str | None:
+    def problem(self, store: str = "DIR") -> str | None:
         """The why-and-fix lines when spans arrived but none is a request, else None."""
         if self.spans == 0 or self.requests > 0:
             return None
-        return f"no span was recognised as a request: {NO_REQUEST_WHY}.\n{NO_REQUEST_FIX}"
+        return f"no span was recognised as a request: {NO_REQUEST_WHY}.\n{NO_REQUEST_FIX.format(store=store)}"
 
 
 def recognise(table: pa.Table) -> Recognition:
@@ -76,12 +91,18 @@ def recognise(table: pa.Table) -> Recognition:
     is_req = pc.fill_null(table.column("IsRequest"), False)
     n_requests = int(pc.sum(is_req).as_py() or 0)
     engines: dict[str, int] = {}
+    evidence: dict[str, dict[str, int]] = {}
     if n_requests:  # only the attribute column is filtered: the receiver runs this once per group commit
-        values = pc.map_lookup(table.column("SpanAttributes").filter(is_req), pa.scalar(S.ATTR_ENGINE), "first")
-        for item in pc.value_counts(pc.fill_null(values, "")).to_pylist():
-            if item["values"]:
-                engines[item["values"]] = int(item["counts"])
-    return Recognition(table.num_rows, n_requests, engines)
+        attrs = table.column("SpanAttributes").filter(is_req)
+        names = pc.fill_null(pc.map_lookup(attrs, pa.scalar(S.ATTR_ENGINE), "first"), "")
+        whys = pc.fill_null(pc.map_lookup(attrs, pa.scalar(S.ATTR_ENGINE_EVIDENCE), "first"), "")
+        for item in pc.value_counts(pc.binary_join_element_wise(names, whys, "\x1f")).to_pylist():
+            name, _, why = str(item["values"]).partition("\x1f")
+            if name:
+                engines[name] = engines.get(name, 0) + int(item["counts"])
+                if why:
+                    evidence.setdefault(name, {})[why] = int(item["counts"])
+    return Recognition(table.num_rows, n_requests, engines, evidence)
 
 
 def gaps(engines: Mapping[str, int]) -> list[str]:

@@ -34,10 +34,12 @@ app = typer.Typer(
 EXTRAS: dict[str, str] = {
     "ingest": "collect",
     "sql": "analysis",
+    "map": "analysis",
     "report": "analysis",
     "collect": "collect",
     "compact": "collect",
     "store": "analysis",
+    "metrics": "collect",
     "dashboard": "dashboard",
     "demo": "all",
     "watch": "analysis",

@@ -171,3 +171,56 @@ def test_no_import_cycle_between_modules() -> None:
     ours = {name: {t for _, t in targets if t in modules and t != name} for name, targets in edges.items()}
     found = cycles(ours)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def is_extension(module: str, package: str) -> bool:
+    """Whether `module` is a C extension of `package` (its .c source beside the package's modules)."""
+    return module.split(".")[0] == package and ROOT.joinpath(*module.split(".")).with_suffix(".c").is_file()
+
+
+def private_uses(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, what) for each private name of another module of ours this file takes: `from m import _x`, or
+    `alias._x` where `alias` is bound to a module of ours by an import. A private module of the file's own
+    package (`from intake import _otlpx`, a C extension) is the package's business and not counted."""
+    package = name.split(".")[0]
+    aliases: dict[str, str] = {}
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FLOORS:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in known:
+                    aliases[alias.asname or alias.name] = sub
+                    if alias.name.startswith("_") and sub.split(".")[0] != package:
+                        yield node.lineno, f"the private module {sub}"
+                elif (alias.name.startswith("_") and not alias.name.startswith("__") and node.module != name
+                      and not is_extension(sub, package)):
+                    yield node.lineno, f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")
+                and aliases[node.value.id] != name):
+            yield node.lineno, f"{aliases[node.value.id]}.{node.attr}"
+
+
+def test_no_private_name_crosses_modules() -> None:
+    """A module's `_names` are its own: another module that needs one needs a public name (or a test of it
+    lives in tests/, which this rule does not read)."""
+    modules = all_modules()
+    known = set(modules)
+    bad = [f"{path.relative_to(ROOT)}:{line} uses {what}"
+           for name, path in modules.items() for line, what in private_uses(name, path, known)]
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_private_use_finder_sees_both_spellings(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from analysis.report import _header\nfrom analysis import report as RP\nRP._ms(1)\n"
+                   "from intake import _otlpx\nRP.build_report\n")
+    found = list(private_uses("tailscope.m", src, {"analysis.report", "intake._otlpx"}))
+    assert found == [(1, "analysis.report._header"), (4, "the private module intake._otlpx"),
+                     (3, "analysis.report._ms")]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 _STAGE_SET = frozenset(S.ALL_STAGES)
 _OUTCOME_SET = frozenset(S.OUTCOMES)
-_TIMEOUT_WORDS = ("timeout", "timedout", "deadline")
+TIMEOUT_WORDS = ("timeout", "timedout", "deadline")
 
 
 def attr_str(value: Any) -> str:
@@ -81,6 +81,23 @@ def attr_int(text: str | None) -> int | None:
         except (ValueError, OverflowError):
             return None
     return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+#: A duration in seconds as the GenAI conventions write one (a double): a plain non-negative decimal.
+SECONDS_TEXT = r"^[0-9]{1,9}([.][0-9]{1,12})?$"
+_SECONDS_TEXT = re.compile(SECONDS_TEXT)
+
+
+def ttft_ns_of(attrs: Mapping[str, str]) -> int | None:
+    """The time to first token a span states, in ns: `tailscope.ttft_ns`, else `gen_ai.response.time_to_first_chunk`
+    (seconds; times 1e9 as a double, rounded half to even), else None."""
+    declared = attr_int(attrs.get(S.ATTR_TTFT_NS))
+    if declared is not None:
+        return declared
+    text = attrs.get(S.ATTR_TIME_TO_FIRST_CHUNK)
+    if text is None or not _SECONDS_TEXT.match(text):
+        return None
+    return round(float(text) * 1e9)
 
 
 _THRESHOLD = re.compile(rf"[0-9a-f]{{1,{S.THRESHOLD_DIGITS}}}")
@@ -158,7 +175,7 @@ def outcome_of(status_code: str, attrs: Mapping[str, str]) -> str:
     if status_code != "Error":
         return "ok"
     err = attrs.get(S.ATTR_ERROR_TYPE, "").lower().replace("_", "")
-    if any(word in err for word in _TIMEOUT_WORDS):
+    if any(word in err for word in TIMEOUT_WORDS):
         return "timeout"
     if "cancel" in err:
         return "cancelled"
@@ -262,7 +279,7 @@ class SpanBatch:
         c["Tenant"].append(first_attr(attrs, S.TENANT_KEYS))
         c["InputTokens"].append(attr_int(first_attr(attrs, S.INPUT_TOKEN_KEYS)))
         c["OutputTokens"].append(attr_int(first_attr(attrs, S.OUTPUT_TOKEN_KEYS)))
-        c["TtftNs"].append(attr_int(attrs.get(S.ATTR_TTFT_NS)))
+        c["TtftNs"].append(ttft_ns_of(attrs))
         c["AdjustedCount"].append(adjusted_count_of(trace_state, attrs))
 
     def to_table(self) -> pa.Table:

@@ -59,7 +59,23 @@ ATTR_OPERATION: Final = "gen_ai.operation.name"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_SYNTHETIC: Final = "tailscope.synthetic"  # "true" on a stage span derived from an engine's native trace
 ATTR_ENGINE: Final = "tailscope.engine"  # the serving engine a mapped request came from (vllm, sglang, tgi, triton)
+ATTR_ENGINE_EVIDENCE: Final = "tailscope.engine.evidence"  # why a mapper claimed the span (scope, service, ...)
 ATTR_DERIVED_FROM: Final = "tailscope.derived_from"  # the native field(s) or span a synthetic stage span was laid from
+
+# The OpenTelemetry GenAI conventions as of open-telemetry/semantic-conventions @953276ff
+# (model/gen-ai/registry.yaml and deprecated/registry-deprecated.yaml: the last commit before they moved to
+# open-telemetry/semantic-conventions-genai, keys unchanged; docs/convention.md#genai). Where a key replaced
+# another, the current one comes first.
+#: The GenAI provider ("openai", "aws.bedrock", ...): `gen_ai.provider.name`, which renamed `gen_ai.system`.
+PROVIDER_KEYS: Final[tuple[str, ...]] = ("gen_ai.provider.name", "gen_ai.system")
+#: Why generation stopped, one per choice (a string array, stored as its JSON text); abort, cancel and error
+#: read as outcomes.
+ATTR_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+#: Input tokens served from a cache: the convention's key, then the key vLLM and SGLang write (no convention's).
+CACHED_INPUT_TOKEN_KEYS: Final[tuple[str, ...]] = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cached_tokens")
+#: Seconds (a double) from the request to the first chunk of a streamed response: the request's TTFT when
+#: `tailscope.ttft_ns` is absent.
+ATTR_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
 
 #: Keys tried in order for each promoted field (first present wins).
 MODEL_KEYS: Final[tuple[str, ...]] = ("gen_ai.request.model", "gen_ai.response.model")
@@ -146,7 +162,8 @@ COLUMN_DOCS: Final[tuple[tuple[str, str, str], ...]] = (
     ("Tenant", "string", "promoted: tailscope.tenant"),
     ("InputTokens", "int64", "promoted: gen_ai.usage.input_tokens (or prompt_tokens)"),
     ("OutputTokens", "int64", "promoted: gen_ai.usage.output_tokens (or completion_tokens)"),
-    ("TtftNs", "int64", "promoted: time to first token in ns, when the span states it"),
+    ("TtftNs", "int64", "promoted: time to first token in ns, when the span states it (tailscope.ttft_ns, else "
+     "gen_ai.response.time_to_first_chunk in seconds)"),
     ("AdjustedCount", "float64", "promoted: how many spans this one stands for (1 / sampling probability): "
      "ot=th in TraceState, else a SAMPLE_RATE_KEYS attribute, else 1 (docs/convention.md#sampling)"),
 )

@@ -40,14 +40,14 @@ from tracing.store import require_store
 ROW_ID_FILE_SHIFT = 40
 
 
-def _duck_type(typ: pa.DataType) -> str:
+def duck_type(typ: pa.DataType) -> str:
     """The DuckDB type DuckDB reads a Parquet column of this Arrow type as."""
     if pa.types.is_map(typ):
-        return f"MAP({_duck_type(typ.key_type)}, {_duck_type(typ.item_type)})"
+        return f"MAP({duck_type(typ.key_type)}, {duck_type(typ.item_type)})"
     if pa.types.is_list(typ):
-        return f"{_duck_type(typ.value_type)}[]"
+        return f"{duck_type(typ.value_type)}[]"
     if pa.types.is_struct(typ):
-        return "STRUCT(" + ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in typ) + ")"
+        return "STRUCT(" + ", ".join(f'"{f.name}" {duck_type(f.type)}' for f in typ) + ")"
     if pa.types.is_timestamp(typ):
         return "TIMESTAMP WITH TIME ZONE" if typ.tz else "TIMESTAMP"
     if pa.types.is_boolean(typ):
@@ -61,7 +61,7 @@ def _duck_type(typ: pa.DataType) -> str:
 
 def _empty_spans_ddl() -> str:
     """CREATE TABLE _empty_spans in SPAN_SCHEMA, from the schema alone (no Arrow scan: faster to start)."""
-    cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in S.SPAN_SCHEMA)
+    cols = ", ".join(f'"{f.name}" {duck_type(f.type)}' for f in S.SPAN_SCHEMA)
     return f"CREATE TABLE _empty_spans ({cols})"
 
 
@@ -123,8 +123,11 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     files = [str(f) for f in snap.segments]
     live = [str(f) for f in snap.inputs(snap.stale)]
     cols = ", ".join(M.REQUEST_COLUMNS)
-    con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql(files_source(files) if files else '_empty_spans')}")
-    con.execute(f"CREATE OR REPLACE VIEW _spans_live AS {spans_sql(files_source(live) if live else '_empty_spans')}")
+    mapping = snap.mapping
+    con.execute(f"CREATE OR REPLACE VIEW spans AS "
+                f"{spans_sql(files_source(files) if files else '_empty_spans', mapping)}")
+    con.execute(f"CREATE OR REPLACE VIEW _spans_live AS "
+                f"{spans_sql(files_source(live) if live else '_empty_spans', mapping)}")
     where = hour_where(snap.stale)
     # true for a request span of an hour computed on the fly (explain.stage_rows reads the rest from the files)
     con.execute(f"CREATE OR REPLACE MACRO {LIVE_HOUR_MACRO}(TimestampNs) AS {where}")
@@ -148,7 +151,7 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
         con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM _requests_live")
     # request spans by engine: from the files' metadata where fresh, else counted in the hour's own segments
     own = [str(f) for h in snap.stale for f in snap.by_hour.get(h, [])]
-    live_engines = engine_counts_sql(files_source(own) if own else "_empty_spans")
+    live_engines = engine_counts_sql(files_source(own) if own else "_empty_spans", mapping)
     con.execute(f"CREATE OR REPLACE VIEW _engines_live AS {live_engines}")
     kv = (f"SELECT decode(value) AS counts FROM parquet_kv_metadata([{', '.join(M.quote(f) for f in stored)}]) "
           f"WHERE decode(key) = {M.quote(ENGINES_KEY)}") if stored else "SELECT NULL::VARCHAR AS counts WHERE false"

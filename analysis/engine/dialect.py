@@ -57,6 +57,16 @@ class Dialect:
     grid_cells: Callable[[str, str, str], str]
     #: SELECT `keep`, stage, critical_ns: one row per row of `source` and column of `cols` (`x_ns` -> stage `x`)
     unpivot_stages: Callable[[str, tuple[str, ...], str], str]
+    #: a string literal that reads back as the text exactly (ClickHouse reads a backslash as an escape)
+    literal: Callable[[str], str]
+    #: the value of key `k` (a Python string) in map column `m`, '' when the key is absent
+    map_get: Callable[[str, str], str]
+    #: whether map column `m` holds key `k`
+    map_has: Callable[[str, str], str]
+    #: whether the RE2 regex `rx` (a Python string) matches anywhere in text `x` (any backslash kept as written)
+    regex_search: Callable[[str, str], str]
+    #: text `x` with every `a` replaced by `b` (Python strings)
+    replace_all: Callable[[str, str, str], str]
     #: whether a CTE may be marked MATERIALIZED (computed once)
     materialized_ctes: bool = True
     #: a boolean result as the engine's boolean type
@@ -80,6 +90,11 @@ DUCKDB = Dialect(
     to_double_or_null=lambda x: f"TRY_CAST({x} AS DOUBLE)",
     lead=lambda x, p, o: f"lead({x}) OVER (PARTITION BY {p} ORDER BY {o})",
     grid_cells=lambda lo, hi, name: f", LATERAL (SELECT unnest(range({lo}, {hi}, $grid)) AS {name})",
+    literal=quote,
+    map_get=lambda m, k: f"coalesce({m}[{quote(k)}], '')",
+    map_has=lambda m, k: f"map_contains({m}, {quote(k)})",
+    regex_search=lambda x, rx: f"regexp_matches({x}, {quote(rx)})",
+    replace_all=lambda x, a, b: f"replace({x}, {quote(a)}, {quote(b)})",
     unpivot_stages=lambda keep, cols, source: f"""
 SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
 FROM (UNPIVOT (SELECT {keep}, {', '.join(cols)} FROM {source})
@@ -91,6 +106,11 @@ def _ch_round_half_away(expr: str) -> str:
     """Round half away from zero exactly: the fraction of |x| below 2**52 is exact in a double."""
     a = f"abs({expr})"
     return f"toInt64(sign({expr}) * (floor({a}) + ({a} - floor({a}) >= 0.5)))"
+
+
+def _ch_literal(text: str) -> str:
+    """A ClickHouse string literal: a backslash starts an escape there, so it is doubled."""
+    return quote(text.replace("\\", "\\\\"))
 
 
 #: Settings every query of the model needs on ClickHouse: unmatched LEFT JOIN columns are NULL (not 0 / ''),
@@ -116,6 +136,11 @@ CLICKHOUSE = Dialect(
     lead=lambda x, p, o: (f"leadInFrame(toNullable({x}), 1, NULL) OVER (PARTITION BY {p} ORDER BY {o} "
                           "ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)"),
     grid_cells=lambda lo, hi, name: f" ARRAY JOIN range({lo}, {hi}, $grid) AS {name}",
+    literal=_ch_literal,
+    map_get=lambda m, k: f"{m}[{_ch_literal(k)}]",  # a Map gives the type's default ('') for an absent key
+    map_has=lambda m, k: f"mapContains({m}, {_ch_literal(k)})",
+    regex_search=lambda x, rx: f"match({x}, {_ch_literal(rx)})",
+    replace_all=lambda x, a, b: f"replaceAll({x}, {_ch_literal(a)}, {_ch_literal(b)})",
     unpivot_stages=lambda keep, cols, source: f"""
 SELECT {keep}, sc.1 AS stage, sc.2 AS critical_ns
 FROM (SELECT {keep}, arrayJoin([{', '.join(f"({quote(c.removesuffix('_ns'))}, {c})" for c in cols)}]) AS sc

@@ -39,6 +39,7 @@ import pyarrow as pa
 from analysis.engine import model as M
 from analysis.engine.views import files_source, spans_sql
 from analysis.kernel import load_kernel
+from analysis.mapping import rules as mapping_rules
 from tracing import schema as S
 from tracing.store import fsync_path, hour_of_dir, list_store, require_store
 
@@ -63,9 +64,11 @@ ENGINES_KEY = "tailscope.engines"
 MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY).encode()).hexdigest()
 
 
-def engine_counts_sql(source: str) -> str:
-    """Request spans by `tailscope.engine` (engine, n) in `source`: what `tailscope report` says it recognised."""
-    return (f"SELECT SpanAttributes['{S.ATTR_ENGINE}'] AS engine, count(*) AS n FROM {source} "
+def engine_counts_sql(source: str, mapping: mapping_rules.Mapping | None = None) -> str:
+    """Request spans by `tailscope.engine` (engine, n) in `source` (stored spans): what `tailscope report` says it
+    recognised; with a `mapping`, its requests count as `map`."""
+    engine = f"SpanAttributes['{S.ATTR_ENGINE}']" if mapping is None else mapping.engine_sql()
+    return (f"SELECT {engine} AS engine, count(*) AS n FROM {mapping_rules.project(source, mapping)} "
             "WHERE IsRequest AND engine IS NOT NULL GROUP BY engine")
 
 
@@ -86,6 +89,8 @@ class Snapshot:
     stale: list[int] = field(default_factory=list)
     #: each hour's digest (tracing.store.HourListing.digest): it follows the set of spans written, not file names
     digests: dict[int, int] = field(default_factory=dict)
+    #: The store's mapping (analysis.mapping) when it has one: part of every hour's key and of its spans.
+    mapping: mapping_rules.Mapping | None = None
 
     def key(self, hour_ns: int) -> str:
         """Hash of the model's SQL and of the digests of the hours an hour's requests are built from
@@ -94,6 +99,8 @@ class Snapshot:
         theirs); a file built by another version of the model is stale too. The one staleness rule: the
         dashboard keys its own rows of an hour by it."""
         h = hashlib.sha256(MODEL_FINGERPRINT.encode())
+        if self.mapping is not None:
+            h.update(self.mapping.fingerprint().encode())
         for k in hours_read(hour_ns):
             if self.by_hour.get(k):
                 h.update(f"{k}/{self.digests[k]:032x}\n".encode())
@@ -127,7 +134,7 @@ def snapshot(store: Path | str) -> Snapshot:
             by_hour[hour] = listing.files
             digests[hour] = listing.digest
             segments.extend(listing.files)
-    snap = Snapshot(store, segments, by_hour, digests=digests)
+    snap = Snapshot(store, segments, by_hour, digests=digests, mapping=mapping_rules.load(store))
     built: dict[int, set[str]] = {}
     for f in store.glob(REQUESTS_GLOB):
         built.setdefault(hour_of_dir(f.parent), set()).add(f.name)
@@ -164,7 +171,7 @@ def _hour_source(snap: Snapshot, hour_ns: int) -> tuple[str, str]:
     files = [str(f) for f in snap.inputs([hour_ns])]
     if not files:
         raise ValueError(f"no segment holds spans of the hour at {hour_ns} or its neighbours")
-    return f"({spans_sql(files_source(files))})", hour_where([hour_ns])
+    return f"({spans_sql(files_source(files), snap.mapping)})", hour_where([hour_ns])
 
 
 def _span_bound(hour_ns: int, lo: int | None, hi: int | None) -> str:
@@ -289,7 +296,8 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     tag = uuid.uuid4().hex[:8]
     names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
     mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
-    engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]))).fetchall()) if mine else {}
+    engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]), snap.mapping)
+                               ).fetchall()) if mine else {}
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
         sql = _swept_requests_sql(con, snap, hour_ns, lib, names) if lib is not None else hour_requests_sql(

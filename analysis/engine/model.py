@@ -33,6 +33,8 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 FACT_COLUMNS: tuple[str, ...] = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "service",
                                  "model", "model_version", "tenant", "input_tokens", "output_tokens", "ttft_ns",
                                  "tpot_ns", "adjusted_count")
+#: Request columns a view is filtered by: the dashboard's sidebar, a shared link, an alert's dashboard link.
+FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
 #: Stage columns of `requests` (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Stages whose span's replica is the request's replica (the replica that generated).
@@ -257,8 +259,8 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
         "tpot_ns": f"CASE WHEN r.OutputTokens > 1 THEN {d.round_int(tpot)} END",
         "other_ns": d.int64("(r.re - r.rs) - coalesce(k.covered_ns, 0)"),
         "span_name": "r.SpanName",
-        "client_e2e_ns": "cl.Duration",
-        "client_network_ns": "cl.Duration - (r.re - r.rs)",
+        "client_e2e_ns": "cl_e2e",
+        "client_network_ns": "cl_e2e - (r.re - r.rs)",
         "adjusted_count": "r.adj",
     }
     for s in S.CRITICAL_PATH_COLUMNS:
@@ -267,12 +269,18 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
     joins = ["LEFT JOIN info i ON i.rk = r.rk"]
     if stages:
         joins.append("LEFT JOIN stage_ns k ON k.rk = r.rk")
-    if "client_e2e_ns" in columns:
+    client = "client_e2e_ns" in columns or "client_network_ns" in columns
+    if client:
+        # one client row per key: joined on the key alone, read only when it starts within the request's read
+        # hours (a range in the ON clause is what ClickHouse before 25.x refuses with join_use_nulls)
         joins.append(f"""LEFT JOIN (SELECT {d.hash2('TraceId', 'SpanId')} AS k, min(TimestampNs) AS cs,
                           {d.arg_min('Duration', d.row(['TimestampNs', 'Duration']))} AS Duration
                    FROM {source} WHERE SpanKind = 'Client' GROUP BY k) cl
-    ON cl.k = r.rpk AND cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}""")
+    ON cl.k = r.rpk""")
     cols = ",\n    ".join(f"{exprs[c]} AS {c}" for c in columns)
+    if client:
+        in_reach = f"cl.cs >= r.hr - {h} AND cl.cs < r.hr + 2 * {h}"
+        cols = cols.replace("cl_e2e", f"(CASE WHEN {in_reach} THEN cl.Duration END)")
     return f"SELECT\n    {cols}\nFROM req r\n" + "\n".join(joins)
 
 

@@ -116,6 +116,11 @@ def parse_time(value: str | int | float | datetime | None) -> int | None:
     return parse_time(dt)
 
 
+def ms(ns: float | None) -> float | None:
+    """Nanoseconds as the milliseconds a report shows: rounded to the microsecond, None when missing or infinite."""
+    return round(ns / 1e6, 3) if ns is not None and math.isfinite(ns) else None
+
+
 def iso(ns: int) -> str:
     """ISO-8601 UTC text of an epoch-ns instant, 'Z'-suffixed, with sub-second digits only when present."""
     sec, rem = divmod(int(ns), 1_000_000_000)
@@ -380,7 +385,7 @@ def series_frame(frame: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """The columns of `percentile_series` from a frame of window_start_ns, `by`, the counts and `q`
     (the list of QUANTILES values in ns), with the weighted counts and n_effective when sampled.
 
-    Any engine computing the windows (DuckDB here, ClickHouse in analysis.clickhouse_report) ends here.
+    Any engine computing the windows (DuckDB here, ClickHouse in analysis.clickhouse.report) ends here.
     """
     if "n_effective" not in frame.columns:  # unsampled: the weighted counts are the counts
         frame = frame.with_columns([pl.col(c).cast(pl.Float64).alias(f"{c}_weighted") for c in _COUNT_NAMES]

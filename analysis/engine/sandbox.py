@@ -24,6 +24,8 @@ from typing import Any
 import duckdb
 
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.mapping.rules import Mapping
+from analysis.mapping.rules import load as load_mapping
 from tracing import schema as S
 from tracing.errors import QueryError
 from tracing.store import require_store, segment_files
@@ -43,7 +45,7 @@ class RefusedStatement(QueryError, duckdb.PermissionException):
         QueryError.__init__(self, sql, what)
 
 
-def _build(db: Path, files: list[str]) -> None:
+def _build(db: Path, files: list[str], mapping: Mapping | None) -> None:
     con = duckdb.connect(str(db))
     try:
         if not files:  # the views still need the columns
@@ -51,7 +53,7 @@ def _build(db: Path, files: list[str]) -> None:
             con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
             con.unregister("_empty_spans_arrow")
         source = files_source(files) if files else "_empty_spans"
-        con.execute(f"CREATE VIEW spans AS {spans_sql(source)}")
+        con.execute(f"CREATE VIEW spans AS {spans_sql(source, mapping)}")
         for name, sql in VIEW_SQL.items():
             con.execute(f"CREATE VIEW {name} AS {sql}")
         con.execute("CHECKPOINT")
@@ -108,7 +110,7 @@ class SandboxConnection(SandboxCursor):
         tmp = Path(tempfile.mkdtemp(prefix="tailscope-sandbox-"))
         try:
             db = tmp / "views.duckdb"
-            _build(db, files)
+            _build(db, files, load_mapping(root))
             con = duckdb.connect(str(db), read_only=True, config={
                 "threads": int(threads or SANDBOX_THREADS),
                 "memory_limit": memory_limit or SANDBOX_MEMORY_LIMIT,

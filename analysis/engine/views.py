@@ -11,6 +11,7 @@ from analysis.engine.connect reads materialized hours instead where they are fre
 from __future__ import annotations
 
 from analysis.engine import model as M
+from analysis.mapping.rules import Mapping, project
 
 REQUEST_STAGE_COLUMNS: tuple[str, ...] = M.STAGE_COLUMNS
 
@@ -19,9 +20,10 @@ def _quote(text: str) -> str:
     return M.quote(text)
 
 
-def spans_sql(source: str) -> str:
-    """SQL of the `spans` view over `source` (a FROM item: read_parquet(...) or a table)."""
-    return f"SELECT *, TimestampNs + Duration AS EndNs FROM {source}"
+def spans_sql(source: str, mapping: Mapping | None = None) -> str:
+    """SQL of the `spans` view over `source` (a FROM item: read_parquet(...) or a table), with the store's
+    `mapping` (analysis.mapping) applied when it has one."""
+    return f"SELECT *, TimestampNs + Duration AS EndNs FROM {project(source, mapping)}"
 
 
 def with_later_columns(scan: str) -> str:

@@ -42,7 +42,7 @@ import polars as pl
 import pyarrow as pa
 
 from analysis.engine import model as M
-from analysis.engine.percentiles import MIN_TAIL, effective_count, quantiles_unsorted, weighted_quantile_sorted
+from analysis.engine.percentiles import MIN_TAIL, effective_count, ms, quantiles_unsorted, weighted_quantile_sorted
 from analysis.engine.views import LIVE_HOUR_MACRO, VIEW_SQL
 from analysis.stats.spikes import quantile_sorted
 from tracing import schema as S
@@ -499,9 +499,9 @@ def candidate_json(coded: Sequence[Coded], c: Candidate) -> dict[str, Any]:
     return {
         "dimension": "&".join(names), "value": "&".join(values), "lo": lo, "hi": hi,
         "score": round(c.score, 4),
-        "p99_without_ms": _ms(c.p99_without_ns), "explained": _round(c.explained, 4),
+        "p99_without_ms": ms(c.p99_without_ns), "explained": _round(c.explained, 4),
         "support": c.tail_count, "tail_share": round(c.tail_share, 4), "baseline_share": round(c.base_share, 4),
-        "baseline_p99_without_ms": _ms(c.baseline_p99_without_ns), "p_value": float(f"{c.p_value:.3g}"),
+        "baseline_p99_without_ms": ms(c.baseline_p99_without_ns), "p_value": float(f"{c.p_value:.3g}"),
         "conditions": [{"dimension": n, "value": v, "lo": a, "hi": b}
                        for n, v, a, b in zip(names, values, los, his, strict=True)],
     }
@@ -510,9 +510,6 @@ def candidate_json(coded: Sequence[Coded], c: Candidate) -> dict[str, Any]:
 def _round(x: float, digits: int) -> float | None:
     return round(x, digits) if math.isfinite(x) else None
 
-
-def _ms(ns: float) -> float | None:
-    return round(ns / 1e6, 3) if math.isfinite(ns) else None
 
 
 # --- stage shares ------------------------------------------------------------------------

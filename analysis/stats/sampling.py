@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis.engine import model as M
-from analysis.engine.percentiles import quote_ident, row_id_column, source_columns, weighted_quantile_sorted
+from analysis.engine.percentiles import ms, quote_ident, row_id_column, source_columns, weighted_quantile_sorted
 from analysis.stats.explain import binomial_tail_bound
 
 F64 = npt.NDArray[np.float64]
@@ -85,13 +85,10 @@ class SamplingView:
         """The report's `sampling` object."""
         return {"policy": self.policy, "recorded": self.recorded, "unrecorded": self.unrecorded,
                 "malformed": self.malformed, "tail_based": self.tail_based, "evidence": self.evidence,
-                "p50_ms": _ms(self.p50_ns), "p99_ms": _ms(self.p99_ns),
-                "unbiased_p50_ms": _ms(self.unbiased_p50_ns), "unbiased_p99_ms": _ms(self.unbiased_p99_ns),
+                "p50_ms": ms(self.p50_ns), "p99_ms": ms(self.p99_ns),
+                "unbiased_p50_ms": ms(self.unbiased_p50_ns), "unbiased_p99_ms": ms(self.unbiased_p99_ns),
                 "bias": self.bias}
 
-
-def _ms(ns: float) -> float | None:
-    return round(ns / 1e6, 3) if math.isfinite(ns) else None
 
 
 def _pct(x: float, ref: float) -> str:
@@ -133,7 +130,7 @@ class Counts:
 class JudgeInputs(Protocol):
     """What `judge` reads of the analysed values (each with its weight, outcome and sampling record): counts and
     weighted quantiles, never the values themselves, so a remote engine answers on its server
-    (analysis.clickhouse_report) and `Arrays` in memory; the rule stays in `judge`."""
+    (analysis.clickhouse.report) and `Arrays` in memory; the rule stays in `judge`."""
 
     def counts(self) -> Counts:
         """The values counted (see `Counts`)."""

@@ -157,7 +157,7 @@ class WindowValues(Protocol):
     """Where detection reads values beyond the per-window table: pooled over windows, and counted above a level.
 
     `detect` holds them in memory (`SortedValues`); a remote engine answers on its server
-    (analysis.clickhouse_report), so only per-window rows come back.
+    (analysis.clickhouse.report), so only per-window rows come back.
     """
 
     def pool(self, windows: npt.NDArray[np.bool_]) -> Pool:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard import data, sidebar
 
-db = data.open_workbench("Alerts")
+db = data.open_for("Alerts", "alerts")
 f = sidebar.current()
 st.title("Alerts")
 df = data.alerts(str(db.store), f.since_ns, f.until_ns).to_pandas()

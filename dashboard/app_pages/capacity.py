@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, sidebar
+from dashboard import charts, data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
@@ -15,7 +15,7 @@ metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
 seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
 target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen or 1000.0)), step=100.0,
                         key="cap_target")
-price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(str(db.store)) or 0.0,
+price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
 curve = data.capacity_curve(*key, f, float(target), metric, usd)
@@ -28,13 +28,33 @@ fewest = curve["fewest_replicas"]
 m = st.columns(3)
 m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
 m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
-if fewest is not None and usd is not None:
-    m[2].metric("GPU cost at that count", f"${fewest * usd:,.2f}/h")
+if fewest is not None:
+    m[2].metric("GPU cost at that count", "set a price" if usd is None else formats.usd(fewest * usd, "/h"),
+                help=formats.NO_PRICE if usd is None else None)
+rel = data.batching(*key, f)
 if curve["advice"] is not None:
-    st.markdown(curve["advice"]["sentence"][0].upper() + curve["advice"]["sentence"][1:] + ".")
+    sentence = curve["advice"]["sentence"]
+    head = f"If service times stay as observed, {sentence}."
+    if rel is not None and fewest is not None and fewest < curve["observed_replicas"]:
+        scale = curve["observed_replicas"] / fewest
+        head += (" But the traces show service time growing with the batch: median "
+                 f"{charts.fmt_ms(rel['small_service_ms'])} in batches of {rel['small_batch']:,.0f} against "
+                 f"{charts.fmt_ms(rel['large_service_ms'])} in batches of "
+                 f"{rel['large_batch']:,.0f} ({rel['growth']:+.0%}); {fewest} replicas would run batches about "
+                 f"{scale:,.1f}× larger, so expect a higher p99 than this replay predicts."
+                 if rel["growth"] > 0 else
+                 f" The traces show no growth of service time with the batch (median "
+                 f"{charts.fmt_ms(rel['small_service_ms'])} in batches of {rel['small_batch']:,.0f}, "
+                 f"{charts.fmt_ms(rel['large_service_ms'])} in batches of {rel['large_batch']:,.0f}), up to the "
+                 "batches observed; fewer replicas run larger ones.")
+    elif rel is None:
+        head += " The traces cannot show whether service time grows with the batch (docs/methods.md)."
+    (st.warning if rel is not None and rel["grows"] and fewest is not None
+     and fewest < curve["observed_replicas"] else st.info)(head, icon=":material/info:")
 base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
 line = base.mark_line(point=True).encode(
-    y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log")),
+    y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log"),
+            axis=alt.Axis(format="~s", titlePadding=8)),
     tooltip=["replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"), alt.Tooltip("gpu_usd_per_hour:Q", format="$,.2f")])
 rule = alt.Chart(pd.DataFrame({"target": [float(target)]})).mark_rule(color="#e45756", strokeDash=[6, 3]).encode(
     y="target:Q")
@@ -43,8 +63,9 @@ if usd is not None:
     st.altair_chart(base.mark_line(color="#54a24b").encode(y=alt.Y("gpu_usd_per_hour:Q", title="GPU USD per hour")),
                     width="stretch")
 st.caption("Each request keeps its observed arrival and service time (latency minus queue wait) and waits first "
-           f"come, first served for one of replicas × {curve['slots_per_replica']} slots; service times do not "
-           "change with load. Dashed: the target." + ("" if curve["kernel"] else
+           f"come, first served for one of replicas × {curve['slots_per_replica']} slots; the replay assumes service "
+           "times do not change with load (the headline says what the traces show). Dashed: the target."
+           + ("" if curve["kernel"] else
                                                        " (C replay kernel not built: a coarse curve.)"))
 st.subheader("Reactive scale-up against pre-scaling")
 cold = curve["cold_start_ms"]
@@ -59,11 +80,12 @@ up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])
     st.stop()
-table = pd.DataFrame([
-    {"policy": f"static {int(start)}", **{k: up["static"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
-    {"policy": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
-     **{k: up["reactive"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
-    {"policy": f"pre-scaled {int(top)}",
-     **{k: up["prescaled"][k] for k in ("p99_ms", "ttft_p99_ms", "gpu_usd_per_hour")}},
-])
-st.dataframe(table, hide_index=True)
+policies = {"static": f"static {int(start)}",
+            "reactive": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
+            "prescaled": f"pre-scaled {int(top)}"}
+table = pd.DataFrame([{"policy": name, "p99_ms": up[k]["p99_ms"], "ttft_p99_ms": up[k]["ttft_p99_ms"],
+                       "gpu_usd_per_hour": formats.usd(up[k]["gpu_usd_per_hour"], "/h")}
+                      for k, name in policies.items()])
+st.dataframe(table, hide_index=True, column_config={
+    "p99_ms": formats.ms("p99"), "ttft_p99_ms": formats.ms("TTFT p99"),
+    "gpu_usd_per_hour": st.column_config.TextColumn("GPU USD per hour")})

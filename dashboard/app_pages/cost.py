@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, sidebar
+from dashboard import data, formats, sidebar
 
 db = data.open_store()  # a store, or a ClickHouse table (the sweep then runs on the server)
 f = sidebar.current()
@@ -17,7 +17,7 @@ if not data.choices(*key)["requests"]:
     st.stop()
 left, right = st.columns(2)
 by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by")
-default = None if data.on_clickhouse(db) else data.price_default(str(db.store))
+default = data.price_default(db)
 price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0.0, step=0.1, key="cost_price",
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
                                 "(docs/cost.md; a store only).")
@@ -33,24 +33,30 @@ if values and not rows.empty:
 tot = res["totals"]
 cols = st.columns(4)
 cols[0].metric("GPU-hours allocated", f"{tot['allocated_ns'] / 3.6e12:,.2f}")
-cols[1].metric("idle share", "-" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
+cols[1].metric("idle share", "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
                help="Replica time with no request in a GPU stage (cold start is counted apart).")
-cols[2].metric("cost", "-" if tot["allocated_usd"] is None else f"${tot['allocated_usd']:,.2f}",
+cols[2].metric("cost", formats.usd(tot["allocated_usd"]),
                help="Allocated GPU time at the price; idle and cold start are in the next figure.")
-cols[3].metric("idle + cold start", "-" if tot["overhead_usd"] is None else f"${tot['overhead_usd']:,.2f}")
+cols[3].metric("idle + cold start", formats.usd(tot["overhead_usd"]))
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()
 rows["requests"] = rows["requests_weighted"]  # what the stored requests stand for (equal when unsampled)
-st.dataframe(rows[["key", "gpu_seconds", "cost_usd", "requests", "input_tokens", "output_tokens",
-                   "usd_per_1k_output_tokens", "tail_gpu_share"]], hide_index=True, column_config={
-    "key": st.column_config.TextColumn(by),
-    "gpu_seconds": st.column_config.NumberColumn("GPU-s", format="%,.1f"),
-    "cost_usd": st.column_config.NumberColumn("USD", format="$%.2f"),
-    "usd_per_1k_output_tokens": st.column_config.NumberColumn("USD / 1k out", format="$%.4f"),
+priced = usd is not None or rows["cost_usd"].notna().any()
+money = ["cost_usd", "usd_per_1k_output_tokens"] if priced else []
+st.dataframe(rows[["key", "gpu_seconds", *money, "requests", "input_tokens", "output_tokens",
+                   "tail_gpu_share"]], hide_index=True, column_config={
+    "key": st.column_config.TextColumn(by.replace("_", " ")),
+    "gpu_seconds": formats.number("GPU seconds", "%,.1f"),
+    "cost_usd": formats.number("USD", "$%,.2f"),
+    "requests": formats.number("requests"), "input_tokens": formats.number("input tokens"),
+    "output_tokens": formats.number("output tokens"),
+    "usd_per_1k_output_tokens": formats.number("USD per 1k output tokens", "$%,.4f"),
     "tail_gpu_share": st.column_config.ProgressColumn("p99 tail's GPU share", format="percent", min_value=0.0,
                                                       max_value=1.0),
 })
+if not priced:
+    st.caption(f"No price: {formats.NO_PRICE} to see USD columns.")
 st.caption("GPU time: at each instant a replica's time is split equally among its requests in prefill, decode "
            "or (unsplit) generation; the p99 tail's share is the part spent on each group's slowest 1% (e2e).")
 bucket = data.window_s(*key, f)  # the report's windows, as on every page
@@ -58,13 +64,21 @@ series = data.cost_over_time(*key, f, by, bucket, usd)
 if values:
     series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
 series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
+series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
 st.altair_chart(alt.Chart(series).mark_area().encode(
-    x=alt.X("time:T", title=None), y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU-s per {bucket} s"),
-    color=alt.Color("key:N", title=by), tooltip=["time:T", "key:N", alt.Tooltip("gpu_seconds:Q", format=",.1f")]),
+    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M")),
+    y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU seconds per {bucket} s", axis=alt.Axis(format=",.0f")),
+    color=alt.Color("key:N", title=by.replace("_", " ")),
+    tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
+             alt.Tooltip("gpu_seconds:Q", format=",.1f", title="GPU seconds")]),
     width="stretch")
 st.subheader("Replicas")
 reps = pd.DataFrame(res["replicas"])
 st.dataframe(reps[["replica", "observed_seconds", "allocated_seconds", "cold_start_seconds", "idle_seconds",
                    "idle_share"]], hide_index=True, column_config={
+    "observed_seconds": formats.number("observed (s)", "%,.1f"),
+    "allocated_seconds": formats.number("allocated to requests (s)", "%,.1f"),
+    "cold_start_seconds": formats.number("cold start (s)", "%,.1f"),
+    "idle_seconds": formats.number("idle (s)", "%,.1f"),
     "idle_share": st.column_config.ProgressColumn("idle share", format="percent", min_value=0.0, max_value=1.0)})

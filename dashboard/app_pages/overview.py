@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data, sidebar
+from dashboard import charts, data, links, sidebar
 
 db = data.open_store()
 f = sidebar.current()
@@ -19,34 +19,47 @@ key = (db, str(db.store), db.version)
 st.title("Overview")
 s = data.summary(*key, f)
 if not s["requests"]:
-    st.info("No requests match: the store is empty or the filters exclude everything. "
-            "Ingest traces with `tailscope ingest FILE` or widen the filters.")
+    st.info("No requests match: the store is empty, no span is recognised as a request, or the filters exclude "
+            "everything. Ingest traces with `tailscope ingest FILE` or widen the filters; "
+            f"{data.no_request_hint(db.store)}.")
     st.stop()
 
 df = data.over_time(*key, f)
-marks = data.spike_marks(*key, f)
-spikes = marks["spikes"]
+verdict = data.spike_verdict(*key, f)
+marks, spikes = verdict["marks"], verdict["spikes"]
 cols = st.columns(6)
 cols[0].metric("requests", f"{s['requests_weighted']:,.0f}")  # what the stored ones stand for when sampled
 cols[1].metric("errors", f"{s['error_weighted']:,.0f}")
 cols[2].metric("timeouts", f"{s['timeout_weighted']:,.0f}")
 cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
-cols[5].metric("spikes", len(spikes))
+cols[5].metric("spikes", len(spikes) if verdict["judged"] else "not judged",
+               help=None if verdict["judged"] else
+               f"Spike detection could not judge these filters: {verdict['reason']}.")
 
 shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
-    st.warning(f"**Spike {charts.clock(a)}–{charts.clock(b)} UTC**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
+    st.warning(f"**Spike {charts.window_label(a, b)}**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
-               "Open the Spike page to see what explains it.", icon=":material/local_fire_department:")
-notes = "; ".join(marks.get("warnings", []) + marks.get("errors", []))
+               f"[Open it on the Spike page]({links.url('spike', f, data.FILTER_DIMENSIONS, start_ns=a, end_ns=b)}) "
+               "to see what explains it.", icon=":material/local_fire_department:")
+context = [data.spike_times_ns(sp) for sp in verdict["context"]]
+if not verdict["judged"]:
+    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
+             "clear here." + (f" Without the filters, this range has {len(context)} spike(s), shaded grey: "
+                              + ", ".join(charts.window_label(a, b) for a, b in context) + "."
+                              if context else ""), icon=":material/help:")
+notes = "; ".join(marks.get("warnings", []) + [e for e in marks.get("errors", []) if verdict["judged"]])
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))
-fired = None if data.on_clickhouse(db) else data.alerts(str(db.store), f.since_ns, f.until_ns)
+fired = None if not db.can("alerts") else data.alerts(str(db.store), f.since_ns, f.until_ns)
 if fired is not None and not fired.is_empty():
     st.caption(f"red rules: {fired.height} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")
 for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
     if charts.has_values(df, prefix):
-        st.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired), width="stretch")
-st.vega_lite_chart(charts.counts(df, shade), width="stretch")
+        st.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired, context=context), width="stretch")
+win = data.window_s(*key, f)
+st.vega_lite_chart(charts.counts(df, shade, win), width="stretch")
+failed = tuple(o for o in data.OUTCOMES if o != "ok")
+st.vega_lite_chart(charts.counts(df, shade, win, failed, "failed requests per window (own scale)"), width="stretch")

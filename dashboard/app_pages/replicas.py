@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data, sidebar
+from dashboard import charts, data, formats, sidebar
+
+S_OUTCOMES = data.OUTCOMES
 
 db = data.open_store()
 f = sidebar.current()
@@ -16,17 +18,35 @@ if df.empty:
     st.info("No requests match the filters.")
     st.stop()
 out = df[df["outlier"]]
-if len(out):
-    st.error("Outlier replicas (p99 far above the fleet's): "
-             + ", ".join(f"**{r.replica}** ({charts.fmt_ms(r.p99_ms)})" for r in out.itertuples()))
-else:
+explained = {e["replica"]: e for e in data.outlier_explanations(*key, f, data.METRICS[metric_label])}
+own = [r for r in out.itertuples() if r.replica not in explained]
+if own:
+    st.error("Outlier replicas (p99 far above the fleet's, whatever tenant, model or service is left out): "
+             + ", ".join(f"**{r.replica}** ({charts.fmt_ms(r.p99_ms)})" for r in own))
+for e in explained.values():
+    st.warning(f"**{e['replica']}** is flagged an outlier (p99 {charts.fmt_ms(e['p99_ms'])}), but **{e['dimension']} = "
+               f"{e['value']}** explains it: without that {e['dimension']}'s requests its p99 is "
+               f"{charts.fmt_ms(e['p99_without_ms'])} ({e['requests_without']:,} of {e['requests']:,} requests left), "
+               f"inside the fleet's spread (median p99 {charts.fmt_ms(e['fleet_median_p99_without_ms'])}). Look at "
+               f"the {e['dimension']}, not the replica.", icon=":material/person_search:")
+if not len(out):
     st.success(f"No outlier among {len(df)} replicas: p99 spread {charts.fmt_ms(df['p99_ms'].min())}"
                f"–{charts.fmt_ms(df['p99_ms'].max())}.")
 # the tooltip's requests: what the stored ones stand for (the table shows both counts)
-st.altair_chart(charts.replica_chart(df.assign(requests=df["requests_weighted"])), width="stretch")
-st.caption("Bars: p99 (red: outlier, more than 3 robust deviations and 20% above the replicas' median p99). "
-           "Ticks: p50.")
-st.dataframe(df, hide_index=True, column_config={
-    "p50_ms": st.column_config.NumberColumn("p50 (ms)", format="%,.0f"),
-    "p99_ms": st.column_config.NumberColumn("p99 (ms)", format="%,.0f"),
+explained_by = [f"{explained[r]['dimension']} = {explained[r]['value']}" if r in explained else ""
+                for r in df["replica"]]
+st.altair_chart(charts.replica_chart(df.assign(requests=df["requests_weighted"], explained_by=explained_by)),
+                width="stretch")
+st.caption("Bars: p99 (red: outlier, more than 3 robust deviations and 20% above the replicas' median p99; "
+           "yellow: an outlier that is no longer one without one tenant's, model's or service's requests). Ticks: p50.")
+shown = df.assign(explained_by=explained_by)
+cols = ["replica", "outlier", "explained_by", "requests", "p50_ms", "p99_ms", *S_OUTCOMES, "n_effective"]
+if (df["requests_weighted"] != df["requests"]).any():  # sampled: what the stored requests stand for
+    cols.insert(cols.index("requests") + 1, "requests_weighted")
+st.dataframe(shown[[c for c in cols if c in shown.columns]], hide_index=True, column_config={
+    "explained_by": st.column_config.TextColumn("outlier explained by"),
+    "requests_weighted": formats.number("requests (weighted)"),
+    "requests": formats.number("requests"), "n_effective": formats.number("effective requests"),
+    "p50_ms": formats.ms("p50"), "p99_ms": formats.ms("p99"),
+    **{o: formats.number(o) for o in S_OUTCOMES},
 })

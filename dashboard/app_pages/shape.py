@@ -18,7 +18,8 @@ if grid.empty:
     st.stop()
 # requests: what the stored ones stand for (analysis' weighted count; the stored count when unsampled)
 grid["requests"] = grid["requests_weighted"]
-value = st.radio("Colour by", ["p99_ms", "p50_ms", "requests"], horizontal=True, key="shape_value")
+value = st.radio("Colour by", ["p99_ms", "p50_ms", "requests"], horizontal=True, key="shape_value",
+                 format_func={"p99_ms": "p99", "p50_ms": "p50", "requests": "requests"}.get)
 st.altair_chart(charts.heatmap(grid, value), width="stretch")
 worst = grid[~grid["p99_low_sample"]].sort_values("p99_ms", ascending=False).head(1)
 if not worst.empty:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, sidebar
+from dashboard import charts, data, links, sidebar
 
 db = data.open_store()
 f = sidebar.current()
@@ -19,41 +19,50 @@ if not data.summary(*key, f)["requests"]:
     st.info("No requests match the filters, so there is no spike to explain.")
     st.stop()
 
-spikes = data.spikes(*key, f)
+verdict = data.spike_verdict(*key, f)
+spikes = data.spikes(*key, f) if verdict["judged"] else []
 df = data.over_time(*key, f)
 shade = [data.spike_times_ns(sp) for sp in spikes]
-event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush"), on_select="rerun",
-                           key="spike_brush", width="stretch")
-st.caption("Drag on the chart to inspect any window; double-click to clear.")
+context = [data.spike_times_ns(sp) for sp in verdict["context"]]
+event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush", context=context),
+                           on_select="rerun", key="spike_brush", width="stretch")
+st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
+if not verdict["judged"]:
+    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
+             "clear here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
+                              + ", ".join(charts.window_label(a, b) for a, b in context)
+                              + ". Clear the filters to explain them." if context else ""), icon=":material/help:")
+    st.stop()
 
 options: dict[str, tuple[int, int]] = {}
 if brushed.get("window"):
     a, b = (int(float(ms) * 1e6) for ms in brushed["window"][:2])
-    options[f"brushed {charts.clock(a)}–{charts.clock(b)}"] = (a, b)
-linked = st.query_params.get("start_ns"), st.query_params.get("end_ns")  # from an alert: ?start_ns=&end_ns=
-linked_label = None
-if all(v is not None and str(v).isdigit() for v in linked) and int(linked[1]) > int(linked[0]):  # type: ignore[arg-type]
-    la, lb = int(linked[0]), int(linked[1])  # type: ignore[arg-type]
-    linked_label = f"linked {charts.clock(la)}–{charts.clock(lb)}"
-    options[linked_label] = (la, lb)
+    options[f"brushed {charts.window_label(a, b)}"] = (a, b)
+linked = links.window()  # from a link: ?start_ns=&end_ns= (alerts, banners, a shared view)
+followed = links.new_window()
+if linked is not None and linked not in shade and linked not in options.values():
+    options[f"linked {charts.window_label(*linked)}"] = linked
 for sp, (ta, tb) in zip(spikes, shade, strict=True):
-    options[f"spike {charts.clock(ta)}–{charts.clock(tb)} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = (ta, tb)
+    options[f"spike {charts.window_label(ta, tb)} · p99 {charts.fmt_ms(sp['p99_ms'])}"] = (ta, tb)
 if not options:
-    st.info("No spike detected under these filters: p99 stayed with p50. Brush a window on the chart to "
-            "inspect it anyway.")
+    marks = verdict["marks"]
+    st.success(f"No spike: detection judged {marks.get('windows', 0):,} windows of {marks.get('window_s')} s under "
+               "these filters and no stretch of them had a p99 that broke away from the baseline's. Brush a window "
+               "on the chart to inspect it anyway.")
     st.stop()
 brushed_label = next((k for k in options if k.startswith("brushed")), None)
 if brushed_label and st.session_state.get("_last_brush") != brushed_label:  # a new brush: show it
     st.session_state["spike_choice"] = brushed_label
 st.session_state["_last_brush"] = brushed_label
-if linked_label and st.session_state.get("_last_link") != linked_label:  # a new link: show its window
-    st.session_state["spike_choice"] = linked_label
-st.session_state["_last_link"] = linked_label
+if followed is not None and not brushed_label:  # a link followed: show its window
+    st.session_state["spike_choice"] = next(k for k, v in options.items() if v == followed)
 if st.session_state.get("spike_choice") not in options:
     st.session_state.pop("spike_choice", None)
 label = st.selectbox("Window", list(options), key="spike_choice")
+links.set_window(*options[label])
 ex = data.explain(*key, f, *options[label])
+standing = data.against_baseline(ex)
 cols = st.columns(4)
 # what the stored requests stand for (analysis' weighted count; the stored count itself when unsampled)
 in_window = ex.get("requests_weighted", ex["requests"])
@@ -67,7 +76,14 @@ cols[3].metric("p50 (baseline)", f"{charts.fmt_ms(ex['p50_ms'])} ({charts.fmt_ms
 st.caption(("A spike found by `tailscope report`" if ex.get("detected") else
             "Not a detected spike: explained by the report's method") + " against the report's baseline windows"
            + (f" · {'; '.join(ex['errors'])}" if ex.get("errors") else ""))
-grew = (ex.get("excess_ms") or 0) > 0
+grew = standing in ("above", "slightly above")
+if standing == "at or below":
+    st.info(f"This window's p99 ({charts.fmt_ms(ex['p99_ms'])}) is at or below the baseline p99 "
+            f"({charts.fmt_ms(ex['baseline_p99_ms'])}): there is no excess, so nothing to explain. The comparisons "
+            "below are shown for reference only.", icon=":material/info:")
+elif standing == "slightly above":
+    st.info(f"This window's p99 is above the baseline p99, but by less than the {data.MIN_RISE:.0%} a spike needs: "
+            "read the explanations below as weak.", icon=":material/info:")
 
 st.subheader("Which stage grew in the tail")
 stages = pd.DataFrame(ex.get("stages", []))
@@ -85,31 +101,48 @@ else:
     st.altair_chart(charts.stage_compare(stages), width="stretch")
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
-columns = ["dimension", "value", "explained", "p99_without_ms", "tail_share", "baseline_share", "support", "score"]
+columns = ["dimension", "value", "explained", "p99_without_ms", "baseline_p99_without_ms", "tail_share",
+           "baseline_share", "support", "score"]
 if any(d.get("support_weighted", d["support"]) != d["support"] for d in ex.get("dimensions", [])):
     columns.insert(columns.index("support") + 1, "support_weighted")  # sampled: what the support stands for
 dims = pd.DataFrame(ex.get("dimensions", []), columns=columns)[columns]
 pct = st.column_config.NumberColumn(format="percent")
-table_config = {"tail_share": pct, "baseline_share": pct, "explained": pct,
-                "support_weighted": st.column_config.NumberColumn("support (weighted)", format="%,.0f"),
-                "p99_without_ms": st.column_config.NumberColumn("p99 without (ms)", format="%,.0f")}
+ms = "%,.0f ms"
+table_config = {
+    "explained": st.column_config.NumberColumn("share of the excess explained", format="percent",
+                                               help="1 − (p99 without − baseline p99 without) / (p99 − baseline p99): "
+                                                    "negative when leaving the value out widens the gap"),
+    "p99_without_ms": st.column_config.NumberColumn("p99 without", format=ms),
+    "baseline_p99_without_ms": st.column_config.NumberColumn("baseline p99 without", format=ms),
+    "tail_share": st.column_config.NumberColumn("share of the tail", format="percent"),
+    "baseline_share": st.column_config.NumberColumn("share of the baseline", format="percent"),
+    "support": st.column_config.NumberColumn("tail requests", format="%,d"),
+    "support_weighted": st.column_config.NumberColumn("tail requests (weighted)", format="%,.0f"),
+    "score": st.column_config.NumberColumn("score", format="%.2f")}
 pair = dims["dimension"].str.contains("&")
 singles, pairs = dims[~pair], dims[pair]
 if dims.empty:
     st.info("No dimension value is over-represented in this window's tail (after the multiple-testing guard).")
 else:
     lead = dims.iloc[0]  # the report's best explanation
-    explained = f" ({lead['explained']:.0%} of the excess)" if pd.notna(lead["explained"]) else ""
-    st.success(f"Without **{lead['dimension']} = {lead['value']}**: p99 {charts.fmt_ms(lead['p99_without_ms'])} "
-               f"instead of {charts.fmt_ms(ex['p99_ms'])}{explained}; it holds {lead['tail_share']:.0%} of the "
-               f"tail against {lead['baseline_share']:.0%} of the baseline.")
+    if standing == "above" and pd.notna(lead["explained"]) and lead["explained"] > 0:
+        st.success(f"Without **{lead['dimension']} = {lead['value']}**: p99 {charts.fmt_ms(lead['p99_without_ms'])} "
+                   f"instead of {charts.fmt_ms(ex['p99_ms'])} (baseline without it: "
+                   f"{charts.fmt_ms(lead['baseline_p99_without_ms'])}; {lead['explained']:.0%} of the excess "
+                   f"explained); it holds {lead['tail_share']:.0%} of the tail against {lead['baseline_share']:.0%} "
+                   "of the baseline.")
+    elif standing == "above":
+        st.info("No single value explains the excess: leaving any of them out does not bring the p99 nearer its "
+                "baseline.")
     shown = singles.head(12)
     if shown["p99_without_ms"].notna().any():
-        st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0)),
-                        width="stretch")
+        st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
+                                              ex.get("baseline_p99_ms")), width="stretch")
     st.dataframe(shown, hide_index=True, column_config=table_config)
-st.caption("Ranked by analysis.stats.explain: tail (requests above the baseline p99) against the baseline, a "
-           "Bonferroni-guarded over-representation test, then the p99 without each value.")
+st.caption("Ranked by analysis.stats.explain, best explanation first: tail (requests above the baseline p99) "
+           "against the "
+           "baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, left out of "
+           "the window and of the baseline alike.")
 
 st.subheader("Pairs")
 if pairs.empty:
@@ -123,8 +156,4 @@ rows = data.exemplars(*key, f, len(ids), trace_ids=ids) if ids else pd.DataFrame
 if rows.empty:
     st.caption("No exemplar in this window.")
 else:
-    st.dataframe(rows[["trace_id", "start", "replica", "status", "latency_ms"]], hide_index=True,
-                 column_config={"latency_ms": st.column_config.NumberColumn("latency (ms)", format="%,.0f")})
-    if st.button("Open the slowest exemplar", key="open_trace"):
-        st.session_state["trace_id"] = rows.iloc[0]["trace_id"]
-        st.switch_page("app_pages/traces.py")
+    links.exemplar_table(rows, "spike_exemplars", f)

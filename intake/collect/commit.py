@@ -25,11 +25,15 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from prometheus_client import Histogram
 
 from intake.collect.journal import Journal
 from tracing import schema as S
 from tracing.errors import RetryLater
 from tracing.store import SegmentWriter, segment_files
+
+#: Buckets of the receiver's commit latency on /metrics (seconds, submit to durable).
+COMMIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 _log = logging.getLogger(__name__)
 
@@ -245,6 +249,9 @@ class Committer:
         self._write_failures = 0
         #: seconds from submit to durable, one sample per request (the last 100,000)
         self.latencies: deque[float] = deque(maxlen=100_000)
+        self.latency_histogram = Histogram(
+            "tailscope_receiver_commit_latency_seconds", "Time from a request's spans being queued to their being "
+            "durable (journal or segment).", buckets=COMMIT_BUCKETS_S, registry=None)  # on /metrics
         #: seconds spent writing each group commit (the last 10,000)
         self.write_seconds: deque[float] = deque(maxlen=10_000)
 
@@ -252,6 +259,11 @@ class Committer:
     def columnar(self) -> bool:
         """True when protobuf bodies go through the C builder (its extraction runs without the GIL)."""
         return self._builder is not None
+
+    def _latency(self, seconds: float) -> None:
+        """Keep one request's submit-to-durable time (the progress line's p99 and the /metrics histogram)."""
+        self.latencies.append(seconds)
+        self.latency_histogram.observe(seconds)
 
     def start(self) -> None:
         """Start the commit threads."""
@@ -457,7 +469,7 @@ class Committer:
             answer = [item for item in p.group if not item.resolved]
             for item in answer:
                 item.resolved = True
-                self.latencies.append(done - item.queued_at)
+                self._latency(done - item.queued_at)
         self._cover(p.gen)
         if self.on_stored is not None and p.kept.num_rows:  # before the direct answers: their 200 means handed on
             try:
@@ -533,7 +545,7 @@ class Committer:
                         item.resolved = True
                         answer.append(item)
                         if error is None:
-                            self.latencies.append(done - item.queued_at)
+                            self._latency(done - item.queued_at)
                 self.journalled_requests += len(answer) if error is None else 0
             for item in answer:
                 if error is None:
@@ -556,7 +568,7 @@ class Committer:
             answer = [item for item in group if not item.resolved]
             for item in answer:
                 item.resolved = True
-                self.latencies.append(done - item.queued_at)
+                self._latency(done - item.queued_at)
         for item in answer:
             item.future.set_result(result)
 

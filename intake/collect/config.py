@@ -131,6 +131,14 @@ class CollectSettings(SettingsTable):
     segment_spans: Setting[int] = Setting(
         int, 32_768, "Journalled spans that start a segment before --journal-ms has passed.",
         option="--segment-spans")
+    metrics_port: Setting[int] = Setting(
+        int, -1, "Port of GET /metrics (OpenMetrics: span latency histograms with trace-id exemplars, the "
+        "receiver's health; docs/metrics.md) on --host; 0 picks a free port, -1 turns it off. With "
+        "--token-file, scrapes need 'Authorization: Bearer <token>' too.", option="--metrics-port")
+    metrics_tenants: Setting[int] = Setting(
+        int, 0, "Give the latency histograms a tenant label holding the first this many tenants seen (later "
+        "ones are counted as `other`); 0: no tenant label (tenant ids can be unbounded).",
+        option="--metrics-tenants")
 
     compact: Setting[bool] = Setting(
         bool, True, "Compact the store in the background: an hour's small segments are merged in levels while "
@@ -218,6 +226,8 @@ class CollectConfig:
     compact_every_s: float = COLLECT.compact_every_s.default
     retain: str = COLLECT.retain.default
     max_store_gb: float = COLLECT.max_store_gb.default
+    metrics_port: int | None = COLLECT.metrics_port.default  # None or negative: off
+    metrics_tenants: int = COLLECT.metrics_tenants.default
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue_spans", "max_inflight_bytes", "max_connections",
@@ -231,6 +241,8 @@ class CollectConfig:
             raise ValueError("journal_ms must be >= 0 and segment_spans positive")
         if self.forward_queue_spans <= 0 or self.forward_timeout_s <= 0 or self.forward_retry_s < 0:
             raise ValueError("forward_queue_spans and forward_timeout_s must be positive, forward_retry_s >= 0")
+        if self.metrics_tenants < 0:
+            raise ValueError(f"metrics_tenants must be >= 0, got {self.metrics_tenants}")
         if self.dedupe_window < 0:
             raise ValueError(f"dedupe_window must be >= 0, got {self.dedupe_window}")
         self.compact_policy()  # raises ValueError on a bad compaction or retention setting
@@ -266,8 +278,10 @@ def exposure_warning(config: CollectConfig) -> str | None:
     """A warning when the receiver listens beyond loopback without a token (None otherwise)."""
     if config.token or is_loopback(config.host):
         return None
+    metrics = (" and read /metrics (latencies, trace ids)" if config.metrics_port is not None
+               and config.metrics_port >= 0 else "")
     return (f"listening on {config.host} without --token-file: anyone who can reach this machine can "
-            "write spans to the store (gRPC and HTTP alike); give --token-file, or keep the default "
+            f"write spans to the store (gRPC and HTTP alike){metrics}; give --token-file, or keep the default "
             "--host 127.0.0.1")
 
 

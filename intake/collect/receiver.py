@@ -26,6 +26,7 @@ from intake.collect.grpc_server import make_server
 from intake.collect.http import HttpServer
 from intake.collect.intake import Intake
 from intake.collect.journal import Journal
+from intake.collect.metrics import SpanMetrics
 from intake.collect.recovery import Replayed, remove_dead_temp_files, replay_journals
 from intake.compact.merge import Compactor, make_compactor, start_background
 from intake.engines import normalize
@@ -96,6 +97,8 @@ class Receiver:
         self.loaded_keys = 0
         self.removed_temp_files: list[Path] = []
         self.replayed = Replayed(0, 0, 0)
+        metrics_on = config.metrics_port is not None and config.metrics_port >= 0
+        self.span_metrics = SpanMetrics(config.metrics_tenants) if metrics_on else None
         self.forwarder = (Forwarder(config.forward, token=config.forward_token,
                                     max_queue_spans=config.forward_queue_spans, timeout_s=config.forward_timeout_s,
                                     retry_s=config.forward_retry_s) if config.forward else None)
@@ -130,9 +133,12 @@ class Receiver:
         self._started_at = time.monotonic()
 
     def _prepare(self, table: pa.Table) -> pa.Table:
-        """Promote and normalize one commit group (the committer's thread), counting its requests."""
+        """Promote and normalize one commit group (the committer's thread), counting its requests
+        (and adding its spans to the latency histograms when /metrics is on)."""
         table = normalize(promote(table))
         self.recognition.add(recognise(table))
+        if self.span_metrics is not None:
+            self.span_metrics.observe(table)
         return table
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -298,7 +304,7 @@ class ProgressLine:
                 f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
                 f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
         line = " | ".join([line, *describe(self.receiver.forwarder), *compaction_line(self.receiver.compactor)])
-        problem = self.receiver.recognition.problem()
+        problem = self.receiver.recognition.problem(str(self.receiver.store))
         if problem is not None and not self._hinted:  # once: spans arrive but none is a request
             self._hinted = True
             self.out.write(("\r\x1b[2K" if self.tty else "") + problem + "\n")

@@ -90,7 +90,7 @@ def derived_span_id(trace_id: str, span_id: str, key: str) -> str:
 def finish_reason_outcome(status_code: str, attrs: Mapping[str, str]) -> str:
     """Outcome from `gen_ai.response.finish_reasons` (abort → cancelled, error → error), else the status."""
     if S.ATTR_OUTCOME not in attrs:
-        reasons = attrs.get("gen_ai.response.finish_reasons", "").lower()
+        reasons = attrs.get(S.ATTR_FINISH_REASONS, "").lower()
         if "abort" in reasons or "cancel" in reasons:
             return "cancelled"
         if "error" in reasons:
@@ -101,8 +101,9 @@ def finish_reason_outcome(status_code: str, attrs: Mapping[str, str]) -> str:
 def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = None,
                  model: str | None = None, model_version: str | None = None,
                  input_tokens: int | None = None, output_tokens: int | None = None,
-                 replica: str | None = None, streaming: bool | None = None) -> None:
-    """Promote `row` to the request span of one inference request (in place)."""
+                 replica: str | None = None, streaming: bool | None = None, evidence: str = "") -> None:
+    """Promote `row` to the request span of one inference request (in place); `evidence` says why the engine
+    claimed it (its scope, service, attribute set or span tree: docs/engines.md#evidence)."""
     row["IsRequest"] = True
     row["Outcome"] = outcome
     if ttft_ns is not None:
@@ -119,10 +120,12 @@ def mark_request(row: Row, engine: str, outcome: str, *, ttft_ns: int | None = N
         row["Replica"] = replica
         row["ResourceAttributes"] = replica_resource(row["ResourceAttributes"], replica)
     extra = {S.ATTR_ENGINE: engine}
+    if evidence:
+        extra[S.ATTR_ENGINE_EVIDENCE] = evidence
     if streaming is not None:
         extra[S.ATTR_STREAMING] = "true" if streaming else "false"
     attrs = attrs_of(row)
-    attrs.update({k: v for k, v in extra.items() if k not in attrs or k == S.ATTR_ENGINE})
+    attrs.update({k: v for k, v in extra.items() if k not in attrs or k in (S.ATTR_ENGINE, S.ATTR_ENGINE_EVIDENCE)})
     attrs.update(fact_attrs(row, attrs))
     row["SpanAttributes"] = list(attrs.items())
 

@@ -70,9 +70,23 @@ def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _is_root(row: Row, attrs: dict[str, str]) -> bool:
-    if not _ROOT.match(row["SpanName"] or "") or is_native(attrs):
-        return False
-    return "rid" in attrs and (attrs.get("module", "").startswith("sglang") or "gen_ai.latency.e2e" in attrs)
+    return bool(_ROOT.match(row["SpanName"] or "")) and not is_native(attrs) and "rid" in attrs
+
+
+def evidence_of(trace: Trace, row: Row, attrs: dict[str, str]) -> str | None:
+    """Why a root-shaped span (`Req <rid>` with `rid`) is SGLang's, or None: its `module` attribute, its
+    scope or service, vLLM-style latency attributes, or its span tree (process-thread spans with host_id
+    and pid). A name and an `rid` are no evidence on their own."""
+    if attrs.get("module", "").startswith("sglang"):
+        return f"attribute module={attrs['module']}"
+    for what, value in (("scope", str(row.get("ScopeName") or "")), ("service", str(row.get("ServiceName") or ""))):
+        if value.startswith("sglang"):
+            return f"{what} {value}"
+    if sum(k in attrs for k in vllm.LATENCY_SET) >= 2:
+        return "attributes gen_ai.latency.*"
+    if any({"host_id", "pid"} <= attrs_of(c).keys() for c in trace.children.get(row["SpanId"], ())):
+        return "span tree: thread spans with host_id and pid"
+    return None
 
 
 def role_of(root: Row) -> str:
@@ -87,17 +101,17 @@ def map_trace(trace: Trace) -> list[Row]:
     share the trace (the router propagated the context) the decode root is the request and the
     prefill root's slices are laid on it too, so the request is counted once.
     """
-    groups: dict[str, list[tuple[Row, dict[str, str]]]] = {}
+    groups: dict[str, list[tuple[Row, dict[str, str], str]]] = {}
     for row in list(trace.spans):
         attrs = attrs_of(row)
-        if _is_root(row, attrs):
-            groups.setdefault(attrs["rid"], []).append((row, attrs))
+        if _is_root(row, attrs) and (why := evidence_of(trace, row, attrs)) is not None:
+            groups.setdefault(attrs["rid"], []).append((row, attrs, why))
     out: list[Row] = []
     for roots in groups.values():
         roots.sort(key=lambda ra: (role_of(ra[0]) == "decode", end_of(ra[0]), ra[0]["SpanId"]))
-        request, attrs = roots[-1]
-        out.extend(map_request(trace, request, attrs, partners=[r for r, _ in roots[:-1]]))
-        for partner, _ in roots[:-1]:
+        request, attrs, why = roots[-1]
+        out.extend(map_request(trace, request, attrs, partners=[r for r, _, _ in roots[:-1]], evidence=why))
+        for partner, _, _ in roots[:-1]:
             mark_not_request(partner, NAME)
     return out
 
@@ -128,7 +142,8 @@ def _request_replica(trace: Trace, root: Row, worker: Row | None) -> str | None:
     return own or thread
 
 
-def map_request(trace: Trace, root: Row, attrs: dict[str, str], partners: Sequence[Row] = ()) -> list[Row]:
+def map_request(trace: Trace, root: Row, attrs: dict[str, str], partners: Sequence[Row] = (),
+                evidence: str = "") -> list[Row]:
     """Copy the root's (and its partner roots') stage slices under it, or lay out its latency attributes."""
     slices = [s for r in (root, *partners) for s in trace.descendants(r["SpanId"])
               if s["SpanName"] in SLICE_STAGES or s["SpanName"] in INNER_SLICES]
@@ -165,7 +180,7 @@ def map_request(trace: Trace, root: Row, attrs: dict[str, str], partners: Sequen
     outcome = finish_reason_outcome(root["StatusCode"], attrs)
     if outcome == "ok" and any(s["StatusCode"] == "Error" for s in trace.descendants(root["SpanId"])):
         outcome = "error"  # SGLang sets ERROR with the abort info on the thread span
-    mark_request(root, NAME, outcome, ttft_ns=ttft, replica=replica)
+    mark_request(root, NAME, outcome, ttft_ns=ttft, replica=replica, evidence=evidence)
     return timeline.rows()
 
 

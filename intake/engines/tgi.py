@@ -11,7 +11,8 @@ span under them ends (the first generation sent to the request; with chunked pre
 iterations of the earlier chunks send none). Without `send_generation` spans the end of the
 earliest `infer` span is taken, which is early under chunked prefill (docs/engines.md).
 Only handler spans of `text_generation_router::server` are requests: the inner spans of the same
-names (`text_generation_router::infer`) never are. Streaming
+names (`text_generation_router::infer`) never are, and a span of a handler's name is claimed only
+on evidence (`evidence_of`): user code names its own spans `generate` too. Streaming
 (generate_stream only) runs from the first token to the span end and yields to decode.
 """
 
@@ -55,33 +56,45 @@ def candidate_mask(names: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.is_in(names, value_set=pa.array(HANDLERS))
 
 
-def _is_handler(row: Row, attrs: dict[str, str]) -> bool:
+#: TGI's resource service name (router/src/logging.rs init_logging, huggingface/text-generation-inference @db931fcf).
+SERVICE_PREFIX = "text-generation-inference"
+
+
+def evidence_of(trace: Trace, row: Row, attrs: dict[str, str]) -> str | None:
+    """Why a handler-named span is a TGI handler span, or None: its `code.namespace` (the handlers' module),
+    two or more of its Rust Duration fields, or, from an exporter without code.* fields, TGI's service name
+    or scope with TGI's span tree below (`infer` / `send_generation` / `schedule`). A name is no evidence:
+    `generate` is the commonest span name in serving code."""
     if row["SpanName"] not in HANDLERS or is_native(attrs):
-        return False
-    if any(rust_duration_ns(attrs.get(f)) is not None for f in FIELDS):
-        return True
+        return None
     namespace = attrs.get("code.namespace")
-    if namespace is None:  # exporters without code.* fields: a handler-named span is taken as one
-        return True
-    return namespace == _HANDLER_NAMESPACE
+    if namespace is not None:
+        return f"code.namespace {namespace}" if namespace == _HANDLER_NAMESPACE else None
+    if sum(rust_duration_ns(attrs.get(f)) is not None for f in FIELDS) >= 2:
+        return "attributes " + ", ".join(f for f in FIELDS if rust_duration_ns(attrs.get(f)) is not None)
+    for what, value in (("service", str(row.get("ServiceName") or "")), ("scope", str(row.get("ScopeName") or ""))):
+        if value.startswith(SERVICE_PREFIX):
+            return f"{what} {value}"
+    return None
 
 
 def map_trace(trace: Trace) -> list[Row]:
     """Mark every TGI handler span of the trace and return its synthetic stage spans."""
     out: list[Row] = []
     # decided before any is marked (a marked span reads as native)
-    handlers = [(r, a) for r in trace.spans if r["SpanName"] in HANDLERS and _is_handler(r, a := attrs_of(r))]
-    handler_ids = {r["SpanId"] for r, _ in handlers}
-    for row, attrs in handlers:
+    handlers = [(r, a, why) for r in trace.spans
+                if r["SpanName"] in HANDLERS and (why := evidence_of(trace, r, a := attrs_of(r))) is not None]
+    handler_ids = {r["SpanId"] for r, _, _ in handlers}
+    for row, attrs, why in handlers:
         # completions/chat_completions call the generate path: only the outermost handler is the request
         if any(a["SpanId"] in handler_ids for a in trace.ancestors(row)):
             mark_not_request(row, NAME)
             continue
-        out.extend(map_request(trace, row, attrs))
+        out.extend(map_request(trace, row, attrs, why))
     return out
 
 
-def map_request(trace: Trace, row: Row, attrs: dict[str, str]) -> list[Row]:
+def map_request(trace: Trace, row: Row, attrs: dict[str, str], evidence: str = "") -> list[Row]:
     """Lay one handler span's duration fields on its timeline."""
     start, end = int(row["TimestampNs"]), end_of(row)
     validation = rust_duration_ns(attrs.get("validation_time"))
@@ -126,7 +139,8 @@ def map_request(trace: Trace, row: Row, attrs: dict[str, str]) -> list[Row]:
         outcome = "cancelled" if streaming else "error"
     mark_request(row, NAME, outcome, ttft_ns=first - start if first is not None else None,
                  input_tokens=int_or_none(attrs.get("prompt_tokens")),
-                 output_tokens=_output_tokens(attrs, inference, per_token), streaming=streaming)
+                 output_tokens=_output_tokens(attrs, inference, per_token), streaming=streaming,
+                 evidence=evidence)
     return timeline.rows()
 
 

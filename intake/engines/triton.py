@@ -87,6 +87,21 @@ def _last(ev: dict[str, list[int]], name: str) -> int | None:
     return max(ev[name]) if name in ev else None
 
 
+def evidence_of(trace: Trace, row: Row) -> str | None:
+    """Why an `InferRequest` span is Triton's, or None: its scope or service (src/tracer.cc), its frontend
+    timestamp events, or its span tree (a model span with `triton.model_name`, a `compute` span)."""
+    for what, value in (("scope", str(row.get("ScopeName") or "")), ("service", str(row.get("ServiceName") or ""))):
+        if value.startswith("triton"):
+            return f"{what} {value}"
+    events = [e for e in _events(row) if e in FRONTEND]
+    if events:
+        return f"events {events[0]}"
+    for child in trace.children.get(row["SpanId"], ()):
+        if "triton.model_name" in attrs_of(child):
+            return "span tree: a model span with triton.model_name"
+    return None
+
+
 def map_trace(trace: Trace) -> list[Row]:
     """Mark every Triton `InferRequest` root of the trace and return its synthetic stage spans."""
     out: list[Row] = []
@@ -96,11 +111,13 @@ def map_trace(trace: Trace) -> list[Row]:
         attrs = attrs_of(row)
         if is_native(attrs):
             continue
-        out.extend(map_request(trace, row, attrs))
+        why = evidence_of(trace, row)
+        if why is not None:
+            out.extend(map_request(trace, row, attrs, why))
     return out
 
 
-def map_request(trace: Trace, root: Row, attrs: dict[str, str]) -> list[Row]:
+def map_request(trace: Trace, root: Row, attrs: dict[str, str], evidence: str = "") -> list[Row]:
     """Lay one Triton request's activity timestamps on its timeline."""
     front = _events(root)
     models = [c for c in trace.children.get(root["SpanId"], ()) if c["SpanName"] != COMPUTE_NAME]
@@ -140,7 +157,7 @@ def map_request(trace: Trace, root: Row, attrs: dict[str, str]) -> list[Row]:
     status = "Error" if root["StatusCode"] == "Error" or (model is not None and model["StatusCode"] == "Error") \
         else root["StatusCode"]
     mark_request(root, NAME, outcome_of(status, attrs), model=m_attrs.get("triton.model_name"),
-                 model_version=m_attrs.get("triton.model_version"))
+                 model_version=m_attrs.get("triton.model_version"), evidence=evidence)
     return timeline.rows()
 
 

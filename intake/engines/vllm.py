@@ -76,6 +76,48 @@ def candidate_mask(names: pa.ChunkedArray, scopes: pa.ChunkedArray | None = None
     return pc.or_(by_name, opt_in)
 
 
+#: The latency attributes vLLM sets together on a request span (vllm/tracing/utils.py SpanAttributes): two
+#: of them on one span is vLLM's attribute set, which user code does not write by accident.
+LATENCY_SET: tuple[str, ...] = (TTFT, E2E, QUEUE, PREFILL, DECODE, INFERENCE)
+#: The resource key vLLM's init_otel_tracer adds (vllm/tracing/otel.py @40eeb0c).
+RESOURCE_KEY = "vllm.instrumenting_module_name"
+
+
+def evidence_of(row: Row, attrs: dict[str, str]) -> str | None:
+    """Why a request-shaped span is vLLM's (its scope, its resource, its service name, its attribute set), or
+    None: a name is no evidence. The rule `normalize_table` applies column-wise."""
+    scope = str(row.get("ScopeName") or "")
+    if scope.startswith(SCOPE_PREFIX):
+        return f"scope {scope}"
+    if RESOURCE_KEY in dict(row.get("ResourceAttributes") or ()):
+        return f"resource {RESOURCE_KEY}"
+    service = str(row.get("ServiceName") or "")
+    if service.startswith(SCOPE_PREFIX):
+        return f"service {service}"
+    if sum(k in attrs for k in LATENCY_SET) >= 2:
+        return "attributes gen_ai.latency.*"
+    return None
+
+
+def _evidence(picked: pa.Table, cand: _Attrs) -> pa.Array:
+    """`evidence_of` for every row of `picked` (null where there is none)."""
+    n = cand.n
+    scope = pc.fill_null(picked.column("ScopeName").combine_chunks(), "")
+    by_scope = pc.starts_with(scope, SCOPE_PREFIX).to_numpy(zero_copy_only=False)
+    by_resource = _Attrs(picked.column("ResourceAttributes").combine_chunks()).present(RESOURCE_KEY)
+    count = np.zeros(n, dtype=np.int64)
+    for key in LATENCY_SET:
+        count += cand.present(key)
+    by_attrs = count >= 2
+    service = pc.fill_null(picked.column("ServiceName").combine_chunks(), "")
+    by_service = pc.starts_with(service, SCOPE_PREFIX)
+    out = pc.if_else(pa.array(by_scope), pc.binary_join_element_wise("scope", scope, " "), pc.if_else(
+        pa.array(by_resource), pa.scalar(f"resource {RESOURCE_KEY}"), pc.if_else(
+            by_service, pc.binary_join_element_wise("service", service, " "),
+            pa.array(["attributes gen_ai.latency.*"] * n, pa.string(), mask=~by_attrs))))
+    return out if isinstance(out, pa.Array) else out.combine_chunks()
+
+
 def map_trace(trace: Trace) -> list[Row]:
     """Mark every vLLM `llm_request` span of the trace and return its synthetic stage spans (reference path)."""
     out: list[Row] = []
@@ -85,11 +127,14 @@ def map_trace(trace: Trace) -> list[Row]:
         attrs = attrs_of(row)
         if is_native(attrs) or not any(k in attrs for k in _MARKERS):
             continue
-        out.extend(map_request(row, attrs))
+        why = evidence_of(row, attrs)
+        if why is None:
+            continue
+        out.extend(map_request(row, attrs, why))
     return out
 
 
-def map_request(row: Row, attrs: dict[str, str]) -> list[Row]:
+def map_request(row: Row, attrs: dict[str, str], evidence: str = "") -> list[Row]:
     """Lay one `llm_request` span's latency attributes on its timeline."""
     start, end = int(row["TimestampNs"]), end_of(row)
     ttft, e2e = seconds_ns(attrs.get(TTFT)), seconds_ns(attrs.get(E2E))
@@ -108,7 +153,7 @@ def map_request(row: Row, attrs: dict[str, str]) -> list[Row]:
             timeline.add("decode", first, first + decode, DECODE)
         timeline.add("streaming", first, start + e2e if e2e is not None else end,
                      f"derived: {E2E} - {TTFT} - {DECODE}")
-    mark_request(row, NAME, finish_reason_outcome(row["StatusCode"], attrs), ttft_ns=ttft)
+    mark_request(row, NAME, finish_reason_outcome(row["StatusCode"], attrs), ttft_ns=ttft, evidence=evidence)
     return timeline.rows()
 
 
@@ -199,7 +244,7 @@ def _outcomes(table: pa.Table, attrs: _Attrs) -> pa.Array:
     declared = attrs.get(S.ATTR_OUTCOME)
     has_declared = pc.is_valid(declared).to_numpy(zero_copy_only=False)
     valid_declared = pc.is_in(declared, value_set=pa.array(S.OUTCOMES)).to_numpy(zero_copy_only=False)
-    reasons = attrs.get("gen_ai.response.finish_reasons")
+    reasons = attrs.get(S.ATTR_FINISH_REASONS)
     err_type = pc.replace_substring(pc.fill_null(attrs.get(S.ATTR_ERROR_TYPE), ""), "_", "")
     status_error = pc.equal(table.column("StatusCode").combine_chunks(), "Error").to_numpy(zero_copy_only=False)
     conditions = [
@@ -237,7 +282,8 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
         marked |= cand.present(key)
     opt_in = pc.not_equal(picked.column("SpanName"), SPAN_NAME).to_numpy(zero_copy_only=False)
     marked &= ~opt_in | cand.present(S.ATTR_OPERATION)
-    take = marked & ~native
+    why = _evidence(picked, cand)
+    take = marked & ~native & pc.is_valid(why).to_numpy(zero_copy_only=False)
     if not take.any():
         return None
     full = np.zeros(table.num_rows, dtype=bool)
@@ -245,6 +291,7 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     rest = table.filter(pa.array(~full))
     req = table.filter(pa.array(full))
     attrs = _Attrs(req.column("SpanAttributes").combine_chunks())
+    evidence = why.filter(pa.array(take))
 
     start = req.column("TimestampNs").to_numpy().astype(np.int64)
     end = start + req.column("Duration").to_numpy().astype(np.int64)
@@ -309,6 +356,7 @@ def normalize_table(table: pa.Table) -> tuple[pa.Table, pa.Table] | None:
         # the promoted facts as attributes too (`_common.fact_attrs`), so they survive without these columns
         "SpanAttributes": attrs.with_updates([
             (S.ATTR_ENGINE, pa.array([NAME] * n, pa.string())),
+            (S.ATTR_ENGINE_EVIDENCE, evidence),
             (ATTR_UNMAPPED, pa.array([UNPLACED_REASON] * n, pa.string(), mask=~unplaced)),
             (S.ATTR_REQUEST, pa.array(np.where(unplaced, "false", "true"), pa.string())),
             (S.ATTR_OUTCOME, outcome),

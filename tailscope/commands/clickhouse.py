@@ -34,9 +34,11 @@ def init(
         "refresh per interval up to where the view starts (best run while nothing writes to the table: spans "
         "inserted during the copy are copied twice and their intervals then computed from the spans).")] = False,
 ) -> None:
-    """Print (or apply) a tailscope_requests table and the refreshable materialized view that fills it."""
+    """Print (or apply) a tailscope_requests table and the refreshable materialized view that fills it.
+
+    --apply checks everything first and creates all of it or nothing; on an applied schema it changes nothing."""
+    from analysis.clickhouse import apply_schema, requests_mv_ddl
     from analysis.clickhouse import backfill as fill
-    from analysis.clickhouse import requests_mv_ddl
 
     with errors_as_messages():
         if backfill and not apply:
@@ -47,18 +49,23 @@ def init(
             return
         client = clickhouse_client(dsn, table)
         try:
-            for sql in statements:
-                client.command(sql)
-            console.print(f"created tailscope_requests and tailscope_requests_mv over {table}", highlight=False)
+            done = apply_schema(client, table, every=every, lag_minutes=lag)
+            if done.created:
+                console.print(f"created {', '.join(done.created)} over {table}"
+                              + (f" ({', '.join(done.existing)} were there already)" if done.existing else ""),
+                              highlight=False, soft_wrap=True)
+            else:
+                console.print(f"nothing to change: {', '.join(done.existing)} are there already over {table}",
+                              highlight=False, soft_wrap=True)
             if backfill:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
                 with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                               TimeRemainingColumn(), console=err_console, transient=True) as bar:
                     task = bar.add_task("backfill: intervals", total=None)
-                    done = fill(client, table, every=every, lag_minutes=lag,
-                                progress=lambda k, n: bar.update(task, completed=k, total=n))
-                console.print(f"backfilled {done:,} interval(s) of {every} from the spans already in {table}",
+                    filled = fill(client, table, every=every, lag_minutes=lag,
+                                  progress=lambda k, n: bar.update(task, completed=k, total=n))
+                console.print(f"backfilled {filled:,} interval(s) of {every} from the spans already in {table}",
                               highlight=False)
         finally:
             client.close()

@@ -12,11 +12,20 @@ from typing import Annotated, Any
 import typer
 
 from intake.collect.config import COLLECT, CollectConfig, exposure_warning, read_token
-from tailscope.commands.common import StoreOption, errors_as_messages, fail, say, store_hooks, store_path
+from tailscope.commands.common import (
+    MappingOption,
+    StoreOption,
+    errors_as_messages,
+    fail,
+    read_mapping,
+    say,
+    store_hooks,
+    store_path,
+)
 from tracing.settings import Setting, SettingsTable
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
-NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb")
+NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb", "prometheus_client")
 
 #: Seconds between two looks for settled hours to materialize while collecting.
 MATERIALIZE_EVERY_S = 60.0
@@ -59,9 +68,12 @@ def collect(
         "--forward-token-file", help="File holding a bearer token sent as 'Authorization: Bearer <token>' "
         "with every --forward request.", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line.")] = False,
+    mapping: MappingOption = None,
     **options: Any,
 ) -> None:
     """Receive OTLP traces and store them; a 200 (gRPC OK) means the spans are fsynced to disk.
+
+    With --mapping FILE the mapping is saved in the store first, as `tailscope map` does.
 
     Prints 'listening http=HOST:PORT grpc=HOST:PORT' once ready, then a progress line
     (spans/s, stored, segments, rejected, duplicates, queue depth, p99 commit latency).
@@ -79,7 +91,7 @@ def collect(
     forward_token = _token(forward_token_file, "--forward-token-file")
     try:
         values = setting_values(COLLECT, options)
-        for port in ("http_port", "grpc_port"):  # -1 on the command line turns a protocol off
+        for port in ("http_port", "grpc_port", "metrics_port"):  # -1 on the command line turns a protocol off
             if values.get(port) is not None and values[port] < 0:
                 values[port] = None
         config = CollectConfig(store=store_path(store), token=token, forward_token=forward_token, **values)
@@ -88,15 +100,25 @@ def collect(
     warning = exposure_warning(config)
     if warning:
         sys.stderr.write(f"warning: {warning}\n")
+    rules = read_mapping(mapping) if mapping is not None else None
     with errors_as_messages():
         try:
             on_removed, extra_bytes = store_hooks(config.store)
             receiver = Receiver(config, on_hour_removed=on_removed, hour_extra_bytes=extra_bytes, say=say)
         except ValueError as exc:  # a --forward URL that is not one
             fail(str(exc))
+        if rules is not None:  # saved in the store: its materialized hours and every reader use it (tailscope map)
+            from analysis.mapping.rules import save
+
+            save(config.store, rules)
+
+    served: list[Any] = []
 
     def ready(r: Receiver) -> None:
         parts = []
+        if r.span_metrics is not None:
+            served.append(_serve_metrics(r, config))
+            parts.append(f"metrics={config.host}:{served[0].port}")
         if r.http_port is not None:
             parts.append(f"http={config.host}:{r.http_port}")
         if r.grpc_port is not None:
@@ -120,12 +142,23 @@ def collect(
         fail(f"could not listen: {exc}")
     finally:
         stop.set()
+        for server in served:
+            server.stop()
     forwarded = ""
     if receiver.forwarder is not None:
         f = receiver.forwarder
         forwarded = f", {f.forwarded_spans:,} forwarded, {f.dropped_spans:,} not forwarded (dropped)"
     sys.stderr.write(f"stopped: {stats.stored_spans:,} spans stored in {stats.segments:,} segment(s), "
                      f"{stats.duplicate_spans:,} duplicates dropped, {stats.rejected_spans:,} rejected{forwarded}\n")
+
+
+def _serve_metrics(receiver: Any, config: CollectConfig) -> Any:
+    """/metrics of a started receiver: its span histograms and its own health (tailscope.commands.metrics)."""
+    from intake.collect.metrics import ReceiverMetrics
+    from tailscope.commands.metrics import serve_metrics
+
+    return serve_metrics([ReceiverMetrics(receiver)], config.host, config.metrics_port or 0, config.token,
+                         renderers=[receiver.span_metrics.render])
 
 
 def _token(path: Path | None, option: str) -> str | None:

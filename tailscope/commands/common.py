@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -42,6 +42,43 @@ MaterializeOption = Annotated[
         "--no-materialize computes every request from the spans.",
     ),
 ]
+
+
+MappingOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mapping",
+        help="A mapping file (tailscope-map.json, as `tailscope map` saves it in a store): report and sql with "
+        "--engine clickhouse compile its rules to ClickHouse SQL over the table; collect saves it in its store.",
+        show_default=False,
+    ),
+]
+
+
+def read_mapping(path: Path) -> Any:
+    """The analysis.mapping.Mapping in a mapping file; one line naming the file when it is not one."""
+    from analysis.mapping.rules import load_text
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"--mapping {path}: cannot read it ({exc.strerror})")
+    try:
+        return load_text(text, str(path))
+    except TailscopeError as exc:
+        fail(f"--mapping {exc}")
+
+
+def use_mapping_file(engine: Engine, table: str, path: Path | None) -> None:
+    """Apply the mapping file given with --mapping to a ClickHouse table's spans (a store keeps its own)."""
+    if path is None:
+        return
+    if engine is not Engine.clickhouse:
+        fail("--mapping is for --engine clickhouse: a store keeps its mapping (tailscope map --store DIR ...)")
+    from analysis.clickhouse.promotion import use_mapping
+
+    with errors_as_messages():
+        use_mapping(table, read_mapping(path))
 
 
 def store_path(store: Path | None) -> Path:

@@ -33,13 +33,16 @@ def export(
     table: TableOption = DEFAULT,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Copy every span of the store into an otel_traces-shaped table (created if missing).
+    """Copy every span of the store into an otel_traces-shaped table (created if missing) that it does not hold.
+
+    Run again, it adds no span twice (each span's trace and span id are looked up among the
+    table's spans of the segment's time range).
 
     Timestamps keep their ns, events are mapped field by field, and promoted facts an engine
     mapping set (request, stage, outcome, TTFT, replica, ...) are written as the convention's
     attributes, so `report --engine clickhouse` reads the same requests (docs/scale-out.md).
     """
-    from analysis.clickhouse_export import export_store
+    from analysis.clickhouse.export import export_store
     from tracing.store import require_store, segment_files
 
     with errors_as_messages():
@@ -51,7 +54,9 @@ def export(
                 done = export_store(path, client, table, on_segment=lambda size, _n: advance(size))
         finally:
             client.close()
-    console.print(f"exported {done.spans:,} spans from {done.segments} segment(s) into {table}", highlight=False)
+    held = done.spans - done.written
+    console.print(f"exported {done.written:,} spans from {done.segments} segment(s) into {table}"
+                  + (f" ({held:,} of the {done.spans:,} read were there already)" if held else ""), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -52,9 +52,21 @@ def ingest(
             for problem in report.problems[:5]:
                 console.print(f"  {problem}", highlight=False)
         console.print(report.recognition.summary(), highlight=False)
-    hint = report.recognition.problem()
+    hint = report.recognition.problem(str(target))
+    if hint is not None and _has_mapping(target):
+        hint = None  # the store's own rules (tailscope map) declare its requests
+        if not quiet:
+            console.print(f"the store's mapping declares the requests: `tailscope map --store {target}` shows it",
+                          highlight=False, soft_wrap=True, markup=False)
     if hint is not None:  # said even with --quiet: the data will not show up as requests
         err_console.print(f"[yellow]{hint}[/]", highlight=False, soft_wrap=True)
+
+
+def _has_mapping(store: Path) -> bool:
+    """Whether the store keeps a mapping (analysis.mapping), which the spans just recognised know nothing of."""
+    from analysis.mapping.rules import map_path
+
+    return map_path(store).exists()
 
 
 def register(app: typer.Typer) -> None:

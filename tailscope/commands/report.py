@@ -14,6 +14,7 @@ from tailscope.commands.common import (
     DsnOption,
     Engine,
     EngineOption,
+    MappingOption,
     MaterializeOption,
     StoreOption,
     TableOption,
@@ -24,6 +25,7 @@ from tailscope.commands.common import (
     fail,
     query_failure,
     store_path,
+    use_mapping_file,
     write_through,
 )
 
@@ -75,12 +77,14 @@ def report(
     engine: EngineOption = Engine.duckdb,
     dsn: DsnOption = None,
     table: TableOption = DEFAULT,
+    mapping: MappingOption = None,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
+    use_mapping_file(engine, table, mapping)
     if engine is Engine.clickhouse:
         with errors_as_messages():
             from analysis.clickhouse import recognition_counts
-            from analysis.clickhouse_report import build_report as clickhouse_report
+            from analysis.clickhouse.report import build_report as clickhouse_report
             from intake.recognition import Recognition
 
             client = clickhouse_client(dsn, table)
@@ -119,10 +123,10 @@ def report(
         finally:
             con.close()
     _print(result, as_json)
-    _coverage(seen, as_json)
+    _coverage(seen, as_json, str(store_path(store)))
 
 
-def _coverage(seen: Recognition, as_json: bool) -> None:
+def _coverage(seen: Recognition, as_json: bool, store: str = "DIR") -> None:
     """What the data can and cannot show: on stderr with --json, so the contract on stdout stays as is."""
     from intake.recognition import gaps
 
@@ -131,7 +135,7 @@ def _coverage(seen: Recognition, as_json: bool) -> None:
     out.print(f"coverage: {seen.summary()}", highlight=False, soft_wrap=True, emoji=False)
     for gap in gaps(seen.engines):
         out.print(f"  {gap}", highlight=False, soft_wrap=True, emoji=False)
-    problem = seen.problem()
+    problem = seen.problem(store)
     if problem is not None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
 

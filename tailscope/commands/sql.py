@@ -18,6 +18,7 @@ from tailscope.commands.common import (
     DsnOption,
     Engine,
     EngineOption,
+    MappingOption,
     MaterializeOption,
     StoreOption,
     TableOption,
@@ -27,6 +28,7 @@ from tailscope.commands.common import (
     fail,
     query_failure,
     store_path,
+    use_mapping_file,
     write_through,
 )
 
@@ -64,6 +66,7 @@ def sql(
     engine: EngineOption = Engine.duckdb,
     dsn: DsnOption = None,
     table: TableOption = DEFAULT,
+    mapping: MappingOption = None,
 ) -> None:
     """Query the store with SQL (DuckDB dialect); see docs/schema.md for the views.
 
@@ -71,6 +74,7 @@ def sql(
     otel_traces table, and runs with readonly = 1. A result wider than the terminal prints one
     block per row (name | value); an empty one still names its columns.
     """
+    use_mapping_file(engine, table, mapping)
     if engine is Engine.clickhouse:
         with errors_as_messages():
             from analysis.clickhouse import query_views

@@ -34,8 +34,10 @@ def watch(
     store: StoreOption = None,
     metric: Annotated[Metric, typer.Option("--metric", "-m", help="Latency whose p99 spikes are alerted on.")
                       ] = Metric.e2e,
-    window: Annotated[str, typer.Option("--window", "-w", help="Window evaluated at each tick, e.g. 30s, 1m.")
-                      ] = "60s",
+    window: Annotated[str | None, typer.Option(
+        "--window", "-w", help="Window evaluated at each tick, e.g. 30s, 1m (default: chosen from the request "
+                               "rate as the report chooses it; live: over the last hour, kept across restarts).",
+        show_default=False)] = None,
     delay: Annotated[str, typer.Option(
         "--delay", help="Evaluate a window this long after it closes (requests started in it must have ended and "
                         "been stored by then), e.g. 60s.")] = "60s",
@@ -53,7 +55,8 @@ def watch(
     ok_only: Annotated[bool, typer.Option(
         "--ok-only", help="Leave errors, timeouts and cancellations out of the percentiles.")] = False,
     replay_mode: Annotated[bool, typer.Option(
-        "--replay", help="Backtest: evaluate stored windows as if live and print the alerts; deliver nothing.")
+        "--replay", help="Backtest: evaluate stored windows as if live and print the alerts; delivers nothing "
+                         "(--webhook and --alertmanager are refused with it).")
                            ] = False,
     since: Annotated[str | None, typer.Option(
         "--since", help="Replay from this time (ISO-8601, UTC if no zone; default: the first request).",
@@ -65,50 +68,66 @@ def watch(
     once: Annotated[bool, typer.Option(
         "--once", help="Live: evaluate the windows due now, deliver, and exit.")] = False,
     poll: Annotated[str, typer.Option("--poll", help="Live: longest sleep between checks.")] = "5s",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Live: serve the watch's health on GET /metrics (OpenMetrics) on this port; "
+                               "0 picks a free one (docs/metrics.md).", show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Live: address of /metrics. Loopback by default.")] = "127.0.0.1",
+    metrics_token_file: Annotated[Path | None, typer.Option(
+        "--metrics-token-file", help="Live: file holding a bearer token scrapes of /metrics must send.",
+        show_default=False)] = None,
 ) -> None:
     """Alert when p99 breaks away with a flat median (with its cause), or an SLO rule breaks; or backtest it."""
-    from analysis.alerting import receivers_from
     from analysis.engine.percentiles import parse_duration
     from analysis.watch import Config, load_rules
+    from analysis.watch.delivery import receivers_from
 
     with errors_as_messages():
-        config = Config(metric=metric.value, window_s=parse_duration(window),
+        if replay_mode and (webhook or alertmanager):
+            raise QueryError("", "--replay delivers nothing: drop --webhook / --alertmanager, or run the live watch")
+        config = Config(metric=metric.value, window_s=parse_duration(window) if window else 60.0,
                         delay_s=0.0 if delay.strip() in ("0", "0s") else parse_duration(delay),
                         lookback=lookback, rules=load_rules(rules) if rules else [],
                         include_failures=not ok_only, dashboard_url=dashboard_url)
         config.check()
         path = require_store(store_path(store))
         if replay_mode:
-            _replay(path, config, since, until, as_json)
+            _replay(path, config, since, until, as_json, auto_window=window is None)
             return
         if since or until or as_json:
             raise QueryError("", "--since, --until and --json apply to --replay only")
-        _live(path, config, receivers_from(webhook or [], alertmanager or []), once, parse_duration(poll))
+        metrics = _metrics_options(metrics_port, metrics_host, metrics_token_file)
+        if window is None:
+            from analysis.watch.live import live_window_s
+            config.window_s = live_window_s(path, time.time_ns(), config.delay_s)
+        _live(path, config, receivers_from(webhook or [], alertmanager or []), once, parse_duration(poll), metrics)
 
 
-def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool) -> None:
+def _replay(path: Path, config: Config, since: str | None, until: str | None, as_json: bool,
+            auto_window: bool) -> None:
     import duckdb
 
     from analysis.engine.connect import connect
-    from analysis.engine.percentiles import parse_time, request_facts, time_range
+    from analysis.engine.percentiles import auto_window_s, parse_time, request_facts, time_range
     from analysis.watch import Event, replay, replay_json, summary_line
 
     since_ns, until_ns = parse_time(since), parse_time(until)
-    if since_ns is None or until_ns is None:
-        con = connect(path)
-        try:
-            con.execute("SET enable_progress_bar = false").fetchall()
-            lo, hi, n = time_range(con, since_ns, until_ns, request_facts(con))
-        except duckdb.Error as exc:
-            fail(f"replay failed: {str(exc).splitlines()[0]}")
-        finally:
-            con.close()
-        if n == 0:
-            fail("no request in the store for that range: nothing to replay")
-        since_ns = since_ns if since_ns is not None else lo
-        until_ns = until_ns if until_ns is not None else hi + 1
+    con = connect(path)
+    try:
+        con.execute("SET enable_progress_bar = false").fetchall()
+        lo, hi, n = time_range(con, since_ns, until_ns, request_facts(con))
+    except duckdb.Error as exc:
+        fail(f"replay failed: {str(exc).splitlines()[0]}")
+    finally:
+        con.close()
+    if n == 0:
+        fail("no request in the store for that range: nothing to replay")
+    since_ns = since_ns if since_ns is not None else lo
+    until_ns = until_ns if until_ns is not None else hi + 1
     if until_ns <= since_ns:
         fail("--until must be after --since")
+    if auto_window:  # the report's choice for this range (percentiles.choose_window_s)
+        config.window_s = float(auto_window_s(n, (until_ns - since_ns) / 1e9))
 
     def show(ev: Event) -> None:
         if not as_json:
@@ -125,11 +144,24 @@ def _replay(path: Path, config: Config, since: str | None, until: str | None, as
         console.print("no alert would have fired", highlight=False)
 
 
-def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float) -> None:
+def _metrics_options(port: int | None, host: str, token_file: Path | None) -> tuple[int, str, str | None] | None:
+    """(port, host, token) of the watch's /metrics, or None when off; a bad token file ends the command."""
+    if port is None:
+        if token_file is not None:
+            raise QueryError("", "--metrics-token-file needs --metrics-port")
+        return None
+    from tailscope.commands.metrics import scrape_token
+
+    return port, host, scrape_token(token_file, "--metrics-token-file", host)
+
+
+def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float,
+          metrics: tuple[int, str, str | None] | None = None) -> None:
     import duckdb
 
-    from analysis.alerting import Deliverer, Outbox
     from analysis.watch import Event, LiveWatch, summary_line
+    from analysis.watch.delivery import Deliverer, Outbox
+    from analysis.watch.health import WatchHealth
 
     outbox = Outbox(path, receivers)
     deliverer = Deliverer(outbox)
@@ -148,14 +180,26 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
         _out(summary_line(ev))
 
     live = LiveWatch(path, config, deliver)
+    health = WatchHealth(live, deliverer)
+    server = None
+    if metrics is not None:
+        from tailscope.commands.metrics import serve_metrics
+        try:
+            server = serve_metrics([health], metrics[1], metrics[0], metrics[2])
+        except OSError as exc:
+            fail(f"could not listen for /metrics: {exc}")
     deliverer.start()
+    served = f" · metrics={metrics[1]}:{server.port}" if server is not None and metrics is not None else ""
     _out(f"watching {path} · {config.metric} · window {config.window_s:g} s · delay {config.delay_s:g} s · "
-         f"{len(config.rules)} rule(s) · {len(receivers)} receiver(s)")
+         f"{len(config.slo_rules)} rule(s) · {len(receivers)} receiver(s){served}")
     try:
         while not stopping["now"]:
+            began = time.monotonic()
             try:
                 live.step(time.time_ns())
+                health.evaluated(time.monotonic() - began)
             except duckdb.Error as exc:  # a segment being compacted away, a full disk: retry next tick
+                health.evaluated(time.monotonic() - began, ok=False)
                 print(f"tailscope watch: evaluation failed ({str(exc).splitlines()[0]}); retrying",
                       file=sys.stderr)
             deliverer.wake()
@@ -168,6 +212,8 @@ def _live(path: Path, config: Config, receivers: Any, once: bool, poll_s: float)
                 time.sleep(min(0.1, wait_s))
     finally:
         deliverer.stop(drain_s=10.0 if once else 2.0)
+        if server is not None:
+            server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.alerting import (
+from analysis.watch import Event
+from analysis.watch.delivery import (
     Deliverer,
     Outbox,
     Receiver,
@@ -13,7 +14,6 @@ from analysis.alerting import (
     receivers_from,
     webhook_payload,
 )
-from analysis.watch import Event
 from tests.analysis.alert_receiver import recording
 from tracing.store import init_store
 
@@ -24,7 +24,9 @@ def _alert(status: str = "firing") -> dict[str, Any]:
             "window_start": "2025-11-20T14:05:00Z", "window_end": "2025-11-20T14:06:00Z", "p50_ms": 3682.3,
             "p99_ms": 26876.3, "baseline_p99_ms": 16939.5, "stage": "decode", "stage_share": 0.9467,
             "dimension": "replica", "value": "replica-07", "explained": 0.7, "exemplars": ["t1", "t2"],
-            "dashboard_url": "http://127.0.0.1:8501/spike?start_ns=1&end_ns=2"}
+            "dashboard_url": "http://127.0.0.1:8501/spike?start_ns=1&end_ns=2", "requests": 1234,
+            "p99_without_ms": 19001.2, "service": "chat", "filters": [], "labels": {"team": "gpu"},
+            "annotations": {"runbook_url": "http://runbooks/#tail"}}
 
 
 def test_payloads_are_exact() -> None:
@@ -32,13 +34,21 @@ def test_payloads_are_exact() -> None:
     assert webhook_payload(fire) == {"version": 1, "source": "tailscope", "status": "firing", "alert": _alert()}
     assert alertmanager_payload(fire) == [{
         "labels": {"alertname": "TailscopeTailSpike", "kind": "tail_spike", "metric": "e2e", "alert_id": "abc123",
-                   "source": "tailscope"},
-        "annotations": {"summary": "p99 of e2e spiked: p99 26876.3 ms against a baseline of 16939.5 ms, "
-                                   "p50 3682.3 ms",
+                   "source": "tailscope", "severity": "warning", "service": "chat", "stage": "decode",
+                   "dimension": "replica", "value": "replica-07", "team": "gpu"},
+        "annotations": {"summary": "p99 of e2e spiked: p99 26,876 ms against a baseline of 16,940 ms, "
+                                   "p50 3,682 ms",
+                        "description": "Window 2025-11-20T14:05:00Z to 2025-11-20T14:06:00Z, 1,234 requests. "
+                                       "95% of the excess is in stage decode. Without replica=replica-07, p99 falls "
+                                       "from 26,876 ms to 19,001 ms (70% of the excess). Exemplar traces: t1, t2.",
                         "window_start": "2025-11-20T14:05:00Z", "window_end": "2025-11-20T14:06:00Z",
+                        "dashboard": "http://127.0.0.1:8501/spike?start_ns=1&end_ns=2",
                         "stage": "decode", "dimension": "replica", "value": "replica-07", "stage_share": "0.95",
-                        "explained": "0.70", "exemplars": "t1,t2"},
+                        "explained": "0.70", "exemplars": "t1,t2", "runbook_url": "http://runbooks/#tail"},
         "startsAt": "2025-11-20T14:07:00Z", "generatorURL": "http://127.0.0.1:8501/spike?start_ns=1&end_ns=2"}]
+    paged = _alert() | {"labels": {"severity": "page"}, "value": "x" * 100}
+    labels = alertmanager_payload(Event("firing", paged))[0]["labels"]
+    assert labels["severity"] == "page" and labels["value"] == "x" * 63 + "…"  # the rule's severity; value cut
     resolved = alertmanager_payload(Event("resolved", _alert("resolved")))[0]
     assert resolved["endsAt"] == "2025-11-20T14:10:00Z" and resolved["startsAt"] == "2025-11-20T14:07:00Z"
 

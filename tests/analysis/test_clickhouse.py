@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
-from analysis.clickhouse_export import export_store, insert_sql, staging_columns
-from analysis.clickhouse_report import build_report as ch_report
+from analysis.clickhouse.export import export_store, insert_sql, staging_columns
+from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
@@ -55,20 +55,21 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     c.close()
 
 
-_KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_OPERATION, S.ATTR_ERROR_TYPE,
+_KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, S.ATTR_OPERATION,
+         S.ATTR_ERROR_TYPE,
          *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS]
 _WORDS = ["", "true", "TRUE", "True ", "false", "prefill", "decode", "queue_wait", "bogus", "ok", "timeout",
           "cancelled", "error", "Deadline_Exceeded", "TIMED_OUT", "Canceled", "read time-out", "m1", "tenant-a"]
 _NUMS = ["12", " 12 ", "+7", "-3", "1_000", "1__0", "12.9", "-0.5", "1e3", "1.5E2", ".5", "5.", "inf", "nan",
          "0x10", "9223372036854775807", "9223372036854775808", "-9223372036854775808", "9.3e18", "1e400", "abc",
-         "", "\t42\n", "1_0.5", "00012", "1e", "--1"]
+         "", "\t42\n", "1_0.5", "00012", "1e", "--1", "0.25", "0.1234567895", "0.0000000005", "3.5"]
 _UUID = "3f2b8c1e-4a5d-4e6f-8a9b-0c1d2e3f4a5b"
 
 
 def _random_span(rng: random.Random) -> dict[str, Any]:
     attrs: dict[str, str] = {}
     for key in rng.sample(_KEYS, rng.randint(0, 7)):
-        numeric = key in (S.ATTR_TTFT_NS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS)
+        numeric = key in (S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS)
         attrs[key] = rng.choice(_NUMS if numeric and rng.random() < 0.8 else _WORDS)
     res: dict[str, str] = {}
     for key in rng.sample(list(S.REPLICA_RESOURCE_KEYS), rng.randint(0, 4)):
@@ -99,7 +100,7 @@ def _py_promoted(s: dict[str, Any]) -> dict[str, Any]:
             "ModelVersion": R.first_attr(attrs, S.MODEL_VERSION_KEYS), "Tenant": R.first_attr(attrs, S.TENANT_KEYS),
             "InputTokens": R.attr_int(R.first_attr(attrs, S.INPUT_TOKEN_KEYS)),
             "OutputTokens": R.attr_int(R.first_attr(attrs, S.OUTPUT_TOKEN_KEYS)),
-            "TtftNs": R.attr_int(attrs.get(S.ATTR_TTFT_NS)),
+            "TtftNs": R.ttft_ns_of(attrs),
             "AdjustedCount": R.adjusted_count_of(s["TraceState"], attrs)}
 
 
@@ -196,7 +197,11 @@ def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path
     sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
     store, table = _store_and_table(sample, tmp_path, client)
     con = connect(store)
-    monkeypatch.setattr(C, "MEMORY_TEMP_MAX_SPANS", 0)
+    from analysis.clickhouse import model as CM
+    from analysis.clickhouse import requests as CRQ
+
+    monkeypatch.setattr(CM, "MEMORY_TEMP_MAX_SPANS", 0)
+    monkeypatch.setattr(CRQ, "MEMORY_TEMP_MAX_SPANS", 0)
     C.materialize_requests(client, table)
     engines = client.query("SELECT name, engine FROM system.tables WHERE is_temporary").to_pylist()
     assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
@@ -397,7 +402,7 @@ def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
 
 @pytest.mark.parametrize("sample", ["incidents/slow_replica", "engines/vllm_slow_replica"])
 def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_path: Path, client: Any) -> None:
-    from analysis.clickhouse_report import percentile_series as ch_series
+    from analysis.clickhouse.report import percentile_series as ch_series
     from analysis.engine.percentiles import percentile_series
 
     store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path, client)
@@ -421,7 +426,7 @@ def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_p
 
 
 def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
-    from analysis.clickhouse_report import SPAN_INPUTS
+    from analysis.clickhouse.report import SPAN_INPUTS
     from analysis.stats.explain import _STAGE_INPUTS
 
     assert set(SPAN_INPUTS) >= _STAGE_INPUTS
@@ -429,7 +434,7 @@ def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
 
 def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Path, client: Any) -> None:
     """Adjusted counts travel in TraceState (ot=th): ClickHouse derives them and weighs as the store does."""
-    from analysis.clickhouse_report import percentile_series as ch_series
+    from analysis.clickhouse.report import percentile_series as ch_series
     from analysis.engine.percentiles import percentile_series
     from tests.sample_traces import sampled_copy as SC
 
@@ -489,12 +494,12 @@ def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, c
 @pytest.mark.parametrize("weighted", [False, True])
 def test_detection_on_the_server_equals_detection_in_memory(client: Any, weighted: bool) -> None:
     """analysis.stats.spikes.detect on random values (ties, a planted tail spike, uneven windows) against
-    detect_windows fed by the server (clickhouse_report._ServerValues): the same windows, quantiles, pooled
+    detect_windows fed by the server (clickhouse.report._ServerValues): the same windows, quantiles, pooled
     figures, exceedances and spikes, to the bit; weighted with adjusted counts that are not whole numbers (a
     pooled figure then within float rounding: the weights are summed in another order)."""
     import numpy as np
 
-    from analysis import clickhouse_report as CR
+    from analysis.clickhouse import report as CR
     from analysis.stats import spikes as SP
     rng = np.random.default_rng(11 + weighted)
     w_ns = 60_000_000_000
@@ -601,7 +606,7 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
                                                                             weights: tuple[float, ...]) -> None:
     """The same spike after 40 and after 80 more baseline windows: the fact rows that come back are the same requests
     (the spike's, its nearest and its noisy-neighbour windows), with the same ids and values; the baseline's p99 with
-    and without each candidate is computed on the server (clickhouse_report._ServerTail), and equals the report's
+    and without each candidate is computed on the server (clickhouse.report._ServerTail), and equals the report's
     in memory (test_report_parity covers every catalogue sample; the sampled table's, with adjusted counts 1 and 2:
     test_a_sampled_spike_is_explained_on_the_server_as_in_memory)."""
     from analysis.engine.percentiles import iso
@@ -697,9 +702,9 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     window that is not a spike."""
     import duckdb
 
-    from analysis import clickhouse_report as CR
     from analysis import report as RP
-    from analysis.engine.connect import _duck_type
+    from analysis.clickhouse import report as CR
+    from analysis.engine.connect import duck_type
     from analysis.engine.percentiles import iso
 
     w_ns = 60_000_000_000
@@ -710,7 +715,7 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     try:  # the same requests, and the same (empty) spans, in memory
         local.register("_rows", client.query("SELECT * FROM t_facts_weighed"))
         local.execute("CREATE TABLE facts AS SELECT * FROM _rows")
-        cols = ", ".join(f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        cols = ", ".join(f"NULL::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE TABLE _spans_local AS SELECT {cols} LIMIT 0")
         local.execute("CREATE VIEW spans AS SELECT *, TimestampNs + Duration AS EndNs FROM _spans_local")
         want = RP.build_report(local, window_s=60, source="facts")

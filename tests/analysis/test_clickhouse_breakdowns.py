@@ -1,7 +1,7 @@
 """The dashboard's analysis on ClickHouse (chdb) equals DuckDB's on the same requests: breakdowns, traces, windows.
 
 One catalogue sample is ingested into a store and exported into an otel_traces table; every
-function of analysis.clickhouse_breakdowns and analysis.clickhouse_report.explain_window is
+function of analysis.clickhouse.breakdowns and analysis.clickhouse.report.explain_window is
 compared with its DuckDB namesake, unfiltered and under a filter.
 """
 
@@ -21,10 +21,10 @@ from polars.testing import assert_frame_equal
 
 from analysis import breakdowns as B
 from analysis import clickhouse as C
-from analysis import clickhouse_breakdowns as CB
-from analysis import clickhouse_report as CR
 from analysis import traces as T
-from analysis.clickhouse_export import export_store
+from analysis.clickhouse import breakdowns as CB
+from analysis.clickhouse import report as CR
+from analysis.clickhouse.export import export_store
 from analysis.engine.connect import connect
 from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
@@ -196,7 +196,7 @@ def test_counterfactuals_on_the_server_equal_the_whole_baseline_in_memory(
         engines: tuple[duckdb.DuckDBPyConnection, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """With the store's top slice never enough (so every counterfactual there sorts the whole baseline without the
     candidate), the store's report equals ClickHouse's, whose baseline p99 with and without each candidate is an
-    exact quantile on the server (clickhouse_report._ServerTail)."""
+    exact quantile on the server (clickhouse.report._ServerTail)."""
     con, client = engines
     monkeypatch.setattr(X.TailQuantile, "without_candidate", lambda self, coded, cand: math.nan)
     want = build_report(con)

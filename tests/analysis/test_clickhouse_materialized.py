@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from analysis import clickhouse as C
-from analysis.clickhouse_export import export_store
-from analysis.clickhouse_report import build_report, explain_window, percentile_series
+from analysis.clickhouse import requests as CRQ
+from analysis.clickhouse.export import export_store
+from analysis.clickhouse.report import build_report, explain_window, percentile_series
 from analysis.engine import model as M
 from intake.ingest import ingest_files
 
@@ -67,7 +68,7 @@ def _computed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(kw.get("where", ""))
         return real(*args, **kw)
 
-    monkeypatch.setattr(C, "materialize_requests", spy)
+    monkeypatch.setattr(CRQ, "materialize_requests", spy)  # as requests_facts calls it
     return calls
 
 
@@ -214,7 +215,7 @@ def test_the_uncovered_ranges_equal_a_point_by_point_reference() -> None:
         if lo is not None and hi is not None and hi <= lo:
             continue
         refreshes = [C.Refresh(a, b, 0) for a, b in covered]
-        got = C._uncovered(refreshes, lo, hi)
+        got = CRQ._uncovered(refreshes, lo, hi)
         assert got == _uncovered_reference(covered, lo, hi, top), (covered, lo, hi)
 
 

@@ -2,7 +2,7 @@
 
 A small facts table (adjusted counts 1, 2 and 3, tied values, NULL values, every outcome, a window whose
 values are all NULL, a replica whose requests all failed) is held twice: in chdb and in an in-memory DuckDB.
-analysis.clickhouse_report.percentile_series and analysis.clickhouse_breakdowns' summary, replicas and shape
+analysis.clickhouse.report.percentile_series and analysis.clickhouse.breakdowns' summary, replicas and shape
 on the first must equal analysis.engine.percentiles.percentile_series and analysis.breakdowns' on the second, and
 only their figures (one row per window, group, replica or bucket) may come back from the server.
 With whole weights every sum of weights is exact in any order, so the figures are compared exactly.
@@ -21,8 +21,8 @@ import pytest
 
 from analysis import breakdowns as B
 from analysis import clickhouse as C
-from analysis import clickhouse_breakdowns as CB
-from analysis import clickhouse_report as CR
+from analysis.clickhouse import breakdowns as CB
+from analysis.clickhouse import report as CR
 from analysis.engine import percentiles as P
 from tests.analysis.test_clickhouse import _Counting
 

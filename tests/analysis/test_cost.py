@@ -405,7 +405,7 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(tmp_path: Path, 
     rule), exported to chdb: the ClickHouse text of the sweep gives DuckDB's shares and replica times, with and
     without a window and a grid. Integer sweep: exactly. Weighted: the floats are summed in another order, so a
     request's rounded total may differ by 1 ns."""
-    from analysis.clickhouse_export import export_store
+    from analysis.clickhouse.export import export_store
     from intake.ingest import ingest_files
     from tests.sample_traces import sampled_copy as SC
 
@@ -437,7 +437,7 @@ def test_the_cost_on_clickhouse_equals_the_stores(tmp_path: Path, chdb_client: A
     import polars as pl
 
     from analysis import clickhouse as C
-    from analysis.clickhouse_export import export_store
+    from analysis.clickhouse.export import export_store
     from analysis.cost import clickhouse_cost
     from intake.ingest import ingest_files
     from tests.sample_traces import sampled_copy as SC

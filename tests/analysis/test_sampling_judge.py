@@ -1,5 +1,5 @@
 """sampling.judge reads its inputs from a source (sampling.JudgeInputs): the arrays in memory and the SQL on
-ClickHouse (clickhouse_report._ServerJudged, in chdb) give the same view, and the arrays' the view of a simple
+ClickHouse (clickhouse.report._ServerJudged, in chdb) give the same view, and the arrays' the view of a simple
 reference of the rule written here from the module docstring, on many random inputs (weights, ties, records,
 failures, every policy)."""
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from analysis import clickhouse as C
-from analysis.clickhouse_report import _ServerJudged
+from analysis.clickhouse.report import _ServerJudged
 from analysis.stats import sampling as SM
 from analysis.stats.explain import binomial_tail_bound
 

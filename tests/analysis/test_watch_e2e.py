@@ -1,10 +1,12 @@
 """End to end on loopback: example server -> OTLP -> `tailscope collect` -> store -> `tailscope watch` -> receivers.
 
 Light load, then an incident (requests timing out on the server: 504), then light load again. `watch` (2 s windows)
-must POST the SLO alert to a generic webhook and to a stand-in Alertmanager; it is killed
-with SIGKILL while the alert fires (after the fire was delivered) and restarted, and the
-receivers must see exactly one fire and one resolve, with the exact payloads. Every load
-loop is bounded in requests and time.
+must POST the SLO alert to a generic webhook, to a stand-in Alertmanager that records the exact
+bodies, and to Debian's real Alertmanager, whose route sends alerts labelled team="serving" and
+severity="page" (labels the rules file sets) to their own webhook, grouped by alertname and
+service; it is killed with SIGKILL while the alert fires (after the fire was delivered) and
+restarted, and the receivers must see exactly one fire and one resolve, with the exact payloads.
+Every load loop is bounded in requests and time.
 """
 
 from __future__ import annotations
@@ -15,23 +17,41 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from examples.loadgen import run
 from tests.analysis.alert_receiver import Recorder, recording
 from tests.intake.collect_helpers import ROOT, start_cli_receiver
+from tests.monitoring import alertmanager, get_json, need_monitoring
 from tracing.client import post_json
 
 RULE = "error_rate < 10%"
+RULE_LINE = f'{RULE} labels {{severity="page", team="serving"}} annotations {{runbook="http://127.0.0.1/rb#errors"}}'
 DASH = "http://127.0.0.1:8501"
+AM_CONFIG = """route:
+  receiver: default
+  group_by: [alertname, service]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+  routes:
+    - receiver: serving
+      matchers: ['team="serving"', 'severity="page"']
+receivers:
+  - name: default
+    webhook_configs: [{url: "REC/am-default", send_resolved: true}]
+  - name: serving
+    webhook_configs: [{url: "REC/am-serving", send_resolved: true}]
+"""
 
 
-def _start_watch(store: Path, rules: Path, rec: Recorder, log: Path) -> subprocess.Popen[bytes]:
+def _start_watch(store: Path, rules: Path, rec: Recorder, log: Path, am: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tailscope.cli", "watch", "--store", str(store), "--window", "2s", "--delay", "4s",
          "--lookback", "5", "--rules", str(rules), "--webhook", rec.url("/hook"), "--alertmanager", rec.url(),
-         "--dashboard-url", DASH, "--poll", "0.5s"],
+         "--alertmanager", am, "--dashboard-url", DASH, "--poll", "0.5s"],
         cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -83,6 +103,7 @@ def _statuses(rec: Recorder) -> list[str]:
 
 
 def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None:
+    need_monitoring()
     store = tmp_path / "store"
     collect, port = start_cli_receiver(store)
     serve = subprocess.Popen(
@@ -90,38 +111,43 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
     rules = tmp_path / "rules.txt"
-    rules.write_text(f"{RULE}\n")
+    rules.write_text(f"{RULE_LINE}\n")
     log = tmp_path / "watch.log"
     procs: list[subprocess.Popen[Any]] = [collect, serve]
     load: Load | None = None
     try:
         urls = [serve.stdout.readline().split()[1] for _ in range(2)]  # type: ignore[union-attr]
-        with recording() as rec:
+        with recording() as rec, alertmanager(tmp_path, AM_CONFIG.replace("REC", rec.url())) as am:
             load = Load(urls)
             load.thread.start()
             _wait(lambda: any(store.glob("spans/*/*/*.parquet")), 60, "the first segment from collect")
-            watch = _start_watch(store, rules, rec, log)
+            watch = _start_watch(store, rules, rec, log, am)
             procs.append(watch)
             time.sleep(8)  # light load: a few windows below the threshold
             assert _statuses(rec) == [], log.read_text()
             load.heavy = True
             _wait(lambda: _statuses(rec) == ["firing"], 60, "the fire",
                   lambda: f"load errors {load.errors[-3:]}, sent {load.sent}, {log.read_text()}")
-            _wait(lambda: any(store.glob("alerts/delivered/*/*.firing.json")) and
-                  len(list(store.glob("alerts/delivered/*/*.firing.json"))) == 2, 30, "the fire marked delivered")
+            _wait(lambda: len(list(store.glob("alerts/delivered/*/*.firing.json"))) == 3, 30,
+                  "the fire marked delivered")
+            _wait(lambda: rec.on("/am-serving"), 30, "Alertmanager's notification of the fire")
+            groups = get_json(f"{am}/api/v2/alerts/groups")
             watch.send_signal(signal.SIGKILL)  # mid-incident
             watch.wait(timeout=30)
             time.sleep(3)
-            watch = _start_watch(store, rules, rec, log)
+            watch = _start_watch(store, rules, rec, log, am)
             procs.append(watch)
             load.heavy = False
             _wait(lambda: _statuses(rec) == ["firing", "resolved"] and len(rec.on("/api/v2/alerts")) >= 2 and
                   "endsAt" in rec.on("/api/v2/alerts")[-1][0], 90, "the resolve",
                   lambda: _dump(watch, load, log))
+            _wait(lambda: any(n["status"] == "resolved" for n in rec.on("/am-serving")), 30,
+                  "Alertmanager's notification of the resolve")
             time.sleep(4)  # nothing more may come
             load.stop.set()
             hooks = rec.on("/hook")
             managers = rec.on("/api/v2/alerts")
+            routed, unrouted = rec.on("/am-serving"), rec.on("/am-default")
     finally:
         if load is not None:
             load.stop.set()
@@ -142,18 +168,32 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
     assert fire["resolved_at"] is None
     assert fire["dashboard_url"] == f"{DASH}/spike?start_ns={fire['window_start_ns']}&end_ns=" \
                                     f"{fire['window_start_ns'] + 2_000_000_000}"
+    assert fire["service"] is not None
     expected_labels = {"alertname": "TailscopeSLO", "kind": "slo", "metric": "e2e", "alert_id": fire["id"],
-                       "source": "tailscope", "rule": RULE}
+                       "source": "tailscope", "rule": RULE, "severity": "page", "service": fire["service"],
+                       "team": "serving"}
     firing_am = [m for m in managers if "endsAt" not in m[0]]
     resolved_am = [m for m in managers if "endsAt" in m[0]]
     assert len(resolved_am) == 1 and firing_am, managers
     assert fire["baseline_p99_ms"] is None  # too few requests per 2 s window for a p99 baseline
-    summary = f"SLO {RULE} broken: p99 {fire['p99_ms']} ms, p50 {fire['p50_ms']} ms"
+    summary = f"SLO {RULE} broken: p99 {fire['p99_ms']:,.0f} ms, p50 {fire['p50_ms']:,.0f} ms"
     for body in firing_am:  # the fire, and Alertmanager's periodic re-sends of a firing alert: identical
         assert len(body) == 1 and set(body[0]) == {"labels", "annotations", "startsAt", "generatorURL"}
         assert body[0]["labels"] == expected_labels
         assert body[0]["annotations"]["summary"] == summary
-        assert body[0]["startsAt"] == fire["fired_at"] and body[0]["generatorURL"] == fire["dashboard_url"]
+        assert body[0]["startsAt"] == fire["fired_at"]
+        assert body[0]["generatorURL"].startswith(f"{DASH}/spike?start_ns={fire['window_start_ns']}&end_ns=")
     assert resolved_am[0][0]["labels"] == expected_labels and resolved_am[0][0]["endsAt"] == resolve["resolved_at"]
     assert managers[-1] == resolved_am[0]  # nothing fired after the resolve
     assert text.count("FIRING") == 1 and text.count("RESOLVED") == 1, text  # one stdout line each, across the restart
+    # the real Alertmanager: routed on the rule's labels, grouped by alertname and service, resolved
+    assert unrouted == [], unrouted
+    group = [g for g in groups if g["receiver"]["name"] == "serving"]
+    assert len(group) == 1 and group[0]["labels"] == {"alertname": "TailscopeSLO", "service": fire["service"]}
+    assert [a["labels"] for a in group[0]["alerts"]] == [expected_labels]
+    assert group[0]["alerts"][0]["annotations"]["runbook"] == "http://127.0.0.1/rb#errors"
+    assert routed[0]["status"] == "firing" and routed[-1]["status"] == "resolved", routed
+    for note in routed:
+        assert note["receiver"] == "serving" and note["groupLabels"] == group[0]["labels"]
+        assert [a["labels"] for a in note["alerts"]] == [expected_labels]
+    assert datetime.fromisoformat(routed[-1]["alerts"][0]["endsAt"]) == datetime.fromisoformat(resolve["resolved_at"])

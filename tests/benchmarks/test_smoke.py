@@ -28,17 +28,25 @@ PRINTS: dict[str, tuple[str, ...]] = {
                     r'"cli_p99_per_replica_x": \d'),
     "bench_report": (r"'report_vs_duckdb_cpu_x': \d", r"'materialize_s': \d", r"'cli_report_peak_rss_mib': \d",
                      r"'requests': 1000\b"),
+    "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
+                  r'"ratio_of_best": \d'),
     "bench_cost": (r"1,000 requests", r"identity holds", r"identical: True", r"kernel [\d.]+ ms/replay"),
     "bench_build_hour": (r'"anchor": \[', r'"cpu_x_anchor": \d'),
     "bench_detect": (r"values=20000 windows=8 K=200 detect_cpu_s=[\d.]+ anchor_permutation_cpu_s=[\d.]+",),
     "bench_clickhouse": (r"7,000 spans, 1,000 requests", r"report DuckDB [\d.]+ s", r"equal=True"),
     "bench_clickhouse_weighted": (r"2,000 summary .* True", r"2,000 replicas .* True", r"2,000 shape .* True",
                                   r"2,000 series by replica, 1 min .* True"),
+    "bench_clickhouse_releases": (r"\n +24\.8 \(24\.8\.[\d.]+\): export [\d.]+ s, report [\d.]+ s, x[\d.]+ the newest; "
+                                  r"equal to the newest True, to DuckDB True",),
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
-    "bench_dashboard": (r"\| page overview \(new session\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
+                                r"anchor \(spans scan"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
     "bench_ingest_memory": (r"\n +whole +\d+", r"\n +streaming +\d+"),
     "bench_grpc_unauth": (r"answers: \{'UNAUTHENTICATED': 1\}", r"receiver RSS: before \d+ MiB, peak \d+ MiB"),
+    "bench_metrics": (r"\ne2e +1 +[\d.]+%", r"label sets 182; series \(sample lines\) 4,914",
+                      r"per series ours/anchor [\d.]+"),
 }
 
 
@@ -62,6 +70,8 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         from analysis.engine.materialize import load_sweep
 
         need(load_sweep() is not None, "the C kernel analysis._replay", "build it: python setup.py build_ext --inplace")
+    if name == "bench_dashboard_browser":
+        need(Path("/usr/bin/chromium").exists(), "Debian's chromium", "run `make browser-deps`")
     out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)
     for pattern in PRINTS[name]:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"

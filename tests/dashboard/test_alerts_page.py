@@ -75,3 +75,18 @@ def test_the_spike_page_opens_the_linked_window(alerted: tuple[Path, list[dict]]
 def test_the_alerts_page_on_a_store_without_alerts(empty_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(empty_store, monkeypatch, "app_pages/alerts.py")
     assert at.info and not at.error
+
+
+def test_a_link_with_a_rules_filter_opens_with_that_filter(alerted: tuple[Path, list[dict]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SLO rule's link carries its filter (`&replica=...`): a new session starts with it picked in the sidebar."""
+    store, _ = alerted
+    con = connect(store)
+    replica = con.execute("SELECT min(replica) FROM requests").fetchall()[0][0]
+    con.close()
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["replica"] = replica
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.multiselect(key="f_replica").value == [replica]

@@ -30,16 +30,23 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                "--disable-sync", "--no-first-run"]
-#: (navigation label, page heading, text that must be on screen)
+#: (navigation label, page heading, text that must be on screen): every page, each visited once
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("Overview", "Overview", "Spike 07:18:00"),
     ("Spike", "Spike", "replica-05"),
+    ("Alerts", "Alerts", "No alert in this range"),
     ("Traces", "Traces", "Slowest requests"),
     ("Request shape", "Request shape", "Slowest cell with a p99 to trust"),
     ("Replicas", "Replicas", "replica-05"),
     ("What-if", "What-if", "predicted, 8 replicas"),
+    ("Capacity", "Capacity", "If service times stay as observed"),
+    ("Cost", "Cost", "set a price (docs/cost.md)"),
     ("SQL", "SQL", "Examples"),
 )
+#: What no page may show outside its tables: None, nan, or a float with more than 3 decimals.
+RAW = re.compile(r"(?<![\w.])(None|nan|NaN)(?![\w.])|\d\.\d{4,}")
+#: A browser far from UTC: every time on screen must still read UTC.
+BROWSER_ZONE = "America/New_York"
 
 
 def _free_port() -> int:
@@ -99,14 +106,17 @@ def dashboard_url(incident_store: Path) -> Iterator[str]:
         yield url
 
 
-def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str]], shots: str) -> Any:
+def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str]], shots: str,
+                 asked: list[str] | None = None) -> Any:
     """Open `url`, click each (link, heading, text that must show) in the sidebar, screenshot each page as
     `<shots>-<heading>.png` and fail on a traceback; returns the page, still open."""
     from playwright.sync_api import expect
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id=BROWSER_ZONE)
     page.set_default_timeout(90_000)
     expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
+    if asked is not None:
+        page.on("request", lambda r: asked.append(r.url))
     page.goto(url, wait_until="networkidle")
     for label, heading, must_show in pages:
         page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
@@ -115,23 +125,50 @@ def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str]], 
         _settle(page)
         _screenshot(page, ARTIFACTS / f"{shots}-{heading.lower().replace(' ', '-')}.png")
         assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
+        assert not RAW.search(_text_outside_tables(page)), f"{label}: {RAW.findall(_text_outside_tables(page))}"
     return page
 
 
+def _text_outside_tables(page: Any) -> str:
+    """The main block's text without its tables (a table's formats are checked by tests/dashboard/test_pages.py:
+    the grid draws on a canvas, and its hidden accessibility copy holds the raw values)."""
+    return str(page.evaluate("""() => { const m = document.querySelector('[data-testid=stMain]').cloneNode(true);
+        m.querySelectorAll('[data-testid=stDataFrame], [data-testid=stCode], textarea').forEach(e => e.remove());
+        return m.innerText; }"""))
+
+
 def test_click_through_every_page(dashboard_url: str) -> None:
+    """Every page once in a New York browser: no traceback, no raw number, nothing fetched from off the machine;
+    the time axes read UTC like the banners; the failures chart draws visible bars; a brush explains a window."""
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            page = _visit_pages(browser, dashboard_url, PAGES, "dashboard")
-            # the spike page names the top replica with its counterfactual p99
+            asked: list[str] = []
+            page = _visit_pages(browser, dashboard_url, PAGES, "dashboard", asked)
+            outside = sorted({u for u in asked if not u.startswith((dashboard_url, "data:", "blob:"))})
+            assert not outside, f"requests leaving the machine: {outside}"
+            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Overview", exact=True).click()
+            _settle(page)
+            # one clock: the x axes of a New York browser read the banner's UTC times (07:xx), 24-hour
+            ticks = page.locator("[data-testid=stVegaLiteChart] .role-axis-label text").all_text_contents()
+            times = [t for t in ticks if re.fullmatch(r"\d\d:\d\d", t)]
+            assert times and {t[:2] for t in times} <= {"07"}, times
+            # the failed requests' chart draws each window's bar its full width
+            bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
+            assert bars.count() > 0
+            assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
+            # the spike banner is a link to its window on the Spike page
+            link = page.get_by_role("link", name="Open it on the Spike page").first
+            assert re.fullmatch(r"spike\?start_ns=\d+&end_ns=\d+", link.get_attribute("href") or "")
+            # the spike page names the top replica with its counterfactual p99 and the baseline beside it
             page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
             lead = page.get_by_test_id("stAlertContentSuccess").first
             expect(lead).to_contain_text("replica = replica-05")
-            expect(lead).to_contain_text("instead of")
-            # brushing a window on the chart selects it for explanation
+            expect(lead).to_contain_text("baseline without it")
+            # brushing a window on the chart selects it for explanation, and puts it in the URL
             _settle(page)
             box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
             assert box is not None
@@ -144,6 +181,33 @@ def test_click_through_every_page(dashboard_url: str) -> None:
             _settle(page)
             _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
             assert page.get_by_test_id("stException").count() == 0
+            assert re.search(r"start_ns=\d+&end_ns=\d+", page.url)
+        finally:
+            browser.close()
+
+
+def test_links_open_the_view_they_name(dashboard_url: str) -> None:
+    """A shared link opens its filters (a filter too narrow to judge says so), and a trace link its waterfall."""
+    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id=BROWSER_ZONE)
+            page.set_default_timeout(90_000)
+            expect.set_options(timeout=90_000)
+            page.goto(f"{dashboard_url}/spike?replica=replica-05", wait_until="networkidle")
+            expect(page.get_by_text("Spike detection could not judge these filters").first).to_be_visible()
+            _settle(page)
+            _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
+            assert page.get_by_text("No spike: detection judged").count() == 0
+            page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
+            heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
+            expect(heading).to_be_visible()
+            _settle(page)
+            slowest = page.get_by_role("heading", name="Slowest requests (exemplars of the tail)").first
+            assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
         finally:
             browser.close()
 
@@ -213,7 +277,7 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("Replicas", "Replicas", "p99 (red: outlier"),
              ("What-if", "What-if", "predicted,"),
              ("Cost", "Cost", "GPU-hours allocated"),
-             ("Alerts", "Alerts", "The Alerts page does not run on ClickHouse yet"))
+             ("Alerts", "Alerts", "The Alerts page does not run on this engine yet"))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:

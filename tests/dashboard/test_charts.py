@@ -98,18 +98,25 @@ def test_percentile_chart_is_valid_vega_lite_with_the_series_values(with_spikes:
 
 def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
     df = _series()
-    spec = charts.counts(df, [(df["window_ns"][0], df["window_ns"][1])])
+    spec = charts.counts(df, [(df["window_ns"][0], df["window_ns"][1])], 60)
     _validate(spec)
     bars = _layer_data(spec, "bar")
     assert set(bars.select("window", "outcome", "n").iter_rows()) == {
-        (w, o, float(df[o][i])) for i, w in enumerate(df["window"]) for o in S.OUTCOMES}
+        (w, o, float(df[o][i])) for i, w in enumerate(df["window"]) for o in S.OUTCOMES if df[o][i] > 0}
+    # each bar spans its whole window, stacked by hand (bottom to top) in outcome order
+    assert (bars["end"] - bars["window"]).dt.total_seconds().unique().to_list() == [60]
+    assert (bars["top"] - bars["bottom"]).to_list() == bars["n"].to_list()
+    for _, group in bars.group_by("window"):
+        assert group["bottom"].min() == 0 and group["top"].max() == group["n"].sum()
+    only_failed = _layer_data(charts.counts(df, [], 60, ("error", "timeout")), "bar")
+    assert set(only_failed["outcome"]) <= {"error", "timeout"}
     assert "params" not in spec and "rule" not in [lay["mark"]["type"] for lay in spec["layer"]]
 
 
 def test_a_chart_dataset_is_named_by_its_content() -> None:
     """Changed data gets a new name (the browser replaces it rather than patching rows into the old one)."""
     df = _series()
-    names = [next(iter(charts.counts(d, [])["datasets"]))
+    names = [next(iter(charts.counts(d, [], 60)["datasets"]))
              for d in (df, df.clone(), df.with_columns(ok=pl.col("ok") + 1))]
     assert names[0] == names[1] != names[2]
     assert charts.percentiles(df, "e2e", "e2e", []).keys() == {"title", "height", "layer", "datasets"}

@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 from analysis.capacity import capacity_curve, observed_workload
 from analysis.cost import Prices, cost_table
 from analysis.engine.connect import connect
+from analysis.stats.batching import service_vs_batch
 from tests.dashboard.conftest import APP
 
 
@@ -39,7 +40,7 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     want = cost_table(connect(incident_store), by="tenant", prices=Prices(default=2.0))
     assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
     assert _metric(at, "idle share") == f"{want['totals']['idle_share']:.1%}"
-    assert _metric(at, "cost") == "-"  # no price yet
+    assert _metric(at, "cost") == "set a price (docs/cost.md)"  # no price yet
     at.number_input(key="cost_price").set_value(2.0).run()
     assert not at.exception
     assert _metric(at, "cost") == f"${want['totals']['allocated_usd']:,.2f}"
@@ -61,7 +62,14 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     assert want is not None
     assert _metric(at, "fewest replicas for the target") == str(want)
     said = answer["advice"]["sentence"]  # scale down / up / keep against the observed replicas, in words
-    assert any(m.value == said[0].upper() + said[1:] + "." for m in at.markdown), [m.value for m in at.markdown]
+    # the headline states the replay's assumption, then what the traces show of service time against the batch
+    heads = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If service times stay as observed")]
+    assert heads and heads[0].startswith(f"If service times stay as observed, {said}."), heads
+    rel = service_vs_batch(connect(incident_store))
+    if rel is None:
+        assert "cannot show whether service time grows with the batch" in heads[0]
+    elif want < w.observed_replicas:
+        assert f"{rel['growth']:+.0%}" in heads[0] if rel["growth"] > 0 else "no growth of service time" in heads[0]
     at.number_input(key="cap_target").set_value(20_000.0).run()
     tighter = capacity_curve(w, range(1, 65), target_p99_ms=20_000.0)["fewest_replicas"]
     shown = _metric(at, "fewest replicas for the target")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from analysis.engine.connect import connect
+from analysis.engine.percentiles import percentile_series
+from analysis.report import explain_window
+from analysis.stats.verdicts import against_baseline, detection_window_s
 from tests.dashboard.conftest import APP, REQUESTS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
@@ -82,6 +87,43 @@ def test_replica_filter_changes_the_numbers(incident_store: Path, monkeypatch: p
     assert _metric(at, "spikes") == "0"
 
 
+def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """replica-05 alone (2,500 requests over 30 minutes) is too few for any window to be judged: the pages say
+    detection could not judge, and show the unfiltered spikes as context, instead of "0 spikes"."""
+    n = _count(incident_store, "replica = 'replica-05'")
+    assert detection_window_s(n, 1_800.0) is None
+    at = _app(incident_store, monkeypatch)
+    at.multiselect(key="f_replica").select("replica-05").run()
+    assert not at.exception
+    assert _metric(at, "spikes") == "not judged"
+    (said,) = [e.value for e in at.error if "could not judge" in e.value]
+    assert f"{n:,} requests match" in said and "Without the filters, this range has 1 spike(s)" in said
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+    assert any("could not judge" in e.value for e in at.error)
+    assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
+
+
+def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A linked window whose p99 is below the baseline says so, with no green "cause"."""
+    con = connect(incident_store)
+    try:
+        series = percentile_series(con, "e2e", window_s=120)
+        quiet = series.sort("p99_ms").row(0, named=True)["window_start_ns"]
+        item = explain_window(con, quiet, quiet + 120 * 10**9)
+    finally:
+        con.close()
+    assert against_baseline(item) == "at or below"
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["start_ns"], at.query_params["end_ns"] = str(quiet), str(quiet + 120 * 10**9)
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+    assert at.selectbox(key="spike_choice").value.startswith("linked ")
+    assert any("at or below the baseline p99" in i.value for i in at.info)
+    assert not at.success
+
+
 def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(incident_store, monkeypatch)
     at.multiselect(key="f_tenant").select("acme").run()
@@ -128,12 +170,35 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
         con.close()
     at.text_input(key="trace_id").input(tid.upper()).run()
     assert not at.exception
-    assert at.subheader[-1].value == f"Trace {tid}"
-    table = at.dataframe[-1].value
+    assert at.subheader[0].value == f"Trace {tid}"  # the waterfall opens at the top, above the exemplars
+    assert at.query_params["trace"] == tid  # and the trace is in the URL
+    table = at.dataframe[0].value
     assert round(float(table.loc[table["stage"] == "decode", "critical-path ms"].iloc[0]), 1) == round(
         decode_ns / 1e6, 1)
     at.text_input(key="trace_id").input("ffffffffffff").run()
     assert "No request with trace id" in at.error[0].value
+
+
+def test_a_link_opens_its_trace_and_filters(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """?trace=&replica= (a shared link, or an exemplar row's) opens that trace under those filters."""
+    con = connect(incident_store)
+    try:
+        row = con.execute("SELECT trace_id, replica FROM requests ORDER BY e2e_ns LIMIT 1").fetchone()
+        tid, replica = row or ("", "")
+    finally:
+        con.close()
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params["trace"] = tid
+    at.query_params["replica"] = replica
+    at.switch_page("app_pages/traces.py").run()
+    assert not at.exception
+    assert at.subheader[0].value == f"Trace {tid}"
+    assert at.multiselect(key="f_replica").value == [replica]
+    shown = at.dataframe[-1].value
+    assert set(shown["replica"]) == {replica}
+    assert all(link.startswith("traces?replica=") and f"trace={t}" in link
+               for link, t in zip(shown["trace"], shown["trace_id"], strict=True))
 
 
 def test_sql_console_runs_a_select(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,3 +272,32 @@ def test_sql_console_example_runs(incident_store: Path, monkeypatch: pytest.Monk
     assert sorted(table["replica"]) == [f"replica-{i:02d}" for i in range(8)]
     assert int(table["requests"].sum()) == REQUESTS
     assert table.iloc[0]["replica"] == "replica-05"  # ordered by p99, slowest first
+
+
+ALL_PAGES = (*PAGES, "app_pages/alerts.py", "app_pages/capacity.py", "app_pages/cost.py")
+_RAW = re.compile(r"(?<![\w.])(None|nan|NaN)(?![\w.])|\d\.\d{4,}")
+
+
+def test_every_table_and_sentence_reads_as_numbers_for_people(incident_store: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On every page: each float column of a table has a display format, headers are words (no snake_case),
+    no cell holds None / nan, and no sentence or metric reads None, nan or a float with 4+ decimals."""
+    at = _app(incident_store, monkeypatch)
+    for page in ALL_PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.message for e in at.exception])
+        for frame in at.dataframe:
+            config = json.loads(frame.proto.columns or "{}")
+            df = frame.value
+            for col in df.columns:
+                shown = config.get(str(col), {})
+                label = shown.get("label") or str(col)
+                assert "_" not in label, (page, label)
+                if df[col].dtype.kind == "f":
+                    assert shown.get("type_config", {}).get("format"), (page, col, "a float column without a format")
+                if df[col].dtype == object:
+                    assert not df[col].map(lambda v: v is None or (isinstance(v, float) and v != v)).any(), (page, col)
+        texts = [m.value for m in (*at.markdown, *at.caption, *at.info, *at.warning, *at.error, *at.success)]
+        texts += [str(m.value) for m in at.metric]
+        for text in texts:
+            assert not _RAW.search(str(text)), (page, text)

@@ -67,7 +67,8 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     assert f"**{top['stage']}**" in stage_text and f"**{top['share']:.0%}**" in stage_text
     lead = spike["dimensions"][0]
     assert f"**{lead['dimension']} = {lead['value']}**" in at.success[0].value
-    assert f"({lead['explained']:.0%} of the excess)" in at.success[0].value
+    assert f"{lead['explained']:.0%} of the excess explained" in at.success[0].value
+    assert f"baseline without it: {charts.fmt_ms(lead['baseline_p99_without_ms'])}" in at.success[0].value
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
     table = at.dataframe[0].value
     assert table[["dimension", "value", "explained", "p99_without_ms", "support"]].to_dict("records") == [

@@ -383,6 +383,8 @@ def test_exposed_without_a_token_warns(tmp_path: Path) -> None:
     for host in ("0.0.0.0", "::", "192.0.2.7"):
         warning = exposure_warning(CollectConfig(store=tmp_path, host=host))
         assert warning is not None and f"listening on {host} without --token-file" in warning
+        assert "/metrics" not in warning
+        assert "read /metrics" in (exposure_warning(CollectConfig(store=tmp_path, host=host, metrics_port=0)) or "")
         assert exposure_warning(CollectConfig(store=tmp_path, host=host, token="t")) is None
     for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
         assert exposure_warning(CollectConfig(store=tmp_path, host=host)) is None

@@ -37,6 +37,7 @@ def test_ingest_of_plain_otlp_says_no_request_was_recognised_and_how_to_fix(tmp_
     assert "0 request(s) recognised among 1 span(s)" in result.stdout
     assert "no span was recognised as a request" in result.stderr
     assert "tailscope.request=true" in result.stderr and "docs/convention.md" in result.stderr
+    assert f"tailscope map --suggest --store {store}" in " ".join(result.stderr.split())
 
 
 def test_report_on_plain_otlp_names_the_cause(tmp_path: Path) -> None:
@@ -45,7 +46,7 @@ def test_report_on_plain_otlp_names_the_cause(tmp_path: Path) -> None:
     result = run_cli("report", "--store", str(store))
     assert result.exit_code == 0, result.output
     assert "coverage: 0 request(s) recognised among 1 span(s)" in result.stdout
-    assert NO_REQUEST_FIX.split(";")[0] in " ".join(result.stderr.split())
+    assert NO_REQUEST_FIX.split(";")[0].format(store=store) in " ".join(result.stderr.split())
     as_json = run_cli("report", "--store", str(store), "--json")
     assert json.loads(as_json.stdout)["requests"] == 0  # the contract on stdout is unchanged
     assert "no span was recognised as a request" in as_json.stderr
@@ -55,7 +56,7 @@ def test_engine_requests_are_counted_and_their_gaps_named(tmp_path: Path) -> Non
     store = tmp_path / "store"
     result = run_cli("ingest", "--store", str(store), str(FIXTURES / "vllm.otlp.jsonl"))
     assert result.exit_code == 0, result.output
-    assert "4 request(s) recognised" in result.stdout and "(vllm 4)" in result.stdout
+    assert "4 request(s) recognised" in result.stdout and "(vllm 4 by scope vllm.tracing.otel)" in result.stdout
     assert "no span was recognised" not in result.stderr
     report = run_cli("report", "--store", str(store))
     assert "vllm: vLLM emits no span for an aborted request" in " ".join(report.stdout.split())
@@ -111,5 +112,5 @@ def test_collect_console_line_counts_requests_and_says_why_there_are_none(tmp_pa
     ProgressLine(receiver, out).tick(final=True)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("no span was recognised as a request: no span carries tailscope.request")
-    assert lines[1] == NO_REQUEST_FIX
+    assert lines[1] == NO_REQUEST_FIX.format(store=receiver.store)
     assert "| stored 1 | requests 0 |" in lines[2]

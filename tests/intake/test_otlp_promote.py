@@ -8,11 +8,11 @@ import random
 
 from intake.otlp import base_of, promote
 from tracing import schema as S
-from tracing.rows import SpanBatch
+from tracing.rows import SpanBatch, ttft_ns_of
 
 KEYS = (*S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS,
-        S.ATTR_TTFT_NS, "unrelated.key")
-VALUES = ("", "m1", "m2", "12", "-7", "3.5", "x9", " 4")
+        S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, "unrelated.key")
+VALUES = ("", "m1", "m2", "12", "-7", "3.5", "x9", " 4", "0.25", "0.1234567895", "1e-3", "0.0000000005", "7.")
 
 
 def first_attr(attrs: dict[str, str], keys: tuple[str, ...]) -> str | None:
@@ -37,3 +37,4 @@ def test_promoted_columns_equal_the_per_span_rules_on_random_attributes() -> Non
         assert promoted.column("Model").to_pylist() == [first_attr(a, S.MODEL_KEYS) for a in rows]
         assert promoted.column("Tenant").to_pylist() == [first_attr(a, S.TENANT_KEYS) for a in rows]
         assert promoted.column("ModelVersion").to_pylist() == [first_attr(a, S.MODEL_VERSION_KEYS) for a in rows]
+        assert promoted.column("TtftNs").to_pylist() == [ttft_ns_of(a) for a in rows]

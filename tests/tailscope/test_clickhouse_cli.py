@@ -78,12 +78,20 @@ def test_clickhouse_init_prints_and_applies(tmp_path: Path) -> None:
     printed = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn])
     assert printed.exit_code == 0
     assert "REFRESH EVERY 5 MINUTE APPEND TO tailscope_requests" in printed.output
+    early = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])  # before the spans table exists
+    assert early.exit_code != 0 and "table otel_traces does not exist: nothing was created" in early.output
     from analysis.clickhouse import open_client, otel_traces_ddl
     client = open_client(dsn)
+    assert client.query("SELECT count() AS n FROM system.tables WHERE database = currentDatabase()"
+                        ).to_pylist() == [{"n": 0}]
     client.command(otel_traces_ddl())
     client.close()
     applied = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
     assert applied.exit_code == 0, applied.output
+    assert applied.output.startswith("created tailscope_requests_spans, tailscope_requests_spans_mv, "
+                                     "tailscope_requests, tailscope_requests_mv over otel_traces")
+    again = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
+    assert again.exit_code == 0 and again.output.startswith("nothing to change: "), again.output
     client = open_client(dsn)
     views = client.query("SELECT view FROM system.view_refreshes").column("view").to_pylist()
     tables = set(client.query("SELECT name FROM system.tables WHERE database = currentDatabase()")

@@ -13,6 +13,7 @@ on the resource), so reading the table back gives the same spans and requests.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,13 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.clickhouse import Client, check_table_name, literal, otel_traces_ddl, outcome_sql, promoted_sql
+from analysis.clickhouse.client import Client, check_table_name, literal
+from analysis.clickhouse.promotion import otel_traces_ddl, outcome_sql, promoted_sql
 from analysis.engine import model as M
 from tracing import schema as S
 from tracing.store import require_store, segment_files
 
-#: The staging table one segment passes through (dropped at the end).
+#: The prefix of the temporary table one segment passes through (a name unique to the run; dropped at the end).
 STAGING: Final = "tailscope_export_staging"
 
 
@@ -68,18 +70,24 @@ def staging_columns() -> str:
 
 
 def _differs(stored: str, derived: str) -> str:
-    return f"NOT isNotDistinctFrom({stored}, {derived})"
+    """`stored` and `derived` differ, NULL equal to NULL (isNotDistinctFrom, which releases before 26.x take in a JOIN's
+    ON only, spelled out)."""
+    return f"NOT ifNull(({stored}) = ({derived}), ({stored}) IS NULL AND ({derived}) IS NULL)"
 
 
 def _fact(key: str, cond: str, value: str) -> str:
     return f"if({cond}, [({M.quote(key)}, toString({value}))], [])"
 
 
-def insert_sql(target: str, source: str = STAGING, *, facts: bool = True) -> str:
+def insert_sql(target: str, source: str = STAGING, *, facts: bool = True, new_in: tuple[int, int] | None = None
+               ) -> str:
     """INSERT INTO target (otel_traces columns) SELECT ... FROM a relation with the store's columns.
 
     `facts=False` leaves the promoted facts out (the attributes as stored): lossy for a store whose
     promoted values an engine mapping set; benchmarks.bench_clickhouse prices the facts with it.
+    `new_in=(lo_ns, hi_ns)`, the source's first and last span start: only the spans whose
+    (TraceId, SpanId) `target` does not hold among its spans starting in that range (an export run
+    again adds nothing).
     """
     p = promoted_sql()
     span_facts = [
@@ -118,61 +126,87 @@ def insert_sql(target: str, source: str = STAGING, *, facts: bool = True) -> str
         "`Links.TraceState`": "arrayMap(x -> tupleElement(x, 'TraceState'), Links)",
         "`Links.Attributes`": "arrayMap(x -> tupleElement(x, 'Attributes'), Links)",
     }
+    where = ""
+    if new_in is not None:
+        lo, hi = (f"fromUnixTimestamp64Nano(toInt64({int(v)}))" for v in new_in)
+        where = (f"\nWHERE (TraceId, SpanId) NOT IN (SELECT TraceId, SpanId FROM {target} "
+                 f"WHERE Timestamp >= {lo} AND Timestamp <= {hi})")
     return (f"INSERT INTO {target} ({', '.join(cols)})\nSELECT " + ",\n       ".join(cols.values())
-            + f"\nFROM {source}")
+            + f"\nFROM {source}{where}")
 
 
 @dataclass
 class ExportReport:
-    """What an export moved."""
+    """What an export moved: segments read, spans read, and spans written (the others were in the table already)."""
 
     segments: int = 0
     spans: int = 0
+    written: int = 0
 
 
 def export_store(store: Path, client: Client, table: str = "otel_traces",
                  on_segment: Callable[[int, int], None] | None = None, from_files: bool | None = None
                  ) -> ExportReport:
-    """Copy every span of `store` into `table` (created with the exporter-shaped DDL if missing).
+    """Copy every span of `store` into `table` (created with the exporter-shaped DDL if missing) that it does not hold.
 
-    `on_segment(bytes_read, spans)` is called after each segment (a progress bar). On chdb
-    (the engine runs in this process and reads the store's files itself) each segment is one
-    `INSERT ... SELECT` from `file(segment, Parquet, <the store's columns>)`; a server gets
-    each segment through the staging table (`from_files` forces either way).
+    Run twice, or over a store part of which was exported, it adds no span twice: each segment
+    writes only the spans whose (TraceId, SpanId) the table does not hold among its spans in the
+    segment's time range (`insert_sql`'s `new_in`; two exports of one store at the same moment can
+    both write a span). `on_segment(bytes_read, spans)` is called after each segment (a progress
+    bar). On chdb (the engine runs in this process and reads the store's files itself) each
+    segment is one `INSERT ... SELECT` from `file(segment, Parquet, <the store's columns>)`; a
+    server gets each segment through a temporary table of this run's session (no name another
+    run sees, gone with the session, dropped at the end or on failure): the user needs rights on
+    `table` only (`from_files` forces either way).
     """
-    if from_files if from_files is not None else client.dsn.kind == "chdb":
-        return _export_from_files(require_store(Path(store)), client, table, on_segment)
     store = require_store(Path(store))
     check_table_name(table)
     client.command(otel_traces_ddl(table))
-    client.command(f"DROP TABLE IF EXISTS {STAGING}")
-    client.command(staging_ddl())
+    if from_files if from_files is not None else client.dsn.kind == "chdb":
+        return _export_from_files(store, client, table, on_segment)
+    staging = f"{STAGING}_{uuid.uuid4().hex[:12]}"
+    client.command(f"CREATE TEMPORARY TABLE {staging} ({staging_columns()}) ENGINE = Memory")
     out = ExportReport()
-    sql = insert_sql(table)
     try:
         for path in segment_files(store):
             data = pq.read_table(path, schema=S.SPAN_SCHEMA)
-            client.command(f"TRUNCATE TABLE {STAGING}")
-            client.insert_arrow(STAGING, data)
-            client.command(sql)
+            client.command(f"TRUNCATE TABLE {staging}")
+            client.insert_arrow(staging, data)
+            _insert_new(client, table, staging, out)
             out.segments += 1
             out.spans += data.num_rows
             if on_segment:
                 on_segment(path.stat().st_size, data.num_rows)
     finally:
-        client.command(f"DROP TABLE IF EXISTS {STAGING}")
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {staging}")
     return out
+
+
+def _insert_new(client: Client, table: str, source: str, out: ExportReport) -> None:
+    """Insert the spans of `source` that `table` does not hold; count them in `out.written`."""
+    row = client.query(f"SELECT min(TimestampNs) AS lo, max(TimestampNs) AS hi, count() AS n FROM {source}"
+                       ).to_pylist()[0]
+    if not int(row["n"]):
+        return
+    lo, hi = int(row["lo"]), int(row["hi"])
+    before = _count(client, table, lo, hi)
+    client.command(insert_sql(table, source, new_in=(lo, hi)))
+    out.written += _count(client, table, lo, hi) - before
+
+
+def _count(client: Client, table: str, lo: int, hi: int) -> int:
+    a, b = (f"fromUnixTimestamp64Nano(toInt64({v}))" for v in (lo, hi))
+    return int(client.query(f"SELECT count() AS n FROM {table} WHERE Timestamp >= {a} AND Timestamp <= {b}"
+                            ).to_pylist()[0]["n"])
 
 
 def _export_from_files(store: Path, client: Client, table: str,
                        on_segment: Callable[[int, int], None] | None) -> ExportReport:
     """export_store on an engine that reads the segment files itself: no row passes through Python."""
-    check_table_name(table)
-    client.command(otel_traces_ddl(table))
     out = ExportReport()
     for path in segment_files(store):
         source = f"file({literal(str(path.resolve()))}, 'Parquet', {literal(staging_columns())})"
-        client.command(insert_sql(table, source))
+        _insert_new(client, table, source, out)
         spans = pq.ParquetFile(path).metadata.num_rows
         out.segments += 1
         out.spans += spans

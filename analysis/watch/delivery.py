@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from analysis.watch import ALERT_VERSION, ALERTS_DIR, Event, write_atomic
+from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Event, alert_description, alert_labels, alert_summary
+from analysis.watch.state import write_atomic
 from tracing.errors import QueryError
 
 #: Version of the webhook payload (the alert record inside has its own `version`).
@@ -61,15 +62,12 @@ def webhook_payload(ev: Event) -> dict[str, Any]:
 
 
 def alertmanager_alert(alert: dict[str, Any], status: str) -> dict[str, Any]:
-    """One Alertmanager v2 PostableAlert: labels identify the alert, annotations carry the explanation."""
-    labels = {"alertname": "TailscopeTailSpike" if alert["kind"] == "tail_spike" else "TailscopeSLO",
-              "kind": alert["kind"], "metric": alert["metric"], "alert_id": alert["id"], "source": "tailscope"}
-    if alert.get("rule"):
-        labels["rule"] = alert["rule"]
-    what = f"SLO {alert['rule']} broken" if alert["kind"] == "slo" else f"p99 of {alert['metric']} spiked"
-    base = f" against a baseline of {alert['baseline_p99_ms']} ms" if alert.get("baseline_p99_ms") is not None else ""
-    summary = f"{what}: p99 {alert['p99_ms']} ms{base}, p50 {alert['p50_ms']} ms"
-    annotations = {"summary": summary, "window_start": alert["window_start"], "window_end": alert["window_end"]}
+    """One Alertmanager v2 PostableAlert: labels identify and route the alert (records.alert_labels),
+    annotations carry the explanation (summary, description with the counterfactual, dashboard link)."""
+    annotations = {"summary": alert_summary(alert), "description": alert_description(alert),
+                   "window_start": alert["window_start"], "window_end": alert["window_end"]}
+    if alert.get("dashboard_url"):
+        annotations["dashboard"] = alert["dashboard_url"]
     for key in ("stage", "dimension", "value"):
         if alert.get(key) is not None:
             annotations[key] = str(alert[key])
@@ -79,7 +77,8 @@ def alertmanager_alert(alert: dict[str, Any], status: str) -> dict[str, Any]:
         annotations["explained"] = f"{alert['explained']:.2f}"
     if alert.get("exemplars"):
         annotations["exemplars"] = ",".join(alert["exemplars"])
-    out: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": alert["fired_at"]}
+    annotations |= dict(alert.get("annotations") or {})
+    out: dict[str, Any] = {"labels": alert_labels(alert), "annotations": annotations, "startsAt": alert["fired_at"]}
     if status == "resolved" and alert.get("resolved_at"):
         out["endsAt"] = alert["resolved_at"]
     if alert.get("dashboard_url"):

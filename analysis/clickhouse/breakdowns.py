@@ -19,9 +19,11 @@ from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
-from analysis.clickhouse import DEFAULT_TABLE, Client, arrays_sql, kish_sql, literal, quantile_sql, source_sql
-from analysis.clickhouse_report import _Fetcher
-from analysis.engine import model as M
+from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
+from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
+from analysis.clickhouse.report import Fetcher
+from analysis.clickhouse.server import features
 from analysis.engine.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
@@ -170,7 +172,7 @@ def replicas(client: Client, facts: str, metric: str = "e2e", where: str = "TRUE
     df = pl.from_arrow(client.query(
         f"SELECT {names}, {pcts} FROM (SELECT coalesce(replica, '(none)') AS replica, {_counts_sql(col, weight)}, "
         f"{arrays} FROM {facts} WHERE {where} GROUP BY replica) ORDER BY replica",
-        M.CLICKHOUSE_SETTINGS))
+        features(client).settings))
     assert isinstance(df, pl.DataFrame)
     return B.mark_outliers(df)
 
@@ -206,7 +208,7 @@ def shape(client: Client, facts: str, metric: str = "e2e", by: Sequence[str] = B
     df = pl.from_arrow(client.query(
         f"SELECT {', '.join(names)}, requests, {pcts}{outer} FROM (SELECT {', '.join(keys)}, count() AS requests"
         f"{tail}, {arrays} FROM {facts} WHERE {rows} "
-        f"GROUP BY {', '.join(names)}) ORDER BY {', '.join(names)}", M.CLICKHOUSE_SETTINGS))
+        f"GROUP BY {', '.join(names)}) ORDER BY {', '.join(names)}", features(client).settings))
     assert isinstance(df, pl.DataFrame)
     if weight is None:
         df = df.with_columns(pl.col("requests").alias("requests_weighted"),
@@ -256,7 +258,7 @@ def waterfall(client: Client, trace_id: str, since_ns: int, until_ns: int, table
     """analysis.traces.waterfall of one trace: its spans starting in [since, until) come back, the rule runs here."""
     local = duckdb.connect(":memory:")
     try:
-        _Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
+        Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
         return T.waterfall(local, trace_id)
     finally:
         local.close()

@@ -3,7 +3,7 @@
 1. The request facts (analysis.engine.model, CLICKHOUSE dialect) are put on the server into a session
    temporary table, for the range asked: read from the materialized `tailscope_requests` where
    analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
-2. Detection (analysis.stats.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
+2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
    value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
@@ -13,7 +13,7 @@
    spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
    rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
    with and without each candidate computed on the server (`_pushed_down`); the explanation of
-   analysis.report runs there; as it goes, it asks for the spans each step reads (`_Fetcher`):
+   analysis.report runs there; as it goes, it asks for the spans each step reads (`Fetcher`):
    the tail slices' traces for the stage shares, and, only when queue_wait leads, the spans
    within reach of the spike for the noisy-neighbour step.
 
@@ -34,22 +34,16 @@ import polars as pl
 
 from analysis import neighbours as N
 from analysis import report as RP
-from analysis.clickhouse import (
-    DEFAULT_TABLE,
-    Client,
-    arrays_sql,
-    kish_sql,
-    literal,
-    quantile_sql,
-    requests_facts,
-    source_sql,
-    span_where,
-    temp_table,
-)
+from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
+from analysis.clickhouse.model import temp_table
+from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
+from analysis.clickhouse.requests import requests_facts, span_where
+from analysis.clickhouse.server import features
 from analysis.engine import model as M
 from analysis.engine import percentiles as P
-from analysis.engine.connect import _duck_type
-from analysis.engine.percentiles import metric_column, parse_time
+from analysis.engine.connect import duck_type
+from analysis.engine.percentiles import metric_column, ms, parse_time
 from analysis.stats import explain as X
 from analysis.stats import sampling as SM
 from analysis.stats import spikes as SP
@@ -110,7 +104,7 @@ class _ServerValues:
         got = pl.from_arrow(self.client.query(
             f"SELECT win, length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT intDiv(start_ns, {self.w}) "
             f"AS win, {self._arrays()} FROM {self.facts} WHERE {self.where} GROUP BY win) ORDER BY win",
-            M.CLICKHOUSE_SETTINGS))
+            features(self.client).settings))
         assert isinstance(got, pl.DataFrame)
         self.wins = got.get_column("win").to_numpy().astype(np.int64)
         return got
@@ -126,7 +120,7 @@ class _ServerValues:
         """The values of the requests meeting `cond` too, pooled on the server."""
         row = self.client.query(
             f"SELECT length(s) AS n, {self._quantiles()}, tot, sq FROM (SELECT {self._arrays()} FROM {self.facts} "
-            f"WHERE {self.where} AND {cond})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+            f"WHERE {self.where} AND {cond})", features(self.client).settings).to_pylist()[0]
         n = int(row["n"])
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
@@ -155,7 +149,7 @@ class _ServerJudged:
 
     def _row(self, select: str, where: str = "TRUE") -> dict[str, Any]:
         return dict(self.client.query(f"SELECT {select} FROM {self.table} WHERE {where}",
-                                      M.CLICKHOUSE_SETTINGS).to_pylist()[0])
+                                      features(self.client).settings).to_pylist()[0])
 
     def counts(self) -> SM.Counts:
         """The values counted."""
@@ -168,7 +162,7 @@ class _ServerJudged:
         wanted = ", ".join(f"{quantile_sql('w', q)} AS q{i}" for i, q in enumerate(qs))
         got = self.client.query(
             f"SELECT {wanted} FROM (SELECT {arrays_sql('v', 'w')} FROM {self.table} "
-            f"WHERE {'recorded' if recorded_only else 'TRUE'})", M.CLICKHOUSE_SETTINGS).to_pylist()[0]
+            f"WHERE {'recorded' if recorded_only else 'TRUE'})", features(self.client).settings).to_pylist()[0]
         return [float(got[f"q{i}"]) for i in range(len(qs))]
 
     def unrecorded_split(self, slower_than: float | None) -> tuple[int, int, int, int]:
@@ -231,9 +225,9 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
-    report = RP._header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP._sampling_header(report, weighted, None, values)
-    if sampled:  # as _sampling_header over the values' weights
+    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values)
+    report |= RP.sampling_header(report, weighted, None, values)
+    if sampled:  # as sampling_header over the values' weights
         tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
         report["values_weighted"] = tot
         report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
@@ -256,8 +250,8 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
         report["errors"].append(f"could not compute spikes because {exc}")
         return report, None, None
     report["windows"] = int(det.n.size)
-    report["baseline_p50_ms"] = RP._ms(det.baseline_p50_ns)
-    report["baseline_p99_ms"] = RP._ms(det.baseline_p99_ns)
+    report["baseline_p50_ms"] = ms(det.baseline_p50_ns)
+    report["baseline_p99_ms"] = ms(det.baseline_p99_ns)
     if det.baseline.any():
         report["baseline_effective"] = (round(source.pool(det.baseline).n_effective, 3) if sampled
                                         else float(det.n[det.baseline].sum()))
@@ -354,7 +348,7 @@ def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    return RP._explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
+    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
 
 
 def _bucket_code_sql(col: str) -> str:
@@ -366,7 +360,7 @@ def _bucket_code_sql(col: str) -> str:
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
                  metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str, weight: str | None = None) -> tuple[_Fetcher, RP.RestCounts]:
+                 col: str, weight: str | None = None) -> tuple[Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -381,7 +375,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
     for s in spikes:
-        near.append(RP._local_baseline(det, s, counts) // w)
+        near.append(RP.local_baseline(det, s, counts) // w)
     one_by_one = np.unique(np.concatenate(near))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
@@ -392,7 +386,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
     reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
                          f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
-    fetch = _Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    fetch = Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
 
@@ -451,7 +445,7 @@ class _ServerTail:
     def _q(self, where: str) -> float:
         got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
                                 f"{arrays_sql(self.col, self.weight)} FROM {self.facts_table} WHERE {where})",
-                                M.CLICKHOUSE_SETTINGS)
+                                features(self.client).settings)
         return float(got.column("q")[0].as_py())
 
     def quantile(self) -> float:
@@ -517,7 +511,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
         local.close()
 
 
-class _Fetcher:
+class Fetcher:
     """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
 
     Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
@@ -532,11 +526,11 @@ class _Fetcher:
         #: Pulls the fact rows of baseline windows (numbers) the report holds as counts only (see _pushed_down).
         self.more_facts: Callable[[np.ndarray], object] | None = None
         self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
-        cols = ", ".join(f"{c} {_duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        cols = ", ".join(f"{c} {duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
-        self.casts = ", ".join(f"{c}::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
+        self.casts = ", ".join(f"{c}::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         local.execute(f"CREATE TABLE _spans_local ({cols})")
-        view = ", ".join(c if c in inputs else f"NULL::{_duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
+        view = ", ".join(c if c in inputs else f"NULL::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE VIEW spans AS SELECT {view}, TimestampNs + Duration AS EndNs FROM _spans_local")
 
     def _pull(self, lo: int, hi: int, cond: str = "TRUE") -> None:
@@ -571,7 +565,7 @@ class _Fetcher:
 
 def choose_window_s(client: Client, facts: str, since_ns: int | None = None, until_ns: int | None = None,
                     where: str = "TRUE") -> int:
-    """analysis.engine.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
+    """analysis.percentiles.choose_window_s over a session facts table (`where` narrows it further)."""
     first, last, n = client.query(f"SELECT min(start_ns) AS a, max(start_ns) AS b, count() AS n FROM {facts} "
                                   f"WHERE {_in_range(since_ns, until_ns)} AND ({where})").to_pylist()[0].values()
     start = since_ns if since_ns is not None else (first or 0)
@@ -584,7 +578,7 @@ def percentile_series(client: Client, table: str = DEFAULT_TABLE, metric: str = 
                       since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                       include_failures: bool = True, *, facts: str | None = None,
                       where: str = "TRUE", materialized: bool = True) -> pl.DataFrame:
-    """`analysis.engine.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
+    """`analysis.percentiles.percentile_series` with the windowed exact quantiles computed on the server.
 
     `quantilesExactInclusive` is DuckDB's `quantile_cont` (linear interpolation, rank (n - 1) q); on a
     sampled table the weighted quantiles (clickhouse.wq_sql), weighted counts and Kish's effective count
@@ -636,6 +630,6 @@ SELECT {key}, {counts},
        if(n = 0, [], quantilesExactInclusiveIf({qs})(toFloat64({column}), {column} IS NOT NULL AND {keep})) AS q
 FROM {facts} WHERE {where}
 GROUP BY window_start_ns{groups} ORDER BY window_start_ns{groups}"""
-    frame = pl.from_arrow(client.query(sql, M.CLICKHOUSE_SETTINGS))
+    frame = pl.from_arrow(client.query(sql, features(client).settings))
     assert isinstance(frame, pl.DataFrame)
     return P.series_frame(frame, by)

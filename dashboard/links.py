@@ -1,0 +1,123 @@
+"""Deep links: the spike window, the filters and the trace of a view live in its URL (st.query_params).
+
+A reload shows the same view, and a link pasted in an incident channel opens it: `?start_ns=&end_ns=`
+(the Spike page's window), `?trace=` (the Traces page's trace), `?service=&model=&replica=&tenant=`
+(the sidebar's filters, repeated for several values) and `?since_ns=&until_ns=` (its time range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import streamlit as st
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dashboard.data import Filters
+
+#: URL keys of the sidebar's time range.
+SINCE, UNTIL = "since_ns", "until_ns"
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def window() -> tuple[int, int] | None:
+    """The window (start_ns, end_ns) the URL names, or None."""
+    a, b = _int(st.query_params.get("start_ns")), _int(st.query_params.get("end_ns"))
+    return (a, b) if a is not None and b is not None and b > a else None
+
+
+def new_window() -> tuple[int, int] | None:
+    """The URL's window when it changed since this session last saw it (a link followed), else None."""
+    value = window()
+    if value is None or value == st.session_state.get("_seen_window"):
+        return None
+    st.session_state["_seen_window"] = value
+    return value
+
+
+def set_window(start_ns: int, end_ns: int) -> None:
+    """Put the shown window in the URL (a reload or a shared link opens it)."""
+    st.session_state["_seen_window"] = (start_ns, end_ns)
+    if window() != (start_ns, end_ns):
+        st.query_params["start_ns"], st.query_params["end_ns"] = str(start_ns), str(end_ns)
+
+
+def trace() -> str | None:
+    """The trace id the URL names, or None."""
+    value = st.query_params.get("trace")
+    return str(value) if value else None
+
+
+def new_trace() -> str | None:
+    """The URL's trace when it changed since this session last saw it (a link followed), else None."""
+    value = trace()
+    if value is None or value == st.session_state.get("_seen_trace"):
+        return None
+    st.session_state["_seen_trace"] = value
+    return value
+
+
+def set_trace(trace_id: str) -> None:
+    """Put the shown trace in the URL."""
+    st.session_state["_seen_trace"] = trace_id
+    if trace() != trace_id:
+        st.query_params["trace"] = trace_id
+
+
+def filter_params(f: Filters, dims: Sequence[str]) -> dict[str, list[str]]:
+    """The URL parameters of filters `f` (only those set)."""
+    out: dict[str, list[str]] = {d: list(getattr(f, d)) for d in dims if getattr(f, d)}
+    if f.since_ns is not None:
+        out[SINCE] = [str(f.since_ns)]
+    if f.until_ns is not None:
+        out[UNTIL] = [str(f.until_ns)]
+    return out
+
+
+def seed_filters(dims: Sequence[str], options: Mapping[str, Sequence[str]]) -> tuple[int | None, int | None]:
+    """On a session's first run, set the sidebar's widgets from the URL's filters (values the store holds);
+    returns the URL's time range (ns) for the slider's initial value."""
+    if st.session_state.get("_links_seeded"):
+        return None, None
+    st.session_state["_links_seeded"] = True
+    for d in dims:
+        wanted = [v for v in st.query_params.get_all(d) if v in options.get(d, ())]
+        if wanted:
+            st.session_state[f"f_{d}"] = wanted
+    return _int(st.query_params.get(SINCE)), _int(st.query_params.get(UNTIL))
+
+
+def publish_filters(f: Filters, dims: Sequence[str]) -> None:
+    """Write the sidebar's filters into the URL, leaving the page's own keys (window, trace) alone."""
+    wanted = filter_params(f, dims)
+    for key in (*dims, SINCE, UNTIL):
+        have = st.query_params.get_all(key)
+        if have != wanted.get(key, []):
+            if key in wanted:
+                st.query_params[key] = wanted[key]
+            else:
+                del st.query_params[key]
+
+
+def url(page: str, f: Filters, dims: Sequence[str], **extra: Any) -> str:
+    """A link to `page` (its URL path: spike, traces, …) showing filters `f` and `extra` (start_ns, trace, …)."""
+    query = urlencode({**filter_params(f, dims), **{k: [str(v)] for k, v in extra.items() if v is not None}},
+                      doseq=True)
+    return f"{page}?{query}" if query else page
+
+
+def exemplar_table(rows: pd.DataFrame, key: str, f: Filters) -> None:
+    """Exemplar rows (analysis.traces.slowest) with the columns an on-call reads, each trace id a link that
+    opens its waterfall on the Traces page (with the same filters `f`)."""
+    from dashboard import data, formats
+
+    shown = rows.assign(trace=[url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in rows["trace_id"]])
+    cols = [c for c in ("trace", "start", "replica", "model", "tenant", "status", "latency_ms", "input_tokens",
+                        "output_tokens") if c in shown.columns]
+    st.dataframe(shown[cols], hide_index=True, key=key, column_config=formats.exemplar_columns())
