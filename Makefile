@@ -6,7 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-.PHONY: all venv demo test lint typecheck unit browser-deps monitoring-deps ch-releases bench clean
+#: pytest workers (pytest-xdist): one per core; `make test WORKERS=1` runs the suite in one process
+WORKERS ?= auto
+#: what makes a missing prerequisite (chromium, chdb, a C part where a compiler is) fail rather than skip
+STRICT := TAILSCOPE_TEST_STRICT=1
+#: the parallel run: a test file stays on one worker (its module fixtures are built once)
+PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile
+
+.PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps ch-releases bench clean
 
 all: test
 
@@ -38,6 +45,11 @@ monitoring-deps:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; fi; \
 	fi
 
+# the Debian packages the tests drive, one apt-get after the other (apt holds one lock)
+system-deps:
+	@$(MAKE) --no-print-directory browser-deps
+	@$(MAKE) --no-print-directory monitoring-deps
+
 # The older ClickHouse releases the tests serve over HTTP (tests/clickhouse_http.py), one venv each since one venv
 # holds one chdb: release -> the chdb that embeds it (checked with SELECT version()). The newest is .venv's chdb.
 # No chdb embeds 25.3 (3.3.0 embeds 24.8.4, 3.4.1 embeds 25.5.2): 25.5 stands between the two LTS releases.
@@ -64,10 +76,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP) browser-deps monitoring-deps ch-releases
-	$(VENV)/bin/pytest -q
+# the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
+unit: $(STAMP) system-deps ch-releases
+	$(STRICT) $(PYTEST_PAR) --durations=10
 
-test: lint typecheck unit
+# what CI runs (.ci/run): install (the venv beside the Debian packages), ruff, then mypy beside the suite
+test:
+	@$(MAKE) --no-print-directory -j2 venv system-deps
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j2 typecheck unit
+
+# the edit-run loop: the suite without the tests marked `slow` (CONTRIBUTING.md); CI still runs everything
+test-fast: $(STAMP)
+	$(PYTEST_PAR) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

@@ -35,6 +35,7 @@ from analysis import breakdowns as B
 from analysis.engine.percentiles import parse_time
 from analysis.kernel import load_kernel
 from analysis.whatif import peak_concurrency, read_observed, simulate
+from tracing import schema as S
 
 I64 = npt.NDArray[np.int64]
 #: Version of the capacity JSON shape (`capacity_curve`).
@@ -139,7 +140,7 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     row = con.execute(f"SELECT count(DISTINCT replica) FROM requests WHERE {where}", [lo, lo, hi, hi]).fetchall()[0]
     replicas = max(1, int(row[0])) if row[0] else 1
     load = con.execute(
-        "SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = 'model_load' "
+        f"SELECT quantile_cont(Duration, 0.5) FROM spans WHERE Stage = '{S.MODEL_LOAD}' "
         "AND ($1 IS NULL OR TimestampNs >= $1) AND ($2 IS NULL OR TimestampNs < $2)", [lo, hi]).fetchall()[0]
     cold = round(float(load[0])) if load[0] is not None else None
     span = (int(arrivals[-1] - arrivals[0]) if arrivals.size else 0)

@@ -53,6 +53,7 @@ from analysis.engine.percentiles import (
     weighted_quantiles_sql,
     weighted_window_sql,
 )
+from tracing import schema as S
 from tracing.errors import QueryError
 
 #: Version of the `tailscope cost --json` contract; bumped only on incompatible change.
@@ -60,9 +61,11 @@ COST_VERSION: Final = 1
 #: What a cost table may be grouped by.
 COST_GROUPS: Final[tuple[str, ...]] = ("tenant", "model", "model_version", "replica")
 #: Stages that occupy the GPU (generation counts only where it has no prefill / decode child).
-GPU_STAGES: Final[tuple[str, ...]] = ("prefill", "decode", "generation")
+GPU_STAGES: Final[tuple[str, ...]] = (S.PREFILL, S.DECODE, S.GENERATION)
+#: The parts of generation, as a SQL list: a generation span with such a child is represented by it.
+PARTS: Final = ", ".join(f"'{s}'" for s in S.GENERATION_PARTS)
 #: The stage charged to the replica as cold-start overhead.
-COLD_START_STAGE: Final = "model_load"
+COLD_START_STAGE: Final = S.MODEL_LOAD
 #: The key of time and requests with no value for the grouping column.
 NONE_KEY: Final = "(none)"
 #: Name of the price table looked for beside the store when no --prices file is given.
@@ -104,14 +107,14 @@ SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS 
 FROM {spans} WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
     # generation spans with a prefill / decode child are represented by those children
     steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
-                            "WHERE Stage IN ('prefill', 'decode')")
+                            f"WHERE Stage IN ({PARTS})")
     # the GPU spans in the window (filtered before the parent joins), each with its request span
-    steps["_cost_gpu"] = """
+    steps["_cost_gpu"] = f"""
 SELECT g.TraceId AS TraceId, g.replica AS replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
        coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
 FROM (SELECT g.* FROM _cost_st g
       LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
-      WHERE (g.Stage IN ('prefill', 'decode') OR (g.Stage = 'generation' AND x.TraceId IS NULL))
+      WHERE (g.Stage IN ({PARTS}) OR (g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL))
         AND least(g.e, $hi) > greatest(g.s, $lo)) g
 LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
 LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId

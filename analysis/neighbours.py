@@ -35,6 +35,7 @@ from analysis.engine.percentiles import facts_by_rid
 from analysis.stats import explain as X
 from analysis.stats.sampling import weight_of
 from analysis.stats.spikes import Detection, Spike
+from tracing import schema as S
 
 #: queue_wait must hold at least this share of the spike's stage excess.
 QUEUE_SHARE: Final = 0.5
@@ -55,7 +56,7 @@ def noisy_neighbour(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
                     spike: Spike, item: dict[str, Any]) -> dict[str, Any] | None:
     """The noisy-neighbour finding for one spike of analysis.report (its `noisy_neighbour` key), or None."""
     stages = item.get("stages") or []
-    if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < QUEUE_SHARE:
+    if not stages or stages[0]["stage"] != S.QUEUE_WAIT or stages[0]["share"] < QUEUE_SHARE:
         return None
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy()

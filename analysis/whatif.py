@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from analysis.engine.percentiles import parse_time, request_source, weight_where
 from analysis.stats.spikes import quantile_sorted
+from tracing import schema as S
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -65,32 +66,6 @@ def simulate(arrivals: Sequence[int] | I64, services: Sequence[int] | I64, serve
         heapq.heapreplace(free, begin + s)
         lat_sorted[j] = begin + s - a
     latency[order] = np.asarray(lat_sorted, dtype=np.int64)
-    return latency
-
-
-def oracle(arrivals: Sequence[int], services: Sequence[int], servers: int) -> list[int]:
-    """Tick-by-tick reference of `simulate` for small integer workloads (for tests)."""
-    n = len(arrivals)
-    order = sorted(range(n), key=lambda i: (arrivals[i], i))
-    busy_until = [0] * servers
-    waiting: list[int] = []
-    nxt = 0
-    latency = [0] * n
-    done = 0
-    t = min(arrivals) if n else 0
-    while done < n:
-        while nxt < n and arrivals[order[nxt]] <= t:
-            waiting.append(order[nxt])
-            nxt += 1
-        for k in range(servers):
-            while busy_until[k] <= t and waiting:
-                i = waiting.pop(0)
-                busy_until[k] = t + services[i]
-                latency[i] = busy_until[k] - arrivals[i]
-                done += 1
-                if services[i] > 0:
-                    break
-        t += 1
     return latency
 
 
@@ -173,7 +148,7 @@ def read_observed(con: duckdb.DuckDBPyConnection, since: str | int | datetime | 
     Service = e2e minus critical-path queue wait (at least 0); TTFT after the queue = TTFT
     minus queue wait (at least 0; NaN without a TTFT). The one reader of the replayed workload.
     """
-    src = request_source(con, "queue_wait")
+    src = request_source(con, S.QUEUE_WAIT)
     lo, hi = parse_time(since), parse_time(until)
     where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
     weight = weight_where(con, src, where, [lo, hi])

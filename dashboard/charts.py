@@ -23,15 +23,15 @@ if TYPE_CHECKING:
 
 #: One colour per critical-path stage (and `other`), used by every chart and table.
 STAGE_COLORS: dict[str, str] = {
-    "network": "#8c564b",
-    "queue_wait": "#ff7f0e",
-    "preprocess": "#bcbd22",
-    "model_load": "#9467bd",
-    "generation": "#1f77b4",
-    "prefill": "#17becf",
-    "decode": "#1f4e9c",
-    "streaming": "#2ca02c",
-    "other": "#a0a0a0",
+    S.NETWORK: "#8c564b",
+    S.QUEUE_WAIT: "#ff7f0e",
+    S.PREPROCESS: "#bcbd22",
+    S.MODEL_LOAD: "#9467bd",
+    S.GENERATION: "#1f77b4",
+    S.PREFILL: "#17becf",
+    S.DECODE: "#1f4e9c",
+    S.STREAMING: "#2ca02c",
+    S.OTHER: "#a0a0a0",
 }
 #: Percentile line colours.
 PCT_COLORS: dict[str, str] = {"p50": "#4c78a8", "p90": "#9ecae9", "p99": "#e45756"}
@@ -257,7 +257,7 @@ def waterfall(spans: pd.DataFrame) -> alt.Chart:
     for i, r in enumerate(spans.itertuples()):
         row = f"{i:02d} {r.name}"
         order.append(row)
-        stage = r.stage if isinstance(r.stage, str) else "other"
+        stage = r.stage if isinstance(r.stage, str) else S.OTHER
         rows.append({"row": row, "a": r.start_ms, "b": r.end_ms, "stage": stage, "part": "span",
                      "name": r.name, "ms": r.duration_ms, "critical_ms": r.critical_ms})
         for a, b in r.critical_stretches:

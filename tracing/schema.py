@@ -12,35 +12,30 @@ from typing import TYPE_CHECKING, Any, Final
 
 # --- the stage vocabulary -------------------------------------------------------------
 
+#: The stage names, one constant each: code elsewhere spells a stage through these, never as a literal.
+NETWORK: Final = "network"
+QUEUE_WAIT: Final = "queue_wait"
+PREPROCESS: Final = "preprocess"
+MODEL_LOAD: Final = "model_load"
+GENERATION: Final = "generation"
+PREFILL: Final = "prefill"
+DECODE: Final = "decode"
+STREAMING: Final = "streaming"
+#: The critical-path column of the time no stage covers.
+OTHER: Final = "other"
 #: Top-level stages of one inference request, in pipeline order.
-STAGES: Final[tuple[str, ...]] = (
-    "network",
-    "queue_wait",
-    "preprocess",
-    "model_load",
-    "generation",
-    "streaming",
-)
+STAGES: Final[tuple[str, ...]] = (NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, STREAMING)
 #: Stages that live inside `generation` when the data splits it.
-GENERATION_PARTS: Final[tuple[str, ...]] = ("prefill", "decode")
+GENERATION_PARTS: Final[tuple[str, ...]] = (PREFILL, DECODE)
 #: Every stage name a span may declare.
 ALL_STAGES: Final[tuple[str, ...]] = STAGES + GENERATION_PARTS
 #: The parent stage of a nested stage.
-STAGE_PARENT: Final[dict[str, str]] = {"prefill": "generation", "decode": "generation"}
+STAGE_PARENT: Final[dict[str, str]] = {PREFILL: GENERATION, DECODE: GENERATION}
 #: Stage columns of the `requests` view, in order; they sum exactly to `e2e_ns`.
 CRITICAL_PATH_COLUMNS: Final[tuple[str, ...]] = (
-    "network",
-    "queue_wait",
-    "preprocess",
-    "model_load",
-    "generation",
-    "prefill",
-    "decode",
-    "streaming",
-    "other",
-)
+    NETWORK, QUEUE_WAIT, PREPROCESS, MODEL_LOAD, GENERATION, PREFILL, DECODE, STREAMING, OTHER)
 #: Stages that own only the instants no other stage holds (the stream waits on generation).
-YIELDING_STAGES: Final[tuple[str, ...]] = ("streaming",)
+YIELDING_STAGES: Final[tuple[str, ...]] = (STREAMING,)
 #: Request outcomes; failures are counted, never dropped.
 OUTCOMES: Final[tuple[str, ...]] = ("ok", "error", "timeout", "cancelled")
 

@@ -126,7 +126,7 @@ def workload(client: Client, facts: str, table: str, where: str = "TRUE", since_
              for op, t in ((">=", since_ns), ("<", until_ns)) if t is not None])
         con.register("spans_arrow", client.query(
             f"SELECT Stage, Duration, TimestampNs FROM {source_sql(table, span_where)} "
-            "WHERE Stage = 'model_load'"))  # what observed_workload reads of the spans: the cold start
+            f"WHERE Stage = '{S.MODEL_LOAD}'"))  # what observed_workload reads of the spans: the cold start
         con.execute("CREATE TABLE spans AS SELECT * FROM spans_arrow")
         con.unregister("spans_arrow")
         return observed_workload(con, since_ns, until_ns)

@@ -552,7 +552,7 @@ class Fetcher:
     def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
         """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
         stages = item.get("stages") or []
-        if not stages or stages[0]["stage"] != "queue_wait" or stages[0]["share"] < N.QUEUE_SHARE:
+        if not stages or stages[0]["stage"] != S.QUEUE_WAIT or stages[0]["share"] < N.QUEUE_SHARE:
             return  # the step stops before reading spans
         w = det.window_ns
         near = _neighbour_windows(det, spike).tolist()

@@ -38,9 +38,9 @@ FILTER_DIMENSIONS: tuple[str, ...] = ("service", "model", "replica", "tenant")
 #: Stage columns of `requests` (they sum to e2e_ns).
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Stages whose span's replica is the request's replica (the replica that generated).
-WORKER_STAGES: tuple[str, ...] = ("generation", "prefill", "decode")
+WORKER_STAGES: tuple[str, ...] = (S.GENERATION, S.PREFILL, S.DECODE)
 #: Stages whose spans give a request's first token or replica.
-INFO_STAGES: tuple[str, ...] = (*WORKER_STAGES, "streaming")
+INFO_STAGES: tuple[str, ...] = (*WORKER_STAGES, S.STREAMING)
 
 
 
@@ -187,8 +187,8 @@ WHERE NOT p.yielding AND least(c.e, p.re) > greatest(c.s, p.rs)
         # the spans a request reads give its first token and replica
         "info": (False, f"""
 SELECT rk,
-       {d.agg_if('min', 'raw_e', "stage = 'prefill'")} AS prefill_end_ns,
-       {d.agg_if('min', 'raw_s', "stage = 'streaming'")} AS stream_start_ns,
+       {d.agg_if('min', 'raw_e', f"stage = {quote(S.PREFILL)}")} AS prefill_end_ns,
+       {d.agg_if('min', 'raw_s', f"stage = {quote(S.STREAMING)}")} AS stream_start_ns,
        {d.agg_if('arg_min', 'Replica, ' + d.row(['raw_s', 'SpanId']),
                  f"stage IN {_in_list(WORKER_STAGES)} AND Replica IS NOT NULL")} AS worker_replica
 FROM (SELECT rk, SpanId, stage, Replica, raw_s, raw_e FROM l1w WHERE stage IN {_in_list(INFO_STAGES)}
@@ -264,7 +264,7 @@ def _select(d: Dialect, source: str, *, stages: bool, columns: tuple[str, ...]) 
         "adjusted_count": "r.adj",
     }
     for s in S.CRITICAL_PATH_COLUMNS:
-        if s != "other":
+        if s != S.OTHER:
             exprs[f"{s}_ns"] = d.int64(f"coalesce(k.{s}_ns, 0)")
     joins = ["LEFT JOIN info i ON i.rk = r.rk"]
     if stages:

@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.mapping.rules import Mapping
+from tracing import schema as S
 
 #: Words in a child span's name and the stage they say, tried in order (the first that matches wins).
 STAGE_WORDS: tuple[tuple[str, str], ...] = (
-    ("preprocess", r"tokeni[sz]|preprocess|pre_process|template|validat|encode_prompt|prompt|parse"),
-    ("queue_wait", r"queue|wait|schedul|admission|acquire"),
-    ("model_load", r"load_model|model_load|warm|cold_start|load_weights"),
-    ("prefill", r"prefill"),
-    ("decode", r"^decode$|decode_loop|decode_step"),
-    ("streaming", r"stream|sse|send_|respond|response|write_|flush"),
-    ("generation", r"generat|infer|predict|complet|llm|forward|model|sampl"),
-    ("network", r"upload|download|network|proxy|transfer"),
+    (S.PREPROCESS, r"tokeni[sz]|preprocess|pre_process|template|validat|encode_prompt|prompt|parse"),
+    (S.QUEUE_WAIT, r"queue|wait|schedul|admission|acquire"),
+    (S.MODEL_LOAD, r"load_model|model_load|warm|cold_start|load_weights"),
+    (S.PREFILL, r"prefill|pre_fill"),
+    (S.DECODE, r"^decode$|decode_loop|decode_step"),
+    (S.STREAMING, r"stream|sse|send_|respond|response|write_|flush"),
+    (S.GENERATION, r"generat|infer|predict|complet|llm|forward|model|sampl"),
+    (S.NETWORK, r"upload|download|network|proxy|transfer"),
 )
 #: Attribute keys of a request span, by the shape field they give (a key containing one of the words).
 SHAPE_WORDS: tuple[tuple[str, str], ...] = (

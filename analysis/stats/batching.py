@@ -16,6 +16,7 @@ import duckdb
 import numpy as np
 
 from analysis.engine.percentiles import request_source
+from tracing import schema as S
 
 #: A median service time this much larger in the largest batches than in the smallest counts as growth
 #: (10%: below it the replay's fixed service times are within the noise of a median).
@@ -34,7 +35,7 @@ def service_vs_batch(con: duckdb.DuckDBPyConnection, since: int | None = None,
     "compared" (requests in the two quarters)}; None when the traces cannot show it (no queue-wait
     column, fewer than MIN_REQUESTS requests per quarter, or a single batch size).
     """
-    src = request_source(con, "queue_wait")
+    src = request_source(con, S.QUEUE_WAIT)
     cond = "(?::BIGINT IS NULL OR start_ns >= ?) AND (?::BIGINT IS NULL OR start_ns < ?)"
     cols = con.execute(f"""
         SELECT coalesce(replica, '') AS replica, start_ns + coalesce(queue_wait_ns, 0) AS busy_ns,

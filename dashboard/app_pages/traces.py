@@ -9,6 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, formats, links, sidebar
+from tracing import schema as S
 
 db = data.open_store()
 f = sidebar.current()
@@ -61,7 +62,7 @@ with trace_box:
             else:  # the table's stage columns are not computed yet: sum this trace's own stretches
                 by_stage = spans[spans["stage"].notna()].groupby("stage")["critical_ms"].sum()
                 crit = {str(k): float(v) for k, v in by_stage.items() if v > 0}
-                crit["other"] = req["e2e_ns"] / 1e6 - sum(crit.values())
+                crit[S.OTHER] = req["e2e_ns"] / 1e6 - sum(crit.values())
             st.dataframe([{"stage": k, "critical-path ms": round(v, 1), "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
                           for k, v in sorted(crit.items(), key=lambda kv: -kv[1])], hide_index=True,
                          column_config={"critical-path ms": formats.number("on the critical path", "%,.1f ms")})

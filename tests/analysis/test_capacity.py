@@ -19,9 +19,10 @@ from analysis.capacity import (
     scale_up,
     zero_wait_servers,
 )
-from analysis.whatif import oracle, simulate
+from analysis.whatif import simulate
+from tests.analysis.queue_oracle import fifo_latencies
 from tests.factory import add_request, write
-from tests.needs import need
+from tests.needs import need_c
 from tracing.rows import SpanBatch
 
 MS = 1_000_000
@@ -29,8 +30,7 @@ MS = 1_000_000
 
 def test_kernel_matches_python_and_the_tick_oracle() -> None:
     kernel = load_kernel()
-    need(kernel is not None, "the C replay kernel (analysis/_replay*.so)",
-         "run `pip install -e .` with a C compiler present (setup.py builds it)")
+    need_c(kernel is not None, "the C replay kernel analysis._replay")
     assert kernel is not None
     rng = random.Random(5)
     for _ in range(300):
@@ -39,7 +39,7 @@ def test_kernel_matches_python_and_the_tick_oracle() -> None:
         arrivals = sorted(rng.randint(0, 30) for _ in range(n))
         services = [rng.randint(0, 12) for _ in range(n)]
         got = replay(np.asarray(arrivals), np.asarray(services), servers, kernel).tolist()
-        assert got == oracle(arrivals, services, servers) == simulate(arrivals, services, servers).tolist()
+        assert got == fifo_latencies(arrivals, services, servers) == simulate(arrivals, services, servers).tolist()
     big_a = np.sort(np.asarray([rng.randint(0, 10**9) for _ in range(20_000)], dtype=np.int64))
     big_s = np.asarray([rng.randint(0, 10**6) for _ in range(20_000)], dtype=np.int64)
     for k in (1, 3, 17):
@@ -76,11 +76,11 @@ def test_curve_points_equal_the_replay_oracle(tmp_path: Path) -> None:
     assert all(r[1] % MS == 0 for r in rows)
     curve = capacity_curve(w, replicas=[1, 2, 3, 5], target_p99_ms=250.0, gpu_hour_usd=2.0)
     for p in curve["points"]:
-        lat = np.sort(np.asarray(oracle(arrivals, services, p["servers"]), dtype=np.float64) * MS)
+        lat = np.sort(np.asarray(fifo_latencies(arrivals, services, p["servers"]), dtype=np.float64) * MS)
         assert p["p99_ms"] == round(float(np.quantile(lat, 0.99)) / 1e6, 3)
         assert p["p50_ms"] == round(float(np.quantile(lat, 0.5)) / 1e6, 3)
         assert p["gpu_usd_per_hour"] == 2.0 * p["replicas"]
-        wait = np.asarray(oracle(arrivals, services, p["servers"])) - np.asarray(services)
+        wait = np.asarray(fifo_latencies(arrivals, services, p["servers"])) - np.asarray(services)
         rest = np.asarray([np.nan if r[2] is None else r[2] // MS for r in rows], dtype=np.float64)
         ttft = (wait + rest) * MS
         ttft = np.sort(ttft[~np.isnan(ttft)])
@@ -151,7 +151,7 @@ def test_zero_wait_servers_is_the_fewest_with_which_nobody_waits() -> None:
         n = rng.randint(1, 30)
         arrivals = sorted(rng.randint(0, 20) for _ in range(n))
         services = [rng.choice([0, 0, rng.randint(0, 15)]) for _ in range(n)]  # many zero-length, many ties
-        want = next(k for k in range(1, n + 2) if oracle(arrivals, services, k) == services)
+        want = next(k for k in range(1, n + 2) if fifo_latencies(arrivals, services, k) == services)
         assert zero_wait_servers(np.asarray(arrivals), np.asarray(services)) == want, (arrivals, services)
 
 

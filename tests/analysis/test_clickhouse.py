@@ -27,6 +27,8 @@ from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import TailscopeError
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
 SAMPLES = sorted(p for p in DATA.rglob("*.otlp.jsonl.gz") if p.name != "demo.otlp.jsonl.gz")
 

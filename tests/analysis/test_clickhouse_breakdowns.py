@@ -31,6 +31,8 @@ from analysis.report import build_report, explain_window
 from analysis.stats import explain as X
 from intake.ingest import ingest_files
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 FACTS = "requests"
 H = 3_600_000_000_000

@@ -21,6 +21,8 @@ from analysis.clickhouse.report import build_report, explain_window, percentile_
 from analysis.engine import model as M
 from intake.ingest import ingest_files
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 T = C.REQUESTS_TABLE
 F = 300 * 1_000_000_000  # the refresh interval: 5 minutes

@@ -22,6 +22,7 @@ from analysis.cost import (
     prices_for,
 )
 from tests.factory import T0, add_request, hex_id, write
+from tests.needs import CHDB_HOW, need_module
 from tracing.errors import QueryError
 from tracing.rows import SpanBatch
 
@@ -392,7 +393,7 @@ def _ch_shares(client: Any, table: str, **kw: Any) -> tuple[dict[Any, int], dict
 
 @pytest.fixture(scope="module")
 def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pytest.importorskip("chdb")
+    need_module("chdb", CHDB_HOW)
     from analysis.clickhouse import open_client
 
     c = open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")

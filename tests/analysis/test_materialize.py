@@ -267,10 +267,9 @@ def test_the_c_sweep_gives_the_rows_of_the_model_sql(tmp_path: Path) -> None:
     import random
 
     from tests.analysis.test_model_oracle import _random_trace, _store
-    from tests.needs import need
+    from tests.needs import need_c
 
-    need(MZ.load_sweep() is not None, "the C kernel analysis._replay",
-         "build it: python setup.py build_ext --inplace")
+    need_c(MZ.load_sweep() is not None, "the C kernel analysis._replay")
     rng = random.Random(20261202)
     spans = []
     for n in range(3000):

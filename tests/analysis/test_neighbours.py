@@ -143,6 +143,7 @@ def _neighbour_of(path: Path) -> tuple[dict[str, Any] | None, float]:
     return found, naive
 
 
+@pytest.mark.slow
 def test_unequal_adjusted_counts_name_what_the_expanded_requests_name(tmp_path: Path) -> None:
     """Tenant x kept whole, a, b and c sampled with adjusted counts 1-4 (drawn per request): the weighted rule
     gives what the brute force gives, the same fleet written with each request repeated its adjusted count of

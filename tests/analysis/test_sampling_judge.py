@@ -129,6 +129,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     c.close()
 
 
+@pytest.mark.slow
 def test_the_server_gives_the_arrays_view_on_random_inputs(client: Any) -> None:
     """Every field equal; the quantiles to the bit but where weights of 10/3 are summed in another order within a
     tie (then within float rounding)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from analysis.stats.spikes import ALPHA, detect
 from tests.analysis.spike_calibration import WINDOW_NS, binomial_upper, null_run
@@ -32,6 +33,7 @@ def test_binomial_upper_is_the_exact_tail_bound() -> None:
     assert binomial_upper(10, 0.0, 0.001) == 0
 
 
+@pytest.mark.slow
 def test_false_spike_rate_on_null_data_is_at_most_alpha() -> None:
     rng = np.random.default_rng(SEED)
     spikes = scans = scans_quarter = 0

@@ -82,6 +82,7 @@ def test_the_clean_run_fires_nothing(tmp_path_factory: pytest.TempPathFactory) -
     assert replay_json(store_of("clean", tmp_path_factory)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", INCIDENTS)
 def test_each_incident_fires_once_early_and_resolves_soon_after(name: str,
                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -114,6 +115,7 @@ def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "store"
 
 
+@pytest.mark.slow
 def test_a_fleet_wide_slowdown_fires_the_slo_rule_not_the_tail_spike(fleet_store: Path, tmp_path: Path) -> None:
     rules = tmp_path / "rules.txt"
     rules.write_text("# fleet SLO\np99(e2e) < 25s\np99(e2e) < 25s for tenant=nobody\n")

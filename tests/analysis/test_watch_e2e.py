@@ -21,11 +21,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from examples.loadgen import run
 from tests.analysis.alert_receiver import Recorder, recording
 from tests.intake.collect_helpers import ROOT, start_cli_receiver
 from tests.monitoring import alertmanager, get_json, need_monitoring
 from tracing.client import post_json
+
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
 RULE = "error_rate < 10%"
 RULE_LINE = f'{RULE} labels {{severity="page", team="serving"}} annotations {{runbook="http://127.0.0.1/rb#errors"}}'

@@ -43,6 +43,7 @@ def test_whole_weights_equal_the_expanded_quantile() -> None:
                                                                                                         weights, q)
 
 
+@pytest.mark.slow
 def test_weights_of_one_are_the_unweighted_quantile_bit_for_bit() -> None:
     rng = random.Random(6)
     for _ in range(500):

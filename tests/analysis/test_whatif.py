@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from analysis import connect
-from analysis.whatif import oracle, predict, simulate, whatif
+from analysis.whatif import predict, simulate, whatif
+from tests.analysis.queue_oracle import fifo_latencies
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch
 
@@ -36,7 +37,7 @@ def test_simulator_matches_tick_oracle_on_random_workloads() -> None:
         servers = rng.randint(1, 5)
         arrivals = [rng.randint(0, 30) for _ in range(n)]
         services = [rng.randint(0, 12) for _ in range(n)]
-        assert simulate(arrivals, services, servers).tolist() == oracle(arrivals, services, servers), (
+        assert simulate(arrivals, services, servers).tolist() == fifo_latencies(arrivals, services, servers), (
             arrivals, services, servers)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run_all
-from tests.needs import need
+from tests.needs import need, need_c
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
         from analysis.engine.materialize import load_sweep
 
-        need(load_sweep() is not None, "the C kernel analysis._replay", "build it: python setup.py build_ext --inplace")
+        need_c(load_sweep() is not None, "the C kernel analysis._replay")
     if name == "bench_dashboard_browser":
         need(Path("/usr/bin/chromium").exists(), "Debian's chromium", "run `make browser-deps`")
     out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)

@@ -25,6 +25,8 @@ from intake.ingest import ingest_files
 from tests.analysis.clickhouse_releases import older_releases, serve
 from tests.dashboard.conftest import APP
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 MINUTE = 60_000_000_000
 

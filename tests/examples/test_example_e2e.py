@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from analysis.engine.connect import connect
@@ -17,6 +18,8 @@ from examples.model import ModelCosts
 from tests.tracing.otel_helpers import spans
 from tracing import schema as S
 from tracing.client import ClientResult, post_json
+
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
 __all__ = ["spans"]
 

@@ -22,9 +22,13 @@ import statistics
 import time
 from pathlib import Path
 
+import pytest
+
 from analysis.engine.connect import connect
 from tests.intake.collect_child import Child, start_child
 from tests.intake.collect_helpers import pb_body
+
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
 TOKEN = "chaos-token"
 INFLIGHT_MIB = 32

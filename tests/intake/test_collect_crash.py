@@ -15,11 +15,14 @@ import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from analysis.engine.connect import connect
 from intake.collect.journal import JOURNAL_DIR
 from tests.intake.collect_helpers import pb_body, start_cli_receiver
 from tracing.store import segment_files
+
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
 TRIALS = 20
 #: the journal (the default since it is on again; explicit so these trials exercise it whatever the default)

@@ -18,13 +18,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValu
 from intake import otlp
 from intake.collect.decode import gunzip_capped
 from intake.peer import with_peer
-from tests.needs import need
+from tests.needs import need_c
 from tracing import schema as S
 from tracing.rows import SpanBatch
 
 T0 = 1_763_647_200_000_000_000
 DECODER = "the C decoder intake._otlpx"
-HOW_TO_BUILD = "reinstall with a C compiler present (pip install -e .), which builds it"
 STRINGS = ["", "a", "héllo ✓", 'q"uote\\', "tab\tnew\nline\x01\x7f", "ü", "Timeout_Error", "CANCELLED",
            "deadline exceeded", "TRUE", "true", "False", "12", "-7", "1e3", " 5", "abc", "007", "１２",
            "99999999999999999999", "12.9", "inf"]
@@ -122,7 +121,7 @@ def slow_table(data: bytes) -> tuple[pa.Table, int, int]:
 
 @pytest.mark.parametrize("awkward", [False, True])
 def test_fast_decode_equals_python_decode(awkward: bool) -> None:
-    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)  # without it this would compare the Python decoder with itself
+    need_c(otlp.FAST_PROTOBUF, DECODER)  # without it this would compare the Python decoder with itself
     rng = random.Random(42 + awkward)
     for _ in range(400):
         data = request(rng, awkward)
@@ -147,7 +146,7 @@ def test_promotion_of_a_group_equals_per_request_promotion() -> None:
 
 def test_fast_path_is_built() -> None:
     """The benchmark figures assume the C extension; `pip install` builds it when a C compiler is there."""
-    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)
+    need_c(otlp.FAST_PROTOBUF, DECODER)
     assert otlp._otlpx is not None
 
 
@@ -179,7 +178,7 @@ def test_invalid_utf8_is_malformed_on_both_paths(where: str) -> None:
 
 
 def test_builder_rolls_back_what_it_cannot_take() -> None:
-    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)
+    need_c(otlp.FAST_PROTOBUF, DECODER)
     rng = random.Random(12)
     goods = [request(rng, False) for _ in range(40)]
     goods = [g for g in goods if otlp._otlpx.extract(g) is not None][:3]
@@ -208,7 +207,7 @@ def test_builder_rolls_back_what_it_cannot_take() -> None:
 def test_builder_records_the_peer_as_with_peer_does(awkward: bool) -> None:
     """`collect --record-peer` keeps the fast path: the C builder adds tailscope.peer to each resource
     lacking it, exactly as intake.peer.with_peer does after the Python decoder (Replica included)."""
-    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)
+    need_c(otlp.FAST_PROTOBUF, DECODER)
     rng = random.Random(77 + awkward)
     taken = 0
     for i in range(300):
@@ -234,7 +233,7 @@ def test_builder_groups_equal_the_python_decoder_with_doubles_everywhere() -> No
     """Builder.add writes the text of double values after its GIL-free parse (moving what follows them and
     the value offsets): many bodies with doubles in every attribute list (arrays of them too), bodies it
     refuses or rolls back in between, and several takes must give exactly the Python decoder's spans."""
-    need(otlp.FAST_PROTOBUF, DECODER, HOW_TO_BUILD)
+    need_c(otlp.FAST_PROTOBUF, DECODER)
     rng = random.Random(2026)
 
     def doubles(target: object) -> None:

@@ -29,7 +29,7 @@ from intake.collect.config import CollectConfig, exposure_warning
 from intake.otlp import MAX_JSON_DEPTH, json_depth
 from tests.intake.collect_child import Child, raw_exchange, request_with_times, start_child
 from tests.intake.collect_helpers import T0, pb_body
-from tests.needs import need
+from tests.needs import need_c
 
 TOKEN = "hostile-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,7 +43,7 @@ EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 @pytest.fixture(scope="module", params=["c", "python"])
 def child(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
     if request.param == "c":
-        need(otlp.FAST_PROTOBUF, "the C decoder tracing._otlpx", "build it with python -m tracing.build_otlpx")
+        need_c(otlp.FAST_PROTOBUF, "the C decoder intake._otlpx")
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     token_file = root / "token"
     token_file.write_text(TOKEN + "\n")

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from analysis.engine.connect import connect
 from tests.intake.collect_helpers import ROOT, pb_body, running
@@ -17,6 +18,7 @@ BODIES = 120
 SPANS_PER_BODY = 300
 
 
+@pytest.mark.slow
 def test_reader_sees_only_growing_counts_while_receiver_ingests(tmp_path: Path) -> None:
     store = tmp_path / "store"
     rng = random.Random(11)

@@ -111,6 +111,7 @@ def _normalized(name: str) -> pa.Table:
     return _CACHE[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_promoted_columns_come_back_from_the_attributes_alone(name: str) -> None:
     table = _normalized(name)
@@ -125,6 +126,7 @@ def test_promoted_columns_come_back_from_the_attributes_alone(name: str) -> None
         assert any(want["IsRequest"]) and any(s is not None for s in want["Stage"]), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINE_CASES)
 def test_a_second_mapping_changes_nothing(name: str) -> None:
     """What arrives mapped (a forwarded copy, a re-ingest) is taken as native: no request is mapped twice,

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from intake.engines import normalize, vllm
 from intake.engines._common import Trace
 from intake.otlp import decode_json
+from tests.intake import vllm_reference
 from tests.intake.engine_fixtures import (
     FIXTURES,
     assert_stages_sum_to_e2e,
@@ -147,7 +148,7 @@ def test_collect_stores_what_ingest_stores(tmp_path: Path) -> None:
 
 
 _SECONDS = st.one_of(st.none(), st.floats(min_value=0, max_value=5, allow_nan=False),
-                     st.sampled_from(["", "nan", "-1.0", "x", "1e-9"]))
+                     st.sampled_from(["", "nan", "-1.0", "x", "1e-9", "1.0000000005", "0.1234567895"]))
 
 
 @settings(max_examples=150, deadline=None)
@@ -166,7 +167,7 @@ def test_any_latency_attributes_give_stage_spans_inside_the_request(
     batch.append(trace_id="ab" * 16, span_id="cd" * 8, parent_span_id="", name="llm_request", kind="Server",
                  start_ns=start, end_ns=start + duration_ms * 1_000_000, service="vllm", resource={}, attrs=attrs)
     table = batch.to_table()
-    assert _sorted_rows(normalize(table)) == _sorted_rows(_reference(table))
+    assert vllm_reference.mapped(normalize(table).to_pylist()) == _reference(table)
     rows = normalize(table).to_pylist()
     [request] = [r for r in rows if r["IsRequest"]]
     end = start + request["Duration"]
@@ -186,8 +187,14 @@ def test_any_latency_attributes_give_stage_spans_inside_the_request(
     assert len({r["SpanId"] for r in rows}) == len(rows)
 
 
-def _reference(table: pa.Table) -> pa.Table:
-    """The row-at-a-time mapping (`vllm.map_trace`), which the column-wise `normalize` must equal."""
+def _reference(table: pa.Table) -> dict[tuple[str, str], tuple[str, int | None, vllm_reference.Layout]]:
+    """What each `llm_request` row of `table` must become by the documented format (tests/intake/vllm_reference.py)."""
+    return {(r["TraceId"], r["SpanId"]): vllm_reference.expected(r) for r in table.to_pylist()
+            if r["SpanName"] == "llm_request"}
+
+
+def _row_wise(table: pa.Table) -> pa.Table:
+    """The row-at-a-time mapping (`vllm.map_trace`) of every row."""
     rows = table.to_pylist()
     synthetic = [s for row in rows for s in vllm.map_trace(Trace([row]))]
     out = rows + synthetic
@@ -200,7 +207,7 @@ def _sorted_rows(table: pa.Table) -> list[dict[str, object]]:
     return sorted(table.to_pylist(), key=lambda r: (r["TraceId"], r["SpanId"]))
 
 
-def test_column_wise_mapping_equals_the_row_wise_reference() -> None:
+def test_mapping_equals_the_documented_format_on_the_fixture_and_the_incident() -> None:
     batch = SpanBatch()
     for path in (FIXTURE, INCIDENT):
         data = path.read_bytes()
@@ -208,7 +215,9 @@ def test_column_wise_mapping_equals_the_row_wise_reference() -> None:
             decode_json(line, batch)
     table = batch.to_table()
     assert table.num_rows > 5000
-    assert _sorted_rows(normalize(table)) == _sorted_rows(_reference(table))
+    assert vllm_reference.mapped(normalize(table).to_pylist()) == _reference(table)
+    # the row-at-a-time path (`vllm.map_trace`) lays out the same spans as the column-wise one
+    assert _sorted_rows(normalize(table)) == _sorted_rows(_row_wise(table))
 
 
 def test_one_file_mixing_native_and_every_engine(tmp_path: Path) -> None:

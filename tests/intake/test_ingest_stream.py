@@ -299,6 +299,7 @@ def _growth(small: Path, big: Path, work: Path, mode: str) -> tuple[int, int]:
 GROWTH_BOUND = 4.0
 
 
+@pytest.mark.slow
 def test_ingest_of_one_large_json_line_stays_within_a_bound_of_its_size(tmp_path: Path) -> None:
     small, big = tmp_path / "small.json", tmp_path / "big.json"
     small.write_bytes(big_document(200_000, seed=4) + b"\n")

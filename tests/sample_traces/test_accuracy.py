@@ -6,10 +6,12 @@ own store; the report must
 
 - find a spike whose start and end each lie within one window (`window_s`) of the truth
   window's, and no spike outside it. One window of slack, because the report cuts time
-  into whole windows and an incident reaches a little past its own bounds: requests that
-  arrived before it and were still running are slowed too, and a backlog drains after it
-  ends (queue_backlog reports 14:05-14:09 for 14:05-14:08; cold_start 14:05-14:07 for
-  the 90 s load from 14:05); both reach much less than a window beyond here;
+  into whole windows and an incident reaches past its own bounds by the way it works, not
+  by chance: requests that arrived before it and were still running are slowed too, and a
+  backlog drains after it ends. The slack is that mechanism's, the same for every seed;
+  the committed samples here are seed 1 only, and it does not hold on every other seed yet:
+  simulated with seeds 2-5, slow_replica on seed 3 reports 14:05-14:06 of its 14:05-14:08
+  and queue_backlog on seed 2 reports 14:05-14:10;
 - name the truth stage first among the stages whose tail time grew;
 - name, as its first dimension, a value the truth accepts (the injected one, or one that
   selects the same requests: the tenant's very long prompts are the only ones in the top
@@ -40,7 +42,10 @@ from sample_traces.emit import write_otlp
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect
 from tailscope.cli import app
+from tests.intake.test_engines_clean_input import engine_warnings
 from tests.sample_traces.cli_checks import ns_of
+
+pytestmark = pytest.mark.slow  # simulated fleets through ingest and report (make test-fast leaves it out)
 
 runner = CliRunner()
 NAMES = [inc.name for inc in CATALOGUE]
@@ -59,8 +64,10 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path
     if name not in _reports:
         store = tmp_path_factory.mktemp(name) / "store"
         files = traces or (generate.traces_path(generate.INCIDENTS_DIR, name),)
-        result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), *map(str, files)])
+        with engine_warnings() as warned:
+            result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), *map(str, files)])
         assert result.exit_code == 0, result.output
+        assert warned == [], f"{name}: an engine mapper failed on the sample: {warned[:3]}"
         result = runner.invoke(app, ["report", "--json", "--store", str(store)])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)

@@ -38,6 +38,8 @@ from sample_traces.incidents import CATALOGUE, run
 from tests.sample_traces import sampled_copy as C
 from tests.sample_traces.test_accuracy import _accepted, _bounds_hold, _overlaps, _summary
 
+pytestmark = pytest.mark.slow  # simulated fleets through ingest and report (make test-fast leaves it out)
+
 #: Share of interval checks allowed to miss (99 % intervals; see the module docstring).
 MAX_MISS_SHARE = 0.05
 #: z of a two-sided 99 % normal interval (counts).

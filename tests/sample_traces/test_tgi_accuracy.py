@@ -13,6 +13,8 @@ import pytest
 from sample_traces import tgi_incident
 from tests.sample_traces.collect_accuracy import Incident, check_mapped_and_named, post_incident, report_spike
 
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
+
 
 @pytest.fixture(scope="module")
 def incident(tmp_path_factory: pytest.TempPathFactory) -> Incident:

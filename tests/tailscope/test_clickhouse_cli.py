@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from tailscope.cli import app
 
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+
 DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
 runner = CliRunner()
 

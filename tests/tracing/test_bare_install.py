@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
