@@ -39,6 +39,7 @@ SMALL: dict[str, list[str]] = {
     "bench_collect": ["--quick", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "8", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
+    "bench_compact": ["--exports", "200"],
     "bench_metrics": ["--quick", "--dir", "{dir}"],
 }
 

@@ -59,7 +59,7 @@ from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
-from tracing.store import default_store, require_store
+from tracing.store import default_store, require_store, segment_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -198,10 +198,11 @@ class Workbench:
         return True
 
     def refresh_if_gone(self) -> bool:
-        """Refresh when a materialized file `req` reads was removed (superseded, then swept after its grace
-        period): a dashboard left open that long would otherwise fail to read it. True when refreshed."""
+        """Refresh when a materialized file `req` reads, or a segment the views read, was removed (superseded
+        or merged by compaction, then deleted after its grace period; or its hour removed by retention): a
+        dashboard left open that long would otherwise fail to read it. True when refreshed."""
         snap = self.snap
-        if snap is not None and any(not f.exists() for f in snap.fresh.values()):
+        if snap is not None and any(not f.exists() for f in (*snap.fresh.values(), *snap.segments)):
             return self.refresh()
         return False
 
@@ -776,9 +777,10 @@ def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int)
 
 # --- the SQL console ---------------------------------------------------------------------
 
-@st.cache_resource(show_spinner=False)
-def sandbox(store: str) -> SandboxConnection:
-    """A sandboxed connection (analysis.engine.connect(sandbox=True)): only the store readable, config locked."""
+@st.cache_resource(show_spinner=False, max_entries=2)
+def sandbox(store: str, files: tuple[str, ...] = ()) -> SandboxConnection:
+    """A sandboxed connection (analysis.engine.connect(sandbox=True)): only the store readable, config locked.
+    `files` (the segments listed now) keys it: a new one once segments were written, merged or removed."""
     from analysis.engine.connect import connect
 
     return connect(Path(store), sandbox=True)
@@ -817,7 +819,7 @@ def run_sql(store: str, sql: str, timeout_s: float = SQL_TIMEOUT_S,
     (interrupted, not left running), duckdb.Error when DuckDB rejects it (e.g. file access).
     """
     text = check_read_only(sql)
-    cur = sandbox(store).cursor()
+    cur = sandbox(store, tuple(str(f) for f in segment_files(Path(store)))).cursor()
     timed_out = threading.Event()
 
     def _fire() -> None:

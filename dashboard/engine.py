@@ -30,6 +30,7 @@ CAPABILITIES: Final[dict[str, str]] = {
     "prices": "a store's price table (STORE/prices.toml)",
     "batching": "the measured relation of service time to batch size (analysis.stats.batching)",
     "spike_marks": "the report's spikes without their explanations (else the full report is computed once)",
+    "segments": "a store's segment files: how the store is (analysis.engine.store_status, `tailscope store`)",
 }
 
 

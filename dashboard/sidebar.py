@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from analysis.engine.store_status import store_status, summary_line
 from dashboard import data, links
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def _live_controls(db: data.Bench) -> None:
         _tick()
     refreshed = datetime.fromtimestamp(db.last_refresh_s, tz=UTC)
     st.caption(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC")
+    if db.can("segments"):  # how the store is (segments, compaction lag, retention): the listing only
+        st.caption(summary_line(store_status(db.store, footers=False)))
     note = db.loading_note()
     if note:
         st.caption(f":material/hourglass_top: {note}")

@@ -28,7 +28,7 @@ from intake.recognition import Recognition, recognise
 from tracing import schema as S
 from tracing.errors import InputError
 from tracing.rows import SpanBatch
-from tracing.store import SegmentWriter, init_store
+from tracing.store import SegmentWriter, init_store, list_hour
 
 _CHUNK_SPANS = 200_000
 #: JSON documents (lines) of at least this many bytes are decoded span by span (intake.otlp_stream)
@@ -241,7 +241,7 @@ def _truncated(batch: SpanBatch, keep: int) -> SpanBatch:
 def _existing_keys(store: Path, table: pa.Table) -> set[tuple[str, str]]:
     """(TraceId, SpanId) pairs of `table` that the store already holds."""
     hours = pc.unique(pc.strftime(table.column("Timestamp"), format="dt=%Y-%m-%d/hr=%H")).to_pylist()
-    files = [str(f) for h in hours for f in sorted((store / S.SPANS_DIR / h).glob("*.parquet"))]
+    files = [str(f) for h in hours for f in list_hour(store / S.SPANS_DIR / h).files]
     if not files:
         return set()
     import duckdb  # lazy: ingest is not the serving hot path

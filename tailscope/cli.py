@@ -37,6 +37,8 @@ EXTRAS: dict[str, str] = {
     "map": "analysis",
     "report": "analysis",
     "collect": "collect",
+    "compact": "collect",
+    "store": "analysis",
     "metrics": "collect",
     "dashboard": "dashboard",
     "demo": "all",

@@ -2,6 +2,7 @@
 
     TailscopeError                  base of every error tailscope raises on purpose
     ├── StoreError                  a store directory is missing, unreadable or not a store
+    │   └── CompactorBusy           (intake.compact.merge) another process compacts this store already
     ├── InputError                  bad input: carries the source (file) and line it came from
     ├── QueryError                  a SQL query failed or was refused (carries the SQL)
     │   ├── RefusedQuery            (dashboard.data) the SQL console takes one SELECT only

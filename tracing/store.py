@@ -11,14 +11,18 @@ store's layout functions work in a serving process installed without it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracing import schema as S
 from tracing.errors import MissingExtra, StoreError
@@ -60,9 +64,133 @@ def require_store(store: Path) -> Path:
     return store
 
 
+#: A compacted segment: `c<level>-<id>.parquet`, written by intake.compact; beside it `<stem>.replaces`, its record.
+COMPACTED = re.compile(r"^c(?P<level>\d+)-[0-9a-f]+\.parquet$")
+#: Directory (in the store) where compaction moves segments it cannot read: never deleted, never read.
+QUARANTINE_DIR = "quarantine"
+#: The compactor's state (JSON: its policy, retention and last pass), read by `tailscope store`.
+COMPACTION_STATE = "compaction.json"
+#: Suffix of a compacted segment's record (JSON: the names of the segments it replaces and its digest).
+RECORD_SUFFIX = ".replaces"
+_DIGEST_MOD = 1 << 128
+
+
+def name_digest(name: str) -> int:
+    """The digest of a segment written by a writer (not by compaction): a 128-bit hash of its name."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:32], 16)
+
+
+def combine_digests(digests: Iterable[int]) -> int:
+    """The digest of a set of segments: the sum of theirs (mod 2**128), so a merge that replaces some
+    segments by one holding the same spans (digest = the sum of its inputs') leaves an hour's digest as it was."""
+    return sum(digests) % _DIGEST_MOD
+
+
+def segment_level(name: str) -> int:
+    """0 for a segment a writer made, N for one compaction made at level N (`cN-<id>.parquet`)."""
+    match = COMPACTED.match(name)
+    return int(match["level"]) if match else 0
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A compacted segment's record (`path` is the segment), or None when it has none (gone meanwhile)."""
+    try:
+        with open(path.with_suffix(RECORD_SUFFIX), "rb") as fh:
+            record = json.loads(fh.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass
+class HourListing:
+    """The segments of one hour partition a reader must read, and each one's digest."""
+
+    directory: Path
+    files: list[Path] = field(default_factory=list)
+    digests: dict[str, int] = field(default_factory=dict)  # by file name
+    replaced: list[Path] = field(default_factory=list)  # present on disk, but merged into a visible segment
+
+    @property
+    def digest(self) -> int:
+        """The hour's digest: changes when spans are added or removed, not when compaction merges files."""
+        return combine_digests(self.digests.values())
+
+
+def list_hour(directory: Path) -> HourListing:
+    """The visible segments of one hour partition (sorted by name) and their digests.
+
+    A compacted segment's record, written and fsynced before the segment got its name, names
+    the segments it replaces: those stay on disk for a grace period (readers that listed them
+    before the merge may still read them), but no listing returns them. A reader that sees
+    the compacted segment therefore never sees its inputs as well, and one that does not see
+    it still sees every input: never both, never neither.
+    """
+    out = HourListing(Path(directory))
+    try:
+        names = [e.name for e in os.scandir(directory) if e.name.endswith(".parquet") and e.name[0] != "."]
+    except FileNotFoundError:
+        return out
+    replaced: set[str] = set()
+    digests: dict[str, int] = {}
+    for name in names:
+        if COMPACTED.match(name):
+            record = read_record(out.directory / name)
+            if record is not None:
+                replaced.update(record.get("inputs", ()))
+                digests[name] = int(record.get("digest", "0"), 16)
+                continue
+        digests[name] = name_digest(name)
+    for name in sorted(names):
+        if name in replaced:
+            out.replaced.append(out.directory / name)
+        else:
+            out.files.append(out.directory / name)
+            out.digests[name] = digests[name]
+    return out
+
+
+def hour_dirs(store: Path) -> list[Path]:
+    """The hour partitions of the store (STORE/spans/dt=*/hr=*), sorted (oldest first)."""
+    spans = Path(store) / S.SPANS_DIR
+    out = []
+    try:
+        days = sorted(e.path for e in os.scandir(spans) if e.name.startswith("dt=") and e.is_dir())
+    except FileNotFoundError:
+        return []
+    for day in days:
+        try:
+            out.extend(sorted(Path(e.path) for e in os.scandir(day) if e.name.startswith("hr=") and e.is_dir()))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+HOUR_NS = 3600 * 1_000_000_000
+
+
+def hour_of_dir(directory: Path) -> int:
+    """The hour (ns since the epoch) of a partition directory dt=YYYY-MM-DD/hr=HH."""
+    day = datetime.strptime(directory.parent.name.removeprefix("dt="), "%Y-%m-%d").replace(tzinfo=UTC)
+    return int(day.timestamp()) * 1_000_000_000 + int(directory.name.removeprefix("hr=")) * HOUR_NS
+
+
+def hour_dir(store: Path, hour_ns: int) -> Path:
+    """STORE/spans/dt=YYYY-MM-DD/hr=HH of an hour (ns since the epoch)."""
+    dt = datetime.fromtimestamp(hour_ns // 1_000_000_000, UTC)
+    return Path(store) / S.SPANS_DIR / f"dt={dt:%Y-%m-%d}" / f"hr={dt:%H}"
+
+
+def list_store(store: Path) -> list[HourListing]:
+    """Every hour partition's listing (`list_hour`), oldest first."""
+    return [list_hour(d) for d in hour_dirs(store)]
+
+
 def segment_files(store: Path) -> list[Path]:
-    """Every committed segment of the store, sorted by path."""
-    return sorted(Path(store).glob(S.SEGMENT_GLOB))
+    """Every committed segment a reader must read (segments merged by compaction excluded), sorted by path."""
+    return [f for hour in list_store(store) for f in hour.files]
 
 
 def fsync_path(path: Path) -> None:

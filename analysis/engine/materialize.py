@@ -3,10 +3,12 @@
 Layout: STORE/requests/dt=YYYY-MM-DD/hr=HH/requests-<key>.parquet holds the requests whose
 request span starts in that hour, sorted by start_ns. A request reads spans from its own
 hour and the hour on each side (the model's rule), so the file is built from the span
-segments of those three hours, and <key> is a hash of their names: when a segment lands in
-any of them (late spans, a request crossing the hour boundary), the key changes and the
-file is stale. The file's key-value metadata (ENGINES_KEY) counts the hour's request spans by
-engine, so the report's coverage line reads no span of a materialized hour. A reader
+segments of those three hours, and <key> is a hash of their digests (tracing.store.list_hour: a
+sum of per-segment hashes that compaction preserves, so merging segments into one holding the same
+spans keeps the file fresh): when a segment lands in any of them (late spans, a request crossing
+the hour boundary), the key changes and the file is stale. The file's key-value metadata
+(ENGINES_KEY) counts the hour's request spans by engine, so the report's coverage line reads no
+span of a materialized hour. A reader
 (analysis.engine.connect) uses the file whose key matches the segments it sees and computes
 every other hour on the fly, so a query never depends on this having run. Files are
 written to a hidden temporary name, fsynced and renamed: readers see the old file or the
@@ -16,10 +18,12 @@ connection opened earlier keeps reading its own snapshot meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +41,7 @@ from analysis.engine.views import files_source, spans_sql
 from analysis.kernel import load_kernel
 from analysis.mapping import rules as mapping_rules
 from tracing import schema as S
-from tracing.store import fsync_path, require_store, segment_files
+from tracing.store import fsync_path, hour_of_dir, list_store, require_store
 
 #: Directory of the materialized requests inside a store.
 REQUESTS_DIR = "requests"
@@ -68,12 +72,6 @@ def engine_counts_sql(source: str, mapping: mapping_rules.Mapping | None = None)
             "WHERE IsRequest AND engine IS NOT NULL GROUP BY engine")
 
 
-def _hour_of_dir(directory: Path) -> int:
-    """The hour (ns since the epoch) of a partition directory dt=YYYY-MM-DD/hr=HH."""
-    day = datetime.strptime(directory.parent.name.removeprefix("dt="), "%Y-%m-%d").replace(tzinfo=UTC)
-    return int(day.timestamp()) * 1_000_000_000 + int(directory.name.removeprefix("hr=")) * HOUR_NS
-
-
 def partition_dir(store: Path, hour_ns: int) -> Path:
     """STORE/requests/dt=YYYY-MM-DD/hr=HH of an hour."""
     dt = datetime.fromtimestamp(hour_ns // 1_000_000_000, UTC)
@@ -89,19 +87,23 @@ class Snapshot:
     by_hour: dict[int, list[Path]]
     fresh: dict[int, Path] = field(default_factory=dict)
     stale: list[int] = field(default_factory=list)
+    #: each hour's digest (tracing.store.HourListing.digest): it follows the set of spans written, not file names
+    digests: dict[int, int] = field(default_factory=dict)
     #: The store's mapping (analysis.mapping) when it has one: part of every hour's key and of its spans.
     mapping: mapping_rules.Mapping | None = None
 
     def key(self, hour_ns: int) -> str:
-        """Hash of the model's SQL and of the segment names an hour's requests are built from (`hours_read`):
-        it changes whenever a segment lands in any of them, and a file built by another version of the
-        model is stale too. The one staleness rule: the dashboard keys its own rows of an hour by it."""
+        """Hash of the model's SQL and of the digests of the hours an hour's requests are built from
+        (`hours_read`): it changes whenever a segment lands in (or retention removes one from) any of them,
+        but not when compaction merges segments into one holding the same spans (its digest is the sum of
+        theirs); a file built by another version of the model is stale too. The one staleness rule: the
+        dashboard keys its own rows of an hour by it."""
         h = hashlib.sha256(MODEL_FINGERPRINT.encode())
         if self.mapping is not None:
             h.update(self.mapping.fingerprint().encode())
         for k in hours_read(hour_ns):
-            for f in self.by_hour.get(k, []):
-                h.update(f"{k}/{f.name}\n".encode())
+            if self.by_hour.get(k):
+                h.update(f"{k}/{self.digests[k]:032x}\n".encode())
         return h.hexdigest()[:24]
 
     def inputs(self, hours: list[int]) -> list[Path]:
@@ -123,14 +125,19 @@ def hours_read(hour_ns: int) -> tuple[int, ...]:
 def snapshot(store: Path | str) -> Snapshot:
     """List the segments and request files now; an hour is fresh when its file's key matches its segments."""
     store = Path(store)
-    segments = segment_files(store)
+    segments: list[Path] = []
     by_hour: dict[int, list[Path]] = {}
-    for f in segments:
-        by_hour.setdefault(_hour_of_dir(f.parent), []).append(f)
-    snap = Snapshot(store, segments, by_hour, mapping=mapping_rules.load(store))
+    digests: dict[int, int] = {}
+    for listing in list_store(store):
+        if listing.files:
+            hour = hour_of_dir(listing.directory)
+            by_hour[hour] = listing.files
+            digests[hour] = listing.digest
+            segments.extend(listing.files)
+    snap = Snapshot(store, segments, by_hour, digests=digests, mapping=mapping_rules.load(store))
     built: dict[int, set[str]] = {}
     for f in store.glob(REQUESTS_GLOB):
-        built.setdefault(_hour_of_dir(f.parent), set()).add(f.name)
+        built.setdefault(hour_of_dir(f.parent), set()).add(f.name)
     for hour in sorted(by_hour):
         name = f"requests-{snap.key(hour)}.parquet"
         if name in built.get(hour, set()):
@@ -362,3 +369,21 @@ def materialize(store: Path | str, *, settled_before_ns: int | None = None, thre
         if progress is not None:
             progress(hour, path)
     return written
+
+
+def remove_hour(store: Path | str, hour_ns: int) -> None:
+    """Delete the materialized requests of one hour (retention removed its spans: no reader uses them now)."""
+    directory = partition_dir(Path(store), hour_ns)
+    if directory.is_dir():
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()  # the day, once its last hour is gone
+
+
+def hour_bytes(store: Path | str, hour_ns: int) -> int:
+    """Bytes of one hour's materialized request files (counted toward `--max-store-gb`)."""
+    directory = partition_dir(Path(store), hour_ns)
+    try:
+        return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
+    except FileNotFoundError:
+        return 0

@@ -16,7 +16,7 @@ from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.mapping.rules import load as load_mapping
 from analysis.stats import explain as X
 from tracing import schema as S
-from tracing.store import require_store
+from tracing.store import list_hour, require_store
 
 HOUR_NS: Final = 3_600_000_000_000
 #: Columns of a request row in the watch's buffer.
@@ -63,7 +63,7 @@ def segment_files_between(store: Path, lo_ns: int, hi_ns: int) -> list[Path]:
         text = iso(hour)
         directory = spans / f"dt={text[:10]}" / f"hr={text[11:13]}"
         if directory.is_dir():
-            for path in sorted(directory.glob("*.parquet")):
+            for path in list_hour(directory).files:
                 try:
                     first, last = _ts_range(path)
                 except (FileNotFoundError, OSError, pa.ArrowException):  # compacted away meanwhile, or unreadable

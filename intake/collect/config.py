@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from intake.compact.policy import Policy
+from intake.compact.retention import Retention, parse_duration
 from tracing.settings import Setting, SettingsTable
 
 MIB = 1 << 20
@@ -30,7 +32,7 @@ class CollectSettings(SettingsTable):
              "The settings with an option are `tailscope collect` options (generated from this table); "
              "the others are `CollectConfig` arguments for code that embeds the receiver.")
     readers = ("intake.collect.receiver", "intake.collect.forward", "intake.collect.http", "intake.collect.grpc_server",
-               "intake.collect.intake")
+               "intake.collect.intake", "intake.collect.config")
 
     host: Setting[str] = Setting(
         str, "127.0.0.1", "Address to listen on. Loopback by default; give 0.0.0.0 (with --token-file) only when "
@@ -138,6 +140,43 @@ class CollectSettings(SettingsTable):
         "ones are counted as `other`); 0: no tenant label (tenant ids can be unbounded).",
         option="--metrics-tenants")
 
+    compact: Setting[bool] = Setting(
+        bool, True, "Compact the store in the background: an hour's small segments are merged in levels while "
+        "it is written, and into a few large files sorted by start time once it has settled (docs/collect.md, "
+        "\"What happens to files\"). From its own thread, never in the way of an answer.",
+        option="--compact/--no-compact")
+    compact_fan_in: Setting[int] = Setting(
+        int, 8, "Segments of one level merged into one of the next while an hour is written: an hour holds "
+        "fewer than this many small segments per level.", option="--compact-fan-in")
+    compact_target_bytes: Setting[int] = Setting(
+        int, 64 * MIB, "Size a compacted segment is made up to (a merge reads at most about this much); "
+        "segments of half this size or more are not merged again.",
+        option="--compact-target-mib", option_scale=MIB, option_unit="MiB")
+    compact_settle_s: Setting[float] = Setting(
+        float, 300.0, "Seconds after an hour ends before it may count as settled (and get its final files).",
+        option="--compact-settle-s")
+    compact_quiet_s: Setting[float] = Setting(
+        float, 60.0, "Seconds without a new segment in an ended hour before it counts as settled.",
+        option="--compact-quiet-s")
+    compact_grace_s: Setting[float] = Setting(
+        float, 600.0, "Seconds merged segments stay on disk (hidden from new readers) before they are deleted, "
+        "so a query that listed them before the merge can finish.", option="--compact-grace-s")
+    compact_row_group_spans: Setting[int] = Setting(
+        int, 65_536, "Spans per Parquet row group in compacted segments (sorted by start time, so a time range "
+        "reads only the row groups it meets); a multiple of 2,048 (DuckDB writes them).")
+    compact_every_s: Setting[float] = Setting(
+        float, 0.5, "Seconds between two compaction passes over the store.")
+    retain: Setting[str] = Setting(
+        str, "", "Remove spans, a whole hour at a time and oldest first, once their hour ended this long ago "
+        "(e.g. 72h, 3d, 2w), with the hour's materialized requests. Empty: keep everything.", option="--retain")
+    max_store_gb: Setting[float] = Setting(
+        float, 0.0, "Remove the oldest hours (never the newest) while the store's spans and materialized requests "
+        "take more than this many GB (10^9 bytes). 0: no limit.", option="--max-store-gb")
+
+
+#: Names of the settings `tailscope compact` takes too (compaction and retention).
+COMPACT_SETTINGS: Final = ("compact_fan_in", "compact_target_bytes", "compact_settle_s", "compact_quiet_s",
+                           "compact_grace_s", "retain", "max_store_gb")
 
 #: The receiver's settings table.
 COLLECT: Final = CollectSettings()
@@ -177,6 +216,16 @@ class CollectConfig:
     forward_timeout_s: float = COLLECT.forward_timeout_s.default
     forward_retry_s: float = COLLECT.forward_retry_s.default
     forward_token: str | None = None
+    compact: bool = COLLECT.compact.default
+    compact_fan_in: int = COLLECT.compact_fan_in.default
+    compact_target_bytes: int = COLLECT.compact_target_bytes.default
+    compact_settle_s: float = COLLECT.compact_settle_s.default
+    compact_quiet_s: float = COLLECT.compact_quiet_s.default
+    compact_grace_s: float = COLLECT.compact_grace_s.default
+    compact_row_group_spans: int = COLLECT.compact_row_group_spans.default
+    compact_every_s: float = COLLECT.compact_every_s.default
+    retain: str = COLLECT.retain.default
+    max_store_gb: float = COLLECT.max_store_gb.default
     metrics_port: int | None = COLLECT.metrics_port.default  # None or negative: off
     metrics_tenants: int = COLLECT.metrics_tenants.default
 
@@ -196,8 +245,23 @@ class CollectConfig:
             raise ValueError(f"metrics_tenants must be >= 0, got {self.metrics_tenants}")
         if self.dedupe_window < 0:
             raise ValueError(f"dedupe_window must be >= 0, got {self.dedupe_window}")
+        self.compact_policy()  # raises ValueError on a bad compaction or retention setting
+        self.retention()
         if self.http_port is None and self.grpc_port is None:
             raise ValueError("at least one of http_port and grpc_port must be set")
+
+    def compact_policy(self) -> Policy:
+        """The compactor's policy from the compact_* settings."""
+        return Policy(fan_in=self.compact_fan_in, target_bytes=self.compact_target_bytes,
+                      settle_s=self.compact_settle_s, quiet_s=self.compact_quiet_s, grace_s=self.compact_grace_s,
+                      row_group_spans=self.compact_row_group_spans, durable=self.durable)
+
+    def retention(self) -> Retention:
+        """The retention policy from --retain and --max-store-gb."""
+        if self.max_store_gb < 0:
+            raise ValueError(f"--max-store-gb must be >= 0, got {self.max_store_gb}")
+        return Retention(retain_s=parse_duration(self.retain) if self.retain else None,
+                         max_bytes=int(self.max_store_gb * 1e9) if self.max_store_gb else None)
 
 
 def is_loopback(host: str) -> bool:

@@ -28,6 +28,7 @@ from intake.collect.intake import Intake
 from intake.collect.journal import Journal
 from intake.collect.metrics import SpanMetrics
 from intake.collect.recovery import Replayed, remove_dead_temp_files, replay_journals
+from intake.compact.merge import Compactor, make_compactor, start_background
 from intake.engines import normalize
 from intake.otlp import base_from_columns, new_builder, promote
 from intake.recognition import Recognition, recognise
@@ -81,7 +82,12 @@ def _percentile(values: list[float], q: float) -> float:
 class Receiver:
     """`tailscope collect` as an object: `start()`, then `stop()` (or `serve_forever()`)."""
 
-    def __init__(self, config: CollectConfig) -> None:
+    def __init__(self, config: CollectConfig, *, on_hour_removed: Callable[[int], None] | None = None,
+                 hour_extra_bytes: Callable[[int], int] | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        """`on_hour_removed(hour_ns)` runs after retention removed an hour's spans and `hour_extra_bytes(hour_ns)`
+        counts an hour's other files toward --max-store-gb (the CLI passes analysis's, for the materialized
+        requests); `say` gets the compactor's one-line messages (default: stderr)."""
         self.config = config
         use_system_memory_pool()  # before the first Arrow allocation of the receiver (process-wide)
         self.store = init_store(config.store)
@@ -106,6 +112,15 @@ class Receiver:
                                             if config.journal_ms > 0 else None),
                                    journal_s=config.journal_ms / 1e3, segment_spans=config.segment_spans)
         self.intake = Intake(config, self.committer)
+        keep = config.retention()
+        self.compactor: Compactor | None = None
+        if config.compact or keep.active:
+            self.compactor = make_compactor(self.store, config.compact_policy(), keep,
+                                            say=say or (lambda line: print(line, file=sys.stderr, flush=True)),
+                                            on_removed=on_hour_removed, extra_bytes=hour_extra_bytes,
+                                            merge=config.compact)
+        self._compact_thread: threading.Thread | None = None
+        self._compact_stop: threading.Event | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -137,6 +152,8 @@ class Receiver:
         if self.forwarder is not None:
             self.forwarder.start()
         self.committer.start()
+        if self.compactor is not None:  # its own thread: merges never hold an answer (docs/collect.md)
+            self._compact_thread, self._compact_stop = start_background(self.compactor, self.config.compact_every_s)
         if self.config.grpc_port is not None:
             self._grpc, self.grpc_port, self._grpc_threads = make_server(self.intake, self.config.host,
                                                                          self.config.grpc_port)
@@ -184,6 +201,9 @@ class Receiver:
             if self._grpc_threads is not None:
                 self._grpc_threads()
             self.committer.close()
+            if self._compact_stop is not None and self._compact_thread is not None:
+                self._compact_stop.set()  # a merge cut short is undone at the next start
+                self._compact_thread.join(timeout)
             if self.forwarder is not None:  # what is stored is sent on for a while, then counted as dropped
                 self.forwarder.close(timeout)
             if self._loop is not None:
@@ -245,6 +265,17 @@ class Receiver:
         return _percentile(list(self.committer.latencies), q) * 1000
 
 
+def compaction_line(compactor: Compactor | None) -> list[str]:
+    """The store's part of the progress line: hours, segments, the most in one hour, settled hours not yet merged."""
+    if compactor is None or not compactor.passes:
+        return []
+    r = compactor.last
+    pending = f", {r.pending_hours} settled hour(s) to merge" if r.pending_hours else ""
+    removed = f", {compactor.removed_hours} hour(s) removed" if compactor.removed_hours else ""
+    return [f"store {r.hours} h, {r.files:,} segments (at most {r.max_files_per_hour} in an hour){pending}"
+            f"{removed}, retention {compactor.retention_text}"]
+
+
 class ProgressLine:
     """The console line: spans/s, totals, segments, rejected, duplicates, queue depth, p99 commit."""
 
@@ -272,7 +303,7 @@ class ProgressLine:
                 f"rejected {s.rejected_spans:,} | duplicates {s.duplicate_spans:,} | "
                 f"queue {s.queued_spans:,} spans | bad {s.bad_requests:,} | refused {s.refused_requests:,} | "
                 f"p99 commit {self.receiver.commit_latency_ms():.1f} ms")
-        line = " | ".join([line, *describe(self.receiver.forwarder)])
+        line = " | ".join([line, *describe(self.receiver.forwarder), *compaction_line(self.receiver.compactor)])
         problem = self.receiver.recognition.problem(str(self.receiver.store))
         if problem is not None and not self._hinted:  # once: spans arrive but none is a request
             self._hinted = True

@@ -12,7 +12,16 @@ from typing import Annotated, Any
 import typer
 
 from intake.collect.config import COLLECT, CollectConfig, exposure_warning, read_token
-from tailscope.commands.common import MappingOption, StoreOption, errors_as_messages, fail, read_mapping, store_path
+from tailscope.commands.common import (
+    MappingOption,
+    StoreOption,
+    errors_as_messages,
+    fail,
+    read_mapping,
+    say,
+    store_hooks,
+    store_path,
+)
 from tracing.settings import Setting, SettingsTable
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
@@ -22,15 +31,16 @@ NEEDS = ("grpc", "h11", "pyarrow", "numpy", "duckdb", "prometheus_client")
 MATERIALIZE_EVERY_S = 60.0
 
 
-def setting_options(table: SettingsTable) -> list[inspect.Parameter]:
-    """One parameter (a typer option, passed by keyword) per setting of `table` that names an option.
+def setting_options(table: SettingsTable, names: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
+    """One parameter (a typer option, passed by keyword) per setting of `table` that names an option
+    (only those in `names` when given).
 
     Name, type, default and help come from the table; a setting with `option_scale` is given on
     the command line in its `option_unit` (the default shown divided by the scale).
     """
     params = []
     for s in table.settings():
-        if s.option is None:
+        if s.option is None or (names is not None and s.name not in names):
             continue
         unit = f" In {s.option_unit}." if s.option_unit else ""
         default = s.default // s.option_scale if s.option_scale != 1 else s.default
@@ -93,7 +103,8 @@ def collect(
     rules = read_mapping(mapping) if mapping is not None else None
     with errors_as_messages():
         try:
-            receiver = Receiver(config)
+            on_removed, extra_bytes = store_hooks(config.store)
+            receiver = Receiver(config, on_hour_removed=on_removed, hour_extra_bytes=extra_bytes, say=say)
         except ValueError as exc:  # a --forward URL that is not one
             fail(str(exc))
         if rules is not None:  # saved in the store: its materialized hours and every reader use it (tailscope map)

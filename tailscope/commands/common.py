@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,3 +158,37 @@ def clickhouse_client(dsn: str | None, table: str) -> Client:
         fail("--engine clickhouse needs --dsn (chdb:PATH or clickhouse://user@host:8123/db)")
     check_table_name(table)
     return open_client(dsn)
+
+
+def store_hooks(store: Path) -> tuple[Callable[[int], None], Callable[[int], int]]:
+    """What retention (intake.compact) needs from analysis, passed down as callbacks: remove an hour's
+    materialized requests once its spans are gone, and count their bytes toward --max-store-gb.
+    analysis is imported at the first call, not when a receiver starts."""
+
+    def on_removed(hour_ns: int) -> None:
+        from analysis.engine.materialize import remove_hour
+
+        remove_hour(store, hour_ns)
+
+    def extra_bytes(hour_ns: int) -> int:
+        from analysis.engine.materialize import hour_bytes
+
+        return hour_bytes(store, hour_ns)
+
+    return on_removed, extra_bytes
+
+
+def say(line: str) -> None:
+    """Write one line to stderr (the compactor's messages)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def query_failure(what: str, exc: Exception) -> str:
+    """The one line for a failed query: when a file it had listed is gone (compaction merged it and the grace
+    passed, or retention removed its hour while the query ran), say so and what to do, not DuckDB's words."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "No files found that match" in first or "No such file or directory" in first:
+        return (f"{what} failed: the store changed under it (a file it had listed was removed by compaction or "
+                f"retention meanwhile); run it again ({first})")
+    return f"{what} failed: {first}"

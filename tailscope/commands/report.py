@@ -23,6 +23,7 @@ from tailscope.commands.common import (
     err_console,
     errors_as_messages,
     fail,
+    query_failure,
     store_path,
     use_mapping_file,
     write_through,
@@ -129,7 +130,7 @@ def report(
                                       dimensions=dimensions, exclude_dimensions=exclude_dimensions)
                 seen = coverage.result()
         except duckdb.Error as exc:
-            fail(f"report failed: {str(exc).splitlines()[0]}")
+            fail(query_failure("report", exc))
         finally:
             con.close()
     _print(result, as_json)

@@ -26,6 +26,7 @@ from tailscope.commands.common import (
     console,
     errors_as_messages,
     fail,
+    query_failure,
     store_path,
     use_mapping_file,
     write_through,
@@ -100,7 +101,7 @@ def sql(
         names = [d[0] for d in cursor.description or []]
         rows = cursor.fetchall()
     except duckdb.Error as exc:
-        fail(f"query failed: {str(exc).splitlines()[0]}")
+        fail(query_failure("query", exc))
     finally:
         con.close()
     _print(fmt, names, rows)

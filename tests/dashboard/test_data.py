@@ -393,3 +393,23 @@ def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store
     with data._cursor(wb, data.Filters()) as cur:
         assert report == build_report(cur, include_failures=True, source="requests")
         assert marks == find_spikes(cur, include_failures=True, source="requests")
+
+
+def test_console_and_workbench_survive_a_merge_whose_inputs_are_deleted(tmp_path: Path) -> None:
+    """The SQL console's sandbox and the workbench list files: once compaction deleted the segments they had
+    listed, they list again instead of failing on a missing file."""
+    import random
+
+    from intake.compact.merge import Compactor, Policy
+    from tests.intake.compact_helpers import write_segments
+
+    write_segments(tmp_path, random.Random(9), 12)
+    n = data.run_sql(str(tmp_path), "SELECT count(*) AS n FROM spans")[0]["n"].tolist()
+    wb = data.Workbench(tmp_path)
+    wb.refresh()
+    with Compactor(tmp_path, Policy(quiet_s=0, grace_s=0, durable=False)) as c:
+        c.run_once()
+        assert c.run_once().deleted == 12
+    assert data.run_sql(str(tmp_path), "SELECT count(*) AS n FROM spans")[0]["n"].tolist() == n
+    assert wb.refresh_if_gone() is True
+    assert wb.con.execute("SELECT count(*) FROM spans").fetchone() == (n[0],)

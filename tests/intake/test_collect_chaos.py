@@ -179,7 +179,10 @@ async def run(tmp_path: Path) -> tuple[World, list[float], float, float]:
     # in-flight budget as the only room the chaos may add, and still covers the bodies re-sent after a kill
     extra = ("--token-file", str(token_file), "--max-body-mib", "4", "--max-inflight-mib", str(INFLIGHT_MIB),
              "--header-timeout-s", "1", "--read-timeout-s", "1", "--body-timeout-s", "3", "--idle-timeout-s", "5",
-             "--dedupe-window", str(DEDUPE_KEYS))  # the journal is on (the default)
+             "--dedupe-window", str(DEDUPE_KEYS),  # the journal is on (the default)
+             # the bound below is what clients can add; compaction's merges have their own (DuckDB's memory
+             # limit, intake.compact.merge.MEMORY_LIMIT) and its kill -9 safety is tested in test_compact_crash
+             "--no-compact")
     store = tmp_path / "store"
     world = World(start_child(store, *extra), store, extra)
     probe = asyncio.create_task(rss_probe(world))

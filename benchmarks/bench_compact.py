@@ -1,0 +1,225 @@
+"""Compaction under a fleet's exports: files per hour while spans arrive and after the hour settles, read times
+against the same spans stored as one file per hour (the anchor, same run), the receiver's rate with compaction
+on against off.
+
+    .venv/bin/python -m benchmarks.bench_compact                  # 1,500 exports a scenario (a few minutes)
+    .venv/bin/python -m benchmarks.bench_compact --exports 3000   # the size docs/benchmarks.md records
+
+Each export is one OTLP protobuf body of 8 requests (7 spans each: a request span and 6 stage spans,
+from the OpenTelemetry SDK's encoder) from one of 16 replicas (service.instance.id), posted one after
+another on one connection, as SDK BatchSpanProcessors spaced out in time do: every body is its own
+segment. `tailscope collect` runs with its defaults (compaction on).
+
+Scenarios:
+  settled  spans in an hour that ended hours ago: files in that hour while they arrive, then the seconds
+           until it holds at most 8 files; `report --json` and a `sql` scan of `spans` against the anchor.
+  live     spans over the last 30 minutes: files per hour while they arrive; reads a minute after the last.
+  rate     the same bodies posted by 16 connections at once, compaction on against --no-compact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from benchmarks.bench_collect import PYTHON, ROOT, Collector, post_bodies, sdk_spans
+from tracing.store import HOUR_NS, SegmentWriter, list_store, segment_files
+
+REPLICAS = 16
+print = functools.partial(print, flush=True)  # figures appear as they are measured
+REQUESTS_PER_EXPORT = 8
+
+
+def bodies(n: int, lo_ns: int, hi_ns: int, seed: int = 3) -> list[bytes]:
+    """`n` export bodies, each of 8 requests starting in [lo_ns, hi_ns) from one of 16 replicas."""
+    spans = sdk_spans(40, seed)
+    template = encode_spans(spans).resource_spans[0]
+    pattern = list(template.scope_spans[0].spans)
+    per_request = 7
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        req = ExportTraceServiceRequest()
+        rs = req.resource_spans.add()
+        rs.resource.CopyFrom(template.resource)
+        for kv in rs.resource.attributes:
+            if kv.key == "service.instance.id":
+                kv.value.string_value = f"replica-{i % REPLICAS:02d}"
+        ss = rs.scope_spans.add()
+        ss.scope.CopyFrom(template.scope_spans[0].scope)
+        for _ in range(REQUESTS_PER_EXPORT):
+            k = rng.randrange(len(pattern) // per_request)
+            group = pattern[k * per_request:(k + 1) * per_request]
+            base = min(s.start_time_unix_nano for s in group)
+            shift = rng.randrange(lo_ns, hi_ns) - base
+            trace_id = rng.randbytes(16)
+            ids = {s.span_id: rng.randbytes(8) for s in group}
+            for src in group:
+                sp = ss.spans.add()
+                sp.CopyFrom(src)
+                sp.trace_id = trace_id
+                sp.span_id = ids[src.span_id]
+                if src.parent_span_id:
+                    sp.parent_span_id = ids.get(src.parent_span_id, src.parent_span_id)
+                sp.start_time_unix_nano = src.start_time_unix_nano + shift
+                sp.end_time_unix_nano = src.end_time_unix_nano + shift
+        out.append(req.SerializeToString())
+    return out
+
+
+def files_per_hour(store: Path) -> int:
+    """The most segments a reader reads in one hour partition."""
+    return max((len(h.files) for h in list_store(store)), default=0)
+
+
+class Watcher:
+    """Samples files per hour every 0.25 s on a thread; `most` is the highest seen."""
+
+    def __init__(self, store: Path) -> None:
+        self.store, self.most, self._stop = store, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self.most = max(self.most, files_per_hour(self.store))
+            except OSError:
+                continue
+
+    def stop(self) -> int:
+        """Stop sampling; the highest count seen."""
+        self._stop.set()
+        self._thread.join()
+        self.most = max(self.most, files_per_hour(self.store))
+        return self.most
+
+
+def anchor_store(source: Path, target: Path) -> None:
+    """The same spans as `source`, written as one segment per hour (what one ingested file makes)."""
+    tables = [pq.read_table(f) for f in segment_files(source)]
+    SegmentWriter(target, kind="anchor").write(pa.concat_tables(tables, promote_options="permissive"))
+
+
+def timed(args: list[str]) -> float:
+    """Seconds a CLI command takes (its second run: the first warms the page cache); it must succeed."""
+    took = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        subprocess.run([PYTHON, "-m", "tailscope", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        took = time.perf_counter() - t0
+    return took
+
+
+def reads(store: Path, anchor: Path) -> dict[str, float]:
+    """report --json and a sql scan of `spans`, on the store and on the anchor."""
+    scan = "SELECT count(*), sum(Duration), count(DISTINCT SpanName) FROM spans"
+    out = {}
+    for name, args in (("report", ["report", "--json", "--no-materialize"]), ("scan", ["sql", scan])):
+        out[name] = timed([*args, "--store", str(store)])
+        out[f"{name}_anchor"] = timed([*args, "--store", str(anchor)])
+    return out
+
+
+def once_each(store: Path, sent: int) -> None:
+    """Every span sent is in the store exactly once (a reader's view)."""
+    import duckdb
+
+    files = [str(f) for f in segment_files(store)]
+    con = duckdb.connect()
+    row = con.execute("SELECT count(*), count(DISTINCT (TraceId, SpanId)) FROM read_parquet(?)", [files]).fetchone()
+    assert row is not None
+    n, distinct = row
+    assert n == distinct == sent, f"{n} spans, {distinct} distinct, {sent} sent"
+
+
+def scenario(work: Path, name: str, exports: int, lo_ns: int, hi_ns: int, settle: bool) -> dict[str, float]:
+    store = work / name
+    body = bodies(exports, lo_ns, hi_ns)
+    sent = exports * REQUESTS_PER_EXPORT * 7
+    c = Collector(store)
+    watcher = Watcher(store)
+    t0 = time.perf_counter()
+    post_bodies(c.http_port, body, 1)
+    arrive_s = time.perf_counter() - t0
+    arriving_most = watcher.stop()
+    out: dict[str, float] = {"exports": exports, "arrive_s": arrive_s, "files_while_arriving": arriving_most,
+                             "segments_written": len(list(store.glob("spans/*/*/*.parquet")))}
+    if settle:
+        t1 = time.perf_counter()
+        for _ in range(600):  # at most 5 minutes
+            if files_per_hour(store) <= 8:
+                break
+            time.sleep(0.5)
+        out["settle_s"] = time.perf_counter() - t1
+        out["files_settled"] = files_per_hour(store)
+    else:
+        time.sleep(60)  # "a minute after the last one"
+        out["files_after_1min"] = files_per_hour(store)
+    c.stop()
+    once_each(store, sent)
+    anchor = work / f"{name}-anchor"
+    anchor_store(store, anchor)
+    out.update(reads(store, anchor))
+    return out
+
+
+def rate(work: Path, exports: int, compact: bool) -> float:
+    """Spans/s stored while 16 connections post `exports` bodies of an ended hour (compaction on or off)."""
+    store = work / f"rate-{'on' if compact else 'off'}"
+    now = time.time_ns()
+    body = bodies(exports, now - 4 * HOUR_NS, now - 3 * HOUR_NS, seed=5)
+    c = Collector(store, [] if compact else ["--no-compact"])
+    seconds, _, statuses = post_bodies(c.http_port, body, REPLICAS)
+    c.stop()
+    assert set(statuses) == {200}, statuses
+    return exports * REQUESTS_PER_EXPORT * 7 / seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the scenarios and print their figures with the anchors' and the ratios."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--exports", type=int, default=1500, help="exports per scenario")
+    p.add_argument("--only", choices=("settled", "live", "rate"), action="append")
+    a = p.parse_args(argv)
+    only = set(a.only or ("settled", "live", "rate"))
+    work = Path(tempfile.mkdtemp(prefix="bench-compact-"))
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min); {a.exports:,} exports of "
+          f"{REQUESTS_PER_EXPORT * 7} spans from {REPLICAS} replicas, one after another")
+    try:
+        now = time.time_ns()
+        for name in ("settled", "live"):
+            if name not in only:
+                continue
+            lo, hi = (now - 4 * HOUR_NS, now - 3 * HOUR_NS) if name == "settled" else (now - HOUR_NS // 2, now)
+            r = scenario(work, name, a.exports, lo, hi, settle=name == "settled")
+            after = (f"at most {r['files_settled']:.0f} per hour {r['settle_s']:.0f} s after the last export"
+                     if name == "settled" else f"{r['files_after_1min']:.0f} per hour a minute after the last")
+            print(f"{name}: {r['segments_written']:,.0f} segments written in {r['arrive_s']:.0f} s, at most "
+                  f"{r['files_while_arriving']:.0f} files in an hour while they arrived, {after}")
+            for read in ("report", "scan"):
+                print(f"  {read:<6} {r[read]:6.2f} s   anchor (one file an hour) {r[read + '_anchor']:6.2f} s   "
+                      f"ratio {r[read] / r[read + '_anchor']:.2f}x")
+        if "rate" in only:
+            on, off = rate(work, a.exports, True), rate(work, a.exports, False)
+            print(f"rate: {on:,.0f} spans/s with compaction, {off:,.0f} without (anchor): {on / off:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""Compaction: the segments of an hour partition merged, in levels, into a few large sorted files.
+
+A receiver writes one small segment per group commit. The compactor keeps each hour's file
+count small (docs/collect.md, "What happens to files"):
+
+- While an hour is written, `fan_in` segments of one level that are below half the target
+  size are merged into one segment of the next level (level 0: any segment a writer made;
+  level N: `cN-<id>.parquet`), so an hour holds fewer than `fan_in` files per level.
+- Once the hour has settled (it ended `settle_s` ago and no segment landed for `quiet_s`),
+  its remaining small segments are merged into files of up to the target size, sorted by
+  TimestampNs, with row groups of `row_group_spans` spans (time-range reads prune by them).
+  Late spans make a new small segment, merged the same way at the next pass.
+
+A merge is atomic for readers (tracing.store.list_hour): the output's record, naming its
+inputs, is fsynced before the output gets its name, and a listing that sees the output
+leaves its inputs out. The inputs stay on disk `grace_s` (for readers that listed them
+before) and are then deleted, inputs before the record that hides them. A kill -9 at any
+point leaves either the inputs visible (the output never got its name: its temporary and
+orphan record are removed at the next start) or the output visible (its inputs are deleted
+later), never both, never neither; a merge that is done is never redone (idempotent).
+A segment that cannot be read is moved to STORE/quarantine/ with one line naming it; a
+write that fails (a full disk) removes its temporary, keeps the inputs, and is retried after
+`retry_s`. One compactor per store at a time (an flock on STORE/.compact.lock). DuckDB does
+the merge (an out-of-core sort within MEMORY_LIMIT), so its memory does not follow the target size.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from intake.compact import retention as R
+from intake.compact.policy import Policy
+from tracing.errors import StoreError
+from tracing.store import (
+    COMPACTED,
+    COMPACTION_STATE,
+    HOUR_NS,
+    QUARANTINE_DIR,
+    RECORD_SUFFIX,
+    HourListing,
+    combine_digests,
+    fsync_path,
+    hour_dirs,
+    hour_of_dir,
+    list_hour,
+    read_record,
+    require_store,
+    segment_level,
+)
+
+#: Memory one merge's sort may use (DuckDB's memory_limit); beyond it the sort spills to SPILL_DIR.
+MEMORY_LIMIT = "128MB"
+#: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
+SPILL_DIR = ".compact-tmp"
+#: At most this many segments read by one merge (DuckDB keeps state per file it reads: 3,000 did not fit in
+#: MEMORY_LIMIT); a settled hour of more is merged in rounds.
+MAX_INPUTS = 64
+#: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
+CATCH_UP = 8
+#: The lock file a compactor holds (flock) while it works on a store.
+LOCK_NAME = ".compact.lock"
+
+
+class CompactorBusy(StoreError):
+    """Another process compacts this store already."""
+
+
+@dataclass
+class PassResult:
+    """What one pass did."""
+
+    merges: int = 0
+    merged_segments: int = 0
+    written_spans: int = 0
+    deleted: int = 0
+    quarantined: list[Path] = field(default_factory=list)
+    failed: int = 0
+    hours: int = 0
+    files: int = 0  # visible segments after the pass
+    max_files_per_hour: int = 0
+    pending_hours: int = 0  # settled hours still holding small segments after the pass
+    removed_hours: list[int] = field(default_factory=list)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Compactor:
+    """Compacts one store: `run_once()` for one pass (`tailscope compact`), `run(stop)` to keep at it (collect).
+
+    `say` gets the one-line messages (quarantined segments, failed merges); `retention` is
+    called once per pass, under the same lock, with the time (intake.compact.retention).
+    """
+
+    def __init__(self, store: Path, policy: Policy | None = None, *, say: Callable[[str], None] | None = None,
+                 retention: Callable[[float], list[int]] | None = None, retention_text: str = "off",
+                 merge: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.store = require_store(Path(store))
+        self.policy = policy or Policy()
+        self.say = say or (lambda line: None)
+        self.retention = retention
+        self.clock = clock
+        #: False: only retention and the deletion of merged segments (`tailscope collect --no-compact`)
+        self.merge = merge
+        self._lock_fd: int | None = None
+        self._retry_at = 0.0
+        self._cleaned: set[Path] = set()  # records whose inputs are all deleted
+        self._seen: set[Path] = set()
+        self.last: PassResult = PassResult()
+        self.passes = 0
+        self.total_merges = 0
+        self.removed_hours = 0
+        #: what `tailscope store` prints as the retention ("3d, 20 GB" or "off")
+        self.retention_text = retention_text
+
+    # --- the lock and recovery ----------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the store's compaction lock (CompactorBusy if another process holds it), then undo what a
+        killed compactor left: temporaries, spilled sort runs and records whose output never got its name."""
+        if self._lock_fd is not None:
+            return
+        path = self.store / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = path.read_text().strip() or "another process"
+            raise CompactorBusy(f"{self.store}: already being compacted (pid {holder}); "
+                                "one compactor per store (a running `tailscope collect` compacts it)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        shutil.rmtree(self.store / SPILL_DIR, ignore_errors=True)  # a killed merge's spilled sort runs
+        for directory in hour_dirs(self.store):
+            self._recover(directory)
+
+    def release(self) -> None:
+        """Let go of the lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Compactor:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _recover(self, directory: Path) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return
+        names = {e.name for e in entries}
+        for e in entries:
+            orphan = e.name.endswith(RECORD_SUFFIX) and e.name[0] == "c" and (
+                e.name.removesuffix(RECORD_SUFFIX) + ".parquet") not in names
+            ours = e.name.startswith(".c") and e.name.endswith(".ctmp")
+            if orphan or ours:
+                Path(e.path).unlink(missing_ok=True)
+
+    # --- a pass --------------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> PassResult:
+        """One pass over every hour: merges, deletions of replaced segments past their grace, retention."""
+        self.acquire()
+        now = self.clock() if now is None else now
+        result = PassResult()
+        if self.retention is not None:
+            try:
+                result.removed_hours = self.retention(now)
+            except OSError as exc:
+                self.say(f"compact: retention failed ({_first_line(exc)}); will retry")
+        self._seen = set()
+        for directory in hour_dirs(self.store):
+            self._hour(directory, now, result)
+        self._cleaned &= self._seen  # forget outputs that are gone
+        self.last = result
+        self.passes += 1
+        self.total_merges += result.merges
+        self.removed_hours += len(result.removed_hours)
+        self._write_state(now, result)
+        return result
+
+    def _write_state(self, now: float, result: PassResult) -> None:
+        """STORE/compaction.json: the policy and the last pass, for `tailscope store` (best effort)."""
+        state = {"pid": os.getpid(), "last_pass_ns": int(now * 1e9), "policy": asdict(self.policy),
+                 "retention": self.retention_text, "merges": result.merges, "files": result.files,
+                 "hours": result.hours, "max_files_per_hour": result.max_files_per_hour,
+                 "pending_hours": result.pending_hours, "removed_hours": self.removed_hours,
+                 "quarantined": len(result.quarantined), "failed": result.failed}
+        tmp = self.store / f".{COMPACTION_STATE}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(json.dumps(state), encoding="utf-8")
+            os.replace(tmp, self.store / COMPACTION_STATE)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+    def run(self, stop: Any, every_s: float = 2.0) -> None:
+        """Pass after pass until `stop` (a threading.Event) is set; a failure is one line, then the next pass.
+
+        At the process's own CPU priority: a lower one (nice 10 on the thread) let a busy machine starve it,
+        and an hour held 707 segments while spans arrived (docs/benchmarks.md, "compaction")."""
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except CompactorBusy as exc:
+                self.say(f"compact: {exc}")
+                stop.wait(60.0)
+                continue
+            except Exception as exc:  # the receiver must not die of a merge
+                self.say(f"compact: pass failed ({_first_line(exc)}); will retry")
+            stop.wait(every_s)
+        self.release()
+
+    def _hour(self, directory: Path, now: float, result: PassResult) -> None:
+        listing = list_hour(directory)
+        self._delete_replaced(listing, now, result)
+        for _ in range(10_000):  # each merge leaves fewer files: bounded
+            plan = self.plan(listing, now) if self.merge else []
+            if not plan or now < self._retry_at:
+                break
+            if not self._merge(listing, plan, result, now):
+                break
+            listing = list_hour(directory)
+        if listing.files:
+            result.hours += 1
+            result.files += len(listing.files)
+            result.max_files_per_hour = max(result.max_files_per_hour, len(listing.files))
+            if self.settled(listing, now) and self._small(listing):
+                result.pending_hours += 1
+
+    # --- planning ------------------------------------------------------------------------
+
+    def _sizes(self, listing: HourListing) -> dict[Path, os.stat_result]:
+        out = {}
+        for f in listing.files:
+            try:
+                out[f] = f.stat()
+            except FileNotFoundError:
+                continue
+        return out
+
+    def settled(self, listing: HourListing, now: float) -> bool:
+        """The hour ended `settle_s` ago and no segment landed in it for `quiet_s`."""
+        end_s = (hour_of_dir(listing.directory) + HOUR_NS) / 1e9
+        if now - end_s < self.policy.settle_s:
+            return False
+        # segments writers made (compaction's own outputs are not "new spans landing")
+        newest = max((st.st_mtime for f, st in self._sizes(listing).items() if segment_level(f.name) == 0),
+                     default=0.0)
+        return now - newest >= self.policy.quiet_s
+
+    def _small(self, listing: HourListing) -> list[Path]:
+        """Segments still to merge once the hour settles: below half the target, or never sorted (level 0)."""
+        stats = self._sizes(listing)
+        small = [f for f, st in stats.items() if st.st_size < self.policy.target_bytes // 2]
+        big_raw = [f for f, st in stats.items()
+                   if st.st_size >= self.policy.target_bytes // 2 and segment_level(f.name) == 0]
+        if len(small) == 1 and segment_level(small[0].name) > 0:
+            small = []  # one sorted file: nothing to gain
+        return small + [f for f in big_raw if stats[f].st_size <= 2 * self.policy.target_bytes]
+
+    def plan(self, listing: HourListing, now: float) -> list[Path]:
+        """The inputs of the next merge in this hour (oldest first), or [] when the hour is in shape."""
+        stats = self._sizes(listing)
+        half = self.policy.target_bytes // 2
+        if self.settled(listing, now):
+            todo = sorted(self._small(listing), key=lambda f: (stats[f].st_size, f.name))  # smallest first
+            group = self._fill(todo, stats)
+            if len(group) == 1 and segment_level(group[0].name) > 0:  # one sorted file alone: nothing to gain,
+                group = [f for f in todo if segment_level(f.name) == 0][:1]  # but a raw one is rewritten sorted
+            return group
+        by_level: dict[int, list[Path]] = {}
+        for f, st in stats.items():
+            if st.st_size < half:
+                by_level.setdefault(segment_level(f.name), []).append(f)
+        for level in sorted(by_level):
+            files = sorted(by_level[level], key=lambda f: (stats[f].st_mtime, f.name))
+            if len(files) >= self.policy.fan_in:
+                # fan_in at a time; after a backlog (segments that landed during a long merge) all of the level's
+                # whole groups at once, up to CATCH_UP groups: one merge catches up instead of several passes
+                groups = min(len(files) // self.policy.fan_in, CATCH_UP)
+                return self._fill(files[:groups * self.policy.fan_in], stats)
+        return []
+
+    def _fill(self, files: list[Path], stats: dict[Path, os.stat_result]) -> list[Path]:
+        """The longest prefix of `files` whose bytes stay within the target (at least one file): what one merge
+        reads, so its memory stays bounded."""
+        out: list[Path] = []
+        total = 0
+        for f in files:
+            if out and (total + stats[f].st_size > self.policy.target_bytes or len(out) >= MAX_INPUTS):
+                break
+            out.append(f)
+            total += stats[f].st_size
+        return out
+
+    # --- a merge -------------------------------------------------------------------------
+
+    def _quarantine(self, path: Path, exc: BaseException, result: PassResult) -> None:
+        """Move an unreadable segment to STORE/quarantine/dt=…/hr=…/ (never deleted) and say so."""
+        target_dir = self.store / QUARANTINE_DIR / path.parent.parent.name / path.parent.name
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / path.name
+        os.replace(path, target)
+        if self.policy.durable:
+            fsync_path(target_dir)
+            fsync_path(path.parent)
+        result.quarantined.append(target)
+        self.say(f"compact: {path} is not a readable segment ({_first_line(exc)}); moved to {target}")
+
+    def _merge(self, listing: HourListing, inputs: list[Path], result: PassResult, now: float) -> bool:
+        """Merge `inputs` into one sorted segment of the next level; False when nothing was written."""
+        for path in inputs:  # every footer first: a segment that is not Parquet goes to quarantine
+            try:
+                pq.read_metadata(path)
+            except FileNotFoundError:
+                return False  # gone meanwhile (another tool): plan again at the next pass
+            except pa.ArrowException as exc:  # not Parquet, truncated, a bad footer
+                self._quarantine(path, exc, result)
+                return True  # the hour changed: plan again
+            except OSError as exc:  # the disk, not the file: leave it and retry later
+                self._fail(path, exc, result, now)
+                return False
+        level = max(segment_level(p.name) for p in inputs) + 1
+        name = f"c{level}-{uuid.uuid4().hex[:16]}.parquet"
+        directory = listing.directory
+        final = directory / name
+        tmp = directory / f".{name}.ctmp"
+        record_path = final.with_suffix(RECORD_SUFFIX)
+        record_tmp = directory / f".{record_path.name}.ctmp"
+        try:
+            spans = self._write(inputs, tmp)
+            record = {"inputs": [p.name for p in inputs], "level": level, "spans": spans,
+                      "digest": f"{combine_digests(listing.digests[p.name] for p in inputs):032x}",
+                      "committed_ns": int(now * 1e9)}  # the pass's time: grace is counted on the same clock
+            with open(record_tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(record))
+                if self.policy.durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(record_tmp, record_path)  # not yet in force: its segment has no name yet
+            if self.policy.durable:
+                fsync_path(directory)
+            os.replace(tmp, final)  # the commit: readers now see `final` and not the inputs
+            if self.policy.durable:
+                fsync_path(directory)
+        except (OSError, duckdb.Error) as exc:
+            for p in (tmp, record_tmp):
+                p.unlink(missing_ok=True)
+            if not final.exists():
+                record_path.unlink(missing_ok=True)
+            self._fail(directory, exc, result, now)
+            return False
+        result.merges += 1
+        result.merged_segments += len(inputs)
+        result.written_spans += spans
+        return True
+
+    def _write(self, inputs: list[Path], path: Path) -> int:
+        """Write the spans of `inputs`, sorted by start time, to `path` (fsynced); return how many.
+
+        DuckDB sorts within MEMORY_LIMIT, spilling to STORE/.compact-tmp/ beyond it, so a merge's memory
+        stays bounded whatever the target size; columns a segment lacks (written before them) come out NULL."""
+        spill = self.store / SPILL_DIR
+        con = duckdb.connect(":memory:", config={"memory_limit": MEMORY_LIMIT, "threads": 1,
+                                                 "temp_directory": str(spill), "preserve_insertion_order": False})
+        try:
+            files = [str(p) for p in inputs]
+            order = "ORDER BY TimestampNs" if "TimestampNs" in pq.read_schema(inputs[0]).names else ""
+            row = con.execute(f"COPY (SELECT * FROM read_parquet(?, union_by_name = true, hive_partitioning = false) "
+                              f"{order}) TO '{path}' (FORMAT parquet, COMPRESSION zstd, "
+                              f"ROW_GROUP_SIZE {int(self.policy.row_group_spans)})", [files]).fetchone()
+        finally:
+            con.close()
+        if self.policy.durable:
+            fsync_path(path)
+        return int(row[0]) if row else 0
+
+    def _fail(self, where: Path, exc: BaseException, result: PassResult, now: float) -> None:
+        result.failed += 1
+        self._retry_at = now + self.policy.retry_s
+        self.say(f"compact: could not merge in {where} ({_first_line(exc)}); the segments stay as they are, "
+                 f"retrying in {self.policy.retry_s:.0f} s")
+
+    # --- deleting what was merged ---------------------------------------------------------
+
+    def _delete_replaced(self, listing: HourListing, now: float, result: PassResult) -> None:
+        """Delete the inputs of merges committed more than `grace_s` ago (each input's own inputs first)."""
+        if not listing.replaced:
+            return
+        cutoff_ns = (now - self.policy.grace_s) * 1e9
+        for out in listing.files:
+            if not COMPACTED.match(out.name):
+                continue
+            self._seen.add(out)
+            if out in self._cleaned:
+                continue
+            record = read_record(out)
+            if record is None or record.get("committed_ns", 0) > cutoff_ns:
+                continue
+            for name in record.get("inputs", ()):
+                result.deleted += self._delete_tree(listing.directory / name)
+            self._cleaned.add(out)
+        if result.deleted and self.policy.durable:
+            fsync_path(listing.directory)
+
+    def _delete_tree(self, path: Path, depth: int = 0) -> int:
+        """Delete a replaced segment, and first, when it is a compacted one, whatever it replaced itself."""
+        n = 0
+        if COMPACTED.match(path.name) and depth < 64:
+            record = read_record(path)
+            for name in (record or {}).get("inputs", ()):
+                n += self._delete_tree(path.parent / name, depth + 1)
+        try:
+            path.unlink()
+            n += 1
+        except FileNotFoundError:
+            pass
+        if COMPACTED.match(path.name):
+            path.with_suffix(RECORD_SUFFIX).unlink(missing_ok=True)
+        return n
+
+
+def make_compactor(store: Path, policy: Policy, keep: R.Retention, *, say: Callable[[str], None],
+                   on_removed: Callable[[int], None] | None = None,
+                   extra_bytes: Callable[[int], int] | None = None, merge: bool = True) -> Compactor:
+    """A compactor of `store` that also applies `keep` at every pass (`on_removed(hour_ns)` after each hour
+    removed; `extra_bytes(hour_ns)`: the bytes of an hour's materialized requests, counted toward the size limit)."""
+    apply = partial(R.apply, store, keep, on_removed=on_removed, extra_bytes=extra_bytes) if keep.active else None
+    return Compactor(store, policy, say=say, retention=apply, retention_text=keep.describe(), merge=merge)
+
+
+def start_background(compactor: Compactor, every_s: float) -> tuple[threading.Thread, threading.Event]:
+    """Run `compactor` pass after pass on a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=compactor.run, args=(stop, every_s), name="tailscope-compact", daemon=True)
+    thread.start()
+    return thread, stop

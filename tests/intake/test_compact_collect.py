@@ -1,0 +1,42 @@
+"""The receiver compacts its store in the background: few files while spans arrive, one once the hour settles."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from tests.intake.collect_helpers import pb_body, running
+from tests.intake.compact_helpers import keys
+from tracing.store import segment_files
+
+
+def _post(port: int, body: bytes) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body,
+                                 headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+
+
+def test_collect_compacts_while_spans_arrive_and_after_the_hour_settles(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    sent: Counter[tuple[str, str]] = Counter()
+    most = 0
+    with running(tmp_path, journal_ms=0, compact_fan_in=4, compact_quiet_s=1.0, compact_every_s=0.1,
+                 durable=False) as r:
+        assert r.http_port is not None
+        for _ in range(48):  # one segment each (a lone client, no journal): spans of an hour long ended
+            body, ks = pb_body(16, rng)
+            _post(r.http_port, body)
+            sent.update(ks)
+            most = max(most, len(segment_files(tmp_path)))
+        for _ in range(300):  # bounded: at most 30 s for the hour to settle and be merged
+            if len(segment_files(tmp_path)) == 1:
+                break
+            time.sleep(0.1)
+        assert r.compactor is not None and r.compactor.total_merges >= 2
+    assert len(segment_files(tmp_path)) == 1
+    assert keys(tmp_path) == sent  # every span once
+    assert most < 48  # merged in levels while they arrived
