@@ -6,7 +6,7 @@ permutation null it used before, in the same process.
 Per size (values:windows; values log-normal, median 1 s, log-sd 1, start times sorted, no incident) it prints
 the CPU seconds of `detect` as it is (block scores; the null drawn per block of scores when that is cheaper) and
 of the anchor: `detect` with the Savage scores unblocked and every score shuffled once per simulated draw, the
-null of issue #18 (what `report` on 100 M spans paid before). Also the ratio, both scan p-values, the values
+earlier null (what `report` on 100 M spans paid before). Also the ratio, both scan p-values, the values
 above the pooled p99 (K) and the machine's load average. Best of --repeat runs each.
 """
 
@@ -46,7 +46,7 @@ def _cpu(starts: np.ndarray, values: np.ndarray, repeat: int) -> tuple[float, sp
 
 
 def _anchor(starts: np.ndarray, values: np.ndarray, repeat: int) -> tuple[float, spikes.Detection]:
-    """`detect` with the null of issue #18: Savage scores as they are, every one shuffled per draw."""
+    """`detect` with the earlier null: Savage scores as they are, every one shuffled per draw."""
     saved = spikes.block_scores, spikes.scan_null_max
     spikes.block_scores = lambda scores: scores  # type: ignore[assignment]
     spikes.scan_null_max = functools.partial(saved[1], method="permute")  # type: ignore[assignment]

@@ -222,7 +222,7 @@ _write_options: dict[str, list[str]] = {}
 def write_options() -> dict[str, list[str]]:
     """`pq.write_table` column options for SPAN_SCHEMA segments (Parquet leaf paths, built once):
     statistics and dictionaries only where they pay. A segment's encoding has a fixed cost per leaf
-    column, which the receiver pays once per group commit (docs/benchmarks.md, issue #13)."""
+    column, which the receiver pays once per group commit (docs/benchmarks.md)."""
     if not _write_options:
         import io
 

@@ -52,7 +52,7 @@ GRACE_S = 600.0
 #: Rows per Parquet row group: a time predicate skips the groups outside it.
 ROW_GROUP_ROWS = 16_384
 #: zstd level of the request files: level 1 wrote the 2 M-span store's hours in about half the CPU of
-#: DuckDB's default (3) for a file 1 % larger (docs/benchmarks.md, issue #11).
+#: DuckDB's default (3) for a file 1 % larger (docs/benchmarks.md).
 ZSTD_LEVEL = 1
 #: `collect` builds an hour once the hour after it has ended this long ago (spans arriving later rebuild it).
 SETTLE_NS = 5 * 60 * 1_000_000_000

@@ -231,8 +231,8 @@ class Committer:
         # and fsynced the previous one, so everything that arrived meanwhile joins it. Overlapping the
         # two (building a group while the previous one is written) made more, smaller groups, each
         # with its fixed cost: with 8 clients of 512-span bodies ~1,600 spans a group against ~2,200,
-        # and 25 % more receiver CPU per span at no better rate on 2 shared cores (docs/benchmarks.md,
-        # issue #13). The writer stays a thread of its own so a failed write is handled in one place.
+        # and 25 % more receiver CPU per span at no better rate on 2 shared cores (docs/benchmarks.md).
+        # The writer stays a thread of its own so a failed write is handled in one place.
         self._handoff: queue.Queue[_Prepared | None] = queue.Queue(maxsize=1)
         self._taken = threading.Event()
         self._writer_thread = threading.Thread(target=self._write_loop, name="tailscope-write", daemon=True)

@@ -57,7 +57,7 @@ _INLINE_DECODE_BYTES = 4 << 20
 #: Protobuf bodies from this many bytes go to a worker thread when the C extractor takes them: it runs
 #: without the GIL, so the loop answers and reads other connections meanwhile instead of waiting ~2 us a
 #: span; with 8 clients of 512-span bodies, ~20 % less receiver CPU per span and ~30 % more spans/s in an
-#: A/B run (docs/benchmarks.md, issue #13). Smaller bodies stay inline: the hand-off to a thread would
+#: A/B run (docs/benchmarks.md). Smaller bodies stay inline: the hand-off to a thread would
 #: cost more than their extraction.
 _OFFLOAD_PROTOBUF_BYTES = 8 << 10
 #: Seconds a connection closed on an early answer keeps draining (and dropping) its input.
@@ -104,7 +104,7 @@ class _Conn:
         if timeout <= 0:
             raise TimeoutError
         # asyncio.timeout, not wait_for: wait_for wraps the read in a task of its own (~37 against ~9 us a call,
-        # and this runs a few times per request: ~0.3 us of receiver CPU a span with 512-span bodies, issue #13)
+        # and this runs a few times per request: ~0.3 us of receiver CPU a span with 512-span bodies)
         async with asyncio.timeout(timeout):
             data = await self.reader.read(_READ_BYTES)
         self.h11.receive_data(data)  # b"" tells h11 the peer closed
@@ -272,7 +272,7 @@ class HttpServer:
         """True when another connection had a body accepted in about the last second, or has a whole body
         being decoded or stored now (connections that only idle, stall or send what is refused do not count).
         The second part counts clients that start together: their first bodies are journalled too, instead
-        of each waiting for a segment (issue #13: the start of a run)."""
+        of each waiting for a segment (the start of a run)."""
         return self._delivered > 0 or len(self._recent) - (id(conn) in self._recent) > 0
 
     def _accepted(self, conn: object) -> None:

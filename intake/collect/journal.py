@@ -3,7 +3,7 @@
 A group commit has a fixed cost of about 13 ms (Parquet encoders, promotion, fsyncs) whatever its
 size, and 8 clients of 512-span bodies keep only ~4,000 spans in flight, so acknowledging only
 after the segment left groups of ~2,000 spans and the fixed cost at 6 µs a span
-(docs/benchmarks.md, issue #13). While several clients send, the committer instead appends each
+(docs/benchmarks.md). While several clients send, the committer instead appends each
 request's bytes to a journal file, fsyncs it and answers; segments are then written from what
 accumulated, at most every --journal-ms (or at --segment-spans), and the journal files they cover
 are deleted. A receiver killed before that leaves its files behind; the next receiver on the store

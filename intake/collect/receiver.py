@@ -60,7 +60,7 @@ def use_system_memory_pool() -> bool:
     pyarrow's default, mimalloc, kept what the startup's Parquet reads freed (the dedupe keys and the journal
     replay read ~20 segments): a restarted receiver sat 50-60 MiB above its first start (+43 MiB anonymous
     memory over 21 key reads, against +2 with malloc and +4 with jemalloc), and that is what the chaos
-    test's RSS bound caught with the journal on (docs/benchmarks.md, issue #13). Receiving costs the same
+    test's RSS bound caught with the journal on (docs/benchmarks.md). Receiving costs the same
     CPU per span with either pool.
     """
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):

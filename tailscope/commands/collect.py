@@ -178,7 +178,7 @@ def _materialize_settled(store: Path, stop: threading.Event) -> None:
     on stderr (queries compute unmaterialized hours on the fly, so nothing depends on this).
     analysis.engine.materialize (polars, DuckDB, the request model) is imported at the first look, not
     at startup: the import costs about half a CPU second, which used to land on the receiver's
-    first seconds and showed in bench_collect's short rows (docs/benchmarks.md, issue #13).
+    first seconds and showed in bench_collect's short rows (docs/benchmarks.md).
     """
     while not stop.wait(MATERIALIZE_EVERY_S):
         from analysis.engine.materialize import SETTLE_NS, materialize

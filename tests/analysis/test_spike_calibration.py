@@ -5,7 +5,7 @@ Each run is i.i.d. log-normal latencies (nothing happened), 10 to 120 one-minute
 the same law). The seeds are fixed, so the counts are fixed; the bound they must meet is
 computed from the binomial law, not guessed: with R runs and a true rate of 1 %, more
 than `binomial_upper(R, 0.01, 0.001)` false spikes happen with probability 0.001 at most.
-The detector before issue #11 (4 % at 60 x 600, sigma 1; 14 % at sigma 1.5) fails this.
+The earlier bootstrap detector (4 % at 60 x 600, sigma 1; 14 % at sigma 1.5) fails this.
 The offline sweep with more runs per size is `python -m tests.analysis.spike_calibration`.
 """
 

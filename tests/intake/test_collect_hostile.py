@@ -1,7 +1,7 @@
 """The receiver under hostile input: each case is sent, exactly, to a running `tailscope collect`
 (HTTP and gRPC, with the C decoder and without it), and a good request afterwards must be stored.
 
-Cases from issue #13: times beyond int64, negative times, deeply nested JSON, empty requests,
+Cases: times beyond int64, negative times, deeply nested JSON, empty requests,
 bodies from unauthenticated or over-budget senders, slow or silent connections, the bearer
 scheme's case. Memory probes read the child's RSS from /proc.
 """

@@ -60,7 +60,7 @@ def _report(store: Path) -> dict[str, Any]:
 # History: with analysis/stats/spikes.py at 4260491 the report found nothing here (window p99s 30.8/35.3/26.6 s
 # against a baseline of 17.3 s; bootstrap p 0.025/0.027 per window > 0.01/10); since 49c13b9 (median-relative
 # baseline, run-level bootstrap) it reports 14:05-14:08, decode 0.97 of the excess, replica-07 first; with the
-# scan test of issue #11 the same window, at the scan's floor p = 0.001. Bounds: one report window of slack each side.
+# scan test the same window, at the scan's floor p = 0.001. Bounds: one report window of slack each side.
 def test_report_finds_the_window_the_stage_and_the_replica(store: Path) -> None:
     report = _report(store)
     assert report["spikes"], report["errors"]
