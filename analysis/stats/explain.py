@@ -39,9 +39,9 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 import polars as pl
-import pyarrow as pa
 
 from analysis.engine import model as M
+from analysis.engine.connect import duck_type
 from analysis.engine.percentiles import MIN_TAIL, effective_count, ms, quantiles_unsorted, weighted_quantile_sorted
 from analysis.engine.views import LIVE_HOUR_MACRO, VIEW_SQL
 from analysis.stats.spikes import quantile_sorted
@@ -558,22 +558,6 @@ _STAGE_INPUTS = frozenset({"TraceId", "SpanId", "ParentSpanId", "TimestampNs", "
                            "Replica"})
 
 
-def _duck_type(typ: pa.DataType) -> str:
-    if pa.types.is_map(typ):
-        return "MAP(VARCHAR, VARCHAR)"
-    if pa.types.is_list(typ):
-        return "VARCHAR[]"  # never read by the views
-    if pa.types.is_timestamp(typ):
-        return "TIMESTAMPTZ"
-    if pa.types.is_boolean(typ):
-        return "BOOLEAN"
-    if pa.types.is_integer(typ):
-        return "BIGINT"
-    if pa.types.is_floating(typ):
-        return "DOUBLE"
-    return "VARCHAR"
-
-
 def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_ns: int | None = None,
                until_ns: int | None = None) -> pl.DataFrame:
     """The `requests` view's stage columns (trace_id, span_id, <stage>_ns) for a few traces only, exact and fast.
@@ -599,7 +583,7 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
         "AND ($hi IS NULL OR TimestampNs < $hi)", params).fetchall()
     # the columns the critical path does not read are typed NULLs: decoding them for every stored
     # span would cost more than the whole analysis
-    typed = ", ".join(c if c in _STAGE_INPUTS else f"NULL::{_duck_type(typ)} AS {c}" for c, typ, _ in S.SPAN_COLUMNS)
+    typed = ", ".join(c if c in _STAGE_INPUTS else f"NULL::{duck_type(typ)} AS {c}" for c, typ, _ in S.SPAN_COLUMNS)
     con.execute(f"CREATE OR REPLACE TEMP VIEW {_SUB_PREFIX}spans AS SELECT {typed}, EndNs FROM {_SUB_PREFIX}data"
                 ).fetchall()
     live = M.requests_sql(f"{_SUB_PREFIX}spans", request_where=f"{LIVE_HOUR_MACRO}(TimestampNs)") if split \
