@@ -298,6 +298,24 @@ class Hook:
     read: Callable[[], float | None]
 
 
+def compaction_hooks(compactor: Any) -> list[Hook]:
+    """The compactor's figures on the receiver's /metrics (intake.compact.merge.Compactor, read at scrape time)."""
+    c = compactor
+    return [
+        Hook("tailscope_compaction_pending_hours", "Settled hours still holding small segments after the last pass.",
+             "gauge", lambda: float(c.last.pending_hours) if c.passes else None),
+        Hook("tailscope_compaction_max_files_per_hour", "Most segments a reader reads in an hour, after the last pass.",
+             "gauge", lambda: float(c.last.max_files_per_hour) if c.passes else None),
+        Hook("tailscope_compaction_last_pass_age_seconds", "Seconds since the last compaction pass ended.",
+             "gauge", lambda: None if c.last_pass_s is None else max(0.0, c.clock() - c.last_pass_s)),
+        Hook("tailscope_compaction_merges", "Merges written.", "counter", lambda: float(c.total_merges)),
+        Hook("tailscope_compaction_failed", "Merges that failed in the last pass (retried later).", "gauge",
+             lambda: float(c.last.failed) if c.passes else None),
+        Hook("tailscope_retention_removed_hours", "Hours removed by retention.", "counter",
+             lambda: float(c.removed_hours)),
+    ]
+
+
 class ReceiverLike(Protocol):
     """What ReceiverMetrics reads of a receiver (intake.collect.receiver.Receiver)."""
 

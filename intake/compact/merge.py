@@ -127,6 +127,8 @@ class Compactor:
         self.passes = 0
         self.total_merges = 0
         self.removed_hours = 0
+        #: when the last pass ended (the clock's seconds; None before the first)
+        self.last_pass_s: float | None = None
         #: what `tailscope store` prints as the retention ("3d, 20 GB" or "off")
         self.retention_text = retention_text
 
@@ -199,6 +201,7 @@ class Compactor:
         self.passes += 1
         self.total_merges += result.merges
         self.removed_hours += len(result.removed_hours)
+        self.last_pass_s = now
         self._write_state(now, result)
         return result
 

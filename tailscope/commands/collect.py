@@ -154,10 +154,11 @@ def collect(
 
 def _serve_metrics(receiver: Any, config: CollectConfig) -> Any:
     """/metrics of a started receiver: its span histograms and its own health (tailscope.commands.metrics)."""
-    from intake.collect.metrics import ReceiverMetrics
+    from intake.collect.metrics import ReceiverMetrics, compaction_hooks
     from tailscope.commands.metrics import serve_metrics
 
-    return serve_metrics([ReceiverMetrics(receiver)], config.host, config.metrics_port or 0, config.token,
+    hooks = compaction_hooks(receiver.compactor) if receiver.compactor is not None else []
+    return serve_metrics([ReceiverMetrics(receiver, hooks)], config.host, config.metrics_port or 0, config.token,
                          renderers=[receiver.span_metrics.render])
 
 

@@ -177,3 +177,25 @@ def test_compact_command(tmp_path: Path) -> None:
     assert len(list((tmp_path / "spans").rglob("*.parquet"))) == 1
     bad = CliRunner().invoke(app, ["compact", "--store", str(tmp_path), "--retain", "3 days"])
     assert bad.exit_code == 1 and "--retain '3 days'" in bad.output
+
+
+def test_the_compactors_figures_on_metrics(tmp_path: Path) -> None:
+    from intake.collect.metrics import compaction_hooks
+
+    write_segments(tmp_path, random.Random(3), 10)
+    clock = [LATER]
+    c = Compactor(tmp_path, _policy(), clock=lambda: clock[0])
+    hooks = {h.name: h for h in compaction_hooks(c)}
+    before = {name: h.read() for name, h in hooks.items()}
+    assert before == {"tailscope_compaction_pending_hours": None, "tailscope_compaction_max_files_per_hour": None,
+                      "tailscope_compaction_last_pass_age_seconds": None, "tailscope_compaction_merges": 0.0,
+                      "tailscope_compaction_failed": None, "tailscope_retention_removed_hours": 0.0}
+    r = c.run_once(LATER)
+    clock[0] = LATER + 12.5
+    after = {name: h.read() for name, h in hooks.items()}
+    assert r.merges >= 1 and after == {
+        "tailscope_compaction_pending_hours": float(r.pending_hours),
+        "tailscope_compaction_max_files_per_hour": float(r.max_files_per_hour),
+        "tailscope_compaction_last_pass_age_seconds": 12.5, "tailscope_compaction_merges": float(r.merges),
+        "tailscope_compaction_failed": 0.0, "tailscope_retention_removed_hours": 0.0}
+    assert hooks["tailscope_compaction_merges"].kind == hooks["tailscope_retention_removed_hours"].kind == "counter"
