@@ -49,6 +49,7 @@ TINY: dict[str, list[str]] = {
     "bench_views": ["--spans", "7000", "--dir", "{dir}"],
     "bench_report": ["--spans", "7000", "--dir", "{dir}"],
     "bench_attributes": ["--spans", "7000", "--attrs", "4", "--dir", "{dir}"],
+    "bench_compact": ["--exports", "20", "--only", "rate"],
     "bench_map": ["--spans", "7000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "7000", "--dir", "{dir}"],
     "bench_build_hour": ["--spans", "7000", "--dir", "{dir}", "--repeat", "1"],

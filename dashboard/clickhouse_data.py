@@ -46,6 +46,7 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "prices": "per-replica and per-model prices live in a store's prices.toml; on a table, one price applies to all",
     "batching": "the relation of service time to batch size is computed on DuckDB only",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
+    "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
 }
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0

@@ -125,6 +125,20 @@ class StoreTail:
         self.metrics = metrics
         self.seen: set[str] = set() if from_start else {str(p) for p in segment_files(store)}
 
+    def _counted(self, path: Path, depth: int = 0) -> bool:
+        """Whether every span of a compacted segment was observed already: each segment it replaces (its record,
+        read through merged segments this tail never listed, kept on disk for the compactor's grace) was."""
+        from tracing.store import read_record, segment_level
+
+        if segment_level(path.name) == 0 or depth > 16:
+            return False
+        record = read_record(path)
+        inputs = record.get("inputs") if record else None
+        if not inputs:
+            return False
+        return all(str(path.parent / name) in self.seen or self._counted(path.parent / name, depth + 1)
+                   for name in inputs)
+
     def poll(self) -> int:
         """Read the segments not seen yet; returns how many spans they held."""
         import pyarrow as pa
@@ -138,6 +152,8 @@ class StoreTail:
             if key in self.seen:
                 continue
             self.seen.add(key)
+            if self._counted(path):  # a merge of segments already counted: its spans were observed then
+                continue
             try:
                 table = pq.read_table(path)
             except (OSError, pa.ArrowException):  # compacted away meanwhile, or unreadable: skipped

@@ -3,6 +3,7 @@ not push attributes down yet), and the report without its `attributes` object.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,3 +20,12 @@ def builtin_dimensions(monkeypatch: pytest.MonkeyPatch) -> None:
 def core(report: dict[str, Any]) -> dict[str, Any]:
     """A report without its `attributes` object (what the store read of the attributes, which ClickHouse does not)."""
     return {k: v for k, v in report.items() if k != "attributes"}
+
+
+@pytest.fixture(scope="module")
+def builtin_dimensions_for_module() -> Iterator[None]:
+    """`builtin_dimensions` for a whole module, so module-scoped fixtures (stores, benches, their cached
+    reports) see it too; use it with `pytestmark = pytest.mark.usefixtures(...)`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TAILSCOPE_DIMENSIONS", ",".join(X.DIMENSIONS))
+        yield

@@ -41,7 +41,8 @@ from tracing.store import segment_files
 def _stored(store: Path) -> list[dict[str, object]]:
     """Every stored span, sorted by (TraceId, SpanId)."""
     tables = [pq.read_table(p) for p in segment_files(store)]
-    rows = pa.concat_tables(tables).to_pylist() if tables else []
+    # a merged segment (written by the compactor) declares its columns nullable: unify, do not compare, the schemas
+    rows = pa.concat_tables(tables, promote_options="default").to_pylist() if tables else []
     return sorted(rows, key=lambda r: (r["TraceId"], r["SpanId"]))
 
 

@@ -21,6 +21,7 @@ import duckdb
 from examples.loadgen import run
 from tests.intake.collect_helpers import ROOT
 from tests.monitoring import need_monitoring, prom_query, prometheus, wait_for
+from tracing.store import segment_files
 
 REQUESTS = 48
 
@@ -53,11 +54,12 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
             start = time.time()
             run(urls, REQUESTS, concurrency=4, seed=3)
 
-            def stored() -> int:
-                if not any(store.glob("spans/*/*/*.parquet")):
+            def stored() -> int:  # the segments a reader reads (the compactor hides merged ones, then deletes them)
+                files = [str(f) for f in segment_files(store)]
+                if not files:
                     return 0
-                return int(duckdb.sql(f"SELECT count(*) FROM read_parquet('{store}/spans/*/*/*.parquet') "
-                                      "WHERE IsRequest").fetchall()[0][0])
+                return int(duckdb.sql("SELECT count(*) FROM read_parquet($files) WHERE IsRequest",
+                                      params={"files": files}).fetchall()[0][0])
 
             wait_for(lambda: stored() == REQUESTS, 60, f"{REQUESTS} request spans stored", stored)
 
