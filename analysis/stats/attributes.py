@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,6 +62,10 @@ TIMING_PATTERNS: Final[tuple[str, ...]] = ("*latency*", "*duration*", "*_ns", "*
 SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "timing", "pattern", "rare", "ids", "cardinality",
                                         "same_partition", "shadowed", "cut", "source")
 _OWN_PREFIX: Final = "tailscope."
+#: The cut's reason for request and stage keys (resource keys: none).
+CUT_PRESENT: Final = " (the most present first)"
+#: Keys starting with this are tailscope's own (skipped as "tailscope").
+OWN_PREFIX: Final = _OWN_PREFIX
 
 I64 = npt.NDArray[np.int64]
 
@@ -108,27 +112,35 @@ class Attributes:
                 "max_attributes": MAX_ATTRIBUTES, "errors": self.errors}
 
 
-def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int | None], list[int | None]]:
-    """Power-of-two bucket codes of numbers (NaN: -1), with each code's label and integer ends.
+#: A number's bucket key (`number_keys`): 0 for 0, else sign * BUCKET_SIGN + k + BUCKET_EXP0 for |x| in [2^k, 2^(k+1)),
+#: sign 1 positive, 2 negative (the ClickHouse report computes the same keys in SQL).
+BUCKET_SIGN: Final = 4096
+BUCKET_EXP0: Final = 2048
 
-    0 is its own bucket; x > 0 falls in [2^k, 2^(k+1)); negatives mirror the positives. When every
-    number is an integer, buckets are written as the token buckets are ("lo-hi", both ends
-    included, `bucket_label`), else "lo-hi" with hi excluded and lo / hi null.
-    """
+
+def number_keys(x: npt.NDArray[np.float64]) -> tuple[I64, bool]:
+    """Each number's bucket key (NaN: -1) and whether every number is an integer."""
     ok = ~np.isnan(x)
     ax = np.abs(np.where(ok, x, 0.0))
     _, exp = np.frexp(ax)  # ax = m 2^exp, m in [0.5, 1): k = exp - 1
     k = exp.astype(np.int64) - 1
     sign = np.where(x < 0, 2, np.where(ax == 0, 0, 1))
-    key = np.where(ok, sign * 4096 + np.where(sign == 0, 0, k + 2048), -1)
-    present = np.unique(key[key >= 0])
+    key = np.where(ok, sign * BUCKET_SIGN + np.where(sign == 0, 0, k + BUCKET_EXP0), -1)
     integral = bool(np.all(np.equal(np.mod(x[ok], 1), 0))) if ok.any() else True
+    return key.astype(np.int64), integral
 
+
+def number_labels(present: Sequence[int], integral: bool) -> tuple[list[int], list[str], list[int | None],
+                                                                   list[int | None]]:
+    """The buckets of the keys `present`, in order of value: (their keys in that order, labels, low and high ends).
+
+    When every number is an integer (`integral`), buckets are written as the token buckets are ("lo-hi",
+    both ends included, `bucket_label`), else "lo-hi" with hi excluded and lo / hi null."""
     def value_of(c: int) -> float:
-        s, kk = divmod(int(c), 4096)
-        return 0.0 if s == 0 else (1.0 if s == 1 else -1.0) * 2.0 ** (kk - 2048)
+        s, kk = divmod(int(c), BUCKET_SIGN)
+        return 0.0 if s == 0 else (1.0 if s == 1 else -1.0) * 2.0 ** (kk - BUCKET_EXP0)
 
-    order = sorted(present.tolist(), key=value_of)
+    order = sorted((int(c) for c in present), key=value_of)
     labels: list[str] = []
     los: list[int | None] = []
     his: list[int | None] = []
@@ -150,6 +162,19 @@ def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int
             labels.append(text if v > 0 else f"-({text})")
             los.append(None)
             his.append(None)
+    return order, labels, los, his
+
+
+def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int | None], list[int | None]]:
+    """Power-of-two bucket codes of numbers (NaN: -1), with each code's label and integer ends.
+
+    0 is its own bucket; x > 0 falls in [2^k, 2^(k+1)); negatives mirror the positives (`number_keys`,
+    labels by `number_labels`).
+    """
+    key, integral = number_keys(x)
+    ok = key >= 0
+    present = np.unique(key[ok])
+    order, labels, los, his = number_labels(present.tolist(), integral)
     lut = {c: i for i, c in enumerate(order)}
     codes = np.full(x.size, -1, dtype=np.int64)
     if present.size:
@@ -269,7 +294,7 @@ def _same_partition(a: Coded, b: Coded) -> bool:
     return int(np.unique(key).size) == len(a.labels)
 
 
-class _Judge:
+class Judge:
     """Applies the skip rules to each key, in the order of SKIP_REASONS; keeps what is left."""
 
     def __init__(self, n_rows: int, rules: AttributeRules, builtin: Sequence[Coded]) -> None:
@@ -313,8 +338,21 @@ class _Judge:
             return False
         return True
 
-    def after_coding(self, coded: Coded, source: str, present: int, distinct: int, numeric: bool) -> None:
-        """The rules read from a key's coded values; keeps it (as a candidate) when none applies."""
+    def cut_past(self, key: str, source: str, why: str) -> bool:
+        """True (and the key skipped as cut, and counted) when MAX_ATTRIBUTES dimensions are kept already."""
+        if len(self.out.coded) < MAX_ATTRIBUTES:
+            return False
+        self.out.cut += 1
+        self.skip(key, source, "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions{why}")
+        return True
+
+    def after_coding(self, coded: Coded, source: str, present: int, distinct: int, numeric: bool,
+                     same_partition: Callable[[Coded, Coded], bool] | None = None) -> None:
+        """The rules read from a key's coded values; keeps it (as a candidate) when none applies.
+
+        `same_partition(coded, other)`: whether they split the frame's requests alike (default: over their
+        codes; a remote engine, whose codes stay on the server, asks it)."""
+        same = same_partition or _same_partition
         key = coded.name
         if distinct >= UNIQUE_SHARE * present and distinct > 1:
             self.skip(key, source, "ids", f"{distinct} distinct values on {present} requests: about one per "
@@ -325,7 +363,7 @@ class _Judge:
                       f"({MAX_VALUE_SHARE:.0%} of the window's {self.n} requests, at most {MAX_VALUES})")
             return
         for other in [*self.builtin, *self.out.coded]:
-            if _same_partition(coded, other):
+            if same(coded, other):
                 self.skip(key, source, "same_partition", f"splits the requests exactly as {other.name!r} does")
                 return
         coded.attribute, coded.source = key, source
@@ -344,7 +382,7 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     `replica`: the frame's replica dimension (the resource attributes are the replica's); `builtin`: the built-in
     dimensions coded (a key splitting requests as one of them does is skipped)."""
     n = frame_rid.size
-    judge = _Judge(n, rules, builtin)
+    judge = Judge(n, rules, builtin)
     p = {**params, "lo": since_ns, "hi": until_ns}
     for source, sql in (("request", request_attribute_sql(facts_rows)), ("stage", stage_attribute_sql(facts_rows))):
         try:
@@ -356,10 +394,7 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
             rid, values = by_key[key]
             if not judge.before_coding(key, source, rid.size):
                 continue
-            if len(judge.out.coded) >= MAX_ATTRIBUTES:
-                judge.out.cut += 1
-                judge.skip(key, source, "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions (the most "
-                           "present first)")
+            if judge.cut_past(key, source, CUT_PRESENT):
                 continue
             assert values is not None
             rows = _positions(frame_rid, rid)
@@ -373,7 +408,7 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     return judge.out
 
 
-def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: Coded, judge: _Judge) -> None:
+def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: Coded, judge: Judge) -> None:
     """The resource attributes of each request's replica, as dimensions (through a table over the replicas)."""
     found = con.sql(resource_attribute_sql(), params={"lo": params["lo"], "hi": params["hi"]}).fetchall()
     at = {label: i for i, label in enumerate(replica.labels)}
@@ -389,9 +424,7 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
         rows = np.flatnonzero(has & np.isin(replica.codes, rep_codes))
         if not judge.before_coding(key, "resource", rows.size):
             continue
-        if len(judge.out.coded) >= MAX_ATTRIBUTES:
-            judge.out.cut += 1
-            judge.skip(key, "resource", "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions")
+        if judge.cut_past(key, "resource", ""):
             continue
         values = pa.array([table[int(r)] for r in rep_codes], type=pa.string())
         small, distinct, numeric = code_values(key, np.arange(rep_codes.size, dtype=np.int64), values,
