@@ -73,6 +73,17 @@ class SpanFetcher(Protocol):
 #: outside a candidate, and the whole baseline's p99 with and without a candidate (the engine's own).
 RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray], X.BaselineTail]
 
+
+@dataclasses.dataclass
+class RemoteAttributes:
+    """A remote engine's attribute dimensions for `explain_all` (with `RestCounts`): the rules the built-ins pass,
+    the attributes coded over the frame's rows, and per attribute the rest of the baseline counted per code
+    (codes, counts, summed weights or None)."""
+
+    rules: A.AttributeRules
+    coded: list[X.Coded]
+    rest: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
@@ -339,12 +350,17 @@ def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
                                 replica, builtin, rules, since_ns, until_ns)
     except duckdb.Error as exc:
         out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
-    for c in builtin:
-        why = rules.ruled_out(c.name)
-        if why is not None:
-            out.skipped.insert(0, {"attribute": None, "dimension": c.name, "source": "builtin",
-                                   "reason": "pattern", "why": why})
+    skip_ruled_out_builtins(out, [c.name for c in builtin], rules)
     return out
+
+
+def skip_ruled_out_builtins(out: A.Attributes, names: list[str], rules: A.AttributeRules) -> None:
+    """List the built-in dimensions `rules` leave out as skipped (by pattern), first in `out.skipped`."""
+    for name in names:
+        why = rules.ruled_out(name)
+        if why is not None:
+            out.skipped.insert(0, {"attribute": None, "dimension": name, "source": "builtin",
+                                   "reason": "pattern", "why": why})
 
 
 def report_header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
@@ -593,7 +609,8 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
 
 def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
                  det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
-                 rest: RestCounts | None = None, coded: list[X.Coded] | None = None) -> list[dict[str, Any]]:
+                 rest: RestCounts | None = None, coded: list[X.Coded] | None = None,
+                 attributes: RemoteAttributes | None = None) -> list[dict[str, Any]]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
 
     `fetch`, when given, is told which spans each step will read before it reads `spans`.
@@ -602,7 +619,7 @@ def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
     holding any value of their bucket), a reader of their values outside a candidate and the baseline's (weighted)
     p99 with and without a candidate (X.BaselineTail); `frame` must then hold every baseline request of the
     windows the steps read row by row. `coded`: the frame's DIMENSIONS already coded (`_prepare_coded`), else
-    coded here.
+    coded here. `attributes` (with `rest`): the remote engine's attribute dimensions and the rules.
     """
     if not spikes:
         return []
@@ -629,11 +646,11 @@ def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
             # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
             # connection is that thread's alone until it is joined
             stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
-            coding = _Coding(frame, values, base, weights, rest, coded)
+            coding = _Coding(frame, values, base, weights, rest, coded, attributes)
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
-        coding = _Coding(frame, values, base, weights, rest, coded)
+        coding = _Coding(frame, values, base, weights, rest, coded, attributes)
     out = []
     for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
         # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
@@ -659,11 +676,13 @@ class _Coding:
     reader aside: no connection)."""
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
-                 rest: RestCounts | None, coded: list[X.Coded] | None = None) -> None:
-        """`base`: the baseline's rows; `rest`: as `explain_all`'s; `coded`: the frame's DIMENSIONS coded (by
-        `X.code_dimension`), when already done."""
+                 rest: RestCounts | None, coded: list[X.Coded] | None = None,
+                 attributes: RemoteAttributes | None = None) -> None:
+        """`base`: the baseline's rows; `rest`, `attributes`: as `explain_all`'s; `coded`: the frame's DIMENSIONS
+        coded (by `X.code_dimension`), when already done."""
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
+        self.attr_rest: list[X.Rest] | None = None
         self.base_q: X.BaselineTail
         if rest is None:
             self.coded = coded if coded is not None else [X.code_dimension(frame, d) for d in X.DIMENSIONS]
@@ -671,6 +690,12 @@ class _Coding:
         else:  # code rows and combinations together: the same labels as over every row
             combos, read_values, self.base_q = rest
             self.coded, combo_codes = X.code_with_counts(frame, combos)
+            if attributes is not None:  # the built-ins the rules keep, then the attributes
+                kept = [i for i, c in enumerate(self.coded) if attributes.rules.ruled_out(c.name) is None]
+                self.coded = [self.coded[i] for i in kept] + attributes.coded
+                combo_codes = [combo_codes[i] for i in kept]
+                self.attr_rest = [X.Rest([c], n, lambda cand: read_values(self.coded, cand), w)
+                                  for c, n, w in attributes.rest]
             self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
@@ -687,7 +712,7 @@ class _Coding:
             if excess_rows.size < X.MIN_TAIL_SLICE:
                 excess_rows = tail
             ranked, finer, coarser, tested = rank_dimensions(coded, values, rows, excess_rows, base, self.base_q,
-                                                             weights, self.rest)
+                                                             weights, self.rest, self.attr_rest)
             item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
@@ -709,20 +734,26 @@ class _Coding:
 
 def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, excess_rows: np.ndarray,
                     base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
-                    rest: X.Rest | None = None) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
+                    rest: X.Rest | None = None, attr_rest: list[X.Rest] | None = None
+                    ) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
     The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone, all
     under one family-wise level (Bonferroni over every candidate tested); the counterfactual of the
     MAX_COUNTERFACTUAL best scores; the first one's level of a learned hierarchy (attributes.name_level).
-    `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99)."""
+    `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99); `rest`:
+    the baseline's other requests counted per combination of the built-ins, `attr_rest` per value of each
+    attribute (a remote engine's)."""
     nb = sum(1 for c in coded if c.source == "builtin")
-    if rest is not None and nb < len(coded):
-        raise ValueError("baseline counts (rest) cover the built-in dimensions only, not attributes")
+    if rest is not None and nb < len(coded) and (attr_rest is None or len(attr_rest) != len(coded) - nb):
+        raise ValueError("baseline counts (rest) without the attributes' counts (attr_rest)")
     found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=rest)
-    if nb < len(coded):
-        more, more_tested = X.contrast_raw(coded[nb:], excess_rows, base, pairs=False, weights=weights)
-        found += [dataclasses.replace(c, dims=tuple(d + nb for d in c.dims)) for c in more]
+    # each attribute alone: one at a time with its own counts, or together (the same figures)
+    parts = ([(nb + k, [coded[nb + k]], r) for k, r in enumerate(attr_rest)] if rest is not None and attr_rest
+             else [(nb, coded[nb:], None)] if nb < len(coded) else [])
+    for first, part, part_rest in parts:
+        more, more_tested = X.contrast_raw(part, excess_rows, base, pairs=False, weights=weights, rest=part_rest)
+        found += [dataclasses.replace(c, dims=tuple(d + first for d in c.dims)) for c in more]
         tested += more_tested
     cands = X.significant(found, tested)
     cands.sort(key=lambda c: -c.score)

@@ -34,6 +34,7 @@ import polars as pl
 
 from analysis import neighbours as N
 from analysis import report as RP
+from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse.model import temp_table
 from analysis.clickhouse.promotion import source_sql
@@ -44,6 +45,7 @@ from analysis.engine import model as M
 from analysis.engine import percentiles as P
 from analysis.engine.connect import duck_type
 from analysis.engine.percentiles import metric_column, ms, parse_time
+from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from analysis.stats import sampling as SM
 from analysis.stats import spikes as SP
@@ -307,12 +309,14 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
                  window_s: float | str | None = None, since: str | int | datetime | None = None,
                  until: str | int | datetime | None = None, include_failures: bool = True,
                  sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE",
-                 materialized: bool = True) -> dict[str, Any]:
+                 materialized: bool = True, dimensions: str | tuple[str, ...] | None = None,
+                 exclude_dimensions: str | tuple[str, ...] | None = None) -> dict[str, Any]:
     """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
 
     `facts`: a session table already holding the request facts of `table` (the dashboard's),
     used instead of computing them; `where`: a ClickHouse condition on the fact columns (filters);
-    `materialized`: read the intervals the materialized requests table covers (False: all on the fly).
+    `materialized`: read the intervals the materialized requests table covers (False: all on the fly);
+    `dimensions` / `exclude_dimensions`: glob patterns of the dimensions considered, as analysis.report's.
     """
     lo, hi = parse_time(since), parse_time(until)
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
@@ -322,45 +326,65 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
                                     sampling_policy)
     local = duckdb.connect(":memory:")
     try:
+        attrs = _attributes(client, table, facts_table, cond, metric, include_failures, lo, hi, report,
+                            RP.attribute_rules(dimensions, exclude_dimensions))
         if det is not None and det.spikes:
             report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
-                                        report["sampled"], include_failures, lo, hi)
+                                        report["sampled"], include_failures, lo, hi, attrs)
     finally:
         local.close()
+        CA.drop(client)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
 
 
+def _attributes(client: Client, table: str, facts_table: str, cond: str, metric: str, include_failures: bool,
+                lo: int | None, hi: int | None, report: dict[str, Any], rules: A.AttributeRules
+                ) -> tuple[CA.ServerAttributes, A.AttributeRules]:
+    """The attribute dimensions of the report's frame (its requests with a value) read on the server
+    (analysis.clickhouse.attributes), recorded in the report's `attributes` as analysis.report does."""
+    keep = "" if include_failures else " AND status = 'ok'"
+    attrs = CA.read_attributes(client, table, facts_table, f"{cond} AND {metric_column(metric)} IS NOT NULL{keep}",
+                               lo, hi, rules)
+    RP.skip_ruled_out_builtins(attrs.attrs, list(X.DIMENSIONS), rules)
+    report["attributes"] = attrs.attrs.to_json()
+    report["errors"].extend(attrs.attrs.errors)
+    return attrs, rules
+
+
 def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
              det: Detection, spikes: list[Spike], sampled: bool, include_failures: bool, lo: int | None,
-             hi: int | None) -> list[dict[str, Any]]:
+             hi: int | None, attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None
+             ) -> list[dict[str, Any]]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
-    spans around them as it goes); analysis.report's explanation runs there."""
+    spans around them as it goes); analysis.report's explanation runs there. `attrs`: the attribute dimensions
+    on the server (`_attributes`): their codes come with those rows, the rest of the baseline as counts."""
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
-    fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
-                               f"{col} IS NOT NULL{keep}", col, "adjusted_count" if sampled else None)
+    server = attrs[0] if attrs is not None else None
+    fetch, rest, pulled, attr_counts = _pushed_down(
+        client, table, local, facts_table, cond, metric, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
+        "adjusted_count" if sampled else None, server)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''} "
+        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+    remote = None
+    if attrs is not None:
+        remote = RP.RemoteAttributes(attrs[1], attrs[0].coded_rows(client, pulled, frame), attr_counts)
+    frame = frame.drop(["trace_id", "span_id"])
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy().astype(np.float64)
-    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
-
-
-def _bucket_code_sql(col: str) -> str:
-    """explain.code_dimension's code of a token count by its very float formula: -1 missing or negative, 0 for 0,
-    floor(log2(x)) + 1 above (so a count just below a large power of two codes as numpy's log2 puts it)."""
-    return (f"multiIf({col} IS NULL OR {col} < 0, -1, {col} < 1, 0, "
-            f"toInt64(floor(log2(toFloat64(greatest({col}, 1))))) + 1)")
+    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest,
+                          attributes=remote)
 
 
 def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
                  metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str, weight: str | None = None) -> tuple[Fetcher, RP.RestCounts]:
+                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
+                 ) -> tuple[Fetcher, RP.RestCounts, str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -369,7 +393,9 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     counts per combination of dimension values (token counts by bucket), with their summed `weight`
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
-    (`_ServerTail`). So what comes back grows with the spike, not with the baseline.
+    (`_ServerTail`). So what comes back grows with the spike, not with the baseline. With `attrs`, the
+    attribute dimensions' codes of the pulled rows are read later (the returned condition names those rows)
+    and the rest of the baseline is counted per value of each attribute (returned last).
     """
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
@@ -402,8 +428,8 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
     # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket; the shift
     # is kept non-negative since ClickHouse may evaluate it on every row, missing ones included (an error there)
-    reps = ", ".join(f"if({_bucket_code_sql(t)} < 1, if({_bucket_code_sql(t)} = 0, 0, NULL), "
-                     f"bitShiftLeft(toInt64(1), greatest({_bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
+    reps = ", ".join(f"if({CA.bucket_code_sql(t)} < 1, if({CA.bucket_code_sql(t)} = 0, 0, NULL), "
+                     f"bitShiftLeft(toInt64(1), greatest({CA.bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
     got = pl.from_arrow(client.query(
         f"SELECT {', '.join(strings)}, {reps}, count() AS n"
         f"{'' if weight is None else f', sum(toFloat64({weight})) AS w'} FROM {facts_table} WHERE {rest_where} "
@@ -413,20 +439,26 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
 
     def values_without(coded: list[X.Coded], cand: X.Candidate) -> np.ndarray:
         got = client.query(f"SELECT toFloat64({col}) AS v FROM {facts_table} WHERE {rest_where} "
-                           f"AND NOT {_candidate_sql(coded, cand)}")
+                           f"AND NOT {_candidate_sql(coded, cand, attrs)}")
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
+    per_value = attrs.rest_counts(client, facts_table, rest_where, weight is not None) if attrs is not None else []
     return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight))
+                                                       weight, attrs)), pulled, per_value
 
 
-def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate) -> str:
-    """A candidate's requests as a predicate over the facts (false where a dimension is missing)."""
+def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:
+    """A candidate's requests as a predicate over the facts (false where a dimension is missing); an attribute's
+    through `attrs`."""
     parts = []
     for i, code in zip(cand.dims, cand.codes, strict=True):
         c = coded[i]
-        parts.append(f"{_bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
-                     else f"{c.name} = {literal(c.labels[code])}")
+        if c.source != "builtin":
+            assert attrs is not None, "an attribute candidate needs the attributes on the server"
+            parts.append(attrs.candidate_sql(c.name, code))
+        else:
+            parts.append(f"{CA.bucket_code_sql(c.name)} = {int(code)}" if c.name in X.BUCKETED
+                         else f"{c.name} = {literal(c.labels[code])}")
     return f"coalesce({' AND '.join(parts)}, false)"
 
 
@@ -435,11 +467,12 @@ class _ServerTail:
     query each (its values sorted and interpolated as explain.TailQuantile does; weighted, by
     percentiles.weighted_quantile_sorted's rule as explain.weighted_q), so no baseline row comes back."""
 
-    def __init__(self, client: Client, facts_table: str, where: str, col: str, weight: str | None = None) -> None:
+    def __init__(self, client: Client, facts_table: str, where: str, col: str, weight: str | None = None,
+                 attrs: CA.ServerAttributes | None = None) -> None:
         """`where`: the baseline's requests (with a value) among `facts_table`'s; `col`: the value column;
-        `weight`: their adjusted count's column (None: unweighted)."""
+        `weight`: their adjusted count's column (None: unweighted); `attrs`: the attribute dimensions."""
         self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
-        self.weight = weight
+        self.weight, self.attrs = weight, attrs
         self._whole: float | None = None
 
     def _q(self, where: str) -> float:
@@ -456,14 +489,15 @@ class _ServerTail:
 
     def without_candidate(self, coded: Sequence[X.Coded], cand: X.Candidate) -> float:
         """The baseline's p99 without the candidate's requests (nan when none are left)."""
-        return self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand)}")
+        return self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
                    metric: str = "e2e", window_s: float | str | None = None,
                    since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                    include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
-                   where: str = "TRUE", materialized: bool = True) -> dict[str, Any]:
+                   where: str = "TRUE", materialized: bool = True, dimensions: str | tuple[str, ...] | None = None,
+                   exclude_dimensions: str | tuple[str, ...] | None = None) -> dict[str, Any]:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
     Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
@@ -482,10 +516,12 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
         return RP.window_not_explained(a, b, report["errors"])
     local = duckdb.connect(":memory:")
     try:
+        attrs = _attributes(client, table, facts_table, cond, metric, include_failures, lo, hi, report,
+                            RP.attribute_rules(dimensions, exclude_dimensions))
         for spike in det.spikes:
             if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
                 item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled,
-                                include_failures, lo, hi)[0]
+                                include_failures, lo, hi, attrs)[0]
                 item["detected"] = True
                 return item
         overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
@@ -504,11 +540,12 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
                       n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
         item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled, include_failures,
-                        lo, hi)[0]
+                        lo, hi, attrs)[0]
         item["detected"] = False
         return item
     finally:
         local.close()
+        CA.drop(client)
 
 
 class Fetcher:

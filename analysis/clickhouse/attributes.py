@@ -1,0 +1,294 @@
+"""Every attribute a candidate dimension on ClickHouse: analysis.stats.attributes' three sources, rules and coding,
+pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
+
+The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
+table (ATTR_TEMP) beside the attribute maps their sources read: the request span's own, and the stage
+spans' keys they all agree on (`stage`). What comes back is per candidate, never per request: each key's
+count of requests, distinct values, whether every value parses as a finite number (`parses_sql`: the text
+Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
+(`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1);
+each replica's resource values (`resource`); and the same-partition test as two counts. The keys are
+judged by attributes.Judge, the DuckDB report's own rules and order. A kept key stays on the server as
+the SQL of its code (`ServerAttributes.code_sql`): the explanation asks the counts of its values over the
+baseline, its p99s without a candidate (`candidate_sql`), and the codes of the rows it reads one by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+
+from analysis.clickhouse.client import Client
+from analysis.clickhouse.model import temp_engine
+from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.requests import span_where
+from analysis.engine import model as M
+from analysis.engine.dialect import CLICKHOUSE
+from analysis.engine.percentiles import in_range_sql
+from analysis.stats import attributes as A
+from analysis.stats import explain as X
+
+#: Session temporary table of the frame's requests with their attribute maps.
+ATTR_TEMP: Final = "_tailscope_attrs"
+#: Text Arrow's cast to a double reads as a number (analysis.stats.attributes.code_values' test); the value must
+#: be finite too.
+NUMBER_RE: Final = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$"
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+def bucket_code_sql(col: str) -> str:
+    """explain.code_dimension's code of a token count by its very float formula: -1 missing or negative, 0 for 0,
+    floor(log2(x)) + 1 above (so a count just below a large power of two codes as numpy's log2 puts it)."""
+    return (f"multiIf({col} IS NULL OR {col} < 0, -1, {col} < 1, 0, "
+            f"toInt64(floor(log2(toFloat64(greatest({col}, 1))))) + 1)")
+
+
+def parses_sql(v: str) -> str:
+    """Whether text `v` reads as a finite number."""
+    return f"(match({v}, {CLICKHOUSE.literal(NUMBER_RE)}) AND isFinite(toFloat64OrZero({v})))"
+
+
+def number_key_sql(v: str) -> str:
+    """attributes.number_keys of text `v` (which parses): 0 for 0, else sign * BUCKET_SIGN + k + BUCKET_EXP0, with
+    k = floor(log2 |x|) settled in doubles (powers of two are exact), not trusted to log2's rounding."""
+    x = f"toFloat64OrZero({v})"
+    ax = f"if({x} = 0, 1.0, abs({x}))"
+    g = f"toInt64(floor(log2({ax})))"
+    k = f"({g} - toInt64(pow(2.0, {g}) > {ax}) + toInt64(pow(2.0, {g} + 1) <= {ax}))"
+    return f"if({x} = 0, 0, if({x} < 0, 2, 1) * {A.BUCKET_SIGN} + {k} + {A.BUCKET_EXP0})"
+
+
+def _array(items: Sequence[Any], kind: str) -> str:
+    lit = (CLICKHOUSE.literal if kind == "String" else str)
+    return f"CAST([{', '.join(lit(x) for x in items)}], 'Array({kind})')"
+
+
+def _code_of(value: str, labels: Sequence[Any], kind: str) -> str:
+    """SQL of the code of `value` among `labels` (its position, -1 when absent)."""
+    return f"toInt64(indexOf({_array(labels, kind)}, {value})) - 1"
+
+
+@dataclass
+class ServerAttributes:
+    """The attribute dimensions of a frame on the server: what was considered and skipped (`attrs`, whose coded
+    dimensions hold labels but no codes) and the SQL of each kept one's code over ATTR_TEMP."""
+
+    attrs: A.Attributes
+    code_sql: dict[str, str] = field(default_factory=dict)
+
+    def candidate_sql(self, name: str, code: int) -> str:
+        """The requests whose attribute dimension `name` has code `code`, as a predicate over trace_id / span_id."""
+        return (f"(trace_id, span_id) IN (SELECT trace_id, span_id FROM {ATTR_TEMP} "
+                f"WHERE {self.code_sql[name]} = {int(code)})")
+
+    def coded_rows(self, client: Client, where: str, frame: pl.DataFrame) -> list[X.Coded]:
+        """The kept attributes coded over `frame`'s rows (its trace_id and span_id), read for the requests of
+        ATTR_TEMP meeting `where` (the rows the explanation reads one by one)."""
+        if not self.attrs.coded:
+            return []
+        cols = ", ".join(f"{self.code_sql[c.name]} AS c{i}" for i, c in enumerate(self.attrs.coded))
+        got = pl.from_arrow(client.query(f"SELECT trace_id, span_id, {cols} FROM {ATTR_TEMP} WHERE {where}"))
+        assert isinstance(got, pl.DataFrame)
+        keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
+        got = got.with_columns(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
+        joined = keys.join(got, on=["trace_id", "span_id"], how="left", maintain_order="left")
+        return [dataclasses.replace(c, codes=joined.get_column(f"c{i}").cast(pl.Int64).fill_null(-1).to_numpy())
+                for i, c in enumerate(self.attrs.coded)]
+
+    def rest_counts(self, client: Client, facts_table: str, where: str, weighted: bool
+                    ) -> list[tuple[I64, I64, F64 | None]]:
+        """Per kept attribute, the requests of `facts_table` meeting `where` counted per code (-1: missing):
+        (codes, counts, summed adjusted counts when `weighted`); one row per attribute value comes back."""
+        k = len(self.attrs.coded)
+        if not k:
+            return []
+        pairs = ", ".join(f"({i}, toInt64({self.code_sql[c.name]}))" for i, c in enumerate(self.attrs.coded))
+        got = client.query(
+            f"SELECT p.1 AS i, p.2 AS c, count() AS n{', sum(w) AS w' if weighted else ''} "
+            f"FROM (SELECT arrayJoin([{pairs}]) AS p, w FROM {ATTR_TEMP} WHERE (trace_id, span_id) IN "
+            f"(SELECT trace_id, span_id FROM {facts_table} WHERE {where})) GROUP BY i, c ORDER BY i, c")
+        i = np.asarray(got.column("i").to_numpy(), dtype=np.int64)
+        c = np.asarray(got.column("c").to_numpy(), dtype=np.int64)
+        n = np.asarray(got.column("n").to_numpy(), dtype=np.int64)
+        w = np.asarray(got.column("w").to_numpy(), dtype=np.float64) if weighted else None
+        return [(c[i == j], n[i == j], None if w is None else w[i == j]) for j in range(k)]
+
+
+def _builtin_sql(name: str) -> tuple[str, str]:
+    """(value, missing) SQL of a built-in dimension over ATTR_TEMP's columns, as explain.code_dimension codes it."""
+    if name in X.BUCKETED:
+        code = bucket_code_sql(name)
+        return code, f"({code}) < 0"
+    return name, f"isNull({name})"
+
+
+def _keys_sql(col: str) -> str:
+    """Per key of the map column `col`: requests carrying it, distinct values, whether all parse as numbers
+    (and all are integers), the number buckets present and up to MAX_VALUES + 1 of its values."""
+    ok = parses_sql("v")
+    x = "toFloat64OrZero(v)"
+    return (f"SELECT k, count() AS present, uniqExact(v) AS nd, min({ok}) AS num, "
+            f"min(if({ok}, {x} = floor({x}), true)) AS integral, groupUniqArrayIf({number_key_sql('v')}, {ok}) "
+            f"AS keys, groupUniqArray({A.MAX_VALUES + 1})(v) AS texts "
+            f"FROM {ATTR_TEMP} ARRAY JOIN mapKeys({col}) AS k, mapValues({col}) AS v GROUP BY k")
+
+
+class _Reader:
+    """One pass of the attribute rules over the frame in ATTR_TEMP (see the module's docstring)."""
+
+    def __init__(self, client: Client, table: str, lo: int | None, hi: int | None, rules: A.AttributeRules
+                 ) -> None:
+        self.client, self.table, self.lo, self.hi = client, table, lo, hi
+        self.n = int(client.query(f"SELECT count() AS n FROM {ATTR_TEMP}").to_pylist()[0]["n"])
+        counts = ", ".join(f"maxOrNull({bucket_code_sql(d)}) AS {d}" if d in X.BUCKETED
+                           else f"uniqExact({d}) AS {d}" for d in X.DIMENSIONS)
+        row = client.query(f"SELECT {counts} FROM {ATTR_TEMP}").to_pylist()[0]
+        sizes = {d: (int(row[d] if row[d] is not None else -1) + 1) if d in X.BUCKETED else int(row[d])
+                 for d in X.DIMENSIONS}
+        # the built-ins as the rules see them: their names and how many values they have (their codes stay here)
+        self.builtin = [X.Coded(d, np.zeros(0, dtype=np.int64), [""] * sizes[d], [None] * sizes[d],
+                                [None] * sizes[d]) for d in X.DIMENSIONS]
+        self.judge = A.Judge(self.n, rules, self.builtin)
+        self.code_sql: dict[str, str] = {}
+        self._pending = ""
+
+    def same_partition(self, a: X.Coded, b: X.Coded) -> bool:
+        """attributes' same-partition test of the pending key `a` against `b`, counted on the server."""
+        if len(a.labels) != len(b.labels):
+            return False
+        ea = self._pending
+        if b.source == "builtin":
+            bv, bm = _builtin_sql(b.name)
+        else:
+            bv = self.code_sql[b.name]
+            bm = f"({bv}) < 0"
+        row = self.client.query(f"SELECT countIf((({ea}) < 0) != ({bm})) AS d, "
+                                f"uniqExactIf(({ea}, {bv}), ({ea}) >= 0) AS p FROM {ATTR_TEMP}").to_pylist()[0]
+        return int(row["d"]) == 0 and int(row["p"]) == len(a.labels)
+
+    def _keep(self, coded: X.Coded, source: str, present: int, distinct: int, numeric: bool, code: str) -> None:
+        self._pending = code
+        before = len(self.judge.out.coded)
+        self.judge.after_coding(coded, source, present, distinct, numeric, self.same_partition)
+        if len(self.judge.out.coded) > before:
+            self.code_sql[coded.name] = code
+
+    def keys(self, source: str, col: str) -> None:
+        """The request's (`req`) or stage (`stg`) attributes, most present first."""
+        rows = self.client.query(_keys_sql(col)).to_pylist()
+        for r in sorted(rows, key=lambda r: (-int(r["present"]), str(r["k"]))):
+            key, present, distinct = str(r["k"]), int(r["present"]), int(r["nd"])
+            if not self.judge.before_coding(key, source, present) or self.judge.cut_past(key, source,
+                                                                                         A.CUT_PRESENT):
+                continue
+            value = f"{col}[{CLICKHOUSE.literal(key)}]"  # read only where the key is (mapContains)
+            if bool(r["num"]) and distinct:
+                order, labels, lo, hi = A.number_labels(sorted(int(k) for k in r["keys"]), bool(r["integral"]))
+                code = f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), " \
+                       f"{_code_of(number_key_sql(value), order, 'Int64')}, -1)"
+                coded = X.Coded(key, np.zeros(0, dtype=np.int64), labels, lo, hi)
+                self._keep(coded, source, present, distinct, True, code)
+                continue
+            texts = sorted(str(t) for t in r["texts"])
+            if len(texts) > A.MAX_VALUES:  # past every bound: skipped as ids or by cardinality, never coded
+                texts = []
+            code = f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {_code_of(value, texts, 'String')}, -1)"
+            coded = X.Coded(key, np.zeros(0, dtype=np.int64), texts, [None] * len(texts), [None] * len(texts))
+            self._keep(coded, source, present, distinct, False, code)
+
+    def resource(self) -> None:
+        """The resource attributes of each request's replica (attributes._resource's rules), from a table over the
+        replicas: one row per replica and key comes back."""
+        reps = self.client.query(f"SELECT replica AS r, count() AS n FROM {ATTR_TEMP} WHERE replica IS NOT NULL "
+                                 "GROUP BY r").to_pylist()
+        per_rep = {str(r["r"]): int(r["n"]) for r in reps}
+        labels = sorted(per_rep)
+        if not labels:
+            return
+        worker = ", ".join(M.quote(s) for s in M.WORKER_STAGES)
+        spans = source_sql(self.table, span_where(self.lo, self.hi))
+        found = self.client.query(
+            f"SELECT Replica AS r, k, groupUniqArray(2)(v) AS vs FROM {spans} "
+            "ARRAY JOIN mapKeys(ResourceAttributes) AS k, mapValues(ResourceAttributes) AS v "
+            f"WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN ({worker})) "
+            f"AND {in_range_sql('TimestampNs', self.lo, self.hi)} "
+            f"AND NOT startsWith(k, {CLICKHOUSE.literal(A.OWN_PREFIX)}) "
+            f"AND Replica IN (SELECT DISTINCT replica FROM {ATTR_TEMP} WHERE replica IS NOT NULL) "
+            "GROUP BY r, k").to_pylist()
+        at = {label: i for i, label in enumerate(labels)}
+        per_key: dict[str, list[str | None]] = {}
+        for row in found:
+            vs = row["vs"]
+            per_key.setdefault(str(row["k"]), [None] * len(labels))[at[str(row["r"])]] = (
+                vs[0] if len(vs) == 1 else None)
+        for key in sorted(per_key, key=lambda k: (-sum(v is not None for v in per_key[k]), k)):
+            table = per_key[key]
+            rep_codes = [i for i, v in enumerate(table) if v is not None]
+            present = sum(per_rep[labels[i]] for i in rep_codes)
+            if not self.judge.before_coding(key, "resource", present) or self.judge.cut_past(key, "resource", ""):
+                continue
+            values = pa.array([table[i] for i in rep_codes], type=pa.string())
+            small, distinct, numeric = A.code_values(key, np.arange(len(rep_codes), dtype=np.int64), values,
+                                                     len(rep_codes))
+            code = (f"if(isNull(replica), -1, transform(assumeNotNull(replica), "
+                    f"{_array([labels[i] for i in rep_codes], 'String')}, "
+                    f"{_array(small.codes.tolist(), 'Int64')}, toInt64(-1)))")
+            coded = X.Coded(key, np.zeros(0, dtype=np.int64), small.labels, small.lo, small.hi)
+            self._keep(coded, "resource", present, distinct, numeric, code)
+
+
+def read_attributes(client: Client, table: str, facts_table: str, frame_where: str, lo: int | None, hi: int | None,
+                    rules: A.AttributeRules) -> ServerAttributes:
+    """The attribute dimensions of the requests of `facts_table` meeting `frame_where` (the report's frame) from
+    the spans of `table` starting in [lo, hi): attributes.read_attributes on the server. Leaves ATTR_TEMP
+    (the frame's requests with their maps) for the explanation; errors are recorded, never raised."""
+    out = A.Attributes()
+    spans = source_sql(table, span_where(lo, hi))
+    ts = in_range_sql("TimestampNs", lo, hi)
+    own = CLICKHOUSE.literal(A.OWN_PREFIX)
+    dims = ", ".join(X.DIMENSIONS)
+    sql = f"""
+SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toFloat64(f.adjusted_count) AS w,
+       {', '.join(f'f.{d} AS {d}' for d in X.DIMENSIONS)}, r.a AS req, s.m AS stg
+FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims} FROM {facts_table} WHERE {frame_where}) AS f
+LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}) AS r
+  ON r.TraceId = f.trace_id AND r.SpanId = f.span_id
+LEFT JOIN (SELECT t, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
+    SELECT TraceId AS t, k AS sk, min(v) AS sv FROM {spans} ARRAY JOIN mapKeys(SpanAttributes) AS k,
+      mapValues(SpanAttributes) AS v
+    WHERE Stage IS NOT NULL AND NOT IsRequest AND {ts} AND NOT startsWith(k, {own})
+    GROUP BY t, k HAVING min(v) = max(v)) GROUP BY t) AS s ON s.t = f.trace_id"""
+    try:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
+        # unmatched maps stay empty (join_use_nulls would make them Nullable, which a Map cannot be)
+        client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {temp_engine(client, facts_table)} AS {sql} "
+                       "SETTINGS join_use_nulls = 0")
+        reader = _Reader(client, table, lo, hi, rules)
+    except Exception as exc:
+        out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
+        return ServerAttributes(out)
+    for source, col in (("request", "req"), ("stage", "stg")):
+        try:
+            reader.keys(source, col)
+        except Exception as exc:
+            reader.judge.out.errors.append(
+                f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
+    try:
+        reader.resource()
+    except Exception as exc:
+        reader.judge.out.errors.append(f"could not read the resource attributes because {str(exc).splitlines()[0]}")
+    return ServerAttributes(reader.judge.out, reader.code_sql)
+
+
+def drop(client: Client) -> None:
+    """Drop the session's ATTR_TEMP."""
+    client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
