@@ -89,9 +89,6 @@ def report(
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
     use_mapping_file(engine, table, mapping)
     if engine is Engine.clickhouse:
-        if dimensions is not None or exclude_dimensions is not None:
-            fail("--dimensions and --exclude-dimensions need --engine duckdb: the ClickHouse engine explains "
-                 "by the built-in dimensions only")
         with errors_as_messages():
             from analysis.clickhouse import recognition_counts
             from analysis.clickhouse.report import build_report as clickhouse_report
@@ -101,7 +98,8 @@ def report(
             try:
                 result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
                                            until=until, include_failures=not ok_only,
-                                           sampling_policy=sampling_policy.value, materialized=materialize)
+                                           sampling_policy=sampling_policy.value, materialized=materialize,
+                                           dimensions=dimensions, exclude_dimensions=exclude_dimensions)
                 seen = Recognition(*recognition_counts(client, table))
             finally:
                 client.close()

@@ -244,13 +244,3 @@ def test_the_cli_options_and_the_setting_rule_dimensions_out(nodes: Path, monkey
     assert skipped["k8s.node.name"]["why"] == "excluded by the pattern 'k8s.*'"
     assert skipped["cloud.availability_zone"]["reason"] == "pattern"
     assert skipped["retry"]["why"] == "excluded by the pattern 'retry'"  # the setting's, added to the option's
-
-
-def test_the_clickhouse_engine_refuses_the_dimension_patterns_in_one_line() -> None:
-    from typer.testing import CliRunner
-
-    from tailscope.cli import app
-
-    out = CliRunner().invoke(app, ["report", "--engine", "clickhouse", "--dsn", "chdb:unused", "--dimensions", "k8s.*"])
-    assert out.exit_code == 1
-    assert "need --engine duckdb" in out.output and "Traceback" not in out.output

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
+from analysis.clickhouse.attributes import ATTR_TEMP
 from analysis.clickhouse.export import export_store, insert_sql, staging_columns
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
@@ -145,11 +146,16 @@ class _Counting:
     """A client counting the rows its queries return."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn, self.rows = inner, inner.dsn, 0
+        self.inner, self.dsn, self.rows, self.attribute_rows, self.coded_rows = inner, inner.dsn, 0, 0, 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
-        self.rows += out.num_rows
+        if sql.startswith("SELECT trace_id, span_id") and ATTR_TEMP in sql:  # attribute codes of the pulled rows
+            self.coded_rows += out.num_rows
+        elif ATTR_TEMP in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
+            self.attribute_rows += out.num_rows
+        else:
+            self.rows += out.num_rows
         return out
 
     def command(self, sql: str) -> None:
@@ -186,6 +192,14 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
         # above the pooled p99 (the scan weighs their ranks: about 1 % of the requests) come back
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
+    # the attribute pass: a row per key of each source and per replica and resource key, a few single rows
+    attrs = got["attributes"]
+    keys = len(attrs["considered"]) + len(attrs["skipped"])
+    replicas = duck.get_column("replica").n_unique()
+    assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys, (counted.attribute_rows, keys)
+    # per request, only the codes of the rows the explanation reads one by one (spike and nearest windows), no more
+    # rows than their facts that came back
+    assert counted.coded_rows <= (counted.rows if got["spikes"] else 0)
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line

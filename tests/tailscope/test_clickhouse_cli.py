@@ -222,3 +222,23 @@ def test_a_backfill_of_an_empty_table_refreshes_nothing(tmp_path: Path) -> None:
             C.backfill(client, every="0 MINUTE")
     finally:
         client.close()
+
+
+def test_the_dimension_patterns_and_their_setting_work_on_clickhouse(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.analysis.test_attributes import node_store
+
+    store = node_store(tmp_path / "nodes")
+    dsn = f"chdb:{tmp_path / 'ch'}"
+    done = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
+    assert done.exit_code == 0, done.output
+    monkeypatch.setenv("TAILSCOPE_EXCLUDE_DIMENSIONS", "retry")
+    args = ["--json", "--no-materialize", "--exclude-dimensions", "k8s.*"]
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, *args])
+    duck = runner.invoke(app, ["report", "--store", str(store), *args])
+    assert ch.exit_code == 0 and duck.exit_code == 0, ch.output
+    got = json.loads(ch.stdout)
+    skipped = {s["attribute"]: s for s in got["attributes"]["skipped"]}
+    assert skipped["k8s.node.name"]["why"] == "excluded by the pattern 'k8s.*'"
+    assert skipped["retry"]["why"] == "excluded by the pattern 'retry'"  # the setting's, added to the option's
+    assert got == json.loads(duck.stdout)

@@ -1,0 +1,120 @@
+"""Every attribute a candidate dimension on ClickHouse (chdb): the numbers read and bucketed in SQL as in memory on
+random text, each request's value by the rules against the plain reference of test_attributes on random stores,
+and the report (with its `attributes` object) equal to the store's on the attribute test store, patterns included
+(the CLI's: tests/tailscope/test_clickhouse_cli.py). The catalogue samples carrying attributes are compared in
+test_clickhouse.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from analysis import build_report, connect
+from analysis.clickhouse import attributes as CA
+from analysis.clickhouse import client as C
+from analysis.clickhouse.export import export_store
+from analysis.clickhouse.report import build_report as ch_report
+from analysis.clickhouse.requests import requests_facts
+from analysis.stats import attributes as A
+from tests.analysis.test_attributes import SLOW_NODE, node_store, random_store
+
+pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory, client: Any) -> Path:
+    store = node_store(tmp_path_factory.mktemp("nodes"))
+    export_store(store, client, "t_nodes")
+    return store
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    """Text an attribute may hold: numbers of every size and spelling (powers of two and their neighbours), and
+    text that only looks like one."""
+    fixed = ["0", "-0", "+0", "0.0", "1", "2", "3", "4", "-1", "-4", ".5", "5.", "1e3", "1E+3", "1e", "e3", " 1",
+             "1 ", "inf", "-inf", "nan", "NaN", "Infinity", "1e400", "-1e400", "4.9e-324", "1e-330", "0x10", "1_000",
+             "", "abc", "--1", "+.5e1", "00012", "9007199254740993", "9223372036854775807", "1,5", "true"]
+    out = list(fixed)
+    for _ in range(n):
+        kind = rng.randrange(5)
+        if kind == 0:
+            k = rng.randrange(0, 70)
+            out.append(str(2 ** k + rng.choice([-1, 0, 1])))
+        elif kind == 1:
+            out.append(repr(rng.uniform(-1, 1) * 10 ** rng.randrange(-12, 20)))
+        elif kind == 2:
+            out.append(str(rng.randrange(-10 ** 6, 10 ** 6)))
+        elif kind == 3:
+            out.append(f"{rng.uniform(0, 1000):.{rng.randrange(0, 6)}f}")
+        else:
+            out.append("".join(rng.choice("0123456789.e-+x ") for _ in range(rng.randrange(1, 6))))
+    return out
+
+
+def test_numbers_are_read_and_bucketed_on_the_server_as_in_memory(client: Any) -> None:
+    texts = _texts(random.Random(11), 4000)
+    client.command("DROP TABLE IF EXISTS t_texts")
+    client.command("CREATE TABLE t_texts (i Int64, v String) ENGINE = Memory")
+    client.insert_arrow("t_texts", pa.table({"i": np.arange(len(texts)), "v": texts}))
+    got = client.query(f"SELECT i, {CA.parses_sql('v')} AS ok, if(ok, {CA.number_key_sql('v')}, -1) AS key "
+                       "FROM t_texts ORDER BY i").to_pylist()
+    # the reference: what the DuckDB report reads (Arrow's cast, finite only) and how it buckets (number_keys)
+    want_ok, want_x = [], []
+    for t in texts:
+        try:
+            x = pc.cast(pa.array([t]), pa.float64())[0].as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            x = None
+        want_ok.append(x is not None and np.isfinite(x))
+        want_x.append(x if want_ok[-1] else np.nan)
+    keys, _ = A.number_keys(np.asarray(want_x, dtype=np.float64))
+    assert [bool(r["ok"]) for r in got] == want_ok
+    assert [int(r["key"]) for r in got] == keys.tolist()
+    assert sum(want_ok) > 3000 and len(set(keys.tolist())) > 100
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_each_request_gets_the_value_the_rules_give_on_the_server(tmp_path: Path, client: Any, seed: int) -> None:
+    store, expected = random_store(tmp_path / "s", seed)
+    table = f"t_random_{seed}"
+    client.command(f"DROP TABLE IF EXISTS {table}")
+    export_store(store, client, table)
+    facts = requests_facts(client, table, name="_facts_random")
+    out = CA.read_attributes(client, table, facts, "TRUE", None, None, A.AttributeRules())
+    names = [c.name for c in out.attrs.coded]
+    assert set(names) == {"color", "n", "phase", "host", "rack", "service.name"}, out.attrs.skipped
+    cols = ", ".join(f"{out.code_sql[n]} AS c{i}" for i, n in enumerate(names))
+    rows = client.query(f"SELECT trace_id, {cols} FROM {CA.ATTR_TEMP}").to_pylist()
+    assert len(rows) == len(expected)
+    for r in rows:
+        got = {n: c.labels[r[f"c{i}"]] for i, (n, c) in enumerate(zip(names, out.attrs.coded, strict=True))
+               if r[f"c{i}"] >= 0}
+        assert got == expected[r["trace_id"]], r["trace_id"]
+    # and the whole pass says what the store's says
+    assert ch_report(client, table)["attributes"] == build_report(connect(store))["attributes"]
+
+
+@pytest.mark.parametrize("patterns", [{}, {"exclude_dimensions": "k8s.*"}, {"dimensions": "replica,cloud.*"}],
+                         ids=["every", "exclude", "include"])
+def test_the_report_on_the_node_store_equals_the_stores(nodes: Path, client: Any, patterns: dict[str, str]) -> None:
+    got = ch_report(client, "t_nodes", **patterns)
+    assert got == build_report(connect(nodes), **patterns)
+    top = got["spikes"][0]["dimensions"][0]
+    if not patterns:  # the node named, its replicas under it, as on the store (test_attributes)
+        assert (top["dimension"], top["value"], top["source"]) == ("k8s.node.name", SLOW_NODE, "resource")
+        assert top["finer"] and all(f["dimension"] == "replica" for f in top["finer"])
+    else:
+        assert top["dimension"] != "k8s.node.name"
