@@ -8,7 +8,8 @@ on both engines; the two reports must be equal. --keep-export reuses an export o
 from this very store by the running export code (its stamp says so), with every other table dropped.
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
-                                          [--fixed-spike] [--sampled] [--profile-export] [--materialized] [--json]
+                                          [--fixed-spike] [--sampled] [--profile-export] [--materialized]
+                                          [--attrs N] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
@@ -34,6 +35,9 @@ against the chdb report computed from the spans (the anchor here), same run: the
 are created (without the refreshable view), the spans copied into `tailscope_requests_spans`
 (`copy_spans`) and every 5-minute interval of the table refreshed by hand (`refresh`), that fill
 timed apart; both reports must equal DuckDB's. --skip-fly leaves out the report from the spans.
+With --attrs N every request carries N extra random attributes (synthetic.extra_attributes, as
+bench_attributes' store): both reports consider them all, and the figures add what the chdb report's
+attribute pass returned (rows of per-candidate aggregates; the codes of the rows read one by one).
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import resource
 import shutil
 import sys
@@ -75,11 +78,20 @@ class Counting:
         self.dsn = inner.dsn
         self.pulled = 0
         self.rows = 0
+        self.attribute_rows = 0
+        self.coded_rows = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
+        from analysis.clickhouse.attributes import ATTR_TEMP
+
         out = self.inner.query(sql, settings)
         self.pulled += out.nbytes
         self.rows += out.num_rows
+        if ATTR_TEMP in sql:  # the attribute pass's (codes of the pulled rows apart)
+            if sql.startswith("SELECT trace_id, span_id"):
+                self.coded_rows += out.num_rows
+            else:
+                self.attribute_rows += out.num_rows
         return out
 
     def command(self, sql: str) -> None:
@@ -134,8 +146,8 @@ def dashboard_figures(store: Path, chdir: Path) -> dict[str, Any]:
     out["dash_chdb_overview_s"] = _overview(bench)
     out["dash_chdb_overview_pulled_mib"] = round(client.pulled / 2**20, 2)
     f = data.Filters()
-    out["dash_equal"] = (core(data.report_of(wb, str(wb.store), wb.version, f))
-                         == core(data.report_of(bench, bench.store, bench.version, f)))
+    out["dash_equal"] = (data.report_of(wb, str(wb.store), wb.version, f)
+                         == data.report_of(bench, bench.store, bench.version, f))
     bench.close()
     return out
 
@@ -230,34 +242,22 @@ def fill_materialized(client: Any) -> dict[str, Any]:
     return out
 
 
-def explain_as_clickhouse() -> None:
-    """The store's report explains by the built-in dimensions, as the ClickHouse engine does (it does not push the
-    attributes down yet), so the two reports can be compared; `core` leaves out the store's `attributes` object."""
-    from analysis.stats import explain as X
-
-    os.environ["TAILSCOPE_DIMENSIONS"] = ",".join(X.DIMENSIONS)
-
-
-def core(report: dict[str, Any]) -> dict[str, Any]:
-    """A report without its `attributes` object (what the store read of the attributes; ClickHouse reads none)."""
-    return {k: v for k, v in report.items() if k != "attributes"}
-
-
 def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False,
-        profile: bool = False, sampled: bool = False, materialized: bool = False, skip_fly: bool = False
-        ) -> dict[str, Any]:
+        profile: bool = False, sampled: bool = False, materialized: bool = False, skip_fly: bool = False,
+        attrs: int = 0) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict."""
-    explain_as_clickhouse()
     from analysis.clickhouse import open_client
     from analysis.clickhouse.report import build_report as ch_report
     from analysis.engine.connect import connect
     from analysis.report import build_report
 
-    tag = f"{spans}-fixed" if fixed_spike else f"{spans}"
+    tag = (f"{spans}-fixed" if fixed_spike else f"{spans}") + (f"-x{attrs}" if attrs else "")
     store = root / f"store-{tag}"
     # the synthetic store by fingerprint (benchmarks.inputs): hours an earlier run materialized are removed, so the
     # DuckDB report computes its requests from the spans, as the chdb report does
     shape: dict[str, Any] = {"duration_s": round(DURATION_S * spans / 1_000_000)} if fixed_spike else {}
+    if attrs:  # synthetic.extra_attributes on every request (as bench_attributes' store)
+        shape["extra"] = attrs
     out: dict[str, Any] = {"spans": spans, "export_s": None, "build_s": prepare(store, make_store, spans=spans,
                                                                                     **shape)}
     chdir = root / f"chdb-{tag}"
@@ -302,7 +302,11 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
         out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
-        out["equal"] = None if sampled else core(ch) == core(duck)
+        # the attribute pass: rows of per-candidate aggregates, and the codes of the rows read one by one
+        out["attribute_rows"], out["attribute_coded_rows"] = client.attribute_rows, client.coded_rows
+        out["attributes_considered"] = len((ch.get("attributes") or {}).get("considered", []))
+        out["attributes_skipped"] = len((ch.get("attributes") or {}).get("skipped", []))
+        out["equal"] = None if sampled else ch == duck
         out["report_sha256"] = hashlib.sha256(json.dumps(ch, sort_keys=True).encode()).hexdigest()[:16]
         out["chdb_spikes"] = len(ch["spikes"])
     if materialized:
@@ -315,7 +319,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         if "chdb_report_s" in out:
             out["mat_vs_fly_x"] = round(out["chdb_mat_report_s"] / max(out["chdb_report_s"], 1e-9), 3)
         out["mat_pulled_mib"] = round(client.pulled / 2**20, 2)
-        out["mat_equal"] = core(mat) == core(duck)
+        out["mat_equal"] = mat == duck
     client.close()
     if dashboard:
         out |= dashboard_figures(store, chdir)
@@ -340,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also the report reading tailscope_requests, filled by hand first")
     parser.add_argument("--skip-fly", action="store_true",
                         help="with --materialized: leave out the chdb report computed from the spans")
+    parser.add_argument("--attrs", type=int, default=0,
+                        help="extra random attributes on every request (synthetic.extra_attributes)")
     parser.add_argument("--profile-export", action="store_true",
                         help="also price each step of the export in CPU seconds (EXPORT_STEPS)")
     args = parser.parse_args(argv)
@@ -348,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
     results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike, args.profile_export,
-                   args.sampled, args.materialized, args.skip_fly)
+                   args.sampled, args.materialized, args.skip_fly, args.attrs)
                for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -363,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
               f"({r['chdb_report_cpu_s']} CPU-s) "
               f"(x{r['chdb_vs_duckdb_x']}); pulled {r['pulled_mib']} MiB; store {r['store_mib']} MiB, "
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']}; load {r['loadavg_1m']}")
+        print(f"  attributes: {r['attributes_considered']} considered, {r['attributes_skipped']} skipped; the "
+              f"attribute pass returned {r['attribute_rows']} aggregate rows, and codes of "
+              f"{r['attribute_coded_rows']} pulled rows")
         if "dash_equal" in r:
             print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "

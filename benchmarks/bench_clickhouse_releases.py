@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_clickhouse import core, explain_as_clickhouse
 from benchmarks.bench_report import make_store
 
 
@@ -59,7 +58,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--releases", default="24.8,25.8", help="older releases, comma-separated (.venv-ch/<release>)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    explain_as_clickhouse()
     with tempfile.TemporaryDirectory(prefix="bench-ch-rel-") as tmp:
         root = Path(tmp)
         make_store(root / "store", a.spans)
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         out.append({k: v for k, v in r.items() if k != "report"} | {
             "ratio_to_newest": round(r["report_s"] / anchor["report_s"], 2),
-            "equal_to_newest": r["report"] == anchor["report"], "equal_to_duckdb": core(r["report"]) == core(duck)})
+            "equal_to_newest": r["report"] == anchor["report"], "equal_to_duckdb": r["report"] == duck})
     load = round(os.getloadavg()[0], 1)
     if a.json:
         print(json.dumps({"spans": a.spans, "load_1min": load, "releases": out}))
