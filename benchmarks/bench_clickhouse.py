@@ -82,12 +82,12 @@ class Counting:
         self.coded_rows = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
-        from analysis.clickhouse.attributes import ATTR_TEMP
+        from analysis.clickhouse.attributes import ATTR_PREFIX
 
         out = self.inner.query(sql, settings)
         self.pulled += out.nbytes
         self.rows += out.num_rows
-        if ATTR_TEMP in sql:  # the attribute pass's (codes of the pulled rows apart)
+        if ATTR_PREFIX in sql:  # the attribute pass's (codes of the pulled rows apart)
             if sql.startswith("SELECT trace_id, span_id"):
                 self.coded_rows += out.num_rows
             else:

@@ -35,8 +35,11 @@ from analysis.engine.percentiles import in_range_sql
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 
-#: Session temporary table of the frame's requests with their attribute maps.
-ATTR_TEMP: Final = "_tailscope_attrs"
+#: Session temporary tables of the attribute pass (their names' common start): the frame's requests with their
+#: attribute maps (ATTR_MAPS, while the keys are read), then with each candidate key's code (ATTR_TEMP).
+ATTR_PREFIX: Final = "_tailscope_attr"
+ATTR_MAPS: Final = "_tailscope_attr_maps"
+ATTR_TEMP: Final = "_tailscope_attr_codes"
 #: Text Arrow's cast to a double reads as a number (analysis.stats.attributes.code_values' test); the value must
 #: be finite too.
 NUMBER_RE: Final = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$"
@@ -73,8 +76,12 @@ def _array(items: Sequence[Any], kind: str) -> str:
 
 
 def _code_of(value: str, labels: Sequence[Any], kind: str) -> str:
-    """SQL of the code of `value` among `labels` (its position, -1 when absent)."""
-    return f"toInt64(indexOf({_array(labels, kind)}, {value})) - 1"
+    """SQL of the code of `value` among `labels` (its position, -1 when absent): a hashed look-up."""
+    if not labels:
+        return "toInt64(-1)"
+    cast = "toString" if kind == "String" else "toInt64"
+    return f"transform({cast}({value}), {_array(labels, kind)}, {_array(list(range(len(labels))), 'Int64')}, " \
+           "toInt64(-1))"
 
 
 @dataclass
@@ -139,7 +146,7 @@ def _keys_sql(col: str) -> str:
     return (f"SELECT k, count() AS present, uniqExact(v) AS nd, min({ok}) AS num, "
             f"min(if({ok}, {x} = floor({x}), true)) AS integral, groupUniqArrayIf({number_key_sql('v')}, {ok}) "
             f"AS keys, groupUniqArray({A.MAX_VALUES + 1})(v) AS texts "
-            f"FROM {ATTR_TEMP} ARRAY JOIN mapKeys({col}) AS k, mapValues({col}) AS v GROUP BY k")
+            f"FROM {ATTR_MAPS} ARRAY JOIN mapKeys({col}) AS k, mapValues({col}) AS v GROUP BY k")
 
 
 class _Reader:
@@ -148,10 +155,10 @@ class _Reader:
     def __init__(self, client: Client, table: str, lo: int | None, hi: int | None, rules: A.AttributeRules
                  ) -> None:
         self.client, self.table, self.lo, self.hi = client, table, lo, hi
-        self.n = int(client.query(f"SELECT count() AS n FROM {ATTR_TEMP}").to_pylist()[0]["n"])
+        self.n = int(client.query(f"SELECT count() AS n FROM {ATTR_MAPS}").to_pylist()[0]["n"])
         counts = ", ".join(f"maxOrNull({bucket_code_sql(d)}) AS {d}" if d in X.BUCKETED
                            else f"uniqExact({d}) AS {d}" for d in X.DIMENSIONS)
-        row = client.query(f"SELECT {counts} FROM {ATTR_TEMP}").to_pylist()[0]
+        row = client.query(f"SELECT {counts} FROM {ATTR_MAPS}").to_pylist()[0]
         sizes = {d: (int(row[d] if row[d] is not None else -1) + 1) if d in X.BUCKETED else int(row[d])
                  for d in X.DIMENSIONS}
         # the built-ins as the rules see them: their names and how many values they have (their codes stay here)
@@ -160,50 +167,94 @@ class _Reader:
         self.judge = A.Judge(self.n, rules, self.builtin)
         self.code_sql: dict[str, str] = {}
         self._pending = ""
+        self._same: dict[str, bool] | None = None
+        self.rules = rules
+        #: per source, its keys' figures and, per key that may be kept, its code's column in ATTR_TEMP
+        self.found: dict[str, list[dict[str, Any]]] = {}
+        self.column: dict[tuple[str, str], str] = {}
 
     def same_partition(self, a: X.Coded, b: X.Coded) -> bool:
-        """attributes' same-partition test of the pending key `a` against `b`, counted on the server."""
+        """attributes' same-partition test of the pending key `a` against `b`, counted on the server: on the first
+        question about `a`, against every dimension with as many values at once (two counts each, one query)."""
         if len(a.labels) != len(b.labels):
             return False
-        ea = self._pending
-        if b.source == "builtin":
-            bv, bm = _builtin_sql(b.name)
-        else:
-            bv = self.code_sql[b.name]
-            bm = f"({bv}) < 0"
-        row = self.client.query(f"SELECT countIf((({ea}) < 0) != ({bm})) AS d, "
-                                f"uniqExactIf(({ea}, {bv}), ({ea}) >= 0) AS p FROM {ATTR_TEMP}").to_pylist()[0]
-        return int(row["d"]) == 0 and int(row["p"]) == len(a.labels)
+        if self._same is None:
+            ea = self._pending
+            others = [c for c in [*self.builtin, *self.judge.out.coded] if len(c.labels) == len(a.labels)]
+            parts = []
+            for i, c in enumerate(others):
+                if c.source == "builtin":
+                    bv, bm = _builtin_sql(c.name)
+                else:
+                    bv = self.code_sql[c.name]
+                    bm = f"({bv}) < 0"
+                parts.append(f"countIf((a < 0) != ({bm})) AS d{i}, uniqExactIf((a, {bv}), a >= 0) AS p{i}")
+            row = self.client.query(f"SELECT {', '.join(parts)} FROM (SELECT *, {ea} AS a FROM {ATTR_TEMP})"
+                                    ).to_pylist()[0]
+            self._same = {c.name: int(row[f"d{i}"]) == 0 and int(row[f"p{i}"]) == len(a.labels)
+                          for i, c in enumerate(others)}
+        return self._same[b.name]
 
     def _keep(self, coded: X.Coded, source: str, present: int, distinct: int, numeric: bool, code: str) -> None:
-        self._pending = code
+        self._pending, self._same = code, None
         before = len(self.judge.out.coded)
         self.judge.after_coding(coded, source, present, distinct, numeric, self.same_partition)
         if len(self.judge.out.coded) > before:
             self.code_sql[coded.name] = code
 
-    def keys(self, source: str, col: str) -> None:
-        """The request's (`req`) or stage (`stg`) attributes, most present first."""
-        rows = self.client.query(_keys_sql(col)).to_pylist()
-        for r in sorted(rows, key=lambda r: (-int(r["present"]), str(r["k"]))):
+    def codes(self, engine: str) -> None:
+        """Read the keys of both map sources, then write ATTR_TEMP: the frame's requests with the code of each key
+        the rules may keep (one column each, computed once), and drop ATTR_MAPS."""
+        cols: list[str] = []
+        for source, col in (("request", "req"), ("stage", "stg")):
+            try:
+                self.found[source] = self.client.query(_keys_sql(col)).to_pylist()
+            except Exception as exc:
+                self.found[source] = []
+                self.judge.out.errors.append(
+                    f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
+            scratch = A.Judge(self.n, self.rules, self.builtin)  # the rules read before coding, nothing recorded
+            for r in self.found[source]:
+                key, present = str(r["k"]), int(r["present"])
+                if not scratch.before_coding(key, source, present):
+                    continue
+                labels = self._labels(r)[0]
+                if not labels:  # past every bound: skipped as ids or by cardinality, never coded
+                    continue
+                name = f"{source[0]}{len(cols)}"
+                value = f"{col}[{CLICKHOUSE.literal(key)}]"  # read only where the key is (mapContains)
+                code = (_code_of(number_key_sql(value), labels, "Int64") if bool(r["num"])
+                        else _code_of(value, labels, "String"))
+                cols.append(f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {code}, -1) AS {name}")
+                self.column[(source, key)] = name
+        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", *X.DIMENSIONS, *cols])
+        self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
+        self.client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {engine} AS SELECT {keep} FROM {ATTR_MAPS}")
+        self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_MAPS}")
+
+    @staticmethod
+    def _labels(r: dict[str, Any]) -> tuple[list[Any], list[str], list[int | None], list[int | None]]:
+        """(the codes' keys: number buckets or texts, in code order; labels; low and high ends) of a key's figures;
+        nothing for text past MAX_VALUES values."""
+        if bool(r["num"]) and int(r["nd"]):
+            order, labels, lo, hi = A.number_labels(sorted(int(k) for k in r["keys"]), bool(r["integral"]))
+            return list(order), labels, lo, hi
+        texts = sorted(str(t) for t in r["texts"])
+        if len(texts) > A.MAX_VALUES:
+            return [], [], [], []
+        return list(texts), texts, [None] * len(texts), [None] * len(texts)
+
+    def keys(self, source: str) -> None:
+        """The request's or stage attributes (read by `codes`), most present first, judged in order."""
+        for r in sorted(self.found.get(source, []), key=lambda r: (-int(r["present"]), str(r["k"]))):
             key, present, distinct = str(r["k"]), int(r["present"]), int(r["nd"])
             if not self.judge.before_coding(key, source, present) or self.judge.cut_past(key, source,
                                                                                          A.CUT_PRESENT):
                 continue
-            value = f"{col}[{CLICKHOUSE.literal(key)}]"  # read only where the key is (mapContains)
-            if bool(r["num"]) and distinct:
-                order, labels, lo, hi = A.number_labels(sorted(int(k) for k in r["keys"]), bool(r["integral"]))
-                code = f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), " \
-                       f"{_code_of(number_key_sql(value), order, 'Int64')}, -1)"
-                coded = X.Coded(key, np.zeros(0, dtype=np.int64), labels, lo, hi)
-                self._keep(coded, source, present, distinct, True, code)
-                continue
-            texts = sorted(str(t) for t in r["texts"])
-            if len(texts) > A.MAX_VALUES:  # past every bound: skipped as ids or by cardinality, never coded
-                texts = []
-            code = f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {_code_of(value, texts, 'String')}, -1)"
-            coded = X.Coded(key, np.zeros(0, dtype=np.int64), texts, [None] * len(texts), [None] * len(texts))
-            self._keep(coded, source, present, distinct, False, code)
+            _, labels, lo, hi = self._labels(r)
+            numeric = bool(r["num"]) and distinct > 0
+            coded = X.Coded(key, np.zeros(0, dtype=np.int64), labels, lo, hi)
+            self._keep(coded, source, present, distinct, numeric, self.column.get((source, key), "toInt64(-1)"))
 
     def resource(self) -> None:
         """The resource attributes of each request's replica (attributes._resource's rules), from a table over the
@@ -268,20 +319,17 @@ LEFT JOIN (SELECT t, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
     WHERE Stage IS NOT NULL AND NOT IsRequest AND {ts} AND NOT startsWith(k, {own})
     GROUP BY t, k HAVING min(v) = max(v)) GROUP BY t) AS s ON s.t = f.trace_id"""
     try:
-        client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
+        engine = temp_engine(client, facts_table)
+        drop(client)
         # unmatched maps stay empty (join_use_nulls would make them Nullable, which a Map cannot be)
-        client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {temp_engine(client, facts_table)} AS {sql} "
-                       "SETTINGS join_use_nulls = 0")
+        client.command(f"CREATE TEMPORARY TABLE {ATTR_MAPS} ENGINE = {engine} AS {sql} SETTINGS join_use_nulls = 0")
         reader = _Reader(client, table, lo, hi, rules)
+        reader.codes(engine)
     except Exception as exc:
         out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
         return ServerAttributes(out)
-    for source, col in (("request", "req"), ("stage", "stg")):
-        try:
-            reader.keys(source, col)
-        except Exception as exc:
-            reader.judge.out.errors.append(
-                f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
+    for source in ("request", "stage"):
+        reader.keys(source)
     try:
         reader.resource()
     except Exception as exc:
@@ -290,5 +338,6 @@ LEFT JOIN (SELECT t, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
 
 
 def drop(client: Client) -> None:
-    """Drop the session's ATTR_TEMP."""
-    client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
+    """Drop the session's tables of the attribute pass."""
+    for name in (ATTR_MAPS, ATTR_TEMP):
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
-from analysis.clickhouse.attributes import ATTR_TEMP
+from analysis.clickhouse.attributes import ATTR_PREFIX
 from analysis.clickhouse.export import export_store, insert_sql, staging_columns
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
@@ -150,9 +150,9 @@ class _Counting:
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
-        if sql.startswith("SELECT trace_id, span_id") and ATTR_TEMP in sql:  # attribute codes of the pulled rows
+        if sql.startswith("SELECT trace_id, span_id") and ATTR_PREFIX in sql:  # attribute codes of the pulled rows
             self.coded_rows += out.num_rows
-        elif ATTR_TEMP in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
+        elif ATTR_PREFIX in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
             self.attribute_rows += out.num_rows
         else:
             self.rows += out.num_rows

@@ -22,6 +22,7 @@ from polars.testing import assert_frame_equal
 from analysis import breakdowns as B
 from analysis import clickhouse as C
 from analysis import traces as T
+from analysis.clickhouse import attributes as CA
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
 from analysis.clickhouse.export import export_store
@@ -190,7 +191,7 @@ def test_token_buckets_on_the_server_code_as_explain_does(engines: tuple[duckdb.
     xs: list[int | None] = [None, -3, -1, 0, 1, 2, 3]
     xs += [v for k in range(1, 62) for v in ((1 << k) - 1, 1 << k, (1 << k) + 1)]
     xs += [rng.randint(0, 1 << rng.randint(1, 40)) for _ in range(300)]
-    got = client.query("SELECT " + CR._bucket_code_sql("x") + " AS c FROM (SELECT arrayJoin(["
+    got = client.query("SELECT " + CA.bucket_code_sql("x") + " AS c FROM (SELECT arrayJoin(["
                        + ", ".join("NULL" if x is None else f"toInt64({x})" for x in xs) + "]) AS x)").to_pylist()
     want = X.code_dimension(pl.DataFrame({"input_tokens": xs}, schema={"input_tokens": pl.Int64}), "input_tokens")
     assert [r["c"] for r in got] == want.codes.tolist()
