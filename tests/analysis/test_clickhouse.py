@@ -24,7 +24,6 @@ from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
 from intake.ingest import ingest_files
-from tests.analysis.engines_compared import builtin_dimensions, core  # noqa: F401 (an autouse fixture)
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import TailscopeError
@@ -187,7 +186,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
     counted = _Counting(client)
     got = ch_report(counted, table)
-    assert core(got) == core(build_report(con))
+    assert got == build_report(con)
     if not got["spikes"]:  # detection on the server: one row per window (twice), a few single rows, and the values
         # above the pooled p99 (the scan weighs their ranks: about 1 % of the requests) come back
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
@@ -205,7 +204,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line
     assert bool(engines) == ("vllm" in sample.name or "sglang" in sample.name)
     if "vllm" in sample.name:
-        assert core(ch_report(client, table, metric="ttft")) == core(build_report(con, metric="ttft"))
+        assert ch_report(client, table, metric="ttft") == build_report(con, metric="ttft")
 
 
 def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path, client: Any,
@@ -225,7 +224,7 @@ def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path
     assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
     _same_frames(con.sql("SELECT * FROM requests").pl(),
                  pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
-    assert core(ch_report(client, table)) == core(build_report(con))
+    assert ch_report(client, table) == build_report(con)
 
 
 def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client: Any) -> None:
@@ -482,7 +481,7 @@ def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Pat
         con.close()
     assert duck_reports["auto"]["sampled"] is True and duck_reports["auto"]["sampling"]["recorded"] > 0
     for policy, duck_report in duck_reports.items():  # the sampling records are read on the server
-        assert core(ch_report(client, table, sampling_policy=policy)) == core(duck_report), policy
+        assert ch_report(client, table, sampling_policy=policy) == duck_report, policy
 
 
 def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, client: Any) -> None:
@@ -506,7 +505,7 @@ def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, c
     finally:
         con.close()
     assert duck["sampling"]["unrecorded"] > 0 and duck["warnings"], "the store's report sees the tail sampler"
-    assert core(ch_report(client, table)) == core(duck)
+    assert ch_report(client, table) == duck
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -746,7 +745,7 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     dims = want["spikes"][0]["dimensions"]
     assert dims[0]["value"] == "r-hot" and all(d["explained"] is not None for d in dims)
     got = CR.build_report(client, "t_no_spans", window_s=60, facts="t_facts_weighed")
-    assert got["sampled"] and core(got) == core(want)
+    assert got["sampled"] and got == want
     got_window = CR.explain_window(client, "t_no_spans", *calm, window_s=60, facts="t_facts_weighed")
     assert got_window["detected"] is False and got_window["dimensions"] is not None
     assert got_window == want_window

@@ -23,12 +23,10 @@ from dashboard import data
 from dashboard.settings import ENV_DSN, ENV_ENGINE
 from intake.ingest import ingest_files
 from tests.analysis.clickhouse_releases import older_releases, serve
-from tests.analysis.engines_compared import builtin_dimensions_for_module, core  # noqa: F401 (a fixture)
 from tests.dashboard.conftest import APP
 
-# ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out); the store's report explains by
-# the built-in dimensions here, as ClickHouse's does (engines_compared.py)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("builtin_dimensions_for_module")]
+# ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+pytestmark = pytest.mark.slow
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 MINUTE = 60_000_000_000
@@ -126,7 +124,7 @@ def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench, filters: list[data.Filte
     for f in filters if filters is not None else _filters(wb):
         _same(data.summary(**kc, filters=f), data.summary(**kw, filters=f))
         report = data.report_of(**kw, filters=f)
-        assert core(data.report_of(**kc, filters=f)) == core(report)
+        assert data.report_of(**kc, filters=f) == report
         assert data.window_s(**kc, filters=f) == data.window_s(**kw, filters=f) == report["window_s"]
         _frames(data.over_time(**kc, filters=f).to_pandas(), data.over_time(**kw, filters=f).to_pandas())
         for metric in ("e2e", "ttft"):

@@ -9,11 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tailscope.cli import app
-from tests.analysis.engines_compared import builtin_dimensions_for_module, core  # noqa: F401 (a fixture)
 
-# ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out); the store's report explains by
-# the built-in dimensions here, as ClickHouse's does (engines_compared.py)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("builtin_dimensions_for_module")]
+# ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
+pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
 runner = CliRunner()
@@ -40,7 +38,7 @@ def test_report_json_is_the_same_on_both_engines(exported: tuple[Path, str]) -> 
     assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
     a = json.loads(duck.stdout)
     assert a["spikes"], "the slow_replica sample has a spike"
-    assert core(json.loads(ch.stdout)) == core(a)
+    assert json.loads(ch.stdout) == a
     coverage = [line for line in duck.stderr.splitlines() if line.startswith("coverage:")]
     assert len(coverage) == 1 and coverage == [line for line in ch.stderr.splitlines() if line.startswith("coverage:")]
 
@@ -53,7 +51,7 @@ def test_a_time_range_and_ok_only_give_the_same_report(exported: tuple[Path, str
     ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, *args])
     assert duck.exit_code == 0 and ch.exit_code == 0, ch.output
     a = json.loads(duck.stdout)
-    assert a["requests"] > 0 and core(json.loads(ch.stdout)) == core(a)
+    assert a["requests"] > 0 and json.loads(ch.stdout) == a
 
 
 def test_sql_reads_the_views_and_refuses_writes(exported: tuple[Path, str]) -> None:
@@ -173,8 +171,8 @@ def test_report_reads_the_materialized_table_unless_told_not_to(exported: tuple[
     for name in ("tailscope_requests_spans_mv", "tailscope_requests", "tailscope_requests_spans"):
         client.command(f"DROP TABLE {name}")
     client.close()
-    assert core(json.loads(off.stdout)) == core(duck)
-    assert json.loads(on.stdout)["requests"] == duck["requests"] and core(json.loads(on.stdout)) != core(duck)
+    assert json.loads(off.stdout) == duck
+    assert json.loads(on.stdout)["requests"] == duck["requests"] and json.loads(on.stdout) != duck
     assert json.loads(sql.stdout)[0]["m"] == 3 * json.loads(sql_off.stdout)[0]["m"]
 
 
@@ -201,7 +199,7 @@ def test_init_backfill_covers_the_spans_already_there(exported: tuple[Path, str]
         ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
         duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
         assert ch.exit_code == 0, ch.output
-        assert core(json.loads(ch.stdout)) == core(json.loads(duck.stdout))
+        assert json.loads(ch.stdout) == json.loads(duck.stdout)
     finally:
         client = C.open_client(dsn)
         for name in ("tailscope_requests_mv", "tailscope_requests_spans_mv", "tailscope_requests",
