@@ -2,15 +2,17 @@
 pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
 
 The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
-table (ATTR_TEMP) beside the attribute maps their sources read: the request span's own, and the stage
+table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the stage
 spans' keys they all agree on (`stage`). What comes back is per candidate, never per request: each key's
 count of requests, distinct values, whether every value parses as a finite number (`parses_sql`: the text
 Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
-(`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1);
-each replica's resource values (`resource`); and the same-partition test as two counts. The keys are
-judged by attributes.Judge, the DuckDB report's own rules and order. A kept key stays on the server as
-the SQL of its code (`ServerAttributes.code_sql`): the explanation asks the counts of its values over the
-baseline, its p99s without a candidate (`candidate_sql`), and the codes of the rows it reads one by one.
+(`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
+Each key the rules may keep is then coded once, a column of ATTR_TEMP (which replaces ATTR_MAPS); each
+replica's resource values come back as one row per replica and key (`resource`), the same-partition
+test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
+order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
+explanation asks the counts of its values over the baseline, its p99s without a candidate
+(`candidate_sql`), and the codes of the rows it reads one by one.
 """
 
 from __future__ import annotations
