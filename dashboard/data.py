@@ -32,8 +32,10 @@ import duckdb
 import polars as pl
 import streamlit as st
 
+from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
+from analysis.attribute_filters import AttributeFilter
 from analysis.engine.connect import connect
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
@@ -288,6 +290,11 @@ class Workbench:
             lo, hi, n = B.time_bounds(cur, "req")
             return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, dims, "req")}
 
+    def attribute_choices(self) -> dict[str, dict[str, Any]]:
+        """analysis.attribute_filters.attribute_choices over every request."""
+        with _cursor(self) as cur:
+            return AF.attribute_choices(cur, "req")
+
     def summary(self, f: Filters) -> dict[str, Any]:
         """analysis.breakdowns.summary of the filtered requests."""
         cond, params = f.where()
@@ -522,6 +529,17 @@ def _inline(cond: str, params: list[Any]) -> str:
 def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
     """Time bounds and the distinct values of each filter dimension, over the whole store."""
     return _db.choices(FILTER_DIMENSIONS)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def attribute_choices(_db: Bench, store: str, version: int) -> dict[str, dict[str, Any]]:
+    """The attributes the report considers over the whole store and their values ({} where the engine cannot)."""
+    return _db.attribute_choices() if _db.can("attribute_filters") else {}
+
+
+def attribute_filter(choices: dict[str, dict[str, Any]], key: str, values: tuple[str, ...]) -> AttributeFilter:
+    """analysis.attribute_filters.attribute_filter: the sidebar's attribute pick as a filter."""
+    return AF.attribute_filter(choices, key, values)
 
 
 def no_request_hint(store: Path | str) -> str:

@@ -1,0 +1,105 @@
+"""Requests filtered by any attribute, by the report's own rule of one value per request (analysis.stats.attributes).
+
+`attribute_choices` lists what the report would consider over a set of requests: each attribute key, the
+source its value comes from (request span, stage spans, the serving process's resource) and its values as the
+report writes them (text, or power-of-two buckets of numbers: "0-0", "1024-2047"). `AttributeFilter.where`
+is the SQL condition on the `requests` columns that keeps the requests holding one of the chosen values,
+read from the same spans by the same rule: a stage key only where every stage span carrying it agrees, a
+resource key only where the replica's spans agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+
+from analysis.engine import model as M
+from analysis.stats import attributes as A
+from analysis.stats.explain import Coded
+
+#: Kinds of attribute values the filter reads (a number bucketed with fractional ends is not offered).
+KINDS: Final[tuple[str, ...]] = ("text", "number")
+
+
+@dataclass(frozen=True)
+class AttributeFilter:
+    """Keep the requests whose attribute `key` (read from `source`) holds one of `values` (text), or, for a
+    number, falls in one of the buckets `ranges` ((lo, hi), both ends included; `values` are their labels)."""
+
+    key: str
+    source: str
+    values: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def where(self, alias: str = "") -> tuple[str, list[Any]]:
+        """A SQL condition on the `requests` columns (trace_id, span_id, replica) and its ? parameters."""
+        if self.source not in A.SOURCES:
+            raise ValueError(f"attribute filter {self.key!r}: unknown source {self.source!r} "
+                             f"(one of {', '.join(A.SOURCES)})")
+        p = f"{alias}." if alias else ""
+        match, mparams = self._match("v")
+        if self.source == "request":
+            cond = (f"EXISTS (SELECT 1 FROM (SELECT s.SpanAttributes[?] AS v FROM spans s WHERE s.TraceId = "
+                    f"{p}trace_id AND s.SpanId = {p}span_id AND s.IsRequest) x WHERE {match})")
+            return cond, [self.key, *mparams]
+        if self.source == "stage":
+            cond = (f"{p}trace_id IN (SELECT TraceId FROM (SELECT TraceId, min(v) AS v FROM (SELECT TraceId, "
+                    "SpanAttributes[?] AS v FROM spans WHERE Stage IS NOT NULL AND NOT IsRequest) WHERE v IS NOT NULL "
+                    f"GROUP BY TraceId HAVING min(v) = max(v)) WHERE {match})")
+            return cond, [self.key, *mparams]
+        worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
+        cond = (f"{p}replica IN (SELECT Replica FROM (SELECT Replica, min(v) AS v FROM (SELECT Replica, "
+                "ResourceAttributes[?] AS v FROM spans WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN "
+                f"({worker}))) WHERE v IS NOT NULL GROUP BY Replica HAVING min(v) = max(v)) WHERE {match})")
+        return cond, [self.key, *mparams]
+
+    def _match(self, col: str) -> tuple[str, list[Any]]:
+        if self.ranges:
+            num = f"TRY_CAST({col} AS DOUBLE)"
+            return ("(" + " OR ".join(f"{num} BETWEEN ? AND ?" for _ in self.ranges) + ")",
+                    [x for r in self.ranges for x in r])
+        if not self.values:
+            return "false", []
+        return f"{col} IN ({', '.join('?' for _ in self.values)})", list(self.values)
+
+
+def _frame(con: duckdb.DuckDBPyConnection, source: str) -> tuple[np.ndarray, Coded]:
+    rows = con.sql(f"SELECT replica FROM {source} ORDER BY trace_id, span_id").fetchall()
+    labels = sorted({r[0] for r in rows if r[0] is not None})
+    at = {label: i for i, label in enumerate(labels)}
+    codes = np.array([at.get(r[0], -1) if r[0] is not None else -1 for r in rows], dtype=np.int64)
+    return np.arange(len(rows), dtype=np.int64), Coded("replica", codes, labels, [None] * len(labels),
+                                                         [None] * len(labels))
+
+
+def attribute_choices(con: duckdb.DuckDBPyConnection, source: str = "requests") -> dict[str, dict[str, Any]]:
+    """Every attribute the report considers over the requests of relation `source` (the skip rules of
+    analysis.stats.attributes), as key -> {"source", "kind", "values": [label], "ranges": {label: (lo, hi)}}."""
+    rid, replica = _frame(con, source)
+    facts = (f"SELECT (row_number() OVER (ORDER BY trace_id, span_id) - 1) AS rid, trace_id, span_id "
+             f"FROM {source}")
+    found = A.read_attributes(con, facts, {}, rid, replica, [replica], A.AttributeRules(), None, None)
+    kinds = {(c["attribute"], c["source"]): c["kind"] for c in found.considered}
+    out: dict[str, dict[str, Any]] = {}
+    for coded in found.coded:
+        key, src = getattr(coded, "attribute", coded.name), getattr(coded, "source", "request")
+        kind = kinds.get((key, src), "text")
+        ranges = {label: (int(lo), int(hi)) for label, lo, hi in zip(coded.labels, coded.lo, coded.hi, strict=True)
+                  if lo is not None and hi is not None}
+        if kind == "number" and len(ranges) < len(coded.labels):
+            continue  # numbers bucketed with fractional ends: not offered
+        out[key] = {"source": src, "kind": kind, "values": list(coded.labels), "ranges": ranges}
+    return dict(sorted(out.items()))
+
+
+def attribute_filter(choices: dict[str, dict[str, Any]], key: str, values: tuple[str, ...]) -> AttributeFilter:
+    """The filter keeping requests whose `key` holds one of `values` (labels among `choices[key]["values"])."""
+    if key not in choices:
+        raise ValueError(f"attribute {key!r} is not among the attributes the report considers here")
+    c = choices[key]
+    kept = tuple(v for v in values if v in c["values"])
+    ranges = tuple(c["ranges"][v] for v in kept) if c["kind"] == "number" else ()
+    return AttributeFilter(key, c["source"], kept, ranges)
