@@ -10,12 +10,15 @@ resource key only where the replica's spans agree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import duckdb
 import numpy as np
+import polars as pl
 
+from analysis import breakdowns as B
 from analysis.engine import model as M
 from analysis.stats import attributes as A
 from analysis.stats.explain import Coded
@@ -103,3 +106,41 @@ def attribute_filter(choices: dict[str, dict[str, Any]], key: str, values: tuple
     kept = tuple(v for v in values if v in c["values"])
     ranges = tuple(c["ranges"][v] for v in kept) if c["kind"] == "number" else ()
     return AttributeFilter(key, c["source"], kept, ranges)
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def value_relation(source: str, key: str, choice: dict[str, Any], column: str = "replica", where: str = "true") -> str:
+    """SQL of the rows of relation `source` (requests) that `where` keeps, with `column` replaced by each request's
+    value of attribute `key` as the report writes it (`choice`: its entry of `attribute_choices`; NULL where the
+    request has none)."""
+    k = _lit(key)
+    if choice["source"] == "request":
+        join = (f"LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes[{k}] AS v FROM spans WHERE IsRequest) x "
+                "ON x.TraceId = r.trace_id AND x.SpanId = r.span_id")
+    elif choice["source"] == "stage":
+        join = (f"LEFT JOIN (SELECT TraceId, min(v) AS v FROM (SELECT TraceId, SpanAttributes[{k}] AS v FROM spans "
+                "WHERE Stage IS NOT NULL AND NOT IsRequest) WHERE v IS NOT NULL GROUP BY TraceId "
+                "HAVING min(v) = max(v)) x ON x.TraceId = r.trace_id")
+    else:
+        worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
+        join = (f"LEFT JOIN (SELECT Replica, min(v) AS v FROM (SELECT Replica, ResourceAttributes[{k}] AS v FROM spans "
+                f"WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN ({worker}))) WHERE v IS NOT NULL "
+                "GROUP BY Replica HAVING min(v) = max(v)) x ON x.Replica = r.replica")
+    if choice["kind"] == "number":
+        num = "TRY_CAST(x.v AS DOUBLE)"
+        label = "CASE " + " ".join(f"WHEN {num} BETWEEN {lo} AND {hi} THEN {_lit(lab)}"
+                                   for lab, (lo, hi) in choice["ranges"].items()) + " END"
+    else:
+        label = "x.v"
+    return f"(SELECT r.* REPLACE ({label} AS {column}) FROM (SELECT * FROM {source} WHERE {where}) r {join})"
+
+
+def by_attribute(con: duckdb.DuckDBPyConnection, key: str, choice: dict[str, Any], metric: str = "e2e",
+                 source: str = "requests", where: str = "true", params: Sequence[object] = ()) -> pl.DataFrame:
+    """Per value of attribute `key` ('(none)' where a request has none): the columns and outlier rule of
+    analysis.breakdowns.replicas, its `replica` column named `value`."""
+    rel = value_relation(source, key, choice, where=where)  # filtered before the replica column is replaced
+    return B.replicas(con, metric, rel, "true", params).rename({"replica": "value"})

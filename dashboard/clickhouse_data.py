@@ -143,6 +143,10 @@ class ClickHouseBench:
         """None on a table yet (`can("attribute_filters")` is False and says why)."""
         return {}
 
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """Not on a table yet (`can("attribute_filters")` is False and says why)."""
+        raise NotImplementedError(self.missing("attribute_filters"))
+
     def summary(self, f: Filters) -> dict[str, Any]:
         """`summary`."""
         return summary(self, f, FILTER_DIMENSIONS)

@@ -338,6 +338,12 @@ class Workbench:
         with _cursor(self) as cur:
             return B.replicas(cur, metric, "req", cond, params).to_pandas()
 
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """analysis.attribute_filters.by_attribute of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return AF.by_attribute(cur, key, choice, metric, "req", cond, params).to_pandas()
+
     def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
         """analysis.stats.verdicts.outlier_explanations of the filtered requests."""
         cond, params = f.where()
@@ -540,6 +546,38 @@ def attribute_choices(_db: Bench, store: str, version: int) -> dict[str, dict[st
 def attribute_filter(choices: dict[str, dict[str, Any]], key: str, values: tuple[str, ...]) -> AttributeFilter:
     """analysis.attribute_filters.attribute_filter: the sidebar's attribute pick as a filter."""
     return AF.attribute_filter(choices, key, values)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def by_attribute(_db: Bench, store: str, version: int, filters: Filters, metric: str, key: str) -> pd.DataFrame:
+    """Per value of attribute `key` under `filters` (the replicas' columns; empty where the engine cannot)."""
+    import pandas as pd
+
+    choices = attribute_choices(_db, store, version)
+    if key not in choices:
+        return pd.DataFrame()
+    return _db.by_attribute(filters, metric, key, choices[key])
+
+
+def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) -> None:
+    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a table."""
+    from dashboard import formats
+
+    df = by_attribute(db, str(db.store), db.version, f, metric, key)
+    if df.empty:
+        st.info("No requests match the filters.")
+        return
+    df = df.sort_values("p99_ms", ascending=False)
+    cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective") if c in df.columns]
+    st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={
+        "value": st.column_config.TextColumn(key), "requests": formats.number("requests"),
+        "n_effective": formats.number("effective requests"), "p50_ms": formats.ms("p50"), "p99_ms": formats.ms("p99"),
+        **{o: formats.number(o) for o in OUTCOMES}})
+
+
+def attribute_keys(db: Bench) -> list[str]:
+    """The attributes a page may group by ([] where the engine cannot: `db.missing("attribute_filters")`)."""
+    return list(attribute_choices(db, str(db.store), db.version))
 
 
 def no_request_hint(store: Path | str) -> str:

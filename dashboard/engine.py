@@ -133,6 +133,9 @@ class Engine(Protocol):
     def replicas(self, f: Filters, metric: str) -> pd.DataFrame:
         """Per replica counts, p50/p99 and the outlier flag."""
 
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """Per value of attribute `key` (`choice`: its entry of attribute_choices): the replicas' columns."""
+
     def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
         """The outlier replicas one value of another dimension explains."""
 

@@ -94,3 +94,42 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     assert not again.exception, [e.message for e in again.exception]
     assert again.selectbox(key="f_attr").value == NODE_KEY
     assert _metric(again, "requests") == want
+
+
+@pytest.mark.parametrize(("page", "widget"), [("app_pages/replicas.py", "replica_group"),
+                                              ("app_pages/shape.py", "shape_attribute")])
+def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch,
+                                 page: str, widget: str) -> None:
+    store, nodes = fleet_store
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.switch_page(page).run()
+    at.selectbox(key=widget).select(NODE_KEY).run()
+    assert not at.exception, [e.message for e in at.exception]
+    table = at.dataframe[-1].value
+    want = {node: _plain_count(store, [r for r, n in nodes.items() if n == node]) for node in set(nodes.values())}
+    got = dict(zip(table["value"], table["requests"], strict=True))
+    assert got == {n: c for n, c in want.items() if c}
+
+
+
+def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tuple[Path, dict[str, str]],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link `tailscope watch` puts on an alert explained by an attribute (analysis.watch.records; the alert
+    itself: tests/analysis/test_attributes.py) opens the Spike page filtered to that attribute's value."""
+    from analysis.watch.records import spike_url, with_attribute
+
+    store, nodes = fleet_store
+    alert = {"attribute": NODE_KEY, "value": NODE, "attribute_source": "resource"}
+    link = with_attribute(spike_url("http://127.0.0.1:8501", 1, 2), alert)
+    assert link is not None
+    page, query = link.rsplit("/", 1)[1].split("?", 1)
+    assert page == "spike"
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in parse_qs(query).items():
+        at.query_params[key] = values
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="f_attr").value == NODE_KEY
+    assert at.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [NODE]
