@@ -568,16 +568,25 @@ def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) ->
         st.info("No requests match the filters.")
         return
     df = df.sort_values("p99_ms", ascending=False)
-    cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective") if c in df.columns]
+    cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective")
+            if c in df.columns]
     st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={
         "value": st.column_config.TextColumn(key), "requests": formats.number("requests"),
         "n_effective": formats.number("effective requests"), "p50_ms": formats.ms("p50"), "p99_ms": formats.ms("p99"),
         **{o: formats.number(o) for o in OUTCOMES}})
 
 
-def attribute_keys(db: Bench) -> list[str]:
-    """The attributes a page may group by ([] where the engine cannot: `db.missing("attribute_filters")`)."""
-    return list(attribute_choices(db, str(db.store), db.version))
+def attribute_pick(db: Bench, page: str, label: str) -> str | None:
+    """A toggle `label` (off by default: listing the attributes reads every span's attributes), then the attribute
+    to group by (widgets `<page>_by_attr`, `<page>_attribute`); None until one is picked or where the engine
+    cannot (the toggle's help says why)."""
+    can = db.can("attribute_filters")
+    on = st.toggle(label, key=f"{page}_by_attr", disabled=not can,
+                   help="any attribute the report considers" if can else db.missing("attribute_filters"))
+    if not on or not can:
+        return None
+    keys = list(attribute_choices(db, str(db.store), db.version))
+    return st.selectbox("Attribute", keys, index=None, key=f"{page}_attribute", placeholder="pick an attribute")
 
 
 def no_request_hint(store: Path | str) -> str:

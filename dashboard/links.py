@@ -98,6 +98,11 @@ def seed_filters(dims: Sequence[str], options: Mapping[str, Sequence[str]]) -> t
     return _int(st.query_params.get(SINCE)), _int(st.query_params.get(UNTIL))
 
 
+def linked_attribute() -> bool:
+    """Whether the URL names an attribute filter the session has not applied yet (a link followed)."""
+    return not st.session_state.get("_links_attr_seeded") and bool(st.query_params.get(ATTR))
+
+
 def seed_attribute(choices: Mapping[str, Mapping[str, Any]]) -> None:
     """On a session's first run, set the sidebar's attribute filter from the URL's (a key and values the store
     holds)."""

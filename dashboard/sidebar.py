@@ -72,10 +72,16 @@ def _attribute_control(db: data.Bench) -> data.AttributeFilter | None:
     if not db.can("attribute_filters"):
         st.caption(f"Attribute filters: {db.missing('attribute_filters')}.")
         return None
+    if links.linked_attribute():  # a shared link's attribute filter turns the control on, on a first run
+        st.session_state["f_attr_on"] = True
+    # off until asked for: listing the attributes reads every span's attributes (the report's attribute pass)
+    if not st.toggle("Filter by attribute", key="f_attr_on", help="any attribute the report considers"):
+        return None
     choices = data.attribute_choices(db, str(db.store), db.version)
     if not choices:
+        st.caption("No attribute of these requests is a dimension the report considers.")
         return None
-    links.seed_attribute(choices)  # a shared link's attribute filter, on a first run
+    links.seed_attribute(choices)
     key = st.selectbox("Attribute", list(choices), index=None, key="f_attr", placeholder="any attribute")
     if key is None or key not in choices:
         return None

@@ -78,6 +78,8 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     everything = _metric(at, "requests")
+    assert not [s for s in at.sidebar.selectbox if s.key == "f_attr"]  # off until asked for
+    at.toggle(key="f_attr_on").set_value(True).run()
     assert NODE_KEY in at.selectbox(key="f_attr").options
     at.selectbox(key="f_attr").select(NODE_KEY).run()
     at.multiselect(key=f"f_attr_values:{NODE_KEY}").select(NODE).run()
@@ -96,15 +98,15 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     assert _metric(again, "requests") == want
 
 
-@pytest.mark.parametrize(("page", "widget"), [("app_pages/replicas.py", "replica_group"),
-                                              ("app_pages/shape.py", "shape_attribute")])
+@pytest.mark.parametrize(("page", "prefix"), [("app_pages/replicas.py", "replica"), ("app_pages/shape.py", "shape")])
 def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch,
-                                 page: str, widget: str) -> None:
+                                 page: str, prefix: str) -> None:
     store, nodes = fleet_store
     monkeypatch.setenv("TAILSCOPE_STORE", str(store))
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.switch_page(page).run()
-    at.selectbox(key=widget).select(NODE_KEY).run()
+    at.toggle(key=f"{prefix}_by_attr").set_value(True).run()
+    at.selectbox(key=f"{prefix}_attribute").select(NODE_KEY).run()
     assert not at.exception, [e.message for e in at.exception]
     table = at.dataframe[-1].value
     want = {node: _plain_count(store, [r for r, n in nodes.items() if n == node]) for node in set(nodes.values())}
@@ -119,7 +121,7 @@ def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tu
     itself: tests/analysis/test_attributes.py) opens the Spike page filtered to that attribute's value."""
     from analysis.watch.records import spike_url, with_attribute
 
-    store, nodes = fleet_store
+    store, _ = fleet_store
     alert = {"attribute": NODE_KEY, "value": NODE, "attribute_source": "resource"}
     link = with_attribute(spike_url("http://127.0.0.1:8501", 1, 2), alert)
     assert link is not None

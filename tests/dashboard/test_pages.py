@@ -101,7 +101,7 @@ def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monk
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
     assert any("could not judge" in e.value for e in at.error)
-    assert not at.success and not at.main.selectbox  # no "no spike", and no window explained under the filter
+    assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
 
 
 def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
