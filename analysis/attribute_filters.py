@@ -39,25 +39,15 @@ class AttributeFilter:
 
     def where(self, alias: str = "") -> tuple[str, list[Any]]:
         """A SQL condition on the `requests` columns (trace_id, span_id, replica) and its ? parameters."""
-        if self.source not in A.SOURCES:
-            raise ValueError(f"attribute filter {self.key!r}: unknown source {self.source!r} "
-                             f"(one of {', '.join(A.SOURCES)})")
         p = f"{alias}." if alias else ""
-        match, mparams = self._match("v")
+        sub = one_value_sql(self.key, self.source)
+        match, params = self._match("x.v")
         if self.source == "request":
-            cond = (f"EXISTS (SELECT 1 FROM (SELECT s.SpanAttributes[?] AS v FROM spans s WHERE s.TraceId = "
-                    f"{p}trace_id AND s.SpanId = {p}span_id AND s.IsRequest) x WHERE {match})")
-            return cond, [self.key, *mparams]
+            return (f"EXISTS (SELECT 1 FROM {sub} x WHERE x.TraceId = {p}trace_id AND x.SpanId = {p}span_id "
+                    f"AND {match})"), params
         if self.source == "stage":
-            cond = (f"{p}trace_id IN (SELECT TraceId FROM (SELECT TraceId, min(v) AS v FROM (SELECT TraceId, "
-                    "SpanAttributes[?] AS v FROM spans WHERE Stage IS NOT NULL AND NOT IsRequest) WHERE v IS NOT NULL "
-                    f"GROUP BY TraceId HAVING min(v) = max(v)) WHERE {match})")
-            return cond, [self.key, *mparams]
-        worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
-        cond = (f"{p}replica IN (SELECT Replica FROM (SELECT Replica, min(v) AS v FROM (SELECT Replica, "
-                "ResourceAttributes[?] AS v FROM spans WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN "
-                f"({worker}))) WHERE v IS NOT NULL GROUP BY Replica HAVING min(v) = max(v)) WHERE {match})")
-        return cond, [self.key, *mparams]
+            return f"{p}trace_id IN (SELECT x.TraceId FROM {sub} x WHERE {match})", params
+        return f"{p}replica IN (SELECT x.Replica FROM {sub} x WHERE {match})", params
 
     def _match(self, col: str) -> tuple[str, list[Any]]:
         if self.ranges:
@@ -112,23 +102,32 @@ def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def one_value_sql(key: str, source: str) -> str:
+    """SQL of each request's one value `v` of attribute `key` from `source` (analysis.stats.attributes' rule), keyed
+    by TraceId and SpanId (request), TraceId (stage: the value its stage spans agree on) or Replica (resource: the
+    value the replica's request and worker-stage spans agree on)."""
+    if source not in A.SOURCES:
+        raise ValueError(f"attribute {key!r}: unknown source {source!r} (one of {', '.join(A.SOURCES)})")
+    k = _lit(key)
+    if source == "request":
+        return f"(SELECT TraceId, SpanId, SpanAttributes[{k}] AS v FROM spans WHERE IsRequest)"
+    if source == "stage":
+        return (f"(SELECT TraceId, min(v) AS v FROM (SELECT TraceId, SpanAttributes[{k}] AS v FROM spans "
+                "WHERE Stage IS NOT NULL AND NOT IsRequest) WHERE v IS NOT NULL GROUP BY TraceId "
+                "HAVING min(v) = max(v))")
+    worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
+    return (f"(SELECT Replica, min(v) AS v FROM (SELECT Replica, ResourceAttributes[{k}] AS v FROM spans "
+            f"WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN ({worker}))) WHERE v IS NOT NULL "
+            "GROUP BY Replica HAVING min(v) = max(v))")
+
+
 def value_relation(source: str, key: str, choice: dict[str, Any], column: str = "replica", where: str = "true") -> str:
     """SQL of the rows of relation `source` (requests) that `where` keeps, with `column` replaced by each request's
     value of attribute `key` as the report writes it (`choice`: its entry of `attribute_choices`; NULL where the
     request has none)."""
-    k = _lit(key)
-    if choice["source"] == "request":
-        join = (f"LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes[{k}] AS v FROM spans WHERE IsRequest) x "
-                "ON x.TraceId = r.trace_id AND x.SpanId = r.span_id")
-    elif choice["source"] == "stage":
-        join = (f"LEFT JOIN (SELECT TraceId, min(v) AS v FROM (SELECT TraceId, SpanAttributes[{k}] AS v FROM spans "
-                "WHERE Stage IS NOT NULL AND NOT IsRequest) WHERE v IS NOT NULL GROUP BY TraceId "
-                "HAVING min(v) = max(v)) x ON x.TraceId = r.trace_id")
-    else:
-        worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
-        join = (f"LEFT JOIN (SELECT Replica, min(v) AS v FROM (SELECT Replica, ResourceAttributes[{k}] AS v FROM spans "
-                f"WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN ({worker}))) WHERE v IS NOT NULL "
-                "GROUP BY Replica HAVING min(v) = max(v)) x ON x.Replica = r.replica")
+    on = {"request": "x.TraceId = r.trace_id AND x.SpanId = r.span_id", "stage": "x.TraceId = r.trace_id",
+          "resource": "x.Replica = r.replica"}[choice["source"]]
+    join = f"LEFT JOIN {one_value_sql(key, choice['source'])} x ON {on}"
     if choice["kind"] == "number":
         num = "TRY_CAST(x.v AS DOUBLE)"
         label = "CASE " + " ".join(f"WHEN {num} BETWEEN {lo} AND {hi} THEN {_lit(lab)}"
