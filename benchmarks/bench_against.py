@@ -10,11 +10,14 @@ this, ...: both see the same machine load): the median wall and CPU seconds of e
 - a synthetic store of --spans spans (benchmarks.synthetic), built or reused by fingerprint (benchmarks.inputs).
 
 Outputs are compared byte for byte ("identical"), and when they differ, again with the keys newer
-versions of the contract added removed (ADDITIVE: the report's `attributes` object, and the
-`attribute` / `source` keys of each dimension, condition and level), since version 1 only grows.
-A store whose outputs differ even so is named. Exits non-zero when any does.
+versions of the contract added removed (ADDITIVE_TOP: the report's `attributes` object;
+ADDITIVE_DIMENSION: the `attribute`, `source`, `finer` and `coarser` keys of each dimension and
+condition), since version 1 only grows. Where they differ even so, the names of the keys that differ
+are printed beside the store (say, `candidates_tested` and `p_value` when the tests counted changed).
+`--this REF` measures another ref instead of the working tree (to find which change moved a figure).
 
-    python -m benchmarks.bench_against --ref c77bc9d [--spans 1000000] [--runs 3] [--dir DIR] [--catalogue-only]
+    python -m benchmarks.bench_against --ref c77bc9d [--this REF] [--spans 1000000] [--runs 3] [--dir DIR]
+        [--catalogue-only] [--samples basic.otlp.jsonl.gz,...] [--no-c]
 """
 
 from __future__ import annotations
@@ -40,7 +43,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces" / "data"
 #: keys later contract versions added: the top-level object, and those of each dimension, condition and level
 ADDITIVE_TOP = ("attributes",)
-ADDITIVE_DIMENSION = ("attribute", "source")
+ADDITIVE_DIMENSION = ("attribute", "source", "finer", "coarser")
+#: runs the CLI of the tree it is given (argv[1]) and fails when a module of ours came from elsewhere (an editable
+#: install of another tree fills in a module the tree lacks: that run would measure a mix of trees)
+RUNNER = """
+import os, runpy, sys
+tree = os.path.realpath(sys.argv[1]) + os.sep
+sys.argv = ["tailscope", *sys.argv[2:]]
+try:
+    runpy.run_module("tailscope", run_name="__main__", alter_sys=True)
+finally:
+    ours = ("tracing", "intake", "analysis", "dashboard", "tailscope", "sample_traces")
+    bad = sorted(n for n, m in list(sys.modules.items()) if n.split(".")[0] in ours
+                 and getattr(m, "__file__", None) and not os.path.realpath(m.__file__).startswith(tree))
+    if bad:
+        sys.stderr.write("modules from outside the tree: " + ", ".join(bad) + "\\n")
+        os._exit(3)
+"""
 
 
 def ingest_sample(store: Path, sample: str) -> None:
@@ -71,19 +90,27 @@ def export_tree(ref: str, into: Path, build: bool = True) -> Path:
 
 
 def strip_additive(report: Any) -> Any:
-    """The report without the keys later versions added (ADDITIVE_TOP, ADDITIVE_DIMENSION wherever a dimension,
-    condition or level is)."""
+    """The report without the keys later versions added (ADDITIVE_TOP, ADDITIVE_DIMENSION wherever a dimension
+    or condition is)."""
     out = {k: v for k, v in report.items() if k not in ADDITIVE_TOP}
 
     def dim(d: dict[str, Any]) -> dict[str, Any]:
         d = {k: v for k, v in d.items() if k not in ADDITIVE_DIMENSION}
-        for key in ("conditions", "finer", "coarser"):
-            if key in d:
-                d[key] = [dim(x) for x in d[key]]
+        if "conditions" in d:
+            d["conditions"] = [dim(x) for x in d["conditions"]]
         return d
 
     out["spikes"] = [{**s, "dimensions": [dim(d) for d in s.get("dimensions", [])]} for s in report["spikes"]]
     return out
+
+
+def differing_keys(a: Any, b: Any, key: str = "") -> set[str]:
+    """The names of the keys whose values differ between two JSON values (list items compared in order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set().union(*(differing_keys(a.get(k), b.get(k), k) for k in a.keys() | b.keys()))
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return set().union(*(differing_keys(x, y, key) for x, y in zip(a, b, strict=True)))
+    return set() if a == b else {key or "(whole)"}
 
 
 def _children_cpu_s() -> float:
@@ -96,7 +123,7 @@ def report_once(tree: Path, store: Path) -> tuple[str, float, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAILSCOPE_")}  # the settings at their defaults
     env["PYTHONPATH"] = str(tree)
     t, c = time.perf_counter(), _children_cpu_s()
-    done = subprocess.run([sys.executable, "-m", "tailscope", "report", "--store", str(store), "--json",
+    done = subprocess.run([sys.executable, "-c", RUNNER, str(tree), "report", "--store", str(store), "--json",
                            "--no-materialize"], cwd=tree, env=env, capture_output=True, text=True, check=False)
     wall, cpu = time.perf_counter() - t, _children_cpu_s() - c
     if done.returncode != 0:
@@ -124,7 +151,8 @@ def compare(store: Path, trees: dict[str, Path], runs: int) -> dict[str, Any]:
     row["deterministic"] = all(len(outputs[n]) == 1 for n in names)
     a, b = (next(iter(outputs[n])) for n in names)
     row["identical"] = a == b
-    row["equal_without_additive"] = row["identical"] or strip_additive(json.loads(a)) == strip_additive(json.loads(b))
+    row["differs_in"] = sorted(differing_keys(strip_additive(json.loads(a)), strip_additive(json.loads(b))))
+    row["equal_without_additive"] = not row["differs_in"]
     return row
 
 
@@ -145,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     """Export the ref, build or reuse the stores, run both trees alternating and print the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ref", default="c77bc9d", help="the git ref to compare with (default: %(default)s)")
+    parser.add_argument("--this", default=None, help="a git ref to measure instead of this working tree")
     parser.add_argument("--spans", default="1000000", help="synthetic store sizes, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs of each tree on each synthetic store")
     parser.add_argument("--catalogue-runs", type=int, default=1, help="runs of each tree on each catalogue store")
@@ -156,16 +185,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-against-"))
-    commit = subprocess.run(["git", "rev-parse", "--short", args.ref], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout.strip()
+    def short(ref: str) -> str:
+        return subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
     rows = []
     with tempfile.TemporaryDirectory(prefix="tailscope-ref-") as tmp:
-        trees = {"this": ROOT, "ref": export_tree(args.ref, Path(tmp), not args.no_c)}
+        this = ROOT if args.this is None else export_tree(args.this, Path(tmp) / "this", not args.no_c)
+        trees = {"this": this, "ref": export_tree(args.ref, Path(tmp) / "ref", not args.no_c)}
         for store in stores(args, base):
             runs = args.runs if store.name.startswith("store-") else args.catalogue_runs
             rows.append(compare(store, trees, runs))
     cat = [r for r in rows if r["store"].startswith("sample-")]
-    summary = {"ref": f"{args.ref} ({commit})", "stores": len(rows),
+    summary = {"this": "working tree" if args.this is None else f"{args.this} ({short(args.this)})",
+               "ref": f"{args.ref} ({short(args.ref)})", "stores": len(rows),
                "identical": sum(r["identical"] for r in rows),
                "equal_without_additive": sum(r["equal_without_additive"] for r in rows),
                "catalogue_cpu_x": round(sum(r["this_cpu_s"] for r in cat) / max(sum(r["ref_cpu_s"] for r in cat),
@@ -177,15 +210,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'store':44} {'this wall':>9} {'ref wall':>9} {'wall x':>7} {'this cpu':>9} {'ref cpu':>9} "
               f"{'cpu x':>6}  identical  equal w/o additive keys")
         for r in rows:
+            differs = f" ({', '.join(r['differs_in'])})" if r["differs_in"] else ""
             print(f"{r['store']:44} {r['this_wall_s']:9.2f} {r['ref_wall_s']:9.2f} {r['wall_x']:7.3f} "
                   f"{r['this_cpu_s']:9.2f} {r['ref_cpu_s']:9.2f} {r['cpu_x']:6.3f}  {r['identical']!s:9}  "
-                  f"{r['equal_without_additive']}")
+                  f"{r['equal_without_additive']}{differs}")
         print("summary:", " ".join(f"{k}={v}" for k, v in summary.items()))
         print(f"compared without the keys later contract versions added: {', '.join(ADDITIVE_TOP)} (top level); "
-              f"{', '.join(ADDITIVE_DIMENSION)} (each dimension, condition, level)")
+              f"{', '.join(ADDITIVE_DIMENSION)} (each dimension and condition)")
     differ = [r["store"] for r in rows if not r["equal_without_additive"]]
     if differ:
-        raise SystemExit(f"reports differ from {args.ref} even without the additive keys on: {', '.join(differ)}")
+        print(f"reports differ from {args.ref} even without the additive keys on {len(differ)} store(s); the keys "
+              "that differ are listed beside each")
 
 
 if __name__ == "__main__":
