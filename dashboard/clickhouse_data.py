@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import polars as pl
 
@@ -266,17 +266,18 @@ def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
            window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse.report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
-        return CR.build_report(b.client, b.table, metric=metric, window_s=window_s, since=f.since_ns,
-                               until=f.until_ns, include_failures=True, facts=FACTS, where=condition(f, dims))
+        return cast(dict[str, Any], CR.build_report(b.client, b.table, metric=metric, window_s=window_s,
+                                                    since=f.since_ns, until=f.until_ns, include_failures=True,
+                                                    facts=FACTS, where=condition(f, dims)))
 
 
 def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
                    metric: str, window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse.report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
-        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, window_s=window_s,
-                                 since=f.since_ns,
-                                 until=f.until_ns, facts=FACTS, where=condition(f, dims))
+        return cast(dict[str, Any], CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric,
+                                                      window_s=window_s, since=f.since_ns, until=f.until_ns,
+                                                      facts=FACTS, where=condition(f, dims)))
 
 
 def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,

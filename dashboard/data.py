@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import polars as pl
@@ -316,15 +316,16 @@ class Workbench:
         """analysis.report.build_report (find_spikes without `explain`) over the filtered requests."""
         run = build_report if explain else find_spikes
         with _cursor(self, f) as cur:
-            return run(cur, metric=metric, window_s=window_s, since=f.since_ns, until=f.until_ns,
-                       include_failures=True, source=_report_source(self, f))
+            return cast(dict[str, Any], run(cur, metric=metric, window_s=window_s, since=f.since_ns,
+                                            until=f.until_ns, include_failures=True, source=_report_source(self, f)))
 
     def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
                        window_s: int | None) -> dict[str, Any]:
         """analysis.report.explain_window over the filtered requests."""
         with _cursor(self, f) as cur:
-            return explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s, since=f.since_ns,
-                                  until=f.until_ns, source=_report_source(self, f))
+            return cast(dict[str, Any], explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s,
+                                                       since=f.since_ns, until=f.until_ns,
+                                                       source=_report_source(self, f)))
 
     def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
         """analysis.breakdowns.shape of the filtered requests."""
