@@ -96,7 +96,12 @@ def _schema_key_of(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, st
     """_schema_key cached by path, size and mtime (segments are immutable): a long-lived reader reads a footer once."""
     import pyarrow.parquet as pq
 
-    return tuple(sorted((f.name, str(f.type)) for f in pq.read_schema(path)))
+    key = tuple(sorted((f.name, str(f.type)) for f in pq.read_schema(path)))
+    return _SCHEMA_KEYS.setdefault(key, key)  # one object per distinct schema, however many files have it
+
+
+#: The distinct schemas seen (a store has a handful), shared by every cached file that has one.
+_SCHEMA_KEYS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
 
 @contextlib.contextmanager
