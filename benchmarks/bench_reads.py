@@ -75,8 +75,10 @@ def duckdb_alone(store: Path, runs: int) -> tuple[float, int]:
     files = [str(f) for f in segment_files(store)]
     listing = Path(tempfile.mkstemp(suffix=".txt")[1])
     listing.write_text("\n".join(files))
+    query = SCAN.replace("FROM spans", "FROM read_parquet(?)")
     code = ("import sys, duckdb; files = open(sys.argv[1]).read().split('\\n'); "
-            f"duckdb.connect().execute({SCAN.replace('FROM spans', 'FROM read_parquet(?)')!r}, [files]).fetchall()")
+            "con = duckdb.connect(); con.execute('SET enable_progress_bar = false'); "
+            f"con.execute({query!r}, [files]).fetchall()")
     try:
         took = 0.0
         for _ in range(runs):
