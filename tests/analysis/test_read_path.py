@@ -22,6 +22,7 @@ import pytest
 
 from analysis.engine import model as M
 from analysis.engine.connect import connect, refresh
+from analysis.engine.percentiles import request_facts
 from analysis.engine.views import schema_groups, spans_sql, with_later_columns
 from analysis.report import build_report
 from analysis.watch.reading import open_range
@@ -138,3 +139,16 @@ def test_a_connect_opens_one_file_a_group_and_a_query_each_file_once(mixed: tupl
     alone.execute("CALL enable_logging('FileSystem')")
     alone.execute("SELECT sum(Duration) FROM read_parquet(?)", [files]).fetchall()
     assert _opens(con) <= _opens(alone) + 2 * groups
+
+
+def test_request_facts_follow_a_refresh(tmp_path: Path) -> None:
+    """The request facts are made once per snapshot: a refresh that lists new segments gives new facts."""
+    store = init_store(tmp_path)
+    table = request_table(np.random.default_rng(2), 40, START_NS, START_NS + 60 * 10**9)
+    writer = SegmentWriter(store, kind="test")
+    writer.write(table.slice(0, 20 * SPANS_PER_REQUEST))
+    con = connect(store)
+    assert con.execute(f"SELECT count(*) FROM {request_facts(con)}").fetchone() == (20,)
+    writer.write(table.slice(20 * SPANS_PER_REQUEST))
+    refresh(con, store)
+    assert con.execute(f"SELECT count(*) FROM {request_facts(con)}").fetchone() == (40,)
