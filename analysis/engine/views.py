@@ -67,6 +67,8 @@ def schema_groups(files: list[str]) -> list[list[str]]:
     A file whose footer cannot be read (gone, corrupt) is a group of its own: DuckDB then says what is wrong
     with it when the query reads it, as it would have without grouping.
     """
+    if len(files) < 2:
+        return [list(files)] if files else []
     keys = _schema_keys(files)
     groups: dict[object, list[str]] = {}
     for i, (f, key) in enumerate(zip(files, keys, strict=True)):
