@@ -42,6 +42,7 @@ SMALL: dict[str, list[str]] = {
     "bench_ingest_memory": ["--mib", "8", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
     "bench_compact": ["--exports", "200"],
+    "bench_reads": ["--exports", "300", "--dir", "{dir}"],
     "bench_metrics": ["--quick", "--dir", "{dir}"],
 }
 
@@ -54,6 +55,7 @@ TINY: dict[str, list[str]] = {
                       "--dir", "{dir}"],
     "bench_attributes": ["--spans", "7000", "--attrs", "4", "--dir", "{dir}"],
     "bench_compact": ["--exports", "20", "--only", "rate"],
+    "bench_reads": ["--exports", "20", "--runs", "1", "--dir", "{dir}"],
     "bench_map": ["--spans", "7000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "7000", "--dir", "{dir}"],
     "bench_build_hour": ["--spans", "7000", "--dir", "{dir}", "--repeat", "1"],

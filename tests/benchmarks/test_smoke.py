@@ -32,6 +32,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_against": (r"\nsample-basic +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+  (True|False) ",
                       r"summary: this=working tree ref=HEAD \(\w+\) stores=1 "),
     "bench_compact": (r"rate: [\d,]+ spans/s with compaction, [\d,]+ without \(anchor\): [\d.]+x",),
+    "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
+                    r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
