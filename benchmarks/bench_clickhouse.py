@@ -50,6 +50,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +243,7 @@ def fill_materialized(client: Any) -> dict[str, Any]:
     return out
 
 
-def _without_export_keys(report: dict[str, Any]) -> dict[str, Any]:
+def _without_export_keys(report: Mapping[str, Any]) -> dict[str, Any]:
     """The report without the skipped attributes the export may add (keys of the built-ins and tailscope's own)."""
     attrs = dict(report.get("attributes") or {})
     attrs["skipped"] = [s for s in attrs.get("skipped", []) if s["reason"] not in ("builtin", "tailscope")]
@@ -311,8 +312,9 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
         # the attribute pass: rows of per-candidate aggregates, and the codes of the rows read one by one
         out["attribute_rows"], out["attribute_coded_rows"] = client.attribute_rows, client.coded_rows
-        out["attributes_considered"] = len((ch.get("attributes") or {}).get("considered", []))
-        out["attributes_skipped"] = len((ch.get("attributes") or {}).get("skipped", []))
+        seen: dict[str, Any] = dict(ch.get("attributes") or {})
+        out["attributes_considered"] = len(seen.get("considered", []))
+        out["attributes_skipped"] = len(seen.get("skipped", []))
         out["equal"] = None if sampled else ch == duck
         # a store written without the promoted keys in its maps (the synthetic one) is exported with them (the table
         # must carry them for ClickHouse to promote): ClickHouse then lists them as skipped built-in keys too

@@ -26,12 +26,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import duckdb
 import numpy as np
 import polars as pl
 
+from analysis import contract as C
 from analysis import neighbours as N
 from analysis import report as RP
 from analysis.clickhouse import attributes as CA
@@ -67,6 +68,23 @@ H = M.HOUR_NS
 
 #: Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before).
 _span_where = span_where
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What every step of a ClickHouse report shares: the client and table, the facts' session table, the
+    condition on them (range and filters), and the report's options (`lo` / `hi`: the range in ns)."""
+
+    client: Client
+    table: str
+    facts_table: str
+    cond: str
+    metric: str
+    window_s: float | str | None
+    lo: int | None
+    hi: int | None
+    include_failures: bool
+    sampling_policy: str
 
 
 def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
@@ -192,12 +210,12 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
         client.command(f"DROP TEMPORARY TABLE IF EXISTS {JUDGED_TEMP}")
 
 
-def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metric: str,
-                   window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
-                   sampling_policy: str) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+def _phase1_server(q: Asked) -> tuple[C.Report, Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
     figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
+    client, table, facts_table, cond, metric, window_s = q.client, q.table, q.facts_table, q.cond, q.metric, q.window_s
+    lo, hi, include_failures, sampling_policy = q.lo, q.hi, q.include_failures, q.sampling_policy
     if sampling_policy not in SM.POLICIES:
         raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     col = metric_column(metric)
@@ -227,9 +245,8 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
-    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP.sampling_header(report, weighted, None, values)
-    if sampled:  # as sampling_header over the values' weights
+    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values, weighted, None)
+    if sampled:  # as report_header over the values' weights
         tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
         report["values_weighted"] = tot
         report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
@@ -310,7 +327,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
                  until: str | int | datetime | None = None, include_failures: bool = True,
                  sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE",
                  materialized: bool = True, dimensions: str | tuple[str, ...] | None = None,
-                 exclude_dimensions: str | tuple[str, ...] | None = None) -> dict[str, Any]:
+                 exclude_dimensions: str | tuple[str, ...] | None = None) -> C.Report:
     """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
 
     `facts`: a session table already holding the request facts of `table` (the dashboard's),
@@ -320,17 +337,15 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     """
     lo, hi = parse_time(since), parse_time(until)
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
-    cond = f"{_in_range(lo, hi)} AND ({where})"
+    q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
+              include_failures, sampling_policy)
     # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
-    report, det, _ = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                                    sampling_policy)
+    report, det, _ = _phase1_server(q)
     local = duckdb.connect(":memory:")
     try:
-        attrs = _attributes(client, table, facts_table, cond, metric, include_failures, lo, hi, report,
-                            RP.attribute_rules(dimensions, exclude_dimensions))
+        attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
         if det is not None and det.spikes:
-            report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
-                                        report["sampled"], include_failures, lo, hi, attrs)
+            report["spikes"] = _explain(q, local, det, det.spikes, report["sampled"], attrs)
     finally:
         local.close()
         CA.drop(client)
@@ -339,51 +354,46 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     return report
 
 
-def _attributes(client: Client, table: str, facts_table: str, cond: str, metric: str, include_failures: bool,
-                lo: int | None, hi: int | None, report: dict[str, Any], rules: A.AttributeRules
+def _attributes(q: Asked, report: C.Report | dict[str, Any], rules: A.AttributeRules
                 ) -> tuple[CA.ServerAttributes, A.AttributeRules]:
     """The attribute dimensions of the report's frame (its requests with a value) read on the server
     (analysis.clickhouse.attributes), recorded in the report's `attributes` as analysis.report does."""
-    keep = "" if include_failures else " AND status = 'ok'"
-    attrs = CA.read_attributes(client, table, facts_table, f"{cond} AND {metric_column(metric)} IS NOT NULL{keep}",
-                               lo, hi, rules)
+    keep = "" if q.include_failures else " AND status = 'ok'"
+    attrs = CA.read_attributes(q.client, q.table, q.facts_table,
+                               f"{q.cond} AND {metric_column(q.metric)} IS NOT NULL{keep}", q.lo, q.hi, rules)
     RP.skip_ruled_out_builtins(attrs.attrs, list(X.DIMENSIONS), rules)
-    report["attributes"] = attrs.attrs.to_json()
+    report["attributes"] = cast(Any, attrs.attrs.to_json())
     report["errors"].extend(attrs.attrs.errors)
     return attrs, rules
 
 
-def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
-             det: Detection, spikes: list[Spike], sampled: bool, include_failures: bool, lo: int | None,
-             hi: int | None, attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None
-             ) -> list[dict[str, Any]]:
+def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
+             attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> list[C.Spike]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
     spans around them as it goes); analysis.report's explanation runs there. `attrs`: the attribute dimensions
     on the server (`_attributes`): their codes come with those rows, the rest of the baseline as counts."""
+    metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     server = attrs[0] if attrs is not None else None
-    fetch, rest, pulled, attr_counts = _pushed_down(
-        client, table, local, facts_table, cond, metric, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
-        "adjusted_count" if sampled else None, server)
+    fetch, rest, pulled, attr_counts = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}",
+                                                    col, "adjusted_count" if sampled else None, server)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     remote = None
     if attrs is not None:
-        remote = RP.RemoteAttributes(attrs[1], attrs[0].coded_rows(client, pulled, frame), attr_counts)
+        remote = RP.RemoteAttributes(attrs[1], attrs[0].coded_rows(q.client, pulled, frame), attr_counts)
     frame = frame.drop(["trace_id", "span_id"])
-    start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
-    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest,
-                          attributes=remote)
+    return RP.explain_all(RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest,
+                                     attributes=remote), spikes)
 
 
-def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
-                 metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
+def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
+                 spike_windows: np.ndarray, valued: str, col: str, weight: str | None = None,
+                 attrs: CA.ServerAttributes | None = None
                  ) -> tuple[Fetcher, RP.RestCounts, str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]]:
     """Phase 2 with the dimension contrast pushed down.
 
@@ -397,6 +407,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     attribute dimensions' codes of the pulled rows are read later (the returned condition names those rows)
     and the rest of the baseline is counted per value of each attribute (returned last).
     """
+    client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
@@ -497,7 +508,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                    since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                    include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
                    where: str = "TRUE", materialized: bool = True, dimensions: str | tuple[str, ...] | None = None,
-                   exclude_dimensions: str | tuple[str, ...] | None = None) -> dict[str, Any]:
+                   exclude_dimensions: str | tuple[str, ...] | None = None) -> C.Spike:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
     Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
@@ -508,20 +519,18 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
-    cond = f"{_in_range(lo, hi)} AND ({where})"
-    report, det, source = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi,
-                                         include_failures, sampling_policy)
+    q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
+              include_failures, sampling_policy)
+    report, det, source = _phase1_server(q)
     sampled = bool(report["sampled"])
     if det is None or source is None:
         return RP.window_not_explained(a, b, report["errors"])
     local = duckdb.connect(":memory:")
     try:
-        attrs = _attributes(client, table, facts_table, cond, metric, include_failures, lo, hi, report,
-                            RP.attribute_rules(dimensions, exclude_dimensions))
+        attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
         for spike in det.spikes:
             if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
-                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled,
-                                include_failures, lo, hi, attrs)[0]
+                item = _explain(q, local, det, [spike], sampled, attrs)[0]
                 item["detected"] = True
                 return item
         overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
@@ -539,8 +548,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
                       windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
                       n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
-        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled, include_failures,
-                        lo, hi, attrs)[0]
+        item = _explain(q, local, det, [spike], sampled, attrs)[0]
         item["detected"] = False
         return item
     finally:
@@ -586,7 +594,7 @@ class Fetcher:
         if trace_ids:
             self._pull(lo_ns, hi_ns, f"TraceId IN ({', '.join(M.quote(t) for t in trace_ids)})")
 
-    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+    def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
         """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
         stages = item.get("stages") or []
         if not stages or stages[0]["stage"] != S.QUEUE_WAIT or stages[0]["share"] < N.QUEUE_SHARE:
