@@ -15,12 +15,21 @@ Scenarios:
            until it holds at most 8 files; `report --json` and a `sql` scan of `spans` against the anchor.
   live     spans over the last 30 minutes: files per hour while they arrive; reads a minute after the last.
   rate     the same bodies posted by 16 connections at once, compaction on against --no-compact.
+  spread   (only with --only spread) --spread-exports (20,000) exports whose spans cover three hours that
+           ended hours ago, posted by --senders (4) connections at once: files per hour while they arrive,
+           the seconds until every hour holds at most 8, reads against the anchor.
+
+    .venv/bin/python -m benchmarks.bench_compact --only spread    # the 20,000 exports (about 10 minutes)
+
+Each scenario prints the compactor's own figures while spans arrived (from STORE/compaction.json):
+merges per second, time and inputs per merge by level, the most small segments waiting at one level.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import random
 import shutil
@@ -36,7 +45,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from benchmarks.bench_collect import PYTHON, ROOT, Collector, post_bodies, sdk_spans
-from tracing.store import HOUR_NS, SegmentWriter, list_store, segment_files
+from tracing.store import COMPACTION_STATE, HOUR_NS, SegmentWriter, list_store, segment_files
 
 REPLICAS = 16
 print = functools.partial(print, flush=True)  # figures appear as they are measured
@@ -108,6 +117,22 @@ class Watcher:
         return self.most
 
 
+def compactor_figures(store: Path, seconds: float) -> str:
+    """The compactor's running figures from STORE/compaction.json: merges per second, time per merge by level,
+    the most small segments seen waiting at one level, the seconds spent listing."""
+    try:
+        state = json.loads((store / COMPACTION_STATE).read_text())
+    except (OSError, ValueError):
+        return "no compaction.json"
+    f = state.get("figures", {})
+    merges = sum(f.get("merges_by_level", {}).values())
+    levels = ", ".join(f"L{k}: {n} x {1000 * f['merge_s_by_level'][k] / n:.0f} ms ({f['inputs_by_level'][k] / n:.0f} "
+                       f"inputs)" for k, n in sorted(f.get("merges_by_level", {}).items(), key=lambda kv: int(kv[0])))
+    return (f"{merges} merges in {seconds:.0f} s ({merges / max(seconds, 1e-9):.1f}/s; {levels}); at most "
+            f"{f.get('max_backlog', 0)} small segments waiting at one level; listing {f.get('list_s', 0):.1f} s, "
+            f"longest pass {f.get('max_pass_s', 0):.1f} s")
+
+
 def anchor_store(source: Path, target: Path) -> None:
     """The same spans as `source`, written as one segment per hour (what one ingested file makes)."""
     tables = [pq.read_table(f) for f in segment_files(source)]
@@ -147,16 +172,19 @@ def once_each(store: Path, sent: int) -> None:
     assert n == distinct == sent, f"{n} spans, {distinct} distinct, {sent} sent"
 
 
-def scenario(work: Path, name: str, exports: int, lo_ns: int, hi_ns: int, settle: bool) -> dict[str, float]:
+def scenario(work: Path, name: str, exports: int, lo_ns: int, hi_ns: int, settle: bool,
+             senders: int = 1) -> dict[str, float]:
     store = work / name
     body = bodies(exports, lo_ns, hi_ns)
     sent = exports * REQUESTS_PER_EXPORT * 7
     c = Collector(store)
     watcher = Watcher(store)
     t0 = time.perf_counter()
-    post_bodies(c.http_port, body, 1)
+    _, _, statuses = post_bodies(c.http_port, body, senders)
+    assert set(statuses) == {200}, statuses
     arrive_s = time.perf_counter() - t0
     arriving_most = watcher.stop()
+    print(f"  compactor while arriving: {compactor_figures(store, arrive_s)}")
     out: dict[str, float] = {"exports": exports, "arrive_s": arrive_s, "files_while_arriving": arriving_most,
                              "segments_written": len(list(store.glob("spans/*/*/*.parquet")))}
     if settle:
@@ -194,7 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the scenarios and print their figures with the anchors' and the ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--exports", type=int, default=1500, help="exports per scenario")
-    p.add_argument("--only", choices=("settled", "live", "rate"), action="append")
+    p.add_argument("--only", choices=("settled", "live", "rate", "spread"), action="append",
+                   help="scenarios to run (repeatable); default: settled, live, rate")
+    p.add_argument("--spread-exports", type=int, default=20_000, help="exports of the spread scenario")
+    p.add_argument("--senders", type=int, default=4, help="connections posting at once in the spread scenario")
     a = p.parse_args(argv)
     only = set(a.only or ("settled", "live", "rate"))
     work = Path(tempfile.mkdtemp(prefix="bench-compact-"))
@@ -211,6 +242,16 @@ def main(argv: list[str] | None = None) -> None:
                      if name == "settled" else f"{r['files_after_1min']:.0f} per hour a minute after the last")
             print(f"{name}: {r['segments_written']:,.0f} segments written in {r['arrive_s']:.0f} s, at most "
                   f"{r['files_while_arriving']:.0f} files in an hour while they arrived, {after}")
+            for read in ("report", "scan"):
+                print(f"  {read:<6} {r[read]:6.2f} s   anchor (one file an hour) {r[read + '_anchor']:6.2f} s   "
+                      f"ratio {r[read] / r[read + '_anchor']:.2f}x")
+        if "spread" in only:
+            r = scenario(work, "spread", a.spread_exports, now - 5 * HOUR_NS, now - 2 * HOUR_NS, settle=True,
+                         senders=a.senders)
+            print(f"spread: {a.spread_exports:,} exports over three hours from {a.senders} senders at once: "
+                  f"{r['segments_written']:,.0f} segments written in {r['arrive_s']:.0f} s, at most "
+                  f"{r['files_while_arriving']:.0f} files in an hour while they arrived, at most "
+                  f"{r['files_settled']:.0f} per hour {r['settle_s']:.0f} s after the last export")
             for read in ("report", "scan"):
                 print(f"  {read:<6} {r[read]:6.2f} s   anchor (one file an hour) {r[read + '_anchor']:6.2f} s   "
                       f"ratio {r[read] / r[read + '_anchor']:.2f}x")

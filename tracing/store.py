@@ -119,8 +119,11 @@ class HourListing:
         return combine_digests(self.digests.values())
 
 
-def list_hour(directory: Path) -> HourListing:
+def list_hour(directory: Path, records: dict[Path, dict[str, Any]] | None = None) -> HourListing:
     """The visible segments of one hour partition (sorted by name) and their digests.
+
+    `records`: a cache of the records read, for a caller that lists the same hour often (the
+    compactor); a record never changes once its segment has its name.
 
     A compacted segment's record, written and fsynced before the segment got its name, names
     the segments it replaces: those stay on disk for a grace period (readers that listed them
@@ -136,19 +139,22 @@ def list_hour(directory: Path) -> HourListing:
     replaced: set[str] = set()
     digests: dict[str, int] = {}
     for name in names:
-        if COMPACTED.match(name):
-            record = read_record(out.directory / name)
+        if name[0] == "c" and COMPACTED.match(name):
+            path = out.directory / name
+            record = records.get(path) if records is not None else None
+            if record is None:
+                record = read_record(path)
+                if record is not None and records is not None:
+                    records[path] = record
             if record is not None:
                 replaced.update(record.get("inputs", ()))
                 digests[name] = int(record.get("digest", "0"), 16)
-                continue
-        digests[name] = name_digest(name)
     for name in sorted(names):
         if name in replaced:
             out.replaced.append(out.directory / name)
         else:
             out.files.append(out.directory / name)
-            out.digests[name] = digests[name]
+            out.digests[name] = digests[name] if name in digests else name_digest(name)  # hashed when visible
     return out
 
 
