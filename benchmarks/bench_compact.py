@@ -45,6 +45,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from benchmarks.bench_collect import PYTHON, ROOT, Collector, post_bodies, sdk_spans
+from intake.collect.config import COLLECT
 from tracing.store import COMPACTION_STATE, HOUR_NS, SegmentWriter, list_store, segment_files
 
 REPLICAS = 16
@@ -206,16 +207,18 @@ def scenario(work: Path, name: str, exports: int, lo_ns: int, hi_ns: int, settle
     return out
 
 
-def rate(work: Path, exports: int, compact: bool) -> float:
-    """Spans/s stored while 16 connections post `exports` bodies of an ended hour (compaction on or off)."""
+def rate(work: Path, exports: int, compact: bool) -> tuple[float, float]:
+    """Spans/s stored while 16 connections post `exports` bodies of an ended hour (compaction on or off), and the
+    receiver's peak RSS (MiB)."""
     store = work / f"rate-{'on' if compact else 'off'}"
     now = time.time_ns()
     body = bodies(exports, now - 4 * HOUR_NS, now - 3 * HOUR_NS, seed=5)
     c = Collector(store, [] if compact else ["--no-compact"])
     seconds, _, statuses = post_bodies(c.http_port, body, REPLICAS)
+    peak = c.rss_mb()
     c.stop()
     assert set(statuses) == {200}, statuses
-    return exports * REQUESTS_PER_EXPORT * 7 / seconds
+    return exports * REQUESTS_PER_EXPORT * 7 / seconds, peak
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -256,8 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {read:<6} {r[read]:6.2f} s   anchor (one file an hour) {r[read + '_anchor']:6.2f} s   "
                       f"ratio {r[read] / r[read + '_anchor']:.2f}x")
         if "rate" in only:
-            on, off = rate(work, a.exports, True), rate(work, a.exports, False)
-            print(f"rate: {on:,.0f} spans/s with compaction, {off:,.0f} without (anchor): {on / off:.2f}x")
+            (on, rss_on), (off, rss_off) = rate(work, a.exports, True), rate(work, a.exports, False)
+            print(f"rate: {on:,.0f} spans/s with compaction, {off:,.0f} without (anchor): {on / off:.2f}x; "
+                  f"receiver's peak RSS {rss_on:.0f} MiB with, {rss_off:.0f} MiB without (compaction's budget: "
+                  f"{COLLECT.compact_memory_mib.default} MiB, --compact-memory-mib)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

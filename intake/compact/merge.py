@@ -125,8 +125,9 @@ class Compactor:
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()  # guards _busy, _db and figures (two lanes)
         self._busy: set[Path] = set()  # inputs of merges running now: no other lane may take them
+        self._merged: set[Path] = set()  # inputs of committed merges still on disk: a stale listing's plan is refused
         self._db: duckdb.DuckDBPyConnection | None = None  # one database for both lanes: one memory limit
-        self._records: dict[Path, dict[str, Any]] = {}  # list_hour's cache of merge records
+        self._records: dict[str, dict[str, Any]] = {}  # list_hour's cache of merge records, by segment path
         self._fast_idle: dict[Path, int] = {}  # the fast lane: hour directory -> mtime when it had nothing to do
         self._retry_at = 0.0
         self._cleaned: set[Path] = set()  # records whose inputs are all deleted
@@ -137,6 +138,9 @@ class Compactor:
         self.removed_hours = 0
         #: when the last pass ended (the clock's seconds; None before the first)
         self.last_pass_s: float | None = None
+        #: the progress signal: when the first of the passes since the last merge (in any lane) started, i.e. the
+        #: store has been in shape since then; None while merges go on
+        self.idle_since: float | None = None
         #: what `tailscope store` prints as the retention ("3d, 20 GB" or "off")
         self.retention_text = retention_text
         #: running figures (instrumentation): merges and their seconds by level, pass and listing seconds
@@ -205,6 +209,8 @@ class Compactor:
         t_pass = time.perf_counter()
         now = self.clock() if now is None else now
         result = PassResult()
+        with self._mutex:
+            merges_before = self.total_merges
         if self.retention is not None:
             try:
                 result.removed_hours = self.retention(now)
@@ -215,11 +221,20 @@ class Compactor:
         for directory in directories:
             self._hour(directory, now, result)
         self._cleaned &= self._seen  # forget outputs that are gone
-        alive = set(directories)
-        self._records = {k: v for k, v in list(self._records.items()) if k.parent in alive and k.exists()}
+        alive = {str(d) for d in directories}
+        with self._mutex:  # hours removed by retention (or by hand)
+            self._merged = {p for p in self._merged if str(p.parent) in alive}
+        self._records = {k: v for k, v in list(self._records.items())
+                         if os.path.dirname(k) in alive and os.path.exists(k)}
         self.last = result
-        self.passes += 1
-        self.total_merges += result.merges
+        with self._mutex:
+            self.passes += 1
+            idle = result.merges == 0 and self.total_merges == merges_before  # the fast lane merged nothing either
+            self.total_merges += result.merges
+            if not idle:
+                self.idle_since = None
+            elif self.idle_since is None:
+                self.idle_since = now
         self.removed_hours += len(result.removed_hours)
         self.last_pass_s = now
         took = time.perf_counter() - t_pass
@@ -300,9 +315,11 @@ class Compactor:
                 self._fast_idle[directory] = mtime
                 continue
             self._fast_idle.pop(directory, None)
-            self._claim_and_merge(directory, plan, result, now)
+            self._claim_and_merge(listing, plan, result, now)
         with self._mutex:
             self.total_merges += result.merges
+            if result.merges:
+                self.idle_since = None
         return result.merges
 
     def _list(self, directory: Path) -> HourListing:
@@ -331,7 +348,7 @@ class Compactor:
             self._figure("plan_s", time.perf_counter() - t0)
             if not plan or now < self._retry_at:
                 break
-            if not self._claim_and_merge(directory, plan, result, now):
+            if not self._claim_and_merge(listing, plan, result, now):
                 break
             listing = self._list(directory)
         if listing.files:
@@ -369,7 +386,7 @@ class Compactor:
                 st = stats.get(f)
                 newest = max(newest, st.st_mtime_ns if st is not None else 0)
                 continue
-            record = self._records.get(f) or read_record(f) or {}
+            record = self._records.get(str(f)) or read_record(f) or {}
             newest = max(newest, int(record.get("newest_ns", record.get("committed_ns", 0))))
         return newest
 
@@ -444,17 +461,17 @@ class Compactor:
         result.quarantined.append(target)
         self.say(f"compact: {path} is not a readable segment ({_first_line(exc)}); moved to {target}")
 
-    def _claim_and_merge(self, directory: Path, inputs: list[Path], result: PassResult, now: float) -> bool:
-        """Merge `inputs` unless another lane holds one of them or merged one since they were listed."""
+    def _claim_and_merge(self, listing: HourListing, inputs: list[Path], result: PassResult, now: float) -> bool:
+        """Merge `inputs` unless another lane merges one of them now or merged one since `listing` was taken.
+
+        Every merge of this store is this process's (the lock): a merge's inputs join `_merged` when it commits,
+        before they leave `_busy`, and leave `_merged` only once deleted, so a plan made from a listing taken
+        before another lane's commit is refused here, never merged twice."""
         with self._mutex:
-            if self._busy.intersection(inputs):
+            if self._busy.intersection(inputs) or self._merged.intersection(inputs):
                 return False
             self._busy.update(inputs)
         try:
-            listing = self._list(directory)  # after the claim: a merge another lane committed hides its inputs
-            visible = set(listing.files)
-            if not visible.issuperset(inputs):
-                return False
             return self._merge(listing, inputs, result, now)
         finally:
             with self._mutex:
@@ -497,6 +514,8 @@ class Compactor:
             if self.policy.durable:
                 fsync_path(directory)
             os.replace(tmp, final)  # the commit: readers now see `final` and not the inputs
+            with self._mutex:
+                self._merged.update(inputs)
             if self.policy.durable:
                 fsync_path(directory)
         except (OSError, duckdb.Error) as exc:
@@ -582,9 +601,11 @@ class Compactor:
             n += 1
         except FileNotFoundError:
             pass
+        with self._mutex:
+            self._merged.discard(path)
         if COMPACTED.match(path.name):
             path.with_suffix(RECORD_SUFFIX).unlink(missing_ok=True)
-            self._records.pop(path, None)
+            self._records.pop(str(path), None)
         return n
 
 
