@@ -21,7 +21,14 @@ later), never both, never neither; a merge that is done is never redone (idempot
 A segment that cannot be read is moved to STORE/quarantine/ with one line naming it; a
 write that fails (a full disk) removes its temporary, keeps the inputs, and is retried after
 `retry_s`. One compactor per store at a time (an flock on STORE/.compact.lock). DuckDB does
-the merge (an out-of-core sort within MEMORY_LIMIT), so its memory does not follow the target size.
+the merge (an out-of-core sort within the policy's `memory_mib`), so its memory does not follow
+the target size.
+
+In the background (`run`) two lanes merge at once: the pass (every level, settled hours,
+deletions, retention) and a fast lane for the lowest levels (FAST_LEVELS), whose small merges
+bound an hour's file count while a long merge runs. A lane claims its inputs before merging and
+refuses a plan that names a segment another lane merges now or has merged since it listed the
+hour; both lanes' merges share one DuckDB database, so one memory limit bounds them together.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from tracing.store import (
 #: Directory (in the store) where a merge's sort spills; emptied by DuckDB as it goes.
 SPILL_DIR = ".compact-tmp"
 #: At most this many segments read by one merge (DuckDB keeps state per file it reads: 3,000 did not fit in
-#: MEMORY_LIMIT); a settled hour of more is merged in rounds.
+#: 128 MB); a settled hour of more is merged in rounds.
 MAX_INPUTS = 64
 #: At most this many fan-ins of one level merged at once when segments piled up during a long merge.
 CATCH_UP = 8
@@ -536,7 +543,7 @@ class Compactor:
     def _write(self, inputs: list[Path], path: Path) -> int:
         """Write the spans of `inputs`, sorted by start time, to `path` (fsynced); return how many.
 
-        DuckDB sorts within MEMORY_LIMIT, spilling to STORE/.compact-tmp/ beyond it, so a merge's memory
+        DuckDB sorts within the policy's memory_mib, spilling to STORE/.compact-tmp/ beyond it, so a merge's memory
         stays bounded whatever the target size; columns a segment lacks (written before them) come out NULL."""
         con = self._database().cursor()
         try:
