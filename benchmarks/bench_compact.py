@@ -14,7 +14,10 @@ Scenarios:
   settled  spans in an hour that ended hours ago: files in that hour while they arrive, then the seconds
            until it holds at most 8 files; `report --json` and a `sql` scan of `spans` against the anchor.
   live     spans over the last 30 minutes: files per hour while they arrive; reads a minute after the last.
-  rate     the same bodies posted by 16 connections at once, compaction on against --no-compact.
+  rate     the same bodies posted by 16 connections at once, compaction on against --no-compact, and the
+           receiver's peak RSS in both.
+  memory   two settled hours of 64 large segments merged in this process: the peak RSS the merges add
+           against compaction's memory budget (--compact-memory-mib).
   spread   (only with --only spread) --spread-exports (20,000) exports whose spans cover three hours that
            ended hours ago, posted by --senders (4) connections at once: files per hour while they arrive,
            the seconds until every hour holds at most 8, reads against the anchor.
@@ -221,16 +224,44 @@ def rate(work: Path, exports: int, compact: bool) -> tuple[float, float]:
     return exports * REQUESTS_PER_EXPORT * 7 / seconds, peak
 
 
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def memory(work: Path) -> tuple[float, float, int]:
+    """(MiB of segments, peak RSS the merges add to this process in MiB, merges): two hours of 64 segments of up to
+    6,000 random spans each, merged as settled hours with the default policy (its memory budget)."""
+    import random
+
+    from intake.compact.merge import Compactor, Policy
+    from tests.intake.compact_helpers import write_segments
+    from tracing.store import init_store
+
+    store = init_store(work / "memory")
+    rng = random.Random(1)
+    for hour in range(2):
+        write_segments(store, rng, 64, hour=hour, max_spans=6000)
+    size = sum(f.stat().st_size for f in segment_files(store)) / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
+    base = _peak_rss_mib()
+    with Compactor(store, Policy(quiet_s=0, durable=False)) as c:
+        merges = c.run_once(time.time() + 60).merges
+    return size, _peak_rss_mib() - base, merges
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the scenarios and print their figures with the anchors' and the ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--exports", type=int, default=1500, help="exports per scenario")
-    p.add_argument("--only", choices=("settled", "live", "rate", "spread"), action="append",
-                   help="scenarios to run (repeatable); default: settled, live, rate")
+    p.add_argument("--only", choices=("settled", "live", "rate", "spread", "memory"), action="append",
+                   help="scenarios to run (repeatable); default: settled, live, rate, memory")
     p.add_argument("--spread-exports", type=int, default=20_000, help="exports of the spread scenario")
     p.add_argument("--senders", type=int, default=4, help="connections posting at once in the spread scenario")
     a = p.parse_args(argv)
-    only = set(a.only or ("settled", "live", "rate"))
+    only = set(a.only or ("settled", "live", "rate", "memory"))
     work = Path(tempfile.mkdtemp(prefix="bench-compact-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min); {a.exports:,} exports of "
           f"{REQUESTS_PER_EXPORT * 7} spans from {REPLICAS} replicas, one after another")
@@ -258,6 +289,11 @@ def main(argv: list[str] | None = None) -> None:
             for read in ("report", "scan"):
                 print(f"  {read:<6} {r[read]:6.2f} s   anchor (one file an hour) {r[read + '_anchor']:6.2f} s   "
                       f"ratio {r[read] / r[read + '_anchor']:.2f}x")
+        if "memory" in only:
+            size, added, merges = memory(work)
+            budget = COLLECT.compact_memory_mib.default
+            print(f"memory: {merges} merges of {size:.0f} MiB of segments (64 a merge) added {added:.0f} MiB to this "
+                  f"process's peak RSS; budget (--compact-memory-mib) {budget} MiB: {added / budget:.2f}x")
         if "rate" in only:
             (on, rss_on), (off, rss_off) = rate(work, a.exports, True), rate(work, a.exports, False)
             print(f"rate: {on:,.0f} spans/s with compaction, {off:,.0f} without (anchor): {on / off:.2f}x; "

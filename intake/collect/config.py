@@ -167,8 +167,9 @@ class CollectSettings(SettingsTable):
     compact_every_s: Setting[float] = Setting(
         float, 0.5, "Seconds between two compaction passes over the store.")
     compact_memory_mib: Setting[int] = Setting(
-        int, 128, "Memory compaction's merges may use together (DuckDB's memory limit for both merge lanes; a sort "
-        "beyond it spills to STORE/.compact-tmp/). The receiver's memory is its own plus about this.",
+        int, 192, "Memory compaction's merges may use together, all told (both merge lanes share one DuckDB database; "
+        "it gets this less 64 MiB, what it uses beyond its limit, and a sort beyond that spills to "
+        "STORE/.compact-tmp/; at least 128). The receiver's memory is its own plus at most this.",
         option="--compact-memory-mib")
     retain: Setting[str] = Setting(
         str, "", "Remove spans, a whole hour at a time and oldest first, once their hour ended this long ago "

@@ -82,6 +82,10 @@ LOCK_NAME = ".compact.lock"
 #: Levels the fast lane merges (0: writers' segments, 1: their first merges): small merges, cheap, and the ones
 #: that bound an hour's file count while spans arrive.
 FAST_LEVELS = 2
+#: What the merges cost beyond DuckDB's memory limit: the database itself (28 MiB) and allocations its limit does
+#: not count (about 30 MiB), measured at limits of 96 and 128 MiB (benchmarks/bench_compact.py, "memory"). DuckDB
+#: gets the policy's `memory_mib` less this, so the merges' memory, all told, stays within `memory_mib`.
+DUCKDB_OVERHEAD_MIB = 64
 #: Seconds the fast lane waits when it found nothing to merge.
 FAST_WAIT_S = 0.1
 
@@ -231,6 +235,7 @@ class Compactor:
         alive = {str(d) for d in directories}
         with self._mutex:  # hours removed by retention (or by hand)
             self._merged = {p for p in self._merged if str(p.parent) in alive}
+        self._fast_idle = {d: m for d, m in list(self._fast_idle.items()) if str(d) in alive}
         self._records = {k: v for k, v in list(self._records.items())
                          if os.path.dirname(k) in alive and os.path.exists(k)}
         self.last = result
@@ -559,12 +564,12 @@ class Compactor:
         return int(row[0]) if row else 0
 
     def _database(self) -> duckdb.DuckDBPyConnection:
-        """The merges' DuckDB database, one for every lane: its memory limit (`memory_mib`) bounds them all, one
-        thread each, and sorts beyond it spill to STORE/.compact-tmp/."""
+        """The merges' DuckDB database, one for every lane: its memory limit (`memory_mib` less what DuckDB uses
+        beyond its limit) bounds them all, one thread each, and sorts beyond it spill to STORE/.compact-tmp/."""
         with self._mutex:
             if self._db is None:
                 self._db = duckdb.connect(":memory:", config={
-                    "memory_limit": f"{self.policy.memory_mib}MiB", "threads": 1,
+                    "memory_limit": f"{self.policy.memory_mib - DUCKDB_OVERHEAD_MIB}MiB", "threads": 1,
                     "temp_directory": str(self.store / SPILL_DIR), "preserve_insertion_order": False})
             return self._db
 
