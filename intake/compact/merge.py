@@ -86,6 +86,10 @@ FAST_LEVELS = 2
 #: not count (about 30 MiB), measured at limits of 96 and 128 MiB (benchmarks/bench_compact.py, "memory"). DuckDB
 #: gets the policy's `memory_mib` less this, so the merges' memory, all told, stays within `memory_mib`.
 DUCKDB_OVERHEAD_MIB = 64
+#: Parquet bytes a merge may read per MiB of DuckDB's memory limit: its sort holds about 1 KiB a span in memory and
+#: does not spill all of it (at 128 MiB, 58,000 spans from 1.6 MiB of segments merged; 120,000 from 6 MiB ran out),
+#: so a merge reads at most 2 MiB at the default budget, and files of half that are final.
+SORT_BYTES_PER_MIB = 16 << 10
 #: Seconds the fast lane waits when it found nothing to merge.
 FAST_WAIT_S = 0.1
 
@@ -128,6 +132,9 @@ class Compactor:
                  merge: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.store = require_store(Path(store))
         self.policy = policy or Policy()
+        #: what a merge reads at most, and makes: the policy's target, within what the memory budget can sort
+        self.target = min(self.policy.target_bytes,
+                          (self.policy.memory_mib - DUCKDB_OVERHEAD_MIB) * SORT_BYTES_PER_MIB)
         self.say = say or (lambda line: None)
         self.retention = retention
         self.clock = clock
@@ -405,12 +412,12 @@ class Compactor:
     def _small(self, listing: HourListing) -> list[Path]:
         """Segments still to merge once the hour settles: below half the target, or never sorted (level 0)."""
         stats = self._sizes(listing)
-        small = [f for f, st in stats.items() if st.st_size < self.policy.target_bytes // 2]
+        small = [f for f, st in stats.items() if st.st_size < self.target // 2]
         big_raw = [f for f, st in stats.items()
-                   if st.st_size >= self.policy.target_bytes // 2 and segment_level(f.name) == 0]
+                   if st.st_size >= self.target // 2 and segment_level(f.name) == 0]
         if len(small) == 1 and segment_level(small[0].name) > 0:
             small = []  # one sorted file: nothing to gain
-        return small + [f for f in big_raw if stats[f].st_size <= 2 * self.policy.target_bytes]
+        return small + [f for f in big_raw if stats[f].st_size <= 2 * self.target]
 
     def plan(self, listing: HourListing, now: float, levels: int | None = None) -> list[Path]:
         """The inputs of the next merge in this hour (oldest first), or [] when the hour is in shape; segments
@@ -421,7 +428,7 @@ class Compactor:
             busy = set(self._busy)
         for f in busy.intersection(stats):
             del stats[f]
-        half = self.policy.target_bytes // 2
+        half = self.target // 2
         if self.settled(listing, now):
             if levels is not None:
                 return []
@@ -453,7 +460,7 @@ class Compactor:
         out: list[Path] = []
         total = 0
         for f in files:
-            if out and (total + stats[f].st_size > self.policy.target_bytes or len(out) >= MAX_INPUTS):
+            if out and (total + stats[f].st_size > self.target or len(out) >= MAX_INPUTS):
                 break
             out.append(f)
             total += stats[f].st_size
@@ -535,6 +542,10 @@ class Compactor:
                 p.unlink(missing_ok=True)
             if not final.exists():
                 record_path.unlink(missing_ok=True)
+                if isinstance(exc, duckdb.OutOfMemoryException) and len(inputs) > 2:  # fewer at once, now
+                    self.say(f"compact: a merge of {len(inputs)} segments in {directory} ran out of memory; "
+                             f"merging {len(inputs) // 2} of them")
+                    return self._merge(listing, inputs[:len(inputs) // 2], result, now)
             self._fail(directory, exc, result, now)
             return False
         t2 = time.perf_counter()
