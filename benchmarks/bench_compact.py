@@ -263,8 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     only = set(a.only or ("settled", "live", "rate", "memory"))
     work = Path(tempfile.mkdtemp(prefix="bench-compact-"))
-    print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min); {a.exports:,} exports of "
-          f"{REQUESTS_PER_EXPORT * 7} spans from {REPLICAS} replicas, one after another")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min); exports of {REQUESTS_PER_EXPORT * 7} spans "
+          f"from {REPLICAS} replicas: {a.exports:,} a scenario posted one after another"
+          + (f", {a.spread_exports:,} spread from {a.senders} senders" if "spread" in only else ""))
     try:
         now = time.time_ns()
         for name in ("settled", "live"):
