@@ -149,8 +149,9 @@ class CollectSettings(SettingsTable):
         int, 8, "Segments of one level merged into one of the next while an hour is written: an hour holds "
         "fewer than this many small segments per level.", option="--compact-fan-in")
     compact_target_bytes: Setting[int] = Setting(
-        int, 64 * MIB, "Size a compacted segment is made up to (a merge reads at most about this much); "
-        "segments of half this size or more are not merged again.",
+        int, 64 * MIB, "Size a compacted segment is made up to (a merge reads at most about this much), within what "
+        "--compact-memory-mib can sort (16 KiB a MiB of DuckDB's share: 2 MiB by default); segments of half the "
+        "smaller of the two or more are not merged again.",
         option="--compact-target-mib", option_scale=MIB, option_unit="MiB")
     compact_settle_s: Setting[float] = Setting(
         float, 300.0, "Seconds after an hour ends before it may count as settled (and get its final files).",
