@@ -275,7 +275,7 @@ def service_model(w: Workload, service: str = "auto") -> dict[str, Any]:
     span = f"{g:+.1%} per request of batch, 90% interval {lo:+.1%} to {hi:+.1%}"
     if not rel["shown"]:
         return {"applied": False, "relation": rel, "assumption": (
-            f"service times stay as observed (the traces show no growth with the batch: {span})")}
+            f"service times stay as observed (the traces do not show growth with the batch: {span})")}
     return {"applied": True, "relation": rel, "assumption": (
         f"service time grows with the batch as measured in the traces ({span}; median "
         f"{rel['small_service_ms']:,.0f} ms in batches of {rel['small_batch']:,.0f}, {rel['large_service_ms']:,.0f} "
