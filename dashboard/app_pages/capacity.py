@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, formats, sidebar
+from dashboard import data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
