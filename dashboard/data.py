@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -940,6 +940,30 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     assert not isinstance(df, dict)
     df["gpu_seconds"] = df["gpu_ns"] / 1e9
     return df
+
+
+#: From this many requests in the time range the Cost page's GPU-time sweep runs in the background: the page waits
+#: COST_WAIT_S for it, then draws a note and fills in when it is done (below it, the page waits for the sweep).
+COST_BACKGROUND_REQUESTS = 100_000
+COST_WAIT_S = 1.5
+_COST_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-cost")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
+                 gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
+    """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
+    longer than a page should): a future the Cost page waits on briefly, then polls. Kept per filters and price."""
+    def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
+        res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
+        if "error" in res or not res["rows"]:
+            return res, None
+        try:
+            return res, cost_over_time(_db, store, version, filters, by, bucket_s, gpu_hour_usd)
+        except Exception as exc:  # a failing analysis degrades to a message on the page
+            return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
+
+    return _COST_POOL.submit(both)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
