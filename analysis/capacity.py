@@ -315,13 +315,13 @@ def _latencies(w: Workload, replicas: int, lat: I64, services: I64) -> dict[str,
             "ttft_p99_ms": _q_ms(ttft, [0.99])[0]}
 
 
-def _fewest(meets: Any, counts: Sequence[int]) -> int | None:
-    """Fewest count in 1 .. counts[-1] that meets the target, p99 taken as not rising with the count: bisection
-    narrowed by the curve's own points first; None when the largest misses it."""
+def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
+    """Fewest count in 1 .. counts[-1] that meets the target, p99 taken as not rising with the count: bisection,
+    narrowed by the curve's own points first when `scan` (they are replayed anyway); None when the largest misses it."""
     if not counts or not meets(counts[-1]):
         return None
     lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
-    for r in counts:
+    for r in counts if scan else ():
         if meets(r):
             hi = r
             break
@@ -353,8 +353,9 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
     counts = sorted({int(r) for r in replicas})
     parallel = load_kernel() is not None  # the C kernel releases the GIL: one point per core
 
-    def curve_of(at: Any, todo: list[int]) -> tuple[list[dict[str, Any]], int | None]:
-        if parallel and len(todo) > 1:
+    def curve_of(at: Any, todo: list[int] | None) -> tuple[list[dict[str, Any]], int | None]:
+        """The points of `counts` (None: none, the fewest count only) and the fewest count."""
+        if parallel and todo and len(todo) > 1:
             with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
                 list(pool.map(at, todo))
 
@@ -362,7 +363,8 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
             v = at(r)[col]
             return v is not None and v <= target_p99_ms  # type: ignore[operator]
 
-        return [at(r) for r in counts], (_fewest(meets, counts) if target_p99_ms is not None else None)
+        fewest = _fewest(meets, counts, scan=todo is not None) if target_p99_ms is not None else None
+        return ([at(r) for r in counts] if todo is not None else []), fewest
 
     fixed_points, fixed_fewest = curve_of(lambda r: point(w, r, gpu_hour_usd),
                                           sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points)))
@@ -371,7 +373,7 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
         rel = model["relation"]
         points, fewest = curve_of(lambda r: point_batched(w, r, rel["growth_per_request"], gpu_hour_usd), counts)
         if target_p99_ms is not None:
-            ends = [curve_of(lambda r, g=g: point_batched(w, r, g, gpu_hour_usd), [])[1]
+            ends = [curve_of(lambda r, g=g: point_batched(w, r, g, gpu_hour_usd), None)[1]
                     for g in (rel["growth_per_request_low"], rel["growth_per_request_high"])]
             interval = ends
     return {"version": CAPACITY_VERSION, "requests": w.size, "sampled": w.sampled, "stored_requests": w.stored,

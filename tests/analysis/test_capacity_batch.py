@@ -127,3 +127,31 @@ def test_fewer_replicas_predicted_closer_with_the_relation(tmp_path: Path, seed:
         lat = np.asarray([e - a for a, (_, _, e) in zip(arrivals, ends, strict=True)], dtype=np.float64)
         truth = float(np.quantile(lat, 0.99)) / 1e6
         assert abs(p["p99_ms"] - truth) < abs(fixed["p99_ms"] - truth), (p["replicas"], p, fixed, truth)
+
+
+def test_fewest_counts_equal_the_first_count_meeting_the_target() -> None:
+    """The fewest count (with the relation, at its interval's ends, and fixed) is the first count on the full curve
+    whose p99 meets the target, for every target the curves take."""
+    rng = np.random.default_rng(9)
+    n, slots = 1500, 3
+    arrivals = np.sort(rng.integers(0, 60 * 10**9, n)).astype(np.int64)
+    w = Workload(arrivals, rng.integers(10**8, 2 * 10**9, n).astype(np.int64), np.zeros(n), slots, 6, None, 60 * 10**9)
+    w.batches = rng.integers(1, slots + 1, n).astype(np.int64)
+    w.services = (w.services * (1 + 0.2 * (w.batches - 1))).astype(np.int64)  # a relation the traces show
+    w.relation = batching.relation(w.batches, w.services)
+    assert w.relation is not None and w.relation["shown"]
+    counts = list(range(1, 17))
+    rel = w.relation
+    curves = {g: [point_batched(w, r, g)["p99_ms"] for r in counts]
+              for g in (rel["growth_per_request"], rel["growth_per_request_low"], rel["growth_per_request_high"])}
+    fixed = [point(w, r)["p99_ms"] for r in counts]
+    for target in sorted({v for c in (*curves.values(), fixed) for v in c})[::9]:
+        got = capacity_curve(w, counts, target_p99_ms=target)
+        g, lo, hi = curves.values()
+        assert got["fewest_replicas"] == _first(counts, g, target)
+        assert got["service"]["fewest_interval"] == [_first(counts, lo, target), _first(counts, hi, target)]
+        assert got["service"]["fixed_fewest_replicas"] == _first(counts, fixed, target)
+
+
+def _first(counts: list[int], p99: list[float], target: float) -> int | None:
+    return next((r for r, v in zip(counts, p99, strict=True) if v <= target), None)
