@@ -70,6 +70,15 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _gone_soon(pid: int) -> bool:
+    """`_gone` within 10 s (bounded polling)."""
+    for _ in range(100):
+        if _gone(pid):
+            return True
+        time.sleep(0.1)
+    return _gone(pid)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_dashboard_command_takes_its_streamlit_server_with_it(tmp_path: Path) -> None:
     """SIGKILL to `tailscope dashboard` (no chance to stop its child): the Streamlit server still stops."""
@@ -94,11 +103,7 @@ def test_a_killed_dashboard_command_takes_its_streamlit_server_with_it(tmp_path:
         assert child is not None, "the dashboard did not come up"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        for _ in range(100):  # bounded: 10 s
-            if _gone(child):
-                break
-            time.sleep(0.1)
-        assert _gone(child), "Streamlit outlived its killed `tailscope dashboard`"
+        assert _gone_soon(child), "Streamlit outlived its killed `tailscope dashboard`"
     finally:
         servers.stop(proc)
 
@@ -119,11 +124,7 @@ def test_servers_started_by_tests_die_with_the_test_process(how: int) -> None:
         assert not _gone(server)
         parent.send_signal(how)
         parent.wait(timeout=10)
-        for _ in range(100):  # bounded: 10 s
-            if _gone(server):
-                break
-            time.sleep(0.1)
-        assert _gone(server), "the server outlived the test process"
+        assert _gone_soon(server), "the server outlived the test process"
     finally:
         parent.kill()
         parent.wait()
