@@ -942,18 +942,18 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     return df
 
 
-#: From this many requests in the time range the Cost page's GPU-time sweep runs in the background: the page waits
-#: COST_WAIT_S for it, then draws a note and fills in when it is done (below it, the page waits for the sweep).
-COST_BACKGROUND_REQUESTS = 100_000
-COST_WAIT_S = 1.5
-_COST_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-cost")
+#: From this many requests in the time range the Cost and Capacity pages compute in the background: the page waits
+#: BACKGROUND_WAIT_S, then draws a note and fills in when the work is done (below it, the page waits for it).
+BACKGROUND_REQUESTS = 100_000
+BACKGROUND_WAIT_S = 1.5
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
                  gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
     """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
-    longer than a page should): a future the Cost page waits on briefly, then polls. Kept per filters and price."""
+    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
     def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
         res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
         if "error" in res or not res["rows"]:
@@ -963,7 +963,33 @@ def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str
         except Exception as exc:  # a failing analysis degrades to a message on the page
             return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
 
-    return _COST_POOL.submit(both)
+    return _POOL.submit(both)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def capacity_started(_db: Bench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
+                     metric: str, gpu_hour_usd: float | None) -> Future[dict[str, Any]]:
+    """`capacity_curve` computed in a background thread (each count is a replay of every request in the range): a
+    future the Capacity page waits on (`finished`)."""
+    return _POOL.submit(capacity_curve, _db, store, version, filters, target_p99_ms, metric, gpu_hour_usd)
+
+
+def finished(job: Future[Any], requests_in_range: int, note: str) -> Any:
+    """The job's result: waited for when the range holds fewer than BACKGROUND_REQUESTS requests, else for
+    BACKGROUND_WAIT_S; if it is still running, a note that reruns the page when it is done, and the page stops."""
+    with contextlib.suppress(TimeoutError):
+        job.result(timeout=BACKGROUND_WAIT_S if requests_in_range >= BACKGROUND_REQUESTS else None)
+    if job.done():
+        return job.result()
+
+    @st.fragment(run_every=1.0)
+    def _waiting() -> None:
+        if job.done():
+            st.rerun(scope="app")
+        st.info(note + " The other pages stay usable meanwhile.", icon=":material/hourglass_top:")
+
+    _waiting()
+    st.stop()
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

@@ -18,7 +18,8 @@ target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen
 price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
-curve = data.capacity_curve(*key, f, float(target), metric, usd)
+curve = data.finished(data.capacity_started(*key, f, float(target), metric, usd), data.detection(*key, f)["requests"],
+                      "Replaying the queue for each replica count: the curve appears here when it is done.")
 if "error" in curve:
     st.warning(curve["error"])
     st.stop()

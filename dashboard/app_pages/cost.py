@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -25,21 +23,9 @@ price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0
                                 "(docs/cost.md; a store only).")
 usd = float(price) if price else None
 bucket = data.window_s(*key, f)  # the report's windows, as on every page
-job = data.cost_started(*key, f, by, bucket, usd)  # the sweep runs in the background: a large range takes a while
 in_range = data.detection(*key, data.Filters(f.since_ns, f.until_ns))["requests"]  # the sweep's requests
-with contextlib.suppress(TimeoutError):
-    job.result(timeout=data.COST_WAIT_S if in_range >= data.COST_BACKGROUND_REQUESTS else None)
-if not job.done():
-    @st.fragment(run_every=1.0)
-    def _waiting() -> None:
-        if job.done():
-            st.rerun(scope="app")
-        st.info("Sharing out GPU time over the range: the figures appear here when the sweep is done; the other "
-                "pages stay usable meanwhile.", icon=":material/hourglass_top:")
-
-    _waiting()
-    st.stop()
-res, series = job.result()
+res, series = data.finished(data.cost_started(*key, f, by, bucket, usd), in_range,
+                            "Sharing out GPU time over the range: the figures appear here when the sweep is done.")
 if "error" in res:
     st.warning(res["error"])
     st.stop()
