@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
               f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
               f"({r['counts_replayed']} counts replayed; every count: {r['every_count_replayed_s']} s / "
               f"{r['every_count_replayed_cpu_s']} CPU-s; identical: {r['identical_to_every_count_replayed']}); "
-              f"new target {r['curve_new_target_s']} s; kernel {r['kernel_per_replay_ms']} ms/replay, Python "
+              f"new target {r['curve_new_target_s']} s; curve 1-64 with the batch relation "
+              f"{r['curve_1_64_batch_relation_s']} s / {r['curve_1_64_batch_relation_cpu_s']} CPU-s "
+              f"(applied: {r['batch_relation_applied']}); kernel {r['kernel_per_replay_ms']} ms/replay, Python "
               f"{r['python_loop_per_replay_ms']} ms/replay; peak RSS {r['peak_rss_mib']} MiB")
 
 
