@@ -270,7 +270,7 @@ def service_model(w: Workload, service: str = "auto") -> dict[str, Any]:
     if rel is None:
         return {"applied": False, "relation": None, "assumption": (
             "service times stay as observed (the traces cannot show how service time changes with the batch: "
-            f"fewer than {batching.MIN_REQUESTS} requests in each quarter by batch, or one batch size)")}
+            f"fewer than two batch sizes joined by {batching.MIN_REQUESTS} requests or more each)")}
     g, lo, hi = rel["growth_per_request"], rel["growth_per_request_low"], rel["growth_per_request_high"]
     span = f"{g:+.1%} per request of batch, 90% interval {lo:+.1%} to {hi:+.1%}"
     if not rel["shown"]:
