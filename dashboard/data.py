@@ -992,18 +992,6 @@ def finished(job: Future[Any], requests_in_range: int, note: str) -> Any:
     st.stop()
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def batching(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any] | None:
-    """analysis.stats.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
-    the traces cannot show it (or on ClickHouse, where it is not computed yet)."""
-    if not _db.can("batching"):
-        return None
-    try:
-        return _db.batching(filters)
-    except Exception:  # the relation is context for the headline; without it the headline says less
-        return None
-
-
 @st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)
 def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
                    metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
