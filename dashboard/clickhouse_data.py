@@ -47,6 +47,7 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "batching": "the relation of service time to batch size is computed on DuckDB only",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
+    "attribute_filters": "filtering by attributes reads the report's attribute rule, computed on DuckDB only so far",
 }
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0
@@ -137,6 +138,14 @@ class ClickHouseBench:
     def choices(self, dims: Sequence[str]) -> dict[str, Any]:
         """`choices`."""
         return choices(self, dims)
+
+    def attribute_choices(self) -> dict[str, dict[str, Any]]:
+        """None on a table yet (`can("attribute_filters")` is False and says why)."""
+        return {}
+
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """Not on a table yet (`can("attribute_filters")` is False and says why)."""
+        raise NotImplementedError(self.missing("attribute_filters"))
 
     def summary(self, f: Filters) -> dict[str, Any]:
         """`summary`."""
