@@ -19,6 +19,7 @@ import pytest
 
 from analysis import connect
 from analysis.report import build_report
+from analysis.stats.spikes import MIN_RISE, P50_TOLERANCE
 from sample_traces import generate
 from sample_traces.emit import write_store
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
@@ -54,9 +55,21 @@ KNOWN_MISSES: dict[tuple[str, int], str] = {
 }
 
 
-def known_miss(name: str, seed: int) -> Any:
-    """`name` as a parameter, marked xfail (strict) when it is a known miss on `seed`."""
-    reason = KNOWN_MISSES.get((name, seed))
+#: The same for the quarter-sampled runs (2,500 s, 300 s windows, seeds 2-5; measured, not yet analysed further).
+KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
+    ("cold_start", 3): "no spike in the 25 % sample (the 90 s cold start is under a third of one 300 s window)",
+    ("cold_start", 4): "no spike in the 25 % sample (the 90 s cold start is under a third of one 300 s window)",
+    ("priority_preemption", 3): "no spike in the 25 % sample",
+    ("queue_backlog", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
+    ("canary_slow_version", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
+    ("node_nic_flapping", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
+    ("node_nic_flapping", 5): "the window and stage right, but the node's zone (us-east-1b) ranks before the node",
+}
+
+
+def known_miss(name: str, seed: int, misses: dict[tuple[str, int], str] = KNOWN_MISSES) -> Any:
+    """`name` as a parameter, marked xfail (strict) when it is a known miss on `seed` (in `misses`)."""
+    reason = misses.get((name, seed))
     return pytest.param(name, marks=pytest.mark.xfail(reason=reason, strict=True)) if reason else name
 
 
@@ -131,8 +144,8 @@ def check_catalogue_entry(name: str, seed: int, tmp_path: Path) -> None:
 
 
 def check_negative(case: str, seed: int, tmp_path: Path) -> None:
-    """A run with no tail spike on `seed` reports none; its premise (p50 and p99 both rose by far more than the
-    rules' 10 % and 20 %, or twice the requests) is checked against the clean run."""
+    """A run with no tail spike on `seed` reports none; its premise (p50 and p99 both rose by more than the rules'
+    10 % and 20 %, or twice the requests) is checked against the clean run."""
     cfg = default_config(generate.DURATION_S, generate.RATE)
     t0, t1 = WINDOW_SHARE[0] * cfg.duration_s, WINDOW_SHARE[1] * cfg.duration_s
     clean = simulate(cfg, seed)
@@ -149,9 +162,9 @@ def check_negative(case: str, seed: int, tmp_path: Path) -> None:
         write_store(store, cfg, clean, seed)
         write_store(store, twin, extra, seed + 1)
     eff = effect(reqs, clean, t0, t1)
-    if case == "fleet_slowdown":
-        assert eff["incident"]["p50_ms"] > 1.3 * eff["clean"]["p50_ms"], eff
-        assert eff["incident"]["p99_ms"] > 1.3 * eff["clean"]["p99_ms"], eff
+    if case == "fleet_slowdown":  # both rose by more than the rules' limits: the p99 alone would be a candidate
+        assert eff["incident"]["p50_ms"] > (1 + P50_TOLERANCE) * eff["clean"]["p50_ms"], eff
+        assert eff["incident"]["p99_ms"] > (1 + MIN_RISE) * eff["clean"]["p99_ms"], eff
     else:
         assert eff["incident"]["requests"] > 1.9 * eff["clean"]["requests"], eff
     report = report_of(store)
