@@ -11,6 +11,7 @@ sample of a longer run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,26 @@ def check_quarter(name: str, seed: int, tmp_path: Path) -> None:
     assert spike["tail_effective"] <= spike["tail_requests"] < spike["tail_requests_weighted"]
     assert all(d["support"] < d["support_weighted"] <= spike["tail_requests_weighted"] + 1e-6
                for d in spike["dimensions"])
+
+
+Test = Callable[..., None]
+
+
+def seed_tests(seed: int) -> tuple[Test, Test, Test]:
+    """The three tests of one seed's file (one file per seed, so `pytest -n auto --dist loadfile` spreads them):
+    every catalogue entry judged, no spike where nothing is a tail spike, every incident found at a quarter."""
+
+    @pytest.mark.parametrize("name", [known_miss(n, seed) for n in NAMES])
+    def test_every_catalogue_entry_is_judged_right(name: str, tmp_path: Path) -> None:
+        check_catalogue_entry(name, seed, tmp_path)
+
+    @pytest.mark.parametrize("case", NEGATIVE)
+    def test_no_spike_where_nothing_is_a_tail_spike(case: str, tmp_path: Path) -> None:
+        check_negative(case, seed, tmp_path)
+
+    @pytest.mark.parametrize("name", [known_miss(n, seed, KNOWN_QUARTER_MISSES) for n in INCIDENTS])
+    def test_every_incident_is_still_found_at_a_quarter(name: str, tmp_path: Path) -> None:
+        check_quarter(name, seed, tmp_path)
+
+    return (test_every_catalogue_entry_is_judged_right, test_no_spike_where_nothing_is_a_tail_spike,
+            test_every_incident_is_still_found_at_a_quarter)
