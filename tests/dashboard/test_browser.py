@@ -204,6 +204,14 @@ def test_links_open_the_view_they_name(dashboard_url: str) -> None:
             _settle(page)
             _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
             assert page.get_by_text("No spike: detection judged").count() == 0
+            # an attribute filter's link turns the sidebar's attribute filter on with that key and value
+            page.goto(f"{dashboard_url}/?attr=gen_ai.request.stream&attr_value=true", wait_until="networkidle")
+            sidebar = page.get_by_test_id("stSidebar")
+            expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+            expect(sidebar.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
+            _settle(page)
+            _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
+            assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url
             page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
             heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
             expect(heading).to_be_visible()

@@ -56,7 +56,8 @@ def truth(name: str) -> dict[str, Any]:
 
 
 def report_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The report JSON of that catalogue entry's committed sample (ingested and reported once)."""
+    """The report JSON of that catalogue entry's committed sample (ingested and reported once), on the truth's
+    metric."""
     if name not in _reports:
         store = tmp_path_factory.mktemp(name) / "store"
         with engine_warnings() as warned:
@@ -64,7 +65,8 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
                                          str(generate.traces_path(generate.INCIDENTS_DIR, name))])
         assert result.exit_code == 0, result.output
         assert warned == [], f"{name}: an engine mapper failed on the sample: {warned[:3]}"
-        result = runner.invoke(app, ["report", "--json", "--store", str(store)])
+        result = runner.invoke(app, ["report", "--json", "--store", str(store), "--metric",
+                                     truth(name).get("metric", "e2e")])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)
     return _reports[name]

@@ -24,7 +24,7 @@ def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
 
 
 def test_streamlit_command_is_headless_on_the_given_address(tmp_path: Path) -> None:
-    argv = cmd.streamlit_command(Path("/x/app.py"), tmp_path, "127.0.0.1", 8600)
+    argv = cmd.streamlit_command(Path("/x/app.py"), ["--store", str(tmp_path)], "127.0.0.1", 8600)
     assert argv[:5] == [sys.executable, "-m", "streamlit", "run", "/x/app.py"]
     opts = dict(zip(argv[5:-3:2], argv[6:-3:2], strict=True))
     assert opts["--server.address"] == "127.0.0.1"
