@@ -51,6 +51,8 @@ KNOWN_MISSES: dict[tuple[str, int], str] = {
                           "happened, two windows past the injected window the truth states",
     ("priority_preemption", 2): "the preempted cyberdyne requests fill its gateway queue, which drains at 14:10:11; "
                                 "the report's 14:05-14:10 is what happened",
+    ("prefix_cache_flush", 2): "reported 14:05-14:10: as for the three above, 14:08-14:10 hold tenant cyberdyne's "
+                               "gateway backlog (its non-streaming requests, the report's second dimension)",
     ("slow_replica", 3): "the report gives 14:05-14:06: after 14:06 the slow replica's requests lift the minute's "
                          "p99 only 16-21 % above the baseline's (under the 20 % rise); 14:06-14:09 hold 23 values "
                          "above the scan's threshold where the baseline's share predicts 11.6 (p = 0.015 given the "
@@ -69,6 +71,7 @@ KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
     ("queue_backlog", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("canary_slow_version", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("node_nic_flapping", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
+    ("lora_adapter_swap", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("node_nic_flapping", 5): "the window and stage right, but the node's zone (us-east-1b) ranks before the node",
 }
 
