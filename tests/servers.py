@@ -43,11 +43,12 @@ def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
 
 
 def stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
-    """SIGTERM to the server, then SIGKILL to its whole group if it has not stopped within `timeout` s (or
-    left a child behind); unregisters it."""
+    """SIGTERM to the server's process group, then SIGKILL to the whole group if it has not stopped within
+    `timeout` s (or left a child behind); unregisters it."""
     try:
         if proc.poll() is None:
-            proc.terminate()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)  # the whole group: a server's own workers stop with it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=timeout)
     finally:

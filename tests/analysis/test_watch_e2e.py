@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from examples.loadgen import run
+from tests import servers
 from tests.analysis.alert_receiver import Recorder, recording
 from tests.intake.collect_helpers import ROOT, start_cli_receiver
 from tests.monitoring import alertmanager, get_json, need_monitoring
-from tests.process_group import start_group, stop_group
 from tracing.client import post_json
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -111,7 +111,7 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
     need_monitoring()
     store = tmp_path / "store"
     collect, port = start_cli_receiver(store)
-    serve = start_group(
+    serve = servers.spawn(
         [sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2", "--exporters", "otlp"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
@@ -159,7 +159,7 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
         for p in reversed(procs):
             if p.poll() is None and p is not serve:
                 p.send_signal(signal.SIGTERM)
-        stop_group(serve)  # with the replicas it started
+        servers.stop(serve)  # with the replicas it started
         for p in procs:
             try:
                 p.wait(timeout=60)

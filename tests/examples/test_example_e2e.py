@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from analysis.engine.connect import connect
 from examples.loadgen import run
 from examples.model import ModelCosts
-from tests.process_group import start_group, stop_group
+from tests import servers
 from tests.tracing.otel_helpers import spans
 from tracing import schema as S
 from tracing.client import ClientResult, post_json
@@ -47,7 +47,7 @@ def _disconnect_midstream(port: int) -> int:
 
 def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     store = tmp_path / "store"
-    proc = start_group([sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2",
+    proc = servers.spawn([sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2",
                         "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        cwd=ROOT)  # examples/ is not installed: it runs from the source tree
     try:
@@ -63,7 +63,7 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
         try:
             _out, err = proc.communicate(timeout=120)
         finally:
-            stop_group(proc)  # whatever of serve's replicas is left, even when it did not stop
+            servers.stop(proc)  # whatever of serve's replicas is left, even when it did not stop
     assert proc.returncode == 0, err
     ok = [r for r in results if isinstance(r, ClientResult)]
     assert len(ok) == N_REQUESTS and all(r.status == 200 for r in ok), results

@@ -19,9 +19,9 @@ from typing import Any
 import duckdb
 
 from examples.loadgen import run
+from tests import servers
 from tests.intake.collect_helpers import ROOT
 from tests.monitoring import need_monitoring, prom_query, prometheus, wait_for
-from tests.process_group import start_group, stop_group
 from tracing.store import segment_files
 
 REQUESTS = 48
@@ -45,7 +45,7 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
     collect, port, metrics_port = _start_collect(store, tmp_path / "collect.log")
     procs: list[subprocess.Popen[Any]] = [collect]
     try:
-        serve = start_group(
+        serve = servers.spawn(
             [sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2", "--exporters", "otlp"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
@@ -77,7 +77,7 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                 p.kill()
                 p.wait(timeout=30)
             else:  # the replicas examples.serve started go with it
-                stop_group(p)
+                servers.stop(p)
     durations = {tid: ns / 1e9 for tid, ns in duckdb.sql(
         f"SELECT TraceId, Duration FROM read_parquet('{store}/spans/*/*/*.parquet') WHERE IsRequest").fetchall()}
     seen = 0

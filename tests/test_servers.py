@@ -1,4 +1,4 @@
-"""stop_group ends a child's own children too, even when the child ignores SIGTERM (tests/process_group.py)."""
+"""servers.stop ends a child's own children too, even when the child ignores SIGTERM (tests/servers.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.process_group import start_group, stop_group
+from tests import servers
 
 # a parent that starts a grandchild, prints its pid, and ignores SIGTERM (as a server killed mid-start would leave it)
 PARENT = """
@@ -35,15 +35,15 @@ def _gone(pid: int) -> bool:
     return not _alive(pid)
 
 
-def test_stop_group_ends_the_grandchildren() -> None:
-    proc = start_group([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+def test_stop_ends_the_grandchildren() -> None:
+    proc = servers.spawn([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     grandchild = int(proc.stdout.readline())  # type: ignore[union-attr]
-    stop_group(proc, timeout=2)
+    servers.stop(proc, timeout=2)
     assert proc.returncode is not None and _gone(grandchild)
 
 
-def test_stop_group_ends_them_after_the_parent_was_killed_alone() -> None:
-    proc = start_group([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+def test_stop_ends_them_after_the_parent_was_killed_alone() -> None:
+    proc = servers.spawn([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     grandchild = int(proc.stdout.readline())  # type: ignore[union-attr]
     proc.kill()  # what the tests did: the parent alone
     proc.wait(timeout=30)
@@ -51,5 +51,5 @@ def test_stop_group_ends_them_after_the_parent_was_killed_alone() -> None:
     try:
         assert _alive(grandchild)  # the premise: orphaned, still running
     finally:
-        stop_group(proc, timeout=2)
+        servers.stop(proc, timeout=2)
     assert _gone(grandchild)
