@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -47,7 +46,8 @@ import pyarrow.parquet as pq
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from benchmarks.bench_collect import PYTHON, ROOT, Collector, post_bodies, sdk_spans
+from benchmarks.bench_collect import Collector, post_bodies, sdk_spans
+from benchmarks.bench_reads import cli
 from intake.collect.config import COLLECT
 from tracing.store import COMPACTION_STATE, HOUR_NS, SegmentWriter, list_store, segment_files
 
@@ -143,24 +143,13 @@ def anchor_store(source: Path, target: Path) -> None:
     SegmentWriter(target, kind="anchor").write(pa.concat_tables(tables, promote_options="permissive"))
 
 
-def timed(args: list[str]) -> float:
-    """Seconds a CLI command takes (its second run: the first warms the page cache); it must succeed."""
-    took = 0.0
-    for _ in range(2):
-        t0 = time.perf_counter()
-        subprocess.run([PYTHON, "-m", "tailscope", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        took = time.perf_counter() - t0
-    return took
-
-
 def reads(store: Path, anchor: Path) -> dict[str, float]:
     """report --json and a sql scan of `spans`, on the store and on the anchor."""
     scan = "SELECT count(*), sum(Duration), count(DISTINCT SpanName) FROM spans"
     out = {}
     for name, args in (("report", ["report", "--json", "--no-materialize"]), ("scan", ["sql", scan])):
-        out[name] = timed([*args, "--store", str(store)])
-        out[f"{name}_anchor"] = timed([*args, "--store", str(anchor)])
+        out[name] = cli([*args, "--store", str(store)], runs=2)
+        out[f"{name}_anchor"] = cli([*args, "--store", str(anchor)], runs=2)
     return out
 
 
