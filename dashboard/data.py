@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -1008,16 +1008,54 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     return df
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def batching(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any] | None:
-    """analysis.stats.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
-    the traces cannot show it (or on ClickHouse, where it is not computed yet)."""
-    if not _db.can("batching"):
-        return None
-    try:
-        return _db.batching(filters)
-    except Exception:  # the relation is context for the headline; without it the headline says less
-        return None
+#: From this many requests in the time range the Cost and Capacity pages compute in the background: the page waits
+#: BACKGROUND_WAIT_S, then draws a note and fills in when the work is done (below it, the page waits for it).
+BACKGROUND_REQUESTS = 100_000
+BACKGROUND_WAIT_S = 1.5
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
+                 gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
+    """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
+    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
+    def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
+        res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
+        if "error" in res or not res["rows"]:
+            return res, None
+        try:
+            return res, cost_over_time(_db, store, version, filters, by, bucket_s, gpu_hour_usd)
+        except Exception as exc:  # a failing analysis degrades to a message on the page
+            return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
+
+    return _POOL.submit(both)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def capacity_started(_db: Bench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
+                     metric: str, gpu_hour_usd: float | None) -> Future[dict[str, Any]]:
+    """`capacity_curve` computed in a background thread (each count is a replay of every request in the range): a
+    future the Capacity page waits on (`finished`)."""
+    return _POOL.submit(capacity_curve, _db, store, version, filters, target_p99_ms, metric, gpu_hour_usd)
+
+
+def finished(job: Future[Any], requests_in_range: int, note: str) -> Any:
+    """The job's result: waited for when the range holds fewer than BACKGROUND_REQUESTS requests, else for
+    BACKGROUND_WAIT_S; if it is still running, a note that reruns the page when it is done, and the page stops."""
+    with contextlib.suppress(TimeoutError):
+        job.result(timeout=BACKGROUND_WAIT_S if requests_in_range >= BACKGROUND_REQUESTS else None)
+    if job.done():
+        return job.result()
+
+    @st.fragment(run_every=1.0)
+    def _waiting() -> None:
+        if job.done():
+            st.rerun(scope="app")
+        st.info(note + " The other pages stay usable meanwhile.", icon=":material/hourglass_top:")
+
+    _waiting()
+    st.stop()
 
 
 @st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)
@@ -1029,7 +1067,10 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
 
     try:
         w = workload(_db, store, version, filters)
-        counts = range(1, max_replicas + 1) if load_kernel() is not None else sorted(
+        # drawn: every count to 16, then every 4th (the curve flattens; with the measured batch relation each count
+        # is a replay of its own) and the observed count; the fewest count for the target is exact either way
+        counts = sorted({*range(1, min(16, max_replicas) + 1), *range(20, max_replicas + 1, 4), max_replicas,
+                         w.observed_replicas}) if load_kernel() is not None else sorted(
             {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
         out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
     except Exception as exc:

@@ -18,6 +18,7 @@ of replicas, each with its own resource.)
 from __future__ import annotations
 
 import gzip
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -25,12 +26,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from sample_traces.basic import SeededIds
 from sample_traces.fleet import FleetConfig, SimRequest, sim_ns
 from tracing import schema as S
-from tracing.lean import LeanRecorder
+from tracing.lean import LeanRecorder, LeanRequest
 from tracing.otlp_json import spans_to_json_line
+from tracing.store import SegmentWriter
 
 #: Instrumentation scope of the emitted spans (as `tracing.instrument` names it).
 SCOPE_NAME = "tailscope"
@@ -68,8 +71,9 @@ class _ListExporter(SpanExporter):
 
 
 
-def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
-    """Record one simulated request through the lean API, with its explicit timestamps."""
+def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest, finish: bool = True) -> LeanRequest:
+    """Record one simulated request through the lean API, with its explicit timestamps (`finish=False`: not yet
+    ended, so not queued; the caller ends it at `sim_ns(req.end_s)` or drops it)."""
     start, end = sim_ns(req.arrival_s), sim_ns(req.end_s)
     attributes: dict[str, str | int] = {ATTR_PRIORITY: req.priority, ATTR_CACHE_READ: req.cached_tokens}
     if req.lora_adapter:
@@ -107,7 +111,30 @@ def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest) -> None:
     lean.set(output_tokens=req.output_tokens)
     if req.status != OK:
         lean.set_outcome(req.status, req.error_type)
-    lean.finish(end)
+    if finish:
+        lean.finish(end)
+    return lean
+
+
+def _by_replica(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int
+                ) -> list[tuple[Resource, SeededIds, list[SimRequest]]]:
+    """Per replica (in name order): its resource, its seeded id generator and its requests."""
+    by_replica: dict[str, list[SimRequest]] = {}
+    for req in requests:
+        by_replica.setdefault(req.replica, []).append(req)
+    zones = {r.name: r.zone for r in cfg.replicas}
+    nodes = {r.name: r.node for r in cfg.replicas if r.node}
+    out = []
+    for k, replica in enumerate(sorted(by_replica)):
+        resource = Resource.create({
+            "service.name": cfg.service,
+            "service.instance.id": replica,
+            ATTR_ZONE: zones.get(replica, ""),
+            "cloud.region": "us-east-1",
+            **({ATTR_NODE: nodes[replica]} if replica in nodes else {}),
+        })
+        out.append((resource, SeededIds(seed * 1_000 + k), by_replica[replica]))
+    return out
 
 
 def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
@@ -118,25 +145,13 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
     head sampler in the exporting process would: ids are drawn as without it, so the kept spans are those
     of the full emission.
     """
-    by_replica: dict[str, list[SimRequest]] = {}
-    for req in requests:
-        by_replica.setdefault(req.replica, []).append(req)
-    zones = {r.name: r.zone for r in cfg.replicas}
-    nodes = {r.name: r.node for r in cfg.replicas if r.node}
     lines: list[str] = []
-    for k, replica in enumerate(sorted(by_replica)):
+    for resource, ids, reqs in _by_replica(cfg, requests, seed):
         exporter = _ListExporter(keep)
-        resource = Resource.create({
-            "service.name": cfg.service,
-            "service.instance.id": replica,
-            ATTR_ZONE: zones.get(replica, ""),
-            "cloud.region": "us-east-1",
-            **({ATTR_NODE: nodes[replica]} if replica in nodes else {}),
-        })
-        provider = TracerProvider(resource=resource, id_generator=SeededIds(seed * 1_000 + k))
+        provider = TracerProvider(resource=resource, id_generator=ids)
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         rec = LeanRecorder(tracer_provider=provider, resource=resource, background=False)
-        for req in by_replica[replica]:
+        for req in reqs:
             _record(rec, cfg, req)
             rec.flush()
             if len(exporter.spans) >= SPANS_PER_LINE:
@@ -147,6 +162,50 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
         for i in range(0, len(exporter.spans), SPANS_PER_LINE):
             lines.append(spans_to_json_line(exporter.spans[i:i + SPANS_PER_LINE]))
     return lines
+
+
+class _Predrawn(IdGenerator):
+    """Ids drawn ahead, in the order the recorder asks for them (each kept request's trace id, then its spans')."""
+
+    def __init__(self) -> None:
+        self.traces: deque[int] = deque()
+        self.spans: deque[int] = deque()
+
+    def generate_trace_id(self) -> int:
+        """The next kept request's trace id."""
+        return self.traces.popleft()
+
+    def generate_span_id(self) -> int:
+        """The next kept span's id."""
+        return self.spans.popleft()
+
+
+def write_store(store: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
+                keep: Callable[[int], bool] | None = None) -> Path:
+    """Write `requests` straight into a segment store (one segment per replica) and return it, without the OTLP
+    round trip, for tests and benchmarks that are not about OTLP: the rows `write_otlp` + `tailscope ingest` store,
+    ids included (the same seeded ids, drawn in the same order).
+
+    `keep` (a trace id -> whether it is kept) builds only the requests whose trace id it keeps, as a head sampler
+    does: every request's ids are drawn as without it, so the rows are those of the full store's kept traces."""
+    writer = SegmentWriter(store, kind="sim")
+    for resource, ids, reqs in _by_replica(cfg, requests, seed):
+        drawn = _Predrawn() if keep is not None else None
+        rec = LeanRecorder(writer=writer, resource=resource, background=False, id_generator=drawn or ids,
+                           max_pending=max(1, len(reqs)))
+        for req in reqs:
+            if drawn is None or keep is None:
+                _record(rec, cfg, req)
+                continue
+            lean = _record(rec, cfg, req, finish=False)
+            trace_id = ids.generate_trace_id()
+            spans = [ids.generate_span_id() for _ in range(1 + len(lean.stages))]
+            if keep(trace_id):
+                drawn.traces.append(trace_id)
+                drawn.spans.extend(spans)
+                lean.finish(sim_ns(req.end_s))
+        rec.close()
+    return store
 
 
 def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,

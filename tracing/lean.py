@@ -46,6 +46,7 @@ from tracing.store import SegmentWriter
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 __all__ = ["LeanRecorder", "LeanRequest"]
 
@@ -207,12 +208,15 @@ class LeanRecorder:
     `replica_id`, else their environment variables, else the defaults: the SERVING settings
     `configure` reads too. At most `max_pending` finished requests wait for the
     writer; beyond that the oldest is dropped and counted in `dropped_requests`.
+    `id_generator` (an SDK IdGenerator) draws the trace and span ids of the rows written, in the order the SDK path
+    draws them (trace, request span, each stage), so a seeded one stores the ids an SDK provider with it would emit.
     """
 
     def __init__(self, store: Path | str | None = None, *, writer: SegmentWriter | None = None,
                  tracer_provider: TracerProvider | None = None, resource: Resource | Mapping[str, Any] | None = None,
                  service_name: str | None = None, replica_id: str | None = None, flush_interval_s: float = 1.0,
-                 max_pending: int = 100_000, background: bool = True) -> None:
+                 max_pending: int = 100_000, background: bool = True, id_generator: IdGenerator | None = None
+                 ) -> None:
         if store is None and writer is None and tracer_provider is None:
             raise ValueError("LeanRecorder needs a store, a writer or a tracer_provider to send rows to")
         if max_pending <= 0:
@@ -229,6 +233,7 @@ class LeanRecorder:
         self.service = self.resource.get("service.name", "")
         self.replica = replica_of(self.resource)
         self.max_pending = max_pending
+        self.id_generator = id_generator
         self._pending: collections.deque[LeanRequest] = collections.deque()
         self._flush_lock = threading.Lock()
         self.recorded_requests = 0
@@ -289,14 +294,17 @@ class LeanRecorder:
         batch = batch if batch is not None else SpanBatch()
         resource, service, replica = self.resource, self.service, self.replica
         append = batch.append
+        ids_from = self.id_generator
+        new_trace = ids_from.generate_trace_id if ids_from is not None else lambda: _new_id(128)
+        new_span = ids_from.generate_span_id if ids_from is not None else lambda: _new_id(64)
         for req in requests:
             if req.parent is not None:
                 trace_int, parent_int, state = req.parent
                 parent_hex = format(parent_int, "016x")
             else:
-                trace_int, parent_hex, state = _new_id(128), "", ""
+                trace_int, parent_hex, state = new_trace(), "", ""
             trace_hex = format(trace_int, "032x")
-            req_id = format(_new_id(64), "016x")
+            req_id = format(new_span(), "016x")
             failed = (req._outcome or _OK) != _OK
             append(trace_id=trace_hex, span_id=req_id, parent_span_id=parent_hex, name=req.name,
                    kind=_SERVER_KIND, start_ns=req.start_ns, end_ns=req.end_ns, service=service,
@@ -306,7 +314,7 @@ class LeanRecorder:
                    scope_name=SCOPE_NAME, scope_version=SCOPE_VERSION, replica=replica)
             ids: list[str] = []
             for name, start, end, attrs, parent, err, msg in req.stages:
-                span_id = format(_new_id(64), "016x")
+                span_id = format(new_span(), "016x")
                 ids.append(span_id)
                 stored = {S.ATTR_STAGE: name}
                 if attrs:

@@ -111,7 +111,7 @@ class HourListing:
     directory: Path
     files: list[Path] = field(default_factory=list)
     digests: dict[str, int] = field(default_factory=dict)  # by file name
-    replaced: list[Path] = field(default_factory=list)  # present on disk, but merged into a visible segment
+    replaced: list[str] = field(default_factory=list)  # names present on disk, but merged into a visible segment
 
     @property
     def digest(self) -> int:
@@ -119,8 +119,11 @@ class HourListing:
         return combine_digests(self.digests.values())
 
 
-def list_hour(directory: Path) -> HourListing:
+def list_hour(directory: Path, records: dict[str, dict[str, Any]] | None = None) -> HourListing:
     """The visible segments of one hour partition (sorted by name) and their digests.
+
+    `records`: a cache of the records read (by the segment's path), for a caller that lists the
+    same hour often (the compactor); a record never changes once its segment has its name.
 
     A compacted segment's record, written and fsynced before the segment got its name, names
     the segments it replaces: those stay on disk for a grace period (readers that listed them
@@ -129,26 +132,28 @@ def list_hour(directory: Path) -> HourListing:
     it still sees every input: never both, never neither.
     """
     out = HourListing(Path(directory))
-    try:
-        names = [e.name for e in os.scandir(directory) if e.name.endswith(".parquet") and e.name[0] != "."]
+    try:  # names only, no per-entry objects: an hour holds thousands of merged segments during their grace
+        names = [n for n in os.listdir(directory) if n.endswith(".parquet") and n[0] != "."]
     except FileNotFoundError:
         return out
+    prefix = f"{out.directory}{os.sep}"
     replaced: set[str] = set()
     digests: dict[str, int] = {}
     for name in names:
-        if COMPACTED.match(name):
-            record = read_record(out.directory / name)
+        if name[0] == "c" and name[1].isdigit() and COMPACTED.match(name):
+            key = prefix + name
+            record = records.get(key) if records is not None else None
+            if record is None:
+                record = read_record(Path(key))
+                if record is not None and records is not None:
+                    records[key] = record
             if record is not None:
                 replaced.update(record.get("inputs", ()))
                 digests[name] = int(record.get("digest", "0"), 16)
-                continue
-        digests[name] = name_digest(name)
-    for name in sorted(names):
-        if name in replaced:
-            out.replaced.append(out.directory / name)
-        else:
-            out.files.append(out.directory / name)
-            out.digests[name] = digests[name]
+    out.replaced = sorted(replaced.intersection(names))
+    for name in sorted(set(names).difference(replaced)):
+        out.files.append(out.directory / name)
+        out.digests[name] = digests[name] if name in digests else name_digest(name)  # hashed when visible
     return out
 
 

@@ -149,8 +149,9 @@ class CollectSettings(SettingsTable):
         int, 8, "Segments of one level merged into one of the next while an hour is written: an hour holds "
         "fewer than this many small segments per level.", option="--compact-fan-in")
     compact_target_bytes: Setting[int] = Setting(
-        int, 64 * MIB, "Size a compacted segment is made up to (a merge reads at most about this much); "
-        "segments of half this size or more are not merged again.",
+        int, 64 * MIB, "Size a compacted segment is made up to (a merge reads at most about this much), within what "
+        "--compact-memory-mib can sort (16 KiB a MiB of DuckDB's share: 2 MiB by default); segments of half the "
+        "smaller of the two or more are not merged again.",
         option="--compact-target-mib", option_scale=MIB, option_unit="MiB")
     compact_settle_s: Setting[float] = Setting(
         float, 300.0, "Seconds after an hour ends before it may count as settled (and get its final files).",
@@ -166,6 +167,11 @@ class CollectSettings(SettingsTable):
         "reads only the row groups it meets); a multiple of 2,048 (DuckDB writes them).")
     compact_every_s: Setting[float] = Setting(
         float, 0.5, "Seconds between two compaction passes over the store.")
+    compact_memory_mib: Setting[int] = Setting(
+        int, 192, "Memory compaction's merges may use together, all told (both merge lanes share one DuckDB database; "
+        "it gets this less 64 MiB, what it uses beyond its limit, and a sort beyond that spills to "
+        "STORE/.compact-tmp/; at least 128). The receiver's memory is its own plus at most this.",
+        option="--compact-memory-mib")
     retain: Setting[str] = Setting(
         str, "", "Remove spans, a whole hour at a time and oldest first, once their hour ended this long ago "
         "(e.g. 72h, 3d, 2w), with the hour's materialized requests. Empty: keep everything.", option="--retain")
@@ -176,7 +182,7 @@ class CollectSettings(SettingsTable):
 
 #: Names of the settings `tailscope compact` takes too (compaction and retention).
 COMPACT_SETTINGS: Final = ("compact_fan_in", "compact_target_bytes", "compact_settle_s", "compact_quiet_s",
-                           "compact_grace_s", "retain", "max_store_gb")
+                           "compact_grace_s", "compact_memory_mib", "retain", "max_store_gb")
 
 #: The receiver's settings table.
 COLLECT: Final = CollectSettings()
@@ -224,6 +230,7 @@ class CollectConfig:
     compact_grace_s: float = COLLECT.compact_grace_s.default
     compact_row_group_spans: int = COLLECT.compact_row_group_spans.default
     compact_every_s: float = COLLECT.compact_every_s.default
+    compact_memory_mib: int = COLLECT.compact_memory_mib.default
     retain: str = COLLECT.retain.default
     max_store_gb: float = COLLECT.max_store_gb.default
     metrics_port: int | None = COLLECT.metrics_port.default  # None or negative: off
@@ -254,7 +261,8 @@ class CollectConfig:
         """The compactor's policy from the compact_* settings."""
         return Policy(fan_in=self.compact_fan_in, target_bytes=self.compact_target_bytes,
                       settle_s=self.compact_settle_s, quiet_s=self.compact_quiet_s, grace_s=self.compact_grace_s,
-                      row_group_spans=self.compact_row_group_spans, durable=self.durable)
+                      row_group_spans=self.compact_row_group_spans, durable=self.durable,
+                      memory_mib=self.compact_memory_mib)
 
     def retention(self) -> Retention:
         """The retention policy from --retain and --max-store-gb."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
@@ -82,9 +84,18 @@ def dashboard(
     raise typer.Exit(_serve(streamlit_command(app, served.args, host, port), {**os.environ, **served.env}))
 
 
+def _die_with_parent() -> None:
+    """In the Streamlit child before exec: SIGTERM when this command dies, even by SIGKILL (Linux's
+    prctl(PR_SET_PDEATHSIG); elsewhere nothing), so a killed `tailscope dashboard` leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 def _serve(argv: list[str], env: dict[str, str]) -> int:
-    """Run the server until it exits; Ctrl-C or SIGTERM stop it too (no orphaned Streamlit)."""
-    child = subprocess.Popen(argv, env=env)
+    """Run the server until it exits; Ctrl-C or SIGTERM stop it too, and it dies with this process (no orphaned
+    Streamlit)."""
+    child = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
 
     def _stop(signum: int, _frame: object) -> None:
         child.send_signal(signal.SIGTERM)

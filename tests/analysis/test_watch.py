@@ -41,7 +41,8 @@ from sample_traces.emit import write_otlp
 from sample_traces.fleet import START_NS, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE
 from tailscope.cli import app
-from tests.sample_traces.test_accuracy import _accepted, truth
+from tests.sample_traces.seeded import accepted
+from tests.sample_traces.test_accuracy import truth
 from tracing.errors import QueryError
 
 runner = CliRunner()
@@ -97,7 +98,7 @@ def test_each_incident_fires_once_early_and_resolves_soon_after(name: str,
     assert end < resolved_window_end <= end + 2 * W, (a["resolved_at"], t["window"])
     assert _ns(a["window_start"]) >= start - W
     assert a["stage"] == t["stage"], a["stages"]
-    assert _accepted({"dimension": a["dimension"], "value": a["value"], "lo": a["dimensions"][0]["lo"]},
+    assert accepted({"dimension": a["dimension"], "value": a["value"], "lo": a["dimensions"][0]["lo"]},
                      t["accept"]), a["dimensions"][:2]
     assert a["p99_ms"] > a["baseline_p99_ms"] * 1.2 and len(a["exemplars"]) >= 1
     for key in ("rule", "metric", "p50_ms", "window_end", "explained"):

@@ -23,7 +23,7 @@ from analysis.watch.records import spike_url
 from analysis.watch.state import AlertStore
 from sample_traces import generate
 from tailscope.cli import app
-from tests.sample_traces.test_accuracy import _accepted
+from tests.sample_traces.seeded import accepted
 from tracing.errors import QueryError
 from tracing.store import init_store
 
@@ -56,7 +56,7 @@ def test_the_demo_fires_both_incidents_with_the_defaults(replayed: list[dict[str
         labels = alertmanager_alert(alert, "firing")["labels"]
         assert labels["stage"] == inc["stage"] and labels["severity"] == "warning"
         assert labels["service"] == "llm-server" and labels["metric"] == "e2e"
-        assert _accepted({"dimension": labels["dimension"], "value": labels["value"]}, inc["accept"]), labels
+        assert accepted({"dimension": labels["dimension"], "value": labels["value"]}, inc["accept"]), labels
 
 
 def test_the_window_is_the_reports(demo_store: Path, replayed: list[dict[str, Any]]) -> None:

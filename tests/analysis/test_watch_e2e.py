@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from examples.loadgen import run
+from tests import servers
 from tests.analysis.alert_receiver import Recorder, recording
 from tests.intake.collect_helpers import ROOT, start_cli_receiver
 from tests.monitoring import alertmanager, get_json, need_monitoring
@@ -110,7 +111,7 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
     need_monitoring()
     store = tmp_path / "store"
     collect, port = start_cli_receiver(store)
-    serve = subprocess.Popen(
+    serve = servers.spawn(
         [sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2", "--exporters", "otlp"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
@@ -156,13 +157,15 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
         if load is not None:
             load.stop.set()
         for p in reversed(procs):
-            if p.poll() is None:
+            if p.poll() is None and p is not serve:
                 p.send_signal(signal.SIGTERM)
+        servers.stop(serve)  # with the replicas it started
         for p in procs:
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(timeout=30)
     text = log.read_text()
     assert [h["status"] for h in hooks] == ["firing", "resolved"], text
     fire, resolve = hooks[0]["alert"], hooks[1]["alert"]

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from analysis.engine.connect import connect
 from examples.loadgen import run
 from examples.model import ModelCosts
+from tests import servers
 from tests.tracing.otel_helpers import spans
 from tracing import schema as S
 from tracing.client import ClientResult, post_json
@@ -46,9 +47,9 @@ def _disconnect_midstream(port: int) -> int:
 
 def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     store = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2",
-                             "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)  # examples/ is not installed: it runs from the source tree
+    proc = servers.spawn([sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2",
+                        "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       cwd=ROOT)  # examples/ is not installed: it runs from the source tree
     try:
         ready = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         assert all(line.startswith("ready http://127.0.0.1:") for line in ready), (ready, proc.stderr)
@@ -59,7 +60,10 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
         timed_out = post_json(urls[1] + "/v1/completions", {"prompt": "slow", "max_tokens": 200, "timeout_s": 0.05})
     finally:
         proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
+        try:
+            _out, err = proc.communicate(timeout=120)
+        finally:
+            servers.stop(proc)  # whatever of serve's replicas is left, even when it did not stop
     assert proc.returncode == 0, err
     ok = [r for r in results if isinstance(r, ClientResult)]
     assert len(ok) == N_REQUESTS and all(r.status == 200 for r in ok), results

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from intake.compact.merge import Compactor, CompactorBusy, Policy
 from tailscope.cli import app
 from tests.intake.compact_helpers import keys, rows, write_segments
-from tracing.store import HOUR_NS, QUARANTINE_DIR, hour_dirs, init_store, list_hour, segment_level
+from tracing.store import HOUR_NS, QUARANTINE_DIR, hour_dirs, init_store, list_hour, segment_files, segment_level
 
 #: "now" for a settled T0 hour: its segments' mtimes are real (now), so quiet_s counts from there
 LATER = time.time() + 1000
@@ -74,6 +74,46 @@ def test_compaction_keeps_every_span_while_an_hour_is_written_and_after_it_settl
     c.run_once(end_s + 10_000)
     assert rows(store) == late
     assert len([f for d in hour_dirs(store) for f in list_hour(d).files]) == 1
+
+
+def test_an_hour_whose_writers_segments_are_all_merged_is_not_quiet_for_that(tmp_path: Path) -> None:
+    # an hour that ended long ago gets segments now: merged in levels, but not settled until quiet_s after the
+    # newest one landed, even once no writer's segment is left visible (the merged ones carry when it landed)
+    rng = random.Random(8)
+    c = Compactor(init_store(tmp_path), _policy())
+    now = time.time()
+    for tag in ("a", "b"):
+        write_segments(tmp_path, rng, 4, tag=tag)
+        c.run_once(now)  # one fan-in of 4: no writer's segment left visible
+    before = rows(tmp_path)
+    levels = sorted(segment_level(f.name) for f in segment_files(tmp_path))
+    assert levels == [1, 1]  # not merged as a settled hour: spans landed less than quiet_s ago
+    c.run_once(time.time() + 61)  # quiet_s after the last one landed
+    assert [segment_level(f.name) for f in segment_files(tmp_path)] == [2]
+    assert rows(tmp_path) == before
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_fast_lane_merges_only_the_lowest_levels_of_hours_being_written(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    store = tmp_path / "s"
+    c = Compactor(init_store(store), _policy())
+    hour_ns = (time.time_ns() // HOUR_NS) * HOUR_NS  # the hour being written now
+    for step in range(16):  # 4 x 4 fan-ins of 4 writer segments each
+        write_segments(store, rng, 4, tag=(seed, step), base_ns=hour_ns)
+        for _ in range(8):  # bounded: each call merges at most once an hour
+            if not c.fast_pass():
+                break
+    before = rows(store)
+    levels = sorted(segment_level(f.name) for f in segment_files(store))
+    assert levels == [2, 2, 2, 2]  # levels 0 and 1 merged by the fast lane, level 2 left to the pass
+    assert c.fast_pass() == 0
+    c.run_once()
+    assert [segment_level(f.name) for f in segment_files(store)] == [3]
+    assert rows(store) == before
+    # a settled hour is the pass's alone
+    write_segments(store, rng, 8, tag=(seed, "old"))  # T0's hour, long ended
+    assert c.fast_pass(time.time() + 61) == 0
 
 
 def test_merged_segments_stay_hidden_for_the_grace_then_go(tmp_path: Path) -> None:

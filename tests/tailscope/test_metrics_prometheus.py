@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from examples.loadgen import run
+from tests import servers
 from tests.intake.collect_helpers import ROOT
 from tests.monitoring import need_monitoring, prom_query, prometheus, wait_for
 from tracing.store import segment_files
@@ -44,7 +45,7 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
     collect, port, metrics_port = _start_collect(store, tmp_path / "collect.log")
     procs: list[subprocess.Popen[Any]] = [collect]
     try:
-        serve = subprocess.Popen(
+        serve = servers.spawn(
             [sys.executable, "-m", "examples.serve", "--port", "0", "--replicas", "2", "--exporters", "otlp"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
@@ -72,8 +73,11 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                               start=str(start - 60), end=str(time.time() + 60))
     finally:
         for p in reversed(procs):
-            p.kill()
-            p.wait(timeout=30)
+            if p is collect:
+                p.kill()
+                p.wait(timeout=30)
+            else:  # the replicas examples.serve started go with it
+                servers.stop(p)
     durations = {tid: ns / 1e9 for tid, ns in duckdb.sql(
         f"SELECT TraceId, Duration FROM read_parquet('{store}/spans/*/*/*.parquet') WHERE IsRequest").fetchall()}
     seen = 0

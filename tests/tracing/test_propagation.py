@@ -91,6 +91,9 @@ def test_cross_process_queue_is_one_trace(spans: InMemorySpanExporter, fail: boo
     finally:
         jobs.put(None)
         proc.join(timeout=60)
+        if proc.is_alive():  # stuck: ended, not left running after the test
+            proc.kill()
+            proc.join(timeout=30)
     assert proc.exitcode == 0
     (root,) = spans.get_finished_spans()
     worker = {s["name"]: s for s in reply["spans"]}
@@ -154,6 +157,9 @@ def test_cross_process_queue_in_the_store(tmp_path: Path) -> None:
     finally:
         jobs.put(None)
         proc.join(timeout=60)
+        if proc.is_alive():  # stuck: ended, not left running after the test
+            proc.kill()
+            proc.join(timeout=30)
         telemetry.shutdown()
         reset_globals()
     assert proc.exitcode == 0
