@@ -717,18 +717,15 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
                     rest: X.Rest | None = None) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
-    The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone, all
-    under one family-wise level (Bonferroni over every candidate tested); the counterfactual of the
+    The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone and with
+    each built-in (k8s.node.name & tenant), all under one family-wise level (Bonferroni over every value and
+    pair of values tested); the counterfactual of the
     MAX_COUNTERFACTUAL best scores; the first one's level of a learned hierarchy (attributes.name_level).
     `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99)."""
     nb = sum(1 for c in coded if c.source == "builtin")
     if rest is not None and nb < len(coded):
         raise ValueError("baseline counts (rest) cover the built-in dimensions only, not attributes")
-    found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=rest)
-    if nb < len(coded):
-        more, more_tested = X.contrast_raw(coded[nb:], excess_rows, base, pairs=False, weights=weights)
-        found += [dataclasses.replace(c, dims=tuple(d + nb for d in c.dims)) for c in more]
-        tested += more_tested
+    found, tested = X.contrast_raw(coded, excess_rows, base, weights=weights, rest=rest, pairs_with=nb)
     cands = X.significant(found, tested)
     cands.sort(key=lambda c: -c.score)
     cands = cands[:X.MAX_COUNTERFACTUAL]

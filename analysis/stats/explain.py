@@ -250,12 +250,15 @@ def significant(found: Sequence[Candidate], tested: int) -> list[Candidate]:
 
 
 def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
-                 weights: F64 | None = None, rest: Rest | None = None) -> tuple[list[Candidate], int]:
+                 weights: F64 | None = None, rest: Rest | None = None,
+                 pairs_with: int | None = None) -> tuple[list[Candidate], int]:
     """`contrast` before the significance level: (candidates with support, their p-values, tested).
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
     effective counts; support (`tail_count`) stays the kept requests. `rest`: more baseline
-    requests as counts per combination of codes (with their summed weights when `weights` are given)."""
+    requests as counts per combination of codes (with their summed weights when `weights` are given).
+    `pairs_with`: only the pairs holding one of the first `pairs_with` dimensions (the built-ins: every pair of
+    them, and each with each later one, an attribute) instead of every pair."""
     if rest is not None and weights is not None and rest.weights is None:
         raise ValueError("weighted requests need the baseline counts' (rest's) summed weights")
     n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)
@@ -271,26 +274,28 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     codes_b = [_missing_last(c.codes[base], k) for c, k in zip(coded, slots, strict=True)]
     # unweighted, the baseline's count of every single and pair is a sum over one count per combination of all
     # the dimensions (exact integers): one pass over its rows instead of one per single and pair
-    joint = _joint_counts(codes_b, slots) if w_b is None and len(coded) > 2 else None
+    lead = len(coded) if pairs_with is None else min(pairs_with, len(coded))  # the dimensions `joint` counts
+    joint = _joint_counts(codes_b[:lead], slots[:lead]) if w_b is None and lead > 2 else None
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
     singles: dict[tuple[int, int], tuple[int, int]] = {}
     combos: list[tuple[int, ...]] = [(i,) for i in range(len(coded))]
     if pairs:
-        combos += list(combinations(range(len(coded)), 2))
+        combos += [c for c in combinations(range(len(coded)), 2) if pairs_with is None or c[0] < pairs_with]
     for combo in combos:
         sizes = [slots[i] for i in combo]
         cells = int(np.prod(sizes))
         if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
             continue
         key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
-        key_b = None if joint is not None else (
+        by_joint = joint is not None and max(combo) < lead
+        key_b = None if by_joint else (
             codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]])
         tc = np.bincount(key_t, minlength=cells)
         if key_b is None:
             assert joint is not None
-            bc = joint.sum(axis=tuple(i for i in range(len(coded)) if i not in combo)).ravel()
+            bc = joint.sum(axis=tuple(i for i in range(lead) if i not in combo)).ravel()
         else:
             bc = np.bincount(key_b, minlength=cells)
         if rest is not None:
