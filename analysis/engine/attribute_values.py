@@ -204,7 +204,8 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource))}
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        pq.write_table(pa.table(columns).replace_schema_metadata(meta), tmp, compression="zstd", compression_level=1, row_group_size=1 << 20)
+        pq.write_table(pa.table(columns).replace_schema_metadata(meta), tmp, compression="zstd", compression_level=1,
+                       row_group_size=1 << 20)
         fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:

@@ -33,24 +33,18 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.engine import model as M
+from analysis.engine import attribute_values as AV
 from analysis.engine.attribute_values import (
-    BUILTIN_KEYS as BUILTIN_KEYS,
     OWN_PREFIX,
-    TIMING_PATTERNS as TIMING_PATTERNS,
     StoredValues,
     dictionary_parts,
-    request_attribute_sql as request_attribute_sql,
-    resource_attribute_sql as resource_attribute_sql,
     resource_rows,
     split_by_key,
-    stage_attribute_sql as stage_attribute_sql,
     strings,
-    to_numpy,
     timing_pattern,
+    to_numpy,
 )
 from analysis.stats.explain import Coded, bucket_label
-from tracing import schema as S
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
 #: A key must be on at least this share of the window's requests (and MIN_PRESENT of them).
@@ -64,6 +58,13 @@ MAX_VALUES: Final = 4096
 #: At most this many attribute dimensions (the most present first); the others are cut, and the report says so.
 MAX_ATTRIBUTES: Final = 64
 #: Why an attribute is not a dimension (the `reason` of a skipped entry).
+#: Keys the built-in dimensions are read from, keys recording the request's own timing, and the SQL reading each
+#: request's attribute values: analysis.engine.attribute_values's (materialized hours are written by the same rules).
+BUILTIN_KEYS: Final = AV.BUILTIN_KEYS
+TIMING_PATTERNS: Final = AV.TIMING_PATTERNS
+request_attribute_sql = AV.request_attribute_sql
+stage_attribute_sql = AV.stage_attribute_sql
+resource_attribute_sql = AV.resource_attribute_sql
 SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "timing", "pattern", "rare", "ids", "cardinality",
                                         "same_partition", "shadowed", "cut", "source")
 _OWN_PREFIX: Final = OWN_PREFIX
@@ -230,6 +231,13 @@ def _same_partition(a: Coded, b: Coded) -> bool:
     return bool(np.array_equal(b_of[ac], bc))
 
 
+def _group_sizes(coded: Coded) -> tuple[int, ...]:
+    """The rows missing, then the sizes of a coding's groups, sorted: equal for two codings of the same partition
+    (a cheap look before comparing rows)."""
+    counts = np.bincount(coded.codes + 1, minlength=1)
+    return (int(counts[0]), *sorted(counts[1:].tolist()))
+
+
 class _Judge:
     """Applies the skip rules to each key, in the order of SKIP_REASONS; keeps what is left."""
 
@@ -240,6 +248,14 @@ class _Judge:
         self.bound = min(MAX_VALUES, max(MIN_PRESENT, math.floor(MAX_VALUE_SHARE * n_rows)))
         self.out = Attributes()
         self.taken: dict[str, str] = {}
+        self.sizes: dict[int, tuple[int, ...]] = {}
+
+    def _sizes(self, coded: Coded) -> tuple[int, ...]:
+        """`_group_sizes` of a dimension kept (a built-in or an attribute taken: alive while the judge is)."""
+        got = self.sizes.get(id(coded))
+        if got is None:
+            got = self.sizes[id(coded)] = _group_sizes(coded)
+        return got
 
     def skip(self, key: str, source: str, reason: str, why: str) -> None:
         self.out.skipped.append({"attribute": key, "source": source, "reason": reason, "why": why})
@@ -291,8 +307,9 @@ class _Judge:
             self.skip(key, source, "cardinality", f"{distinct} distinct values, over the bound {self.bound} "
                       f"({MAX_VALUE_SHARE:.0%} of the window's {self.n} requests, at most {MAX_VALUES})")
             return
+        mine = _group_sizes(coded)
         for other in [*self.builtin, *self.out.coded]:
-            if _same_partition(coded, other):
+            if mine == self._sizes(other) and _same_partition(coded, other):
                 self.skip(key, source, "same_partition", f"splits the requests exactly as {other.name!r} does")
                 return
         coded.attribute, coded.source = key, source

@@ -207,7 +207,8 @@ def test_the_family_counts_the_pairs_of_attributes_with_builtins(seed: int) -> N
     tail, base = np.sort(order[:120]), np.sort(order[120:])
     codes[0][tail[:60]], codes[nb][tail[:60]] = 0, 1
     coded = [X.Coded(f"d{i}", c, [str(v) for v in range(k)], [None] * k, [None] * k,
-                     source="builtin" if i < nb else "request") for i, (c, k) in enumerate(zip(codes, sizes))]
+                     source="builtin" if i < nb else "request")
+             for i, (c, k) in enumerate(zip(codes, sizes, strict=True))]
     found, tested = X.contrast_raw(coded, tail, base, pairs_with=nb)
     family, counts = _plain_family(codes, tail, base, nb)
     assert tested == family
