@@ -216,3 +216,4 @@ def test_the_family_counts_the_pairs_of_attributes_with_builtins(seed: int) -> N
         assert (c.tail_count, c.base_count) == counts[(c.dims, c.codes)]
     assert any(c.dims == (0, nb) and c.codes == (0, 1) for c in found)
     assert not any(len(c.dims) == 2 and min(c.dims) >= nb for c in found)  # no pair of two attributes
+

@@ -31,6 +31,7 @@ written by the generator.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ runner = CliRunner()
 NAMES = [inc.name for inc in CATALOGUE]
 INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
 _reports: dict[str, dict[str, Any]] = {}
+_stores: dict[str, Path] = {}
 
 
 def truth(name: str) -> dict[str, Any]:
@@ -72,7 +74,23 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path
         result = runner.invoke(app, ["report", "--json", "--store", str(store)])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)
+        _stores[name] = store
     return _reports[name]
+
+
+def test_a_report_of_materialized_hours_equals_one_computed_from_the_spans(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`ingest` materialized the hours (requests and their attribute values); the same spans without them give the
+    same report, attributes and all."""
+    name = "node_nic_flapping"
+    stored = report_of(name, tmp_path_factory)
+    assert any(f.name.startswith("attributes-") for f in (_stores[name] / "requests").rglob("*.parquet"))
+    live = tmp_path_factory.mktemp(f"{name}-live") / "store"
+    shutil.copytree(_stores[name], live, ignore=shutil.ignore_patterns("requests"))
+    result = runner.invoke(app, ["report", "--json", "--no-materialize", "--store", str(live)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == stored
+    assert stored["spikes"][0]["dimensions"][0]["attribute"] == "k8s.node.name"
 
 
 def _overlaps(spike: dict[str, Any], window: dict[str, Any]) -> bool:
