@@ -109,10 +109,11 @@ def column_name(source: str, key: str) -> str:
 
 
 def request_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
-    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice counted once);
+    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice: `split_by_key`
+    reads one);
     `facts_rows` is a query of the facts rows (rid, trace_id, span_id, start_ns); $lo / $hi bound the span start
     times read."""
-    return (f"SELECT DISTINCT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN {spans} s "
+    return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN {spans} s "
             "ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
             "WHERE s.IsRequest AND ($lo IS NULL OR s.TimestampNs >= $lo) AND ($hi IS NULL OR s.TimestampNs < $hi)")
 
@@ -125,6 +126,7 @@ def stage_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
     return (f"WITH f AS ({facts_rows}), "
             f"st AS (SELECT TraceId AS t, TimestampNs AS ts, unnest(map_keys(SpanAttributes)) AS k, "
             f"unnest(map_values(SpanAttributes)) AS v FROM {spans} WHERE Stage IS NOT NULL AND NOT IsRequest "
+            "AND TraceId IN (SELECT trace_id FROM f) "
             f"AND len(list_filter(map_keys(SpanAttributes), lambda x: NOT starts_with(x, '{OWN_PREFIX}'))) > 0 "
             f"AND ($lo IS NULL OR TimestampNs >= ($lo // {hour}) * {hour} - {hour}) "
             f"AND ($hi IS NULL OR TimestampNs < (($hi - 1) // {hour}) * {hour} + {2 * hour})) "
@@ -151,6 +153,10 @@ def split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
         return {}
     rid = to_numpy(table.column("rid")).astype(np.int64)
     if "a" in table.column_names:  # one map per row: its entries, each with its row's id
+        first, at = np.unique(rid, return_index=True)
+        if first.size < rid.size:  # a request span delivered twice: its first map
+            at.sort()
+            table, rid = table.take(from_numpy(at)), rid[at]
         maps = table.column("a").combine_chunks()
         offsets = to_numpy(maps.offsets)
         rid = np.repeat(rid, np.diff(offsets))
@@ -189,7 +195,8 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     n = int(con.execute(f"SELECT count(*) FROM ({facts})").fetchall()[0][0])
     columns: dict[str, pa.Array] = {ROW_COLUMN: pa.array(np.arange(n, dtype=np.int64))}
     for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
-        by_key = split_by_key(con.sql(sql, params={"lo": None, "hi": None}).to_arrow_table())
+        # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
+        by_key = split_by_key(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_table())
         for key in sorted(by_key):
             rows, values = by_key[key]
             if values is None:
