@@ -287,7 +287,11 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
         for name in names:
             source, _, key = name.partition("/")
             col = table.column(name)
-            valid = to_numpy(col.is_valid()) if col.null_count else np.ones(len(col), dtype=bool)
+            if col.null_count == 0:  # on every request: no mask to apply
+                out.by_source.setdefault(source, {}).setdefault(key, []).append(
+                    (positions, None if pa.types.is_boolean(col.type) else col))
+                continue
+            valid = to_numpy(col.is_valid())
             if not valid.any():
                 continue
             values = None if pa.types.is_boolean(col.type) else col.drop_null()

@@ -193,16 +193,25 @@ def code_dictionary(name: str, rows: I64, uniq: pa.Array, idx: I64, n_rows: int,
             numbers = None
         if numbers is not None and not np.all(np.isfinite(numbers)):
             numbers = None
-    codes = np.full(n_rows, -1, dtype=np.int64)
+    # every row in order (a key on every request of materialized hours): the codes are the values' own
+    every = rows.size == n_rows and (n_rows == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n_rows - 1 and bool(
+        np.all(rows[1:] > rows[:-1]))))
+    codes = np.full(n_rows, -1, dtype=np.int64) if not every else np.empty(0, dtype=np.int64)
     if numbers is not None:
         ucodes, labels, los, his = number_buckets(numbers)
-        codes[rows] = ucodes[idx]
+        if every:
+            codes = ucodes[idx]
+        else:
+            codes[rows] = ucodes[idx]
         return Coded(name, codes, labels, los, his), distinct, True
     texts = uniq.to_pylist()
     order = sorted(range(distinct), key=lambda i: texts[i])
     rank = np.empty(distinct, dtype=np.int64)
     rank[order] = np.arange(distinct)
-    codes[rows] = rank[idx]
+    if every:
+        codes = rank[idx]
+    else:
+        codes[rows] = rank[idx]
     labels = [texts[i] for i in order]
     return Coded(name, codes, labels, [None] * distinct, [None] * distinct), distinct, False
 
