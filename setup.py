@@ -3,8 +3,8 @@
 - `intake._otlpx`: the columnwise OTLP decoder. Without it `intake.otlp` uses its pure-Python
   decoder, which stores exactly the same rows, several times slower.
 - `analysis._replay`: a plain C library loaded with ctypes, two kernels: the FIFO k-server replay
-  of the capacity curve (without it `analysis.capacity` replays in Python: the same numbers,
-  about ten times slower) and the critical-path sweep of one hour's build
+  of the capacity curve, with fixed or batch-dependent service times (without it `analysis.capacity`
+  replays in Python: the same numbers, about ten times slower) and the critical-path sweep of one hour's build
   (`analysis.engine.materialize.build_hour`; without it the model's SQL builds the same rows, about
   twice the CPU).
 

@@ -51,6 +51,54 @@ int fifo_replay(const int64_t *a, const int64_t *s, int64_t n, int64_t k, int64_
     return 0;
 }
 
+/* batch_replay(a, base, n, k, replicas, table, tsize, lat, svc, heap, ends): fifo_replay with a service time
+ * that depends on the batch a request joins (analysis.capacity.replay_batched). Request j begins at
+ * max(a[j], the earliest server free time); m = the requests still in service then (ends > begin: a
+ * second min-heap of the ends, popped as begins never decrease); under an even spread over `replicas`
+ * it joins a replica serving m / replicas others, so its batch is b = m / replicas + 1 (at most tsize - 1)
+ * and its service svc[j] = (int64) (base[j] * table[b]). heap and ends: scratch of min(k, n) int64. */
+static void sift_up(int64_t *h, int64_t i) {
+    int64_t v = h[i];
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int64_t replicas, const double *table,
+                 int64_t tsize, int64_t *lat, int64_t *svc, int64_t *heap, int64_t *ends) {
+    if (k < 1 || n < 0 || replicas < 1 || tsize < 2) return -1;
+    if (n == 0) return 0;
+    int64_t m = k < n ? k : n;
+    int64_t e = 0;  /* entries in ends */
+    for (int64_t i = 0; i < m; i++) heap[i] = a[0];
+    for (int64_t j = 0; j < n; j++) {
+        int64_t t = heap[0];
+        int64_t begin = a[j] > t ? a[j] : t;
+        while (e > 0 && ends[0] <= begin) {
+            ends[0] = ends[--e];
+            sift_down(ends, e, 0);
+        }
+        int64_t b = e / replicas + 1;
+        if (b > tsize - 1) b = tsize - 1;
+        int64_t s = (int64_t)(base[j] * table[b]);
+        int64_t fin = begin + s;
+        heap[0] = fin;
+        sift_down(heap, m, 0);
+        if (e < m) {  /* at most m in service: the one it replaces on its server has ended */
+            ends[e] = fin;
+            sift_up(ends, e);
+            e++;
+        }
+        lat[j] = fin - a[j];
+        svc[j] = s;
+    }
+    return 0;
+}
+
 /* ---- critical_path ------------------------------------------------------------------------ */
 
 #define HOUR_NS 3600000000000LL

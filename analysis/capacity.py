@@ -10,6 +10,14 @@ points it has replayed, so a new target, metric or price replays nothing. The C 
 by `pip install` from setup.py) makes a replay 0.1-0.25 s on 1.4 M requests (measured under load); the
 Python loop of analysis.whatif.simulate gives the same numbers without it.
 
+Service time against batch (`replay_batched`): where the traces show service time growing with the
+batch (analysis.stats.batching: the whole interval of the growth per request of batch above 0), the
+curve applies it. Each request's observed service s was served in its observed batch b_obs; it is
+replayed as s x f(b) / f(b_obs), f(b) = 1 + g (b - small batch), b the batch it joins in the replayed
+fleet: m requests in service when it begins, spread evenly over the replicas, so b = m // replicas + 1
+(at most the slots). g is the measured growth per request; the fewest replicas is also found at the
+ends of g's interval. Otherwise the service times stay fixed and the curve says why.
+
 Scale-up (`reactive`): start from `replicas` and, whenever a request arrives to find every
 slot busy and no replica already starting, start one more (up to `max_replicas`); it serves
 after `cold_start_ns`, taken from the observed model_load spans (their median). Added
@@ -34,12 +42,15 @@ import numpy.typing as npt
 from analysis import breakdowns as B
 from analysis.engine.percentiles import parse_time
 from analysis.kernel import load_kernel
+from analysis.stats import batching
 from analysis.whatif import peak_concurrency, read_observed, simulate
 from tracing import schema as S
 
 I64 = npt.NDArray[np.int64]
-#: Version of the capacity JSON shape (`capacity_curve`).
-CAPACITY_VERSION: Final = 1
+#: Version of the capacity JSON shape (`capacity_curve`): 2 adds the service model (`service`).
+CAPACITY_VERSION: Final = 2
+
+
 def replay(arrivals: I64, services: I64, servers: int, kernel: ctypes.CDLL | None = None,
            checked: bool = False) -> I64:
     """Latency of each request through `servers` FIFO servers; arrivals sorted ascending (the C kernel's input).
@@ -87,6 +98,53 @@ def zero_wait_servers(arrivals: I64, services: I64) -> int:
     return int((np.arange(n) - ended_before).max()) + 1
 
 
+def replay_batched(arrivals: I64, base: npt.NDArray[np.float64], servers: int, replicas: int,
+                   table: npt.NDArray[np.float64], kernel: ctypes.CDLL | None = None) -> tuple[I64, I64]:
+    """Latency and service of each request through `servers` FIFO servers when service depends on the batch joined.
+
+    Request j begins at max(arrival, the earliest free server); with m requests in service then its batch is
+    b = min(m // replicas + 1, len(table) - 1) and its service int(base[j] * table[b]). Arrivals sorted.
+    """
+    if servers < 1 or replicas < 1 or table.size < 2:
+        raise ValueError("need servers >= 1, replicas >= 1 and a table of at least 2 factors")
+    a = np.ascontiguousarray(arrivals, dtype=np.int64)
+    b = np.ascontiguousarray(base, dtype=np.float64)
+    t = np.ascontiguousarray(table, dtype=np.float64)
+    lib = kernel if kernel is not None else load_kernel()
+    if lib is None or not hasattr(lib, "batch_replay"):
+        return replay_batched_py(a, b, servers, replicas, t)
+    lat, svc = np.empty(a.size, dtype=np.int64), np.empty(a.size, dtype=np.int64)
+    m = max(1, min(servers, a.size))
+    heap, ends = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
+    p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+    rc = lib.batch_replay(a.ctypes.data_as(p), b.ctypes.data_as(d), a.size, int(servers), int(replicas),
+                          t.ctypes.data_as(d), t.size, lat.ctypes.data_as(p), svc.ctypes.data_as(p),
+                          heap.ctypes.data_as(p), ends.ctypes.data_as(p))
+    if rc != 0:
+        raise ValueError("the replay kernel refused its input")
+    return lat, svc
+
+
+def replay_batched_py(a: I64, base: npt.NDArray[np.float64], servers: int, replicas: int,
+                       table: npt.NDArray[np.float64]) -> tuple[I64, I64]:
+    """`replay_batched` in Python (no C kernel): the same loop, the same numbers."""
+    a_list, b_list, tab = a.tolist(), base.tolist(), table.tolist()
+    top = len(tab) - 1
+    lat, svc = [0] * len(a_list), [0] * len(a_list)
+    free = [a_list[0] if a_list else 0] * max(1, min(servers, len(a_list)))
+    ends: list[int] = []
+    for j, (arr, bj) in enumerate(zip(a_list, b_list, strict=True)):
+        t = free[0]
+        begin = arr if arr > t else t
+        while ends and ends[0] <= begin:
+            heapq.heappop(ends)
+        s = int(bj * tab[min(len(ends) // replicas + 1, top)])
+        heapq.heapreplace(free, begin + s)
+        heapq.heappush(ends, begin + s)
+        lat[j], svc[j] = begin + s - arr, s
+    return np.asarray(lat, dtype=np.int64), np.asarray(svc, dtype=np.int64)
+
+
 class Workload:
     """The observed requests in a range, sorted by arrival: arrival, service and TTFT-after-queue (ns)."""
 
@@ -104,6 +162,9 @@ class Workload:
         self.slots, self.observed_replicas = slots, observed_replicas
         self.cold_start_ns, self.span_ns = cold_start_ns, span_ns
         self.points: dict[int, dict[str, Any]] = {}  # replicas -> `point` without a price (a memo)
+        self.batched: dict[tuple[int, float], dict[str, Any]] = {}  # (replicas, g) -> `point` with the relation
+        self.batches: I64 | None = None  # each request's observed batch (analysis.stats.batching.request_batches)
+        self.relation: dict[str, Any] | None = None  # the measured relation of service time to batch
         self.sampled = False  # expanded from sampled traces (analysis.whatif.expand) ...
         self.stored = int(self.arrivals.size)  # ... of this many stored requests
         self._zero_wait: int | None = None
@@ -126,10 +187,11 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
     """The requests starting in [since, until) (analysis.whatif.observed_requests), the observed slots and cold start.
 
     Slots: analysis.breakdowns.peak_concurrency (most requests one replica served at once); for
-    sampled traces the same count over the expanded workload (analysis.whatif.expand).
+    sampled traces the same count over the expanded workload (analysis.whatif.expand). Also each
+    request's observed batch and the relation of service time to batch (analysis.stats.batching).
     """
     lo, hi = parse_time(since), parse_time(until)
-    o = read_observed(con, lo, hi)
+    o = read_observed(con, lo, hi, replicas=True)
     arrivals, services, ttft_rest = o.arrivals, o.services, o.ttft_rest
     where = "(?::BIGINT IS NULL OR start_ns >= ?) AND (?::BIGINT IS NULL OR start_ns < ?)"
     if o.sampled:  # the slots of the expanded workload: the most one replica served at once
@@ -148,6 +210,9 @@ def observed_workload(con: duckdb.DuckDBPyConnection, since: str | int | datetim
         span = hi - lo
     w = Workload(arrivals, services, ttft_rest, slots, replicas, cold, max(span, 1))
     w.sampled, w.stored = o.sampled, o.stored
+    if o.replica.size == arrivals.size:
+        w.batches = batching.request_batches(o.replica, o.busy_from, o.ends)
+        w.relation = batching.relation(w.batches, services)
     return w
 
 
@@ -188,63 +253,137 @@ def point(w: Workload, replicas: int, gpu_hour_usd: float | None = None,
 def replayed(w: Workload, replicas: int, kernel: ctypes.CDLL | None) -> dict[str, Any]:
     """`point` without its price: one replay through replicas x slots servers."""
     lat = replay(w.arrivals, w.services, replicas * w.slots, kernel, checked=True)
+    return _latencies(w, replicas, lat, w.services)
+
+
+def service_model(w: Workload, service: str = "auto") -> dict[str, Any]:
+    """Which service times the curve replays, and the assumption in words (the headline's "If ...").
+
+    `service`: "auto" applies the measured relation where the traces show growth (its interval above 0),
+    "fixed" keeps the observed service times. Returns {"applied", "assumption", "relation"}.
+    """
+    if service not in ("auto", "fixed"):
+        raise ValueError("service must be auto or fixed")
+    rel = w.relation
+    if service == "fixed":
+        return {"applied": False, "assumption": "service times stay as observed", "relation": rel}
+    if rel is None:
+        return {"applied": False, "relation": None, "assumption": (
+            "service times stay as observed (the traces cannot show how service time changes with the batch: "
+            f"fewer than two batch sizes joined by {batching.MIN_REQUESTS} requests or more each)")}
+    g, lo, hi = rel["growth_per_request"], rel["growth_per_request_low"], rel["growth_per_request_high"]
+    span = f"{g:+.1%} per request of batch, 90% interval {lo:+.1%} to {hi:+.1%}"
+    if not rel["shown"]:
+        return {"applied": False, "relation": rel, "assumption": (
+            f"service times stay as observed (the traces do not show growth with the batch: {span})")}
+    return {"applied": True, "relation": rel, "assumption": (
+        f"service time grows with the batch as measured in the traces ({span}; median "
+        f"{rel['small_service_ms']:,.0f} ms in batches of {rel['small_batch']:,.0f}, {rel['large_service_ms']:,.0f} "
+        f"ms in batches of {rel['large_batch']:,.0f})")}
+
+
+def point_batched(w: Workload, replicas: int, g: float, gpu_hour_usd: float | None = None,
+                  kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
+    """`point` with service times scaled by the measured relation (growth per request of batch `g`): `replay_batched`.
+
+    Kept in `w.batched`. Needs `w.relation` and `w.batches` (observed_workload).
+    """
+    replicas = int(replicas)
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    if w.relation is None or w.batches is None:
+        raise ValueError("the workload has no measured relation of service time to batch")
+    base = w.batched.get((replicas, g))
+    if base is None:
+        rel = w.relation
+        scaled = w.services / batching.factor(rel, w.batches, g)
+        table = batching.factor(rel, np.arange(w.slots + 1), g)
+        lat, svc = replay_batched(w.arrivals, scaled, replicas * w.slots, replicas, table, kernel)
+        base = _latencies(w, replicas, lat, svc)
+        w.batched[(replicas, g)] = base
+    return {**base, "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd}
+
+
+def _latencies(w: Workload, replicas: int, lat: I64, services: I64) -> dict[str, Any]:
+    """A point's p50 / p99 e2e and p99 TTFT (ms) from replayed latencies and the services they ran."""
     p50, p99 = _q_ms(lat, [0.5, 0.99])
     if w.ttft_all:
-        ttft = (lat - w.services) + w.ttft_rest
+        ttft = (lat - services) + w.ttft_rest
     else:
-        ttft = (lat[w.ttft_rows] - w.services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
+        ttft = (lat[w.ttft_rows] - services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
     return {"replicas": replicas, "servers": replicas * w.slots, "p50_ms": p50, "p99_ms": p99,
             "ttft_p99_ms": _q_ms(ttft, [0.99])[0]}
 
 
+def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
+    """Fewest count in 1 .. counts[-1] that meets the target, p99 taken as not rising with the count: bisection,
+    narrowed by the curve's own points first when `scan` (they are replayed anyway); None when the largest misses it."""
+    if not counts or not meets(counts[-1]):
+        return None
+    lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
+    for r in counts if scan else ():
+        if meets(r):
+            hi = r
+            break
+        lo = r
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), target_p99_ms: float | None = None,
-                   metric: str = "e2e", gpu_hour_usd: float | None = None) -> dict[str, Any]:
+                   metric: str = "e2e", gpu_hour_usd: float | None = None, service: str = "auto") -> dict[str, Any]:
     """The curve of `point` over `replicas` and the fewest replicas whose p99 (`metric`: e2e or ttft) meets the target.
 
+    `service` (`service_model`): "auto" replays with the measured relation of service time to batch where the
+    traces show it (`point_batched`; then also the fixed-time curve, `fixed_points`, and the fewest count at the
+    ends of the relation's interval, `fewest_interval`), "fixed" with the observed service times.
     Waits through FIFO servers only shrink when servers are added, so p99 does not rise with
     the count: the fewest count is found by bisection over 1 .. max(replicas) (points outside
     the curve are replayed too), None when even the largest count misses the target.
     """
     if metric not in ("e2e", "ttft"):
         raise ValueError("metric must be e2e or ttft")
-    done: dict[int, dict[str, Any]] = {}
-
-    def at(r: int) -> dict[str, Any]:
-        if r not in done:
-            done[r] = point(w, r, gpu_hour_usd)
-        return done[r]
-
-    counts = sorted({int(r) for r in replicas})
-    todo = sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points))
-    if load_kernel() is not None and len(todo) > 1:  # the C kernel releases the GIL: one point per core
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            list(pool.map(at, todo))
-    points = [at(r) for r in counts]
+    model = service_model(w, service)
     col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
+    counts = sorted({int(r) for r in replicas})
+    parallel = load_kernel() is not None  # the C kernel releases the GIL: one point per core
 
-    def meets(r: int) -> bool:
-        v = at(r)[col]
-        return v is not None and v <= target_p99_ms  # type: ignore[operator]
+    def curve_of(at: Any, todo: list[int] | None) -> tuple[list[dict[str, Any]], int | None]:
+        """The points of `counts` (None: none, the fewest count only) and the fewest count."""
+        if parallel and todo and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+                list(pool.map(at, todo))
 
-    fewest = None
-    if target_p99_ms is not None and counts and meets(counts[-1]):
-        lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
-        for r in counts:  # narrow with the curve's own points first
-            if meets(r):
-                hi = r
-                break
-            lo = r
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if meets(mid):
-                hi = mid
-            else:
-                lo = mid
-        fewest = hi
+        def meets(r: int) -> bool:
+            v = at(r)[col]
+            return v is not None and v <= target_p99_ms  # type: ignore[operator]
+
+        fewest = _fewest(meets, counts, scan=todo is not None) if target_p99_ms is not None else None
+        return ([at(r) for r in counts] if todo is not None else []), fewest
+
+    fixed_points, fixed_fewest = curve_of(lambda r: point(w, r, gpu_hour_usd),
+                                          sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points)))
+    points, fewest, interval = fixed_points, fixed_fewest, None
+    if model["applied"]:
+        rel = model["relation"]
+        points, fewest = curve_of(lambda r: point_batched(w, r, rel["growth_per_request"], gpu_hour_usd), counts)
+        if target_p99_ms is not None:
+            ends = [curve_of(lambda r, g=g: point_batched(w, r, g, gpu_hour_usd), None)[1]
+                    for g in (rel["growth_per_request_low"], rel["growth_per_request_high"])]
+            interval = ends
     return {"version": CAPACITY_VERSION, "requests": w.size, "sampled": w.sampled, "stored_requests": w.stored,
             "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,
             "fewest_replicas": fewest, "gpu_hour_usd": gpu_hour_usd, "points": points,
+            "service": {"batch_relation_applied": model["applied"], "assumption": model["assumption"],
+                        "relation": model["relation"], "fewest_interval": interval,
+                        "fixed_points": fixed_points if model["applied"] else None,
+                        "fixed_fewest_replicas": fixed_fewest},
             "advice": advice(w.observed_replicas, fewest, counts[-1] if counts else 0, target_p99_ms, metric,
                              gpu_hour_usd)}
 

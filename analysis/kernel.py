@@ -1,7 +1,8 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
-One library, two functions: `fifo_replay` (the capacity curve's FIFO k-server replay, analysis.capacity)
-and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize). Their signatures are declared
+One library, three functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
+with fixed and batch-dependent service times, analysis.capacity) and `critical_path` (one hour's critical-path
+sweep, analysis.engine.materialize). Their signatures are declared
 here, beside the loading; without the library (no C compiler at install) both callers run in Python/SQL.
 """
 
@@ -37,6 +38,11 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
         i64, u8 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint8)
         lib.fifo_replay.argtypes = [i64, i64, ctypes.c_int64, ctypes.c_int64, i64, i64]
         lib.fifo_replay.restype = ctypes.c_int
+        if hasattr(lib, "batch_replay"):  # a library built before the batch-dependent replay has not
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.batch_replay.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
+                                         ctypes.c_int64, i64, i64, i64, i64]
+            lib.batch_replay.restype = ctypes.c_int
         if hasattr(lib, "critical_path"):  # a library built before the sweep has the replay only
             lib.critical_path.argtypes = [
                 ctypes.c_int64, i64, i64, i64, i64, u8,

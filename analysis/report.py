@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 import duckdb
 import numpy as np
 import polars as pl
 from rich.console import Console
 
+from analysis import contract as C
 from analysis import neighbours as N
 from analysis.engine import attribute_values as AV
 from analysis.engine.connect import ROW_ID_FILE_SHIFT
@@ -63,7 +64,7 @@ class SpanFetcher(Protocol):
         """The spans of these traces starting in [lo_ns, hi_ns) (the stage shares)."""
         ...
 
-    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+    def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
         """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
         ...
 
@@ -77,6 +78,54 @@ RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarr
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """What a report (or find_spikes, explain_window) is asked: the metric, the range, which requests and
+    dimensions. `source`: a table or view of request facts instead of the store's (see `build_report`);
+    `explain=False`: detection only (find_spikes); `rules`: which dimensions to consider (None: every one)."""
+
+    metric: str = "e2e"
+    window_s: float | str | None = None
+    since: str | int | datetime | None = None
+    until: str | int | datetime | None = None
+    include_failures: bool = True
+    source: str | None = None
+    sampling_policy: str = "auto"
+    explain: bool = True
+    rules: A.AttributeRules | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rows:
+    """What every explanation step reads: the analysed rows and their detection.
+
+    `frame` (rid into `facts`, start_ns, e2e_ns, value, the DIMENSIONS; weight and status when sampled) in
+    start order, with `start` and `values` its columns as arrays and `weights` its adjusted counts (None
+    when unsampled); `det` the detection over them; `coded` the frame's dimensions already coded (None:
+    coded when explained); `fetch` and `rest` a remote engine's (see `explain_all`).
+    """
+
+    con: duckdb.DuckDBPyConnection
+    facts: str
+    frame: pl.DataFrame
+    det: Detection
+    metric: str
+    start: np.ndarray
+    values: np.ndarray
+    weights: np.ndarray | None
+    coded: list[X.Coded] | None = None
+    fetch: SpanFetcher | None = None
+    rest: RestCounts | None = None
+
+    @classmethod
+    def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
+           coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
+           rest: RestCounts | None = None) -> Rows:
+        """The rows of `frame`, their arrays read from it."""
+        return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
+                   weights_of(frame), coded, fetch, rest)
 
 
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
@@ -233,24 +282,9 @@ def _effective(weights: np.ndarray | None, rows: np.ndarray | None = None, n: in
 
 
 
-def _prepare(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
-             since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-             source: str | None, sampling_policy: str = "auto",
-             explain: bool = True) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None]:
-    """The report's header, its value frame, the facts table and the detection (None when it could not run):
-    `_prepare_coded` without the coded dimensions."""
-    report, frame, facts, det, _ = _prepare_coded(con, metric, window_s, since, until, include_failures, source,
-                                                  sampling_policy, explain)
-    return report, frame, facts, det
-
-
-def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float | str | None,
-                   since: str | int | datetime | None, until: str | int | datetime | None, include_failures: bool,
-                   source: str | None, sampling_policy: str = "auto", explain: bool = True,
-                   rules: A.AttributeRules | None = None
-                   ) -> tuple[dict[str, Any], pl.DataFrame, str, Detection | None, list[X.Coded] | None]:
-    """The report's header, its value frame, the facts table, the detection (None when it could not run) and the
-    frame's DIMENSIONS coded for the explanation (None unless `explain`).
+def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows | None]:
+    """The report's header and, when detection could run, the rows every explanation step reads (`Rows`, its
+    `coded` the frame's DIMENSIONS coded for the explanation, None unless `ask.explain`).
 
     The sampling records are read from `spans` (sampling.recorded_flags). `explain=False`
     (find_spikes): nothing will read the rows' ids or dimensions; a caller's `source` that is unsampled
@@ -258,6 +292,9 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
     `rules`: which dimensions to consider (None: every one; the report's `attributes` object says
     which attributes were considered and which skipped, and why).
     """
+    metric, window_s, since, until = ask.metric, ask.window_s, ask.since, ask.until
+    include_failures, source, sampling_policy = ask.include_failures, ask.source, ask.sampling_policy
+    explain, rules = ask.explain, ask.rules
     if metric not in REPORT_METRICS:
         raise QueryError("", f"unknown report metric {metric!r}; use one of {', '.join(REPORT_METRICS)}")
     if sampling_policy not in SM.POLICIES:
@@ -274,9 +311,9 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
         hi = until_ns if until_ns is not None else last_ns + 1
         win = auto_window_s(counts["requests"], max(hi - lo, 1) / 1e9)
     window_ns = round(win * 1e9)
-    report = report_header(metric, win, counts, include_failures, since_ns, until_ns, frame.height)
     weights = weights_of(frame)
-    report |= sampling_header(report, weighted, weights, frame.height)
+    report = report_header(metric, win, counts, include_failures, since_ns, until_ns, frame.height, weighted,
+                           weights)
     start = frame.get_column("start_ns").to_numpy()
     values = values_of(frame)
     det: Detection | None = None
@@ -294,7 +331,7 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
             facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
             attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules or A.AttributeRules(), since_ns,
                                     until_ns, store_rows=source is None)
-            report["attributes"] = attrs.to_json()
+            report["attributes"] = cast(C.Attributes, attrs.to_json())
             kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
             return both, kept + attrs.coded
 
@@ -308,9 +345,10 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
             frame, coded = dims.result()
-            report["errors"].extend((report.get("attributes") or {}).get("errors", []))
+            if report["attributes"] is not None:
+                report["errors"].extend(report["attributes"]["errors"])
     if det is None:
-        return report, frame, facts, None, coded
+        return report, None
     report["windows"] = int(det.n.size)
     report["baseline_p50_ms"] = ms(det.baseline_p50_ns)
     report["baseline_p99_ms"] = ms(det.baseline_p99_ns)
@@ -325,7 +363,7 @@ def _prepare_coded(con: duckdb.DuckDBPyConnection, metric: str, window_s: float 
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    return report, frame, facts, det, coded
+    return report, Rows.of(con, facts, frame, det, metric, coded=coded)
 
 
 def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
@@ -353,30 +391,26 @@ def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
 
 
 def report_header(metric: str, win: float, counts: dict[str, int], include_failures: bool, since_ns: int | None,
-            until_ns: int | None, values: int) -> dict[str, Any]:
-    """The report's keys before detection; `counts` holds `requests` and the outcome counts (taken from it)."""
+                  until_ns: int | None, values: int, weighted: dict[str, float] | None,
+                  weights: np.ndarray | None) -> C.Report:
+    """The report's keys before detection; `counts` holds `requests` and the outcome counts (taken from it).
+    Its sampling keys: `sampled`, the `weighted` counts beside the counts, and the effective counts of the
+    values' `weights` (None: unweighted)."""
+    requests = counts.pop("requests")
     return {
         "version": REPORT_VERSION, "metric": metric,
         "window_s": int(win) if float(win).is_integer() else win,
-        "requests": counts.pop("requests"), "outcomes": counts,
+        "requests": requests, "outcomes": counts,
         "include_failures": include_failures,
         "since": iso(since_ns) if since_ns is not None else None,
         "until": iso(until_ns) if until_ns is not None else None,
         "percentile_convention": "quantile_cont (linear interpolation)",
         "values": values, "windows": 0, "baseline_p50_ms": None, "baseline_p99_ms": None,
         "spikes": [], "errors": [], "attributes": None,
-    }
-
-
-def sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, weights: np.ndarray | None,
-                     values: int) -> dict[str, Any]:
-    """The report's sampling keys: `sampled`, the weighted counts beside the counts, effective counts."""
-    out = report["outcomes"]
-    return {
         "sampled": weighted is not None,
-        "requests_weighted": float(report["requests"]) if weighted is None else weighted["requests"],
-        "outcomes_weighted": ({k: float(v) for k, v in out.items()} if weighted is None
-                              else {k: weighted[k] for k in out}),
+        "requests_weighted": float(requests) if weighted is None else weighted["requests"],
+        "outcomes_weighted": ({k: float(v) for k, v in counts.items()} if weighted is None
+                              else {k: weighted[k] for k in counts}),
         "values_weighted": float(values) if weights is None else float(weights.sum()),
         "values_effective": _effective(weights, n=values),
         "baseline_effective": None,
@@ -385,7 +419,7 @@ def sampling_header(report: dict[str, Any], weighted: dict[str, float] | None, w
 
 
 def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, values: np.ndarray,
-                    weights: np.ndarray | None, report: dict[str, Any], policy: str) -> None:
+                    weights: np.ndarray | None, report: C.Report, policy: str) -> None:
     """Fill the report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
     w = np.ones(values.size) if weights is None else weights
     rids = frame.get_column("rid").to_numpy()
@@ -395,9 +429,9 @@ def _judge_sampling(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFr
     record_sampling(report, SM.judge(SM.Arrays(values, w, failed, recorded, malformed), policy))
 
 
-def record_sampling(report: dict[str, Any], view: SM.SamplingView) -> None:
+def record_sampling(report: C.Report, view: SM.SamplingView) -> None:
     """The report's `sampling` object and, for tail-based sampling, the warning that percentiles are biased."""
-    report["sampling"] = view.to_json()
+    report["sampling"] = cast(C.Sampling, view.to_json())
     note = view.warning()
     if note:
         report["warnings"].append(note)
@@ -423,7 +457,7 @@ def build_report(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
-) -> dict[str, Any]:
+) -> C.Report:
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
     `source` (a table or view name, or a parenthesised query) holds the requests to analyse,
@@ -434,14 +468,11 @@ def build_report(
     `dimensions` / `exclude_dimensions`: glob patterns (comma-separated) of the dimensions to consider / leave out
     (attribute keys or built-in names; the settings' `dimensions` / `exclude_dimensions` when None).
     """
-    report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
-                                                      source, sampling_policy,
-                                                      rules=attribute_rules(dimensions, exclude_dimensions))
-    if det is None:
+    report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
+                                     rules=attribute_rules(dimensions, exclude_dimensions)))
+    if rows is None:
         return report
-    start = frame.get_column("start_ns").to_numpy()
-    values = values_of(frame)
-    report["spikes"] = explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
+    report["spikes"] = explain_all(rows, rows.det.spikes)
     for item in report["spikes"]:
         report["errors"].extend(item["errors"])
     return report
@@ -456,18 +487,18 @@ def find_spikes(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
-) -> dict[str, Any]:
+) -> C.Report:
     """`build_report` without the explanations: the same header, and each spike's item without the keys
     the explanation fills (stages, dimensions, exemplars, noisy_neighbour, errors).
 
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
     report's cost on a large store, the explanations the rest. The spikes are the report's own.
     """
-    report, _, _, det = _prepare(con, metric, window_s, since, until, include_failures, source, sampling_policy,
-                                 explain=False)
-    if det is not None:
-        report["spikes"] = [{k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS}
-                            for s in det.spikes]
+    report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
+                                     explain=False))
+    if rows is not None:
+        report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS})
+                            for s in rows.det.spikes]
     return report
 
 
@@ -488,7 +519,7 @@ def explain_window(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
-) -> dict[str, Any]:
+) -> C.Spike:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
     Detection runs over [since, until) exactly as in `build_report` (same windows, same
@@ -501,23 +532,20 @@ def explain_window(
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
-    report, frame, facts, det, coded = _prepare_coded(con, metric, window_s, since, until, include_failures,
-                                                      source, sampling_policy,
-                                                      rules=attribute_rules(dimensions, exclude_dimensions))
+    report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
+                                     rules=attribute_rules(dimensions, exclude_dimensions)))
     empty = window_not_explained(start_ns, end_ns, report["errors"])
-    if det is None:
+    if rows is None:
         return empty
-    starts = frame.get_column("start_ns").to_numpy()
-    values = values_of(frame)
+    det, starts, values, weights = rows.det, rows.start, rows.values, rows.weights
     for spike in det.spikes:
         if (spike.start_ns, spike.end_ns) == (start_ns, end_ns):  # a detected spike: the report's item
-            item = explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
+            item = explain_all(rows, [spike])[0]
             item["detected"] = True
             return item
     overlap = (det.window_start_ns < end_ns) & (det.window_start_ns + det.window_ns > start_ns)
     det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
-    weights = weights_of(frame)
     base_rows = rows_in_windows(starts, base_wins, det.window_ns)
     inside_rows = np.flatnonzero((starts >= start_ns) & (starts < end_ns))
     det.baseline_p50_ns = X.weighted_q(values, weights, base_rows, 0.5)
@@ -535,12 +563,12 @@ def explain_window(
                   baseline_p99_ns=det.baseline_p99_ns, p_value=math.nan, windows=int(overlap.sum()),
                   requests_weighted=float(inside.size if weights is None else weights[inside_rows].sum()),
                   n_effective=_effective(weights, inside_rows))
-    item = explain_all(con, facts, frame, starts, values, det, metric, [spike], coded=coded)[0]
+    item = explain_all(dataclasses.replace(rows, det=det), [spike])[0]
     item["detected"] = False
     return item
 
 
-def window_not_explained(start_ns: int, end_ns: int, errors: list[str]) -> dict[str, Any]:
+def window_not_explained(start_ns: int, end_ns: int, errors: list[str]) -> C.Spike:
     """explain_window's item when the window cannot be explained (the errors say why)."""
     return {"start": iso(start_ns), "end": iso(end_ns), "requests": 0, "p50_ms": None, "p99_ms": None,
             "baseline_p50_ms": None, "baseline_p99_ms": None, "excess_ms": None, "p_value": None,
@@ -569,10 +597,10 @@ def local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int
     return np.asarray(chosen, dtype=np.int64)
 
 
-def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: np.ndarray,
-                values: np.ndarray, det: Detection, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...],
-                fetch: SpanFetcher | None = None) -> list[dict[str, Any]]:
-    weights = weights_of(frame)
+def _stages_for(rows_: Rows, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
+                ) -> list[C.StageShare]:
+    con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
+    weights, fetch = rows_.weights, rows_.fetch
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = local_baseline(det, spike, counts)
     local_rows = rows_in_windows(start, local // det.window_ns, det.window_ns).astype(np.int64)
@@ -590,44 +618,43 @@ def _stages_for(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
     if weights is not None:  # each trace's stage times weigh its request's adjusted count
         tail_ids = tail_ids.with_columns(weight=pl.Series(weights[spike_tail])).unique("trace_id", keep="first")
         base_ids = base_ids.with_columns(weight=pl.Series(weights[base_tail])).unique("trace_id", keep="first")
-        return X.stage_shares(table.join(tail_ids, on="trace_id", how="inner"),
-                              table.join(base_ids, on="trace_id", how="inner"), stage_names)
-    return X.stage_shares(table.join(tail_ids, on="trace_id", how="semi"),
-                          table.join(base_ids, on="trace_id", how="semi"), stage_names)
+        return cast(list[C.StageShare], X.stage_shares(table.join(tail_ids, on="trace_id", how="inner"),
+                                                       table.join(base_ids, on="trace_id", how="inner"), stage_names))
+    return cast(list[C.StageShare], X.stage_shares(table.join(tail_ids, on="trace_id", how="semi"),
+                                                   table.join(base_ids, on="trace_id", how="semi"), stage_names))
 
 
-def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, start: Any, values: Any,
-                 det: Detection, metric: str, spikes: list[Spike], fetch: SpanFetcher | None = None,
-                 rest: RestCounts | None = None, coded: list[X.Coded] | None = None) -> list[dict[str, Any]]:
-    """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `det`.
+def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
+    """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `rows_.det`.
 
-    `fetch`, when given, is told which spans each step will read before it reads `spans`.
-    `rest` (a remote engine's): baseline requests left out of `frame` as counts per combination of
+    `rows_.fetch`, when given, is told which spans each step will read before it reads `spans`.
+    `rows_.rest` (a remote engine's): baseline requests left out of the frame as counts per combination of
     dimension values (a frame of X.DIMENSIONS and `n`, and `w` their summed weights when weighted, token columns
     holding any value of their bucket), a reader of their values outside a candidate and the baseline's (weighted)
-    p99 with and without a candidate (X.BaselineTail); `frame` must then hold every baseline request of the
-    windows the steps read row by row. `coded`: the frame's DIMENSIONS already coded (`_prepare_coded`), else
+    p99 with and without a candidate (X.BaselineTail); the frame must then hold every baseline request of the
+    windows the steps read row by row. `rows_.coded`: the frame's DIMENSIONS already coded (`_prepare`), else
     coded here.
     """
     if not spikes:
         return []
+    con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
+    metric, fetch, rest, coded, weights = rows_.metric, rows_.fetch, rows_.rest, rows_.coded, rows_.weights
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = rows_in_windows(start, base_wins, det.window_ns).astype(np.int64)
-    weights = weights_of(frame)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
     rows_of = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in spikes]
     tails = [X.tail_slice(values, rows, weights=weights) for rows in rows_of]
 
-    def stages_of(spike: Spike, tail: np.ndarray) -> list[dict[str, Any]] | str:
+    def stages_of(spike: Spike, tail: np.ndarray) -> list[C.StageShare] | str:
         # a spike's stage shares, or why they could not be computed
         try:
-            return _stages_for(con, facts, frame, start, values, det, spike, tail, stage_names, fetch)
+            return _stages_for(rows_, spike, tail, stage_names)
         except Exception as exc:
             return f"could not compute stages because {str(exc).splitlines()[0]}"
 
     local = fetch is None and rest is None
-    found: list[list[dict[str, Any]] | str] = []
-    dims: list[tuple[dict[str, Any], np.ndarray | None]] = []
+    found: list[list[C.StageShare] | str] = []
+    dims: list[tuple[C.Spike, np.ndarray | None]] = []
     if local:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
             # the stage shares are DuckDB reads of `spans` (the GIL released): they run on a second thread
@@ -654,7 +681,8 @@ def explain_all(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame,
             item["errors"].append(f"could not compute exemplars because {exc}")
         if fetch is not None:
             fetch.neighbourhood(det, spike, item)
-        item["noisy_neighbour"] = N.for_report(con, facts, frame, det, spike, item)
+        item["noisy_neighbour"] = cast(C.NoisyNeighbour | None,
+                                       N.for_report(con, facts, frame, det, spike, cast(dict[str, Any], item)))
         out.append(item)
     return out
 
@@ -680,7 +708,7 @@ class _Coding:
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
 
-    def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
+    def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
         candidate over `rows`, the spike's rows (None without one); `tail`: their tail slice."""
         values, base, weights, coded = self.values, self.base, self.weights, self.coded
@@ -693,7 +721,7 @@ class _Coding:
                 excess_rows = tail
             ranked, finer, coarser, tested = rank_dimensions(coded, values, rows, excess_rows, base, self.base_q,
                                                              weights, self.rest)
-            item["dimensions"] = [X.candidate_json(coded, c) for c in ranked]
+            item["dimensions"] = [cast(C.Dimension, X.candidate_json(coded, c)) for c in ranked]
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
                 item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
@@ -734,13 +762,13 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     return ranked, finer, coarser, tested
 
 
-def _level_json(coded: list[X.Coded], c: X.Candidate) -> dict[str, Any]:
+def _level_json(coded: list[X.Coded], c: X.Candidate) -> C.Level:
     """A value nested with the named one (a finer or coarser level of a learned hierarchy)."""
     d = X.candidate_json(coded, c)
-    return {k: d[k] for k in ("dimension", "value", "attribute", "source", "explained", "support")}
+    return cast(C.Level, {k: d[k] for k in ("dimension", "value", "attribute", "source", "explained", "support")})
 
 
-def hierarchy_text(d: dict[str, Any]) -> str:
+def hierarchy_text(d: Mapping[str, Any]) -> str:
     """"k8s.node.name = node-2 explains 91% (replica replica-09 alone 27%)": a named dimension with the finer values
     nested in it (render_text's line, the watch's message)."""
     expl = "-" if d.get("explained") is None else f"{d['explained']:.0%}"
@@ -750,7 +778,7 @@ def hierarchy_text(d: dict[str, Any]) -> str:
     return text + (f" ({'; '.join(finer)})" if finer else "")
 
 
-def _spike_json(s: Spike) -> dict[str, Any]:
+def _spike_json(s: Spike) -> C.Spike:
     return {
         "start": iso(s.start_ns), "end": iso(s.end_ns), "requests": s.requests,
         "p50_ms": ms(s.p50_ns), "p99_ms": ms(s.p99_ns),
@@ -767,7 +795,7 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return "-" if x is None else f"{x:,.1f}{unit}"
 
 
-def render_text(report: dict[str, Any], console: Console | None = None) -> None:
+def render_text(report: C.Report, console: Console | None = None) -> None:
     """Print the report as rich tables (what `tailscope report` shows without --json)."""
     from rich.table import Table  # here: --json (and every other reader of the report) needs none
 
@@ -816,14 +844,15 @@ def render_text(report: dict[str, Any], console: Console | None = None) -> None:
                 con.print(hierarchy_text(spike["dimensions"][0]), highlight=False)
         if spike["exemplars"]:
             con.print("exemplars: " + ", ".join(spike["exemplars"]), highlight=False)
-        if spike.get("noisy_neighbour"):
-            con.print(f"noisy neighbour: {spike['noisy_neighbour']['sentence']}", highlight=False)
+        neighbour = spike.get("noisy_neighbour")
+        if neighbour:
+            con.print(f"noisy neighbour: {neighbour['sentence']}", highlight=False)
     for err in report["errors"]:
         con.print(f"[yellow]{err}[/]", highlight=False)
 
 
 def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str
-                   ) -> tuple[list[dict[str, Any]], list[str]]:
+                   ) -> tuple[list[C.Spike], list[str]]:
     """The report's explanation (stages, dimensions, exemplars) of `det.spikes`: (one item per spike, errors).
 
     For callers that ran `detect` themselves (the watch): `frame` holds the rows detect saw, in
@@ -832,7 +861,6 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
     `spans` view over the spikes' time range for the stage shares.
     """
     start = frame.get_column("start_ns").to_numpy()
-    values = values_of(frame)
     coded = None
     spans = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'spans'").fetchall()[0][0]
     if spans and "span_id" in source_columns(con, facts) and det.spikes:
@@ -843,5 +871,5 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
         attrs = _attribute_dims(con, f"SELECT rid, trace_id, span_id, start_ns FROM {facts}", {}, frame, builtin,
                                 rules, lo, max(s.end_ns for s in det.spikes) + 1)
         coded = [c for c in builtin if rules.ruled_out(c.name) is None] + attrs.coded
-    items = explain_all(con, facts, frame, start, values, det, metric, det.spikes, coded=coded)
+    items = explain_all(Rows.of(con, facts, frame, det, metric, coded=coded), det.spikes)
     return items, [e for item in items for e in item.get("errors", [])]

@@ -129,7 +129,8 @@ def classes_of(replica: I64, weights: F64) -> I64:
 @dataclass
 class Observed:
     """The replayed requests, by arrival (expanded when sampled): arrival, service, TTFT after the queue, end (ns);
-    when sampled also when each entered service (arrival + queue wait) and its replica (an integer code)."""
+    when sampled (or `read_observed(replicas=True)`) also when each entered service (arrival + queue wait) and
+    its replica (an integer code: by name order when sampled, a hash of the name otherwise)."""
 
     arrivals: I64
     services: I64
@@ -142,18 +143,24 @@ class Observed:
 
 
 def read_observed(con: duckdb.DuckDBPyConnection, since: str | int | datetime | None = None,
-                  until: str | int | datetime | None = None, seed: int = EXPAND_SEED) -> Observed:
+                  until: str | int | datetime | None = None, seed: int = EXPAND_SEED,
+                  replicas: bool = False) -> Observed:
     """The requests starting in [since, until), by arrival, each sampled one expanded into what it stands for.
 
     Service = e2e minus critical-path queue wait (at least 0); TTFT after the queue = TTFT
     minus queue wait (at least 0; NaN without a TTFT). The one reader of the replayed workload.
+    `replicas`: read each request's replica and service start also where nothing is sampled.
     """
     src = request_source(con, S.QUEUE_WAIT)
     lo, hi = parse_time(since), parse_time(until)
     where = "($1 IS NULL OR start_ns >= $1) AND ($2 IS NULL OR start_ns < $2)"
     weight = weight_where(con, src, where, [lo, hi])
     extra = (", start_ns + coalesce(queue_wait_ns, 0) AS busy_ns, coalesce(replica, '') AS replica, "
-             "adjusted_count::DOUBLE AS w") if weight else ""  # unsampled: the query as it always was
+             "adjusted_count::DOUBLE AS w") if weight else ""  # unsampled: the query as it always was ...
+    if replicas and not weight:  # ... unless asked for the replicas (the capacity replay's batches): an integer per
+        # replica (its name's 63-bit hash) groups them without a million strings to read and sort
+        extra = (", start_ns + coalesce(queue_wait_ns, 0) AS busy_ns, "
+                 "(hash(coalesce(replica, '')) >> 1)::BIGINT AS replica_code")
     data = con.execute(
         f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
         f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns, start_ns + e2e_ns AS end_ns{extra} FROM {src} "
@@ -167,6 +174,9 @@ def read_observed(con: duckdb.DuckDBPyConnection, since: str | int | datetime | 
     ends = np.asarray(data["end_ns"], dtype=np.int64)
     if weight is None:  # replicas and service starts are read by SQL where nothing is sampled (capacity)
         none = np.zeros(0, dtype=np.int64)
+        if replicas:
+            return Observed(arrivals, services, ttft_rest, ends, np.asarray(data["busy_ns"], dtype=np.int64),
+                            np.asarray(data["replica_code"], dtype=np.int64), False, int(arrivals.size))
         return Observed(arrivals, services, ttft_rest, ends, none, none, False, int(arrivals.size))
     busy = np.asarray(data["busy_ns"], dtype=np.int64)
     replica = np.unique(np.asarray(data["replica"], dtype=object).astype(str), return_inverse=True)[1]

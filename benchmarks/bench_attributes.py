@@ -21,6 +21,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def _attributes(store: Path) -> dict[str, int]:
 
     con = connect(store)
     try:
-        attrs = build_report(con)["attributes"] or {}
+        attrs: Mapping[str, Any] = build_report(con)["attributes"] or {}
     finally:
         con.close()
     return {"considered": len(attrs.get("considered", [])), "skipped": len(attrs.get("skipped", []))}

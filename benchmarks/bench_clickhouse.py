@@ -47,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,7 @@ def explain_as_clickhouse() -> None:
     os.environ["TAILSCOPE_DIMENSIONS"] = ",".join(X.DIMENSIONS)
 
 
-def core(report: dict[str, Any]) -> dict[str, Any]:
+def core(report: Mapping[str, Any]) -> dict[str, Any]:
     """A report without its `attributes` object (what the store read of the attributes; ClickHouse reads none)."""
     return {k: v for k, v in report.items() if k != "attributes"}
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 APP = Path(__file__).parents[1] / "dashboard" / "app.py"
 PAGES: tuple[str, ...] = ("overview", "spike", "alerts", "traces", "shape", "replicas", "whatif", "capacity", "cost",
                           "sql")
-PAGE_LIMIT_S = 2.0
+PAGE_LIMIT_S = 3.0
 FILTER_LIMIT_S = 1.0
 
 
@@ -141,8 +141,20 @@ def run(store: Path) -> list[tuple[str, float, float]]:
     at = _session(components, 600)
     _timed("page overview (new session, cold query caches)", results, PAGE_LIMIT_S, at.run)
     for page in PAGES[1:]:
+        t_page = time.perf_counter()
         _timed(f"page {page} (cold query caches)", results, PAGE_LIMIT_S,
                at.switch_page(f"app_pages/{page}.py").run)
+        waiting = [m for m in at.info if m.value.endswith("The other pages stay usable meanwhile.")]
+        if waiting:  # a large range's work runs in the background (Cost, Capacity): the page fills in when done
+            for _ in range(6000):  # bounded: about 20 minutes
+                if not any(m.value.endswith("The other pages stay usable meanwhile.") for m in at.info):
+                    break
+                time.sleep(0.2)
+                at.run()
+            took = time.perf_counter() - t_page
+            label = f"page {page}: filled in (background work done)"
+            results.append((label, took, float("inf")))
+            print(f"  {label:<44} {took:7.3f} s", flush=True)
     at.switch_page("app_pages/overview.py").run()
     ms = at.multiselect(key="f_replica")
     _timed("filter: replica = replica-05 (overview)", results, FILTER_LIMIT_S, ms.select("replica-05").run)

@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def catalogue(root: Path, names: list[str] | None = None) -> list[dict[str, Any]
         prepare(store, ingest_sample, traces=str(traces), traces_sha256=hashlib.sha256(traces.read_bytes()).hexdigest())
         truth = json.loads(generate.truth_path(generate.INCIDENTS_DIR, inc.name).read_text())
         t0 = time.perf_counter()
-        alerts = replay(store, cfg, START_NS_SAMPLES, START_NS_SAMPLES + 600 * NS)
+        alerts = replay(store, replace(cfg, metric=truth.get("metric", cfg.metric)),  # the incident's latency
+                        START_NS_SAMPLES, START_NS_SAMPLES + 600 * NS)
         took = time.perf_counter() - t0
         row: dict[str, Any] = {"scenario": inc.name, "alerts": len(alerts), "replay_s": round(took, 2)}
         if inc.stage is not None and alerts:

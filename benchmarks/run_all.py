@@ -25,6 +25,8 @@ SMALL: dict[str, list[str]] = {
     "bench_instrumentation": ["--requests", "100", "--rounds", "5"],
     "bench_views": ["--spans", "100000", "--dir", "{dir}"],
     "bench_report": ["--spans", "100000", "--dir", "{dir}"],
+    "bench_against": ["--ref", "HEAD", "--samples", "basic.otlp.jsonl.gz,incidents/slow_replica.otlp.jsonl.gz",
+                      "--spans", "100000", "--runs", "3", "--dir", "{dir}"],
     "bench_attributes": ["--spans", "100000", "--dir", "{dir}"],
     "bench_map": ["--spans", "100000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "100000", "--dir", "{dir}"],
@@ -40,6 +42,7 @@ SMALL: dict[str, list[str]] = {
     "bench_ingest_memory": ["--mib", "8", "--dir", "{dir}"],
     "bench_grpc_unauth": ["--clients", "4", "--mib", "8", "--rounds", "1"],
     "bench_compact": ["--exports", "200"],
+    "bench_reads": ["--exports", "300", "--dir", "{dir}"],
     "bench_metrics": ["--quick", "--dir", "{dir}"],
 }
 
@@ -48,8 +51,11 @@ TINY: dict[str, list[str]] = {
     "bench_instrumentation": ["--requests", "10", "--rounds", "1"],
     "bench_views": ["--spans", "7000", "--dir", "{dir}"],
     "bench_report": ["--spans", "7000", "--dir", "{dir}"],
+    "bench_against": ["--ref", "HEAD", "--samples", "basic.otlp.jsonl.gz", "--catalogue-only", "--no-c",
+                      "--dir", "{dir}"],
     "bench_attributes": ["--spans", "7000", "--attrs", "4", "--dir", "{dir}"],
     "bench_compact": ["--exports", "20", "--only", "rate"],
+    "bench_reads": ["--exports", "20", "--runs", "1", "--dir", "{dir}"],
     "bench_map": ["--spans", "7000", "--repeat", "1", "--dir", "{dir}"],
     "bench_cost": ["--spans", "7000", "--dir", "{dir}"],
     "bench_build_hour": ["--spans", "7000", "--dir", "{dir}", "--repeat", "1"],

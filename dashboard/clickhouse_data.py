@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import polars as pl
 
@@ -47,6 +47,7 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "batching": "the relation of service time to batch size is computed on DuckDB only",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
+    "attribute_filters": "filtering by attributes reads the report's attribute rule, computed on DuckDB only so far",
 }
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0
@@ -137,6 +138,14 @@ class ClickHouseBench:
     def choices(self, dims: Sequence[str]) -> dict[str, Any]:
         """`choices`."""
         return choices(self, dims)
+
+    def attribute_choices(self) -> dict[str, dict[str, Any]]:
+        """None on a table yet (`can("attribute_filters")` is False and says why)."""
+        return {}
+
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """Not on a table yet (`can("attribute_filters")` is False and says why)."""
+        raise NotImplementedError(self.missing("attribute_filters"))
 
     def summary(self, f: Filters) -> dict[str, Any]:
         """`summary`."""
@@ -257,17 +266,18 @@ def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
            window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse.report.build_report over the filtered requests (the `report --json` contract)."""
     with b.lock:
-        return CR.build_report(b.client, b.table, metric=metric, window_s=window_s, since=f.since_ns,
-                               until=f.until_ns, include_failures=True, facts=FACTS, where=condition(f, dims))
+        return cast(dict[str, Any], CR.build_report(b.client, b.table, metric=metric, window_s=window_s,
+                                                    since=f.since_ns, until=f.until_ns, include_failures=True,
+                                                    facts=FACTS, where=condition(f, dims)))
 
 
 def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
                    metric: str, window_s: int | None = None) -> dict[str, Any]:
     """analysis.clickhouse.report.explain_window: any window explained as the report explains a spike."""
     with b.lock:
-        return CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric, window_s=window_s,
-                                 since=f.since_ns,
-                                 until=f.until_ns, facts=FACTS, where=condition(f, dims))
+        return cast(dict[str, Any], CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric,
+                                                      window_s=window_s, since=f.since_ns, until=f.until_ns,
+                                                      facts=FACTS, where=condition(f, dims)))
 
 
 def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,

@@ -23,17 +23,19 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import polars as pl
 import streamlit as st
 
+from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
+from analysis.attribute_filters import AttributeFilter
 from analysis.engine.connect import connect
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
@@ -288,6 +290,11 @@ class Workbench:
             lo, hi, n = B.time_bounds(cur, "req")
             return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, dims, "req")}
 
+    def attribute_choices(self) -> dict[str, dict[str, Any]]:
+        """analysis.attribute_filters.attribute_choices over every request."""
+        with _cursor(self) as cur:
+            return AF.attribute_choices(cur, "req")
+
     def summary(self, f: Filters) -> dict[str, Any]:
         """analysis.breakdowns.summary of the filtered requests."""
         cond, params = f.where()
@@ -309,15 +316,16 @@ class Workbench:
         """analysis.report.build_report (find_spikes without `explain`) over the filtered requests."""
         run = build_report if explain else find_spikes
         with _cursor(self, f) as cur:
-            return run(cur, metric=metric, window_s=window_s, since=f.since_ns, until=f.until_ns,
-                       include_failures=True, source=_report_source(self, f))
+            return cast(dict[str, Any], run(cur, metric=metric, window_s=window_s, since=f.since_ns,
+                                            until=f.until_ns, include_failures=True, source=_report_source(self, f)))
 
     def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
                        window_s: int | None) -> dict[str, Any]:
         """analysis.report.explain_window over the filtered requests."""
         with _cursor(self, f) as cur:
-            return explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s, since=f.since_ns,
-                                  until=f.until_ns, source=_report_source(self, f))
+            return cast(dict[str, Any], explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s,
+                                                       since=f.since_ns, until=f.until_ns,
+                                                       source=_report_source(self, f)))
 
     def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
         """analysis.breakdowns.shape of the filtered requests."""
@@ -330,6 +338,12 @@ class Workbench:
         cond, params = f.where()
         with _cursor(self) as cur:
             return B.replicas(cur, metric, "req", cond, params).to_pandas()
+
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """analysis.attribute_filters.by_attribute of the filtered requests."""
+        cond, params = f.where()
+        with _cursor(self) as cur:
+            return AF.by_attribute(cur, key, choice, metric, "req", cond, params).to_pandas()
 
     def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
         """analysis.stats.verdicts.outlier_explanations of the filtered requests."""
@@ -522,6 +536,58 @@ def _inline(cond: str, params: list[Any]) -> str:
 def choices(_db: Bench, store: str, version: int) -> dict[str, Any]:
     """Time bounds and the distinct values of each filter dimension, over the whole store."""
     return _db.choices(FILTER_DIMENSIONS)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def attribute_choices(_db: Bench, store: str, version: int) -> dict[str, dict[str, Any]]:
+    """The attributes the report considers over the whole store and their values ({} where the engine cannot)."""
+    return _db.attribute_choices() if _db.can("attribute_filters") else {}
+
+
+def attribute_filter(choices: dict[str, dict[str, Any]], key: str, values: tuple[str, ...]) -> AttributeFilter:
+    """analysis.attribute_filters.attribute_filter: the sidebar's attribute pick as a filter."""
+    return AF.attribute_filter(choices, key, values)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def by_attribute(_db: Bench, store: str, version: int, filters: Filters, metric: str, key: str) -> pd.DataFrame:
+    """Per value of attribute `key` under `filters` (the replicas' columns; empty where the engine cannot)."""
+    import pandas as pd
+
+    choices = attribute_choices(_db, store, version)
+    if key not in choices:
+        return pd.DataFrame()
+    return _db.by_attribute(filters, metric, key, choices[key])
+
+
+def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) -> None:
+    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a table."""
+    from dashboard import formats
+
+    df = by_attribute(db, str(db.store), db.version, f, metric, key)
+    if df.empty:
+        st.info("No requests match the filters.")
+        return
+    df = df.sort_values("p99_ms", ascending=False)
+    cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective")
+            if c in df.columns]
+    st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={
+        "value": st.column_config.TextColumn(key), "requests": formats.number("requests"),
+        "n_effective": formats.number("effective requests"), "p50_ms": formats.ms("p50"), "p99_ms": formats.ms("p99"),
+        **{o: formats.number(o) for o in OUTCOMES}})
+
+
+def attribute_pick(db: Bench, page: str, label: str) -> str | None:
+    """A toggle `label` (off by default: listing the attributes reads every span's attributes), then the attribute
+    to group by (widgets `<page>_by_attr`, `<page>_attribute`); None until one is picked or where the engine
+    cannot (the toggle's help says why)."""
+    can = db.can("attribute_filters")
+    on = st.toggle(label, key=f"{page}_by_attr", disabled=not can,
+                   help="any attribute the report considers" if can else db.missing("attribute_filters"))
+    if not on or not can:
+        return None
+    keys = list(attribute_choices(db, str(db.store), db.version))
+    return st.selectbox("Attribute", keys, index=None, key=f"{page}_attribute", placeholder="pick an attribute")
 
 
 def no_request_hint(store: Path | str) -> str:
@@ -942,16 +1008,54 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     return df
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def batching(_db: Bench, store: str, version: int, filters: Filters) -> dict[str, Any] | None:
-    """analysis.stats.batching.service_vs_batch of the filtered range: does service time grow with the batch? None when
-    the traces cannot show it (or on ClickHouse, where it is not computed yet)."""
-    if not _db.can("batching"):
-        return None
-    try:
-        return _db.batching(filters)
-    except Exception:  # the relation is context for the headline; without it the headline says less
-        return None
+#: From this many requests in the time range the Cost and Capacity pages compute in the background: the page waits
+#: BACKGROUND_WAIT_S, then draws a note and fills in when the work is done (below it, the page waits for it).
+BACKGROUND_REQUESTS = 100_000
+BACKGROUND_WAIT_S = 1.5
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
+                 gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
+    """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
+    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
+    def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
+        res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
+        if "error" in res or not res["rows"]:
+            return res, None
+        try:
+            return res, cost_over_time(_db, store, version, filters, by, bucket_s, gpu_hour_usd)
+        except Exception as exc:  # a failing analysis degrades to a message on the page
+            return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
+
+    return _POOL.submit(both)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def capacity_started(_db: Bench, store: str, version: int, filters: Filters, target_p99_ms: float | None,
+                     metric: str, gpu_hour_usd: float | None) -> Future[dict[str, Any]]:
+    """`capacity_curve` computed in a background thread (each count is a replay of every request in the range): a
+    future the Capacity page waits on (`finished`)."""
+    return _POOL.submit(capacity_curve, _db, store, version, filters, target_p99_ms, metric, gpu_hour_usd)
+
+
+def finished(job: Future[Any], requests_in_range: int, note: str) -> Any:
+    """The job's result: waited for when the range holds fewer than BACKGROUND_REQUESTS requests, else for
+    BACKGROUND_WAIT_S; if it is still running, a note that reruns the page when it is done, and the page stops."""
+    with contextlib.suppress(TimeoutError):
+        job.result(timeout=BACKGROUND_WAIT_S if requests_in_range >= BACKGROUND_REQUESTS else None)
+    if job.done():
+        return job.result()
+
+    @st.fragment(run_every=1.0)
+    def _waiting() -> None:
+        if job.done():
+            st.rerun(scope="app")
+        st.info(note + " The other pages stay usable meanwhile.", icon=":material/hourglass_top:")
+
+    _waiting()
+    st.stop()
 
 
 @st.cache_data(show_spinner="Replaying the queue for each replica count…", max_entries=32)
@@ -963,7 +1067,10 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
 
     try:
         w = workload(_db, store, version, filters)
-        counts = range(1, max_replicas + 1) if load_kernel() is not None else sorted(
+        # drawn: every count to 16, then every 4th (the curve flattens; with the measured batch relation each count
+        # is a replay of its own) and the observed count; the fewest count for the target is exact either way
+        counts = sorted({*range(1, min(16, max_replicas) + 1), *range(20, max_replicas + 1, 4), max_replicas,
+                         w.observed_replicas}) if load_kernel() is not None else sorted(
             {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
         out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
     except Exception as exc:

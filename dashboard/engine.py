@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from analysis.attribute_filters import AttributeFilter
 from analysis.engine import model as M
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ CAPABILITIES: Final[dict[str, str]] = {
     "batching": "the measured relation of service time to batch size (analysis.stats.batching)",
     "spike_marks": "the report's spikes without their explanations (else the full report is computed once)",
     "segments": "a store's segment files: how the store is (analysis.engine.store_status, `tailscope store`)",
+    "attribute_filters": "filtering by any attribute the report considers (analysis.attribute_filters)",
 }
 
 
@@ -47,6 +49,8 @@ class Filters:
     model: tuple[str, ...] = ()
     replica: tuple[str, ...] = ()
     tenant: tuple[str, ...] = ()
+    #: one attribute's values (analysis.attribute_filters), or None
+    attribute: AttributeFilter | None = None
 
     def where(self, alias: str = "") -> tuple[str, list[Any]]:
         """A SQL condition (never empty) and its parameters for the `requests` columns."""
@@ -64,11 +68,15 @@ class Filters:
             if values:
                 parts.append(f"{p}{dim} IN ({', '.join('?' for _ in values)})")
                 params.extend(values)
+        if self.attribute is not None:
+            cond, more = self.attribute.where(alias)
+            parts.append(cond)
+            params.extend(more)
         return " AND ".join(parts), params
 
     def narrowed(self, since_ns: int | None, until_ns: int | None) -> Filters:
         """The same filters over a sub-range of time."""
-        return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant)
+        return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant, self.attribute)
 
 
 @runtime_checkable
@@ -99,6 +107,10 @@ class Engine(Protocol):
     def choices(self, dims: Sequence[str]) -> dict[str, Any]:
         """Time bounds, request count and the distinct values of each dimension, over everything."""
 
+    def attribute_choices(self) -> dict[str, dict[str, Any]]:
+        """The attributes the report considers over every request, with their values (where it
+        `can("attribute_filters")`)."""
+
     def summary(self, f: Filters) -> dict[str, Any]:
         """Counts per outcome and p50/p90/p99 of the filtered requests."""
 
@@ -120,6 +132,9 @@ class Engine(Protocol):
 
     def replicas(self, f: Filters, metric: str) -> pd.DataFrame:
         """Per replica counts, p50/p99 and the outlier flag."""
+
+    def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
+        """Per value of attribute `key` (`choice`: its entry of attribute_choices): the replicas' columns."""
 
     def outlier_explanations(self, f: Filters, metric: str) -> list[dict[str, Any]]:
         """The outlier replicas one value of another dimension explains."""

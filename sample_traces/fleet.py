@@ -144,6 +144,31 @@ class Preemption:
     factor: float
 
 
+@dataclass(frozen=True, slots=True)
+class CacheFlush:
+    """The prefix cache flushed at `start_s`: of the requests arriving in [start_s, end_s) whose prompt prefix was
+    cached, a share `miss_share` find it evicted (they read 0 cached tokens) and recompute it behind every other
+    replica's recompute of the same prefixes: their prefill takes `extra_s` (a range) longer."""
+
+    start_s: float
+    end_s: float
+    miss_share: float
+    extra_s: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSwap:
+    """LoRA adapter `adapter` thrashing in [start_s, end_s): a share `share` of its requests starting generation then
+    find it evicted by the others between steps (their fault draw decides) and wait for it to be loaded back from
+    host memory: they take `factor` times as long per decode step."""
+
+    adapter: str
+    start_s: float
+    end_s: float
+    share: float
+    factor: float
+
+
 #: Request priority classes and their shares of traffic (request attribute `request.priority`).
 PRIORITIES: tuple[tuple[str, float], ...] = (("interactive", 0.20), ("standard", 0.76), ("batch", 0.04))
 #: LoRA adapters a share of requests asks for (request attribute `gen_ai.request.lora_adapter`), and that share.
@@ -182,6 +207,8 @@ class FleetConfig:
     bursts: tuple[Burst, ...] = ()
     network_faults: tuple[NetworkFault, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
+    cache_flushes: tuple[CacheFlush, ...] = ()
+    adapter_swaps: tuple[AdapterSwap, ...] = ()
 
 
 ZONES: tuple[str, ...] = ("us-east-1a", "us-east-1b", "us-east-1c")
@@ -256,6 +283,8 @@ class SimRequest:
     priority: str = "standard"
     lora_adapter: str = ""
     cached_tokens: int = 0
+    #: Seconds added to the prefill (a prefix the cache lost, recomputed).
+    prefill_extra_s: float = 0.0
     replica: str = ""
     zone: str = ""
     version: str = ""
@@ -389,6 +418,11 @@ class _Sim:
         u_lora, k, u_hit, frac = a.random(), a.randrange(len(LORA_ADAPTERS)), a.random(), a.uniform(0.2, 0.9)
         req.lora_adapter = LORA_ADAPTERS[k] if u_lora < LORA_SHARE else ""
         req.cached_tokens = int(req.input_tokens * frac) // 16 * 16 if u_hit < PREFIX_HIT_SHARE else 0
+        for flush in self.cfg.cache_flushes:  # a would-be hit misses when its own hit draw falls in the lost share
+            lost = PREFIX_HIT_SHARE * flush.miss_share
+            if flush.start_s <= req.arrival_s < flush.end_s and u_hit < lost:
+                lo, hi = flush.extra_s  # u_hit / lost: uniform on [0, 1), drawn for nothing else
+                req.cached_tokens, req.prefill_extra_s = 0, lo + (hi - lo) * u_hit / lost
 
     # -- routing
     def refresh_routes(self, now: float) -> None:
@@ -453,7 +487,7 @@ class _Sim:
             req.gen_start_s = now
             n = req.input_tokens
             prefill = cfg.prefill_fixed_s + n / cfg.prefill_tokens_per_s + (n / cfg.prefill_quadratic_tokens) ** 2
-            self.push(now + prefill * rep.speed, _PREFILL_DONE, (rep, req))
+            self.push(now + prefill * rep.speed + req.prefill_extra_s, _PREFILL_DONE, (rep, req))
         if changed:
             self.schedule_decode(rep, now)
 
@@ -506,6 +540,10 @@ class _Sim:
                     for pre in cfg.preemptions:
                         if pre.priority == req.priority and pre.start_s <= req.gen_start_s < pre.end_s:
                             steps *= pre.factor
+                    for swap in cfg.adapter_swaps:
+                        if (swap.adapter == req.lora_adapter and swap.start_s <= req.gen_start_s < swap.end_s
+                                and req.fault_u < swap.share):
+                            steps *= swap.factor
                     req.decode_target = rep.clock + steps
                     heapq.heappush(rep.decoding, (req.decode_target, req.index, req))
                     self.schedule_decode(rep, now)

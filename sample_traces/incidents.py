@@ -23,8 +23,11 @@ from typing import Any
 
 from sample_traces.fleet import (
     NS,
+    PREFIX_HIT_SHARE,
     START_NS,
+    AdapterSwap,
     Burst,
+    CacheFlush,
     FleetConfig,
     NetworkFault,
     Preemption,
@@ -71,6 +74,8 @@ class Incident:
     #: Length of the affected window as a share of the run (cold starts last as long as the load).
     accept: tuple[Accept, ...] = ()
     affected_window: Callable[[float, float], tuple[float, float]] | None = None
+    #: The latency whose spike it is (`report --metric`): a prefill-only incident shows in the time to first token.
+    metric: str = "e2e"
 
 
 def _add(items: tuple[Any, ...], item: Any) -> tuple[Any, ...]:
@@ -156,6 +161,29 @@ def _node_nic(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
     return replace(cfg, network_faults=_add(cfg.network_faults, fault))
 
 
+#: Share of the prefix-cache hits the flush turns into misses (a few percent of traffic: a tail spike, not a
+#: slowdown of every request), and how much longer their prefill takes (s).
+FLUSH_MISS_SHARE = 0.04
+FLUSH_EXTRA_S = (3.0, 10.0)
+
+
+def _cache_flush(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    flush = CacheFlush(t0, t1, miss_share=FLUSH_MISS_SHARE, extra_s=FLUSH_EXTRA_S)
+    return replace(cfg, cache_flushes=_add(cfg.cache_flushes, flush))
+
+
+#: The LoRA adapter that thrashes, the share of its requests that find it evicted, and how much longer their decode
+#: steps take.
+SWAPPED_ADAPTER = "legal-summary"
+SWAP_SHARE = 0.3
+SWAP_DECODE_FACTOR = 8.0
+
+
+def _adapter_swap(cfg: FleetConfig, t0: float, t1: float) -> FleetConfig:
+    swap = AdapterSwap(SWAPPED_ADAPTER, t0, t1, share=SWAP_SHARE, factor=SWAP_DECODE_FACTOR)
+    return replace(cfg, adapter_swaps=_add(cfg.adapter_swaps, swap))
+
+
 CATALOGUE: tuple[Incident, ...] = (
     Incident("clean", "Clean run", "No incident: the fleet as it runs every day.", None, None, None,
              lambda cfg, t0, t1: cfg),
@@ -201,6 +229,19 @@ CATALOGUE: tuple[Incident, ...] = (
              "traffic): each is resumed and recomputed, so its decode takes 6x the steps.",
              "decode", "request.priority", PREEMPTED_PRIORITY, _preempted,
              (Accept("request.priority", PREEMPTED_PRIORITY),)),
+    Incident("prefix_cache_flush", "A prefix-cache miss storm after a cache flush",
+             f"A config push restarts the engines' prefix cache: {FLUSH_MISS_SHARE:.0%} of the requests whose "
+             f"prompt prefix was cached ({PREFIX_HIT_SHARE:.0%} of traffic) miss it, read 0 cached tokens and "
+             f"recompute it behind every replica's recompute: their prefill takes {FLUSH_EXTRA_S[0]:.0f}-"
+             f"{FLUSH_EXTRA_S[1]:.0f} s longer.",
+             "prefill", "gen_ai.usage.cache_read.input_tokens", "0-0", _cache_flush,
+             (Accept("gen_ai.usage.cache_read.input_tokens", "0-0"),), metric="ttft"),
+    Incident("lora_adapter_swap", "A LoRA adapter thrashing in and out of GPU memory",
+             f"A memory limit cut leaves room for two of three LoRA adapters: {SWAPPED_ADAPTER!r} (10 % of "
+             f"traffic) is evicted between steps; {SWAP_SHARE:.0%} of its requests wait for it to be loaded back "
+             f"from host memory, so each of their decode steps takes {SWAP_DECODE_FACTOR:.0f}x as long.",
+             "decode", "gen_ai.request.lora_adapter", SWAPPED_ADAPTER, _adapter_swap,
+             (Accept("gen_ai.request.lora_adapter", SWAPPED_ADAPTER),)),
 )
 
 BY_NAME: dict[str, Incident] = {i.name: i for i in CATALOGUE}
@@ -240,7 +281,9 @@ class Scenario:
             }
             out.update(stage=inc.stage, dimension=inc.dimension, value=inc.value,
                        accept=[a.to_json() for a in inc.accept])
-            out["effect"] = effect(self.requests, clean, t0, t1)
+            if inc.metric != "e2e":  # (the e2e truth files predate the key)
+                out["metric"] = inc.metric
+            out["effect"] = effect(self.requests, clean, t0, t1, inc.metric)
         return out
 
 
@@ -248,12 +291,18 @@ def _iso(t_s: float) -> str:
     return datetime.fromtimestamp(START_NS / NS + t_s, UTC).isoformat().replace("+00:00", "Z")
 
 
-def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float) -> dict[str, Any]:
-    """p50 and p99 (ms) of the requests arriving in [t0, t1), with the incident and, if given, without."""
+def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float,
+           metric: str = "e2e") -> dict[str, Any]:
+    """p50 and p99 (ms) of the `metric` (e2e, or ttft: of the requests that got a first token) of the requests
+    arriving in [t0, t1), with the incident and, if given, without."""
 
     def stats(rs: Sequence[SimRequest]) -> dict[str, float]:
-        e2e = [r.e2e_s * 1000 for r in rs if t0 <= r.arrival_s < t1]
-        return {"requests": len(e2e), "p50_ms": round(quantile(e2e, 0.5), 1), "p99_ms": round(quantile(e2e, 0.99), 1)}
+        if metric == "ttft":
+            ms = [(r.first_token_s - r.arrival_s) * 1000 for r in rs
+                  if t0 <= r.arrival_s < t1 and r.first_token_s < r.end_s]
+        else:
+            ms = [r.e2e_s * 1000 for r in rs if t0 <= r.arrival_s < t1]
+        return {"requests": len(ms), "p50_ms": round(quantile(ms, 0.5), 1), "p99_ms": round(quantile(ms, 0.99), 1)}
 
     out: dict[str, Any] = {"incident": stats(reqs)}
     if clean is not None:

@@ -32,6 +32,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analysis import contract as C
 from analysis import neighbours as N
 from analysis import report as RP
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
@@ -65,6 +66,23 @@ H = M.HOUR_NS
 
 #: Spans a request starting in [lo, hi) may read (the model reads stage spans within an hour before).
 _span_where = span_where
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What every step of a ClickHouse report shares: the client and table, the facts' session table, the
+    condition on them (range and filters), and the report's options (`lo` / `hi`: the range in ns)."""
+
+    client: Client
+    table: str
+    facts_table: str
+    cond: str
+    metric: str
+    window_s: float | str | None
+    lo: int | None
+    hi: int | None
+    include_failures: bool
+    sampling_policy: str
 
 
 def _in_range(lo_ns: int | None, hi_ns: int | None, col: str = "start_ns") -> str:
@@ -190,12 +208,12 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
         client.command(f"DROP TEMPORARY TABLE IF EXISTS {JUDGED_TEMP}")
 
 
-def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metric: str,
-                   window_s: float | str | None, lo: int | None, hi: int | None, include_failures: bool,
-                   sampling_policy: str) -> tuple[dict[str, Any], Detection | None, _ServerValues | None]:
+def _phase1_server(q: Asked) -> tuple[C.Report, Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
     figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
+    client, table, facts_table, cond, metric, window_s = q.client, q.table, q.facts_table, q.cond, q.metric, q.window_s
+    lo, hi, include_failures, sampling_policy = q.lo, q.hi, q.include_failures, q.sampling_policy
     if sampling_policy not in SM.POLICIES:
         raise QueryError("", f"unknown sampling policy {sampling_policy!r}; use one of {', '.join(SM.POLICIES)}")
     col = metric_column(metric)
@@ -225,9 +243,8 @@ def _phase1_server(client: Client, table: str, facts_table: str, cond: str, metr
     win = P.parse_duration(window_s) if window_s is not None else P.auto_window_s(
         counts["requests"], max((hi if hi is not None else int(row["last_ns"] or 0) + 1)
                                 - (lo if lo is not None else int(row["first_ns"] or 0)), 1) / 1e9)
-    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values)
-    report |= RP.sampling_header(report, weighted, None, values)
-    if sampled:  # as sampling_header over the values' weights
+    report = RP.report_header(metric, win, counts, include_failures, lo, hi, values, weighted, None)
+    if sampled:  # as report_header over the values' weights
         tot, sq = float(row["w_values"] or 0.0), float(row["sq_values"] or 0.0)
         report["values_weighted"] = tot
         report["values_effective"] = round(tot * tot / sq, 3) if sq else 0.0
@@ -307,7 +324,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
                  window_s: float | str | None = None, since: str | int | datetime | None = None,
                  until: str | int | datetime | None = None, include_failures: bool = True,
                  sampling_policy: str = "auto", *, facts: str | None = None, where: str = "TRUE",
-                 materialized: bool = True) -> dict[str, Any]:
+                 materialized: bool = True) -> C.Report:
     """The `report --json` dict of the spans in `table` (otel_traces-shaped), computed as described above.
 
     `facts`: a session table already holding the request facts of `table` (the dashboard's),
@@ -316,15 +333,14 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     """
     lo, hi = parse_time(since), parse_time(until)
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
-    cond = f"{_in_range(lo, hi)} AND ({where})"
+    q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
+              include_failures, sampling_policy)
     # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
-    report, det, _ = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi, include_failures,
-                                    sampling_policy)
+    report, det, _ = _phase1_server(q)
     local = duckdb.connect(":memory:")
     try:
         if det is not None and det.spikes:
-            report["spikes"] = _explain(client, table, local, facts_table, cond, metric, det, det.spikes,
-                                        report["sampled"], include_failures, lo, hi)
+            report["spikes"] = _explain(q, local, det, det.spikes, report["sampled"])
     finally:
         local.close()
     for item in report["spikes"]:
@@ -332,23 +348,21 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     return report
 
 
-def _explain(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str, metric: str,
-             det: Detection, spikes: list[Spike], sampled: bool, include_failures: bool, lo: int | None,
-             hi: int | None) -> list[dict[str, Any]]:
+def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool
+             ) -> list[C.Spike]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
     spans around them as it goes); analysis.report's explanation runs there."""
+    metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
-    fetch, rest = _pushed_down(client, table, local, facts_table, cond, metric, det, spikes, spike_windows,
-                               f"{col} IS NOT NULL{keep}", col, "adjusted_count" if sampled else None)
+    fetch, rest = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
+                               "adjusted_count" if sampled else None)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''} "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
-    start = frame.get_column("start_ns").to_numpy()
-    values = frame.get_column("value").to_numpy().astype(np.float64)
-    return RP.explain_all(local, "_phase2", frame, start, values, det, metric, spikes, fetch, rest)
+    return RP.explain_all(RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest), spikes)
 
 
 def _bucket_code_sql(col: str) -> str:
@@ -358,9 +372,9 @@ def _bucket_code_sql(col: str) -> str:
             f"toInt64(floor(log2(toFloat64(greatest({col}, 1))))) + 1)")
 
 
-def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, facts_table: str, cond: str,
-                 metric: str, det: Detection, spikes: list[Spike], spike_windows: np.ndarray, valued: str,
-                 col: str, weight: str | None = None) -> tuple[Fetcher, RP.RestCounts]:
+def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
+                 spike_windows: np.ndarray, valued: str, col: str, weight: str | None = None
+                 ) -> tuple[Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -371,6 +385,7 @@ def _pushed_down(client: Client, table: str, local: duckdb.DuckDBPyConnection, f
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline.
     """
+    client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     near = [spike_windows]
@@ -463,7 +478,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                    metric: str = "e2e", window_s: float | str | None = None,
                    since: str | int | datetime | None = None, until: str | int | datetime | None = None,
                    include_failures: bool = True, sampling_policy: str = "auto", *, facts: str | None = None,
-                   where: str = "TRUE", materialized: bool = True) -> dict[str, Any]:
+                   where: str = "TRUE", materialized: bool = True) -> C.Spike:
     """analysis.report.explain_window on ClickHouse: the requests starting in [start, end) explained as a spike.
 
     Detection runs on the server as in `build_report`; the window's and its baseline's p50 / p99
@@ -474,9 +489,9 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     a, b = parse_time(start), parse_time(end)
     assert a is not None and b is not None
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
-    cond = f"{_in_range(lo, hi)} AND ({where})"
-    report, det, source = _phase1_server(client, table, facts_table, cond, metric, window_s, lo, hi,
-                                         include_failures, sampling_policy)
+    q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
+              include_failures, sampling_policy)
+    report, det, source = _phase1_server(q)
     sampled = bool(report["sampled"])
     if det is None or source is None:
         return RP.window_not_explained(a, b, report["errors"])
@@ -484,8 +499,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     try:
         for spike in det.spikes:
             if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
-                item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled,
-                                include_failures, lo, hi)[0]
+                item = _explain(q, local, det, [spike], sampled)[0]
                 item["detected"] = True
                 return item
         overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
@@ -503,8 +517,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
                       windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
                       n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
-        item = _explain(client, table, local, facts_table, cond, metric, det, [spike], sampled, include_failures,
-                        lo, hi)[0]
+        item = _explain(q, local, det, [spike], sampled)[0]
         item["detected"] = False
         return item
     finally:
@@ -549,7 +562,7 @@ class Fetcher:
         if trace_ids:
             self._pull(lo_ns, hi_ns, f"TraceId IN ({', '.join(M.quote(t) for t in trace_ids)})")
 
-    def neighbourhood(self, det: Detection, spike: Spike, item: dict[str, Any]) -> None:
+    def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
         """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
         stages = item.get("stages") or []
         if not stages or stages[0]["stage"] != S.QUEUE_WAIT or stages[0]["share"] < N.QUEUE_SHARE:

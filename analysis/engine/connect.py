@@ -33,7 +33,7 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.sandbox import SandboxConnection
-from analysis.engine.views import LIVE_HOUR_MACRO, files_source, spans_sql
+from analysis.engine.views import LIVE_HOUR_MACRO, bound_once, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store
 
@@ -99,7 +99,6 @@ def connect(store: Path | str, *, sandbox: bool = False, threads: int | None = N
         con.execute("SET memory_limit = ?", [memory_limit])
     con.execute(_empty_spans_ddl())
     refresh(con, store)
-    con.execute(f"CREATE VIEW stages AS {M.stages_sql('requests')}")
     return con
 
 
@@ -123,12 +122,23 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     snap = snapshot(Path(store).resolve()) if snap is None else snap
     files = [str(f) for f in snap.segments]
     live = [str(f) for f in snap.inputs(snap.stale)]
+    own = [str(f) for h in snap.stale for f in snap.by_hour.get(h, [])]
+    # each file list is bound once here; the views below are created over empty tables of its shape
+    # (views.bound_once), so a connect costs one bind of the files, not one per view that reads them
+    sources = {"_spans_files": files_source(files) if files else "_empty_spans",
+               "_spans_live_files": files_source(live) if live else "_empty_spans",
+               "_spans_own_files": files_source(own) if own else "_empty_spans"}
+    with bound_once(con, sources):
+        _define_views(con, snap)
+    return len(files)
+
+
+def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
+    """The views of a connection over the relations `_spans_files`, `_spans_live_files`, `_spans_own_files`."""
     cols = ", ".join(M.REQUEST_COLUMNS)
     mapping = snap.mapping
-    con.execute(f"CREATE OR REPLACE VIEW spans AS "
-                f"{spans_sql(files_source(files) if files else '_empty_spans', mapping)}")
-    con.execute(f"CREATE OR REPLACE VIEW _spans_live AS "
-                f"{spans_sql(files_source(live) if live else '_empty_spans', mapping)}")
+    con.execute(f"CREATE OR REPLACE VIEW spans AS {spans_sql('_spans_files', mapping)}")
+    con.execute(f"CREATE OR REPLACE VIEW _spans_live AS {spans_sql('_spans_live_files', mapping)}")
     where = hour_where(snap.stale)
     # true for a request span of an hour computed on the fly (explain.stage_rows reads the rest from the files)
     con.execute(f"CREATE OR REPLACE MACRO {LIVE_HOUR_MACRO}(TimestampNs) AS {where}")
@@ -153,8 +163,7 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
         con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM _requests_live WHERE false")
         con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM _requests_live")
     # request spans by engine: from the files' metadata where fresh, else counted in the hour's own segments
-    own = [str(f) for h in snap.stale for f in snap.by_hour.get(h, [])]
-    live_engines = engine_counts_sql(files_source(own) if own else "_empty_spans", mapping)
+    live_engines = engine_counts_sql("_spans_own_files", mapping)
     con.execute(f"CREATE OR REPLACE VIEW _engines_live AS {live_engines}")
     kv = (f"SELECT decode(value) AS counts FROM parquet_kv_metadata([{', '.join(M.quote(f) for f in stored)}]) "
           f"WHERE decode(key) = {M.quote(ENGINES_KEY)}") if stored else "SELECT NULL::VARCHAR AS counts WHERE false"
@@ -166,4 +175,4 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     con.execute(f"CREATE OR REPLACE MACRO requests_between(lo, hi) AS TABLE "
                 f"SELECT {cols} FROM _requests_stored WHERE start_ns >= lo AND start_ns < hi "
                 f"UNION ALL SELECT {cols} FROM ({live_between})")
-    return len(files)
+    con.execute(f"CREATE OR REPLACE VIEW stages AS {M.stages_sql('requests')}")

@@ -276,7 +276,9 @@ def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, st
 
 
 def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
-    view = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'spans' AND NOT internal").fetchall()
+    # the views' SQL names the snapshot's files (connect binds them in `_spans_files` and the views read it)
+    view = con.execute("SELECT view_name, sql FROM duckdb_views() WHERE view_name IN ('spans', '_spans_files', "
+                       "'_spans_live_files', '_request_rows_stored') AND NOT internal ORDER BY view_name").fetchall()
     snapshot = hashlib.sha256(str(view).encode()).hexdigest()[:12]
     return f"{REQUESTS_TABLE}_{snapshot}_{'t' if with_ttft else 'e'}"  # per snapshot: refresh() gives new ones
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import duckdb
 
-from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.engine.views import VIEW_SQL, bound_once, files_source, spans_sql
 from analysis.mapping.rules import Mapping
 from analysis.mapping.rules import load as load_mapping
 from tracing import schema as S
@@ -52,10 +52,11 @@ def _build(db: Path, files: list[str], mapping: Mapping | None) -> None:
             con.register("_empty_spans_arrow", S.empty_span_table())
             con.execute("CREATE TABLE _empty_spans AS SELECT * FROM _empty_spans_arrow")
             con.unregister("_empty_spans_arrow")
-        source = files_source(files) if files else "_empty_spans"
-        con.execute(f"CREATE VIEW spans AS {spans_sql(source, mapping)}")
-        for name, sql in VIEW_SQL.items():
-            con.execute(f"CREATE VIEW {name} AS {sql}")
+        # the files are bound once (views.bound_once), not once per view that reads them
+        with bound_once(con, {"_spans_files": files_source(files) if files else "_empty_spans"}):
+            con.execute(f"CREATE VIEW spans AS {spans_sql('_spans_files', mapping)}")
+            for name, sql in VIEW_SQL.items():
+                con.execute(f"CREATE VIEW {name} AS {sql}")
         con.execute("CHECKPOINT")
     finally:
         con.close()

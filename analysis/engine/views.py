@@ -10,10 +10,20 @@ from analysis.engine.connect reads materialized hours instead where they are fre
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+
 from analysis.engine import model as M
 from analysis.mapping.rules import Mapping, project
 
 REQUEST_STAGE_COLUMNS: tuple[str, ...] = M.STAGE_COLUMNS
+#: Threads reading segment footers (their columns) when a snapshot lists many segments.
+FOOTER_THREADS = 4
 
 
 def _quote(text: str) -> str:
@@ -38,9 +48,80 @@ def with_later_columns(scan: str) -> str:
 
 
 def files_source(files: list[str]) -> str:
-    """A FROM item over a fixed list of segment files (one snapshot), older segments included."""
-    listed = ", ".join(_quote(f) for f in files)
-    return with_later_columns(f"read_parquet([{listed}], union_by_name = true, hive_partitioning = false)")
+    """A FROM item over a fixed list of segment files (one snapshot), older segments included.
+
+    Files are grouped by their columns (`schema_groups`); each group is one `read_parquet` without
+    union_by_name, whose binding opens only its first file (union_by_name opens every file at every
+    bind: seconds per bind on thousands of small segments), and groups are unioned by name.
+    """
+    groups = schema_groups(files)
+    scans = [f"read_parquet([{', '.join(_quote(f) for f in group)}], hive_partitioning = false)" for group in groups]
+    if len(scans) == 1:
+        return with_later_columns(scans[0])
+    return with_later_columns("(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {s}" for s in scans) + ")")
+
+
+def schema_groups(files: list[str]) -> list[list[str]]:
+    """`files` grouped by their columns (name and Arrow type, any order), in order of first appearance.
+
+    A file whose footer cannot be read (gone, corrupt) is a group of its own: DuckDB then says what is wrong
+    with it when the query reads it, as it would have without grouping.
+    """
+    if len(files) < 2:
+        return [list(files)] if files else []
+    keys = _schema_keys(files)
+    groups: dict[object, list[str]] = {}
+    for i, (f, key) in enumerate(zip(files, keys, strict=True)):
+        groups.setdefault(key if key is not None else ("unreadable", i), []).append(f)
+    return list(groups.values())
+
+
+def _schema_keys(files: list[str]) -> list[tuple[tuple[str, str], ...] | None]:
+    """Each file's columns (`_schema_key`), footers read in a few threads when there are many."""
+    if len(files) < 64:
+        return [_schema_key(f) for f in files]
+    with ThreadPoolExecutor(FOOTER_THREADS) as pool:
+        return list(pool.map(_schema_key, files, chunksize=64))
+
+
+def _schema_key(path: str) -> tuple[tuple[str, str], ...] | None:
+    """The sorted (name, Arrow type) columns of a Parquet file, or None when its footer cannot be read."""
+    try:
+        st = os.stat(path)
+        return _schema_key_of(path, st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError):  # gone or unreadable (pyarrow's errors are ValueError or OSError subclasses)
+        return None
+
+
+@functools.lru_cache(maxsize=200_000)
+def _schema_key_of(path: str, _size: int, _mtime_ns: int) -> tuple[tuple[str, str], ...]:
+    """_schema_key cached by path, size and mtime (segments are immutable): a long-lived reader reads a footer once."""
+    import pyarrow.parquet as pq
+
+    key = tuple(sorted((f.name, str(f.type)) for f in pq.read_schema(path)))
+    return _SCHEMA_KEYS.setdefault(key, key)  # one object per distinct schema, however many files have it
+
+
+#: The distinct schemas seen (a store has a handful), shared by every cached file that has one.
+_SCHEMA_KEYS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+
+
+@contextlib.contextmanager
+def bound_once(con: duckdb.DuckDBPyConnection, sources: dict[str, str]) -> Iterator[None]:
+    """Create each view `name` over an empty table of the shape of `sources[name]` (one bind each), let the
+    caller define the views that read them (DuckDB binds a view when it is created: over the file list, a
+    dozen binds per connect), then point each view at its source. Queries bind the files as before."""
+    shapes = {name: f"_tailscope_shape_{name}" for name in sources}
+    for name, source in sources.items():
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {shapes[name]} AS SELECT * FROM {source} LIMIT 0")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {shapes[name]}")
+    try:
+        yield
+        for name, source in sources.items():
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {source}")
+    finally:
+        for shape in shapes.values():
+            con.execute(f"DROP TABLE IF EXISTS {shape}")
 
 
 #: `requests` and `stages` computed from the relation named `spans` (no materialized hours).

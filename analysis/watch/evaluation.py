@@ -15,7 +15,7 @@ from analysis.engine.percentiles import MIN_TAIL, effective_count, iso, ms, weig
 from analysis.report import explain_spikes
 from analysis.stats.spikes import Detection, Spike, detect
 from analysis.watch.reading import ROW_COLUMNS
-from analysis.watch.records import ALERT_VERSION, Config, Event, alert_id, spike_url
+from analysis.watch.records import ALERT_VERSION, Config, Event, alert_id, spike_url, with_attribute
 from analysis.watch.rules import NS, Rule
 
 
@@ -115,7 +115,8 @@ class Watcher:
     def _grow(self, alert: dict[str, Any], end_ns: int, filters: tuple[tuple[str, str], ...]) -> None:
         """The alert's window now ends at end_ns: its end and its dashboard link follow."""
         alert["window_end"] = iso(end_ns)
-        alert["dashboard_url"] = spike_url(self.config.dashboard_url, alert["window_start_ns"], end_ns, filters)
+        alert["dashboard_url"] = with_attribute(
+            spike_url(self.config.dashboard_url, alert["window_start_ns"], end_ns, filters), alert)
 
     def _resolve(self, key: str, eval_ns: int) -> dict[str, Any]:
         alert = self.active.pop(key)
@@ -185,6 +186,7 @@ class Watcher:
             alert["dimension"], alert["value"] = top["dimension"], top["value"]
             alert["attribute"], alert["attribute_source"] = top.get("attribute"), top.get("source")
             alert["explained"], alert["p99_without_ms"] = top["explained"], top["p99_without_ms"]
+            alert["dashboard_url"] = with_attribute(alert["dashboard_url"], alert)
         alert["exemplars"] = item.get("exemplars", [])
 
     def _slo(self, rule: Rule, buf: pl.DataFrame, win_ns: int, eval_ns: int,

@@ -40,6 +40,15 @@ def spike_url(dashboard_url: str | None, start_ns: int, end_ns: int,
     return f"{dashboard_url.rstrip('/')}/spike?{urlencode(query)}"
 
 
+def with_attribute(url: str | None, alert: dict[str, Any]) -> str | None:
+    """The alert's dashboard link narrowed to the attribute value its explanation names (`&attr=&attr_value=`, the
+    sidebar's attribute filter), when it names one attribute; else the link as it was."""
+    attr, value = alert.get("attribute"), alert.get("value")
+    if not url or not attr or value is None or alert.get("attribute_source") not in ("request", "stage", "resource"):
+        return url
+    return f"{url}&{urlencode([('attr', attr), ('attr_value', value)])}"
+
+
 def fmt_ms(ms: float | None) -> str:
     """Milliseconds as the CLI prints them (`32,720 ms`; `-` when missing)."""
     return "-" if ms is None else f"{ms:,.0f} ms"

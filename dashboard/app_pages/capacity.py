@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, formats, sidebar
+from dashboard import data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
@@ -18,7 +18,8 @@ target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen
 price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
-curve = data.capacity_curve(*key, f, float(target), metric, usd)
+curve = data.finished(data.capacity_started(*key, f, float(target), metric, usd), data.detection(*key, f)["requests"],
+                      "Replaying the queue for each replica count: the curve appears here when it is done.")
 if "error" in curve:
     st.warning(curve["error"])
     st.stop()
@@ -31,47 +32,53 @@ m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None
 if fewest is not None:
     m[2].metric("GPU cost at that count", "set a price" if usd is None else formats.usd(fewest * usd, "/h"),
                 help=formats.NO_PRICE if usd is None else None)
-rel = data.batching(*key, f)
+svc = curve["service"]
 if curve["advice"] is not None:
-    sentence = curve["advice"]["sentence"]
-    head = f"If service times stay as observed, {sentence}."
-    if rel is not None and fewest is not None and fewest < curve["observed_replicas"]:
-        scale = curve["observed_replicas"] / fewest
-        head += (" But the traces show service time growing with the batch: median "
-                 f"{charts.fmt_ms(rel['small_service_ms'])} in batches of {rel['small_batch']:,.0f} against "
-                 f"{charts.fmt_ms(rel['large_service_ms'])} in batches of "
-                 f"{rel['large_batch']:,.0f} ({rel['growth']:+.0%}); {fewest} replicas would run batches about "
-                 f"{scale:,.1f}× larger, so expect a higher p99 than this replay predicts."
-                 if rel["growth"] > 0 else
-                 f" The traces show no growth of service time with the batch (median "
-                 f"{charts.fmt_ms(rel['small_service_ms'])} in batches of {rel['small_batch']:,.0f}, "
-                 f"{charts.fmt_ms(rel['large_service_ms'])} in batches of {rel['large_batch']:,.0f}), up to the "
-                 "batches observed; fewer replicas run larger ones.")
-    elif rel is None:
-        head += " The traces cannot show whether service time grows with the batch (docs/methods.md)."
-    (st.warning if rel is not None and rel["grows"] and fewest is not None
-     and fewest < curve["observed_replicas"] else st.info)(head, icon=":material/info:")
+    head = f"If {svc['assumption']}, {curve['advice']['sentence']}."
+    if svc["fewest_interval"] is not None:
+        lo, hi = svc["fewest_interval"]
+        head += (" Across the relation's interval: "
+                 + ("no count up to 64 holds it at its high end" if hi is None else
+                    f"{lo if lo is not None else 'none'}–{hi} replicas") + ".")
+    if svc["batch_relation_applied"]:
+        fixed = svc["fixed_fewest_replicas"]
+        head += (" With service times fixed as observed the replay would say "
+                 f"{'no count up to 64' if fixed is None else f'{fixed} replicas'}.")
+    (st.warning if not svc["batch_relation_applied"] and fewest is not None and fewest < curve["observed_replicas"]
+     else st.info)(head, icon=":material/info:")
+if svc["fixed_points"] is not None:  # both replays: with the measured relation and with fixed service times
+    fixed_pts = pd.DataFrame(svc["fixed_points"])
+    pts = pd.concat([pts.assign(replay="service grows with the batch (measured)"),
+                     fixed_pts.assign(replay="service times fixed as observed")])
+else:
+    pts = pts.assign(replay="service times fixed as observed")
 base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
 line = base.mark_line(point=True).encode(
     y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log"),
             axis=alt.Axis(format="~s", titlePadding=8)),
-    tooltip=["replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"), alt.Tooltip("gpu_usd_per_hour:Q", format="$,.2f")])
+    color=alt.Color("replay:N", title=None, legend=alt.Legend(orient="top")),
+    tooltip=["replay:N", "replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"),
+             alt.Tooltip("gpu_usd_per_hour:Q", format="$,.2f")])
 rule = alt.Chart(pd.DataFrame({"target": [float(target)]})).mark_rule(color="#e45756", strokeDash=[6, 3]).encode(
     y="target:Q")
 st.altair_chart(line + rule, width="stretch")
 if usd is not None:
-    st.altair_chart(base.mark_line(color="#54a24b").encode(y=alt.Y("gpu_usd_per_hour:Q", title="GPU USD per hour")),
+    cost = alt.Chart(pd.DataFrame(curve["points"])).encode(x=alt.X("replicas:Q", title="replicas"))
+    st.altair_chart(cost.mark_line(color="#54a24b").encode(y=alt.Y("gpu_usd_per_hour:Q", title="GPU USD per hour")),
                     width="stretch")
-st.caption("Each request keeps its observed arrival and service time (latency minus queue wait) and waits first "
-           f"come, first served for one of replicas × {curve['slots_per_replica']} slots; the replay assumes service "
-           "times do not change with load (the headline says what the traces show). Dashed: the target."
-           + ("" if curve["kernel"] else
-                                                       " (C replay kernel not built: a coarse curve.)"))
+st.caption("Each request keeps its observed arrival and waits first come, first served for one of replicas × "
+           f"{curve['slots_per_replica']} slots. "
+           + ("Its service time (latency minus queue wait) is scaled by the measured growth per request of the batch "
+              "it joins, the fleet's requests in service spread evenly over the replicas (docs/methods.md). "
+              if svc["batch_relation_applied"] else
+              "Its service time (latency minus queue wait) stays as observed (the headline says why). ")
+           + "Dashed: the target." + ("" if curve["kernel"] else " (C replay kernel not built: a coarse curve.)"))
 st.subheader("Reactive scale-up against pre-scaling")
 cold = curve["cold_start_ms"]
 delay = f"observed median model_load {cold:,.0f} ms" if cold is not None else "no model_load observed: 0 ms"
 st.caption(f"A replica started when a request finds every slot busy serves after the cold start: {delay}. "
-           "Added replicas stay up to the end of the range, so the reactive cost is an upper bound.")
+           "Added replicas stay up to the end of the range, so the reactive cost is an upper bound. This replay keeps "
+           "service times as observed.")
 x, y = st.columns(2)
 start = x.number_input("start with", min_value=1, max_value=64, value=max(1, (fewest or 2) // 2), key="cap_start")
 top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), fewest or 1),

@@ -22,7 +22,10 @@ price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
                                 "(docs/cost.md; a store only).")
 usd = float(price) if price else None
-res = data.cost_summary(*key, f, by, usd)
+bucket = data.window_s(*key, f)  # the report's windows, as on every page
+in_range = data.detection(*key, data.Filters(f.since_ns, f.until_ns))["requests"]  # the sweep's requests
+res, series = data.finished(data.cost_started(*key, f, by, bucket, usd), in_range,
+                            "Sharing out GPU time over the range: the figures appear here when the sweep is done.")
 if "error" in res:
     st.warning(res["error"])
     st.stop()
@@ -59,8 +62,7 @@ if not priced:
     st.caption(f"No price: {formats.NO_PRICE} to see USD columns.")
 st.caption("GPU time: at each instant a replica's time is split equally among its requests in prefill, decode "
            "or (unsplit) generation; the p99 tail's share is the part spent on each group's slowest 1% (e2e).")
-bucket = data.window_s(*key, f)  # the report's windows, as on every page
-series = data.cost_over_time(*key, f, by, bucket, usd)
+assert series is not None
 if values:
     series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
 series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)

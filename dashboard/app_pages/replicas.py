@@ -13,6 +13,10 @@ f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Replicas")
 metric_label = st.radio("Latency", list(data.METRICS), horizontal=True, key="replica_metric")
+group = data.attribute_pick(db, "replica", "Group by an attribute instead of the replica")
+if group is not None:  # per value of an attribute: the same columns and outlier rule
+    data.attribute_table(db, f, data.METRICS[metric_label], group, "replicas")
+    st.stop()
 df = data.replicas(*key, f, data.METRICS[metric_label])
 if df.empty:
     st.info("No requests match the filters.")

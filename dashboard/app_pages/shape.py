@@ -33,3 +33,6 @@ for side, col, title in ((left, "input_tokens", "input tokens"), (right, "output
     with side:
         st.altair_chart(charts.bucket_p99(buckets.assign(requests=buckets["requests_weighted"]), col, title),
                         width="stretch")
+by = data.attribute_pick(db, "shape", "Latency by attribute")
+if by is not None:
+    data.attribute_table(db, f, metric, by, "shape")

@@ -69,18 +69,6 @@ def read_mapping(path: Path) -> Any:
         fail(f"--mapping {exc}")
 
 
-def use_mapping_file(engine: Engine, table: str, path: Path | None) -> None:
-    """Apply the mapping file given with --mapping to a ClickHouse table's spans (a store keeps its own)."""
-    if path is None:
-        return
-    if engine is not Engine.clickhouse:
-        fail("--mapping is for --engine clickhouse: a store keeps its mapping (tailscope map --store DIR ...)")
-    from analysis.clickhouse.promotion import use_mapping
-
-    with errors_as_messages():
-        use_mapping(table, read_mapping(path))
-
-
 def store_path(store: Path | None) -> Path:
     """The store named on the command line, else the default store."""
     return store if store is not None else default_store()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
@@ -20,11 +22,9 @@ from tailscope.commands.common import (
     StoreOption,
     TableOption,
     err_console,
-    errors_as_messages,
     fail,
-    store_path,
 )
-from tracing.store import ENV_STORE, require_store
+from tailscope.commands.engine import open_backend
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -40,9 +40,9 @@ def app_file() -> Path:
     return path
 
 
-def streamlit_command(app: Path, store: Path | None, host: str, port: int, table: str | None = None) -> list[str]:
-    """The `streamlit run` command line that serves `app` over `store` (or, with `table`, a ClickHouse table
-    whose DSN rides in the environment), headless, on host:port."""
+def streamlit_command(app: Path, app_args: list[str], host: str, port: int) -> list[str]:
+    """The `streamlit run` command line that serves `app` headless on host:port; `app_args`: what the app reads
+    (`--store DIR`, or the ClickHouse engine and table whose DSN rides in the environment)."""
     return [
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", host,
@@ -53,7 +53,7 @@ def streamlit_command(app: Path, store: Path | None, host: str, port: int, table
         "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false",
         "--client.toolbarMode", "viewer",
-        "--", *(["--store", str(store)] if table is None else ["--engine", "clickhouse", "--table", table]),
+        "--", *app_args,
     ]
 
 
@@ -71,42 +71,31 @@ def dashboard(
     With --engine clickhouse the pages read an otel_traces table: Overview, Spike, Traces and
     SQL run there; the others say they need a store.
     """
-    ch_table: str | None = None
-    path: Path | None = None
-    if engine is Engine.clickhouse:
-        what, env = _clickhouse(dsn, table)
-        ch_table = table
-    else:
-        with errors_as_messages():
-            path = require_store(store_path(store)).resolve()
-        what, env = f"store {path}", {ENV_STORE: str(path)}
+    served = open_backend(engine, store, dsn, table).served()
     if importlib.util.find_spec("streamlit") is None:
         fail("Streamlit is not installed; install tailscope with the [dashboard] extra: "
              "pip install 'tailscope[dashboard]'")
     app = app_file()
     if host not in LOOPBACK:
-        err_console.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach it can read the {what}")
+        err_console.print(f"[yellow]warning:[/] listening on {host}: anyone who can reach it can read the "
+                          f"{served.what}")
     err_console.print(f"tailscope dashboard on http://{'[' + host + ']' if ':' in host else host}:{port} "
-                      f"({what}); Ctrl-C to stop", highlight=False)
-    raise typer.Exit(_serve(streamlit_command(app, path, host, port, ch_table), {**os.environ, **env}))
+                      f"({served.what}); Ctrl-C to stop", highlight=False)
+    raise typer.Exit(_serve(streamlit_command(app, served.args, host, port), {**os.environ, **served.env}))
 
 
-def _clickhouse(dsn: str | None, table: str) -> tuple[str, dict[str, str]]:
-    """What the app reads on ClickHouse (checked here, reached by the app) and the variables telling it."""
-    from analysis.clickhouse import check_table_name, parse_dsn
-    from dashboard.settings import ENV_DSN, ENV_ENGINE, ENV_TABLE
-
-    if not dsn:
-        fail("--engine clickhouse needs --dsn (chdb:PATH or clickhouse://user@host:8123/db)")
-    with errors_as_messages():
-        where = parse_dsn(dsn)
-        check_table_name(table)
-    return f"ClickHouse table {table} at {where}", {ENV_ENGINE: "clickhouse", ENV_DSN: dsn, ENV_TABLE: table}
+def _die_with_parent() -> None:
+    """In the Streamlit child before exec: SIGTERM when this command dies, even by SIGKILL (Linux's
+    prctl(PR_SET_PDEATHSIG); elsewhere nothing), so a killed `tailscope dashboard` leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def _serve(argv: list[str], env: dict[str, str]) -> int:
-    """Run the server until it exits; Ctrl-C or SIGTERM stop it too (no orphaned Streamlit)."""
-    child = subprocess.Popen(argv, env=env)
+    """Run the server until it exits; Ctrl-C or SIGTERM stop it too, and it dies with this process (no orphaned
+    Streamlit)."""
+    child = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
 
     def _stop(signum: int, _frame: object) -> None:
         child.send_signal(signal.SIGTERM)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,20 +18,14 @@ from tailscope.commands.common import (
     MaterializeOption,
     StoreOption,
     TableOption,
-    clickhouse_client,
     console,
     err_console,
-    errors_as_messages,
     fail,
-    query_failure,
-    store_path,
-    use_mapping_file,
-    write_through,
 )
+from tailscope.commands.engine import ReportAsk, open_backend
 
 if TYPE_CHECKING:
-    import duckdb
-
+    from analysis.contract import Report
     from intake.recognition import Recognition
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
@@ -87,54 +81,15 @@ def report(
     mapping: MappingOption = None,
 ) -> None:
     """Find windows where p99 rose while p50 held, and explain each: stages, dimensions, exemplars."""
-    use_mapping_file(engine, table, mapping)
-    if engine is Engine.clickhouse:
-        if dimensions is not None or exclude_dimensions is not None:
-            fail("--dimensions and --exclude-dimensions need --engine duckdb: the ClickHouse engine explains "
-                 "by the built-in dimensions only")
-        with errors_as_messages():
-            from analysis.clickhouse import recognition_counts
-            from analysis.clickhouse.report import build_report as clickhouse_report
-            from intake.recognition import Recognition
-
-            client = clickhouse_client(dsn, table)
-            try:
-                result = clickhouse_report(client, table, metric=metric.value, window_s=window, since=since,
-                                           until=until, include_failures=not ok_only,
-                                           sampling_policy=sampling_policy.value, materialized=materialize)
-                seen = Recognition(*recognition_counts(client, table))
-            finally:
-                client.close()
-        _print(result, as_json)
-        _coverage(seen, as_json)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    import duckdb
-
-    from analysis.engine.connect import connect
-    from analysis.report import build_report
-
-    with errors_as_messages():
-        if materialize:
-            write_through(store_path(store))
-        con = connect(store_path(store))
-        try:
-            con.execute("SET enable_progress_bar = false").fetchall()
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-coverage") as pool:
-                # the coverage line's count of every span is a scan of its own: on a second connection to the
-                # same views, it runs beside the report (DuckDB releases the GIL) instead of after it
-                coverage = pool.submit(_recognition_on, con.cursor())
-                result = build_report(con, metric=metric.value, window_s=window, since=since, until=until,
-                                      include_failures=not ok_only, sampling_policy=sampling_policy.value,
-                                      dimensions=dimensions, exclude_dimensions=exclude_dimensions)
-                seen = coverage.result()
-        except duckdb.Error as exc:
-            fail(query_failure("report", exc))
-        finally:
-            con.close()
+    backend = open_backend(engine, store, dsn, table, mapping)
+    if (dimensions is not None or exclude_dimensions is not None) and not backend.can("dimensions"):
+        fail(backend.missing("dimensions"))
+    result, seen = backend.report(ReportAsk(
+        metric=metric.value, window=window, since=since, until=until, include_failures=not ok_only,
+        sampling_policy=sampling_policy.value, dimensions=dimensions, exclude_dimensions=exclude_dimensions,
+        materialize=materialize))
     _print(result, as_json)
-    _coverage(seen, as_json, str(store_path(store)))
+    _coverage(seen, as_json, backend.where)
 
 
 def _coverage(seen: Recognition, as_json: bool, store: str = "DIR") -> None:
@@ -151,7 +106,7 @@ def _coverage(seen: Recognition, as_json: bool, store: str = "DIR") -> None:
         err_console.print(f"[yellow]{problem}[/]", highlight=False, soft_wrap=True)
 
 
-def _print(result: dict[str, Any], as_json: bool) -> None:
+def _print(result: Report, as_json: bool) -> None:
     """The report on stdout: the JSON contract, or the text rendering."""
     from analysis.report import render_text
 
@@ -159,24 +114,6 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
         render_text(result, console)
-
-
-def _recognition_on(cur: duckdb.DuckDBPyConnection) -> Recognition:
-    """recognition_of on a cursor of its own, closed after."""
-    try:
-        return recognition_of(cur)
-    finally:
-        cur.close()
-
-
-def recognition_of(con: duckdb.DuckDBPyConnection) -> Recognition:
-    """Spans in the store and the request spans among them, by `tailscope.engine`."""
-    from analysis.engine.connect import request_engines
-    from intake.recognition import Recognition
-
-    spans, requests = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or (0, 0)
-    return Recognition(int(spans), int(requests), request_engines(con))
 
 
 def register(app: typer.Typer) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import enum
 import json
-import re
 import sys
 from datetime import date, datetime
 from decimal import Decimal
@@ -22,22 +21,12 @@ from tailscope.commands.common import (
     MaterializeOption,
     StoreOption,
     TableOption,
-    clickhouse_client,
     console,
-    errors_as_messages,
-    fail,
-    query_failure,
-    store_path,
-    use_mapping_file,
-    write_through,
 )
+from tailscope.commands.engine import open_backend
 
 #: Third-party packages the command needs (imported when it runs, so `tailscope --help` starts fast).
 NEEDS = ("duckdb", "polars", "pyarrow")
-
-
-#: A query naming one of these reads the request model, so `sql` materializes settled hours first.
-READS_REQUESTS = re.compile(r"\b(requests|stages|requests_between)\b", re.IGNORECASE)
 
 
 class OutputFormat(enum.StrEnum):
@@ -74,36 +63,7 @@ def sql(
     otel_traces table, and runs with readonly = 1. A result wider than the terminal prints one
     block per row (name | value); an empty one still names its columns.
     """
-    use_mapping_file(engine, table, mapping)
-    if engine is Engine.clickhouse:
-        with errors_as_messages():
-            from analysis.clickhouse import query_views
-
-            client = clickhouse_client(dsn, table)
-            try:
-                result = query_views(client, query, table, materialized=materialize)
-            finally:
-                client.close()
-        names = result.column_names
-        rows = [tuple(r.values()) for r in result.to_pylist()]
-        _print(fmt, names, rows)
-        return
-    import duckdb
-
-    from analysis.engine.connect import connect
-
-    with errors_as_messages():
-        if materialize and READS_REQUESTS.search(query):
-            write_through(store_path(store))
-        con = connect(store_path(store))
-    try:
-        cursor = con.execute(query)
-        names = [d[0] for d in cursor.description or []]
-        rows = cursor.fetchall()
-    except duckdb.Error as exc:
-        fail(query_failure("query", exc))
-    finally:
-        con.close()
+    names, rows = open_backend(engine, store, dsn, table, mapping).sql(query, materialize)
     _print(fmt, names, rows)
 
 

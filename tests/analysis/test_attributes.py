@@ -220,12 +220,15 @@ def test_a_watch_alert_carries_the_attribute_and_its_value(nodes: Path) -> None:
     from analysis.watch import Config, replay
 
     # the spike's windows (5..6) evaluated live, four windows of history before them
-    alerts = replay(nodes, Config(window_s=60, delay_s=60, lookback=4), T0 + 5 * 60 * SEC, T0 + 7 * 60 * SEC)
+    alerts = replay(nodes, Config(window_s=60, delay_s=60, lookback=4, dashboard_url="http://127.0.0.1:8501"),
+                    T0 + 5 * 60 * SEC, T0 + 7 * 60 * SEC)
     spikes = [a for a in alerts if a["kind"] == "tail_spike"]
     assert spikes, alerts
     top = spikes[0]
     assert (top["dimension"], top["value"], top["attribute"], top["attribute_source"]) == (
         "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource"), top
+    # its dashboard link opens the Spike page with the sidebar's attribute filter on that node
+    assert top["dashboard_url"].endswith(f"&attr=k8s.node.name&attr_value={SLOW_NODE}"), top["dashboard_url"]
 
 
 def test_the_cli_options_and_the_setting_rule_dimensions_out(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:

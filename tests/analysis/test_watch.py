@@ -87,7 +87,7 @@ def test_the_clean_run_fires_nothing(tmp_path_factory: pytest.TempPathFactory) -
 def test_each_incident_fires_once_early_and_resolves_soon_after(name: str,
                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     t = truth(name)
-    alerts = replay_json(store_of(name, tmp_path_factory))
+    alerts = replay_json(store_of(name, tmp_path_factory), "--metric", t.get("metric", "e2e"))  # the incident's
     assert [a["kind"] for a in alerts] == ["tail_spike"], alerts
     a = alerts[0]
     start, end = t["window"]["start_ns"], t["window"]["end_ns"]

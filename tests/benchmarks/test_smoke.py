@@ -29,7 +29,11 @@ PRINTS: dict[str, tuple[str, ...]] = {
                     r'"cli_p99_per_replica_x": \d'),
     "bench_report": (r"'report_vs_duckdb_cpu_x': \d", r"'materialize_s': \d", r"'cli_report_peak_rss_mib': \d",
                      r"'requests': 1000\b"),
+    "bench_against": (r"\nsample-basic +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+  (True|False) ",
+                      r"summary: this=working tree ref=HEAD \(\w+\) stores=1 "),
     "bench_compact": (r"rate: [\d,]+ spans/s with compaction, [\d,]+ without \(anchor\): [\d.]+x",),
+    "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
+                    r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),

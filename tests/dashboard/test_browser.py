@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import servers
 from tests.needs import need
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -41,7 +40,7 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("Request shape", "Request shape", "Slowest cell with a p99 to trust"),
     ("Replicas", "Replicas", "replica-05"),
     ("What-if", "What-if", "predicted, 8 replicas"),
-    ("Capacity", "Capacity", "If service times stay as observed"),
+    ("Capacity", "Capacity", "If service"),
     ("Cost", "Cost", "set a price (docs/cost.md)"),
     ("SQL", "SQL", "Examples"),
 )
@@ -65,8 +64,8 @@ def _serving(args: list[str], log_name: str) -> Iterator[str]:
     log = ARTIFACTS / log_name
     ARTIFACTS.mkdir(exist_ok=True)
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), "dashboard", *args, "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = servers.spawn([str(exe), "dashboard", *args, "--host", "127.0.0.1", "--port", str(port)],
+                             stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(600):  # bounded: about a minute
@@ -82,22 +81,21 @@ def _serving(args: list[str], log_name: str) -> Iterator[str]:
                 pytest.fail(f"the dashboard did not answer on {url}: {log.read_text()[-2000:]}")
             yield url
         finally:
-            proc.terminate()  # SIGTERM to `tailscope dashboard` only: it must stop its Streamlit child
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
             stopped = False
-            for _ in range(100):  # bounded
-                try:
-                    httpx.get(f"{url}/_stcore/health", timeout=1)
-                except httpx.HTTPError:
-                    stopped = True
-                    break
-                time.sleep(0.1)
+            try:
+                proc.terminate()  # SIGTERM to `tailscope dashboard` only: it must stop its Streamlit child
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
+                for _ in range(100):  # bounded
+                    try:
+                        httpx.get(f"{url}/_stcore/health", timeout=1)
+                    except httpx.HTTPError:
+                        stopped = True
+                        break
+                    time.sleep(0.1)
+            finally:
+                servers.stop(proc)  # the whole group, whatever happened above (an interrupt included)
             if not stopped:
-                os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail("the Streamlit server outlived `tailscope dashboard` after SIGTERM")
 
 
@@ -204,6 +202,14 @@ def test_links_open_the_view_they_name(dashboard_url: str) -> None:
             _settle(page)
             _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
             assert page.get_by_text("No spike: detection judged").count() == 0
+            # an attribute filter's link turns the sidebar's attribute filter on with that key and value
+            page.goto(f"{dashboard_url}/?attr=gen_ai.request.stream&attr_value=true", wait_until="networkidle")
+            sidebar = page.get_by_test_id("stSidebar")
+            expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+            expect(sidebar.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
+            _settle(page)
+            _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
+            assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url
             page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
             heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
             expect(heading).to_be_visible()

@@ -62,14 +62,20 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     assert want is not None
     assert _metric(at, "fewest replicas for the target") == str(want)
     said = answer["advice"]["sentence"]  # scale down / up / keep against the observed replicas, in words
-    # the headline states the replay's assumption, then what the traces show of service time against the batch
-    heads = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If service times stay as observed")]
-    assert heads and heads[0].startswith(f"If service times stay as observed, {said}."), heads
+    svc = answer["service"]
+    # the headline states the replay's assumption about service time against the batch, then the advice
+    heads = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If ")]
+    assert heads and heads[0].startswith(f"If {svc['assumption']}, {said}."), heads
     rel = service_vs_batch(connect(incident_store))
     if rel is None:
-        assert "cannot show whether service time grows with the batch" in heads[0]
-    elif want < w.observed_replicas:
-        assert f"{rel['growth']:+.0%}" in heads[0] if rel["growth"] > 0 else "no growth of service time" in heads[0]
+        assert not svc["batch_relation_applied"] and "cannot show how service time changes" in heads[0]
+    else:
+        assert svc["batch_relation_applied"] == rel["shown"]
+        assert f"{rel['growth_per_request']:+.1%} per request of batch" in heads[0]
+    if svc["batch_relation_applied"]:
+        lo, hi = svc["fewest_interval"]
+        assert f"{lo}–{hi} replicas" in heads[0] and lo <= want <= hi
+        assert f"would say {svc['fixed_fewest_replicas']} replicas" in heads[0]
     at.number_input(key="cap_target").set_value(20_000.0).run()
     tighter = capacity_curve(w, range(1, 65), target_p99_ms=20_000.0)["fewest_replicas"]
     shown = _metric(at, "fewest replicas for the target")

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests import servers
 from tests.dashboard.conftest import APP
 from tracing import schema as S
 from tracing.store import init_store
@@ -40,8 +41,8 @@ def test_refresh_while_collect_writes(tmp_path: Path, monkeypatch: pytest.Monkey
     store = init_store(tmp_path / "store")
     lines = gzip.decompress(SAMPLE.read_bytes()).decode().splitlines()
     exe = Path(sys.executable).parent / "tailscope"
-    proc = subprocess.Popen([str(exe), "collect", "--store", str(store), "--http-port", "0", "--grpc-port", "-1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = servers.spawn([str(exe), "collect", "--store", str(store), "--http-port", "0", "--grpc-port", "-1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
         url = None
@@ -72,5 +73,4 @@ def test_refresh_while_collect_writes(tmp_path: Path, monkeypatch: pytest.Monkey
         assert not at.exception
         assert _metric(at, "requests") == f"{_requests_in(lines):,}" == "400"
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        servers.stop(proc, timeout=60)  # SIGTERM (the receiver writes what it holds), then its whole group

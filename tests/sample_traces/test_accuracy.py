@@ -61,7 +61,7 @@ def truth(name: str) -> dict[str, Any]:
 
 
 def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path) -> dict[str, Any]:
-    """The report JSON of that scenario's store (each scenario ingested and reported once).
+    """The report JSON of that scenario's store (each scenario ingested and reported once), on the truth's metric.
 
     The traces are the committed sample of that catalogue entry unless given."""
     if name not in _reports:
@@ -71,7 +71,8 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory, *traces: Path
             result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), *map(str, files)])
         assert result.exit_code == 0, result.output
         assert warned == [], f"{name}: an engine mapper failed on the sample: {warned[:3]}"
-        result = runner.invoke(app, ["report", "--json", "--store", str(store)])
+        metric = truth(name).get("metric", "e2e") if name in NAMES else "e2e"
+        result = runner.invoke(app, ["report", "--json", "--store", str(store), "--metric", metric])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)
         _stores[name] = store

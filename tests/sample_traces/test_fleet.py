@@ -239,7 +239,9 @@ def test_each_incident_raises_p99_a_lot_while_p50_holds(name: str) -> None:
     clean = run("clean", seed=1).requests
     t0, t1 = scenario.window_s
 
-    def window(reqs: list[SimRequest]) -> list[float]:
+    def window(reqs: list[SimRequest]) -> list[float]:  # the incident's own latency: e2e, or ttft for a prefill one
+        if scenario.incident.metric == "ttft":
+            return [r.first_token_s - r.arrival_s for r in reqs if t0 <= r.arrival_s < t1 and r.first_token_s < r.end_s]
         return [r.e2e_s for r in reqs if t0 <= r.arrival_s < t1]
 
     before, after = window(clean), window(scenario.requests)

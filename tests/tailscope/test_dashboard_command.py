@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
+import pytest
 from typer.testing import CliRunner
 
 from tailscope.cli import app
 from tailscope.commands import dashboard as cmd
+from tests import servers
+from tracing.store import init_store
 
 
 def test_app_file_is_the_router() -> None:
@@ -24,7 +32,7 @@ def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
 
 
 def test_streamlit_command_is_headless_on_the_given_address(tmp_path: Path) -> None:
-    argv = cmd.streamlit_command(Path("/x/app.py"), tmp_path, "127.0.0.1", 8600)
+    argv = cmd.streamlit_command(Path("/x/app.py"), ["--store", str(tmp_path)], "127.0.0.1", 8600)
     assert argv[:5] == [sys.executable, "-m", "streamlit", "run", "/x/app.py"]
     opts = dict(zip(argv[5:-3:2], argv[6:-3:2], strict=True))
     assert opts["--server.address"] == "127.0.0.1"
@@ -46,3 +54,77 @@ def test_a_missing_store_is_a_one_line_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["dashboard", "--store", str(tmp_path / "nope")])
     assert result.exit_code == 1
     assert "no store there" in result.output
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of a process's children (Linux's /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for its parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _gone_soon(pid: int) -> bool:
+    """`_gone` within 10 s (bounded polling)."""
+    for _ in range(100):
+        if _gone(pid):
+            return True
+        time.sleep(0.1)
+    return _gone(pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_dashboard_command_takes_its_streamlit_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL to `tailscope dashboard` (no chance to stop its child): the Streamlit server still stops."""
+    store = init_store(tmp_path / "store")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "tailscope"
+    proc = servers.spawn([str(exe), "dashboard", "--store", str(store), "--host", "127.0.0.1", "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child = None
+        for _ in range(300):  # bounded: about 30 s for Streamlit to answer
+            kids = _children(proc.pid)
+            try:
+                if kids and httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).status_code == 200:
+                    child = kids[0]
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert child is not None, "the dashboard did not come up"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _gone_soon(child), "Streamlit outlived its killed `tailscope dashboard`"
+    finally:
+        servers.stop(proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_servers_started_by_tests_die_with_the_test_process(how: int) -> None:
+    """tests.servers.spawn: a test process killed (SIGKILL: no finalizer runs) or terminated (SIGTERM) leaves no
+    server behind."""
+    code = ("import sys, time; from tests import servers; "
+            "p = servers.spawn([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "print(p.pid, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[2])
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline())
+        assert not _gone(server)
+        parent.send_signal(how)
+        parent.wait(timeout=10)
+        assert _gone_soon(server), "the server outlived the test process"
+    finally:
+        parent.kill()
+        parent.wait()

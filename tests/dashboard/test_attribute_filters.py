@@ -1,0 +1,137 @@
+"""The sidebar filters by any attribute the report considers: a Kubernetes node narrows every count to exactly its
+requests, the filter travels in a link, and the attribute list comes from analysis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analysis.attribute_filters import AttributeFilter, attribute_choices
+from analysis.engine.connect import connect
+from dashboard import links
+from dashboard.engine import FILTER_DIMENSIONS, Filters
+from sample_traces.emit import write_otlp
+from sample_traces.fleet import default_config, simulate
+from tests.dashboard.conftest import APP
+from tests.sample_traces.cli_checks import ingested
+
+NODE_KEY = "k8s.node.name"
+NODE = "us-east-1b-node-3"
+
+
+@pytest.fixture(scope="module")
+def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """Two minutes of the simulated fleet (replicas two to a Kubernetes node) and each replica's node."""
+    cfg = default_config(duration_s=120.0, rate=5.0)
+    out = tmp_path_factory.mktemp("fleet")
+    traces = write_otlp(out / "fleet.otlp.jsonl.gz", cfg, simulate(cfg, 3), 3)
+    return ingested(out / "store", traces), {r.name: r.node for r in cfg.replicas}
+
+
+def _plain_count(store: Path, replicas: list[str]) -> int:
+    con = connect(store)
+    try:
+        row = con.execute("SELECT count(*) FROM requests WHERE list_contains(?, replica)", [replicas]).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0])
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return str(next(m.value for m in at.metric if m.label == label))
+
+
+def test_analysis_lists_the_node_and_filters_to_exactly_its_requests(
+        fleet_store: tuple[Path, dict[str, str]]) -> None:
+    store, nodes = fleet_store
+    con = connect(store)
+    try:
+        choices = attribute_choices(con)
+        assert choices[NODE_KEY]["source"] == "resource"
+        assert choices[NODE_KEY]["values"] == sorted(set(nodes.values()))
+        for node in (NODE, "us-east-1c-node-0"):
+            cond, params = AttributeFilter(NODE_KEY, "resource", (node,)).where()
+            row = con.execute(f"SELECT count(*) FROM requests WHERE {cond}", params).fetchone()
+            assert row is not None and row[0] == _plain_count(store, [r for r, n in nodes.items() if n == node])
+        # a number is filtered by its bucket: the 0 bucket is the requests that read no cached token
+        zero = choices["gen_ai.usage.cache_read.input_tokens"]
+        assert zero["kind"] == "number" and zero["values"][0] == "0-0"
+        cond, params = AttributeFilter("gen_ai.usage.cache_read.input_tokens", "request", ("0-0",), ((0, 0),)).where()
+        row = con.execute(f"SELECT count(*) FROM requests WHERE {cond}", params).fetchone()
+        plain = con.execute("SELECT count(*) FROM requests r JOIN spans s ON s.TraceId = r.trace_id AND s.SpanId = "
+                            "r.span_id WHERE s.SpanAttributes['gen_ai.usage.cache_read.input_tokens'] = '0'").fetchone()
+        assert row is not None and plain is not None and row[0] == plain[0] > 0
+    finally:
+        con.close()
+
+
+def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[Path, dict[str, str]],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store, nodes = fleet_store
+    want = format(_plain_count(store, [r for r, n in nodes.items() if n == NODE]), ",")
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    everything = _metric(at, "requests")
+    assert not [s for s in at.sidebar.selectbox if s.key == "f_attr"]  # off until asked for
+    at.toggle(key="f_attr_on").set_value(True).run()
+    assert NODE_KEY in at.selectbox(key="f_attr").options
+    at.selectbox(key="f_attr").select(NODE_KEY).run()
+    at.multiselect(key=f"f_attr_values:{NODE_KEY}").select(NODE).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert _metric(at, "requests") == want != everything
+    # the URL holds the filter, and a link with it opens the same view
+    held = {k: v if isinstance(v, list) else [v] for k, v in at.query_params.items()}
+    assert held[links.ATTR] == [NODE_KEY] and held[links.ATTR_VALUE] == [NODE]
+    url = links.url("overview", Filters(attribute=AttributeFilter(NODE_KEY, "resource", (NODE,))), FILTER_DIMENSIONS)
+    again = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in parse_qs(url.split("?", 1)[1]).items():
+        again.query_params[key] = values
+    again.run()
+    assert not again.exception, [e.message for e in again.exception]
+    assert again.selectbox(key="f_attr").value == NODE_KEY
+    assert _metric(again, "requests") == want
+
+
+@pytest.mark.parametrize(("page", "prefix"), [("app_pages/replicas.py", "replica"), ("app_pages/shape.py", "shape")])
+def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch,
+                                 page: str, prefix: str) -> None:
+    store, nodes = fleet_store
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.switch_page(page).run()
+    at.toggle(key=f"{prefix}_by_attr").set_value(True).run()
+    at.selectbox(key=f"{prefix}_attribute").select(NODE_KEY).run()
+    assert not at.exception, [e.message for e in at.exception]
+    table = at.dataframe[-1].value
+    want = {node: _plain_count(store, [r for r, n in nodes.items() if n == node]) for node in set(nodes.values())}
+    got = dict(zip(table["value"], table["requests"], strict=True))
+    assert got == {n: c for n, c in want.items() if c}
+
+
+
+def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tuple[Path, dict[str, str]],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link `tailscope watch` puts on an alert explained by an attribute (analysis.watch.records; the alert
+    itself: tests/analysis/test_attributes.py) opens the Spike page filtered to that attribute's value."""
+    from analysis.watch.records import spike_url, with_attribute
+
+    store, _ = fleet_store
+    alert = {"attribute": NODE_KEY, "value": NODE, "attribute_source": "resource"}
+    link = with_attribute(spike_url("http://127.0.0.1:8501", 1, 2), alert)
+    assert link is not None
+    page, query = link.rsplit("/", 1)[1].split("?", 1)
+    assert page == "spike"
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in parse_qs(query).items():
+        at.query_params[key] = values
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="f_attr").value == NODE_KEY
+    assert at.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [NODE]
