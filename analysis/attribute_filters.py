@@ -72,7 +72,7 @@ def attribute_choices(con: duckdb.DuckDBPyConnection, source: str = "requests") 
     """Every attribute the report considers over the requests of relation `source` (the skip rules of
     analysis.stats.attributes), as key -> {"source", "kind", "values": [label], "ranges": {label: (lo, hi)}}."""
     rid, replica = _frame(con, source)
-    facts = (f"SELECT (row_number() OVER (ORDER BY trace_id, span_id) - 1) AS rid, trace_id, span_id "
+    facts = (f"SELECT (row_number() OVER (ORDER BY trace_id, span_id) - 1) AS rid, trace_id, span_id, start_ns "
              f"FROM {source}")
     found = A.read_attributes(con, facts, {}, rid, replica, [replica], A.AttributeRules(), None, None)
     kinds = {(c["attribute"], c["source"]): c["kind"] for c in found.considered}

@@ -27,6 +27,8 @@ from rich.console import Console
 
 from analysis import contract as C
 from analysis import neighbours as N
+from analysis.engine import attribute_values as AV
+from analysis.engine.connect import ROW_ID_FILE_SHIFT
 from analysis.engine.percentiles import (
     ANY_WEIGHTED_SQL,
     auto_window_s,
@@ -229,7 +231,7 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
         dims = ", ".join(_enum_of(d, labels[d]) if d in labels else quote_ident(d) for d in X.DIMENSIONS)
         return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
 
-    read_dims.facts_rows = (f"SELECT {rid} AS rid, trace_id, span_id {rows}", params)  # type: ignore[attr-defined]
+    read_dims.facts_rows = (f"SELECT {rid} AS rid, trace_id, span_id, start_ns {rows}", params)  # type: ignore[attr-defined]
     return frame, read_dims if explain else None, totals, facts, weighted
 
 
@@ -340,7 +342,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
             facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
             attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules or A.AttributeRules(), since_ns,
-                                    until_ns)
+                                    until_ns, store_rows=source is None)
             report["attributes"] = cast(C.Attributes, attrs.to_json())
             kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
             return both, kept + attrs.coded
@@ -378,15 +380,18 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
 
 def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
                     builtin: list[X.Coded], rules: A.AttributeRules, since_ns: int | None,
-                    until_ns: int | None) -> A.Attributes:
+                    until_ns: int | None, store_rows: bool = False) -> A.Attributes:
     """The attribute dimensions of the frame's rows (analysis.attributes; `facts_rows`: a query of their facts rows,
-    rid, trace_id and span_id), the built-ins the rules leave out listed as skipped; an error (say, a caller's
-    source without span ids) is recorded, never raised."""
+    rid, trace_id, span_id and start_ns), the built-ins the rules leave out listed as skipped; an error (say, a
+    caller's source without span ids) is recorded, never raised. `store_rows`: the rows are the store's own (their
+    ids name a materialized hour's file and row), so the values written with those hours are read."""
     out = A.Attributes()
     try:
         replica = next((c for c in builtin if c.name == "replica"), None)
-        out = A.read_attributes(con, facts_rows, params, frame.get_column("rid").to_numpy().astype(np.int64),
-                                replica, builtin, rules, since_ns, until_ns)
+        rid = frame.get_column("rid").to_numpy().astype(np.int64)
+        stored = AV.stored_values(con, rid, ROW_ID_FILE_SHIFT) if store_rows else None
+        out = A.read_attributes(con, facts_rows, params, rid, replica, builtin, rules, since_ns, until_ns,
+                                stored=stored)
     except duckdb.Error as exc:
         out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
     skip_ruled_out_builtins(out, [c.name for c in builtin], rules)
@@ -768,7 +773,7 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
     The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone, all
-    under one family-wise level (Bonferroni over every candidate tested); the counterfactual of the
+    under one family-wise level (Bonferroni over every value and pair of values tested); the counterfactual of the
     MAX_COUNTERFACTUAL best scores; the first one's level of a learned hierarchy (attributes.name_level).
     `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99); `rest`:
     the baseline's other requests counted per combination of the built-ins, `attr_rest` per value of each
@@ -898,8 +903,8 @@ def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFra
         builtin = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
         lo = int(start.min()) if start.size else None
         rules = attribute_rules()
-        attrs = _attribute_dims(con, f"SELECT rid, trace_id, span_id FROM {facts}", {}, frame, builtin, rules, lo,
-                                max(s.end_ns for s in det.spikes) + 1)
+        attrs = _attribute_dims(con, f"SELECT rid, trace_id, span_id, start_ns FROM {facts}", {}, frame, builtin,
+                                rules, lo, max(s.end_ns for s in det.spikes) + 1)
         coded = [c for c in builtin if rules.ruled_out(c.name) is None] + attrs.coded
     items = explain_all(Rows.of(con, facts, frame, det, metric, coded=coded), det.spikes)
     return items, [e for item in items for e in item.get("errors", [])]

@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from analysis.engine import model as M
+from analysis.engine.attribute_values import FILES_VIEW, files_view_sql
 from analysis.engine.materialize import (
     ENGINES_KEY,
     HOUR_NS,
@@ -152,6 +153,8 @@ def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
         for i, f in enumerate(stored, 1))
     con.execute(f"CREATE OR REPLACE VIEW _request_rows_stored AS "
                 f"{rows or f'SELECT {cols}, 0::BIGINT AS rid FROM _requests_live WHERE false'}")
+    # the files' numbers (their rows' ids above): the attribute values written with an hour are found by them
+    con.execute(f"CREATE OR REPLACE VIEW {FILES_VIEW} AS {files_view_sql(stored)}")
     if stored:
         con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {stored_source(stored)}")
         con.execute(f"CREATE OR REPLACE VIEW requests AS SELECT {cols} FROM _requests_stored "

@@ -8,7 +8,8 @@ sum of per-segment hashes that compaction preserves, so merging segments into on
 spans keeps the file fresh): when a segment lands in any of them (late spans, a request crossing
 the hour boundary), the key changes and the file is stale. The file's key-value metadata
 (ENGINES_KEY) counts the hour's request spans by engine, so the report's coverage line reads no
-span of a materialized hour. A reader
+span of a materialized hour. Beside it, attributes-<key>.parquet holds each of its requests' attribute
+values (analysis.engine.attribute_values), written before the requests file, swept with it. A reader
 (analysis.engine.connect) uses the file whose key matches the segments it sees and computes
 every other hour on the fly, so a query never depends on this having run. Files are
 written to a hidden temporary name, fsynced and renamed: readers see the old file or the
@@ -36,6 +37,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from analysis.engine import attribute_values as AV
 from analysis.engine import model as M
 from analysis.engine.views import files_source, spans_sql
 from analysis.kernel import load_kernel
@@ -61,7 +63,7 @@ HOUR_NS = M.HOUR_NS
 #: Parquet key-value metadata of a request file: JSON {engine: request spans} of the hour's own segments.
 ENGINES_KEY = "tailscope.engines"
 #: Changes whenever the request model's SQL or the file's layout changes (rules, columns, metadata).
-MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY).encode()).hexdigest()
+MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY + AV.LAYOUT).encode()).hexdigest()
 
 
 def engine_counts_sql(source: str, mapping: mapping_rules.Mapping | None = None) -> str:
@@ -306,6 +308,9 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
                     f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
                     f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         fsync_path(tmp)
+        # the hour's attribute values (analysis.engine.attribute_values) before its requests: a reader seeing the
+        # requests file sees them too
+        AV.write_hour(con, _hour_source(snap, hour_ns)[0], hour_ns, tmp, AV.attributes_path(final))
         os.replace(tmp, final)
         fsync_path(directory)
     except BaseException:
@@ -334,7 +339,9 @@ def _sweep(directory: Path, keep: Path) -> None:
         try:
             if f == keep:
                 continue
-            if f.name.startswith("requests-") and f.suffix == ".parquet":
+            if f == AV.attributes_path(keep):
+                continue
+            if f.name.startswith(("requests-", AV.ATTRIBUTES_PREFIX)) and f.suffix == ".parquet":
                 marker = directory / f".{f.name}.superseded"
                 if not marker.exists():
                     marker.touch()
@@ -344,7 +351,7 @@ def _sweep(directory: Path, keep: Path) -> None:
             elif f.name.endswith(".superseded"):
                 if not (directory / f.name[1:].removesuffix(".superseded")).exists():
                     f.unlink()  # its file is gone
-            elif f.name.startswith(".requests-") and f.stat().st_mtime < cutoff:
+            elif f.name.startswith((".requests-", f".{AV.ATTRIBUTES_PREFIX}")) and f.stat().st_mtime < cutoff:
                 f.unlink()  # a crashed writer's temporary
         except FileNotFoundError:
             pass

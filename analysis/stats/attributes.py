@@ -30,13 +30,21 @@ from typing import Any, Final
 import duckdb
 import numpy as np
 import numpy.typing as npt
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.engine import model as M
+from analysis.engine import attribute_values as AV
+from analysis.engine.attribute_values import (
+    OWN_PREFIX,
+    StoredValues,
+    dictionary_parts,
+    resource_rows,
+    split_by_key,
+    strings,
+    timing_pattern,
+    to_numpy,
+)
 from analysis.stats.explain import Coded, bucket_label
-from tracing import schema as S
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
 #: A key must be on at least this share of the window's requests (and MIN_PRESENT of them).
@@ -49,24 +57,19 @@ MAX_VALUE_SHARE: Final = 0.05
 MAX_VALUES: Final = 4096
 #: At most this many attribute dimensions (the most present first); the others are cut, and the report says so.
 MAX_ATTRIBUTES: Final = 64
-#: Keys the built-in dimensions are read from (their values are those dimensions already).
-BUILTIN_KEYS: Final[dict[str, str]] = {
-    **{k: "model" for k in S.MODEL_KEYS}, **{k: "model_version" for k in S.MODEL_VERSION_KEYS},
-    **{k: "tenant" for k in S.TENANT_KEYS}, **{k: "input_tokens" for k in S.INPUT_TOKEN_KEYS},
-    **{k: "output_tokens" for k in S.OUTPUT_TOKEN_KEYS},
-    # process ids the replica rule falls back to: a number per process, never a level of anything
-    **{k: "replica" for k in S.REPLICA_RESOURCE_KEYS if k in ("process.pid", "vllm.process_id")}}
 #: Why an attribute is not a dimension (the `reason` of a skipped entry).
-#: Keys recording the request's own timing: the latency itself (an effect of whatever made it slow), never a cause.
-TIMING_PATTERNS: Final[tuple[str, ...]] = ("*latency*", "*duration*", "*_ns", "*_ms", "*_us", "*_seconds", "*.time_*",
-                                           "*time_to_first_token*")
+#: Keys the built-in dimensions are read from, keys recording the request's own timing, and the SQL reading each
+#: request's attribute values: analysis.engine.attribute_values's (materialized hours are written by the same rules).
+BUILTIN_KEYS: Final = AV.BUILTIN_KEYS
+TIMING_PATTERNS: Final = AV.TIMING_PATTERNS
+request_attribute_sql = AV.request_attribute_sql
+stage_attribute_sql = AV.stage_attribute_sql
+resource_attribute_sql = AV.resource_attribute_sql
 SKIP_REASONS: Final[tuple[str, ...]] = ("builtin", "tailscope", "timing", "pattern", "rare", "ids", "cardinality",
                                         "same_partition", "shadowed", "cut", "source")
-_OWN_PREFIX: Final = "tailscope."
+_OWN_PREFIX: Final = OWN_PREFIX
 #: The cut's reason for request and stage keys (resource keys: none).
 CUT_PRESENT: Final = " (the most present first)"
-#: Keys starting with this are tailscope's own (skipped as "tailscope").
-OWN_PREFIX: Final = _OWN_PREFIX
 
 I64 = npt.NDArray[np.int64]
 
@@ -185,41 +188,53 @@ def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int
     return codes, labels, los, his
 
 
-def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """An arrow array as numpy (nulls as NaN), converted by polars: pyarrow's own conversions (to_numpy,
-    pa.array of numpy) import pandas, a third of a CPU-second of every report."""
-    series = pl.from_arrow(values)
-    assert isinstance(series, pl.Series)
-    return series.to_numpy()
-
-
 def code_values(name: str, rows: I64, values: pa.Array, n_rows: int, numeric_ok: bool = True
                 ) -> tuple[Coded, int, bool]:
     """A key's values on `rows` (frame positions) coded for all `n_rows` rows (-1 elsewhere): (coded, distinct raw
     values, numeric). Numbers (every value parses) are bucketed; other values are text labels, sorted."""
-    enc = pc.dictionary_encode(values).combine_chunks() if isinstance(values, pa.ChunkedArray) \
-        else pc.dictionary_encode(values)
-    uniq = enc.dictionary
-    idx = numpy_of(enc.indices).astype(np.int64)
+    return code_parts(name, [(rows, values)], n_rows, numeric_ok)
+
+
+def code_parts(name: str, parts: Sequence[tuple[I64, pa.Array | pa.ChunkedArray]], n_rows: int,
+               numeric_ok: bool = True) -> tuple[Coded, int, bool]:
+    """`code_values` of a key's values in parts, each (frame positions, values: plain or dictionary-coded, as an
+    attribute file's are): the codes those parts' rows get together."""
+    uniq, idx = dictionary_parts([v for _, v in parts])
+    return code_dictionary(name, np.concatenate([r for r, _ in parts]) if len(parts) != 1 else parts[0][0], uniq, idx,
+                           n_rows, numeric_ok)
+
+
+def code_dictionary(name: str, rows: I64, uniq: pa.Array, idx: I64, n_rows: int, numeric_ok: bool = True
+                    ) -> tuple[Coded, int, bool]:
+    """`code_values` of a key whose values on `rows` are `uniq` (distinct) taken at `idx`."""
     distinct = len(uniq)
     numbers = None
     if numeric_ok and distinct:
         try:
-            numbers = numpy_of(pc.cast(uniq, pa.float64()))
+            numbers = to_numpy(pc.cast(uniq, pa.float64()))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             numbers = None
         if numbers is not None and not np.all(np.isfinite(numbers)):
             numbers = None
-    codes = np.full(n_rows, -1, dtype=np.int64)
+    # every row in order (a key on every request of materialized hours): the codes are the values' own
+    every = rows.size == n_rows and (n_rows == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n_rows - 1 and bool(
+        np.all(rows[1:] > rows[:-1]))))
+    codes = np.full(n_rows, -1, dtype=np.int64) if not every else np.empty(0, dtype=np.int64)
     if numbers is not None:
         ucodes, labels, los, his = number_buckets(numbers)
-        codes[rows] = ucodes[idx]
+        if every:
+            codes = ucodes[idx]
+        else:
+            codes[rows] = ucodes[idx]
         return Coded(name, codes, labels, los, his), distinct, True
     texts = uniq.to_pylist()
     order = sorted(range(distinct), key=lambda i: texts[i])
     rank = np.empty(distinct, dtype=np.int64)
     rank[order] = np.arange(distinct)
-    codes[rows] = rank[idx]
+    if every:
+        codes = rank[idx]
+    else:
+        codes[rows] = rank[idx]
     labels = [texts[i] for i in order]
     return Coded(name, codes, labels, [None] * distinct, [None] * distinct), distinct, False
 
@@ -228,79 +243,31 @@ def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any])
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def request_attribute_sql(facts_rows: str) -> str:
-    """DuckDB SQL of (rid, a): the attribute map of each request's own span; `facts_rows` is a query of the facts
-    rows (rid, trace_id, span_id); $lo / $hi bound the span start times read."""
-    return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN spans s "
-            "ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
-            "WHERE s.IsRequest AND ($lo IS NULL OR s.TimestampNs >= $lo) AND ($hi IS NULL OR s.TimestampNs < $hi)")
-
-
-def stage_attribute_sql(facts_rows: str) -> str:
-    """DuckDB SQL of (rid, k, v): each key of a request's stage spans (spans of its trace with a stage) that they
-    all agree on; $lo / $hi bound the span start times read."""
-    return (f"WITH st AS (SELECT TraceId AS t, unnest(map_keys(SpanAttributes)) AS k, "
-            "unnest(map_values(SpanAttributes)) AS v FROM spans WHERE Stage IS NOT NULL AND NOT IsRequest "
-            f"AND len(list_filter(map_keys(SpanAttributes), lambda x: NOT starts_with(x, '{_OWN_PREFIX}'))) > 0 "
-            "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)), "
-            f"one AS (SELECT t, k, min(v) AS v FROM st WHERE NOT starts_with(k, '{_OWN_PREFIX}') GROUP BY t, k "
-            "HAVING min(v) = max(v)) "
-            f"SELECT f.rid, one.k, one.v FROM ({facts_rows}) f JOIN one ON one.t = f.trace_id")
-
-
-def resource_attribute_sql() -> str:
-    """DuckDB SQL of (replica, k, vs): each replica's resource keys and their distinct values, over its request and
-    worker-stage spans (the serving process); $lo / $hi bound the span start times read."""
-    worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
-    return ("SELECT Replica, k, list(DISTINCT v) AS vs FROM (SELECT Replica, unnest(map_keys(ResourceAttributes)) "
-            "AS k, unnest(map_values(ResourceAttributes)) AS v FROM spans WHERE Replica IS NOT NULL "
-            f"AND (IsRequest OR Stage IN ({worker})) "
-            "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)) "
-            f"WHERE NOT starts_with(k, '{_OWN_PREFIX}') GROUP BY Replica, k")
-
-
 def _positions(frame_rid: I64, rid: I64) -> I64:
     """Frame positions of row ids (every id must be a frame row's)."""
     order = np.argsort(frame_rid, kind="stable")
     return order[np.searchsorted(frame_rid[order], rid)].astype(np.int64)
 
 
-def _split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
-    """key -> (row ids, values) of a long (rid, k, v) table, or of a (rid, a) table of attribute maps."""
-    if table.num_rows == 0:
-        return {}
-    rid = numpy_of(table.column("rid")).astype(np.int64)
-    if "a" in table.column_names:  # one map per row: its entries, each with its row's id
-        maps = table.column("a").combine_chunks()
-        offsets = numpy_of(maps.offsets)
-        rid = np.repeat(rid, np.diff(offsets))
-        key_col, vals = maps.keys, maps.items
-        if offsets[0] != 0 or offsets[-1] != len(key_col):
-            key_col, vals = key_col.slice(offsets[0], offsets[-1] - offsets[0]), vals.slice(
-                offsets[0], offsets[-1] - offsets[0])
-    else:
-        key_col, vals = table.column("k").combine_chunks(), table.column("v").combine_chunks()
-    keys = pc.dictionary_encode(key_col)
-    kidx = numpy_of(keys.indices)
-    small = kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx  # a radix sort
-    order = np.argsort(small, kind="stable")
-    bounds = np.searchsorted(small[order], np.arange(len(keys.dictionary) + 1))
-    out: dict[str, tuple[I64, pa.Array | None]] = {}
-    for i, key in enumerate(keys.dictionary.to_pylist()):
-        sel = order[bounds[i]:bounds[i + 1]]  # tailscope's own keys: counted only (they are skipped)
-        out[str(key)] = (rid[sel], None if str(key).startswith(_OWN_PREFIX) else vals.take(pl.Series(sel).to_arrow()))
-    return out
-
-
 def _same_partition(a: Coded, b: Coded) -> bool:
-    """Whether two codings split rows into the same groups (missing alike)."""
+    """Whether two codings split rows into the same groups (missing alike); every label of `a` is used."""
     if len(a.labels) != len(b.labels) or not np.array_equal(a.codes < 0, b.codes < 0):
         return False
     ok = a.codes >= 0
     if not ok.any():
         return True
-    key = a.codes[ok] * (len(b.labels) + 1) + b.codes[ok]
-    return int(np.unique(key).size) == len(a.labels)
+    # a's value decides b's (one pair per value of a): with as many values each, the same groups
+    ac, bc = a.codes[ok], b.codes[ok]
+    b_of = np.full(len(a.labels), -1, dtype=np.int64)
+    b_of[ac] = bc
+    return bool(np.array_equal(b_of[ac], bc))
+
+
+def _group_sizes(coded: Coded) -> tuple[int, ...]:
+    """The rows missing, then the sizes of a coding's groups, sorted: equal for two codings of the same partition
+    (a cheap look before comparing rows)."""
+    counts = np.bincount(coded.codes + 1, minlength=1)
+    return (int(counts[0]), *sorted(counts[1:].tolist()))
 
 
 class Judge:
@@ -313,6 +280,14 @@ class Judge:
         self.bound = min(MAX_VALUES, max(MIN_PRESENT, math.floor(MAX_VALUE_SHARE * n_rows)))
         self.out = Attributes()
         self.taken: dict[str, str] = {}
+        self.sizes: dict[int, tuple[int, ...]] = {}
+
+    def _sizes(self, coded: Coded) -> tuple[int, ...]:
+        """`_group_sizes` of a dimension kept (a built-in or an attribute taken: alive while the judge is)."""
+        got = self.sizes.get(id(coded))
+        if got is None:
+            got = self.sizes[id(coded)] = _group_sizes(coded)
+        return got
 
     def skip(self, key: str, source: str, reason: str, why: str) -> None:
         self.out.skipped.append({"attribute": key, "source": source, "reason": reason, "why": why})
@@ -325,7 +300,7 @@ class Judge:
         if key.startswith(_OWN_PREFIX):
             self.skip(key, source, "tailscope", "tailscope's own key (the convention's bookkeeping)")
             return False
-        timing = next((p for p in TIMING_PATTERNS if fnmatch.fnmatchcase(key.lower(), p)), None)
+        timing = timing_pattern(key)
         if timing is not None:
             self.skip(key, source, "timing", f"records the request's own timing ({timing!r}): the latency is the "
                       "effect being explained, not a cause")
@@ -355,24 +330,31 @@ class Judge:
         self.skip(key, source, "cut", f"past the first {MAX_ATTRIBUTES} attribute dimensions{why}")
         return True
 
+    def ids(self, key: str, source: str, present: int, distinct: int) -> bool:
+        """Whether a key is skipped as ids (about one value per request carrying it): read before its coding."""
+        if distinct >= UNIQUE_SHARE * present and distinct > 1:
+            self.skip(key, source, "ids", f"{distinct} distinct values on {present} requests: about one per "
+                      f"request (at least {UNIQUE_SHARE:.0%}), an id or free text")
+            return True
+        return False
+
     def after_coding(self, coded: Coded, source: str, present: int, distinct: int, numeric: bool,
                      same_partition: Callable[[Coded, Coded], bool] | None = None) -> None:
         """The rules read from a key's coded values; keeps it (as a candidate) when none applies.
 
         `same_partition(coded, other)`: whether they split the frame's requests alike (default: over their
-        codes; a remote engine, whose codes stay on the server, asks it)."""
-        same = same_partition or _same_partition
+        codes, group sizes first; a remote engine, whose codes stay on the server, asks it)."""
         key = coded.name
-        if distinct >= UNIQUE_SHARE * present and distinct > 1:
-            self.skip(key, source, "ids", f"{distinct} distinct values on {present} requests: about one per "
-                      f"request (at least {UNIQUE_SHARE:.0%}), an id or free text")
+        if self.ids(key, source, present, distinct):
             return
         if not numeric and distinct > self.bound:
             self.skip(key, source, "cardinality", f"{distinct} distinct values, over the bound {self.bound} "
                       f"({MAX_VALUE_SHARE:.0%} of the window's {self.n} requests, at most {MAX_VALUES})")
             return
+        mine = _group_sizes(coded) if same_partition is None else ()
         for other in [*self.builtin, *self.out.coded]:
-            if same(coded, other):
+            if (same_partition(coded, other) if same_partition is not None
+                    else mine == self._sizes(other) and _same_partition(coded, other)):
                 self.skip(key, source, "same_partition", f"splits the requests exactly as {other.name!r} does")
                 return
         coded.attribute, coded.source = key, source
@@ -384,42 +366,57 @@ class Judge:
 
 def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame_rid: I64,
                     replica: Coded | None, builtin: Sequence[Coded], rules: AttributeRules,
-                    since_ns: int | None, until_ns: int | None) -> Attributes:
+                    since_ns: int | None, until_ns: int | None, stored: StoredValues | None = None) -> Attributes:
     """The attribute dimensions of the frame's rows (`frame_rid`: their facts row ids, `facts_rows`: a query of
-    those facts rows with rid, trace_id, span_id; `params` its parameters), from the connection's `spans`.
+    those facts rows with rid, trace_id, span_id, start_ns; `params` its parameters), from the connection's `spans`.
 
     `replica`: the frame's replica dimension (the resource attributes are the replica's); `builtin`: the built-in
-    dimensions coded (a key splitting requests as one of them does is skipped)."""
+    dimensions coded (a key splitting requests as one of them does is skipped); `stored`: the request and stage
+    values of the rows of materialized hours (analysis.engine.attribute_values), the other rows read from the
+    spans: the same values either way."""
     n = frame_rid.size
     judge = Judge(n, rules, builtin)
     p = {**params, "lo": since_ns, "hi": until_ns}
-    for source, sql in (("request", request_attribute_sql(facts_rows)), ("stage", stage_attribute_sql(facts_rows))):
-        try:
-            by_key = _split_by_key(_read_long(con, sql, p))
-        except duckdb.Error as exc:
-            judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
-            continue
-        for key in sorted(by_key, key=lambda k: (-by_key[k][0].size, k)):
-            rid, values = by_key[key]
-            if not judge.before_coding(key, source, rid.size):
+    live_rows = facts_rows if stored is None else f"SELECT * FROM ({facts_rows}) WHERE {stored.live_where}"
+    for source, sql in (("request", request_attribute_sql(live_rows)), ("stage", stage_attribute_sql(live_rows))):
+        live: dict[str, tuple[I64, Any]] = {}  # row ids, values: from the spans
+        if stored is None or not stored.all_stored:
+            try:
+                live = split_by_key(_read_long(con, sql, p))
+            except duckdb.Error as exc:
+                judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
+                continue
+        kept = stored.by_source.get(source, {}) if stored is not None else {}  # frame positions, values: stored
+        present = {k: int(v[0].size) for k, v in live.items()}
+        for k, ps in kept.items():
+            present[k] = present.get(k, 0) + sum(int(r.size) for r, _ in ps)
+        parts = {k: [*kept.get(k, [])] for k in present}
+        for key in sorted(parts, key=lambda k: (-present[k], k)):
+            if not judge.before_coding(key, source, present[key]):
                 continue
             if judge.cut_past(key, source, CUT_PRESENT):
                 continue
-            assert values is not None
-            rows = _positions(frame_rid, rid)
-            coded, distinct, numeric = code_values(key, rows, values, n)
-            judge.after_coding(coded, source, rid.size, distinct, numeric)
+            if key in live:
+                parts[key].insert(0, (_positions(frame_rid, live[key][0]), live[key][1]))
+            uniq, idx = dictionary_parts([v for _, v in parts[key]])
+            if judge.ids(key, source, present[key], len(uniq)):  # before its labels are made: ids have many
+                continue
+            rows = np.concatenate([r for r, _ in parts[key]])
+            coded, distinct, numeric = code_dictionary(key, rows, uniq, idx, n)
+            judge.after_coding(coded, source, present[key], distinct, numeric)
     if replica is not None and replica.labels:
         try:
-            _resource(con, p, replica, judge)
+            _resource(con, p, replica, judge, stored)
         except duckdb.Error as exc:
             judge.out.errors.append(f"could not read the resource attributes because {str(exc).splitlines()[0]}")
     return judge.out
 
 
-def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: Coded, judge: Judge) -> None:
-    """The resource attributes of each request's replica, as dimensions (through a table over the replicas)."""
-    found = con.sql(resource_attribute_sql(), params={"lo": params["lo"], "hi": params["hi"]}).fetchall()
+def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: Coded, judge: Judge,
+              stored: StoredValues | None) -> None:
+    """The resource attributes of each request's replica, as dimensions (through a table over the replicas); the
+    materialized hours' replicas' values from their files (`stored`), the others' from the spans."""
+    found = resource_rows(con, stored, params["lo"], params["hi"])
     at = {label: i for i, label in enumerate(replica.labels)}
     per_key: dict[str, list[str | None]] = {}
     for rep, key, vs in found:
@@ -435,7 +432,7 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
             continue
         if judge.cut_past(key, "resource", ""):
             continue
-        values = pl.Series([table[int(r)] for r in rep_codes], dtype=pl.String).to_arrow()
+        values = strings([str(table[int(r)]) for r in rep_codes])
         small, distinct, numeric = code_values(key, np.arange(rep_codes.size, dtype=np.int64), values,
                                                rep_codes.size)
         lut = np.full(len(replica.labels) + 1, -1, dtype=np.int64)

@@ -207,7 +207,7 @@ def test_each_request_gets_the_value_the_rules_give(tmp_path: Path, seed: int) -
     labels = sorted({r[2] for r in rows})
     replica = Coded("replica", np.array([labels.index(r[2]) for r in rows], dtype=np.int64), labels,
                       [None] * len(labels), [None] * len(labels))
-    out = A.read_attributes(con, f"SELECT rid, trace_id, span_id FROM {facts}", {}, rid, replica, [replica],
+    out = A.read_attributes(con, f"SELECT rid, trace_id, span_id, start_ns FROM {facts}", {}, rid, replica, [replica],
                             A.AttributeRules(), None, None)
     by_name = {c.name: c for c in out.coded}
     assert set(by_name) == {"color", "n", "phase", "host", "rack", "service.name"}, out.skipped

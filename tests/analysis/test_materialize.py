@@ -11,6 +11,7 @@ import duckdb
 from typer.testing import CliRunner
 
 from analysis import connect, refresh
+from analysis.engine import attribute_values as AV
 from analysis.engine import materialize as MZ
 from analysis.engine.materialize import HOUR_NS, materialize, snapshot
 from tailscope.cli import app
@@ -139,7 +140,8 @@ def test_temporary_and_superseded_files_are_ignored_then_swept(tmp_path: Path, m
     write(tmp_path, late)
     monkeypatch.setattr(MZ, "GRACE_S", 0.0)
     [rebuilt, _] = materialize(tmp_path)
-    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [rebuilt.name]
+    # the hour's attribute values beside its requests (analysis.engine.attribute_values), nothing else
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [AV.attributes_path(rebuilt).name, rebuilt.name]
 
 
 def test_a_superseded_file_is_kept_for_the_grace_period_from_when_it_was_superseded(tmp_path: Path,
@@ -162,7 +164,8 @@ def test_a_superseded_file_is_kept_for_the_grace_period_from_when_it_was_superse
     assert snapshot(tmp_path).fresh[T0] == rebuilt
     monkeypatch.setattr(MZ, "GRACE_S", 0.0)
     MZ._sweep(rebuilt.parent, keep=rebuilt)
-    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [rebuilt.name]
+    # the hour's attribute values beside its requests (analysis.engine.attribute_values), nothing else
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [AV.attributes_path(rebuilt).name, rebuilt.name]
 
 
 def test_ingest_materializes_and_collect_builds_settled_hours(tmp_path: Path, monkeypatch: Any) -> None:
@@ -294,6 +297,6 @@ def test_the_c_sweep_gives_the_rows_of_the_model_sql(tmp_path: Path) -> None:
         compared += len(rows[True])
     assert compared == 3000  # one request per trace (a request span stored twice counts once)
     # the hard cases are there: level-2 stretches, streaming beside working stages, ties on the sweep's order
-    con.execute(f"CREATE VIEW r AS SELECT * FROM read_parquet('{MZ.partition_dir(store, hour)}/*.parquet')")
+    con.execute(f"CREATE VIEW r AS SELECT * FROM read_parquet('{MZ.partition_dir(store, hour)}/requests-*.parquet')")
     assert con.execute("SELECT count(*) FILTER (WHERE prefill_ns > 0), count(*) FILTER (WHERE streaming_ns > 0 "
                        "AND generation_ns > 0) FROM r").fetchone() > (100, 100)

@@ -35,6 +35,7 @@ report's own defaults, and the truth files as written by the generator.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ pytestmark = pytest.mark.slow  # simulated fleets through ingest and report (mak
 
 runner = CliRunner()
 _reports: dict[str, dict[str, Any]] = {}
+_stores: dict[str, Path] = {}
 
 
 def truth(name: str) -> dict[str, Any]:
@@ -71,7 +73,23 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
                                      truth(name).get("metric", "e2e")])
         assert result.exit_code == 0, result.output
         _reports[name] = json.loads(result.stdout)
+        _stores[name] = store
     return _reports[name]
+
+
+def test_a_report_of_materialized_hours_equals_one_computed_from_the_spans(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`ingest` materialized the hours (requests and their attribute values); the same spans without them give the
+    same report, attributes and all."""
+    name = "node_nic_flapping"
+    stored = report_of(name, tmp_path_factory)
+    assert any(f.name.startswith("attributes-") for f in (_stores[name] / "requests").rglob("*.parquet"))
+    live = tmp_path_factory.mktemp(f"{name}-live") / "store"
+    shutil.copytree(_stores[name], live, ignore=shutil.ignore_patterns("requests"))
+    result = runner.invoke(app, ["report", "--json", "--no-materialize", "--store", str(live)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == stored
+    assert stored["spikes"][0]["dimensions"][0]["attribute"] == "k8s.node.name"
 
 
 def test_the_clean_run_reports_no_spike(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -1,0 +1,356 @@
+"""Each request's attribute values (the request and stage sources of analysis.stats.attributes), written with the
+materialized hours and read back for a report's rows.
+
+Layout: beside an hour's STORE/requests/dt=…/hr=…/requests-<key>.parquet (analysis.engine.materialize) lies
+attributes-<key>.parquet: one row per row of the requests file, in its order (`row`), and one column per attribute
+key and source, named "<source>/<key>" (`column_name`): the request's value of it (text, dictionary-coded in
+the file) or null. Keys that are never a dimension whatever the rules (tailscope's own, those the built-in
+dimensions read, timing keys: `presence_only`) are written as booleans, true where present: the report
+lists them as skipped, in the order of how many requests carry them, and reads no value of theirs.
+The file has the requests file's <key> (the hour's span digests), so it is stale exactly when that one is;
+an hour without it (built by an older version, or not materialized) is computed on the fly from the spans,
+by the same SQL (`request_attribute_sql`, `stage_attribute_sql`): a report reads the same values either way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from analysis.engine import model as M
+from tracing import schema as S
+from tracing.store import fsync_path, hour_of_dir
+
+I64 = npt.NDArray[np.int64]
+#: The sources read per request (the resource source is per replica, read at report time).
+REQUEST_SOURCES: Final[tuple[str, ...]] = ("request", "stage")
+#: Prefix of tailscope's own attribute keys (the convention's bookkeeping: never a dimension).
+OWN_PREFIX: Final = "tailscope."
+#: Keys the built-in dimensions are read from (their values are those dimensions already).
+BUILTIN_KEYS: Final[dict[str, str]] = {
+    **{k: "model" for k in S.MODEL_KEYS}, **{k: "model_version" for k in S.MODEL_VERSION_KEYS},
+    **{k: "tenant" for k in S.TENANT_KEYS}, **{k: "input_tokens" for k in S.INPUT_TOKEN_KEYS},
+    **{k: "output_tokens" for k in S.OUTPUT_TOKEN_KEYS},
+    # process ids the replica rule falls back to: a number per process, never a level of anything
+    **{k: "replica" for k in S.REPLICA_RESOURCE_KEYS if k in ("process.pid", "vllm.process_id")}}
+#: Keys recording the request's own timing: the latency itself (an effect of whatever made it slow), never a cause.
+TIMING_PATTERNS: Final[tuple[str, ...]] = ("*latency*", "*duration*", "*_ns", "*_ms", "*_us", "*_seconds", "*.time_*",
+                                           "*time_to_first_token*")
+#: Per-hour attribute files, relative to the store; the name's <key> is its requests file's.
+ATTRIBUTES_PREFIX: Final = "attributes-"
+#: Key-value metadata of an attribute file: JSON [[replica, key, [values]]] of the hour's own spans
+#: (`resource_attribute_sql`'s rows).
+RESOURCE_KEY: Final = "tailscope.resource"
+#: The requests file's row of each attribute row.
+ROW_COLUMN: Final = "row"
+
+
+_NUMPY: Final[dict[pa.DataType, type]] = {
+    pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64, pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64, pa.float32(): np.float32,
+    pa.float64(): np.float64}
+
+
+def to_numpy(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A primitive Arrow array without nulls (booleans too) as numpy, read-only: pyarrow's own `to_numpy` imports
+    pandas (about 0.14 CPU-s a process), which nothing else of the report needs."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    if pa.types.is_boolean(a.type):
+        return to_numpy(pc.cast(a, pa.uint8())).view(np.bool_)
+    if a.null_count:
+        raise ValueError(f"an array of {a.type} with {a.null_count} nulls")
+    dt = np.dtype(_NUMPY[a.type])
+    if len(a) == 0 or a.buffers()[1] is None:
+        return np.zeros(0, dtype=dt)
+    return np.frombuffer(a.buffers()[1], dtype=dt, count=len(a), offset=a.offset * dt.itemsize)
+
+
+def from_numpy(x: np.ndarray) -> pa.Array:
+    """int64 numbers as an Arrow array (indices for `take`), without pa.array (which imports pandas)."""
+    x = np.ascontiguousarray(x, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), x.size, [None, pa.py_buffer(x)])
+
+
+def strings(items: Sequence[str]) -> pa.Array:
+    """Text as an Arrow string array, without pa.array (which imports pandas)."""
+    data = [str(t).encode() for t in items]
+    offsets = np.zeros(len(data) + 1, dtype=np.int32)
+    np.cumsum([len(b) for b in data], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def timing_pattern(key: str) -> str | None:
+    """The TIMING_PATTERNS pattern `key` matches (case-insensitively), or None."""
+    return next((p for p in TIMING_PATTERNS if fnmatch.fnmatchcase(key.lower(), p)), None)
+
+
+def presence_only(key: str) -> bool:
+    """Whether a key is never a dimension whatever the rules (its presence is all a report reads of it)."""
+    return key.startswith(OWN_PREFIX) or key in BUILTIN_KEYS or timing_pattern(key) is not None
+
+
+def column_name(source: str, key: str) -> str:
+    """The attribute file's column of a key of a source."""
+    return f"{source}/{key}"
+
+
+def request_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
+    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice: `split_by_key`
+    reads one);
+    `facts_rows` is a query of the facts rows (rid, trace_id, span_id, start_ns); $lo / $hi bound the span start
+    times read."""
+    return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN {spans} s "
+            "ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
+            "WHERE s.IsRequest AND ($lo IS NULL OR s.TimestampNs >= $lo) AND ($hi IS NULL OR s.TimestampNs < $hi)")
+
+
+def stage_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
+    """DuckDB SQL of (rid, k, v): each key of a request's stage spans (the spans of its trace with a stage starting in
+    its hour or the hour on each side, the spans its request model reads) that they all agree on; $lo / $hi (the
+    frame's span time bounds, None: the whole store) only narrow the scan: the request's hours bound the spans."""
+    hour = M.HOUR_NS
+    return (f"WITH f AS ({facts_rows}), "
+            f"st AS (SELECT TraceId AS t, TimestampNs AS ts, unnest(map_keys(SpanAttributes)) AS k, "
+            f"unnest(map_values(SpanAttributes)) AS v FROM {spans} WHERE Stage IS NOT NULL AND NOT IsRequest "
+            "AND TraceId IN (SELECT trace_id FROM f) "
+            f"AND len(list_filter(map_keys(SpanAttributes), lambda x: NOT starts_with(x, '{OWN_PREFIX}'))) > 0 "
+            f"AND ($lo IS NULL OR TimestampNs >= ($lo // {hour}) * {hour} - {hour}) "
+            f"AND ($hi IS NULL OR TimestampNs < (($hi - 1) // {hour}) * {hour} + {2 * hour})) "
+            "SELECT f.rid, st.k, min(st.v) AS v FROM f JOIN st ON st.t = f.trace_id "
+            f"AND st.ts >= (f.start_ns // {hour}) * {hour} - {hour} AND st.ts < (f.start_ns // {hour}) * {hour} + "
+            f"{2 * hour} WHERE NOT starts_with(st.k, '{OWN_PREFIX}') GROUP BY f.rid, st.k HAVING min(st.v) = max(st.v)")
+
+
+def resource_attribute_sql(spans: str = "spans", where: str = "TRUE") -> str:
+    """DuckDB SQL of (replica, k, vs): each replica's resource keys and their distinct values, over its request and
+    worker-stage spans (the serving process) in `spans` meeting `where`; $lo / $hi bound the span start times read."""
+    worker = ", ".join(f"'{s}'" for s in M.WORKER_STAGES)
+    return ("SELECT Replica, k, list(DISTINCT v) AS vs FROM (SELECT Replica, unnest(map_keys(ResourceAttributes)) "
+            f"AS k, unnest(map_values(ResourceAttributes)) AS v FROM {spans} WHERE Replica IS NOT NULL "
+            f"AND (IsRequest OR Stage IN ({worker})) AND ({where}) "
+            "AND ($lo IS NULL OR TimestampNs >= $lo) AND ($hi IS NULL OR TimestampNs < $hi)) "
+            f"WHERE NOT starts_with(k, '{OWN_PREFIX}') GROUP BY Replica, k")
+
+
+def split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
+    """key -> (row ids, values) of a long (rid, k, v) table, or of a (rid, a) table of attribute maps; the values of
+    presence-only keys are None (`presence_only`: counted, never coded)."""
+    if table.num_rows == 0:
+        return {}
+    rid = to_numpy(table.column("rid")).astype(np.int64)
+    if "a" in table.column_names:  # one map per row: its entries, each with its row's id
+        first, at = np.unique(rid, return_index=True)
+        if first.size < rid.size:  # a request span delivered twice: its first map
+            at.sort()
+            table, rid = table.take(from_numpy(at)), rid[at]
+        maps = table.column("a").combine_chunks()
+        offsets = to_numpy(maps.offsets)
+        rid = np.repeat(rid, np.diff(offsets))
+        key_col, vals = maps.keys, maps.items
+        if offsets[0] != 0 or offsets[-1] != len(key_col):
+            key_col, vals = key_col.slice(offsets[0], offsets[-1] - offsets[0]), vals.slice(
+                offsets[0], offsets[-1] - offsets[0])
+    else:
+        key_col, vals = table.column("k").combine_chunks(), table.column("v").combine_chunks()
+    if vals.null_count:  # an entry without a value is no value
+        ok = to_numpy(vals.is_valid())
+        rid, key_col, vals = rid[ok], key_col.filter(vals.is_valid()), vals.filter(vals.is_valid())
+    keys = pc.dictionary_encode(key_col)
+    kidx = to_numpy(keys.indices)
+    small = kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx  # a radix sort
+    order = np.argsort(small, kind="stable")
+    bounds = np.searchsorted(small[order], np.arange(len(keys.dictionary) + 1))
+    out: dict[str, tuple[I64, pa.Array | None]] = {}
+    for i, key in enumerate(keys.dictionary.to_pylist()):
+        sel = order[bounds[i]:bounds[i + 1]]
+        out[str(key)] = (rid[sel], None if presence_only(str(key)) else vals.take(from_numpy(sel)))
+    return out
+
+
+def attributes_path(requests_file: Path) -> Path:
+    """The attribute file beside a materialized requests file (the same <key>)."""
+    return requests_file.with_name(ATTRIBUTES_PREFIX + requests_file.name.removeprefix("requests-"))
+
+
+def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, requests_file: Path, final: Path) -> Path:
+    """Write the attribute file of the requests in `requests_file` (read from `spans`, a FROM item of the spans
+    its requests were built from) as `final`, with the resource values of the replicas in the spans starting in
+    the hour `hour_ns` in its metadata (RESOURCE_KEY); crash-safe (temp, fsync, rename)."""
+    facts = (f"SELECT file_row_number AS rid, trace_id, span_id, start_ns FROM "
+             f"read_parquet({M.quote(str(requests_file))}, file_row_number = true, hive_partitioning = false)")
+    n = int(con.execute(f"SELECT count(*) FROM ({facts})").fetchall()[0][0])
+    columns: dict[str, pa.Array] = {ROW_COLUMN: pa.array(np.arange(n, dtype=np.int64))}
+    for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
+        # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
+        by_key = split_by_key(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_table())
+        for key in sorted(by_key):
+            rows, values = by_key[key]
+            if values is None:
+                present = np.zeros(n, dtype=bool)
+                present[rows] = True
+                columns[column_name(source, key)] = pa.array(present, mask=~present)
+                continue
+            at = np.full(n, -1, dtype=np.int64)
+            at[rows] = np.arange(rows.size)
+            columns[column_name(source, key)] = values.take(pa.array(at, mask=at < 0))
+    resource = con.sql(resource_attribute_sql(spans), params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).fetchall()
+    meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource))}
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(pa.table(columns).replace_schema_metadata(meta), tmp, compression="zstd", compression_level=1,
+                       row_group_size=1 << 20)
+        fsync_path(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+#: Changes whenever the file's layout or the rules of the values it holds change (a part of every hour's key).
+LAYOUT: Final = "attributes 1: one row per request, <source>/<key> columns; " + request_attribute_sql(
+    "f", "spans") + stage_attribute_sql("f", "spans") + ",".join(sorted(BUILTIN_KEYS)) + ",".join(TIMING_PATTERNS)
+
+
+@dataclass
+class StoredValues:
+    """The attribute values of the frame's rows read from attribute files: by source, key -> (frame positions,
+    values or None for a presence-only key); `live_where` picks (SQL on `rid`) the rows to read from the spans."""
+
+    by_source: dict[str, dict[str, list[tuple[I64, pa.Array | None]]]] = field(default_factory=dict)
+    live_where: str = "TRUE"
+    #: whether no frame row is left to read from the spans
+    all_stored: bool = False
+    #: hour -> the resource rows (replica, key, values) of its own spans, of every hour with an attribute file
+    resource: dict[int, list[tuple[str, str, list[str]]]] = field(default_factory=dict)
+
+
+#: A view of the stored request files a connection reads, (n, path): their rows' ids are n << ROW_ID_FILE_SHIFT | row.
+FILES_VIEW: Final = "_request_files_stored"
+
+
+def files_view_sql(stored: list[str]) -> str:
+    """SQL of FILES_VIEW over the stored request files (numbered from 1, as their rows' ids are)."""
+    if not stored:
+        return "SELECT NULL::BIGINT AS n, NULL::VARCHAR AS path WHERE false"
+    return "SELECT * FROM (VALUES " + ", ".join(f"({i}, {M.quote(f)})" for i, f in enumerate(stored, 1)) + \
+        ") t(n, path)"
+
+
+def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) -> StoredValues | None:
+    """The request and stage attribute values of the frame's rows (store row ids: file number << `shift` | row)
+    whose hour has an attribute file; None when the connection reads no stored hour."""
+    try:
+        files = con.execute(f"SELECT n, path FROM {FILES_VIEW}").fetchall()
+    except duckdb.Error:
+        return None
+    out = StoredValues(by_source={s: {} for s in REQUEST_SOURCES})
+    file_of = frame_rid >> shift
+    covered: list[int] = []
+    for number, path in files:
+        attr = attributes_path(Path(path))
+        positions = np.flatnonzero(file_of == number)
+        rows = frame_rid[positions] & ((1 << shift) - 1)
+        try:  # a file swept since the snapshot (or unreadable): its hour's values are read from the spans
+            schema = pq.read_schema(attr)
+            rows_meta = json.loads((schema.metadata or {}).get(RESOURCE_KEY.encode(), b"[]"))
+            names = [c for c in schema.names if c != ROW_COLUMN]
+            # ParquetFile, not read_table: that one imports pandas (0.14 CPU-s) for metadata these files never have
+            table = pq.ParquetFile(attr, read_dictionary=[c for c in names if not pa.types.is_boolean(
+                schema.field(c).type)]).read(columns=names or [ROW_COLUMN], use_pandas_metadata=False) if (
+                positions.size) else None
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        if table is not None and rows.size and int(rows.max()) >= table.num_rows:
+            continue  # not the rows of this requests file
+        covered.append(int(number))
+        out.resource[hour_of_dir(attr.parent)] = [(str(r), str(k), list(vs)) for r, k, vs in rows_meta]
+        if table is None or not names:
+            continue
+        whole = rows.size == table.num_rows and bool(np.all(rows == np.arange(rows.size)))
+        if not whole:
+            table = table.take(from_numpy(rows))
+        for name in names:
+            source, _, key = name.partition("/")
+            col = table.column(name)
+            if col.null_count == 0:  # on every request: no mask to apply
+                out.by_source.setdefault(source, {}).setdefault(key, []).append(
+                    (positions, None if pa.types.is_boolean(col.type) else col))
+                continue
+            valid = to_numpy(col.is_valid())
+            if not valid.any():
+                continue
+            values = None if pa.types.is_boolean(col.type) else col.drop_null()
+            out.by_source.setdefault(source, {}).setdefault(key, []).append((positions[valid], values))
+    if not covered:
+        return out
+    out.live_where = f"(rid >> {shift}) NOT IN ({', '.join(map(str, covered))})"
+    out.all_stored = bool(np.isin(file_of, np.array(covered, dtype=np.int64)).all())
+    return out
+
+
+def dictionary_parts(parts: list[pa.Array | pa.ChunkedArray]) -> tuple[pa.Array, I64]:
+    """(distinct values, each value's index into them) of the values of `parts` in order: plain arrays or
+    dictionary-coded ones (a file's), with only the values used kept."""
+    dicts: list[pa.Array] = []
+    idxs: list[I64] = []
+    for part in parts:
+        chunks = part.chunks if isinstance(part, pa.ChunkedArray) else [part]
+        for chunk in chunks:
+            enc = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            d = enc.dictionary
+            dicts.append(d.cast(pa.string()) if not pa.types.is_string(d.type) else d)
+            idxs.append(to_numpy(enc.indices).astype(np.int64))
+    if not dicts:
+        return strings([]), np.zeros(0, dtype=np.int64)
+    if len(dicts) == 1:
+        uniq, idx = dicts[0], idxs[0]
+    else:
+        merged = pc.dictionary_encode(pa.concat_arrays(dicts))
+        remap = to_numpy(merged.indices).astype(np.int64)
+        offs = np.cumsum([0] + [len(d) for d in dicts])
+        idx = np.concatenate([remap[offs[i] + x] for i, x in enumerate(idxs)])
+        uniq = merged.dictionary
+    seen = np.bincount(idx, minlength=len(uniq)) > 0
+    if seen.all():
+        return uniq, idx
+    used = np.flatnonzero(seen)
+    remap = np.cumsum(seen) - 1
+    return uniq.take(from_numpy(used)), remap[idx].astype(np.int64)
+
+
+def stored_sum(parts: list[tuple[I64, Any]]) -> int:
+    """How many frame rows the parts hold."""
+    return int(sum(p.size for p, _ in parts))
+
+
+def resource_rows(con: duckdb.DuckDBPyConnection, stored: StoredValues | None, lo: int | None, hi: int | None
+                  ) -> list[tuple[str, str, list[str]]]:
+    """`resource_attribute_sql`'s rows over the spans starting in [lo, hi) (None: unbounded): the hours inside
+    it with an attribute file from the file (their distinct values merged), the others from the spans."""
+    hour = M.HOUR_NS
+    inside = sorted(h for h in (stored.resource if stored is not None else {})
+                    if (lo is None or h >= lo) and (hi is None or h + hour <= hi))
+    where = " AND ".join(f"NOT (TimestampNs >= {h} AND TimestampNs < {h + hour})" for h in inside) or "TRUE"
+    found: dict[tuple[str, str], set[str]] = {}
+    for rep, key, vs in con.sql(resource_attribute_sql("spans", where), params={"lo": lo, "hi": hi}).fetchall():
+        found.setdefault((str(rep), str(key)), set()).update(map(str, vs))
+    for h in inside:
+        assert stored is not None
+        for rep, key, vs in stored.resource[h]:
+            found.setdefault((rep, key), set()).update(vs)
+    return [(rep, key, sorted(vs)) for (rep, key), vs in found.items()]

@@ -1,0 +1,133 @@
+"""Attribute values written with the materialized hours (analysis/engine/attribute_values.py): a report reads the
+same values and says the same thing whether an hour is materialized or computed from the spans; and pairs of an
+attribute with a built-in dimension (k8s.node.name & tenant) are candidates, counted in the family."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis import build_report, connect
+from analysis import report as R
+from analysis.engine import attribute_values as AV
+from analysis.engine.materialize import HOUR_NS, materialize
+from analysis.stats import attributes as A
+from analysis.stats import explain as X
+from tests.analysis.test_attributes import MS, SLOW_NODE, _append, _reference_bucket, node_store
+from tests.factory import T0, hex_id, write
+from tracing import schema as S
+from tracing.rows import SpanBatch
+
+HOURS = 3
+
+
+def hours_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]:
+    """Random requests over three hours with request, stage and resource attributes, some traces with a stage span
+    two hours after their request (outside the hours its model reads), replica r5's rack changing every hour; and
+    each request's value of each key under the rules, written plainly (the reference)."""
+    rng = random.Random(seed)
+    batch = SpanBatch()
+    replicas = [f"r{i}" for i in range(6)]
+    expected: dict[str, dict[str, str]] = {}
+    n = 360
+    for i in range(n):
+        rep = rng.choice(replicas)
+        start = i * (HOURS * HOUR_NS // n) + rng.randint(0, 5000) * MS
+        end = start + rng.randint(50, 500) * MS
+        hour = (T0 + start) // HOUR_NS
+        rack = f"rack-{replicas.index(rep) % 3}" if rep != "r5" else f"rack-h{hour % 7}"
+        res = {"service.name": "llm", "service.instance.id": rep, "host": f"h{replicas.index(rep) // 2}",
+               "rack": rack}
+        attrs = {S.ATTR_REQUEST: "true", "color": rng.choice(["red", "green", "blue"]), S.ATTR_TENANT: "acme"}
+        if rng.random() < 0.7:
+            attrs["n"] = str(rng.choice([0, 1, 3, 17, 100, 4096]))
+        trace, root = hex_id("ht", seed, i, size=32), hex_id("hs", seed, i)
+        _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
+        stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
+        mid = (start + end) // 2
+        for k, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
+            sattrs = {S.ATTR_STAGE: st} | ({"phase": stage_vals[k]} if stage_vals[k] is not None else {})
+            _append(batch, trace, hex_id("hst", seed, i, k), root, st, s0, s1, res, sattrs)
+        if i % 9 == 0:  # a stage span of the trace two hours later: outside the request's hours, not read
+            late = start + 2 * HOUR_NS + HOUR_NS // 2
+            _append(batch, trace, hex_id("late", seed, i), root, "decode", late, late + 10 * MS, res,
+                    {S.ATTR_STAGE: "decode", "phase": "late"})
+        want = {"color": attrs["color"], "host": res["host"]}  # service.name: one value, as the tenant
+        if "n" in attrs:
+            want["n"] = _reference_bucket(float(attrs["n"]))
+        seen = {v for v in stage_vals if v is not None}
+        if len(seen) == 1:
+            want["phase"] = seen.pop()
+        if rep != "r5":  # r5's processes carry a rack per hour: over the store, no one value
+            want["rack"] = rack
+        expected[trace] = want
+    write(path, batch)
+    return path, expected
+
+
+def _values(store: Path, store_rows: bool = True) -> tuple[dict[str, dict[str, str]], A.Attributes]:
+    """Each request's attribute values as the report reads them (trace id -> key -> label)."""
+    con = connect(store)
+    frame, _, facts, _ = R._frame(con, "e2e", None, None, True)
+    builtin = [X.code_dimension(frame, d) for d in X.DIMENSIONS]
+    out = R._attribute_dims(con, f"SELECT rid, trace_id, span_id, start_ns FROM {facts}", {}, frame, builtin,
+                            A.AttributeRules(), None, None, store_rows=store_rows)
+    trace_of = dict(con.sql(f"SELECT rid, trace_id FROM {facts}").fetchall())
+    got: dict[str, dict[str, str]] = {}
+    for k, rid in enumerate(frame.get_column("rid").to_list()):
+        got[str(trace_of[rid])] = {c.name: c.labels[c.codes[k]] for c in out.coded if c.codes[k] >= 0}
+    con.close()
+    return got, out
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Path, seed: int) -> None:
+    store, expected = hours_store(tmp_path / "s", seed)
+    live, live_attrs = _values(store)
+    assert live == expected
+    first = materialize(store, settled_before_ns=(T0 // HOUR_NS + 2) * HOUR_NS)  # the first hour only: mixed
+    assert len(first) == 1 and AV.attributes_path(first[0]).is_file()
+    mixed, mixed_attrs = _values(store)
+    materialize(store)
+    stored, stored_attrs = _values(store)
+    assert mixed == expected and stored == expected
+    for attrs in (mixed_attrs, stored_attrs):
+        _same(attrs.to_json(), live_attrs.to_json())
+    # a caller's own rows (not the store's row ids) are read from the spans, to the same values
+    assert _values(store, store_rows=False)[0] == expected
+
+
+def test_the_report_is_the_same_with_and_without_materialized_hours(tmp_path: Path) -> None:
+    store, _ = hours_store(tmp_path / "h", 4)
+    windows = [(None, None), (T0 + HOUR_NS // 2, T0 + 5 * HOUR_NS // 2), (T0 + HOUR_NS, T0 + 2 * HOUR_NS)]
+    live = [build_report(connect(store), since=a, until=b) for a, b in windows]
+    materialize(store)
+    for (a, b), want in zip(windows, live, strict=True):
+        _same(build_report(connect(store), since=a, until=b), want)
+    # within one hour r5's processes agree on a rack: a value there, none over the store
+    one_hour = next(c for c in live[2]["attributes"]["considered"] if c["attribute"] == "rack")
+    over_all = next(c for c in live[0]["attributes"]["considered"] if c["attribute"] == "rack")
+    assert one_hour["requests"] == live[2]["values"] and over_all["requests"] < live[0]["values"]
+
+    nodes = node_store(tmp_path / "n")
+    before = build_report(connect(nodes))
+    materialize(nodes)
+    after = build_report(connect(nodes))
+    _same(after, before)
+    assert after["spikes"][0]["dimensions"][0]["value"] == SLOW_NODE
+
+
+def test_a_store_without_attributes_reads_no_value() -> None:
+    assert AV.presence_only("tailscope.request") and AV.presence_only("gen_ai.request.model")
+    assert AV.presence_only("server.duration_ms") and not AV.presence_only("k8s.node.name")
+
+
+TENANTS = ["acme", "globex", "initech"]
