@@ -243,7 +243,7 @@ def fill_materialized(client: Any) -> dict[str, Any]:
     return out
 
 
-def _without_export_keys(report: Mapping[str, Any]) -> dict[str, Any]:
+def without_export_keys(report: Mapping[str, Any]) -> dict[str, Any]:
     """The report without the skipped attributes the export may add (keys of the built-ins and tailscope's own)."""
     attrs = dict(report.get("attributes") or {})
     attrs["skipped"] = [s for s in attrs.get("skipped", []) if s["reason"] not in ("builtin", "tailscope")]
@@ -318,7 +318,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["equal"] = None if sampled else ch == duck
         # a store written without the promoted keys in its maps (the synthetic one) is exported with them (the table
         # must carry them for ClickHouse to promote): ClickHouse then lists them as skipped built-in keys too
-        out["equal_but_export_keys"] = None if sampled else _without_export_keys(ch) == _without_export_keys(duck)
+        out["equal_but_export_keys"] = None if sampled else without_export_keys(ch) == without_export_keys(duck)
         out["report_sha256"] = hashlib.sha256(json.dumps(ch, sort_keys=True).encode()).hexdigest()[:16]
         out["chdb_spikes"] = len(ch["spikes"])
     if materialized:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_clickhouse import without_export_keys
 from benchmarks.bench_report import make_store
 
 
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         out.append({k: v for k, v in r.items() if k != "report"} | {
             "ratio_to_newest": round(r["report_s"] / anchor["report_s"], 2),
-            "equal_to_newest": r["report"] == anchor["report"], "equal_to_duckdb": r["report"] == duck})
+            "equal_to_newest": r["report"] == anchor["report"],
+            # the synthetic store keeps the built-ins in columns only; the export writes them into the maps too
+            "equal_to_duckdb": without_export_keys(r["report"]) == without_export_keys(duck)})
     load = round(os.getloadavg()[0], 1)
     if a.json:
         print(json.dumps({"spans": a.spans, "load_1min": load, "releases": out}))
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in out:
         print(f"{r['release']:>7} ({r['version']}): export {r['export_s']} s, report {r['report_s']} s, "
               f"x{r['ratio_to_newest']} the newest; equal to the newest {r['equal_to_newest']}, "
-              f"to DuckDB {r['equal_to_duckdb']}")
+              f"to DuckDB (the export's keys aside) {r['equal_to_duckdb']}")
 
 
 if __name__ == "__main__":
