@@ -207,6 +207,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a small file through a temp name and os.replace, fsynced, so a crash leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def require_pyarrow(what: str) -> None:
     """Raise MissingExtra (one line naming the `store` extra) unless pyarrow can be imported."""
     try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping as AnyMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,13 +245,10 @@ def load_text(text: str, where: str) -> Mapping:
 
 def save(store: Path | str, mapping: Mapping) -> Path:
     """Write the mapping into the store (temporary file, fsync, rename: a reader sees the old or the new)."""
-    from tracing.store import fsync_path
+    from tracing.store import fsync_path, write_atomic
 
     path = map_path(store)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(mapping.to_json(), indent=2) + "\n")
-    fsync_path(tmp)
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(mapping.to_json(), indent=2) + "\n").encode())
     fsync_path(path.parent)
     return path
 

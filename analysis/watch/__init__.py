@@ -37,10 +37,9 @@ from analysis.watch.reading import open_range, read_rows, segment_files_between
 from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Config, Event, alert_id, spike_url
 from analysis.watch.replay import replay, replay_json
 from analysis.watch.rules import WATCH_METRICS, Rule, load_rules, parse_rule, parse_rules
-from analysis.watch.state import AlertStore, alerts_frame, list_alerts, write_atomic
+from analysis.watch.state import AlertStore, alerts_frame, list_alerts
 
 __all__ = ["ALERTS_DIR", "ALERT_VERSION", "WATCH_METRICS", "AlertStore", "Config", "Deliverer", "Event",
            "LiveWatch", "Outbox", "Receiver", "Rule", "Watcher", "alert_id", "alerts_frame", "evaluate_rule",
            "list_alerts", "load_rules", "open_range", "parse_rule", "parse_rules", "read_rows", "receivers_from",
-           "replay", "replay_json", "segment_files_between", "spike_url", "summary_line", "weights_of_rows",
-           "write_atomic"]
+           "replay", "replay_json", "segment_files_between", "spike_url", "summary_line", "weights_of_rows"]

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Event, alert_description, alert_labels, alert_summary
-from analysis.watch.state import write_atomic
 from tracing.errors import QueryError
+from tracing.store import write_atomic
 
 #: Version of the webhook payload (the alert record inside has its own `version`).
 WEBHOOK_VERSION: Final = ALERT_VERSION

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +12,7 @@ from analysis.engine.percentiles import parse_time
 from analysis.watch.records import ALERT_VERSION, ALERTS_DIR, Config
 from analysis.watch.rules import NS
 from tracing.errors import StoreError
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file through a temp name and os.replace, fsynced, so a crash leaves the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+from tracing.store import write_atomic
 
 
 class AlertStore:
