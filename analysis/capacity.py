@@ -482,18 +482,46 @@ def reactive(arrivals: I64, services: I64, slots: int, replicas: int, max_replic
 
 
 def reactive_batched(arrivals: I64, base: npt.NDArray[Any], slots: int, replicas: int, max_replicas: int,
-                     cold_start_ns: int, table: npt.NDArray[np.float64] | None = None) -> tuple[I64, I64, list[int]]:
+                     cold_start_ns: int, table: npt.NDArray[np.float64] | None = None,
+                     kernel: ctypes.CDLL | None = None) -> tuple[I64, I64, list[int]]:
     """`reactive` with a service time that depends on the batch joined (as `replay_batched`): latency and service
-    of each request, and the start times of the replicas added.
+    of each request, and the start times of the replicas added. Arrivals sorted ascending.
 
     Without `table` each request runs its service `base` (integers) as observed. With it, request j beginning
     with m requests in service joins a batch of b = min(m // ready + 1, len(table) - 1), `ready` the replicas
     serving then (a replica still in its cold start serves nothing), and runs int(base[j] * table[b]).
+    The C kernel's `reactive_replay` when built, else `reactive_batched_py`: the same numbers.
     """
     if replicas < 1 or slots < 1 or max_replicas < replicas or cold_start_ns < 0:
         raise ValueError("need replicas >= 1, slots >= 1, max_replicas >= replicas, cold_start_ns >= 0")
     if table is not None and np.asarray(table).size < 2:
         raise ValueError("need a table of at least 2 factors")
+    lib = kernel if kernel is not None else load_kernel()
+    if lib is None or not hasattr(lib, "reactive_replay"):
+        return reactive_batched_py(arrivals, base, slots, replicas, max_replicas, cold_start_ns, table)
+    a = np.ascontiguousarray(arrivals, dtype=np.int64)
+    n, cap = int(a.size), max_replicas * slots
+    s = np.ascontiguousarray(base, dtype=np.int64) if table is None else np.zeros(1, dtype=np.int64)
+    b = np.ascontiguousarray(base, dtype=np.float64) if table is not None else np.zeros(1)
+    t = np.ascontiguousarray(table if table is not None else np.zeros(2), dtype=np.float64)
+    lat, svc = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    added, nadded = np.empty(max_replicas, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    heap, ends = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
+    p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+    rc = lib.reactive_replay(a.ctypes.data_as(p), s.ctypes.data_as(p), b.ctypes.data_as(d), n, int(slots),
+                             int(replicas), int(max_replicas), int(cold_start_ns),
+                             t.ctypes.data_as(d) if table is not None else None, t.size, lat.ctypes.data_as(p),
+                             svc.ctypes.data_as(p), added.ctypes.data_as(p), nadded.ctypes.data_as(p),
+                             heap.ctypes.data_as(p), ends.ctypes.data_as(p))
+    if rc != 0:
+        raise ValueError("the replay kernel refused its input")
+    return lat, svc, added[:int(nadded[0])].tolist()
+
+
+def reactive_batched_py(arrivals: I64, base: npt.NDArray[Any], slots: int, replicas: int, max_replicas: int,
+                        cold_start_ns: int, table: npt.NDArray[np.float64] | None = None
+                        ) -> tuple[I64, I64, list[int]]:
+    """`reactive_batched` in Python (no C kernel): the same loop, the same numbers."""
     a_list = np.asarray(arrivals, dtype=np.int64).tolist()
     b_list = (np.asarray(base, dtype=np.int64) if table is None else np.asarray(base, dtype=np.float64)).tolist()
     tab = None if table is None else np.asarray(table, dtype=np.float64).tolist()

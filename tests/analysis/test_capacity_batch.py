@@ -21,6 +21,7 @@ from analysis.capacity import (
     predict_at,
     reactive,
     reactive_batched,
+    reactive_batched_py,
     replay_batched,
     replay_batched_py,
     scale_up,
@@ -55,7 +56,10 @@ def test_batched_replay_equals_the_discrete_event_reference() -> None:
 
 
 def test_reactive_batched_equals_the_discrete_event_reference() -> None:
-    """Scale-up with the relation against the reference's scans; a table of ones is the fixed-time `reactive`."""
+    """Scale-up with the relation (the C kernel and the Python loop) against the reference's scans; without a table,
+    the fixed-time `reactive`, as the reference with a table of ones."""
+    kernel = load_kernel()
+    need_c(kernel is not None and hasattr(kernel, "reactive_replay"), "the C replay kernel analysis._replay")
     rng = random.Random(17)
     for _ in range(400):
         n = rng.randint(1, 30)
@@ -63,12 +67,17 @@ def test_reactive_batched_equals_the_discrete_event_reference() -> None:
         arrivals = sorted(rng.randint(0, 40) for _ in range(n))
         base = [rng.choice([0.0, rng.uniform(0, 15)]) for _ in range(n)]
         table = [0.0] + [1 + rng.uniform(-0.3, 0.8) * (b - 1) for b in range(1, slots + 1)]
-        lat, svc, added = reactive_batched(np.asarray(arrivals), np.asarray(base), slots, replicas,
-                                           replicas + extra, cold, np.asarray(table))
-        assert (lat.tolist(), svc.tolist(), added) == reactive_latencies(arrivals, base, slots, replicas,
-                                                                         replicas + extra, cold, table)
+        want = reactive_latencies(arrivals, base, slots, replicas, replicas + extra, cold, table)
+        args = (np.asarray(arrivals), np.asarray(base), slots, replicas, replicas + extra, cold, np.asarray(table))
+        for lat, svc, added in (reactive_batched(*args, kernel=kernel), reactive_batched_py(*args)):
+            assert (lat.tolist(), svc.tolist(), added) == want
         whole = [int(b) for b in base]
         want = reactive_latencies(arrivals, whole, slots, replicas, replicas + extra, cold, [1.0] * (slots + 1))
+        for lat, svc, added in (reactive_batched(np.asarray(arrivals), np.asarray(whole), slots, replicas,
+                                                 replicas + extra, cold, kernel=kernel),
+                                reactive_batched_py(np.asarray(arrivals), np.asarray(whole), slots, replicas,
+                                                    replicas + extra, cold)):
+            assert (lat.tolist(), svc.tolist(), added) == want
         fixed = reactive(np.asarray(arrivals), np.asarray(whole), slots, replicas, replicas + extra, cold)
         assert (fixed[0].tolist(), fixed[1]) == (want[0], want[2])
 
