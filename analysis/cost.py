@@ -112,10 +112,11 @@ FROM {spans} WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
     steps["_cost_gpu"] = f"""
 SELECT g.TraceId AS TraceId, g.replica AS replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
        coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
-FROM (SELECT g.* FROM _cost_st g
+FROM (SELECT g.* FROM _cost_st g WHERE g.Stage IN ({PARTS}) AND least(g.e, $hi) > greatest(g.s, $lo)
+      UNION ALL
+      SELECT g.* FROM _cost_st g
       LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
-      WHERE (g.Stage IN ({PARTS}) OR (g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL))
-        AND least(g.e, $hi) > greatest(g.s, $lo)) g
+      WHERE g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL AND least(g.e, $hi) > greatest(g.s, $lo)) g
 LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
 LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
 LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"""
@@ -177,7 +178,7 @@ UNION ALL SELECT replica, last_ns, 0, 0, NULL, 0.0 FROM _cost_observed{grid_even
         nw = ",\n       sum(sum(dw)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nw"
     # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
     nxt = d.lead("t", "replica", "t")
-    steps["_cost_segs"] = f"""
+    segs = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
        sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
        sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
@@ -192,7 +193,7 @@ SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING)
 FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
              CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {share} ELSE 0 END AS q,
              CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {remainder} ELSE 0 END AS r
-      FROM _cost_segs)"""
+      FROM ({segs}))"""
     if grid:
         cells = d.grid_cells(idiv("i.s", "$grid") + " * $grid", "i.e", "b0")
         steps["_cost_pieces"] = f"""
