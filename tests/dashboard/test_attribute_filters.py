@@ -69,6 +69,19 @@ def test_analysis_lists_the_node_and_filters_to_exactly_its_requests(
         con.close()
 
 
+def _plain_count_where(store: Path, replicas: list[str], key: str, values: list[str]) -> int:
+    """Requests on `replicas` whose own span holds `key` with one of `values` (a plain join)."""
+    con = connect(store)
+    try:
+        row = con.execute("SELECT count(*) FROM requests r JOIN spans s ON s.TraceId = r.trace_id AND s.SpanId = "
+                          "r.span_id WHERE s.IsRequest AND list_contains(?, r.replica) AND list_contains(?, "
+                          "s.SpanAttributes[?])", [replicas, values, key]).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0])
+
+
 def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[Path, dict[str, str]],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     store, nodes = fleet_store
@@ -78,24 +91,48 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     everything = _metric(at, "requests")
-    assert not [s for s in at.sidebar.selectbox if s.key == "f_attr"]  # off until asked for
+    assert not [s for s in at.sidebar.multiselect if s.key == "f_attrs"]  # off until asked for
     at.toggle(key="f_attr_on").set_value(True).run()
-    assert NODE_KEY in at.selectbox(key="f_attr").options
-    at.selectbox(key="f_attr").select(NODE_KEY).run()
+    assert NODE_KEY in at.multiselect(key="f_attrs").options
+    at.multiselect(key="f_attrs").select(NODE_KEY).run()
     at.multiselect(key=f"f_attr_values:{NODE_KEY}").select(NODE).run()
     assert not at.exception, [e.message for e in at.exception]
     assert _metric(at, "requests") == want != everything
     # the URL holds the filter, and a link with it opens the same view
     held = {k: v if isinstance(v, list) else [v] for k, v in at.query_params.items()}
     assert held[links.ATTR] == [NODE_KEY] and held[links.ATTR_VALUE] == [NODE]
-    url = links.url("overview", Filters(attribute=AttributeFilter(NODE_KEY, "resource", (NODE,))), FILTER_DIMENSIONS)
+    url = links.url("overview", Filters(attributes=(AttributeFilter(NODE_KEY, "resource", (NODE,)),)),
+                    FILTER_DIMENSIONS)
     again = AppTest.from_file(str(APP), default_timeout=120)
     for key, values in parse_qs(url.split("?", 1)[1]).items():
         again.query_params[key] = values
     again.run()
     assert not again.exception, [e.message for e in again.exception]
-    assert again.selectbox(key="f_attr").value == NODE_KEY
+    assert again.multiselect(key="f_attrs").value == [NODE_KEY]
     assert _metric(again, "requests") == want
+    # a second attribute narrows further (AND across keys), two of its values widen it (OR within a key)
+    stream = "gen_ai.request.stream"
+    at.multiselect(key="f_attrs").select(stream).run()
+    at.multiselect(key=f"f_attr_values:{stream}").select("true").run()
+    assert not at.exception, [e.message for e in at.exception]
+    on_node = [r for r, n in nodes.items() if n == NODE]
+    both = _plain_count_where(store, on_node, stream, ["true"])
+    assert 0 < both < _plain_count(store, on_node)
+    assert _metric(at, "requests") == format(both, ",")
+    at.multiselect(key=f"f_attr_values:{stream}").select("false").run()
+    assert _metric(at, "requests") == format(_plain_count_where(store, on_node, stream, ["false", "true"]), ",")
+    # several filters travel as `attr.<key>`, and a link with them opens the same view
+    held = {k: v if isinstance(v, list) else [v] for k, v in at.query_params.items()}
+    assert held[links.ATTR_PREFIX + NODE_KEY] == [NODE] and held[links.ATTR_PREFIX + stream] == ["false", "true"]
+    assert links.ATTR not in held and links.ATTR_VALUE not in held
+    third = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in held.items():
+        third.query_params[key] = values
+    third.run()
+    assert not third.exception, [e.message for e in third.exception]
+    assert third.multiselect(key="f_attrs").value == [NODE_KEY, stream]
+    assert third.multiselect(key=f"f_attr_values:{stream}").value == ["false", "true"]
+    assert _metric(third, "requests") == _metric(at, "requests")
 
 
 @pytest.mark.parametrize(("page", "prefix"), [("app_pages/replicas.py", "replica"), ("app_pages/shape.py", "shape")])
@@ -133,5 +170,5 @@ def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tu
         at.query_params[key] = values
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    assert at.selectbox(key="f_attr").value == NODE_KEY
+    assert at.multiselect(key="f_attrs").value == [NODE_KEY]
     assert at.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [NODE]
