@@ -561,14 +561,21 @@ def by_attribute(_db: Bench, store: str, version: int, filters: Filters, metric:
 
 
 def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) -> None:
-    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a table."""
-    from dashboard import formats
+    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a chart (p99
+    bars, p50 ticks, outliers marked, slowest first) and a table."""
+    from dashboard import charts, formats
 
     df = by_attribute(db, str(db.store), db.version, f, metric, key)
     if df.empty:
         st.info("No requests match the filters.")
         return
-    df = df.sort_values("p99_ms", ascending=False)
+    df = df.sort_values(["p99_ms", "value"], ascending=[False, True])
+    # the chart's requests: what the stored ones stand for (the table shows both counts when sampled)
+    weighted = df["requests_weighted"] if "requests_weighted" in df.columns else df["requests"]
+    st.altair_chart(charts.replica_chart(df.assign(requests=weighted), "value", key), width="stretch",
+                    key=f"by_attr_chart_{title}")
+    st.caption(f"Per value of {key}: bars p99 (red: an outlier, more than 3 robust deviations and 20% above the "
+               "values' median p99), ticks p50; (none): requests without a value.")
     cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective")
             if c in df.columns]
     st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={

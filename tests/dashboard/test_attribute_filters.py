@@ -3,6 +3,7 @@ requests, the filter travels in a link, and the attribute list comes from analys
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -149,6 +150,11 @@ def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monke
     want = {node: _plain_count(store, [r for r, n in nodes.items() if n == node]) for node in set(nodes.values())}
     got = dict(zip(table["value"], table["requests"], strict=True))
     assert got == {n: c for n, c in want.items() if c}
+    # beside it a chart of the same values, slowest first, on an axis named by the attribute
+    spec = json.loads(at.get("vega_lite_chart")[-1].proto.spec)
+    x = spec["layer"][0]["encoding"]["x"]
+    assert x["title"] == NODE_KEY and x["sort"] == list(table["value"])
+    assert list(table["p99_ms"]) == sorted(table["p99_ms"], reverse=True)
 
 
 
