@@ -79,23 +79,29 @@ def where_all(filters: Sequence[AttributeFilter], alias: str = "", d: Dialect = 
 
 
 def attribute_choices(con: duckdb.DuckDBPyConnection, source: str = "requests",
-                      rules: A.AttributeRules | None = None) -> dict[str, dict[str, Any]]:
+                      rules: A.AttributeRules | None = None, store_rows: bool = False) -> dict[str, dict[str, Any]]:
     """Every attribute the report considers over the requests of relation `source` (analysis.stats.attributes'
     skip rules beside the six built-in dimensions, with the report's patterns unless `rules`), as
-    key -> {"source", "kind", "values": [label], "ranges": {label: (lo, hi)}}."""
+    key -> {"source", "kind", "values": [label], "ranges": {label: (lo, hi)}}. `store_rows`: `source` has a `rid`
+    column of the store's row ids (analysis.engine.connect: a materialized hour's file and row), so the values
+    written with the materialized hours are read, as the report reads them, not computed from the spans."""
+    from analysis.engine.attribute_values import stored_values
+    from analysis.engine.connect import ROW_ID_FILE_SHIFT
     from analysis.report import attribute_rules  # the report's settings (it does not import this module)
 
     table = "_tailscope_attr_choice_rows"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT (row_number() OVER (ORDER BY trace_id, span_id) "
-                f"- 1) AS rid, trace_id, span_id, start_ns, {', '.join(X.DIMENSIONS)} FROM {source}")
+    rid = "rid" if store_rows else "(row_number() OVER (ORDER BY trace_id, span_id) - 1)"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {rid} AS rid, trace_id, span_id, start_ns, "
+                f"{', '.join(X.DIMENSIONS)} FROM {source}")
     try:
         got = pl.from_arrow(con.sql(f"SELECT * FROM {table} ORDER BY rid").to_arrow_table())
         assert isinstance(got, pl.DataFrame)
         builtin = [X.code_dimension(got, d) for d in X.DIMENSIONS]
         replica = next(c for c in builtin if c.name == "replica")
-        rid = got.get_column("rid").to_numpy().astype(np.int64)
-        found = A.read_attributes(con, f"SELECT rid, trace_id, span_id, start_ns FROM {table}", {}, rid, replica,
-                                  builtin, rules or attribute_rules(), None, None)
+        rids = got.get_column("rid").to_numpy().astype(np.int64)
+        stored = stored_values(con, rids, ROW_ID_FILE_SHIFT) if store_rows else None
+        found = A.read_attributes(con, f"SELECT rid, trace_id, span_id, start_ns FROM {table}", {}, rids, replica,
+                                  builtin, rules or attribute_rules(), None, None, stored=stored)
     finally:
         con.execute(f"DROP TABLE IF EXISTS {table}")
     return choices_of(found)

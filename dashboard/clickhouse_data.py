@@ -47,6 +47,8 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "batching": "the relation of service time to batch size is computed on DuckDB only",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
+    "attribute_listing": "listing the attributes runs the report's attribute pass over the whole table, so it "
+                         "waits until asked",
 }
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0

@@ -33,6 +33,8 @@ CAPABILITIES: Final[dict[str, str]] = {
     "spike_marks": "the report's spikes without their explanations (else the full report is computed once)",
     "segments": "a store's segment files: how the store is (analysis.engine.store_status, `tailscope store`)",
     "attribute_filters": "filtering by any attribute the report considers (analysis.attribute_filters)",
+    "attribute_listing": "listing the attributes cheaply enough to offer them without being asked (a store reads "
+                         "its materialized hours' attribute files)",
 }
 
 

@@ -73,11 +73,12 @@ def _attribute_control(db: data.Bench) -> tuple[data.AttributeFilter, ...]:
     if not db.can("attribute_filters"):
         st.caption(f"Attribute filters: {db.missing('attribute_filters')}.")
         return ()
-    if links.linked_attribute():  # a shared link's attribute filter turns the control on, on a first run
-        st.session_state["f_attr_on"] = True
-    # off until asked for: listing the attributes reads every span's attributes (the report's attribute pass)
-    if not st.toggle("Filter by attribute", key="f_attr_on", help="any attribute the report considers"):
-        return ()
+    if not db.can("attribute_listing"):  # listing costs the report's attribute pass: off until asked for
+        if links.linked_attribute():  # a shared link's attribute filter turns the control on, on a first run
+            st.session_state["f_attr_on"] = True
+        if not st.toggle("Filter by attribute", key="f_attr_on",
+                         help=f"any attribute the report considers ({db.missing('attribute_listing')})"):
+            return ()
     choices = data.attribute_choices(db, str(db.store), db.version)
     if not choices:
         st.caption("No attribute of these requests is a dimension the report considers.")

@@ -92,8 +92,8 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     everything = _metric(at, "requests")
-    assert not [s for s in at.sidebar.multiselect if s.key == "f_attrs"]  # off until asked for
-    at.toggle(key="f_attr_on").set_value(True).run()
+    # on a store the attributes are offered at once (listed from the materialized hours' files, or the spans)
+    assert not [t for t in at.sidebar.toggle if t.key == "f_attr_on"]
     assert NODE_KEY in at.multiselect(key="f_attrs").options
     at.multiselect(key="f_attrs").select(NODE_KEY).run()
     at.multiselect(key=f"f_attr_values:{NODE_KEY}").select(NODE).run()
@@ -143,7 +143,7 @@ def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monke
     monkeypatch.setenv("TAILSCOPE_STORE", str(store))
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.switch_page(page).run()
-    at.toggle(key=f"{prefix}_by_attr").set_value(True).run()
+    assert not [t for t in at.toggle if t.key == f"{prefix}_by_attr"]  # offered at once on a store
     at.selectbox(key=f"{prefix}_attribute").select(NODE_KEY).run()
     assert not at.exception, [e.message for e in at.exception]
     table = at.dataframe[-1].value
@@ -178,3 +178,41 @@ def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tu
     assert not at.exception, [e.message for e in at.exception]
     assert at.multiselect(key="f_attrs").value == [NODE_KEY]
     assert at.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [NODE]
+
+
+def test_the_listing_reads_the_materialized_hours_and_lists_the_same(fleet_store: tuple[Path, dict[str, str]],
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the hours materialized (as ingest leaves them) the dashboard lists the attributes from the files written
+    with them (as the report reads them): the same listing as from the spans (a copy without its materialized
+    hours), which analysis gives too."""
+    import shutil
+
+    from dashboard.data import Workbench
+
+    store, _ = fleet_store
+    assert list(store.glob("requests/*/*/attributes-*.parquet"))
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    shutil.rmtree(copy / "requests")
+    con = connect(copy)
+    try:
+        want = attribute_choices(con)
+    finally:
+        con.close()
+    n = _plain_count(store, list(fleet_store[1]))
+    for path, live in ((store, 0), (copy, n)):
+        wb = Workbench(path.resolve())
+        try:
+            wb.refresh()
+            assert wb.attribute_choices() == want, path
+            # offered at once while few requests are read from the spans; else the sidebar asks first, saying why
+            assert wb.live_requests == live and wb.can("attribute_listing")
+            monkeypatch.setattr("dashboard.data.LISTING_LIVE_REQUESTS", n - 1)
+            assert wb.can("attribute_listing") == (live == 0)
+            assert wb.missing("attribute_listing") == ("" if live == 0 else
+                                                       f"{n:,} requests are of hours not materialized yet, whose "
+                                                       "attribute values are read from the spans")
+            monkeypatch.undo()
+        finally:
+            wb.con.close()
