@@ -77,9 +77,11 @@ OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 SQL_ROW_LIMIT = 5_000
-#: The sidebar offers the attributes at once (no toggle) while at most this many requests are of hours not
-#: materialized (their attribute values read from the spans: about 2 CPU-s per 100,000 with 40 attributes).
-LISTING_LIVE_REQUESTS = 100_000
+#: The sidebar offers the attributes at once (no toggle) while listing them costs at most about what reading this
+#: many requests' values from the spans costs (about 1 CPU-s with 40 attributes: bench_attribute_choices) ...
+LISTING_BUDGET_REQUESTS = 50_000
+#: ... a request of a materialized hour counting for this share of one (its values read from the hour's file).
+LISTING_MATERIALIZED_SHARE = 0.25
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
 QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
@@ -138,8 +140,9 @@ class Workbench:
     worker_error: str | None = None
     #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
     warmer: threading.Thread | None = None
-    #: requests of the hours not materialized (`req_live`'s rows), as of the last refresh
+    #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
     live_requests: int = 0
+    stored_requests: int = 0
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
@@ -187,7 +190,8 @@ class Workbench:
                 cur.execute(f"CREATE OR REPLACE VIEW req AS {stored}SELECT {cols}, critical_path FROM req_live")
                 cur.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM req")
                 cur.execute("CREATE OR REPLACE VIEW stages AS " + VIEW_SQL["stages"])
-                live = cur.execute("SELECT count(*) FROM req_live").fetchall()[0][0]
+                live, every = cur.execute("SELECT (SELECT count(*) FROM req_live), (SELECT count(*) FROM req)"
+                                          ).fetchall()[0]
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -197,7 +201,7 @@ class Workbench:
                 cur.close()
             self.snap = snap
             self.keys = keys
-            self.live_requests = int(live)
+            self.live_requests, self.stored_requests = int(live), int(every) - int(live)
             self.pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
             self.version += 1
             self.last_refresh_s = time.time()
@@ -285,16 +289,17 @@ class Workbench:
 
     def can(self, capability: str) -> bool:
         """A store does everything the pages ask (dashboard.engine.CAPABILITIES); it lists the attributes at once
-        while few requests are of hours not materialized (LISTING_LIVE_REQUESTS)."""
+        while that is cheap (LISTING_BUDGET_REQUESTS)."""
         if capability == "attribute_listing":
-            return self.live_requests <= LISTING_LIVE_REQUESTS
+            cost = self.live_requests + LISTING_MATERIALIZED_SHARE * self.stored_requests
+            return cost <= LISTING_BUDGET_REQUESTS
         return capability in CAPABILITIES
 
     def missing(self, capability: str) -> str:
         """Why the store cannot do `capability` now (empty when it can)."""
         if capability == "attribute_listing" and not self.can(capability):
-            return (f"{self.live_requests:,} requests are of hours not materialized yet, whose attribute values "
-                    "are read from the spans")
+            return (f"listing them reads the values of {self.stored_requests + self.live_requests:,} requests, "
+                    f"{self.live_requests:,} of them from the spans (hours not materialized yet)")
         return ""
 
     def choices(self, dims: Sequence[str]) -> dict[str, Any]:

@@ -206,13 +206,16 @@ def test_the_listing_reads_the_materialized_hours_and_lists_the_same(fleet_store
         try:
             wb.refresh()
             assert wb.attribute_choices() == want, path
-            # offered at once while few requests are read from the spans; else the sidebar asks first, saying why
-            assert wb.live_requests == live and wb.can("attribute_listing")
-            monkeypatch.setattr("dashboard.data.LISTING_LIVE_REQUESTS", n - 1)
+            # offered at once while listing is cheap: a request read from the spans counts whole, one of a
+            # materialized hour a quarter; past the budget the sidebar asks first, saying why
+            assert (wb.live_requests, wb.stored_requests) == (live, n - live) and wb.can("attribute_listing")
+            monkeypatch.setattr("dashboard.data.LISTING_BUDGET_REQUESTS", n // 4 + 1)
             assert wb.can("attribute_listing") == (live == 0)
             assert wb.missing("attribute_listing") == ("" if live == 0 else
-                                                       f"{n:,} requests are of hours not materialized yet, whose "
-                                                       "attribute values are read from the spans")
+                                                       f"listing them reads the values of {n:,} requests, {n:,} of "
+                                                       "them from the spans (hours not materialized yet)")
+            monkeypatch.setattr("dashboard.data.LISTING_BUDGET_REQUESTS", n // 4 - 1)
+            assert not wb.can("attribute_listing")
             monkeypatch.undo()
         finally:
             wb.con.close()
