@@ -395,6 +395,19 @@ def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store
         assert marks == find_spikes(cur, include_failures=True, source="requests")
 
 
+@pytest.mark.parametrize("filters", [
+    data.Filters(), data.Filters(tenant=("acme",)), data.Filters(replica=("replica-05",)),
+    data.Filters(START_NS + 300_000_000_000, START_NS + 1_500_000_000_000, model=("mistral-7b",))])
+def test_the_spike_pages_marks_are_the_overviews(incident_store: Path, filters: data.Filters) -> None:
+    """The Spike page reads its marks from the full report it explains (one detection): the same marks and verdict
+    as the Overview's find_spikes, judged or not, under filters and a time range."""
+    wb = data.Workbench(incident_store)
+    wb.refresh()
+    key = (wb, str(wb.store), wb.version)
+    assert data.explained_marks(*key, filters) == data.spike_marks(*key, filters)
+    assert data.spike_verdict(*key, filters, explained=True) == data.spike_verdict(*key, filters)
+
+
 def test_console_and_workbench_survive_a_merge_whose_inputs_are_deleted(tmp_path: Path) -> None:
     """The SQL console's sandbox and the workbench list files: once compaction deleted the segments they had
     listed, they list again instead of failing on a missing file."""
