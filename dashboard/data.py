@@ -36,7 +36,7 @@ from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
-from analysis.engine.connect import connect
+from analysis.engine.connect import connect, live_facts_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -176,6 +176,7 @@ class Workbench:
                 for hour in [] if quick else redo:
                     _insert_exact(cur, snap, hour)
                 refresh_views(cur, self.store, snap)
+                live_facts_from(cur, "req_live")  # the live hours' facts are this workbench's rows, not recomputed
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""
@@ -648,12 +649,20 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters,
     return out.with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
 
 
+#: At most this many stale (live) hours, an unfiltered report reads the store as `tailscope report` does: see
+#: `_report_source`. `tailscope collect` leaves two hours live (the current one and the one before).
+LIVE_HOURS_IN_PLACE = 2
+
+
 def _report_source(db: Workbench, filters: Filters) -> str | None:
-    """Where a report call reads its requests: unfiltered on a store whose every hour is materialized and
-    fresh, the store's own `requests` (None), which `tailscope report` reads, in place and without a
-    copy; otherwise `requests`, the cursor's filtered view of `req`, instead of rescanning the store."""
+    """Where a report call reads its requests. Without a dimension or attribute filter (a time range is the report's
+    own since/until) on a store with at most LIVE_HOURS_IN_PLACE stale hours: the store's own request facts (None),
+    as `tailscope report` reads them (analysis.engine.percentiles.request_facts: the materialized hours in place,
+    the few live hours' facts computed from their spans), with no copy of every request. Otherwise `requests`,
+    the cursor's filtered view of `req`, copied by the report, instead of rescanning the store's spans."""
     snap = db.snap
-    if filters == Filters() and snap is not None and not snap.stale and not db.pending:
+    if (filters == Filters(filters.since_ns, filters.until_ns) and snap is not None
+            and len(snap.stale) <= LIVE_HOURS_IN_PLACE):
         return None
     return "requests"
 
