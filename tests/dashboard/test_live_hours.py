@@ -3,7 +3,8 @@
 Unfiltered (or with a time range only) and with at most data.LIVE_HOURS_IN_PLACE stale hours, the workbench's report
 reads the materialized hours in place and the live hours' facts from its own rows (analysis.engine.connect.
 live_facts_from) instead of copying every request; the answer must be the one analysis gives on its own connection,
-which computes the live hours from their spans, and the one of the copy the workbench made before.
+which computes the live hours from their spans, and the one of the copy the workbench made before; the Spike page's
+marks, cut from that report, the Overview's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _store(tmp_path: Path, seed: int) -> tuple[Path, list[int]]:
     """Four hours of requests (a slow replica in the third), a random set of hours materialized and at most two
     left live; (store, the live hours)."""
     store = tmp_path / "store"
-    write_incident_store(store, requests=12_000, duration_s=3.5 * 3600, seed=seed,
+    write_incident_store(store, requests=8_000, duration_s=3.5 * 3600, seed=seed,
                          incident=Incident(2.2 * 3600, 2.6 * 3600))
     snap = snapshot(store)
     rng = random.Random(seed)
@@ -54,6 +55,7 @@ def test_reports_with_live_hours_equal_analysis(tmp_path: Path, seed: int) -> No
         assert report == build_report(cli, **ask)
         assert data._spike_marks(wb, str(store), wb.version, f, "e2e") == {
             **(marks := find_spikes(cli, **ask)), "spikes": sorted(marks["spikes"], key=lambda s: s["start"])}
+        assert data.explained_marks(*key, f) == data._spike_marks(wb, str(store), wb.version, f, "e2e")
         with data._cursor(wb, f) as cur:  # the copy of the workbench's rows, as read before
             assert report == build_report(cur, source="requests", **ask)
     cli.close()
