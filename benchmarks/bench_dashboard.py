@@ -213,6 +213,9 @@ def main() -> None:
     finally:
         if tmp is not None and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+    from benchmarks.bench_report import peak_rss_mib
+
+    print(f"  peak RSS of the whole run (VmHWM): {peak_rss_mib():,.0f} MiB", flush=True)
     print("\n| measurement | seconds | limit |\n|---|---:|---:|")
     for label, took, limit in results:
         print(f"| {label} | {took:.2f} | {'–' if limit == float('inf') else f'< {limit:g} s'} |")
