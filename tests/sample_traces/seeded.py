@@ -67,7 +67,6 @@ KNOWN_MISSES: dict[tuple[str, int], str] = {
 KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
     ("cold_start", 3): "no spike in the 25 % sample (the 90 s cold start is under a third of one 300 s window)",
     ("cold_start", 4): "no spike in the 25 % sample (the 90 s cold start is under a third of one 300 s window)",
-    ("priority_preemption", 3): "no spike in the 25 % sample",
     ("queue_backlog", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("canary_slow_version", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("node_nic_flapping", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
