@@ -71,7 +71,6 @@ KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
     ("canary_slow_version", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("node_nic_flapping", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
     ("lora_adapter_swap", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: the end two windows late",
-    ("node_nic_flapping", 5): "the window and stage right, but the node's zone (us-east-1b) ranks before the node",
 }
 
 
