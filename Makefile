@@ -6,8 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-#: pytest workers (pytest-xdist): one per core; `make test WORKERS=1` runs the suite in one process
-WORKERS ?= auto
+#: pytest workers (pytest-xdist): one per core and one more, which runs while the others' tests wait on their servers,
+#: subprocesses and deliberate sleeps (CONTRIBUTING.md, "The slowest tests"); `make test WORKERS=1` runs the suite in
+#: one process
+WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 #: what makes a missing prerequisite (chromium, chdb, a C part where a compiler is) fail rather than skip
 STRICT := TAILSCOPE_TEST_STRICT=1
 #: the parallel run: a test file stays on one worker (its module fixtures are built once); files are handed out in
