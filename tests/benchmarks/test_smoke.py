@@ -78,6 +78,7 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
     assert scripts == set(run_all.TINY) == set(run_all.SMALL) == set(PRINTS)
 
 
+@pytest.mark.slow  # a benchmark script in its own process (make test-fast leaves it out)
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
 def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
@@ -91,6 +92,7 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"
 
 
+@pytest.mark.slow
 def test_cost_ab_measures_a_tree_and_compares_two_runs(tmp_path: Path) -> None:
     """benchmarks.cost_ab: one tree measured on the tiny synthetic store, then two outputs compared."""
     out_file = tmp_path / "this.json"
