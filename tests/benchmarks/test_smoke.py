@@ -35,6 +35,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
                     r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
+    "bench_attribute_choices": (r"\nmaterialized +[\d.]+ +[\d.]+ +[\d.]+ ", r"\nclickhouse +[\d.]+ ",
+                                r"same listing every way: True"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
     "bench_cost": (r"1,000 requests", r"anchor [\d.]+ s / [\d.]+ CPU-s; cost table", r"identity holds",
@@ -48,7 +50,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_clickhouse_releases": (r"\n +24\.8 \(24\.8\.[\d.]+\): export [\d.]+ s, report [\d.]+ s, x[\d.]+ the newest; "
                                   r"equal to the newest True, to DuckDB \(the export's keys aside\) True",),
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
-    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan",
+                        r"materialized \d+ stale hour"),
     "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
                                 r"anchor \(spans scan"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
@@ -76,6 +79,7 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
     assert scripts == set(run_all.TINY) == set(run_all.SMALL) == set(PRINTS)
 
 
+@pytest.mark.slow  # a benchmark script in its own process (make test-fast leaves it out)
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
 def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
@@ -89,6 +93,7 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"
 
 
+@pytest.mark.slow
 def test_cost_ab_measures_a_tree_and_compares_two_runs(tmp_path: Path) -> None:
     """benchmarks.cost_ab: one tree measured on the tiny synthetic store, then two outputs compared."""
     out_file = tmp_path / "this.json"
