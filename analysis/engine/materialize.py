@@ -341,7 +341,8 @@ def _sweep(directory: Path, keep: Path) -> None:
                 continue
             if f == AV.attributes_path(keep):
                 continue
-            if f.name.startswith(("requests-", AV.ATTRIBUTES_PREFIX)) and f.suffix == ".parquet":
+            if (f.name.startswith("requests-") and f.suffix == ".parquet") or (
+                    f.name.startswith(AV.ATTRIBUTES_PREFIX) and f.suffix in (".parquet", AV.ATTRIBUTES_SUFFIX)):
                 marker = directory / f".{f.name}.superseded"
                 if not marker.exists():
                     marker.touch()
