@@ -233,12 +233,12 @@ def count_distinct(values: pa.Array) -> int | None:
     hash (then merge them to count). Exact: equal texts hash alike, and every run of equal hashes is checked
     to hold one text."""
     h = pl.from_arrow(values).hash().to_numpy()  # type: ignore[union-attr]
-    order = np.argsort(h, kind="stable")
-    hs = h[order]
+    hs = np.sort(h)
     same = np.flatnonzero(hs[1:] == hs[:-1])
-    if same.size and not pc.all(pc.equal(values.take(from_numpy(order[same])),
-                                        values.take(from_numpy(order[same + 1])))).as_py():
-        return None
+    if same.size:  # which values share a hash (an id seen in two hours): each pair must hold one text
+        order = np.argsort(h, kind="stable")
+        if not pc.all(pc.equal(values.take(from_numpy(order[same])), values.take(from_numpy(order[same + 1])))).as_py():
+            return None
     return int(len(values) - same.size)
 
 
