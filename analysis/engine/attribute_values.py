@@ -62,6 +62,8 @@ RESOURCE_KEY: Final = "tailscope.resource"
 #: Key-value metadata of an attribute file: JSON {"rows": n, "columns": {column: [rows carrying it, distinct
 #: values (0: presence flags)]}} of its code columns.
 COLUMNS_KEY: Final = "tailscope.columns"
+#: The most distinct values of a key in an hour whose counts the file's metadata holds.
+MAX_COUNTED: Final = 4096
 #: The attribute file's name ends so (an Arrow IPC file, memory-mapped when read).
 ATTRIBUTES_SUFFIX: Final = ".arrow"
 #: A column of nulls, so the file has its rows whatever else it holds.
@@ -223,6 +225,7 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     n = int(con.execute(f"SELECT count(*) FROM ({facts})").fetchall()[0][0])
     columns: dict[str, pa.Array] = {ROWS_COLUMN: pa.nulls(n, pa.int8())}
     about: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}
     for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
         # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
         by_key = split_by_key(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_table())
@@ -235,11 +238,14 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
                 columns[name] = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(flags)])
                 about[name] = [int(rows.size), 0]
                 continue
-            columns[name] = hour_codes(rows, values, n)
-            about[name] = [int(rows.size), len(columns[name].dictionary) - 1]
+            columns[name] = coded = hour_codes(rows, values, n)
+            d = len(coded.dictionary) - 1
+            about[name] = [int(rows.size), d]
+            if d <= MAX_COUNTED:
+                counts[name] = np.bincount(to_numpy(coded.indices), minlength=d + 1)[:d].tolist()
     resource = con.sql(resource_attribute_sql(spans), params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).fetchall()
     meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource)),
-            COLUMNS_KEY: json.dumps({"rows": n, "columns": about}, sort_keys=True)}
+            COLUMNS_KEY: json.dumps({"rows": n, "columns": about, "counts": counts}, sort_keys=True)}
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         table = pa.table(columns).replace_schema_metadata(meta)
@@ -255,7 +261,8 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
 
 #: Changes whenever the file's layout or the rules of the values it holds change (a part of every hour's key).
 LAYOUT: Final = ("attributes 2: Arrow IPC, one batch, one row per request; <source>/<key> dictionary-coded, the "
-                 "hour's distinct values sorted then a null (no value), int8 presence flags, counts in the metadata; "
+                 "hour's distinct values sorted then a null (no value), int8 presence flags, counts in the metadata "
+                 f"(per value up to {MAX_COUNTED}); "
                  ) + request_attribute_sql("f", "spans") + stage_attribute_sql("f", "spans") + ",".join(
                      sorted(BUILTIN_KEYS)) + ",".join(TIMING_PATTERNS)
 
@@ -270,6 +277,8 @@ class HourFile:
         self.rows: int = int(about["rows"])
         #: code column -> (rows carrying the key, distinct values: 0 for presence flags)
         self.columns: dict[str, tuple[int, int]] = {k: (int(p), int(d)) for k, (p, d) in about["columns"].items()}
+        #: code column -> rows per distinct value (of the keys of at most MAX_COUNTED values)
+        self.counts: dict[str, list[int]] = about["counts"]
         self.resource: list[tuple[str, str, list[str]]] = [
             (str(r), str(k), [str(v) for v in vs]) for r, k, vs in json.loads(meta.get(RESOURCE_KEY.encode(), b"[]"))]
         self.batch = reader.get_batch(0) if reader.num_record_batches == 1 else None
@@ -305,6 +314,12 @@ class StoredColumn:
         if self.rows is None:
             return self.hour.columns[self.name][0]
         return int(np.count_nonzero(self.codes < len(self.values)))
+
+    @property
+    def counts(self) -> I64 | None:
+        """Rows per value of `values` when the file counts them for the frame's rows (all the file's rows)."""
+        got = self.hour.counts.get(self.name) if self.rows is None else None
+        return None if got is None else np.array(got, dtype=np.int64)
 
     @functools.cached_property
     def values(self) -> pa.Array:

@@ -46,7 +46,7 @@ from analysis.engine.attribute_values import (
     timing_pattern,
     to_numpy,
 )
-from analysis.stats.explain import Coded, bucket_label
+from analysis.stats.explain import Coded, bucket_label, counts_of
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
 #: A key must be on at least this share of the window's requests (and MIN_PRESENT of them).
@@ -323,20 +323,28 @@ def code_merged(name: str, parts: Sequence[AnyPart], merged: Merged, n_rows: int
     # one attribute file's column holding every row (in order: a file's positions are sorted): its codes mapped
     codes = np.empty(0, dtype=np.int64) if len(parts) == 1 and isinstance(parts[0], StoredColumn) and (
         parts[0].positions.size == n_rows) else np.full(n_rows, -1, dtype=np.int64)
+    totals = np.zeros(len(labels) + 1, dtype=np.int64)  # rows per code, the missing ones last
     for part, (_, held), lut_used in zip(parts, merged.used, per_used, strict=True):
-        lut = np.full(len(part.values) + 1, -1, dtype=np.int64)  # the last slot: no value (code -1)
-        lut[held if held is not None else slice(0, len(part.values))] = lut_used
-        mine = lut[part.codes]
+        d = len(part.values)
+        lut = np.full(d + 1, -1, dtype=np.int64)  # the last slot: no value
+        lut[held if held is not None else slice(0, d)] = lut_used
         pos = part.positions
         if not isinstance(part, StoredColumn):  # positions in any order
-            codes[pos] = mine
+            codes[pos] = lut[part.codes]
         elif codes.size == 0:
-            codes = mine  # one part holding every row, in order
+            codes = lut[part.codes]  # one part holding every row, in order
         elif pos.size and int(pos[-1]) - int(pos[0]) + 1 == pos.size:
-            codes[int(pos[0]):int(pos[-1]) + 1] = mine
+            np.take(lut, part.codes, out=codes[int(pos[0]):int(pos[-1]) + 1])
         else:
-            codes[pos] = mine
-    return Coded(name, codes, labels, list(los), list(his)), numbers is not None
+            codes[pos] = lut[part.codes]
+        stored = part.counts if isinstance(part, StoredColumn) else None
+        per_value = stored if stored is not None else np.bincount(part.codes, minlength=d + 1)[:d]
+        totals[:-1] += np.bincount(lut[:d][lut[:d] >= 0], weights=per_value[lut[:d] >= 0],
+                                   minlength=len(labels)).astype(np.int64)
+    totals[-1] = n_rows - int(totals[:-1].sum())
+    coded = Coded(name, codes, labels, list(los), list(his))
+    coded.counts = totals
+    return coded, numbers is not None
 
 
 def code_values(name: str, rows: I64, values: pa.Array, n_rows: int, numeric_ok: bool = True
@@ -376,8 +384,9 @@ def _same_partition(a: Coded, b: Coded) -> bool:
 def _group_sizes(coded: Coded) -> tuple[int, ...]:
     """The rows missing, then the sizes of a coding's groups, sorted: equal for two codings of the same partition
     (a cheap look before comparing rows)."""
-    counts = np.bincount(coded.codes + 1, minlength=1)
-    return (int(counts[0]), *sorted(counts[1:].tolist()))
+    counts = counts_of(coded)  # missing last; the groups up to the last one held (as a count of codes + 1 gives)
+    held = np.flatnonzero(counts[:-1])
+    return (int(counts[-1]), *sorted(counts[:int(held[-1]) + 1 if held.size else 0].tolist()))
 
 
 class Judge:

@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
 
@@ -119,6 +119,25 @@ class Coded:
     #: the attribute key a dimension reads and where from (request, stage, resource); None / "builtin" for the six
     attribute: str | None = None
     source: str = "builtin"
+    #: rows per code over all of `codes`, the missing ones in the last slot (`counts_of`; an attribute file's
+    #: counts fill it without a pass); dataclasses.replace does not copy it (its codes differ)
+    counts: I64 | None = field(default=None, init=False, repr=False, compare=False)
+
+
+def counts_of(c: Coded) -> I64:
+    """Rows per code over all of `c.codes`, the missing ones in the last slot (len(labels) + 1 slots); cached."""
+    if c.counts is None:
+        got = np.bincount(c.codes + 1, minlength=len(c.labels) + 1)
+        c.counts = np.concatenate([got[1:], got[:1]])
+    return c.counts
+
+
+def base_counts(c: Coded, base: I64, outside: I64 | None, slots: int) -> I64:
+    """Rows of `base` per code of `c`, the missing ones in the last slot; `outside`: the rows of `c` not in `base`,
+    when fewer than it (then its count is taken from the whole's, `counts_of`)."""
+    if outside is None:
+        return np.bincount(_missing_last(c.codes[base], slots), minlength=slots)
+    return counts_of(c) - np.bincount(_missing_last(c.codes[outside], slots), minlength=slots)
 
 
 def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
@@ -268,10 +287,25 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
     codes_t = [_missing_last(c.codes[tail], k) for c, k in zip(coded, slots, strict=True)]
-    codes_b = [_missing_last(c.codes[base], k) for c, k in zip(coded, slots, strict=True)]
+    got_b: dict[int, I64] = {}
+
+    def codes_b(i: int) -> I64:  # the baseline's codes of a dimension, gathered when first needed
+        if i not in got_b:
+            got_b[i] = _missing_last(coded[i].codes[base], slots[i])
+        return got_b[i]
+
     # unweighted, the baseline's count of every single and pair is a sum over one count per combination of all
     # the dimensions (exact integers): one pass over its rows instead of one per single and pair
-    joint = _joint_counts(codes_b, slots) if w_b is None and len(coded) > 2 else None
+    joint = _joint_counts([codes_b(i) for i in range(len(coded))], slots) if (
+        w_b is None and len(coded) > 2 and math.prod(slots) <= MAX_JOINT_CELLS) else None
+    # unweighted, a single's baseline counts are its counts over every row less those outside the baseline (rows
+    # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
+    n_rows = coded[0].codes.size if coded else 0
+    outside = None
+    if w_b is None and joint is None and 2 * base.size > n_rows and bool(np.all(base[1:] > base[:-1])):
+        keep = np.ones(n_rows, dtype=bool)
+        keep[base] = False
+        outside = np.flatnonzero(keep)
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
@@ -285,12 +319,14 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
         if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
             continue
         key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
-        key_b = None if joint is not None else (
-            codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]])
+        by_rest = joint is not None or (len(combo) == 1 and w_b is None)
+        key_b = None if by_rest else (
+            codes_b(combo[0]) if len(combo) == 1 else codes_b(combo[0]) * sizes[1] + codes_b(combo[1]))
         tc = np.bincount(key_t, minlength=cells)
-        if key_b is None:
-            assert joint is not None
+        if joint is not None:
             bc = joint.sum(axis=tuple(i for i in range(len(coded)) if i not in combo)).ravel()
+        elif key_b is None:
+            bc = base_counts(coded[combo[0]], base, outside, cells)
         else:
             bc = np.bincount(key_b, minlength=cells)
         if rest is not None:
