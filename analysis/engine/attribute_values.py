@@ -2,13 +2,14 @@
 materialized hours and read back for a report's rows.
 
 Layout: beside an hour's STORE/requests/dt=…/hr=…/requests-<key>.parquet (analysis.engine.materialize) lies
-attributes-<key>.parquet, one row per row of the requests file, in its order. Each attribute key and source has
-a code column named "<source>/<key>" (`column_name`): each request's index (int32) into the hour's distinct
-values of it, -1 where it has none; those values, sorted, are the first rows of the text column
-"values/<source>/<key>" (`values_column`, null below). The file's metadata (COLUMNS_KEY) counts, per code column,
-the requests carrying the key and its distinct values, so a report judges a key whose values it will not use
-(ids, too many values) from them and from the values alone, without reading a code (`HourFile`, `StoredColumn`:
-read a column at a time, when asked). Keys that are never a dimension whatever the rules (tailscope's own, those
+attributes-<key>.arrow, an Arrow IPC file of one batch, one row per row of the requests file, in its order, read
+memory-mapped (a column costs nothing until its rows are read). Each attribute key and source has a column named
+"<source>/<key>" (`column_name`), dictionary-coded: the hour's distinct values of it, sorted as Python sorts text,
+then a null (`hour_codes`); each request's index into them, the null's where it has no value (int16 indices when
+they fit). The file's metadata (COLUMNS_KEY) holds, per column, the requests carrying the key and its distinct
+values, and the rows per value of keys of at most MAX_COUNTED values: a report judges a key it will not keep (ids,
+too many values) from these and its values alone, without reading a code, and counts a key it keeps by its
+values (`HourFile`, `StoredColumn`). Keys that are never a dimension whatever the rules (tailscope's own, those
 the built-in dimensions read, timing keys: `presence_only`) are written as int8 flags, 0 where present: the
 report lists them as skipped, in the order of how many requests carry them, and reads no value of theirs.
 The file has the requests file's <key> (the hour's span digests), so it is stale exactly when that one is;
@@ -216,6 +217,30 @@ def hour_codes(rows: I64, values: pa.Array, n: int) -> pa.DictionaryArray:
                                                             pa.nulls(1, pa.string())]))
 
 
+#: Rows of the attribute SQL's answer split at a time when an hour is written (its peak memory: a few of them).
+WRITE_BATCH_ROWS: Final = 1 << 16
+
+
+def _split_batches(reader: pa.RecordBatchReader, n: int) -> dict[str, tuple[I64, pa.Array | None]]:
+    """`split_by_key` of an answer read a batch at a time (`n`: the row ids are below it); a request span
+    delivered twice: its first map, over the whole answer."""
+    seen = np.zeros(n, dtype=bool)
+    found: dict[str, list[tuple[I64, pa.Array | None]]] = {}
+    for batch in reader:
+        table = pa.Table.from_batches([batch])
+        if "a" in table.column_names and table.num_rows:
+            rid = to_numpy(table.column("rid")).astype(np.int64)
+            fresh = ~seen[rid]
+            if not fresh.all():
+                table = table.take(from_numpy(np.flatnonzero(fresh)))
+            seen[rid] = True
+        for key, got in split_by_key(table).items():
+            found.setdefault(key, []).append(got)
+    return {key: (np.concatenate([r for r, _ in parts]),
+                  None if parts[0][1] is None else pa.concat_arrays([v for _, v in parts]))  # type: ignore[misc]
+            for key, parts in found.items()}
+
+
 def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, requests_file: Path, final: Path) -> Path:
     """Write the attribute file of the requests in `requests_file` (read from `spans`, a FROM item of the spans
     its requests were built from) as `final`, with the resource values of the replicas in the spans starting in
@@ -228,7 +253,8 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     counts: dict[str, list[int]] = {}
     for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
         # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
-        by_key = split_by_key(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_table())
+        by_key = _split_batches(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_reader(
+            WRITE_BATCH_ROWS), n)
         for key in sorted(by_key):
             rows, values = by_key[key]
             name = column_name(source, key)

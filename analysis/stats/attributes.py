@@ -320,9 +320,16 @@ def code_merged(name: str, parts: Sequence[AnyPart], merged: Merged, n_rows: int
         labels = [texts[i] for i in order]
         los = his = [None] * len(labels)
         per_used = [rank[ix] for ix in merged.index]
-    # one attribute file's column holding every row (in order: a file's positions are sorted): its codes mapped
-    codes = np.empty(0, dtype=np.int64) if len(parts) == 1 and isinstance(parts[0], StoredColumn) and (
-        parts[0].positions.size == n_rows) else np.full(n_rows, -1, dtype=np.int64)
+    # one attribute file's column holding every row (in order: a file's positions are sorted): its codes mapped;
+    # files' columns holding every row between them (each a run of positions): each run written, nothing else
+    stored_only = all(isinstance(p, StoredColumn) for p in parts)
+    if stored_only and len(parts) == 1 and parts[0].positions.size == n_rows:
+        codes = np.empty(0, dtype=np.int64)
+    elif stored_only and sum(p.positions.size for p in parts) == n_rows and all(
+            int(p.positions[-1]) - int(p.positions[0]) + 1 == p.positions.size for p in parts):
+        codes = np.empty(n_rows, dtype=np.int64)  # the files' rows are distinct: the runs cover every row
+    else:
+        codes = np.full(n_rows, -1, dtype=np.int64)
     totals = np.zeros(len(labels) + 1, dtype=np.int64)  # rows per code, the missing ones last
     for part, (_, held), lut_used in zip(parts, merged.used, per_used, strict=True):
         d = len(part.values)
