@@ -287,6 +287,7 @@ def _numbers(used: list[tuple[pa.Array, I64 | None]]) -> list[npt.NDArray[np.flo
     out = []
     for u, _ in used:
         try:
+            pc.cast(u.slice(0, 8), pa.float64())  # text fails on its first values, without parsing the rest
             x = to_numpy(pc.cast(u, pa.float64())) if len(u) else np.zeros(0)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
@@ -336,14 +337,15 @@ def code_merged(name: str, parts: Sequence[AnyPart], merged: Merged, n_rows: int
         lut = np.full(d + 1, -1, dtype=np.int64)  # the last slot: no value
         lut[held if held is not None else slice(0, d)] = lut_used
         pos = part.positions
+        # (every code indexes `lut`: "clip" only spares numpy a buffered copy)
         if not isinstance(part, StoredColumn):  # positions in any order
-            codes[pos] = lut[part.codes]
+            codes[pos] = np.take(lut, part.codes, mode="clip")
         elif codes.size == 0:
-            codes = lut[part.codes]  # one part holding every row, in order
+            codes = np.take(lut, part.codes, mode="clip")  # one part holding every row, in order
         elif pos.size and int(pos[-1]) - int(pos[0]) + 1 == pos.size:
-            np.take(lut, part.codes, out=codes[int(pos[0]):int(pos[-1]) + 1])
+            np.take(lut, part.codes, out=codes[int(pos[0]):int(pos[-1]) + 1], mode="clip")
         else:
-            codes[pos] = lut[part.codes]
+            codes[pos] = np.take(lut, part.codes, mode="clip")
         stored = part.counts if isinstance(part, StoredColumn) else None
         per_value = stored if stored is not None else np.bincount(part.codes, minlength=d + 1)[:d]
         totals[:-1] += np.bincount(lut[:d][lut[:d] >= 0], weights=per_value[lut[:d] >= 0],
@@ -376,13 +378,19 @@ def _positions(frame_rid: I64, rid: I64) -> I64:
 
 def _same_partition(a: Coded, b: Coded) -> bool:
     """Whether two codings split rows into the same groups (missing alike); every label of `a` is used."""
-    if len(a.labels) != len(b.labels) or not np.array_equal(a.codes < 0, b.codes < 0):
+    if len(a.labels) != len(b.labels):
         return False
+    # no row missing in either (their counts say so without a pass): nothing to compare but the values
+    whole = counts_of(a)[-1] == 0 and counts_of(b)[-1] == 0
+    if not whole and not np.array_equal(a.codes < 0, b.codes < 0):
+        return False
+    if whole and len(a.labels) == 1:
+        return True  # one group each, every row in it
     ok = a.codes >= 0
     if not ok.any():
         return True
     # a's value decides b's (one pair per value of a): with as many values each, the same groups
-    ac, bc = a.codes[ok], b.codes[ok]
+    ac, bc = (a.codes, b.codes) if whole else (a.codes[ok], b.codes[ok])
     b_of = np.full(len(a.labels), -1, dtype=np.int64)
     b_of[ac] = bc
     return bool(np.array_equal(b_of[ac], bc))
