@@ -321,39 +321,70 @@ def code_merged(name: str, parts: Sequence[AnyPart], merged: Merged, n_rows: int
         labels = [texts[i] for i in order]
         los = his = [None] * len(labels)
         per_used = [rank[ix] for ix in merged.index]
-    # one attribute file's column holding every row (in order: a file's positions are sorted): its codes mapped;
-    # files' columns holding every row between them (each a run of positions): each run written, nothing else
-    stored_only = all(isinstance(p, StoredColumn) for p in parts)
-    if stored_only and len(parts) == 1 and parts[0].positions.size == n_rows:
-        codes = np.empty(0, dtype=np.int64)
-    elif stored_only and sum(p.positions.size for p in parts) == n_rows and all(
-            int(p.positions[-1]) - int(p.positions[0]) + 1 == p.positions.size for p in parts):
-        codes = np.empty(n_rows, dtype=np.int64)  # the files' rows are distinct: the runs cover every row
-    else:
-        codes = np.full(n_rows, -1, dtype=np.int64)
     totals = np.zeros(len(labels) + 1, dtype=np.int64)  # rows per code, the missing ones last
+    luts = []
     for part, (_, held), lut_used in zip(parts, merged.used, per_used, strict=True):
         d = len(part.values)
         lut = np.full(d + 1, -1, dtype=np.int64)  # the last slot: no value
         lut[held if held is not None else slice(0, d)] = lut_used
-        pos = part.positions
-        # (every code indexes `lut`: "clip" only spares numpy a buffered copy)
-        if not isinstance(part, StoredColumn):  # positions in any order
-            codes[pos] = np.take(lut, part.codes, mode="clip")
-        elif codes.size == 0:
-            codes = np.take(lut, part.codes, mode="clip")  # one part holding every row, in order
-        elif pos.size and int(pos[-1]) - int(pos[0]) + 1 == pos.size:
-            np.take(lut, part.codes, out=codes[int(pos[0]):int(pos[-1]) + 1], mode="clip")
-        else:
-            codes[pos] = np.take(lut, part.codes, mode="clip")
+        luts.append(lut)
         stored = part.counts if isinstance(part, StoredColumn) else None
         per_value = stored if stored is not None else np.bincount(part.codes, minlength=d + 1)[:d]
         totals[:-1] += np.bincount(lut[:d][lut[:d] >= 0], weights=per_value[lut[:d] >= 0],
                                    minlength=len(labels)).astype(np.int64)
     totals[-1] = n_rows - int(totals[:-1].sum())
-    coded = Coded(name, codes, labels, list(los), list(his))
+    # attribute files' columns, each a run of frame positions (a file's are sorted): codes made when read
+    if all(isinstance(p, StoredColumn) and int(p.positions[-1]) - int(p.positions[0]) + 1 == p.positions.size
+           for p in parts):
+        coded: Coded = LazyCoded.of(name, labels, list(los), list(his), n_rows, [
+            (int(p.positions[0]), int(p.positions[-1]) + 1, p.codes, lut) for p, lut in zip(parts, luts, strict=True)])
+    else:
+        codes = np.full(n_rows, -1, dtype=np.int64)
+        for part, lut in zip(parts, luts, strict=True):  # (every code indexes `lut`: "clip" spares a copy)
+            codes[part.positions] = np.take(lut, part.codes, mode="clip")
+        coded = Coded(name, codes, labels, list(los), list(his))
     coded.counts = totals
     return coded, numbers is not None
+
+
+class LazyCoded(Coded):
+    """A coding of runs of frame positions, each with its codes and the table mapping them (an attribute file's
+    column per hour): `codes` made when first read, `at` gathers a few rows without making them; a copy
+    (dataclasses.replace) is a plain coding."""
+
+    runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]
+    n_rows: int
+
+    @classmethod
+    def of(cls, name: str, labels: list[str], lo: list[int | None], hi: list[int | None], n_rows: int,
+           runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]) -> LazyCoded:
+        """The coding of `n_rows` rows, -1 outside the runs (first position, end, codes, table)."""
+        self = cls.__new__(cls)
+        self.name, self.labels, self.lo, self.hi = name, labels, lo, hi
+        self.attribute, self.source, self.counts = None, "builtin", None
+        self.runs, self.n_rows = runs, n_rows
+        return self
+
+    def __getattr__(self, item: str) -> Any:
+        if item != "codes" or "runs" not in self.__dict__:
+            raise AttributeError(item)
+        covered = sum(b - a for a, b, _, _ in self.runs) == self.n_rows
+        codes = np.empty(self.n_rows, dtype=np.int64) if covered else np.full(self.n_rows, -1, dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            np.take(lut, part, out=codes[a:b], mode="clip")
+        self.codes = codes
+        return codes
+
+    def at(self, rows: I64) -> I64:
+        """The codes of `rows`, gathered from the runs (or from `codes` once made)."""
+        if "codes" in self.__dict__ or "runs" not in self.__dict__:
+            return self.codes[rows]
+        out = np.full(rows.size, -1, dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            sel = np.flatnonzero((rows >= a) & (rows < b))
+            if sel.size:
+                out[sel] = np.take(lut, part[rows[sel] - a], mode="clip")
+        return out
 
 
 def code_values(name: str, rows: I64, values: pa.Array, n_rows: int, numeric_ok: bool = True
