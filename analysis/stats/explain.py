@@ -306,7 +306,7 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
     n_rows = coded[0].codes.size if coded else 0
     outside = None
-    if w_b is None and joint is None and 2 * base.size > n_rows and bool(np.all(base[1:] > base[:-1])):
+    if coded and w_b is None and joint is None and 2 * base.size > n_rows and bool(np.all(base[1:] > base[:-1])):
         keep = np.ones(n_rows, dtype=bool)
         keep[base] = False
         outside = np.flatnonzero(keep)
