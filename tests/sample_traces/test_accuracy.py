@@ -83,7 +83,7 @@ def test_a_report_of_materialized_hours_equals_one_computed_from_the_spans(
     same report, attributes and all."""
     name = "node_nic_flapping"
     stored = report_of(name, tmp_path_factory)
-    assert any(f.name.startswith("attributes-") for f in (_stores[name] / "requests").rglob("*.parquet"))
+    assert any((_stores[name] / "requests").rglob("attributes-*.arrow"))
     live = tmp_path_factory.mktemp(f"{name}-live") / "store"
     shutil.copytree(_stores[name], live, ignore=shutil.ignore_patterns("requests"))
     result = runner.invoke(app, ["report", "--json", "--no-materialize", "--store", str(live)])
