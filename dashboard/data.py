@@ -36,7 +36,7 @@ from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
-from analysis.engine.connect import connect
+from analysis.engine.connect import connect, live_facts_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -52,10 +52,9 @@ from analysis.engine.percentiles import auto_window_s, parse_time, percentile_se
 from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.mapping.rules import no_request_hint as _no_request_hint
-from analysis.report import build_report, explain_window, find_spikes
+from analysis.report import build_report, explain_window, find_spikes, marks_of
 from analysis.stats import verdicts as V
 from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
-from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
 from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
@@ -176,6 +175,7 @@ class Workbench:
                 for hour in [] if quick else redo:
                     _insert_exact(cur, snap, hour)
                 refresh_views(cur, self.store, snap)
+                live_facts_from(cur, "req_live")  # the live hours' facts are this workbench's rows, not recomputed
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""
@@ -393,13 +393,6 @@ class Workbench:
                 return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
                                facts="req").to_pandas()
-
-    def batching(self, f: Filters) -> dict[str, Any] | None:
-        """analysis.stats.batching.service_vs_batch of the filtered range."""
-        from analysis.stats.batching import service_vs_batch
-
-        with _cursor(self, f) as cur:
-            return service_vs_batch(cur, f.since_ns, f.until_ns)
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
@@ -623,16 +616,18 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
-    """analysis.engine.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
-    report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
-    / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
+def over_time(_db: Bench, store: str, version: int, filters: Filters,
+              metrics: tuple[str, ...] = ("e2e", "ttft", "tpot")) -> pl.DataFrame:
+    """analysis.engine.percentiles.percentile_series of `metrics` (e2e, TTFT and TPOT; the Spike page charts e2e
+    only) over the filtered requests, in the report's windows: one row per window (`window_ns`, `window` a UTC
+    datetime), <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome (weighted: the requests the stored ones
+    stand for under sampling).
 
     A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
     """
     win = window_s(_db, store, version, filters)  # the report's window, chosen once (not once per metric)
     frames: list[pl.DataFrame] = []
-    for m in ("e2e", "ttft", "tpot"):
+    for m in metrics:
         df = _db.series(filters, m, win)
         # counts are what the stored requests stand for (equal to the stored counts when unsampled)
         keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
@@ -646,12 +641,20 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.Data
     return out.with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
 
 
+#: At most this many stale (live) hours, an unfiltered report reads the store as `tailscope report` does: see
+#: `_report_source`. `tailscope collect` leaves two hours live (the current one and the one before).
+LIVE_HOURS_IN_PLACE = 2
+
+
 def _report_source(db: Workbench, filters: Filters) -> str | None:
-    """Where a report call reads its requests: unfiltered on a store whose every hour is materialized and
-    fresh, the store's own `requests` (None), which `tailscope report` reads, in place and without a
-    copy; otherwise `requests`, the cursor's filtered view of `req`, instead of rescanning the store."""
+    """Where a report call reads its requests. Without a dimension or attribute filter (a time range is the report's
+    own since/until) on a store with at most LIVE_HOURS_IN_PLACE stale hours: the store's own request facts (None),
+    as `tailscope report` reads them (analysis.engine.percentiles.request_facts: the materialized hours in place,
+    the few live hours' facts computed from their spans), with no copy of every request. Otherwise `requests`,
+    the cursor's filtered view of `req`, copied by the report, instead of rescanning the store's spans."""
     snap = db.snap
-    if filters == Filters() and snap is not None and not snap.stale and not db.pending:
+    if (filters == Filters(filters.since_ns, filters.until_ns) and snap is not None
+            and len(snap.stale) <= LIVE_HOURS_IN_PLACE):
         return None
     return "requests"
 
@@ -706,14 +709,26 @@ def _spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric:
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
 
 
-def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+def explained_marks(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """`spike_marks` taken from the full report (analysis.report.marks_of: the same answer): for a page that
+    explains the spikes too, so that detection runs once, not once for the marks and once for the report."""
+    full = report_of(_db, store, version, filters, metric)
+    if "attributes" not in full:  # the report failed: its errors say why
+        return {**full, "spikes": []}
+    marks = cast(dict[str, Any], marks_of(cast(Any, full)))
+    return {**marks, "spikes": sorted(marks["spikes"], key=lambda sp: spike_times_ns(sp)[0])}
+
+
+def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e",
+                  explained: bool = False) -> dict[str, Any]:
     """The detected spikes under `filters` and whether detection could judge them at all (analysis.stats.verdicts).
 
     {"spikes" (spike_marks'), "judged", "reason" (why not, a sentence), "context" (when not judged under
     dimension filters: the spikes of the same time range without them)}. "No spike" is only ever said
-    when `judged`.
+    when `judged`. `explained`: the page explains the spikes too, so the marks are read from the full report
+    (`explained_marks`).
     """
-    marks = spike_marks(_db, store, version, filters, metric)
+    marks = (explained_marks if explained else spike_marks)(_db, store, version, filters, metric)
     det = detection(_db, store, version, filters)
     why = V.not_judged(marks)
     out: dict[str, Any] = {"spikes": marks["spikes"], "judged": why is None, "reason": None, "context": [],
@@ -822,23 +837,18 @@ def workload(_db: Bench, store: str, version: int, filters: Filters) -> Workload
 
 
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
-def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
-    """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif.predict).
+def whatif(_db: Bench, store: str, version: int, filters: Filters, replicas: int, slots: int) -> dict[str, Any]:
+    """analysis.capacity.predict_at: the filtered requests through `replicas` x `slots` FIFO servers, with the measured
+    relation of service time to batch where the traces show it (as the Capacity page).
 
-    Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
+    Returns predict_at's dict with "error" None, or {"error": message} when the replay fails.
     """
-    from analysis.capacity import replay as kernel_replay
+    from analysis.capacity import predict_at
 
-    out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
     try:
-        w = workload(_db, store, version, filters)
-        res = predict(w.arrivals, w.services, [int(servers)], kernel_replay)
+        return {**predict_at(workload(_db, store, version, filters), int(replicas), int(slots)), "error": None}
     except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
-        out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
-        return out
-    if res:
-        out["p50_ms"], out["p99_ms"] = res[0]["p50_ms"], res[0]["p99_ms"]
-    return out
+        return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
 
 
 # --- the SQL console ---------------------------------------------------------------------
