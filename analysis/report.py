@@ -519,9 +519,8 @@ def find_spikes(
     """
     ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False)
     report, rows = _prepare(con, ask)
-    if rows is not None and rows.det.spikes:
-        report, rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))
-        report["attributes"] = None
+    if rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
+        rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
     if rows is not None:
         report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
                             for s in rows.det.spikes]
