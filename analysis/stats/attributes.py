@@ -444,10 +444,30 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
 
 #: A coarser value is named over a finer one nested in it only when it explains this much more of the excess.
 HIERARCHY_MARGIN: Final = 0.1
+#: Float rounding of a difference of shares (two scores' difference is 0 when their shares' are): far below any
+#: share that means anything.
+SHARE_ROUNDING: Final = 1e-9
 
 
 def _subset(a: npt.NDArray[np.bool_], b: npt.NDArray[np.bool_]) -> bool:
     return bool(a.any()) and not bool((a & ~b).any())
+
+
+def earns_nothing(coarse: Any, coarse_mask: npt.NDArray[np.bool_], fine: Any, fine_mask: npt.NDArray[np.bool_]) -> bool:
+    """Whether `coarse` strictly holds `fine` and its other requests are no more frequent in the tail than in the
+    baseline: the contrast score of coarse minus fine (its `score` less fine's, the two nested) at most 0 (up to
+    SHARE_ROUNDING). Such a coarser value's extra `explained` comes from removing ordinary requests with the cause
+    (a smaller set's p99), not from a cause of its own."""
+    return _subset(fine_mask, coarse_mask) and not np.array_equal(fine_mask, coarse_mask) \
+        and coarse.score - fine.score <= SHARE_ROUNDING
+
+
+def named_at(value: Any, others: Sequence[Any]) -> bool:
+    """Whether `value` explains as much as each of `others` within HIERARCHY_MARGIN, `explained` capped at 1: a value
+    whose removal takes away the whole excess explains all there is (past 1, a coarser value only removes more of the
+    ordinary tail with it)."""
+    own = min(value.explained, 1.0)
+    return all(own >= min(o.explained, 1.0) - HIERARCHY_MARGIN for o in others)
 
 
 def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -455,9 +475,9 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
 
     The single candidates nested with the first one (every request of one carries the other's value, over
     the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
-    chain explaining as much as any (within HIERARCHY_MARGIN, explained capped at 1); the finer ones are shown
-    under it. Of values
-    selecting exactly the same requests, the one of the dimension with fewer values comes first.
+    chain explaining as much as any (`named_at`), leaving out the coarser values that hold it and earn nothing
+    (`earns_nothing`: their other requests are not over-represented in the tail); the finer ones are shown
+    under it. Of values selecting exactly the same requests, the one of the dimension with fewer values comes first.
     """
     if not ranked or len(ranked[0].dims) != 1:
         return ranked, [], []
@@ -472,6 +492,7 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
     if first:
         ranked = [ranked[first], *(c for i, c in enumerate(ranked) if i != first)]
     chain = [(int(top.sum()), 0)]
+    masks = {0: top}
     for i, c in enumerate(ranked[1:], 1):
         if len(c.dims) != 1 or not math.isfinite(c.explained):
             continue
@@ -480,13 +501,13 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
             continue
         if _subset(m, top) or _subset(top, m):
             chain.append((int(m.sum()), i))
+            masks[i] = m
     if len(chain) == 1 or not math.isfinite(ranked[0].explained):
         return ranked, [], []
     chain.sort()
-    # explained capped at 1: a value whose removal takes away the whole excess explains all there is to explain
-    # (past 1, a coarser value only removes more of the ordinary tail with it)
-    best = max(min(ranked[i].explained, 1.0) for _, i in chain)
-    pos = next(j for j, (_, i) in enumerate(chain) if min(ranked[i].explained, 1.0) >= best - HIERARCHY_MARGIN)
+    pos = next(j for j, (_, i) in enumerate(chain)
+               if named_at(ranked[i], [ranked[o] for _, o in chain if o != i and not earns_nothing(
+                   ranked[o], masks[o], ranked[i], masks[i])]))
     named = chain[pos][1]
     finer = sorted((ranked[i] for _, i in chain[:pos]), key=lambda c: -c.explained)
     coarser = [ranked[i] for _, i in chain[pos + 1:]]

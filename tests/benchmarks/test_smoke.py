@@ -35,6 +35,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
                     r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
+    "bench_attribute_choices": (r"\nmaterialized +[\d.]+ +[\d.]+ +[\d.]+ ", r"\nclickhouse +[\d.]+ ",
+                                r"same listing every way: True"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
     "bench_cost": (r"1,000 requests", r"identity holds", r"identical: True", r"kernel [\d.]+ ms/replay",
@@ -76,6 +78,7 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
     assert scripts == set(run_all.TINY) == set(run_all.SMALL) == set(PRINTS)
 
 
+@pytest.mark.slow  # a benchmark script in its own process (make test-fast leaves it out)
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
 def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
@@ -89,6 +92,7 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"
 
 
+@pytest.mark.slow
 def test_cost_ab_measures_a_tree_and_compares_two_runs(tmp_path: Path) -> None:
     """benchmarks.cost_ab: one tree measured on the tiny synthetic store, then two outputs compared."""
     out_file = tmp_path / "this.json"
