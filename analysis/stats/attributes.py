@@ -556,7 +556,8 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
         present = {k: int(v[0].size) for k, v in live.items()}
         for k, cols in kept.items():
             present[k] = present.get(k, 0) + sum(c.present for c in cols)
-        for key in sorted(present, key=lambda k: (-present[k], k)):
+        # a key of a stored hour that none of the frame's rows carries is not a key of these requests
+        for key in sorted((k for k in present if present[k]), key=lambda k: (-present[k], k)):
             if not judge.before_coding(key, source, present[key]):
                 continue
             if judge.cut_past(key, source, CUT_PRESENT):
