@@ -36,7 +36,7 @@ MINUTE = 60_000_000_000
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(the store, the chdb DSN of the same spans in otel_traces); the chdb session is closed again."""
     root = tmp_path_factory.mktemp("chdash")
-    store = samples_cache.store(SAMPLE, tmp_path_factory)
+    store = samples_cache.copy(SAMPLE, tmp_path_factory, root / "store")  # the workbench may materialize hours
     dsn = f"chdb:{root / 'ch'}"
     client = C.open_client(dsn)
     try:
