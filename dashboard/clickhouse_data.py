@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import polars as pl
 
 from analysis import clickhouse as C
+from analysis.attribute_filters import AttributeFilter
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
+from analysis.clickhouse.model import temp_engine, temp_table
 from analysis.cost import Prices, clickhouse_cost
 from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Filters
 from tracing.errors import QueryError
@@ -46,8 +48,13 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "prices": "per-replica and per-model prices live in a store's prices.toml; on a table, one price applies to all",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
-    "attribute_filters": "filtering by attributes reads the report's attribute rule, computed on DuckDB only so far",
+    "attribute_listing": "listing the attributes runs the report's attribute pass over the whole table, so it "
+                         "waits until asked",
 }
+#: Attribute filter sets whose matching requests a bench keeps in session tables at once (the oldest dropped first).
+MATCH_TABLES: Final = 4
+#: Prefix of those session tables (`_matching`).
+MATCH_TABLE: Final = "_tailscope_attr_match"
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0
 #: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
@@ -95,6 +102,9 @@ class ClickHouseBench:
     last_refresh_took_s: float = 0.0
     pending: set[int] = field(default_factory=set)  # nothing computes in the background here
     seen: tuple[Any, ...] | None = None
+    #: (data version, attribute filters) -> the session table of the requests meeting them (`_matching`)
+    matches: dict[tuple[int, tuple[AttributeFilter, ...]], str] = field(default_factory=dict)
+    made: int = 0  # match tables made so far (their names' numbers)
 
     def __post_init__(self) -> None:
         self.store = self.store or f"{self.client.dsn} · {self.table}"
@@ -110,6 +120,9 @@ class ClickHouseBench:
                 return False
             # the intervals the materialized table covers are read from it, the rest computed (equal rows)
             C.requests_facts(self.client, self.table, name=FACTS)
+            for name in self.matches.values():  # computed from the facts just replaced
+                self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+            self.matches.clear()
             self.seen = seen
             self.version += 1
             self.last_refresh_took_s = time.perf_counter() - t0
@@ -139,12 +152,15 @@ class ClickHouseBench:
         return choices(self, dims)
 
     def attribute_choices(self) -> dict[str, dict[str, Any]]:
-        """None on a table yet (`can("attribute_filters")` is False and says why)."""
-        return {}
+        """analysis.clickhouse.breakdowns.attribute_choices over every request."""
+        with self.lock:
+            return CB.attribute_choices(self.client, FACTS, self.table)
 
     def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
-        """Not on a table yet (`can("attribute_filters")` is False and says why)."""
-        raise NotImplementedError(self.missing("attribute_filters"))
+        """analysis.clickhouse.breakdowns.by_attribute of the filtered requests."""
+        with self.lock:
+            return CB.by_attribute(self.client, FACTS, key, choice, metric, condition(self, f, FILTER_DIMENSIONS),
+                                   self.table).to_pandas()
 
     def summary(self, f: Filters) -> dict[str, Any]:
         """`summary`."""
@@ -225,9 +241,28 @@ def open_bench(dsn: str, table: str = C.DEFAULT_TABLE) -> ClickHouseBench:
     return bench
 
 
-def condition(f: Filters, dims: Sequence[str]) -> str:
-    """The filters as a ClickHouse condition on the request columns."""
-    return CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
+def condition(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> str:
+    """The filters as a ClickHouse condition on the request columns (the attribute filters read `b`'s spans)."""
+    cond = CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
+    return f"{cond} AND (trace_id, span_id) IN (SELECT trace_id, span_id FROM {_matching(b, f.attributes)})" \
+        if f.attributes else cond
+
+
+def _matching(b: ClickHouseBench, attributes: tuple[AttributeFilter, ...]) -> str:
+    """The session table of the requests (trace_id, span_id) of FACTS meeting every attribute filter, made once per
+    data version and filter set: the filters' subqueries read the spans once, not again in each query of a report."""
+    with b.lock:
+        name = b.matches.get((b.version, attributes))
+        if name is None:
+            b.made += 1
+            name = f"{MATCH_TABLE}_{b.made}"
+            where = CB.attribute_condition(attributes, FACTS, b.table)
+            temp_table(b.client, name, f"SELECT trace_id, span_id FROM {FACTS} WHERE {where}",
+                       temp_engine(b.client, FACTS))
+            b.matches[(b.version, attributes)] = name
+            while len(b.matches) > MATCH_TABLES:
+                b.client.command(f"DROP TEMPORARY TABLE IF EXISTS {b.matches.pop(next(iter(b.matches)))}")
+        return name
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
@@ -240,13 +275,13 @@ def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
 def summary(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> dict[str, Any]:
     """analysis.clickhouse.breakdowns.summary of the filtered requests."""
     with b.lock:
-        return CB.summary(b.client, FACTS, condition(f, dims))
+        return CB.summary(b.client, FACTS, condition(b, f, dims))
 
 
 def time_bounds(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> tuple[int | None, int | None, int]:
     """analysis.clickhouse.breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
     with b.lock:
-        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(f, dims)})")
+        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(b, f, dims)})")
 
 
 def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
@@ -254,7 +289,7 @@ def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
     """analysis.clickhouse.report.percentile_series of one metric over the filtered requests."""
     with b.lock:
         return CR.percentile_series(b.client, b.table, metric, window_s=window_s, since=f.since_ns,
-                                    until=f.until_ns, facts=FACTS, where=condition(f, dims))
+                                    until=f.until_ns, facts=FACTS, where=condition(b, f, dims))
 
 
 def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
@@ -263,7 +298,7 @@ def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
     with b.lock:
         return cast(dict[str, Any], CR.build_report(b.client, b.table, metric=metric, window_s=window_s,
                                                     since=f.since_ns, until=f.until_ns, include_failures=True,
-                                                    facts=FACTS, where=condition(f, dims)))
+                                                    facts=FACTS, where=condition(b, f, dims)))
 
 
 def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
@@ -272,13 +307,13 @@ def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns
     with b.lock:
         return cast(dict[str, Any], CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric,
                                                       window_s=window_s, since=f.since_ns, until=f.until_ns,
-                                                      facts=FACTS, where=condition(f, dims)))
+                                                      facts=FACTS, where=condition(b, f, dims)))
 
 
 def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,
               trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.slowest under the filters (only `trace_ids`, when given)."""
-    cond = condition(f, dims)
+    cond = condition(b, f, dims)
     if trace_ids is not None:
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
     with b.lock:
@@ -288,14 +323,14 @@ def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, m
 def replicas(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.replicas of the filtered requests."""
     with b.lock:
-        return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
+        return CB.replicas(b.client, FACTS, metric, condition(b, f, dims)).to_pandas()
 
 
 def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> list[dict[str, Any]]:
     """analysis.stats.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
     from analysis.stats.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
 
-    cond = condition(f, dims)
+    cond = condition(b, f, dims)
     with b.lock:
         by_replica = CB.replicas(b.client, FACTS, metric, cond)
         outliers = by_replica.filter(pl.col("outlier")).get_column("replica").to_list()
@@ -315,13 +350,13 @@ def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], me
 def shape(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.shape of the filtered requests."""
     with b.lock:
-        return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
+        return CB.shape(b.client, FACTS, metric, by, condition(b, f, dims)).to_pandas()
 
 
 def workload(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> Workload:
     """analysis.clickhouse.breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
-        return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
+        return CB.workload(b.client, FACTS, b.table, condition(b, f, dims), f.since_ns, f.until_ns)
 
 
 def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int | None = None

@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
 
@@ -119,6 +119,29 @@ class Coded:
     #: the attribute key a dimension reads and where from (request, stage, resource); None / "builtin" for the six
     attribute: str | None = None
     source: str = "builtin"
+    #: rows per code over all of `codes`, the missing ones in the last slot (`counts_of`; an attribute file's
+    #: counts fill it without a pass); dataclasses.replace does not copy it (its codes differ)
+    counts: I64 | None = field(default=None, init=False, repr=False, compare=False)
+
+    def at(self, rows: I64) -> I64:
+        """The codes of `rows` (`codes[rows]`; a coding that makes its codes only when asked gathers just these)."""
+        return self.codes[rows]
+
+
+def counts_of(c: Coded) -> I64:
+    """Rows per code over all of `c.codes`, the missing ones in the last slot (len(labels) + 1 slots); cached."""
+    if c.counts is None:
+        got = np.bincount(c.codes + 1, minlength=len(c.labels) + 1)
+        c.counts = np.concatenate([got[1:], got[:1]])
+    return c.counts
+
+
+def base_counts(c: Coded, base: I64, outside: I64 | None, slots: int) -> I64:
+    """Rows of `base` per code of `c`, the missing ones in the last slot; `outside`: the rows of `c` not in `base`,
+    when fewer than it (then its count is taken from the whole's, `counts_of`)."""
+    if outside is None:
+        return np.bincount(_missing_last(c.at(base), slots), minlength=slots)
+    return counts_of(c) - np.bincount(_missing_last(c.at(outside), slots), minlength=slots)
 
 
 def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
@@ -267,11 +290,26 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
         eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
-    codes_t = [_missing_last(c.codes[tail], k) for c, k in zip(coded, slots, strict=True)]
-    codes_b = [_missing_last(c.codes[base], k) for c, k in zip(coded, slots, strict=True)]
+    codes_t = [_missing_last(c.at(tail), k) for c, k in zip(coded, slots, strict=True)]
+    got_b: dict[int, I64] = {}
+
+    def codes_b(i: int) -> I64:  # the baseline's codes of a dimension, gathered when first needed
+        if i not in got_b:
+            got_b[i] = _missing_last(coded[i].at(base), slots[i])
+        return got_b[i]
+
     # unweighted, the baseline's count of every single and pair is a sum over one count per combination of all
     # the dimensions (exact integers): one pass over its rows instead of one per single and pair
-    joint = _joint_counts(codes_b, slots) if w_b is None and len(coded) > 2 else None
+    joint = _joint_counts([codes_b(i) for i in range(len(coded))], slots) if (
+        w_b is None and len(coded) > 2 and math.prod(slots) <= MAX_JOINT_CELLS) else None
+    # unweighted, a single's baseline counts are its counts over every row less those outside the baseline (rows
+    # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
+    n_rows = coded[0].codes.size if coded else 0
+    outside = None
+    if coded and w_b is None and joint is None and 2 * base.size > n_rows and bool(np.all(base[1:] > base[:-1])):
+        keep = np.ones(n_rows, dtype=bool)
+        keep[base] = False
+        outside = np.flatnonzero(keep)
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
     found: list[Candidate] = []
     tested = 0
@@ -285,12 +323,14 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
         if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
             continue
         key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
-        key_b = None if joint is not None else (
-            codes_b[combo[0]] if len(combo) == 1 else codes_b[combo[0]] * sizes[1] + codes_b[combo[1]])
+        by_rest = joint is not None or (len(combo) == 1 and w_b is None)
+        key_b = None if by_rest else (
+            codes_b(combo[0]) if len(combo) == 1 else codes_b(combo[0]) * sizes[1] + codes_b(combo[1]))
         tc = np.bincount(key_t, minlength=cells)
-        if key_b is None:
-            assert joint is not None
+        if joint is not None:
             bc = joint.sum(axis=tuple(i for i in range(len(coded)) if i not in combo)).ravel()
+        elif key_b is None:
+            bc = base_counts(coded[combo[0]], base, outside, cells)
         else:
             bc = np.bincount(key_b, minlength=cells)
         if rest is not None:
@@ -366,6 +406,11 @@ def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def gathered(coded: Sequence[Coded], rows: I64, dims: set[int] | None = None) -> list[Coded]:
+    """The dimensions with the codes of `rows` only (of `dims`: the others kept as they are, never read)."""
+    return [dataclasses.replace(c, codes=c.at(rows)) if dims is None or i in dims else c for i, c in enumerate(coded)]
+
+
 def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64 | None) -> Mask:
     """Which of `rows` (None: every row of `coded`) match the candidate."""
     mask: Mask | None = None
@@ -393,7 +438,7 @@ class TailQuantile:
         order = part[np.argsort(values[part], kind="stable")]
         self.values = values[order]  # the top slice, ascending
         self.rows = rows[order]
-        self._slice_coded: tuple[Sequence[Coded], list[Coded]] | None = None  # (coded, its codes of the slice)
+        self._slice_coded: tuple[Sequence[Coded], dict[int, Coded]] | None = None  # (coded, slice codes)
 
     @staticmethod
     def top_size(n: int, slice_share: float = 0.05) -> int:
@@ -425,9 +470,14 @@ class TailQuantile:
 
     def without_candidate(self, coded: Sequence[Coded], cand: Candidate) -> float:
         """The quantile with the candidate's baseline requests removed (nan when it reaches below the slice)."""
-        if self._slice_coded is None or self._slice_coded[0] is not coded:  # the slice's codes, gathered once
-            self._slice_coded = (coded, [dataclasses.replace(c, codes=c.codes[self.rows]) for c in coded])
-        return self.without(candidate_mask(self._slice_coded[1], cand, None), cand.base_count)
+        if self._slice_coded is None or self._slice_coded[0] is not coded:
+            self._slice_coded = (coded, {})
+        got = self._slice_coded[1]  # the slice's codes of each dimension a candidate reads, gathered once
+        for i in cand.dims:
+            if i not in got:
+                got[i] = dataclasses.replace(coded[i], codes=coded[i].at(self.rows))
+        return self.without(candidate_mask([got.get(i, c) for i, c in enumerate(coded)], cand, None),
+                            cand.base_count)
 
 
 class BaselineTail(Protocol):
@@ -457,7 +507,7 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
     # the spike rows' codes gathered once for every candidate's mask
-    spike_coded = [dataclasses.replace(c, codes=c.codes[spike]) for c in coded]
+    spike_coded = gathered(coded, spike, {i for c in cands for i in c.dims})
     for cand in cands:
         keep = ~candidate_mask(spike_coded, cand, None)
         if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:

@@ -35,9 +35,12 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
                     r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
+    "bench_attribute_choices": (r"\nmaterialized +[\d.]+ +[\d.]+ +[\d.]+ ", r"\nclickhouse +[\d.]+ ",
+                                r"same listing every way: True"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
-    "bench_cost": (r"1,000 requests", r"identity holds", r"identical: True", r"kernel [\d.]+ ms/replay",
+    "bench_cost": (r"1,000 requests", r"anchor [\d.]+ s / [\d.]+ CPU-s; cost table", r"identity holds",
+                   r"identical: True", r"kernel [\d.]+ ms/replay",
                    r"what-if [\d.]+ s / [\d.]+ CPU-s; scale-up [\d.]+ s"),
     "bench_build_hour": (r'"anchor": \[', r'"cpu_x_anchor": \d'),
     "bench_detect": (r"values=20000 windows=8 K=200 detect_cpu_s=[\d.]+ anchor_permutation_cpu_s=[\d.]+",),
