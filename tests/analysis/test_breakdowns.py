@@ -12,13 +12,14 @@ import pytest
 from analysis import breakdowns as B
 from analysis import connect
 from analysis.stats.explain import bucket_bounds
+from tests import samples_cache
 from tests.analysis.test_report import SLOW_REPLICA, fleet_store
 from tracing import schema as S
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("fleet"))
+    return samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
 
 
 def test_token_buckets_are_the_reports() -> None:

@@ -23,10 +23,10 @@ from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
-from intake.ingest import ingest_files
 from sample_traces import generate
 from sample_traces.emit import write_store
 from sample_traces.incidents import run
+from tests import samples_cache
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import TailscopeError
@@ -135,9 +135,9 @@ def test_promotion_in_sql_equals_tracing_rows_on_random_spans(client: Any) -> No
         assert {k: row[k] for k in want} == want, span
 
 
-def _store_and_table(sample: Path, tmp: Path, client: Any) -> tuple[Path, str]:
-    store = tmp / "store"
-    ingest_files([sample], store)
+def _store_and_table(sample: Path, factory: pytest.TempPathFactory, client: Any) -> tuple[Path, str]:
+    """The sample's shared store (read only) and the ClickHouse table it was exported to."""
+    store = samples_cache.store(sample, factory)
     table = "t_" + sample.name.split(".")[0]
     client.command(f"DROP TABLE IF EXISTS {table}")
     export_store(store, client, table)
@@ -179,9 +179,9 @@ def _same_frames(duck: pl.DataFrame, ch: pl.DataFrame) -> None:
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name.split(".")[0] for p in SAMPLES])
-def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path, tmp_path: Path,
-                                                                     client: Any) -> None:
-    store, table = _store_and_table(sample, tmp_path, client)
+def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
+        sample: Path, tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
+    store, table = _store_and_table(sample, tmp_path_factory, client)
     con = connect(store)
     duck = con.sql("SELECT * FROM requests").pl()
     assert duck.height > 0
@@ -226,12 +226,12 @@ def test_a_spike_moved_to_its_culprits_windows_is_moved_alike(name: str, seed: i
     assert ch_report(client, table) == duck
 
 
-def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path, client: Any,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(
+        tmp_path_factory: pytest.TempPathFactory, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Above MEMORY_TEMP_MAX_SPANS the model's temporary tables are MergeTree (on disk, so a large table does not
     have to fit in the session's memory): the same requests and report as the store, and the tables' engine is it."""
     sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
-    store, table = _store_and_table(sample, tmp_path, client)
+    store, table = _store_and_table(sample, tmp_path_factory, client)
     con = connect(store)
     from analysis.clickhouse import model as CM
     from analysis.clickhouse import requests as CRQ
@@ -339,10 +339,10 @@ def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client
         assert ev[0]["TimestampNs"] == first.events[0].timestamp and ev[0]["Name"] == "first_token"
 
 
-def test_export_keeps_every_stored_column(tmp_path: Path, client: Any) -> None:
+def test_export_keeps_every_stored_column(tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """A store exported and read back through source_sql gives the same spans, ns and events included."""
     sample = DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"
-    store, table = _store_and_table(sample, tmp_path, client)
+    store, table = _store_and_table(sample, tmp_path_factory, client)
     duck = connect(store).sql(f"SELECT {', '.join(S.COLUMN_NAMES)} FROM spans").to_arrow_table()
     ch = client.query(f"SELECT {', '.join(S.COLUMN_NAMES)} FROM {C.source_sql(table)}")
     keys = [("TraceId", "ascending"), ("SpanId", "ascending"), ("TimestampNs", "ascending")]
@@ -362,10 +362,9 @@ def test_export_keeps_every_stored_column(tmp_path: Path, client: Any) -> None:
             assert x == y, name
 
 
-def test_export_through_staging_equals_export_from_files(tmp_path: Path, client: Any) -> None:
+def test_export_through_staging_equals_export_from_files(tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """The server's path (each segment through a staging table) writes the very rows chdb's file() path writes."""
-    store = tmp_path / "store"
-    ingest_files([DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz"], store)
+    store = samples_cache.store(DATA / "engines" / "vllm_slow_replica.otlp.jsonl.gz", tmp_path_factory)
     tables = []
     for from_files in (True, False):
         table = f"t_export_{'files' if from_files else 'staging'}"
@@ -375,12 +374,12 @@ def test_export_through_staging_equals_export_from_files(tmp_path: Path, client:
     assert tables[0].num_rows > 0 and tables[0].equals(tables[1])
 
 
-def test_export_without_facts_writes_the_attributes_as_stored(tmp_path: Path, client: Any) -> None:
+def test_export_without_facts_writes_the_attributes_as_stored(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """insert_sql(facts=False), the benchmark's price of the facts, writes the stored attributes unchanged; the export
     writes them plus the facts of the spans a mapping promoted (here a tenant stored on the request spans that no
     attribute names), and nothing else differs."""
-    store = tmp_path / "store"
-    ingest_files([DATA / "basic.otlp.jsonl.gz"], store)
+    store = samples_cache.copy(DATA / "basic.otlp.jsonl.gz", tmp_path_factory, tmp_path / "store")  # rewritten below
     for path in (store / "spans").rglob("*.parquet"):  # as a mapping would: a promoted value no attribute holds
         seg = pq.read_table(path)
         tenant = pa.array(["tenant-z" if r else t for r, t in zip(seg.column("IsRequest").to_pylist(),
@@ -412,8 +411,8 @@ def test_export_without_facts_writes_the_attributes_as_stored(tmp_path: Path, cl
     assert added == {(S.TENANT_KEYS[0], "tenant-z")}
 
 
-def test_sql_on_clickhouse_is_read_only(tmp_path: Path, client: Any) -> None:
-    store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path, client)
+def test_sql_on_clickhouse_is_read_only(tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
+    store, table = _store_and_table(DATA / "basic.otlp.jsonl.gz", tmp_path_factory, client)
     got = C.query_views(client, "SELECT count(*) AS n FROM requests WHERE status = 'ok'", table).to_pylist()
     want = connect(store).sql("SELECT count(*) FROM requests WHERE status = 'ok'").fetchall()[0][0]
     assert got == [{"n": want}]
@@ -437,11 +436,12 @@ def test_a_server_that_does_not_answer_is_one_clear_error() -> None:
 
 
 @pytest.mark.parametrize("sample", ["incidents/slow_replica", "engines/vllm_slow_replica"])
-def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(sample: str, tmp_path: Path, client: Any) -> None:
+def test_windowed_exact_quantiles_on_the_server_equal_duckdbs(
+        sample: str, tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     from analysis.clickhouse.report import percentile_series as ch_series
     from analysis.engine.percentiles import percentile_series
 
-    store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path, client)
+    store, table = _store_and_table(DATA / f"{sample}.otlp.jsonl.gz", tmp_path_factory, client)
     con = connect(store)
     cases: list[dict[str, Any]] = [{}, {"by": ("replica",), "window_s": "1m"},
                                    {"metric": "ttft", "include_failures": False},
@@ -468,14 +468,14 @@ def test_the_spans_pulled_back_hold_what_the_explanation_reads() -> None:
     assert set(SPAN_INPUTS) >= _STAGE_INPUTS
 
 
-def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Path, client: Any) -> None:
+def test_a_sampled_table_gives_the_same_weighted_series_and_report(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """Adjusted counts travel in TraceState (ot=th): ClickHouse derives them and weighs as the store does."""
     from analysis.clickhouse.report import percentile_series as ch_series
     from analysis.engine.percentiles import percentile_series
     from tests.sample_traces import sampled_copy as SC
 
-    whole = tmp_path / "whole"
-    ingest_files([DATA / "incidents" / "slow_replica.otlp.jsonl.gz"], whole)
+    whole = samples_cache.store(DATA / "incidents" / "slow_replica.otlp.jsonl.gz", tmp_path_factory)
     store = SC.write_store(tmp_path / "quarter", SC.consistent_sample(SC.read_spans(whole), lambda r: 0.25))
     table = "t_sampled"
     client.command(f"DROP TABLE IF EXISTS {table}")
@@ -503,13 +503,13 @@ def test_a_sampled_table_gives_the_same_weighted_series_and_report(tmp_path: Pat
         assert ch_report(client, table, sampling_policy=policy) == duck_report, policy
 
 
-def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(tmp_path: Path, client: Any) -> None:
+def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """A tail sampler that kept every slow request and a quarter of the rest, recording the quarter as head
     sampling: both engines see the recorded probabilities contradicted by the data, alike."""
     from tests.sample_traces import sampled_copy as SC
 
-    whole = tmp_path / "whole"
-    ingest_files([DATA / "incidents" / "slow_replica.otlp.jsonl.gz"], whole)
+    whole = samples_cache.store(DATA / "incidents" / "slow_replica.otlp.jsonl.gz", tmp_path_factory)
     spans = SC.read_spans(whole)
     first = connect(whole)
     slow = sorted(r["e2e_ns"] for r in SC.facts(first))[-300]

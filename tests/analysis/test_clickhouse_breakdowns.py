@@ -30,7 +30,7 @@ from analysis.engine.connect import connect
 from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
 from analysis.stats import explain as X
-from intake.ingest import ingest_files
+from tests import samples_cache
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 
@@ -45,11 +45,11 @@ MINUTE = 60_000_000_000
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[duckdb.DuckDBPyConnection, Any]]:
     """(DuckDB on the store, a chdb client whose session holds the request facts in `requests`)."""
     root = tmp_path_factory.mktemp("chb")
-    ingest_files([SAMPLE], root / "store")
+    store = samples_cache.store(SAMPLE, tmp_path_factory)
     client = C.open_client(f"chdb:{root / 'ch'}")
-    export_store(root / "store", client, C.DEFAULT_TABLE)
+    export_store(store, client, C.DEFAULT_TABLE)
     C.materialize_requests(client, C.DEFAULT_TABLE, name=FACTS)
-    con = connect(root / "store")
+    con = connect(store)
     yield con, client
     con.close()
     client.close()
@@ -68,15 +68,15 @@ def same_numbers(got: dict[str, Any], want: dict[str, Any]) -> None:
         assert got[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
 
 
-def test_the_summary_of_a_sampled_table_equals_the_stores(engines: tuple[duckdb.DuckDBPyConnection, Any],
-                                                          tmp_path: Path) -> None:
+def test_the_summary_of_a_sampled_table_equals_the_stores(
+        engines: tuple[duckdb.DuckDBPyConnection, Any], tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     """Errors all kept, successes at a quarter (ot=th recorded): weighted counts, effective counts and weighted
     percentiles agree; the weighted counts differ from the stored ones (the check can fail)."""
     from tests.sample_traces import sampled_copy as SC
 
     _, client = engines
-    whole = tmp_path / "whole"
-    ingest_files([SAMPLE], whole)
+    whole = samples_cache.store(SAMPLE, tmp_path_factory)
     copy = SC.write_store(tmp_path / "copy", SC.consistent_sample(
         SC.read_spans(whole), lambda r: 1.0 if r["Outcome"] != "ok" else 0.25))
     export_store(copy, client, "otel_sampled")
@@ -234,13 +234,12 @@ def test_the_replayed_workload_equals_the_stores(engines: tuple[duckdb.DuckDBPyC
 
 
 def test_the_cold_start_comes_from_the_servers_spans(engines: tuple[duckdb.DuckDBPyConnection, Any],
-                                                     tmp_path: Path) -> None:
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     """On the cold-start incident the model_load spans read on the server give the store's cold start."""
     from analysis.capacity import observed_workload
 
     _, client = engines
-    store = tmp_path / "cold"
-    ingest_files([SAMPLE.with_name("cold_start.otlp.jsonl.gz")], store)
+    store = samples_cache.store(SAMPLE.with_name("cold_start.otlp.jsonl.gz"), tmp_path_factory)
     export_store(store, client, "otel_cold")
     C.materialize_requests(client, "otel_cold", name="cold_requests")
     con = connect(store)

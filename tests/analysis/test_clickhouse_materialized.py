@@ -19,7 +19,7 @@ from analysis.clickhouse import requests as CRQ
 from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report, explain_window, percentile_series
 from analysis.engine import model as M
-from intake.ingest import ingest_files
+from tests import samples_cache
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 
@@ -33,13 +33,12 @@ def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int, dic
     """(a chdb client with otel_traces, its tailscope_requests views applied before the spans arrived; the start
     of the sample's first 5-minute interval; the report computed from the spans alone)."""
     root = tmp_path_factory.mktemp("chm")
-    ingest_files([SAMPLE], root / "store")
     client = C.open_client(f"chdb:{root / 'ch'}")
     client.command(C.otel_traces_ddl())
     for sql in C.requests_mv_ddl():
         client.command(sql)
     client.command(f"SYSTEM STOP VIEW {T}_mv")  # refreshes run by hand below
-    export_store(root / "store", client, C.DEFAULT_TABLE)
+    export_store(samples_cache.store(SAMPLE, tmp_path_factory), client, C.DEFAULT_TABLE)
     first = int(client.query("SELECT min(TimestampNs) AS t FROM tailscope_requests_spans").to_pylist()[0]["t"])
     t0 = first // F * F
     # refreshes run once (the first interval twice) and stashed: each test replays those it needs

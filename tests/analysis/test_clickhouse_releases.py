@@ -22,7 +22,7 @@ from analysis.clickhouse import report as CR
 from analysis.clickhouse.export import export_store
 from analysis.engine.connect import connect
 from analysis.report import build_report
-from intake.ingest import ingest_files
+from tests import samples_cache
 from tests.analysis.clickhouse_releases import NEWEST, Served, older_releases, serve
 from tracing.errors import QueryError
 
@@ -32,9 +32,8 @@ RELEASES = [*older_releases(), NEWEST]
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("chrel") / "store"
-    ingest_files([SAMPLE], path)
-    return path
+    """A copy: `tailscope report --store` below materializes the hours into it."""
+    return samples_cache.copy(SAMPLE, tmp_path_factory, tmp_path_factory.mktemp("chrel") / "store")
 
 
 @pytest.fixture(scope="module", params=RELEASES)

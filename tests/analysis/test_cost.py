@@ -21,6 +21,7 @@ from analysis.cost import (
     load_prices,
     prices_for,
 )
+from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
 from tests.needs import CHDB_HOW, need_module
 from tracing.errors import QueryError
@@ -401,18 +402,17 @@ def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     c.close()
 
 
-def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(tmp_path: Path, chdb_client: Any) -> None:
+def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, chdb_client: Any) -> None:
     """The cold-start incident, whole (the integer rule) and as a quarter copy recording `ot=th` (the weighted
     rule), exported to chdb: the ClickHouse text of the sweep gives DuckDB's shares and replica times, with and
     without a window and a grid. Integer sweep: exactly. Weighted: the floats are summed in another order, so a
     request's rounded total may differ by 1 ns."""
     from analysis.clickhouse.export import export_store
-    from intake.ingest import ingest_files
     from tests.sample_traces import sampled_copy as SC
 
     data = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "cold_start.otlp.jsonl.gz"
-    whole = tmp_path / "whole"
-    ingest_files([data], whole)
+    whole = samples_cache.store(data, tmp_path_factory)
     quarter = SC.write_store(tmp_path / "quarter", SC.consistent_sample(SC.read_spans(whole), lambda r: 0.25))
     for store, weighted, table in ((whole, False, "t_cost_whole"), (quarter, True, "t_cost_quarter")):
         chdb_client.command(f"DROP TABLE IF EXISTS {table}")
@@ -432,7 +432,8 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(tmp_path: Path, 
         con.close()
 
 
-def test_the_cost_on_clickhouse_equals_the_stores(tmp_path: Path, chdb_client: Any) -> None:
+def test_the_cost_on_clickhouse_equals_the_stores(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, chdb_client: Any) -> None:
     """The cold-start incident in chdb: the cost table (every grouping, whole and in a range) and the series
     computed on the server equal DuckDB's; a sampled table is refused in one sentence."""
     import polars as pl
@@ -440,12 +441,10 @@ def test_the_cost_on_clickhouse_equals_the_stores(tmp_path: Path, chdb_client: A
     from analysis import clickhouse as C
     from analysis.clickhouse.export import export_store
     from analysis.cost import clickhouse_cost
-    from intake.ingest import ingest_files
     from tests.sample_traces import sampled_copy as SC
 
     data = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "cold_start.otlp.jsonl.gz"
-    whole = tmp_path / "whole"
-    ingest_files([data], whole)
+    whole = samples_cache.store(data, tmp_path_factory)
     table = "t_cost_table"
     chdb_client.command(f"DROP TABLE IF EXISTS {table}")
     export_store(whole, chdb_client, table)

@@ -14,6 +14,7 @@ from analysis import connect
 from analysis.engine.percentiles import MIN_TAIL
 from analysis.stats import explain as X
 from analysis.stats.spikes import quantile_sorted
+from tests import samples_cache
 from tests.analysis.test_report import fleet_store
 from tests.factory import T0, add_request, write
 from tracing import schema as S
@@ -264,8 +265,8 @@ def test_stage_rows_equal_the_requests_view(tmp_path: Path) -> None:
     assert rows.row(0, named=True)["decode_ns"] == 50 and rows.row(0, named=True)["streaming_ns"] == 8
 
 
-def test_stage_rows_on_a_fleet_store(tmp_path: Path) -> None:
-    store = fleet_store(tmp_path)
+def test_stage_rows_on_a_fleet_store(tmp_path_factory: pytest.TempPathFactory) -> None:
+    store = samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
     con = connect(store)
     ids = [r[0] for r in con.execute("SELECT trace_id FROM requests ORDER BY trace_id LIMIT 50").fetchall()]
     cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)

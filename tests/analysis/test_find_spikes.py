@@ -10,6 +10,7 @@ import pytest
 
 from analysis import build_report, connect
 from analysis.report import MARK_KEYS, find_spikes, marks_of
+from tests import samples_cache
 from tests.analysis.test_report import fleet_store
 
 SEC = 1_000_000_000
@@ -31,7 +32,7 @@ def test_marks_of_leaves_out_the_attribute_pass_and_the_explanations_errors() ->
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("find-spikes"))
+    return samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
 
 
 def _same_as_report(found: dict[str, Any], report: dict[str, Any]) -> None:

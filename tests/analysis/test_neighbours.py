@@ -17,7 +17,7 @@ from analysis import connect
 from analysis import neighbours as N
 from analysis.engine.percentiles import weighted_quantile_sorted
 from analysis.report import build_report, render_text
-from intake.ingest import ingest_files
+from tests import samples_cache
 from tests.factory import add_request, write
 from tracing.rows import SpanBatch
 
@@ -174,9 +174,8 @@ SAMPLES = Path(__file__).parents[2] / "sample_traces" / "data" / "incidents"
 
 
 @pytest.mark.parametrize("name", ["queue_backlog", "clean", "slow_replica"])
-def test_sample_incidents(tmp_path: Path, name: str) -> None:
-    ingest_files([SAMPLES / f"{name}.otlp.jsonl.gz"], tmp_path)
-    report = build_report(connect(tmp_path))
+def test_sample_incidents(tmp_path_factory: pytest.TempPathFactory, name: str) -> None:
+    report = build_report(connect(samples_cache.store(SAMPLES / f"{name}.otlp.jsonl.gz", tmp_path_factory)))
     _says_in_text(report)
     found = [s["noisy_neighbour"] for s in report["spikes"]]
     if name == "queue_backlog":  # cyberdyne's burst, queued by its own concurrency limit at the gateway

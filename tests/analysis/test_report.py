@@ -14,6 +14,7 @@ from analysis import build_report, connect
 from analysis.report import render_text
 from analysis.stats import explain as X
 from tailscope.cli import app
+from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
 from tracing import schema as S
 from tracing.rows import SpanBatch
@@ -24,6 +25,11 @@ WINDOWS = 10
 PER_WINDOW = 600
 SLOW_REPLICA = "replica-03"
 SPIKE_WINDOWS = (5, 6)
+
+
+def clean_fleet_store(path: Path) -> Path:
+    """`fleet_store` without the spike."""
+    return fleet_store(path, spike=False)
 
 
 def fleet_store(path: Path, spike: bool = True) -> Path:
@@ -59,12 +65,13 @@ def fleet_store(path: Path, spike: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def spiky(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Its own: `tailscope report` below materializes the hours into it."""
     return fleet_store(tmp_path_factory.mktemp("spiky"))
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("clean"), spike=False)
+    return samples_cache.built("fleet-clean", clean_fleet_store, tmp_path_factory)
 
 
 TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_failures", "since", "until",

@@ -19,7 +19,8 @@ import pytest
 from analysis import build_report, connect
 from analysis import contract as K
 from analysis.report import explain_window
-from tests.analysis.test_report import SPIKE_WINDOWS, fleet_store
+from tests import samples_cache
+from tests.analysis.test_report import SPIKE_WINDOWS, clean_fleet_store, fleet_store
 from tests.factory import T0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,15 +99,16 @@ def test_checker_catches_each_kind_of_mismatch() -> None:
 
 @pytest.fixture(scope="module")
 def spiky(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("spiky"))
+    return samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
 
 
-def test_reports_conform_to_the_contract(spiky: Path, tmp_path: Path) -> None:
+def test_reports_conform_to_the_contract(spiky: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     con = connect(spiky)
     report = json.loads(json.dumps(build_report(con)))  # as `--json` prints it
     assert report["spikes"] and report["spikes"][0]["dimensions"], "the fixture's spike must be explained"
     assert problems(report, K.Report) == []
-    clean = json.loads(json.dumps(build_report(connect(fleet_store(tmp_path / "clean", spike=False)))))
+    clean_store = samples_cache.built("fleet-clean", clean_fleet_store, tmp_path_factory)
+    clean = json.loads(json.dumps(build_report(connect(clean_store))))
     assert clean["spikes"] == [] and problems(clean, K.Report) == []
     start, end = T0 + SPIKE_WINDOWS[0] * 60 * SEC, T0 + (SPIKE_WINDOWS[-1] + 1) * 60 * SEC
     item = json.loads(json.dumps(explain_window(con, start, end)))

@@ -10,6 +10,7 @@ import pytest
 from analysis import build_report, connect
 from analysis.engine.percentiles import iso, request_facts
 from analysis.report import explain_window
+from tests import samples_cache
 from tests.analysis.test_report import SLOW_REPLICA, fleet_store
 from tests.factory import T0
 from tracing import schema as S
@@ -20,7 +21,7 @@ SEC = 1_000_000_000
 
 @pytest.fixture(scope="module")
 def spiky(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("spiky"))
+    return samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
 
 
 def _copy_store(src: Path, dst: Path, where: str) -> Path:

@@ -11,6 +11,7 @@ import pytest
 from analysis import connect
 from analysis import traces as T
 from analysis.engine.model import subtract
+from tests import samples_cache
 from tests.analysis.test_report import fleet_store
 from tests.dashboard.incident_store import write_incident_store
 
@@ -24,7 +25,7 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fleet_store(tmp_path_factory.mktemp("fleet"))
+    return samples_cache.built("fleet-spiky", fleet_store, tmp_path_factory)
 
 
 @pytest.mark.parametrize("which", ["incident", "fleet"])

@@ -41,6 +41,7 @@ from sample_traces.emit import write_otlp
 from sample_traces.fleet import START_NS, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE
 from tailscope.cli import app
+from tests import samples_cache
 from tests.sample_traces.seeded import accepted
 from tests.sample_traces.test_accuracy import truth
 from tracing.errors import QueryError
@@ -50,18 +51,11 @@ NS = 1_000_000_000
 W = 60 * NS  # the command's default window ...
 DELAY = 60 * NS  # ... and delay
 INCIDENTS = [inc.name for inc in CATALOGUE if inc.stage is not None]
-_stores: dict[str, Path] = {}
 
 
 def store_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample ingested into its own store (once per session)."""
-    if name not in _stores:
-        store = tmp_path_factory.mktemp(f"watch-{name}") / "store"
-        result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store),
-                                     str(generate.traces_path(generate.INCIDENTS_DIR, name))])
-        assert result.exit_code == 0, result.output
-        _stores[name] = store
-    return _stores[name]
+    """The sample ingested by `tailscope ingest` (once per worker, shared with test_accuracy); read only."""
+    return samples_cache.store(generate.traces_path(generate.INCIDENTS_DIR, name), tmp_path_factory, cli=True)
 
 
 def replay_json(store: Path, *extra: str) -> list[dict[str, Any]]:

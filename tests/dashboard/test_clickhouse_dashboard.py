@@ -21,7 +21,7 @@ from analysis.clickhouse.export import export_store
 from dashboard import clickhouse_data as CHD
 from dashboard import data
 from dashboard.settings import ENV_DSN, ENV_ENGINE
-from intake.ingest import ingest_files
+from tests import samples_cache
 from tests.analysis.clickhouse_releases import older_releases, serve
 from tests.dashboard.conftest import APP
 
@@ -36,14 +36,14 @@ MINUTE = 60_000_000_000
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(the store, the chdb DSN of the same spans in otel_traces); the chdb session is closed again."""
     root = tmp_path_factory.mktemp("chdash")
-    ingest_files([SAMPLE], root / "store")
+    store = samples_cache.copy(SAMPLE, tmp_path_factory, root / "store")  # the workbench may materialize hours
     dsn = f"chdb:{root / 'ch'}"
     client = C.open_client(dsn)
     try:
-        export_store(root / "store", client, C.DEFAULT_TABLE)
+        export_store(store, client, C.DEFAULT_TABLE)
     finally:
         client.close()
-    return root / "store", dsn
+    return store, dsn
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ from typer.testing import CliRunner
 
 from sample_traces import generate
 from tailscope.cli import app
-from tests.intake.test_engines_clean_input import engine_warnings
+from tests import samples_cache
 from tests.sample_traces.cli_checks import ns_of
 from tests.sample_traces.seeded import INCIDENTS, NAMES, NEGATIVE, bounds_hold, check_found, check_negative, summary
 
@@ -66,11 +66,9 @@ def report_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     """The report JSON of that catalogue entry's committed sample (ingested and reported once), on the truth's
     metric."""
     if name not in _reports:
-        store = tmp_path_factory.mktemp(name) / "store"
-        with engine_warnings() as warned:
-            result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store),
-                                         str(generate.traces_path(generate.INCIDENTS_DIR, name))])
-        assert result.exit_code == 0, result.output
+        sample = generate.traces_path(generate.INCIDENTS_DIR, name)
+        store = samples_cache.store(sample, tmp_path_factory, cli=True)  # `tailscope ingest`, shared with test_watch
+        warned = samples_cache.cli_warnings(sample, tmp_path_factory)
         assert warned == [], f"{name}: an engine mapper failed on the sample: {warned[:3]}"
         result = runner.invoke(app, ["report", "--json", "--store", str(store), "--metric",
                                      truth(name).get("metric", "e2e")])

@@ -36,6 +36,7 @@ from intake.otlp import base_of, promote
 from sample_traces import generate
 from sample_traces.emit import write_otlp, write_store
 from sample_traces.incidents import run
+from tests import samples_cache
 from tests.sample_traces import sampled_copy as C
 from tests.sample_traces import seeded as S
 
@@ -57,8 +58,7 @@ POLICIES: dict[str, Callable[[dict[str, Any]], float]] = {
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
-    store = tmp_path_factory.mktemp("whole") / "store"
-    ingest_files([generate.traces_path(generate.INCIDENTS_DIR, "slow_replica")], store)
+    store = samples_cache.store(generate.traces_path(generate.INCIDENTS_DIR, "slow_replica"), tmp_path_factory)
     return store, C.read_spans(store)
 
 

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tailscope.cli import app
+from tests import samples_cache
 
 # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 pytestmark = pytest.mark.slow
@@ -20,10 +21,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("cli")
-    store = root / "store"
-    done = runner.invoke(app, ["ingest", str(DATA / "incidents" / "slow_replica.otlp.jsonl.gz"), "--store",
-                               str(store)])
-    assert done.exit_code == 0, done.output
+    store = samples_cache.store(DATA / "incidents" / "slow_replica.otlp.jsonl.gz", tmp_path_factory, cli=True)
     dsn = f"chdb:{root / 'ch'}"
     done = runner.invoke(app, ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"])
     assert done.exit_code == 0, done.output
