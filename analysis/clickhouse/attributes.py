@@ -2,8 +2,9 @@
 pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
 
 The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
-table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the stage
-spans' keys they all agree on (`stage`). What comes back is per candidate, never per request: each key's
+table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the keys its stage
+spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either side,
+the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never per request: each key's
 count of requests, distinct values, whether every value parses as a finite number (`parses_sql`: the text
 Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
 (`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
@@ -308,6 +309,7 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     spans = source_sql(table, span_where(lo, hi))
     ts = in_range_sql("TimestampNs", lo, hi)
     own = CLICKHOUSE.literal(A.OWN_PREFIX)
+    hour = M.HOUR_NS
     dims = ", ".join(X.DIMENSIONS)
     sql = f"""
 SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toFloat64(f.adjusted_count) AS w,
@@ -315,11 +317,18 @@ SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toF
 FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims} FROM {facts_table} WHERE {frame_where}) AS f
 LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}) AS r
   ON r.TraceId = f.trace_id AND r.SpanId = f.span_id
-LEFT JOIN (SELECT t, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
-    SELECT TraceId AS t, k AS sk, min(v) AS sv FROM {spans} ARRAY JOIN mapKeys(SpanAttributes) AS k,
-      mapValues(SpanAttributes) AS v
-    WHERE Stage IS NOT NULL AND NOT IsRequest AND {ts} AND NOT startsWith(k, {own})
-    GROUP BY t, k HAVING min(v) = max(v)) GROUP BY t) AS s ON s.t = f.trace_id"""
+LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
+    SELECT t, sid, k AS sk, min(v) AS sv FROM (
+      SELECT g.trace_id AS t, g.span_id AS sid, st.a AS a
+      FROM (SELECT trace_id, span_id, start_ns FROM {facts_table} WHERE {frame_where}) AS g
+      INNER JOIN (SELECT TraceId, TimestampNs, SpanAttributes AS a FROM {spans}
+                  WHERE Stage IS NOT NULL AND NOT IsRequest
+                    AND TraceId IN (SELECT trace_id FROM {facts_table} WHERE {frame_where})) AS st
+        ON st.TraceId = g.trace_id
+      WHERE st.TimestampNs >= intDiv(g.start_ns, {hour}) * {hour} - {hour}
+        AND st.TimestampNs < intDiv(g.start_ns, {hour}) * {hour} + {2 * hour})
+    ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v WHERE NOT startsWith(k, {own})
+    GROUP BY t, sid, k HAVING min(v) = max(v)) GROUP BY t, sid) AS s ON s.t = f.trace_id AND s.sid = f.span_id"""
     try:
         engine = temp_engine(client, facts_table)
         drop(client)
