@@ -3,17 +3,20 @@ pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (te
 
 The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
 table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the keys its stage
-spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either side,
-the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never per request: each key's
-count of requests, distinct values, whether every value parses as a finite number (`parses_sql`: the text
-Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
+spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either
+side, the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never
+per request: each key's count of requests, distinct values, whether every value parses as a finite number
+(`parses_sql`: the text Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
 (`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
 Each key the rules may keep is then coded once, a column of ATTR_TEMP (which replaces ATTR_MAPS); each
 replica's resource values come back as one row per replica and key (`resource`), the same-partition
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
-explanation asks the counts of its values over the baseline, its p99s without a candidate
-(`candidate_sql`), and the codes of the rows it reads one by one.
+explanation asks, per spike, the cells of every combination holding an attribute (alone, and with each
+built-in) counted over the tail and the whole baseline (`cells`: the family's count and the cells that may
+pass, at most 1 / MIN_SHARE each), the nesting test's counts over the frame (`overlap`), its p99s without a
+candidate (`candidate_sql`), and the codes of the spike windows' rows (the counterfactual and the exemplars
+read them one by one).
 """
 
 from __future__ import annotations
@@ -114,23 +117,62 @@ class ServerAttributes:
         return [dataclasses.replace(c, codes=joined.get_column(f"c{i}").cast(pl.Int64).fill_null(-1).to_numpy())
                 for i, c in enumerate(self.attrs.coded)]
 
-    def rest_counts(self, client: Client, facts_table: str, where: str, weighted: bool
-                    ) -> list[tuple[I64, I64, F64 | None]]:
-        """Per kept attribute, the requests of `facts_table` meeting `where` counted per code (-1: missing):
-        (codes, counts, summed adjusted counts when `weighted`); one row per attribute value comes back."""
-        k = len(self.attrs.coded)
-        if not k:
-            return []
-        pairs = ", ".join(f"({i}, toInt64({self.code_sql[c.name]}))" for i, c in enumerate(self.attrs.coded))
+    def dimension_sql(self, c: X.Coded) -> str:
+        """SQL of a dimension's code over ATTR_TEMP's requests (-1: missing): a kept attribute's, a built-in's by its
+        labels here (`c`: the built-in as the explanation coded it)."""
+        if c.source != "builtin":
+            return self.code_sql[c.name]
+        if c.name in X.BUCKETED:
+            return bucket_code_sql(c.name)
+        return f"if(isNull({c.name}), toInt64(-1), {_code_of(f'assumeNotNull({c.name})', c.labels, 'String')})"
+
+    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: str, base: str,
+              least: int, weighted: bool) -> dict[tuple[int, ...], X.Cells]:
+        """explain.RemoteCells over ATTR_TEMP: per combination of `coded` (indices), the cells the requests meeting
+        `tail` or `base` hold (missing values left out) counted, and those with at least `least` tail requests with
+        their tail and baseline counts (and summed weights): one row per combination comes back, with at most
+        1 / MIN_SHARE cells unweighted (a cell needs that share of the tail)."""
+        if not combos:
+            return {}
+        sql = {i: self.dimension_sql(coded[i]) for i in sorted({i for c in combos for i in c})}
+        items = ", ".join(f"({k}, toInt64({sql[c[0]]}), toInt64({sql[c[1]] if len(c) == 2 else '0'}))"
+                          for k, c in enumerate(combos))
+        sums = ", sumIf(w, tl) AS tw, sumIf(w, bs) AS bw" if weighted else ""
         got = client.query(
-            f"SELECT p.1 AS i, p.2 AS c, count() AS n{', sum(w) AS w' if weighted else ''} "
-            f"FROM (SELECT arrayJoin([{pairs}]) AS p, w FROM {ATTR_TEMP} WHERE (trace_id, span_id) IN "
-            f"(SELECT trace_id, span_id FROM {facts_table} WHERE {where})) GROUP BY i, c ORDER BY i, c")
-        i = np.asarray(got.column("i").to_numpy(), dtype=np.int64)
-        c = np.asarray(got.column("c").to_numpy(), dtype=np.int64)
-        n = np.asarray(got.column("n").to_numpy(), dtype=np.int64)
-        w = np.asarray(got.column("w").to_numpy(), dtype=np.float64) if weighted else None
-        return [(c[i == j], n[i == j], None if w is None else w[i == j]) for j in range(k)]
+            f"SELECT k, count() AS present, groupArrayIf((a, b, t, n{', tw, bw' if weighted else ''}), t >= {least}) "
+            f"AS hits FROM (SELECT p.1 AS k, p.2 AS a, p.3 AS b, countIf(tl) AS t, countIf(bs) AS n{sums} "
+            f"FROM (SELECT arrayJoin([{items}]) AS p, tl, bs, w FROM (SELECT *, {tail} AS tl, {base} AS bs "
+            f"FROM {ATTR_TEMP}) WHERE tl OR bs) WHERE p.2 >= 0 AND p.3 >= 0 GROUP BY k, a, b) GROUP BY k"
+        ).to_pylist()
+        out = {c: X.Cells(0, [], [], [], [] if weighted else None, [] if weighted else None) for c in combos}
+        slots = [len(c.labels) + 1 for c in coded]
+        for r in got:
+            combo = combos[int(r["k"])]
+            hits = [tuple(h.values()) if isinstance(h, dict) else tuple(h) for h in r["hits"]]
+            # in cell order, as counted in memory (explain._local_cells)
+            hits.sort(key=lambda h: int(h[0]) * (slots[combo[1]] if len(combo) == 2 else 1) + int(h[1]))
+            cell = out[combo]
+            cell.present = int(r["present"])
+            for h in hits:
+                cell.codes.append((int(h[0]),) if len(combo) == 1 else (int(h[0]), int(h[1])))
+                cell.t.append(int(h[2]))
+                cell.b.append(int(h[3]))
+                if cell.tw is not None and cell.bw is not None:
+                    cell.tw.append(float(h[4]))
+                    cell.bw.append(float(h[5]))
+        return out
+
+    def overlap(self, client: Client, coded: Sequence[X.Coded], top: X.Candidate, others: list[X.Candidate]
+                ) -> list[tuple[int, int, int]]:
+        """attributes.Overlap over ATTR_TEMP (the frame's requests): one row of counts comes back."""
+        def has(c: X.Candidate) -> str:
+            return f"({self.dimension_sql(coded[c.dims[0]])}) = {int(c.codes[0])}"
+
+        parts = [f"countIf({has(top)}) AS nt"]
+        for j, c in enumerate(others):
+            parts.append(f"countIf({has(c)}) AS n{j}, countIf({has(c)} AND {has(top)}) AS b{j}")
+        row = client.query(f"SELECT {', '.join(parts)} FROM {ATTR_TEMP}").to_pylist()[0]
+        return [(int(row[f"n{j}"]), int(row[f"b{j}"]), int(row["nt"])) for j in range(len(others))]
 
 
 def _builtin_sql(name: str) -> tuple[str, str]:
@@ -230,7 +272,7 @@ class _Reader:
                         else _code_of(value, labels, "String"))
                 cols.append(f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {code}, -1) AS {name}")
                 self.column[(source, key)] = name
-        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", *X.DIMENSIONS, *cols])
+        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", "v", *X.DIMENSIONS, *cols])
         self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
         self.client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {engine} AS SELECT {keep} FROM {ATTR_MAPS}")
         self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_MAPS}")
@@ -301,10 +343,11 @@ class _Reader:
 
 
 def read_attributes(client: Client, table: str, facts_table: str, frame_where: str, lo: int | None, hi: int | None,
-                    rules: A.AttributeRules) -> ServerAttributes:
+                    rules: A.AttributeRules, value: str | None = None) -> ServerAttributes:
     """The attribute dimensions of the requests of `facts_table` meeting `frame_where` (the report's frame) from
     the spans of `table` starting in [lo, hi): attributes.read_attributes on the server. Leaves ATTR_TEMP
-    (the frame's requests with their maps) for the explanation; errors are recorded, never raised."""
+    (the frame's requests with their codes, and `value`, a facts column, as the double `v`) for the explanation;
+    errors are recorded, never raised."""
     out = A.Attributes()
     spans = source_sql(table, span_where(lo, hi))
     ts = in_range_sql("TimestampNs", lo, hi)
@@ -313,8 +356,10 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     dims = ", ".join(X.DIMENSIONS)
     sql = f"""
 SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toFloat64(f.adjusted_count) AS w,
+       {f'toFloat64(f.{value})' if value else 'CAST(NULL AS Nullable(Float64))'} AS v,
        {', '.join(f'f.{d} AS {d}' for d in X.DIMENSIONS)}, r.a AS req, s.m AS stg
-FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims} FROM {facts_table} WHERE {frame_where}) AS f
+FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims}{f', {value}' if value else ''}
+      FROM {facts_table} WHERE {frame_where}) AS f
 LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}) AS r
   ON r.TraceId = f.trace_id AND r.SpanId = f.span_id
 LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (

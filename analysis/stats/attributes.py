@@ -446,40 +446,63 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
 HIERARCHY_MARGIN: Final = 0.1
 
 
-def _subset(a: npt.NDArray[np.bool_], b: npt.NDArray[np.bool_]) -> bool:
-    return bool(a.any()) and not bool((a & ~b).any())
+#: A nesting test: (the dimensions, the first candidate, other single candidates) -> per other one, (its requests,
+#: those of them the first's too, the first's requests), over the frame's requests (`local_overlap`, or a remote
+#: engine's counts over its frame).
+Overlap = Callable[[Sequence[Coded], Any, list[Any]], list[tuple[int, int, int]]]
 
 
-def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+def local_overlap(coded: Sequence[Coded], top: Any, others: list[Any]) -> list[tuple[int, int, int]]:
+    """`Overlap` over the codes of `coded` (every row of the frame)."""
+    def mask(c: Any) -> npt.NDArray[np.bool_]:
+        return np.asarray(coded[c.dims[0]].codes == c.codes[0])
+
+    m_top = mask(top)
+    n_top = int(m_top.sum())
+    out = []
+    for c in others:
+        m = mask(c)
+        out.append((int(m.sum()), int((m & m_top).sum()), n_top))
+    return out
+
+
+def name_level(coded: Sequence[Coded], ranked: list[Any], overlap: Overlap | None = None
+               ) -> tuple[list[Any], list[Any], list[Any]]:
     """The level of a learned hierarchy the first candidate names: (candidates reordered, finer, coarser).
 
     The single candidates nested with the first one (every request of one carries the other's value, over
     the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
     chain explaining as much as any (within HIERARCHY_MARGIN, explained capped at 1); the finer ones are shown
-    under it. Of values
-    selecting exactly the same requests, the one of the dimension with fewer values comes first.
+    under it. Of values selecting exactly the same requests, the one of the dimension with fewer values comes
+    first. `overlap`: the nesting test's counts (default `local_overlap`, over `coded`'s rows).
     """
     if not ranked or len(ranked[0].dims) != 1:
         return ranked, [], []
+    singles = [i for i, c in enumerate(ranked) if len(c.dims) == 1]
+    counts = dict(zip(singles, (overlap or local_overlap)(coded, ranked[0], [ranked[i] for i in singles]),
+                      strict=True))
 
-    def mask(c: Any) -> npt.NDArray[np.bool_]:
-        return np.asarray(coded[c.dims[0]].codes == c.codes[0])
+    def same(i: int) -> bool:  # the very requests of the first
+        n, both, n_top = counts[i]
+        return n == both == n_top
 
-    top = mask(ranked[0])
     # values selecting exactly the same requests (the small zone's one node, the zone): the coarser dimension's
-    same = [i for i, c in enumerate(ranked) if len(c.dims) == 1 and np.array_equal(mask(c), top)]
-    first = min(same, key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
+    first = min((i for i in singles if same(i)), key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
+    n_top = counts[0][2]
+    chain = [(n_top, first)]
+    for i in singles[1:]:
+        c = ranked[i]
+        if not math.isfinite(c.explained) or same(i):
+            continue
+        n, both, _ = counts[i]
+        if (n > 0 and both == n) or (n_top > 0 and both == n_top):  # inside the first, or around it
+            chain.append((n, i))
     if first:
-        ranked = [ranked[first], *(c for i, c in enumerate(ranked) if i != first)]
-    chain = [(int(top.sum()), 0)]
-    for i, c in enumerate(ranked[1:], 1):
-        if len(c.dims) != 1 or not math.isfinite(c.explained):
-            continue
-        m = mask(c)
-        if np.array_equal(m, top):
-            continue
-        if _subset(m, top) or _subset(top, m):
-            chain.append((int(m.sum()), i))
+        # the first's twin leads; the chain's positions follow the reordering
+        order = [first, *(i for i in range(len(ranked)) if i != first)]
+        at = {old: new for new, old in enumerate(order)}
+        ranked = [ranked[i] for i in order]
+        chain = [(n, at[i]) for n, i in chain]
     if len(chain) == 1 or not math.isfinite(ranked[0].explained):
         return ranked, [], []
     chain.sort()
