@@ -23,6 +23,7 @@ from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
+from analysis.stats import explain as X
 from intake.ingest import ingest_files
 from tracing import rows as R
 from tracing import schema as S
@@ -191,14 +192,17 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
         # above the pooled p99 (the scan weighs their ranks: about 1 % of the requests) come back
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
-    # the attribute pass: a row per key of each source and per replica and resource key, a few single rows
+    # the attribute pass: a row per key of each source and per replica and resource key, a few single rows; per
+    # spike, a row per combination holding an attribute (alone and with each built-in), the nesting test's row and
+    # a p99 per candidate without it
     attrs = got["attributes"]
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
-    assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys, (counted.attribute_rows, keys)
-    # per request, only the codes of the rows the explanation reads one by one (spike and nearest windows), no more
-    # rows than their facts that came back
-    assert counted.coded_rows <= (counted.rows if got["spikes"] else 0)
+    per_spike = len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) + 1 + 2 * X.MAX_COUNTERFACTUAL
+    assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys + per_spike * len(
+        got["spikes"]), (counted.attribute_rows, keys)
+    # per request, only the codes of the spike windows' rows (the counterfactual and exemplars read them)
+    assert counted.coded_rows <= sum(s["requests"] for s in got["spikes"])
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line

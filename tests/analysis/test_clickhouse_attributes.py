@@ -22,7 +22,7 @@ from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.clickhouse.requests import requests_facts
 from analysis.stats import attributes as A
-from tests.analysis.test_attributes import SLOW_NODE, node_store, random_store
+from tests.analysis.test_attributes import SLOW_NODE, check_pair_named, node_store, pair_store, random_store
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
 
@@ -163,3 +163,21 @@ def test_stage_values_come_from_the_spans_of_the_requests_hours(tmp_path: Path, 
     assert got == want
     # the store's report reads the same values (the whole `attributes` object alike)
     assert ch_report(client, "t_long")["attributes"] == build_report(connect(store))["attributes"]
+
+
+def test_a_pair_of_an_attribute_and_a_builtin_is_named_on_the_server_as_on_the_store(tmp_path: Path, client: Any
+                                                                                      ) -> None:
+    """Tenant globex on node-2: the pair counted on the server (its family and cells), the whole report the
+    store's; only aggregates of the attributes come back, their codes for the spike's requests alone."""
+    from tests.analysis.test_clickhouse import _Counting
+
+    store = pair_store(tmp_path / "pairs")
+    client.command("DROP TABLE IF EXISTS t_pairs")
+    export_store(store, client, "t_pairs")
+    counted = _Counting(client)
+    got = ch_report(counted, "t_pairs")
+    assert got == build_report(connect(store))
+    check_pair_named(got)
+    spike = got["spikes"][0]
+    # codes per request: the spike's (its two windows of 600), not its nearest baseline windows' too
+    assert counted.coded_rows == spike["requests"] == 2 * 600
