@@ -1,6 +1,7 @@
 /* The optional C kernels of analysis, reached through ctypes (the Python paths give the same numbers).
  *
- * fifo_replay(a, s, n, k, lat, heap): FIFO k-server queue replay for analysis.capacity. Requests in
+ * fifo_replay(a, s, n, k, lat, heap): FIFO k-server queue replay for analysis.capacity (batch_replay: with a
+ * service time that depends on the batch joined; reactive_replay: with replicas added on demand). Requests in
  * arrival order (a ascending), service times s, k identical servers; lat[j] = finish - arrival.
  * heap: caller's scratch of min(k, n) int64. Each request begins at max(its arrival, the earliest
  * server free time): a binary min-heap of the servers' free times, O(n log k). Returns 0, or -1 on
@@ -95,6 +96,62 @@ int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int
         }
         lat[j] = fin - a[j];
         svc[j] = s;
+    }
+    return 0;
+}
+
+/* reactive_replay(a, s, base, n, slots, replicas, max_replicas, cold, table, tsize, lat, svc, added, nadded, heap,
+ * ends): reactive scale-up (analysis.capacity.reactive_batched, whose Python loop gives the same numbers). At an
+ * arrival that finds every server busy (the earliest free time after it), no replica starting (a >= ready_at)
+ * and fewer than max_replicas, one replica starts: `slots` servers free at a + cold; added[] gets a. Request j
+ * begins at max(a[j], the earliest free time). Without a table (NULL) it runs s[j]; with one, m = the requests
+ * in service then (a min-heap of their ends), ready = the replicas serving (one fewer while the last started is
+ * in its cold start), b = m / ready + 1 (at most tsize - 1) and it runs (int64) (base[j] * table[b]).
+ * heap, ends: scratch of max_replicas * slots int64; added: of max_replicas. */
+int reactive_replay(const int64_t *a, const int64_t *s, const double *base, int64_t n, int64_t slots,
+                    int64_t replicas, int64_t max_replicas, int64_t cold, const double *table, int64_t tsize,
+                    int64_t *lat, int64_t *svc, int64_t *added, int64_t *nadded, int64_t *heap, int64_t *ends) {
+    if (slots < 1 || replicas < 1 || max_replicas < replicas || cold < 0 || n < 0) return -1;
+    if (table != NULL && tsize < 2) return -1;
+    *nadded = 0;
+    if (n == 0) return 0;
+    int64_t m = replicas * slots, cap = max_replicas * slots, e = 0, count = replicas, ready_at = -1;
+    for (int64_t i = 0; i < m; i++) heap[i] = a[0];
+    for (int64_t j = 0; j < n; j++) {
+        if (heap[0] > a[j] && a[j] >= ready_at && count < max_replicas) {
+            added[(*nadded)++] = a[j];
+            count++;
+            ready_at = a[j] + cold;
+            for (int64_t k = 0; k < slots; k++) {
+                heap[m] = ready_at;
+                sift_up(heap, m);
+                m++;
+            }
+        }
+        int64_t t = heap[0];
+        int64_t begin = a[j] > t ? a[j] : t;
+        int64_t sj;
+        if (table == NULL) {
+            sj = s[j];
+        } else {
+            while (e > 0 && ends[0] <= begin) {
+                ends[0] = ends[--e];
+                sift_down(ends, e, 0);
+            }
+            int64_t ready = begin < ready_at ? count - 1 : count;
+            int64_t b = e / ready + 1;
+            if (b > tsize - 1) b = tsize - 1;
+            sj = (int64_t)(base[j] * table[b]);
+            if (e < cap) {  /* at most one in service per server: see batch_replay */
+                ends[e] = begin + sj;
+                sift_up(ends, e);
+                e++;
+            }
+        }
+        heap[0] = begin + sj;
+        sift_down(heap, m, 0);
+        lat[j] = begin + sj - a[j];
+        svc[j] = sj;
     }
     return 0;
 }

@@ -16,13 +16,17 @@ curve applies it. Each request's observed service s was served in its observed b
 replayed as s x f(b) / f(b_obs), f(b) = 1 + g (b - small batch), b the batch it joins in the replayed
 fleet: m requests in service when it begins, spread evenly over the replicas, so b = m // replicas + 1
 (at most the slots). g is the measured growth per request; the fewest replicas is also found at the
-ends of g's interval. Otherwise the service times stay fixed and the curve says why.
+ends of g's interval. Otherwise the service times stay fixed and the curve says why. The What-if page's
+prediction (`predict_at`, any slots per replica) and the scale-up comparison replay the same way
+(`service_model` decides for all three).
 
 Scale-up (`reactive`): start from `replicas` and, whenever a request arrives to find every
 slot busy and no replica already starting, start one more (up to `max_replicas`); it serves
 after `cold_start_ns`, taken from the observed model_load spans (their median). Added
 replicas stay up to the end of the range (no scale-down), so its GPU cost is an upper bound.
-Pre-scaling is the static curve: the replicas are there before the traffic.
+Pre-scaling is the static curve: the replicas are there before the traffic. With the relation
+(`reactive_batched`), a request's batch spreads the requests in service over the replicas serving
+when it begins (a replica in its cold start serves nothing).
 """
 
 from __future__ import annotations
@@ -162,7 +166,9 @@ class Workload:
         self.slots, self.observed_replicas = slots, observed_replicas
         self.cold_start_ns, self.span_ns = cold_start_ns, span_ns
         self.points: dict[int, dict[str, Any]] = {}  # replicas -> `point` without a price (a memo)
-        self.batched: dict[tuple[int, float], dict[str, Any]] = {}  # (replicas, g) -> `point` with the relation
+        #: (replicas, slots, g) -> a replay's point: with the relation (g), or with fixed service times (g None) at
+        #: another slot count than `slots` (the What-if page's)
+        self.replays: dict[tuple[int, int, float | None], dict[str, Any]] = {}
         self.batches: I64 | None = None  # each request's observed batch (analysis.stats.batching.request_batches)
         self.relation: dict[str, Any] | None = None  # the measured relation of service time to batch
         self.sampled = False  # expanded from sampled traces (analysis.whatif.expand) ...
@@ -283,35 +289,76 @@ def service_model(w: Workload, service: str = "auto") -> dict[str, Any]:
 
 
 def point_batched(w: Workload, replicas: int, g: float, gpu_hour_usd: float | None = None,
-                  kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
+                  kernel: ctypes.CDLL | None = None, slots: int | None = None) -> dict[str, Any]:
     """`point` with service times scaled by the measured relation (growth per request of batch `g`): `replay_batched`.
 
-    Kept in `w.batched`. Needs `w.relation` and `w.batches` (observed_workload).
+    `slots`: per replica (default: the observed `w.slots`; a batch is at most this). Kept in `w.replays`. Needs
+    `w.relation` and `w.batches` (observed_workload).
     """
-    replicas = int(replicas)
-    if replicas < 1:
-        raise ValueError("replicas must be at least 1")
+    replicas, slots = int(replicas), int(slots or w.slots)
+    if replicas < 1 or slots < 1:
+        raise ValueError("replicas and slots must be at least 1")
     if w.relation is None or w.batches is None:
         raise ValueError("the workload has no measured relation of service time to batch")
-    base = w.batched.get((replicas, g))
+    base = w.replays.get((replicas, slots, g))
     if base is None:
-        rel = w.relation
-        scaled = w.services / batching.factor(rel, w.batches, g)
-        table = batching.factor(rel, np.arange(w.slots + 1), g)
-        lat, svc = replay_batched(w.arrivals, scaled, replicas * w.slots, replicas, table, kernel)
-        base = _latencies(w, replicas, lat, svc)
-        w.batched[(replicas, g)] = base
+        lat, svc = replay_batched(w.arrivals, scaled_services(w, g), replicas * slots, replicas,
+                                  batch_table(w, g, slots), kernel)
+        base = _latencies(w, replicas, lat, svc, slots)
+        w.replays[(replicas, slots, g)] = base
     return {**base, "gpu_usd_per_hour": None if gpu_hour_usd is None else replicas * gpu_hour_usd}
 
 
-def _latencies(w: Workload, replicas: int, lat: I64, services: I64) -> dict[str, Any]:
+def scaled_services(w: Workload, g: float) -> npt.NDArray[np.float64]:
+    """Each request's service at the smallest batch size by the relation (growth `g`): s / f(b_obs)."""
+    assert w.relation is not None and w.batches is not None
+    return w.services / batching.factor(w.relation, w.batches, g)
+
+
+def batch_table(w: Workload, g: float, slots: int | None = None) -> npt.NDArray[np.float64]:
+    """f(b) for b = 0 .. slots (the replays' batch -> service factor); b = 0 is never used."""
+    assert w.relation is not None
+    return batching.factor(w.relation, np.arange(int(slots or w.slots) + 1), g)
+
+
+def _fixed_at(w: Workload, replicas: int, slots: int, kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
+    """`point` (fixed service times) at `slots` per replica: the memo of `point` when they are the observed slots."""
+    if slots == w.slots:
+        return point(w, replicas, None, kernel)
+    base = w.replays.get((replicas, slots, None))
+    if base is None:
+        lat = replay(w.arrivals, w.services, replicas * slots, kernel, checked=True)
+        base = _latencies(w, replicas, lat, w.services, slots)
+        w.replays[(replicas, slots, None)] = base
+    return {**base, "gpu_usd_per_hour": None}
+
+
+def predict_at(w: Workload, replicas: int, slots: int | None = None, service: str = "auto",
+               kernel: ctypes.CDLL | None = None) -> dict[str, Any]:
+    """The What-if page's prediction: p50 / p99 e2e and p99 TTFT (ms) with `replicas` x `slots` FIFO servers.
+
+    The same replay as the capacity curve (`service_model`): with the measured relation of service time to batch
+    where the traces show it (`point_batched`), else with fixed service times. Returns the point with
+    "service" ({"applied", "assumption", "relation"}) and "fixed" (the fixed-time point when the relation was
+    applied, else None).
+    """
+    slots = int(slots or w.slots)
+    model = service_model(w, service)
+    fixed = _fixed_at(w, replicas, slots, kernel)
+    if not model["applied"]:
+        return {**fixed, "service": model, "fixed": None}
+    got = point_batched(w, replicas, model["relation"]["growth_per_request"], None, kernel, slots)
+    return {**got, "service": model, "fixed": fixed}
+
+
+def _latencies(w: Workload, replicas: int, lat: I64, services: I64, slots: int | None = None) -> dict[str, Any]:
     """A point's p50 / p99 e2e and p99 TTFT (ms) from replayed latencies and the services they ran."""
     p50, p99 = _q_ms(lat, [0.5, 0.99])
     if w.ttft_all:
         ttft = (lat - services) + w.ttft_rest
     else:
         ttft = (lat[w.ttft_rows] - services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
-    return {"replicas": replicas, "servers": replicas * w.slots, "p50_ms": p50, "p99_ms": p99,
+    return {"replicas": replicas, "servers": replicas * int(slots or w.slots), "p50_ms": p50, "p99_ms": p99,
             "ttft_p99_ms": _q_ms(ttft, [0.99])[0]}
 
 
@@ -430,17 +477,63 @@ def reactive(arrivals: I64, services: I64, slots: int, replicas: int, max_replic
     starting and fewer than `max_replicas`, one replica starts; its `slots` servers are free
     from arrival + `cold_start_ns`. The waiting request takes the earliest free server (FIFO).
     """
+    lat, _, added = reactive_batched(arrivals, services, slots, replicas, max_replicas, cold_start_ns)
+    return lat, added
+
+
+def reactive_batched(arrivals: I64, base: npt.NDArray[Any], slots: int, replicas: int, max_replicas: int,
+                     cold_start_ns: int, table: npt.NDArray[np.float64] | None = None,
+                     kernel: ctypes.CDLL | None = None) -> tuple[I64, I64, list[int]]:
+    """`reactive` with a service time that depends on the batch joined (as `replay_batched`): latency and service
+    of each request, and the start times of the replicas added. Arrivals sorted ascending.
+
+    Without `table` each request runs its service `base` (integers) as observed. With it, request j beginning
+    with m requests in service joins a batch of b = min(m // ready + 1, len(table) - 1), `ready` the replicas
+    serving then (a replica still in its cold start serves nothing), and runs int(base[j] * table[b]).
+    The C kernel's `reactive_replay` when built, else `reactive_batched_py`: the same numbers.
+    """
     if replicas < 1 or slots < 1 or max_replicas < replicas or cold_start_ns < 0:
         raise ValueError("need replicas >= 1, slots >= 1, max_replicas >= replicas, cold_start_ns >= 0")
+    if table is not None and np.asarray(table).size < 2:
+        raise ValueError("need a table of at least 2 factors")
+    lib = kernel if kernel is not None else load_kernel()
+    if lib is None or not hasattr(lib, "reactive_replay"):
+        return reactive_batched_py(arrivals, base, slots, replicas, max_replicas, cold_start_ns, table)
+    a = np.ascontiguousarray(arrivals, dtype=np.int64)
+    n, cap = int(a.size), max_replicas * slots
+    s = np.ascontiguousarray(base, dtype=np.int64) if table is None else np.zeros(1, dtype=np.int64)
+    b = np.ascontiguousarray(base, dtype=np.float64) if table is not None else np.zeros(1)
+    t = np.ascontiguousarray(table if table is not None else np.zeros(2), dtype=np.float64)
+    lat, svc = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    added, nadded = np.empty(max_replicas, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    heap, ends = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
+    p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+    rc = lib.reactive_replay(a.ctypes.data_as(p), s.ctypes.data_as(p), b.ctypes.data_as(d), n, int(slots),
+                             int(replicas), int(max_replicas), int(cold_start_ns),
+                             t.ctypes.data_as(d) if table is not None else None, t.size, lat.ctypes.data_as(p),
+                             svc.ctypes.data_as(p), added.ctypes.data_as(p), nadded.ctypes.data_as(p),
+                             heap.ctypes.data_as(p), ends.ctypes.data_as(p))
+    if rc != 0:
+        raise ValueError("the replay kernel refused its input")
+    return lat, svc, added[:int(nadded[0])].tolist()
+
+
+def reactive_batched_py(arrivals: I64, base: npt.NDArray[Any], slots: int, replicas: int, max_replicas: int,
+                        cold_start_ns: int, table: npt.NDArray[np.float64] | None = None
+                        ) -> tuple[I64, I64, list[int]]:
+    """`reactive_batched` in Python (no C kernel): the same loop, the same numbers."""
     a_list = np.asarray(arrivals, dtype=np.int64).tolist()
-    s_list = np.asarray(services, dtype=np.int64).tolist()
-    lat = [0] * len(a_list)
+    b_list = (np.asarray(base, dtype=np.int64) if table is None else np.asarray(base, dtype=np.float64)).tolist()
+    tab = None if table is None else np.asarray(table, dtype=np.float64).tolist()
+    top = 0 if tab is None else len(tab) - 1
+    lat, svc = [0] * len(a_list), [0] * len(a_list)
     start = a_list[0] if a_list else 0
     free = [start] * (replicas * slots)
+    ends: list[int] = []  # the ends of the requests in service (with a table)
     added: list[int] = []
     ready_at = -1  # when the replica being started serves (-1: none starting)
     count = replicas
-    for j, (a, s) in enumerate(zip(a_list, s_list, strict=True)):
+    for j, (a, b) in enumerate(zip(a_list, b_list, strict=True)):
         if free[0] > a and a >= ready_at and count < max_replicas:
             added.append(a)
             count += 1
@@ -449,34 +542,54 @@ def reactive(arrivals: I64, services: I64, slots: int, replicas: int, max_replic
                 heapq.heappush(free, ready_at)
         t = free[0]
         begin = a if a > t else t
+        if tab is None:
+            s = b
+        else:
+            while ends and ends[0] <= begin:
+                heapq.heappop(ends)
+            ready = count - 1 if begin < ready_at else count
+            s = int(b * tab[min(len(ends) // ready + 1, top)])
+            heapq.heappush(ends, begin + s)
         heapq.heapreplace(free, begin + s)
-        lat[j] = begin + s - a
-    return np.asarray(lat, dtype=np.int64), added
+        lat[j], svc[j] = begin + s - a, s
+    return np.asarray(lat, dtype=np.int64), np.asarray(svc, dtype=np.int64), added
 
 
 def scale_up(w: Workload, replicas: int, max_replicas: int, gpu_hour_usd: float | None = None,
-             cold_start_ns: int | None = None) -> dict[str, Any]:
+             cold_start_ns: int | None = None, service: str = "auto") -> dict[str, Any]:
     """Reactive scale-up from `replicas` (cold start: observed, or `cold_start_ns`) against pre-scaling.
 
     Returns p99 e2e / TTFT and GPU cost per hour for: reactive, static at `replicas`, static at
     `max_replicas` (pre-scaled). The reactive cost counts each added replica from its start
-    (including its cold start) to the end of the range.
+    (including its cold start) to the end of the range. `service` as in `capacity_curve`: with the measured
+    relation of service time to batch where the traces show it ("service" says which, "fixed" then holds
+    the same comparison with fixed service times; else None).
     """
+    model = service_model(w, service)
     delay = cold_start_ns if cold_start_ns is not None else (w.cold_start_ns or 0)
-    lat, added = reactive(w.arrivals, w.services, w.slots, replicas, max_replicas, delay)
+    if model["applied"]:
+        g = model["relation"]["growth_per_request"]
+        lat, svc, added = reactive_batched(w.arrivals, scaled_services(w, g), w.slots, replicas, max_replicas,
+                                           delay, batch_table(w, g))
+        static, prescaled = point_batched(w, replicas, g, gpu_hour_usd), point_batched(w, max_replicas, g, gpu_hour_usd)
+    else:
+        lat, svc, added = reactive_batched(w.arrivals, w.services, w.slots, replicas, max_replicas, delay)
+        static, prescaled = point(w, replicas, gpu_hour_usd), point(w, max_replicas, gpu_hour_usd)
     end = int(w.arrivals[0]) + w.span_ns if w.size else 0
     replica_ns = replicas * w.span_ns + sum(max(0, end - t) for t in added)
     hours = w.span_ns / 3.6e12
     mean_replicas = replica_ns / w.span_ns
-    wait = (lat - w.services).astype(np.float64)
-    out = {
+    wait = (lat - svc).astype(np.float64)
+    return {
         "cold_start_ms": round(delay / 1e6, 3), "cold_start_observed": w.cold_start_ns is not None,
         "reactive": {"replicas": replicas, "max_replicas": max_replicas, "added": len(added),
                      "p99_ms": _p99_ms(lat.astype(np.float64)), "ttft_p99_ms": _p99_ms(wait + w.ttft_rest),
                      "mean_replicas": round(mean_replicas, 3),
                      "gpu_usd_per_hour": None if gpu_hour_usd is None else mean_replicas * gpu_hour_usd},
-        "static": point(w, replicas, gpu_hour_usd),
-        "prescaled": point(w, max_replicas, gpu_hour_usd),
+        "static": static,
+        "prescaled": prescaled,
         "hours": hours,
+        "service": {"batch_relation_applied": model["applied"], "assumption": model["assumption"]},
+        "fixed": (scale_up(w, replicas, max_replicas, gpu_hour_usd, cold_start_ns, "fixed")
+                  if model["applied"] else None),
     }
-    return out

@@ -1,7 +1,8 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
-One library, three functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
-with fixed and batch-dependent service times, analysis.capacity) and `critical_path` (one hour's critical-path
+One library, four functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
+with fixed and batch-dependent service times, analysis.capacity), `reactive_replay` (its scale-up) and
+`critical_path` (one hour's critical-path
 sweep, analysis.engine.materialize). Their signatures are declared
 here, beside the loading; without the library (no C compiler at install) both callers run in Python/SQL.
 """
@@ -43,6 +44,12 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
             lib.batch_replay.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
                                          ctypes.c_int64, i64, i64, i64, i64]
             lib.batch_replay.restype = ctypes.c_int
+        if hasattr(lib, "reactive_replay"):
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.reactive_replay.argtypes = [i64, i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_int64, f64, ctypes.c_int64, i64, i64, i64,
+                                            i64, i64, i64]
+            lib.reactive_replay.restype = ctypes.c_int
         if hasattr(lib, "critical_path"):  # a library built before the sweep has the replay only
             lib.critical_path.argtypes = [
                 ctypes.c_int64, i64, i64, i64, i64, u8,

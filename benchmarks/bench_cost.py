@@ -32,7 +32,20 @@ from benchmarks.bench_report import anchor, bench_args, materialize_in_child, pe
 def run_one(store: Path) -> dict[str, Any]:
     """Time each step in this process; wall and CPU seconds."""
     from analysis import connect
-    from analysis.capacity import Workload, capacity_curve, load_kernel, observed_workload, replay, replayed
+    from analysis.capacity import (
+        Workload,
+        batch_table,
+        capacity_curve,
+        load_kernel,
+        observed_workload,
+        predict_at,
+        reactive_batched,
+        reactive_batched_py,
+        replay,
+        replayed,
+        scale_up,
+        scaled_services,
+    )
     from analysis.cost import Prices, cost_table
     from analysis.whatif import simulate
 
@@ -89,6 +102,22 @@ def run_one(store: Path) -> dict[str, Any]:
         lambda: capacity_curve(w, range(1, 65), target_p99_ms=target, gpu_hour_usd=2.0))
     out["batch_relation_applied"] = batched["service"]["batch_relation_applied"]
     out["batch_relation"] = batched["service"]["assumption"]
+    # the What-if page's prediction at half the observed replicas and the scale-up comparison from there, as the
+    # dashboard runs them (with the relation where applied), on the workload the curve above left its replays on
+    half = max(1, w.observed_replicas // 2)
+    _, out["whatif_s"], out["whatif_cpu_s"] = timed(lambda: predict_at(w, half, w.slots + 1))
+    up, out["scale_up_s"], out["scale_up_cpu_s"] = timed(lambda: scale_up(w, half, w.observed_replicas))
+    out["scale_up_added"] = up["reactive"]["added"]
+    if w.relation is not None:  # the scale-up replay with the relation: the C kernel against the Python loop
+        g = w.relation["growth_per_request"]
+        base, table = scaled_services(w, g), batch_table(w, g)
+        args = (w.arrivals, base, w.slots, half, w.observed_replicas, w.cold_start_ns or 0, table)
+        c_up, out["reactive_batched_kernel_s"], out["reactive_batched_kernel_cpu_s"] = timed(
+            lambda: reactive_batched(*args))
+        py_up, out["reactive_batched_python_s"], out["reactive_batched_python_cpu_s"] = timed(
+            lambda: reactive_batched_py(*args))
+        out["reactive_batched_equal"] = all(
+            (x == y).all() if hasattr(x, "all") else x == y for x, y in zip(c_up, py_up, strict=True))
     out["fewest_replicas"] = curve["fewest_replicas"]
     out["advice"] = curve["advice"]["sentence"] if curve["advice"] else None
     ks = [1, 8]
@@ -132,7 +161,12 @@ def main(argv: list[str] | None = None) -> None:
               f"new target {r['curve_new_target_s']} s; curve 1-64 with the batch relation "
               f"{r['curve_1_64_batch_relation_s']} s / {r['curve_1_64_batch_relation_cpu_s']} CPU-s "
               f"(applied: {r['batch_relation_applied']}); kernel {r['kernel_per_replay_ms']} ms/replay, Python "
-              f"{r['python_loop_per_replay_ms']} ms/replay; peak RSS {r['peak_rss_mib']} MiB")
+              f"{r['python_loop_per_replay_ms']} ms/replay; what-if {r['whatif_s']} s / {r['whatif_cpu_s']} CPU-s; "
+              f"scale-up {r['scale_up_s']} s / {r['scale_up_cpu_s']} CPU-s"
+              + (f" (its replay with the relation: kernel {r['reactive_batched_kernel_cpu_s']} CPU-s, Python "
+                 f"{r['reactive_batched_python_cpu_s']} CPU-s, equal: {r['reactive_batched_equal']})"
+                 if "reactive_batched_equal" in r else "")
+              + f"; peak RSS {r['peak_rss_mib']} MiB")
 
 
 if __name__ == "__main__":

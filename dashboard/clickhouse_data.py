@@ -44,7 +44,6 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "alerts": "alerts are the state `tailscope watch` keeps in a store's alerts/ directory while it follows "
               "that store's new segments; it does not follow a ClickHouse table, so a table has no alerts to show",
     "prices": "per-replica and per-model prices live in a store's prices.toml; on a table, one price applies to all",
-    "batching": "the relation of service time to batch size is computed on DuckDB only",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
     "attribute_filters": "filtering by attributes reads the report's attribute rule, computed on DuckDB only so far",
@@ -201,10 +200,6 @@ class ClickHouseBench:
         from analysis.cost import prices_for
 
         return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s)
-
-    def batching(self, f: Filters) -> dict[str, Any] | None:
-        """Not computed on ClickHouse yet (`can("batching")` is false)."""
-        return None
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """`run_sql`."""

@@ -55,7 +55,6 @@ from analysis.mapping.rules import no_request_hint as _no_request_hint
 from analysis.report import build_report, explain_window, find_spikes
 from analysis.stats import verdicts as V
 from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
-from analysis.whatif import predict
 from dashboard import clickhouse_data as CHD
 from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
@@ -393,13 +392,6 @@ class Workbench:
                 return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
                                facts="req").to_pandas()
-
-    def batching(self, f: Filters) -> dict[str, Any] | None:
-        """analysis.stats.batching.service_vs_batch of the filtered range."""
-        from analysis.stats.batching import service_vs_batch
-
-        with _cursor(self, f) as cur:
-            return service_vs_batch(cur, f.since_ns, f.until_ns)
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
@@ -822,23 +814,18 @@ def workload(_db: Bench, store: str, version: int, filters: Filters) -> Workload
 
 
 @st.cache_data(show_spinner="Replaying the queue…", max_entries=64)
-def whatif(_db: Bench, store: str, version: int, filters: Filters, servers: int) -> dict[str, Any]:
-    """Predicted p50/p99 (ms) of the filtered requests through `servers` FIFO servers (analysis.whatif.predict).
+def whatif(_db: Bench, store: str, version: int, filters: Filters, replicas: int, slots: int) -> dict[str, Any]:
+    """analysis.capacity.predict_at: the filtered requests through `replicas` x `slots` FIFO servers, with the measured
+    relation of service time to batch where the traces show it (as the Capacity page).
 
-    Returns {"p50_ms", "p99_ms", "error"}; a failing replay gives an error message instead.
+    Returns predict_at's dict with "error" None, or {"error": message} when the replay fails.
     """
-    from analysis.capacity import replay as kernel_replay
+    from analysis.capacity import predict_at
 
-    out: dict[str, Any] = {"p50_ms": None, "p99_ms": None, "error": None}
     try:
-        w = workload(_db, store, version, filters)
-        res = predict(w.arrivals, w.services, [int(servers)], kernel_replay)
+        return {**predict_at(workload(_db, store, version, filters), int(replicas), int(slots)), "error": None}
     except Exception as exc:  # a failing sub-analysis degrades to a message, not a traceback
-        out["error"] = f"could not replay the queue because {str(exc).splitlines()[0]}"
-        return out
-    if res:
-        out["p50_ms"], out["p99_ms"] = res[0]["p50_ms"], res[0]["p99_ms"]
-    return out
+        return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
 
 
 # --- the SQL console ---------------------------------------------------------------------

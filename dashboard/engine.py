@@ -29,7 +29,6 @@ FILTER_DIMENSIONS: Final[tuple[str, ...]] = M.FILTER_DIMENSIONS
 CAPABILITIES: Final[dict[str, str]] = {
     "alerts": "the alerts `tailscope watch` keeps in a store's alerts/ directory",
     "prices": "a store's price table (STORE/prices.toml)",
-    "batching": "the measured relation of service time to batch size (analysis.stats.batching)",
     "spike_marks": "the report's spikes without their explanations (else the full report is computed once)",
     "segments": "a store's segment files: how the store is (analysis.engine.store_status, `tailscope store`)",
     "attribute_filters": "filtering by any attribute the report considers (analysis.attribute_filters)",
@@ -153,9 +152,6 @@ class Engine(Protocol):
 
     def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None) -> Any:
         """The cost table (a dict), or with `bucket_s` its series (pandas)."""
-
-    def batching(self, f: Filters) -> dict[str, Any] | None:
-        """Service time against batch size, where the engine `can("batching")`."""
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query of the SQL console: (first `limit` rows, truncated?)."""

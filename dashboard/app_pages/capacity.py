@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, formats, sidebar
+from dashboard import charts, data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
@@ -77,8 +77,8 @@ st.subheader("Reactive scale-up against pre-scaling")
 cold = curve["cold_start_ms"]
 delay = f"observed median model_load {cold:,.0f} ms" if cold is not None else "no model_load observed: 0 ms"
 st.caption(f"A replica started when a request finds every slot busy serves after the cold start: {delay}. "
-           "Added replicas stay up to the end of the range, so the reactive cost is an upper bound. This replay keeps "
-           "service times as observed.")
+           "Added replicas stay up to the end of the range, so the reactive cost is an upper bound. Service times are "
+           "replayed as in the curve above (with the measured relation where the traces show it).")
 x, y = st.columns(2)
 start = x.number_input("start with", min_value=1, max_value=64, value=max(1, (fewest or 2) // 2), key="cap_start")
 top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), fewest or 1),
@@ -87,6 +87,14 @@ up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])
     st.stop()
+up_head = (f"If {up['service']['assumption']}, reactive scale-up from {int(start)} to {int(top)} replicas gives p99 "
+           f"{charts.fmt_ms(up['reactive']['p99_ms'])} (adding {up['reactive']['added']}), against "
+           f"{charts.fmt_ms(up['static']['p99_ms'])} static and {charts.fmt_ms(up['prescaled']['p99_ms'])} "
+           "pre-scaled")
+if up["fixed"] is not None:
+    up_head += (f"; with service times fixed as observed the replay would say "
+                f"{charts.fmt_ms(up['fixed']['reactive']['p99_ms'])} reactive")
+st.info(up_head + ".", icon=":material/info:")
 policies = {"static": f"static {int(start)}",
             "reactive": f"reactive {int(start)}→{int(top)} (+{up['reactive']['added']})",
             "prescaled": f"pre-scaled {int(top)}"}

@@ -29,11 +29,17 @@ k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=o
 slots = right.number_input("Concurrent requests per replica", min_value=1, max_value=1024, value=slots_seen,
                            key="whatif_slots", help=f"Most requests one replica served at once here: {slots_seen}")
 s = data.summary(*key, fw)
-now = data.whatif(*key, fw, observed * int(slots))
-then = data.whatif(*key, fw, k * int(slots))
+now = data.whatif(*key, fw, observed, int(slots))
+then = data.whatif(*key, fw, k, int(slots))
 if then["error"] or now["error"]:
     st.warning(then["error"] or now["error"])
     st.stop()
+svc = then["service"]
+head = (f"If {svc['assumption']}, {k} replicas × {int(slots)} slots give p50 / p99 "
+        f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}")
+if then["fixed"] is not None:
+    head += f"; with service times fixed as observed the replay would say p99 {charts.fmt_ms(then['fixed']['p99_ms'])}"
+st.info(head + ".", icon=":material/info:")
 cols = st.columns(3)
 cols[0].metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
 cols[1].metric(f"replay, {observed} replicas (as observed)",
@@ -41,6 +47,10 @@ cols[1].metric(f"replay, {observed} replicas (as observed)",
 cols[2].metric(f"predicted, {k} replicas", f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
                delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
                delta_color="inverse")
-st.caption("Each request keeps its observed arrival and its service time (latency minus queue wait) and waits "
-           f"first-come first-served for one of {k} × {int(slots)} slots. Service times do not change with load, "
-           "so the replay shows how much of the tail is queueing that more capacity removes, not a slow replica.")
+st.caption("Each request keeps its observed arrival and waits first-come first-served for one of "
+           f"{k} × {int(slots)} slots. "
+           + ("Its service time (latency minus queue wait) is scaled by the measured growth per request of the batch "
+              "it joins, the requests in service spread evenly over the replicas (the Capacity page's replay, "
+              "docs/methods.md). " if svc["applied"] else
+              "Its service time (latency minus queue wait) stays as observed (the headline says why). ")
+           + "Cold starts and routing other than one shared queue are not modelled.")

@@ -18,11 +18,16 @@ from analysis.capacity import (
     observed_workload,
     point,
     point_batched,
+    predict_at,
+    reactive,
+    reactive_batched,
+    reactive_batched_py,
     replay_batched,
     replay_batched_py,
+    scale_up,
 )
 from analysis.stats import batching
-from tests.analysis.batch_fleet import batched_latencies, fleet
+from tests.analysis.batch_fleet import batched_latencies, fleet, reactive_latencies
 from tests.factory import add_request, write
 from tests.needs import need_c
 from tracing.rows import SpanBatch
@@ -48,6 +53,59 @@ def test_batched_replay_equals_the_discrete_event_reference() -> None:
         for got in (replay_batched(a, b, replicas * slots, replicas, t, kernel),
                     replay_batched_py(a, b, replicas * slots, replicas, t)):
             assert (got[0].tolist(), got[1].tolist()) == want
+
+
+def test_reactive_batched_equals_the_discrete_event_reference() -> None:
+    """Scale-up with the relation (the C kernel and the Python loop) against the reference's scans; without a table,
+    the fixed-time `reactive`, as the reference with a table of ones."""
+    kernel = load_kernel()
+    need_c(kernel is not None and hasattr(kernel, "reactive_replay"), "the C replay kernel analysis._replay")
+    rng = random.Random(17)
+    for _ in range(400):
+        n = rng.randint(1, 30)
+        replicas, slots, extra, cold = rng.randint(1, 3), rng.randint(1, 4), rng.randint(0, 3), rng.randint(0, 20)
+        arrivals = sorted(rng.randint(0, 40) for _ in range(n))
+        base = [rng.choice([0.0, rng.uniform(0, 15)]) for _ in range(n)]
+        table = [0.0] + [1 + rng.uniform(-0.3, 0.8) * (b - 1) for b in range(1, slots + 1)]
+        want = reactive_latencies(arrivals, base, slots, replicas, replicas + extra, cold, table)
+        args = (np.asarray(arrivals), np.asarray(base), slots, replicas, replicas + extra, cold, np.asarray(table))
+        for lat, svc, added in (reactive_batched(*args, kernel=kernel), reactive_batched_py(*args)):
+            assert (lat.tolist(), svc.tolist(), added) == want
+        whole = [int(b) for b in base]
+        want = reactive_latencies(arrivals, whole, slots, replicas, replicas + extra, cold, [1.0] * (slots + 1))
+        for lat, svc, added in (reactive_batched(np.asarray(arrivals), np.asarray(whole), slots, replicas,
+                                                 replicas + extra, cold, kernel=kernel),
+                                reactive_batched_py(np.asarray(arrivals), np.asarray(whole), slots, replicas,
+                                                    replicas + extra, cold)):
+            assert (lat.tolist(), svc.tolist(), added) == want
+        fixed = reactive(np.asarray(arrivals), np.asarray(whole), slots, replicas, replicas + extra, cold)
+        assert (fixed[0].tolist(), fixed[1]) == (want[0], want[2])
+
+
+def test_whatif_prediction_equals_the_reference_at_any_slots() -> None:
+    """`predict_at` (the What-if page) with the relation applied, at slot counts other than the observed: the p99 of
+    the reference replay of s / f(b_obs) with f(b) = 1 + g (b - small batch); and the fixed-time p99 beside it."""
+    rng = np.random.default_rng(5)
+    n, observed_slots = 800, 3
+    arrivals = np.sort(rng.integers(0, 30 * 10**9, n)).astype(np.int64)
+    w = Workload(arrivals, rng.integers(10**8, 10**9, n).astype(np.int64), np.zeros(n), observed_slots, 4, None,
+                 30 * 10**9)
+    w.batches = rng.integers(1, observed_slots + 1, n).astype(np.int64)
+    w.services = (w.services * (1 + 0.25 * (w.batches - 1))).astype(np.int64)
+    w.relation = batching.relation(w.batches, w.services)
+    assert w.relation is not None and w.relation["shown"]
+    g, small = w.relation["growth_per_request"], w.relation["small_batch"]
+    base = [s / max(1 + g * (b - small), 0.05) for s, b in zip(w.services.tolist(), w.batches.tolist(), strict=True)]
+    for replicas, slots in ((1, 1), (2, 3), (2, 5), (3, 2)):
+        table = [max(1 + g * (b - small), 0.05) for b in range(slots + 1)]
+        lat, _ = batched_latencies(arrivals.tolist(), base, replicas * slots, replicas, table)
+        got = predict_at(w, replicas, slots)
+        assert got["service"]["applied"] and got["servers"] == replicas * slots
+        assert got["p99_ms"] == round(float(np.quantile(np.asarray(lat, dtype=np.float64), 0.99)) / 1e6, 3)
+        fixed = np.asarray(batched_latencies(arrivals.tolist(), w.services.tolist(), replicas * slots, replicas,
+                                             [1.0] * (slots + 1))[0], dtype=np.float64)
+        assert got["fixed"]["p99_ms"] == round(float(np.quantile(fixed, 0.99)) / 1e6, 3)
+    assert predict_at(w, 2, 3, service="fixed")["fixed"] is None
 
 
 def test_no_growth_replays_the_fixed_service_times() -> None:
@@ -123,10 +181,24 @@ def test_fewer_replicas_predicted_closer_with_the_relation(tmp_path: Path, seed:
     assert rel["small_batch"] == 1.0  # so the true growth per request of batch is the fleet's GROWTH exactly
     assert rel["growth_per_request_low"] <= GROWTH <= rel["growth_per_request_high"]
     for p, fixed in zip(curve["points"], curve["service"]["fixed_points"], strict=True):
-        ends = fleet(arrivals, work, p["replicas"], 4, GROWTH)
-        lat = np.asarray([e - a for a, (_, _, e) in zip(arrivals, ends, strict=True)], dtype=np.float64)
-        truth = float(np.quantile(lat, 0.99)) / 1e6
+        truth = _p99(arrivals, fleet(arrivals, work, p["replicas"], 4, GROWTH))
         assert abs(p["p99_ms"] - truth) < abs(fixed["p99_ms"] - truth), (p["replicas"], p, fixed, truth)
+    # the What-if page's prediction (any slots; 6 a replica: the relation extrapolated past the observed 4)
+    for replicas, slots in ((5, 4), (6, 3), (4, 6)):
+        got = predict_at(w, replicas, slots)
+        truth = _p99(arrivals, fleet(arrivals, work, replicas, slots, GROWTH))
+        assert abs(got["p99_ms"] - truth) < abs(got["fixed"]["p99_ms"] - truth), (replicas, slots, got, truth)
+    # reactive scale-up from 4 to 8 replicas with a 20 s cold start, against the fleet scaling up the same way
+    up = scale_up(w, 4, 8, cold_start_ns=20_000 * MS)
+    assert up["service"]["batch_relation_applied"] and up["fixed"] is not None
+    truth = _p99(arrivals, fleet(arrivals, work, 4, 4, GROWTH, max_replicas=8, cold_ns=20_000 * MS))
+    assert abs(up["reactive"]["p99_ms"] - truth) < abs(up["fixed"]["reactive"]["p99_ms"] - truth), (up, truth)
+
+
+def _p99(arrivals: list[int], ends: list[tuple[int, int, int]]) -> float:
+    """p99 latency (ms) of the fleet's requests."""
+    lat = np.asarray([e - a for a, (_, _, e) in zip(arrivals, ends, strict=True)], dtype=np.float64)
+    return float(np.quantile(lat, 0.99)) / 1e6
 
 
 def test_fewest_counts_equal_the_first_count_meeting_the_target() -> None:

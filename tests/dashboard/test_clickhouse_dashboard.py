@@ -130,9 +130,10 @@ def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench, filters: list[data.Filte
         for metric in ("e2e", "ttft"):
             _frames(data.replicas(**kc, filters=f, metric=metric), data.replicas(**kw, filters=f, metric=metric))
             _frames(data.shape(**kc, filters=f, metric=metric), data.shape(**kw, filters=f, metric=metric))
-        for servers in (4, 16):  # the queue replay of What-if
-            _same(data.whatif(**kc, filters=f, servers=servers), data.whatif(**kw, filters=f, servers=servers))
-        assert data.whatif(**kc, filters=f, servers=4)["p99_ms"] is not None
+        for replicas, slots in ((1, 4), (4, 4), (3, 6)):  # the queue replay of What-if
+            _same(data.whatif(**kc, filters=f, replicas=replicas, slots=slots),
+                  data.whatif(**kw, filters=f, replicas=replicas, slots=slots))
+        assert data.whatif(**kc, filters=f, replicas=1, slots=4)["p99_ms"] is not None
         _same(data.capacity_curve(**kc, filters=f, target_p99_ms=30_000.0, metric="e2e", gpu_hour_usd=2.0,
                                   max_replicas=24),
               data.capacity_curve(**kw, filters=f, target_p99_ms=30_000.0, metric="e2e", gpu_hour_usd=2.0,

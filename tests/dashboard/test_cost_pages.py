@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.capacity import capacity_curve, observed_workload
+from analysis.capacity import capacity_curve, observed_workload, scale_up
 from analysis.cost import Prices, cost_table
 from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
+from dashboard.charts import fmt_ms
 from tests.dashboard.conftest import APP
 
 
@@ -64,8 +65,16 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     said = answer["advice"]["sentence"]  # scale down / up / keep against the observed replicas, in words
     svc = answer["service"]
     # the headline states the replay's assumption about service time against the batch, then the advice
-    heads = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If ")]
+    texts = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If ")]
+    heads = [t for t in texts if "reactive scale-up" not in t]
     assert heads and heads[0].startswith(f"If {svc['assumption']}, {said}."), heads
+    # the scale-up comparison below it replays the same way (analysis.capacity.scale_up) and says so first
+    up = scale_up(w, max(1, want // 2), want)
+    ups = [t for t in texts if "reactive scale-up" in t]
+    assert ups and ups[0].startswith(
+        f"If {svc['assumption']}, reactive scale-up from {max(1, want // 2)} to {want} replicas gives p99 "
+        f"{fmt_ms(up['reactive']['p99_ms'])} (adding {up['reactive']['added']})"), ups
+    assert up["service"]["assumption"] == svc["assumption"]
     rel = service_vs_batch(connect(incident_store))
     if rel is None:
         assert not svc["batch_relation_applied"] and "cannot show how service time changes" in heads[0]
