@@ -13,10 +13,10 @@ replica's resource values come back as one row per replica and key (`resource`),
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
 explanation asks, per spike, the cells of every combination holding an attribute (alone, and with each
-built-in) counted over the tail and the whole baseline (`cells`: the family's count and the cells that may
-pass, at most 1 / MIN_SHARE each), the nesting test's counts over the frame (`overlap`), its p99s without a
-candidate (`candidate_sql`), and the codes of the spike windows' rows (the counterfactual and the exemplars
-read them one by one).
+built-in) counted over the tail and the whole baseline (`cells`: the family's count, and the baseline counts
+of the cells the tail holds enough of to pass, at most 1 / MIN_SHARE each), the nesting test's counts over
+the frame (`overlap`), its p99s without a candidate (`candidate_sql`), and the codes of the spike windows'
+rows (the counterfactual, the exemplars and the tail's own counts read them one by one).
 """
 
 from __future__ import annotations
@@ -126,40 +126,34 @@ class ServerAttributes:
             return bucket_code_sql(c.name)
         return f"if(isNull({c.name}), toInt64(-1), {_code_of(f'assumeNotNull({c.name})', c.labels, 'String')})"
 
-    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: str, base: str,
-              least: int, weighted: bool) -> dict[tuple[int, ...], X.Cells]:
-        """explain.RemoteCells over ATTR_TEMP: per combination of `coded` (indices), the cells the requests meeting
-        `tail` or `base` hold (missing values left out) counted, and those with at least `least` tail requests with
-        their tail and baseline counts (and summed weights): one row per combination comes back, with at most
-        1 / MIN_SHARE cells unweighted (a cell needs that share of the tail)."""
+    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]],
+              hits: dict[tuple[int, ...], list[tuple[int, ...]]], tail: str, base: str, weighted: bool
+              ) -> dict[tuple[int, ...], tuple[int, list[int], list[float]]]:
+        """Per combination of `coded` (indices), counted over ATTR_TEMP: the cells (values, or pairs of values) the
+        requests meeting `tail` or `base` hold, missing values left out (the family's share), and for each cell of
+        `hits` (codes) its baseline count and summed weights (`weighted`, else 0). One row of figures comes back."""
         if not combos:
             return {}
-        sql = {i: self.dimension_sql(coded[i]) for i in sorted({i for c in combos for i in c})}
-        items = ", ".join(f"({k}, toInt64({sql[c[0]]}), toInt64({sql[c[1]] if len(c) == 2 else '0'}))"
-                          for k, c in enumerate(combos))
-        sums = ", sumIf(w, tl) AS tw, sumIf(w, bs) AS bw" if weighted else ""
-        got = client.query(
-            f"SELECT k, count() AS present, groupArrayIf((a, b, t, n{', tw, bw' if weighted else ''}), t >= {least}) "
-            f"AS hits FROM (SELECT p.1 AS k, p.2 AS a, p.3 AS b, countIf(tl) AS t, countIf(bs) AS n{sums} "
-            f"FROM (SELECT arrayJoin([{items}]) AS p, tl, bs, w FROM (SELECT *, {tail} AS tl, {base} AS bs "
-            f"FROM {ATTR_TEMP}) WHERE tl OR bs) WHERE p.2 >= 0 AND p.3 >= 0 GROUP BY k, a, b) GROUP BY k"
-        ).to_pylist()
-        out = {c: X.Cells(0, [], [], [], [] if weighted else None, [] if weighted else None) for c in combos}
+        dims = sorted({i for c in combos for i in c})
+        cols = ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in dims)
         slots = [len(c.labels) + 1 for c in coded]
-        for r in got:
-            combo = combos[int(r["k"])]
-            hits = [tuple(h.values()) if isinstance(h, dict) else tuple(h) for h in r["hits"]]
-            # in cell order, as counted in memory (explain._local_cells)
-            hits.sort(key=lambda h: int(h[0]) * (slots[combo[1]] if len(combo) == 2 else 1) + int(h[1]))
-            cell = out[combo]
-            cell.present = int(r["present"])
-            for h in hits:
-                cell.codes.append((int(h[0]),) if len(combo) == 1 else (int(h[0]), int(h[1])))
-                cell.t.append(int(h[2]))
-                cell.b.append(int(h[3]))
-                if cell.tw is not None and cell.bw is not None:
-                    cell.tw.append(float(h[4]))
-                    cell.bw.append(float(h[5]))
+        aggs = []
+        for k, c in enumerate(combos):
+            key = f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}"
+            held = " AND ".join(f"d{i} >= 0" for i in c)
+            aggs.append(f"uniqExactIf({key}, {held}) AS p{k}")
+            for h, codes in enumerate(hits.get(c, [])):
+                cell = " AND ".join(f"d{i} = {int(v)}" for i, v in zip(c, codes, strict=True))
+                aggs.append(f"countIf(bs AND {cell}) AS b{k}_{h}")
+                if weighted:
+                    aggs.append(f"sumIf(w, bs AND {cell}) AS w{k}_{h}")
+        row = client.query(f"SELECT {', '.join(aggs)} FROM (SELECT {tail} AS tl, {base} AS bs, w, {cols} "
+                           f"FROM {ATTR_TEMP}) WHERE tl OR bs").to_pylist()[0]
+        out = {}
+        for k, c in enumerate(combos):
+            n = len(hits.get(c, []))
+            out[c] = (int(row[f"p{k}"]), [int(row[f"b{k}_{h}"]) for h in range(n)],
+                      [float(row[f"w{k}_{h}"]) if weighted else 0.0 for h in range(n)])
         return out
 
     def overlap(self, client: Client, coded: Sequence[X.Coded], top: X.Candidate, others: list[X.Candidate]

@@ -416,9 +416,32 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
         listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys.iter_rows())
         return f"((trace_id, span_id) IN ({listed}))"
 
+    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
+
     def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
               ) -> dict[tuple[int, ...], X.Cells]:
-        return server.cells(client, coded, combos, tail_sql(tail), base, least, "weight" in frame.columns)
+        # the tail's counts here (its rows are the spike's, whose codes came back); the family's count of each
+        # combination and the baseline counts of the cells that may pass on the server
+        found: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[int], list[float]]] = {}
+        for combo in combos:
+            codes = [coded[i].codes[tail] for i in combo]
+            held = np.all([c >= 0 for c in codes], axis=0)
+            keys, inverse, counts = np.unique(np.stack([c[held] for c in codes], axis=1), axis=0,
+                                              return_inverse=True, return_counts=True)
+            at = np.flatnonzero(counts >= least)
+            tw = [0.0] * at.size
+            if weights is not None and at.size:
+                w = weights[tail][held]
+                tw = [float(w[inverse.ravel() == j].sum()) for j in at]
+            found[combo] = ([tuple(int(x) for x in keys[j]) for j in at], [int(counts[j]) for j in at], tw)
+        got = server.cells(client, coded, combos, {c: f[0] for c, f in found.items()}, tail_sql(tail), base,
+                           weights is not None)
+        out = {}
+        for combo, (cell_codes, t_counts, tw) in found.items():
+            present, b, bw = got[combo]
+            out[combo] = X.Cells(present, cell_codes, t_counts, b, tw if weights is not None else None,
+                                 bw if weights is not None else None)
+        return out
 
     def overlap(coded: Sequence[X.Coded], top: X.Candidate, others: list[X.Candidate]) -> list[tuple[int, int, int]]:
         return server.overlap(client, coded, top, others)
