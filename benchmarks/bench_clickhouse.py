@@ -37,8 +37,9 @@ are created (without the refreshable view), the spans copied into `tailscope_req
 timed apart; both reports must equal DuckDB's. --skip-fly leaves out the report from the spans.
 With --attrs N every request carries N extra random attributes (synthetic.extra_attributes, as
 bench_attributes' store): both reports consider them all, and the figures add what the chdb report's
-attribute pass returned (rows of per-candidate aggregates, one per combination holding an attribute per spike,
-with the cells among them that may pass; the codes of the spike windows' rows, read one by one).
+attribute pass returned (rows of per-candidate aggregates; per spike one row of figures: each combination holding
+an attribute's count of cells and the baseline counts of the cells that may pass; the codes of the spike windows'
+rows, read one by one).
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ class Counting:
                 self.coded_rows += out.num_rows
             else:
                 self.attribute_rows += out.num_rows
-                if "hits" in out.column_names:  # the cells that may pass, in each combination's row
-                    self.attribute_cells += sum(len(h) for h in out.column("hits").to_pylist())
+                if sql.startswith("SELECT uniqExactIf("):  # a spike's cells: one row of figures
+                    self.attribute_cells += out.num_columns
         return out
 
     def command(self, sql: str) -> None:
@@ -388,8 +389,9 @@ def main(argv: list[str] | None = None) -> None:
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']} (but the export's keys: "
               f"{r['equal_but_export_keys']}); load {r['loadavg_1m']}")
         print(f"  attributes: {r['attributes_considered']} considered, {r['attributes_skipped']} skipped; the "
-              f"attribute pass returned {r['attribute_rows']} aggregate rows (holding {r['attribute_cells']} cells of "
-              f"pairs and values that may pass), and codes of {r['attribute_coded_rows']} pulled rows")
+              f"attribute pass returned {r['attribute_rows']} aggregate rows (the spikes' cells among them: "
+              f"{r['attribute_cells']} figures, each combination's count of cells and the baseline counts of those "
+              f"that may pass), and codes of {r['attribute_coded_rows']} pulled rows")
         if "dash_equal" in r:
             print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "
