@@ -780,9 +780,7 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone and with each
     built-in (k8s.node.name & tenant; no pair of two attributes), all under one family-wise level (Bonferroni over
     every value and pair of values tested); the counterfactual of the MAX_COUNTERFACTUAL best scores; the first
-    one's level of a learned hierarchy (attributes.name_level), or the pair where two candidates meet, named before
-    them (explain.meeting_pair; its parts are then its coarser levels). `rows`: the spike's rows; `excess_rows`: its
-    tail;
+    one's level of a learned hierarchy (attributes.name_level). `rows`: the spike's rows; `excess_rows`: its tail;
     `base`: the baseline's rows (`base_q` its p99); `rest`: the baseline's other requests counted per combination
     of the built-ins; `remote`, `overlap`: a remote engine's counts of the combinations holding an attribute and its
     nesting test; `cut`: receives the pairs left out for their size."""
@@ -795,13 +793,7 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     cands.sort(key=lambda c: -c.score)
     cands = cands[:X.MAX_COUNTERFACTUAL]
     X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=rest)
-    ranked = X.rank(cands)
-    pair = X.meeting_pair(ranked)
-    if pair is not None:  # named before its parts, which are its coarser levels
-        parts = {(i, code) for i, code in zip(ranked[pair].dims, ranked[pair].codes, strict=True)}
-        coarser = [c for c in ranked if len(c.dims) == 1 and (c.dims[0], c.codes[0]) in parts]
-        return [ranked[pair], *(c for j, c in enumerate(ranked) if j != pair)], [], coarser, tested
-    ranked, finer, coarser = A.name_level(coded, ranked, overlap)
+    ranked, finer, coarser = A.name_level(coded, X.rank(cands), overlap)
     return ranked, finer, coarser, tested
 
 
@@ -816,10 +808,8 @@ def hierarchy_text(d: Mapping[str, Any]) -> str:
     nested in it (render_text's line, the watch's message)."""
     expl = "-" if d.get("explained") is None else f"{d['explained']:.0%}"
     text = f"{d['dimension']} = {d['value']} explains {expl}"
-    # a pair named where its parts meet shows them (its coarser levels), each alone
-    under = d.get("finer") or ([] if "&" not in d["dimension"] else d.get("coarser") or [])
     finer = [f"{f['dimension']} {f['value']} alone {'-' if f['explained'] is None else format(f['explained'], '.0%')}"
-             for f in under]
+             for f in d.get("finer") or []]
     return text + (f" ({'; '.join(finer)})" if finer else "")
 
 

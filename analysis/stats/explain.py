@@ -603,28 +603,6 @@ def rank(cands: list[Candidate]) -> list[Candidate]:
     return sorted(cands, key=key)
 
 
-def meeting_pair(ranked: list[Candidate]) -> int | None:
-    """The position of the pair to name before its parts, if any: a pair holding the first-ranked value whose other
-    part is a candidate too, the pair explaining as much as the first and the other part as much as the pair (each
-    within PAIR_MARGIN, explained capped at 1). Removing either part removes the cause with it, and the pair, the
-    fewest requests doing so, says where they meet (tenant globex on node-2)."""
-    if not ranked or len(ranked[0].dims) != 1 or not math.isfinite(ranked[0].explained):
-        return None
-
-    def cap(c: Candidate) -> float:
-        return min(c.explained, 1.0)
-
-    first = (ranked[0].dims[0], ranked[0].codes[0])
-    single = {(c.dims[0], c.codes[0]): c for c in ranked if len(c.dims) == 1 and math.isfinite(c.explained)}
-    for j, c in enumerate(ranked):
-        if len(c.dims) != 2 or not math.isfinite(c.explained) or first not in zip(c.dims, c.codes, strict=True):
-            continue
-        other = single.get(next(p for p in zip(c.dims, c.codes, strict=True) if p != first))
-        if other is not None and cap(c) >= cap(ranked[0]) - PAIR_MARGIN and cap(other) >= cap(c) - PAIR_MARGIN:
-            return j
-    return None
-
-
 def candidate_json(coded: Sequence[Coded], c: Candidate) -> dict[str, Any]:
     """The report's form of a candidate (lo / hi integers for a bucket, null otherwise)."""
     names = [coded[i].name for i in c.dims]
