@@ -875,9 +875,8 @@ def render_text(report: C.Report, console: Console | None = None) -> None:
                 t.add_row(d["dimension"], d["value"], expl, _fmt(d["p99_without_ms"], " ms"),
                           f"{d['score']:.2f}", str(d["support"]))
             con.print(t)
-            first = spike["dimensions"][0]
-            if first.get("finer") or ("&" in first["dimension"] and first.get("coarser")):
-                con.print(hierarchy_text(first), highlight=False)
+            if spike["dimensions"][0].get("finer"):
+                con.print(hierarchy_text(spike["dimensions"][0]), highlight=False)
         if spike["exemplars"]:
             con.print("exemplars: " + ", ".join(spike["exemplars"]), highlight=False)
         neighbour = spike.get("noisy_neighbour")
