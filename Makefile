@@ -6,12 +6,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STORE ?= $(HOME)/.local/share/tailscope/store
 
-#: pytest workers (pytest-xdist): one per core; `make test WORKERS=1` runs the suite in one process
-WORKERS ?= auto
+#: pytest workers (pytest-xdist): one per core and one more, which runs while the others' tests wait on their servers,
+#: subprocesses and deliberate sleeps (CONTRIBUTING.md, "The slowest tests"); `make test WORKERS=1` runs the suite in
+#: one process
+WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 #: what makes a missing prerequisite (chromium, chdb, a C part where a compiler is) fail rather than skip
 STRICT := TAILSCOPE_TEST_STRICT=1
-#: the parallel run: a test file stays on one worker (its module fixtures are built once)
-PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile
+#: the parallel run: a test file stays on one worker (its module fixtures are built once); files are handed out in
+#: the order tests/conftest.py sorts them (the most `slow` tests first), not by their number of tests
+PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps ch-releases bench clean
 
@@ -80,9 +83,10 @@ typecheck: $(STAMP)
 unit: $(STAMP) system-deps ch-releases
 	$(STRICT) $(PYTEST_PAR) --durations=10
 
-# what CI runs (.ci/run): install (the venv beside the Debian packages), ruff, then mypy beside the suite
+# what CI runs (.ci/run): install (the venv, the Debian packages and the older ClickHouse releases' venvs at once),
+# ruff, then mypy beside the suite
 test:
-	@$(MAKE) --no-print-directory -j2 venv system-deps
+	@$(MAKE) --no-print-directory -j4 venv system-deps ch-releases
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j2 typecheck unit
 

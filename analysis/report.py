@@ -516,13 +516,33 @@ def find_spikes(
     report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
                                      explain=False))
     if rows is not None:
-        report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k not in _EXPLANATION_KEYS})
+        report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
                             for s in rows.det.spikes]
     return report
 
 
-#: The keys of a report's spike item that its explanation fills.
-_EXPLANATION_KEYS: Final = frozenset({"stages", "dimensions", "exemplars"})
+#: The keys of a spike item of find_spikes: the report item's window, counts and percentiles, before its explanation.
+MARK_KEYS: Final = frozenset({"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms",
+                              "excess_ms", "p_value", "windows", "requests_weighted", "n_effective"})
+
+
+def marks_of(report: C.Report) -> C.Report:
+    """What `find_spikes` answers for the same ask, taken from `build_report`'s answer: its header with `attributes`
+    null and the errors detection gave (the report's without its attribute pass's and its explanations' own), each
+    spike's item cut to MARK_KEYS. A caller that needs both (a page showing the spikes and explaining them) detects
+    once; tests/analysis/test_find_spikes.py holds it equal to find_spikes."""
+    spikes = report["spikes"]
+    errors = list(report["errors"])
+    explained = sum(len(item.get("errors", [])) for item in spikes)
+    errors = errors[:len(errors) - explained]  # the explanations' errors come last, spike by spike
+    attrs = report["attributes"]["errors"] if report["attributes"] is not None else []
+    for at in range(len(errors) - len(attrs) + 1) if attrs else ():  # the attribute pass's: one run after detection's
+        if errors[at:at + len(attrs)] == attrs:
+            del errors[at:at + len(attrs)]
+            break
+    out = cast(C.Report, {**report, "attributes": None, "errors": errors})
+    out["spikes"] = [cast(C.Spike, {k: v for k, v in item.items() if k in MARK_KEYS}) for item in spikes]
+    return out
 
 
 def explain_window(

@@ -36,7 +36,7 @@ from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
-from analysis.engine.connect import connect
+from analysis.engine.connect import connect, live_facts_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -52,7 +52,7 @@ from analysis.engine.percentiles import auto_window_s, parse_time, percentile_se
 from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.mapping.rules import no_request_hint as _no_request_hint
-from analysis.report import build_report, explain_window, find_spikes
+from analysis.report import build_report, explain_window, find_spikes, marks_of
 from analysis.stats import verdicts as V
 from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
 from dashboard import clickhouse_data as CHD
@@ -175,6 +175,7 @@ class Workbench:
                 for hour in [] if quick else redo:
                     _insert_exact(cur, snap, hour)
                 refresh_views(cur, self.store, snap)
+                live_facts_from(cur, "req_live")  # the live hours' facts are this workbench's rows, not recomputed
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""
@@ -615,16 +616,18 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.DataFrame:
-    """analysis.engine.percentiles.percentile_series of e2e, TTFT and TPOT over the filtered requests, in the
-    report's windows: one row per window (`window_ns`, `window` a UTC datetime), <metric>_p50_ms / _p90_ms
-    / _p99_ms and counts per outcome (weighted: the requests the stored ones stand for under sampling).
+def over_time(_db: Bench, store: str, version: int, filters: Filters,
+              metrics: tuple[str, ...] = ("e2e", "ttft", "tpot")) -> pl.DataFrame:
+    """analysis.engine.percentiles.percentile_series of `metrics` (e2e, TTFT and TPOT; the Spike page charts e2e
+    only) over the filtered requests, in the report's windows: one row per window (`window_ns`, `window` a UTC
+    datetime), <metric>_p50_ms / _p90_ms / _p99_ms and counts per outcome (weighted: the requests the stored ones
+    stand for under sampling).
 
     A polars frame: the Overview draws it without importing pandas (a second of CPU on a first page).
     """
     win = window_s(_db, store, version, filters)  # the report's window, chosen once (not once per metric)
     frames: list[pl.DataFrame] = []
-    for m in ("e2e", "ttft", "tpot"):
+    for m in metrics:
         df = _db.series(filters, m, win)
         # counts are what the stored requests stand for (equal to the stored counts when unsampled)
         keep = [pl.col("window_start_ns")] + ([pl.col(f"{c}_weighted").alias(c) for c in
@@ -638,12 +641,20 @@ def over_time(_db: Bench, store: str, version: int, filters: Filters) -> pl.Data
     return out.with_columns(window=pl.col("window_ns").cast(pl.Datetime("ns", "UTC")))
 
 
+#: At most this many stale (live) hours, an unfiltered report reads the store as `tailscope report` does: see
+#: `_report_source`. `tailscope collect` leaves two hours live (the current one and the one before).
+LIVE_HOURS_IN_PLACE = 2
+
+
 def _report_source(db: Workbench, filters: Filters) -> str | None:
-    """Where a report call reads its requests: unfiltered on a store whose every hour is materialized and
-    fresh, the store's own `requests` (None), which `tailscope report` reads, in place and without a
-    copy; otherwise `requests`, the cursor's filtered view of `req`, instead of rescanning the store."""
+    """Where a report call reads its requests. Without a dimension or attribute filter (a time range is the report's
+    own since/until) on a store with at most LIVE_HOURS_IN_PLACE stale hours: the store's own request facts (None),
+    as `tailscope report` reads them (analysis.engine.percentiles.request_facts: the materialized hours in place,
+    the few live hours' facts computed from their spans), with no copy of every request. Otherwise `requests`,
+    the cursor's filtered view of `req`, copied by the report, instead of rescanning the store's spans."""
     snap = db.snap
-    if filters == Filters() and snap is not None and not snap.stale and not db.pending:
+    if (filters == Filters(filters.since_ns, filters.until_ns) and snap is not None
+            and len(snap.stale) <= LIVE_HOURS_IN_PLACE):
         return None
     return "requests"
 
@@ -698,14 +709,26 @@ def _spike_marks(_db: Bench, store: str, version: int, filters: Filters, metric:
     return {**out, "spikes": sorted(out.get("spikes", []), key=lambda sp: spike_times_ns(sp)[0])}
 
 
-def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+def explained_marks(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
+    """`spike_marks` taken from the full report (analysis.report.marks_of: the same answer): for a page that
+    explains the spikes too, so that detection runs once, not once for the marks and once for the report."""
+    full = report_of(_db, store, version, filters, metric)
+    if "attributes" not in full:  # the report failed: its errors say why
+        return {**full, "spikes": []}
+    marks = cast(dict[str, Any], marks_of(cast(Any, full)))
+    return {**marks, "spikes": sorted(marks["spikes"], key=lambda sp: spike_times_ns(sp)[0])}
+
+
+def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e",
+                  explained: bool = False) -> dict[str, Any]:
     """The detected spikes under `filters` and whether detection could judge them at all (analysis.stats.verdicts).
 
     {"spikes" (spike_marks'), "judged", "reason" (why not, a sentence), "context" (when not judged under
     dimension filters: the spikes of the same time range without them)}. "No spike" is only ever said
-    when `judged`.
+    when `judged`. `explained`: the page explains the spikes too, so the marks are read from the full report
+    (`explained_marks`).
     """
-    marks = spike_marks(_db, store, version, filters, metric)
+    marks = (explained_marks if explained else spike_marks)(_db, store, version, filters, metric)
     det = detection(_db, store, version, filters)
     why = V.not_judged(marks)
     out: dict[str, Any] = {"spikes": marks["spikes"], "judged": why is None, "reason": None, "context": [],

@@ -133,6 +133,17 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     return len(files)
 
 
+def live_facts_from(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """Read the stale hours' request facts (what `percentiles.request_facts` copies once per connection snapshot)
+    from `table`, the model's `requests` rows of exactly the snapshot's stale hours that a reader keeps itself (the
+    dashboard's workbench), in start order, instead of computing them from the hours' spans on every new connection.
+    Call after `refresh` with the same snapshot: the rows must be the ones the model gives for those hours."""
+    names = [c[0] for c in con.execute("DESCRIBE _request_facts_live").fetchall()]
+    cols = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
+    con.execute(f"CREATE OR REPLACE VIEW _request_facts_live AS SELECT {cols} FROM {table} "
+                "ORDER BY start_ns, trace_id, span_id")
+
+
 def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
     """The views of a connection over the relations `_spans_files`, `_spans_live_files`, `_spans_own_files`."""
     cols = ", ".join(M.REQUEST_COLUMNS)

@@ -15,13 +15,13 @@ db = data.open_store()
 f = sidebar.current()
 key = (db, str(db.store), db.version)
 st.title("Spike")
-if not data.summary(*key, f)["requests"]:
+if not data.detection(*key, f)["requests"]:
     st.info("No requests match the filters, so there is no spike to explain.")
     st.stop()
 
-verdict = data.spike_verdict(*key, f)
+verdict = data.spike_verdict(*key, f, explained=True)  # the marks from the report this page explains: one detection
 spikes = data.spikes(*key, f) if verdict["judged"] else []
-df = data.over_time(*key, f)
+df = data.over_time(*key, f, ("e2e",))
 shade = [data.spike_times_ns(sp) for sp in spikes]
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
 event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush", context=context),

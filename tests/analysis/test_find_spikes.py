@@ -1,4 +1,5 @@
-"""find_spikes: the report's header and spikes without the explanations, equal to build_report's."""
+"""find_spikes: the report's header and spikes without the explanations, equal to build_report's; and marks_of, which
+cuts build_report's answer to find_spikes' (so a caller needing both detects once), equal to it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,24 @@ from typing import Any
 import pytest
 
 from analysis import build_report, connect
-from analysis.report import find_spikes
+from analysis.report import MARK_KEYS, find_spikes, marks_of
 from tests.analysis.test_report import fleet_store
 
 SEC = 1_000_000_000
 #: What each spike item of find_spikes holds: the report item's keys before its explanation.
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "requests_weighted", "n_effective"}
+
+
+def test_marks_of_leaves_out_the_attribute_pass_and_the_explanations_errors() -> None:
+    """The report's errors: detection's, then the attribute pass's (one run), then the sampling judgement's, then each
+    spike's explanation's; find_spikes gives detection's and the sampling judgement's only."""
+    item = {k: 1 for k in MARK_KEYS} | {"stages": [], "dimensions": [], "exemplars": ["t"], "errors": ["s1", "s2"]}
+    report: Any = {"version": 1, "errors": ["d", "a1", "a2", "b", "s1", "s2"], "attributes": {"errors": ["a1", "a2"]},
+                   "spikes": [item]}
+    assert marks_of(report) == {"version": 1, "errors": ["d", "b"], "attributes": None,
+                                "spikes": [{k: 1 for k in MARK_KEYS}]}
+    assert report["errors"] == ["d", "a1", "a2", "b", "s1", "s2"]  # the report itself is left as it was
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +47,7 @@ def _same_as_report(found: dict[str, Any], report: dict[str, Any]) -> None:
         assert mine == {k: item[k] for k in mine}
     assert report["errors"][:len(found["errors"])] == found["errors"]
     assert report["errors"][len(found["errors"]):] == [e for item in report["spikes"] for e in item["errors"]]
+    assert marks_of(report) == found
 
 
 def test_the_spikes_of_the_report(store: Path) -> None:

@@ -47,7 +47,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_clickhouse_releases": (r"\n +24\.8 \(24\.8\.[\d.]+\): export [\d.]+ s, report [\d.]+ s, x[\d.]+ the newest; "
                                   r"equal to the newest True, to DuckDB \(the export's keys aside\) True",),
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
-    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan"),
+    "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan",
+                        r"materialized \d+ stale hour"),
     "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
                                 r"anchor \(spans scan"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
@@ -75,6 +76,7 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
     assert scripts == set(run_all.TINY) == set(run_all.SMALL) == set(PRINTS)
 
 
+@pytest.mark.slow  # a benchmark script in its own process (make test-fast leaves it out)
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
 def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
     if name == "bench_build_hour":
@@ -88,6 +90,7 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"
 
 
+@pytest.mark.slow
 def test_cost_ab_measures_a_tree_and_compares_two_runs(tmp_path: Path) -> None:
     """benchmarks.cost_ab: one tree measured on the tiny synthetic store, then two outputs compared."""
     out_file = tmp_path / "this.json"

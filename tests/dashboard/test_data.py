@@ -368,8 +368,9 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
 
 
 def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store: Path, tmp_path: Path) -> None:
-    """Unfiltered on a store whose hours are all materialized, the report calls read the store's own requests
-    (no copy); filtered or with a stale hour, the filtered view of `req`. Both give the same report."""
+    """Unfiltered (or over a time range only) on a store with at most LIVE_HOURS_IN_PLACE stale hours, the report
+    calls read the store's own request facts (no copy); filtered or with more stale hours, the filtered view of
+    `req`. Both give the same report (with live hours: tests/dashboard/test_live_hours.py)."""
     from analysis.engine.materialize import materialize
     from analysis.report import build_report, find_spikes
 
@@ -381,18 +382,32 @@ def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store
     assert wb.snap is not None and not wb.snap.stale and wb.snap.fresh
     some = data.Filters(replica=("replica-05",))
     assert data._report_source(wb, data.Filters()) is None and data._report_source(wb, some) == "requests"
+    assert data._report_source(wb, data.Filters(since_ns=1, until_ns=2)) is None
     snap, hour = wb.snap, next(iter(wb.snap.fresh))
-    wb.snap = dataclasses.replace(snap, stale=[hour])  # an hour whose file is missing or stale
+    wb.snap = dataclasses.replace(snap, stale=[hour] * data.LIVE_HOURS_IN_PLACE)  # live hours: read in place
+    assert data._report_source(wb, data.Filters()) is None
+    wb.snap = dataclasses.replace(snap, stale=[hour] * (data.LIVE_HOURS_IN_PLACE + 1))  # more: the copy
     assert data._report_source(wb, data.Filters()) == "requests"
-    wb.snap, wb.pending = snap, {hour}  # an hour whose critical paths are still being computed
-    assert data._report_source(wb, data.Filters()) == "requests"
-    wb.pending = set()
+    wb.snap = snap
     report = data._report_of(wb, str(store), wb.version, data.Filters(), "e2e")
     marks = data._spike_marks(wb, str(store), wb.version, data.Filters(), "e2e")
     assert report["spikes"] and not report["errors"]
     with data._cursor(wb, data.Filters()) as cur:
         assert report == build_report(cur, include_failures=True, source="requests")
         assert marks == find_spikes(cur, include_failures=True, source="requests")
+
+
+@pytest.mark.parametrize("filters", [
+    data.Filters(), data.Filters(tenant=("acme",)), data.Filters(replica=("replica-05",)),
+    data.Filters(START_NS + 300_000_000_000, START_NS + 1_500_000_000_000, model=("mistral-7b",))])
+def test_the_spike_pages_marks_are_the_overviews(incident_store: Path, filters: data.Filters) -> None:
+    """The Spike page reads its marks from the full report it explains (one detection): the same marks and verdict
+    as the Overview's find_spikes, judged or not, under filters and a time range."""
+    wb = data.Workbench(incident_store)
+    wb.refresh()
+    key = (wb, str(wb.store), wb.version)
+    assert data.explained_marks(*key, filters) == data.spike_marks(*key, filters)
+    assert data.spike_verdict(*key, filters, explained=True) == data.spike_verdict(*key, filters)
 
 
 def test_console_and_workbench_survive_a_merge_whose_inputs_are_deleted(tmp_path: Path) -> None:

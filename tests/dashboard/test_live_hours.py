@@ -1,0 +1,61 @@
+"""The dashboard's report over a store whose last hours are live (not materialized) equals `tailscope report`'s.
+
+Unfiltered (or with a time range only) and with at most data.LIVE_HOURS_IN_PLACE stale hours, the workbench's report
+reads the materialized hours in place and the live hours' facts from its own rows (analysis.engine.connect.
+live_facts_from) instead of copying every request; the answer must be the one analysis gives on its own connection,
+which computes the live hours from their spans, and the one of the copy the workbench made before; the Spike page's
+marks, cut from that report, the Overview's.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from analysis.engine.connect import connect
+from analysis.engine.materialize import build_hour, snapshot
+from analysis.report import build_report, find_spikes
+from dashboard import data
+from tests.dashboard.incident_store import START_NS, Incident, write_incident_store
+
+SEC = 1_000_000_000
+
+
+def _store(tmp_path: Path, seed: int) -> tuple[Path, list[int]]:
+    """Four hours of requests (a slow replica in the third), a random set of hours materialized and at most two
+    left live; (store, the live hours)."""
+    store = tmp_path / "store"
+    write_incident_store(store, requests=8_000, duration_s=3.5 * 3600, seed=seed,
+                         incident=Incident(2.2 * 3600, 2.6 * 3600))
+    snap = snapshot(store)
+    rng = random.Random(seed)
+    live = sorted(rng.sample(snap.stale, rng.randint(1, data.LIVE_HOURS_IN_PLACE)))
+    for hour in snap.stale:
+        if hour not in live:
+            build_hour(snap, hour)
+    return store, live
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_reports_with_live_hours_equal_analysis(tmp_path: Path, seed: int) -> None:
+    store, live = _store(tmp_path, seed)
+    wb = data.Workbench(store)
+    wb.refresh()
+    assert wb.snap is not None and wb.snap.stale == live and wb.snap.fresh
+    key = (wb, str(wb.store), wb.version)
+    cli = connect(store)  # analysis on its own: the live hours computed from their spans
+    for f in (data.Filters(), data.Filters(START_NS + 1800 * SEC, START_NS + 3 * 3600 * SEC)):
+        assert data._report_source(wb, f) is None
+        win = data.detection(*key, f)["judged_window_s"]
+        ask = {"window_s": win, "since": f.since_ns, "until": f.until_ns, "include_failures": True}
+        report = data._report_of(wb, str(store), wb.version, f, "e2e")
+        assert report["spikes"] and not report["errors"]
+        assert report == build_report(cli, **ask)
+        assert data._spike_marks(wb, str(store), wb.version, f, "e2e") == {
+            **(marks := find_spikes(cli, **ask)), "spikes": sorted(marks["spikes"], key=lambda s: s["start"])}
+        assert data.explained_marks(*key, f) == data._spike_marks(wb, str(store), wb.version, f, "e2e")
+        with data._cursor(wb, f) as cur:  # the copy of the workbench's rows, as read before
+            assert report == build_report(cur, source="requests", **ask)
+    cli.close()
