@@ -342,8 +342,9 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
     ).properties(height=240)
 
 
-def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
-    """p50 (tick) and p99 (bar) per replica; outliers in red, outliers a dimension's value explains in yellow."""
+def replica_chart(df: pd.DataFrame, column: str = "replica", title: str | None = None) -> alt.LayerChart:
+    """p50 (tick) and p99 (bar) per replica (or per value of `column`, in the frame's order, axis `title`);
+    outliers in red, outliers a dimension's value explains in yellow."""
     import altair as alt
     import pandas as pd
 
@@ -351,14 +352,18 @@ def replica_chart(df: pd.DataFrame) -> alt.LayerChart:
     data = df.assign(kind=["normal" if not o else "explained by a dimension" if e else "outlier"
                            for o, e in zip(df["outlier"], explained, strict=True)])
     kinds = ["normal", "outlier", "explained by a dimension"]
+    x = alt.X(f"{column}:N", title=title) if column == "replica" else alt.X(f"{column}:N", title=title,
+                                                                           sort=list(data[column]))
     bars = alt.Chart(data).mark_bar().encode(
-        x=alt.X("replica:N", title=None),
+        x=x,
         y=alt.Y("p99_ms:Q", title="p99 (ms)", axis=alt.Axis(format=",.0f")),
         color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701"])),
-        tooltip=["replica:N", alt.Tooltip("requests:Q", format=",.0f"), alt.Tooltip("p50_ms:Q", format=",.0f"),
-                 alt.Tooltip("p99_ms:Q", format=",.0f"), "error:Q", "timeout:Q"],
+        tooltip=[alt.Tooltip(f"{column}:N", title=title or column), alt.Tooltip("requests:Q", format=",.0f"),
+                 alt.Tooltip("p50_ms:Q", format=",.0f", title="p50 (ms)"),
+                 alt.Tooltip("p99_ms:Q", format=",.0f", title="p99 (ms)"), alt.Tooltip("error:Q", format=",.0f"),
+                 alt.Tooltip("timeout:Q", format=",.0f")],
     )
-    ticks = alt.Chart(data).mark_tick(color="#1f4e9c", thickness=3, size=28).encode(x="replica:N", y="p50_ms:Q")
+    ticks = alt.Chart(data).mark_tick(color="#1f4e9c", thickness=3, size=28).encode(x=x, y="p50_ms:Q")
     return (bars + ticks).properties(height=280)
 
 

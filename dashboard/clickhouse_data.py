@@ -46,7 +46,8 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "prices": "per-replica and per-model prices live in a store's prices.toml; on a table, one price applies to all",
     "spike_marks": "the ClickHouse report computes spikes and explanations in one pass",
     "segments": "a table has no segment files; ClickHouse merges its own parts (system.parts says how)",
-    "attribute_filters": "filtering by attributes reads the report's attribute rule, computed on DuckDB only so far",
+    "attribute_listing": "listing the attributes runs the report's attribute pass over the whole table, so it "
+                         "waits until asked",
 }
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0
@@ -139,12 +140,15 @@ class ClickHouseBench:
         return choices(self, dims)
 
     def attribute_choices(self) -> dict[str, dict[str, Any]]:
-        """None on a table yet (`can("attribute_filters")` is False and says why)."""
-        return {}
+        """analysis.clickhouse.breakdowns.attribute_choices over every request."""
+        with self.lock:
+            return CB.attribute_choices(self.client, FACTS, self.table)
 
     def by_attribute(self, f: Filters, metric: str, key: str, choice: dict[str, Any]) -> pd.DataFrame:
-        """Not on a table yet (`can("attribute_filters")` is False and says why)."""
-        raise NotImplementedError(self.missing("attribute_filters"))
+        """analysis.clickhouse.breakdowns.by_attribute of the filtered requests."""
+        with self.lock:
+            return CB.by_attribute(self.client, FACTS, key, choice, metric, condition(self, f, FILTER_DIMENSIONS),
+                                   self.table).to_pandas()
 
     def summary(self, f: Filters) -> dict[str, Any]:
         """`summary`."""
@@ -225,9 +229,10 @@ def open_bench(dsn: str, table: str = C.DEFAULT_TABLE) -> ClickHouseBench:
     return bench
 
 
-def condition(f: Filters, dims: Sequence[str]) -> str:
-    """The filters as a ClickHouse condition on the request columns."""
-    return CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
+def condition(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> str:
+    """The filters as a ClickHouse condition on the request columns (the attribute filters read `b`'s spans)."""
+    cond = CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
+    return f"{cond} AND {CB.attribute_condition(f.attributes, FACTS, b.table)}" if f.attributes else cond
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
@@ -240,13 +245,13 @@ def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:
 def summary(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> dict[str, Any]:
     """analysis.clickhouse.breakdowns.summary of the filtered requests."""
     with b.lock:
-        return CB.summary(b.client, FACTS, condition(f, dims))
+        return CB.summary(b.client, FACTS, condition(b, f, dims))
 
 
 def time_bounds(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> tuple[int | None, int | None, int]:
     """analysis.clickhouse.breakdowns.time_bounds of the filtered requests: (first, last start_ns, requests)."""
     with b.lock:
-        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(f, dims)})")
+        return CB.time_bounds(b.client, f"(SELECT start_ns FROM {FACTS} WHERE {condition(b, f, dims)})")
 
 
 def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
@@ -254,7 +259,7 @@ def series(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
     """analysis.clickhouse.report.percentile_series of one metric over the filtered requests."""
     with b.lock:
         return CR.percentile_series(b.client, b.table, metric, window_s=window_s, since=f.since_ns,
-                                    until=f.until_ns, facts=FACTS, where=condition(f, dims))
+                                    until=f.until_ns, facts=FACTS, where=condition(b, f, dims))
 
 
 def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
@@ -263,7 +268,7 @@ def report(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str,
     with b.lock:
         return cast(dict[str, Any], CR.build_report(b.client, b.table, metric=metric, window_s=window_s,
                                                     since=f.since_ns, until=f.until_ns, include_failures=True,
-                                                    facts=FACTS, where=condition(f, dims)))
+                                                    facts=FACTS, where=condition(b, f, dims)))
 
 
 def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns: int, end_ns: int,
@@ -272,13 +277,13 @@ def explain_window(b: ClickHouseBench, f: Filters, dims: Sequence[str], start_ns
     with b.lock:
         return cast(dict[str, Any], CR.explain_window(b.client, b.table, start_ns, end_ns, metric=metric,
                                                       window_s=window_s, since=f.since_ns, until=f.until_ns,
-                                                      facts=FACTS, where=condition(f, dims)))
+                                                      facts=FACTS, where=condition(b, f, dims)))
 
 
 def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, metric: str,
               trace_ids: tuple[str, ...] | None) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.slowest under the filters (only `trace_ids`, when given)."""
-    cond = condition(f, dims)
+    cond = condition(b, f, dims)
     if trace_ids is not None:
         cond += f" AND trace_id IN ({', '.join(CB.literal(t) for t in trace_ids) or 'NULL'})"
     with b.lock:
@@ -288,14 +293,14 @@ def exemplars(b: ClickHouseBench, f: Filters, dims: Sequence[str], limit: int, m
 def replicas(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.replicas of the filtered requests."""
     with b.lock:
-        return CB.replicas(b.client, FACTS, metric, condition(f, dims)).to_pandas()
+        return CB.replicas(b.client, FACTS, metric, condition(b, f, dims)).to_pandas()
 
 
 def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str) -> list[dict[str, Any]]:
     """analysis.stats.verdicts.explain_outliers over the filtered requests, each breakdown on the server."""
     from analysis.stats.verdicts import OUTLIER_DIMENSIONS, OUTLIER_VALUES, explain_outliers
 
-    cond = condition(f, dims)
+    cond = condition(b, f, dims)
     with b.lock:
         by_replica = CB.replicas(b.client, FACTS, metric, cond)
         outliers = by_replica.filter(pl.col("outlier")).get_column("replica").to_list()
@@ -315,13 +320,13 @@ def outlier_explanations(b: ClickHouseBench, f: Filters, dims: Sequence[str], me
 def shape(b: ClickHouseBench, f: Filters, dims: Sequence[str], metric: str, by: tuple[str, ...]) -> pd.DataFrame:
     """analysis.clickhouse.breakdowns.shape of the filtered requests."""
     with b.lock:
-        return CB.shape(b.client, FACTS, metric, by, condition(f, dims)).to_pandas()
+        return CB.shape(b.client, FACTS, metric, by, condition(b, f, dims)).to_pandas()
 
 
 def workload(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> Workload:
     """analysis.clickhouse.breakdowns.workload of the filtered requests: the rows a queue replay reads come back."""
     with b.lock:
-        return CB.workload(b.client, FACTS, b.table, condition(f, dims), f.since_ns, f.until_ns)
+        return CB.workload(b.client, FACTS, b.table, condition(b, f, dims), f.since_ns, f.until_ns)
 
 
 def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int | None = None

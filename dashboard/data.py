@@ -53,6 +53,7 @@ from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
 from analysis.mapping.rules import no_request_hint as _no_request_hint
 from analysis.report import build_report, explain_window, find_spikes, marks_of
+from analysis.stats import explain as X
 from analysis.stats import verdicts as V
 from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
 from dashboard import clickhouse_data as CHD
@@ -76,6 +77,11 @@ OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
 #: Seconds a SQL console query may run before it is interrupted.
 SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 SQL_ROW_LIMIT = 5_000
+#: The sidebar offers the attributes at once (no toggle) while listing them costs at most about what reading this
+#: many requests' values from the spans costs (about 1 CPU-s with 40 attributes: bench_attribute_choices) ...
+LISTING_BUDGET_REQUESTS = 50_000
+#: ... a request of a materialized hour counting for this share of one (its values read from the hour's file).
+LISTING_MATERIALIZED_SHARE = 0.25
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
 QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
@@ -134,6 +140,9 @@ class Workbench:
     worker_error: str | None = None
     #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
     warmer: threading.Thread | None = None
+    #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
+    live_requests: int = 0
+    stored_requests: int = 0
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
@@ -182,6 +191,8 @@ class Workbench:
                 cur.execute(f"CREATE OR REPLACE VIEW req AS {stored}SELECT {cols}, critical_path FROM req_live")
                 cur.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM req")
                 cur.execute("CREATE OR REPLACE VIEW stages AS " + VIEW_SQL["stages"])
+                live, every = cur.execute("SELECT (SELECT count(*) FROM req_live), (SELECT count(*) FROM req)"
+                                          ).fetchall()[0]
                 cur.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -191,6 +202,7 @@ class Workbench:
                 cur.close()
             self.snap = snap
             self.keys = keys
+            self.live_requests, self.stored_requests = int(live), int(every) - int(live)
             self.pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
             self.version += 1
             self.last_refresh_s = time.time()
@@ -277,11 +289,18 @@ class Workbench:
     # --- the engine seam (dashboard.engine.Engine): each a public analysis function over `req` ----------------
 
     def can(self, capability: str) -> bool:
-        """A store does everything the pages ask (dashboard.engine.CAPABILITIES)."""
+        """A store does everything the pages ask (dashboard.engine.CAPABILITIES); it lists the attributes at once
+        while that is cheap (LISTING_BUDGET_REQUESTS)."""
+        if capability == "attribute_listing":
+            cost = self.live_requests + LISTING_MATERIALIZED_SHARE * self.stored_requests
+            return cost <= LISTING_BUDGET_REQUESTS
         return capability in CAPABILITIES
 
     def missing(self, capability: str) -> str:
-        """Nothing is missing on a store."""
+        """Why the store cannot do `capability` now (empty when it can)."""
+        if capability == "attribute_listing" and not self.can(capability):
+            return (f"listing them reads the values of {self.stored_requests + self.live_requests:,} requests, "
+                    f"{self.live_requests:,} of them from the spans (hours not materialized yet)")
         return ""
 
     def choices(self, dims: Sequence[str]) -> dict[str, Any]:
@@ -291,9 +310,13 @@ class Workbench:
             return {"min_ns": lo, "max_ns": hi, "requests": n, **B.dimension_values(cur, dims, "req")}
 
     def attribute_choices(self) -> dict[str, dict[str, Any]]:
-        """analysis.attribute_filters.attribute_choices over every request."""
+        """analysis.attribute_filters.attribute_choices over every request: the materialized hours' rows by their
+        store row ids (their attribute values are read from the files written with them), the others' by rowid."""
+        cols = ", ".join(["trace_id", "span_id", "start_ns", *X.DIMENSIONS])
+        rows = (f"(SELECT rid, {cols} FROM _request_rows_stored UNION ALL "
+                f"SELECT rowid AS rid, {cols} FROM main.req_live)")
         with _cursor(self) as cur:
-            return AF.attribute_choices(cur, "req")
+            return AF.attribute_choices(cur, rows, store_rows=True)
 
     def summary(self, f: Filters) -> dict[str, Any]:
         """analysis.breakdowns.summary of the filtered requests."""
@@ -554,14 +577,21 @@ def by_attribute(_db: Bench, store: str, version: int, filters: Filters, metric:
 
 
 def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) -> None:
-    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a table."""
-    from dashboard import formats
+    """Requests and p50/p99 per value of attribute `key` (analysis.attribute_filters.by_attribute) as a chart (p99
+    bars, p50 ticks, outliers marked, slowest first) and a table."""
+    from dashboard import charts, formats
 
     df = by_attribute(db, str(db.store), db.version, f, metric, key)
     if df.empty:
         st.info("No requests match the filters.")
         return
-    df = df.sort_values("p99_ms", ascending=False)
+    df = df.sort_values(["p99_ms", "value"], ascending=[False, True])
+    # the chart's requests: what the stored ones stand for (the table shows both counts when sampled)
+    weighted = df["requests_weighted"] if "requests_weighted" in df.columns else df["requests"]
+    st.altair_chart(charts.replica_chart(df.assign(requests=weighted), "value", key), width="stretch",
+                    key=f"by_attr_chart_{title}")
+    st.caption(f"Per value of {key}: bars p99 (red: an outlier, more than 3 robust deviations and 20% above the "
+               "values' median p99), ticks p50; (none): requests without a value.")
     cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective")
             if c in df.columns]
     st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={
@@ -571,16 +601,16 @@ def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) ->
 
 
 def attribute_pick(db: Bench, page: str, label: str) -> str | None:
-    """A toggle `label` (off by default: listing the attributes reads every span's attributes), then the attribute
-    to group by (widgets `<page>_by_attr`, `<page>_attribute`); None until one is picked or where the engine
-    cannot (the toggle's help says why)."""
-    can = db.can("attribute_filters")
-    on = st.toggle(label, key=f"{page}_by_attr", disabled=not can,
-                   help="any attribute the report considers" if can else db.missing("attribute_filters"))
-    if not on or not can:
+    """The attribute to group by (widget `<page>_attribute`, titled `label`), behind a toggle (`<page>_by_attr`)
+    where listing the attributes is not cheap; None until one is picked or where the engine cannot."""
+    if not db.can("attribute_filters"):
+        st.toggle(label, key=f"{page}_by_attr", disabled=True, help=db.missing("attribute_filters"))
+        return None
+    if not db.can("attribute_listing") and not st.toggle(label, key=f"{page}_by_attr",
+                                                         help=db.missing("attribute_listing")):
         return None
     keys = list(attribute_choices(db, str(db.store), db.version))
-    return st.selectbox("Attribute", keys, index=None, key=f"{page}_attribute", placeholder="pick an attribute")
+    return st.selectbox(label, keys, index=None, key=f"{page}_attribute", placeholder="pick an attribute")
 
 
 def no_request_hint(store: Path | str) -> str:

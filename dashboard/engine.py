@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from analysis.attribute_filters import AttributeFilter
+from analysis.attribute_filters import AttributeFilter, where_all
 from analysis.engine import model as M
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ CAPABILITIES: Final[dict[str, str]] = {
     "spike_marks": "the report's spikes without their explanations (else the full report is computed once)",
     "segments": "a store's segment files: how the store is (analysis.engine.store_status, `tailscope store`)",
     "attribute_filters": "filtering by any attribute the report considers (analysis.attribute_filters)",
+    "attribute_listing": "listing the attributes cheaply enough to offer them without being asked (a store reads "
+                         "its materialized hours' attribute files)",
 }
 
 
@@ -48,11 +50,12 @@ class Filters:
     model: tuple[str, ...] = ()
     replica: tuple[str, ...] = ()
     tenant: tuple[str, ...] = ()
-    #: one attribute's values (analysis.attribute_filters), or None
-    attribute: AttributeFilter | None = None
+    #: attribute filters (analysis.attribute_filters), one per key: a request meets each (one of its values)
+    attributes: tuple[AttributeFilter, ...] = ()
 
-    def where(self, alias: str = "") -> tuple[str, list[Any]]:
-        """A SQL condition (never empty) and its parameters for the `requests` columns."""
+    def where(self, alias: str = "", requests: str = "req") -> tuple[str, list[Any]]:
+        """A DuckDB condition (never empty) and its parameters for the `requests` columns (`requests`: the relation
+        of every request, which the attribute filters' stage rule reads)."""
         p = f"{alias}." if alias else ""
         parts: list[str] = ["true"]
         params: list[Any] = []
@@ -67,15 +70,15 @@ class Filters:
             if values:
                 parts.append(f"{p}{dim} IN ({', '.join('?' for _ in values)})")
                 params.extend(values)
-        if self.attribute is not None:
-            cond, more = self.attribute.where(alias)
+        if self.attributes:
+            cond, more = where_all(self.attributes, alias, requests=requests)
             parts.append(cond)
             params.extend(more)
         return " AND ".join(parts), params
 
     def narrowed(self, since_ns: int | None, until_ns: int | None) -> Filters:
         """The same filters over a sub-range of time."""
-        return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant, self.attribute)
+        return Filters(since_ns, until_ns, self.service, self.model, self.replica, self.tenant, self.attributes)
 
 
 @runtime_checkable

@@ -2,8 +2,9 @@
 
 A reload shows the same view, and a link pasted in an incident channel opens it: `?start_ns=&end_ns=`
 (the Spike page's window), `?trace=` (the Traces page's trace), `?service=&model=&replica=&tenant=`
-(the sidebar's filters, repeated for several values), `?attr=&attr_value=` (its attribute filter: the
-key, and its values repeated) and `?since_ns=&until_ns=` (its time range).
+(the sidebar's filters, repeated for several values), `?attr=&attr_value=` (one attribute filter: the
+key, and its values repeated), `?attr.<key>=` (each of several attribute filters: its values repeated; a
+request meets all of them) and `?since_ns=&until_ns=` (its time range).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 SINCE, UNTIL = "since_ns", "until_ns"
 #: URL keys of the sidebar's attribute filter: the key, and its values (repeated).
 ATTR, ATTR_VALUE = "attr", "attr_value"
+#: URL key prefix of one of several attribute filters: `attr.<key>`, its values repeated.
+ATTR_PREFIX = "attr."
 
 
 def _int(value: object) -> int | None:
@@ -76,8 +79,11 @@ def set_trace(trace_id: str) -> None:
 def filter_params(f: Filters, dims: Sequence[str]) -> dict[str, list[str]]:
     """The URL parameters of filters `f` (only those set)."""
     out: dict[str, list[str]] = {d: list(getattr(f, d)) for d in dims if getattr(f, d)}
-    if f.attribute is not None and f.attribute.values:
-        out[ATTR], out[ATTR_VALUE] = [f.attribute.key], list(f.attribute.values)
+    kept = [a for a in f.attributes if a.values]
+    if len(kept) == 1:  # the one-filter form, as `tailscope watch` writes it
+        out[ATTR], out[ATTR_VALUE] = [kept[0].key], list(kept[0].values)
+    for a in kept if len(kept) > 1 else []:
+        out[ATTR_PREFIX + a.key] = list(a.values)
     if f.since_ns is not None:
         out[SINCE] = [str(f.since_ns)]
     if f.until_ns is not None:
@@ -98,30 +104,44 @@ def seed_filters(dims: Sequence[str], options: Mapping[str, Sequence[str]]) -> t
     return _int(st.query_params.get(SINCE)), _int(st.query_params.get(UNTIL))
 
 
+def linked_attributes() -> dict[str, list[str]]:
+    """The attribute filters the URL names, key -> values (both forms: `?attr=&attr_value=`, `?attr.<key>=`)."""
+    out: dict[str, list[str]] = {}
+    key = st.query_params.get(ATTR)
+    if key:
+        out[str(key)] = list(st.query_params.get_all(ATTR_VALUE))
+    for name in st.query_params:
+        if name.startswith(ATTR_PREFIX) and len(name) > len(ATTR_PREFIX):
+            out.setdefault(name[len(ATTR_PREFIX):], []).extend(st.query_params.get_all(name))
+    return out
+
+
 def linked_attribute() -> bool:
     """Whether the URL names an attribute filter the session has not applied yet (a link followed)."""
-    return not st.session_state.get("_links_attr_seeded") and bool(st.query_params.get(ATTR))
+    return not st.session_state.get("_links_attr_seeded") and bool(linked_attributes())
 
 
 def seed_attribute(choices: Mapping[str, Mapping[str, Any]]) -> None:
-    """On a session's first run, set the sidebar's attribute filter from the URL's (a key and values the store
+    """On a session's first run, set the sidebar's attribute filters from the URL's (keys and values the store
     holds)."""
     if st.session_state.get("_links_attr_seeded"):
         return
     st.session_state["_links_attr_seeded"] = True
-    key = st.query_params.get(ATTR)
-    if not key or key not in choices:
-        return
-    wanted = [v for v in st.query_params.get_all(ATTR_VALUE) if v in choices[key]["values"]]
-    if wanted:
-        st.session_state["f_attr"] = key
-        st.session_state[f"f_attr_values:{key}"] = wanted
+    keys = []
+    for key, values in linked_attributes().items():
+        wanted = [v for v in values if key in choices and v in choices[key]["values"]]
+        if wanted:
+            keys.append(key)
+            st.session_state[f"f_attr_values:{key}"] = wanted
+    if keys:
+        st.session_state["f_attrs"] = keys
 
 
 def publish_filters(f: Filters, dims: Sequence[str]) -> None:
     """Write the sidebar's filters into the URL, leaving the page's own keys (window, trace) alone."""
     wanted = filter_params(f, dims)
-    for key in (*dims, ATTR, ATTR_VALUE, SINCE, UNTIL):
+    held = [k for k in st.query_params if k.startswith(ATTR_PREFIX)]
+    for key in dict.fromkeys((*dims, ATTR, ATTR_VALUE, SINCE, UNTIL, *held, *wanted)):
         have = st.query_params.get_all(key)
         if have != wanted.get(key, []):
             if key in wanted:

@@ -61,33 +61,40 @@ def render(db: data.Bench) -> data.Filters:
             else:
                 chosen = []
             picks[dim] = tuple(sorted(chosen))
-        filters = data.Filters(since_ns, until_ns, **picks, attribute=_attribute_control(db))
+        filters = data.Filters(since_ns, until_ns, **picks, attributes=_attribute_control(db))
         st.session_state[_KEY] = filters
         links.publish_filters(filters, data.FILTER_DIMENSIONS)
         return filters
 
 
-def _attribute_control(db: data.Bench) -> data.AttributeFilter | None:
-    """Any attribute the report considers (analysis lists them), then its values; None when none is picked."""
+def _attribute_control(db: data.Bench) -> tuple[data.AttributeFilter, ...]:
+    """Any attributes the report considers (analysis lists them), then each one's values: a request meets every
+    attribute picked (one of its values each); () when none is picked."""
     if not db.can("attribute_filters"):
         st.caption(f"Attribute filters: {db.missing('attribute_filters')}.")
-        return None
-    if links.linked_attribute():  # a shared link's attribute filter turns the control on, on a first run
-        st.session_state["f_attr_on"] = True
-    # off until asked for: listing the attributes reads every span's attributes (the report's attribute pass)
-    if not st.toggle("Filter by attribute", key="f_attr_on", help="any attribute the report considers"):
-        return None
+        return ()
+    if not db.can("attribute_listing"):  # listing costs the report's attribute pass: off until asked for
+        if links.linked_attribute():  # a shared link's attribute filter turns the control on, on a first run
+            st.session_state["f_attr_on"] = True
+        if not st.toggle("Filter by attribute", key="f_attr_on",
+                         help=f"any attribute the report considers ({db.missing('attribute_listing')})"):
+            return ()
     choices = data.attribute_choices(db, str(db.store), db.version)
     if not choices:
         st.caption("No attribute of these requests is a dimension the report considers.")
-        return None
+        return ()
     links.seed_attribute(choices)
-    key = st.selectbox("Attribute", list(choices), index=None, key="f_attr", placeholder="any attribute")
-    if key is None or key not in choices:
-        return None
-    picked = st.multiselect(f"{key} =", choices[key]["values"], key=f"f_attr_values:{key}",
-                            placeholder="all values")
-    return data.attribute_filter(choices, key, tuple(sorted(picked))) if picked else None
+    keys = st.multiselect("Attributes", list(choices), key="f_attrs", placeholder="any attribute",
+                          help="a request must match every attribute picked, and one of the values picked for each")
+    out = []
+    for key in keys:
+        if key not in choices:
+            continue
+        picked = st.multiselect(f"{key} =", choices[key]["values"], key=f"f_attr_values:{key}",
+                                placeholder="all values")
+        if picked:
+            out.append(data.attribute_filter(choices, key, tuple(sorted(picked))))
+    return tuple(out)
 
 
 def _live_controls(db: data.Bench) -> None:

@@ -156,17 +156,19 @@ class ServerAttributes:
                       [float(row[f"w{k}_{h}"]) if weighted else 0.0 for h in range(n)])
         return out
 
-    def overlap(self, client: Client, coded: Sequence[X.Coded], top: X.Candidate, others: list[X.Candidate]
-                ) -> list[tuple[int, int, int]]:
+    def overlap(self, client: Client, coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
+                ) -> tuple[list[int], list[list[int]]]:
         """attributes.Overlap over ATTR_TEMP (the frame's requests): one row of counts comes back."""
         def has(c: X.Candidate) -> str:
             return f"({self.dimension_sql(coded[c.dims[0]])}) = {int(c.codes[0])}"
 
-        parts = [f"countIf({has(top)}) AS nt"]
-        for j, c in enumerate(others):
-            parts.append(f"countIf({has(c)}) AS n{j}, countIf({has(c)} AND {has(top)}) AS b{j}")
+        parts = []
+        for j, c in enumerate(a):
+            parts.append(f"countIf({has(c)}) AS n{j}")
+            parts += [f"countIf({has(c)} AND {has(d)}) AS b{j}_{k}" for k, d in enumerate(b)]
         row = client.query(f"SELECT {', '.join(parts)} FROM {ATTR_TEMP}").to_pylist()[0]
-        return [(int(row[f"n{j}"]), int(row[f"b{j}"]), int(row["nt"])) for j in range(len(others))]
+        return ([int(row[f"n{j}"]) for j in range(len(a))],
+                [[int(row[f"b{j}_{k}"]) for k in range(len(b))] for j in range(len(a))])
 
 
 def _builtin_sql(name: str) -> tuple[str, str]:

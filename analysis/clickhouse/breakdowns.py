@@ -10,20 +10,23 @@ A trace's waterfall pulls that trace's spans and runs analysis.traces.waterfall 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import duckdb
 import polars as pl
 
+from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.breakdowns import SUMMARY_METRICS
 from analysis.capacity import Workload, observed_workload
+from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.report import Fetcher
 from analysis.clickhouse.server import features
+from analysis.engine.dialect import CLICKHOUSE
 from analysis.engine.percentiles import QUANTILES, metric_column
 from tracing import schema as S
 
@@ -43,6 +46,32 @@ def condition(since_ns: int | None = None, until_ns: int | None = None,
         if vals:
             parts.append(f"{col} IN ({', '.join(literal(v) for v in vals)})")
     return " AND ".join(parts)
+
+
+def attribute_condition(filters: Sequence[AF.AttributeFilter], facts: str, table: str = DEFAULT_TABLE) -> str:
+    """analysis.attribute_filters.where_all on ClickHouse: the requests of `facts` meeting every attribute filter,
+    their values read from the spans of `table` by the report's rule (never empty)."""
+    return AF.where_all(filters, "", CLICKHOUSE, facts, source_sql(table))[0]
+
+
+def attribute_choices(client: Client, facts: str, table: str = DEFAULT_TABLE) -> dict[str, dict[str, Any]]:
+    """analysis.attribute_filters.attribute_choices on ClickHouse: the attributes the report considers over every
+    request of `facts` (analysis.clickhouse.attributes, the report's pass; its session tables are dropped)."""
+    from analysis.report import attribute_rules  # the report's settings
+
+    try:
+        found = CA.read_attributes(client, table, facts, "TRUE", None, None, attribute_rules())
+    finally:
+        CA.drop(client)
+    return AF.choices_of(found.attrs)
+
+
+def by_attribute(client: Client, facts: str, key: str, choice: dict[str, Any], metric: str = "e2e",
+                 where: str = "TRUE", table: str = DEFAULT_TABLE) -> pl.DataFrame:
+    """analysis.attribute_filters.by_attribute on ClickHouse: per value of attribute `key` (`choice`: its entry of
+    `attribute_choices`; '(none)' where a request has none) the columns and outlier rule of `replicas`."""
+    rel = AF.value_relation(facts, key, choice, where=where, d=CLICKHOUSE, requests=facts, spans=source_sql(table))
+    return replicas(client, rel, metric, "TRUE").rename({"replica": "value"})
 
 
 def _rows(client: Client, sql: str) -> list[dict[str, object]]:

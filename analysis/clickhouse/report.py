@@ -443,8 +443,9 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
                                  bw if weights is not None else None)
         return out
 
-    def overlap(coded: Sequence[X.Coded], top: X.Candidate, others: list[X.Candidate]) -> list[tuple[int, int, int]]:
-        return server.overlap(client, coded, top, others)
+    def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
+                ) -> tuple[list[int], list[list[int]]]:
+        return server.overlap(client, coded, a, b)
 
     return RP.RemoteAttributes(rules, server.coded_rows(client, spike_rows, frame), cells, overlap)
 

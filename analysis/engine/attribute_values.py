@@ -131,8 +131,8 @@ def stage_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
             f"AND ($lo IS NULL OR TimestampNs >= ($lo // {hour}) * {hour} - {hour}) "
             f"AND ($hi IS NULL OR TimestampNs < (($hi - 1) // {hour}) * {hour} + {2 * hour})) "
             "SELECT f.rid, st.k, min(st.v) AS v FROM f JOIN st ON st.t = f.trace_id "
-            f"AND st.ts >= (f.start_ns // {hour}) * {hour} - {hour} AND st.ts < (f.start_ns // {hour}) * {hour} + "
-            f"{2 * hour} WHERE NOT starts_with(st.k, '{OWN_PREFIX}') GROUP BY f.rid, st.k HAVING min(st.v) = max(st.v)")
+            f"AND {M.in_read_hours_sql('st.ts', 'f.start_ns')} WHERE NOT starts_with(st.k, '{OWN_PREFIX}') "
+            "GROUP BY f.rid, st.k HAVING min(st.v) = max(st.v)")
 
 
 def resource_attribute_sql(spans: str = "spans", where: str = "TRUE") -> str:

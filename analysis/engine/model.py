@@ -22,6 +22,14 @@ HOUR_NS: int = 3_600_000_000_000
 #: Hours, relative to a request's own hour (that of its span's start), whose stage spans it reads:
 #: the SQL below keeps stage spans starting in [hour - 1 h, hour + 2 h), so clock skew either way is read.
 READ_HOURS: tuple[int, ...] = (-1, 0, 1)
+
+
+def in_read_hours_sql(ts: str, start_ns: str, d: Dialect = DUCKDB) -> str:
+    """Whether a span starting at `ts` (ns) lies in the READ_HOURS of a request starting at `start_ns`: the stage
+    spans a request reads (its model's and its stage attributes' rule, analysis.engine.attribute_values)."""
+    h = HOUR_NS
+    hour = f"{d.int_div(start_ns, str(h))} * {h}"
+    return f"{ts} >= {hour} + {min(READ_HOURS) * h} AND {ts} < {hour} + {(max(READ_HOURS) + 1) * h}"
 #: Columns of `requests`, in order.
 REQUEST_COLUMNS: tuple[str, ...] = (
     "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",

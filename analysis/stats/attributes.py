@@ -444,26 +444,50 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
 
 #: A coarser value is named over a finer one nested in it only when it explains this much more of the excess.
 HIERARCHY_MARGIN: Final = 0.1
+#: Float rounding of a difference of shares (two scores' difference is 0 when their shares' are): far below any
+#: share that means anything.
+SHARE_ROUNDING: Final = 1e-9
 
 
-#: A nesting test: (the dimensions, the first candidate, other single candidates) -> per other one, (its requests,
-#: those of them the first's too, the first's requests), over the frame's requests (`local_overlap`, or a remote
+def _subset(a: npt.NDArray[np.bool_], b: npt.NDArray[np.bool_]) -> bool:
+    return bool(a.any()) and not bool((a & ~b).any())
+
+
+def earns_nothing(coarse: Any, coarse_mask: npt.NDArray[np.bool_], fine: Any, fine_mask: npt.NDArray[np.bool_]) -> bool:
+    """Whether `coarse` strictly holds `fine` and its other requests are no more frequent in the tail than in the
+    baseline: the contrast score of coarse minus fine (its `score` less fine's, the two nested) at most 0 (up to
+    SHARE_ROUNDING). Such a coarser value's extra `explained` comes from removing ordinary requests with the cause
+    (a smaller set's p99), not from a cause of its own."""
+    return _subset(fine_mask, coarse_mask) and not np.array_equal(fine_mask, coarse_mask) \
+        and coarse.score - fine.score <= SHARE_ROUNDING
+
+
+def named_at(value: Any, others: Sequence[Any]) -> bool:
+    """Whether `value` explains as much as each of `others` within HIERARCHY_MARGIN, `explained` capped at 1: a value
+    whose removal takes away the whole excess explains all there is (past 1, a coarser value only removes more of the
+    ordinary tail with it)."""
+    own = min(value.explained, 1.0)
+    return all(own >= min(o.explained, 1.0) - HIERARCHY_MARGIN for o in others)
+
+
+#: A nesting test's counts: (the dimensions, single candidates `a`, single candidates `b`) -> (each of `a`'s requests,
+#: for each of `a` the requests it shares with each of `b`), over the frame's requests (`local_overlap`, or a remote
 #: engine's counts over its frame).
-Overlap = Callable[[Sequence[Coded], Any, list[Any]], list[tuple[int, int, int]]]
+Overlap = Callable[[Sequence[Coded], list[Any], list[Any]], tuple[list[int], list[list[int]]]]
 
 
-def local_overlap(coded: Sequence[Coded], top: Any, others: list[Any]) -> list[tuple[int, int, int]]:
+def local_overlap(coded: Sequence[Coded], a: list[Any], b: list[Any]) -> tuple[list[int], list[list[int]]]:
     """`Overlap` over the codes of `coded` (every row of the frame)."""
     def mask(c: Any) -> npt.NDArray[np.bool_]:
         return np.asarray(coded[c.dims[0]].codes == c.codes[0])
 
-    m_top = mask(top)
-    n_top = int(m_top.sum())
-    out = []
-    for c in others:
+    mb = [mask(c) for c in b]
+    sizes, both = [], []
+    for c in a:
         m = mask(c)
-        out.append((int(m.sum()), int((m & m_top).sum()), n_top))
-    return out
+        sizes.append(int(m.sum()))
+        both.append([int((m & x).sum()) for x in mb])
+    return sizes, both
 
 
 def name_level(coded: Sequence[Coded], ranked: list[Any], overlap: Overlap | None = None
@@ -472,44 +496,43 @@ def name_level(coded: Sequence[Coded], ranked: list[Any], overlap: Overlap | Non
 
     The single candidates nested with the first one (every request of one carries the other's value, over
     the frame's rows: replica in node, node in zone) form its chain; the value named is the finest of the
-    chain explaining as much as any (within HIERARCHY_MARGIN, explained capped at 1); the finer ones are shown
-    under it. Of values selecting exactly the same requests, the one of the dimension with fewer values comes
-    first. `overlap`: the nesting test's counts (default `local_overlap`, over `coded`'s rows).
+    chain explaining as much as any (`named_at`), leaving out the coarser values that hold it and earn nothing
+    (`earns_nothing`: their other requests are not over-represented in the tail); the finer ones are shown
+    under it. Of values selecting exactly the same requests, the one of the dimension with fewer values comes first.
+    `overlap`: the nesting test's counts (default `local_overlap`, over `coded`'s rows; a remote engine's).
     """
     if not ranked or len(ranked[0].dims) != 1:
         return ranked, [], []
+    count = overlap or local_overlap
     singles = [i for i, c in enumerate(ranked) if len(c.dims) == 1]
-    counts = dict(zip(singles, (overlap or local_overlap)(coded, ranked[0], [ranked[i] for i in singles]),
-                      strict=True))
+    sizes, both = count(coded, [ranked[i] for i in singles], [ranked[0]])
+    n = dict(zip(singles, sizes, strict=True))
+    with_top = {i: row[0] for i, row in zip(singles, both, strict=True)}
+    n_top = n[0]
 
     def same(i: int) -> bool:  # the very requests of the first
-        n, both, n_top = counts[i]
-        return n == both == n_top
+        return n[i] == with_top[i] == n_top
 
     # values selecting exactly the same requests (the small zone's one node, the zone): the coarser dimension's
     first = min((i for i in singles if same(i)), key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
-    n_top = counts[0][2]
-    chain = [(n_top, first)]
-    for i in singles[1:]:
-        c = ranked[i]
-        if not math.isfinite(c.explained) or same(i):
-            continue
-        n, both, _ = counts[i]
-        if (n > 0 and both == n) or (n_top > 0 and both == n_top):  # inside the first, or around it
-            chain.append((n, i))
-    if first:
-        # the first's twin leads; the chain's positions follow the reordering
-        order = [first, *(i for i in range(len(ranked)) if i != first)]
-        at = {old: new for new, old in enumerate(order)}
-        ranked = [ranked[i] for i in order]
-        chain = [(n, at[i]) for n, i in chain]
-    if len(chain) == 1 or not math.isfinite(ranked[0].explained):
+    members = [first] + [i for i in singles[1:] if math.isfinite(ranked[i].explained) and not same(i) and (
+        (n[i] > 0 and with_top[i] == n[i]) or (n_top > 0 and with_top[i] == n_top))]  # inside the first or around it
+    order = [first, *(i for i in range(len(ranked)) if i != first)]
+    ranked = [ranked[i] for i in order]
+    if len(members) == 1 or not math.isfinite(ranked[0].explained):
         return ranked, [], []
-    chain.sort()
-    # explained capped at 1: a value whose removal takes away the whole excess explains all there is to explain
-    # (past 1, a coarser value only removes more of the ordinary tail with it)
-    best = max(min(ranked[i].explained, 1.0) for _, i in chain)
-    pos = next(j for j, (_, i) in enumerate(chain) if min(ranked[i].explained, 1.0) >= best - HIERARCHY_MARGIN)
+    at = {old: new for new, old in enumerate(order)}
+    m_sizes, inter = count(coded, [ranked[at[i]] for i in members], [ranked[at[i]] for i in members])
+    size = {at[i]: m_sizes[k] for k, i in enumerate(members)}
+    shared = {(at[i], at[j]): inter[k][h] for k, i in enumerate(members) for h, j in enumerate(members)}
+
+    def earns(coarse: int, fine: int) -> bool:  # earns_nothing over the counts: fine strictly inside coarse, ...
+        inside = size[fine] > 0 and shared[(fine, coarse)] == size[fine] and size[coarse] > size[fine]
+        return not (inside and ranked[coarse].score - ranked[fine].score <= SHARE_ROUNDING)
+
+    chain = sorted((size[at[i]], at[i]) for i in members)
+    pos = next(j for j, (_, i) in enumerate(chain)
+               if named_at(ranked[i], [ranked[o] for _, o in chain if o != i and earns(o, i)]))
     named = chain[pos][1]
     finer = sorted((ranked[i] for _, i in chain[:pos]), key=lambda c: -c.explained)
     coarser = [ranked[i] for _, i in chain[pos + 1:]]

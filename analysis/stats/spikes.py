@@ -40,8 +40,11 @@ The method, in order (constants below; the same for every store, never tuned per
    again, since they do not enter the test.
 6. A significant run's shoulders leave the baseline, which is pooled again (a spike's ramp
    must not raise its own baseline). Each run is then judged on its requests pooled (the
-   core; if that falls short, the core with its shoulders): its p99 must still rise by
-   MIN_RISE, its p50 stay within P50_TOLERANCE, and its scan p-value be at most ALPHA.
+   core; if that falls short, the core with its shoulders; if both do, the stretch between
+   them holding the core with the largest scan statistic, since a shoulder with few values
+   above the threshold can dilute the grown run): its p99 must still rise by MIN_RISE, its
+   p50 stay within P50_TOLERANCE, and its scan p-value be at most ALPHA. All three are
+   stretches of the scan, so trying them spends no more of the error budget.
    Never a t-test on a percentile.
 
 Sampled traces (`weights`, each request's adjusted count): every percentile above is the
@@ -448,16 +451,33 @@ class _Scan:
     null_max: F64
     table: F64
 
-    def p_value(self, run: list[int]) -> float:
-        """Family-wise p-value of the judged windows of `run` (consecutive judged windows), 1 when too long."""
+    def ratio(self, run: list[int]) -> float:
+        """The scan statistic of the judged windows of `run` (consecutive judged windows); -1 when none is judged
+        or the run is longer than the scan's longest stretch (it is then not among the stretches tested)."""
         pos = self.position[run]
         pos = pos[pos >= 0]
         if pos.size == 0 or pos.size > self.max_len:
-            return 1.0
+            return -1.0
         a, b = int(pos[0]), int(pos[-1]) + 1
-        ratio = tail_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.cs[b] - self.cs[a],
-                           self.total_k, self.total_n, self.table)
-        return scan_p_value(float(ratio), self.null_max)
+        return float(tail_ratio(self.ck[b] - self.ck[a], self.cn[b] - self.cn[a], self.cs[b] - self.cs[a],
+                                self.total_k, self.total_n, self.table))
+
+    def p_value(self, run: list[int]) -> float:
+        """Family-wise p-value of the judged windows of `run` (consecutive judged windows), 1 when too long."""
+        ratio = self.ratio(run)
+        return 1.0 if ratio < 0 else scan_p_value(ratio, self.null_max)
+
+    def likeliest(self, core: list[int], grown: list[int]) -> list[int]:
+        """The stretch of `grown` holding all of `core` whose scan statistic is the largest (the first such, from
+        the left, the shortest): the most anomalous way to cut the shoulders. Its p-value, like every stretch's, is
+        compared with the largest ratio over all stretches, so choosing it spends no more of the error budget."""
+        best, arg = -1.0, core
+        for a in range(grown[0], core[0] + 1):
+            for b in range(core[-1], grown[-1] + 1):
+                ratio = self.ratio(list(range(a, b + 1)))
+                if ratio > best:
+                    best, arg = ratio, list(range(a, b + 1))
+        return arg
 
 
 def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
@@ -578,19 +598,25 @@ def detect_windows(window_ns: int, wins: I64, counts: I64, p50_ns: F64, p99_ns: 
     # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all; the core and
     # the grown run are both scan stretches (one error budget). Only a significant run's shoulders leave the
     # baseline: a spike's ramp must not raise its own baseline, and a chance rise must not lower it.
+    # Each run is tested as its core, as the grown run, then as the likeliest stretch between them (`_Scan.likeliest`:
+    # a shoulder with few values above the threshold can dilute the grown run below the level its core with the
+    # other shoulder reaches); all three are scan stretches, under the one error budget.
     grown = _merge_touching(det, [(core, _grow(det, core)) for core in _runs(det)])
-    tested = [(core, ext, scan.p_value(core), scan.p_value(ext)) for core, ext in grown]
+    tested = []
+    for core, ext in grown:
+        best = scan.likeliest(core, ext)
+        tested.append((core, ext, [(run, scan.p_value(run)) for run in _distinct([core, ext, best])]))
     shoulders = np.zeros(m, dtype=bool)
-    for _, ext, p_core, p_ext in tested:
-        if min(p_core, p_ext) <= ALPHA:
+    for _, ext, runs in tested:
+        if min(p for _, p in runs) <= ALPHA:
             shoulders[ext] = True
     if (det.baseline & ~shoulders).sum() >= MIN_BASELINE_WINDOWS and (det.baseline & shoulders).any():
         det.baseline &= ~shoulders
         _pool(det, source)
         det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
-    for core, ext, p_core, p_ext in tested:
-        for run, p_value in ([(core, p_core), (ext, p_ext)] if ext != core else [(core, p_core)]):
-            # the shoulders only when the core falls short
+    for _, _, runs in tested:
+        for run, p_value in runs:
+            # the shoulders only when the core falls short; the likeliest stretch only when both do
             spike = _judge(det, run, source, p_value)
             if spike is not None:
                 det.significant[run] = True
@@ -622,6 +648,15 @@ def _judge(det: Detection, run: list[int], source: WindowValues, p_value: float)
                  requests=pooled.n, p50_ns=p50, p99_ns=p99, baseline_p50_ns=det.baseline_p50_ns,
                  baseline_p99_ns=det.baseline_p99_ns, p_value=p_value, windows=len(run),
                  requests_weighted=pooled.n_weighted, n_effective=pooled.n_effective)
+
+
+def _distinct(runs: list[list[int]]) -> list[list[int]]:
+    """The runs in order, each once."""
+    out: list[list[int]] = []
+    for run in runs:
+        if run not in out:
+            out.append(run)
+    return out
 
 
 def _grow(det: Detection, run: list[int]) -> list[int]:

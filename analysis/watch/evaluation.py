@@ -105,16 +105,18 @@ class Watcher:
             self.active[key] = alert
             return [Event("firing", alert)]
         if spike is not None and active is not None:
-            self._grow(active, win_ns + cfg.window_ns, ())
+            self._grow(active, win_ns + cfg.window_ns)
             active["last_p99_ms"] = ms(spike.p99_ns)
             return []
         if active is not None:
             return [Event("resolved", self._resolve(key, eval_ns))]
         return []
 
-    def _grow(self, alert: dict[str, Any], end_ns: int, filters: tuple[tuple[str, str], ...]) -> None:
-        """The alert's window now ends at end_ns: its end and its dashboard link follow."""
+    def _grow(self, alert: dict[str, Any], end_ns: int) -> None:
+        """The alert's window now ends at end_ns: its end and its dashboard link follow, with the filters and the
+        attribute value the alert was fired with (its record holds them)."""
         alert["window_end"] = iso(end_ns)
+        filters = tuple((str(k), str(v)) for k, v in alert.get("filters") or ())
         alert["dashboard_url"] = with_attribute(
             spike_url(self.config.dashboard_url, alert["window_start_ns"], end_ns, filters), alert)
 
@@ -221,7 +223,7 @@ class Watcher:
             self.active[rule.key] = alert
             return [Event("firing", alert)]
         if violated and active is not None:
-            self._grow(active, win_ns + cfg.window_ns, rule.where)
+            self._grow(active, win_ns + cfg.window_ns)
             return []
         if not violated and active is not None:
             return [Event("resolved", self._resolve(rule.key, eval_ns))]

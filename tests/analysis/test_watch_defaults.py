@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from analysis.engine.percentiles import auto_window_s
+from analysis.engine.percentiles import auto_window_s, parse_time
 from analysis.watch import Config, parse_rule, parse_rules
 from analysis.watch.delivery import alertmanager_alert
 from analysis.watch.live import live_window_s
@@ -133,3 +133,45 @@ def test_a_live_watch_keeps_its_saved_window_and_chooses_one_without(tmp_path: P
     end_ns = truth["incidents"][0]["window"]["start_ns"] - 420_000_000_000 + round(truth["duration_s"] * 1e9)
     chosen = live_window_s(demo_store, end_ns + 60_000_000_000, 60.0)
     assert chosen == auto_window_s(14_448, 3600.0) == 300
+
+
+def test_a_growing_alert_keeps_its_filters_and_attribute_in_the_link() -> None:
+    """As a tail-spike alert's window grows, its link follows the new end and keeps the filters it fired with (a
+    rule's `where`) and the attribute value its explanation named (the old code dropped the filters)."""
+    import numpy as np
+    import polars as pl
+
+    from analysis.watch import Rule
+    from analysis.watch.evaluation import Watcher
+    from analysis.watch.records import with_attribute
+
+    window_ns, ns = 60 * 1_000_000_000, 1_000_000_000
+    rule = Rule("tail_spike", "tail_spike", where=(("tenant", "acme"),))
+    w = Watcher(Config(window_s=60, delay_s=0, dashboard_url=DASH, rules=[rule], explain=False))
+    rng = np.random.default_rng(3)
+    fired: dict[str, Any] | None = None
+    ends = []
+    for i in range(26):
+        n = 600
+        e2e = rng.normal(1.0, 0.05, n) * ns
+        if i >= 22:  # four windows with a slow tail
+            e2e[: n // 10] = 40 * ns
+        rows = pl.DataFrame({"trace_id": [f"t{i}-{j}" for j in range(n)], "span_id": [f"s{j}" for j in range(n)],
+                             "start_ns": i * window_ns + np.sort(rng.integers(0, window_ns, n)),
+                             "e2e_ns": e2e.astype(np.int64), "ttft_ns": None, "tpot_ns": None, "status": "ok",
+                             "replica": "r1", "model": "m", "model_version": None, "tenant": "acme",
+                             "input_tokens": 100, "output_tokens": 10, "service": "svc", "adjusted_count": 1.0})
+        events = w.tick(i * window_ns, rows)
+        if events and events[0].status == "firing":
+            fired = events[0].alert
+            # as if its explanation had named an attribute value
+            fired.update({"attribute": "k8s.node.name", "attribute_source": "resource", "value": "node-3"})
+        if fired is not None and "tail_spike" in w.active:
+            ends.append(parse_time(w.active["tail_spike"]["window_end"]))
+    assert fired is not None and len(set(ends)) >= 2, ends  # it fired, then grew
+    alert = fired  # the record itself, grown in place (resolving leaves its window and link)
+    end = parse_time(alert["window_end"])
+    assert end == max(ends) > fired["window_start_ns"] + window_ns
+    assert alert["dashboard_url"] == with_attribute(spike_url(DASH, alert["window_start_ns"], end,
+                                                              (("tenant", "acme"),)), alert)
+    assert "tenant=acme" in alert["dashboard_url"] and "attr=k8s.node.name&attr_value=node-3" in alert["dashboard_url"]

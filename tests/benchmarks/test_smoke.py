@@ -35,6 +35,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_reads": (r"\nsql scan +[\d.]+ s +anchor \(one file an hour\) +[\d.]+ s +x[\d.]+ the anchor;   DuckDB alone "
                     r"on the same 2\d files", r"\nreport +[\d.]+ s +anchor"),
     "bench_attributes": (r"report_cpu_x \d", r"'considered': \d+", r"extra_attributes 4"),
+    "bench_attribute_choices": (r"\nmaterialized +[\d.]+ +[\d.]+ +[\d.]+ ", r"\nclickhouse +[\d.]+ ",
+                                r"same listing every way: True"),
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
     "bench_cost": (r"1,000 requests", r"identity holds", r"identical: True", r"kernel [\d.]+ ms/replay",

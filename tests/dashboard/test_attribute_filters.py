@@ -3,6 +3,7 @@ requests, the filter travels in a link, and the attribute list comes from analys
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -69,6 +70,19 @@ def test_analysis_lists_the_node_and_filters_to_exactly_its_requests(
         con.close()
 
 
+def _plain_count_where(store: Path, replicas: list[str], key: str, values: list[str]) -> int:
+    """Requests on `replicas` whose own span holds `key` with one of `values` (a plain join)."""
+    con = connect(store)
+    try:
+        row = con.execute("SELECT count(*) FROM requests r JOIN spans s ON s.TraceId = r.trace_id AND s.SpanId = "
+                          "r.span_id WHERE s.IsRequest AND list_contains(?, r.replica) AND list_contains(?, "
+                          "s.SpanAttributes[?])", [replicas, values, key]).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0])
+
+
 def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[Path, dict[str, str]],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     store, nodes = fleet_store
@@ -78,24 +92,48 @@ def test_the_sidebar_filters_by_a_node_and_a_link_carries_it(fleet_store: tuple[
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     everything = _metric(at, "requests")
-    assert not [s for s in at.sidebar.selectbox if s.key == "f_attr"]  # off until asked for
-    at.toggle(key="f_attr_on").set_value(True).run()
-    assert NODE_KEY in at.selectbox(key="f_attr").options
-    at.selectbox(key="f_attr").select(NODE_KEY).run()
+    # on a store the attributes are offered at once (listed from the materialized hours' files, or the spans)
+    assert not [t for t in at.sidebar.toggle if t.key == "f_attr_on"]
+    assert NODE_KEY in at.multiselect(key="f_attrs").options
+    at.multiselect(key="f_attrs").select(NODE_KEY).run()
     at.multiselect(key=f"f_attr_values:{NODE_KEY}").select(NODE).run()
     assert not at.exception, [e.message for e in at.exception]
     assert _metric(at, "requests") == want != everything
     # the URL holds the filter, and a link with it opens the same view
     held = {k: v if isinstance(v, list) else [v] for k, v in at.query_params.items()}
     assert held[links.ATTR] == [NODE_KEY] and held[links.ATTR_VALUE] == [NODE]
-    url = links.url("overview", Filters(attribute=AttributeFilter(NODE_KEY, "resource", (NODE,))), FILTER_DIMENSIONS)
+    url = links.url("overview", Filters(attributes=(AttributeFilter(NODE_KEY, "resource", (NODE,)),)),
+                    FILTER_DIMENSIONS)
     again = AppTest.from_file(str(APP), default_timeout=120)
     for key, values in parse_qs(url.split("?", 1)[1]).items():
         again.query_params[key] = values
     again.run()
     assert not again.exception, [e.message for e in again.exception]
-    assert again.selectbox(key="f_attr").value == NODE_KEY
+    assert again.multiselect(key="f_attrs").value == [NODE_KEY]
     assert _metric(again, "requests") == want
+    # a second attribute narrows further (AND across keys), two of its values widen it (OR within a key)
+    stream = "gen_ai.request.stream"
+    at.multiselect(key="f_attrs").select(stream).run()
+    at.multiselect(key=f"f_attr_values:{stream}").select("true").run()
+    assert not at.exception, [e.message for e in at.exception]
+    on_node = [r for r, n in nodes.items() if n == NODE]
+    both = _plain_count_where(store, on_node, stream, ["true"])
+    assert 0 < both < _plain_count(store, on_node)
+    assert _metric(at, "requests") == format(both, ",")
+    at.multiselect(key=f"f_attr_values:{stream}").select("false").run()
+    assert _metric(at, "requests") == format(_plain_count_where(store, on_node, stream, ["false", "true"]), ",")
+    # several filters travel as `attr.<key>`, and a link with them opens the same view
+    held = {k: v if isinstance(v, list) else [v] for k, v in at.query_params.items()}
+    assert held[links.ATTR_PREFIX + NODE_KEY] == [NODE] and held[links.ATTR_PREFIX + stream] == ["false", "true"]
+    assert links.ATTR not in held and links.ATTR_VALUE not in held
+    third = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in held.items():
+        third.query_params[key] = values
+    third.run()
+    assert not third.exception, [e.message for e in third.exception]
+    assert third.multiselect(key="f_attrs").value == [NODE_KEY, stream]
+    assert third.multiselect(key=f"f_attr_values:{stream}").value == ["false", "true"]
+    assert _metric(third, "requests") == _metric(at, "requests")
 
 
 @pytest.mark.parametrize(("page", "prefix"), [("app_pages/replicas.py", "replica"), ("app_pages/shape.py", "shape")])
@@ -105,13 +143,18 @@ def test_a_page_groups_by_a_node(fleet_store: tuple[Path, dict[str, str]], monke
     monkeypatch.setenv("TAILSCOPE_STORE", str(store))
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.switch_page(page).run()
-    at.toggle(key=f"{prefix}_by_attr").set_value(True).run()
+    assert not [t for t in at.toggle if t.key == f"{prefix}_by_attr"]  # offered at once on a store
     at.selectbox(key=f"{prefix}_attribute").select(NODE_KEY).run()
     assert not at.exception, [e.message for e in at.exception]
     table = at.dataframe[-1].value
     want = {node: _plain_count(store, [r for r, n in nodes.items() if n == node]) for node in set(nodes.values())}
     got = dict(zip(table["value"], table["requests"], strict=True))
     assert got == {n: c for n, c in want.items() if c}
+    # beside it a chart of the same values, slowest first, on an axis named by the attribute
+    spec = json.loads(at.get("vega_lite_chart")[-1].proto.spec)
+    x = spec["layer"][0]["encoding"]["x"]
+    assert x["title"] == NODE_KEY and x["sort"] == list(table["value"])
+    assert list(table["p99_ms"]) == sorted(table["p99_ms"], reverse=True)
 
 
 
@@ -133,5 +176,46 @@ def test_an_attribute_alert_link_opens_with_its_attribute_filter(fleet_store: tu
         at.query_params[key] = values
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    assert at.selectbox(key="f_attr").value == NODE_KEY
+    assert at.multiselect(key="f_attrs").value == [NODE_KEY]
     assert at.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [NODE]
+
+
+def test_the_listing_reads_the_materialized_hours_and_lists_the_same(fleet_store: tuple[Path, dict[str, str]],
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the hours materialized (as ingest leaves them) the dashboard lists the attributes from the files written
+    with them (as the report reads them): the same listing as from the spans (a copy without its materialized
+    hours), which analysis gives too."""
+    import shutil
+
+    from dashboard.data import Workbench
+
+    store, _ = fleet_store
+    assert list(store.glob("requests/*/*/attributes-*.parquet"))
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    shutil.rmtree(copy / "requests")
+    con = connect(copy)
+    try:
+        want = attribute_choices(con)
+    finally:
+        con.close()
+    n = _plain_count(store, list(fleet_store[1]))
+    for path, live in ((store, 0), (copy, n)):
+        wb = Workbench(path.resolve())
+        try:
+            wb.refresh()
+            assert wb.attribute_choices() == want, path
+            # offered at once while listing is cheap: a request read from the spans counts whole, one of a
+            # materialized hour a quarter; past the budget the sidebar asks first, saying why
+            assert (wb.live_requests, wb.stored_requests) == (live, n - live) and wb.can("attribute_listing")
+            monkeypatch.setattr("dashboard.data.LISTING_BUDGET_REQUESTS", n // 4 + 1)
+            assert wb.can("attribute_listing") == (live == 0)
+            assert wb.missing("attribute_listing") == ("" if live == 0 else
+                                                       f"listing them reads the values of {n:,} requests, {n:,} of "
+                                                       "them from the spans (hours not materialized yet)")
+            monkeypatch.setattr("dashboard.data.LISTING_BUDGET_REQUESTS", n // 4 - 1)
+            assert not wb.can("attribute_listing")
+            monkeypatch.undo()
+        finally:
+            wb.con.close()

@@ -212,6 +212,11 @@ def test_links_open_the_view_they_name(dashboard_url: str) -> None:
             _settle(page)
             _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
             assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url
+            # the several-filter form (`attr.<key>=`) opens the same view; one filter is written back in the first form
+            page.goto(f"{dashboard_url}/?attr.gen_ai.request.stream=true", wait_until="networkidle")
+            expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+            _settle(page)
+            assert "attr=gen_ai.request.stream" in page.url and "attr.gen_ai" not in page.url
             page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
             heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
             expect(heading).to_be_visible()
@@ -291,6 +296,18 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
         try:
-            _visit_pages(browser, url, pages, "dashboard-clickhouse")
+            page = _visit_pages(browser, url, pages, "dashboard-clickhouse")
+            # a link with two attribute filters turns the table's attribute filter on with both, and keeps them
+            from playwright.sync_api import expect
+
+            page.goto(f"{url}/replicas?attr.k8s.node.name=us-east-1a-node-0&attr.gen_ai.request.stream=true",
+                      wait_until="networkidle")
+            sidebar = page.get_by_test_id("stSidebar")
+            for shown in ("k8s.node.name =", "gen_ai.request.stream =", "us-east-1a-node-0"):
+                expect(sidebar.get_by_text(shown).first).to_be_visible()
+            _settle(page)
+            _screenshot(page, ARTIFACTS / "dashboard-clickhouse-link-attributes.png")
+            assert page.get_by_test_id("stException").count() == 0
+            assert "attr.k8s.node.name=us-east-1a-node-0" in page.url and "attr.gen_ai.request.stream=true" in page.url
         finally:
             browser.close()

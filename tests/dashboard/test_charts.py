@@ -121,3 +121,25 @@ def test_a_chart_dataset_is_named_by_its_content() -> None:
     assert names[0] == names[1] != names[2]
     assert charts.percentiles(df, "e2e", "e2e", []).keys() == {"title", "height", "layer", "datasets"}
     assert charts.has_values(df, "e2e") and not charts.has_values(df.with_columns(e2e_p50_ms=None), "e2e")
+
+
+def test_an_attributes_values_chart_keeps_the_order_given_and_formats_its_numbers() -> None:
+    """Grouped by an attribute, the bars follow the frame's order (the page sorts slowest first) on an axis named
+    by the attribute; tooltips read as the tables do (thousands separators, whole ms)."""
+    import pandas as pd
+
+    df = pd.DataFrame({"value": ["node-3", "(none)", "node-1"], "outlier": [True, False, False],
+                       "requests": [1200.0, 30.0, 5400.0], "p50_ms": [900.0, 400.0, 410.0],
+                       "p99_ms": [31_000.0, 2_000.0, 1_900.0], "error": [1, 0, 2], "timeout": [0, 0, 1]})
+    spec = charts.replica_chart(df, "value", "k8s.node.name").to_dict()
+    bars, ticks = spec["layer"]
+    assert bars["encoding"]["x"] == {"field": "value", "type": "nominal", "title": "k8s.node.name",
+                                     "sort": ["node-3", "(none)", "node-1"]}
+    assert ticks["encoding"]["x"] == bars["encoding"]["x"]
+    tips = {t["field"]: t for t in bars["encoding"]["tooltip"]}
+    assert tips["value"]["title"] == "k8s.node.name"
+    assert all(tips[c]["format"] == ",.0f" for c in ("requests", "p50_ms", "p99_ms", "error", "timeout"))
+    assert bars["encoding"]["y"]["axis"]["format"] == ",.0f"
+    # the replicas' own chart is as before: replicas in their natural order, no title on the axis
+    reps = charts.replica_chart(df.rename(columns={"value": "replica"})).to_dict()
+    assert reps["layer"][0]["encoding"]["x"] == {"field": "replica", "type": "nominal", "title": None}

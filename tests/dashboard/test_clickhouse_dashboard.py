@@ -84,8 +84,42 @@ def _filters(wb: data.Workbench) -> list[data.Filters]:
             data.Filters(since_ns=c["min_ns"] + 2 * MINUTE, until_ns=c["max_ns"] - MINUTE)]
 
 
+def _by_attributes(wb: data.Workbench) -> data.Filters:
+    """Two attribute filters at once: a node (resource) and two values of a request key."""
+    choices = data.attribute_choices(wb, str(wb.store), wb.version)
+    node, (key, entry) = "k8s.node.name", next((k, e) for k, e in choices.items() if e["source"] == "request")
+    return data.Filters(attributes=(data.attribute_filter(choices, node, tuple(choices[node]["values"][:2])),
+                                    data.attribute_filter(choices, key, tuple(entry["values"][:2]))))
+
+
+def _agree_on_attributes(wb: data.Workbench, ch: CHD.ClickHouseBench, every_key: bool = True) -> None:
+    """The attributes offered, the requests each filter keeps (one attribute, or two at once: every page's
+    breakdowns and the report under them) and each grouping's counts are the same on both engines (`every_key`:
+    each key filtered and grouped alone too; else only the two at once, which run every SQL text)."""
+    kw = {"_db": wb, "store": str(wb.store), "version": wb.version}
+    kc = {"_db": ch, "store": ch.store, "version": ch.version}
+    choices = data.attribute_choices(**kw)
+    assert ch.can("attribute_filters") and "k8s.node.name" in choices
+    assert data.attribute_choices(**kc) == choices
+    for key, entry in choices.items() if every_key else ():
+        f = data.Filters(attributes=(data.attribute_filter(choices, key, tuple(entry["values"][:1])),))
+        _same(data.summary(**kc, filters=f), data.summary(**kw, filters=f))
+        _frames(data.by_attribute(**kc, filters=data.Filters(), metric="e2e", key=key),
+                data.by_attribute(**kw, filters=data.Filters(), metric="e2e", key=key))
+    f = _by_attributes(wb)
+    assert 0 < data.summary(**kw, filters=f)["requests"] < data.summary(**kw, filters=data.Filters())["requests"]
+    _same(data.summary(**kc, filters=f), data.summary(**kw, filters=f))
+    assert data.report_of(**kc, filters=f) == data.report_of(**kw, filters=f)
+    _frames(data.replicas(**kc, filters=f, metric="e2e"), data.replicas(**kw, filters=f, metric="e2e"))
+    _frames(data.shape(**kc, filters=f, metric="e2e"), data.shape(**kw, filters=f, metric="e2e"))
+    _frames(data.exemplars(**kc, filters=f, limit=20), data.exemplars(**kw, filters=f, limit=20), drop=("start",))
+    _frames(data.by_attribute(**kc, filters=f, metric="e2e", key="k8s.node.name"),
+            data.by_attribute(**kw, filters=f, metric="e2e", key="k8s.node.name"))
+
+
 def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench, CHD.ClickHouseBench]) -> None:
     _agree(*benches)
+    _agree_on_attributes(*benches)
 
 
 @pytest.fixture(scope="module", params=older_releases())
@@ -112,6 +146,7 @@ def test_the_data_functions_agree_on_the_older_releases(served_bench: tuple[data
     cost, what-if, capacity and trace query of the dashboard runs there with the same answers. Unfiltered only:
     a filter adds `start_ns` bounds and `IN` lists to the same SQL (clickhouse.breakdowns.condition)."""
     _agree(*served_bench, filters=[data.Filters()])
+    _agree_on_attributes(*served_bench, every_key=False)
 
 
 def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench, filters: list[data.Filters] | None = None) -> None:
@@ -192,9 +227,18 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
     at = AppTest.from_file(str(APP), default_timeout=300)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    # no attribute filter on a table yet: the sidebar says why, as the engine's seam does
-    assert f"Attribute filters: {CHD.NOT_YET_CAN['attribute_filters']}." in [c.value for c in at.sidebar.caption]
-    assert not [s for s in at.sidebar.selectbox if s.key == "f_attr"]
+    # attribute filters on a table too: the node filter narrows the requests as on the store
+    at.toggle(key="f_attr_on").set_value(True).run()
+    choices = data.attribute_choices(wb, str(wb.store), wb.version)
+    assert at.multiselect(key="f_attrs").options == list(choices)
+    node = choices["k8s.node.name"]["values"][0]
+    at.multiselect(key="f_attrs").select("k8s.node.name").run()
+    at.multiselect(key="f_attr_values:k8s.node.name").select(node).run()
+    assert not at.exception, [e.message for e in at.exception]
+    f = data.Filters(attributes=(data.attribute_filter(choices, "k8s.node.name", (node,)),))
+    want = data.summary(wb, str(wb.store), wb.version, f)["requests_weighted"]
+    assert next(m.value for m in at.metric if m.label == "requests") == format(want, ",.0f")
+    at.multiselect(key="f_attrs").set_value([]).run()
     sp = data.report_of(wb, str(wb.store), wb.version, data.Filters())["spikes"][0]
     a, b = (pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp))
     assert any(f"Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC" in w.value for w in at.warning)

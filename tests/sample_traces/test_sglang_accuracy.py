@@ -4,6 +4,8 @@ sample_traces/data/engines/sglang_slow_replica.otlp.jsonl.gz (made by sample_tra
 goes through the real `tailscope ingest` and `tailscope report --json`. Its resources are what
 Resource.create builds (a random service.instance.id per process) plus k8s.pod.name: the report
 must name the replica by its pod name, never by the UUID.
+
+Seeds 2-5: the same lines, ingested in process and judged by the suite's rules (engine_seeds.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 from sample_traces import sglang_incident
 from tailscope.cli import app
 from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
+from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
@@ -51,3 +54,9 @@ def test_report_finds_the_window_the_stage_and_the_pod(store: Path) -> None:
     assert spike["stages"][0]["stage"] == TRUTH["stage"]
     first = spike["dimensions"][0]
     assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
+
+
+@pytest.mark.parametrize("seed", [engine_seed("sglang", s) for s in ENGINE_SEEDS])
+def test_the_same_rules_hold_on_seeds_2_to_5(seed: int, tmp_path: Path) -> None:
+    """Seeds 2-5 by the suite's rules (tests/sample_traces/engine_seeds.py: the same lines, ingested in process)."""
+    check_engine("sglang", seed, tmp_path)

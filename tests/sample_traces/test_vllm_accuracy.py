@@ -4,6 +4,8 @@ sample_traces/data/engines/vllm_slow_replica.otlp.jsonl.gz (made by sample_trace
 goes through the real `tailscope ingest` and `tailscope report --json`; the report's first spike
 must cover the truth window, name the truth stage first and the truth replica as its first
 dimension, as for the native incidents.
+
+Seeds 2-5: the same lines, ingested in process and judged by the suite's rules (engine_seeds.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typer.testing import CliRunner
 from sample_traces import vllm_incident
 from tailscope.cli import app
 from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
+from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
@@ -73,3 +76,9 @@ def test_report_finds_the_window_the_stage_and_the_replica(store: Path) -> None:
     assert spike["stages"][0]["stage"] == TRUTH["stage"]
     first = spike["dimensions"][0]
     assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
+
+
+@pytest.mark.parametrize("seed", [engine_seed("vllm", s) for s in ENGINE_SEEDS])
+def test_the_same_rules_hold_on_seeds_2_to_5(seed: int, tmp_path: Path) -> None:
+    """Seeds 2-5 by the suite's rules (tests/sample_traces/engine_seeds.py: the same lines, ingested in process)."""
+    check_engine("vllm", seed, tmp_path)
