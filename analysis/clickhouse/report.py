@@ -430,9 +430,9 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
                                               return_inverse=True, return_counts=True)
             at = np.flatnonzero(counts >= least)
             tw = [0.0] * at.size
-            if weights is not None and at.size:
-                w = weights[tail][held]
-                tw = [float(w[inverse.ravel() == j].sum()) for j in at]
+            if weights is not None and at.size:  # summed in row order, as explain's bincount sums them
+                sums = np.bincount(inverse.ravel(), weights=weights[tail][held], minlength=counts.size)
+                tw = [float(sums[j]) for j in at]
             found[combo] = ([tuple(int(x) for x in keys[j]) for j in at], [int(counts[j]) for j in at], tw)
         got = server.cells(client, coded, combos, {c: f[0] for c, f in found.items()}, tail_sql(tail), base,
                            weights is not None)
