@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import polars as pl
 
 from analysis import clickhouse as C
+from analysis.attribute_filters import AttributeFilter
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
+from analysis.clickhouse.model import temp_engine, temp_table
 from analysis.cost import Prices, clickhouse_cost
 from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Filters
 from tracing.errors import QueryError
@@ -49,6 +51,10 @@ NOT_YET_CAN: Final[dict[str, str]] = {
     "attribute_listing": "listing the attributes runs the report's attribute pass over the whole table, so it "
                          "waits until asked",
 }
+#: Attribute filter sets whose matching requests a bench keeps in session tables at once (the oldest dropped first).
+MATCH_TABLES: Final = 4
+#: Prefix of those session tables (`_matching`).
+MATCH_TABLE: Final = "_tailscope_attr_match"
 #: Seconds a console query may run (the server stops it).
 SQL_TIMEOUT_S: Final = 10.0
 #: Example queries of the SQL console that read the same in DuckDB and ClickHouse (both consoles show them).
@@ -96,6 +102,9 @@ class ClickHouseBench:
     last_refresh_took_s: float = 0.0
     pending: set[int] = field(default_factory=set)  # nothing computes in the background here
     seen: tuple[Any, ...] | None = None
+    #: (data version, attribute filters) -> the session table of the requests meeting them (`_matching`)
+    matches: dict[tuple[int, tuple[AttributeFilter, ...]], str] = field(default_factory=dict)
+    made: int = 0  # match tables made so far (their names' numbers)
 
     def __post_init__(self) -> None:
         self.store = self.store or f"{self.client.dsn} · {self.table}"
@@ -111,6 +120,9 @@ class ClickHouseBench:
                 return False
             # the intervals the materialized table covers are read from it, the rest computed (equal rows)
             C.requests_facts(self.client, self.table, name=FACTS)
+            for name in self.matches.values():  # computed from the facts just replaced
+                self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+            self.matches.clear()
             self.seen = seen
             self.version += 1
             self.last_refresh_took_s = time.perf_counter() - t0
@@ -232,7 +244,25 @@ def open_bench(dsn: str, table: str = C.DEFAULT_TABLE) -> ClickHouseBench:
 def condition(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> str:
     """The filters as a ClickHouse condition on the request columns (the attribute filters read `b`'s spans)."""
     cond = CB.condition(f.since_ns, f.until_ns, {d: getattr(f, d) for d in dims})  # the dimension columns' values
-    return f"{cond} AND {CB.attribute_condition(f.attributes, FACTS, b.table)}" if f.attributes else cond
+    return f"{cond} AND (trace_id, span_id) IN (SELECT trace_id, span_id FROM {_matching(b, f.attributes)})" \
+        if f.attributes else cond
+
+
+def _matching(b: ClickHouseBench, attributes: tuple[AttributeFilter, ...]) -> str:
+    """The session table of the requests (trace_id, span_id) of FACTS meeting every attribute filter, made once per
+    data version and filter set: the filters' subqueries read the spans once, not again in each query of a report."""
+    with b.lock:
+        name = b.matches.get((b.version, attributes))
+        if name is None:
+            b.made += 1
+            name = f"{MATCH_TABLE}_{b.made}"
+            where = CB.attribute_condition(attributes, FACTS, b.table)
+            temp_table(b.client, name, f"SELECT trace_id, span_id FROM {FACTS} WHERE {where}",
+                       temp_engine(b.client, FACTS))
+            b.matches[(b.version, attributes)] = name
+            while len(b.matches) > MATCH_TABLES:
+                b.client.command(f"DROP TEMPORARY TABLE IF EXISTS {b.matches.pop(next(iter(b.matches)))}")
+        return name
 
 
 def choices(b: ClickHouseBench, dims: Sequence[str]) -> dict[str, Any]:

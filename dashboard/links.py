@@ -4,16 +4,20 @@ A reload shows the same view, and a link pasted in an incident channel opens it:
 (the Spike page's window), `?trace=` (the Traces page's trace), `?service=&model=&replica=&tenant=`
 (the sidebar's filters, repeated for several values), `?attr=&attr_value=` (one attribute filter: the
 key, and its values repeated), `?attr.<key>=` (each of several attribute filters: its values repeated; a
-request meets all of them) and `?since_ns=&until_ns=` (its time range).
+request meets all of them) and `?since_ns=&until_ns=` (its time range). `value_url` links a value the report
+names (a built-in dimension's or an attribute's) to the Overview filtered to it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import streamlit as st
+
+from analysis.attribute_filters import AttributeFilter
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,6 +30,8 @@ SINCE, UNTIL = "since_ns", "until_ns"
 ATTR, ATTR_VALUE = "attr", "attr_value"
 #: URL key prefix of one of several attribute filters: `attr.<key>`, its values repeated.
 ATTR_PREFIX = "attr."
+#: The Overview's link path: the app's default page, at its root (relative, so a base URL path is kept).
+OVERVIEW = "./"
 
 
 def _int(value: object) -> int | None:
@@ -155,6 +161,32 @@ def url(page: str, f: Filters, dims: Sequence[str], **extra: Any) -> str:
     query = urlencode({**filter_params(f, dims), **{k: [str(v)] for k, v in extra.items() if v is not None}},
                       doseq=True)
     return f"{page}?{query}" if query else page
+
+
+def narrowed_to(f: Filters, conditions: Sequence[Mapping[str, Any]], dims: Sequence[str]) -> Filters | None:
+    """Filters `f` narrowed to each condition's value (the report's form: dimension, value, attribute, source, and
+    lo / hi for a bucket): a built-in filter dimension's value, or an attribute filter on its key (replacing one on
+    the same key). None when a condition has no filter (a built-in the sidebar does not filter: a token bucket)."""
+    built: dict[str, Any] = {}
+    attrs = {a.key: a for a in f.attributes}
+    for c in conditions:
+        key = c.get("attribute")
+        if key:
+            lo, hi = c.get("lo"), c.get("hi")
+            attrs[key] = AttributeFilter(key, c["source"], (c["value"],),
+                                         ((int(lo), int(hi)),) if lo is not None and hi is not None else ())
+        elif c["dimension"] in dims:
+            built[c["dimension"]] = (c["value"],)
+        else:
+            return None
+    return dataclasses.replace(f, attributes=tuple(attrs.values()), **built)
+
+
+def value_url(f: Filters, conditions: Sequence[Mapping[str, Any]], dims: Sequence[str],
+              page: str = OVERVIEW) -> str | None:
+    """A link to `page` (the Overview) showing filters `f` narrowed to `conditions` (`narrowed_to`), or None."""
+    narrowed = narrowed_to(f, conditions, dims)
+    return None if narrowed is None else url(page, narrowed, dims)
 
 
 def exemplar_table(rows: pd.DataFrame, key: str, f: Filters) -> None:

@@ -16,7 +16,14 @@ import duckdb
 import polars as pl
 
 from analysis.breakdowns import mark_outliers, replicas
-from analysis.engine.percentiles import MIN_TAIL, NICE_WINDOWS_S, auto_window_s, quote_ident
+from analysis.engine.percentiles import (
+    MIN_TAIL,
+    NICE_WINDOWS_S,
+    auto_window_s,
+    metric_column,
+    quote_ident,
+    weight_where,
+)
 from analysis.stats.spikes import MIN_BASELINE_WINDOWS, MIN_RISE
 
 #: Requests a window needs for its p99 to be judged by the detector (MIN_TAIL beyond the p99).
@@ -135,11 +142,35 @@ def outlier_explanations(con: duckdb.DuckDBPyConnection, metric: str = "e2e", so
             [*params, outliers]).fetchall()
         values[dim] = [v for v, _ in rows]
 
+    if weight_where(con, source, where, params) is None:  # then no subset weighs either: one grouped query
+        frames = replicas_without(con, metric, source, where, params, values)
+        return explain_outliers(by_replica, lambda dim, value: frames[(dim, value)], values)
+
     def without(dim: str, value: Any) -> pl.DataFrame:
         col = quote_ident(dim)
         return replicas(con, metric, source, f"({where}) AND {col} IS DISTINCT FROM ?", [*params, value])
 
     return explain_outliers(by_replica, without, values)
+
+
+def replicas_without(con: duckdb.DuckDBPyConnection, metric: str, source: str, where: str, params: Sequence[object],
+                     values: dict[str, list[Any]]) -> dict[tuple[str, Any], pl.DataFrame]:
+    """Per (dimension, value) of `values`: the columns explain_outliers reads of `replicas` (replica, requests,
+    p99_ms) with that value's requests left out, all in one grouped query (one scan of `source` per value, one
+    aggregation) instead of one `replicas` query each. Unweighted quantiles only: for unsampled rows."""
+    pairs = [(dim, value) for dim, vals in values.items() for value in vals]
+    if not pairs:
+        return {}
+    col = quote_ident(metric_column(metric))
+    kept = " UNION ALL ".join(
+        f"SELECT {k} AS k, coalesce(replica, '(none)') AS replica, {col} AS v FROM {source} "
+        f"WHERE ({where}) AND {quote_ident(dim)} IS DISTINCT FROM ?" for k, (dim, _) in enumerate(pairs))
+    got = con.sql(f"SELECT k, replica, count(*) AS requests, quantile_cont(v, 0.99) / 1e6 AS p99_ms "
+                  f"FROM ({kept}) GROUP BY 1, 2 ORDER BY 1, 2",
+                  params=[x for _, value in pairs for x in (*params, value)]).pl()
+    empty = got.clear().drop("k")
+    parts = {int(k[0]): part.drop("k") for k, part in got.partition_by("k", as_dict=True).items()}
+    return {pair: parts.get(k, empty) for k, pair in enumerate(pairs)}
 
 
 def range_window_s(first_ns: int | None, last_ns: int | None, requests: int, since_ns: int | None = None,

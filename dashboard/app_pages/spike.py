@@ -106,6 +106,8 @@ columns = ["dimension", "value", "explained", "p99_without_ms", "baseline_p99_wi
 if any(d.get("support_weighted", d["support"]) != d["support"] for d in ex.get("dimensions", [])):
     columns.insert(columns.index("support") + 1, "support_weighted")  # sampled: what the support stands for
 dims = pd.DataFrame(ex.get("dimensions", []), columns=columns)[columns]
+# each value (or pair) links to the Overview filtered to it, where the sidebar filters it (links.value_url)
+dims["filter"] = [links.value_url(f, d["conditions"], data.FILTER_DIMENSIONS) for d in ex.get("dimensions", [])]
 pct = st.column_config.NumberColumn(format="percent")
 ms = "%,.0f ms"
 table_config = {
@@ -118,7 +120,9 @@ table_config = {
     "baseline_share": st.column_config.NumberColumn("share of the baseline", format="percent"),
     "support": st.column_config.NumberColumn("tail requests", format="%,d"),
     "support_weighted": st.column_config.NumberColumn("tail requests (weighted)", format="%,.0f"),
-    "score": st.column_config.NumberColumn("score", format="%.2f")}
+    "score": st.column_config.NumberColumn("score", format="%.2f"),
+    "filter": st.column_config.LinkColumn("filter", display_text="filter to this value",
+                                          help="Open the Overview with the current filters narrowed to this value")}
 pair = dims["dimension"].str.contains("&")
 singles, pairs = dims[~pair], dims[pair]
 if dims.empty:
@@ -134,6 +138,13 @@ else:
     elif standing == "above":
         st.info("No single value explains the excess: leaving any of them out does not bring the p99 nearer its "
                 "baseline.")
+    levels = [(name, lv) for name in ("finer", "coarser") for lv in ex["dimensions"][0].get(name, [])]
+    if levels:  # the lead's hierarchy (analysis.report.rank_dimensions): each level's value, filterable too
+        st.markdown(f"Levels nested with **{lead['dimension']} = {lead['value']}**:\n" + "\n".join(
+            f"- {name} · {lv['dimension']} = {lv['value']} alone explains "
+            f"{'-' if lv['explained'] is None else format(lv['explained'], '.0%')}"
+            + (f" · [filter to this value]({u})" if (u := links.value_url(f, [lv], data.FILTER_DIMENSIONS)) else "")
+            for name, lv in levels))
     shown = singles.head(12)
     if shown["p99_without_ms"].notna().any():
         st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),

@@ -30,13 +30,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def app_file() -> Path:
-    """The dashboard's router file, found without importing the dashboard package (nor Streamlit)."""
+    """The dashboard's server file (dashboard/server.py: the router app.py served as an `st.App` that warms the
+    pages' imports at start-up), found without importing the dashboard package (nor Streamlit)."""
     spec = importlib.util.find_spec("dashboard")
     if spec is None or not spec.submodule_search_locations:
         fail("the dashboard package is not installed; install tailscope with the [dashboard] extra")
-    path = Path(next(iter(spec.submodule_search_locations))) / "app.py"
+    path = Path(next(iter(spec.submodule_search_locations))) / "server.py"
     if not path.is_file():
-        fail(f"{path}: the dashboard's app.py is missing; reinstall tailscope")
+        fail(f"{path}: the dashboard's server.py is missing; reinstall tailscope")
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import duckdb
 import numpy as np
+import polars as pl
 import pytest
 
 from analysis.engine.percentiles import NICE_WINDOWS_S, auto_window_s
@@ -100,6 +101,88 @@ def test_outlier_replica_explained_by_a_tenant(fleet: duckdb.DuckDBPyConnection)
     assert e["p99_without_ms"] < e["p99_ms"]
     # under a filter that leaves no outlier, nothing is explained
     assert V.outlier_explanations(fleet, where="replica <> 'replica-3' AND replica <> 'replica-6'") == []
+
+
+def _per_value(con: duckdb.DuckDBPyConnection, metric: str, where: str, params: list[object]) -> list[dict]:
+    """Outlier explanations as they were first written: the values tried, then one `replicas` query per value."""
+    from analysis.breakdowns import replicas
+
+    by_replica = replicas(con, metric, "requests", where, params)
+    outliers = by_replica.filter("outlier").get_column("replica").to_list()
+    if not outliers:
+        return []
+    values = {}
+    for dim in V.OUTLIER_DIMENSIONS:
+        rows = con.execute(f"SELECT {dim}, count(*) AS n FROM requests WHERE ({where}) AND coalesce(replica, "
+                           f"'(none)') IN (SELECT unnest(?)) AND {dim} IS NOT NULL GROUP BY 1 ORDER BY n DESC, 1 "
+                           f"LIMIT {V.OUTLIER_VALUES}", [*params, outliers]).fetchall()
+        values[dim] = [v for v, _ in rows]
+    return V.explain_outliers(by_replica, lambda dim, value: replicas(
+        con, metric, "requests", f"({where}) AND {dim} IS DISTINCT FROM ?", [*params, value]), values)
+
+
+def _random_fleet(seed: int, weighted: bool = False) -> duckdb.DuckDBPyConnection:
+    """Replicas (some requests without one) serving tenants, models, versions and services (some missing); one
+    replica's requests of one tenant and one of one model slow, one replica slow for all; some metrics missing."""
+    rng = np.random.default_rng(seed)
+    n = 4_000
+    reps = [f"r{i}" for i in range(int(rng.integers(6, 11)))]
+
+    def pick(vals: list[str], missing: float) -> list[str | None]:
+        return [None if rng.random() < missing else str(v) for v in rng.choice(vals, n)]
+
+    replica = pick(reps, 0.02)
+    tenant = pick(["acme", "globex", "initech", "hooli", "tyrell"], 0.05)
+    model = pick(["m1", "m2", "m3"], 0.0)
+    version, service = pick(["v1", "v2"], 0.1), pick(["a", "b"], 0.0)
+    e2e = rng.lognormal(np.log(1e9), 0.3, n)
+    slow_t, slow_m, slow_all = rng.choice(reps, 3, replace=False)
+    tyrell, m3 = rng.choice(["acme", "tyrell"]), rng.choice(["m2", "m3"])
+    for i in range(n):
+        e2e[i] *= (6 if replica[i] == slow_t and tenant[i] == tyrell else 1) * (
+            5 if replica[i] == slow_m and model[i] == m3 else 1) * (3 if replica[i] == slow_all else 1)
+    ttft = e2e * rng.uniform(0.05, 0.3, n)
+    frame = pl.DataFrame({  # noqa: F841 (read by the SQL below)
+        "start_ns": np.arange(n, dtype=np.int64) * 1_000_000, "replica": replica, "tenant": tenant, "model": model,
+        "model_version": version, "service": service,
+        "e2e_ns": pl.Series(e2e.astype(np.int64)).set(pl.Series(rng.random(n) < 0.02), None),
+        "ttft_ns": pl.Series(ttft.astype(np.int64)).set(pl.Series(rng.random(n) < 0.2), None),
+        "status": np.where(rng.random(n) < 0.97, "ok", "error"),
+        "adjusted_count": np.where(weighted & (rng.random(n) < 0.3), 2.0, 1.0)})
+    con = duckdb.connect()
+    con.execute("CREATE TABLE requests AS SELECT * FROM frame")
+    return con
+
+
+def test_outlier_explanations_in_one_query_equal_one_query_per_value() -> None:
+    """On random fleets (seeds 1-5), every metric and filter: each value's per-replica counts and p99 from the
+    grouped query equal `replicas` with that value left out (under two conditions, one leaving no request), and
+    the explanations equal the per-value ones; a sampled fleet (weights) keeps the per-value path and its answer."""
+    from analysis.breakdowns import replicas
+
+    found = 0
+    for seed in range(1, 6):
+        con = _random_fleet(seed)
+        for metric, where, params in (("e2e", "true", []), ("ttft", "true", []),
+                                      ("e2e", "start_ns >= ?", [400_000_000]), ("e2e", "tenant <> ?", ["hooli"]),
+                                      ("e2e", "model = ?", ["m1"])):  # leaving out m1 leaves no request
+            got = V.outlier_explanations(con, metric, "requests", where, params)
+            assert got == _per_value(con, metric, where, params), (seed, metric, where)
+            found += len(got)
+            if metric != "e2e" or where not in ("true", "model = ?"):
+                continue
+            values = {dim: [r[0] for r in con.execute(f"SELECT DISTINCT {dim} FROM requests WHERE {dim} IS NOT "
+                                                      f"NULL ORDER BY 1").fetchall()] for dim in V.OUTLIER_DIMENSIONS}
+            grouped = V.replicas_without(con, metric, "requests", where, params, values)
+            for dim, vals in values.items():
+                for value in vals:
+                    want = replicas(con, metric, "requests", f"({where}) AND {dim} IS DISTINCT FROM ?",
+                                    [*params, value]).select("replica", "requests", "p99_ms")
+                    assert grouped[(dim, value)].equals(want), (seed, metric, where, dim, value)
+        if seed == 1:  # sampled: the per-value path, whose weighted quantiles the grouped query does not compute
+            weighted = _random_fleet(seed, weighted=True)
+            assert V.outlier_explanations(weighted) == _per_value(weighted, "e2e", "true", [])
+    assert found >= 10  # the planted tenant and model explain their replicas in most cases
 
 
 def test_service_vs_batch_known_answer() -> None:

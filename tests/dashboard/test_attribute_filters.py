@@ -4,6 +4,7 @@ requests, the filter travels in a link, and the attribute list comes from analys
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -219,3 +220,48 @@ def test_the_listing_reads_the_materialized_hours_and_lists_the_same(fleet_store
             monkeypatch.undo()
         finally:
             wb.con.close()
+
+
+def _follow(link: str, monkeypatch: pytest.MonkeyPatch, store: Path) -> AppTest:
+    """The app opened at `link` (the Overview's path with its query), as a browser following it would."""
+    page, query = link.split("?", 1)
+    assert page == links.OVERVIEW
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for key, values in parse_qs(query).items():
+        at.query_params[key] = values
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_the_spike_page_links_each_named_value_to_its_filter(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node's spike (tests/analysis/test_attributes.py: node-2 slow, its replicas the finer level) the node's
+    row and each finer replica carry a link; followed, it opens the Overview filtered to exactly that value."""
+    from tests.analysis.test_attributes import NODE as NODE_OF
+    from tests.analysis.test_attributes import SLOW_NODE, node_store
+
+    store = node_store(tmp_path / "nodes")
+    monkeypatch.setenv("TAILSCOPE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    table = at.dataframe[0].value
+    lead = table.iloc[0]
+    assert (lead["dimension"], lead["value"]) == (NODE_KEY, SLOW_NODE)
+    on_node = [r for r, n in NODE_OF.items() if n == SLOW_NODE]
+    node_view = _follow(str(lead["filter"]), monkeypatch, store)
+    assert node_view.multiselect(key="f_attrs").value == [NODE_KEY]
+    assert node_view.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [SLOW_NODE]
+    assert _metric(node_view, "requests") == format(_plain_count(store, on_node), ",")
+    # the hierarchy's finer level: each replica of the node, linked to the replica filter
+    said = " ".join(m.value for m in at.markdown)
+    finer = re.findall(r"finer · replica = (\S+) alone explains \S+ · \[filter to this value\]\(([^)]+)\)", said)
+    assert finer and {r for r, _ in finer} <= set(on_node)
+    replica, link = finer[0]
+    replica_view = _follow(link, monkeypatch, store)
+    assert replica_view.multiselect(key="f_replica").value == [replica]
+    assert replica_view.multiselect(key="f_attrs").value == []
+    assert _metric(replica_view, "requests") == format(_plain_count(store, [replica]), ",")

@@ -122,6 +122,29 @@ def test_the_data_functions_agree_on_both_engines(benches: tuple[data.Workbench,
     _agree_on_attributes(*benches)
 
 
+def test_an_attribute_filter_set_is_computed_once(benches: tuple[data.Workbench, CHD.ClickHouseBench]) -> None:
+    """Under attribute filters every query reads the one session table of their requests (made once per data
+    version and filter set), and the report, the counts and the exemplars equal those of the filters' own
+    subqueries written into each query."""
+    from analysis.clickhouse import breakdowns as CB
+    from analysis.clickhouse import report as CR
+    from dashboard.engine import FILTER_DIMENSIONS
+
+    wb, ch = benches
+    f = _by_attributes(wb)
+    name = CHD._matching(ch, f.attributes)
+    made = ch.made
+    inline = (f"{CB.condition(None, None, {})} AND "
+              f"{CB.attribute_condition(f.attributes, CHD.FACTS, ch.table)}")
+    got = CHD.report(ch, f, FILTER_DIMENSIONS, "e2e")
+    want = CR.build_report(ch.client, ch.table, metric="e2e", include_failures=True, facts=CHD.FACTS, where=inline)
+    assert got == want and got["requests"] > 0
+    _same(CHD.summary(ch, f, FILTER_DIMENSIONS), CB.summary(ch.client, CHD.FACTS, inline))
+    _frames(CHD.exemplars(ch, f, FILTER_DIMENSIONS, 20, "e2e", None),
+            CB.slowest(ch.client, CHD.FACTS, "e2e", 20, inline).to_pandas())
+    assert ch.matches[(ch.version, f.attributes)] == name and ch.made == made  # the same table, not made again
+
+
 @pytest.fixture(scope="module", params=older_releases())
 def served_bench(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                  exported: tuple[Path, str]) -> Iterator[tuple[data.Workbench, CHD.ClickHouseBench]]:

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -148,6 +149,33 @@ def test_spike_page_names_the_slow_replica(incident_store: Path, monkeypatch: py
     assert "replica = replica-05" in lead
     stages = " ".join(m.value for m in at.markdown)
     assert "**decode**" in stages
+
+
+def test_spike_page_links_a_value_and_a_pair_to_their_filters(incident_store: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica the spike names, and a pair of it with the model, link to the Overview filtered to exactly
+    them; a pair with a dimension the sidebar does not filter (model_version) has no link."""
+    from urllib.parse import parse_qs
+
+    from dashboard import links
+
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/spike.py").run()
+    single, pairs = at.dataframe[0].value, at.dataframe[1].value
+    assert (single.iloc[0]["dimension"], single.iloc[0]["value"]) == ("replica", "replica-05")
+    by_pair = {(r["dimension"], r["value"]): r["filter"] for _, r in pairs.iterrows()}
+    assert pd.isna(by_pair[("replica&model_version", "replica-05&v2")])
+    for link, where in ((single.iloc[0]["filter"], "replica = 'replica-05'"),
+                        (by_pair[("replica&model", "replica-05&llama-3-8b")],
+                         "replica = 'replica-05' AND model = 'llama-3-8b'")):
+        page, query = str(link).split("?", 1)
+        assert page == links.OVERVIEW
+        followed = AppTest.from_file(str(APP), default_timeout=120)
+        for key, values in parse_qs(query).items():
+            followed.query_params[key] = values
+        followed.run()
+        assert not followed.exception, [e.message for e in followed.exception]
+        assert int(_metric(followed, "requests").replace(",", "")) == _count(incident_store, where) < REQUESTS
 
 
 def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:

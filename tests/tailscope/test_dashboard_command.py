@@ -20,8 +20,48 @@ from tests import servers
 from tracing.store import init_store
 
 
-def test_app_file_is_the_router() -> None:
-    assert cmd.app_file() == Path(__file__).parents[2] / "dashboard" / "app.py"
+def test_app_file_is_the_server_that_runs_the_router() -> None:
+    assert cmd.app_file() == Path(__file__).parents[2] / "dashboard" / "server.py"
+    from dashboard import server
+
+    assert server.app.script_path == Path(__file__).parents[2] / "dashboard" / "app.py"
+
+
+def test_the_server_warms_every_dashboard_module_the_router_and_pages_import() -> None:
+    import ast
+
+    from dashboard import server
+
+    root = Path(__file__).parents[2] / "dashboard"
+    imported = set()
+    for file in [root / "app.py", *sorted((root / "app_pages").glob("*.py"))]:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "dashboard":
+                imported |= {f"dashboard.{a.name}" for a in node.names}
+    assert imported and imported <= set(server.WARM_MODULES)
+
+
+def test_the_servers_start_up_returns_at_once_and_imports_in_the_background() -> None:
+    """In a fresh interpreter whose import of dashboard.data is held until the server has started: the lifespan
+    yields (the server starts) with the import held, and once released every warmed module is imported."""
+    code = ("import asyncio, sys, threading\n"
+            "gate = threading.Event()\n"
+            "class Hold:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'dashboard.data':\n"
+            "            print('held' if gate.wait(30) else 'not released', flush=True)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Hold())\n"
+            "from dashboard import server\n"
+            "async def main():\n"
+            "    async with server._lifespan(server.app):\n"
+            "        print('started', flush=True)\n"
+            "        gate.set()\n"
+            "asyncio.run(main())\n"
+            "[t.join(60) for t in threading.enumerate() if t.name == 'tailscope-warm-imports']\n"
+            "print(all(m in sys.modules for m in server.WARM_MODULES))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["started", "held", "True"]
 
 
 def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
