@@ -105,17 +105,17 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
 SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
        TimestampNs AS s, EndNs AS e
 FROM {spans} WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
-    # generation spans with a prefill / decode child are represented by those children
-    steps["_cost_split"] = ("SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st "
-                            f"WHERE Stage IN ({PARTS})")
-    # the GPU spans in the window (filtered before the parent joins), each with its request span
+    # the GPU spans in the window (filtered before the parent joins), each with its request span; generation
+    # spans with a prefill / decode child (x) are represented by those children
     steps["_cost_gpu"] = f"""
 SELECT g.TraceId AS TraceId, g.replica AS replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
        coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
-FROM (SELECT g.* FROM _cost_st g
-      LEFT JOIN _cost_split x ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
-      WHERE (g.Stage IN ({PARTS}) OR (g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL))
-        AND least(g.e, $hi) > greatest(g.s, $lo)) g
+FROM (SELECT g.* FROM _cost_st g WHERE g.Stage IN ({PARTS}) AND least(g.e, $hi) > greatest(g.s, $lo)
+      UNION ALL
+      SELECT g.* FROM _cost_st g
+      LEFT JOIN (SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st WHERE Stage IN ({PARTS})) x
+        ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
+      WHERE g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL AND least(g.e, $hi) > greatest(g.s, $lo)) g
 LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
 LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
 LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"""
@@ -128,7 +128,7 @@ FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
 SELECT r.TraceId AS TraceId, r.request_span_id AS request_span_id, r.rid AS rid, coalesce(q.w, 1.0) AS w
 FROM ({steps["_cost_rid"]}) r LEFT JOIN _cost_req q ON q.TraceId = r.TraceId AND q.SpanId = r.request_span_id"""
     # the union of each request's GPU intervals on a replica: islands (gaps and islands)
-    steps["_cost_gpu_num"] = """
+    gpu_num = """
 SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
           OVER (PARTITION BY replica, rid ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
 FROM (SELECT g.replica AS replica, r.rid AS rid, g.s AS s, g.e AS e,
@@ -138,9 +138,9 @@ FROM (SELECT g.replica AS replica, r.rid AS rid, g.s AS s, g.e AS e,
     # iid ranks islands by (end, rid) per replica, rid ordering requests by (trace id, request span id): a
     # running max of iid over the islands started so far names the active one that ends last (the remainder's
     # recipient)
-    steps["_cost_islands"] = """
+    steps["_cost_islands"] = f"""
 SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, rid) AS iid
-FROM (SELECT replica, rid, min(s) AS s, max(e) AS e FROM _cost_gpu_num GROUP BY replica, rid, island)"""
+FROM (SELECT replica, rid, min(s) AS s, max(e) AS e FROM ({gpu_num}) GROUP BY replica, rid, island)"""
     steps["_cost_loads"] = f"""
 SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
 WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
@@ -177,7 +177,7 @@ UNION ALL SELECT replica, last_ns, 0, 0, NULL, 0.0 FROM _cost_observed{grid_even
         nw = ",\n       sum(sum(dw)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nw"
     # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
     nxt = d.lead("t", "replica", "t")
-    steps["_cost_segs"] = f"""
+    segs = f"""
 SELECT replica, t, {nxt} - t AS len_ns,
        sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
        sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
@@ -192,14 +192,14 @@ SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING)
 FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
              CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {share} ELSE 0 END AS q,
              CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {remainder} ELSE 0 END AS r
-      FROM _cost_segs)"""
+      FROM ({segs}))"""
     if grid:
         cells = d.grid_cells(idiv("i.s", "$grid") + " * $grid", "i.e", "b0")
-        steps["_cost_pieces"] = f"""
+        pieces = f"""
 SELECT i.replica AS replica, i.rid AS rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
 FROM _cost_islands i{cells}"""
     else:
-        steps["_cost_pieces"] = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
+        pieces = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
     total, part, by_weight = (("CAST(round(sum(part)) AS BIGINT)", "(qe.q_before - qs.q_before) * w.w",
                                 "\n        JOIN _cost_rid w ON w.rid = p.rid") if weighted
                                else ("CAST(sum(part) AS BIGINT)", "qe.q_before - qs.q_before", ""))
@@ -211,7 +211,7 @@ FROM (
     SELECT replica, rid, bucket_ns, {total} AS allocated_ns
     FROM (
         SELECT p.replica AS replica, p.rid AS rid, p.bucket_ns AS bucket_ns, {part} AS part
-        FROM _cost_pieces p
+        FROM ({pieces}) p
         JOIN _cost_shared qs ON qs.replica = p.replica AND qs.t = p.s
         JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e{by_weight}
         UNION ALL

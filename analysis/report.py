@@ -45,9 +45,10 @@ from analysis.engine.percentiles import (
 )
 from analysis.settings import EXPLAIN
 from analysis.stats import attributes as A
+from analysis.stats import bounds as B
 from analysis.stats import explain as X
 from analysis.stats import sampling as SM
-from analysis.stats.spikes import Detection, Spike, detect
+from analysis.stats.spikes import Detection, Spike, detect, judge_stretch
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -377,7 +378,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    return report, Rows.of(con, facts, frame, det, metric, coded=coded)
+    rows = Rows.of(con, facts, frame, det, metric, coded=coded)
+    if explain:
+        culprit_bounds(rows)
+    return report, rows
 
 
 def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
@@ -511,10 +515,14 @@ def find_spikes(
     the explanation fills (stages, dimensions, exemplars, noisy_neighbour, errors).
 
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
-    report's cost on a large store, the explanations the rest. The spikes are the report's own.
+    report's cost on a large store, the explanations the rest. The spikes are the report's own: when detection
+    found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions, so the rows are then
+    read again with them (detection runs twice on a range with a spike).
     """
-    report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
-                                     explain=False))
+    ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False)
+    report, rows = _prepare(con, ask)
+    if rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
+        rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
     if rows is not None:
         report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
                             for s in rows.det.spikes]
@@ -636,6 +644,62 @@ def local_baseline(det: Detection, spike: Spike, counts_by_window: dict[int, int
     return np.asarray(chosen, dtype=np.int64)
 
 
+#: Per window of a detection: the requests slower than its baseline p99 that match a candidate, and all of them
+#: (kept requests): what `culprit_bounds` tests. A remote engine counts them on its server.
+SlowCounts = Callable[[list[X.Coded], X.Candidate], tuple[np.ndarray, np.ndarray]]
+
+
+def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
+    """Move each of `rows_.det.spikes` to its culprit's windows (`analysis.stats.bounds`); whether any moved.
+
+    The culprit is the first dimension ranked on the detected windows (as the explanation ranks them); the moved
+    stretch must pass the detection's effect-size rules (`spikes.judge_stretch`: the p99 rise, the p50 held),
+    else the detected one stays; its p-value is its own. `slow_counts`: the counts per window (None: from the
+    rows, which then hold every request).
+    """
+    det = rows_.det
+    if not det.spikes:
+        return False
+    start, values, weights = rows_.start, rows_.values, rows_.weights
+    wins = det.window_start_ns // det.window_ns
+    base = rows_in_windows(start, wins[det.baseline], det.window_ns).astype(np.int64)
+    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes)
+    if slow_counts is None:
+        slow = np.flatnonzero(values > det.baseline_p99_ns)
+        slow_at = np.searchsorted(wins, start[slow] // det.window_ns)
+
+        def slow_counts(coded: list[X.Coded], cand: X.Candidate) -> tuple[np.ndarray, np.ndarray]:
+            return (np.bincount(slow_at[X.candidate_mask(coded, cand, slow)], minlength=wins.size),
+                    np.bincount(slow_at, minlength=wins.size))
+
+    index = {int(w): i for i, w in enumerate(wins.tolist())}
+    runs = [list(range(index[s.start_ns // det.window_ns], index[(s.end_ns - 1) // det.window_ns] + 1))
+            for s in det.spikes]
+    moved: list[Spike] = []
+    for n, (spike, run) in enumerate(zip(det.spikes, runs, strict=True)):
+        rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
+        ranked = coding.ranked(spike, rows, X.tail_slice(values, rows, weights=weights))[1][0]
+        if not ranked:
+            moved.append(spike)
+            continue
+        k, m = (np.asarray(x, dtype=np.int64) for x in slow_counts(coding.coded, ranked[0]))
+        others = np.zeros(wins.size, dtype=bool)
+        for other in runs[:n] + runs[n + 1:]:
+            others[other] = True
+        lo, hi = B.culprit_stretch(run[0], run[-1], k, m, int(k[det.baseline].sum()), int(m[det.baseline].sum()),
+                                   det.baseline, det.judged & ~others, wins, X.ALPHA)
+        # the spike was found significant on its detected windows: the moved stretch keeps the effect-size rules
+        judged = judge_stretch(det, list(range(lo, hi + 1)), alpha=1.0) if (lo, hi) != (run[0], run[-1]) else None
+        if judged is not None:
+            det.significant[run] = False
+            det.significant[lo:hi + 1] = True
+            runs[n] = list(range(lo, hi + 1))
+        moved.append(judged or spike)
+    changed = any(a is not b for a, b in zip(moved, det.spikes, strict=True))
+    det.spikes = sorted(moved, key=lambda sp: (-sp.excess_ns, sp.start_ns))
+    return changed
+
+
 def _stages_for(rows_: Rows, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
                 ) -> list[C.StageShare]:
     con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
@@ -754,22 +818,28 @@ class _Coding:
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
 
+    def ranked(self, spike: Spike, rows: np.ndarray, tail: np.ndarray, cut: list[dict[str, Any]] | None = None
+               ) -> tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]]:
+        """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
+        `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
+        values, remote = self.values, self.remote
+        excess_rows = rows[values[rows] > spike.baseline_p99_ns]
+        if excess_rows.size < X.MIN_TAIL_SLICE:
+            excess_rows = tail
+        return excess_rows, rank_dimensions(
+            self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
+
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
         candidate over `rows`, the spike's rows (None without one); `tail`: their tail slice."""
-        values, base, weights, coded = self.values, self.base, self.weights, self.coded
+        weights, coded = self.weights, self.coded
         item = _spike_json(spike)
         item["errors"] = []
         best_mask = None
         try:
-            excess_rows = rows[values[rows] > spike.baseline_p99_ns]
-            if excess_rows.size < X.MIN_TAIL_SLICE:
-                excess_rows = tail
             cut: list[dict[str, Any]] = []
-            remote = self.remote
-            ranked, finer, coarser, tested = rank_dimensions(
-                coded, values, rows, excess_rows, base, self.base_q, weights, self.rest,
-                remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
+            excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail, cut)
             item["dimensions"] = [cast(C.Dimension, X.candidate_json(coded, c)) for c in ranked]
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]

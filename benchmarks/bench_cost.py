@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     for count, r in results.items():
         print(f"{int(count):,} spans, {r['requests']:,} requests, load {r['loadavg_1m']}: "
-              f"anchor {r['anchor_s']} s; cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
+              f"anchor {r['anchor_s']} s / {r['anchor_cpu_s']} CPU-s; "
+              f"cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
               f"({r['cost_vs_anchor_x']}x anchor, identity {'holds' if r['identity_holds'] else 'BROKEN'}); "
               f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
               f"({r['counts_replayed']} counts replayed; every count: {r['every_count_replayed_s']} s / "

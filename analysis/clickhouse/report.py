@@ -345,6 +345,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
         if det is not None and det.spikes:
+            _culprit_bounds(q, det, report["sampled"], attrs)
             report["spikes"] = _explain(q, local, det, det.spikes, report["sampled"], attrs)
     finally:
         local.close()
@@ -368,12 +369,50 @@ def _attributes(q: Asked, report: C.Report | dict[str, Any], rules: A.AttributeR
     return attrs, rules
 
 
+def _culprit_bounds(q: Asked, det: Detection, sampled: bool,
+                    attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None) -> None:
+    """analysis.report.culprit_bounds on ClickHouse: `det.spikes` moved to their culprits' windows. The culprit is
+    ranked over the rows phase 2 brings for the detected spikes (into a local connection of its own, closed after:
+    the explanation's phase 2 then reads the moved windows); the slow requests are counted per window on the
+    server."""
+    if not det.spikes:
+        return
+    col = metric_column(q.metric) if q.metric in RP.REPORT_METRICS else "e2e_ns"
+    keep = "" if q.include_failures else " AND status = 'ok'"
+    server = attrs[0] if attrs is not None else None
+    index = {int(w): i for i, w in enumerate((det.window_start_ns // det.window_ns).tolist())}
+
+    def slow_counts(coded: list[X.Coded], cand: X.Candidate) -> tuple[np.ndarray, np.ndarray]:
+        got = q.client.query(
+            f"SELECT intDiv(start_ns, {det.window_ns}) AS win, count() AS m, "
+            f"countIf({_candidate_sql(coded, cand, server)}) AS k FROM {q.facts_table} WHERE {q.cond} "
+            f"AND {col} IS NOT NULL{keep} AND toFloat64({col}) > {float(det.baseline_p99_ns)!r} GROUP BY win"
+        ).to_pylist()
+        k, m = np.zeros(len(index), dtype=np.int64), np.zeros(len(index), dtype=np.int64)
+        for r in got:
+            if int(r["win"]) in index:
+                k[index[int(r["win"])]], m[index[int(r["win"])]] = int(r["k"]), int(r["m"])
+        return k, m
+
+    local = duckdb.connect(":memory:")
+    try:
+        RP.culprit_bounds(_rows(q, local, det, det.spikes, sampled, attrs), slow_counts)
+    finally:
+        local.close()
+
+
 def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
              attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> list[C.Spike]:
+    """Phase 2 and analysis.report's explanation of `spikes` over its rows (`_rows`)."""
+    return RP.explain_all(_rows(q, local, det, spikes, sampled, attrs), spikes)
+
+
+def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
+          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> RP.Rows:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
-    spans around them as it goes); analysis.report's explanation runs there. `attrs`: the attribute dimensions
-    on the server (`_attributes`): their codes come back for the spike windows' rows only; every combination holding
-    an attribute is counted on the server (`_remote_attributes`)."""
+    spans around them as it goes), for analysis.report's explanation to run there. `attrs`: the attribute
+    dimensions on the server (`_attributes`): their codes come back for the spike windows' rows only; every
+    combination holding an attribute is counted on the server (`_remote_attributes`)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
@@ -389,8 +428,7 @@ def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes:
     if attrs is not None:
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame, _in_windows(det, spike_windows))
     frame = frame.drop(["trace_id", "span_id"])
-    return RP.explain_all(RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest,
-                                     attributes=remote), spikes)
+    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote)
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
@@ -584,6 +622,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     local = duckdb.connect(":memory:")
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
+        _culprit_bounds(q, det, sampled, attrs)
         for spike in det.spikes:
             if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
                 item = _explain(q, local, det, [spike], sampled, attrs)[0]

@@ -2,11 +2,16 @@
 materialized hours and read back for a report's rows.
 
 Layout: beside an hour's STORE/requests/dt=…/hr=…/requests-<key>.parquet (analysis.engine.materialize) lies
-attributes-<key>.parquet: one row per row of the requests file, in its order (`row`), and one column per attribute
-key and source, named "<source>/<key>" (`column_name`): the request's value of it (text, dictionary-coded in
-the file) or null. Keys that are never a dimension whatever the rules (tailscope's own, those the built-in
-dimensions read, timing keys: `presence_only`) are written as booleans, true where present: the report
-lists them as skipped, in the order of how many requests carry them, and reads no value of theirs.
+attributes-<key>.arrow, an Arrow IPC file of one batch, one row per row of the requests file, in its order, read
+memory-mapped (a column costs nothing until its rows are read). Each attribute key and source has a column named
+"<source>/<key>" (`column_name`), dictionary-coded: the hour's distinct values of it, sorted as Python sorts text,
+then a null (`hour_codes`); each request's index into them, the null's where it has no value (int16 indices when
+they fit). The file's metadata (COLUMNS_KEY) holds, per column, the requests carrying the key and its distinct
+values, and the rows per value of keys of at most MAX_COUNTED values: a report judges a key it will not keep (ids,
+too many values) from these and its values alone, without reading a code, and counts a key it keeps by its
+values (`HourFile`, `StoredColumn`). Keys that are never a dimension whatever the rules (tailscope's own, those
+the built-in dimensions read, timing keys: `presence_only`) are written as int8 flags, 0 where present: the
+report lists them as skipped, in the order of how many requests carry them, and reads no value of theirs.
 The file has the requests file's <key> (the hour's span digests), so it is stale exactly when that one is;
 an hour without it (built by an older version, or not materialized) is computed on the fly from the spans,
 by the same SQL (`request_attribute_sql`, `stage_attribute_sql`): a report reads the same values either way.
@@ -15,20 +20,21 @@ by the same SQL (`request_attribute_sql`, `stage_attribute_sql`): a report reads
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import duckdb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.ipc as ipc
 
 from analysis.engine import model as M
 from tracing import schema as S
@@ -54,8 +60,15 @@ ATTRIBUTES_PREFIX: Final = "attributes-"
 #: Key-value metadata of an attribute file: JSON [[replica, key, [values]]] of the hour's own spans
 #: (`resource_attribute_sql`'s rows).
 RESOURCE_KEY: Final = "tailscope.resource"
-#: The requests file's row of each attribute row.
-ROW_COLUMN: Final = "row"
+#: Key-value metadata of an attribute file: JSON {"rows": n, "columns": {column: [rows carrying it, distinct
+#: values (0: presence flags)]}} of its code columns.
+COLUMNS_KEY: Final = "tailscope.columns"
+#: The most distinct values of a key in an hour whose counts the file's metadata holds.
+MAX_COUNTED: Final = 4096
+#: The attribute file's name ends so (an Arrow IPC file, memory-mapped when read).
+ATTRIBUTES_SUFFIX: Final = ".arrow"
+#: A column of nulls, so the file has its rows whatever else it holds.
+ROWS_COLUMN: Final = "rows"
 
 
 _NUMPY: Final[dict[pa.DataType, type]] = {
@@ -183,7 +196,49 @@ def split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
 
 def attributes_path(requests_file: Path) -> Path:
     """The attribute file beside a materialized requests file (the same <key>)."""
-    return requests_file.with_name(ATTRIBUTES_PREFIX + requests_file.name.removeprefix("requests-"))
+    return requests_file.with_name(ATTRIBUTES_PREFIX + requests_file.name.removeprefix("requests-").removesuffix(
+        ".parquet") + ATTRIBUTES_SUFFIX)
+
+
+def hour_codes(rows: I64, values: pa.Array, n: int) -> pa.DictionaryArray:
+    """A key's values on `rows` of `n` rows as a dictionary array without nulls: the distinct values sorted (as
+    Python sorts text) then a null, each row's index into them (the null's where it has no value); int16 indices
+    when they fit."""
+    enc = pc.dictionary_encode(values.cast(pa.string()) if not pa.types.is_string(values.type) else values)
+    d = len(enc.dictionary)
+    order = to_numpy(pc.sort_indices(enc.dictionary)).astype(np.int64)
+    kind, typ = (np.int16, pa.int16()) if d < np.iinfo(np.int16).max else (np.int32, pa.int32())
+    rank = np.empty(d, dtype=kind)
+    rank[order] = np.arange(d, dtype=kind)
+    codes = np.full(n, d, dtype=kind)
+    codes[rows] = rank[to_numpy(enc.indices)]
+    return pa.DictionaryArray.from_arrays(pa.Array.from_buffers(typ, n, [None, pa.py_buffer(codes)]),
+                                          pa.concat_arrays([enc.dictionary.take(from_numpy(order)),
+                                                            pa.nulls(1, pa.string())]))
+
+
+#: Rows of the attribute SQL's answer split at a time when an hour is written (its peak memory: a few of them).
+WRITE_BATCH_ROWS: Final = 1 << 16
+
+
+def _split_batches(reader: pa.RecordBatchReader, n: int) -> dict[str, tuple[I64, pa.Array | None]]:
+    """`split_by_key` of an answer read a batch at a time (`n`: the row ids are below it); a request span
+    delivered twice: its first map, over the whole answer."""
+    seen = np.zeros(n, dtype=bool)
+    found: dict[str, list[tuple[I64, pa.Array | None]]] = {}
+    for batch in reader:
+        table = pa.Table.from_batches([batch])
+        if "a" in table.column_names and table.num_rows:
+            rid = to_numpy(table.column("rid")).astype(np.int64)
+            fresh = ~seen[rid]
+            if not fresh.all():
+                table = table.take(from_numpy(np.flatnonzero(fresh)))
+            seen[rid] = True
+        for key, got in split_by_key(table).items():
+            found.setdefault(key, []).append(got)
+    return {key: (np.concatenate([r for r, _ in parts]),
+                  None if parts[0][1] is None else pa.concat_arrays([v for _, v in parts]))  # type: ignore[misc]
+            for key, parts in found.items()}
 
 
 def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, requests_file: Path, final: Path) -> Path:
@@ -193,26 +248,35 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     facts = (f"SELECT file_row_number AS rid, trace_id, span_id, start_ns FROM "
              f"read_parquet({M.quote(str(requests_file))}, file_row_number = true, hive_partitioning = false)")
     n = int(con.execute(f"SELECT count(*) FROM ({facts})").fetchall()[0][0])
-    columns: dict[str, pa.Array] = {ROW_COLUMN: pa.array(np.arange(n, dtype=np.int64))}
+    columns: dict[str, pa.Array] = {ROWS_COLUMN: pa.nulls(n, pa.int8())}
+    about: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}
     for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
         # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
-        by_key = split_by_key(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_table())
+        by_key = _split_batches(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_reader(
+            WRITE_BATCH_ROWS), n)
         for key in sorted(by_key):
             rows, values = by_key[key]
-            if values is None:
-                present = np.zeros(n, dtype=bool)
-                present[rows] = True
-                columns[column_name(source, key)] = pa.array(present, mask=~present)
+            name = column_name(source, key)
+            if values is None:  # presence only: 0 where present, 1 elsewhere
+                flags = np.ones(n, dtype=np.int8)
+                flags[rows] = 0
+                columns[name] = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(flags)])
+                about[name] = [int(rows.size), 0]
                 continue
-            at = np.full(n, -1, dtype=np.int64)
-            at[rows] = np.arange(rows.size)
-            columns[column_name(source, key)] = values.take(pa.array(at, mask=at < 0))
+            columns[name] = coded = hour_codes(rows, values, n)
+            d = len(coded.dictionary) - 1
+            about[name] = [int(rows.size), d]
+            if d <= MAX_COUNTED:
+                counts[name] = np.bincount(to_numpy(coded.indices), minlength=d + 1)[:d].tolist()
     resource = con.sql(resource_attribute_sql(spans), params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).fetchall()
-    meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource))}
+    meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource)),
+            COLUMNS_KEY: json.dumps({"rows": n, "columns": about, "counts": counts}, sort_keys=True)}
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        pq.write_table(pa.table(columns).replace_schema_metadata(meta), tmp, compression="zstd", compression_level=1,
-                       row_group_size=1 << 20)
+        table = pa.table(columns).replace_schema_metadata(meta)
+        with ipc.new_file(str(tmp), table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(n, 1))
         fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
@@ -222,16 +286,82 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
 
 
 #: Changes whenever the file's layout or the rules of the values it holds change (a part of every hour's key).
-LAYOUT: Final = "attributes 1: one row per request, <source>/<key> columns; " + request_attribute_sql(
-    "f", "spans") + stage_attribute_sql("f", "spans") + ",".join(sorted(BUILTIN_KEYS)) + ",".join(TIMING_PATTERNS)
+LAYOUT: Final = ("attributes 2: Arrow IPC, one batch, one row per request; <source>/<key> dictionary-coded, the "
+                 "hour's distinct values sorted then a null (no value), int8 presence flags, counts in the metadata "
+                 f"(per value up to {MAX_COUNTED}); "
+                 ) + request_attribute_sql("f", "spans") + stage_attribute_sql("f", "spans") + ",".join(
+                     sorted(BUILTIN_KEYS)) + ",".join(TIMING_PATTERNS)
+
+
+class HourFile:
+    """One hour's attribute file, memory-mapped: a column costs nothing until its rows are read."""
+
+    def __init__(self, path: Path) -> None:
+        reader = ipc.open_file(pa.memory_map(str(path)), options=ipc.IpcReadOptions(use_threads=False))
+        meta = reader.schema.metadata or {}
+        about = json.loads(meta[COLUMNS_KEY.encode()])
+        self.rows: int = int(about["rows"])
+        #: code column -> (rows carrying the key, distinct values: 0 for presence flags)
+        self.columns: dict[str, tuple[int, int]] = {k: (int(p), int(d)) for k, (p, d) in about["columns"].items()}
+        #: code column -> rows per distinct value (of the keys of at most MAX_COUNTED values)
+        self.counts: dict[str, list[int]] = about["counts"]
+        self.resource: list[tuple[str, str, list[str]]] = [
+            (str(r), str(k), [str(v) for v in vs]) for r, k, vs in json.loads(meta.get(RESOURCE_KEY.encode(), b"[]"))]
+        self.batch = reader.get_batch(0) if reader.num_record_batches == 1 else None
+        if self.batch is None or self.batch.num_rows != self.rows:
+            raise ValueError(f"{path}: not one batch of {self.rows} rows")
+
+    def column(self, name: str) -> pa.Array:
+        """One column."""
+        assert self.batch is not None
+        return self.batch.column(name)
+
+
+@dataclass
+class StoredColumn:
+    """A key of a source in one materialized hour, for the frame's rows of that hour: `positions` (frame positions)
+    are the file's `rows` (None: every row of the file, in order)."""
+
+    hour: HourFile
+    name: str
+    positions: I64
+    rows: I64 | None
+
+    @functools.cached_property
+    def codes(self) -> npt.NDArray[np.int8] | npt.NDArray[np.int16] | npt.NDArray[np.int32]:
+        """Each frame row's index into `values` (len(values): no value), aligned with `positions`."""
+        col = self.hour.column(self.name)
+        codes = to_numpy(col.indices if isinstance(col, pa.DictionaryArray) else col)
+        return codes if self.rows is None else codes[self.rows]
+
+    @functools.cached_property
+    def present(self) -> int:
+        """How many of the frame's rows carry the key."""
+        if self.rows is None:
+            return self.hour.columns[self.name][0]
+        return int(np.count_nonzero(self.codes < len(self.values)))
+
+    @property
+    def counts(self) -> I64 | None:
+        """Rows per value of `values` when the file counts them for the frame's rows (all the file's rows)."""
+        got = self.hour.counts.get(self.name) if self.rows is None else None
+        return None if got is None else np.array(got, dtype=np.int64)
+
+    @functools.cached_property
+    def values(self) -> pa.Array:
+        """The hour's distinct values of the key, sorted (every one held by a frame row when `rows` is None)."""
+        col = self.hour.column(self.name)
+        if not isinstance(col, pa.DictionaryArray):  # presence flags: 0 present, 1 not
+            return pa.nulls(1, pa.string())
+        return col.dictionary.slice(0, self.hour.columns[self.name][1])
 
 
 @dataclass
 class StoredValues:
-    """The attribute values of the frame's rows read from attribute files: by source, key -> (frame positions,
-    values or None for a presence-only key); `live_where` picks (SQL on `rid`) the rows to read from the spans."""
+    """The attribute values of the frame's rows read from attribute files: by source, key -> its columns;
+    `live_where` picks (SQL on `rid`) the rows to read from the spans."""
 
-    by_source: dict[str, dict[str, list[tuple[I64, pa.Array | None]]]] = field(default_factory=dict)
+    by_source: dict[str, dict[str, list[StoredColumn]]] = field(default_factory=dict)
     live_where: str = "TRUE"
     #: whether no frame row is left to read from the spans
     all_stored: bool = False
@@ -252,8 +382,9 @@ def files_view_sql(stored: list[str]) -> str:
 
 
 def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) -> StoredValues | None:
-    """The request and stage attribute values of the frame's rows (store row ids: file number << `shift` | row)
-    whose hour has an attribute file; None when the connection reads no stored hour."""
+    """The request and stage attribute columns of the frame's rows (store row ids: file number << `shift` | row)
+    whose hour has an attribute file (read lazily, a column when asked); None when the connection reads no stored
+    hour."""
     try:
         files = con.execute(f"SELECT n, path FROM {FILES_VIEW}").fetchall()
     except duckdb.Error:
@@ -266,76 +397,25 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
         positions = np.flatnonzero(file_of == number)
         rows = frame_rid[positions] & ((1 << shift) - 1)
         try:  # a file swept since the snapshot (or unreadable): its hour's values are read from the spans
-            schema = pq.read_schema(attr)
-            rows_meta = json.loads((schema.metadata or {}).get(RESOURCE_KEY.encode(), b"[]"))
-            names = [c for c in schema.names if c != ROW_COLUMN]
-            # ParquetFile, not read_table: that one imports pandas (0.14 CPU-s) for metadata these files never have
-            table = pq.ParquetFile(attr, read_dictionary=[c for c in names if not pa.types.is_boolean(
-                schema.field(c).type)]).read(columns=names or [ROW_COLUMN], use_pandas_metadata=False) if (
-                positions.size) else None
-        except (OSError, ValueError, pa.ArrowException):
+            hour = HourFile(attr)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
             continue
-        if table is not None and rows.size and int(rows.max()) >= table.num_rows:
+        if rows.size and int(rows.max()) >= hour.rows:
             continue  # not the rows of this requests file
         covered.append(int(number))
-        out.resource[hour_of_dir(attr.parent)] = [(str(r), str(k), list(vs)) for r, k, vs in rows_meta]
-        if table is None or not names:
+        out.resource[hour_of_dir(attr.parent)] = hour.resource
+        if not positions.size:
             continue
-        whole = rows.size == table.num_rows and bool(np.all(rows == np.arange(rows.size)))
-        if not whole:
-            table = table.take(from_numpy(rows))
-        for name in names:
+        whole = rows.size == hour.rows and bool(np.all(rows[1:] > rows[:-1])) and int(rows[0]) == 0
+        for name in hour.columns:
             source, _, key = name.partition("/")
-            col = table.column(name)
-            if col.null_count == 0:  # on every request: no mask to apply
-                out.by_source.setdefault(source, {}).setdefault(key, []).append(
-                    (positions, None if pa.types.is_boolean(col.type) else col))
-                continue
-            valid = to_numpy(col.is_valid())
-            if not valid.any():
-                continue
-            values = None if pa.types.is_boolean(col.type) else col.drop_null()
-            out.by_source.setdefault(source, {}).setdefault(key, []).append((positions[valid], values))
+            col = StoredColumn(hour, name, positions, None if whole else rows)
+            out.by_source.setdefault(source, {}).setdefault(key, []).append(col)
     if not covered:
         return out
     out.live_where = f"(rid >> {shift}) NOT IN ({', '.join(map(str, covered))})"
     out.all_stored = bool(np.isin(file_of, np.array(covered, dtype=np.int64)).all())
     return out
-
-
-def dictionary_parts(parts: list[pa.Array | pa.ChunkedArray]) -> tuple[pa.Array, I64]:
-    """(distinct values, each value's index into them) of the values of `parts` in order: plain arrays or
-    dictionary-coded ones (a file's), with only the values used kept."""
-    dicts: list[pa.Array] = []
-    idxs: list[I64] = []
-    for part in parts:
-        chunks = part.chunks if isinstance(part, pa.ChunkedArray) else [part]
-        for chunk in chunks:
-            enc = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
-            d = enc.dictionary
-            dicts.append(d.cast(pa.string()) if not pa.types.is_string(d.type) else d)
-            idxs.append(to_numpy(enc.indices).astype(np.int64))
-    if not dicts:
-        return strings([]), np.zeros(0, dtype=np.int64)
-    if len(dicts) == 1:
-        uniq, idx = dicts[0], idxs[0]
-    else:
-        merged = pc.dictionary_encode(pa.concat_arrays(dicts))
-        remap = to_numpy(merged.indices).astype(np.int64)
-        offs = np.cumsum([0] + [len(d) for d in dicts])
-        idx = np.concatenate([remap[offs[i] + x] for i, x in enumerate(idxs)])
-        uniq = merged.dictionary
-    seen = np.bincount(idx, minlength=len(uniq)) > 0
-    if seen.all():
-        return uniq, idx
-    used = np.flatnonzero(seen)
-    remap = np.cumsum(seen) - 1
-    return uniq.take(from_numpy(used)), remap[idx].astype(np.int64)
-
-
-def stored_sum(parts: list[tuple[I64, Any]]) -> int:
-    """How many frame rows the parts hold."""
-    return int(sum(p.size for p, _ in parts))
 
 
 def resource_rows(con: duckdb.DuckDBPyConnection, stored: StoredValues | None, lo: int | None, hi: int | None

@@ -8,7 +8,7 @@ sum of per-segment hashes that compaction preserves, so merging segments into on
 spans keeps the file fresh): when a segment lands in any of them (late spans, a request crossing
 the hour boundary), the key changes and the file is stale. The file's key-value metadata
 (ENGINES_KEY) counts the hour's request spans by engine, so the report's coverage line reads no
-span of a materialized hour. Beside it, attributes-<key>.parquet holds each of its requests' attribute
+span of a materialized hour. Beside it, attributes-<key>.arrow holds each of its requests' attribute
 values (analysis.engine.attribute_values), written before the requests file, swept with it. A reader
 (analysis.engine.connect) uses the file whose key matches the segments it sees and computes
 every other hour on the fly, so a query never depends on this having run. Files are
@@ -341,7 +341,8 @@ def _sweep(directory: Path, keep: Path) -> None:
                 continue
             if f == AV.attributes_path(keep):
                 continue
-            if f.name.startswith(("requests-", AV.ATTRIBUTES_PREFIX)) and f.suffix == ".parquet":
+            if (f.name.startswith("requests-") and f.suffix == ".parquet") or (
+                    f.name.startswith(AV.ATTRIBUTES_PREFIX) and f.suffix in (".parquet", AV.ATTRIBUTES_SUFFIX)):
                 marker = directory / f".{f.name}.superseded"
                 if not marker.exists():
                     marker.touch()

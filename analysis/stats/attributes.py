@@ -30,21 +30,23 @@ from typing import Any, Final
 import duckdb
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.engine import attribute_values as AV
 from analysis.engine.attribute_values import (
     OWN_PREFIX,
+    StoredColumn,
     StoredValues,
-    dictionary_parts,
+    from_numpy,
     resource_rows,
     split_by_key,
     strings,
     timing_pattern,
     to_numpy,
 )
-from analysis.stats.explain import Coded, bucket_label
+from analysis.stats.explain import Coded, bucket_label, counts_of
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
 #: A key must be on at least this share of the window's requests (and MIN_PRESENT of them).
@@ -188,55 +190,211 @@ def number_buckets(x: npt.NDArray[np.float64]) -> tuple[I64, list[str], list[int
     return codes, labels, los, his
 
 
+@dataclass
+class Part:
+    """A key's values on some of the frame's rows: `positions` (frame positions), `codes` (each one's index into
+    `values`; len(values): none) and `values`, distinct (`whole`: every one held by a row); an attribute file's column
+    (attribute_values.StoredColumn) is one too, its codes read when asked."""
+
+    positions: I64
+    codes: npt.NDArray[np.integer[Any]]
+    values: pa.Array
+    whole: bool = True
+
+
+def live_part(positions: I64, values: pa.Array | pa.ChunkedArray) -> Part:
+    """The Part of plain values (one per position)."""
+    enc = pc.dictionary_encode(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
+    d = enc.dictionary
+    return Part(positions, to_numpy(enc.indices), d.cast(pa.string()) if not pa.types.is_string(d.type) else d)
+
+
+AnyPart = Part | StoredColumn
+
+#: Past this many values in all, a key's parts' distinct values are counted by hashing before any merge (an id's
+#: hours hold about one value per request: merging their text would cost more than the rest of the key).
+HASH_COUNT_FROM: Final = 1 << 15
+
+
+def _is_whole(part: AnyPart) -> bool:
+    return part.rows is None if isinstance(part, StoredColumn) else part.whole
+
+
+def _used(part: AnyPart) -> tuple[pa.Array, I64 | None]:
+    """The part's values held by one of its rows, and their indices into `values` (None: every one)."""
+    if _is_whole(part):
+        return part.values, None
+    held = np.flatnonzero(np.bincount(part.codes, minlength=len(part.values) + 1)[:len(part.values)])
+    return part.values.take(from_numpy(held)), held.astype(np.int64)
+
+
+def count_distinct(values: pa.Array) -> int | None:
+    """How many distinct texts `values` holds, by sorting their hashes; None when two different texts share a
+    hash (then merge them to count). Exact: equal texts hash alike, and every run of equal hashes is checked
+    to hold one text."""
+    h = pl.from_arrow(values).hash().to_numpy()  # type: ignore[union-attr]
+    hs = np.sort(h)
+    same = np.flatnonzero(hs[1:] == hs[:-1])
+    if same.size:  # which values share a hash (an id seen in two hours): each pair must hold one text
+        order = np.argsort(h, kind="stable")
+        if not pc.all(pc.equal(values.take(from_numpy(order[same])), values.take(from_numpy(order[same + 1])))).as_py():
+            return None
+    return int(len(values) - same.size)
+
+
+@dataclass
+class Merged:
+    """A key's parts' held values: how many distinct texts, and (once `merge` ran) the distinct texts with the
+    index of each part's held value into them."""
+
+    used: list[tuple[pa.Array, I64 | None]]
+    distinct: int
+    uniq: pa.Array | None = None
+    index: list[I64] | None = None
+
+    def merge(self) -> None:
+        """Fill `uniq` and `index`."""
+        if self.uniq is not None:
+            return
+        if len(self.used) == 1:
+            self.uniq, self.index = self.used[0][0], [np.arange(len(self.used[0][0]), dtype=np.int64)]
+            return
+        enc = pc.dictionary_encode(pa.concat_arrays([u for u, _ in self.used]))
+        idx = to_numpy(enc.indices).astype(np.int64)
+        offs = np.cumsum([0] + [len(u) for u, _ in self.used])
+        self.uniq, self.index = enc.dictionary, [idx[offs[i]:offs[i + 1]] for i in range(len(self.used))]
+        self.distinct = len(self.uniq)
+
+
+def merged_values(parts: Sequence[AnyPart]) -> Merged:
+    """The distinct values the parts' rows hold, counted (by hashes past HASH_COUNT_FROM values), merged only when
+    counting needs it."""
+    used = [_used(p) for p in parts]
+    total = sum(len(u) for u, _ in used)
+    if len(used) == 1:
+        return Merged(used, total)
+    if total >= HASH_COUNT_FROM:
+        got = count_distinct(pa.concat_arrays([u for u, _ in used]))
+        if got is not None:
+            return Merged(used, got)
+    out = Merged(used, 0)
+    out.merge()
+    return out
+
+
+def _numbers(used: list[tuple[pa.Array, I64 | None]]) -> list[npt.NDArray[np.float64]] | None:
+    """Each part's held values as numbers, or None unless every one parses (Arrow's cast) to a finite number."""
+    out = []
+    for u, _ in used:
+        try:
+            pc.cast(u.slice(0, 8), pa.float64())  # text fails on its first values, without parsing the rest
+            x = to_numpy(pc.cast(u, pa.float64())) if len(u) else np.zeros(0)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if not np.all(np.isfinite(x)):
+            return None
+        out.append(x)
+    return out
+
+
+def code_merged(name: str, parts: Sequence[AnyPart], merged: Merged, n_rows: int, numeric_ok: bool = True,
+                numbers: list[npt.NDArray[np.float64]] | None = None) -> tuple[Coded, bool]:
+    """A key's parts coded for all `n_rows` rows (-1 where no part has a value): numbers (every value parses,
+    `numbers` when already read) bucketed, other values text labels, sorted; (coded, numeric)."""
+    if numeric_ok and numbers is None and merged.distinct:
+        numbers = _numbers(merged.used)
+    if not numeric_ok:
+        numbers = None
+    per_used: list[I64]
+    if numbers is not None:
+        xs = np.concatenate(numbers) if numbers else np.zeros(0)
+        ucodes, labels, los, his = number_buckets(xs)
+        offs = np.cumsum([0] + [x.size for x in numbers])
+        per_used = [ucodes[offs[i]:offs[i + 1]] for i in range(len(numbers))]
+    else:
+        merged.merge()
+        assert merged.uniq is not None and merged.index is not None
+        texts = merged.uniq.to_pylist()
+        order = sorted(range(len(texts)), key=lambda i: texts[i])
+        rank = np.empty(len(texts), dtype=np.int64)
+        rank[order] = np.arange(len(texts))
+        labels = [texts[i] for i in order]
+        los = his = [None] * len(labels)
+        per_used = [rank[ix] for ix in merged.index]
+    totals = np.zeros(len(labels) + 1, dtype=np.int64)  # rows per code, the missing ones last
+    luts = []
+    for part, (_, held), lut_used in zip(parts, merged.used, per_used, strict=True):
+        d = len(part.values)
+        lut = np.full(d + 1, -1, dtype=np.int64)  # the last slot: no value
+        lut[held if held is not None else slice(0, d)] = lut_used
+        luts.append(lut)
+        stored = part.counts if isinstance(part, StoredColumn) else None
+        per_value = stored if stored is not None else np.bincount(part.codes, minlength=d + 1)[:d]
+        totals[:-1] += np.bincount(lut[:d][lut[:d] >= 0], weights=per_value[lut[:d] >= 0],
+                                   minlength=len(labels)).astype(np.int64)
+    totals[-1] = n_rows - int(totals[:-1].sum())
+    # attribute files' columns, each a run of frame positions (a file's are sorted): codes made when read
+    if all(isinstance(p, StoredColumn) and int(p.positions[-1]) - int(p.positions[0]) + 1 == p.positions.size
+           for p in parts):
+        coded: Coded = LazyCoded.of(name, labels, list(los), list(his), n_rows, [
+            (int(p.positions[0]), int(p.positions[-1]) + 1, p.codes, lut) for p, lut in zip(parts, luts, strict=True)])
+    else:
+        codes = np.full(n_rows, -1, dtype=np.int64)
+        for part, lut in zip(parts, luts, strict=True):  # (every code indexes `lut`: "clip" spares a copy)
+            codes[part.positions] = np.take(lut, part.codes, mode="clip")
+        coded = Coded(name, codes, labels, list(los), list(his))
+    coded.counts = totals
+    return coded, numbers is not None
+
+
+class LazyCoded(Coded):
+    """A coding of runs of frame positions, each with its codes and the table mapping them (an attribute file's
+    column per hour): `codes` made when first read, `at` gathers a few rows without making them; a copy
+    (dataclasses.replace) is a plain coding."""
+
+    runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]
+    n_rows: int
+
+    @classmethod
+    def of(cls, name: str, labels: list[str], lo: list[int | None], hi: list[int | None], n_rows: int,
+           runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]) -> LazyCoded:
+        """The coding of `n_rows` rows, -1 outside the runs (first position, end, codes, table)."""
+        self = cls.__new__(cls)
+        self.name, self.labels, self.lo, self.hi = name, labels, lo, hi
+        self.attribute, self.source, self.counts = None, "builtin", None
+        self.runs, self.n_rows = runs, n_rows
+        return self
+
+    def __getattr__(self, item: str) -> Any:
+        if item != "codes" or "runs" not in self.__dict__:
+            raise AttributeError(item)
+        covered = sum(b - a for a, b, _, _ in self.runs) == self.n_rows
+        codes = np.empty(self.n_rows, dtype=np.int64) if covered else np.full(self.n_rows, -1, dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            np.take(lut, part, out=codes[a:b], mode="clip")
+        self.codes = codes
+        return codes
+
+    def at(self, rows: I64) -> I64:
+        """The codes of `rows`, gathered from the runs (or from `codes` once made)."""
+        if "codes" in self.__dict__ or "runs" not in self.__dict__:
+            return self.codes[rows]
+        out = np.full(rows.size, -1, dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            sel = np.flatnonzero((rows >= a) & (rows < b))
+            if sel.size:
+                out[sel] = np.take(lut, part[rows[sel] - a], mode="clip")
+        return out
+
+
 def code_values(name: str, rows: I64, values: pa.Array, n_rows: int, numeric_ok: bool = True
                 ) -> tuple[Coded, int, bool]:
     """A key's values on `rows` (frame positions) coded for all `n_rows` rows (-1 elsewhere): (coded, distinct raw
     values, numeric). Numbers (every value parses) are bucketed; other values are text labels, sorted."""
-    return code_parts(name, [(rows, values)], n_rows, numeric_ok)
-
-
-def code_parts(name: str, parts: Sequence[tuple[I64, pa.Array | pa.ChunkedArray]], n_rows: int,
-               numeric_ok: bool = True) -> tuple[Coded, int, bool]:
-    """`code_values` of a key's values in parts, each (frame positions, values: plain or dictionary-coded, as an
-    attribute file's are): the codes those parts' rows get together."""
-    uniq, idx = dictionary_parts([v for _, v in parts])
-    return code_dictionary(name, np.concatenate([r for r, _ in parts]) if len(parts) != 1 else parts[0][0], uniq, idx,
-                           n_rows, numeric_ok)
-
-
-def code_dictionary(name: str, rows: I64, uniq: pa.Array, idx: I64, n_rows: int, numeric_ok: bool = True
-                    ) -> tuple[Coded, int, bool]:
-    """`code_values` of a key whose values on `rows` are `uniq` (distinct) taken at `idx`."""
-    distinct = len(uniq)
-    numbers = None
-    if numeric_ok and distinct:
-        try:
-            numbers = to_numpy(pc.cast(uniq, pa.float64()))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            numbers = None
-        if numbers is not None and not np.all(np.isfinite(numbers)):
-            numbers = None
-    # every row in order (a key on every request of materialized hours): the codes are the values' own
-    every = rows.size == n_rows and (n_rows == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n_rows - 1 and bool(
-        np.all(rows[1:] > rows[:-1]))))
-    codes = np.full(n_rows, -1, dtype=np.int64) if not every else np.empty(0, dtype=np.int64)
-    if numbers is not None:
-        ucodes, labels, los, his = number_buckets(numbers)
-        if every:
-            codes = ucodes[idx]
-        else:
-            codes[rows] = ucodes[idx]
-        return Coded(name, codes, labels, los, his), distinct, True
-    texts = uniq.to_pylist()
-    order = sorted(range(distinct), key=lambda i: texts[i])
-    rank = np.empty(distinct, dtype=np.int64)
-    rank[order] = np.arange(distinct)
-    if every:
-        codes = rank[idx]
-    else:
-        codes[rows] = rank[idx]
-    labels = [texts[i] for i in order]
-    return Coded(name, codes, labels, [None] * distinct, [None] * distinct), distinct, False
+    parts = [live_part(rows, values)]
+    merged = merged_values(parts)
+    coded, numeric = code_merged(name, parts, merged, n_rows, numeric_ok)
+    return coded, merged.distinct, numeric
 
 
 def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
@@ -251,13 +409,19 @@ def _positions(frame_rid: I64, rid: I64) -> I64:
 
 def _same_partition(a: Coded, b: Coded) -> bool:
     """Whether two codings split rows into the same groups (missing alike); every label of `a` is used."""
-    if len(a.labels) != len(b.labels) or not np.array_equal(a.codes < 0, b.codes < 0):
+    if len(a.labels) != len(b.labels):
         return False
+    # no row missing in either (their counts say so without a pass): nothing to compare but the values
+    whole = counts_of(a)[-1] == 0 and counts_of(b)[-1] == 0
+    if not whole and not np.array_equal(a.codes < 0, b.codes < 0):
+        return False
+    if whole and len(a.labels) == 1:
+        return True  # one group each, every row in it
     ok = a.codes >= 0
     if not ok.any():
         return True
     # a's value decides b's (one pair per value of a): with as many values each, the same groups
-    ac, bc = a.codes[ok], b.codes[ok]
+    ac, bc = (a.codes, b.codes) if whole else (a.codes[ok], b.codes[ok])
     b_of = np.full(len(a.labels), -1, dtype=np.int64)
     b_of[ac] = bc
     return bool(np.array_equal(b_of[ac], bc))
@@ -266,8 +430,9 @@ def _same_partition(a: Coded, b: Coded) -> bool:
 def _group_sizes(coded: Coded) -> tuple[int, ...]:
     """The rows missing, then the sizes of a coding's groups, sorted: equal for two codings of the same partition
     (a cheap look before comparing rows)."""
-    counts = np.bincount(coded.codes + 1, minlength=1)
-    return (int(counts[0]), *sorted(counts[1:].tolist()))
+    counts = counts_of(coded)  # missing last; the groups up to the last one held (as a count of codes + 1 gives)
+    held = np.flatnonzero(counts[:-1])
+    return (int(counts[-1]), *sorted(counts[:int(held[-1]) + 1 if held.size else 0].tolist()))
 
 
 class Judge:
@@ -373,7 +538,8 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     `replica`: the frame's replica dimension (the resource attributes are the replica's); `builtin`: the built-in
     dimensions coded (a key splitting requests as one of them does is skipped); `stored`: the request and stage
     values of the rows of materialized hours (analysis.engine.attribute_values), the other rows read from the
-    spans: the same values either way."""
+    spans: the same values either way. A key is judged by the rules that need no code first (the ids rule from
+    its distinct values alone), and coded only when it may be kept."""
     n = frame_rid.size
     judge = Judge(n, rules, builtin)
     p = {**params, "lo": since_ns, "hi": until_ns}
@@ -386,24 +552,28 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
             except duckdb.Error as exc:
                 judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
                 continue
-        kept = stored.by_source.get(source, {}) if stored is not None else {}  # frame positions, values: stored
+        kept = stored.by_source.get(source, {}) if stored is not None else {}  # attribute files' columns
         present = {k: int(v[0].size) for k, v in live.items()}
-        for k, ps in kept.items():
-            present[k] = present.get(k, 0) + sum(int(r.size) for r, _ in ps)
-        parts = {k: [*kept.get(k, [])] for k in present}
-        for key in sorted(parts, key=lambda k: (-present[k], k)):
+        for k, cols in kept.items():
+            present[k] = present.get(k, 0) + sum(c.present for c in cols)
+        for key in sorted(present, key=lambda k: (-present[k], k)):
             if not judge.before_coding(key, source, present[key]):
                 continue
             if judge.cut_past(key, source, CUT_PRESENT):
                 continue
+            parts: list[AnyPart] = [c for c in kept.get(key, []) if c.present]
             if key in live:
-                parts[key].insert(0, (_positions(frame_rid, live[key][0]), live[key][1]))
-            uniq, idx = dictionary_parts([v for _, v in parts[key]])
-            if judge.ids(key, source, present[key], len(uniq)):  # before its labels are made: ids have many
+                parts.insert(0, live_part(_positions(frame_rid, live[key][0]), live[key][1]))
+            merged = merged_values(parts)
+            if judge.ids(key, source, present[key], merged.distinct):  # before its labels are made: ids have many
                 continue
-            rows = np.concatenate([r for r, _ in parts[key]])
-            coded, distinct, numeric = code_dictionary(key, rows, uniq, idx, n)
-            judge.after_coding(coded, source, present[key], distinct, numeric)
+            numbers = _numbers(merged.used) if merged.distinct else None
+            if numbers is None and merged.distinct > judge.bound:  # text of too many values: never coded
+                judge.after_coding(Coded(key, np.zeros(0, dtype=np.int64), [], [], []), source, present[key],
+                                   merged.distinct, False)
+                continue
+            coded, numeric = code_merged(key, parts, merged, n, numbers=numbers)
+            judge.after_coding(coded, source, present[key], merged.distinct, numeric)
     if replica is not None and replica.labels:
         try:
             _resource(con, p, replica, judge, stored)

@@ -31,7 +31,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
 
@@ -119,6 +119,29 @@ class Coded:
     #: the attribute key a dimension reads and where from (request, stage, resource); None / "builtin" for the six
     attribute: str | None = None
     source: str = "builtin"
+    #: rows per code over all of `codes`, the missing ones in the last slot (`counts_of`; an attribute file's
+    #: counts fill it without a pass); dataclasses.replace does not copy it (its codes differ)
+    counts: I64 | None = field(default=None, init=False, repr=False, compare=False)
+
+    def at(self, rows: I64) -> I64:
+        """The codes of `rows` (`codes[rows]`; a coding that makes its codes only when asked gathers just these)."""
+        return self.codes[rows]
+
+
+def counts_of(c: Coded) -> I64:
+    """Rows per code over all of `c.codes`, the missing ones in the last slot (len(labels) + 1 slots); cached."""
+    if c.counts is None:
+        got = np.bincount(c.codes + 1, minlength=len(c.labels) + 1)
+        c.counts = np.concatenate([got[1:], got[:1]])
+    return c.counts
+
+
+def base_counts(c: Coded, base: I64, outside: I64 | None, slots: int) -> I64:
+    """Rows of `base` per code of `c`, the missing ones in the last slot; `outside`: the rows of `c` not in `base`,
+    when fewer than it (then its count is taken from the whole's, `counts_of`)."""
+    if outside is None:
+        return np.bincount(_missing_last(c.at(base), slots), minlength=slots)
+    return counts_of(c) - np.bincount(_missing_last(c.at(outside), slots), minlength=slots)
 
 
 def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
@@ -333,12 +356,32 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
         eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
-    codes_t = [_missing_last(c.codes[tail], k) for c, k in zip(coded[:local_dims], slots, strict=False)]
-    codes_b = [_missing_last(c.codes[base], k) for c, k in zip(coded[:local_dims], slots, strict=False)]
+    codes_t = [_missing_last(c.at(tail), k) for c, k in zip(coded[:local_dims], slots, strict=False)]
+    got_b: dict[int, I64] = {}
+
+    def codes_b(i: int) -> I64:  # the baseline's codes of a dimension, gathered when first needed
+        if i not in got_b:
+            got_b[i] = _missing_last(coded[i].at(base), slots[i])
+        return got_b[i]
+
     # unweighted, the baseline's count of every single and pair of the first dimensions is a sum over one count per
     # combination of them all (exact integers): one pass over its rows instead of one per single and pair
     lead = local_dims if pairs_with is None else min(pairs_with, local_dims)
-    joint = _joint_counts(codes_b[:lead], slots[:lead]) if w_b is None and lead > 2 else None
+    joint = _joint_counts([codes_b(i) for i in range(lead)], slots[:lead]) if (
+        w_b is None and lead > 2 and math.prod(slots[:lead]) <= MAX_JOINT_CELLS) else None
+    # unweighted, a single's baseline counts are its counts over every row less those outside the baseline (rows
+    # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
+    n_rows = coded[0].codes.size if coded else 0
+    outside = None
+    if (w_b is None and local_dims > (lead if joint is not None else 0) and 2 * base.size > n_rows
+            and bool(np.all(base[1:] > base[:-1]))):
+        keep = np.ones(n_rows, dtype=bool)
+        keep[base] = False
+        outside = np.flatnonzero(keep)
+
+    def single_b(i: int) -> I64:  # unweighted, a single's baseline counts (`base_counts`)
+        return base_counts(coded[i], base, outside, slots[i])
+
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=False)]
     found: list[Candidate] = []
     tested = 0
@@ -355,8 +398,8 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
             tw, bw = got.tw or [0.0] * len(got.t), got.bw or [0.0] * len(got.t)
             cells = zip(got.codes, got.t, got.b, tw, bw, strict=True)
         else:
-            present, cells = _local_cells(combo, sizes, codes_t, codes_b, codes_r, joint, lead, rest,
-                                                   w_t, w_b, w_r)
+            present, cells = _local_cells(combo, sizes, codes_t, codes_b, single_b if w_b is None else None, codes_r,
+                                          joint, lead, rest, w_t, w_b, w_r)
             tested += present
         for codes, t, b, tw_c, bw_c in cells:
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
@@ -379,29 +422,35 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     return found, tested
 
 
-def _local_cells(combo: tuple[int, ...], sizes: list[int], codes_t: list[I64], codes_b: list[I64],
-                 codes_r: list[I64], joint: I64 | None, lead: int, rest: Rest | None, w_t: F64 | None,
-                 w_b: F64 | None, w_r: F64 | None
+def _local_cells(combo: tuple[int, ...], sizes: list[int], codes_t: list[I64], codes_b: Callable[[int], I64],
+                 single_b: Callable[[int], I64] | None, codes_r: list[I64], joint: I64 | None, lead: int,
+                 rest: Rest | None, w_t: F64 | None, w_b: F64 | None, w_r: F64 | None
                  ) -> tuple[int, list[tuple[tuple[int, ...], int, int, float, float]]]:
     """A combination's cells counted here: (present, the cells the tail holds in cell order with their tail
-    and baseline counts and summed weights)."""
+    and baseline counts and summed weights). `codes_b`: a dimension's baseline codes (gathered when asked);
+    `single_b`: unweighted, a single's baseline counts (`base_counts`); `joint`: the first `lead` dimensions'."""
     cells = math.prod(sizes)
 
-    def key(codes: list[I64]) -> I64:
-        return codes[combo[0]] if len(combo) == 1 else codes[combo[0]] * sizes[1] + codes[combo[1]]
+    def key(codes: Callable[[int], I64]) -> I64:
+        return codes(combo[0]) if len(combo) == 1 else codes(combo[0]) * sizes[1] + codes(combo[1])
 
-    key_t = key(codes_t)
+    key_t = key(codes_t.__getitem__)
     by_joint = joint is not None and max(combo) < lead
-    key_b = None if by_joint else key(codes_b)
+    by_whole = not by_joint and single_b is not None and len(combo) == 1
+    key_b = None if by_joint or by_whole else key(codes_b)
     tc = np.bincount(key_t, minlength=cells)
-    if key_b is None:
+    if by_joint:
         assert joint is not None
         bc = joint.sum(axis=tuple(i for i in range(lead) if i not in combo)).ravel()
+    elif by_whole:
+        assert single_b is not None
+        bc = single_b(combo[0])
     else:
+        assert key_b is not None
         bc = np.bincount(key_b, minlength=cells)
     twc = bwc = None
     if rest is not None:
-        key_r = key(codes_r)
+        key_r = key(codes_r.__getitem__)
         bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
     if w_t is not None and w_b is not None:
         assert key_b is not None
@@ -455,6 +504,11 @@ def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def gathered(coded: Sequence[Coded], rows: I64, dims: set[int] | None = None) -> list[Coded]:
+    """The dimensions with the codes of `rows` only (of `dims`: the others kept as they are, never read)."""
+    return [dataclasses.replace(c, codes=c.at(rows)) if dims is None or i in dims else c for i, c in enumerate(coded)]
+
+
 def candidate_mask(coded: Sequence[Coded], cand: Candidate, rows: I64 | None) -> Mask:
     """Which of `rows` (None: every row of `coded`) match the candidate."""
     mask: Mask | None = None
@@ -482,7 +536,7 @@ class TailQuantile:
         order = part[np.argsort(values[part], kind="stable")]
         self.values = values[order]  # the top slice, ascending
         self.rows = rows[order]
-        self._slice_coded: tuple[Sequence[Coded], list[Coded]] | None = None  # (coded, its codes of the slice)
+        self._slice_coded: tuple[Sequence[Coded], dict[int, Coded]] | None = None  # (coded, slice codes)
 
     @staticmethod
     def top_size(n: int, slice_share: float = 0.05) -> int:
@@ -514,9 +568,14 @@ class TailQuantile:
 
     def without_candidate(self, coded: Sequence[Coded], cand: Candidate) -> float:
         """The quantile with the candidate's baseline requests removed (nan when it reaches below the slice)."""
-        if self._slice_coded is None or self._slice_coded[0] is not coded:  # the slice's codes, gathered once
-            self._slice_coded = (coded, [dataclasses.replace(c, codes=c.codes[self.rows]) for c in coded])
-        return self.without(candidate_mask(self._slice_coded[1], cand, None), cand.base_count)
+        if self._slice_coded is None or self._slice_coded[0] is not coded:
+            self._slice_coded = (coded, {})
+        got = self._slice_coded[1]  # the slice's codes of each dimension a candidate reads, gathered once
+        for i in cand.dims:
+            if i not in got:
+                got[i] = dataclasses.replace(coded[i], codes=coded[i].at(self.rows))
+        return self.without(candidate_mask([got.get(i, c) for i, c in enumerate(coded)], cand, None),
+                            cand.base_count)
 
 
 class BaselineTail(Protocol):
@@ -546,7 +605,7 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
     # the spike rows' codes gathered once for every candidate's mask
-    spike_coded = [dataclasses.replace(c, codes=c.codes[spike]) for c in coded]
+    spike_coded = gathered(coded, spike, {i for c in cands for i in c.dims})
     for cand in cands:
         keep = ~candidate_mask(spike_coded, cand, None)
         if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:

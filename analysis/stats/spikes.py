@@ -143,6 +143,9 @@ class Detection:
     n_effective: F64 = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     #: whether the values carried weights other than 1
     weighted: bool = False
+    #: the scan and the values it read, kept for judging another stretch of the same windows (`judge_stretch`)
+    scan: _Scan | None = field(default=None, repr=False, compare=False)
+    source: WindowValues | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -593,6 +596,7 @@ def detect_windows(window_ns: int, wins: I64, counts: I64, p50_ns: F64, p99_ns: 
         det.note = "too few baseline windows (the p99 is high nearly everywhere)"
         return det
     scan = _scan(det, source, seed)
+    det.scan, det.source = scan, source
     _pool(det, source)
     det.candidate = det.judged & (det.p99_ns >= (1 + MIN_RISE) * det.baseline_p99_ns)
     # shoulders: a run grows into the touching windows whose p99 is above the baseline p99 at all; the core and
@@ -632,9 +636,20 @@ def _pool(det: Detection, source: WindowValues) -> None:
     det.baseline_p50_ns, det.baseline_p99_ns = pooled.p50_ns, pooled.p99_ns
 
 
-def _judge(det: Detection, run: list[int], source: WindowValues, p_value: float) -> Spike | None:
-    """The run as a spike if its pooled p99 rose enough, its p50 held and its scan p-value is at most ALPHA."""
-    if p_value > ALPHA:
+def judge_stretch(det: Detection, run: list[int], alpha: float = ALPHA) -> Spike | None:
+    """The consecutive windows `run` (indices) as a spike by the detection's own rules (`_judge`: the p99 rise, the
+    p50 held, its scan p-value, family-wise as every stretch's, at most `alpha`), against the detection's baseline;
+    None when they fail or nothing was scanned. `alpha` = 1 leaves the significance to an overlapping stretch already
+    found significant (the spike's detected windows, before its bounds moved to its culprit's)."""
+    if det.scan is None or det.source is None:
+        return None
+    return _judge(det, run, det.source, det.scan.p_value(run), alpha)
+
+
+def _judge(det: Detection, run: list[int], source: WindowValues, p_value: float, alpha: float = ALPHA
+           ) -> Spike | None:
+    """The run as a spike if its pooled p99 rose enough, its p50 held and its scan p-value is at most `alpha`."""
+    if p_value > alpha:
         return None
     windows = np.zeros(det.n.size, dtype=bool)
     windows[run] = True

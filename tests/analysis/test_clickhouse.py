@@ -25,6 +25,9 @@ from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
 from analysis.stats import explain as X
 from intake.ingest import ingest_files
+from sample_traces import generate
+from sample_traces.emit import write_store
+from sample_traces.incidents import run
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import TailscopeError
@@ -209,6 +212,22 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
     assert bool(engines) == ("vllm" in sample.name or "sglang" in sample.name)
     if "vllm" in sample.name:
         assert ch_report(client, table, metric="ttft") == build_report(con, metric="ttft")
+
+
+@pytest.mark.parametrize(("name", "seed"), [("slow_replica", 3), ("node_nic_flapping", 2)])
+def test_a_spike_moved_to_its_culprits_windows_is_moved_alike(name: str, seed: int, tmp_path: Path,
+                                                             client: Any) -> None:
+    """Runs where the culprit moves a spike's bounds (docs/methods.md, "Bounds: the culprit's windows"): detection
+    gives 14:05-14:06 (the slow replica, seed 3) and 14:05-14:10 (the flapping node, seed 2); both engines report
+    14:05-14:08, the same report. The slow requests are counted per window on the server."""
+    scenario = run(name, seed, generate.DURATION_S, generate.RATE)
+    store = write_store(tmp_path / "store", scenario.config, scenario.requests, seed)
+    table = f"t_bounds_{name}"
+    client.command(f"DROP TABLE IF EXISTS {table}")
+    export_store(store, client, table)
+    duck = build_report(connect(store))
+    assert [(s["start"], s["end"]) for s in duck["spikes"]] == [("2025-11-20T14:05:00Z", "2025-11-20T14:08:00Z")]
+    assert ch_report(client, table) == duck
 
 
 def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(tmp_path: Path, client: Any,

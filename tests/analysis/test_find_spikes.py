@@ -79,22 +79,30 @@ def test_over_a_time_range(store: Path) -> None:
     _same_as_report(find_spikes(con, since=since, until=until), build_report(con, since=since, until=until))
 
 
-@pytest.mark.parametrize(("kw", "blank"), [
-    ({"source": "requests"}, True),
-    ({"source": "requests", "metric": "ttft"}, True),
+@pytest.fixture(scope="module")
+def quiet_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fleet_store(tmp_path_factory.mktemp("find-spikes-quiet"), spike=False)
+
+
+@pytest.mark.parametrize(("kw", "spike", "blank"), [
+    ({"source": "requests"}, False, True),
+    ({"source": "requests", "metric": "ttft"}, False, True),
+    # a spike's bounds are its culprit's, which reads the dimensions: they are copied
+    ({"source": "requests"}, True, False),
     # a declared policy judges the sampling, which reads the ids: they are copied
-    ({"source": "requests", "sampling_policy": "head"}, False),
+    ({"source": "requests", "sampling_policy": "head"}, False, False),
     # weighted in range: the sampling judgement reads ids and dimensions
     ({"source": "(SELECT * REPLACE (CASE WHEN hash(trace_id) % 3 = 0 THEN 3.0 ELSE 1.0 END AS adjusted_count) "
-                "FROM requests)"}, False),
+                "FROM requests)"}, False, False),
 ])
-def test_the_copy_of_a_source_leaves_out_what_detection_does_not_read(store: Path, kw: dict[str, Any],
+def test_the_copy_of_a_source_leaves_out_what_detection_does_not_read(store: Path, quiet_store: Path,
+                                                                     kw: dict[str, Any], spike: bool,
                                                                      blank: bool) -> None:
     """find_spikes copies a caller's source without ids and dimensions exactly when nothing reads them
-    (auto policy, no weight in range); build_report always copies them."""
+    (auto policy, no weight in range, no spike found); build_report always copies them."""
     from analysis.report import SOURCE_TABLE
 
-    con = connect(store)
+    con = connect(store if spike else quiet_store)
     kept = ", ".join(f"count({c})" for c in ("trace_id", "span_id", "replica", "tenant", "input_tokens"))
     n = con.execute(f"SELECT count(*) FROM {kw['source']}").fetchone()[0]  # type: ignore[index]
     find_spikes(con, **kw)

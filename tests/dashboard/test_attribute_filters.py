@@ -192,7 +192,7 @@ def test_the_listing_reads_the_materialized_hours_and_lists_the_same(fleet_store
     from dashboard.data import Workbench
 
     store, _ = fleet_store
-    assert list(store.glob("requests/*/*/attributes-*.parquet"))
+    assert list(store.glob("requests/*/*/attributes-*.arrow"))
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
     shutil.rmtree(copy / "requests")

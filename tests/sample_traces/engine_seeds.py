@@ -34,12 +34,7 @@ LINES: dict[str, Callable[[Sequence[SimRequest], int], Any]] = {
 #: from decode: docs/engines.md).
 STAGE = {"triton": S.GENERATION}
 #: (engine, seed) the report does not get right, and why (measured); strict xfails, as seeded.KNOWN_MISSES.
-KNOWN_ENGINE_MISSES: dict[tuple[str, int], str] = {
-    ("tgi", 3): "reported 14:05-14:06 of 14:05-14:08, as the native slow_replica on seed 3 (seeded.KNOWN_MISSES): "
-                "14:05 alone is significant (p = 0.002), so its shoulders are not reported, while 14:06-14:08 lift "
-                "the minute's p99 only 1.17, 1.21 and 1.14 times the baseline's (vLLM and SGLang, whose spans end at "
-                "the last token, not with the request as TGI's, pass on this seed)",
-}
+KNOWN_ENGINE_MISSES: dict[tuple[str, int], str] = {}
 
 
 def engine_seed(engine: str, seed: int) -> Any:
