@@ -150,11 +150,13 @@ class _Counting:
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.dsn, self.rows, self.attribute_rows, self.coded_rows = inner, inner.dsn, 0, 0, 0
+        self.coded_each: list[int] = []  # the rows of each query of attribute codes
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
         if sql.startswith("SELECT trace_id, span_id") and ATTR_PREFIX in sql:  # attribute codes of the pulled rows
             self.coded_rows += out.num_rows
+            self.coded_each.append(out.num_rows)
         elif ATTR_PREFIX in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
             self.attribute_rows += out.num_rows
         else:
