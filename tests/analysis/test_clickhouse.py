@@ -198,16 +198,21 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(sample: Path
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
     # the attribute pass: a row per key of each source and per replica and resource key, a few single rows; per
-    # spike, a row per combination holding an attribute (alone and with each built-in), the nesting test's row and
-    # a p99 per candidate without it
+    # spike, twice (its culprit's bounds, then its explanation), a row per combination holding an attribute (alone
+    # and with each built-in), the nesting test's row and a p99 per candidate without it; and a row per window of
+    # the slow requests of an attribute culprit
     attrs = got["attributes"]
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
-    per_spike = len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) + 1 + 2 * X.MAX_COUNTERFACTUAL
+    per_spike = 2 * (len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) + 1 + 2 * X.MAX_COUNTERFACTUAL) + got[
+        "windows"]
     assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys + per_spike * len(
         got["spikes"]), (counted.attribute_rows, keys)
-    # per request, only the codes of the spike windows' rows (the counterfactual and exemplars read them)
-    assert counted.coded_rows <= sum(s["requests"] for s in got["spikes"])
+    # per request, only the codes of the spike windows' rows (the counterfactual and exemplars read them): once for
+    # the detected spikes' culprits, once for the explanation of the spikes as reported
+    assert len(counted.coded_each) == (2 if got["spikes"] else 0), counted.coded_each
+    assert counted.coded_rows <= counted.rows
+    assert not got["spikes"] or counted.coded_each[-1] <= sum(s["requests"] for s in got["spikes"])
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line
