@@ -55,6 +55,14 @@ class Dimension(TypedDict):
     coarser: NotRequired[list[Level]]
 
 
+class PairCut(TypedDict):
+    """A pair of dimensions left out of a spike's family for its size (explain.MAX_PAIR_CELLS)."""
+
+    dimension: str
+    cells: int
+    why: str
+
+
 class StageShare(TypedDict):
     """A stage's share of the tail's growth against the baseline."""
 
@@ -102,6 +110,7 @@ class Spike(TypedDict):
     requests_weighted: float
     n_effective: float
     candidates_tested: NotRequired[int]
+    pairs_cut: NotRequired[list[PairCut]]
     tail_requests: NotRequired[int]
     tail_requests_weighted: NotRequired[float]
     tail_effective: NotRequired[float | None]

@@ -81,12 +81,14 @@ RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarr
 @dataclasses.dataclass
 class RemoteAttributes:
     """A remote engine's attribute dimensions for `explain_all` (with `RestCounts`): the rules the built-ins pass,
-    the attributes coded over the frame's rows, and per attribute the rest of the baseline counted per code
-    (codes, counts, summed weights or None)."""
+    the attributes coded over the spike windows' rows (-1 elsewhere: the rows the counterfactual and exemplars read),
+    the engine's counts of every combination holding an attribute (explain.RemoteCells) and its nesting test over
+    the frame's requests (attributes.Overlap)."""
 
     rules: A.AttributeRules
     coded: list[X.Coded]
-    rest: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+    cells: X.RemoteCells
+    overlap: A.Overlap
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -800,7 +802,7 @@ class _Coding:
         coded (by `X.code_dimension`), when already done."""
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
-        self.attr_rest: list[X.Rest] | None = None
+        self.remote: RemoteAttributes | None = attributes
         self.base_q: X.BaselineTail
         if rest is None:
             self.coded = coded if coded is not None else [X.code_dimension(frame, d) for d in X.DIMENSIONS]
@@ -812,22 +814,21 @@ class _Coding:
                 kept = [i for i, c in enumerate(self.coded) if attributes.rules.ruled_out(c.name) is None]
                 self.coded = [self.coded[i] for i in kept] + attributes.coded
                 combo_codes = [combo_codes[i] for i in kept]
-                self.attr_rest = [X.Rest([c], n, lambda cand: read_values(self.coded, cand), w)
-                                  for c, n, w in attributes.rest]
             self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
 
-    def ranked(self, spike: Spike, rows: np.ndarray, tail: np.ndarray
+    def ranked(self, spike: Spike, rows: np.ndarray, tail: np.ndarray, cut: list[dict[str, Any]] | None = None
                ) -> tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]]:
         """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
-        `rank_dimensions` of it."""
-        values = self.values
+        `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
+        values, remote = self.values, self.remote
         excess_rows = rows[values[rows] > spike.baseline_p99_ns]
         if excess_rows.size < X.MIN_TAIL_SLICE:
             excess_rows = tail
-        return excess_rows, rank_dimensions(self.coded, values, rows, excess_rows, self.base, self.base_q,
-                                            self.weights, self.rest, self.attr_rest)
+        return excess_rows, rank_dimensions(
+            self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
@@ -837,12 +838,14 @@ class _Coding:
         item["errors"] = []
         best_mask = None
         try:
-            excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail)
+            cut: list[dict[str, Any]] = []
+            excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail, cut)
             item["dimensions"] = [cast(C.Dimension, X.candidate_json(coded, c)) for c in ranked]
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
                 item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
             item["candidates_tested"] = tested
+            item["pairs_cut"] = cast(list[C.PairCut], cut)
             item["tail_requests"] = int(excess_rows.size)
             # beside the kept counts, what they stand for and their effective count (equal when unsampled)
             tail_w = None if weights is None else float(weights[excess_rows].sum())
@@ -859,32 +862,28 @@ class _Coding:
 
 def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, excess_rows: np.ndarray,
                     base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
-                    rest: X.Rest | None = None, attr_rest: list[X.Rest] | None = None
+                    rest: X.Rest | None = None, remote: X.RemoteCells | None = None,
+                    overlap: A.Overlap | None = None, cut: list[dict[str, Any]] | None = None
                     ) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
-    The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone, all
-    under one family-wise level (Bonferroni over every value and pair of values tested); the counterfactual of the
-    MAX_COUNTERFACTUAL best scores; the first one's level of a learned hierarchy (attributes.name_level).
-    `rows`: the spike's rows; `excess_rows`: its tail; `base`: the baseline's rows (`base_q` its p99); `rest`:
-    the baseline's other requests counted per combination of the built-ins, `attr_rest` per value of each
-    attribute (a remote engine's)."""
+    The built-in six (`source` "builtin", first in `coded`) and their pairs, then each attribute alone and with each
+    built-in (k8s.node.name & tenant; no pair of two attributes), all under one family-wise level (Bonferroni over
+    every value and pair of values tested); the counterfactual of the MAX_COUNTERFACTUAL best scores; the first
+    one's level of a learned hierarchy (attributes.name_level). `rows`: the spike's rows; `excess_rows`: its tail;
+    `base`: the baseline's rows (`base_q` its p99); `rest`: the baseline's other requests counted per combination
+    of the built-ins; `remote`, `overlap`: a remote engine's counts of the combinations holding an attribute and its
+    nesting test; `cut`: receives the pairs left out for their size."""
     nb = sum(1 for c in coded if c.source == "builtin")
-    if rest is not None and nb < len(coded) and (attr_rest is None or len(attr_rest) != len(coded) - nb):
-        raise ValueError("baseline counts (rest) without the attributes' counts (attr_rest)")
-    found, tested = X.contrast_raw(coded[:nb], excess_rows, base, weights=weights, rest=rest)
-    # each attribute alone: one at a time with its own counts, or together (the same figures)
-    parts = ([(nb + k, [coded[nb + k]], r) for k, r in enumerate(attr_rest)] if rest is not None and attr_rest
-             else [(nb, coded[nb:], None)] if nb < len(coded) else [])
-    for first, part, part_rest in parts:
-        more, more_tested = X.contrast_raw(part, excess_rows, base, pairs=False, weights=weights, rest=part_rest)
-        found += [dataclasses.replace(c, dims=tuple(d + first for d in c.dims)) for c in more]
-        tested += more_tested
+    if rest is not None and nb < len(coded) and remote is None:
+        raise ValueError("baseline counts (rest) cover the built-ins: the attributes need a remote engine's counts")
+    found, tested = X.contrast_raw(coded, excess_rows, base, weights=weights, rest=rest, pairs_with=nb,
+                                   remote=remote, cut=cut)
     cands = X.significant(found, tested)
     cands.sort(key=lambda c: -c.score)
     cands = cands[:X.MAX_COUNTERFACTUAL]
     X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=rest)
-    ranked, finer, coarser = A.name_level(coded, X.rank(cands))
+    ranked, finer, coarser = A.name_level(coded, X.rank(cands), overlap)
     return ranked, finer, coarser, tested
 
 

@@ -37,7 +37,9 @@ are created (without the refreshable view), the spans copied into `tailscope_req
 timed apart; both reports must equal DuckDB's. --skip-fly leaves out the report from the spans.
 With --attrs N every request carries N extra random attributes (synthetic.extra_attributes, as
 bench_attributes' store): both reports consider them all, and the figures add what the chdb report's
-attribute pass returned (rows of per-candidate aggregates; the codes of the rows read one by one).
+attribute pass returned (rows of per-candidate aggregates; per spike one row of figures: each combination holding
+an attribute's count of cells and the baseline counts of the cells that may pass; the codes of the spike windows'
+rows, read one by one).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Counting:
         self.pulled = 0
         self.rows = 0
         self.attribute_rows = 0
+        self.attribute_cells = 0
         self.coded_rows = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
@@ -93,6 +96,8 @@ class Counting:
                 self.coded_rows += out.num_rows
             else:
                 self.attribute_rows += out.num_rows
+                if sql.startswith("SELECT uniqExactIf("):  # a spike's cells: one row of figures
+                    self.attribute_cells += out.num_columns
         return out
 
     def command(self, sql: str) -> None:
@@ -312,6 +317,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
         # the attribute pass: rows of per-candidate aggregates, and the codes of the rows read one by one
         out["attribute_rows"], out["attribute_coded_rows"] = client.attribute_rows, client.coded_rows
+        out["attribute_cells"] = client.attribute_cells
         seen: dict[str, Any] = dict(ch.get("attributes") or {})
         out["attributes_considered"] = len(seen.get("considered", []))
         out["attributes_skipped"] = len(seen.get("skipped", []))
@@ -383,8 +389,9 @@ def main(argv: list[str] | None = None) -> None:
               f"chdb {r['chdb_dir_mib']} MiB; equal={r['equal']} (but the export's keys: "
               f"{r['equal_but_export_keys']}); load {r['loadavg_1m']}")
         print(f"  attributes: {r['attributes_considered']} considered, {r['attributes_skipped']} skipped; the "
-              f"attribute pass returned {r['attribute_rows']} aggregate rows, and codes of "
-              f"{r['attribute_coded_rows']} pulled rows")
+              f"attribute pass returned {r['attribute_rows']} aggregate rows (the spikes' cells among them: "
+              f"{r['attribute_cells']} figures, each combination's count of cells and the baseline counts of those "
+              f"that may pass), and codes of {r['attribute_coded_rows']} pulled rows")
         if "dash_equal" in r:
             print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "

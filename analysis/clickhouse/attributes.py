@@ -2,17 +2,21 @@
 pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
 
 The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
-table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the stage
-spans' keys they all agree on (`stage`). What comes back is per candidate, never per request: each key's
-count of requests, distinct values, whether every value parses as a finite number (`parses_sql`: the text
-Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
+table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the keys its stage
+spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either
+side, the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never
+per request: each key's count of requests, distinct values, whether every value parses as a finite number
+(`parses_sql`: the text Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
 (`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
 Each key the rules may keep is then coded once, a column of ATTR_TEMP (which replaces ATTR_MAPS); each
 replica's resource values come back as one row per replica and key (`resource`), the same-partition
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
-explanation asks the counts of its values over the baseline, its p99s without a candidate
-(`candidate_sql`), and the codes of the rows it reads one by one.
+explanation asks, per spike, the cells of every combination holding an attribute (alone, and with each
+built-in) counted over the tail and the whole baseline (`cells`: the family's count, and the baseline counts
+of the cells the tail holds enough of to pass, at most 1 / MIN_SHARE each), the nesting test's counts over
+the frame (`overlap`), its p99s without a candidate (`candidate_sql`), and the codes of the spike windows'
+rows (the counterfactual, the exemplars and the tail's own counts read them one by one).
 """
 
 from __future__ import annotations
@@ -113,23 +117,58 @@ class ServerAttributes:
         return [dataclasses.replace(c, codes=joined.get_column(f"c{i}").cast(pl.Int64).fill_null(-1).to_numpy())
                 for i, c in enumerate(self.attrs.coded)]
 
-    def rest_counts(self, client: Client, facts_table: str, where: str, weighted: bool
-                    ) -> list[tuple[I64, I64, F64 | None]]:
-        """Per kept attribute, the requests of `facts_table` meeting `where` counted per code (-1: missing):
-        (codes, counts, summed adjusted counts when `weighted`); one row per attribute value comes back."""
-        k = len(self.attrs.coded)
-        if not k:
-            return []
-        pairs = ", ".join(f"({i}, toInt64({self.code_sql[c.name]}))" for i, c in enumerate(self.attrs.coded))
-        got = client.query(
-            f"SELECT p.1 AS i, p.2 AS c, count() AS n{', sum(w) AS w' if weighted else ''} "
-            f"FROM (SELECT arrayJoin([{pairs}]) AS p, w FROM {ATTR_TEMP} WHERE (trace_id, span_id) IN "
-            f"(SELECT trace_id, span_id FROM {facts_table} WHERE {where})) GROUP BY i, c ORDER BY i, c")
-        i = np.asarray(got.column("i").to_numpy(), dtype=np.int64)
-        c = np.asarray(got.column("c").to_numpy(), dtype=np.int64)
-        n = np.asarray(got.column("n").to_numpy(), dtype=np.int64)
-        w = np.asarray(got.column("w").to_numpy(), dtype=np.float64) if weighted else None
-        return [(c[i == j], n[i == j], None if w is None else w[i == j]) for j in range(k)]
+    def dimension_sql(self, c: X.Coded) -> str:
+        """SQL of a dimension's code over ATTR_TEMP's requests (-1: missing): a kept attribute's, a built-in's by its
+        labels here (`c`: the built-in as the explanation coded it)."""
+        if c.source != "builtin":
+            return self.code_sql[c.name]
+        if c.name in X.BUCKETED:
+            return bucket_code_sql(c.name)
+        return f"if(isNull({c.name}), toInt64(-1), {_code_of(f'assumeNotNull({c.name})', c.labels, 'String')})"
+
+    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]],
+              hits: dict[tuple[int, ...], list[tuple[int, ...]]], tail: str, base: str, weighted: bool
+              ) -> dict[tuple[int, ...], tuple[int, list[int], list[float]]]:
+        """Per combination of `coded` (indices), counted over ATTR_TEMP: the cells (values, or pairs of values) the
+        requests meeting `tail` or `base` hold, missing values left out (the family's share), and for each cell of
+        `hits` (codes) its baseline count and summed weights (`weighted`, else 0). One row of figures comes back."""
+        if not combos:
+            return {}
+        dims = sorted({i for c in combos for i in c})
+        cols = ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in dims)
+        slots = [len(c.labels) + 1 for c in coded]
+        aggs = []
+        for k, c in enumerate(combos):
+            key = f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}"
+            held = " AND ".join(f"d{i} >= 0" for i in c)
+            aggs.append(f"uniqExactIf({key}, {held}) AS p{k}")
+            for h, codes in enumerate(hits.get(c, [])):
+                cell = " AND ".join(f"d{i} = {int(v)}" for i, v in zip(c, codes, strict=True))
+                aggs.append(f"countIf(bs AND {cell}) AS b{k}_{h}")
+                if weighted:
+                    aggs.append(f"sumIf(w, bs AND {cell}) AS w{k}_{h}")
+        row = client.query(f"SELECT {', '.join(aggs)} FROM (SELECT {tail} AS tl, {base} AS bs, w, {cols} "
+                           f"FROM {ATTR_TEMP}) WHERE tl OR bs").to_pylist()[0]
+        out = {}
+        for k, c in enumerate(combos):
+            n = len(hits.get(c, []))
+            out[c] = (int(row[f"p{k}"]), [int(row[f"b{k}_{h}"]) for h in range(n)],
+                      [float(row[f"w{k}_{h}"]) if weighted else 0.0 for h in range(n)])
+        return out
+
+    def overlap(self, client: Client, coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
+                ) -> tuple[list[int], list[list[int]]]:
+        """attributes.Overlap over ATTR_TEMP (the frame's requests): one row of counts comes back."""
+        def has(c: X.Candidate) -> str:
+            return f"({self.dimension_sql(coded[c.dims[0]])}) = {int(c.codes[0])}"
+
+        parts = []
+        for j, c in enumerate(a):
+            parts.append(f"countIf({has(c)}) AS n{j}")
+            parts += [f"countIf({has(c)} AND {has(d)}) AS b{j}_{k}" for k, d in enumerate(b)]
+        row = client.query(f"SELECT {', '.join(parts)} FROM {ATTR_TEMP}").to_pylist()[0]
+        return ([int(row[f"n{j}"]) for j in range(len(a))],
+                [[int(row[f"b{j}_{k}"]) for k in range(len(b))] for j in range(len(a))])
 
 
 def _builtin_sql(name: str) -> tuple[str, str]:
@@ -229,7 +268,7 @@ class _Reader:
                         else _code_of(value, labels, "String"))
                 cols.append(f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {code}, -1) AS {name}")
                 self.column[(source, key)] = name
-        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", *X.DIMENSIONS, *cols])
+        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", "v", *X.DIMENSIONS, *cols])
         self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
         self.client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {engine} AS SELECT {keep} FROM {ATTR_MAPS}")
         self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_MAPS}")
@@ -300,26 +339,37 @@ class _Reader:
 
 
 def read_attributes(client: Client, table: str, facts_table: str, frame_where: str, lo: int | None, hi: int | None,
-                    rules: A.AttributeRules) -> ServerAttributes:
+                    rules: A.AttributeRules, value: str | None = None) -> ServerAttributes:
     """The attribute dimensions of the requests of `facts_table` meeting `frame_where` (the report's frame) from
     the spans of `table` starting in [lo, hi): attributes.read_attributes on the server. Leaves ATTR_TEMP
-    (the frame's requests with their maps) for the explanation; errors are recorded, never raised."""
+    (the frame's requests with their codes, and `value`, a facts column, as the double `v`) for the explanation;
+    errors are recorded, never raised."""
     out = A.Attributes()
     spans = source_sql(table, span_where(lo, hi))
     ts = in_range_sql("TimestampNs", lo, hi)
     own = CLICKHOUSE.literal(A.OWN_PREFIX)
+    hour = M.HOUR_NS
     dims = ", ".join(X.DIMENSIONS)
     sql = f"""
 SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toFloat64(f.adjusted_count) AS w,
+       {f'toFloat64(f.{value})' if value else 'CAST(NULL AS Nullable(Float64))'} AS v,
        {', '.join(f'f.{d} AS {d}' for d in X.DIMENSIONS)}, r.a AS req, s.m AS stg
-FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims} FROM {facts_table} WHERE {frame_where}) AS f
+FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims}{f', {value}' if value else ''}
+      FROM {facts_table} WHERE {frame_where}) AS f
 LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}) AS r
   ON r.TraceId = f.trace_id AND r.SpanId = f.span_id
-LEFT JOIN (SELECT t, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
-    SELECT TraceId AS t, k AS sk, min(v) AS sv FROM {spans} ARRAY JOIN mapKeys(SpanAttributes) AS k,
-      mapValues(SpanAttributes) AS v
-    WHERE Stage IS NOT NULL AND NOT IsRequest AND {ts} AND NOT startsWith(k, {own})
-    GROUP BY t, k HAVING min(v) = max(v)) GROUP BY t) AS s ON s.t = f.trace_id"""
+LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
+    SELECT t, sid, k AS sk, min(v) AS sv FROM (
+      SELECT g.trace_id AS t, g.span_id AS sid, st.a AS a
+      FROM (SELECT trace_id, span_id, start_ns FROM {facts_table} WHERE {frame_where}) AS g
+      INNER JOIN (SELECT TraceId, TimestampNs, SpanAttributes AS a FROM {spans}
+                  WHERE Stage IS NOT NULL AND NOT IsRequest
+                    AND TraceId IN (SELECT trace_id FROM {facts_table} WHERE {frame_where})) AS st
+        ON st.TraceId = g.trace_id
+      WHERE st.TimestampNs >= intDiv(g.start_ns, {hour}) * {hour} - {hour}
+        AND st.TimestampNs < intDiv(g.start_ns, {hour}) * {hour} + {2 * hour})
+    ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v WHERE NOT startsWith(k, {own})
+    GROUP BY t, sid, k HAVING min(v) = max(v)) GROUP BY t, sid) AS s ON s.t = f.trace_id AND s.sid = f.span_id"""
     try:
         engine = temp_engine(client, facts_table)
         drop(client)

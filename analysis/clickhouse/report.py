@@ -360,8 +360,9 @@ def _attributes(q: Asked, report: C.Report | dict[str, Any], rules: A.AttributeR
     """The attribute dimensions of the report's frame (its requests with a value) read on the server
     (analysis.clickhouse.attributes), recorded in the report's `attributes` as analysis.report does."""
     keep = "" if q.include_failures else " AND status = 'ok'"
-    attrs = CA.read_attributes(q.client, q.table, q.facts_table,
-                               f"{q.cond} AND {metric_column(q.metric)} IS NOT NULL{keep}", q.lo, q.hi, rules)
+    col = metric_column(q.metric)
+    attrs = CA.read_attributes(q.client, q.table, q.facts_table, f"{q.cond} AND {col} IS NOT NULL{keep}", q.lo, q.hi,
+                               rules, value=col)
     RP.skip_ruled_out_builtins(attrs.attrs, list(X.DIMENSIONS), rules)
     report["attributes"] = cast(Any, attrs.attrs.to_json())
     report["errors"].extend(attrs.attrs.errors)
@@ -410,30 +411,86 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
           attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> RP.Rows:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
     spans around them as it goes), for analysis.report's explanation to run there. `attrs`: the attribute
-    dimensions on the server (`_attributes`): their codes come with those rows, the rest of the baseline as
-    counts."""
+    dimensions on the server (`_attributes`): their codes come back for the spike windows' rows only; every
+    combination holding an attribute is counted on the server (`_remote_attributes`)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     server = attrs[0] if attrs is not None else None
-    fetch, rest, pulled, attr_counts = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}",
-                                                    col, "adjusted_count" if sampled else None, server)
+    fetch, rest = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
+                               "adjusted_count" if sampled else None, server)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     remote = None
     if attrs is not None:
-        remote = RP.RemoteAttributes(attrs[1], attrs[0].coded_rows(q.client, pulled, frame), attr_counts)
+        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame, _in_windows(det, spike_windows))
     frame = frame.drop(["trace_id", "span_id"])
     return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote)
 
 
+def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
+                       frame: pl.DataFrame, spike_rows: str) -> RP.RemoteAttributes:
+    """The attribute dimensions for analysis.report's explanation: their codes over the frame's rows of the spike
+    windows (`spike_rows`; the counterfactual and the exemplars read them), the cells of each combination holding
+    one counted on the server over a spike's tail and the whole baseline, and the nesting test's counts there."""
+    start = frame.get_column("start_ns").to_numpy()
+    values = frame.get_column("value").to_numpy()
+    base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
+    base = f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in base_wins) or 'NULL'})"
+
+    def tail_sql(rows: np.ndarray) -> str:
+        # a spike's tail as a condition: its rows are the spike's from the slowest down to the least of them when no
+        # other row of those times is as slow (the excess over a threshold; checked here, where the spike's rows
+        # all are), else named one by one (the slowest few, ties cut)
+        if rows.size == 0:
+            return "false"
+        a, b, v = int(start[rows].min()), int(start[rows].max()), float(values[rows].min())
+        if int(((start >= a) & (start <= b) & (values >= v)).sum()) == rows.size:
+            return f"(start_ns >= {a} AND start_ns <= {b} AND v >= {v!r})"
+        keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))[rows]
+        listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys.iter_rows())
+        return f"((trace_id, span_id) IN ({listed}))"
+
+    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
+
+    def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
+              ) -> dict[tuple[int, ...], X.Cells]:
+        # the tail's counts here (its rows are the spike's, whose codes came back); the family's count of each
+        # combination and the baseline counts of the cells that may pass on the server
+        found: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[int], list[float]]] = {}
+        for combo in combos:
+            codes = [coded[i].codes[tail] for i in combo]
+            held = np.all([c >= 0 for c in codes], axis=0)
+            keys, inverse, counts = np.unique(np.stack([c[held] for c in codes], axis=1), axis=0,
+                                              return_inverse=True, return_counts=True)
+            at = np.flatnonzero(counts >= least)
+            tw = [0.0] * at.size
+            if weights is not None and at.size:  # summed in row order, as explain's bincount sums them
+                sums = np.bincount(inverse.ravel(), weights=weights[tail][held], minlength=counts.size)
+                tw = [float(sums[j]) for j in at]
+            found[combo] = ([tuple(int(x) for x in keys[j]) for j in at], [int(counts[j]) for j in at], tw)
+        got = server.cells(client, coded, combos, {c: f[0] for c, f in found.items()}, tail_sql(tail), base,
+                           weights is not None)
+        out = {}
+        for combo, (cell_codes, t_counts, tw) in found.items():
+            present, b, bw = got[combo]
+            out[combo] = X.Cells(present, cell_codes, t_counts, b, tw if weights is not None else None,
+                                 bw if weights is not None else None)
+        return out
+
+    def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
+                ) -> tuple[list[int], list[list[int]]]:
+        return server.overlap(client, coded, a, b)
+
+    return RP.RemoteAttributes(rules, server.coded_rows(client, spike_rows, frame), cells, overlap)
+
+
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
                  spike_windows: np.ndarray, valued: str, col: str, weight: str | None = None,
-                 attrs: CA.ServerAttributes | None = None
-                 ) -> tuple[Fetcher, RP.RestCounts, str, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]]:
+                 attrs: CA.ServerAttributes | None = None) -> tuple[Fetcher, RP.RestCounts]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -442,9 +499,8 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     counts per combination of dimension values (token counts by bucket), with their summed `weight`
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
-    (`_ServerTail`). So what comes back grows with the spike, not with the baseline. With `attrs`, the
-    attribute dimensions' codes of the pulled rows are read later (the returned condition names those rows)
-    and the rest of the baseline is counted per value of each attribute (returned last).
+    (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
+    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`).
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
@@ -492,9 +548,8 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
                            f"AND NOT {_candidate_sql(coded, cand, attrs)}")
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
-    per_value = attrs.rest_counts(client, facts_table, rest_where, weight is not None) if attrs is not None else []
     return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight, attrs)), pulled, per_value
+                                                       weight, attrs))
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:

@@ -641,7 +641,28 @@ def named_at(value: Any, others: Sequence[Any]) -> bool:
     return all(own >= min(o.explained, 1.0) - HIERARCHY_MARGIN for o in others)
 
 
-def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+#: A nesting test's counts: (the dimensions, single candidates `a`, single candidates `b`) -> (each of `a`'s requests,
+#: for each of `a` the requests it shares with each of `b`), over the frame's requests (`local_overlap`, or a remote
+#: engine's counts over its frame).
+Overlap = Callable[[Sequence[Coded], list[Any], list[Any]], tuple[list[int], list[list[int]]]]
+
+
+def local_overlap(coded: Sequence[Coded], a: list[Any], b: list[Any]) -> tuple[list[int], list[list[int]]]:
+    """`Overlap` over the codes of `coded` (every row of the frame)."""
+    def mask(c: Any) -> npt.NDArray[np.bool_]:
+        return np.asarray(coded[c.dims[0]].codes == c.codes[0])
+
+    mb = [mask(c) for c in b]
+    sizes, both = [], []
+    for c in a:
+        m = mask(c)
+        sizes.append(int(m.sum()))
+        both.append([int((m & x).sum()) for x in mb])
+    return sizes, both
+
+
+def name_level(coded: Sequence[Coded], ranked: list[Any], overlap: Overlap | None = None
+               ) -> tuple[list[Any], list[Any], list[Any]]:
     """The level of a learned hierarchy the first candidate names: (candidates reordered, finer, coarser).
 
     The single candidates nested with the first one (every request of one carries the other's value, over
@@ -649,36 +670,40 @@ def name_level(coded: Sequence[Coded], ranked: list[Any]) -> tuple[list[Any], li
     chain explaining as much as any (`named_at`), leaving out the coarser values that hold it and earn nothing
     (`earns_nothing`: their other requests are not over-represented in the tail); the finer ones are shown
     under it. Of values selecting exactly the same requests, the one of the dimension with fewer values comes first.
+    `overlap`: the nesting test's counts (default `local_overlap`, over `coded`'s rows; a remote engine's).
     """
     if not ranked or len(ranked[0].dims) != 1:
         return ranked, [], []
+    count = overlap or local_overlap
+    singles = [i for i, c in enumerate(ranked) if len(c.dims) == 1]
+    sizes, both = count(coded, [ranked[i] for i in singles], [ranked[0]])
+    n = dict(zip(singles, sizes, strict=True))
+    with_top = {i: row[0] for i, row in zip(singles, both, strict=True)}
+    n_top = n[0]
 
-    def mask(c: Any) -> npt.NDArray[np.bool_]:
-        return np.asarray(coded[c.dims[0]].codes == c.codes[0])
+    def same(i: int) -> bool:  # the very requests of the first
+        return n[i] == with_top[i] == n_top
 
-    top = mask(ranked[0])
     # values selecting exactly the same requests (the small zone's one node, the zone): the coarser dimension's
-    same = [i for i, c in enumerate(ranked) if len(c.dims) == 1 and np.array_equal(mask(c), top)]
-    first = min(same, key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
-    if first:
-        ranked = [ranked[first], *(c for i, c in enumerate(ranked) if i != first)]
-    chain = [(int(top.sum()), 0)]
-    masks = {0: top}
-    for i, c in enumerate(ranked[1:], 1):
-        if len(c.dims) != 1 or not math.isfinite(c.explained):
-            continue
-        m = mask(c)
-        if np.array_equal(m, top):
-            continue
-        if _subset(m, top) or _subset(top, m):
-            chain.append((int(m.sum()), i))
-            masks[i] = m
-    if len(chain) == 1 or not math.isfinite(ranked[0].explained):
+    first = min((i for i in singles if same(i)), key=lambda i: (len(coded[ranked[i].dims[0]].labels), i))
+    members = [first] + [i for i in singles[1:] if math.isfinite(ranked[i].explained) and not same(i) and (
+        (n[i] > 0 and with_top[i] == n[i]) or (n_top > 0 and with_top[i] == n_top))]  # inside the first or around it
+    order = [first, *(i for i in range(len(ranked)) if i != first)]
+    ranked = [ranked[i] for i in order]
+    if len(members) == 1 or not math.isfinite(ranked[0].explained):
         return ranked, [], []
-    chain.sort()
+    at = {old: new for new, old in enumerate(order)}
+    m_sizes, inter = count(coded, [ranked[at[i]] for i in members], [ranked[at[i]] for i in members])
+    size = {at[i]: m_sizes[k] for k, i in enumerate(members)}
+    shared = {(at[i], at[j]): inter[k][h] for k, i in enumerate(members) for h, j in enumerate(members)}
+
+    def earns(coarse: int, fine: int) -> bool:  # earns_nothing over the counts: fine strictly inside coarse, ...
+        inside = size[fine] > 0 and shared[(fine, coarse)] == size[fine] and size[coarse] > size[fine]
+        return not (inside and ranked[coarse].score - ranked[fine].score <= SHARE_ROUNDING)
+
+    chain = sorted((size[at[i]], at[i]) for i in members)
     pos = next(j for j, (_, i) in enumerate(chain)
-               if named_at(ranked[i], [ranked[o] for _, o in chain if o != i and not earns_nothing(
-                   ranked[o], masks[o], ranked[i], masks[i])]))
+               if named_at(ranked[i], [ranked[o] for _, o in chain if o != i and earns(o, i)]))
     named = chain[pos][1]
     finer = sorted((ranked[i] for _, i in chain[:pos]), key=lambda c: -c.explained)
     coarser = [ranked[i] for _, i in chain[pos + 1:]]

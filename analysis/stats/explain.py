@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
@@ -272,15 +272,81 @@ def significant(found: Sequence[Candidate], tested: int) -> list[Candidate]:
     return [c for c in found if c.p_value <= level]
 
 
+@dataclass
+class Cells:
+    """One combination's cells (a dimension's values, or a pair's pairs of values) as a remote engine counts them:
+    `present`, the cells a tail or baseline request holds (missing values left out: the family's share); and the
+    cells with at least the asked tail count, in cell order: their codes, tail and baseline counts (`t`, `b`) and,
+    weighted, their summed adjusted counts (`tw`, `bw`)."""
+
+    present: int
+    codes: list[tuple[int, ...]]
+    t: list[int]
+    b: list[int]
+    tw: list[float] | None = None
+    bw: list[float] | None = None
+
+
+#: A remote engine's cells: (the dimensions, combinations of their indices, the tail's rows, the least tail count a
+#: candidate can have) -> each combination's Cells, counted over the tail and the whole baseline on the engine.
+RemoteCells = Callable[[Sequence[Coded], list[tuple[int, ...]], I64, int], dict[tuple[int, ...], Cells]]
+
+
+def least_support(n_t: int, weighted: bool) -> int:
+    """The least tail count a candidate may have: MIN_SUPPORT and, unweighted, a share of at least MIN_SHARE (the
+    guard's own float test); what a remote engine is asked for."""
+    if weighted or n_t == 0:
+        return MIN_SUPPORT
+    k = max(MIN_SUPPORT, math.ceil(MIN_SHARE * n_t) - 1)
+    while k / n_t < MIN_SHARE:
+        k += 1
+    return k
+
+
+def family_combos(coded: Sequence[Coded], pairs: bool, pairs_with: int | None,
+                  cut: list[dict[str, Any]] | None = None) -> list[tuple[int, ...]]:
+    """The combinations `contrast_raw` tests, in its order: each dimension alone, then the pairs (every one, or with
+    `pairs_with` those holding one of the first `pairs_with` dimensions), without those of a dimension with no
+    value; a pair of more than MAX_PAIR_CELLS cells is left out and, given `cut`, recorded there with why."""
+    slots = [len(c.labels) + 1 for c in coded]
+    combos: list[tuple[int, ...]] = [(i,) for i in range(len(coded))]
+    if pairs:
+        combos += [c for c in combinations(range(len(coded)), 2) if pairs_with is None or c[0] < pairs_with]
+    out = []
+    for combo in combos:
+        if any(len(coded[i].labels) == 0 for i in combo):
+            continue
+        cells = math.prod(slots[i] for i in combo)
+        if cells > MAX_PAIR_CELLS:
+            if cut is not None:
+                cut.append({"dimension": "&".join(coded[i].name for i in combo), "cells": cells,
+                            "why": f"{cells:,} combinations of values (with missing), over the bound of "
+                                   f"{MAX_PAIR_CELLS:,}"})
+            continue
+        out.append(combo)
+    return out
+
+
 def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
-                 weights: F64 | None = None, rest: Rest | None = None) -> tuple[list[Candidate], int]:
+                 weights: F64 | None = None, rest: Rest | None = None, pairs_with: int | None = None,
+                 remote: RemoteCells | None = None, cut: list[dict[str, Any]] | None = None
+                 ) -> tuple[list[Candidate], int]:
     """`contrast` before the significance level: (candidates with support, their p-values, tested).
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
     effective counts; support (`tail_count`) stays the kept requests. `rest`: more baseline
-    requests as counts per combination of codes (with their summed weights when `weights` are given)."""
+    requests as counts per combination of codes of the first dimensions (with their summed weights when
+    `weights` are given). `pairs_with`: only the pairs holding one of the first `pairs_with` dimensions (the
+    built-ins: every pair of them, and each with each later one, an attribute). `remote`: the combinations holding
+    a dimension past the first `pairs_with` (the attributes) are counted by a remote engine (their codes here are
+    not read). `cut`: receives the pairs left out for their size (`family_combos`)."""
     if rest is not None and weights is not None and rest.weights is None:
         raise ValueError("weighted requests need the baseline counts' (rest's) summed weights")
+    if remote is not None and pairs_with is None:
+        raise ValueError("a remote engine counts the combinations past the first pairs_with dimensions")
+    local_dims = len(coded) if remote is None or pairs_with is None else min(pairs_with, len(coded))
+    if rest is not None and len(rest.codes) != local_dims:
+        raise ValueError("baseline counts (rest) must cover the dimensions counted here, no more, no fewer")
     n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)
     w_t = None if weights is None else weights[tail]
     w_b = None if weights is None else weights[base]
@@ -290,7 +356,7 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
         eff_t = effective_count(w_t)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
-    codes_t = [_missing_last(c.at(tail), k) for c, k in zip(coded, slots, strict=True)]
+    codes_t = [_missing_last(c.at(tail), k) for c, k in zip(coded[:local_dims], slots, strict=False)]
     got_b: dict[int, I64] = {}
 
     def codes_b(i: int) -> I64:  # the baseline's codes of a dimension, gathered when first needed
@@ -298,58 +364,46 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
             got_b[i] = _missing_last(coded[i].at(base), slots[i])
         return got_b[i]
 
-    # unweighted, the baseline's count of every single and pair is a sum over one count per combination of all
-    # the dimensions (exact integers): one pass over its rows instead of one per single and pair
-    joint = _joint_counts([codes_b(i) for i in range(len(coded))], slots) if (
-        w_b is None and len(coded) > 2 and math.prod(slots) <= MAX_JOINT_CELLS) else None
+    # unweighted, the baseline's count of every single and pair of the first dimensions is a sum over one count per
+    # combination of them all (exact integers): one pass over its rows instead of one per single and pair
+    lead = local_dims if pairs_with is None else min(pairs_with, local_dims)
+    joint = _joint_counts([codes_b(i) for i in range(lead)], slots[:lead]) if (
+        w_b is None and lead > 2 and math.prod(slots[:lead]) <= MAX_JOINT_CELLS) else None
     # unweighted, a single's baseline counts are its counts over every row less those outside the baseline (rows
     # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
     n_rows = coded[0].codes.size if coded else 0
     outside = None
-    if coded and w_b is None and joint is None and 2 * base.size > n_rows and bool(np.all(base[1:] > base[:-1])):
+    if (w_b is None and local_dims > (lead if joint is not None else 0) and 2 * base.size > n_rows
+            and bool(np.all(base[1:] > base[:-1]))):
         keep = np.ones(n_rows, dtype=bool)
         keep[base] = False
         outside = np.flatnonzero(keep)
-    codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=True)]
+
+    def single_b(i: int) -> I64:  # unweighted, a single's baseline counts (`base_counts`)
+        return base_counts(coded[i], base, outside, slots[i])
+
+    codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=False)]
     found: list[Candidate] = []
     tested = 0
     singles: dict[tuple[int, int], tuple[int, int]] = {}
-    combos: list[tuple[int, ...]] = [(i,) for i in range(len(coded))]
-    if pairs:
-        combos += list(combinations(range(len(coded)), 2))
+    combos = family_combos(coded, pairs, pairs_with, cut)
+    asked = [c for c in combos if max(c) >= local_dims]
+    far = remote(coded, asked, tail, least_support(n_t, w_t is not None)) if remote is not None and asked else {}
     for combo in combos:
         sizes = [slots[i] for i in combo]
-        cells = int(np.prod(sizes))
-        if any(len(coded[i].labels) == 0 for i in combo) or cells > MAX_PAIR_CELLS:
-            continue
-        key_t = codes_t[combo[0]] if len(combo) == 1 else codes_t[combo[0]] * sizes[1] + codes_t[combo[1]]
-        by_rest = joint is not None or (len(combo) == 1 and w_b is None)
-        key_b = None if by_rest else (
-            codes_b(combo[0]) if len(combo) == 1 else codes_b(combo[0]) * sizes[1] + codes_b(combo[1]))
-        tc = np.bincount(key_t, minlength=cells)
-        if joint is not None:
-            bc = joint.sum(axis=tuple(i for i in range(len(coded)) if i not in combo)).ravel()
-        elif key_b is None:
-            bc = base_counts(coded[combo[0]], base, outside, cells)
+        cells: Iterable[tuple[tuple[int, ...], int, int, float, float]]
+        if combo in far:
+            got = far[combo]
+            tested += got.present
+            tw, bw = got.tw or [0.0] * len(got.t), got.bw or [0.0] * len(got.t)
+            cells = zip(got.codes, got.t, got.b, tw, bw, strict=True)
         else:
-            bc = np.bincount(key_b, minlength=cells)
-        if rest is not None:
-            key_r = codes_r[combo[0]] if len(combo) == 1 else codes_r[combo[0]] * sizes[1] + codes_r[combo[1]]
-            bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
-        if w_t is not None and w_b is not None:
-            assert key_b is not None
-            twc = np.bincount(key_t, weights=w_t, minlength=cells)
-            bwc = np.bincount(key_b, weights=w_b, minlength=cells)
-            if w_r is not None:
-                bwc = bwc + np.bincount(key_r, weights=w_r, minlength=cells)
-        # the family: every value (or pair of values) the window's requests hold, whether or not it reached the
-        # tail: counting only those in the tail would let a dimension of many rare values pass by chance
-        tested += _present_cells(tc, bc, sizes)
-        for cell in np.flatnonzero(tc):
-            codes = _unkey(int(cell), sizes)
+            present, cells = _local_cells(combo, sizes, codes_t, codes_b, single_b if w_b is None else None, codes_r,
+                                          joint, lead, rest, w_t, w_b, w_r)
+            tested += present
+        for codes, t, b, tw_c, bw_c in cells:
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
                 continue  # a missing value is not a candidate
-            t, b = int(tc[cell]), int(bc[cell])
             if len(combo) == 1:
                 singles[(combo[0], codes[0])] = (t, b)
             elif any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
@@ -357,7 +411,7 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
             if w_t is None:
                 t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
             else:
-                t_share, b_share = float(twc[cell]) / sum_t, (float(bwc[cell]) / sum_b if n_b else 0.0)
+                t_share, b_share = tw_c / sum_t, (bw_c / sum_b if n_b else 0.0)
             if t < MIN_SUPPORT or t_share < MIN_SHARE or t_share <= b_share:
                 continue
             if w_t is None:
@@ -366,6 +420,50 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
                 p = binomial_tail_bound(round(t_share * eff_t), round(eff_t), (b_share * n_b + 1) / (n_b + 2))
             found.append(Candidate(combo, codes, t, b, t_share, b_share, t_share - b_share, p))
     return found, tested
+
+
+def _local_cells(combo: tuple[int, ...], sizes: list[int], codes_t: list[I64], codes_b: Callable[[int], I64],
+                 single_b: Callable[[int], I64] | None, codes_r: list[I64], joint: I64 | None, lead: int,
+                 rest: Rest | None, w_t: F64 | None, w_b: F64 | None, w_r: F64 | None
+                 ) -> tuple[int, list[tuple[tuple[int, ...], int, int, float, float]]]:
+    """A combination's cells counted here: (present, the cells the tail holds in cell order with their tail
+    and baseline counts and summed weights). `codes_b`: a dimension's baseline codes (gathered when asked);
+    `single_b`: unweighted, a single's baseline counts (`base_counts`); `joint`: the first `lead` dimensions'."""
+    cells = math.prod(sizes)
+
+    def key(codes: Callable[[int], I64]) -> I64:
+        return codes(combo[0]) if len(combo) == 1 else codes(combo[0]) * sizes[1] + codes(combo[1])
+
+    key_t = key(codes_t.__getitem__)
+    by_joint = joint is not None and max(combo) < lead
+    by_whole = not by_joint and single_b is not None and len(combo) == 1
+    key_b = None if by_joint or by_whole else key(codes_b)
+    tc = np.bincount(key_t, minlength=cells)
+    if by_joint:
+        assert joint is not None
+        bc = joint.sum(axis=tuple(i for i in range(lead) if i not in combo)).ravel()
+    elif by_whole:
+        assert single_b is not None
+        bc = single_b(combo[0])
+    else:
+        assert key_b is not None
+        bc = np.bincount(key_b, minlength=cells)
+    twc = bwc = None
+    if rest is not None:
+        key_r = key(codes_r.__getitem__)
+        bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
+    if w_t is not None and w_b is not None:
+        assert key_b is not None
+        twc = np.bincount(key_t, weights=w_t, minlength=cells)
+        bwc = np.bincount(key_b, weights=w_b, minlength=cells)
+        if w_r is not None:
+            bwc = bwc + np.bincount(key_r, weights=w_r, minlength=cells)
+    # the family: every value (or pair of values) the window's requests hold, whether or not it reached the
+    # tail: counting only those in the tail would let a dimension of many rare values pass by chance
+    present = _present_cells(tc, bc, sizes)
+    out = [(_unkey(int(cell), sizes), int(tc[cell]), int(bc[cell]), 0.0 if twc is None else float(twc[cell]),
+            0.0 if bwc is None else float(bwc[cell])) for cell in np.flatnonzero(tc)]
+    return present, out
 
 
 #: The most cells `contrast` counts the baseline's combinations of every dimension in (else pair by pair).

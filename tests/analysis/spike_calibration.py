@@ -11,10 +11,12 @@ It prints, per size, the runs, the false spikes, their rate with its exact 95 % 
 bound (Clopper-Pearson), and how often the scan alone (before the effect-size rules)
 was significant.
 
-False leads (`count_false_leads`, `--leads`): null runs whose requests carry ATTRIBUTES random
-attributes of varied cardinality (2 to 500 values, every third a number), independent of
-latency; the window with the highest p99 is explained against the others exactly as the report
-explains a spike (`analysis.report.rank_dimensions`), and a run whose explanation names any
+False leads (`count_false_leads`, `--leads`): null runs whose requests carry the six built-in
+dimensions (`null_builtins`: 16 replicas, 3 models, 2 versions, 6 tenants, token counts) and
+ATTRIBUTES random attributes of varied cardinality (2 to 500 values, every third a number), all
+independent of latency; the window with the highest p99 is explained against the others exactly
+as the report explains a spike (`analysis.report.rank_dimensions`: each value, each pair of two
+built-ins and each pair of an attribute with a built-in), and a run whose explanation names any
 dimension is a false lead. The family-wise rate is ALPHA (explain.ALPHA, Bonferroni over every
 candidate tested):
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -113,10 +116,30 @@ def null_attributes(rng: np.random.Generator, n: int, count: int = ATTRIBUTES) -
     return out
 
 
+#: Values of the null built-in dimensions (replica, model, model_version, tenant).
+BUILTIN_VALUES: Final = (16, 3, 2, 6)
+
+
+def null_builtins(rng: np.random.Generator, n: int) -> list[X.Coded]:
+    """The six built-in dimensions of `n` requests, independent of anything: uniform text values (BUILTIN_VALUES)
+    and log-normal token counts bucketed as the report buckets them (explain.code_dimension)."""
+    import polars as pl
+
+    out = []
+    for name, card in zip(X.DIMENSIONS[:4], BUILTIN_VALUES, strict=True):
+        labels = [f"{name}-{v:02d}" for v in range(card)]
+        out.append(X.Coded(name, rng.integers(0, card, n).astype(np.int64), labels, [None] * card, [None] * card))
+    tokens = pl.DataFrame({name: np.round(np.exp(rng.normal(mu, 1.0, n))).astype(np.int64)
+                           for name, mu in zip(X.DIMENSIONS[4:], (6.0, 5.0), strict=True)})
+    out += [X.code_dimension(tokens, name) for name in X.DIMENSIONS[4:]]
+    return out
+
+
 def false_lead(rng: np.random.Generator, windows: int, per: int, sigma: float) -> bool:
-    """One null run with attributes: does explaining its slowest window (highest p99) name a dimension?"""
+    """One null run with the built-ins and attributes: does explaining its slowest window (highest p99) name a
+    dimension?"""
     starts, values = null_run(rng, windows, per, sigma)
-    coded = null_attributes(rng, values.size)
+    coded = null_builtins(rng, values.size) + null_attributes(rng, values.size)
     win = starts // WINDOW_NS
     p99 = np.array([np.quantile(values[win == w], X.TAIL_Q) for w in range(windows)])
     worst = int(np.argmax(p99))

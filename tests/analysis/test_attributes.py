@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from analysis import build_report, connect
 from analysis.stats import attributes as A
+from analysis.stats import explain as X
 from analysis.stats.explain import Coded, bucket_bounds, bucket_label
 from tests.factory import T0, hex_id, write
 from tracing import schema as S
@@ -247,3 +249,153 @@ def test_the_cli_options_and_the_setting_rule_dimensions_out(nodes: Path, monkey
     assert skipped["k8s.node.name"]["why"] == "excluded by the pattern 'k8s.*'"
     assert skipped["cloud.availability_zone"]["reason"] == "pattern"
     assert skipped["retry"]["why"] == "excluded by the pattern 'retry'"  # the setting's, added to the option's
+
+
+TENANTS = ("acme", "globex", "initech")
+
+
+def pair_store(path: Path) -> Path:
+    """10 one-minute windows of 600 requests over 24 replicas on 8 nodes, three tenants; in windows 5..6 only the
+    requests of tenant globex on node-2 decode 5x slower (neither the node nor the tenant alone)."""
+    batch = SpanBatch()
+    for w in range(WINDOWS):
+        for j in range(PER_WINDOW):
+            i = w * PER_WINDOW + j
+            rep = REPLICAS[(j * 5) % len(REPLICAS)]
+            tenant = TENANTS[(j // 7) % 3]
+            start = w * 60 * SEC + j * 100 * MS
+            decode = (1000 + (j * 617) % 1000) * MS
+            if w in (5, 6) and NODE[rep] == SLOW_NODE and tenant == "globex":
+                decode *= 5
+            p1 = start + 70 * MS
+            end = p1 + decode
+            resource = {"service.name": "llm", "service.instance.id": rep, "k8s.node.name": NODE[rep]}
+            attrs = {S.ATTR_REQUEST: "true", "gen_ai.request.model": "llama", S.ATTR_TENANT: tenant}
+            trace, root = hex_id("pt", i, size=32), hex_id("ps", i)
+            _append(batch, trace, root, "", "request", start, end, resource, attrs, kind="Server")
+            _append(batch, trace, hex_id("pp", i), root, "prefill", start, p1, resource, {S.ATTR_STAGE: "prefill"})
+            _append(batch, trace, hex_id("pd", i), root, "decode", p1, end, resource, {S.ATTR_STAGE: "decode"})
+    write(path, batch)
+    return path
+
+
+#: The pair the pair store's cause is, as the report names it.
+PAIR = {"dimension": "tenant&k8s.node.name", "value": f"globex&{SLOW_NODE}", "attribute": "tenant&k8s.node.name",
+        "source": "builtin&resource"}
+
+
+def check_pair_named(report: dict[str, Any]) -> None:
+    """The pair store's report: the pair (tenant globex on node-2) among the dimensions by its name, the most
+    over-represented of all and explaining the whole excess; its two parts first (each explains as much: removing
+    node-2 removes the pair with it, and a pair ranks above a single only when it explains clearly more)."""
+    assert len(report["spikes"]) == 1
+    dims = report["spikes"][0]["dimensions"]
+    pair = next(d for d in dims if "&" in d["dimension"])
+    assert {k: pair[k] for k in PAIR} == PAIR, pair
+    assert [(c["dimension"], c["value"], c["attribute"]) for c in pair["conditions"]] == [
+        ("tenant", "globex", None), ("k8s.node.name", SLOW_NODE, "k8s.node.name")]
+    assert pair["score"] == max(d["score"] for d in dims) and pair["explained"] > 0.95
+    assert {(d["dimension"], d["value"]) for d in dims[:2]} == {("k8s.node.name", SLOW_NODE), ("tenant", "globex")}
+
+
+def test_a_pair_of_an_attribute_and_a_builtin_is_found_and_named(tmp_path: Path) -> None:
+    check_pair_named(build_report(connect(pair_store(tmp_path / "p"))))
+
+
+def _plain_family(codes: list[np.ndarray], tail: np.ndarray, base: np.ndarray, nb: int
+                  ) -> tuple[int, dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]]]:
+    """The family a plain reading of the rule counts: every value, and every pair of values of two dimensions one
+    of which is among the first `nb`, held by a tail or baseline row (missing values left out); and each
+    candidate's (tail, baseline) counts."""
+    combos: list[tuple[int, ...]] = [(i,) for i in range(len(codes))]
+    combos += [c for c in combinations(range(len(codes)), 2) if c[0] < nb]
+    family = 0
+    counts: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
+    for combo in combos:
+        held: set[tuple[int, ...]] = set()
+        for rows, side in ((tail, 0), (base, 1)):
+            for r in rows.tolist():
+                value = tuple(int(codes[i][r]) for i in combo)
+                if min(value) < 0:
+                    continue
+                held.add(value)
+                t, b = counts.get((combo, value), (0, 0))
+                counts[(combo, value)] = (t + (side == 0), b + (side == 1))
+        family += len(held)
+    return family, counts
+
+
+def _random_coded(seed: int, nb: int = 3, n: int = 900) -> tuple[list[Coded], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(1, 6)) for _ in range(nb + 4)]
+    codes = [np.where(rng.random(n) < 0.1, -1, rng.integers(0, k, n)).astype(np.int64) for k in sizes]
+    # a planted combination: the first built-in's 0 with the first attribute's 1, many in the tail
+    order = rng.permutation(n)
+    tail, base = np.sort(order[:120]), np.sort(order[120:])
+    codes[0][tail[:60]], codes[nb][tail[:60]] = 0, 1
+    coded = [Coded(f"d{i}", c, [str(v) for v in range(k)], [None] * k, [None] * k,
+                   source="builtin" if i < nb else "request")
+             for i, (c, k) in enumerate(zip(codes, sizes, strict=True))]
+    return coded, tail, base
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_the_family_counts_the_pairs_of_attributes_with_builtins(seed: int) -> None:
+    nb = 3
+    coded, tail, base = _random_coded(seed, nb)
+    found, tested = X.contrast_raw(coded, tail, base, pairs_with=nb)
+    family, counts = _plain_family([c.codes for c in coded], tail, base, nb)
+    assert tested == family
+    for c in found:
+        assert (c.tail_count, c.base_count) == counts[(c.dims, c.codes)]
+    assert any(c.dims == (0, nb) and c.codes == (0, 1) for c in found)
+    assert not any(len(c.dims) == 2 and min(c.dims) >= nb for c in found)  # no pair of two attributes
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_remote_engines_cells_give_the_same_candidates(seed: int) -> None:
+    """The combinations holding an attribute counted elsewhere (as ClickHouse does: the family's count and the
+    cells with at least the least support, from a plain count here) give the very candidates, in the same order."""
+    nb = 3
+    coded, tail, base = _random_coded(seed, nb)
+    _, counts = _plain_family([c.codes for c in coded], tail, base, nb)
+    asked: list[tuple[int, ...]] = []
+
+    def remote(dims: Any, combos: list[tuple[int, ...]], tail_rows: np.ndarray, least: int
+               ) -> dict[tuple[int, ...], X.Cells]:
+        assert np.array_equal(tail_rows, tail) and least == X.least_support(tail.size, False)
+        asked.extend(combos)
+        out = {}
+        for combo in combos:
+            cells = sorted((v, tb) for (k, v), tb in counts.items() if k == combo)
+            hits = [(v, tb) for v, tb in cells if tb[0] >= least]
+            out[combo] = X.Cells(len(cells), [v for v, _ in hits], [t for _, (t, _) in hits],
+                                 [b for _, (_, b) in hits])
+        return out
+
+    want = X.contrast_raw(coded, tail, base, pairs_with=nb)
+    got = X.contrast_raw(coded, tail, base, pairs_with=nb, remote=remote)
+    assert got == want and want[0]
+    assert asked and all(max(c) >= nb for c in asked)
+
+
+def test_the_least_support_is_the_guards_own() -> None:
+    for n in range(1, 400):
+        k = X.least_support(n, False)
+        assert k >= X.MIN_SUPPORT and k / n >= X.MIN_SHARE
+        assert k == X.MIN_SUPPORT or (k - 1) / n < X.MIN_SHARE
+
+
+def test_pairs_past_the_cell_bound_are_cut_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = 3
+    coded, tail, base = _random_coded(1, nb)
+    slots = [len(c.labels) + 1 for c in coded]
+    bound = sorted(slots[i] * slots[j] for i, j in combinations(range(len(coded)), 2) if i < nb)[5]
+    monkeypatch.setattr(X, "MAX_PAIR_CELLS", bound)
+    cut: list[dict[str, Any]] = []
+    found, _ = X.contrast_raw(coded, tail, base, pairs_with=nb, cut=cut)
+    want = [(f"d{i}&d{j}", slots[i] * slots[j]) for i, j in combinations(range(len(coded)), 2)
+            if i < nb and slots[i] * slots[j] > bound]
+    assert [(c["dimension"], c["cells"]) for c in cut] == want and want
+    assert all(str(bound) in c["why"].replace(",", "") for c in cut)
+    assert not any(len(c.dims) == 2 and slots[c.dims[0]] * slots[c.dims[1]] > bound for c in found)

@@ -23,6 +23,7 @@ from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
+from analysis.stats import explain as X
 from sample_traces import generate
 from sample_traces.emit import write_store
 from sample_traces.incidents import run
@@ -149,11 +150,13 @@ class _Counting:
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.dsn, self.rows, self.attribute_rows, self.coded_rows = inner, inner.dsn, 0, 0, 0
+        self.coded_each: list[int] = []  # the rows of each query of attribute codes
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
         if sql.startswith("SELECT trace_id, span_id") and ATTR_PREFIX in sql:  # attribute codes of the pulled rows
             self.coded_rows += out.num_rows
+            self.coded_each.append(out.num_rows)
         elif ATTR_PREFIX in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
             self.attribute_rows += out.num_rows
         else:
@@ -194,14 +197,22 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
         # above the pooled p99 (the scan weighs their ranks: about 1 % of the requests) come back
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
-    # the attribute pass: a row per key of each source and per replica and resource key, a few single rows
+    # the attribute pass: a row per key of each source and per replica and resource key, a few single rows; per
+    # spike, twice (its culprit's bounds, then its explanation), a row per combination holding an attribute (alone
+    # and with each built-in), the nesting test's row and a p99 per candidate without it; and a row per window of
+    # the slow requests of an attribute culprit
     attrs = got["attributes"]
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
-    assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys, (counted.attribute_rows, keys)
-    # per request, only the codes of the rows the explanation reads one by one (spike and nearest windows), no more
-    # rows than their facts that came back
-    assert counted.coded_rows <= (counted.rows if got["spikes"] else 0)
+    per_spike = 2 * (len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) + 1 + 2 * X.MAX_COUNTERFACTUAL) + got[
+        "windows"]
+    assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys + per_spike * len(
+        got["spikes"]), (counted.attribute_rows, keys)
+    # per request, only the codes of the spike windows' rows (the counterfactual and exemplars read them): once for
+    # the detected spikes' culprits, once for the explanation of the spikes as reported
+    assert len(counted.coded_each) == (2 if got["spikes"] else 0), counted.coded_each
+    assert counted.coded_rows <= counted.rows
+    assert not got["spikes"] or counted.coded_each[-1] <= sum(s["requests"] for s in got["spikes"])
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line

@@ -22,7 +22,7 @@ from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.clickhouse.requests import requests_facts
 from analysis.stats import attributes as A
-from tests.analysis.test_attributes import SLOW_NODE, node_store, random_store
+from tests.analysis.test_attributes import SLOW_NODE, check_pair_named, node_store, pair_store, random_store
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
 
@@ -118,3 +118,68 @@ def test_the_report_on_the_node_store_equals_the_stores(nodes: Path, client: Any
         assert top["finer"] and all(f["dimension"] == "replica" for f in top["finer"])
     else:
         assert top["dimension"] != "k8s.node.name"
+
+
+def long_traces_store(path: Path) -> tuple[Path, dict[str, str | None]]:
+    """40 requests in one hour, each with a prefill span carrying `phase`; the traces of requests 0..9 also hold a
+    stage span 150 minutes later (two hours on: outside the rule's hours) with another `phase`, those of 10..14 one
+    70 minutes later (the next hour: inside). Returns each trace's `phase` by the rule (the stage spans of its trace
+    starting in the request's hour or the hour on either side): its own for 0..9, none for 10..14 (they disagree);
+    reading every stage span of the trace would give none for 0..9 too."""
+    from tests.analysis.test_attributes import MS, _append
+    from tests.factory import hex_id, write
+    from tracing import schema as S
+    from tracing.rows import SpanBatch
+
+    batch = SpanBatch()
+    want: dict[str, str | None] = {}
+    res = {"service.name": "llm", "service.instance.id": "r0"}
+    for i in range(40):
+        start, end = i * 80_000 * MS, i * 80_000 * MS + (300 + 10 * i) * MS
+        trace, root = hex_id("long", i, size=32), hex_id("long-root", i)
+        own = "ab"[i % 2]
+        _append(batch, trace, root, "", "request", start, end, res, {S.ATTR_REQUEST: "true"}, kind="Server")
+        _append(batch, trace, hex_id("long-p", i), root, "prefill", start, end, res,
+                {S.ATTR_STAGE: "prefill", "phase": own})
+        late = 150 * 60_000 * MS if i < 10 else 70 * 60_000 * MS if i < 15 else None
+        if late is not None:
+            _append(batch, trace, hex_id("long-d", i), root, "decode", start + late, start + late + 100 * MS, res,
+                    {S.ATTR_STAGE: "decode", "phase": "z"})
+        want[trace] = None if 10 <= i < 15 else own
+    write(path, batch)
+    return path, want
+
+
+def test_stage_values_come_from_the_spans_of_the_requests_hours(tmp_path: Path, client: Any) -> None:
+    store, want = long_traces_store(tmp_path / "long")
+    client.command("DROP TABLE IF EXISTS t_long")
+    export_store(store, client, "t_long")
+    facts = requests_facts(client, "t_long", name="_facts_long")
+    out = CA.read_attributes(client, "t_long", facts, "TRUE", None, None, A.AttributeRules())
+    phase = next(c for c in out.attrs.coded if c.name == "phase")
+    assert phase.source == "stage"
+    rows = client.query(f"SELECT trace_id, {out.code_sql['phase']} AS c FROM {CA.ATTR_TEMP}").to_pylist()
+    got = {r["trace_id"]: phase.labels[r["c"]] if r["c"] >= 0 else None for r in rows}
+    assert got == want
+    # the store's report reads the same values (the whole `attributes` object alike)
+    assert ch_report(client, "t_long")["attributes"] == build_report(connect(store))["attributes"]
+
+
+def test_a_pair_of_an_attribute_and_a_builtin_is_named_on_the_server_as_on_the_store(tmp_path: Path, client: Any
+                                                                                      ) -> None:
+    """Tenant globex on node-2: the pair counted on the server (its family and cells), the whole report the
+    store's; only aggregates of the attributes come back, their codes for the spike's requests alone."""
+    from tests.analysis.test_clickhouse import _Counting
+
+    store = pair_store(tmp_path / "pairs")
+    client.command("DROP TABLE IF EXISTS t_pairs")
+    export_store(store, client, "t_pairs")
+    counted = _Counting(client)
+    got = ch_report(counted, "t_pairs")
+    assert got == build_report(connect(store))
+    check_pair_named(got)
+    spike = got["spikes"][0]
+    # codes per request: the spike's (its two windows of 600), not its nearest baseline windows' too; read once for
+    # its culprit's bounds (the spike stays on its windows) and once for its explanation
+    assert spike["requests"] == 2 * 600
+    assert counted.coded_each == [spike["requests"]] * 2

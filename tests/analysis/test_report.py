@@ -81,7 +81,7 @@ TOP_KEYS = {"version", "metric", "window_s", "requests", "outcomes", "include_fa
 SPIKE_KEYS = {"start", "end", "requests", "p50_ms", "p99_ms", "baseline_p50_ms", "baseline_p99_ms", "excess_ms",
               "p_value", "windows", "stages", "dimensions", "exemplars", "errors", "candidates_tested",
               "tail_requests", "noisy_neighbour", "requests_weighted", "n_effective", "tail_requests_weighted",
-              "tail_effective"}
+              "tail_effective", "pairs_cut"}
 DIM_KEYS = {"dimension", "value", "lo", "hi", "score", "p99_without_ms", "explained", "support", "tail_share",
             "baseline_share", "baseline_p99_without_ms", "p_value", "conditions", "support_weighted", "attribute",
             "source"}
@@ -99,6 +99,7 @@ def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Pat
     assert len(report["spikes"]) == 1
     spike = report["spikes"][0]
     assert set(spike) == SPIKE_KEYS
+    assert spike["pairs_cut"] == []  # every pair of six built-ins is far under MAX_PAIR_CELLS
     assert (spike["start"], spike["end"], spike["requests"]) == ("2025-11-20T14:05:00Z", "2025-11-20T14:07:00Z", 1200)
     assert spike["stages"][0]["stage"] == "decode"
     assert sum(s["share"] for s in spike["stages"] if s["share"] > 0) == pytest.approx(1.0, abs=1e-3)

@@ -12,6 +12,7 @@ The offline sweep with more runs per size is `python -m tests.analysis.spike_cal
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -57,9 +58,11 @@ LEAD_RUNS = 200
 LEAD_SIZES = ((10, 500, 1.5), (30, 500, 1.0), (20, 1000, 1.2))
 
 
+@pytest.mark.slow  # about 11 CPU-s: 200 runs, each testing ~300 combinations (the pairs with the built-ins)
 def test_false_leads_with_40_random_attributes_stay_at_most_alpha() -> None:
-    # every null run's slowest window explained against the rest, 40 attributes of 2 to 500 values each
-    # (tests.analysis.spike_calibration.null_attributes): a dimension named is a false lead, at rate <= ALPHA
+    # every null run's slowest window explained against the rest, the six built-ins and 40 attributes of 2 to 500
+    # values each (tests.analysis.spike_calibration.null_builtins, null_attributes), each alone, the built-ins' pairs
+    # and each attribute with each built-in: a dimension named is a false lead, at rate <= ALPHA
     from analysis.stats.explain import ALPHA as EXPLAIN_ALPHA
     from tests.analysis.spike_calibration import ATTRIBUTES, false_lead
 
@@ -92,3 +95,32 @@ def test_a_planted_attribute_is_found_among_the_40() -> None:
     ranked, _, _, tested = rank_dimensions(coded, values, rows, excess, base, base_q)
     assert ranked and (coded[ranked[0].dims[0]].name, ranked[0].codes[0]) == (planted.name, 7)
     assert tested >= sum(len(c.labels) for c in coded) * 0.9  # the family holds every value present, not the tail's
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_planted_pair_of_an_attribute_and_a_builtin_is_found(seed: int) -> None:
+    # the null data with the built-ins, one tenant's requests carrying one attribute value made slow: the pair is a
+    # significant candidate and removing it takes most of the excess away (its parts alone may explain as much, so
+    # they may rank first: a pair ranks above a single only when it explains clearly more)
+    from analysis.report import rank_dimensions
+    from analysis.stats import explain as X
+    from tests.analysis.spike_calibration import null_attributes, null_builtins, null_run
+
+    rng = np.random.default_rng(seed)
+    starts, values = null_run(rng, 20, 1000, 1.0)
+    coded = null_builtins(rng, values.size) + null_attributes(rng, values.size)
+    tenant, planted = coded.index(next(c for c in coded if c.name == "tenant")), 6 + 3  # attr.03: 10 values
+    win = starts // WINDOW_NS
+    rows = np.flatnonzero(win == 12).astype(np.int64)
+    base = np.flatnonzero(win != 12).astype(np.int64)
+    slow = rows[(coded[planted].codes[rows] == 7) & (coded[tenant].codes[rows] == 2)]
+    values = values.copy()
+    values[slow] *= 30
+    base_q = X.TailQuantile(values[base], base)
+    excess = rows[values[rows] > base_q.quantile()]
+    ranked, _, _, tested = rank_dimensions(coded, values, rows, excess, base, base_q)
+    pair = next(c for c in ranked if len(c.dims) == 2)
+    assert (pair.dims, pair.codes) == ((tenant, planted), (2, 7))
+    assert math.isfinite(pair.explained) and pair.explained > 0.75
+    # the family: every value, the built-ins' pairs and each attribute's pairs with them
+    assert tested > sum(len(c.labels) for c in coded) + 40 * sum(len(c.labels) for c in coded[:6])
