@@ -10,9 +10,14 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
    HTTP cache holds the app's scripts, as a user's browser does after a first visit);
 4. every page again, one sidebar click after another in one session (a click to the page drawn).
 
-A page counts as drawn when Streamlit's status widget says nothing runs, its heading is visible, and
-every chart of it has drawn. The anchor, in the same run: a DuckDB scan of the store's spans (p50/p99
-per span name), in this process.
+A first render ends when the page is drawn: its heading is visible, Streamlit's status widget says no
+script runs and no element is a loading skeleton, every Vega-Lite chart has drawn its SVG or canvas, and
+every table its canvas. Timed from `goto` (or the click) to that moment. Beside each time: the CPU seconds
+of the browser's processes and of the server's (Linux /proc), the renderer's main-thread busy time
+(Chromium's `Performance.getMetrics` TaskDuration) and what was fetched over HTTP (requests, KB over the
+wire: 0 for what the browser's cache held). The anchor, in the same run and the same browser: a bare
+Streamlit page (a title and a line of text) served by `streamlit run` with the dashboard's own flags, in a
+new profile and in a new tab: what the framework itself costs on this machine.
 
     python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...]
 
@@ -34,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,24 @@ PAGES: tuple[tuple[str, str, str], ...] = (
 )
 PAGE_LIMIT_S = 1.5
 CLICK_LIMIT_S = 0.5
+VIEWPORT: Any = {"width": 1440, "height": 1000}  # Playwright's ViewportSize
+#: The anchor: a bare Streamlit page, the framework's own first render.
+BARE_PAGE = 'import streamlit as st\n\nst.title("Hello")\nst.write("A bare Streamlit page.")\n'
+BARE_HEADING = "Hello"
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed render: wall seconds, CPU seconds of the browser and of the server, the renderer's main-thread
+    busy seconds, and the HTTP requests made and KB transferred over the wire."""
+
+    wall_s: float
+    browser_cpu_s: float
+    server_cpu_s: float
+    main_thread_s: float
+    requests: int
+    kbytes: float
 
 
 def _free_port() -> int:
@@ -55,15 +79,58 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux /proc; [] elsewhere)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 10_000:  # bounded
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out if Path("/proc").is_dir() else []
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of `pids` so far (those gone count 0)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def _browser_pids() -> list[int]:
+    """The chromium processes this benchmark started (through Playwright's driver)."""
+    pids = []
+    for pid in _tree(os.getpid()):
+        with contextlib.suppress(OSError):
+            if "chromium" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"):
+                pids.append(pid)
+    return pids
+
+
 @contextlib.contextmanager
-def serving(store: Path) -> Iterator[str]:
-    """`tailscope dashboard --store STORE` on a free loopback port; stopped (its process group) at the end."""
+def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[str, list[int]]]:
+    """`tailscope dashboard --store STORE` on a free loopback port (with `store` None: the bare page, written in
+    `bare_dir`, served by `streamlit run` with the dashboard's flags); (its URL, its processes). Stopped (its
+    process group) at the end."""
     import httpx
 
+    from tailscope.commands.dashboard import streamlit_command
+
     port = _free_port()
-    exe = Path(sys.executable).parent / "tailscope"
-    proc = subprocess.Popen([str(exe), "dashboard", "--store", str(store), "--host", "127.0.0.1", "--port",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if store is None:
+        assert bare_dir is not None
+        app = bare_dir / "bare.py"
+        app.write_text(BARE_PAGE)
+        argv = streamlit_command(app, [], "127.0.0.1", port)
+    else:
+        argv = [str(Path(sys.executable).parent / "tailscope"), "dashboard", "--store", str(store), "--host",
+                "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):  # bounded: about a minute
@@ -73,7 +140,7 @@ def serving(store: Path) -> Iterator[str]:
             time.sleep(0.1)
         else:
             raise RuntimeError("the dashboard did not start")
-        yield url
+        yield url, _tree(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -85,89 +152,114 @@ def serving(store: Path) -> Iterator[str]:
 
 
 def drawn(page: Any, heading: str) -> None:
-    """Wait until the page's script has finished and its heading and charts are on screen."""
+    """Wait until the page is drawn: heading visible, no script running, no skeleton, every chart and table drawn."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
     page.wait_for_function("""() => {
         const w = document.querySelector('[data-testid=stStatusWidget]');
         if (w && /Running|Stop/.test(w.innerText)) return false;
         if (document.querySelector('[data-testid=stSkeleton]')) return false;
         const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')];
-        return charts.every(c => c.querySelector('svg, canvas'));
+        const tables = [...document.querySelectorAll('[data-testid=stDataFrame]')];
+        return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'));
     }""", polling=50, timeout=120_000)
 
 
-def fresh(browser: Any, url: str, path: str, heading: str) -> float:
-    """Seconds from opening `url/path` in a new browser context (a new Streamlit session) to the page drawn."""
-    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+class Meter:
+    """Measures one render in a page: wall time, CPU of the browser and the server, main-thread time, fetches."""
+
+    def __init__(self, page: Any, server: list[int]) -> None:
+        self.page, self.server = page, server
+        self.cdp = page.context.new_cdp_session(page)
+        self.cdp.send("Performance.enable")
+
+    def _main_thread_s(self) -> float:
+        metrics = self.cdp.send("Performance.getMetrics")["metrics"]
+        return float(next(m["value"] for m in metrics if m["name"] == "TaskDuration"))
+
+    def measure(self, act: Any, heading: str) -> Sample:
+        """Run `act()` (a goto or a click) and wait until `heading`'s page is drawn."""
+        browser = _browser_pids()
+        fetched = self._fetched()
+        b0, s0, m0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s()
+        t0 = time.perf_counter()
+        act()
+        drawn(self.page, heading)
+        wall = time.perf_counter() - t0
+        b1, s1, m1 = _cpu_s(_browser_pids()), _cpu_s(self.server), self._main_thread_s()
+        n, kb = (a - b for a, b in zip(self._fetched(), fetched, strict=True))
+        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb)
+
+    def _fetched(self) -> tuple[float, float]:
+        """(HTTP requests made by this document so far, KB transferred over the wire: 0 for the cache's)."""
+        got = self.page.evaluate("""() => { const e = performance.getEntriesByType('navigation')
+            .concat(performance.getEntriesByType('resource'));
+            return [e.length, e.reduce((s, r) => s + (r.transferSize || 0), 0) / 1024]; }""")
+        return float(got[0]), float(got[1])
+
+
+def _open(ctx: Any, url: str, path: str, heading: str, server: list[int]) -> Sample:
+    """A new tab of `ctx` opening `url/path`: the sample to the page drawn (the tab is closed after)."""
     page = ctx.new_page()
-    t0 = time.perf_counter()
-    page.goto(f"{url}/{path}")
-    drawn(page, heading)
-    took = time.perf_counter() - t0
-    ctx.close()
-    return took
+    meter = Meter(page, server)
+    got = meter.measure(lambda: page.goto(f"{url}/{path}"), heading)
+    page.close()
+    return got
 
 
-def anchor(store: Path) -> float:
-    """Seconds of the anchor query: p50/p99 of span durations per span name over the store's spans."""
-    from analysis.engine.connect import connect
-
-    con = connect(store)
-    t0 = time.perf_counter()
-    con.execute("SELECT SpanName, quantile_cont(Duration, 0.5), quantile_cont(Duration, 0.99) "
-                "FROM spans GROUP BY 1").fetchall()
-    took = time.perf_counter() - t0
-    con.close()
-    return took
+def fresh(browser: Any, url: str, path: str, heading: str, server: list[int]) -> Sample:
+    """`url/path` in a new browser context (a new Streamlit session, an empty browser cache) to the page drawn."""
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        return _open(ctx, url, path, heading, server)
+    finally:
+        ctx.close()
 
 
-def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES) -> list[tuple[str, float, float]]:
-    """Drive the browser over `pages` (the first one must be the Overview); (what, median seconds over `repeat`
-    rounds, limit) per measurement."""
+def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES
+        ) -> list[tuple[str, list[Sample], float]]:
+    """Drive the browser over `pages` (the first one must be the Overview) and the bare page; (what, samples over
+    `repeat` rounds, limit) per measurement, the bare page's first."""
     from playwright.sync_api import sync_playwright
 
-    rounds: dict[str, list[float]] = {}
+    rounds: dict[str, list[Sample]] = {}
     limits: dict[str, float] = {}
-    for _ in range(repeat):
-        with serving(store) as url, sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM),
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-            try:
-                rounds.setdefault("first session: Overview, server just up", []).append(
-                    fresh(browser, url, "", "Overview"))
-                limits["first session: Overview, server just up"] = float("inf")
-                for _, path, heading in pages:
-                    label = f"fresh session: {heading}"
-                    rounds.setdefault(label, []).append(fresh(browser, url, path, heading))
-                    limits[label] = PAGE_LIMIT_S
-                warm = browser.new_context(viewport={"width": 1440, "height": 1000})  # one browser profile:
-                tab = warm.new_page()  # its HTTP cache holds the app's scripts after a first visit, as a user's does
-                tab.goto(url)
-                drawn(tab, "Overview")
-                tab.close()
-                for _, path, heading in pages:
-                    label = f"fresh session, new tab (browser cache warm): {heading}"
-                    tab = warm.new_page()
-                    t0 = time.perf_counter()
-                    tab.goto(f"{url}/{path}")
-                    drawn(tab, heading)
-                    rounds.setdefault(label, []).append(time.perf_counter() - t0)
-                    limits[label] = PAGE_LIMIT_S
-                    tab.close()
-                warm.close()
-                page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.goto(url)
-                drawn(page, "Overview")
-                for name, _, heading in (*pages[1:], pages[0]):
-                    t0 = time.perf_counter()
-                    page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True).click()
-                    drawn(page, heading)
-                    label = f"click: {heading}"
-                    rounds.setdefault(label, []).append(time.perf_counter() - t0)
-                    limits[label] = CLICK_LIMIT_S
-            finally:
-                browser.close()
-    return [(k, statistics.median(v), limits[k]) for k, v in rounds.items()]
+
+    def keep(label: str, sample: Sample, limit: float = float("inf")) -> None:
+        rounds.setdefault(label, []).append(sample)
+        limits[label] = limit
+
+    with tempfile.TemporaryDirectory(prefix="ts-bare-") as bare_dir, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM),
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            for _ in range(repeat):
+                with serving(None, Path(bare_dir)) as (url, server):  # the anchor, in this round
+                    keep("bare Streamlit page: new profile", fresh(browser, url, "", BARE_HEADING, server))
+                    ctx = browser.new_context(viewport=VIEWPORT)
+                    _open(ctx, url, "", BARE_HEADING, server)  # its first visit fills the profile's cache
+                    keep("bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
+                    ctx.close()
+                with serving(store) as (url, server):
+                    keep("first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
+                    for _, path, heading in pages:
+                        keep(f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
+                    warm = browser.new_context(viewport=VIEWPORT)  # one browser profile: its HTTP cache holds
+                    _open(warm, url, "", "Overview", server)  # the app's scripts after a first visit, as a user's
+                    for _, path, heading in pages:
+                        keep(f"fresh session, new tab (browser cache warm): {heading}",
+                             _open(warm, url, path, heading, server), PAGE_LIMIT_S)
+                    warm.close()
+                    page = browser.new_page(viewport=VIEWPORT)
+                    page.goto(url)
+                    drawn(page, "Overview")
+                    meter = Meter(page, server)
+                    for name, _, heading in (*pages[1:], pages[0]):
+                        link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
+                        keep(f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
+                    page.close()
+        finally:
+            browser.close()
+    return [(k, v, limits[k]) for k, v in rounds.items()]
 
 
 def main() -> None:
@@ -191,16 +283,32 @@ def main() -> None:
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
     try:
-        base = anchor(store)
         results = run(store, max(1, args.repeat), pages)
-        base = min(base, anchor(store))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"anchor (spans scan, p50/p99 per span name): {base:.3f} s; load average {os.getloadavg()[0]:.1f}")
-    print("\n| measurement | seconds (median) | × anchor | limit |\n|---|---:|---:|---:|")
-    for label, took, limit in results:
-        print(f"| {label} | {took:.2f} | {took / base:.0f} | {'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} cores; medians of "
+          f"{max(1, args.repeat)} round(s)")
+    print("\n".join(table(results)))
+
+
+def table(results: list[tuple[str, list[Sample], float]]) -> list[str]:
+    """The markdown table: each measurement's medians, its ratio to the bare page in the same mode (a new tab and
+    a click against the bare page's new tab; the others against its new profile), the limit."""
+    med = {label: Sample(*(statistics.median(getattr(s, f) for s in samples) for f in Sample.__dataclass_fields__))
+           for label, samples, _ in results}
+    bare_profile, bare_tab = med["bare Streamlit page: new profile"], med["bare Streamlit page: new tab"]
+    out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
+           f"new tab {bare_tab.wall_s:.2f} s", "",
+           "| measurement | seconds | × bare page | browser CPU-s | main thread s | server CPU-s | requests "
+           "| KB fetched | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, _, limit in results:
+        m = med[label]
+        base = bare_tab if "new tab" in label or label.startswith("click") else bare_profile
+        out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
+                   f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
+                   f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Overview: p50/p90/p99 over time for e2e, TTFT and TPOT with spikes shaded; outcome counts.
+"""Overview: p50/p90/p99 over time for e2e, TTFT and TPOT (a tab each) with spikes shaded; outcome counts.
 
 The spikes are the report's (data.spike_marks: detection without the explanations, which the
 Spike page shows); on a store that just opened they are being computed in the background
@@ -8,6 +8,7 @@ nor Altair (polars frames, Vega-Lite specs: see dashboard.charts).
 
 from __future__ import annotations
 
+import polars as pl
 import streamlit as st
 
 from dashboard import charts, data, links, sidebar
@@ -56,9 +57,22 @@ fired = None if not db.can("alerts") else data.alerts(str(db.store), f.since_ns,
 if fired is not None and not fired.is_empty():
     st.caption(f"red rules: {fired.height} alert(s) of `tailscope watch` at the start of their window "
                "(see the Alerts page)")
-for prefix, label in (("e2e", "end-to-end"), ("ttft", "TTFT"), ("tpot", "TPOT")):
-    if charts.has_values(df, prefix):
-        st.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired, context=context), width="stretch")
+
+
+@st.fragment
+def latency_chart(df: pl.DataFrame, shade: list[tuple[int, int]], fired: pl.DataFrame | None,
+                  context: list[tuple[int, int]]) -> None:
+    """One tab per latency metric with values, only the open one's chart drawn (a tab switch reruns this alone):
+    a first render draws one percentile chart, not three."""
+    shown = [(label, prefix) for label, prefix in data.METRICS.items() if charts.has_values(df, prefix)]
+    tabs = st.tabs([label for label, _ in shown], key="overview_latency", on_change="rerun")
+    for tab, (label, prefix) in zip(tabs, shown, strict=True):
+        if tab.open is not False:
+            tab.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired, context=context),
+                                width="stretch")
+
+
+latency_chart(df, shade, fired, context)
 win = data.window_s(*key, f)
 st.vega_lite_chart(charts.counts(df, shade, win), width="stretch")
 failed = tuple(o for o in data.OUTCOMES if o != "ok")

@@ -53,7 +53,7 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan",
                         r"materialized \d+ stale hour"),
     "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
-                                r"anchor \(spans scan"),
+                                r"anchor \(a bare Streamlit page"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
     "bench_ingest_memory": (r"\n +whole +\d+", r"\n +streaming +\d+"),
     "bench_grpc_unauth": (r"answers: \{'UNAUTHENTICATED': 1\}", r"receiver RSS: before \d+ MiB, peak \d+ MiB"),
