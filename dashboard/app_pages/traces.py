@@ -75,8 +75,10 @@ if not ex.empty:
                         "input_tokens", "output_tokens"]],
                  hide_index=True, on_select="rerun", selection_mode="single-row", key="exemplar_table",
                  column_config=formats.exemplar_columns())
-    with st.expander("Critical path of each exemplar", expanded=False):
+    # lazy: its chart is computed and drawn only once the expander is opened (not on every first render)
+    stacks = st.expander("Critical path of each exemplar", key="traces_stage_stack", on_change="rerun")
+    if stacks.open:
         if db.pending:
-            st.caption(db.loading_note() or "")
+            stacks.caption(db.loading_note() or "")
         else:
-            st.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")
+            stacks.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")

@@ -141,7 +141,8 @@ def _text_outside_tables(page: Any) -> str:
 
 def test_click_through_every_page(dashboard_url: str) -> None:
     """Every page once in a New York browser: no traceback, no raw number, nothing fetched from off the machine;
-    the time axes read UTC like the banners; the failures chart draws visible bars; a brush explains a window."""
+    the time axes read UTC like the banners; the failures chart draws visible bars; a latency tab draws its chart;
+    a brush explains a window."""
     need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import expect, sync_playwright
 
@@ -162,6 +163,9 @@ def test_click_through_every_page(dashboard_url: str) -> None:
             bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
             assert bars.count() > 0
             assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
+            # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
+            page.get_by_role("tab", name="TTFT", exact=True).click()
+            expect(page.locator("[data-testid=stVegaLiteChart] .role-title-text text").first).to_have_text("TTFT")
             # the spike banner is a link to its window on the Spike page
             link = page.get_by_role("link", name="Open it on the Spike page").first
             assert re.fullmatch(r"spike\?start_ns=\d+&end_ns=\d+", link.get_attribute("href") or "")

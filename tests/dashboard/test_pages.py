@@ -14,6 +14,7 @@ from analysis.engine.connect import connect
 from analysis.engine.percentiles import percentile_series
 from analysis.report import explain_window
 from analysis.stats.verdicts import against_baseline, detection_window_s
+from dashboard.charts import STAGE_COLORS
 from tests.dashboard.conftest import APP, REQUESTS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
@@ -69,6 +70,19 @@ def test_overview_counts_and_spike(incident_store: Path, monkeypatch: pytest.Mon
     assert _metric(at, "errors") == format(_count(incident_store, "status = 'error'"), ",")
     assert int(_metric(at, "spikes")) >= 1
     assert any("Spike" in w.value for w in at.warning)
+
+
+def test_overview_draws_the_open_latency_tab_only(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The percentile charts are tabs: a first run draws end-to-end's (and the two count charts), a picked tab its
+    own chart instead."""
+    at = _app(incident_store, monkeypatch)
+    assert [t.label for t in at.tabs] == ["end-to-end", "TTFT", "TPOT"]
+    counts = ["requests per window", "failed requests per window (own scale)"]
+    assert [json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")] == ["end-to-end", *counts]
+    at.session_state["overview_latency"] = "TPOT"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")] == ["TPOT", *counts]
 
 
 def test_replica_filter_changes_the_numbers(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,6 +219,19 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
         decode_ns / 1e6, 1)
     at.text_input(key="trace_id").input("ffffffffffff").run()
     assert "No request with trace id" in at.error[0].value
+
+
+def test_the_exemplars_stage_chart_draws_once_opened(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The critical-path chart of the exemplars sits in a closed expander: drawn (coloured by stage) only once it is
+    opened, the waterfall above it either way."""
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/traces.py").run()
+    assert len(at.get("vega_lite_chart")) == 1  # the waterfall
+    at.session_state["traces_stage_stack"] = True
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    _, stacks = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+    assert stacks["encoding"]["color"]["scale"]["domain"] == list(STAGE_COLORS)
 
 
 def test_a_link_opens_its_trace_and_filters(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
