@@ -64,6 +64,30 @@ def test_the_servers_start_up_returns_at_once_and_imports_in_the_background() ->
     assert out.stdout.split() == ["started", "held", "True"]
 
 
+def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
+    """In a fresh interpreter serving `--store DIR`: the warm-up thread opens that store's workbench once, and a
+    session's later open finds it in the cache (no second open)."""
+    store = str(init_store(tmp_path / "store"))
+    code = ("import asyncio, sys, threading\n"
+            f"sys.argv = ['server.py', '--store', {store!r}]\n"
+            "from dashboard import data, server\n"
+            "opened = []\n"
+            "real = data.Workbench.__init__\n"
+            "def counted(self, *a, **k):\n"
+            "    opened.append(threading.current_thread().name)\n"
+            "    real(self, *a, **k)\n"
+            "data.Workbench.__init__ = counted\n"
+            "async def main():\n"
+            "    async with server._lifespan(server.app):\n"
+            "        pass\n"
+            "asyncio.run(main())\n"
+            "[t.join(60) for t in threading.enumerate() if t.name == 'tailscope-warm-imports']\n"
+            "print(opened)\n"
+            f"print(data.workbench({store!r}) is data.workbench({store!r}), opened)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.splitlines() == ["['tailscope-warm-imports']", "True ['tailscope-warm-imports']"]
+
+
 def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, tailscope.commands.dashboard as d; d.app_file(); "
                           "print('dashboard' in sys.modules, 'streamlit' in sys.modules)"],
