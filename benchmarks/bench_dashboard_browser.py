@@ -7,7 +7,7 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
 2. every page once, each in a new browser context (a fresh Streamlit session, the server's caches warm,
    the browser's cache empty: a new browser profile downloads and compiles the app's scripts);
 3. every page once, each in a new tab of one browser profile (a fresh Streamlit session; the browser's
-   HTTP cache holds the app's scripts, as a user's browser does after a first visit);
+   HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
 4. every page again, one sidebar click after another in one session (a click to the page drawn).
 
 A first render ends when the page is drawn: its heading is visible, Streamlit's status widget says no
@@ -243,8 +243,9 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     keep("first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
                     for _, path, heading in pages:
                         keep(f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
-                    warm = browser.new_context(viewport=VIEWPORT)  # one browser profile: its HTTP cache holds
-                    _open(warm, url, "", "Overview", server)  # the app's scripts after a first visit, as a user's
+                    warm = browser.new_context(viewport=VIEWPORT)  # one browser profile whose HTTP cache holds
+                    for _, path, heading in pages:  # every page's scripts after a first visit, as a user's does
+                        _open(warm, url, path, heading, server)
                     for _, path, heading in pages:
                         keep(f"fresh session, new tab (browser cache warm): {heading}",
                              _open(warm, url, path, heading, server), PAGE_LIMIT_S)
