@@ -65,6 +65,8 @@ def latency_chart(df: pl.DataFrame, shade: list[tuple[int, int]], fired: pl.Data
     """One tab per latency metric with values, only the open one's chart drawn (a tab switch reruns this alone):
     a first render draws one percentile chart, not three."""
     shown = [(label, prefix) for label, prefix in data.METRICS.items() if charts.has_values(df, prefix)]
+    if not shown:
+        return
     tabs = st.tabs([label for label, _ in shown], key="overview_latency", on_change="rerun")
     for tab, (label, prefix) in zip(tabs, shown, strict=True):
         if tab.open is not False:
