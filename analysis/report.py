@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Final, Protocol, cast
@@ -28,6 +28,8 @@ from rich.console import Console
 from analysis import contract as C
 from analysis import neighbours as N
 from analysis.engine import attribute_values as AV
+from analysis.engine import model as M
+from analysis.engine.dialect import quote
 from analysis.engine.connect import ROW_ID_FILE_SHIFT
 from analysis.engine.percentiles import (
     ANY_WEIGHTED_SQL,
@@ -94,11 +96,34 @@ class RemoteAttributes:
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
 
+def only_pairs(only: Mapping[str, Sequence[str]] | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`only` ({dimension: values}) as Ask.only: sorted pairs, a dimension without values left out (it keeps every
+    request). Raises QueryError for a dimension that is not a filter dimension (analysis.engine.model)."""
+    pairs = tuple(sorted((d, tuple(str(v) for v in vs)) for d, vs in (only or {}).items() if vs))
+    unknown = [d for d, _ in pairs if d not in M.FILTER_DIMENSIONS]
+    if unknown:
+        raise QueryError("", f"cannot filter the report by {', '.join(unknown)}; use one of "
+                             f"{', '.join(M.FILTER_DIMENSIONS)}")
+    return pairs
+
+
+def only_condition(only: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    """A condition over the request facts (values inlined as literals: a view reads it) keeping the requests whose
+    dimension is one of its values, for each pair of `only` (`only_pairs`); "true" when `only` is empty."""
+    return " AND ".join([f"{quote_ident(dim)} IN ({', '.join(quote(v) for v in values)})" for dim, values in only]
+                        or ["true"])
+
+
+#: Temp view of the store's request facts kept by a report's `only` (see `_frame_parts`).
+ONLY_VIEW: Final = "_tailscope_report_only"
+
+
 @dataclasses.dataclass(frozen=True)
 class Ask:
     """What a report (or find_spikes, explain_window) is asked: the metric, the range, which requests and
     dimensions. `source`: a table or view of request facts instead of the store's (see `build_report`);
-    `explain=False`: detection only (find_spikes); `rules`: which dimensions to consider (None: every one)."""
+    `explain=False`: detection only (find_spikes); `rules`: which dimensions to consider (None: every one);
+    `only`: the filter-dimension values the requests are kept by (see `only_condition`)."""
 
     metric: str = "e2e"
     window_s: float | str | None = None
@@ -109,6 +134,8 @@ class Ask:
     sampling_policy: str = "auto"
     explain: bool = True
     rules: A.AttributeRules | None = None
+    #: (dimension, values) pairs: only the requests whose dimension is one of the values (`only_condition`)
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -177,7 +204,7 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
 
 def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
                  include_failures: bool, source: str | None = None, detection_only: bool = False,
-                 explain: bool = True) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
+                 explain: bool = True, only: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
                                                 dict[str, float] | None]:
     """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
 
@@ -188,6 +215,10 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
     """
     facts = (request_facts(con, with_ttft=metric != "e2e") if source is None
              else _snapshot(con, source, metric, detection_only))
+    if only:  # the kept rows of the facts, read in place (a predicate on the stored hours' scan), their rids the facts'
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {ONLY_VIEW} AS SELECT * FROM {facts} WHERE {only_condition(only)}"
+                    ).fetchall()
+        facts = ONLY_VIEW
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
@@ -319,7 +350,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
     detection_only = (not explain and source is not None and sampling_policy == "auto"
                       and weight_column(con, source, since_ns, until_ns) is None)
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since_ns, until_ns, include_failures,
-                                                             source, detection_only, explain)
+                                                             source, detection_only, explain, ask.only)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -480,6 +511,7 @@ def build_report(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Report:
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
@@ -490,9 +522,11 @@ def build_report(
     `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).
     `dimensions` / `exclude_dimensions`: glob patterns (comma-separated) of the dimensions to consider / leave out
     (attribute keys or built-in names; the settings' `dimensions` / `exclude_dimensions` when None).
+    `only` ({filter dimension: values}): only the requests whose dimension is one of the values, read in place
+    from the facts (the same answer as a `source` holding just those requests, without copying them).
     """
     report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
-                                     rules=attribute_rules(dimensions, exclude_dimensions)))
+                                     rules=attribute_rules(dimensions, exclude_dimensions), only=only_pairs(only)))
     if rows is None:
         return report
     report["spikes"] = explain_all(rows, rows.det.spikes)
@@ -510,6 +544,7 @@ def find_spikes(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Report:
     """`build_report` without the explanations: the same header, and each spike's item without the keys
     the explanation fills (stages, dimensions, exemplars, noisy_neighbour, errors).
@@ -519,7 +554,8 @@ def find_spikes(
     found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions, so the rows are then
     read again with them (detection runs twice on a range with a spike).
     """
-    ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False)
+    ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False,
+              only=only_pairs(only))
     report, rows = _prepare(con, ask)
     if rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
         rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
@@ -566,6 +602,7 @@ def explain_window(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Spike:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -575,12 +612,12 @@ def explain_window(
     report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
     baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
     candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
-    `detected` true when the window is exactly one of the report's spikes.
+    `detected` true when the window is exactly one of the report's spikes. `only`: as in `build_report`.
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
-                                     rules=attribute_rules(dimensions, exclude_dimensions)))
+                                     rules=attribute_rules(dimensions, exclude_dimensions), only=only_pairs(only)))
     empty = window_not_explained(start_ns, end_ns, report["errors"])
     if rows is None:
         return empty
