@@ -29,8 +29,8 @@ from analysis import contract as C
 from analysis import neighbours as N
 from analysis.engine import attribute_values as AV
 from analysis.engine import model as M
-from analysis.engine.dialect import quote
 from analysis.engine.connect import ROW_ID_FILE_SHIFT
+from analysis.engine.dialect import quote
 from analysis.engine.percentiles import (
     ANY_WEIGHTED_SQL,
     auto_window_s,
@@ -160,14 +160,17 @@ class Rows:
     fetch: SpanFetcher | None = None
     rest: RestCounts | None = None
     attributes: RemoteAttributes | None = None
+    #: the reader of the frame's dimensions (`_frame_parts`) when `coded` is None and the facts hold them
+    read_dims: Callable[[], pl.DataFrame] | None = None
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
            coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
-           rest: RestCounts | None = None, attributes: RemoteAttributes | None = None) -> Rows:
+           rest: RestCounts | None = None, attributes: RemoteAttributes | None = None,
+           read_dims: Callable[[], pl.DataFrame] | None = None) -> Rows:
         """The rows of `frame`, their arrays read from it."""
         return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
-                   weights_of(frame), coded, fetch, rest, attributes)
+                   weights_of(frame), coded, fetch, rest, attributes, read_dims)
 
 
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
@@ -197,15 +200,14 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     """(the frame: values and dimensions of the rows in range, the counts, the facts table, the weighted counts),
     read one after the other (`_prepare` overlaps the dimensions' read with detection: `_frame_parts`)."""
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since, until, include_failures, source)
-    if read_dims is not None:
-        frame = _with_dims(frame, read_dims())
+    frame = _with_dims(frame, read_dims())
     return frame, counts, facts, weighted
 
 
 def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
                  include_failures: bool, source: str | None = None, detection_only: bool = False,
-                 explain: bool = True, only: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
-                                                dict[str, float] | None]:
+                 only: tuple[tuple[str, tuple[str, ...]], ...] = ()
+                 ) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame], dict[str, int], str, dict[str, float] | None]:
     """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
 
     The values frame holds what detection reads (rid, start_ns, e2e_ns, value; weight and status when
@@ -266,7 +268,7 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
         return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
 
     read_dims.facts_rows = (f"SELECT {rid} AS rid, trace_id, span_id, start_ns {rows}", params)  # type: ignore[attr-defined]
-    return frame, read_dims if explain else None, totals, facts, weighted
+    return frame, read_dims, totals, facts, weighted
 
 
 def _with_dims(frame: pl.DataFrame, dims: pl.DataFrame) -> pl.DataFrame:
@@ -350,7 +352,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
     detection_only = (not explain and source is not None and sampling_policy == "auto"
                       and weight_column(con, source, since_ns, until_ns) is None)
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since_ns, until_ns, include_failures,
-                                                             source, detection_only, explain, ask.only)
+                                                             source, detection_only, ask.only)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -369,19 +371,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
         # uses the connection until the read is joined. They are aligned to the values' rows on that thread
         # too, so their row ids are freed there, and coded for the explanation (numpy and polars, the GIL
         # mostly released), which would otherwise wait for detection to end.
-        values_only = frame
-
-        def dims_coded(read: Callable[[], pl.DataFrame]) -> tuple[pl.DataFrame, list[X.Coded]]:
-            both = _with_dims(values_only, read())
-            builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
-            facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
-            attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules or A.AttributeRules(), since_ns,
-                                    until_ns, store_rows=source is None)
-            report["attributes"] = cast(C.Attributes, attrs.to_json())
-            kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
-            return both, kept + attrs.coded
-
-        dims = pool.submit(dims_coded, read_dims) if read_dims is not None else None
+        dims = pool.submit(_coded_dims, con, frame, read_dims, rules or A.AttributeRules(), since_ns, until_ns,
+                           source is None) if explain else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
@@ -390,7 +381,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             except Exception as exc:
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
-            frame, coded = dims.result()
+            frame, coded, attributes = dims.result()
+            report["attributes"] = attributes
             if report["attributes"] is not None:
                 report["errors"].extend(report["attributes"]["errors"])
     if det is None:
@@ -409,10 +401,25 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    rows = Rows.of(con, facts, frame, det, metric, coded=coded)
+    rows = Rows.of(con, facts, frame, det, metric, coded=coded,
+                   read_dims=None if explain or detection_only else read_dims)
     if explain:
         culprit_bounds(rows)
     return report, rows
+
+
+def _coded_dims(con: duckdb.DuckDBPyConnection, values_only: pl.DataFrame, read: Callable[[], pl.DataFrame],
+                rules: A.AttributeRules, since_ns: int | None, until_ns: int | None, store_rows: bool
+                ) -> tuple[pl.DataFrame, list[X.Coded], C.Attributes]:
+    """(the values frame with its rows' dimensions, the dimensions `rules` keeps coded for the explanation, the
+    report's `attributes` object). `read`: the frame's reader of its dimensions (`_frame_parts`); `store_rows`: the
+    facts are the store's own (their attribute values are read from the hours' files)."""
+    both = _with_dims(values_only, read())
+    builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
+    facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
+    attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules, since_ns, until_ns, store_rows=store_rows)
+    kept = [c for c in builtin if rules.ruled_out(c.name) is None]
+    return both, kept + attrs.coded, cast(C.Attributes, attrs.to_json())
 
 
 def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
@@ -551,13 +558,19 @@ def find_spikes(
 
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
     report's cost on a large store, the explanations the rest. The spikes are the report's own: when detection
-    found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions, so the rows are then
-    read again with them (detection runs twice on a range with a spike).
+    found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions of the same rows then
+    (detection runs once); a caller's `source` copied without them (`_snapshot`) is read again with them
+    (detection then runs twice on a range with a spike).
     """
     ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False,
               only=only_pairs(only))
     report, rows = _prepare(con, ask)
-    if rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
+    if rows is not None and rows.det.spikes and rows.read_dims is not None:  # the same rows and detection, coded
+        frame, coded, _ = _coded_dims(con, rows.frame, rows.read_dims, attribute_rules(), parse_time(since),
+                                      parse_time(until), source is None)
+        rows = Rows.of(con, rows.facts, frame, rows.det, metric, coded=coded)
+        culprit_bounds(rows)
+    elif rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
         rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
     if rows is not None:
         report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
