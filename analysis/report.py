@@ -162,6 +162,9 @@ class Rows:
     attributes: RemoteAttributes | None = None
     #: the reader of the frame's dimensions (`_frame_parts`) when `coded` is None and the facts hold them
     read_dims: Callable[[], pl.DataFrame] | None = None
+    #: each spike's ranked dimensions as `culprit_bounds` ranked them, for the explanation of a spike it left in
+    #: place (`_Coding.ranked`: the same rows, baseline and coding give the same ranking)
+    ranked: dict[tuple[int, int, int], Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
@@ -713,7 +716,7 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
     start, values, weights = rows_.start, rows_.values, rows_.weights
     wins = det.window_start_ns // det.window_ns
     base = rows_in_windows(start, wins[det.baseline], det.window_ns).astype(np.int64)
-    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes)
+    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes, rows_.ranked)
     if slow_counts is None:
         slow = np.flatnonzero(values > det.baseline_p99_ns)
         slow_at = np.searchsorted(wins, start[slow] // det.window_ns)
@@ -815,7 +818,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
             # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
             # connection is that thread's alone until it is joined
             stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
-            coding = _Coding(frame, values, base, weights, rest, coded, attributes)
+            coding = _Coding(frame, values, base, weights, rest, coded, attributes, rows_.ranked)
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
@@ -847,9 +850,12 @@ class _Coding:
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
                  rest: RestCounts | None, coded: list[X.Coded] | None = None,
-                 attributes: RemoteAttributes | None = None) -> None:
+                 attributes: RemoteAttributes | None = None, memo: dict[tuple[int, int, int], Any] | None = None
+                 ) -> None:
         """`base`: the baseline's rows; `rest`, `attributes`: as `explain_all`'s; `coded`: the frame's DIMENSIONS
-        coded (by `X.code_dimension`), when already done."""
+        coded (by `X.code_dimension`), when already done; `memo` (`Rows.ranked`, with `coded` given and no `rest`):
+        the rankings made, kept for another coding of the same rows."""
+        self.memo = memo if coded is not None and rest is None and attributes is None else None
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
         self.remote: RemoteAttributes | None = attributes
@@ -873,12 +879,26 @@ class _Coding:
         """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
         `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
         values, remote = self.values, self.remote
+        key = (int(spike.start_ns), int(spike.end_ns), int(spike.baseline_p99_ns))
+        hit = self.memo.get(key) if self.memo is not None else None
+        if (hit is not None and hit[0] is self.coded and np.array_equal(hit[1], self.base)
+                and np.array_equal(hit[2], rows) and np.array_equal(hit[3], tail)):
+            if cut is not None:
+                cut.extend(hit[5])
+            return cast(tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]],
+                        hit[4])
         excess_rows = rows[values[rows] > spike.baseline_p99_ns]
         if excess_rows.size < X.MIN_TAIL_SLICE:
             excess_rows = tail
-        return excess_rows, rank_dimensions(
+        left_out: list[dict[str, Any]] = []
+        out = excess_rows, rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
-            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, left_out)
+        if cut is not None:
+            cut.extend(left_out)
+        if self.memo is not None:
+            self.memo[key] = (self.coded, self.base, rows, tail, out, left_out)
+        return out
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best

@@ -10,6 +10,7 @@ reported apart. Then the query caches are cleared (st.cache_data is process-wide
 session and the warm-up filled it) and a second session renders each page once, then changes filters.
 
     python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep] [--materialized [--live-hours N]]
+        [--pages overview,spike,...]
 
 `--materialized` first writes every stale hour's request file (analysis.engine.materialize, timed), as
 `tailscope collect` does for settled hours: the pages then read the hours in place; `--live-hours N` leaves the
@@ -131,8 +132,9 @@ def clear_caches() -> str:
             "(data.workbench); DuckDB's and the OS's file caches stay warm (the store was just read)")
 
 
-def run(store: Path) -> list[tuple[str, float, float]]:
-    """Drive the app over `store`; (what, seconds, limit) per measurement."""
+def run(store: Path, pages: tuple[str, ...] = PAGES) -> list[tuple[str, float, float]]:
+    """Drive the app over `store`; (what, seconds, limit) per measurement. `pages`: the pages the second session
+    renders after the Overview (every page by default)."""
     os.environ["TAILSCOPE_STORE"] = str(store)
     anchor(store)
     components = server_components()
@@ -163,7 +165,7 @@ def run(store: Path) -> list[tuple[str, float, float]]:
     print(f"  (cold: {clear_caches()})", flush=True)
     at = _session(components, 600)
     _timed("page overview (new session, cold query caches)", results, PAGE_LIMIT_S, at.run)
-    for page in PAGES[1:]:
+    for page in [p for p in PAGES[1:] if p in pages]:
         t_page = time.perf_counter()
         _timed(f"page {page} (cold query caches)", results, PAGE_LIMIT_S,
                at.switch_page(f"app_pages/{page}.py").run)
@@ -211,6 +213,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--materialized", action="store_true",
                         help="materialize every stale hour first (as `tailscope collect` does for settled hours)")
+    parser.add_argument("--pages", default=",".join(PAGES),
+                        help="the pages the second session renders after the Overview, comma-separated (default: all)")
     parser.add_argument("--live-hours", type=int, default=0, metavar="N",
                         help="with --materialized: leave the last N hours live (their request files removed if "
                              "written), as `tailscope collect` leaves the current hour and the one before")
@@ -237,7 +241,7 @@ def main() -> None:
         print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s; "
               f"live (not materialized): {len(snapshot(store).stale)} hour(s)", flush=True)
     try:
-        results = run(store)
+        results = run(store, tuple(args.pages.split(",")))
         anchor(store)  # again, before the store is removed: the load may have changed during the run
     finally:
         if tmp is not None and not args.keep:
