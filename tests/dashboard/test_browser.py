@@ -161,7 +161,7 @@ def test_click_through_every_page(dashboard_url: str) -> None:
             assert times and {t[:2] for t in times} <= {"07"}, times
             # the failed requests' chart draws each window's bar its full width
             bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
-            assert bars.count() > 0
+            expect(bars.first).to_be_attached()  # Vega draws after the script has finished: wait for it
             assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
             # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
             page.get_by_role("tab", name="TTFT", exact=True).click()
