@@ -45,6 +45,21 @@ def _kept(name: str, seed: int, duration_s: float, share: float) -> tuple[float,
     return scenario.window_s[0], [r for r in scenario.requests if keep.random() < share]
 
 
+def study(seeds: int, duration_s: float, window_s: float, share: float) -> dict[str, list[float]]:
+    """Per seed 1..`seeds`: the cold start's window rise, its kept requests above the baseline p99, and the clean
+    run's largest window rise."""
+    cold, above, null = [], [], []
+    for seed in range(1, seeds + 1):
+        t0, reqs = _kept("cold_start", seed, duration_s, share)
+        rise, base = _rise(_windows(reqs, window_s), int(t0 // window_s))
+        cold.append(rise)
+        above.append(float(sum(1 for r in reqs if r.replica == NEW_REPLICA and r.load_end_s is not None
+                                and r.e2e_s > base)))
+        judged = _windows(_kept("clean", seed, duration_s, share)[1], window_s)
+        null.append(max(_rise(judged, j)[0] for j in judged))
+    return {"cold": cold, "above": above, "null": null}
+
+
 def main() -> None:
     """Print the cold start's window rise and the clean runs' largest, over the seeds."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -53,22 +68,15 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=300.0)
     ap.add_argument("--share", type=float, default=0.25)
     a = ap.parse_args()
-    cold, above, null = [], [], []
-    for seed in range(1, a.seeds + 1):
-        t0, reqs = _kept("cold_start", seed, a.duration, a.share)
-        k = int(t0 // a.window)
-        rise, base = _rise(_windows(reqs, a.window), k)
-        cold.append(rise)
-        above.append(sum(1 for r in reqs if r.replica == NEW_REPLICA and r.load_end_s is not None and r.e2e_s > base))
-        judged = _windows(_kept("clean", seed, a.duration, a.share)[1], a.window)
-        null.append(max(_rise(judged, j)[0] for j in judged))
-    ranked = sorted(null)
+    got = study(a.seeds, a.duration, a.window, a.share)
+    cold, above, ranked = got["cold"], got["above"], sorted(got["null"])
     q95 = ranked[int(0.95 * (len(ranked) - 1))]
     print(f"{a.seeds} seeds, {a.duration:.0f} s runs, {a.share:.0%} kept, {a.window:.0f} s windows")
     print(f"cold start's window p99 / baseline p99: median {median(cold):.3f}; >= {1 + MIN_RISE:.1f} on "
           f"{sum(x >= 1 + MIN_RISE for x in cold)} of {a.seeds}")
-    print(f"kept cold-start requests above the baseline p99: median {median(above)}, {min(above)} to {max(above)}")
-    print(f"clean runs' largest window rise: median {median(null):.3f}, 95th percentile {q95:.3f}; "
+    print(f"kept cold-start requests above the baseline p99: median {median(above):.0f}, {min(above):.0f} to "
+          f"{max(above):.0f}")
+    print(f"clean runs' largest window rise: median {median(ranked):.3f}, 95th percentile {q95:.3f}; "
           f"the cold start's window above it on {sum(x > q95 for x in cold)} of {a.seeds}")
 
 
