@@ -4,8 +4,9 @@
     python -m benchmarks.bench_cost --store STORE[,STORE...] [--json]   # stores already built, read as they are
 
 The stores are built (or reused) as bench_report's are (benchmarks.inputs: by fingerprint), then their
-request hours are materialized, as `tailscope ingest` leaves a store. Per store, in a fresh process
-(DuckDB memory_limit 4GB): the anchor (DuckDB's plain
+request hours are materialized, as `tailscope ingest` leaves a store (hours an earlier run materialized with
+this code are kept, so a process reading the store meanwhile keeps them; stale ones are built). Per store, in
+a fresh process (DuckDB memory_limit 4GB): the anchor (DuckDB's plain
 p50/p99 of `Duration` per `SpanName` over the same Parquet files), the fair-share GPU-time
 sweep with the cost table (`cost_table`), the `requests` view copied into a table once (what
 the dashboard holds in memory; the replay needs each request's critical-path queue wait), the
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from analysis.engine.materialize import REQUESTS_DIR
 from benchmarks.bench_report import anchor, bench_args, materialize_in_child, peak_rss_mib, stores, timed
 
 
@@ -140,9 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_one(Path(args.one))))
         return
     results: dict[str, Any] = {}
-    for spans, store in stores(args):
+    # the store's materialized hours are kept (another process may be reading them): the hours built by other code
+    # have another key, so materializing rebuilds exactly those
+    for spans, store in stores(args, keep=(REQUESTS_DIR,)):
         # the request hours materialized first (untimed here; bench_report times it), as `tailscope ingest` leaves
-        # a store: `stores` removed what an earlier run materialized, so every run reads the hours it built
+        # a store: every hour stale for the code running now is built
         if not args.store:
             materialize_in_child(store)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cost", "--one", str(store)],

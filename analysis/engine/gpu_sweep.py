@@ -276,13 +276,24 @@ def bounds_sql(spans: str, where: str = "TRUE") -> str:
 def write_hour(con: duckdb.DuckDBPyConnection, source: str, hour_ns: int, path: Path) -> None:
     """Write the hour's cost file (COST_LAYOUT) to `path`: the integer sweep over [hour, hour + 1 h) of the spans
     of `source` (a relation of the hour's spans and its neighbours', as its requests are built from). Each
-    replica-minute being swept on its own, the rows are exactly the whole store's sweep within the hour."""
-    view = f"_cost_source_{uuid.uuid4().hex[:8]}"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {source}")
+    replica-minute being swept on its own, the rows are exactly the whole store's sweep within the hour.
+
+    The sweep reads one narrow copy of the spans it can use, made in one scan: the request spans and the
+    generation / model_load spans that start before the hour ends (a GPU span in the hour and its parents do),
+    and every prefill / decode span (one marks its generation as split wherever it lies)."""
+    end = hour_ns + M.HOUR_NS
+    tag = uuid.uuid4().hex[:8]
+    narrow, bounds = f"_cost_in_{tag}", f"_cost_bounds_{tag}"
+    parts = ", ".join(f"'{s}'" for s in S.GENERATION_PARTS)
+    whole = ", ".join(f"'{s}'" for s in (S.GENERATION, COLD_START_STAGE))
     try:
-        run_sweep(con, {"lo": hour_ns, "hi": hour_ns + M.HOUR_NS, "grid": CELL_NS}, grid=True, weighted=False,
-                  spans=view)
-        own = f"TimestampNs >= {hour_ns} AND TimestampNs < {hour_ns + M.HOUR_NS}"
+        con.execute(f"""
+            CREATE TEMP TABLE {narrow} AS
+            SELECT TraceId, SpanId, ParentSpanId, Stage, Replica, TimestampNs, EndNs, IsRequest FROM {source}
+            WHERE ((IsRequest OR Stage IN ({whole})) AND TimestampNs < {end}) OR Stage IN ({parts})""")
+        con.execute(f"CREATE TEMP TABLE {bounds} AS "
+                    f"{bounds_sql(source, f'TimestampNs >= {hour_ns} AND TimestampNs < {end}')}")
+        run_sweep(con, {"lo": hour_ns, "hi": end, "grid": CELL_NS}, grid=True, weighted=False, spans=narrow)
         nulls = "NULL::BIGINT"
         con.execute(f"""
             COPY (SELECT 's' AS kind, replica, trace_id, request_span_id, bucket_ns AS minute_ns, allocated_ns,
@@ -290,9 +301,9 @@ def write_hour(con: duckdb.DuckDBPyConnection, source: str, hour_ns: int, path: 
                   FROM _cost_shares
                   UNION ALL SELECT 'c', replica, NULL, NULL, bucket_ns, NULL, cold_start_ns, NULL, NULL, NULL
                   FROM _cost_replicas WHERE cold_start_ns > 0
-                  UNION ALL SELECT 'b', replica, NULL, NULL, NULL, NULL, NULL, first_ns, last_ns, gpu
-                  FROM ({bounds_sql(view, own)}))
+                  UNION ALL SELECT 'b', replica, NULL, NULL, NULL, NULL, NULL, first_ns, last_ns, gpu FROM {bounds})
             TO '{path}' (FORMAT parquet, COMPRESSION zstd)""")
     finally:
         drop_sweep(con)
-        con.execute(f"DROP VIEW IF EXISTS {view}")
+        con.execute(f"DROP TABLE IF EXISTS {narrow}")
+        con.execute(f"DROP TABLE IF EXISTS {bounds}")
