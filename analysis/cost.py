@@ -1,29 +1,32 @@
 """What the GPUs cost: fair-share GPU time per request, priced per GPU-hour, per tenant / model / replica.
 
-The rule (docs/cost.md). On each replica the timeline is cut at every boundary: the
-start and end of every GPU interval and model_load span on it, the ends of its observed
-window, and (for a series) the edges of the time grid. A request is *in a GPU stage* on its
-replica while one of its prefill or decode spans runs, or its generation span where the
-generation is not split into prefill / decode (the union of those spans, per request).
-Each segment between consecutive boundaries, of length L ns:
+The rule (docs/cost.md). Each replica-minute is swept on its own: its timeline is cut at every
+boundary: the start and end of every GPU interval and model_load span on the replica, the ends
+of its observed window, the minute's edges, and (for a series) the edges of the time grid. A
+request is *in a GPU stage* on its replica while one of its prefill or decode spans runs, or
+its generation span where the generation is not split into prefill / decode (the union of
+those spans, per request). Each segment between consecutive boundaries, of length L ns:
 
 - with n >= 1 requests in a GPU stage: each gets L // n ns (floor division) and the
-  remainder L % n (< n ns) goes to the one active request that ends last (ties: the larger
-  (trace id, request span id)), so the shares of a segment sum to L exactly;
+  remainder L % n (< n ns) goes to the one active request that ends last within the minute
+  (ties: the larger (trace id, request span id)), so the shares of a segment sum to L exactly;
 - else, with a model_load span running: cold start, charged to the replica;
 - else: idle.
 
 A replica's observed time runs from the start of its first span to the end of its last
 span (any span whose `Replica` is that replica), clipped to [since, until); a replica counts
-when it has a GPU-stage or model_load span anywhere in the store. allocated + cold start + idle = observed, exactly.
+when it has a GPU-stage or model_load span anywhere in the store. allocated + cold start +
+idle = observed, exactly.
 
-The sweep is SQL over the documented `spans` view: window functions over the interval
-boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
-request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
-Python loop over rows. Three pieces are dialect-specific
-(analysis.engine.dialect: integer division, the next boundary, the grid's cells); the rest is plain SQL
-(joins, CASE, sum/min/max, window sums). `clickhouse_gpu_shares` runs the ClickHouse text on
-an otel_traces-shaped table (tested in chdb against the DuckDB sweep, weighted and not).
+The sweep (analysis.engine.gpu_sweep; stored with each materialized hour, and `gpu_shares`
+sums the stored hours of a range and sweeps the rest) is SQL over the documented `spans`
+view: window functions over the interval boundaries (running sums for the counts and a
+running prefix sum of the floor shares, so a request's share is Q(end) - Q(start); a running
+max for the remainder's recipient), no Python loop over rows. Three pieces are
+dialect-specific (analysis.engine.dialect: integer division, the next boundary, the grid's
+cells); the rest is plain SQL (joins, CASE, sum/min/max, window sums).
+`clickhouse_gpu_shares` runs the ClickHouse text on an otel_traces-shaped table (tested in
+chdb against the DuckDB sweep, weighted and not).
 """
 
 from __future__ import annotations
@@ -155,9 +158,9 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
     every_src = f"read_parquet([{', '.join(M.quote(str(p)) for (p,) in every)}])"
     hours = [int(h) for (h,) in con.execute(f"SELECT hour_ns FROM {GS.COST_FILES_VIEW}").fetchall()]
     live_shares = "".join(f" UNION ALL SELECT replica, trace_id, request_span_id, bucket_ns, allocated_ns "
-                          f"FROM _cost_live_shares_{i}" for i in live)
-    live_cold = "".join(f" UNION ALL SELECT replica, bucket_ns, cold_start_ns FROM _cost_live_replicas_{i}"
-                        for i in live)
+                          f"FROM _cost_live_shares_{n}" for n in live)
+    live_cold = "".join(f" UNION ALL SELECT replica, bucket_ns, cold_start_ns FROM _cost_live_replicas_{n}"
+                        for n in live)
     try:
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE _cost_shares AS
@@ -193,9 +196,9 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
                              WHERE kind = 'c'{live_cold}) GROUP BY ALL) x
                 ON x.replica = c.replica AND x.bucket_ns = c.bucket_ns""")
     finally:
-        for i in live:
-            con.execute(f"DROP TABLE IF EXISTS _cost_live_shares_{i}")
-            con.execute(f"DROP TABLE IF EXISTS _cost_live_replicas_{i}")
+        for n in live:
+            con.execute(f"DROP TABLE IF EXISTS _cost_live_shares_{n}")
+            con.execute(f"DROP TABLE IF EXISTS _cost_live_replicas_{n}")
 
 
 #: The span columns the sweep reads (the ClickHouse run copies only these into a temporary table).
@@ -466,6 +469,13 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: 
                coalesce(round(sum(f._w * f.input_tokens)), 0)::BIGINT AS input_tokens,
                coalesce(round(sum(f._w * f.output_tokens)), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
         FROM f JOIN q ON q.key = {fkey} GROUP BY 1"""
+
+
+def series_bucket_s(window_s: float) -> int:
+    """The cell of a cost series drawn beside charts of `window_s` windows: the window rounded up to whole minutes
+    (the sweep's cells), so that each cell is a sum of the minutes stored with the materialized hours."""
+    cell_s = CELL_NS // 1_000_000_000
+    return max(1, math.ceil(window_s / cell_s)) * cell_s
 
 
 def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,

@@ -645,6 +645,14 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
     return int(detection(_db, store, version, filters)["window_s"])
 
 
+def cost_bucket_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
+    """The Cost page's cells: the report's window (`window_s`) rounded up to whole minutes, the GPU-time sweep's
+    cells, so that the series sums the minutes stored with each materialized hour (analysis.cost.series_bucket_s)."""
+    from analysis.cost import series_bucket_s
+
+    return series_bucket_s(window_s(_db, store, version, filters))
+
+
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Bench, store: str, version: int, filters: Filters,
               metrics: tuple[str, ...] = ("e2e", "ttft", "tpot")) -> pl.DataFrame:

@@ -36,9 +36,10 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
 
     `weighted` (sampled traces): each segment is shared in proportion to the active requests'
     adjusted counts, L x w / (sum of w), in float ns, each request's total rounded to whole ns
-    (docs/cost.md#sampled-traces); without it the integer rule of the module docstring.
+    (docs/cost.md#sampled-traces); without it the integer rule of analysis.cost's docstring.
 
-    Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
+    Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns). `cell_ns`: the cells
+    swept on their own (the minute; tests take narrower ones).
     `spans` names the relation of stored span columns the sweep reads.
     Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
     bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import connect
-from analysis.cost import cost_series, cost_table, drop_sweep, gpu_shares
+from analysis.cost import cost_series, cost_table, drop_sweep, gpu_shares, series_bucket_s
 from analysis.engine import gpu_sweep as GS
 from analysis.engine.materialize import materialize, snapshot
 from tests.factory import T0, add_request, write
@@ -87,3 +87,9 @@ def test_a_cost_file_is_written_with_its_hour_and_superseded_with_it(tmp_path: P
     snap = snapshot(tmp_path)
     on_disk = set(tmp_path.glob("requests/*/*/cost-*"))
     assert not snap.stale and {GS.cost_path(f) for f in snap.fresh.values()} == on_disk
+
+
+def test_the_series_cells_are_whole_minutes() -> None:
+    """The Cost page's cells: the report's window rounded up to whole minutes (so they sum stored minutes)."""
+    assert [series_bucket_s(w) for w in (1, 10, 59.5, 60, 61, 120, 300, 3600)] == [60, 60, 60, 60, 120, 120, 300,
+                                                                                  3600]
