@@ -97,7 +97,8 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
 
     Returns (shares table, replicas table): per (replica, request, bucket) the allocated
-    GPU ns; per (replica, bucket) observed / allocated / cold start / idle ns. With
+    GPU ns (read from stored hours, in several rows whose sum it is: readers sum); per (replica,
+    bucket) observed / allocated / cold start / idle ns. With
     `grid_ns` the timeline is also cut at multiples of it and `bucket_ns` is each piece's
     grid cell; without it `bucket_ns` is 0. `weighted` (default: `sampled_spans`) shares each segment by
     adjusted counts. `cell_ns` (tests only): the width of the cells swept on their own. `drop_sweep(con)` removes
@@ -162,12 +163,11 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
     live_cold = "".join(f" UNION ALL SELECT replica, bucket_ns, cold_start_ns FROM _cost_live_replicas_{n}"
                         for n in live)
     try:
+        # a request's share in a bucket may be several rows (one per stored minute or hour): readers sum them
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE _cost_shares AS
-            SELECT replica, trace_id, request_span_id, bucket_ns, sum(allocated_ns)::BIGINT AS allocated_ns
-            FROM (SELECT replica, trace_id, request_span_id, {bucket("minute_ns")} AS bucket_ns, allocated_ns
-                  FROM {src} WHERE kind = 's'{live_shares})
-            GROUP BY replica, trace_id, request_span_id, bucket_ns""")
+            SELECT replica, trace_id, request_span_id, {bucket("minute_ns")} AS bucket_ns, allocated_ns
+            FROM {src} WHERE kind = 's'{live_shares}""")
         # each replica's observed window over the whole store, clipped to the range, and which replicas count
         windows = f"""
             SELECT replica, greatest(min(first_ns), {lo}) AS first_ns, least(max(last_ns), {hi}) AS last_ns

@@ -43,8 +43,9 @@ def _store(rng: random.Random, path: Path) -> None:
 
 def _rows(con: Any, **kw: Any) -> tuple[dict[Any, int], dict[Any, tuple[int, ...]]]:
     shares, reps = gpu_shares(con, **kw)
-    a = {(r, t, s, b): n for r, t, s, b, n in con.execute(
-        f"SELECT replica, trace_id, request_span_id, bucket_ns, allocated_ns FROM {shares}").fetchall() if n}
+    a = {(r, t, s, b): n for r, t, s, b, n in con.execute(  # a share read from stored hours may be several rows
+        f"SELECT replica, trace_id, request_span_id, bucket_ns, sum(allocated_ns) FROM {shares} GROUP BY ALL"
+    ).fetchall() if n}
     b = {(r, bk): v for r, bk, *v in con.execute(
         f"SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}").fetchall()
         if v[0]}
