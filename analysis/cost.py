@@ -113,9 +113,12 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
         weighted = sampled_spans(con)
     files = stored_hours(con, params, grid_ns) if stored and not weighted and cell_ns == CELL_NS else {}
     if files:
-        _from_stored(con, files, params, grid_ns)
-    else:
-        GS.run_sweep(con, params, grid=grid_ns is not None, weighted=weighted, cell_ns=cell_ns)
+        try:
+            _from_stored(con, files, params, grid_ns)
+            return "_cost_shares", "_cost_replicas"
+        except duckdb.IOException:  # a stored file superseded and removed since the connection listed it
+            drop_sweep(con)
+    GS.run_sweep(con, params, grid=grid_ns is not None, weighted=weighted, cell_ns=cell_ns)
     return "_cost_shares", "_cost_replicas"
 
 

@@ -88,6 +88,12 @@ def test_a_cost_file_is_written_with_its_hour_and_superseded_with_it(tmp_path: P
     snap = snapshot(tmp_path)
     on_disk = set(tmp_path.glob("requests/*/*/cost-*"))
     assert not snap.stale and {GS.cost_path(f) for f in snap.fresh.values()} == on_disk
+    # a reader whose listed cost file was removed since (superseded, its grace over) sweeps the spans instead
+    con = connect(tmp_path)
+    want = _rows(con, stored=False)
+    GS.cost_path(written[0]).unlink()
+    assert _rows(con) == want
+    con.close()
 
 
 def test_the_series_cells_are_whole_minutes() -> None:
