@@ -16,13 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from analysis import connect
 from analysis.report import build_report
 from analysis.stats.spikes import MIN_RISE, P50_TOLERANCE
 from sample_traces import generate
-from sample_traces.emit import write_store
+from sample_traces.emit import span_tables, write_store
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect, run
 from tests.sample_traces import sampled_copy as C
@@ -43,6 +44,9 @@ NEGATIVE = ("fleet_slowdown", "load_increase")
 #: low-sample rule), and a quarter of 10 requests/s gives 150 per minute; at 2,500 s the automatic 300 s
 #: windows hold about 750.
 QUARTER_RUN_S = 2500.0
+#: The keep probability of the quarter-sampled runs, and the tracestate a consistent sampler at it records.
+QUARTER = 0.25
+QUARTER_STATE = f"ot=th:{C.th_text(C.threshold(QUARTER))}"
 #: (incident, seed) the report does not get right with these rules, and why (measured; test_accuracy.py's
 #: docstring). The tests of these are expected to fail, strictly: one that passes fails the run.
 KNOWN_MISSES: dict[tuple[str, int], str] = {
@@ -176,10 +180,12 @@ def check_negative(case: str, seed: int, tmp_path: Path) -> None:
 
 
 def quarter_copy(scenario: Any, seed: int, tmp_path: Path) -> Path:
-    """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded: only the kept traces are
-    written (`write_store`'s `keep`, by the trace id's randomness), then their threshold recorded."""
-    kept = write_store(tmp_path / "kept", scenario.config, scenario.requests, seed, keep=C.keeps(0.25))
-    return C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(kept), lambda r: 0.25))
+    """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded: only the traces the rule
+    keeps (`C.keeps`, by the trace id's randomness) are built, each span with the threshold's tracestate, and
+    written as one segment (`emit.span_tables`; test_sampling_accuracy.py checks these are the rows of
+    `C.consistent_sample` applied to the whole store)."""
+    tables = span_tables(scenario.config, scenario.requests, seed, keep=C.keeps(QUARTER), trace_state=QUARTER_STATE)
+    return C.write_store(tmp_path / "copy", pa.concat_tables(tables))
 
 
 def check_quarter(name: str, seed: int, tmp_path: Path) -> None:
