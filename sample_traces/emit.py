@@ -356,12 +356,16 @@ def span_tables(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
 
 
 def write_store(store: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
-                keep: Callable[[int], bool] | None = None) -> Path:
-    """Write `requests` straight into a segment store (one segment per replica: `span_tables`) and return it, for
-    tests and benchmarks that are not about OTLP."""
+                keep: Callable[[int], bool] | None = None, trace_state: str = "") -> Path:
+    """Write `requests` straight into a segment store and return it, for tests and benchmarks that are not about
+    OTLP: `span_tables`' rows (`keep`, `trace_state`: see there), every replica's in one segment per hour (a
+    store's cost grows with its segments: each is a file to open and a Parquet footer to read)."""
+    import pyarrow as pa
+
     writer = SegmentWriter(store, kind="sim")
-    for table in span_tables(cfg, requests, seed, keep):
-        writer.write(table)
+    tables = span_tables(cfg, requests, seed, keep, trace_state)
+    if tables:
+        writer.write(pa.concat_tables(tables))
     return store
 
 

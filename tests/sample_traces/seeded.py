@@ -16,14 +16,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from analysis import connect
 from analysis.report import build_report
 from analysis.stats.spikes import MIN_RISE, P50_TOLERANCE
 from sample_traces import generate
-from sample_traces.emit import span_tables, write_store
+from sample_traces.emit import write_store
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect, run
 from tests.sample_traces import sampled_copy as C
@@ -181,11 +180,10 @@ def check_negative(case: str, seed: int, tmp_path: Path) -> None:
 
 def quarter_copy(scenario: Any, seed: int, tmp_path: Path) -> Path:
     """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded: only the traces the rule
-    keeps (`C.keeps`, by the trace id's randomness) are built, each span with the threshold's tracestate, and
-    written as one segment (`emit.span_tables`; test_sampling_accuracy.py checks these are the rows of
-    `C.consistent_sample` applied to the whole store)."""
-    tables = span_tables(scenario.config, scenario.requests, seed, keep=C.keeps(QUARTER), trace_state=QUARTER_STATE)
-    return C.write_store(tmp_path / "copy", pa.concat_tables(tables))
+    keeps (`C.keeps`, by the trace id's randomness) are written, each span with the threshold's tracestate
+    (test_emit_columns.py checks these are the rows `C.consistent_sample` keeps of the whole store)."""
+    return write_store(tmp_path / "copy", scenario.config, scenario.requests, seed, keep=C.keeps(QUARTER),
+                       trace_state=QUARTER_STATE)
 
 
 def check_quarter(name: str, seed: int, tmp_path: Path) -> None:
