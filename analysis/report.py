@@ -13,6 +13,7 @@ sampler did when the data cannot show it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -118,7 +119,8 @@ class Rows:
     `frame` (rid into `facts`, start_ns, e2e_ns, value, the DIMENSIONS; weight and status when sampled) in
     start order, with `start` and `values` its columns as arrays and `weights` its adjusted counts (None
     when unsampled); `det` the detection over them; `coded` the frame's dimensions already coded (None:
-    coded when explained); `fetch` and `rest` a remote engine's (see `explain_all`).
+    coded when explained); `fetch` and `rest` a remote engine's (see `explain_all`); `ranked` the spikes'
+    ranked dimensions already computed (`_Coding.ranked`: the bounds step ranks what the explanation ranks again).
     """
 
     con: duckdb.DuckDBPyConnection
@@ -133,6 +135,7 @@ class Rows:
     fetch: SpanFetcher | None = None
     rest: RestCounts | None = None
     attributes: RemoteAttributes | None = None
+    ranked: list[tuple[tuple[Any, ...], Any]] = dataclasses.field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
@@ -663,7 +666,7 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
     start, values, weights = rows_.start, rows_.values, rows_.weights
     wins = det.window_start_ns // det.window_ns
     base = rows_in_windows(start, wins[det.baseline], det.window_ns).astype(np.int64)
-    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes)
+    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes, rows_.ranked)
     if slow_counts is None:
         slow = np.flatnonzero(values > det.baseline_p99_ns)
         slow_at = np.searchsorted(wins, start[slow] // det.window_ns)
@@ -765,11 +768,11 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
             # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
             # connection is that thread's alone until it is joined
             stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
-            coding = _Coding(frame, values, base, weights, rest, coded, attributes)
+            coding = _Coding(frame, values, base, weights, rest, coded, attributes, rows_.ranked)
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
-        coding = _Coding(frame, values, base, weights, rest, coded, attributes)
+        coding = _Coding(frame, values, base, weights, rest, coded, attributes, rows_.ranked)
     out = []
     for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
         # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
@@ -797,10 +800,13 @@ class _Coding:
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
                  rest: RestCounts | None, coded: list[X.Coded] | None = None,
-                 attributes: RemoteAttributes | None = None) -> None:
+                 attributes: RemoteAttributes | None = None, memo: list[tuple[tuple[Any, ...], Any]] | None = None
+                 ) -> None:
         """`base`: the baseline's rows; `rest`, `attributes`: as `explain_all`'s; `coded`: the frame's DIMENSIONS
-        coded (by `X.code_dimension`), when already done."""
+        coded (by `X.code_dimension`), when already done; `memo`: `ranked`'s results, kept for the next coding
+        of the same rows (`Rows.ranked`)."""
         self.values, self.base, self.weights = values, base, weights
+        self.memo = memo if memo is not None else []
         self.rest: X.Rest | None = None
         self.remote: RemoteAttributes | None = attributes
         self.base_q: X.BaselineTail
@@ -823,12 +829,23 @@ class _Coding:
         """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
         `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
         values, remote = self.values, self.remote
+        asked = (spike.baseline_p99_ns, rows, tail, self.base)
+        for was, (excess_rows, got, was_cut) in self.memo:  # ranked before on these very rows: a copy of that
+            if was[0] == asked[0] and all(np.array_equal(a, b) for a, b in zip(was[1:], asked[1:], strict=True)):
+                if cut is not None:
+                    cut.extend(copy.deepcopy(was_cut))
+                return excess_rows, copy.deepcopy(got)
         excess_rows = rows[values[rows] > spike.baseline_p99_ns]
         if excess_rows.size < X.MIN_TAIL_SLICE:
             excess_rows = tail
-        return excess_rows, rank_dimensions(
+        own_cut: list[dict[str, Any]] = []
+        got = rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
-            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, own_cut)
+        self.memo.append((asked, (excess_rows, copy.deepcopy(got), copy.deepcopy(own_cut))))
+        if cut is not None:
+            cut.extend(own_cut)
+        return excess_rows, got
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best

@@ -21,6 +21,7 @@ window's requests, keys partitioning requests exactly as another dimension does 
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from analysis.engine.attribute_values import (
     timing_pattern,
     to_numpy,
 )
+from analysis.kernel import load_kernel
 from analysis.stats.explain import Coded, bucket_label, counts_of
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
@@ -74,6 +76,7 @@ _OWN_PREFIX: Final = OWN_PREFIX
 CUT_PRESENT: Final = " (the most present first)"
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -374,6 +377,53 @@ class LazyCoded(Coded):
             np.take(lut, part, out=codes[a:b], mode="clip")
         self.codes = codes
         return codes
+
+    def keyed(self, scale: int, plus: I64) -> I64:
+        """`Coded.keyed` from the runs (through each run's table times `scale`), without making `codes`."""
+        if "codes" in self.__dict__ or "runs" not in self.__dict__:
+            return super().keyed(scale, plus)
+        missing = len(self.labels)
+        covered = sum(b - a for a, b, _, _ in self.runs) == self.n_rows
+        out = np.empty(self.n_rows, dtype=np.int64) if covered else np.full(self.n_rows, missing * scale,
+                                                                           dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            np.take(np.where(lut < 0, missing, lut) * scale, part, out=out[a:b], mode="clip")
+        out += plus
+        return out
+
+    def count_keyed(self, scale: int, plus: I64, cells: int, weights: F64 | None = None) -> tuple[I64, F64 | None]:
+        """`Coded.count_keyed` in one pass per run through the C kernel (`count_cells`: the same counts, the sums
+        in the same row order), without making a key; numpy's when the kernel is not built."""
+        lib = load_kernel()
+        if (lib is None or not hasattr(lib, "count_cells") or "codes" in self.__dict__ or "runs" not in self.__dict__
+                or any(part.dtype.kind != "i" or part.dtype.itemsize not in (1, 2, 4, 8)
+                       for _, _, part, _ in self.runs)):
+            return super().count_keyed(scale, plus, cells, weights)
+        missing = len(self.labels)
+        segments: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]] = []
+        at = 0
+        for a, b, part, lut in sorted(self.runs, key=lambda run: run[0]):  # rows in order, those outside missing
+            if a > at:
+                segments.append((at, a, np.zeros(a - at, dtype=np.int8), np.full(1, -1, dtype=np.int64)))
+            segments.append((a, b, part, lut))
+            at = b
+        if at < self.n_rows:
+            segments.append((at, self.n_rows, np.zeros(self.n_rows - at, dtype=np.int8), np.full(1, -1, np.int64)))
+        counts = np.zeros(cells, dtype=np.int64)
+        sums = None if weights is None else np.zeros(cells, dtype=np.float64)
+        i64, f64 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+        for a, b, part, lut in segments:
+            codes = np.ascontiguousarray(part)
+            table = np.ascontiguousarray(np.where(lut < 0, missing, lut) * scale, dtype=np.int64)
+            add = np.ascontiguousarray(plus[a:b], dtype=np.int64)
+            w = None if weights is None else np.ascontiguousarray(weights[a:b], dtype=np.float64)
+            rc = lib.count_cells(codes.ctypes.data_as(ctypes.c_void_p), codes.dtype.itemsize, b - a,
+                                 table.ctypes.data_as(i64), table.size, add.ctypes.data_as(i64),
+                                 None if w is None else w.ctypes.data_as(f64), counts.ctypes.data_as(i64),
+                                 None if sums is None else sums.ctypes.data_as(f64), cells)
+            if rc != 0:  # a code past its table (numpy's "clip" reads the last slot) or a key out of range
+                return super().count_keyed(scale, plus, cells, weights)
+        return counts, sums
 
     def at(self, rows: I64) -> I64:
         """The codes of `rows`, gathered from the runs (or from `codes` once made)."""
