@@ -165,8 +165,11 @@ def test_the_kernels_count_is_numpys(seed: int, monkeypatch: pytest.MonkeyPatch)
     assert broken.count_keyed(1, plus, 2)[0].tolist() == [1, 3]
 
 
+Cells = dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, float, float]]
+
+
 def _family(coded: list[Coded], codes: list[np.ndarray], tail: np.ndarray, base: np.ndarray,
-            weights: np.ndarray | None) -> tuple[int, dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, float, float]]]:
+            weights: np.ndarray | None) -> tuple[int, Cells]:
     """The family a plain reading counts (every value, and every pair with a built-in, held by a tail or baseline
     row, missing left out) and the cells the guard lets through: at least the least support, a larger share of the
     tail than of the baseline, not the very rows of one of its parts; each with (tail, baseline) counts and
@@ -178,7 +181,7 @@ def _family(coded: list[Coded], codes: list[np.ndarray], tail: np.ndarray, base:
     combos += [c for c in combinations(range(len(coded)), 2) if c[0] < NB and all(coded[i].labels for i in c)]
     family = 0
     seen: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
-    out = {}
+    out: Cells = {}
     least = X.least_support(n_t, weights is not None)
     for combo in combos:
         t = _plain(codes, tail, weights, combo)
