@@ -691,6 +691,24 @@ def named_at(value: Any, others: Sequence[Any]) -> bool:
     return all(own >= min(o.explained, 1.0) - HIERARCHY_MARGIN for o in others)
 
 
+def folded_under(ranked: Sequence[Any]) -> list[int | None]:
+    """For each of `ranked` (best first), the position of the value a pair folds under, else None: the better
+    (by `explained`) of its two parts ranked before it, when that part explains as much as the pair within
+    HIERARCHY_MARGIN (`named_at`, the hierarchy's rule): such a pair restates its part for the reader."""
+    at = {(c.dims[0], c.codes[0]): n for n, c in enumerate(ranked) if len(c.dims) == 1}
+    out: list[int | None] = []
+    for n, c in enumerate(ranked):
+        parts = [at[(d, v)] for d, v in zip(c.dims, c.codes, strict=True)
+                 if len(c.dims) == 2 and at.get((d, v), n) < n]
+        parts = [p for p in parts if math.isfinite(ranked[p].explained)]
+        if not parts or not math.isfinite(c.explained):
+            out.append(None)
+            continue
+        best = min(parts, key=lambda p: (-min(ranked[p].explained, 1.0), p))
+        out.append(best if named_at(ranked[best], [c]) else None)
+    return out
+
+
 #: A nesting test's counts: (the dimensions, single candidates `a`, single candidates `b`) -> (each of `a`'s requests,
 #: for each of `a` the requests it shares with each of `b`), over the frame's requests (`local_overlap`, or a remote
 #: engine's counts over its frame).

@@ -6,9 +6,13 @@ a brushed window explained the same way (analysis.report.explain_window) against
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
+from analysis.report import folded_pairs
 from dashboard import charts, data, links, sidebar
 
 db = data.open_store()
@@ -124,7 +128,10 @@ table_config = {
     "filter": st.column_config.LinkColumn("filter", display_text="filter to this value",
                                           help="Open the Overview with the current filters narrowed to this value")}
 pair = dims["dimension"].str.contains("&")
-singles, pairs = dims[~pair], dims[pair]
+# a pair explaining no more than a value ranked before it is folded under that value (analysis' `folded_under`)
+folded = folded_pairs(ex.get("dimensions", []))
+unfolded = pd.Series(["folded_under" not in d for d in ex.get("dimensions", [])], index=dims.index, dtype=bool)
+singles, pairs = dims[~pair], dims[pair & unfolded]
 if dims.empty:
     st.info("No dimension value is over-represented in this window's tail (after the multiple-testing guard).")
 else:
@@ -160,6 +167,13 @@ if pairs.empty:
     st.caption("No pair of values explains clearly more than its parts.")
 else:
     st.dataframe(pairs.head(10), hide_index=True, column_config=table_config)
+if folded:
+    def _named(d: Mapping[str, Any]) -> str:  # "tenant = tyrell (85%)"
+        return f"{d['dimension']} = {d['value']} ({'-' if d['explained'] is None else format(d['explained'], '.0%')})"
+
+    with st.expander(f"{sum(map(len, folded.values()))} pairs folded: each explains no more than one of its values"):
+        st.markdown("\n".join(f"- under **{_named(ex['dimensions'][n])}**: " + ", ".join(map(_named, under))
+                               for n, under in folded.items()))
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))
