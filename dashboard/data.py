@@ -338,17 +338,20 @@ class Workbench:
     def report(self, f: Filters, metric: str, window_s: int | None, explain: bool) -> dict[str, Any]:
         """analysis.report.build_report (find_spikes without `explain`) over the filtered requests."""
         run = build_report if explain else find_spikes
+        source = _report_source(self, f)
         with _cursor(self, f) as cur:
             return cast(dict[str, Any], run(cur, metric=metric, window_s=window_s, since=f.since_ns,
-                                            until=f.until_ns, include_failures=True, source=_report_source(self, f)))
+                                            until=f.until_ns, include_failures=True, source=source,
+                                            only=_report_only(f, source)))
 
     def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
                        window_s: int | None) -> dict[str, Any]:
         """analysis.report.explain_window over the filtered requests."""
+        source = _report_source(self, f)
         with _cursor(self, f) as cur:
             return cast(dict[str, Any], explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s,
-                                                       since=f.since_ns, until=f.until_ns,
-                                                       source=_report_source(self, f)))
+                                                       since=f.since_ns, until=f.until_ns, source=source,
+                                                       only=_report_only(f, source)))
 
     def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
         """analysis.breakdowns.shape of the filtered requests."""
@@ -677,16 +680,22 @@ LIVE_HOURS_IN_PLACE = 2
 
 
 def _report_source(db: Workbench, filters: Filters) -> str | None:
-    """Where a report call reads its requests. Without a dimension or attribute filter (a time range is the report's
-    own since/until) on a store with at most LIVE_HOURS_IN_PLACE stale hours: the store's own request facts (None),
-    as `tailscope report` reads them (analysis.engine.percentiles.request_facts: the materialized hours in place,
-    the few live hours' facts computed from their spans), with no copy of every request. Otherwise `requests`,
-    the cursor's filtered view of `req`, copied by the report, instead of rescanning the store's spans."""
+    """Where a report call reads its requests. Without an attribute filter (a time range is the report's own
+    since/until, the dimension values its `only`: `_report_only`) on a store with at most LIVE_HOURS_IN_PLACE stale
+    hours: the store's own request facts (None), as `tailscope report` reads them (analysis.engine.percentiles.
+    request_facts: the materialized hours in place, the few live hours' facts from the workbench's rows), with no
+    copy of the requests. Otherwise `requests`, the cursor's filtered view of `req`, copied by the report, instead
+    of rescanning the store's spans."""
     snap = db.snap
-    if (filters == Filters(filters.since_ns, filters.until_ns) and snap is not None
-            and len(snap.stale) <= LIVE_HOURS_IN_PLACE):
+    if not filters.attributes and snap is not None and len(snap.stale) <= LIVE_HOURS_IN_PLACE:
         return None
     return "requests"
+
+
+def _report_only(filters: Filters, source: str | None) -> dict[str, tuple[str, ...]] | None:
+    """The dimension values a report reading the store's own facts (`source` None) keeps (analysis.report's `only`);
+    None for a caller's source (already filtered)."""
+    return None if source is not None else {d: getattr(filters, d) for d in FILTER_DIMENSIONS if getattr(filters, d)}
 
 
 def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
