@@ -6,9 +6,6 @@ a brushed window explained the same way (analysis.report.explain_window) against
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import pandas as pd
 import streamlit as st
 
@@ -167,13 +164,13 @@ if pairs.empty:
     st.caption("No pair of values explains clearly more than its parts.")
 else:
     st.dataframe(pairs.head(10), hide_index=True, column_config=table_config)
-if folded:
-    def _named(d: Mapping[str, Any]) -> str:  # "tenant = tyrell (85%)"
-        return f"{d['dimension']} = {d['value']} ({'-' if d['explained'] is None else format(d['explained'], '.0%')})"
-
-    with st.expander(f"{sum(map(len, folded.values()))} pairs folded: each explains no more than one of its values"):
-        st.markdown("\n".join(f"- under **{_named(ex['dimensions'][n])}**: " + ", ".join(map(_named, under))
-                               for n, under in folded.items()))
+if folded:  # the folded pairs, each with the value it restates and its filter link
+    under = [ex["dimensions"][d["folded_under"]] for d in ex.get("dimensions", []) if "folded_under" in d]
+    restated = dims[~unfolded].copy()
+    restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
+    with st.expander(f"{len(under)} pairs folded: each explains no more than one of its values"):
+        st.dataframe(restated, hide_index=True,
+                     column_config={**table_config, "folded_under": st.column_config.TextColumn("folded under")})
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))
