@@ -426,66 +426,58 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     remote = None
     if attrs is not None:
-        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame, _in_windows(det, spike_windows))
+        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
     return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote)
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
-                       frame: pl.DataFrame, spike_rows: str) -> RP.RemoteAttributes:
-    """The attribute dimensions for analysis.report's explanation: their codes over the frame's rows of the spike
-    windows (`spike_rows`; the counterfactual and the exemplars read them), the cells of each combination holding
-    one counted on the server over a spike's tail and the whole baseline, and the nesting test's counts there."""
+                       frame: pl.DataFrame) -> RP.RemoteAttributes:
+    """The attribute dimensions for analysis.report's explanation, their codes left on the server: the cells of each
+    combination holding one counted there over a spike's tail and the whole baseline, the nesting test's counts
+    over the frame, the spike's p99 without each candidate holding one and which of the exemplar pool's requests
+    match the best. Each question names the frame's rows it is about as a condition (`rows_sql`); what comes back
+    is rows of figures, and for the exemplars at most MAX_EXEMPLARS requests (more only on a tie)."""
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy()
     base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
     base = f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in base_wins) or 'NULL'})"
+    keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
+    weighted = "weight" in frame.columns
 
-    def tail_sql(rows: np.ndarray) -> str:
-        # a spike's tail as a condition: its rows are the spike's from the slowest down to the least of them when no
-        # other row of those times is as slow (the excess over a threshold; checked here, where the spike's rows
-        # all are), else named one by one (the slowest few, ties cut)
+    def rows_sql(rows: np.ndarray) -> str:
+        # some of the frame's rows as a condition: those from the slowest down to the least of them within their
+        # times when no other row there is as slow (a spike's rows, its tail, the exemplar pool: checked here, where
+        # the frame's rows all are), else named one by one
         if rows.size == 0:
             return "false"
         a, b, v = int(start[rows].min()), int(start[rows].max()), float(values[rows].min())
         if int(((start >= a) & (start <= b) & (values >= v)).sum()) == rows.size:
             return f"(start_ns >= {a} AND start_ns <= {b} AND v >= {v!r})"
-        keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))[rows]
-        listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys.iter_rows())
+        listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys[rows].iter_rows())
         return f"((trace_id, span_id) IN ({listed}))"
-
-    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
 
     def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
               ) -> dict[tuple[int, ...], X.Cells]:
-        # the tail's counts here (its rows are the spike's, whose codes came back); the family's count of each
-        # combination and the baseline counts of the cells that may pass on the server
-        found: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[int], list[float]]] = {}
-        for combo in combos:
-            codes = [coded[i].codes[tail] for i in combo]
-            held = np.all([c >= 0 for c in codes], axis=0)
-            keys, inverse, counts = np.unique(np.stack([c[held] for c in codes], axis=1), axis=0,
-                                              return_inverse=True, return_counts=True)
-            at = np.flatnonzero(counts >= least)
-            tw = [0.0] * at.size
-            if weights is not None and at.size:  # summed in row order, as explain's bincount sums them
-                sums = np.bincount(inverse.ravel(), weights=weights[tail][held], minlength=counts.size)
-                tw = [float(sums[j]) for j in at]
-            found[combo] = ([tuple(int(x) for x in keys[j]) for j in at], [int(counts[j]) for j in at], tw)
-        got = server.cells(client, coded, combos, {c: f[0] for c, f in found.items()}, tail_sql(tail), base,
-                           weights is not None)
-        out = {}
-        for combo, (cell_codes, t_counts, tw) in found.items():
-            present, b, bw = got[combo]
-            out[combo] = X.Cells(present, cell_codes, t_counts, b, tw if weights is not None else None,
-                                 bw if weights is not None else None)
-        return out
+        return server.cells(client, coded, combos, rows_sql(tail), base, least, weighted)
 
     def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
                 ) -> tuple[list[int], list[list[int]]]:
         return server.overlap(client, coded, a, b)
 
-    return RP.RemoteAttributes(rules, server.coded_rows(client, spike_rows, frame), cells, overlap)
+    def on_server(coded: Sequence[X.Coded], cand: X.Candidate) -> bool:
+        return any(coded[i].source != "builtin" for i in cand.dims)
+
+    def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
+        at = [n for n, c in enumerate(cands) if on_server(coded, c)]
+        got = server.spike_without(client, coded, [cands[n] for n in at], rows_sql(rows), weighted)
+        return {n: got[j] for j, n in enumerate(at)}
+
+    def prefer(coded: Sequence[X.Coded], cand: X.Candidate, rows: np.ndarray, k: int) -> np.ndarray:
+        found = server.prefer(client, coded, cand, rows_sql(rows), k)
+        return np.asarray([key in found for key in keys[rows].iter_rows()], dtype=bool)
+
+    return RP.RemoteAttributes(rules, list(server.attrs.coded), cells, overlap, spike_without, prefer)
 
 
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
