@@ -345,8 +345,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
         if det is not None and det.spikes:
-            _culprit_bounds(q, det, report["sampled"], attrs)
-            report["spikes"] = _explain(q, local, det, det.spikes, report["sampled"], attrs)
+            report["spikes"] = RP.explain_all(_bounded_rows(q, local, det, report["sampled"], attrs), det.spikes)
     finally:
         local.close()
         CA.drop(client)
@@ -369,17 +368,11 @@ def _attributes(q: Asked, report: C.Report | dict[str, Any], rules: A.AttributeR
     return attrs, rules
 
 
-def _culprit_bounds(q: Asked, det: Detection, sampled: bool,
-                    attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None) -> None:
-    """analysis.report.culprit_bounds on ClickHouse: `det.spikes` moved to their culprits' windows. The culprit is
-    ranked over the rows phase 2 brings for the detected spikes (into a local connection of its own, closed after:
-    the explanation's phase 2 then reads the moved windows); the slow requests are counted per window on the
-    server."""
-    if not det.spikes:
-        return
+def _slow_counts(q: Asked, det: Detection, server: CA.ServerAttributes | None) -> RP.SlowCounts:
+    """analysis.report.SlowCounts on the server: per window, the requests slower than the baseline p99 matching a
+    candidate, and all of them (one row per window comes back)."""
     col = metric_column(q.metric) if q.metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if q.include_failures else " AND status = 'ok'"
-    server = attrs[0] if attrs is not None else None
     index = {int(w): i for i, w in enumerate((det.window_start_ns // det.window_ns).tolist())}
 
     def slow_counts(coded: list[X.Coded], cand: X.Candidate) -> tuple[np.ndarray, np.ndarray]:
@@ -394,32 +387,66 @@ def _culprit_bounds(q: Asked, det: Detection, sampled: bool,
                 k[index[int(r["win"])]], m[index[int(r["win"])]] = int(r["k"]), int(r["m"])
         return k, m
 
-    local = duckdb.connect(":memory:")
-    try:
-        RP.culprit_bounds(_rows(q, local, det, det.spikes, sampled, attrs), slow_counts)
-    finally:
-        local.close()
+    return slow_counts
 
 
-def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-             attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> list[C.Spike]:
-    """Phase 2 and analysis.report's explanation of `spikes` over its rows (`_rows`)."""
-    return RP.explain_all(_rows(q, local, det, spikes, sampled, attrs), spikes)
+def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sampled: bool,
+                  attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None) -> RP.Rows:
+    """analysis.report.culprit_bounds on ClickHouse (`det.spikes` moved to their culprits' windows), then the rows
+    their explanation reads, from one pass: the culprit is ranked over the rows phase 2 brings for the detected
+    spikes (`_rows`; the slow requests counted per window on the server), and those same rows are explained when
+    every window the moved spikes read row by row is among them. Only when a spike moved past them are the local
+    tables dropped and phase 2 read again for the moved spikes."""
+    rows, read = _rows(q, local, det, det.spikes, sampled, attrs)
+    if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
+        return rows
+    spike_windows, near = _phase2_windows(det, det.spikes)
+    if set(near.tolist()) <= read:
+        assert isinstance(rows.fetch, Fetcher)
+        rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
+        return rows
+    _reset(local)
+    return _rows(q, local, det, det.spikes, sampled, attrs)[0]
+
+
+def _reset(local: duckdb.DuckDBPyConnection) -> None:
+    """Drop phase 2's local tables (`_rows` makes them again)."""
+    local.execute("DROP VIEW IF EXISTS spans")
+    local.execute("DROP TABLE IF EXISTS _spans_local")
+    local.execute("DROP TABLE IF EXISTS _phase2")
+
+
+def _phase2_windows(det: Detection, spikes: list[Spike]) -> tuple[np.ndarray, np.ndarray]:
+    """(the spikes' windows; those and the baseline windows nearest each spike: the windows phase 2 reads row by
+    row), as window numbers (start // window)."""
+    w = det.window_ns
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    near = [spike_windows, *(RP.local_baseline(det, s, counts) // w for s in spikes)]
+    return spike_windows, np.unique(np.concatenate(near))
+
+
+def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
+    """The reach of the spans' step: the longest request of the spike and baseline windows (+1 ns), as over their
+    rows."""
+    base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
+    got = q.client.query(f"SELECT max(e2e_ns) AS m FROM {q.facts_table} WHERE {q.cond} AND "
+                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
+    return int(got) + 1 if got is not None else 0
 
 
 def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> RP.Rows:
+          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> tuple[RP.Rows, set[int]]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
-    spans around them as it goes), for analysis.report's explanation to run there. `attrs`: the attribute
-    dimensions on the server (`_attributes`): their codes come back for the spike windows' rows only; every
-    combination holding an attribute is counted on the server (`_remote_attributes`)."""
+    spans around them as it goes), for analysis.report's explanation to run there; with the windows read row by
+    row. `attrs`: the attribute dimensions on the server (`_attributes`): their codes stay there, every figure the
+    explanation reads of them is asked there (`_remote_attributes`)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
-    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     server = attrs[0] if attrs is not None else None
-    fetch, rest = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
-                               "adjusted_count" if sampled else None, server)
+    fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
+                                     "adjusted_count" if sampled else None, server)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
@@ -428,7 +455,7 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
     if attrs is not None:
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
-    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote)
+    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote), read
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
@@ -480,9 +507,9 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
     return RP.RemoteAttributes(rules, list(server.attrs.coded), cells, overlap, spike_without, prefer)
 
 
-def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
-                 spike_windows: np.ndarray, valued: str, col: str, weight: str | None = None,
-                 attrs: CA.ServerAttributes | None = None) -> tuple[Fetcher, RP.RestCounts]:
+def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
+                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
+                 ) -> tuple[Fetcher, RP.RestCounts, set[int]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -492,25 +519,19 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
-    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`).
+    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`). Returns
+    the windows read row by row too.
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
-    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    near = [spike_windows]
-    for s in spikes:
-        near.append(RP.local_baseline(det, s, counts) // w)
-    one_by_one = np.unique(np.concatenate(near))
+    spike_windows, one_by_one = _phase2_windows(det, spikes)
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
     _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
-    # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
-    reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
-                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
-    fetch = Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
 
@@ -541,7 +562,7 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
     return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight, attrs))
+                                                       weight, attrs)), done
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:
@@ -614,12 +635,14 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     local = duckdb.connect(":memory:")
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
-        _culprit_bounds(q, det, sampled, attrs)
-        for spike in det.spikes:
-            if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
-                item = _explain(q, local, det, [spike], sampled, attrs)[0]
-                item["detected"] = True
-                return item
+        if det.spikes:  # the culprits' bounds and, for a detected spike, its explanation read in one pass
+            rows = _bounded_rows(q, local, det, sampled, attrs)
+            for spike in det.spikes:
+                if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
+                    item = RP.explain_all(rows, [spike])[0]
+                    item["detected"] = True
+                    return item
+            _reset(local)
         overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
         det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
         base = source.pool(det.baseline) if det.baseline.any() else None
@@ -635,7 +658,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
                       windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
                       n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
-        item = _explain(q, local, det, [spike], sampled, attrs)[0]
+        item = RP.explain_all(_rows(q, local, det, [spike], sampled, attrs)[0], [spike])[0]
         item["detected"] = False
         return item
     finally:
