@@ -9,13 +9,14 @@
    value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
-3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
-   spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
+3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
+   the spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
    rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
-   with and without each candidate computed on the server (`_pushed_down`); the explanation of
-   analysis.report runs there; as it goes, it asks for the spans each step reads (`Fetcher`):
-   the tail slices' traces for the stage shares, and, only when queue_wait leads, the spans
-   within reach of the spike for the noisy-neighbour step.
+   with and without each candidate computed on the server (`_pushed_down`); the attributes stay
+   on the server, asked per spike for figures (`_remote_attributes`). The culprit bounds and the
+   explanation of analysis.report run there over that one pass (`_bounded_rows`); as it goes, it
+   asks for the spans each step reads (`Fetcher`): the tail slices' traces for the stage shares,
+   and, only when queue_wait leads, the spans within reach of the spike for the noisy-neighbour step.
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -470,7 +471,8 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
     base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
     base = f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in base_wins) or 'NULL'})"
     keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
-    weighted = "weight" in frame.columns
+    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
+    weighted = weights is not None
 
     def rows_sql(rows: np.ndarray) -> str:
         # some of the frame's rows as a condition: those from the slowest down to the least of them within their
@@ -484,20 +486,40 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
         listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys[rows].iter_rows())
         return f"((trace_id, span_id) IN ({listed}))"
 
+    # the culprit's bounds and the explanation of a spike that stayed on its windows ask the same questions over
+    # the same rows (and the same labels): each is asked of the server once
+    asked: dict[tuple[Any, ...], Any] = {}
+
+    def once(key: tuple[Any, ...], ask: Callable[[], Any]) -> Any:
+        if key not in asked:
+            asked[key] = ask()
+        return asked[key]
+
+    def named(cands: list[X.Candidate]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        return tuple((c.dims, c.codes) for c in cands)
+
     def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
               ) -> dict[tuple[int, ...], X.Cells]:
-        return server.cells(client, coded, combos, rows_sql(tail), base, least, weighted)
+        # weighted, a cell passes the guard with at least MIN_SHARE of the tail's weight: asked a little below that
+        # (the server sums in its own order), so no cell that passes is left out
+        floor = None if weights is None else X.MIN_SHARE * float(weights[tail].sum()) * (1 - 1e-9)
+        return cast(dict[tuple[int, ...], X.Cells], once(
+            ("cells", tuple(combos), tail.tobytes(), least),
+            lambda: server.cells(client, coded, combos, rows_sql(tail), base, least, floor)))
 
     def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
                 ) -> tuple[list[int], list[list[int]]]:
-        return server.overlap(client, coded, a, b)
+        return cast(tuple[list[int], list[list[int]]], once(("overlap", named(a), named(b)),
+                                                            lambda: server.overlap(client, coded, a, b)))
 
     def on_server(coded: Sequence[X.Coded], cand: X.Candidate) -> bool:
         return any(coded[i].source != "builtin" for i in cand.dims)
 
     def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
         at = [n for n, c in enumerate(cands) if on_server(coded, c)]
-        got = server.spike_without(client, coded, [cands[n] for n in at], rows_sql(rows), weighted)
+        on = [cands[n] for n in at]
+        got = once(("without", named(on), rows.tobytes()),
+                   lambda: server.spike_without(client, coded, on, rows_sql(rows), weighted))
         return {n: got[j] for j, n in enumerate(at)}
 
     def prefer(coded: Sequence[X.Coded], cand: X.Candidate, rows: np.ndarray, k: int) -> np.ndarray:
@@ -592,6 +614,7 @@ class _ServerTail:
         self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
         self.weight, self.attrs = weight, attrs
         self._whole: float | None = None
+        self._without: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
 
     def _q(self, where: str) -> float:
         got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
@@ -606,8 +629,12 @@ class _ServerTail:
         return self._whole
 
     def without_candidate(self, coded: Sequence[X.Coded], cand: X.Candidate) -> float:
-        """The baseline's p99 without the candidate's requests (nan when none are left)."""
-        return self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
+        """The baseline's p99 without the candidate's requests (nan when none are left); asked once a candidate (the
+        culprit's bounds and the explanation ask alike)."""
+        key = (cand.dims, cand.codes)
+        if key not in self._without:
+            self._without[key] = self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
+        return self._without[key]
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
