@@ -123,44 +123,53 @@ class ServerAttributes:
         """explain.RemoteCells over ATTR_TEMP: per combination of `coded` (indices), the cells (values, or pairs of
         values) the requests meeting `tail` or `base` hold, missing values left out (the family's count), and the
         cells the `tail` requests hold at least `least` of with their tail and baseline counts; weighted
-        (`least_weight`, the least tail weight that may pass the guard, else None) their summed weights too, and only
-        the cells holding that much. So at most 1 / MIN_SHARE cells a combination come back. One row of figures."""
+        (`least_weight`: the least tail weight that may pass the guard, else None) their summed weights too, and only
+        the cells holding that much. So at most 1 / MIN_SHARE cells a combination come back. Two rows of figures: the
+        tail's cells (counted over its requests alone), then the family's counts and those cells' baseline counts
+        (one pass over the tail and the baseline; a single sumMap per combination doing both costs several times
+        more)."""
         if not combos:
             return {}
         weighted = least_weight is not None
         dims = sorted({i for c in combos for i in c})
         cols = ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in dims)
         slots = [len(c.labels) + 1 for c in coded]
-        inner, outer = [], []
-        for n, c in enumerate(combos):
-            k = f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}"
-            h = " AND ".join(f"d{i} >= 0" for i in c)
-            # per cell: tail and baseline counts (and weights); the constant keeps every cell held (sumMap drops a
-            # key whose sums are all 0)
-            inner.append(f"sumMap(if({h}, [{k}], []), if({h}, [toUInt64(tl)], []), if({h}, [toUInt64(bs)], []), "
-                         f"if({h}, [toUInt64(1)], [])) AS m{n}")
-            passes = f"c >= {int(least)}"
-            if weighted:
-                inner.append(f"sumMap(if({h}, [{k}], []), if({h}, [w * tl], []), if({h}, [w * bs], []), "
-                             f"if({h}, [1.0], [])) AS mw{n}")
-                passes += f" AND cw >= {least_weight!r}"
-            on = f"m{n}.2, mw{n}.2" if weighted else f"m{n}.2"
-            args = "c, cw" if weighted else "c"
-            outer.append(f"length(m{n}.1) AS p{n}")
-            for name, arr in (("k", f"m{n}.1"), ("t", f"m{n}.2"), ("b", f"m{n}.3"),
-                              *((("tw", f"mw{n}.2"), ("bw", f"mw{n}.3")) if weighted else ())):
-                outer.append(f"arrayFilter((x, {args}) -> {passes}, {arr}, {on}) AS {name}{n}")
-        row = client.query(f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} FROM (SELECT {tail} AS tl, "
-                           f"{base} AS bs, w, {cols} FROM {ATTR_TEMP}) WHERE tl OR bs)").to_pylist()[0]
+        keys = [f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}" for c in combos]
+        helds = [" AND ".join(f"d{i} >= 0" for i in c) for c in combos]
+        # the tail's cells with their counts (and weights), kept on the server past the least count
+        inner = ", ".join(f"sumMap(if({h}, [{k}], []), if({h}, [toUInt64(1)], [])) AS m{n}"
+                          + (f", sumMap(if({h}, [{k}], []), if({h}, [w], [])) AS mw{n}" if weighted else "")
+                          for n, (k, h) in enumerate(zip(keys, helds, strict=True)))
+        passes = f"c >= {int(least)}" + (f" AND cw >= {least_weight!r}" if weighted else "")
+        args = "c, cw" if weighted else "c"
+
+        def on(n: int) -> str:
+            return f"m{n}.2, mw{n}.2" if weighted else f"m{n}.2"
+        outer = ", ".join(f"arrayFilter((x, {args}) -> {passes}, m{n}.1, {on(n)}) AS k{n}, "
+                          f"arrayFilter((x, {args}) -> {passes}, m{n}.2, {on(n)}) AS t{n}"
+                          + (f", arrayFilter((x, {args}) -> {passes}, mw{n}.2, {on(n)}) AS tw{n}" if weighted
+                             else "") for n in range(len(combos)))
+        got = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT w, {cols} FROM {ATTR_TEMP} "
+                           f"WHERE {tail}))").to_pylist()[0]
+        hits = {n: [int(x) for x in got[f"k{n}"]] for n in range(len(combos))}
+        aggs = []
+        for n, (k, h) in enumerate(zip(keys, helds, strict=True)):
+            aggs.append(f"uniqExactIf({k}, {h}) AS p{n}")
+            for j, cell in enumerate(hits[n]):
+                aggs.append(f"countIf(bs AND {h} AND {k} = {cell}) AS b{n}_{j}")
+                if weighted:
+                    aggs.append(f"sumIf(w, bs AND {h} AND {k} = {cell}) AS w{n}_{j}")
+        row = client.query(f"SELECT {', '.join(aggs)} FROM (SELECT {tail} AS tl, {base} AS bs, w, {cols} "
+                           f"FROM {ATTR_TEMP}) WHERE tl OR bs").to_pylist()[0]
         out = {}
         for n, c in enumerate(combos):
             size = slots[c[1]] if len(c) == 2 else 1
-            codes: list[tuple[int, ...]] = [(int(x),) if len(c) == 1 else (int(x) // size, int(x) % size)
-                                            for x in row[f"k{n}"]]
-            out[c] = X.Cells(int(row[f"p{n}"]), codes, [int(t) for t in row[f"t{n}"]],
-                             [int(b) for b in row[f"b{n}"]],
-                             [float(t) for t in row[f"tw{n}"]] if weighted else None,
-                             [float(b) for b in row[f"bw{n}"]] if weighted else None)
+            codes: list[tuple[int, ...]] = [(x,) if len(c) == 1 else (x // size, x % size) for x in hits[n]]
+            m = len(codes)
+            out[c] = X.Cells(int(row[f"p{n}"]), codes, [int(t) for t in got[f"t{n}"]],
+                             [int(row[f"b{n}_{j}"]) for j in range(m)],
+                             [float(t) for t in got[f"tw{n}"]] if weighted else None,
+                             [float(row[f"w{n}_{j}"]) for j in range(m)] if weighted else None)
         return out
 
     def spike_without(self, client: Client, coded: Sequence[X.Coded], cands: list[X.Candidate], spike: str,
