@@ -124,10 +124,9 @@ class ServerAttributes:
         values) the requests meeting `tail` or `base` hold, missing values left out (the family's count), and the
         cells the `tail` requests hold at least `least` of with their tail and baseline counts; weighted
         (`least_weight`: the least tail weight that may pass the guard, else None) their summed weights too, and only
-        the cells holding that much. So at most 1 / MIN_SHARE cells a combination come back. Two rows of figures: the
-        tail's cells (counted over its requests alone), then the family's counts and those cells' baseline counts
-        (one pass over the tail and the baseline; a single sumMap per combination doing both costs several times
-        more)."""
+        the cells holding that much. So at most 1 / MIN_SHARE cells a combination come back: a row each, then one row
+        of figures, the family's counts and those cells' baseline counts (one pass over the tail and the baseline; a
+        single sumMap per combination doing both costs several times more)."""
         if not combos:
             return {}
         weighted = least_weight is not None
@@ -136,22 +135,23 @@ class ServerAttributes:
         slots = [len(c.labels) + 1 for c in coded]
         keys = [f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}" for c in combos]
         helds = [" AND ".join(f"d{i} >= 0" for i in c) for c in combos]
-        # the tail's cells with their counts (and weights), kept on the server past the least count
-        inner = ", ".join(f"sumMap(if({h}, [{k}], []), if({h}, [toUInt64(1)], [])) AS m{n}"
-                          + (f", sumMap(if({h}, [{k}], []), if({h}, [w], [])) AS mw{n}" if weighted else "")
-                          for n, (k, h) in enumerate(zip(keys, helds, strict=True)))
-        passes = f"c >= {int(least)}" + (f" AND cw >= {least_weight!r}" if weighted else "")
-        args = "c, cw" if weighted else "c"
-
-        def on(n: int) -> str:
-            return f"m{n}.2, mw{n}.2" if weighted else f"m{n}.2"
-        outer = ", ".join(f"arrayFilter((x, {args}) -> {passes}, m{n}.1, {on(n)}) AS k{n}, "
-                          f"arrayFilter((x, {args}) -> {passes}, m{n}.2, {on(n)}) AS t{n}"
-                          + (f", arrayFilter((x, {args}) -> {passes}, mw{n}.2, {on(n)}) AS tw{n}" if weighted
-                             else "") for n in range(len(combos)))
-        got = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT w, {cols} FROM {ATTR_TEMP} "
-                           f"WHERE {tail}))").to_pylist()[0]
-        hits = {n: [int(x) for x in got[f"k{n}"]] for n in range(len(combos))}
+        # the tail's cells with their counts (and weights), kept on the server past the least count: one (combination,
+        # cell) pair per row and combination held, grouped (a short query: one aggregate per combination would cost
+        # more to plan than to run)
+        pairs = ", ".join(f"({n}, if({h}, {k}, -1))" for n, (k, h) in enumerate(zip(keys, helds, strict=True)))
+        passes = f"t >= {int(least)}" + (f" AND tw >= {least_weight!r}" if weighted else "")
+        got = client.query(
+            f"SELECT c.1 AS n, c.2 AS cell, count() AS t{', sum(w) AS tw' if weighted else ''} FROM (SELECT w, {cols} "
+            f"FROM {ATTR_TEMP} WHERE {tail}) ARRAY JOIN [{pairs}] AS c WHERE c.2 >= 0 GROUP BY n, cell "
+            f"HAVING {passes} ORDER BY n, cell").to_pylist()
+        hits: dict[int, list[int]] = {n: [] for n in range(len(combos))}
+        t_counts: dict[int, list[int]] = {n: [] for n in range(len(combos))}
+        t_weights: dict[int, list[float]] = {n: [] for n in range(len(combos))}
+        for r in got:
+            hits[int(r["n"])].append(int(r["cell"]))
+            t_counts[int(r["n"])].append(int(r["t"]))
+            if weighted:
+                t_weights[int(r["n"])].append(float(r["tw"]))
         aggs = []
         for n, (k, h) in enumerate(zip(keys, helds, strict=True)):
             aggs.append(f"uniqExactIf({k}, {h}) AS p{n}")
@@ -166,9 +166,8 @@ class ServerAttributes:
             size = slots[c[1]] if len(c) == 2 else 1
             codes: list[tuple[int, ...]] = [(x,) if len(c) == 1 else (x // size, x % size) for x in hits[n]]
             m = len(codes)
-            out[c] = X.Cells(int(row[f"p{n}"]), codes, [int(t) for t in got[f"t{n}"]],
-                             [int(row[f"b{n}_{j}"]) for j in range(m)],
-                             [float(t) for t in got[f"tw{n}"]] if weighted else None,
+            out[c] = X.Cells(int(row[f"p{n}"]), codes, t_counts[n], [int(row[f"b{n}_{j}"]) for j in range(m)],
+                             t_weights[n] if weighted else None,
                              [float(row[f"w{n}_{j}"]) for j in range(m)] if weighted else None)
         return out
 

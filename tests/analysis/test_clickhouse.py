@@ -196,16 +196,20 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
     # the attribute pass: a row per key of each source and per replica and resource key, a few single rows; per
-    # spike, twice (its culprit's bounds, then its explanation), two rows of figures for its cells, the nesting
-    # test's row and one of its p99s without the candidates; the exemplars' requests (at most MAX_EXEMPLARS, more
-    # only on a tie); and a row per window of the slow requests of an attribute culprit. No request's codes.
+    # spike, twice (its culprit's bounds, then its explanation), a row per tail cell that may pass (at most
+    # 1 / MIN_SHARE a combination holding an attribute, alone and with each built-in) and one of figures for its
+    # cells, the nesting test's row and one of its p99s without the candidates; the exemplars' requests (at most
+    # MAX_EXEMPLARS, more only on a tie); and a row per window of the slow requests of an attribute culprit. No
+    # request's codes.
     attrs = got["attributes"]
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
-    per_spike = 2 * 4 + X.MAX_EXEMPLARS + got["windows"]
+    cells = len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) * round(1 / X.MIN_SHARE)
+    per_spike = 2 * (cells + 3) + X.MAX_EXEMPLARS + got["windows"]
     assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys + per_spike * len(
         got["spikes"]), (counted.attribute_rows, keys)
-    assert max(counted.attribute_each, default=0) <= max(keys, replicas * keys, got["windows"], X.MAX_EXEMPLARS)
+    assert max(counted.attribute_each, default=0) <= max(keys, replicas * keys, got["windows"], cells,
+                                                         X.MAX_EXEMPLARS)
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line
