@@ -650,6 +650,14 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
     return int(detection(_db, store, version, filters)["window_s"])
 
 
+def cost_bucket_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
+    """The Cost page's cells: the report's window (`window_s`) rounded up to whole minutes, the GPU-time sweep's
+    cells, so that the series sums the minutes stored with each materialized hour (analysis.cost.series_bucket_s)."""
+    from analysis.cost import series_bucket_s
+
+    return series_bucket_s(window_s(_db, store, version, filters))
+
+
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Bench, store: str, version: int, filters: Filters,
               metrics: tuple[str, ...] = ("e2e", "ttft", "tpot")) -> pl.DataFrame:
@@ -1114,15 +1122,11 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
                    metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
     """analysis.capacity.capacity_curve for 1..max_replicas over the filtered requests, or {"error"}."""
     from analysis.capacity import capacity_curve as curve
-    from analysis.capacity import load_kernel
+    from analysis.capacity import drawn_counts, load_kernel
 
     try:
         w = workload(_db, store, version, filters)
-        # drawn: every count to 16, then every 4th (the curve flattens; with the measured batch relation each count
-        # is a replay of its own) and the observed count; the fewest count for the target is exact either way
-        counts = sorted({*range(1, min(16, max_replicas) + 1), *range(20, max_replicas + 1, 4), max_replicas,
-                         w.observed_replicas}) if load_kernel() is not None else sorted(
-            {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
+        counts = drawn_counts(max_replicas, w.observed_replicas, load_kernel() is not None)
         out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
     except Exception as exc:
         return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}
