@@ -911,6 +911,9 @@ class _Coding:
             cut: list[dict[str, Any]] = []
             excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail, cut)
             item["dimensions"] = [cast(C.Dimension, X.candidate_json(coded, c)) for c in ranked]
+            for d, under in zip(item["dimensions"], A.folded_under(ranked), strict=True):
+                if under is not None:  # a pair that restates a value ranked before it
+                    d["folded_under"] = under
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
                 item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
@@ -1030,10 +1033,15 @@ def render_text(report: C.Report, console: Console | None = None) -> None:
         if spike["dimensions"]:
             t = Table("dimension", "value", "explained", "p99 without", "score", "support",
                       title="what the tail is made of")
-            for d in spike["dimensions"][:10]:
+            folded = folded_pairs(spike["dimensions"])
+            for n, d in [(n, d) for n, d in enumerate(spike["dimensions"]) if "folded_under" not in d][:10]:
                 expl = "-" if d["explained"] is None else f"{d['explained']:.0%}"
                 t.add_row(d["dimension"], d["value"], expl, _fmt(d["p99_without_ms"], " ms"),
                           f"{d['score']:.2f}", str(d["support"]))
+                if folded.get(n):  # the pairs restating this value (`folded_under`), on one line under it
+                    most = max((p["explained"] for p in folded[n] if p["explained"] is not None), default=None)
+                    t.add_row(f"  + {len(folded[n])} pair{'s' if len(folded[n]) > 1 else ''}", "no more",
+                              "-" if most is None else f"<= {most:.0%}", "", "", "", style="dim")
             con.print(t)
             if spike["dimensions"][0].get("finer"):
                 con.print(hierarchy_text(spike["dimensions"][0]), highlight=False)
@@ -1044,6 +1052,15 @@ def render_text(report: C.Report, console: Console | None = None) -> None:
             con.print(f"noisy neighbour: {neighbour['sentence']}", highlight=False)
     for err in report["errors"]:
         con.print(f"[yellow]{err}[/]", highlight=False)
+
+
+def folded_pairs(dims: list[C.Dimension]) -> dict[int, list[C.Dimension]]:
+    """The pairs folded under each dimension (`folded_under`, attributes.folded_under), by its position."""
+    out: dict[int, list[C.Dimension]] = {}
+    for d in dims:
+        if "folded_under" in d:
+            out.setdefault(d["folded_under"], []).append(d)
+    return out
 
 
 def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str

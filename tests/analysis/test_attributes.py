@@ -296,6 +296,8 @@ def check_pair_named(report: dict[str, Any]) -> None:
         ("tenant", "globex", None), ("k8s.node.name", SLOW_NODE, "k8s.node.name")]
     assert pair["score"] == max(d["score"] for d in dims) and pair["explained"] > 0.95
     assert {(d["dimension"], d["value"]) for d in dims[:2]} == {("k8s.node.name", SLOW_NODE), ("tenant", "globex")}
+    # it explains no more than its parts (each 1.00): folded under the one ranked first, the tables show it there
+    assert pair["folded_under"] == 0 and dims.index(pair) == 2
 
 
 def test_a_pair_of_an_attribute_and_a_builtin_is_found_and_named(tmp_path: Path) -> None:
