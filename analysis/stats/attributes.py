@@ -597,6 +597,8 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     spans = "spans" if stored is None else stored.live_spans  # the stale hours' segments only, where that is all
     for source, sql in (("request", request_attribute_sql(live_rows, spans)),
                         ("stage", stage_attribute_sql(live_rows, spans))):
+        if stored is not None and stored.live_kept:  # the stale hours' values the reader keeps (keep_live_values)
+            sql = AV.live_values_sql(source, live_rows)
         live: dict[str, tuple[I64, Any]] = {}  # row ids, values: from the spans
         if stored is None or not stored.all_stored:
             try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
@@ -785,13 +785,28 @@ class BaselineTail(Protocol):
         ...
 
 
+#: A remote engine's spike figures without a candidate, by its position among the candidates: (the spike's requests
+#: left, their effective count when weighted; the spike's (weighted) p99 without it), for the candidates whose codes
+#: stay on the engine (`counterfactual`'s `known`).
+SpikeWithout = Mapping[int, tuple[float, float]]
+
+
+def _enough_left(kept: float) -> bool:
+    """Whether a spike without a candidate keeps enough requests (effective, weighted) for its p99's tail."""
+    return kept * (1 - TAIL_Q) >= MIN_TAIL / 5
+
+
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                   base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None) -> None:
+                   base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None,
+                   known: SpikeWithout | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
     (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`;
-    weighted, the baseline's quantiles are then `base_q`'s, which must weigh them)."""
+    weighted, the baseline's quantiles are then `base_q`'s, which must weigh them). `known`: the spike's figures
+    without the candidates a remote engine computed (their codes are not read here)."""
+    known = known or {}
     if weights is not None:
-        _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None)
+        _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None,
+                                 known)
         return
     # quantiles of fresh copies by a partition (quantiles_unsorted: the sorted computation's very figures)
     spike_values = values[spike]
@@ -799,12 +814,16 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
     # the spike rows' codes gathered once for every candidate's mask
-    spike_coded = gathered(coded, spike, {i for c in cands for i in c.dims})
-    for cand in cands:
-        keep = ~candidate_mask(spike_coded, cand, None)
-        if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:
+    spike_coded = gathered(coded, spike, {i for n, c in enumerate(cands) if n not in known for i in c.dims})
+    for n, cand in enumerate(cands):
+        if n in known:
+            kept, s_wo = known[n]
+        else:
+            keep = ~candidate_mask(spike_coded, cand, None)
+            kept = float(keep.sum())
+            s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0] if _enough_left(kept) else math.nan
+        if not _enough_left(kept):
             continue
-        s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0]
         b_wo = base_q.without_candidate(coded, cand)
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
@@ -826,16 +845,22 @@ def weighted_q(values: F64, weights: F64 | None, rows: I64, q: float = TAIL_Q) -
 
 
 def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                             weights: F64, base_q: BaselineTail | None = None) -> None:
+                             weights: F64, base_q: BaselineTail | None = None, known: SpikeWithout | None = None
+                             ) -> None:
     """`counterfactual` weighted: the baseline's weighted p99s from its rows `base`, or from `base_q` when given
-    (a remote engine's, over the baseline it holds as counts too)."""
+    (a remote engine's, over the baseline it holds as counts too); `known` as `counterfactual`'s."""
     excess = weighted_q(values, weights, spike) - (base_q.quantile() if base_q is not None
                                                    else weighted_q(values, weights, base))
-    for cand in cands:
-        keep = ~candidate_mask(coded, cand, spike)
-        if effective_count(weights[spike][keep]) * (1 - TAIL_Q) < MIN_TAIL / 5:
+    known = known or {}
+    for n, cand in enumerate(cands):
+        if n in known:
+            kept, s_wo = known[n]
+        else:
+            keep = ~candidate_mask(coded, cand, spike)
+            kept = effective_count(weights[spike][keep])
+            s_wo = weighted_q(values, weights, spike[keep]) if _enough_left(kept) else math.nan
+        if not _enough_left(kept):
             continue
-        s_wo = weighted_q(values, weights, spike[keep])
         if base_q is not None:
             b_wo = base_q.without_candidate(coded, cand)
         else:
@@ -987,11 +1012,16 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
     return rows[np.argpartition(values[rows], rows.size - k)[rows.size - k:]]
 
 
-def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None, k: int = MAX_EXEMPLARS) -> I64:
-    """Rows of tail requests nearest the spike p99 from above, those matching the best candidate first."""
+def exemplar_pool(values: F64, spike: I64, threshold: float) -> I64:
+    """The rows `exemplar_rows` chooses from: the spike's at or above `threshold`, else its tail slice."""
     rows = spike[values[spike] >= threshold]
-    if rows.size == 0:
-        rows = tail_slice(values, spike)
+    return rows if rows.size else tail_slice(values, spike)
+
+
+def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None, k: int = MAX_EXEMPLARS) -> I64:
+    """Rows of tail requests nearest the spike p99 from above, those matching the best candidate first (`prefer`,
+    over `spike`: only its rows in `exemplar_pool` are read)."""
+    rows = exemplar_pool(values, spike, threshold)
     pref = np.zeros(rows.size, dtype=bool) if prefer is None else prefer[np.searchsorted(spike, rows)]
     order = np.lexsort((values[rows], ~pref))
     return rows[order[:k]]
