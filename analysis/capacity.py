@@ -174,6 +174,7 @@ class Workload:
         self.sampled = False  # expanded from sampled traces (analysis.whatif.expand) ...
         self.stored = int(self.arrivals.size)  # ... of this many stored requests
         self._zero_wait: int | None = None
+        self._scaled: dict[float, npt.NDArray[np.float64]] = {}  # g -> scaled_services (every count replays it)
 
     @property
     def zero_wait_replicas(self) -> int:
@@ -312,7 +313,10 @@ def point_batched(w: Workload, replicas: int, g: float, gpu_hour_usd: float | No
 def scaled_services(w: Workload, g: float) -> npt.NDArray[np.float64]:
     """Each request's service at the smallest batch size by the relation (growth `g`): s / f(b_obs)."""
     assert w.relation is not None and w.batches is not None
-    return w.services / batching.factor(w.relation, w.batches, g)
+    got = w._scaled.get(g)
+    if got is None:
+        got = w._scaled[g] = w.services / batching.factor(w.relation, w.batches, g)
+    return got
 
 
 def batch_table(w: Workload, g: float, slots: int | None = None) -> npt.NDArray[np.float64]:
@@ -380,6 +384,16 @@ def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
         else:
             lo = mid
     return hi
+
+
+def drawn_counts(max_replicas: int, observed_replicas: int, kernel: bool = True) -> list[int]:
+    """The replica counts a curve is drawn at: every count to 16, then every 4th, the largest and the observed
+    count (with the measured batch relation each count is a replay of its own, and the curve flattens); without
+    the C kernel only powers of two. The fewest count for a target is exact whichever are drawn (bisection)."""
+    if not kernel:
+        return sorted({1, 2, 4, 8, 16, 32, max_replicas, observed_replicas})
+    return sorted({*range(1, min(16, max_replicas) + 1), *range(20, max_replicas + 1, 4), max_replicas,
+                   observed_replicas})
 
 
 def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), target_p99_ms: float | None = None,

@@ -1,29 +1,32 @@
 """What the GPUs cost: fair-share GPU time per request, priced per GPU-hour, per tenant / model / replica.
 
-The rule (docs/cost.md). On each replica the timeline is cut at every boundary: the
-start and end of every GPU interval and model_load span on it, the ends of its observed
-window, and (for a series) the edges of the time grid. A request is *in a GPU stage* on its
-replica while one of its prefill or decode spans runs, or its generation span where the
-generation is not split into prefill / decode (the union of those spans, per request).
-Each segment between consecutive boundaries, of length L ns:
+The rule (docs/cost.md). Each replica-minute is swept on its own: its timeline is cut at every
+boundary: the start and end of every GPU interval and model_load span on the replica, the ends
+of its observed window, the minute's edges, and (for a series) the edges of the time grid. A
+request is *in a GPU stage* on its replica while one of its prefill or decode spans runs, or
+its generation span where the generation is not split into prefill / decode (the union of
+those spans, per request). Each segment between consecutive boundaries, of length L ns:
 
 - with n >= 1 requests in a GPU stage: each gets L // n ns (floor division) and the
-  remainder L % n (< n ns) goes to the one active request that ends last (ties: the larger
-  (trace id, request span id)), so the shares of a segment sum to L exactly;
+  remainder L % n (< n ns) goes to the one active request that ends last within the minute
+  (ties: the larger (trace id, request span id)), so the shares of a segment sum to L exactly;
 - else, with a model_load span running: cold start, charged to the replica;
 - else: idle.
 
 A replica's observed time runs from the start of its first span to the end of its last
 span (any span whose `Replica` is that replica), clipped to [since, until); a replica counts
-when it has a GPU-stage or model_load span anywhere in the store. allocated + cold start + idle = observed, exactly.
+when it has a GPU-stage or model_load span anywhere in the store. allocated + cold start +
+idle = observed, exactly.
 
-The sweep is SQL over the documented `spans` view: window functions over the interval
-boundaries (running sums for the counts and a running prefix sum of the floor shares, so a
-request's share is Q(end) - Q(start); a running max for the remainder's recipient), no
-Python loop over rows. Three pieces are dialect-specific
-(analysis.engine.dialect: integer division, the next boundary, the grid's cells); the rest is plain SQL
-(joins, CASE, sum/min/max, window sums). `clickhouse_gpu_shares` runs the ClickHouse text on
-an otel_traces-shaped table (tested in chdb against the DuckDB sweep, weighted and not).
+The sweep (analysis.engine.gpu_sweep; stored with each materialized hour, and `gpu_shares`
+sums the stored hours of a range and sweeps the rest) is SQL over the documented `spans`
+view: window functions over the interval boundaries (running sums for the counts and a
+running prefix sum of the floor shares, so a request's share is Q(end) - Q(start); a running
+max for the remainder's recipient), no Python loop over rows. Three pieces are
+dialect-specific (analysis.engine.dialect: integer division, the next boundary, the grid's
+cells); the rest is plain SQL (joins, CASE, sum/min/max, window sums).
+`clickhouse_gpu_shares` runs the ClickHouse text on an otel_traces-shaped table (tested in
+chdb against the DuckDB sweep, weighted and not).
 """
 
 from __future__ import annotations
@@ -40,8 +43,15 @@ import duckdb
 import polars as pl
 
 from analysis import clickhouse as C
-from analysis.engine import dialect as D
+from analysis.engine import gpu_sweep as GS
 from analysis.engine import model as M
+from analysis.engine.gpu_sweep import (
+    CELL_NS,
+    NONE_KEY,
+    sweep_params,
+    sweep_sql,
+)
+from analysis.engine.materialize import HOUR_NS, hour_where
 from analysis.engine.percentiles import (
     in_range_sql,
     iso,
@@ -53,195 +63,17 @@ from analysis.engine.percentiles import (
     weighted_quantiles_sql,
     weighted_window_sql,
 )
-from tracing import schema as S
 from tracing.errors import QueryError
 
 #: Version of the `tailscope cost --json` contract; bumped only on incompatible change.
 COST_VERSION: Final = 1
 #: What a cost table may be grouped by.
 COST_GROUPS: Final[tuple[str, ...]] = ("tenant", "model", "model_version", "replica")
-#: Stages that occupy the GPU (generation counts only where it has no prefill / decode child).
-GPU_STAGES: Final[tuple[str, ...]] = (S.PREFILL, S.DECODE, S.GENERATION)
-#: The parts of generation, as a SQL list: a generation span with such a child is represented by it.
-PARTS: Final = ", ".join(f"'{s}'" for s in S.GENERATION_PARTS)
-#: The stage charged to the replica as cold-start overhead.
-COLD_START_STAGE: Final = S.MODEL_LOAD
-#: The key of time and requests with no value for the grouping column.
-NONE_KEY: Final = "(none)"
 #: Name of the price table looked for beside the store when no --prices file is given.
 PRICE_FILE: Final = "prices.toml"
 #: The slowest share of requests whose GPU time `tail_gpu_share` reports.
 TAIL_Q: Final = 0.99
 NS_PER_HOUR: Final = 3_600_000_000_000
-
-def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = False,
-              spans: str = "spans") -> dict[str, str]:
-    """The sweep as named SQL steps (each a SELECT over `spans` or earlier steps).
-
-    `weighted` (sampled traces): each segment is shared in proportion to the active requests'
-    adjusted counts, L x w / (sum of w), in float ns, each request's total rounded to whole ns
-    (docs/cost.md#sampled-traces); without it the integer rule of the module docstring.
-
-    Parameters: $lo, $hi (ns, the clip window, never NULL) and, with `grid`, $grid (ns).
-    `spans` names the relation of stored span columns the sweep reads.
-    Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
-    bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
-    allocated_ns, cold_start_ns, idle_ns).
-    """
-    d = D.dialect(dialect)
-
-    def idiv(a: str, b: str) -> str:
-        return f"({d.int_div(a, b)})"
-
-    gpu_list = ", ".join(f"'{s}'" for s in GPU_STAGES)
-    bucket = idiv("t", "$grid") + " * $grid" if grid else "0"
-    steps: dict[str, str] = {}
-    if weighted:  # a request's adjusted count (the largest of its request spans', should a store hold two)
-        steps["_cost_req"] = (f"SELECT TraceId, SpanId, max({M.stored_adjusted_count(d)}) AS w "
-                              f"FROM {spans} WHERE IsRequest GROUP BY TraceId, SpanId")
-    else:
-        steps["_cost_req"] = f"SELECT DISTINCT TraceId, SpanId FROM {spans} WHERE IsRequest"
-    steps["_cost_st"] = f"""
-SELECT TraceId, SpanId, ParentSpanId, Stage, coalesce(Replica, '{NONE_KEY}') AS replica,
-       TimestampNs AS s, EndNs AS e
-FROM {spans} WHERE Stage IN ({gpu_list}, '{COLD_START_STAGE}')"""
-    # the GPU spans in the window (filtered before the parent joins), each with its request span; generation
-    # spans with a prefill / decode child (x) are represented by those children
-    steps["_cost_gpu"] = f"""
-SELECT g.TraceId AS TraceId, g.replica AS replica, greatest(g.s, $lo) AS s, least(g.e, $hi) AS e,
-       coalesce(r1.SpanId, r2.SpanId, g.SpanId) AS request_span_id
-FROM (SELECT g.* FROM _cost_st g WHERE g.Stage IN ({PARTS}) AND least(g.e, $hi) > greatest(g.s, $lo)
-      UNION ALL
-      SELECT g.* FROM _cost_st g
-      LEFT JOIN (SELECT DISTINCT TraceId, ParentSpanId FROM _cost_st WHERE Stage IN ({PARTS})) x
-        ON x.TraceId = g.TraceId AND x.ParentSpanId = g.SpanId
-      WHERE g.Stage = '{S.GENERATION}' AND x.TraceId IS NULL AND least(g.e, $hi) > greatest(g.s, $lo)) g
-LEFT JOIN _cost_req r1 ON r1.TraceId = g.TraceId AND r1.SpanId = g.ParentSpanId
-LEFT JOIN _cost_st p ON p.TraceId = g.TraceId AND p.SpanId = g.ParentSpanId
-LEFT JOIN _cost_req r2 ON r2.TraceId = p.TraceId AND r2.SpanId = p.ParentSpanId"""
-    # an integer per request in (trace id, request span id) order: the later steps sort and group integers
-    steps["_cost_rid"] = """
-SELECT TraceId, request_span_id, row_number() OVER (ORDER BY TraceId, request_span_id) AS rid
-FROM (SELECT DISTINCT TraceId, request_span_id FROM _cost_gpu)"""
-    if weighted:  # GPU spans without a request span weigh 1
-        steps["_cost_rid"] = f"""
-SELECT r.TraceId AS TraceId, r.request_span_id AS request_span_id, r.rid AS rid, coalesce(q.w, 1.0) AS w
-FROM ({steps["_cost_rid"]}) r LEFT JOIN _cost_req q ON q.TraceId = r.TraceId AND q.SpanId = r.request_span_id"""
-    # the union of each request's GPU intervals on a replica: islands (gaps and islands)
-    gpu_num = """
-SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
-          OVER (PARTITION BY replica, rid ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
-FROM (SELECT g.replica AS replica, r.rid AS rid, g.s AS s, g.e AS e,
-             max(g.e) OVER (PARTITION BY g.replica, r.rid ORDER BY g.s, g.e
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
-      FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId AND r.request_span_id = g.request_span_id)"""
-    # iid ranks islands by (end, rid) per replica, rid ordering requests by (trace id, request span id): a
-    # running max of iid over the islands started so far names the active one that ends last (the remainder's
-    # recipient)
-    steps["_cost_islands"] = f"""
-SELECT *, row_number() OVER (PARTITION BY replica ORDER BY e, rid) AS iid
-FROM (SELECT replica, rid, min(s) AS s, max(e) AS e FROM ({gpu_num}) GROUP BY replica, rid, island)"""
-    steps["_cost_loads"] = f"""
-SELECT replica, greatest(s, $lo) AS s, least(e, $hi) AS e FROM _cost_st
-WHERE Stage = '{COLD_START_STAGE}' AND least(e, $hi) > greatest(s, $lo)"""
-    steps["_cost_observed"] = """
-SELECT o.replica AS replica, greatest(o.first_ns, $lo) AS first_ns, least(o.last_ns, $hi) AS last_ns
-FROM (SELECT coalesce(Replica, '{none}') AS replica, min(TimestampNs) AS first_ns, max(EndNs) AS last_ns
-      FROM {spans} GROUP BY 1) o
-WHERE o.replica IN (SELECT replica FROM _cost_st)
-  AND least(o.last_ns, $hi) > greatest(o.first_ns, $lo)""".replace("{none}", NONE_KEY).replace("{spans}", spans)
-    grid_events = ""
-    if grid:
-        cells = d.grid_cells(idiv("o.first_ns", "$grid") + " * $grid + $grid", "o.last_ns", "t")
-        grid_events = f"""
-UNION ALL
-SELECT o.replica AS replica, t, 0, 0, NULL FROM _cost_observed o{cells}"""
-    events = f"""
-SELECT replica, s AS t, 1 AS dg, 0 AS dl, iid AS cand FROM _cost_islands
-UNION ALL SELECT replica, e, -1, 0, NULL FROM _cost_islands
-UNION ALL SELECT replica, s, 0, 1, NULL FROM _cost_loads
-UNION ALL SELECT replica, e, 0, -1, NULL FROM _cost_loads
-UNION ALL SELECT replica, first_ns, 0, 0, NULL FROM _cost_observed
-UNION ALL SELECT replica, last_ns, 0, 0, NULL FROM _cost_observed{grid_events}"""
-    nw = ""
-    if weighted:  # dw: the weight entering (+) or leaving (-) the GPU at t
-        no_weight = "NULL, 0.0 FROM"
-        events = f"""
-SELECT i.replica AS replica, i.s AS t, 1 AS dg, 0 AS dl, i.iid AS cand, r.w AS dw
-FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
-UNION ALL SELECT i.replica, i.e, -1, 0, NULL, -r.w FROM _cost_islands i JOIN _cost_rid r ON r.rid = i.rid
-UNION ALL SELECT replica, s, 0, 1, NULL, 0.0 FROM _cost_loads
-UNION ALL SELECT replica, e, 0, -1, NULL, 0.0 FROM _cost_loads
-UNION ALL SELECT replica, first_ns, 0, 0, NULL, 0.0 FROM _cost_observed
-UNION ALL SELECT replica, last_ns, 0, 0, NULL, 0.0 FROM _cost_observed{grid_events.replace("NULL FROM", no_weight)}"""
-        nw = ",\n       sum(sum(dw)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nw"
-    # each distinct boundary t of a replica (events grouped) with the running counts from there to the next one
-    nxt = d.lead("t", "replica", "t")
-    segs = f"""
-SELECT replica, t, {nxt} - t AS len_ns,
-       sum(sum(dg)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS n,
-       sum(sum(dl)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS nl,
-       max(max(cand)) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) AS best{nw}
-FROM ({events}) GROUP BY replica, t"""
-    # q, r: each segment's floor share and remainder; Q(t) = q_before: the floor shares of every segment before t
-    # weighted: q is the share of one unit of weight (float ns), no remainder
-    share = ("len_ns / nw" if weighted else idiv("len_ns", "n"))
-    remainder = "0" if weighted else "len_ns % n"
-    steps["_cost_shared"] = f"""
-SELECT *, sum(q) OVER (PARTITION BY replica ORDER BY t ROWS UNBOUNDED PRECEDING) - q AS q_before
-FROM (SELECT replica, t, coalesce(len_ns, 0) AS len_ns, n, nl, best, {bucket} AS bucket_ns,
-             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {share} ELSE 0 END AS q,
-             CASE WHEN n > 0 AND len_ns IS NOT NULL THEN {remainder} ELSE 0 END AS r
-      FROM ({segs}))"""
-    if grid:
-        cells = d.grid_cells(idiv("i.s", "$grid") + " * $grid", "i.e", "b0")
-        pieces = f"""
-SELECT i.replica AS replica, i.rid AS rid, greatest(i.s, b0) AS s, least(i.e, b0 + $grid) AS e, b0 AS bucket_ns
-FROM _cost_islands i{cells}"""
-    else:
-        pieces = "SELECT replica, rid, s, e, 0 AS bucket_ns FROM _cost_islands"
-    total, part, by_weight = (("CAST(round(sum(part)) AS BIGINT)", "(qe.q_before - qs.q_before) * w.w",
-                                "\n        JOIN _cost_rid w ON w.rid = p.rid") if weighted
-                               else ("CAST(sum(part) AS BIGINT)", "qe.q_before - qs.q_before", ""))
-    rem = "CAST(w.rem AS DOUBLE)" if weighted else "w.rem"  # (none when weighted) one type in the union
-    steps["_cost_shares"] = f"""
-SELECT a.replica AS replica, r.TraceId AS trace_id, r.request_span_id AS request_span_id, a.bucket_ns AS bucket_ns,
-       a.allocated_ns AS allocated_ns
-FROM (
-    SELECT replica, rid, bucket_ns, {total} AS allocated_ns
-    FROM (
-        SELECT p.replica AS replica, p.rid AS rid, p.bucket_ns AS bucket_ns, {part} AS part
-        FROM ({pieces}) p
-        JOIN _cost_shared qs ON qs.replica = p.replica AND qs.t = p.s
-        JOIN _cost_shared qe ON qe.replica = p.replica AND qe.t = p.e{by_weight}
-        UNION ALL
-        SELECT w.replica AS replica, i.rid AS rid, w.bucket_ns AS bucket_ns, {rem} AS part
-        FROM (SELECT replica, bucket_ns, best, sum(r) AS rem FROM _cost_shared WHERE r > 0 GROUP BY ALL) w
-        JOIN _cost_islands i ON i.replica = w.replica AND i.iid = w.best
-    ) GROUP BY replica, rid, bucket_ns
-) a JOIN _cost_rid r ON r.rid = a.rid"""
-    if grid:
-        observed = """greatest(0, least(o.last_ns, b.bucket_ns + $grid) - greatest(o.first_ns, b.bucket_ns))"""
-        buckets = """(SELECT DISTINCT replica, bucket_ns FROM _cost_shared) b"""
-    else:
-        observed = "o.last_ns - o.first_ns"
-        buckets = "(SELECT DISTINCT replica, 0 AS bucket_ns FROM _cost_shared) b"
-    steps["_cost_replicas"] = f"""
-SELECT b.replica AS replica, b.bucket_ns AS bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
-       CAST(coalesce(a.allocated_ns, 0) AS BIGINT) AS allocated_ns,
-       CAST(coalesce(x.cold_start_ns, 0) AS BIGINT) AS cold_start_ns,
-       CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns
-FROM {buckets}
-JOIN _cost_observed o ON o.replica = b.replica
-LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
-           GROUP BY replica, bucket_ns) a
-    ON a.replica = b.replica AND a.bucket_ns = b.bucket_ns
-LEFT JOIN (SELECT replica, bucket_ns,
-                  sum(CASE WHEN n = 0 AND nl > 0 THEN len_ns ELSE 0 END) AS cold_start_ns,
-                  sum(CASE WHEN n = 0 AND nl = 0 THEN len_ns ELSE 0 END) AS idle_ns
-           FROM _cost_shared GROUP BY replica, bucket_ns) x ON x.replica = b.replica AND x.bucket_ns = b.bucket_ns"""
-    return steps
-
 
 def sampled_spans(con: duckdb.DuckDBPyConnection) -> bool:
     """True when some request span of the store weighs other than 1 (the weighted sweep then runs)."""
@@ -259,44 +91,117 @@ def _sampled(con: duckdb.DuckDBPyConnection, facts: str) -> bool:
     return weight_where(con, facts) is not None
 
 
-def _sweep_params(since: int | None, until: int | None, grid_ns: int | None) -> dict[str, int]:
-    """The sweep's parameters ($lo, $hi, $grid) of a range and grid, checked."""
-    if grid_ns is not None and grid_ns <= 0:
-        raise QueryError("", f"grid must be positive, got {grid_ns}")
-    lo = since if since is not None else -(2**62)
-    hi = until if until is not None else 2**62
-    if hi <= lo:
-        raise QueryError("", "the cost range is empty: until must be after since")
-    params = {"lo": int(lo), "hi": int(hi)}
-    if grid_ns is not None:
-        params["grid"] = int(grid_ns)
-    return params
-
-
 def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
-               grid_ns: int | None = None, weighted: bool | None = None) -> tuple[str, str]:
+               grid_ns: int | None = None, weighted: bool | None = None, cell_ns: int = CELL_NS,
+               stored: bool = True) -> tuple[str, str]:
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
 
     Returns (shares table, replicas table): per (replica, request, bucket) the allocated
-    GPU ns; per (replica, bucket) observed / allocated / cold start / idle ns. With
+    GPU ns (read from stored hours, in several rows whose sum it is: readers sum); per (replica,
+    bucket) observed / allocated / cold start / idle ns. With
     `grid_ns` the timeline is also cut at multiples of it and `bucket_ns` is each piece's
     grid cell; without it `bucket_ns` is 0. `weighted` (default: `sampled_spans`) shares each segment by
-    adjusted counts. `drop_sweep(con)` removes the tables.
+    adjusted counts. `cell_ns` (tests only): the width of the cells swept on their own. `drop_sweep(con)` removes
+    the tables.
+
+    On a store connection, the materialized hours inside the range are read from their stored sweeps
+    (`stored_hours`) and only the rest of the range is swept: the same rows, the rule being exact per minute.
+    `stored=False` sweeps everything.
     """
-    params = _sweep_params(since, until, grid_ns)
+    params = sweep_params(since, until, grid_ns)
     if weighted is None:
         weighted = sampled_spans(con)
-    for name, sql in sweep_sql("duckdb", grid=grid_ns is not None, weighted=weighted).items():
-        used = {k: v for k, v in params.items() if f"${k}" in sql}
+    files = stored_hours(con, params, grid_ns) if stored and not weighted and cell_ns == CELL_NS else {}
+    if files:
         try:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", used).fetchall()
-        except duckdb.Error as exc:
+            _from_stored(con, files, params, grid_ns)
+            return "_cost_shares", "_cost_replicas"
+        except duckdb.IOException:  # a stored file superseded and removed since the connection listed it
             drop_sweep(con)
-            raise QueryError(sql, f"the GPU-time sweep failed at {name}: {str(exc).splitlines()[0]}") from exc
-    for name in sweep_sql("duckdb", grid=grid_ns is not None):
-        if name not in ("_cost_shares", "_cost_replicas"):
-            con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+    GS.run_sweep(con, params, grid=grid_ns is not None, weighted=weighted, cell_ns=cell_ns)
     return "_cost_shares", "_cost_replicas"
+
+
+def stored_hours(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid_ns: int | None) -> dict[int, str]:
+    """The materialized hours whose stored sweep (gpu_sweep.write_hour) serves [$lo, $hi): hour -> cost file.
+    None unless the hour lies wholly inside the range and the grid (if any) is whole minutes, so that every
+    cell of the grid is a sum of stored minutes."""
+    if grid_ns is not None and grid_ns % CELL_NS:
+        return {}
+    try:
+        rows = con.execute(f"SELECT hour_ns, path FROM {GS.COST_FILES_VIEW}").fetchall()
+    except duckdb.Error:  # not a store connection: nothing stored
+        return {}
+    return {int(h): str(p) for h, p in rows if params["lo"] <= h and h + HOUR_NS <= params["hi"]}
+
+
+def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: dict[str, int],
+                 grid_ns: int | None) -> None:
+    """`_cost_shares` and `_cost_replicas` over [$lo, $hi) from the stored hours `files`, the rest of the range
+    swept (each run over the spans that start from an hour before it), and the replicas' observed windows from
+    every stored hour's bounds and the other hours' spans."""
+    lo, hi = params["lo"], params["hi"]
+    runs, at = [], lo
+    for h in sorted(files):
+        if h > at:
+            runs.append((at, h))
+        at = h + HOUR_NS
+    if at < hi:
+        runs.append((at, hi))
+    grid = grid_ns is not None
+    live: list[str] = []
+    for i, (a, b) in enumerate(runs):
+        spans = f"(SELECT * FROM spans WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {b})"
+        GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=spans)
+        con.execute(f"ALTER TABLE _cost_shares RENAME TO _cost_live_shares_{i}")
+        con.execute(f"ALTER TABLE _cost_replicas RENAME TO _cost_live_replicas_{i}")
+        live.append(str(i))
+    bucket = (lambda x: f"({x} // {int(grid_ns)}) * {int(grid_ns)}") if grid_ns is not None else (lambda x: "0")
+    src = f"read_parquet([{', '.join(M.quote(p) for p in files.values())}])"
+    every = con.execute(f"SELECT path FROM {GS.COST_FILES_VIEW}").fetchall()
+    every_src = f"read_parquet([{', '.join(M.quote(str(p)) for (p,) in every)}])"
+    hours = [int(h) for (h,) in con.execute(f"SELECT hour_ns FROM {GS.COST_FILES_VIEW}").fetchall()]
+    live_shares = "".join(f" UNION ALL SELECT replica, trace_id, request_span_id, bucket_ns, allocated_ns "
+                          f"FROM _cost_live_shares_{n}" for n in live)
+    live_cold = "".join(f" UNION ALL SELECT replica, bucket_ns, cold_start_ns FROM _cost_live_replicas_{n}"
+                        for n in live)
+    try:
+        # a request's share in a bucket may be several rows (one per stored minute or hour): readers sum them
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _cost_shares AS
+            SELECT replica, trace_id, request_span_id, {bucket("minute_ns")} AS bucket_ns, allocated_ns
+            FROM {src} WHERE kind = 's'{live_shares}""")
+        # each replica's observed window over the whole store, clipped to the range, and which replicas count
+        windows = f"""
+            SELECT replica, greatest(min(first_ns), {lo}) AS first_ns, least(max(last_ns), {hi}) AS last_ns
+            FROM (SELECT replica, first_ns, last_ns, gpu FROM {every_src} WHERE kind = 'b'
+                  UNION ALL {GS.bounds_sql("spans", f"NOT {hour_where(hours)}")})
+            GROUP BY replica HAVING bool_or(gpu) AND least(max(last_ns), {hi}) > greatest(min(first_ns), {lo})"""
+        if grid_ns is not None:
+            g = int(grid_ns)
+            cells = f"""SELECT w.replica, b AS bucket_ns,
+                               least(w.last_ns, b + {g}) - greatest(w.first_ns, b) AS observed_ns
+                        FROM ({windows}) w,
+                             LATERAL (SELECT unnest(range((w.first_ns // {g}) * {g}, w.last_ns, {g})) AS b)"""
+        else:
+            cells = f"SELECT replica, 0::BIGINT AS bucket_ns, last_ns - first_ns AS observed_ns FROM ({windows})"
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _cost_replicas AS
+            SELECT c.replica AS replica, c.bucket_ns::BIGINT AS bucket_ns, c.observed_ns::BIGINT AS observed_ns,
+                   coalesce(a.allocated_ns, 0)::BIGINT AS allocated_ns,
+                   coalesce(x.cold_start_ns, 0)::BIGINT AS cold_start_ns,
+                   (c.observed_ns - coalesce(a.allocated_ns, 0) - coalesce(x.cold_start_ns, 0))::BIGINT AS idle_ns
+            FROM ({cells}) c
+            LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
+                       GROUP BY ALL) a ON a.replica = c.replica AND a.bucket_ns = c.bucket_ns
+            LEFT JOIN (SELECT replica, bucket_ns, sum(cold_start_ns) AS cold_start_ns
+                       FROM (SELECT replica, {bucket("minute_ns")} AS bucket_ns, cold_start_ns FROM {src}
+                             WHERE kind = 'c'{live_cold}) GROUP BY ALL) x
+                ON x.replica = c.replica AND x.bucket_ns = c.bucket_ns""")
+    finally:
+        for n in live:
+            con.execute(f"DROP TABLE IF EXISTS _cost_live_shares_{n}")
+            con.execute(f"DROP TABLE IF EXISTS _cost_live_replicas_{n}")
 
 
 #: The span columns the sweep reads (the ClickHouse run copies only these into a temporary table).
@@ -306,21 +211,22 @@ SWEEP_INPUTS: Final[tuple[str, ...]] = ("TraceId", "SpanId", "ParentSpanId", "St
 
 def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since: int | None = None,
                           until: int | None = None, grid_ns: int | None = None,
-                          weighted: bool | None = None) -> tuple[str, str]:
+                          weighted: bool | None = None, cell_ns: int = CELL_NS) -> tuple[str, str]:
     """`gpu_shares` on ClickHouse: the sweep's ClickHouse text over an otel_traces-shaped `table`, each step
     into a temporary table of the client's session (same names and columns as `gpu_shares`').
 
     `weighted` defaults to whether some request span weighs other than 1. The parameters are
     integers, written into the SQL as literals.
     """
-    params = _sweep_params(since, until, grid_ns)
+    params = sweep_params(since, until, grid_ns)
     spans = "_cost_spans"
     steps = [(spans, f"SELECT {', '.join(SWEEP_INPUTS)} FROM {C.source_sql(table)}")]
     if weighted is None:
         got = client.query(f"SELECT count(*) FROM {C.source_sql(table)} "
                            f"WHERE IsRequest AND {M.stored_adjusted_count(M.CLICKHOUSE)} <> 1")
         weighted = bool(got.column(0)[0].as_py())
-    steps += list(sweep_sql("clickhouse", grid=grid_ns is not None, weighted=weighted, spans=spans).items())
+    steps += list(sweep_sql("clickhouse", grid=grid_ns is not None, weighted=weighted, spans=spans,
+                            cell_ns=cell_ns).items())
     engine = C.temp_engine(client, C.source_sql(table))
     for name, sql in steps:
         for k, v in params.items():
@@ -337,8 +243,7 @@ def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since:
 
 def drop_sweep(con: duckdb.DuckDBPyConnection) -> None:
     """Drop the temp tables of `gpu_shares`."""
-    for name in sweep_sql("duckdb", grid=True):
-        con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+    GS.drop_sweep(con)
 
 
 # --- prices --------------------------------------------------------------------------------
@@ -567,6 +472,13 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: 
                coalesce(round(sum(f._w * f.input_tokens)), 0)::BIGINT AS input_tokens,
                coalesce(round(sum(f._w * f.output_tokens)), 0)::BIGINT AS output_tokens, any_value(q.p99) AS p99_ns
         FROM f JOIN q ON q.key = {fkey} GROUP BY 1"""
+
+
+def series_bucket_s(window_s: float) -> int:
+    """The cell of a cost series drawn beside charts of `window_s` windows: the window rounded up to whole minutes
+    (the sweep's cells), so that each cell is a sum of the minutes stored with the materialized hours."""
+    cell_s = CELL_NS // 1_000_000_000
+    return max(1, math.ceil(window_s / cell_s)) * cell_s
 
 
 def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Final, Protocol, cast
@@ -28,7 +28,9 @@ from rich.console import Console
 from analysis import contract as C
 from analysis import neighbours as N
 from analysis.engine import attribute_values as AV
+from analysis.engine import model as M
 from analysis.engine.connect import ROW_ID_FILE_SHIFT
+from analysis.engine.dialect import quote
 from analysis.engine.percentiles import (
     ANY_WEIGHTED_SQL,
     auto_window_s,
@@ -94,11 +96,34 @@ class RemoteAttributes:
 SOURCE_TABLE: Final = "_tailscope_report_source"
 
 
+def only_pairs(only: Mapping[str, Sequence[str]] | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`only` ({dimension: values}) as Ask.only: sorted pairs, a dimension without values left out (it keeps every
+    request). Raises QueryError for a dimension that is not a filter dimension (analysis.engine.model)."""
+    pairs = tuple(sorted((d, tuple(str(v) for v in vs)) for d, vs in (only or {}).items() if vs))
+    unknown = [d for d, _ in pairs if d not in M.FILTER_DIMENSIONS]
+    if unknown:
+        raise QueryError("", f"cannot filter the report by {', '.join(unknown)}; use one of "
+                             f"{', '.join(M.FILTER_DIMENSIONS)}")
+    return pairs
+
+
+def only_condition(only: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    """A condition over the request facts (values inlined as literals: a view reads it) keeping the requests whose
+    dimension is one of its values, for each pair of `only` (`only_pairs`); "true" when `only` is empty."""
+    return " AND ".join([f"{quote_ident(dim)} IN ({', '.join(quote(v) for v in values)})" for dim, values in only]
+                        or ["true"])
+
+
+#: Temp view of the store's request facts kept by a report's `only` (see `_frame_parts`).
+ONLY_VIEW: Final = "_tailscope_report_only"
+
+
 @dataclasses.dataclass(frozen=True)
 class Ask:
     """What a report (or find_spikes, explain_window) is asked: the metric, the range, which requests and
     dimensions. `source`: a table or view of request facts instead of the store's (see `build_report`);
-    `explain=False`: detection only (find_spikes); `rules`: which dimensions to consider (None: every one)."""
+    `explain=False`: detection only (find_spikes); `rules`: which dimensions to consider (None: every one);
+    `only`: the filter-dimension values the requests are kept by (see `only_condition`)."""
 
     metric: str = "e2e"
     window_s: float | str | None = None
@@ -109,6 +134,8 @@ class Ask:
     sampling_policy: str = "auto"
     explain: bool = True
     rules: A.AttributeRules | None = None
+    #: (dimension, values) pairs: only the requests whose dimension is one of the values (`only_condition`)
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -133,14 +160,20 @@ class Rows:
     fetch: SpanFetcher | None = None
     rest: RestCounts | None = None
     attributes: RemoteAttributes | None = None
+    #: the reader of the frame's dimensions (`_frame_parts`) when `coded` is None and the facts hold them
+    read_dims: Callable[[], pl.DataFrame] | None = None
+    #: each spike's ranked dimensions as `culprit_bounds` ranked them, for the explanation of a spike it left in
+    #: place (`_Coding.ranked`: the same rows, baseline and coding give the same ranking)
+    ranked: dict[tuple[int, int, int], Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
            coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
-           rest: RestCounts | None = None, attributes: RemoteAttributes | None = None) -> Rows:
+           rest: RestCounts | None = None, attributes: RemoteAttributes | None = None,
+           read_dims: Callable[[], pl.DataFrame] | None = None) -> Rows:
         """The rows of `frame`, their arrays read from it."""
         return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
-                   weights_of(frame), coded, fetch, rest, attributes)
+                   weights_of(frame), coded, fetch, rest, attributes, read_dims)
 
 
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
@@ -170,15 +203,14 @@ def _frame(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until
     """(the frame: values and dimensions of the rows in range, the counts, the facts table, the weighted counts),
     read one after the other (`_prepare` overlaps the dimensions' read with detection: `_frame_parts`)."""
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since, until, include_failures, source)
-    if read_dims is not None:
-        frame = _with_dims(frame, read_dims())
+    frame = _with_dims(frame, read_dims())
     return frame, counts, facts, weighted
 
 
 def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None, until: int | None,
                  include_failures: bool, source: str | None = None, detection_only: bool = False,
-                 explain: bool = True) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame] | None, dict[str, int], str,
-                                                dict[str, float] | None]:
+                 only: tuple[tuple[str, tuple[str, ...]], ...] = ()
+                 ) -> tuple[pl.DataFrame, Callable[[], pl.DataFrame], dict[str, int], str, dict[str, float] | None]:
     """(the values frame, the reader of its dimensions, the counts, the facts table, the weighted counts).
 
     The values frame holds what detection reads (rid, start_ns, e2e_ns, value; weight and status when
@@ -188,6 +220,10 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
     """
     facts = (request_facts(con, with_ttft=metric != "e2e") if source is None
              else _snapshot(con, source, metric, detection_only))
+    if only:  # the kept rows of the facts, read in place (a predicate on the stored hours' scan), their rids the facts'
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {ONLY_VIEW} AS SELECT * FROM {facts} WHERE {only_condition(only)}"
+                    ).fetchall()
+        facts = ONLY_VIEW
     col = quote_ident(metric_column(metric))
     where = "($since IS NULL OR start_ns >= $since) AND ($until IS NULL OR start_ns < $until)"
     params = {"since": since, "until": until}
@@ -235,7 +271,7 @@ def _frame_parts(con: duckdb.DuckDBPyConnection, metric: str, since: int | None,
         return con.sql(f"SELECT {rid} AS rid, {dims} {rows}", params=params).pl()
 
     read_dims.facts_rows = (f"SELECT {rid} AS rid, trace_id, span_id, start_ns {rows}", params)  # type: ignore[attr-defined]
-    return frame, read_dims if explain else None, totals, facts, weighted
+    return frame, read_dims, totals, facts, weighted
 
 
 def _with_dims(frame: pl.DataFrame, dims: pl.DataFrame) -> pl.DataFrame:
@@ -319,7 +355,7 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
     detection_only = (not explain and source is not None and sampling_policy == "auto"
                       and weight_column(con, source, since_ns, until_ns) is None)
     frame, read_dims, counts, facts, weighted = _frame_parts(con, metric, since_ns, until_ns, include_failures,
-                                                             source, detection_only, explain)
+                                                             source, detection_only, ask.only)
     first_ns, last_ns = counts.pop("first_ns"), counts.pop("last_ns")
     if win is None:  # as choose_window_s: from the request rate over the range asked (or seen)
         lo = since_ns if since_ns is not None else first_ns
@@ -338,19 +374,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
         # uses the connection until the read is joined. They are aligned to the values' rows on that thread
         # too, so their row ids are freed there, and coded for the explanation (numpy and polars, the GIL
         # mostly released), which would otherwise wait for detection to end.
-        values_only = frame
-
-        def dims_coded(read: Callable[[], pl.DataFrame]) -> tuple[pl.DataFrame, list[X.Coded]]:
-            both = _with_dims(values_only, read())
-            builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
-            facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
-            attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules or A.AttributeRules(), since_ns,
-                                    until_ns, store_rows=source is None)
-            report["attributes"] = cast(C.Attributes, attrs.to_json())
-            kept = [c for c in builtin if (rules or A.AttributeRules()).ruled_out(c.name) is None]
-            return both, kept + attrs.coded
-
-        dims = pool.submit(dims_coded, read_dims) if read_dims is not None else None
+        dims = pool.submit(_coded_dims, con, frame, read_dims, rules or A.AttributeRules(), since_ns, until_ns,
+                           source is None) if explain else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
@@ -359,7 +384,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             except Exception as exc:
                 report["errors"].append(f"could not compute spikes because {exc}")
         if dims is not None:
-            frame, coded = dims.result()
+            frame, coded, attributes = dims.result()
+            report["attributes"] = attributes
             if report["attributes"] is not None:
                 report["errors"].extend(report["attributes"]["errors"])
     if det is None:
@@ -378,10 +404,25 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
             report["errors"].append(f"could not judge the sampling because {str(exc).splitlines()[0]}")
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
-    rows = Rows.of(con, facts, frame, det, metric, coded=coded)
+    rows = Rows.of(con, facts, frame, det, metric, coded=coded,
+                   read_dims=None if explain or detection_only else read_dims)
     if explain:
         culprit_bounds(rows)
     return report, rows
+
+
+def _coded_dims(con: duckdb.DuckDBPyConnection, values_only: pl.DataFrame, read: Callable[[], pl.DataFrame],
+                rules: A.AttributeRules, since_ns: int | None, until_ns: int | None, store_rows: bool
+                ) -> tuple[pl.DataFrame, list[X.Coded], C.Attributes]:
+    """(the values frame with its rows' dimensions, the dimensions `rules` keeps coded for the explanation, the
+    report's `attributes` object). `read`: the frame's reader of its dimensions (`_frame_parts`); `store_rows`: the
+    facts are the store's own (their attribute values are read from the hours' files)."""
+    both = _with_dims(values_only, read())
+    builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
+    facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
+    attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules, since_ns, until_ns, store_rows=store_rows)
+    kept = [c for c in builtin if rules.ruled_out(c.name) is None]
+    return both, kept + attrs.coded, cast(C.Attributes, attrs.to_json())
 
 
 def _attribute_dims(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dict[str, Any], frame: pl.DataFrame,
@@ -480,6 +521,7 @@ def build_report(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Report:
     """Find the p99 spikes of `metric` in [since, until) and explain each; the `report --json` contract.
 
@@ -490,9 +532,11 @@ def build_report(
     `sampling_policy`: `auto` (judge tail-based sampling from the data), `head` or `tail` (declared).
     `dimensions` / `exclude_dimensions`: glob patterns (comma-separated) of the dimensions to consider / leave out
     (attribute keys or built-in names; the settings' `dimensions` / `exclude_dimensions` when None).
+    `only` ({filter dimension: values}): only the requests whose dimension is one of the values, read in place
+    from the facts (the same answer as a `source` holding just those requests, without copying them).
     """
     report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
-                                     rules=attribute_rules(dimensions, exclude_dimensions)))
+                                     rules=attribute_rules(dimensions, exclude_dimensions), only=only_pairs(only)))
     if rows is None:
         return report
     report["spikes"] = explain_all(rows, rows.det.spikes)
@@ -510,18 +554,26 @@ def find_spikes(
     include_failures: bool = True,
     source: str | None = None,
     sampling_policy: str = "auto",
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Report:
     """`build_report` without the explanations: the same header, and each spike's item without the keys
     the explanation fills (stages, dimensions, exemplars, noisy_neighbour, errors).
 
     For a view that only marks the spikes (the dashboard's Overview): detection is most of the
     report's cost on a large store, the explanations the rest. The spikes are the report's own: when detection
-    found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions, so the rows are then
-    read again with them (detection runs twice on a range with a spike).
+    found one, its bounds are its culprit's (`culprit_bounds`), which reads the dimensions of the same rows then
+    (detection runs once); a caller's `source` copied without them (`_snapshot`) is read again with them
+    (detection then runs twice on a range with a spike).
     """
-    ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False)
+    ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False,
+              only=only_pairs(only))
     report, rows = _prepare(con, ask)
-    if rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
+    if rows is not None and rows.det.spikes and rows.read_dims is not None:  # the same rows and detection, coded
+        frame, coded, _ = _coded_dims(con, rows.frame, rows.read_dims, attribute_rules(), parse_time(since),
+                                      parse_time(until), source is None)
+        rows = Rows.of(con, rows.facts, frame, rows.det, metric, coded=coded)
+        culprit_bounds(rows)
+    elif rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
         rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
     if rows is not None:
         report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
@@ -566,6 +618,7 @@ def explain_window(
     sampling_policy: str = "auto",
     dimensions: str | tuple[str, ...] | None = None,
     exclude_dimensions: str | tuple[str, ...] | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> C.Spike:
     """Explain the requests starting in [start, end) as the report explains a spike, whether or not it is one.
 
@@ -575,12 +628,12 @@ def explain_window(
     report's). Returns the report's spike object (start, end, requests, p50_ms, p99_ms,
     baseline_p50_ms, baseline_p99_ms, excess_ms, windows, stages, dimensions, exemplars,
     candidates_tested, tail_requests, errors) with `p_value` null (no test is made) and
-    `detected` true when the window is exactly one of the report's spikes.
+    `detected` true when the window is exactly one of the report's spikes. `only`: as in `build_report`.
     """
     start_ns, end_ns = parse_time(start), parse_time(end)
     assert start_ns is not None and end_ns is not None
     report, rows = _prepare(con, Ask(metric, window_s, since, until, include_failures, source, sampling_policy,
-                                     rules=attribute_rules(dimensions, exclude_dimensions)))
+                                     rules=attribute_rules(dimensions, exclude_dimensions), only=only_pairs(only)))
     empty = window_not_explained(start_ns, end_ns, report["errors"])
     if rows is None:
         return empty
@@ -663,7 +716,7 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
     start, values, weights = rows_.start, rows_.values, rows_.weights
     wins = det.window_start_ns // det.window_ns
     base = rows_in_windows(start, wins[det.baseline], det.window_ns).astype(np.int64)
-    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes)
+    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes, rows_.ranked)
     if slow_counts is None:
         slow = np.flatnonzero(values > det.baseline_p99_ns)
         slow_at = np.searchsorted(wins, start[slow] // det.window_ns)
@@ -765,7 +818,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
             # while the dimensions are coded, contrasted and counterfactually removed here, in numpy; the
             # connection is that thread's alone until it is joined
             stages = pool.submit(lambda: [stages_of(sp, tail) for sp, tail in zip(spikes, tails, strict=True)])
-            coding = _Coding(frame, values, base, weights, rest, coded, attributes)
+            coding = _Coding(frame, values, base, weights, rest, coded, attributes, rows_.ranked)
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
@@ -797,9 +850,12 @@ class _Coding:
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
                  rest: RestCounts | None, coded: list[X.Coded] | None = None,
-                 attributes: RemoteAttributes | None = None) -> None:
+                 attributes: RemoteAttributes | None = None, memo: dict[tuple[int, int, int], Any] | None = None
+                 ) -> None:
         """`base`: the baseline's rows; `rest`, `attributes`: as `explain_all`'s; `coded`: the frame's DIMENSIONS
-        coded (by `X.code_dimension`), when already done."""
+        coded (by `X.code_dimension`), when already done; `memo` (`Rows.ranked`, with `coded` given and no `rest`):
+        the rankings made, kept for another coding of the same rows."""
+        self.memo = memo if coded is not None and rest is None and attributes is None else None
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
         self.remote: RemoteAttributes | None = attributes
@@ -823,12 +879,26 @@ class _Coding:
         """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
         `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
         values, remote = self.values, self.remote
+        key = (int(spike.start_ns), int(spike.end_ns), int(spike.baseline_p99_ns))
+        hit = self.memo.get(key) if self.memo is not None else None
+        if (hit is not None and hit[0] is self.coded and np.array_equal(hit[1], self.base)
+                and np.array_equal(hit[2], rows) and np.array_equal(hit[3], tail)):
+            if cut is not None:
+                cut.extend(hit[5])
+            return cast(tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]],
+                        hit[4])
         excess_rows = rows[values[rows] > spike.baseline_p99_ns]
         if excess_rows.size < X.MIN_TAIL_SLICE:
             excess_rows = tail
-        return excess_rows, rank_dimensions(
+        left_out: list[dict[str, Any]] = []
+        out = excess_rows, rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
-            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, cut)
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, left_out)
+        if cut is not None:
+            cut.extend(left_out)
+        if self.memo is not None:
+            self.memo[key] = (self.coded, self.base, rows, tail, out, left_out)
+        return out
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best

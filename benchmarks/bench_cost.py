@@ -4,8 +4,9 @@
     python -m benchmarks.bench_cost --store STORE[,STORE...] [--json]   # stores already built, read as they are
 
 The stores are built (or reused) as bench_report's are (benchmarks.inputs: by fingerprint), then their
-request hours are materialized, as `tailscope ingest` leaves a store. Per store, in a fresh process
-(DuckDB memory_limit 4GB): the anchor (DuckDB's plain
+request hours are materialized, as `tailscope ingest` leaves a store (hours an earlier run materialized with
+this code are kept, so a process reading the store meanwhile keeps them; stale ones are built). Per store, in
+a fresh process (DuckDB memory_limit 4GB): the anchor (DuckDB's plain
 p50/p99 of `Duration` per `SpanName` over the same Parquet files), the fair-share GPU-time
 sweep with the cost table (`cost_table`), the `requests` view copied into a table once (what
 the dashboard holds in memory; the replay needs each request's critical-path queue wait), the
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from analysis.engine.materialize import REQUESTS_DIR
 from benchmarks.bench_report import anchor, bench_args, materialize_in_child, peak_rss_mib, stores, timed
 
 
@@ -36,6 +38,7 @@ def run_one(store: Path) -> dict[str, Any]:
         Workload,
         batch_table,
         capacity_curve,
+        drawn_counts,
         load_kernel,
         observed_workload,
         predict_at,
@@ -46,7 +49,7 @@ def run_one(store: Path) -> dict[str, Any]:
         scale_up,
         scaled_services,
     )
-    from analysis.cost import Prices, cost_table
+    from analysis.cost import Prices, cost_series, cost_table
     from analysis.whatif import simulate
 
     out: dict[str, Any] = {}
@@ -61,6 +64,11 @@ def run_one(store: Path) -> dict[str, Any]:
     out["rows_sum_equals_allocated"] = sum(r["gpu_ns"] for r in table["rows"]) == tot["allocated_ns"]
     out["allocated_ns"] = tot["allocated_ns"]
     out["idle_share"] = round(tot["idle_share"], 4)
+    # the series the Cost page draws beside the table (one-minute cells: whole stored minutes)
+    series, out["cost_series_s"], out["cost_series_cpu_s"] = timed(
+        lambda: cost_series(con, by="tenant", bucket_s=60, prices=Prices(default=2.0)))
+    out["series_sum_equals_allocated"] = int(series.filter(~series["key"].is_in(["(idle)", "(cold start)"]))[
+        "gpu_ns"].sum()) == tot["allocated_ns"]
     con.close()
 
     con = connect(store, memory_limit="4GB")
@@ -101,6 +109,14 @@ def run_one(store: Path) -> dict[str, Any]:
     batched, out["curve_1_64_batch_relation_s"], out["curve_1_64_batch_relation_cpu_s"] = timed(
         lambda: capacity_curve(w, range(1, 65), target_p99_ms=target, gpu_hour_usd=2.0))
     out["batch_relation_applied"] = batched["service"]["batch_relation_applied"]
+    # the same at the counts the Capacity page draws (analysis.capacity.drawn_counts), on a fresh workload with the
+    # relation
+    drawn_w = fresh()
+    drawn_w.relation, drawn_w.batches = w.relation, w.batches
+    drawn = drawn_counts(64, w.observed_replicas)
+    _, out["curve_drawn_batch_relation_s"], out["curve_drawn_batch_relation_cpu_s"] = timed(
+        lambda: capacity_curve(drawn_w, drawn, target_p99_ms=target, gpu_hour_usd=2.0))
+    out["drawn_counts"] = len(drawn)
     out["batch_relation"] = batched["service"]["assumption"]
     # the What-if page's prediction at half the observed replicas and the scale-up comparison from there, as the
     # dashboard runs them (with the relation where applied), on the workload the curve above left its replays on
@@ -140,9 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_one(Path(args.one))))
         return
     results: dict[str, Any] = {}
-    for spans, store in stores(args):
+    # the store's materialized hours are kept (another process may be reading them): the hours built by other code
+    # have another key, so materializing rebuilds exactly those
+    for spans, store in stores(args, keep=(REQUESTS_DIR,)):
         # the request hours materialized first (untimed here; bench_report times it), as `tailscope ingest` leaves
-        # a store: `stores` removed what an earlier run materialized, so every run reads the hours it built
+        # a store: every hour stale for the code running now is built
         if not args.store:
             materialize_in_child(store)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cost", "--one", str(store)],
@@ -156,12 +174,15 @@ def main(argv: list[str] | None = None) -> None:
               f"anchor {r['anchor_s']} s / {r['anchor_cpu_s']} CPU-s; "
               f"cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
               f"({r['cost_vs_anchor_x']}x anchor, identity {'holds' if r['identity_holds'] else 'BROKEN'}); "
+              f"cost series {r['cost_series_s']} s / {r['cost_series_cpu_s']} CPU-s; "
               f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
               f"({r['counts_replayed']} counts replayed; every count: {r['every_count_replayed_s']} s / "
               f"{r['every_count_replayed_cpu_s']} CPU-s; identical: {r['identical_to_every_count_replayed']}); "
               f"new target {r['curve_new_target_s']} s; curve 1-64 with the batch relation "
               f"{r['curve_1_64_batch_relation_s']} s / {r['curve_1_64_batch_relation_cpu_s']} CPU-s "
-              f"(applied: {r['batch_relation_applied']}); kernel {r['kernel_per_replay_ms']} ms/replay, Python "
+              f"(applied: {r['batch_relation_applied']}; at the {r['drawn_counts']} counts the page draws: "
+              f"{r['curve_drawn_batch_relation_s']} s / {r['curve_drawn_batch_relation_cpu_s']} CPU-s); "
+              f"kernel {r['kernel_per_replay_ms']} ms/replay, Python "
               f"{r['python_loop_per_replay_ms']} ms/replay; what-if {r['whatif_s']} s / {r['whatif_cpu_s']} CPU-s; "
               f"scale-up {r['scale_up_s']} s / {r['scale_up_cpu_s']} CPU-s"
               + (f" (its replay with the relation: kernel {r['reactive_batched_kernel_cpu_s']} CPU-s, Python "

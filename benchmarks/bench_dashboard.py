@@ -9,10 +9,14 @@ computes after the Overview's spikes; the time until every background step is do
 reported apart. Then the query caches are cleared (st.cache_data is process-wide: the first
 session and the warm-up filled it) and a second session renders each page once, then changes filters.
 
-    python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep] [--materialized]
+    python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep] [--materialized [--live-hours N]]
+        [--pages overview,spike,...]
 
 `--materialized` first writes every stale hour's request file (analysis.engine.materialize, timed), as
-`tailscope collect` does for settled hours: the pages then read the hours in place.
+`tailscope collect` does for settled hours: the pages then read the hours in place; `--live-hours N` leaves the
+last N hours live (removing their files if written), as collect leaves the current hour and the one before.
+The measured session is cold: every result cache of the dashboard is emptied before it (`clear_caches` prints
+what it clears and what stays warm).
 
 Without --store it builds a synthetic incident store (tests/dashboard/incident_store.py:
 8 replicas, 7 spans per request over 6 hours, replica-05 slow for 54 minutes) under the
@@ -105,8 +109,32 @@ def _session(components: BidiComponentManager, timeout: float) -> AppTest:
     return at
 
 
-def run(store: Path) -> list[tuple[str, float, float]]:
-    """Drive the app over `store`; (what, seconds, limit) per measurement."""
+def clear_caches() -> str:
+    """Empty the dashboard's result caches, as a server just started holds them, but for the opened store; a
+    sentence saying what was cleared and what stays warm.
+
+    st.cache_data is process-wide (the first session and the store's warm-up thread filled it); the
+    st.cache_resource entries of dashboard.data hold results too (the replayed requests, the Cost and Capacity
+    pages' background jobs, the SQL console's sandbox). The warm-up thread was joined before: nothing fills
+    the caches again (it runs when a store opens; dashboard/server.py's start-up thread only imports modules).
+    """
+    import streamlit as st
+
+    from dashboard import data
+
+    st.cache_data.clear()
+    kept = {"workbench", "clickhouse_bench"}  # the opened store (its connection and the live hours' rows)
+    resources = sorted(name for name, fn in vars(data).items() if name not in kept
+                       and type(getattr(fn, "_info", None)).__name__ == "CachedResourceFuncInfo")
+    for name in resources:
+        getattr(data, name).clear()
+    return (f"st.cache_data cleared; st.cache_resource cleared: {', '.join(resources)}; kept: the opened store "
+            "(data.workbench); DuckDB's and the OS's file caches stay warm (the store was just read)")
+
+
+def run(store: Path, pages: tuple[str, ...] = PAGES) -> list[tuple[str, float, float]]:
+    """Drive the app over `store`; (what, seconds, limit) per measurement. `pages`: the pages the second session
+    renders after the Overview (every page by default)."""
     os.environ["TAILSCOPE_STORE"] = str(store)
     anchor(store)
     components = server_components()
@@ -133,17 +161,11 @@ def run(store: Path) -> list[tuple[str, float, float]]:
     took = time.perf_counter() - t_open
     results.append(("open store: every background step done", took, float("inf")))
     print(f"  {'open store: every background step done':<44} {took:7.3f} s", flush=True)
-    # a second session with cold query caches: st.cache_data is process-wide (the first session and the
-    # warm-up thread filled it), so clear it, and the replay's workloads; the workbench (the opened store) stays, and
-    # nothing warms the caches again (the warm-up runs when a store opens). DuckDB's and the OS's page
-    # caches stay warm: the store's files were just read.
-    import streamlit as st
-
-    st.cache_data.clear()
-    data.workload.clear()  # the replayed requests (st.cache_resource) too; the opened store stays
+    # a second session with cold caches (what a visitor meets when nobody asked for these pages and filters yet)
+    print(f"  (cold: {clear_caches()})", flush=True)
     at = _session(components, 600)
     _timed("page overview (new session, cold query caches)", results, PAGE_LIMIT_S, at.run)
-    for page in PAGES[1:]:
+    for page in [p for p in PAGES[1:] if p in pages]:
         t_page = time.perf_counter()
         _timed(f"page {page} (cold query caches)", results, PAGE_LIMIT_S,
                at.switch_page(f"app_pages/{page}.py").run)
@@ -191,6 +213,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--materialized", action="store_true",
                         help="materialize every stale hour first (as `tailscope collect` does for settled hours)")
+    parser.add_argument("--pages", default=",".join(PAGES),
+                        help="the pages the second session renders after the Overview, comma-separated (default: all)")
+    parser.add_argument("--live-hours", type=int, default=0, metavar="N",
+                        help="with --materialized: leave the last N hours live (their request files removed if "
+                             "written), as `tailscope collect` leaves the current hour and the one before")
     args = parser.parse_args()
     tmp: Path | None = None
     store = args.store
@@ -201,14 +228,20 @@ def main() -> None:
         print(f"building a {args.spans:,}-span store in {store} …", flush=True)
         print(f"  built in {build_store(store, args.spans):.1f} s", flush=True)
     if args.materialized:
-        from analysis.engine.materialize import materialize
+        from analysis.engine.materialize import HOUR_NS, materialize, remove_hour, snapshot
 
         t0, c0 = time.perf_counter(), _cpu_s()
-        hours = len(materialize(store))
-        print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s",
-              flush=True)
+        last = max([*snapshot(store).stale, *snapshot(store).fresh], default=0)
+        live = [last - i * HOUR_NS for i in range(args.live_hours)]
+        for hour in live:
+            remove_hour(store, hour)
+        # an hour is settled once the next one ended: the last N hours stay live
+        hours = len(materialize(store, settled_before_ns=last - (args.live_hours - 2) * HOUR_NS
+                                if args.live_hours else None))
+        print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s; "
+              f"live (not materialized): {len(snapshot(store).stale)} hour(s)", flush=True)
     try:
-        results = run(store)
+        results = run(store, tuple(args.pages.split(",")))
         anchor(store)  # again, before the store is removed: the load may have changed during the run
     finally:
         if tmp is not None and not args.keep:

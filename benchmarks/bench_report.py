@@ -82,9 +82,10 @@ def cli_ab(store: Path, base: Path, runs: int) -> dict[str, Any]:
     return out
 
 
-def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
+def stores(args: argparse.Namespace, keep: tuple[str, ...] = ()) -> Iterator[tuple[int, Path]]:
     """(span count, store) for each of --spans under --dir, as benchmarks.synthetic builds it (benchmarks.inputs:
-    built, or reused when its fingerprint is the running code's, with what earlier runs added removed)."""
+    built, or reused when its fingerprint is the running code's, with what earlier runs added removed except
+    under the top-level directories `keep`)."""
     if getattr(args, "store", None):
         for name in args.store.split(","):
             print(f"{name}: given with --store, measured as it is (no fingerprint: whatever built it)", file=sys.stderr)
@@ -93,14 +94,15 @@ def stores(args: argparse.Namespace) -> Iterator[tuple[int, Path]]:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tailscope-bench-"))
     for spans in (int(s) for s in args.spans.split(",")):
         store = base / f"store-{spans}"
-        prepare(store, make_store, spans=spans)
+        prepare(store, make_store, keep=keep, spans=spans)
         yield spans, store
 
 
 def materialize_in_child(store: Path) -> float:
     """Materialize every request hour of `store` in a fresh process (as `tailscope ingest` leaves a store); seconds.
 
-    The store comes from `stores`, which removed the hours earlier runs materialized: this builds every one."""
+    Builds every hour stale for the code running now (`stores` removed what earlier runs materialized, unless
+    asked to keep it: then the hours already built by this code are left as they are)."""
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import sys; from analysis.engine.materialize import materialize; "
                     "materialize(sys.argv[1])", str(store)], check=True, env=os.environ.copy())

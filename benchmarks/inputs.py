@@ -153,8 +153,9 @@ def _why_stale(stamp: dict[str, Any], want: dict[str, Any]) -> str | None:
     return f"the code that built it changed ({', '.join(changed)})"
 
 
-def _tidy(path: Path, stamp: dict[str, Any]) -> str | None:
-    """Remove what was added since the build; a reason to rebuild when a built file changed or is missing."""
+def _tidy(path: Path, stamp: dict[str, Any], keep: tuple[str, ...] = ()) -> str | None:
+    """Remove what was added since the build, except under the top-level directories `keep`; a reason to rebuild
+    when a built file changed or is missing."""
     built: dict[str, list[int]] = stamp.get("files") or {}
     files, dirs = _listing(path)
     for rel, meta in built.items():
@@ -163,9 +164,10 @@ def _tidy(path: Path, stamp: dict[str, Any]) -> str | None:
     built_dirs = set(stamp.get("dirs") or [])
     added = [d for d in dirs if d not in built_dirs]
     added = [d for d in added if not any(d.startswith(a + "/") for a in added)]  # the top-most ones
+    added = [d for d in added if d.split("/")[0] not in keep]
     for rel in added:
         shutil.rmtree(path / rel, ignore_errors=True)
-    extra = [rel for rel in files if rel not in built and (path / rel).exists()]
+    extra = [rel for rel in files if rel not in built and rel.split("/")[0] not in keep and (path / rel).exists()]
     for rel in extra:
         (path / rel).unlink()
     if added or extra:
@@ -211,18 +213,20 @@ def clear(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def prepare(path: Path, builder: Callable[..., Any], *, manifest: bool = True, **params: Any) -> float | None:
+def prepare(path: Path, builder: Callable[..., Any], *, manifest: bool = True, keep: tuple[str, ...] = (),
+            **params: Any) -> float | None:
     """Make `path` hold exactly what `builder(path, **params)` builds with the code running now.
 
-    Reused when its stamp matches (what earlier runs added removed); else built again, in a hidden
-    sibling renamed into place. Returns the build's seconds, or None when reused. One line on stderr
+    Reused when its stamp matches (what earlier runs added removed, except under the top-level directories
+    `keep`: what a reader of the input may be using, that the code rebuilds when stale); else built again, in
+    a hidden sibling renamed into place. Returns the build's seconds, or None when reused. One line on stderr
     says which and why.
     """
     path = Path(path)
     want = fingerprint(builder, params)
     stamp = read_stamp(path)
     if stamp is not None:
-        why = _why_stale(stamp, want) or (_tidy(path, stamp) if manifest else None)
+        why = _why_stale(stamp, want) or (_tidy(path, stamp, keep) if manifest else None)
         if why is None:
             print(f"{path}: reused (fingerprint {want['digest']}: same code and parameters)", file=sys.stderr)
             return None

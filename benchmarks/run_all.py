@@ -66,7 +66,7 @@ TINY: dict[str, list[str]] = {
     "bench_clickhouse_weighted": ["--rows", "2000", "--dir", "{dir}"],
     "bench_clickhouse_releases": ["--spans", "7000", "--releases", "24.8"],
     "bench_watch": ["--hours", "1", "--rate", "0.5", "--dir", "{dir}", "--incidents", "slow_replica"],
-    "bench_dashboard": ["--spans", "7000", "--store", "{dir}/dashboard-store", "--materialized"],
+    "bench_dashboard": ["--spans", "7000", "--store", "{dir}/dashboard-store", "--materialized", "--live-hours", "1"],
     "bench_dashboard_browser": ["--store", "{dir}/demo-store", "--repeat", "1", "--pages", "Overview,SQL"],
     "bench_collect": ["--tiny", "--phoenix", ""],
     "bench_ingest_memory": ["--mib", "0.25", "--dir", "{dir}"],

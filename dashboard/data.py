@@ -338,17 +338,20 @@ class Workbench:
     def report(self, f: Filters, metric: str, window_s: int | None, explain: bool) -> dict[str, Any]:
         """analysis.report.build_report (find_spikes without `explain`) over the filtered requests."""
         run = build_report if explain else find_spikes
+        source = _report_source(self, f)
         with _cursor(self, f) as cur:
             return cast(dict[str, Any], run(cur, metric=metric, window_s=window_s, since=f.since_ns,
-                                            until=f.until_ns, include_failures=True, source=_report_source(self, f)))
+                                            until=f.until_ns, include_failures=True, source=source,
+                                            only=_report_only(f, source)))
 
     def explain_window(self, f: Filters, start_ns: int, end_ns: int, metric: str,
                        window_s: int | None) -> dict[str, Any]:
         """analysis.report.explain_window over the filtered requests."""
+        source = _report_source(self, f)
         with _cursor(self, f) as cur:
             return cast(dict[str, Any], explain_window(cur, start_ns, end_ns, metric=metric, window_s=window_s,
-                                                       since=f.since_ns, until=f.until_ns,
-                                                       source=_report_source(self, f)))
+                                                       since=f.since_ns, until=f.until_ns, source=source,
+                                                       only=_report_only(f, source)))
 
     def shape(self, f: Filters, metric: str, by: tuple[str, ...]) -> pd.DataFrame:
         """analysis.breakdowns.shape of the filtered requests."""
@@ -645,6 +648,14 @@ def window_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
     return int(detection(_db, store, version, filters)["window_s"])
 
 
+def cost_bucket_s(_db: Bench, store: str, version: int, filters: Filters) -> int:
+    """The Cost page's cells: the report's window (`window_s`) rounded up to whole minutes, the GPU-time sweep's
+    cells, so that the series sums the minutes stored with each materialized hour (analysis.cost.series_bucket_s)."""
+    from analysis.cost import series_bucket_s
+
+    return series_bucket_s(window_s(_db, store, version, filters))
+
+
 @st.cache_data(show_spinner=False, max_entries=256)
 def over_time(_db: Bench, store: str, version: int, filters: Filters,
               metrics: tuple[str, ...] = ("e2e", "ttft", "tpot")) -> pl.DataFrame:
@@ -677,16 +688,22 @@ LIVE_HOURS_IN_PLACE = 2
 
 
 def _report_source(db: Workbench, filters: Filters) -> str | None:
-    """Where a report call reads its requests. Without a dimension or attribute filter (a time range is the report's
-    own since/until) on a store with at most LIVE_HOURS_IN_PLACE stale hours: the store's own request facts (None),
-    as `tailscope report` reads them (analysis.engine.percentiles.request_facts: the materialized hours in place,
-    the few live hours' facts computed from their spans), with no copy of every request. Otherwise `requests`,
-    the cursor's filtered view of `req`, copied by the report, instead of rescanning the store's spans."""
+    """Where a report call reads its requests. Without an attribute filter (a time range is the report's own
+    since/until, the dimension values its `only`: `_report_only`) on a store with at most LIVE_HOURS_IN_PLACE stale
+    hours: the store's own request facts (None), as `tailscope report` reads them (analysis.engine.percentiles.
+    request_facts: the materialized hours in place, the few live hours' facts from the workbench's rows), with no
+    copy of the requests. Otherwise `requests`, the cursor's filtered view of `req`, copied by the report, instead
+    of rescanning the store's spans."""
     snap = db.snap
-    if (filters == Filters(filters.since_ns, filters.until_ns) and snap is not None
-            and len(snap.stale) <= LIVE_HOURS_IN_PLACE):
+    if not filters.attributes and snap is not None and len(snap.stale) <= LIVE_HOURS_IN_PLACE:
         return None
     return "requests"
+
+
+def _report_only(filters: Filters, source: str | None) -> dict[str, tuple[str, ...]] | None:
+    """The dimension values a report reading the store's own facts (`source` None) keeps (analysis.report's `only`);
+    None for a caller's source (already filtered)."""
+    return None if source is not None else {d: getattr(filters, d) for d in FILTER_DIMENSIONS if getattr(filters, d)}
 
 
 def report_of(_db: Bench, store: str, version: int, filters: Filters, metric: str = "e2e") -> dict[str, Any]:
@@ -1103,15 +1120,11 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
                    metric: str, gpu_hour_usd: float | None, max_replicas: int = 64) -> dict[str, Any]:
     """analysis.capacity.capacity_curve for 1..max_replicas over the filtered requests, or {"error"}."""
     from analysis.capacity import capacity_curve as curve
-    from analysis.capacity import load_kernel
+    from analysis.capacity import drawn_counts, load_kernel
 
     try:
         w = workload(_db, store, version, filters)
-        # drawn: every count to 16, then every 4th (the curve flattens; with the measured batch relation each count
-        # is a replay of its own) and the observed count; the fewest count for the target is exact either way
-        counts = sorted({*range(1, min(16, max_replicas) + 1), *range(20, max_replicas + 1, 4), max_replicas,
-                         w.observed_replicas}) if load_kernel() is not None else sorted(
-            {1, 2, 4, 8, 16, 32, max_replicas, w.observed_replicas})
+        counts = drawn_counts(max_replicas, w.observed_replicas, load_kernel() is not None)
         out = curve(w, counts, target_p99_ms=target_p99_ms, metric=metric, gpu_hour_usd=gpu_hour_usd)
     except Exception as exc:
         return {"error": f"could not replay the queue because {str(exc).splitlines()[0]}"}

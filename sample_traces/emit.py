@@ -18,9 +18,9 @@ of replicas, each with its own resource.)
 from __future__ import annotations
 
 import gzip
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -29,11 +29,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from sample_traces.basic import SeededIds
-from sample_traces.fleet import FleetConfig, SimRequest, sim_ns
+from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest, sim_ns
 from tracing import schema as S
 from tracing.lean import LeanRecorder, LeanRequest
 from tracing.otlp_json import spans_to_json_line
+from tracing.rows import adjusted_count_of, attr_str, replica_of
 from tracing.store import SegmentWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Instrumentation scope of the emitted spans (as `tracing.instrument` names it).
 SCOPE_NAME = "tailscope"
@@ -164,47 +168,204 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
     return lines
 
 
-class _Predrawn(IdGenerator):
-    """Ids drawn ahead, in the order the recorder asks for them (each kept request's trace id, then its spans')."""
+#: The stage spans a simulated request can have, in the order `_record` opens them: (stage, which of its times
+#: bound it). The gateway's queue wait (for the tenant's concurrency limit) comes before the network hop, the
+#: replica's (for a batch slot) after the model load.
+_SLOTS = (PREPROCESS, QUEUE_WAIT, NETWORK, MODEL_LOAD, QUEUE_WAIT, GENERATION, PREFILL, DECODE, STREAMING)
+_GEN_SLOT, _PREFILL_SLOT, _DECODE_SLOT = 6, 7, 8  # columns of the row matrix (0 is the request span)
 
-    def __init__(self) -> None:
-        self.traces: deque[int] = deque()
-        self.spans: deque[int] = deque()
 
-    def generate_trace_id(self) -> int:
-        """The next kept request's trace id."""
-        return self.traces.popleft()
+def _span_table(cfg: FleetConfig, reqs: Sequence[SimRequest], resource: Resource, ids: IdGenerator,
+                keep: Callable[[int], bool] | None, trace_state: str) -> pa.Table:
+    """One replica's rows in SPAN_SCHEMA, built column by column: the rows the lean recorder stores for `_record`'s
+    requests (each request span, then its stages in `_SLOTS` order; promoted as `SpanBatch.append` promotes),
+    ids drawn from `ids` in the same order (each request's trace id, then one span id per row), for every
+    request, kept or not."""
+    import numpy as np
+    import pyarrow as pa
 
-    def generate_span_id(self) -> int:
-        """The next kept span's id."""
-        return self.spans.popleft()
+    n = len(reqs)
+
+    def col(name: str) -> Any:
+        return np.fromiter((getattr(r, name) for r in reqs), np.float64, n)
+
+    def opt(name: str) -> Any:  # None as NaN (every comparison with it is false)
+        return np.fromiter((np.nan if (v := getattr(r, name)) is None else v for r in reqs), np.float64, n)
+
+    def ns(t: Any) -> Any:  # sim_ns, vectorized: both round half to even
+        return START_NS + np.rint(np.nan_to_num(t) * NS).astype(np.int64)
+
+    arrival, pre_end, routed, at_rep = col("arrival_s"), col("pre_end_s"), col("routed_s"), col("at_replica_s")
+    gen_start, first_tok, decode_end, end_s = (col("gen_start_s"), col("first_token_s"), col("decode_end_s"),
+                                               col("end_s"))
+    load_end, stream_end = opt("load_end_s"), opt("stream_end_s")
+    status = np.array([r.status for r in reqs], object)
+    message = np.array([r.error_type or r.status for r in reqs], object)  # set_outcome's error type and message
+    streaming = np.fromiter((r.streaming for r in reqs), bool, n)
+    start, end = ns(arrival), ns(end_s)
+    served = np.array([r.error_type != "InvalidRequestError" for r in reqs], bool)
+    has_load = served & (load_end > at_rep)
+    slot_from = np.where(has_load, load_end, at_rep)
+    generated = served & (gen_start < end_s)
+    first = served & (first_tok < end_s)
+    # per slot: whether `_record` opens it, and its start and end before `stage()` clips them to the request's
+    opened = ((np.ones(n, bool), arrival, pre_end), (served & (routed > pre_end), pre_end, routed),
+              (served, routed, at_rep), (has_load, at_rep, load_end),
+              (served, slot_from, np.maximum(slot_from, gen_start)), (generated, gen_start, decode_end),
+              (generated, gen_start, first_tok), (generated & (decode_end > first_tok), first_tok, decode_end),
+              (first & streaming & ~np.isnan(stream_end), first_tok, stream_end))
+    # the row matrix: column 0 the request span, column j its j-th slot; flattened row-major where present, the
+    # rows in stored order
+    rows = np.zeros((n, 1 + len(_SLOTS)), bool)
+    starts = np.zeros(rows.shape, np.int64)
+    ends = np.zeros(rows.shape, np.int64)
+    rows[:, 0], starts[:, 0], ends[:, 0] = True, start, end
+    for j, (name, (has, s, e)) in enumerate(zip(_SLOTS, opened, strict=True), start=1):
+        s_ns = ns(s)
+        if j == _GEN_SLOT:  # started and ended explicitly, not through `stage()`
+            rows[:, j], starts[:, j], ends[:, j] = has, s_ns, np.minimum(ns(e), end)
+        else:
+            rows[:, j] = has & ((s_ns < end) | ((s_ns == end) & (name == QUEUE_WAIT)))
+            starts[:, j], ends[:, j] = s_ns, np.maximum(s_ns, np.minimum(ns(e), end))
+    # ids: every request's, in the recorder's order, kept or not
+    counts = rows.sum(axis=1)
+    new_trace, new_span = ids.generate_trace_id, ids.generate_span_id
+    trace_ids: list[int] = []
+    span_ids: list[int] = []
+    for k in counts.tolist():
+        trace_ids.append(new_trace())
+        span_ids.extend([new_span() for _ in range(k)])
+    kept = np.ones(n, bool) if keep is None else np.array([keep(t) for t in trace_ids], bool)
+    span_kept = [format(s, "016x") for s, k in zip(span_ids, np.repeat(kept, counts).tolist(), strict=True) if k]
+    # only the kept requests from here on
+    idx = np.flatnonzero(kept)
+    reqs = [reqs[i] for i in idx.tolist()]
+    n = len(reqs)
+    rows, starts, ends, start = rows[idx], starts[idx], ends[idx], start[idx]
+    status, message, streaming, first, first_tok = status[idx], message[idx], streaming[idx], first[idx], first_tok[idx]
+    trace_hex = np.array([format(trace_ids[i], "032x") for i in idx.tolist()], object)
+    span_hex = np.full(rows.shape, "", object)
+    span_hex[rows] = span_kept
+    parents = np.repeat(span_hex[:, :1], rows.shape[1], axis=1)
+    parents[:, 0] = ""
+    parents[:, [_PREFILL_SLOT, _DECODE_SLOT]] = span_hex[:, [_GEN_SLOT]]
+
+    # the request span's attributes, in the order the recorders set them (tracing.instrument.request_identity,
+    # then `_record`'s, then error type, outcome, output tokens and time to first token: LeanRequest.typed_attrs)
+    failed = status != OK
+    ttft = np.where(first, ns(first_tok) - start, 0)
+    lora = np.array([r.lora_adapter for r in reqs], object)
+    every = np.ones(n, bool)
+    attrs = (
+        (S.ATTR_REQUEST, every, "true"), (S.ATTR_OPERATION, every, "chat"), (S.MODEL_KEYS[0], every, cfg.model),
+        (S.ATTR_MODEL_VERSION, every, [r.version for r in reqs]), (S.ATTR_TENANT, every, [r.tenant for r in reqs]),
+        (S.INPUT_TOKEN_KEYS[0], every, [str(r.input_tokens) for r in reqs]),
+        (S.ATTR_STREAMING, every, np.where(streaming, "true", "false").astype(object)),
+        (ATTR_PRIORITY, every, [r.priority for r in reqs]),
+        (ATTR_CACHE_READ, every, [str(r.cached_tokens) for r in reqs]), (ATTR_LORA, lora != "", lora),
+        (S.ATTR_ERROR_TYPE, failed, message), (S.ATTR_OUTCOME, every, status),
+        (S.OUTPUT_TOKEN_KEYS[0], every, [str(r.output_tokens) for r in reqs]),
+        (S.ATTR_TTFT_NS, first, ttft.astype(str).astype(object)),
+    )
+    # the attribute cells: per request, its request span's then one per stage row; flattened row-major where
+    # present, each row's attributes in row order
+    cells = np.zeros((n, len(attrs) + len(_SLOTS)), bool)
+    keys = np.empty(cells.shape, object)
+    values = np.empty(cells.shape, object)
+    for j, (key, has, vals) in enumerate(attrs):
+        cells[:, j], keys[:, j], values[:, j] = has, key, vals
+    cells[:, len(attrs):] = rows[:, 1:]
+    keys[:, len(attrs):] = S.ATTR_STAGE
+    values[:, len(attrs):] = _SLOTS
+    per_row = rows.astype(np.int32)
+    per_row[:, 0] = cells[:, :len(attrs)].sum(axis=1)
+    m = int(rows.sum())
+    offsets = np.zeros(m + 1, np.int32)
+    np.cumsum(per_row[rows], out=offsets[1:])
+    span_attrs = pa.MapArray.from_arrays(offsets, pa.array(keys[cells], pa.string()),
+                                         pa.array(values[cells], pa.string()))
+    res = {k: attr_str(v) for k, v in resource.attributes.items()}
+    resource_attrs = pa.MapArray.from_arrays(np.arange(m + 1, dtype=np.int32) * len(res),
+                                             pa.array(np.tile(np.array(list(res), object), m), pa.string()),
+                                             pa.array(np.tile(np.array(list(res.values()), object), m), pa.string()))
+
+    def per_request(values: Any, stages: Any) -> Any:  # the request's value on its row, `stages` on its stages'
+        out = np.empty(rows.shape, object)
+        out[:, 0], out[:, 1:] = values, stages
+        return out[rows]
+
+    is_req = per_request(True, False).astype(bool)
+    shown = per_request(every, False).astype(bool)
+
+    def request_ints(values: Any, has: Any = every) -> pa.Array:
+        return pa.array(per_request(np.asarray(values, np.int64), 0).astype(np.int64), pa.int64(),
+                        mask=~(shown & per_request(has, False).astype(bool)))
+
+    def request_strs(values: Any) -> pa.Array:  # first_attr: "" is no value
+        return pa.array(per_request(np.where(np.asarray(values, object) == "", None, values), None), pa.string())
+
+    start_flat, end_flat = starts[rows], ends[rows]
+    names = per_request(f"chat {cfg.model}", _SLOTS)
+    empty = pa.array(np.zeros(m + 1, np.int32))
+    columns = {
+        "Timestamp": pa.array(start_flat // 1000, pa.int64()).view(pa.timestamp("us", tz="UTC")),
+        "TimestampNs": pa.array(start_flat, pa.int64()),
+        "TraceId": pa.array(per_request(trace_hex, trace_hex[:, None]), pa.string()),
+        "SpanId": pa.array(span_hex[rows], pa.string()),
+        "ParentSpanId": pa.array(parents[rows], pa.string()),
+        "TraceState": pa.array([trace_state] * m, pa.string()),
+        "SpanName": pa.array(names, pa.string()),
+        "SpanKind": pa.array(per_request(S.SPAN_KINDS[2], S.SPAN_KINDS[1]), pa.string()),
+        "ServiceName": pa.array([res.get("service.name", "")] * m, pa.string()),
+        "ResourceAttributes": resource_attrs,
+        "ScopeName": pa.array([SCOPE_NAME] * m, pa.string()),
+        "ScopeVersion": pa.array([SCOPE_VERSION] * m, pa.string()),
+        "SpanAttributes": span_attrs,
+        "Duration": pa.array(end_flat - start_flat, pa.int64()),
+        "StatusCode": pa.array(per_request(np.where(failed, S.STATUS_CODES[2], S.STATUS_CODES[0]), S.STATUS_CODES[0]),
+                               pa.string()),
+        "StatusMessage": pa.array(per_request(np.where(failed, message, ""), ""), pa.string()),
+        "Events": pa.ListArray.from_arrays(empty, pa.array([], S.EVENT)),
+        "Links": pa.ListArray.from_arrays(empty, pa.array([], S.LINK)),
+        "Stage": pa.array(per_request(None, _SLOTS), pa.string()),
+        "IsRequest": pa.array(is_req, pa.bool_()),
+        "Outcome": request_strs(status),
+        "Replica": pa.array([replica_of(res)] * m, pa.string()),
+        "Model": request_strs(np.full(n, cfg.model, object)),
+        "ModelVersion": request_strs([r.version for r in reqs]),
+        "Tenant": request_strs([r.tenant for r in reqs]),
+        "InputTokens": request_ints([r.input_tokens for r in reqs]),
+        "OutputTokens": request_ints([r.output_tokens for r in reqs]),
+        "TtftNs": request_ints(ttft, first),
+        "AdjustedCount": pa.array(np.full(m, adjusted_count_of(trace_state, {})), pa.float64()),
+    }
+    return pa.Table.from_pydict(columns, schema=S.SPAN_SCHEMA)
+
+
+def span_tables(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
+                keep: Callable[[int], bool] | None = None, trace_state: str = "") -> list[pa.Table]:
+    """The rows `write_otlp` + `tailscope ingest` store for `requests`, one table per replica (in name order), ids
+    included (the same seeded ids, drawn in the same order), built column by column, without the OTLP round trip.
+
+    `keep` (a trace id -> whether it is kept) builds only the requests whose trace id it keeps, as a head sampler
+    does: every request's ids are drawn as without it, so the rows are those of the full store's kept traces.
+    `trace_state` is every span's W3C tracestate (`ot=th:c`: kept by a sampler at that threshold), the adjusted
+    count read from it as ingest reads it."""
+    return [_span_table(cfg, reqs, resource, ids, keep, trace_state)
+            for resource, ids, reqs in _by_replica(cfg, requests, seed)]
 
 
 def write_store(store: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
-                keep: Callable[[int], bool] | None = None) -> Path:
-    """Write `requests` straight into a segment store (one segment per replica) and return it, without the OTLP
-    round trip, for tests and benchmarks that are not about OTLP: the rows `write_otlp` + `tailscope ingest` store,
-    ids included (the same seeded ids, drawn in the same order).
+                keep: Callable[[int], bool] | None = None, trace_state: str = "") -> Path:
+    """Write `requests` straight into a segment store and return it, for tests and benchmarks that are not about
+    OTLP: `span_tables`' rows (`keep`, `trace_state`: see there), every replica's in one segment per hour (a
+    store's cost grows with its segments: each is a file to open and a Parquet footer to read)."""
+    import pyarrow as pa
 
-    `keep` (a trace id -> whether it is kept) builds only the requests whose trace id it keeps, as a head sampler
-    does: every request's ids are drawn as without it, so the rows are those of the full store's kept traces."""
     writer = SegmentWriter(store, kind="sim")
-    for resource, ids, reqs in _by_replica(cfg, requests, seed):
-        drawn = _Predrawn() if keep is not None else None
-        rec = LeanRecorder(writer=writer, resource=resource, background=False, id_generator=drawn or ids,
-                           max_pending=max(1, len(reqs)))
-        for req in reqs:
-            if drawn is None or keep is None:
-                _record(rec, cfg, req)
-                continue
-            lean = _record(rec, cfg, req, finish=False)
-            trace_id = ids.generate_trace_id()
-            spans = [ids.generate_span_id() for _ in range(1 + len(lean.stages))]
-            if keep(trace_id):
-                drawn.traces.append(trace_id)
-                drawn.spans.extend(spans)
-                lean.finish(sim_ns(req.end_s))
-        rec.close()
+    tables = span_tables(cfg, requests, seed, keep, trace_state)
+    if tables:
+        writer.write(pa.concat_tables(tables))
     return store
 
 

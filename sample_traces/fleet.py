@@ -335,6 +335,8 @@ class _Sim:
         self.cfg = cfg
         self.rng = random.Random(seed)
         self.attr_rng = random.Random(f"attributes-{seed}")
+        #: a burst's extra requests draw from their own stream, so they move no draw of the others
+        self.burst_rng = random.Random(f"bursts-{seed}")
         self.events: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.replicas = {spec.name: _Replica(spec, ready_s=spec.joins_s + spec.load_s) for spec in cfg.replicas}
@@ -372,7 +374,9 @@ class _Sim:
                 times.extend((base + i * b.spread_s / max(1, b.count), b.tenant) for i in range(b.count))
         times.sort(key=lambda x: x[0])
         out = []
+        main = rng
         for i, (at, forced) in enumerate(times):
+            rng = self.burst_rng if forced else main
             u_tenant = rng.random()
             tenant = self.tenants[forced] if forced else self.tenants[names[min(bisect.bisect(cum, u_tenant * acc),
                                                                               len(names) - 1)]]
@@ -402,13 +406,12 @@ class _Sim:
             req.output_tokens = max(1, min(out_max, round(out_med * math.exp(out_sig * z_out))))
             req.client_tps = lo + (hi - lo) * u_tps
             req.hop_end_s = at + req.hop_s
-            self.draw_attributes(req)
+            self.draw_attributes(req, self.burst_rng if forced else self.attr_rng)
             out.append(req)
         return out
 
-    def draw_attributes(self, req: SimRequest) -> None:
-        """Priority class, LoRA adapter and prefix-cache hit of a request, from the attributes' own stream."""
-        a = self.attr_rng
+    def draw_attributes(self, req: SimRequest, a: random.Random) -> None:
+        """Priority class, LoRA adapter and prefix-cache hit of a request, from the attributes' own stream `a`."""
         u, acc = a.random(), 0.0
         for name, share in PRIORITIES:
             acc += share

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sample_traces.emit import write_otlp
-from sample_traces.fleet import default_config, simulate
-from sample_traces.incidents import CATALOGUE, DEMO_DURATION_S, DEMO_RATE, run, run_timeline, write_truth
+from sample_traces.incidents import CATALOGUE, DEMO_RATE, run, run_timeline, write_truth
 
 DATA_DIR = Path(__file__).parent / "data"
 INCIDENTS_DIR = DATA_DIR / "incidents"
@@ -44,19 +43,17 @@ def generate_incident(name: str, out_dir: Path = INCIDENTS_DIR, seed: int = SEED
                       duration_s: float = DURATION_S, rate: float = RATE) -> tuple[Path, Path]:
     """Simulate one catalogue entry and write its traces and truth; returns both paths."""
     scenario = run(name, seed, duration_s, rate)
-    clean = None if name == "clean" else run("clean", seed, duration_s, rate).requests
     traces = write_otlp(traces_path(out_dir, name), scenario.config, scenario.requests, seed)
-    return traces, write_truth(truth_path(out_dir, name), scenario.truth(clean))
+    return traces, write_truth(truth_path(out_dir, name), scenario.truth())
 
 
 def generate_demo(traces: Path = DEMO_TRACES, truth: Path = DEMO_TRUTH, seed: int = SEED,
                   rate: float = DEMO_RATE) -> tuple[Path, Path]:
     """Simulate the demo timeline (two incidents in 30 minutes) and write its traces and truth."""
     timeline = run_timeline(seed=seed, rate=rate)
-    clean = simulate(default_config(duration_s=DEMO_DURATION_S, rate=rate), seed)
     write_otlp(traces, timeline.config, timeline.requests, seed)
     truth.parent.mkdir(parents=True, exist_ok=True)
-    return traces, write_truth(truth, timeline.truth(clean))
+    return traces, write_truth(truth, timeline.truth())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,8 @@ class Incident:
     value: str | None
     #: Perturb the config; gets the config and the injected window [start_s, end_s).
     inject: Callable[[FleetConfig, float, float], FleetConfig]
-    #: Length of the affected window as a share of the run (cold starts last as long as the load).
     accept: tuple[Accept, ...] = ()
+    #: The affected window, given the injected one (a cold start lasts as long as its load).
     affected_window: Callable[[float, float], tuple[float, float]] | None = None
     #: The latency whose spike it is (`report --metric`): a prefill-only incident shows in the time to first token.
     metric: str = "e2e"
@@ -250,20 +251,35 @@ BY_NAME: dict[str, Incident] = {i.name: i for i in CATALOGUE}
 WINDOW_SHARE = (0.5, 0.8)
 
 
+#: The aftermath's step: after the injection the truth window grows by whole windows of this length (s).
+AFTERMATH_WINDOW_S = 60.0
+#: A window after the injection is still the incident's while the incident run's p99 of the incident's latency, over
+#: the requests arriving in it, exceeds the clean run's (same seed, same requests) by more than this share: the rise
+#: by which the analysis calls a window's p99 a spike (analysis.stats.spikes.MIN_RISE; this floor cannot import it,
+#: tests/sample_traces/test_aftermath.py checks they agree).
+AFTERMATH_RISE = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """One simulated run of one incident: its requests and its ground truth."""
+    """One simulated run of one incident: its requests and its ground truth.
+
+    `window_s` is the injected window (the affected one, for a cold start); `clean` is the same run without the
+    incident (`clean_run`), whose comparison gives the truth its aftermath (`aftermath`).
+    """
 
     incident: Incident
     seed: int
     config: FleetConfig
     requests: list[SimRequest]
     window_s: tuple[float, float]
+    clean_config: FleetConfig | None = None
 
     def truth(self, clean: Sequence[SimRequest] | None = None) -> dict[str, Any]:
-        """Ground truth as JSON: window (s and ns and ISO), stage, dimension, value, accept, effect."""
+        """Ground truth as JSON: window (s and ns and ISO; the injection plus its aftermath), the injected window and
+        the aftermath's windows, stage, dimension, value, accept, effect. `clean`: the run without the incident (by
+        default simulated from `clean_config`, once per process)."""
         inc = self.incident
-        t0, t1 = self.window_s
         out: dict[str, Any] = {
             "scenario": inc.name,
             "title": inc.title,
@@ -274,21 +290,99 @@ class Scenario:
             "spike": inc.stage is not None,
         }
         if inc.stage is not None:
-            out["window"] = {
-                "start_s": t0, "end_s": t1,
-                "start_ns": START_NS + round(t0 * NS), "end_ns": START_NS + round(t1 * NS),
-                "start": _iso(t0), "end": _iso(t1),
-            }
+            if clean is None:
+                if self.clean_config is None:
+                    raise ValueError(f"{inc.name}: the truth needs the run without the incident (clean)")
+                clean = clean_run(self.clean_config, self.seed)
+            t0, t1 = self.window_s
+            after = aftermath(inc, self.config, self.requests, clean, t1)
+            end = t1 + len(after["windows"]) * AFTERMATH_WINDOW_S
+            out["window"] = _window(t0, end)
+            out["injected"] = _window(t0, t1)
+            out["aftermath"] = after
             out.update(stage=inc.stage, dimension=inc.dimension, value=inc.value,
                        accept=[a.to_json() for a in inc.accept])
             if inc.metric != "e2e":  # (the e2e truth files predate the key)
                 out["metric"] = inc.metric
-            out["effect"] = effect(self.requests, clean, t0, t1, inc.metric)
+            out["effect"] = effect(self.requests, clean, t0, end, inc.metric)
         return out
+
+
+def _window(t0: float, t1: float) -> dict[str, Any]:
+    """[t0, t1) in seconds from the run's start, epoch ns and ISO."""
+    return {"start_s": t0, "end_s": t1, "start_ns": START_NS + round(t0 * NS), "end_ns": START_NS + round(t1 * NS),
+            "start": _iso(t0), "end": _iso(t1)}
 
 
 def _iso(t_s: float) -> str:
     return datetime.fromtimestamp(START_NS / NS + t_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _latency_ms(r: SimRequest, metric: str) -> float | None:
+    """The request's `metric` in ms: e2e, or ttft (None when it got no first token)."""
+    if metric == "ttft":
+        return (r.first_token_s - r.arrival_s) * 1000 if r.first_token_s < r.end_s else None
+    return r.e2e_s * 1000
+
+
+def _latencies_ms(reqs: Sequence[SimRequest], t0: float, t1: float, metric: str) -> list[float]:
+    """The `metric` in ms of the requests arriving in [t0, t1) (for ttft, of those that got a first token)."""
+    return [v for r in reqs if t0 <= r.arrival_s < t1 and (v := _latency_ms(r, metric)) is not None]
+
+
+#: Each incident dimension's value of a simulated request, in the report's vocabulary (the prefix-cache read as its
+#: bucket: `0-0` is a miss), given the replica -> node map.
+_DIMENSION_OF: dict[str, Callable[[SimRequest, dict[str, str]], str]] = {
+    "replica": lambda r, _: r.replica,
+    "tenant": lambda r, _: r.tenant,
+    "model_version": lambda r, _: r.version,
+    "cloud.availability_zone": lambda r, _: r.zone,
+    "k8s.node.name": lambda r, nodes: nodes.get(r.replica, ""),
+    "request.priority": lambda r, _: r.priority,
+    "gen_ai.request.lora_adapter": lambda r, _: r.lora_adapter,
+    "gen_ai.usage.cache_read.input_tokens": lambda r, _: "0-0" if r.cached_tokens == 0 else "hit",
+}
+
+
+def named_by(inc: Incident, cfg: FleetConfig) -> Callable[[SimRequest], bool]:
+    """Whether a request of a run of `cfg` is one the incident names (its dimension has the incident's value)."""
+    nodes = {r.name: r.node for r in cfg.replicas}
+    of = _DIMENSION_OF[inc.dimension or ""]
+    return lambda r: of(r, nodes) == inc.value
+
+
+def aftermath(inc: Incident, cfg: FleetConfig, reqs: Sequence[SimRequest], clean: Sequence[SimRequest],
+              end_s: float) -> dict[str, Any]:
+    """The incident's measured aftermath in the run `reqs` of `cfg`: the AFTERMATH_WINDOW_S windows from `end_s` (the
+    injection's end) on, each the incident's while the requests it names alone lift the window's p99 of its metric
+    by more than AFTERMATH_RISE over the clean run's: the p99 of the window's requests, each the incident's named
+    one with its latency in the incident run, every other with its latency in the clean run (its twin: the same
+    arrival, the same draws). Up to the first window that does not (or the run's last whole window).
+    `windows`: the two p99s (ms) of each window that did; `stopped`: those of the first that did not (None at the
+    run's end). Knock-on effects on other requests (a tenant's backlog behind its preempted requests) are not the
+    incident's: the report names the incident's requests, and its bounds are theirs."""
+    named = named_by(inc, cfg)
+    clean_by_arrival = {r.arrival_s: r for r in clean}
+    windows: list[dict[str, float]] = []
+    stopped: dict[str, float] | None = None
+    a = end_s
+    while a + AFTERMATH_WINDOW_S <= cfg.duration_s:
+        b = a + AFTERMATH_WINDOW_S
+        mixed = []
+        for r in reqs:
+            if a <= r.arrival_s < b:
+                twin = r if named(r) else clean_by_arrival.get(r.arrival_s)
+                v = None if twin is None else _latency_ms(twin, inc.metric)
+                if v is not None:
+                    mixed.append(v)
+        ours, theirs = quantile(mixed, 0.99), quantile(_latencies_ms(clean, a, b, inc.metric), 0.99)
+        p99 = {"incident_p99_ms": round(ours, 1), "clean_p99_ms": round(theirs, 1)}
+        if not ours > (1 + AFTERMATH_RISE) * theirs:
+            stopped = p99
+            break
+        windows.append(p99)
+        a = b
+    return {"window_s": AFTERMATH_WINDOW_S, "rise": AFTERMATH_RISE, "windows": windows, "stopped": stopped}
 
 
 def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: float, t1: float,
@@ -297,17 +391,24 @@ def effect(reqs: Sequence[SimRequest], clean: Sequence[SimRequest] | None, t0: f
     arriving in [t0, t1), with the incident and, if given, without."""
 
     def stats(rs: Sequence[SimRequest]) -> dict[str, float]:
-        if metric == "ttft":
-            ms = [(r.first_token_s - r.arrival_s) * 1000 for r in rs
-                  if t0 <= r.arrival_s < t1 and r.first_token_s < r.end_s]
-        else:
-            ms = [r.e2e_s * 1000 for r in rs if t0 <= r.arrival_s < t1]
+        ms = _latencies_ms(rs, t0, t1, metric)
         return {"requests": len(ms), "p50_ms": round(quantile(ms, 0.5), 1), "p99_ms": round(quantile(ms, 0.99), 1)}
 
     out: dict[str, Any] = {"incident": stats(reqs)}
     if clean is not None:
         out["clean"] = stats(clean)
     return out
+
+
+@lru_cache(maxsize=2)
+def _clean_cached(cfg: FleetConfig, seed: int) -> tuple[SimRequest, ...]:
+    return tuple(simulate(cfg, seed))
+
+
+def clean_run(cfg: FleetConfig, seed: int) -> list[SimRequest]:
+    """The run of `cfg` (a configuration without the incident) on `seed`, simulated once per process for the last
+    two asked (a fresh list; the requests are shared, read them only)."""
+    return list(_clean_cached(cfg, seed))
 
 
 def run(name: str, seed: int = 1, duration_s: float = 600.0, rate: float = 10.0,
@@ -318,7 +419,7 @@ def run(name: str, seed: int = 1, duration_s: float = 600.0, rate: float = 10.0,
     t0, t1 = WINDOW_SHARE[0] * cfg.duration_s, WINDOW_SHARE[1] * cfg.duration_s
     injected = inc.inject(cfg, t0, t1)
     window = inc.affected_window(t0, t1) if inc.affected_window else (t0, t1)
-    return Scenario(inc, seed, injected, simulate(injected, seed), window)
+    return Scenario(inc, seed, injected, simulate(injected, seed), window, cfg)
 
 
 def write_truth(path: Path, truth: dict[str, Any]) -> Path:
@@ -344,12 +445,14 @@ class Timeline:
     config: FleetConfig
     requests: list[SimRequest]
     incidents: tuple[tuple[Incident, tuple[float, float]], ...]
+    clean_config: FleetConfig | None = None
 
     def truth(self, clean: Sequence[SimRequest] | None = None) -> dict[str, Any]:
-        """Ground truth of every incident of the run, in time order."""
+        """Ground truth of every incident of the run, in time order (each with its aftermath against `clean`, by
+        default the run of `clean_config`)."""
         out = []
         for inc, (t0, t1) in self.incidents:
-            single = Scenario(inc, self.seed, self.config, self.requests, (t0, t1)).truth(clean)
+            single = Scenario(inc, self.seed, self.config, self.requests, (t0, t1), self.clean_config).truth(clean)
             for key in ("seed", "duration_s", "requests"):
                 single.pop(key)
             out.append(single)
@@ -360,10 +463,10 @@ class Timeline:
 def run_timeline(plan: Sequence[tuple[str, float, float]] = DEMO_PLAN, seed: int = 1,
                  duration_s: float = DEMO_DURATION_S, rate: float = DEMO_RATE) -> Timeline:
     """Simulate the default fleet with each (incident, start_s, end_s) of `plan` injected."""
-    cfg = default_config(duration_s=duration_s, rate=rate)
+    cfg = clean = default_config(duration_s=duration_s, rate=rate)
     placed = []
     for name, t0, t1 in plan:
         inc = BY_NAME[name]
         cfg = inc.inject(cfg, t0, t1)
         placed.append((inc, inc.affected_window(t0, t1) if inc.affected_window else (t0, t1)))
-    return Timeline(seed, cfg, simulate(cfg, seed), tuple(placed))
+    return Timeline(seed, cfg, simulate(cfg, seed), tuple(placed), clean)

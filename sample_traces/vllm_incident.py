@@ -154,8 +154,8 @@ def write_incident(name: str, lines_of: Callable[[Sequence[SimRequest], int], li
     traces = out_dir / f"{name}.otlp.jsonl.gz"
     with gzip.GzipFile(traces, "wb", mtime=0) as fh:
         fh.write(("\n".join(lines_of(scenario.requests, seed)) + "\n").encode())
-    truth: dict[str, Any] = scenario.truth(None)
-    t0, t1 = scenario.window_s
+    truth: dict[str, Any] = scenario.truth(clean)
+    t0, t1 = truth["window"]["start_s"], truth["window"]["end_s"]
     truth.update(
         scenario=name,
         title=title,

@@ -367,6 +367,13 @@ class StoredValues:
     all_stored: bool = False
     #: hour -> the resource rows (replica, key, values) of its own spans, of every hour with an attribute file
     resource: dict[int, list[tuple[str, str, list[str]]]] = field(default_factory=dict)
+    #: the spans the rows `live_where` picks are read from: `spans`, or LIVE_SPANS when they are all rows of the
+    #: stale hours (every stored file read: those hours' requests come from exactly those spans)
+    live_spans: str = "spans"
+
+
+#: The view of a connection (analysis.engine.connect) over the segments the stale hours' requests read.
+LIVE_SPANS: Final = "_spans_live"
 
 
 #: A view of the stored request files a connection reads, (n, path): their rows' ids are n << ROW_ID_FILE_SHIFT | row.
@@ -415,6 +422,9 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
         return out
     out.live_where = f"(rid >> {shift}) NOT IN ({', '.join(map(str, covered))})"
     out.all_stored = bool(np.isin(file_of, np.array(covered, dtype=np.int64)).all())
+    if len(covered) == len(files) and con.execute(  # the rows left are the stale hours' (file number 0)
+            "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LIVE_SPANS]).fetchall()[0][0]:
+        out.live_spans = LIVE_SPANS
     return out
 
 

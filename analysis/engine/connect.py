@@ -21,6 +21,7 @@ from typing import Literal, overload
 import duckdb
 import pyarrow as pa
 
+from analysis.engine import gpu_sweep as GS
 from analysis.engine import model as M
 from analysis.engine.attribute_values import FILES_VIEW, files_view_sql
 from analysis.engine.materialize import (
@@ -164,6 +165,12 @@ def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
         for i, f in enumerate(stored, 1))
     con.execute(f"CREATE OR REPLACE VIEW _request_rows_stored AS "
                 f"{rows or f'SELECT {cols}, 0::BIGINT AS rid FROM _requests_live WHERE false'}")
+    # the fresh hours' stored GPU-time sweeps (analysis.cost sums them instead of sweeping those hours again)
+    costs = [(h, GS.cost_path(f)) for h, f in sorted(snap.fresh.items())]
+    listed = ", ".join(f"({h}::BIGINT, {M.quote(str(p))})" for h, p in costs if p.is_file())
+    con.execute(f"CREATE OR REPLACE VIEW {GS.COST_FILES_VIEW} AS " + (
+        f"SELECT * FROM (VALUES {listed}) t(hour_ns, path)" if listed
+        else "SELECT NULL::BIGINT AS hour_ns, NULL::VARCHAR AS path WHERE false"))
     # the files' numbers (their rows' ids above): the attribute values written with an hour are found by them
     con.execute(f"CREATE OR REPLACE VIEW {FILES_VIEW} AS {files_view_sql(stored)}")
     if stored:

@@ -53,8 +53,8 @@ class Dialect:
     to_double_or_null: Callable[[str], str]
     #: the next row's `x` in partition `p` ordered by `o` (NULL on the last row)
     lead: Callable[[str, str, str], str]
-    #: a join that adds one row per grid edge `name` in [lo, hi) step `$grid` (the cost sweep's cells)
-    grid_cells: Callable[[str, str, str], str]
+    #: a join that adds one row per grid edge `name` in [lo, hi) step `step` (the cost sweep's cells)
+    grid_cells: Callable[[str, str, str, str], str]
     #: SELECT `keep`, stage, critical_ns: one row per row of `source` and column of `cols` (`x_ns` -> stage `x`)
     unpivot_stages: Callable[[str, tuple[str, ...], str], str]
     #: a string literal that reads back as the text exactly (ClickHouse reads a backslash as an escape)
@@ -89,7 +89,7 @@ DUCKDB = Dialect(
     regex_extract=lambda x, rx: f"regexp_extract({x}, {quote(rx)}, 1)",
     to_double_or_null=lambda x: f"TRY_CAST({x} AS DOUBLE)",
     lead=lambda x, p, o: f"lead({x}) OVER (PARTITION BY {p} ORDER BY {o})",
-    grid_cells=lambda lo, hi, name: f", LATERAL (SELECT unnest(range({lo}, {hi}, $grid)) AS {name})",
+    grid_cells=lambda lo, hi, name, step: f", LATERAL (SELECT unnest(range({lo}, {hi}, {step})) AS {name})",
     literal=quote,
     map_get=lambda m, k: f"coalesce({m}[{quote(k)}], '')",
     map_has=lambda m, k: f"map_contains({m}, {quote(k)})",
@@ -135,7 +135,7 @@ CLICKHOUSE = Dialect(
     to_double_or_null=lambda x: f"toFloat64OrNull({x})",
     lead=lambda x, p, o: (f"leadInFrame(toNullable({x}), 1, NULL) OVER (PARTITION BY {p} ORDER BY {o} "
                           "ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)"),
-    grid_cells=lambda lo, hi, name: f" ARRAY JOIN range({lo}, {hi}, $grid) AS {name}",
+    grid_cells=lambda lo, hi, name, step: f" ARRAY JOIN range({lo}, {hi}, {step}) AS {name}",
     literal=_ch_literal,
     map_get=lambda m, k: f"{m}[{_ch_literal(k)}]",  # a Map gives the type's default ('') for an absent key
     map_has=lambda m, k: f"mapContains({m}, {_ch_literal(k)})",

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.engine import attribute_values as AV
+from analysis.engine import gpu_sweep as GS
 from analysis.engine import model as M
 from analysis.engine.views import files_source, spans_sql
 from analysis.kernel import load_kernel
@@ -63,7 +64,8 @@ HOUR_NS = M.HOUR_NS
 #: Parquet key-value metadata of a request file: JSON {engine: request spans} of the hour's own segments.
 ENGINES_KEY = "tailscope.engines"
 #: Changes whenever the request model's SQL or the file's layout changes (rules, columns, metadata).
-MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY + AV.LAYOUT).encode()).hexdigest()
+MODEL_FINGERPRINT = hashlib.sha256((M.requests_sql("spans") + ENGINES_KEY + AV.LAYOUT + GS.COST_LAYOUT
+                                    + "".join(GS.sweep_sql(grid=True).values())).encode()).hexdigest()
 
 
 def engine_counts_sql(source: str, mapping: mapping_rules.Mapping | None = None) -> str:
@@ -311,6 +313,8 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         # the hour's attribute values (analysis.engine.attribute_values) before its requests: a reader seeing the
         # requests file sees them too
         AV.write_hour(con, _hour_source(snap, hour_ns)[0], hour_ns, tmp, AV.attributes_path(final))
+        # and its GPU-time sweep (analysis.engine.gpu_sweep), likewise before the requests file
+        _write_cost(con, snap, hour_ns, GS.cost_path(final))
         os.replace(tmp, final)
         fsync_path(directory)
     except BaseException:
@@ -327,6 +331,18 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     return final
 
 
+def _write_cost(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int, final: Path) -> None:
+    """Write an hour's cost file (gpu_sweep.write_hour) crash-safe: a temporary renamed into place."""
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        GS.write_hour(con, _hour_source(snap, hour_ns)[0], hour_ns, tmp)
+        fsync_path(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _sweep(directory: Path, keep: Path) -> None:
     """Remove superseded request files GRACE_S after they were superseded, and abandoned temporaries.
 
@@ -339,9 +355,9 @@ def _sweep(directory: Path, keep: Path) -> None:
         try:
             if f == keep:
                 continue
-            if f == AV.attributes_path(keep):
+            if f in (AV.attributes_path(keep), GS.cost_path(keep)):
                 continue
-            if (f.name.startswith("requests-") and f.suffix == ".parquet") or (
+            if (f.name.startswith(("requests-", GS.COST_PREFIX)) and f.suffix == ".parquet") or (
                     f.name.startswith(AV.ATTRIBUTES_PREFIX) and f.suffix in (".parquet", AV.ATTRIBUTES_SUFFIX)):
                 marker = directory / f".{f.name}.superseded"
                 if not marker.exists():
@@ -352,7 +368,8 @@ def _sweep(directory: Path, keep: Path) -> None:
             elif f.name.endswith(".superseded"):
                 if not (directory / f.name[1:].removesuffix(".superseded")).exists():
                     f.unlink()  # its file is gone
-            elif f.name.startswith((".requests-", f".{AV.ATTRIBUTES_PREFIX}")) and f.stat().st_mtime < cutoff:
+            elif f.name.startswith((".requests-", f".{AV.ATTRIBUTES_PREFIX}", f".{GS.COST_PREFIX}")) and (
+                    f.stat().st_mtime < cutoff):
                 f.unlink()  # a crashed writer's temporary
         except FileNotFoundError:
             pass

@@ -544,7 +544,9 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     judge = Judge(n, rules, builtin)
     p = {**params, "lo": since_ns, "hi": until_ns}
     live_rows = facts_rows if stored is None else f"SELECT * FROM ({facts_rows}) WHERE {stored.live_where}"
-    for source, sql in (("request", request_attribute_sql(live_rows)), ("stage", stage_attribute_sql(live_rows))):
+    spans = "spans" if stored is None else stored.live_spans  # the stale hours' segments only, where that is all
+    for source, sql in (("request", request_attribute_sql(live_rows, spans)),
+                        ("stage", stage_attribute_sql(live_rows, spans))):
         live: dict[str, tuple[I64, Any]] = {}  # row ids, values: from the spans
         if stored is None or not stored.all_stored:
             try:

@@ -22,7 +22,7 @@ price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
                                 "(docs/cost.md; a store only).")
 usd = float(price) if price else None
-bucket = data.window_s(*key, f)  # the report's windows, as on every page
+bucket = data.cost_bucket_s(*key, f)
 in_range = data.detection(*key, data.Filters(f.since_ns, f.until_ns))["requests"]  # the sweep's requests
 res, series = data.finished(data.cost_started(*key, f, by, bucket, usd), in_range,
                             "Sharing out GPU time over the range: the figures appear here when the sweep is done.")

@@ -130,8 +130,11 @@ def _random_store(rng: random.Random, path: Path) -> list[dict[str, Any]]:
     return reqs
 
 
-def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None) -> tuple[dict[Any, int], dict[Any, Any]]:
-    """Per-instant reference: active sets instant by instant, then the segment rule."""
+def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None,
+               cell: int | None = None) -> tuple[dict[Any, int], dict[Any, Any]]:
+    """Per-instant reference: active sets instant by instant, then the segment rule; with `cell`, each cell
+    (multiples of `cell` ns since the epoch, times here being offsets from T0) is swept on its own: its edges cut
+    segments and the remainder goes to the active request whose run ends last within the cell."""
     alloc: dict[Any, int] = defaultdict(int)
     reps: dict[Any, list[int]] = {}
     for rep in sorted({r["replica"] for r in reqs}):
@@ -163,49 +166,54 @@ def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None) -
                     bounds.add(e)
         if grid:
             bounds |= {g for g in range(first - first % grid + grid, last, grid)}
+        if cell:
+            bounds |= {t for t in range(first + 1, last) if (T0 + t) % cell == 0}
         bounds_l = sorted(b for b in bounds if first <= b <= last)
         totals = defaultdict(lambda: [0, 0, 0, 0])
         for t0, t1 in itertools.pairwise(bounds_l):
-            cell = (t0 - t0 % grid) if grid else 0
+            bucket = (t0 - t0 % grid) if grid else 0
             active = sorted(k for k in gpu if on(k, t0))
             for t in range(t0, t1):  # the active set is constant inside a segment
                 assert sorted(k for k in gpu if on(k, t)) == active
             length = t1 - t0
-            totals[cell][0] += length
+            totals[bucket][0] += length
             if active:
                 q, r = divmod(length, len(active))
                 for k in active:
-                    alloc[(rep, k.split(":")[0], cell)] += q
+                    alloc[(rep, k.split(":")[0], bucket)] += q
                 def run_end(k: str, t: int) -> int:
                     while on(k, t):
                         t += 1
                     return t
-                best = max(active, key=lambda k: (min(run_end(k, t0), hi), k))
+                cell_end = t0 + cell - (T0 + t0) % cell if cell else hi
+                best = max(active, key=lambda k: (min(run_end(k, t0), hi, cell_end), k))
                 if r:
-                    alloc[(rep, best.split(":")[0], cell)] += r
-                totals[cell][1] += length
+                    alloc[(rep, best.split(":")[0], bucket)] += r
+                totals[bucket][1] += length
             elif any(s <= t0 < e for s, e in loads):
-                totals[cell][2] += length
+                totals[bucket][2] += length
             else:
-                totals[cell][3] += length
-        for cell, v in totals.items():
-            reps[(rep, cell)] = tuple(v)
+                totals[bucket][3] += length
+        for bucket, v in totals.items():
+            reps[(rep, bucket)] = tuple(v)
     return {k: v for k, v in alloc.items() if v}, reps
 
 
 def test_sweep_matches_a_per_instant_reference_on_random_stores(tmp_path: Path) -> None:
     rng = random.Random(16)
-    for case in range(40):
+    for case in range(48):
         path = tmp_path / f"s{case}"
         reqs = _random_store(rng, path)
         con = connect(path)
         lo, hi = (rng.randint(0, 20), rng.randint(25, 60)) if rng.random() < 0.4 else (-10**6, 10**6)
         grid = rng.choice([None, None, 4, 7])
-        want_alloc, want_reps = _reference(reqs, lo, hi, grid)
-        got_alloc, got_reps = _shares(con, since=T0 + lo, until=T0 + hi, grid_ns=grid)
+        cell = rng.choice([None, 3, 5, 11])  # None: the minute, wider than these stores
+        want_alloc, want_reps = _reference(reqs, lo, hi, grid, cell)
+        got_alloc, got_reps = _shares(con, since=T0 + lo, until=T0 + hi, grid_ns=grid,
+                                      **({"cell_ns": cell} if cell else {}))
         got_alloc = {(r, t, b - T0 if grid else 0): n for (r, t, b), n in got_alloc.items() if n}
         got_reps = {(r, b - T0 if grid else 0): v for (r, b), v in got_reps.items()}
-        assert got_alloc == want_alloc, (case, reqs, lo, hi, grid)
+        assert got_alloc == want_alloc, (case, reqs, lo, hi, grid, cell)
         # the identity: allocated (summed from the request shares) + cold start + idle = observed
         for (rep, cell), (obs, al, cold, idle) in got_reps.items():
             assert al == sum(n for (r, _, b), n in got_alloc.items() if (r, b) == (rep, cell))
@@ -406,8 +414,8 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, chdb_client: Any) -> None:
     """The cold-start incident, whole (the integer rule) and as a quarter copy recording `ot=th` (the weighted
     rule), exported to chdb: the ClickHouse text of the sweep gives DuckDB's shares and replica times, with and
-    without a window and a grid. Integer sweep: exactly. Weighted: the floats are summed in another order, so a
-    request's rounded total may differ by 1 ns."""
+    without a window and a grid, and with cells narrower than the minute. Integer sweep: exactly. Weighted: the
+    floats are summed in another order, so a request's rounded total may differ by 1 ns."""
     from analysis.clickhouse.export import export_store
     from tests.sample_traces import sampled_copy as SC
 
@@ -420,7 +428,9 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(
         con = connect(store)
         lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
         tol = 1 if weighted else 0
-        for kw in ({}, {"since": lo + (hi - lo) // 3, "until": lo + 2 * (hi - lo) // 3, "grid_ns": 60 * S}):
+        # the last two: cells of 7 s instead of the minute, so the cell edges cut many segments
+        for kw in ({}, {"since": lo + (hi - lo) // 3, "until": lo + 2 * (hi - lo) // 3, "grid_ns": 60 * S},
+                   {"cell_ns": 7 * S}, {"cell_ns": 7 * S, "grid_ns": 5 * S}):
             want_a, want_r = _shares(con, weighted=weighted, **kw)
             got_a, got_r = _ch_shares(chdb_client, table, **kw)
             assert sum(want_a.values()) > 0 and any(v[2] > 0 for v in want_r.values())

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from analysis import connect, refresh
 from analysis.engine import attribute_values as AV
+from analysis.engine import gpu_sweep as GS
 from analysis.engine import materialize as MZ
 from analysis.engine.materialize import HOUR_NS, materialize, snapshot
 from tailscope.cli import app
@@ -140,8 +141,10 @@ def test_temporary_and_superseded_files_are_ignored_then_swept(tmp_path: Path, m
     write(tmp_path, late)
     monkeypatch.setattr(MZ, "GRACE_S", 0.0)
     [rebuilt, _] = materialize(tmp_path)
-    # the hour's attribute values beside its requests (analysis.engine.attribute_values), nothing else
-    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [AV.attributes_path(rebuilt).name, rebuilt.name]
+    # the hour's attribute values (analysis.engine.attribute_values) and GPU-time sweep (analysis.engine.gpu_sweep)
+    # beside its requests, nothing else
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == sorted(
+        [AV.attributes_path(rebuilt).name, GS.cost_path(rebuilt).name, rebuilt.name])
 
 
 def test_a_superseded_file_is_kept_for_the_grace_period_from_when_it_was_superseded(tmp_path: Path,
@@ -164,8 +167,10 @@ def test_a_superseded_file_is_kept_for_the_grace_period_from_when_it_was_superse
     assert snapshot(tmp_path).fresh[T0] == rebuilt
     monkeypatch.setattr(MZ, "GRACE_S", 0.0)
     MZ._sweep(rebuilt.parent, keep=rebuilt)
-    # the hour's attribute values beside its requests (analysis.engine.attribute_values), nothing else
-    assert sorted(p.name for p in rebuilt.parent.iterdir()) == [AV.attributes_path(rebuilt).name, rebuilt.name]
+    # the hour's attribute values (analysis.engine.attribute_values) and GPU-time sweep (analysis.engine.gpu_sweep)
+    # beside its requests, nothing else
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == sorted(
+        [AV.attributes_path(rebuilt).name, GS.cost_path(rebuilt).name, rebuilt.name])
 
 
 def test_ingest_materializes_and_collect_builds_settled_hours(tmp_path: Path, monkeypatch: Any) -> None:

@@ -40,6 +40,19 @@ def test_built_once_then_reused_with_what_runs_added_removed(tmp_path: Path) -> 
     assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [I.STAMP, "data", "data/blob"]
 
 
+def test_what_runs_added_under_a_kept_directory_stays(tmp_path: Path) -> None:
+    """`keep`: a reader of the input may be using what was derived under those directories (bench_cost keeps the
+    materialized hours); the rest added is still removed."""
+    target = tmp_path / "input"
+    I.prepare(target, build, size=3)
+    (target / "requests" / "hr=1").mkdir(parents=True)
+    (target / "requests" / "hr=1" / "hour.parquet").write_bytes(b"derived")
+    (target / "data" / "extra").write_bytes(b"derived")
+    assert I.prepare(target, build, keep=("requests",), size=3) is None and len(CALLS) == 1
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        I.STAMP, "data", "data/blob", "requests", "requests/hr=1", "requests/hr=1/hour.parquet"]
+
+
 def test_other_parameters_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "input"
     I.prepare(target, build, size=3)

@@ -11,6 +11,7 @@ import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from analysis.attribute_filters import AttributeFilter
 from analysis.engine.connect import connect
 from analysis.engine.materialize import REQUESTS_DIR
 from dashboard import data
@@ -368,9 +369,10 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
 
 
 def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store: Path, tmp_path: Path) -> None:
-    """Unfiltered (or over a time range only) on a store with at most LIVE_HOURS_IN_PLACE stale hours, the report
-    calls read the store's own request facts (no copy); filtered or with more stale hours, the filtered view of
-    `req`. Both give the same report (with live hours: tests/dashboard/test_live_hours.py)."""
+    """Without an attribute filter (dimension values reach the report as its `only`) on a store with at most
+    LIVE_HOURS_IN_PLACE stale hours, the report calls read the store's own request facts (no copy); with an
+    attribute filter or more stale hours, the filtered view of `req`. Both give the same report (with live hours:
+    tests/dashboard/test_live_hours.py; dimension filters: tests/dashboard/test_filtered_report.py)."""
     from analysis.engine.materialize import materialize
     from analysis.report import build_report, find_spikes
 
@@ -381,7 +383,10 @@ def test_unfiltered_reports_read_the_stored_hours_as_the_cli_does(incident_store
     wb.refresh()
     assert wb.snap is not None and not wb.snap.stale and wb.snap.fresh
     some = data.Filters(replica=("replica-05",))
-    assert data._report_source(wb, data.Filters()) is None and data._report_source(wb, some) == "requests"
+    assert data._report_source(wb, data.Filters()) is None and data._report_source(wb, some) is None
+    assert data._report_only(some, None) == {"replica": ("replica-05",)} and data._report_only(some, "requests") is None
+    attr = data.Filters(attributes=(AttributeFilter("llm.tier", "request", ("gold",)),))
+    assert data._report_source(wb, attr) == "requests"
     assert data._report_source(wb, data.Filters(since_ns=1, until_ns=2)) is None
     snap, hour = wb.snap, next(iter(wb.snap.fresh))
     wb.snap = dataclasses.replace(snap, stale=[hour] * data.LIVE_HOURS_IN_PLACE)  # live hours: read in place

@@ -24,7 +24,7 @@ from analysis.stats.spikes import MIN_RISE, P50_TOLERANCE
 from sample_traces import generate
 from sample_traces.emit import write_store
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
-from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, effect, run
+from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, clean_run, effect, run
 from tests.sample_traces import sampled_copy as C
 from tests.sample_traces.cli_checks import ns_of
 
@@ -43,18 +43,17 @@ NEGATIVE = ("fleet_slowdown", "load_increase")
 #: low-sample rule), and a quarter of 10 requests/s gives 150 per minute; at 2,500 s the automatic 300 s
 #: windows hold about 750.
 QUARTER_RUN_S = 2500.0
+#: The keep probability of the quarter-sampled runs, and the tracestate a consistent sampler at it records.
+QUARTER = 0.25
+QUARTER_STATE = f"ot=th:{C.th_text(C.threshold(QUARTER))}"
 #: (incident, seed) the report does not get right with these rules, and why (measured; test_accuracy.py's
-#: docstring). The tests of these are expected to fail, strictly: one that passes fails the run.
-KNOWN_MISSES: dict[tuple[str, int], str] = {
-    ("queue_backlog", 2): "the culprit's own backlog outlasts the injection: every cyberdyne request arriving in "
-                          "14:08-14:10 waits 31-35 s at the gateway (the clean run: 4-11 s) and 21 of the 23 slow "
-                          "requests of 14:09 are cyberdyne's (0 of 24 in the baseline), so the report ends the spike "
-                          "where its culprit's signature ends, 14:10 (docs/methods.md, \"Bounds: the culprit's "
-                          "windows\"); the truth window is the injected 14:05-14:08",
-}
+#: docstring). The tests of these are expected to fail, strictly: one that passes fails the run. None now.
+KNOWN_MISSES: dict[tuple[str, int], str] = {}
 
 
-#: The same for the quarter-sampled runs (2,500 s, 300 s windows, seeds 2-5; measured).
+#: The same for the quarter-sampled runs (2,500 s, 300 s windows, seeds 2-5; measured). The cold start's are the
+#: sample's limit (docs/demo.md, `python -m tests.sample_traces.quarter_power`): over 60 seeds a quarter lifts the
+#: 90 s event's window p99 by 20 % on about two thirds of them, at full rate on every one.
 KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
     ("cold_start", 3): "no spike: 4 cold-start requests kept (the run's 1st, 2nd, 3rd and 6th slowest) in 14:20-14:25, "
                        "whose 797 values have about 8 beyond their p99 by chance, so its p99 is 21.9 s against the "
@@ -64,9 +63,6 @@ KNOWN_QUARTER_MISSES: dict[tuple[str, int], str] = {
     ("cold_start", 4): "no spike: 14:20-14:25 is a candidate (p99 24.6 s against 18.6 s) with the run's 3 slowest "
                        "requests (cold starts), but its 11 values above the scan's threshold (7.5 expected) give "
                        "p = 0.039, above ALPHA; no judged window is shorter than 200 s (as seed 3)",
-    ("queue_backlog", 4): "reported 14:20-14:40 of 14:20:50-14:33:20: as on seed 2 at full rate, the culprit's own "
-                          "gateway backlog holds 11 of the 26 slow requests of 14:35-14:40 (0 of 29 in the "
-                          "baseline), so the spike ends where the culprit's signature ends",
 }
 
 
@@ -152,7 +148,7 @@ def check_negative(case: str, seed: int, tmp_path: Path) -> None:
     10 % and 20 %, or twice the requests) is checked against the clean run."""
     cfg = default_config(generate.DURATION_S, generate.RATE)
     t0, t1 = WINDOW_SHARE[0] * cfg.duration_s, WINDOW_SHARE[1] * cfg.duration_s
-    clean = simulate(cfg, seed)
+    clean = clean_run(cfg, seed)
     store = tmp_path / "store"
     if case == "fleet_slowdown":  # every replica 1.5x slower in [t0, t1)
         slow = replace(cfg, throttles=tuple(Throttle(r.name, t0, t1, factor=1.5) for r in cfg.replicas))
@@ -176,17 +172,18 @@ def check_negative(case: str, seed: int, tmp_path: Path) -> None:
 
 
 def quarter_copy(scenario: Any, seed: int, tmp_path: Path) -> Path:
-    """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded: only the kept traces are
-    written (`write_store`'s `keep`, by the trace id's randomness), then their threshold recorded."""
-    kept = write_store(tmp_path / "kept", scenario.config, scenario.requests, seed, keep=C.keeps(0.25))
-    return C.write_store(tmp_path / "copy", C.consistent_sample(C.read_spans(kept), lambda r: 0.25))
+    """The store of a 25 % consistent sample of the scenario's traces, `ot=th` recorded: only the traces the rule
+    keeps (`C.keeps`, by the trace id's randomness) are written, each span with the threshold's tracestate
+    (test_emit_columns.py checks these are the rows `C.consistent_sample` keeps of the whole store)."""
+    return write_store(tmp_path / "copy", scenario.config, scenario.requests, seed, keep=C.keeps(QUARTER),
+                       trace_state=QUARTER_STATE)
 
 
 def check_quarter(name: str, seed: int, tmp_path: Path) -> None:
     """The incident is still found, by the same rules, in a 25 % sample of a QUARTER_RUN_S run on `seed`, and every
     kept count stands beside what it stands for."""
     scenario = run(name, seed, QUARTER_RUN_S, generate.RATE)
-    t = scenario.truth()  # window, stage and accepted dimensions (the effect against a clean run is not needed)
+    t = scenario.truth()  # window (the injection and its aftermath against the clean run), stage, accepted dimensions
     report = report_of(quarter_copy(scenario, seed, tmp_path), scenario.incident.metric)
     assert report["sampled"] and report["warnings"] == [], report["warnings"]
     check_found(f"{name} seed {seed} at a quarter", report, t)

@@ -259,6 +259,9 @@ def test_committed_truth_matches_the_catalogue_and_the_simulator(name: str) -> N
     if inc.stage is not None:
         assert (truth["stage"], truth["dimension"], truth["value"]) == (inc.stage, inc.dimension, inc.value)
         assert truth["window"]["start_ns"] == START_NS + round(scenario.window_s[0] * NS)
+        assert (truth["injected"]["start_s"], truth["injected"]["end_s"]) == scenario.window_s
+        after = truth["aftermath"]  # the window: the injection and the windows of its measured aftermath
+        assert truth["window"]["end_s"] == scenario.window_s[1] + after["window_s"] * len(after["windows"])
         assert {"dimension": inc.dimension, "value": inc.value} in truth["accept"]
 
 
