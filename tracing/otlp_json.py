@@ -110,63 +110,34 @@ def _scope(scope: Any) -> dict[str, Any]:
     return out
 
 
+def _present(*fields: tuple[str, Any]) -> dict[str, Any]:
+    """The fields that do not hold their default (0, empty text, an empty list): proto3 JSON leaves those out."""
+    return {key: value for key, value in fields if value}
+
+
 def _span(span: ReadableSpan) -> dict[str, Any]:
     """A Span's JSON: its fields in field-number order, each left out when it holds its default."""
     ctx = span.get_span_context()
     assert ctx is not None
-    out: dict[str, Any] = {"traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x")}
-    if ctx.trace_state:
-        out["traceState"] = _text(",".join(f"{k}={v}" for k, v in ctx.trace_state.items()))
     parent = span.parent
-    if parent is not None:
-        out["parentSpanId"] = format(parent.span_id, "016x")
-    if span.name:
-        out["name"] = _text(span.name)
-    out["kind"] = _KIND[span.kind]
-    if span.start_time:
-        out["startTimeUnixNano"] = str(span.start_time)
-    if span.end_time:
-        out["endTimeUnixNano"] = str(span.end_time)
-    if attrs := _attributes(span.attributes):
-        out["attributes"] = attrs
-    if span.dropped_attributes:
-        out["droppedAttributesCount"] = span.dropped_attributes
-    if span.events:
-        events = []
-        for event in span.events:
-            e: dict[str, Any] = {}
-            if event.timestamp:
-                e["timeUnixNano"] = str(event.timestamp)
-            if event.name:
-                e["name"] = _text(event.name)
-            if attrs := _attributes(event.attributes):
-                e["attributes"] = attrs
-            if event.dropped_attributes:
-                e["droppedAttributesCount"] = event.dropped_attributes
-            events.append(e)
-        out["events"] = events
-    if span.dropped_events:
-        out["droppedEventsCount"] = span.dropped_events
-    if span.links:
-        links = []
-        for link in span.links:
-            lk: dict[str, Any] = {"traceId": format(link.context.trace_id, "032x"),
-                                  "spanId": format(link.context.span_id, "016x")}
-            if attrs := _attributes(link.attributes):
-                lk["attributes"] = attrs
-            if link.dropped_attributes:
-                lk["droppedAttributesCount"] = link.dropped_attributes
-            lk["flags"] = _HAS_IS_REMOTE | (_IS_REMOTE if link.context.is_remote else 0)
-            links.append(lk)
-        out["links"] = links
-    if span.dropped_links:
-        out["droppedLinksCount"] = span.dropped_links
-    status: dict[str, Any] = {}
-    if span.status.description:
-        status["message"] = _text(span.status.description)
-    if span.status.status_code.value:
-        status["code"] = span.status.status_code.value
-    out["status"] = status
+    events = [_present(("timeUnixNano", event.timestamp and str(event.timestamp)), ("name", _text(event.name)),
+                       ("attributes", _attributes(event.attributes)),
+                       ("droppedAttributesCount", event.dropped_attributes)) for event in span.events]
+    links = [_present(("traceId", format(link.context.trace_id, "032x")),
+                      ("spanId", format(link.context.span_id, "016x")), ("attributes", _attributes(link.attributes)),
+                      ("droppedAttributesCount", link.dropped_attributes),
+                      ("flags", _HAS_IS_REMOTE | (_IS_REMOTE if link.context.is_remote else 0)))
+             for link in span.links]
+    state = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items()) if ctx.trace_state else ""
+    out = _present(
+        ("traceId", format(ctx.trace_id, "032x")), ("spanId", format(ctx.span_id, "016x")),
+        ("traceState", _text(state)), ("parentSpanId", parent is not None and format(parent.span_id, "016x")),
+        ("name", _text(span.name)), ("kind", _KIND[span.kind]),
+        ("startTimeUnixNano", span.start_time and str(span.start_time)),
+        ("endTimeUnixNano", span.end_time and str(span.end_time)), ("attributes", _attributes(span.attributes)),
+        ("droppedAttributesCount", span.dropped_attributes), ("events", events),
+        ("droppedEventsCount", span.dropped_events), ("links", links), ("droppedLinksCount", span.dropped_links))
+    out["status"] = _present(("message", _text(span.status.description or "")), ("code", span.status.status_code.value))
     out["flags"] = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
     return out
 
