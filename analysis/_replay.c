@@ -7,6 +7,8 @@
  * server free time): a binary min-heap of the servers' free times, O(n log k). Returns 0, or -1 on
  * bad arguments.
  *
+ * count_cells(...): a count of rows by a key made through a table of each code (the report's attribute pairs).
+ *
  * critical_path(...): the critical-path sweep of the request model (analysis.engine.model: the relations
  * l1w, l2, l2w, info, parts and stage_ns of chain_ctes) over one hour's request spans and stage
  * spans, for analysis.engine.materialize.build_hour. The SQL of analysis.engine.model is the definition; this is
@@ -161,6 +163,37 @@ int reactive_replay(const int64_t *a, const int64_t *s, const double *base, int6
         sift_down(heap, m, 0);
         lat[j] = begin + sj - a[j];
         svc[j] = sj;
+    }
+    return 0;
+}
+
+/* ---- count_cells --------------------------------------------------------------------------- */
+
+/* count_cells(codes, width, n, table, tsize, plus, weights, counts, sums, cells): one count of rows by a key
+ * (analysis.stats.attributes.LazyCoded.count_keyed; numpy's bincount of the same keys gives the same numbers).
+ * Row r (r < n) falls in cell table[codes[r]] + plus[r]: counts[cell] += 1 and, with weights (not NULL),
+ * sums[cell] += weights[r], in row order. codes: n signed integers of `width` bytes (1, 2, 4 or 8), each an index
+ * into table (tsize entries). Returns 0, or -1 (counts left partly made) on a bad width, a code outside the
+ * table or a cell outside [0, cells). */
+#define COUNT_CELLS_LOOP(T)                                                                                 \
+    for (int64_t r = 0; r < n; r++) {                                                                       \
+        int64_t c = (int64_t)((const T *)codes)[r];                                                         \
+        if (c < 0 || c >= tsize) return -1;                                                                 \
+        int64_t cell = table[c] + plus[r];                                                                  \
+        if (cell < 0 || cell >= cells) return -1;                                                           \
+        counts[cell]++;                                                                                     \
+        if (weights != NULL) sums[cell] += weights[r];                                                      \
+    }
+
+int count_cells(const void *codes, int64_t width, int64_t n, const int64_t *table, int64_t tsize,
+                const int64_t *plus, const double *weights, int64_t *counts, double *sums, int64_t cells) {
+    if (n < 0 || (weights != NULL && sums == NULL)) return -1;
+    switch (width) {
+    case 1: COUNT_CELLS_LOOP(int8_t) break;
+    case 2: COUNT_CELLS_LOOP(int16_t) break;
+    case 4: COUNT_CELLS_LOOP(int32_t) break;
+    case 8: COUNT_CELLS_LOOP(int64_t) break;
+    default: return -1;
     }
     return 0;
 }

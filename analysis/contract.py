@@ -53,6 +53,7 @@ class Dimension(TypedDict):
     source: str
     finer: NotRequired[list[Level]]
     coarser: NotRequired[list[Level]]
+    folded_under: NotRequired[int]
 
 
 class PairCut(TypedDict):

@@ -1,10 +1,11 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
-One library, four functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
-with fixed and batch-dependent service times, analysis.capacity), `reactive_replay` (its scale-up) and
-`critical_path` (one hour's critical-path
-sweep, analysis.engine.materialize). Their signatures are declared
-here, beside the loading; without the library (no C compiler at install) both callers run in Python/SQL.
+One library, five functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
+with fixed and batch-dependent service times, analysis.capacity), `reactive_replay` (its scale-up),
+`count_cells` (a count of rows by a key through a table, the report's attribute pairs,
+analysis.stats.attributes) and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize).
+Their signatures are declared here, beside the loading; without the library (no C compiler at install) the
+callers run in Python/SQL.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
                                             ctypes.c_int64, ctypes.c_int64, f64, ctypes.c_int64, i64, i64, i64,
                                             i64, i64, i64]
             lib.reactive_replay.restype = ctypes.c_int
+        if hasattr(lib, "count_cells"):
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.count_cells.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, i64, ctypes.c_int64, i64,
+                                        f64, i64, f64, ctypes.c_int64]
+            lib.count_cells.restype = ctypes.c_int
         if hasattr(lib, "critical_path"):  # a library built before the sweep has the replay only
             lib.critical_path.argtypes = [
                 ctypes.c_int64, i64, i64, i64, i64, u8,

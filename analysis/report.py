@@ -80,17 +80,29 @@ class SpanFetcher(Protocol):
 RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarray], X.BaselineTail]
 
 
+#: A remote engine's spike figures without candidates (explain.SpikeWithout): (the dimensions, the candidates, the
+#: spike's rows) -> those of the candidates holding an attribute, by position.
+SpikeWithoutOf = Callable[[Sequence[X.Coded], list[X.Candidate], np.ndarray], X.SpikeWithout]
+#: A remote engine's test of which of some rows (an exemplar pool) match a candidate, as far as the exemplars read:
+#: (the dimensions, the candidate, the rows, k) -> a mask over the rows, true for the matching ones of the k least
+#: values (ties kept), false for every other row.
+Prefer = Callable[[Sequence[X.Coded], X.Candidate, np.ndarray, int], np.ndarray]
+
+
 @dataclasses.dataclass
 class RemoteAttributes:
     """A remote engine's attribute dimensions for `explain_all` (with `RestCounts`): the rules the built-ins pass,
-    the attributes coded over the spike windows' rows (-1 elsewhere: the rows the counterfactual and exemplars read),
-    the engine's counts of every combination holding an attribute (explain.RemoteCells) and its nesting test over
-    the frame's requests (attributes.Overlap)."""
+    the attributes (labels only: their codes stay on the engine, every figure read from them is its aggregate), the
+    engine's counts of every combination holding an attribute over a tail and the baseline (explain.RemoteCells),
+    its nesting test over the frame's requests (attributes.Overlap), the spike's p99 without a candidate holding an
+    attribute (`SpikeWithoutOf`) and which of the exemplar pool's rows match one (`Prefer`)."""
 
     rules: A.AttributeRules
     coded: list[X.Coded]
     cells: X.RemoteCells
     overlap: A.Overlap
+    spike_without: SpikeWithoutOf
+    prefer: Prefer
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -893,12 +905,23 @@ class _Coding:
         left_out: list[dict[str, Any]] = []
         out = excess_rows, rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
-            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, left_out)
+            remote.cells if remote is not None else None, remote.overlap if remote is not None else None, left_out,
+            remote.spike_without if remote is not None else None)
         if cut is not None:
             cut.extend(left_out)
         if self.memo is not None:
             self.memo[key] = (self.coded, self.base, rows, tail, out, left_out)
         return out
+
+    def _best_mask(self, spike: Spike, rows: np.ndarray, best: X.Candidate) -> np.ndarray:
+        """Which of the spike's `rows` match the best candidate, as the exemplars read it: a remote engine's test
+        over the exemplar pool when the candidate holds an attribute (whose codes stay there)."""
+        if self.remote is None or all(self.coded[i].source == "builtin" for i in best.dims):
+            return X.candidate_mask(self.coded, best, rows)
+        pool = X.exemplar_pool(self.values, rows, spike.p99_ns)
+        mask = np.zeros(rows.size, dtype=bool)
+        mask[np.searchsorted(rows, pool)] = self.remote.prefer(self.coded, best, pool, X.MAX_EXEMPLARS)
+        return mask
 
     def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
@@ -911,6 +934,9 @@ class _Coding:
             cut: list[dict[str, Any]] = []
             excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail, cut)
             item["dimensions"] = [cast(C.Dimension, X.candidate_json(coded, c)) for c in ranked]
+            for d, under in zip(item["dimensions"], A.folded_under(ranked), strict=True):
+                if under is not None:  # a pair that restates a value ranked before it
+                    d["folded_under"] = under
             if item["dimensions"]:
                 item["dimensions"][0]["finer"] = [_level_json(coded, c) for c in finer]
                 item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
@@ -924,7 +950,7 @@ class _Coding:
             for d, c in zip(item["dimensions"], ranked, strict=True):
                 d["support_weighted"] = float(c.tail_count) if tail_w is None else round(c.tail_share * tail_w, 3)
             if ranked:
-                best_mask = X.candidate_mask(coded, ranked[0], rows)
+                best_mask = self._best_mask(spike, rows, ranked[0])
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         return item, best_mask
@@ -933,7 +959,8 @@ class _Coding:
 def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, excess_rows: np.ndarray,
                     base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
                     rest: X.Rest | None = None, remote: X.RemoteCells | None = None,
-                    overlap: A.Overlap | None = None, cut: list[dict[str, Any]] | None = None
+                    overlap: A.Overlap | None = None, cut: list[dict[str, Any]] | None = None,
+                    spike_without: SpikeWithoutOf | None = None
                     ) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
@@ -942,8 +969,9 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     every value and pair of values tested); the counterfactual of the MAX_COUNTERFACTUAL best scores; the first
     one's level of a learned hierarchy (attributes.name_level). `rows`: the spike's rows; `excess_rows`: its tail;
     `base`: the baseline's rows (`base_q` its p99); `rest`: the baseline's other requests counted per combination
-    of the built-ins; `remote`, `overlap`: a remote engine's counts of the combinations holding an attribute and its
-    nesting test; `cut`: receives the pairs left out for their size."""
+    of the built-ins; `remote`, `overlap`, `spike_without`: a remote engine's counts of the combinations holding an
+    attribute, its nesting test and its spike p99s without a candidate holding one; `cut`: receives the pairs left
+    out for their size."""
     nb = sum(1 for c in coded if c.source == "builtin")
     if rest is not None and nb < len(coded) and remote is None:
         raise ValueError("baseline counts (rest) cover the built-ins: the attributes need a remote engine's counts")
@@ -952,7 +980,8 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     cands = X.significant(found, tested)
     cands.sort(key=lambda c: -c.score)
     cands = cands[:X.MAX_COUNTERFACTUAL]
-    X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=rest)
+    known = spike_without(coded, cands, rows) if spike_without is not None else None
+    X.counterfactual(coded, cands, values, rows, base, base_q, weights, rest=rest, known=known)
     ranked, finer, coarser = A.name_level(coded, X.rank(cands), overlap)
     return ranked, finer, coarser, tested
 
@@ -1030,10 +1059,15 @@ def render_text(report: C.Report, console: Console | None = None) -> None:
         if spike["dimensions"]:
             t = Table("dimension", "value", "explained", "p99 without", "score", "support",
                       title="what the tail is made of")
-            for d in spike["dimensions"][:10]:
+            folded = folded_pairs(spike["dimensions"])
+            for n, d in [(n, d) for n, d in enumerate(spike["dimensions"]) if "folded_under" not in d][:10]:
                 expl = "-" if d["explained"] is None else f"{d['explained']:.0%}"
                 t.add_row(d["dimension"], d["value"], expl, _fmt(d["p99_without_ms"], " ms"),
                           f"{d['score']:.2f}", str(d["support"]))
+                if folded.get(n):  # the pairs restating this value (`folded_under`), on one line under it
+                    most = max((p["explained"] for p in folded[n] if p["explained"] is not None), default=None)
+                    t.add_row(f"  + {len(folded[n])} pair{'s' if len(folded[n]) > 1 else ''}", "no more",
+                              "-" if most is None else f"<= {most:.0%}", "", "", "", style="dim")
             con.print(t)
             if spike["dimensions"][0].get("finer"):
                 con.print(hierarchy_text(spike["dimensions"][0]), highlight=False)
@@ -1044,6 +1078,15 @@ def render_text(report: C.Report, console: Console | None = None) -> None:
             con.print(f"noisy neighbour: {neighbour['sentence']}", highlight=False)
     for err in report["errors"]:
         con.print(f"[yellow]{err}[/]", highlight=False)
+
+
+def folded_pairs(dims: list[C.Dimension]) -> dict[int, list[C.Dimension]]:
+    """The pairs folded under each dimension (`folded_under`, attributes.folded_under), by its position."""
+    out: dict[int, list[C.Dimension]] = {}
+    for d in dims:
+        if "folded_under" in d:
+            out.setdefault(d["folded_under"], []).append(d)
+    return out
 
 
 def explain_spikes(con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str

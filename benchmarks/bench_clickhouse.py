@@ -37,9 +37,10 @@ are created (without the refreshable view), the spans copied into `tailscope_req
 timed apart; both reports must equal DuckDB's. --skip-fly leaves out the report from the spans.
 With --attrs N every request carries N extra random attributes (synthetic.extra_attributes, as
 bench_attributes' store): both reports consider them all, and the figures add what the chdb report's
-attribute pass returned (rows of per-candidate aggregates; per spike one row of figures: each combination holding
-an attribute's count of cells and the baseline counts of the cells that may pass; the codes of the spike windows'
-rows, read one by one).
+attribute pass returned: rows of per-candidate figures (per spike two rows of cells: the tail's cells that may
+pass, then each combination holding an attribute's count of cells and those cells' baseline counts), the largest
+of its answers, and the exemplars' requests among them (at most 5 a spike, more only on a tie); no request's
+codes.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class Counting:
         self.rows = 0
         self.attribute_rows = 0
         self.attribute_cells = 0
-        self.coded_rows = 0
+        self.attribute_largest = 0
+        self.exemplar_rows = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
         from analysis.clickhouse.attributes import ATTR_PREFIX
@@ -91,13 +93,13 @@ class Counting:
         out = self.inner.query(sql, settings)
         self.pulled += out.nbytes
         self.rows += out.num_rows
-        if ATTR_PREFIX in sql:  # the attribute pass's (codes of the pulled rows apart)
-            if sql.startswith("SELECT trace_id, span_id"):
-                self.coded_rows += out.num_rows
-            else:
-                self.attribute_rows += out.num_rows
-                if sql.startswith("SELECT uniqExactIf("):  # a spike's cells: one row of figures
-                    self.attribute_cells += out.num_columns
+        if ATTR_PREFIX in sql:  # the attribute pass's
+            self.attribute_rows += out.num_rows
+            self.attribute_largest = max(self.attribute_largest, out.num_rows)
+            if sql.startswith("SELECT uniqExactIf("):  # a spike's cells: one row of figures
+                self.attribute_cells += out.num_columns
+            elif sql.startswith("SELECT toString(trace_id)"):  # the exemplars' requests matching the named value
+                self.exemplar_rows += out.num_rows
         return out
 
     def command(self, sql: str) -> None:
@@ -315,9 +317,9 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
         out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
-        # the attribute pass: rows of per-candidate aggregates, and the codes of the rows read one by one
-        out["attribute_rows"], out["attribute_coded_rows"] = client.attribute_rows, client.coded_rows
-        out["attribute_cells"] = client.attribute_cells
+        # the attribute pass: rows of per-candidate figures (the exemplars' few requests among them)
+        out["attribute_rows"], out["attribute_largest"] = client.attribute_rows, client.attribute_largest
+        out["attribute_cells"], out["attribute_exemplar_rows"] = client.attribute_cells, client.exemplar_rows
         seen: dict[str, Any] = dict(ch.get("attributes") or {})
         out["attributes_considered"] = len(seen.get("considered", []))
         out["attributes_skipped"] = len(seen.get("skipped", []))
@@ -391,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  attributes: {r['attributes_considered']} considered, {r['attributes_skipped']} skipped; the "
               f"attribute pass returned {r['attribute_rows']} aggregate rows (the spikes' cells among them: "
               f"{r['attribute_cells']} figures, each combination's count of cells and the baseline counts of those "
-              f"that may pass), and codes of {r['attribute_coded_rows']} pulled rows")
+              f"that may pass), at most {r['attribute_largest']} from one query, {r['attribute_exemplar_rows']} of "
+              f"them the exemplars' requests")
         if "dash_equal" in r:
             print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "

@@ -36,6 +36,7 @@ from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
+from analysis.engine.attribute_values import keep_live_values
 from analysis.engine.connect import connect, live_facts_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
@@ -185,6 +186,7 @@ class Workbench:
                     _insert_exact(cur, snap, hour)
                 refresh_views(cur, self.store, snap)
                 live_facts_from(cur, "req_live")  # the live hours' facts are this workbench's rows, not recomputed
+                keep_live_values(cur, "req_live", gone, redo)  # and their attribute values, read once per hour
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""

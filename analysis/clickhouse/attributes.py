@@ -13,28 +13,29 @@ replica's resource values come back as one row per replica and key (`resource`),
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
 explanation asks, per spike, the cells of every combination holding an attribute (alone, and with each
-built-in) counted over the tail and the whole baseline (`cells`: the family's count, and the baseline counts
-of the cells the tail holds enough of to pass, at most 1 / MIN_SHARE each), the nesting test's counts over
-the frame (`overlap`), its p99s without a candidate (`candidate_sql`), and the codes of the spike windows'
-rows (the counterfactual, the exemplars and the tail's own counts read them one by one).
+built-in) counted over the tail and the whole baseline (`cells`: the cells the tail holds enough of to pass, at
+most 1 / MIN_SHARE each, with their tail counts; the family's count and those cells' baseline counts), the
+nesting test's counts over the frame (`overlap`), the spike's p99s without a candidate (`spike_without`; the
+baseline's through `candidate_sql`) and which of the exemplar pool's requests match the best (`prefer`: at most
+k, more only on a tie). No request's codes come back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
 import pyarrow as pa
 
 from analysis.clickhouse.client import Client
 from analysis.clickhouse.model import temp_engine
 from analysis.clickhouse.promotion import source_sql
+from analysis.clickhouse.quantiles import arrays_sql, quantile_sql
 from analysis.clickhouse.requests import span_where
+from analysis.clickhouse.server import features
 from analysis.engine import model as M
 from analysis.engine.dialect import CLICKHOUSE
 from analysis.engine.percentiles import in_range_sql
@@ -103,20 +104,6 @@ class ServerAttributes:
         return (f"(trace_id, span_id) IN (SELECT trace_id, span_id FROM {ATTR_TEMP} "
                 f"WHERE {self.code_sql[name]} = {int(code)})")
 
-    def coded_rows(self, client: Client, where: str, frame: pl.DataFrame) -> list[X.Coded]:
-        """The kept attributes coded over `frame`'s rows (its trace_id and span_id), read for the requests of
-        ATTR_TEMP meeting `where` (the rows the explanation reads one by one)."""
-        if not self.attrs.coded:
-            return []
-        cols = ", ".join(f"{self.code_sql[c.name]} AS c{i}" for i, c in enumerate(self.attrs.coded))
-        got = pl.from_arrow(client.query(f"SELECT trace_id, span_id, {cols} FROM {ATTR_TEMP} WHERE {where}"))
-        assert isinstance(got, pl.DataFrame)
-        keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
-        got = got.with_columns(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
-        joined = keys.join(got, on=["trace_id", "span_id"], how="left", maintain_order="left")
-        return [dataclasses.replace(c, codes=joined.get_column(f"c{i}").cast(pl.Int64).fill_null(-1).to_numpy())
-                for i, c in enumerate(self.attrs.coded)]
-
     def dimension_sql(self, c: X.Coded) -> str:
         """SQL of a dimension's code over ATTR_TEMP's requests (-1: missing): a kept attribute's, a built-in's by its
         labels here (`c`: the built-in as the explanation coded it)."""
@@ -126,35 +113,92 @@ class ServerAttributes:
             return bucket_code_sql(c.name)
         return f"if(isNull({c.name}), toInt64(-1), {_code_of(f'assumeNotNull({c.name})', c.labels, 'String')})"
 
-    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]],
-              hits: dict[tuple[int, ...], list[tuple[int, ...]]], tail: str, base: str, weighted: bool
-              ) -> dict[tuple[int, ...], tuple[int, list[int], list[float]]]:
-        """Per combination of `coded` (indices), counted over ATTR_TEMP: the cells (values, or pairs of values) the
-        requests meeting `tail` or `base` hold, missing values left out (the family's share), and for each cell of
-        `hits` (codes) its baseline count and summed weights (`weighted`, else 0). One row of figures comes back."""
+    def _matches(self, coded: Sequence[X.Coded], cand: X.Candidate) -> str:
+        """A candidate's requests as a predicate over ATTR_TEMP's columns (false where a dimension is missing)."""
+        return " AND ".join(f"({self.dimension_sql(coded[i])}) = {int(code)}"
+                            for i, code in zip(cand.dims, cand.codes, strict=True))
+
+    def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: str, base: str,
+              least: int, least_weight: float | None) -> dict[tuple[int, ...], X.Cells]:
+        """explain.RemoteCells over ATTR_TEMP: per combination of `coded` (indices), the cells (values, or pairs of
+        values) the requests meeting `tail` or `base` hold, missing values left out (the family's count), and the
+        cells the `tail` requests hold at least `least` of with their tail and baseline counts; weighted
+        (`least_weight`: the least tail weight that may pass the guard, else None) their summed weights too, and only
+        the cells holding that much. So at most 1 / MIN_SHARE cells a combination come back: a row each, then one row
+        of figures, the family's counts and those cells' baseline counts (one pass over the tail and the baseline; a
+        single sumMap per combination doing both costs several times more)."""
         if not combos:
             return {}
+        weighted = least_weight is not None
         dims = sorted({i for c in combos for i in c})
         cols = ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in dims)
         slots = [len(c.labels) + 1 for c in coded]
+        keys = [f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}" for c in combos]
+        helds = [" AND ".join(f"d{i} >= 0" for i in c) for c in combos]
+        # the tail's cells with their counts (and weights), kept on the server past the least count: one (combination,
+        # cell) pair per row and combination held, grouped (a short query: one aggregate per combination would cost
+        # more to plan than to run)
+        pairs = ", ".join(f"({n}, if({h}, {k}, -1))" for n, (k, h) in enumerate(zip(keys, helds, strict=True)))
+        passes = f"t >= {int(least)}" + (f" AND tw >= {least_weight!r}" if weighted else "")
+        got = client.query(
+            f"SELECT c.1 AS n, c.2 AS cell, count() AS t{', sum(w) AS tw' if weighted else ''} FROM (SELECT w, {cols} "
+            f"FROM {ATTR_TEMP} WHERE {tail}) ARRAY JOIN [{pairs}] AS c WHERE c.2 >= 0 GROUP BY n, cell "
+            f"HAVING {passes} ORDER BY n, cell").to_pylist()
+        hits: dict[int, list[int]] = {n: [] for n in range(len(combos))}
+        t_counts: dict[int, list[int]] = {n: [] for n in range(len(combos))}
+        t_weights: dict[int, list[float]] = {n: [] for n in range(len(combos))}
+        for r in got:
+            hits[int(r["n"])].append(int(r["cell"]))
+            t_counts[int(r["n"])].append(int(r["t"]))
+            if weighted:
+                t_weights[int(r["n"])].append(float(r["tw"]))
         aggs = []
-        for k, c in enumerate(combos):
-            key = f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}"
-            held = " AND ".join(f"d{i} >= 0" for i in c)
-            aggs.append(f"uniqExactIf({key}, {held}) AS p{k}")
-            for h, codes in enumerate(hits.get(c, [])):
-                cell = " AND ".join(f"d{i} = {int(v)}" for i, v in zip(c, codes, strict=True))
-                aggs.append(f"countIf(bs AND {cell}) AS b{k}_{h}")
+        for n, (k, h) in enumerate(zip(keys, helds, strict=True)):
+            aggs.append(f"uniqExactIf({k}, {h}) AS p{n}")
+            for j, cell in enumerate(hits[n]):
+                aggs.append(f"countIf(bs AND {h} AND {k} = {cell}) AS b{n}_{j}")
                 if weighted:
-                    aggs.append(f"sumIf(w, bs AND {cell}) AS w{k}_{h}")
+                    aggs.append(f"sumIf(w, bs AND {h} AND {k} = {cell}) AS w{n}_{j}")
         row = client.query(f"SELECT {', '.join(aggs)} FROM (SELECT {tail} AS tl, {base} AS bs, w, {cols} "
                            f"FROM {ATTR_TEMP}) WHERE tl OR bs").to_pylist()[0]
         out = {}
-        for k, c in enumerate(combos):
-            n = len(hits.get(c, []))
-            out[c] = (int(row[f"p{k}"]), [int(row[f"b{k}_{h}"]) for h in range(n)],
-                      [float(row[f"w{k}_{h}"]) if weighted else 0.0 for h in range(n)])
+        for n, c in enumerate(combos):
+            size = slots[c[1]] if len(c) == 2 else 1
+            codes: list[tuple[int, ...]] = [(x,) if len(c) == 1 else (x // size, x % size) for x in hits[n]]
+            m = len(codes)
+            out[c] = X.Cells(int(row[f"p{n}"]), codes, t_counts[n], [int(row[f"b{n}_{j}"]) for j in range(m)],
+                             t_weights[n] if weighted else None,
+                             [float(row[f"w{n}_{j}"]) for j in range(m)] if weighted else None)
         return out
+
+    def spike_without(self, client: Client, coded: Sequence[X.Coded], cands: list[X.Candidate], spike: str,
+                      weighted: bool) -> X.SpikeWithout:
+        """explain.SpikeWithout of `cands` (by position) over the requests of ATTR_TEMP meeting `spike`: per
+        candidate its requests left (their effective count, `weighted`) and their p99 (weighted) by the rule of
+        percentiles.weighted_quantile_sorted. One row of figures comes back."""
+        if not cands:
+            return {}
+        weight = "w" if weighted else None
+        inner = ", ".join(arrays_sql("v", weight, f"NOT ({self._matches(coded, c)})", prefix=f"c{n}_")
+                          for n, c in enumerate(cands))
+        outer = ", ".join(f"{quantile_sql(weight, X.TAIL_Q, prefix=f'c{n}_')} AS q{n}, c{n}_tot AS t{n}, "
+                          f"c{n}_sq AS s{n}" for n in range(len(cands)))
+        row = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM {ATTR_TEMP} WHERE {spike})",
+                           features(client).settings).to_pylist()[0]
+        out = {}
+        for n in range(len(cands)):
+            tot, sq = float(row[f"t{n}"]), float(row[f"s{n}"])
+            left = tot if not weighted else (tot * tot / sq if sq > 0 else 0.0)
+            out[n] = (left, float(row[f"q{n}"]))
+        return out
+
+    def prefer(self, client: Client, coded: Sequence[X.Coded], cand: X.Candidate, among: str, k: int
+               ) -> set[tuple[str, str]]:
+        """The (trace_id, span_id) of the requests of ATTR_TEMP meeting `among` that match `cand`: the k of least
+        value, ties kept (the exemplars read no further: at most k rows, more only on a tie)."""
+        got = client.query(f"SELECT toString(trace_id) AS t, toString(span_id) AS s FROM {ATTR_TEMP} "
+                           f"WHERE ({among}) AND {self._matches(coded, cand)} ORDER BY v LIMIT {int(k)} WITH TIES")
+        return {(str(r["t"]), str(r["s"])) for r in got.to_pylist()}
 
     def overlap(self, client: Client, coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
                 ) -> tuple[list[int], list[list[int]]]:

@@ -9,13 +9,14 @@
    value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
-3. Only when there is a spike: the fact columns (trace id, dimensions) of the requests in the
-   spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
+3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
+   the spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
    rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
-   with and without each candidate computed on the server (`_pushed_down`); the explanation of
-   analysis.report runs there; as it goes, it asks for the spans each step reads (`Fetcher`):
-   the tail slices' traces for the stage shares, and, only when queue_wait leads, the spans
-   within reach of the spike for the noisy-neighbour step.
+   with and without each candidate computed on the server (`_pushed_down`); the attributes stay
+   on the server, asked per spike for figures (`_remote_attributes`). The culprit bounds and the
+   explanation of analysis.report run there over that one pass (`_bounded_rows`); as it goes, it
+   asks for the spans each step reads (`Fetcher`): the tail slices' traces for the stage shares,
+   and, only when queue_wait leads, the spans within reach of the spike for the noisy-neighbour step.
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -345,8 +346,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
         if det is not None and det.spikes:
-            _culprit_bounds(q, det, report["sampled"], attrs)
-            report["spikes"] = _explain(q, local, det, det.spikes, report["sampled"], attrs)
+            report["spikes"] = RP.explain_all(_bounded_rows(q, local, det, report["sampled"], attrs), det.spikes)
     finally:
         local.close()
         CA.drop(client)
@@ -369,17 +369,11 @@ def _attributes(q: Asked, report: C.Report | dict[str, Any], rules: A.AttributeR
     return attrs, rules
 
 
-def _culprit_bounds(q: Asked, det: Detection, sampled: bool,
-                    attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None) -> None:
-    """analysis.report.culprit_bounds on ClickHouse: `det.spikes` moved to their culprits' windows. The culprit is
-    ranked over the rows phase 2 brings for the detected spikes (into a local connection of its own, closed after:
-    the explanation's phase 2 then reads the moved windows); the slow requests are counted per window on the
-    server."""
-    if not det.spikes:
-        return
+def _slow_counts(q: Asked, det: Detection, server: CA.ServerAttributes | None) -> RP.SlowCounts:
+    """analysis.report.SlowCounts on the server: per window, the requests slower than the baseline p99 matching a
+    candidate, and all of them (one row per window comes back)."""
     col = metric_column(q.metric) if q.metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if q.include_failures else " AND status = 'ok'"
-    server = attrs[0] if attrs is not None else None
     index = {int(w): i for i, w in enumerate((det.window_start_ns // det.window_ns).tolist())}
 
     def slow_counts(coded: list[X.Coded], cand: X.Candidate) -> tuple[np.ndarray, np.ndarray]:
@@ -394,103 +388,150 @@ def _culprit_bounds(q: Asked, det: Detection, sampled: bool,
                 k[index[int(r["win"])]], m[index[int(r["win"])]] = int(r["k"]), int(r["m"])
         return k, m
 
-    local = duckdb.connect(":memory:")
-    try:
-        RP.culprit_bounds(_rows(q, local, det, det.spikes, sampled, attrs), slow_counts)
-    finally:
-        local.close()
+    return slow_counts
 
 
-def _explain(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-             attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> list[C.Spike]:
-    """Phase 2 and analysis.report's explanation of `spikes` over its rows (`_rows`)."""
-    return RP.explain_all(_rows(q, local, det, spikes, sampled, attrs), spikes)
+def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sampled: bool,
+                  attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None) -> RP.Rows:
+    """analysis.report.culprit_bounds on ClickHouse (`det.spikes` moved to their culprits' windows), then the rows
+    their explanation reads, from one pass: the culprit is ranked over the rows phase 2 brings for the detected
+    spikes (`_rows`; the slow requests counted per window on the server), and those same rows are explained when
+    every window the moved spikes read row by row is among them. Only when a spike moved past them are the local
+    tables dropped and phase 2 read again for the moved spikes."""
+    rows, read = _rows(q, local, det, det.spikes, sampled, attrs)
+    if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
+        return rows
+    spike_windows, near = _phase2_windows(det, det.spikes)
+    if set(near.tolist()) <= read:
+        assert isinstance(rows.fetch, Fetcher)
+        rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
+        return rows
+    _reset(local)
+    return _rows(q, local, det, det.spikes, sampled, attrs)[0]
+
+
+def _reset(local: duckdb.DuckDBPyConnection) -> None:
+    """Drop phase 2's local tables (`_rows` makes them again)."""
+    local.execute("DROP VIEW IF EXISTS spans")
+    local.execute("DROP TABLE IF EXISTS _spans_local")
+    local.execute("DROP TABLE IF EXISTS _phase2")
+
+
+def _phase2_windows(det: Detection, spikes: list[Spike]) -> tuple[np.ndarray, np.ndarray]:
+    """(the spikes' windows; those and the baseline windows nearest each spike: the windows phase 2 reads row by
+    row), as window numbers (start // window)."""
+    w = det.window_ns
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
+    near = [spike_windows, *(RP.local_baseline(det, s, counts) // w for s in spikes)]
+    return spike_windows, np.unique(np.concatenate(near))
+
+
+def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
+    """The reach of the spans' step: the longest request of the spike and baseline windows (+1 ns), as over their
+    rows."""
+    base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
+    got = q.client.query(f"SELECT max(e2e_ns) AS m FROM {q.facts_table} WHERE {q.cond} AND "
+                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
+    return int(got) + 1 if got is not None else 0
 
 
 def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> RP.Rows:
+          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> tuple[RP.Rows, set[int]]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
-    spans around them as it goes), for analysis.report's explanation to run there. `attrs`: the attribute
-    dimensions on the server (`_attributes`): their codes come back for the spike windows' rows only; every
-    combination holding an attribute is counted on the server (`_remote_attributes`)."""
+    spans around them as it goes), for analysis.report's explanation to run there; with the windows read row by
+    row. `attrs`: the attribute dimensions on the server (`_attributes`): their codes stay there, every figure the
+    explanation reads of them is asked there (`_remote_attributes`)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
-    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     server = attrs[0] if attrs is not None else None
-    fetch, rest = _pushed_down(q, local, det, spikes, spike_windows, f"{col} IS NOT NULL{keep}", col,
-                               "adjusted_count" if sampled else None, server)
+    fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
+                                     "adjusted_count" if sampled else None, server)
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     remote = None
     if attrs is not None:
-        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame, _in_windows(det, spike_windows))
+        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
-    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote)
+    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote), read
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
-                       frame: pl.DataFrame, spike_rows: str) -> RP.RemoteAttributes:
-    """The attribute dimensions for analysis.report's explanation: their codes over the frame's rows of the spike
-    windows (`spike_rows`; the counterfactual and the exemplars read them), the cells of each combination holding
-    one counted on the server over a spike's tail and the whole baseline, and the nesting test's counts there."""
+                       frame: pl.DataFrame) -> RP.RemoteAttributes:
+    """The attribute dimensions for analysis.report's explanation, their codes left on the server: the cells of each
+    combination holding one counted there over a spike's tail and the whole baseline, the nesting test's counts
+    over the frame, the spike's p99 without each candidate holding one and which of the exemplar pool's requests
+    match the best. Each question names the frame's rows it is about as a condition (`rows_sql`); what comes back
+    is rows of figures, and for the exemplars at most MAX_EXEMPLARS requests (more only on a tie)."""
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy()
     base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
     base = f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in base_wins) or 'NULL'})"
+    keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))
+    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
+    weighted = weights is not None
 
-    def tail_sql(rows: np.ndarray) -> str:
-        # a spike's tail as a condition: its rows are the spike's from the slowest down to the least of them when no
-        # other row of those times is as slow (the excess over a threshold; checked here, where the spike's rows
-        # all are), else named one by one (the slowest few, ties cut)
+    def rows_sql(rows: np.ndarray) -> str:
+        # some of the frame's rows as a condition: those from the slowest down to the least of them within their
+        # times when no other row there is as slow (a spike's rows, its tail, the exemplar pool: checked here, where
+        # the frame's rows all are), else named one by one
         if rows.size == 0:
             return "false"
         a, b, v = int(start[rows].min()), int(start[rows].max()), float(values[rows].min())
         if int(((start >= a) & (start <= b) & (values >= v)).sum()) == rows.size:
             return f"(start_ns >= {a} AND start_ns <= {b} AND v >= {v!r})"
-        keys = frame.select(pl.col("trace_id").cast(pl.String), pl.col("span_id").cast(pl.String))[rows]
-        listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys.iter_rows())
+        listed = ", ".join(f"({literal(t)}, {literal(sp)})" for t, sp in keys[rows].iter_rows())
         return f"((trace_id, span_id) IN ({listed}))"
 
-    weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
+    # the culprit's bounds and the explanation of a spike that stayed on its windows ask the same questions over
+    # the same rows (and the same labels): each is asked of the server once
+    asked: dict[tuple[Any, ...], Any] = {}
+
+    def once(key: tuple[Any, ...], ask: Callable[[], Any]) -> Any:
+        if key not in asked:
+            asked[key] = ask()
+        return asked[key]
+
+    def named(cands: list[X.Candidate]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        return tuple((c.dims, c.codes) for c in cands)
 
     def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
               ) -> dict[tuple[int, ...], X.Cells]:
-        # the tail's counts here (its rows are the spike's, whose codes came back); the family's count of each
-        # combination and the baseline counts of the cells that may pass on the server
-        found: dict[tuple[int, ...], tuple[list[tuple[int, ...]], list[int], list[float]]] = {}
-        for combo in combos:
-            codes = [coded[i].codes[tail] for i in combo]
-            held = np.all([c >= 0 for c in codes], axis=0)
-            keys, inverse, counts = np.unique(np.stack([c[held] for c in codes], axis=1), axis=0,
-                                              return_inverse=True, return_counts=True)
-            at = np.flatnonzero(counts >= least)
-            tw = [0.0] * at.size
-            if weights is not None and at.size:  # summed in row order, as explain's bincount sums them
-                sums = np.bincount(inverse.ravel(), weights=weights[tail][held], minlength=counts.size)
-                tw = [float(sums[j]) for j in at]
-            found[combo] = ([tuple(int(x) for x in keys[j]) for j in at], [int(counts[j]) for j in at], tw)
-        got = server.cells(client, coded, combos, {c: f[0] for c, f in found.items()}, tail_sql(tail), base,
-                           weights is not None)
-        out = {}
-        for combo, (cell_codes, t_counts, tw) in found.items():
-            present, b, bw = got[combo]
-            out[combo] = X.Cells(present, cell_codes, t_counts, b, tw if weights is not None else None,
-                                 bw if weights is not None else None)
-        return out
+        # weighted, a cell passes the guard with at least MIN_SHARE of the tail's weight: asked a little below that
+        # (the server sums in its own order), so no cell that passes is left out
+        floor = None if weights is None else X.MIN_SHARE * float(weights[tail].sum()) * (1 - 1e-9)
+        return cast(dict[tuple[int, ...], X.Cells], once(
+            ("cells", tuple(combos), tail.tobytes(), least),
+            lambda: server.cells(client, coded, combos, rows_sql(tail), base, least, floor)))
 
     def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
                 ) -> tuple[list[int], list[list[int]]]:
-        return server.overlap(client, coded, a, b)
+        return cast(tuple[list[int], list[list[int]]], once(("overlap", named(a), named(b)),
+                                                            lambda: server.overlap(client, coded, a, b)))
 
-    return RP.RemoteAttributes(rules, server.coded_rows(client, spike_rows, frame), cells, overlap)
+    def on_server(coded: Sequence[X.Coded], cand: X.Candidate) -> bool:
+        return any(coded[i].source != "builtin" for i in cand.dims)
+
+    def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
+        at = [n for n, c in enumerate(cands) if on_server(coded, c)]
+        on = [cands[n] for n in at]
+        got = once(("without", named(on), rows.tobytes()),
+                   lambda: server.spike_without(client, coded, on, rows_sql(rows), weighted))
+        return {n: got[j] for j, n in enumerate(at)}
+
+    def prefer(coded: Sequence[X.Coded], cand: X.Candidate, rows: np.ndarray, k: int) -> np.ndarray:
+        found = server.prefer(client, coded, cand, rows_sql(rows), k)
+        return np.asarray([key in found for key in keys[rows].iter_rows()], dtype=bool)
+
+    return RP.RemoteAttributes(rules, list(server.attrs.coded), cells, overlap, spike_without, prefer)
 
 
-def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike],
-                 spike_windows: np.ndarray, valued: str, col: str, weight: str | None = None,
-                 attrs: CA.ServerAttributes | None = None) -> tuple[Fetcher, RP.RestCounts]:
+def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
+                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
+                 ) -> tuple[Fetcher, RP.RestCounts, set[int]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -500,25 +541,19 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
-    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`).
+    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`). Returns
+    the windows read row by row too.
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
-    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    near = [spike_windows]
-    for s in spikes:
-        near.append(RP.local_baseline(det, s, counts) // w)
-    one_by_one = np.unique(np.concatenate(near))
+    spike_windows, one_by_one = _phase2_windows(det, spikes)
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
     _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
-    # the reach of the spans' step: the longest request of the spike and baseline windows, as over their rows
-    reach = client.query(f"SELECT max(e2e_ns) AS m FROM {facts_table} WHERE {cond} AND "
-                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
-    fetch = Fetcher(client, table, local, int(reach) + 1 if reach is not None else 0)
+    fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
 
@@ -549,7 +584,7 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
     return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight, attrs))
+                                                       weight, attrs)), done
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:
@@ -579,6 +614,7 @@ class _ServerTail:
         self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
         self.weight, self.attrs = weight, attrs
         self._whole: float | None = None
+        self._without: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
 
     def _q(self, where: str) -> float:
         got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "
@@ -593,8 +629,12 @@ class _ServerTail:
         return self._whole
 
     def without_candidate(self, coded: Sequence[X.Coded], cand: X.Candidate) -> float:
-        """The baseline's p99 without the candidate's requests (nan when none are left)."""
-        return self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
+        """The baseline's p99 without the candidate's requests (nan when none are left); asked once a candidate (the
+        culprit's bounds and the explanation ask alike)."""
+        key = (cand.dims, cand.codes)
+        if key not in self._without:
+            self._without[key] = self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
+        return self._without[key]
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
@@ -622,12 +662,14 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
     local = duckdb.connect(":memory:")
     try:
         attrs = _attributes(q, report, RP.attribute_rules(dimensions, exclude_dimensions))
-        _culprit_bounds(q, det, sampled, attrs)
-        for spike in det.spikes:
-            if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
-                item = _explain(q, local, det, [spike], sampled, attrs)[0]
-                item["detected"] = True
-                return item
+        if det.spikes:  # the culprits' bounds and, for a detected spike, its explanation read in one pass
+            rows = _bounded_rows(q, local, det, sampled, attrs)
+            for spike in det.spikes:
+                if (spike.start_ns, spike.end_ns) == (a, b):  # a detected spike: the report's item
+                    item = RP.explain_all(rows, [spike])[0]
+                    item["detected"] = True
+                    return item
+            _reset(local)
         overlap = (det.window_start_ns < b) & (det.window_start_ns + det.window_ns > a)
         det = dataclasses.replace(det, baseline=det.baseline & ~overlap, spikes=[])
         base = source.pool(det.baseline) if det.baseline.any() else None
@@ -643,7 +685,7 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
                       baseline_p50_ns=base.p50_ns, baseline_p99_ns=base.p99_ns, p_value=math.nan,
                       windows=int(overlap.sum()), requests_weighted=inside.n_weighted,
                       n_effective=round(inside.n_effective, 3) if sampled else inside.n_effective)
-        item = _explain(q, local, det, [spike], sampled, attrs)[0]
+        item = RP.explain_all(_rows(q, local, det, [spike], sampled, attrs)[0], [spike])[0]
         item["detected"] = False
         return item
     finally:

@@ -370,10 +370,58 @@ class StoredValues:
     #: the spans the rows `live_where` picks are read from: `spans`, or LIVE_SPANS when they are all rows of the
     #: stale hours (every stored file read: those hours' requests come from exactly those spans)
     live_spans: str = "spans"
+    #: whether the rows `live_where` picks (then the stale hours' rows) are read from LIVE_VALUES, not the spans
+    live_kept: bool = False
 
 
 #: The view of a connection (analysis.engine.connect) over the segments the stale hours' requests read.
 LIVE_SPANS: Final = "_spans_live"
+
+#: Tables a reader keeps itself (the dashboard's workbench, `keep_live_values`): the stale hours' request and stage
+#: attribute values by request (trace_id, span_id) and their resource rows, each row with its hour.
+LIVE_VALUES: Final = {"request": "_attribute_values_live_request", "stage": "_attribute_values_live_stage",
+                      "resource": "_attribute_values_live_resource"}
+
+
+def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int]) -> None:
+    """Keep in LIVE_VALUES the stale hours' attribute values, as `read_attributes` reads them from LIVE_SPANS: drop
+    the `gone` hours' rows and add those of `hours`, whose requests `rows` (a table with trace_id, span_id, start_ns)
+    holds. Call on a connection whose views were just pointed (connect.refresh) at the snapshot whose stale hours
+    these are; the values do not depend on the report's time range (a request's spans are bounded by its hours)."""
+    hour = M.HOUR_NS
+    have = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+    for table in LIVE_VALUES.values():
+        if gone and table in have:
+            con.execute(f"DELETE FROM {table} WHERE hour IN (SELECT unnest(?))", [list(gone)])
+    keys = "SELECT * FROM _live_value_keys"
+    for h in hours:
+        con.execute("CREATE OR REPLACE TEMP TABLE _live_value_keys AS SELECT row_number() OVER () AS rid, trace_id, "
+                    f"span_id, start_ns FROM {rows} WHERE start_ns >= {h} AND start_ns < {h + hour}")
+        for name, sql in (
+                ("request", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.a FROM "
+                            f"({request_attribute_sql(keys, LIVE_SPANS)}) s JOIN _live_value_keys k USING (rid)"),
+                ("stage", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.k, s.v FROM "
+                          f"({stage_attribute_sql(keys, LIVE_SPANS)}) s JOIN _live_value_keys k USING (rid)"),
+                ("resource", f"SELECT {h}::BIGINT AS hour, Replica AS replica, k, vs FROM "
+                             f"({resource_attribute_sql('spans', f'TimestampNs >= {h} AND TimestampNs < {h + hour}')})"
+                             )):
+            p = {"lo": None, "hi": None}
+            if LIVE_VALUES[name] in have:
+                con.execute(f"INSERT INTO {LIVE_VALUES[name]} {sql}", p)
+            else:
+                con.execute(f"CREATE TABLE {LIVE_VALUES[name]} AS {sql}", p)
+                have.add(LIVE_VALUES[name])
+        con.execute("DROP TABLE _live_value_keys")
+
+
+def live_values_sql(source: str, live_rows: str) -> str:
+    """SQL of `read_attributes`' long table of `source` ("request": (rid, a), "stage": (rid, k, v)) for `live_rows`
+    (rid, trace_id, span_id, start_ns), from the values kept in LIVE_VALUES."""
+    cols = "c.a" if source == "request" else "c.k, c.v"
+    # $lo / $hi bound the requests' start (their request span's), as the spans' SQL bounds the spans it reads
+    return (f"SELECT f.rid, {cols} FROM ({live_rows}) f JOIN {LIVE_VALUES[source]} c "
+            "ON c.trace_id = f.trace_id AND c.span_id = f.span_id "
+            "WHERE ($lo IS NULL OR f.start_ns >= $lo) AND ($hi IS NULL OR f.start_ns < $hi)")
 
 
 #: A view of the stored request files a connection reads, (n, path): their rows' ids are n << ROW_ID_FILE_SHIFT | row.
@@ -425,6 +473,12 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
     if len(covered) == len(files) and con.execute(  # the rows left are the stale hours' (file number 0)
             "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LIVE_SPANS]).fetchall()[0][0]:
         out.live_spans = LIVE_SPANS
+        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",
+                       [LIVE_VALUES["resource"]]).fetchall()[0][0]:
+            out.live_kept = True
+            for h, rep, key, vs in con.execute(f"SELECT hour, replica, k, vs FROM {LIVE_VALUES['resource']}"
+                                               ).fetchall():
+                out.resource.setdefault(int(h), []).append((str(rep), str(key), [str(v) for v in vs]))
     return out
 
 

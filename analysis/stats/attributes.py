@@ -21,6 +21,7 @@ window's requests, keys partitioning requests exactly as another dimension does 
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import math
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from analysis.engine.attribute_values import (
     timing_pattern,
     to_numpy,
 )
+from analysis.kernel import load_kernel
 from analysis.stats.explain import Coded, bucket_label, counts_of
 
 SOURCES: Final[tuple[str, ...]] = ("request", "stage", "resource")
@@ -74,6 +76,7 @@ _OWN_PREFIX: Final = OWN_PREFIX
 CUT_PRESENT: Final = " (the most present first)"
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -375,6 +378,53 @@ class LazyCoded(Coded):
         self.codes = codes
         return codes
 
+    def keyed(self, scale: int, plus: I64) -> I64:
+        """`Coded.keyed` from the runs (through each run's table times `scale`), without making `codes`."""
+        if "codes" in self.__dict__ or "runs" not in self.__dict__:
+            return super().keyed(scale, plus)
+        missing = len(self.labels)
+        covered = sum(b - a for a, b, _, _ in self.runs) == self.n_rows
+        out = np.empty(self.n_rows, dtype=np.int64) if covered else np.full(self.n_rows, missing * scale,
+                                                                           dtype=np.int64)
+        for a, b, part, lut in self.runs:
+            np.take(np.where(lut < 0, missing, lut) * scale, part, out=out[a:b], mode="clip")
+        out += plus
+        return out
+
+    def count_keyed(self, scale: int, plus: I64, cells: int, weights: F64 | None = None) -> tuple[I64, F64 | None]:
+        """`Coded.count_keyed` in one pass per run through the C kernel (`count_cells`: the same counts, the sums
+        in the same row order), without making a key; numpy's when the kernel is not built."""
+        lib = load_kernel()
+        if (lib is None or not hasattr(lib, "count_cells") or "codes" in self.__dict__ or "runs" not in self.__dict__
+                or any(part.dtype.kind != "i" or part.dtype.itemsize not in (1, 2, 4, 8)
+                       for _, _, part, _ in self.runs)):
+            return super().count_keyed(scale, plus, cells, weights)
+        missing = len(self.labels)
+        segments: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]] = []
+        at = 0
+        for a, b, part, lut in sorted(self.runs, key=lambda run: run[0]):  # rows in order, those outside missing
+            if a > at:
+                segments.append((at, a, np.zeros(a - at, dtype=np.int8), np.full(1, -1, dtype=np.int64)))
+            segments.append((a, b, part, lut))
+            at = b
+        if at < self.n_rows:
+            segments.append((at, self.n_rows, np.zeros(self.n_rows - at, dtype=np.int8), np.full(1, -1, np.int64)))
+        counts = np.zeros(cells, dtype=np.int64)
+        sums = None if weights is None else np.zeros(cells, dtype=np.float64)
+        i64, f64 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+        for a, b, part, lut in segments:
+            codes = np.ascontiguousarray(part)
+            table = np.ascontiguousarray(np.where(lut < 0, missing, lut) * scale, dtype=np.int64)
+            add = np.ascontiguousarray(plus[a:b], dtype=np.int64)
+            w = None if weights is None else np.ascontiguousarray(weights[a:b], dtype=np.float64)
+            rc = lib.count_cells(codes.ctypes.data_as(ctypes.c_void_p), codes.dtype.itemsize, b - a,
+                                 table.ctypes.data_as(i64), table.size, add.ctypes.data_as(i64),
+                                 None if w is None else w.ctypes.data_as(f64), counts.ctypes.data_as(i64),
+                                 None if sums is None else sums.ctypes.data_as(f64), cells)
+            if rc != 0:  # a code past its table (numpy's "clip" reads the last slot) or a key out of range
+                return super().count_keyed(scale, plus, cells, weights)
+        return counts, sums
+
     def at(self, rows: I64) -> I64:
         """The codes of `rows`, gathered from the runs (or from `codes` once made)."""
         if "codes" in self.__dict__ or "runs" not in self.__dict__:
@@ -547,6 +597,8 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
     spans = "spans" if stored is None else stored.live_spans  # the stale hours' segments only, where that is all
     for source, sql in (("request", request_attribute_sql(live_rows, spans)),
                         ("stage", stage_attribute_sql(live_rows, spans))):
+        if stored is not None and stored.live_kept:  # the stale hours' values the reader keeps (keep_live_values)
+            sql = AV.live_values_sql(source, live_rows)
         live: dict[str, tuple[I64, Any]] = {}  # row ids, values: from the spans
         if stored is None or not stored.all_stored:
             try:
@@ -641,6 +693,24 @@ def named_at(value: Any, others: Sequence[Any]) -> bool:
     ordinary tail with it)."""
     own = min(value.explained, 1.0)
     return all(own >= min(o.explained, 1.0) - HIERARCHY_MARGIN for o in others)
+
+
+def folded_under(ranked: Sequence[Any]) -> list[int | None]:
+    """For each of `ranked` (best first), the position of the value a pair folds under, else None: the better
+    (by `explained`) of its two parts ranked before it, when that part explains as much as the pair within
+    HIERARCHY_MARGIN (`named_at`, the hierarchy's rule): such a pair restates its part for the reader."""
+    at = {(c.dims[0], c.codes[0]): n for n, c in enumerate(ranked) if len(c.dims) == 1}
+    out: list[int | None] = []
+    for n, c in enumerate(ranked):
+        parts = [at[(d, v)] for d, v in zip(c.dims, c.codes, strict=True)
+                 if len(c.dims) == 2 and at.get((d, v), n) < n]
+        parts = [p for p in parts if math.isfinite(ranked[p].explained)]
+        if not parts or not math.isfinite(c.explained):
+            out.append(None)
+            continue
+        best = min(parts, key=lambda p: (-min(ranked[p].explained, 1.0), p))
+        out.append(best if named_at(ranked[best], [c]) else None)
+    return out
 
 
 #: A nesting test's counts: (the dimensions, single candidates `a`, single candidates `b`) -> (each of `a`'s requests,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Final, Protocol
@@ -63,6 +63,9 @@ ALPHA: Final = 0.01
 MAX_COUNTERFACTUAL: Final = 25
 MAX_EXEMPLARS: Final = 5
 MAX_PAIR_CELLS: Final = 5_000_000
+#: The fewest cells an attribute's count with a group of built-ins may have (`PairTables`; else a quarter of the
+#: rows): more built-ins in one count means fewer passes over the rows, but a larger table to sum.
+PAIR_TABLE_CELLS: Final = 1 << 12
 #: A pair ranks above a single only when it explains this much more of the excess.
 PAIR_MARGIN: Final = 0.1
 
@@ -126,6 +129,17 @@ class Coded:
     def at(self, rows: I64) -> I64:
         """The codes of `rows` (`codes[rows]`; a coding that makes its codes only when asked gathers just these)."""
         return self.codes[rows]
+
+    def keyed(self, scale: int, plus: I64) -> I64:
+        """Every row's code times `scale` plus `plus` (the missing value in the extra last slot, len(labels)): a
+        key of this dimension with others in one pass (a coding that makes its codes only when asked makes none)."""
+        return _missing_last(self.codes, len(self.labels) + 1) * scale + plus
+
+    def count_keyed(self, scale: int, plus: I64, cells: int, weights: F64 | None = None) -> tuple[I64, F64 | None]:
+        """Rows per cell of `keyed(scale, plus)` (every key in [0, cells)) and, given every row's `weights`, their
+        sums (np.bincount's, in row order)."""
+        key = self.keyed(scale, plus)
+        return np.bincount(key, minlength=cells), None if weights is None else summed(key, weights, cells)
 
 
 def counts_of(c: Coded) -> I64:
@@ -367,19 +381,29 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     # unweighted, the baseline's count of every single and pair of the first dimensions is a sum over one count per
     # combination of them all (exact integers): one pass over its rows instead of one per single and pair
     lead = local_dims if pairs_with is None else min(pairs_with, local_dims)
-    joint = _joint_counts([codes_b(i) for i in range(lead)], slots[:lead]) if (
-        w_b is None and lead > 2 and math.prod(slots[:lead]) <= MAX_JOINT_CELLS) else None
+    by_joint = w_b is None and lead > 2 and math.prod(slots[:lead]) <= MAX_JOINT_CELLS
     # unweighted, a single's baseline counts are its counts over every row less those outside the baseline (rows
-    # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension)
+    # once each, in order), when those are fewer (exact integers; the whole's counts are kept on the dimension);
+    # the attributes' pairs with the built-ins count every row too, weighted or not (`PairTables`)
     n_rows = coded[0].codes.size if coded else 0
+    by_tables = pairs and rest is None and 0 < lead < local_dims
     outside = None
-    if (w_b is None and local_dims > (lead if joint is not None else 0) and 2 * base.size > n_rows
+    if ((by_tables or (w_b is None and local_dims > (lead if by_joint else 0))) and 2 * base.size > n_rows
             and bool(np.all(base[1:] > base[:-1]))):
         keep = np.ones(n_rows, dtype=bool)
         keep[base] = False
         outside = np.flatnonzero(keep)
+    tables = PairTables(coded, lead, slots, base, outside, codes_b, weights,
+                        max(n_rows // 4, PAIR_TABLE_CELLS)) if by_tables else None
+    joint = None
+    if by_joint:
+        joint = tables.joint() if tables is not None else None
+        if joint is None:
+            joint = _joint_counts([codes_b(i) for i in range(lead)], slots[:lead])
 
-    def single_b(i: int) -> I64:  # unweighted, a single's baseline counts (`base_counts`)
+    def single_b(i: int) -> I64:  # unweighted, a single's baseline counts (`base_counts`, or the attribute's table)
+        if tables is not None and tables.covers(i):
+            return tables.single(i)
         return base_counts(coded[i], base, outside, slots[i])
 
     codes_r = [] if rest is None else [np.where(c < 0, k - 1, c) for c, k in zip(rest.codes, slots, strict=False)]
@@ -388,7 +412,8 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     singles: dict[tuple[int, int], tuple[int, int]] = {}
     combos = family_combos(coded, pairs, pairs_with, cut)
     asked = [c for c in combos if max(c) >= local_dims]
-    far = remote(coded, asked, tail, least_support(n_t, w_t is not None)) if remote is not None and asked else {}
+    floor = least_support(n_t, w_t is not None)  # a cell with a smaller tail count is no candidate
+    far = remote(coded, asked, tail, floor) if remote is not None and asked else {}
     for combo in combos:
         sizes = [slots[i] for i in combo]
         cells: Iterable[tuple[tuple[int, ...], int, int, float, float]]
@@ -398,8 +423,10 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
             tw, bw = got.tw or [0.0] * len(got.t), got.bw or [0.0] * len(got.t)
             cells = zip(got.codes, got.t, got.b, tw, bw, strict=True)
         else:
+            known = tables.pair(*combo) if (tables is not None and len(combo) == 2 and combo[0] < lead
+                                             and tables.covers(combo[1])) else None
             present, cells = _local_cells(combo, sizes, codes_t, codes_b, single_b if w_b is None else None, codes_r,
-                                          joint, lead, rest, w_t, w_b, w_r)
+                                          joint, lead, rest, w_t, w_b, w_r, floor, known)
             tested += present
         for codes, t, b, tw_c, bw_c in cells:
             if any(code == size - 1 for code, size in zip(codes, sizes, strict=True)):
@@ -424,22 +451,26 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
 
 def _local_cells(combo: tuple[int, ...], sizes: list[int], codes_t: list[I64], codes_b: Callable[[int], I64],
                  single_b: Callable[[int], I64] | None, codes_r: list[I64], joint: I64 | None, lead: int,
-                 rest: Rest | None, w_t: F64 | None, w_b: F64 | None, w_r: F64 | None
+                 rest: Rest | None, w_t: F64 | None, w_b: F64 | None, w_r: F64 | None, floor: int,
+                 known: tuple[I64, F64 | None] | None = None
                  ) -> tuple[int, list[tuple[tuple[int, ...], int, int, float, float]]]:
-    """A combination's cells counted here: (present, the cells the tail holds in cell order with their tail
-    and baseline counts and summed weights). `codes_b`: a dimension's baseline codes (gathered when asked);
-    `single_b`: unweighted, a single's baseline counts (`base_counts`); `joint`: the first `lead` dimensions'."""
+    """A combination's cells counted here: (present, the cells with at least `floor` tail requests in cell order
+    with their tail and baseline counts and summed weights). `codes_b`: a dimension's baseline codes (gathered
+    when asked); `single_b`: unweighted, a single's baseline counts (`base_counts`); `joint`: the first `lead`
+    dimensions'; `known`: the combination's baseline counts and summed weights already counted (`PairTables`)."""
     cells = math.prod(sizes)
 
     def key(codes: Callable[[int], I64]) -> I64:
         return codes(combo[0]) if len(combo) == 1 else codes(combo[0]) * sizes[1] + codes(combo[1])
 
     key_t = key(codes_t.__getitem__)
-    by_joint = joint is not None and max(combo) < lead
-    by_whole = not by_joint and single_b is not None and len(combo) == 1
-    key_b = None if by_joint or by_whole else key(codes_b)
+    by_joint = known is None and joint is not None and max(combo) < lead
+    by_whole = known is None and not by_joint and single_b is not None and len(combo) == 1
+    key_b = None if known is not None or by_joint or by_whole else key(codes_b)
     tc = np.bincount(key_t, minlength=cells)
-    if by_joint:
+    if known is not None:
+        bc = known[0]
+    elif by_joint:
         assert joint is not None
         bc = joint.sum(axis=tuple(i for i in range(lead) if i not in combo)).ravel()
     elif by_whole:
@@ -453,21 +484,178 @@ def _local_cells(combo: tuple[int, ...], sizes: list[int], codes_t: list[I64], c
         key_r = key(codes_r.__getitem__)
         bc = bc + np.bincount(key_r, weights=rest.counts, minlength=cells).round().astype(np.int64)
     if w_t is not None and w_b is not None:
-        assert key_b is not None
-        twc = np.bincount(key_t, weights=w_t, minlength=cells)
-        bwc = np.bincount(key_b, weights=w_b, minlength=cells)
+        twc = summed(key_t, w_t, cells)
+        if known is not None:
+            assert known[1] is not None
+            bwc = known[1]
+        else:
+            assert key_b is not None
+            bwc = summed(key_b, w_b, cells)
         if w_r is not None:
             bwc = bwc + np.bincount(key_r, weights=w_r, minlength=cells)
     # the family: every value (or pair of values) the window's requests hold, whether or not it reached the
     # tail: counting only those in the tail would let a dimension of many rare values pass by chance
     present = _present_cells(tc, bc, sizes)
     out = [(_unkey(int(cell), sizes), int(tc[cell]), int(bc[cell]), 0.0 if twc is None else float(twc[cell]),
-            0.0 if bwc is None else float(bwc[cell])) for cell in np.flatnonzero(tc)]
+            0.0 if bwc is None else float(bwc[cell])) for cell in np.flatnonzero(tc >= floor)]
     return present, out
+
+
+class PairTables:
+    """The baseline's counts of each attribute with each of the first `lead` dimensions (the built-ins), from one
+    count per attribute and group of built-ins instead of one per pair.
+
+    The rows' combinations of a run of built-ins (`Numbered`) are numbered densely over those present; an
+    attribute's rows are counted once by `code x (k + 1) + combination`, and its table with each built-in of the
+    group is that count summed over the group's other built-ins. The built-ins are grouped, in order, so that an
+    attribute's count has at most `cells` cells (one group when they fit). Given the rows `outside` the baseline
+    (when it is most of the rows), every row is counted and those outside carry the combination number k, a slot
+    never read: the baseline's exact counts with no gather; else its rows are gathered (`codes_b`). Weighted, the
+    adjusted counts `weights` (every row's) are summed the same way.
+    """
+
+    def __init__(self, coded: Sequence[Coded], lead: int, slots: list[int], base: I64, outside: I64 | None,
+                 codes_b: Callable[[int], I64], weights: F64 | None, cells: int) -> None:
+        self.coded, self.lead, self.slots, self.base, self.codes_b = coded, lead, slots, base, codes_b
+        self.outside, self.weights, self.cells = outside, weights, cells
+        self.whole = outside is not None
+        self.numbered: dict[tuple[int, ...], Numbered] = {}
+        self.done: dict[int, tuple[I64, dict[int, tuple[I64, F64 | None]]]] = {}
+
+    def _numbered(self, group: tuple[int, ...]) -> Numbered:
+        """The rows' combinations of the built-ins of `group` numbered (from every built-in's, when it fits)."""
+        if group not in self.numbered:
+            sizes = [self.slots[j] for j in group]
+            every = self._every(group)
+            if every is not None:  # a table of every built-in's numbers: one gather of the rows
+                sub = _joint_key([every.parts[j] for j in group], sizes)
+                held = np.bincount(sub, minlength=math.prod(sizes)) > 0
+                k = int(held.sum())
+                combo = np.append((np.cumsum(held) - 1)[sub], k)[every.combo]
+            else:
+                if self.whole:
+                    key = _joint_key([_missing_last(self.coded[j].codes, self.slots[j]) for j in group], sizes)
+                else:
+                    key = _joint_key([self.codes_b(j) for j in group], sizes)
+                held = np.bincount(key, minlength=math.prod(sizes)) > 0
+                k = int(held.sum())
+                combo = (np.cumsum(held) - 1)[key]
+                if self.outside is not None:
+                    combo[self.outside] = k  # the slot never read
+            self.numbered[group] = Numbered(combo, k, np.unravel_index(np.flatnonzero(held), sizes))
+        return self.numbered[group]
+
+    def _every(self, group: tuple[int, ...]) -> Numbered | None:
+        """Every built-in's numbering, to number `group` from (None: `group` is every built-in, or too many)."""
+        every = tuple(range(self.lead))
+        if group == every or math.prod(self.slots[:self.lead]) > MAX_JOINT_CELLS:
+            return None
+        return self._numbered(every)
+
+    def _k(self, group: tuple[int, ...]) -> int:
+        """How many combinations of `group`'s built-ins the rows hold (without numbering the rows when it can)."""
+        every = self._every(group) if group not in self.numbered else None
+        if every is None:
+            return self._numbered(group).k
+        sizes = [self.slots[j] for j in group]
+        return int(np.count_nonzero(np.bincount(_joint_key([every.parts[j] for j in group], sizes),
+                                                minlength=math.prod(sizes))))
+
+    def joint(self) -> I64 | None:
+        """Given the rows outside the baseline: its rows per combination of every built-in, an array of shape their
+        slots (`_joint_counts` of its rows, without gathering them); else None."""
+        sizes = self.slots[:self.lead]
+        if not self.whole or math.prod(sizes) > MAX_JOINT_CELLS:
+            return None
+        every = self._numbered(tuple(range(self.lead)))
+        grid = np.zeros(math.prod(sizes), dtype=np.int64)
+        grid[np.ravel_multi_index(every.parts, sizes)] = np.bincount(every.combo, minlength=every.k + 1)[:every.k]
+        return grid.reshape(sizes)
+
+    def _groups(self, a_slots: int) -> list[tuple[int, ...]] | None:
+        """The built-ins in runs whose count with an attribute of `a_slots` slots has at most `cells` cells (a
+        run's combinations bounded by the product of its slots, else numbered); None when one built-in alone
+        has more."""
+        groups: list[tuple[int, ...]] = []
+        run: tuple[int, ...] = ()
+        for j in range(self.lead):
+            wider = (*run, j)
+            if a_slots * (math.prod(self.slots[d] for d in wider) + 1) <= self.cells or (
+                    a_slots * (self._k(wider) + 1) <= self.cells):
+                run = wider
+                continue
+            if not run:
+                return None
+            groups.append(run)
+            run = (j,)
+            if a_slots * (self.slots[j] + 1) > self.cells:
+                return None
+        return [*groups, run] if run else groups
+
+    def covers(self, i: int) -> bool:
+        """Whether attribute `i`'s pairs with the built-ins are counted here."""
+        return i >= self.lead and self._groups(self.slots[i]) is not None
+
+    def _tables(self, i: int) -> tuple[I64, dict[int, tuple[I64, F64 | None]]]:
+        """Attribute `i`'s baseline counts per code, and per built-in its pair's counts (and summed weights), in
+        `_local_cells`' cell order (the built-in's code x the attribute's slots + the attribute's code)."""
+        if i in self.done:
+            return self.done[i]
+        a_slots, c = self.slots[i], self.coded[i]
+        groups = self._groups(a_slots)
+        assert groups is not None
+        single: I64 | None = None
+        per: dict[int, tuple[I64, F64 | None]] = {}
+        for group in groups:
+            num = self._numbered(group)
+            width = num.k + 1
+            if self.whole:
+                counts, sums = c.count_keyed(width, num.combo, a_slots * width, self.weights)
+            else:
+                key = self.codes_b(i) * width + num.combo
+                counts = np.bincount(key, minlength=a_slots * width)
+                sums = None if self.weights is None else summed(key, self.weights[self.base], a_slots * width)
+            tb = counts.reshape(a_slots, width)[:, :num.k]
+            tw = None if sums is None else sums.reshape(a_slots, width)[:, :num.k]
+            code, combo = np.nonzero(tb)
+            n = tb[code, combo]
+            if single is None:
+                single = np.bincount(code, weights=n, minlength=a_slots).astype(np.int64)
+            for d, j in enumerate(group):
+                cell = num.parts[d][combo] * a_slots + code
+                size = self.slots[j] * a_slots
+                per[j] = (np.bincount(cell, weights=n, minlength=size).astype(np.int64),
+                          None if tw is None else summed(cell, tw[code, combo], size))
+        assert single is not None
+        self.done[i] = (single, per)
+        return self.done[i]
+
+    def single(self, i: int) -> I64:
+        """Attribute `i`'s baseline count per code, the missing ones in the last slot."""
+        return self._tables(i)[0]
+
+    def pair(self, j: int, i: int) -> tuple[I64, F64 | None]:
+        """The baseline counts (and summed weights, weighted) of built-in `j` with attribute `i`, in cell order."""
+        return self._tables(i)[1][j]
+
+
+@dataclass
+class Numbered:
+    """A run of built-ins' combination of each counted row (`combo`, numbered 0..k-1 over the combinations
+    present; k for a row outside the baseline), and each number's codes of the run's built-ins (`parts`)."""
+
+    combo: I64
+    k: int
+    parts: tuple[npt.NDArray[np.intp], ...]
 
 
 #: The most cells `contrast` counts the baseline's combinations of every dimension in (else pair by pair).
 MAX_JOINT_CELLS: Final = 1 << 22
+
+
+def summed(key: I64, weights: F64, cells: int) -> F64:
+    """`weights` summed per key in [0, cells) (np.bincount's sums, in row order)."""
+    return np.bincount(key, weights=weights, minlength=cells).astype(np.float64, copy=False)
 
 
 def _present_cells(tc: I64, bc: I64, sizes: list[int]) -> int:
@@ -489,11 +677,17 @@ def _joint_counts(codes: list[I64], slots: list[int]) -> I64 | None:
     when it would have more than MAX_JOINT_CELLS cells."""
     if math.prod(slots) > MAX_JOINT_CELLS or not codes:
         return None
+    return np.bincount(_joint_key(codes, slots), minlength=math.prod(slots)).reshape(slots)
+
+
+def _joint_key(codes: list[I64], slots: list[int]) -> I64:
+    """Each row's combination of every dimension's code (codes in [0, slots)) as one index into an array of shape
+    `slots`."""
     key = codes[0].astype(np.int64, copy=True)
     for c, k in zip(codes[1:], slots[1:], strict=True):
         key *= k
         key += c
-    return np.bincount(key, minlength=math.prod(slots)).reshape(slots)
+    return key
 
 
 def _unkey(cell: int, sizes: list[int]) -> tuple[int, ...]:
@@ -591,13 +785,28 @@ class BaselineTail(Protocol):
         ...
 
 
+#: A remote engine's spike figures without a candidate, by its position among the candidates: (the spike's requests
+#: left, their effective count when weighted; the spike's (weighted) p99 without it), for the candidates whose codes
+#: stay on the engine (`counterfactual`'s `known`).
+SpikeWithout = Mapping[int, tuple[float, float]]
+
+
+def _enough_left(kept: float) -> bool:
+    """Whether a spike without a candidate keeps enough requests (effective, weighted) for its p99's tail."""
+    return kept * (1 - TAIL_Q) >= MIN_TAIL / 5
+
+
 def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                   base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None) -> None:
+                   base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None,
+                   known: SpikeWithout | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
     (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`;
-    weighted, the baseline's quantiles are then `base_q`'s, which must weigh them)."""
+    weighted, the baseline's quantiles are then `base_q`'s, which must weigh them). `known`: the spike's figures
+    without the candidates a remote engine computed (their codes are not read here)."""
+    known = known or {}
     if weights is not None:
-        _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None)
+        _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None,
+                                 known)
         return
     # quantiles of fresh copies by a partition (quantiles_unsorted: the sorted computation's very figures)
     spike_values = values[spike]
@@ -605,12 +814,16 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     base_p99 = base_q.quantile()
     excess = spike_p99 - base_p99
     # the spike rows' codes gathered once for every candidate's mask
-    spike_coded = gathered(coded, spike, {i for c in cands for i in c.dims})
-    for cand in cands:
-        keep = ~candidate_mask(spike_coded, cand, None)
-        if keep.sum() * (1 - TAIL_Q) < MIN_TAIL / 5:
+    spike_coded = gathered(coded, spike, {i for n, c in enumerate(cands) if n not in known for i in c.dims})
+    for n, cand in enumerate(cands):
+        if n in known:
+            kept, s_wo = known[n]
+        else:
+            keep = ~candidate_mask(spike_coded, cand, None)
+            kept = float(keep.sum())
+            s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0] if _enough_left(kept) else math.nan
+        if not _enough_left(kept):
             continue
-        s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0]
         b_wo = base_q.without_candidate(coded, cand)
         if math.isnan(b_wo):
             mask = ~candidate_mask(coded, cand, base)
@@ -632,16 +845,22 @@ def weighted_q(values: F64, weights: F64 | None, rows: I64, q: float = TAIL_Q) -
 
 
 def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
-                             weights: F64, base_q: BaselineTail | None = None) -> None:
+                             weights: F64, base_q: BaselineTail | None = None, known: SpikeWithout | None = None
+                             ) -> None:
     """`counterfactual` weighted: the baseline's weighted p99s from its rows `base`, or from `base_q` when given
-    (a remote engine's, over the baseline it holds as counts too)."""
+    (a remote engine's, over the baseline it holds as counts too); `known` as `counterfactual`'s."""
     excess = weighted_q(values, weights, spike) - (base_q.quantile() if base_q is not None
                                                    else weighted_q(values, weights, base))
-    for cand in cands:
-        keep = ~candidate_mask(coded, cand, spike)
-        if effective_count(weights[spike][keep]) * (1 - TAIL_Q) < MIN_TAIL / 5:
+    known = known or {}
+    for n, cand in enumerate(cands):
+        if n in known:
+            kept, s_wo = known[n]
+        else:
+            keep = ~candidate_mask(coded, cand, spike)
+            kept = effective_count(weights[spike][keep])
+            s_wo = weighted_q(values, weights, spike[keep]) if _enough_left(kept) else math.nan
+        if not _enough_left(kept):
             continue
-        s_wo = weighted_q(values, weights, spike[keep])
         if base_q is not None:
             b_wo = base_q.without_candidate(coded, cand)
         else:
@@ -793,11 +1012,16 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
     return rows[np.argpartition(values[rows], rows.size - k)[rows.size - k:]]
 
 
-def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None, k: int = MAX_EXEMPLARS) -> I64:
-    """Rows of tail requests nearest the spike p99 from above, those matching the best candidate first."""
+def exemplar_pool(values: F64, spike: I64, threshold: float) -> I64:
+    """The rows `exemplar_rows` chooses from: the spike's at or above `threshold`, else its tail slice."""
     rows = spike[values[spike] >= threshold]
-    if rows.size == 0:
-        rows = tail_slice(values, spike)
+    return rows if rows.size else tail_slice(values, spike)
+
+
+def exemplar_rows(values: F64, spike: I64, threshold: float, prefer: Mask | None, k: int = MAX_EXEMPLARS) -> I64:
+    """Rows of tail requests nearest the spike p99 from above, those matching the best candidate first (`prefer`,
+    over `spike`: only its rows in `exemplar_pool` are read)."""
+    rows = exemplar_pool(values, spike, threshold)
     pref = np.zeros(rows.size, dtype=bool) if prefer is None else prefer[np.searchsorted(spike, rows)]
     order = np.lexsort((values[rows], ~pref))
     return rows[order[:k]]

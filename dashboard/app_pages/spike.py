@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from analysis.report import folded_pairs
 from dashboard import charts, data, links, sidebar
 
 db = data.open_store()
@@ -124,7 +125,10 @@ table_config = {
     "filter": st.column_config.LinkColumn("filter", display_text="filter to this value",
                                           help="Open the Overview with the current filters narrowed to this value")}
 pair = dims["dimension"].str.contains("&")
-singles, pairs = dims[~pair], dims[pair]
+# a pair explaining no more than a value ranked before it is folded under that value (analysis' `folded_under`)
+folded = folded_pairs(ex.get("dimensions", []))
+unfolded = pd.Series(["folded_under" not in d for d in ex.get("dimensions", [])], index=dims.index, dtype=bool)
+singles, pairs = dims[~pair], dims[pair & unfolded]
 if dims.empty:
     st.info("No dimension value is over-represented in this window's tail (after the multiple-testing guard).")
 else:
@@ -160,6 +164,13 @@ if pairs.empty:
     st.caption("No pair of values explains clearly more than its parts.")
 else:
     st.dataframe(pairs.head(10), hide_index=True, column_config=table_config)
+if folded:  # the folded pairs, each with the value it restates and its filter link
+    under = [ex["dimensions"][d["folded_under"]] for d in ex.get("dimensions", []) if "folded_under" in d]
+    restated = dims[~unfolded].copy()
+    restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
+    with st.expander(f"{len(under)} pairs folded: each explains no more than one of its values"):
+        st.dataframe(restated, hide_index=True,
+                     column_config={**table_config, "folded_under": st.column_config.TextColumn("folded under")})
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))

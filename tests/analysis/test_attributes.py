@@ -254,16 +254,16 @@ def test_the_cli_options_and_the_setting_rule_dimensions_out(nodes: Path, monkey
 TENANTS = ("acme", "globex", "initech")
 
 
-def pair_store(path: Path) -> Path:
-    """10 one-minute windows of 600 requests over 24 replicas on 8 nodes, three tenants; in windows 5..6 only the
-    requests of tenant globex on node-2 decode 5x slower (neither the node nor the tenant alone)."""
+def pair_store(path: Path, per_window: int = PER_WINDOW) -> Path:
+    """10 one-minute windows of 600 (`per_window`) requests over 24 replicas on 8 nodes, three tenants; in windows
+    5..6 only the requests of tenant globex on node-2 decode 5x slower (neither the node nor the tenant alone)."""
     batch = SpanBatch()
     for w in range(WINDOWS):
-        for j in range(PER_WINDOW):
-            i = w * PER_WINDOW + j
+        for j in range(per_window):
+            i = w * per_window + j
             rep = REPLICAS[(j * 5) % len(REPLICAS)]
             tenant = TENANTS[(j // 7) % 3]
-            start = w * 60 * SEC + j * 100 * MS
+            start = w * 60 * SEC + j * (60 * SEC // per_window)
             decode = (1000 + (j * 617) % 1000) * MS
             if w in (5, 6) and NODE[rep] == SLOW_NODE and tenant == "globex":
                 decode *= 5
@@ -296,6 +296,8 @@ def check_pair_named(report: dict[str, Any]) -> None:
         ("tenant", "globex", None), ("k8s.node.name", SLOW_NODE, "k8s.node.name")]
     assert pair["score"] == max(d["score"] for d in dims) and pair["explained"] > 0.95
     assert {(d["dimension"], d["value"]) for d in dims[:2]} == {("k8s.node.name", SLOW_NODE), ("tenant", "globex")}
+    # it explains no more than its parts (each 1.00): folded under the one ranked first, the tables show it there
+    assert pair["folded_under"] == 0 and dims.index(pair) == 2
 
 
 def test_a_pair_of_an_attribute_and_a_builtin_is_found_and_named(tmp_path: Path) -> None:

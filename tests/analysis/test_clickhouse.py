@@ -146,19 +146,17 @@ def _store_and_table(sample: Path, factory: pytest.TempPathFactory, client: Any)
 
 
 class _Counting:
-    """A client counting the rows its queries return."""
+    """A client counting the rows its queries return: the attribute pass's apart, query by query."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn, self.rows, self.attribute_rows, self.coded_rows = inner, inner.dsn, 0, 0, 0
-        self.coded_each: list[int] = []  # the rows of each query of attribute codes
+        self.inner, self.dsn, self.rows, self.attribute_rows = inner, inner.dsn, 0, 0
+        self.attribute_each: list[int] = []  # the rows of each query of the attribute pass, in order
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
-        if sql.startswith("SELECT trace_id, span_id") and ATTR_PREFIX in sql:  # attribute codes of the pulled rows
-            self.coded_rows += out.num_rows
-            self.coded_each.append(out.num_rows)
-        elif ATTR_PREFIX in sql:  # the attribute pass's aggregates (and the p99s without an attribute candidate)
+        if ATTR_PREFIX in sql:  # the attribute pass's (its figures, and the exemplars' few requests)
             self.attribute_rows += out.num_rows
+            self.attribute_each.append(out.num_rows)
         else:
             self.rows += out.num_rows
         return out
@@ -198,21 +196,20 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
         assert counted.rows <= 2 * got["windows"] + 16 + got["requests"] // 50 < got["requests"], (
             counted.rows, got["windows"])
     # the attribute pass: a row per key of each source and per replica and resource key, a few single rows; per
-    # spike, twice (its culprit's bounds, then its explanation), a row per combination holding an attribute (alone
-    # and with each built-in), the nesting test's row and a p99 per candidate without it; and a row per window of
-    # the slow requests of an attribute culprit
+    # spike, twice (its culprit's bounds, then its explanation), a row per tail cell that may pass (at most
+    # 1 / MIN_SHARE a combination holding an attribute, alone and with each built-in) and one of figures for its
+    # cells, the nesting test's row and one of its p99s without the candidates; the exemplars' requests (at most
+    # MAX_EXEMPLARS, more only on a tie); and a row per window of the slow requests of an attribute culprit. No
+    # request's codes.
     attrs = got["attributes"]
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
-    per_spike = 2 * (len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) + 1 + 2 * X.MAX_COUNTERFACTUAL) + got[
-        "windows"]
+    cells = len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) * round(1 / X.MIN_SHARE)
+    per_spike = 2 * (cells + 3) + X.MAX_EXEMPLARS + got["windows"]
     assert counted.attribute_rows <= keys + (replicas + 1) * (keys + 1) + 4 + 2 * keys + per_spike * len(
         got["spikes"]), (counted.attribute_rows, keys)
-    # per request, only the codes of the spike windows' rows (the counterfactual and exemplars read them): once for
-    # the detected spikes' culprits, once for the explanation of the spikes as reported
-    assert len(counted.coded_each) == (2 if got["spikes"] else 0), counted.coded_each
-    assert counted.coded_rows <= counted.rows
-    assert not got["spikes"] or counted.coded_each[-1] <= sum(s["requests"] for s in got["spikes"])
+    assert max(counted.attribute_each, default=0) <= max(keys, replicas * keys, got["windows"], cells,
+                                                         X.MAX_EXEMPLARS)
     spans, requests = con.execute("SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM spans").fetchone() or ()
     engines = request_engines(con)
     assert C.recognition_counts(client, table) == (spans, requests, engines)  # the report's coverage line

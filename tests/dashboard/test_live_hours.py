@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.engine.connect import connect
+from analysis.engine.connect import ROW_ID_FILE_SHIFT, connect
 from analysis.engine.materialize import build_hour, snapshot
 from analysis.report import build_report, find_spikes
 from dashboard import data
@@ -58,4 +58,45 @@ def test_reports_with_live_hours_equal_analysis(tmp_path: Path, seed: int) -> No
         assert data.explained_marks(*key, f) == data._spike_marks(wb, str(store), wb.version, f, "e2e")
         with data._cursor(wb, f) as cur:  # the copy of the workbench's rows, as read before
             assert report == build_report(cur, source="requests", **ask)
+    cli.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_live_hours_attribute_values_are_kept_once_and_equal_the_spans(tmp_path: Path, seed: int) -> None:
+    """The workbench keeps each live hour's request attribute maps and resource rows (`keep_live_values`); the
+    report reads them instead of the spans, and its attribute pass equals analysis' own (which reads the spans)."""
+    from analysis.engine import attribute_values as AV
+
+    store, live = _store(tmp_path, seed)
+    wb = data.Workbench(store)
+    wb.refresh()
+    cli = connect(store)
+    hour = 3600 * SEC
+    in_live = " OR ".join(f"(TimestampNs >= {h} AND TimestampNs < {h + hour})" for h in live)
+    # the reference: every live request span's attribute map, and each replica's resource values, from the spans
+    want = {(t, s): dict(a) for t, s, a in cli.execute(
+        f"SELECT TraceId, SpanId, SpanAttributes FROM spans WHERE IsRequest AND ({in_live})").fetchall()}
+    want_res: dict[tuple[int, str, str], set[str]] = {}
+    worker = "Stage IN ('generation', 'prefill', 'decode')"
+    for ts, rep, res in cli.execute(f"SELECT TimestampNs, Replica, ResourceAttributes FROM spans WHERE ({in_live}) "
+                                    f"AND Replica IS NOT NULL AND (IsRequest OR {worker})").fetchall():
+        for k, v in res.items():
+            want_res.setdefault((ts // hour * hour, rep, k), set()).add(v)
+    with data._cursor(wb) as cur:
+        got = {(t, s): dict(a) for t, s, a in cur.execute(
+            f"SELECT trace_id, span_id, a FROM {AV.LIVE_VALUES['request']}").fetchall()}
+        got_res = {(h, rep, k): set(vs) for h, rep, k, vs in cur.execute(
+            f"SELECT hour, replica, k, vs FROM {AV.LIVE_VALUES['resource']}").fetchall()}
+        assert cur.execute(f"SELECT count(*) FROM {AV.LIVE_VALUES['stage']}").fetchall() == [(0,)]  # none written
+        rid = cur.execute("SELECT rid FROM _request_rows_stored").fetchnumpy()["rid"]
+        kept = AV.stored_values(cur, rid, ROW_ID_FILE_SHIFT)
+        assert kept is not None and kept.live_kept and kept.live_spans == AV.LIVE_SPANS
+    assert got == want and len(got) == wb.live_requests
+    assert got_res == want_res
+    key = (wb, str(wb.store), wb.version)
+    f = data.Filters()
+    ask = {"window_s": data.detection(*key, f)["judged_window_s"], "include_failures": True}
+    report = data._report_of(wb, str(store), wb.version, f, "e2e")
+    assert report["attributes"]["considered"]  # the request attributes are judged, from the kept values
+    assert report == build_report(cli, **ask)
     cli.close()

@@ -73,6 +73,22 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     table = at.dataframe[0].value
     assert table[["dimension", "value", "explained", "p99_without_ms", "support"]].to_dict("records") == [
         {k: d[k] for k in ("dimension", "value", "explained", "p99_without_ms", "support")} for d in singles]
+    # the pairs: those explaining more than their parts in a table, those folded under a part (`folded_under`) apart
+    pairs = [d for d in spike["dimensions"] if "&" in d["dimension"]]
+    kept = [{"dimension": d["dimension"], "value": d["value"]} for d in pairs if "folded_under" not in d][:10]
+    if kept:
+        assert at.dataframe[1].value[["dimension", "value"]].to_dict("records") == kept
+    folded = [d for d in pairs if "folded_under" in d]
+    assert [e.label for e in at.expander if "pairs folded" in e.label] == (
+        [f"{len(folded)} pairs folded: each explains no more than one of its values"] if folded else [])
+    if folded:
+        want = []
+        for d in folded:
+            part = spike["dimensions"][d["folded_under"]]
+            want.append({"folded_under": f"{part['dimension']} = {part['value']}", "dimension": d["dimension"],
+                         "value": d["value"], "explained": d["explained"]})
+        shown_folded = at.dataframe[2 if kept else 1].value
+        assert shown_folded[["folded_under", "dimension", "value", "explained"]].to_dict("records") == want
 
 
 def test_spike_and_overview_equal_the_cli_report(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
