@@ -27,6 +27,7 @@ def test_a_store_is_built_once_and_read_by_whoever_asks_later(tmp_path_factory: 
     builds: list[Path] = []
     build = _builder(builds)
     got: list[Path] = []
+    tmp_path_factory.getbasetemp()  # made once, before the threads (pytest makes it lazily, and not thread-safely)
     # two threads stand for two workers: each its own key (no memory of the other's), one directory
     threads = [threading.Thread(target=lambda k=k: got.append(samples_cache._shared(
         (Path("test-once"), k), "test-once", build, tmp_path_factory)))
