@@ -63,6 +63,7 @@ _FORMAT = re.compile(r"(?is)\s+FORMAT\s+([A-Za-z0-9_]+)\s*;?\s*$")
 _INSERT = re.compile(r"(?is)^\s*INSERT\s+INTO\s+(?:TABLE\s+)?(?P<table>[`\w.]+)\s*(?P<cols>\([^)]*\))?\s*"
                      r"(?:SETTINGS\s+(?P<settings>.*?)\s*)?FORMAT\s+(?P<fmt>\w+)\s*$")
 _READS = re.compile(r"(?is)^\s*(\(\s*)*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS|EXPLAIN)\b")
+_SET = re.compile(r"(?is)^\s*SET\b")
 _SETTINGS_TAIL = re.compile(r"(?is)\bSETTINGS\s+[^()']*$")
 
 
@@ -101,6 +102,10 @@ class Engine:
         self.s = self.pool.submit(_session, path).result()
         self.version = self.run("SELECT version()").decode().strip()
         self.lock = threading.Lock()
+        #: the session's own value of each setting a request has named: what the request's settings are set back to
+        #: (read once per name: every request sets back what it changed, so the values stay; a SET sent as a query
+        #: forgets them all)
+        self.defaults: dict[str, str] = {}
         if database != "default":  # chdb 2.x keeps `default` read-only (an Overlay): a server has its own database
             self.run(f"CREATE DATABASE IF NOT EXISTS `{database}`")
 
@@ -126,13 +131,14 @@ class Engine:
         with self.lock:  # one request at a time: its settings are the session's while it runs
             self.run(f"USE `{database}`")
             readonly = settings.pop("readonly", None)
-            old: dict[str, str] = {}
-            if settings:
-                names = ", ".join("'" + k.replace("'", "") + "'" for k in settings)
+            unread = [k for k in settings if k not in self.defaults]
+            if unread:
+                names = ", ".join("'" + k.replace("'", "") + "'" for k in unread)
                 for line in self.run(f"SELECT name, value FROM system.settings WHERE name IN ({names})").decode(
                         ).splitlines():
                     k, _, v = line.partition("\t")
-                    old[k] = v
+                    self.defaults[k] = v
+            old = {k: self.defaults[k] for k in settings if k in self.defaults}
             try:
                 for k, v in settings.items():
                     if not re.fullmatch(r"\w+", k):
@@ -146,6 +152,8 @@ class Engine:
             finally:
                 for k, v in old.items():
                     self.run(f"SET {k} = {_quote(v)}")
+                if _SET.match(sql):
+                    self.defaults.clear()
 
     def _insert(self, sql: str, data: bytes) -> bytes:
         m = _INSERT.match(sql)

@@ -1,15 +1,22 @@
-"""Stores several test files build alike, built once per test process (each xdist worker has its own): committed
-samples ingested with the same options (about 2 CPU-seconds each, and a dozen files did it again) and the fixed
-synthetic stores of `built`.
+"""Stores several test files build alike, built once per test session and shared by every xdist worker:
+committed samples ingested with the same options (about 2 CPU-seconds each, and a dozen files did it again) and
+the fixed synthetic stores of `built`.
 
-Every hand-out is read-only and checks that no earlier user changed a file of the store; `copy` gives a test
-that writes its own copy. A test of ingestion itself keeps ingesting.
+The first worker to ask for a store builds it under the session's shared temporary directory, holding a lock on
+it (`fcntl.flock`) so a worker asking meanwhile waits for it rather than building it again; the others read what
+it wrote. Every hand-out is read-only and checks that no earlier user (of any worker) changed a file of the store;
+`copy` gives a test that writes its own copy. A test of ingestion itself keeps ingesting.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +24,8 @@ import pytest
 #: (sample, through the CLI) or a `built` name -> the store, and its files' (path, size, mtime) when it was built
 _stores: dict[object, tuple[Path, list[tuple[str, int, int]]]] = {}
 _warnings: dict[Path, list[str]] = {}
+#: what marks a finished build in its directory: the store's files and what the build noted (the CLI's warnings)
+_MANIFEST = "manifest.json"
 
 
 def _files(store: Path) -> list[tuple[str, int, int]]:
@@ -25,37 +34,80 @@ def _files(store: Path) -> list[tuple[str, int, int]]:
                   for p in store.rglob("*") if p.is_file())
 
 
-def store(sample: Path, factory: pytest.TempPathFactory, *, cli: bool = False) -> Path:
-    """The store of `sample`, ingested on first use by `intake.ingest.ingest_files` or, with `cli`, by
-    `tailscope ingest --quiet` (which also materializes the hours). Read it only; `copy` for a store to write."""
-    key = (sample.resolve(), cli)
+def _root(factory: pytest.TempPathFactory) -> Path:
+    """The directory every process of this session shares: under xdist the parent of the worker's base temporary
+    directory (the session's, which the workers' own are made in), else the base temporary directory itself."""
+    base = factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "samples-cache"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (made if missing) across processes; released when the block ends."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _shared(key: object, name: str, build: Callable[[Path], list[str]], factory: pytest.TempPathFactory) -> Path:
+    """The store of `key` in the session's shared directory `name`: built by `build(store)` (which returns the
+    warnings to keep) in the first process that asks, under the lock, and read back from its manifest by the
+    others. A build that died half-way (no manifest) is removed and done again."""
     if key not in _stores:
-        path = factory.mktemp("sample-" + sample.name.split(".")[0] + ("-cli" if cli else "")) / "store"
-        if cli:
-            from typer.testing import CliRunner
-
-            from tailscope.cli import app
-            from tests.intake.test_engines_clean_input import engine_warnings
-
-            with engine_warnings() as warned:
-                result = CliRunner().invoke(app, ["ingest", "--quiet", "--store", str(path), str(sample)])
-            assert result.exit_code == 0, result.output
-            _warnings[key[0]] = list(warned)
-        else:
-            from intake.ingest import ingest_files
-
-            ingest_files([sample], path)
-        _stores[key] = (path, _files(path))
+        root = _root(factory)
+        where, store = root / name, root / name / "store"
+        with _locked(root / f"{name}.lock"):
+            if not (where / _MANIFEST).exists():
+                shutil.rmtree(where, ignore_errors=True)
+                where.mkdir()
+                warned = build(store)
+                (where / _MANIFEST).write_text(json.dumps({"files": _files(store), "warnings": warned}))
+        manifest = json.loads((where / _MANIFEST).read_text())
+        _stores[key] = (store, [(p, size, mtime) for p, size, mtime in manifest["files"]])
+        if isinstance(key, tuple) and key[1]:
+            _warnings[key[0]] = list(manifest["warnings"])
     return _unchanged(key)
 
 
+def store(sample: Path, factory: pytest.TempPathFactory, *, cli: bool = False) -> Path:
+    """The store of `sample`, ingested on first use in the session by `intake.ingest.ingest_files` or, with `cli`,
+    by `tailscope ingest --quiet` (which also materializes the hours). Read it only; `copy` for a store to write."""
+    key = (sample.resolve(), cli)
+    tag = hashlib.sha256(str(key[0]).encode()).hexdigest()[:8]
+    name = f"sample-{sample.name.split('.')[0]}-{tag}" + ("-cli" if cli else "")
+
+    def build(path: Path) -> list[str]:
+        if not cli:
+            from intake.ingest import ingest_files
+
+            ingest_files([sample], path)
+            return []
+        from typer.testing import CliRunner
+
+        from tailscope.cli import app
+        from tests.intake.test_engines_clean_input import engine_warnings
+
+        with engine_warnings() as warned:
+            result = CliRunner().invoke(app, ["ingest", "--quiet", "--store", str(path), str(sample)])
+        assert result.exit_code == 0, result.output
+        return list(warned)
+
+    return _shared(key, name, build, factory)
+
+
 def built(name: str, build: Callable[[Path], object], factory: pytest.TempPathFactory) -> Path:
-    """The store `build(path)` writes (a deterministic builder, one per `name`), built on first use; read only."""
-    if name not in _stores:
-        path = factory.mktemp(name) / "store"
+    """The store `build(path)` writes (a deterministic builder, one per `name` in the whole suite), built on first
+    use in the session; read only."""
+    def run(path: Path) -> list[str]:
         build(path)
-        _stores[name] = (path, _files(path))
-    return _unchanged(name)
+        return []
+
+    return _shared(name, f"built-{name}", run, factory)
 
 
 def _unchanged(key: object) -> Path:

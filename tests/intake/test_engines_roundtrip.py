@@ -6,15 +6,21 @@ every committed sample: normalize as `ingest`/`collect` do, drop every promoted 
 too) and promote again from the attributes, by both rule sets (the vectorised `otlp.promote`
 with `rows.replica_of`, and `rows.SpanBatch.append` one span at a time). Both must give the
 very same columns, and a store of the re-promoted spans the very same `requests` rows.
+
+A committed sample's spans are those `ingest` stored (the segments of its store in tests/samples_cache.py,
+which other files ingest too): decoded and normalized by ingest itself, the same table as decoding the file here
+and normalizing it, without decoding each sample a second time.
 """
 
 from __future__ import annotations
 
 import gzip
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from intake.engines import normalize, read_json_array
@@ -24,10 +30,11 @@ from intake.peer import with_peer
 from sample_traces import tgi_incident, triton_incident
 from sample_traces.generate import DURATION_S, RATE
 from sample_traces.incidents import run
+from tests import samples_cache
 from tests.intake.engine_fixtures import FIXTURES, TRITON_OFFSET, requests
 from tracing import schema as S
 from tracing.rows import SpanBatch, replica_of
-from tracing.store import SegmentWriter, init_store
+from tracing.store import SegmentWriter, init_store, segment_files
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
 #: Every column a trip through otel_traces loses and promotion must give back.
@@ -59,13 +66,23 @@ def _incident_table(module: object) -> pa.Table:
     return pa.concat_tables([_lines_table([x.encode() for x in lines], addr) for addr, lines in by_address.items()])
 
 
-CASES: dict[str, Callable[[], pa.Table]] = {
-    **{f"fixture:{p.name}": (lambda p=p: _file_table(p)) for p in sorted(FIXTURES.iterdir())
+def _decoded(path: Path, factory: pytest.TempPathFactory) -> pa.Table:
+    """An engine fixture's spans, decoded here and normalized."""
+    return normalize(_file_table(path))
+
+
+def _stored(sample: Path, factory: pytest.TempPathFactory) -> pa.Table:
+    """The spans `ingest` stored of a committed sample (already normalized): its shared store's segments."""
+    return pa.concat_tables([pq.read_table(f) for f in segment_files(samples_cache.store(sample, factory))])
+
+
+#: case -> its spans as `ingest` / `collect` store them: decoded here and normalized, or a committed sample's store
+CASES: dict[str, Callable[[pytest.TempPathFactory], pa.Table]] = {
+    **{f"fixture:{p.name}": partial(_decoded, p) for p in sorted(FIXTURES.iterdir())
        if p.name.endswith((".otlp.jsonl", ".json"))},
-    **{f"sample:{p.relative_to(SAMPLES)}": (lambda p=p: _file_table(p))
-       for p in sorted(SAMPLES.rglob("*.otlp.jsonl.gz"))},
-    "sample:tgi_incident": lambda: _incident_table(tgi_incident),
-    "sample:triton_incident": lambda: _incident_table(triton_incident),
+    **{f"sample:{p.relative_to(SAMPLES)}": partial(_stored, p) for p in sorted(SAMPLES.rglob("*.otlp.jsonl.gz"))},
+    "sample:tgi_incident": lambda _: normalize(_incident_table(tgi_incident)),
+    "sample:triton_incident": lambda _: normalize(_incident_table(triton_incident)),
 }
 #: Cases whose traces hold engine spans (the others are native: the mappers leave them as they are).
 ENGINE_CASES = [k for k in CASES if k.startswith("fixture:") or "engines/" in k or k.endswith("_incident")]
@@ -99,13 +116,13 @@ def _row_wise(table: pa.Table) -> pa.Table:
 _CACHE: dict[str, pa.Table] = {}
 
 
-def _normalized(name: str) -> pa.Table:
+def _normalized(name: str, factory: pytest.TempPathFactory) -> pa.Table:
     """The case's spans as `ingest` / `collect` store them (normalized), built once per module."""
     if name not in _CACHE:
         mp = pytest.MonkeyPatch()
         mp.setenv("TAILSCOPE_TRITON_CLOCK_OFFSET_NS", str(TRITON_OFFSET))
         try:
-            _CACHE[name] = normalize(CASES[name]())
+            _CACHE[name] = CASES[name](factory)
         finally:
             mp.undo()
     return _CACHE[name]
@@ -113,8 +130,9 @@ def _normalized(name: str) -> pa.Table:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_promoted_columns_come_back_from_the_attributes_alone(name: str) -> None:
-    table = _normalized(name)
+def test_promoted_columns_come_back_from_the_attributes_alone(name: str,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    table = _normalized(name, tmp_path_factory)
     assert table.num_rows > 0
     want = _lost_columns(table)
     assert _lost_columns(_vectorised(table)) == want, name
@@ -128,10 +146,10 @@ def test_promoted_columns_come_back_from_the_attributes_alone(name: str) -> None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINE_CASES)
-def test_a_second_mapping_changes_nothing(name: str) -> None:
+def test_a_second_mapping_changes_nothing(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """What arrives mapped (a forwarded copy, a re-ingest) is taken as native: no request is mapped twice,
     no partner root or inner handler becomes a request of its own."""
-    table = _normalized(name)
+    table = _normalized(name, tmp_path_factory)
     again = normalize(_vectorised(table))
     assert _by_key(again) == _by_key(table), name
 
@@ -141,8 +159,9 @@ def _by_key(table: pa.Table) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize("name", ENGINE_CASES)
-def test_requests_rows_are_the_same_from_the_attributes_alone(name: str, tmp_path: Path) -> None:
-    table = _normalized(name)
+def test_requests_rows_are_the_same_from_the_attributes_alone(name: str, tmp_path: Path,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    table = _normalized(name, tmp_path_factory)
     rows = []
     for label, t in (("as-stored", table), ("re-promoted", _vectorised(table))):
         store = init_store(tmp_path / label)
@@ -152,9 +171,9 @@ def test_requests_rows_are_the_same_from_the_attributes_alone(name: str, tmp_pat
 
 
 @pytest.mark.parametrize("name", ENGINE_CASES)
-def test_engine_facts_are_span_attributes(name: str) -> None:
+def test_engine_facts_are_span_attributes(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The request span states its facts, a synthetic span its stage, origin and engine."""
-    table = _normalized(name)
+    table = _normalized(name, tmp_path_factory)
     for r in table.to_pylist():
         attrs = dict(r["SpanAttributes"] or ())
         if S.ATTR_ENGINE not in attrs:
