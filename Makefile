@@ -25,7 +25,6 @@ all: test
 # (tailscope then uses its Python code for both: the same results, slower)
 $(STAMP): pyproject.toml setup.py intake/_otlpx.c analysis/_replay.c
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[all,dev]'
 	touch $(STAMP)
 
@@ -84,11 +83,10 @@ unit: $(STAMP) system-deps ch-releases
 	$(STRICT) $(PYTEST_PAR) --durations=10
 
 # what CI runs (.ci/run): install (the venv, the Debian packages and the older ClickHouse releases' venvs at once),
-# ruff, then mypy beside the suite
+# then ruff and mypy beside the suite
 test:
 	@$(MAKE) --no-print-directory -j4 venv system-deps ch-releases
-	@$(MAKE) --no-print-directory lint
-	@$(MAKE) --no-print-directory -j2 typecheck unit
+	@$(MAKE) --no-print-directory -j3 lint typecheck unit
 
 # the edit-run loop: the suite without the tests marked `slow` (CONTRIBUTING.md); CI still runs everything
 test-fast: $(STAMP)
