@@ -152,14 +152,15 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
 
 
 def drawn(page: Any, heading: str) -> None:
-    """Wait until the page is drawn: heading visible, no script running, no skeleton, every chart and table drawn."""
+    """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
     page.wait_for_function("""() => {
         const w = document.querySelector('[data-testid=stStatusWidget]');
         if (w && /Running|Stop/.test(w.innerText)) return false;
         if (document.querySelector('[data-testid=stSkeleton]')) return false;
-        const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')];
-        const tables = [...document.querySelectorAll('[data-testid=stDataFrame]')];
+        const shown = e => e.checkVisibility();  // one inside a closed expander or tab is not drawn until opened
+        const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')].filter(shown);
+        const tables = [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(shown);
         return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'));
     }""", polling=50, timeout=120_000)
 
