@@ -8,12 +8,14 @@ so p99 breaks away while p50 barely moves: the answer the dashboard must show.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from analysis.engine.materialize import build_hour, snapshot
 from tracing import schema as S
 from tracing.store import SegmentWriter, init_store
 
@@ -179,3 +181,15 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 4_000
     print(write_incident_store(out, requests=n), "→", out)
+
+
+def leave_live(store: Path, seed: int, least: int, most: int) -> list[int]:
+    """Materialize every stale hour of `store` but a random `least`..`most` of them (drawn from `seed`), which stay
+    live; the live hours' keys."""
+    snap = snapshot(store)
+    rng = random.Random(seed)
+    live = sorted(rng.sample(snap.stale, rng.randint(least, most)))
+    for hour in snap.stale:
+        if hour not in live:
+            build_hour(snap, hour)
+    return live

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from analysis.engine.connect import connect
-from analysis.engine.materialize import build_hour, snapshot
 from analysis.report import build_report, explain_window, find_spikes
 from dashboard import data
 from tests.dashboard.incident_store import (
@@ -26,6 +25,7 @@ from tests.dashboard.incident_store import (
     START_NS,
     TENANTS,
     Incident,
+    leave_live,
     write_incident_store,
 )
 
@@ -38,12 +38,7 @@ def _store(tmp_path: Path, seed: int, requests: int = 16_000) -> Path:
     store = tmp_path / "store"
     write_incident_store(store, requests=requests, duration_s=3.5 * 3600, seed=seed,
                          incident=Incident(2.2 * 3600, 2.6 * 3600))
-    snap = snapshot(store)
-    rng = random.Random(seed)
-    live = sorted(rng.sample(snap.stale, rng.randint(0, data.LIVE_HOURS_IN_PLACE)))
-    for hour in snap.stale:
-        if hour not in live:
-            build_hour(snap, hour)
+    leave_live(store, seed, 0, data.LIVE_HOURS_IN_PLACE)
     return store
 
 

@@ -9,16 +9,14 @@ marks, cut from that report, the Overview's.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from analysis.engine.connect import ROW_ID_FILE_SHIFT, connect
-from analysis.engine.materialize import build_hour, snapshot
 from analysis.report import build_report, find_spikes
 from dashboard import data
-from tests.dashboard.incident_store import START_NS, Incident, write_incident_store
+from tests.dashboard.incident_store import START_NS, Incident, leave_live, write_incident_store
 
 SEC = 1_000_000_000
 
@@ -29,12 +27,7 @@ def _store(tmp_path: Path, seed: int) -> tuple[Path, list[int]]:
     store = tmp_path / "store"
     write_incident_store(store, requests=8_000, duration_s=3.5 * 3600, seed=seed,
                          incident=Incident(2.2 * 3600, 2.6 * 3600))
-    snap = snapshot(store)
-    rng = random.Random(seed)
-    live = sorted(rng.sample(snap.stale, rng.randint(1, data.LIVE_HOURS_IN_PLACE)))
-    for hour in snap.stale:
-        if hour not in live:
-            build_hour(snap, hour)
+    live = leave_live(store, seed, 1, data.LIVE_HOURS_IN_PLACE)
     return store, live
 
 
