@@ -8,6 +8,7 @@ otel_traces table with the exporter's shape) on every catalogue sample.
 from __future__ import annotations
 
 import random
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +137,19 @@ def test_promotion_in_sql_equals_tracing_rows_on_random_spans(client: Any) -> No
         assert {k: row[k] for k in want} == want, span
 
 
+#: client -> the samples exported through it (each once: the tests below only read the tables)
+_exported: weakref.WeakKeyDictionary[Any, set[Path]] = weakref.WeakKeyDictionary()
+
+
 def _store_and_table(sample: Path, factory: pytest.TempPathFactory, client: Any) -> tuple[Path, str]:
-    """The sample's shared store (read only) and the ClickHouse table it was exported to."""
+    """The sample's shared store (read only) and the ClickHouse table it was exported to (once per client)."""
     store = samples_cache.store(sample, factory)
     table = "t_" + sample.name.split(".")[0]
-    client.command(f"DROP TABLE IF EXISTS {table}")
-    export_store(store, client, table)
+    done = _exported.setdefault(client, set())
+    if sample.resolve() not in done:
+        client.command(f"DROP TABLE IF EXISTS {table}")
+        export_store(store, client, table)
+        done.add(sample.resolve())
     return store, table
 
 
