@@ -46,18 +46,22 @@ def _kept(name: str, seed: int, duration_s: float, share: float) -> tuple[float,
 
 
 def study(seeds: int, duration_s: float, window_s: float, share: float) -> dict[str, list[float]]:
-    """Per seed 1..`seeds`: the cold start's window rise, its kept requests above the baseline p99, and the clean
-    run's largest window rise."""
-    cold, above, null = [], [], []
+    """Per seed 1..`seeds`: the cold start's window rise and its kept requests above the baseline p99 (on the seeds
+    where that window is judged; `unjudged` lists the others), and the clean run's largest window rise."""
+    cold, above, null, unjudged = [], [], [], []
     for seed in range(1, seeds + 1):
         t0, reqs = _kept("cold_start", seed, duration_s, share)
-        rise, base = _rise(_windows(reqs, window_s), int(t0 // window_s))
-        cold.append(rise)
-        above.append(float(sum(1 for r in reqs if r.replica == NEW_REPLICA and r.load_end_s is not None
-                                and r.e2e_s > base)))
+        windows = _windows(reqs, window_s)
+        if int(t0 // window_s) in windows:
+            rise, base = _rise(windows, int(t0 // window_s))
+            cold.append(rise)
+            above.append(float(sum(1 for r in reqs if r.replica == NEW_REPLICA and r.load_end_s is not None
+                                    and r.e2e_s > base)))
+        else:  # fewer than 500 kept values in the cold start's window: no p99 is judged there
+            unjudged.append(float(seed))
         judged = _windows(_kept("clean", seed, duration_s, share)[1], window_s)
         null.append(max(_rise(judged, j)[0] for j in judged))
-    return {"cold": cold, "above": above, "null": null}
+    return {"cold": cold, "above": above, "null": null, "unjudged": unjudged}
 
 
 def main() -> None:
@@ -72,13 +76,17 @@ def main() -> None:
     cold, above, ranked = got["cold"], got["above"], sorted(got["null"])
     q95 = ranked[int(0.95 * (len(ranked) - 1))]
     print(f"{a.seeds} seeds, {a.duration:.0f} s runs, {a.share:.0%} kept, {a.window:.0f} s windows")
+    if got["unjudged"]:
+        print(f"the cold start's window holds too few kept values to judge a p99 on {len(got['unjudged'])} of "
+              f"{a.seeds} seeds; the figures below are of the other {len(cold)}")
+    if not cold:
+        return
     print(f"cold start's window p99 / baseline p99: median {median(cold):.3f}; >= {1 + MIN_RISE:.1f} on "
-          f"{sum(x >= 1 + MIN_RISE for x in cold)} of {a.seeds}")
+          f"{sum(x >= 1 + MIN_RISE for x in cold)} of {len(cold)}")
     print(f"kept cold-start requests above the baseline p99: median {median(above):.0f}, {min(above):.0f} to "
           f"{max(above):.0f}")
     print(f"clean runs' largest window rise: median {median(ranked):.3f}, 95th percentile {q95:.3f}; "
-          f"the cold start's window above it on {sum(x > q95 for x in cold)} of {a.seeds}")
-
+          f"the cold start's window above it on {sum(x > q95 for x in cold)} of {len(cold)}")
 
 if __name__ == "__main__":
     main()
