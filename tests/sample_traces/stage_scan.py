@@ -2,6 +2,7 @@
 each critical-path stage's time, and a scan of the end-to-end values on windows too short to judge a p99.
 
     python -m tests.sample_traces.stage_scan [--seeds 5] [--full]
+    python -m tests.sample_traces.stage_scan --cost
 
 Each run is written as the accuracy suite writes it (tests/sample_traces/seeded.py): by default the clean run and the
 end-to-end incidents in a 25 % sample of a 2,500 s run, 300 s windows (the report's); `--full`: every catalogue entry,
@@ -16,11 +17,14 @@ clean run: the end-to-end scan on 60 s windows (no per-window p99) and the large
 4-minute stretch (about 600 kept values, the shortest that judges a p99 with margin), of the stretches holding the
 cold start's middle minute and of any.
 Offline (about 70 CPU-s at a quarter, 60 at full rate, for 5 seeds); docs/methods.md records the figures.
+`--cost`: what reading every request's stage columns (what a stage scan needs; the report reads them only for the
+tail slices' traces) costs beside the report itself, on one unmaterialized store of a 2,500 s full-rate run.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from analysis import connect
+from analysis.report import build_report
 from analysis.stats.spikes import (
     ALPHA,
     MAX_SCAN_SHARE,
@@ -153,12 +158,42 @@ def one(name: str, seed: int, full: bool, tmp: Path) -> dict[str, object]:
     return out
 
 
+def _cpu_s() -> float:
+    """This process's CPU seconds, every thread's (DuckDB's too)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def cost(tmp: Path) -> None:
+    """Print the CPU of the report and of reading every request's stage columns, twice each, on one store."""
+    scenario = run("cold_start", 1, QUARTER_RUN_S, generate.RATE)
+    store = write_store(tmp / "store", scenario.config, scenario.requests, 1)
+    for _ in range(2):
+        con = connect(store)
+        t0 = _cpu_s()
+        build_report(con, "e2e")
+        t1 = _cpu_s()
+        con.close()
+        con = connect(store)
+        t2 = _cpu_s()
+        rows = con.sql(f"SELECT start_ns, {', '.join(f'{s}_ns' for s in STAGES)} FROM requests").pl().height
+        t3 = _cpu_s()
+        con.close()
+        print(f"{rows} requests: the report {t1 - t0:.2f} CPU-s; every request's stage columns {t3 - t2:.2f} CPU-s "
+              f"({(t3 - t2) / (t1 - t0):.2f} of the report)")
+
+
 def main() -> None:
     """Print each run's stage scans and the counts the docs record."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--cost", action="store_true")
     a = ap.parse_args()
+    if a.cost:
+        with tempfile.TemporaryDirectory() as tmp:
+            cost(Path(tmp))
+        return
     names = [inc.name for inc in CATALOGUE] if a.full else ["clean", *QUARTER_INCIDENTS]
     clean_events = clean_spikes = outside = cold_found = 0
     for seed in range(1, a.seeds + 1):
