@@ -15,7 +15,8 @@ values (`judge_stretch` with the significance left to the stage: the p99 20 % ov
 10 %), and a false one on the clean run or outside the truth window. At a quarter also, for the cold start and the
 clean run: the end-to-end scan on 60 s windows (no per-window p99) and the largest p99 rise over the pooled p99 of a
 4-minute stretch (about 600 kept values, the shortest that judges a p99 with margin), of the stretches holding the
-cold start's middle minute and of any.
+cold start's middle minute and of any; and detection (as the report runs it, weighted by the adjusted counts) beside
+detection on the same kept values unweighted: its best stretch's scan p and the cold start's window's p99 rise.
 Offline (about 70 CPU-s at a quarter, 60 at full rate, for 5 seeds); docs/methods.md records the figures.
 `--cost`: what reading every request's stage columns (what a stage scan needs; the report reads them only for the
 tail slices' traces) costs beside the report itself, on one unmaterialized store of a 2,500 s full-rate run.
@@ -134,14 +135,15 @@ def one(name: str, seed: int, full: bool, tmp: Path) -> dict[str, object]:
              else quarter_copy(scenario, seed, tmp))
     con = connect(store)
     try:
-        frame = con.sql(f"SELECT start_ns, e2e_ns, {', '.join(f'{s}_ns' for s in STAGES)} FROM requests "
-                        "ORDER BY start_ns").pl()
+        frame = con.sql(f"SELECT start_ns, e2e_ns, adjusted_count, {', '.join(f'{s}_ns' for s in STAGES)} "
+                        "FROM requests ORDER BY start_ns").pl()
     finally:
         con.close()
     start = frame.get_column("start_ns").to_numpy()
     e2e = frame.get_column("e2e_ns").to_numpy().astype(np.float64)
+    weights = frame.get_column("adjusted_count").to_numpy().astype(np.float64)
     window_ns = (60 if full else 300) * SEC
-    det = detect(start, e2e, window_ns)
+    det = detect(start, e2e, window_ns, weights=weights)  # as the report detects: weighted by the adjusted counts
     truth = scenario.truth()["window"] if scenario.incident.stage is not None else None
     events = []
     for stage in STAGES:
@@ -155,6 +157,11 @@ def one(name: str, seed: int, full: bool, tmp: Path) -> dict[str, object]:
     if not full and name in ("clean", "cold_start"):
         out["e2e_60s"] = scan(start, e2e, 60 * SEC)
         out["rise_4min"] = stretch_rises(start, e2e, 4)
+        # the weights' part: detection weighted (the report's) and not, the cold start's window's p99 rise in each
+        middle = start.min() // (60 * SEC) * 60 * SEC + (COLD_MINUTE * 60 + 30) * SEC
+        out["weights"] = [(d.scan_p_value, float(d.p99_ns[i] / d.baseline_p99_ns))
+                          for d in (det, detect(start, e2e, window_ns))
+                          for i in [int(np.searchsorted(d.window_start_ns, middle, side="right")) - 1]]
     return out
 
 
@@ -189,12 +196,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--cost", action="store_true")
+    ap.add_argument("--names", help="only these catalogue entries (comma-separated)")
     a = ap.parse_args()
     if a.cost:
         with tempfile.TemporaryDirectory() as tmp:
             cost(Path(tmp))
         return
     names = [inc.name for inc in CATALOGUE] if a.full else ["clean", *QUARTER_INCIDENTS]
+    if a.names:
+        names = [n for n in names if n in a.names.split(",")]
     clean_events = clean_spikes = outside = cold_found = 0
     for seed in range(1, a.seeds + 1):
         for name in names:
@@ -209,15 +219,17 @@ def main() -> None:
             if "e2e_60s" in got:
                 e2e, rises = got["e2e_60s"], got["rise_4min"]
                 assert isinstance(e2e, Best) and isinstance(rises, tuple)
+                (pw, rw), (pu, ru) = got["weights"]  # type: ignore[misc]
                 extra = (f" | e2e at 60 s p={e2e.p_value:.3f}; 4-min p99 rise: cold start's minute {rises[0]:.2f}, "
-                         f"any {rises[1]:.2f}")
+                         f"any {rises[1]:.2f} | detection weighted: scan p={pw:.3f}, cold start window x{rw:.2f}; "
+                         f"unweighted: p={pu:.3f}, x{ru:.2f}")
             print(f"seed {seed} {name:22s} {line}{extra}", flush=True)
             flagged = [(stage, inside, spike) for p, stage, _, inside, spike in events if p <= STAGE_ALPHA]
             clean_events += name == "clean" and bool(flagged)
             clean_spikes += name == "clean" and any(spike for _, _, spike in flagged)
             outside += name != "clean" and any(spike and not inside for _, inside, spike in flagged)
             cold_found += name == "cold_start" and ("model_load", True, True) in flagged
-    runs = a.seeds * (len(names) - 1)
+    runs = a.seeds * sum(name != "clean" for name in names)
     print(f"stage events (p <= {STAGE_ALPHA:.5f}): on {clean_events} of {a.seeds} clean runs, {clean_spikes} of them "
           f"passing the effect-size rules (false spikes); passing them outside the truth window on {outside} of "
           f"{runs} incident runs; the cold start's model_load in its window and passing them on {cold_found} of "
