@@ -41,7 +41,7 @@ from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
 from analysis.engine.attribute_values import LIVE_FILE_VIEW, LIVE_VALUES, keep_live_values, live_file_sql, write_live
-from analysis.engine.connect import connect, keep_live_facts, live_facts_from
+from analysis.engine.connect import connect, keep_live_facts, live_facts_from, live_requests_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -203,6 +203,8 @@ class Workbench:
                 refresh_views(cur, self.store, snap)
                 keep_live_values(cur, "req_live", gone, redo)  # the live hours' attribute values, read once per hour
                 made = self._keep_live(cur)  # their facts and attribute file, made once for every report
+                pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
+                live_requests_from(cur, None if pending else "main.req_live")  # their exact rows, once all are
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""
@@ -225,7 +227,7 @@ class Workbench:
             self._retire(self.live_facts, self.live_file)
             self.live_facts, self.live_file = made
             self.live_requests, self.stored_requests = int(live), int(every) - int(live)
-            self.pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
+            self.pending = pending
             self.version += 1
             self.last_refresh_s = time.time()
             self.last_refresh_took_s = time.perf_counter() - t0
@@ -338,6 +340,8 @@ class Workbench:
                     work.execute("BEGIN")
                     work.execute("DELETE FROM main.req_live WHERE (start_ns // ?) * ? = ?", [HOUR_NS, HOUR_NS, hour])
                     work.execute("INSERT INTO main.req_live BY NAME SELECT * FROM exact_rows")
+                    if self.pending == {hour}:  # every live row exact now
+                        live_requests_from(work, "main.req_live")
                     work.execute("COMMIT")
                     self.pending.discard(hour)
                     self.version += 1

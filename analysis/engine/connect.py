@@ -34,7 +34,7 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.sandbox import SandboxConnection
-from analysis.engine.views import LIVE_HOUR_MACRO, bound_once, files_source, spans_sql
+from analysis.engine.views import LIVE_HOUR_MACRO, LIVE_REQUESTS_KEPT, bound_once, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store
 
@@ -156,6 +156,18 @@ def live_facts_from(con: duckdb.DuckDBPyConnection, table: str, temporary: bool 
     cursor only, so a report binds the table it started with while a refresh points the connection at the next
     one."""
     con.execute(f"CREATE OR REPLACE {'TEMP ' if temporary else ''}VIEW _request_facts_live AS SELECT * FROM {table}")
+
+
+def live_requests_from(con: duckdb.DuckDBPyConnection, table: str | None) -> None:
+    """Read the stale hours' exact `requests` rows (stage columns included) from `table`, which a reader keeps
+    itself with exactly the model's rows of the snapshot's stale hours (the dashboard's workbench, once every
+    critical path is computed), where only a few requests' rows are wanted (explain.stage_rows), instead of
+    recomputing them from the hours' spans; None: from the spans again (the rows are not all exact)."""
+    if table is None:
+        con.execute(f"DROP VIEW IF EXISTS {LIVE_REQUESTS_KEPT}")
+    else:
+        con.execute(f"CREATE OR REPLACE VIEW {LIVE_REQUESTS_KEPT} AS SELECT {', '.join(M.REQUEST_COLUMNS)} "
+                    f"FROM {table}")
 
 
 def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:

@@ -43,7 +43,7 @@ import polars as pl
 from analysis.engine import model as M
 from analysis.engine.connect import duck_type
 from analysis.engine.percentiles import MIN_TAIL, effective_count, ms, quantiles_unsorted, weighted_quantile_sorted
-from analysis.engine.views import LIVE_HOUR_MACRO, VIEW_SQL
+from analysis.engine.views import LIVE_HOUR_MACRO, LIVE_REQUESTS_KEPT, VIEW_SQL
 from analysis.stats.spikes import quantile_sorted
 from tracing import schema as S
 
@@ -933,15 +933,21 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
     bound the span start times read (the caller passes bounds that hold every span overlapping
     the requests), so only the segments of that time range are read. On a connection from
     `analysis.engine.connect`, requests of materialized hours are read from their files and only the
-    other hours' spans are scanned (a store materialized throughout reads no span at all).
+    other hours' spans are scanned (a store materialized throughout reads no span at all), or their rows where
+    the reader keeps them (connect.live_requests_from).
     """
     params = {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}
     cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
     split = bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = '_spans_live'").fetchall()[0][0])
-    stored = (f"SELECT trace_id, span_id, {cols} FROM _requests_stored WHERE trace_id IN (SELECT unnest($ids)) "
-              "AND ($lo IS NULL OR start_ns >= $lo) AND ($hi IS NULL OR start_ns < $hi)")
+    wanted = ("trace_id IN (SELECT unnest($ids)) AND ($lo IS NULL OR start_ns >= $lo) "
+              "AND ($hi IS NULL OR start_ns < $hi)")
+    stored = f"SELECT trace_id, span_id, {cols} FROM _requests_stored WHERE {wanted}"
     if split and not con.execute("SELECT count(*) FROM _spans_live").fetchall()[0][0]:
         return con.sql(stored, params=params).pl()  # every hour materialized
+    if split and con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                             [LIVE_REQUESTS_KEPT]).fetchall()[0][0]:  # the stale hours' rows a reader keeps
+        return con.sql(f"SELECT trace_id, span_id, {cols} FROM {LIVE_REQUESTS_KEPT} WHERE {wanted} UNION ALL {stored}",
+                       params=params).pl()
     needed = [c for c, _, _ in S.SPAN_COLUMNS if c in _STAGE_INPUTS]
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {', '.join(needed)}, EndNs "
