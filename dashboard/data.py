@@ -151,11 +151,13 @@ class Workbench:
     #: the stale hours' request facts in start order (connect.keep_live_facts) and their attribute file
     #: (attribute_values.write_live), made once per refresh that changed them and shared by every report; a report's
     #: cursor pins the pair it started with (`pin`), and a pair is dropped once it is replaced and no cursor pins it
+    #: (`pin_lock` guards these five; a cursor never waits for a refresh)
     live_facts: str | None = None
     live_file: Path | None = None
     live_serial: int = 0
     pins: Counter[str] = field(default_factory=Counter)
     retired: dict[str, Path | None] = field(default_factory=dict)
+    pin_lock: threading.Lock = field(default_factory=threading.Lock)
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -224,8 +226,11 @@ class Workbench:
                 cur.close()
             self.snap = snap
             self.keys = keys
-            self._retire(self.live_facts, self.live_file)
-            self.live_facts, self.live_file = made
+            with self.pin_lock:  # the next pair for new cursors; the replaced one dropped once no cursor pins it
+                if self.live_facts is not None:
+                    self.retired[self.live_facts] = self.live_file
+                self.live_facts, self.live_file = made
+            self._drop_unpinned()
             self.live_requests, self.stored_requests = int(live), int(every) - int(live)
             self.pending = pending
             self.version += 1
@@ -249,45 +254,51 @@ class Workbench:
         cur.execute(f"CREATE OR REPLACE VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
         return table, path
 
-    def _retire(self, table: str | None, path: Path | None) -> None:
-        """Drop a replaced live-facts table and its attribute file now, or once the last cursor pinning it closes
-        (call under `lock`)."""
-        if table is None:
+    def _drop_unpinned(self) -> None:
+        """Drop the replaced live-facts tables and attribute files no cursor pins (call holding `lock`: never
+        beside a refresh's transaction)."""
+        with self.pin_lock:
+            done = {t: p for t, p in self.retired.items() if not self.pins[t]}
+            for table in done:
+                del self.retired[table]
+                self.pins.pop(table, None)
+        if not done:
             return
-        if self.pins[table]:
-            self.retired[table] = path
-            return
-        self.pins.pop(table, None)
-        self.retired.pop(table, None)
         cur = self.con.cursor()
         try:
-            cur.execute(f"DROP TABLE IF EXISTS main.{table}")
+            for table, path in done.items():
+                cur.execute(f"DROP TABLE IF EXISTS main.{table}")
+                if path is not None:
+                    path.unlink(missing_ok=True)
         finally:
             cur.close()
-        if path is not None:
-            path.unlink(missing_ok=True)
 
     def pin(self, cur: duckdb.DuckDBPyConnection) -> str | None:
         """Bind `cur` to the live facts and attribute file current now (temporary views on it): a refresh making the
         next ones meanwhile cannot change the rows, or their ids, that a report on `cur` reads. The pinned table's
         name, for `unpin` once `cur` is closed."""
-        with self.lock:
+        with self.pin_lock:
             table = self.live_facts
             if table is None:
                 return None
-            live_facts_from(cur, table, temporary=True)
-            cur.execute(f"CREATE OR REPLACE TEMP VIEW {LIVE_FILE_VIEW} AS {live_file_sql(self.live_file)}")
             self.pins[table] += 1
-            return table
+            path = self.live_file
+        live_facts_from(cur, table, temporary=True)
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
+        return table
 
     def unpin(self, table: str | None) -> None:
-        """Release a `pin`; a table replaced meanwhile is dropped with its file when this was its last cursor."""
+        """Release a `pin`; a table replaced meanwhile is dropped with its file when this was its last cursor (or by
+        the refresh running now, which this does not wait for)."""
         if table is None:
             return
-        with self.lock:
+        with self.pin_lock:
             self.pins[table] -= 1
-            if table in self.retired and not self.pins[table]:
-                self._retire(table, self.retired[table])
+        if self.lock.acquire(blocking=False):
+            try:
+                self._drop_unpinned()
+            finally:
+                self.lock.release()
 
     def refresh_if_gone(self) -> bool:
         """Refresh when a materialized file `req` reads, or a segment the views read, was removed (superseded
