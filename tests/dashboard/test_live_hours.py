@@ -119,6 +119,7 @@ def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -
            "include_failures": True}
     cli = connect(store)
     before = build_report(cli, **ask)
+    assert before["spikes"] and before["spikes"][0]["stages"]  # the attribute pass and the stage rows are read
     cli.close()
     old_table, old_file = wb.live_facts, wb.live_file
     assert old_table is not None and old_file is not None and old_file.is_file()
