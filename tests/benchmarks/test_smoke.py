@@ -20,6 +20,7 @@ import pytest
 
 from benchmarks import run_all
 from tests import samples_cache
+from tests.analysis.clickhouse_releases import python_of
 from tests.needs import need, need_c
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,10 @@ def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path, tmp_path_fac
         from analysis.engine.materialize import load_sweep
 
         need_c(load_sweep() is not None, "the C kernel analysis._replay")
+    if name == "bench_clickhouse_releases":  # the older releases' chdb venvs (`make ch-releases`)
+        args = run_all.TINY[name]
+        for release in args[args.index("--releases") + 1].split(","):
+            python_of(release)
     if name == "bench_dashboard_browser":
         need(Path("/usr/bin/chromium").exists(), "Debian's chromium", "run `make browser-deps`")
         # its --store, where it writes the demo store unless one is there: a copy of the demo tests' (the same
