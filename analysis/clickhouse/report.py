@@ -444,7 +444,7 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
         f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
     remote = None
     if attrs is not None:
-        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame, cast(_ServerTail, rest[2]))
+        remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
     return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote,
                       stages=_server_stages(q, det, f"{col} IS NOT NULL{keep}", col,
@@ -530,13 +530,12 @@ def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str 
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
-                       frame: pl.DataFrame, baseline: _ServerTail | None = None) -> RP.RemoteAttributes:
+                       frame: pl.DataFrame) -> RP.RemoteAttributes:
     """The attribute dimensions for analysis.report's explanation, their codes left on the server: the cells of each
     combination holding one counted there over a spike's tail and the whole baseline, the nesting test's counts
     over the frame, the spike's p99 without each candidate holding one and which of the exemplar pool's requests
     match the best. Each question names the frame's rows it is about as a condition (`rows_sql`); what comes back
-    is rows of figures, and for the exemplars at most MAX_EXEMPLARS requests (more only on a tie). `baseline`: the
-    baseline's p99s, asked for every candidate at once beside the spike's (`_ServerTail.ask_all`)."""
+    is rows of figures, and for the exemplars at most MAX_EXEMPLARS requests (more only on a tie)."""
     start = frame.get_column("start_ns").to_numpy()
     values = frame.get_column("value").to_numpy()
     base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
@@ -587,8 +586,6 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
         return any(coded[i].source != "builtin" for i in cand.dims)
 
     def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
-        if baseline is not None:  # the counterfactual asks the baseline's p99 without each of them next: one query
-            baseline.ask_all(coded, cands)
         at = [n for n, c in enumerate(cands) if on_server(coded, c)]
         on = [cands[n] for n in at]
         got = once(("without", named(on), rows.tobytes()),
@@ -708,31 +705,6 @@ class _ServerTail:
         if key not in self._without:
             self._without[key] = self._q(f"{self.where} AND NOT {_candidate_sql(coded, cand, self.attrs)}")
         return self._without[key]
-
-    def ask_all(self, coded: Sequence[X.Coded], cands: Sequence[X.Candidate]) -> None:
-        """`without_candidate` of every candidate not asked yet, in one query per 64: the baseline's values sorted
-        once beside a bit per candidate holding them, each candidate's remainder filtered out of that one sorted
-        array (the same array sorting the remainder would give) and interpolated by the same quantile SQL."""
-        todo = list({(c.dims, c.codes): c for c in cands if (c.dims, c.codes) not in self._without}.values())
-        for at in range(0, len(todo), 64):
-            part = todo[at:at + 64]
-            bits = " + ".join(f"bitShiftLeft(toUInt64({_candidate_sql(coded, c, self.attrs)}), {j})"
-                              for j, c in enumerate(part))
-            v = f"toFloat64({self.col})"
-            if self.weight is None:
-                rows = f"arraySort(groupArray(({v}, {bits}))) AS t"
-                each = [f"arrayMap(x -> x.1, arrayFilter(x -> NOT bitTest(x.2, {j}), t)) AS c{j}_s, "
-                        f"{quantile_sql(None, X.TAIL_Q, f'c{j}_')} AS q{j}" for j in range(len(part))]
-            else:
-                rows = f"arraySort(x -> x.1, groupArray(({v}, toFloat64({self.weight}), {bits}))) AS t"
-                each = [f"arrayFilter(x -> NOT bitTest(x.3, {j}), t) AS c{j}_t, arrayMap(x -> x.1, c{j}_t) AS c{j}_s, "
-                        f"arrayCumSum(arrayMap(x -> x.2, c{j}_t)) AS c{j}_cum, "
-                        f"{quantile_sql(self.weight, X.TAIL_Q, f'c{j}_')} AS q{j}" for j in range(len(part))]
-            got = self.client.query(f"SELECT {', '.join(f'q{j}' for j in range(len(part)))} FROM (SELECT {rows}, "
-                                    f"{', '.join(each)} FROM {self.facts_table} WHERE {self.where})",
-                                    features(self.client).settings).to_pylist()[0]
-            for j, c in enumerate(part):
-                self._without[(c.dims, c.codes)] = float(got[f"q{j}"])
 
 
 def explain_window(client: Client, table: str, start: str | int | datetime, end: str | int | datetime,
