@@ -40,7 +40,8 @@ bench_attributes' store): both reports consider them all, and the figures add wh
 attribute pass returned: rows of per-candidate figures (per spike two rows of cells: the tail's cells that may
 pass, then each combination holding an attribute's count of cells and those cells' baseline counts), the largest
 of its answers, and the exemplars' requests among them (at most 5 a spike, more only on a tie); no request's
-codes.
+codes. Every run counts the rows the chdb report returned by kind (`returned_rows`, ROW_KINDS): request rows,
+spans, the detection's values above the pooled p99, and rows of figures (the most one query returned beside).
 """
 
 from __future__ import annotations
