@@ -984,11 +984,18 @@ def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) 
     """Each stage's mean critical-path time (ms) in both slices and its share of the positive growth.
 
     A `weight` column (adjusted counts) makes the means weighted."""
+    return shares_of_means({s: _mean(tail, f"{s}_ns") for s in stages}, {s: _mean(base, f"{s}_ns") for s in stages},
+                           stages)
+
+
+def shares_of_means(tail: Mapping[str, float], base: Mapping[str, float], stages: Sequence[str]
+                    ) -> list[dict[str, Any]]:
+    """`stage_shares` from each stage's mean critical-path time (ns) in both slices (a remote engine computes the
+    means; a stage missing from a mapping counts 0)."""
     rows: list[dict[str, Any]] = []
     for stage in stages:
-        col = f"{stage}_ns"
-        t = _mean(tail, col)
-        b = _mean(base, col)
+        t = float(tail.get(stage, 0.0))
+        b = float(base.get(stage, 0.0))
         if t == 0 and b == 0:
             continue
         rows.append({"stage": stage, "tail_ms": t / 1e6, "baseline_ms": b / 1e6, "growth": t - b})
@@ -1002,9 +1009,16 @@ def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) 
     return out
 
 
+def tail_size(n: int, q: float = TAIL_Q) -> int:
+    """How many of n unweighted rows `tail_slice` keeps (a remote engine asks for that many)."""
+    return min(n, max(MIN_TAIL_SLICE, math.ceil((1 - q) * n)))
+
+
 def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = None) -> I64:
     """Rows of the slowest (1 - q) share of `rows` (at least MIN_TAIL_SLICE of them, if there are); with
-    `weights`, the slowest rows holding (1 - q) of the weight."""
+    `weights`, the slowest rows holding (1 - q) of the weight. Values tied at the cut are taken in the order of
+    `rows` (the earliest first, `rows` being in start order), so an engine can choose the same rows by sorting
+    on (value descending, start)."""
     if rows.size == 0:
         return rows
     if weights is not None:
@@ -1012,10 +1026,14 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
         cum = np.cumsum(weights[order])
         k = int(np.searchsorted(cum, (1 - q) * float(cum[-1]), side="left")) + 1
         return order[:min(rows.size, max(MIN_TAIL_SLICE, k))]
-    k = min(rows.size, max(MIN_TAIL_SLICE, math.ceil((1 - q) * rows.size)))
+    k = tail_size(rows.size, q)
     if k == rows.size:
         return rows
-    return rows[np.argpartition(values[rows], rows.size - k)[rows.size - k:]]
+    v = values[rows]
+    cut = v[np.argpartition(v, rows.size - k)[rows.size - k]]  # the k-th largest value
+    keep = v > cut
+    keep[np.flatnonzero(v == cut)[:k - int(keep.sum())]] = True
+    return rows[keep]
 
 
 def exemplar_pool(values: F64, spike: I64, threshold: float) -> I64:
