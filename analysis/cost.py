@@ -374,6 +374,54 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows)
 
 
+def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
+              since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+              prices: Prices | None = None, facts: str | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
+    """`cost_table` and `cost_series` over one range (the Cost page draws both): the same dict and frame from one
+    sweep cut at the series' grid and one join of its shares with the request facts.
+
+    Exact when the grid is whole cells of the sweep (`series_bucket_s`): its edges are cell edges, boundaries
+    already, so a request's shares over the grid's cells sum to its share over the range, and so do the
+    replicas' observed, cold-start and idle times. Otherwise (or for sampled requests, whose weighted shares are
+    rounded per cell) the two are computed apart."""
+    if by not in COST_GROUPS:
+        raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
+    prices = prices or Prices()
+    grid = int(bucket_s) * 1_000_000_000
+    facts = facts or request_facts(con)
+    weighted = _sampled(con, facts)
+    if weighted or grid <= 0 or grid % CELL_NS:
+        return (cost_table(con, by, since, until, prices, facts),
+                cost_series(con, by, bucket_s, since, until, prices, facts))
+    since_ns, until_ns = parse_time(since), parse_time(until)
+    shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False)
+    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
+    params = {"since": since_ns, "until": until_ns}
+    key = "s.replica" if by == "replica" else _key_expr(by, "f")
+    fkey = _key_expr(by, "f")
+    try:
+        reqs = con.execute(_requests_sql(con, facts, fkey, where, False), params).fetchall()
+        tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
+        gpu = con.sql(f"""
+            SELECT s.bucket_ns, {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
+                   sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
+            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
+            LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
+            GROUP BY ALL""", params={**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}).pl()
+        over = con.sql(f"SELECT bucket_ns, replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}"
+                       ).pl()
+    except duckdb.Error as exc:
+        raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        drop_sweep(con)
+    table = gpu.group_by("key", "replica", "model").agg(pl.col("ns").sum(), pl.col("tail_ns").sum())
+    rep_rows = over.group_by("replica").agg(pl.col(c).sum() for c in ("observed_ns", "allocated_ns",
+                                                                      "cold_start_ns", "idle_ns")).sort("replica")
+    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
+            _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
+                          over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns"), prices))
+
+
 def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,
                reqs: list[Any], gpu: list[Any], rep_rows: list[Any]) -> dict[str, Any]:
     """The `tailscope cost --json` dict from the engine's rows: per key (requests, weighted, tokens in / out,
