@@ -426,54 +426,70 @@ def sweep_arrays(gpu: tuple[I64, I64, I64, I64], loads: tuple[I64, I64, I64], ob
     recipient; a piece's share Q(end) - Q(start).
     """
     rep, rid, s, e = gpu
-    # islands: +1 at each start, -1 at each end, starts first at a tie (touching intervals merge)
-    t = np.concatenate([s, e])
-    d = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
-    r2, q2 = np.concatenate([rep, rep]), np.concatenate([rid, rid])
-    o = np.lexsort((-d, t, q2, r2))
-    depth = np.cumsum(d[o])
-    opens, closes = o[(d[o] == 1) & (depth == 1)], o[(d[o] == -1) & (depth == 0)]
-    i_rep, i_rid, i_s, i_e = r2[opens], q2[opens], t[opens], t[closes]
-    # pieces: the islands cut at the cells; iid ranks a cell's pieces by (end, rid)
-    w, pc, ps, pe = _cut(i_s, i_e, cell)
-    p_rep, p_rid = i_rep[w], i_rid[w]
-    o = np.lexsort((p_rid, pe, pc, p_rep))
-    p_rep, p_rid, pc, ps, pe = p_rep[o], p_rid[o], pc[o], ps[o], pe[o]
-    new = _starts(p_rep, pc)
-    gfirst = np.flatnonzero(new)
-    p_group_first = np.repeat(gfirst, np.diff(np.append(gfirst, p_rep.size)))
-    iid = np.arange(p_rep.size, dtype=np.int64) - p_group_first + 1
-    # events (replica, cell, t, +-1 GPU, +-1 load, recipient candidate)
     l_rep, l_s, l_e = loads
-    lw, lc, ls, le = _cut(l_s, l_e, cell)
     o_rep, o_first, o_last = observed
+    nrep = 1 + max([int(x.max()) for x in (rep, l_rep, o_rep) if x.size], default=0)
+    nrid = int(rid.max()) + 1 if rid.size else 1
+    if nrep * nrid >= 2**62 or (s.size and (int(s.min()) < 0 or int(e.max()) >= 2**61)):
+        return None
+    # islands: +1 at each start, -1 at each end, in (replica, rid, t) order, starts first at a tie (touching
+    # intervals merge): one packed key per request and one per instant
+    tk = np.concatenate([s * 2, e * 2 + 1])
+    o = np.lexsort((tk, np.concatenate([rep, rep]) * nrid + np.concatenate([rid, rid])))
+    d = 1 - 2 * (tk[o] & 1)
+    depth = np.cumsum(d)
+    opens, closes = o[(d == 1) & (depth == 1)], o[(d == -1) & (depth == 0)]
+    r2, q2 = np.concatenate([rep, rep]), np.concatenate([rid, rid])
+    i_rep, i_rid, i_s, i_e = r2[opens], q2[opens], tk[opens] // 2, tk[closes] // 2
+    # pieces: the islands cut at the cells; loads likewise; the observed windows' cells (and grid edges)
+    w, pc, ps, pe = _cut(i_s, i_e, cell)
+    lw, lc, ls, le = _cut(l_s, l_e, cell)
     ow, oc, _, _ = _cut(o_first, o_last, cell)
-    ev_rep = [p_rep, p_rep, l_rep[lw], l_rep[lw], o_rep[ow], o_rep[ow]]
-    ev_c = [pc, pc, lc, lc, oc, oc]
-    ev_t = [ps, pe, ls, le, np.maximum(o_first[ow], oc), np.minimum(o_last[ow], oc + cell)]
-    if grid is not None:
-        gw, gt = _ranges((o_first // grid) * grid + grid, o_last, grid)
-        ev_rep.append(o_rep[gw])
-        ev_c.append((gt // cell) * cell)
-        ev_t.append(gt)
-    zeros = [np.zeros(a.size, np.int64) for a in ev_rep]
-    ev_dg = [np.ones(ps.size, np.int64), -np.ones(pe.size, np.int64), *zeros[2:]]
-    ev_dl = [zeros[0], zeros[1], np.ones(ls.size, np.int64), -np.ones(le.size, np.int64), *zeros[4:]]
-    ev_cand = [iid, *zeros[1:]]
-    er, ec, et = np.concatenate(ev_rep), np.concatenate(ev_c), np.concatenate(ev_t)
-    o = np.lexsort((et, ec, er))
-    er, ec, et = er[o], ec[o], et[o]
-    first = np.flatnonzero(_starts(er, ec, et))  # each distinct boundary (replica, cell, t)
-    dg = np.add.reduceat(np.concatenate(ev_dg)[o], first) if first.size else np.zeros(0, np.int64)
-    dl = np.add.reduceat(np.concatenate(ev_dl)[o], first) if first.size else np.zeros(0, np.int64)
-    cand = np.maximum.reduceat(np.concatenate(ev_cand)[o], first) if first.size else np.zeros(0, np.int64)
-    b_rep, b_c, b_t = er[first], ec[first], et[first]
+    gw, gt = _ranges((o_first // grid) * grid + grid, o_last, grid) if grid is not None else (ow[:0], oc[:0])
+    gc = (gt // cell) * cell
+    cells_at = [x for x in (pc, lc, oc, gc) if x.size]
+    c_min = min((int(x.min()) for x in cells_at), default=0)
+    ncells = (max((int(x.max()) for x in cells_at), default=0) - c_min) // cell + 1
+    if nrep * ncells * (cell + 1) >= 2**62:
+        return None
+
+    def at(r: I64, c: I64, x: I64) -> I64:
+        """An instant x of cell c (x in [c, c + cell]) on replica r as one key, ordered by (replica, cell, x)."""
+        return ((r * ncells + (c - c_min) // cell) * (cell + 1)) + (x - c)
+
+    # iid ranks a cell's pieces by (end, rid)
+    p_rep, p_rid = i_rep[w], i_rid[w]
+    o = np.lexsort((p_rid, at(p_rep, pc, pe)))
+    p_rep, p_rid, pc, ps, pe = p_rep[o], p_rid[o], pc[o], ps[o], pe[o]
+    p_cell = at(p_rep, pc, pc) // (cell + 1)  # (replica, cell) as one number
+    gfirst = np.flatnonzero(_starts(p_cell))
+    iid = np.arange(p_rep.size, dtype=np.int64) - np.repeat(gfirst, np.diff(np.append(gfirst, p_rep.size))) + 1
+    # events (replica, cell, t as one key; +-1 GPU, +-1 load, recipient candidate), grouped into boundaries
+    ev = np.concatenate([at(p_rep, pc, ps), at(p_rep, pc, pe), at(l_rep[lw], lc, ls), at(l_rep[lw], lc, le),
+                         at(o_rep[ow], oc, np.maximum(o_first[ow], oc)), at(o_rep[ow], oc, np.minimum(o_last[ow],
+                                                                                                   oc + cell)),
+                         at(o_rep[gw], gc, gt)])
+    k0, k1, k2, k3 = ps.size, 2 * ps.size, 2 * ps.size + ls.size, 2 * (ps.size + ls.size)
+    dg, dl, cand = (np.zeros(ev.size, np.int64) for _ in range(3))
+    dg[:k0], dg[k0:k1], dl[k1:k2], dl[k2:k3], cand[:k0] = 1, -1, 1, -1, iid
+    o = np.argsort(ev)
+    ev = ev[o]
+    first = np.flatnonzero(_starts(ev))  # each distinct boundary
+    if first.size:
+        dg, dl, cand = (np.add.reduceat(dg[o], first), np.add.reduceat(dl[o], first),
+                        np.maximum.reduceat(cand[o], first))
+    else:
+        dg, dl, cand = dg[:0], dl[:0], cand[:0]
+    b_key = ev[first]
+    b_cell = b_key // (cell + 1)
+    b_rep = b_cell // ncells
+    b_t = (b_cell % ncells) * cell + c_min + b_key % (cell + 1)
     n, nl = np.cumsum(dg), np.cumsum(dl)  # every cell's events sum to 0: the running sums restart by themselves
-    g_new = _starts(b_rep, b_c)
-    gidx = np.cumsum(g_new) - 1  # the boundary's cell (replica, cell) as a dense number
+    g_new = _starts(b_cell)
+    gidx = np.cumsum(g_new) - 1  # the boundary's cell as a dense number
     groups = int(gidx[-1]) + 1 if gidx.size else 0
     top = int(cand.max()) + 1 if cand.size else 1
-    if groups * top >= 2**62 or groups * (cell + 1) >= 2**62:
+    if groups * top >= 2**62:
         return None
     best = np.maximum.accumulate(gidx * top + cand) - gidx * top  # running max of the candidates in the cell
     nxt = np.append(b_t[1:], 0)
@@ -491,31 +507,19 @@ def sweep_arrays(gpu: tuple[I64, I64, I64, I64], loads: tuple[I64, I64, I64], ob
     else:
         sw, ss, se = np.arange(ps.size, dtype=np.int64), ps, pe
         sb = np.zeros(ps.size, np.int64)
-    g_first = np.flatnonzero(g_new)
-    c_min = int(b_c.min()) if b_c.size else 0
-    cells = (int(b_c.max()) - c_min) // cell + 1 if b_c.size else 1
-    if (int(b_rep.max()) + 1 if b_rep.size else 1) * cells >= 2**62:
-        return None
-    g_key = b_rep[g_first] * cells + (b_c[g_first] - c_min) // cell  # sorted, distinct
-    p_g = np.searchsorted(g_key, p_rep * cells + (pc - c_min) // cell)
-    key = gidx * (cell + 1) + (b_t - b_c)
-    at_s = np.searchsorted(key, p_g[sw] * (cell + 1) + (ss - pc[sw]))
-    at_e = np.searchsorted(key, p_g[sw] * (cell + 1) + (se - pc[sw]))
-    part = q_before[at_e] - q_before[at_s]
+    part = (q_before[np.searchsorted(b_key, at(p_rep[sw], pc[sw], se))]
+            - q_before[np.searchsorted(b_key, at(p_rep[sw], pc[sw], ss))])
     # the remainders, to the piece of the cell ranked `best`
     rem = np.flatnonzero(r > 0)
     piece_first = np.zeros(groups, np.int64)
-    piece_first[p_g[gfirst]] = gfirst
+    piece_first[np.searchsorted(b_cell[np.flatnonzero(g_new)], p_cell[gfirst])] = gfirst
     to = piece_first[gidx[rem]] + best[rem] - 1
-    a_rep = np.concatenate([p_rep[sw], b_rep[rem]])
-    a_rid = np.concatenate([p_rid[sw], p_rid[to]])
-    a_b = np.concatenate([sb, bucket[rem]])
-    a_v = np.concatenate([part, r[rem]])
-    shares = _sum_by((a_rep, a_rid, a_b), a_v)
+    req = np.concatenate([p_rep[sw] * nrid + p_rid[sw], b_rep[rem] * nrid + p_rid[to]])
+    (s_req, s_b), (s_v,) = _sum_by((req, np.concatenate([sb, bucket[rem]])), np.concatenate([part, r[rem]]))
     idle = np.where(n == 0, np.where(nl > 0, 0, length), 0)
     cold = np.where(n == 0, np.where(nl > 0, length, 0), 0)
     (rr, rb), (rc, ri) = _sum_by((b_rep, bucket), cold, idle)
-    return (shares[0][0], shares[0][1], shares[0][2], shares[1][0]), (rr, rb, rc, ri)
+    return (s_req // nrid, s_req % nrid, s_b, s_v), (rr, rb, rc, ri)
 
 
 def _sum_by(keys: tuple[I64, ...], *values: I64) -> tuple[tuple[I64, ...], tuple[I64, ...]]:
