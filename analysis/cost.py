@@ -22,7 +22,9 @@ The sweep (analysis.engine.gpu_sweep; stored with each materialized hour, and `g
 sums the stored hours of a range and sweeps the rest) is SQL over the documented `spans`
 view: window functions over the interval boundaries (running sums for the counts and a
 running prefix sum of the floor shares, so a request's share is Q(end) - Q(start); a running
-max for the remainder's recipient), no Python loop over rows. Three pieces are
+max for the remainder's recipient), no Python loop over rows. On DuckDB the integer rule runs
+that SQL up to each request's GPU intervals and the rest over numpy arrays (`sweep_arrays`, the
+same rows). `cost_page` gives the Cost page's table and series from one sweep. Three pieces are
 dialect-specific (analysis.engine.dialect: integer division, the next boundary, the grid's
 cells); the rest is plain SQL (joins, CASE, sum/min/max, window sums).
 `clickhouse_gpu_shares` runs the ClickHouse text on an otel_traces-shaped table (tested in

@@ -1,6 +1,7 @@
 """The fair-share GPU-time sweep as SQL (docs/cost.md): each replica-minute swept on its own.
 
-`sweep_sql` is the rule, in the dialect asked; analysis.cost runs it over a range and prices it, and
+`sweep_sql` is the rule, in the dialect asked (`sweep_arrays`: its integer rule's later steps over numpy arrays, the
+same rows, which `run_sweep` runs on DuckDB); analysis.cost runs it over a range and prices it, and
 analysis.engine.materialize stores each hour's result beside its requests (`write_hour`), so a cost over
 whole materialized hours is their stored rows summed.
 """
