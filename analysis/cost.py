@@ -352,21 +352,9 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     facts = facts or request_facts(con)
     weighted = _sampled(con, facts)
     shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
-    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
-    params = {"since": since_ns, "until": until_ns}
-    key = "s.replica" if by == "replica" else _key_expr(by, "f")
-    fkey = _key_expr(by, "f")
     try:
-        reqs = con.execute(_requests_sql(con, facts, fkey, where, weighted), params).fetchall()
-        tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
-        # GPU ns per (key, replica, model) (prices depend on replica and model) and the part of it spent on
-        # requests in range at or above their key's p99 (the tail): one join of the shares with the facts
-        gpu = con.execute(f"""
-            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
-                   sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
-            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
-            LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
-            GROUP BY ALL""", {**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}).fetchall()
+        reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, weighted, buckets=False)
+        gpu = con.execute(sql, params).fetchall()
         rep_rows = con.execute(f"SELECT replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps} "
                                "ORDER BY replica").fetchall()
     except duckdb.Error as exc:
@@ -397,19 +385,9 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
                 cost_series(con, by, bucket_s, since, until, prices, facts))
     since_ns, until_ns = parse_time(since), parse_time(until)
     shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False)
-    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
-    params = {"since": since_ns, "until": until_ns}
-    key = "s.replica" if by == "replica" else _key_expr(by, "f")
-    fkey = _key_expr(by, "f")
     try:
-        reqs = con.execute(_requests_sql(con, facts, fkey, where, False), params).fetchall()
-        tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
-        gpu = con.sql(f"""
-            SELECT s.bucket_ns, {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
-                   sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
-            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
-            LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
-            GROUP BY ALL""", params={**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}).pl()
+        reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, False, buckets=True)
+        gpu = con.sql(sql, params=params).pl()
         over = con.sql(f"SELECT bucket_ns, replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}"
                        ).pl()
     except duckdb.Error as exc:
@@ -422,6 +400,26 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
             _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
                           over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns"), prices))
+
+
+def _gpu_query(con: duckdb.DuckDBPyConnection, facts: str, shares: str, by: str, since_ns: int | None,
+               until_ns: int | None, weighted: bool, buckets: bool) -> tuple[list[Any], str, dict[str, Any]]:
+    """The rows per key of the requests starting in range (`_requests_sql`), and the query (with its parameters)
+    of GPU ns per ([bucket,] key, replica, model) (prices depend on replica and model) with the part of it spent
+    on requests in range at or above their key's p99 (the tail): one join of the shares with the facts."""
+    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
+    params = {"since": since_ns, "until": until_ns}
+    key = "s.replica" if by == "replica" else _key_expr(by, "f")
+    fkey = _key_expr(by, "f")
+    reqs = con.execute(_requests_sql(con, facts, fkey, where, weighted), params).fetchall()
+    tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
+    sql = f"""
+        SELECT {"s.bucket_ns, " if buckets else ""}{key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
+               sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
+        FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
+        LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
+        GROUP BY ALL"""
+    return reqs, sql, {**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}
 
 
 def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,
