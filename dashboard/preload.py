@@ -22,8 +22,8 @@ from typing import Any
 
 #: The elements the sidebar draws on every page (its buttons, toggles, time slider and multiselects).
 SIDEBAR: tuple[str, ...] = ("Button", "Checkbox", "Slider", "Multiselect")
-#: What each Vega-Lite chart loads (the element, then Vega-Embed and its expression interpreter).
-CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "loadVegaEmbed", "embed", "vega-interpreter")
+#: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
+CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
 #: render, besides the sidebar's: the scripts named in that page's HTML.
 PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
