@@ -14,6 +14,7 @@ hints name the server's own static files.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -39,6 +40,9 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "sql": ("Selectbox", "TextArea"),
 }
 
+#: Seconds a drawn page stays quiet before it names the other pages' element scripts (`later_script`).
+QUIET_S = 2
+
 _MAP = re.compile(r"m\.f=\[([^\]]*)\]")
 _LAZY = re.compile(r"import\(`\./([^`]+)`\)(?:\.then\([^()]*\))?,__vite__mapDeps\(\[([\d,]*)\]\)")
 _LISTED = re.compile(r'(?:src|href)="\./static/(?:js|css)/([^"]+)"')
@@ -57,9 +61,10 @@ def dependencies(js_dir: Path) -> dict[str, tuple[str, ...]]:
     stylesheets, bare file names), read from every script of `js_dir` that lists them."""
     out: dict[str, tuple[str, ...]] = {}
     for path in sorted(js_dir.glob("*.js")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if "__vite__mapDeps" not in text:
+        raw = path.read_bytes()
+        if b"__vite__mapDeps" not in raw:  # most scripts (a few MB each): not decoded
             continue
+        text = raw.decode("utf-8", errors="replace")
         listed = _MAP.search(text)
         if listed is None:
             continue
@@ -100,10 +105,28 @@ def link_tags(files: Iterable[str]) -> str:
     return "\n".join(tags)
 
 
+def later_script(files: Iterable[str], quiet_s: int = QUIET_S) -> str:
+    """An inline script that adds the tags of `files` (as link_tags') once the page has been drawn and quiet for
+    `quiet_s` seconds (no script running, no element loading, checked each second after the load event; at most a
+    minute), when the browser is idle: the scripts the other pages draw with, fetched and compiled while the user
+    reads this page, so that a first click to another page does not wait for them; "" without files."""
+    hrefs = [f"./static/{'css' if name.endswith('.css') else 'js'}/{name}" for name in files]
+    if not hrefs:
+        return ""
+    return ("<script>addEventListener('load',()=>{let n=0,q=0;const t=setInterval(()=>{"
+            "const w=document.querySelector('[data-testid=stStatusWidget]');"
+            "q=(w&&/Running|Stop/.test(w.innerText))||document.querySelector('[data-testid=stSkeleton]')?0:q+1;"
+            f"if(q<{quiet_s}&&++n<60)return;clearInterval(t);(window.requestIdleCallback||setTimeout)(()=>{{"
+            f"for(const h of {json.dumps(hrefs)}){{const l=document.createElement('link');"
+            "if(h.endsWith('.css')){l.rel='preload';l.as='style'}else{l.rel='modulepreload';l.crossOrigin=''}"
+            "l.href=h;document.head.append(l)}})},1000)})</script>")
+
+
 def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,
                shared: tuple[str, ...] = SIDEBAR) -> dict[str, bytes]:
-    """Each page's URL path -> the tags to add to its HTML's head (the sidebar's elements and the page's);
-    {} when Streamlit's build is not where it is expected (nothing is then added)."""
+    """Each page's URL path -> what to add to its HTML's head: tags for the sidebar's elements and the page's, then
+    a script that names the other pages' once this one is drawn (`later_script`); {} when Streamlit's build is
+    not where it is expected (nothing is then added)."""
     root = static_dir() if root is None else root
     index = root / "index.html"
     js_dir = root / "static" / "js"
@@ -111,8 +134,13 @@ def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = 
         return {}
     listed = set(_LISTED.findall(index.read_text(encoding="utf-8", errors="replace")))
     deps = dependencies(js_dir)
-    return {path: link_tags(preload_files((*shared, *elements), deps, listed)).encode()
-            for path, elements in pages.items()}
+    every = preload_files((*shared, *(e for elements in pages.values() for e in elements)), deps, listed)
+    heads = {}
+    for path, elements in pages.items():
+        now = preload_files((*shared, *elements), deps, listed)
+        rest = later_script(f for f in every if f not in now)
+        heads[path] = (link_tags(now) + ("\n" + rest if rest else "")).encode()
+    return heads
 
 
 class PreloadHints:

@@ -4,10 +4,12 @@ that adds them to the HTML (and touches nothing else)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
 from dashboard import preload as P
+from tests.needs import need
 
 ROOT = Path(__file__).parents[2]
 
@@ -53,7 +55,9 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
         '<link rel="preload" as="style" href="./static/css/Slider.D4.css">',
         '<link rel="modulepreload" crossorigin href="./static/js/Button.E5.js">',
         '<link rel="modulepreload" crossorigin href="./static/js/embed.H8.js">']
-    assert heads["spike"].decode().splitlines() == heads[""].decode().splitlines()[:4]
+    # a page names the other pages' once it is drawn (later_script): the Overview draws every element here, so none
+    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:4],
+                                                    P.later_script(["embed.H8.js"])]
     assert P.page_heads(tmp_path / "nowhere") == {}
 
 
@@ -63,8 +67,9 @@ def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an
     assert {e for e in named if P._file_of(e, deps) is None} == set()
     heads = P.page_heads()
     for page, tags in heads.items():
-        for href in (t.split('href="./')[1].split('"')[0] for t in tags.decode().splitlines()):
-            assert (P.static_dir() / href).is_file(), (page, href)
+        named = re.findall(r'\./(static/(?:js|css)/[^"]+)"', tags.decode())
+        assert named and len(named) == len(set(named)), page  # each file once: now, or once the page is drawn
+        assert {href for href in named if not (P.static_dir() / href).is_file()} == set(), page
     pages = {p.stem for p in (ROOT / "dashboard" / "app_pages").glob("*.py")} - {"__init__"}
     assert set(heads) == {"" if p == "overview" else p for p in pages}  # the Overview is the default page: "/"
 
@@ -127,3 +132,40 @@ def test_anything_else_passes_untouched() -> None:
         plain[2]["body"]
     sent, _ = _serve(_html(kind=b"application/json"), "/spike")
     assert sent[0] == {**plain[0], "headers": [(b"content-type", b"application/json"), *plain[0]["headers"][1:]]}
+
+
+def test_the_other_pages_scripts_are_named_once_the_page_is_drawn_and_quiet() -> None:
+    """later_script in Debian's chromium on a fake clock: nothing while an element is loading, the tags two quiet
+    seconds after it is drawn; and at most a minute after the load event if it never is."""
+    chromium = Path("/usr/bin/chromium")
+    need(chromium.exists(), "Debian's chromium", "run `make browser-deps`")
+    from playwright.sync_api import Route, sync_playwright
+
+    html = ("<html><head>" + P.later_script(["a.js", "b.css"]) + "</head><body>"
+            '<div data-testid="stSkeleton"></div></body></html>')
+
+    def serve(route: Route) -> None:  # the page and empty files, from no network
+        page = route.request.url.endswith("/")
+        route.fulfill(body=html if page else "", content_type="text/html" if page else "text/javascript")
+
+    named = "() => [...document.querySelectorAll('link')].map(l => [l.rel, l.href])"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            for drawn_after_ms, expected_at_ms in ((5_000, 7_000), (None, 60_000)):
+                page = browser.new_page()
+                page.route("http://tailscope.test/**", serve)
+                page.clock.install()
+                page.goto("http://tailscope.test/")
+                if drawn_after_ms is not None:
+                    page.clock.run_for(drawn_after_ms)
+                    assert page.evaluate(named) == []
+                    page.evaluate("() => document.querySelector('[data-testid=stSkeleton]').remove()")
+                page.clock.run_for(expected_at_ms - (drawn_after_ms or 0) - 1_000)
+                assert page.evaluate(named) == []
+                page.clock.run_for(1_500)
+                assert page.evaluate(named) == [["modulepreload", "http://tailscope.test/static/js/a.js"],
+                                                ["preload", "http://tailscope.test/static/css/b.css"]]
+                page.close()
+        finally:
+            browser.close()
