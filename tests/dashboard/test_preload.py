@@ -63,8 +63,8 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
 
 def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an_entry() -> None:
     deps = P.dependencies(P.static_dir() / "static" / "js")
-    named = {e for elements in P.PAGE_ELEMENTS.values() for e in elements} | set(P.SIDEBAR)
-    assert {e for e in named if P._file_of(e, deps) is None} == set()
+    elements = {e for page in P.PAGE_ELEMENTS.values() for e in page} | set(P.SIDEBAR)
+    assert {e for e in elements if P._file_of(e, deps) is None} == set()
     heads = P.page_heads()
     for page, tags in heads.items():
         named = re.findall(r'\./(static/(?:js|css)/[^"]+)"', tags.decode())
