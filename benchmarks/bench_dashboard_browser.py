@@ -9,7 +9,9 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
    the browser's cache empty: a new browser profile downloads and compiles the app's scripts);
 3. every page once, each in a new tab of one browser profile (a fresh Streamlit session; the browser's
    HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
-4. every page again, one sidebar click after another in one session (a click to the page drawn).
+4. every page again, one sidebar click after another in one session (a click to the page drawn); with
+   --think S, each click comes S seconds after the page before it was drawn, as a reader's does (the pages name
+   the other pages' element scripts once drawn and quiet: dashboard/preload.py).
 
 A first render ends when the page is drawn: its heading is visible, Streamlit's status widget says no
 script runs and no element is a loading skeleton, every Vega-Lite chart has drawn its SVG or canvas, and
@@ -20,7 +22,7 @@ wire: 0 for what the browser's cache held). The anchor, in the same run and the 
 Streamlit page (a title and a line of text) served by `streamlit run` with the dashboard's own flags, in a
 new profile and in a new tab: what the framework itself costs on this machine.
 
-    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...]
+    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...] [--think 0]
 
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
 temp directory removed afterwards).
@@ -220,10 +222,11 @@ def fresh(browser: Any, url: str, path: str, heading: str, server: list[int]) ->
         ctx.close()
 
 
-def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES
+def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0
         ) -> list[tuple[str, list[Sample], float]]:
-    """Drive the browser over `pages` (the first one must be the Overview) and the bare page; (what, samples over
-    `repeat` rounds, limit) per measurement, the bare page's first."""
+    """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
+    after the page before it was drawn; (what, samples over `repeat` rounds, limit) per measurement, the bare page's
+    first."""
     from playwright.sync_api import sync_playwright
 
     rounds: dict[str, list[Sample]] = {}
@@ -262,6 +265,7 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     drawn(page, "Overview")
                     meter = Meter(page, server)
                     for name, _, heading in (*pages[1:], pages[0]):
+                        page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
                         link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
                         keep(f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
                     page.close()
@@ -275,6 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--think", type=float, default=0.0, help="seconds between a page drawn and the next click")
     parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
                         "Overview is always first")
     args = parser.parse_args()
@@ -291,7 +296,7 @@ def main() -> None:
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
     try:
-        results = run(store, max(1, args.repeat), pages)
+        results = run(store, max(1, args.repeat), pages, max(0.0, args.think))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
