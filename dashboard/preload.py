@@ -21,6 +21,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+#: The fonts every page draws with that Streamlit's HTML does not preload: the icons of the navigation and banners
+#: (a font that blocks its text until loaded).
+FONTS: tuple[str, ...] = ("MaterialSymbols-Rounded",)
 #: The elements the sidebar draws on every page (its buttons, toggles, time slider and multiselects).
 SIDEBAR: tuple[str, ...] = ("Button", "Checkbox", "Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
@@ -95,10 +98,12 @@ def preload_files(elements: Iterable[str], deps: Mapping[str, tuple[str, ...]], 
 
 
 def link_tags(files: Iterable[str]) -> str:
-    """`<link>` tags for `files`: a script as a module to preload, a stylesheet as a style to preload."""
+    """`<link>` tags for `files`: a script as a module to preload, a stylesheet as a style, a font as a font."""
     tags = []
     for name in files:
-        if name.endswith(".css"):
+        if name.endswith(".woff2"):
+            tags.append(f'<link rel="preload" as="font" type="font/woff2" crossorigin href="./static/media/{name}">')
+        elif name.endswith(".css"):
             tags.append(f'<link rel="preload" as="style" href="./static/css/{name}">')
         else:
             tags.append(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">')
@@ -135,9 +140,11 @@ def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = 
     listed = set(_LISTED.findall(index.read_text(encoding="utf-8", errors="replace")))
     deps = dependencies(js_dir)
     every = preload_files((*shared, *(e for elements in pages.values() for e in elements)), deps, listed)
+    media = sorted(p.name for p in (root / "static" / "media").glob("*.woff2"))
+    fonts = [name for font in FONTS if (name := next((m for m in media if m.startswith(font + ".")), None))]
     heads = {}
     for path, elements in pages.items():
-        now = preload_files((*shared, *elements), deps, listed)
+        now = [*fonts, *preload_files((*shared, *elements), deps, listed)]
         rest = later_script(f for f in every if f not in now)
         heads[path] = (link_tags(now) + ("\n" + rest if rest else "")).encode()
     return heads

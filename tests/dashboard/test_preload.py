@@ -33,6 +33,9 @@ def _build(tmp_path: Path) -> Path:
         'i.map(i=>d[i]);async function t(){await e(()=>import(`./embed.H8.js`).then(e=>e.n),'
         '__vite__mapDeps([0,1]),import.meta.url)}')
     (js / "plain.I9.js").write_text('import{a}from"./shared.S1.js";export{a};')
+    (tmp_path / "static" / "media").mkdir()
+    for font in ("MaterialSymbols-Rounded.J1.woff2", "SourceSansVF-Upright.ttf.K2.woff2"):
+        (tmp_path / "static" / "media" / font).write_bytes(b"")
     return tmp_path
 
 
@@ -50,13 +53,15 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
     # Slider's own, its dependencies (shared.S1.js is the HTML's already), then Button's (not ButtonGroup's), then
     # embed's; Button named by the sidebar and the page alike is named once; an element without a script, none
     assert heads[""].decode().splitlines() == [
+        '<link rel="preload" as="font" type="font/woff2" crossorigin '
+        'href="./static/media/MaterialSymbols-Rounded.J1.woff2">',  # the icons' font, on every page
         '<link rel="modulepreload" crossorigin href="./static/js/Slider.B2.js">',
         '<link rel="modulepreload" crossorigin href="./static/js/moment.C3.js">',
         '<link rel="preload" as="style" href="./static/css/Slider.D4.css">',
         '<link rel="modulepreload" crossorigin href="./static/js/Button.E5.js">',
         '<link rel="modulepreload" crossorigin href="./static/js/embed.H8.js">']
     # a page names the other pages' once it is drawn (later_script): the Overview draws every element here, so none
-    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:4],
+    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:5],
                                                     P.later_script(["embed.H8.js"])]
     assert P.page_heads(tmp_path / "nowhere") == {}
 
@@ -65,9 +70,10 @@ def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an
     deps = P.dependencies(P.static_dir() / "static" / "js")
     elements = {e for page in P.PAGE_ELEMENTS.values() for e in page} | set(P.SIDEBAR)
     assert {e for e in elements if P._file_of(e, deps) is None} == set()
+    assert all(f"static/media/{font}." in P.page_heads()[""].decode() for font in P.FONTS)
     heads = P.page_heads()
     for page, tags in heads.items():
-        named = re.findall(r'\./(static/(?:js|css)/[^"]+)"', tags.decode())
+        named = re.findall(r'\./(static/(?:js|css|media)/[^"]+)"', tags.decode())
         assert named and len(named) == len(set(named)), page  # each file once: now, or once the page is drawn
         assert {href for href in named if not (P.static_dir() / href).is_file()} == set(), page
     pages = {p.stem for p in (ROOT / "dashboard" / "app_pages").glob("*.py")} - {"__init__"}
