@@ -1,10 +1,11 @@
-"""Preload hints for the dashboard's first page: Streamlit's element scripts that a page draws, named in its HTML.
+"""Preload hints: the Streamlit element scripts each page draws with, named in the HTML of that page's URL.
 
 Streamlit's frontend loads an element's script (the slider's, the Vega-Lite chart's, the table's) only when the
 server's first message asks for that element, and that script's own dependencies after it: in a fresh browser
 profile two more rounds of fetching and compiling after the app's own bundle, on the path of the first render.
 The HTML that the server answers for a page's URL can name them up front instead (`<link rel="modulepreload">`),
-so the browser fetches and compiles them while it loads the bundle and the session starts.
+so the browser fetches and compiles them while it loads the bundle and the session starts. Once the page is
+drawn and quiet, a small inline script names the other pages' the same way (`later_script`), for a first click.
 
 Which scripts an element needs is read from Streamlit's own build at start-up (the bundler's dependency lists in
 its scripts: `__vite__mapDeps`), so the hints follow the installed Streamlit's file names; an element whose script
