@@ -113,15 +113,16 @@ def link_tags(files: Iterable[str]) -> str:
 
 def later_script(files: Iterable[str], quiet_s: int = QUIET_S) -> str:
     """An inline script that adds the tags of `files` (as link_tags') once the page has been drawn and quiet for
-    `quiet_s` seconds (no script running, no element loading, checked each second after the load event; at most a
-    minute), when the browser is idle: the scripts the other pages draw with, fetched and compiled while the user
-    reads this page, so that a first click to another page does not wait for them; "" without files."""
+    `quiet_s` seconds (no script running by the app's run state, which Streamlit's own end-to-end tests wait on; no
+    element loading; checked each second after the load event; at most a minute), when the browser is idle: the
+    scripts the other pages draw with, fetched and compiled while the user reads this page, so that a first click
+    to another page does not wait for them; "" without files."""
     hrefs = [f"./static/{'css' if name.endswith('.css') else 'js'}/{name}" for name in files]
     if not hrefs:
         return ""
     return ("<script>addEventListener('load',()=>{let n=0,q=0;const t=setInterval(()=>{"
-            "const w=document.querySelector('[data-testid=stStatusWidget]');"
-            "q=(w&&/Running|Stop/.test(w.innerText))||document.querySelector('[data-testid=stSkeleton]')?0:q+1;"
+            "const s=document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state');"
+            "q=(s&&s!=='notRunning')||document.querySelector('[data-testid=stSkeleton]')?0:q+1;"
             f"if(q<{quiet_s}&&++n<60)return;clearInterval(t);(window.requestIdleCallback||setTimeout)(()=>{{"
             f"for(const h of {json.dumps(hrefs)}){{const l=document.createElement('link');"
             "if(h.endsWith('.css')){l.rel='preload';l.as='style'}else{l.rel='modulepreload';l.crossOrigin=''}"

@@ -141,14 +141,16 @@ def test_anything_else_passes_untouched() -> None:
 
 
 def test_the_other_pages_scripts_are_named_once_the_page_is_drawn_and_quiet() -> None:
-    """later_script in Debian's chromium on a fake clock: nothing while an element is loading, the tags two quiet
-    seconds after it is drawn; and at most a minute after the load event if it never is."""
+    """later_script in Debian's chromium on a fake clock: nothing while the app's script runs or an element is
+    loading, the tags two quiet seconds after it is drawn; and at most a minute after the load event if it never
+    is."""
     chromium = Path("/usr/bin/chromium")
     need(chromium.exists(), "Debian's chromium", "run `make browser-deps`")
     from playwright.sync_api import Route, sync_playwright
 
     html = ("<html><head>" + P.later_script(["a.js", "b.css"]) + "</head><body>"
-            '<div data-testid="stSkeleton"></div></body></html>')
+            '<div data-testid="stApp" data-test-script-state="running"><div data-testid="stSkeleton"></div></div>'
+            "</body></html>")
 
     def serve(route: Route) -> None:  # the page and empty files, from no network
         page = route.request.url.endswith("/")
@@ -164,9 +166,13 @@ def test_the_other_pages_scripts_are_named_once_the_page_is_drawn_and_quiet() ->
                 page.clock.install()
                 page.goto("http://tailscope.test/")
                 if drawn_after_ms is not None:
-                    page.clock.run_for(drawn_after_ms)
+                    page.clock.run_for(drawn_after_ms // 2)
                     assert page.evaluate(named) == []
                     page.evaluate("() => document.querySelector('[data-testid=stSkeleton]').remove()")
+                    page.clock.run_for(drawn_after_ms // 2)  # the script still running
+                    assert page.evaluate(named) == []
+                    page.evaluate("() => document.querySelector('[data-testid=stApp]')"
+                                  ".setAttribute('data-test-script-state', 'notRunning')")
                 page.clock.run_for(expected_at_ms - (drawn_after_ms or 0) - 1_000)
                 assert page.evaluate(named) == []
                 page.clock.run_for(1_500)
