@@ -145,6 +145,8 @@ class Workbench:
     worker_error: str | None = None
     #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
     warmer: threading.Thread | None = None
+    #: set once that warm-up is over (its numbers cached, or it failed)
+    warmed: threading.Event = field(default_factory=threading.Event)
     #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
     live_requests: int = 0
     stored_requests: int = 0
@@ -324,8 +326,11 @@ class Workbench:
         self.warmer.start()
 
     def _warm(self) -> None:
-        with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
-            prewarm(self)
+        try:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm(self)
+        finally:
+            self.warmed.set()
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
