@@ -145,6 +145,8 @@ class Workbench:
     worker_error: str | None = None
     #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
     warmer: threading.Thread | None = None
+    #: set once that warm-up is over (its numbers cached, or it failed)
+    warmed: threading.Event = field(default_factory=threading.Event)
     #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
     live_requests: int = 0
     stored_requests: int = 0
@@ -324,8 +326,11 @@ class Workbench:
         self.warmer.start()
 
     def _warm(self) -> None:
-        with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
-            prewarm(self)
+        try:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm(self)
+        finally:
+            self.warmed.set()
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -510,6 +515,16 @@ class Workbench:
                 return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
                                facts="req").to_pandas()
+
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
+        """analysis.cost.cost_page: the cost table and its series (pandas) from one sweep over the filters' range."""
+        from analysis.cost import cost_page, prices_for
+
+        prices = prices_for(Path(self.store), None, gpu_hour_usd)
+        with _cursor(self) as cur:
+            table, series = cost_page(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns,
+                                      prices=prices, facts="req")
+            return table, series.to_pandas()
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
@@ -1156,6 +1171,11 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     """analysis.cost.cost_series (GPU-seconds and USD per cell and key, idle and cold start as keys)."""
     df = _db.cost(filters, by, gpu_hour_usd, bucket_s)
     assert not isinstance(df, dict)
+    return _in_seconds(df)
+
+
+def _in_seconds(df: pd.DataFrame) -> pd.DataFrame:
+    """The cost series with its GPU time in seconds too (the chart's unit)."""
     df["gpu_seconds"] = df["gpu_ns"] / 1e9
     return df
 
@@ -1173,13 +1193,11 @@ def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str
     """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
     longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
     def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
-        res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
-        if "error" in res or not res["rows"]:
-            return res, None
-        try:
-            return res, cost_over_time(_db, store, version, filters, by, bucket_s, gpu_hour_usd)
+        try:  # one sweep for both (analysis.cost.cost_page)
+            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s)
         except Exception as exc:  # a failing analysis degrades to a message on the page
-            return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
+            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}, None
+        return (res, None) if not res["rows"] else (res, _in_seconds(df))
 
     return _POOL.submit(both)
 
