@@ -17,7 +17,6 @@ of replicas, each with its own resource.)
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from sample_traces.basic import SeededIds
+from sample_traces.basic import SeededIds, write_lines
 from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest, sim_ns
 from tracing import schema as S
 from tracing.lean import LeanRecorder, LeanRequest
@@ -371,9 +370,5 @@ def write_store(store: Path, cfg: FleetConfig, requests: Iterable[SimRequest], s
 
 def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
                keep: Callable[[int], bool] | None = None) -> Path:
-    """Write gzip OTLP/JSON lines (reproducible: gzip mtime 0) and return the path (`keep`: see emit_lines)."""
-    lines = emit_lines(cfg, requests, seed, keep)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(path, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines) + "\n").encode())
-    return path
+    """Write gzip OTLP/JSON lines (`basic.write_lines`: reproducible) and return the path (`keep`: see emit_lines)."""
+    return write_lines(path, emit_lines(cfg, requests, seed, keep))
