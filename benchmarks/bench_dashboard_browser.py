@@ -10,14 +10,14 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
    HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
 4. every page again, one sidebar click after another in one session (a click to the page drawn).
 
-A first render ends when the page is drawn: its heading is visible, Streamlit's status widget says no
-script runs and no element is a loading skeleton, every Vega-Lite chart has drawn its SVG or canvas, and
-every table its canvas. Timed from `goto` (or the click) to that moment. Beside each time: the CPU seconds
-of the browser's processes and of the server's (Linux /proc), the renderer's main-thread busy time
-(Chromium's `Performance.getMetrics` TaskDuration) and what was fetched over HTTP (requests, KB over the
-wire: 0 for what the browser's cache held). The anchor, in the same run and the same browser: a bare
-Streamlit page (a title and a line of text) served by `streamlit run` with the dashboard's own flags, in a
-new profile and in a new tab: what the framework itself costs on this machine.
+A first render ends when the page is drawn: its heading is visible, no script runs (the app's run state, not
+the status widget, which shows a run only after 500 ms), no element is a loading skeleton, every Vega-Lite
+chart has drawn its SVG or canvas, and every table its canvas. Timed from `goto` (or the click) to that
+moment. Beside each time: the CPU seconds of the browser's processes and of the server's (Linux /proc), the
+renderer's main-thread busy time (Chromium's `Performance.getMetrics` TaskDuration) and what was fetched over
+HTTP (requests, KB over the wire: 0 for what the browser's cache held). The anchor, in the same run and the
+same browser: a bare Streamlit page (a title and a line of text) served by `streamlit run` with the
+dashboard's own flags, in a new profile and in a new tab: what the framework itself costs on this machine.
 
     python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...]
 
@@ -154,7 +154,16 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
 def drawn(page: Any, heading: str) -> None:
     """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
+    settled(page)
+
+
+def settled(page: Any) -> None:
+    """Wait until no script runs, no element is a loading skeleton and each shown chart and table has drawn (polled
+    every 50 ms, up to 120 s). "No script runs" is the app's own run state (`data-test-script-state`, which
+    Streamlit's end-to-end tests wait on): the status widget shows a run only after its first 500 ms."""
     page.wait_for_function("""() => {
+        const app = document.querySelector('[data-testid=stApp]');
+        if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
         const w = document.querySelector('[data-testid=stStatusWidget]');
         if (w && /Running|Stop/.test(w.innerText)) return false;
         if (document.querySelector('[data-testid=stSkeleton]')) return false;

@@ -189,6 +189,8 @@ def run_one(store: Path) -> dict[str, Any]:
     out["spikes"] = [(s["start"], s["end"], s["stages"][0]["stage"] if s["stages"] else None,
                       s["dimensions"][0]["value"] if s["dimensions"] else None) for s in report["spikes"]]
     out["errors"] = report.get("errors", [])
+    attrs = report.get("attributes") or {}
+    out["attributes"] = {"considered": len(attrs.get("considered", [])), "skipped": len(attrs.get("skipped", []))}
     out["peak_rss_mib"] = round(peak_rss_mib(), 1)
     out["report_vs_duckdb_x"] = round(out["report_s"] / max(out["duckdb_p50_p99_per_name_s"], 1e-9), 1)
     out["report_vs_duckdb_cpu_x"] = round(out["report_cpu_s"] / max(out["duckdb_cpu_s"], 1e-9), 1)

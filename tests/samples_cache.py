@@ -16,6 +16,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +28,8 @@ _stores: dict[object, tuple[Path, list[tuple[str, int, int]]]] = {}
 _warnings: dict[Path, list[str]] = {}
 #: what marks a finished build in its directory: the store's files and what the build noted (the CLI's warnings)
 _MANIFEST = "manifest.json"
+#: beside the demo's store: its run's exit code, stdout and stderr
+_DEMO_RUN = "demo-run.json"
 
 
 def _files(store: Path) -> list[tuple[str, int, int]]:
@@ -108,6 +112,27 @@ def built(name: str, build: Callable[[Path], object], factory: pytest.TempPathFa
         return []
 
     return _shared(name, f"built-{name}", run, factory)
+
+
+def run_demo(store: Path) -> subprocess.CompletedProcess[str]:
+    """`tailscope demo --no-dashboard --store STORE`, the console script in a subprocess, 200 columns wide."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([str(Path(sys.executable).parent / "tailscope"), "demo", "--no-dashboard", "--store",
+                           str(store)], capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+def demo(factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The store one `tailscope demo --no-dashboard --store STORE` wrote (the console script in a subprocess, its
+    stdout a pipe: the dashboard does not start), and that run (its code and output, kept beside the store), made
+    on first use in the session; read only (the demo's tests and the browser benchmark's smoke run read it)."""
+    def build(path: Path) -> list[str]:
+        done = run_demo(path)
+        (path.parent / _DEMO_RUN).write_text(json.dumps([done.returncode, done.stdout, done.stderr]))
+        return []
+
+    store = _shared("demo", "demo", build, factory)
+    code, out, err = json.loads((store.parent / _DEMO_RUN).read_text())
+    return store, subprocess.CompletedProcess(["tailscope", "demo"], code, out, err)
 
 
 def _unchanged(key: object) -> Path:

@@ -1,8 +1,8 @@
 """Write OTLP/JSON the way the OpenTelemetry Collector's file exporter does.
 
 One ExportTraceServiceRequest per line; ids as lowercase hex, enums as integers, 64-bit
-integers as decimal strings (the OTLP/JSON rules). Used by the file exporter, the
-sample generators and tests.
+integers as decimal strings (the OTLP/JSON rules). Used by the sample generators, which write
+the committed samples, and by tests.
 
 `spans_to_json_line` builds the JSON object straight from the SDK's spans: the same object, key for key and in
 the same order, as the SDK's protobuf encoder (`encode_spans`) followed by protobuf's `MessageToDict` (what

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run_all
+from tests import samples_cache
+from tests.analysis.clickhouse_releases import python_of
 from tests.needs import need, need_c
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,13 +86,20 @@ def test_every_benchmark_script_has_a_tiny_run() -> None:
 
 @pytest.mark.slow  # a benchmark script in its own process (make test-fast leaves it out)
 @pytest.mark.parametrize("name", sorted(run_all.TINY))
-def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path) -> None:
+def test_benchmark_runs_at_its_tiny_size(name: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     if name == "bench_build_hour":
         from analysis.engine.materialize import load_sweep
 
         need_c(load_sweep() is not None, "the C kernel analysis._replay")
+    if name == "bench_clickhouse_releases":  # the older releases' chdb venvs (`make ch-releases`)
+        args = run_all.TINY[name]
+        for release in args[args.index("--releases") + 1].split(","):
+            python_of(release)
     if name == "bench_dashboard_browser":
         need(Path("/usr/bin/chromium").exists(), "Debian's chromium", "run `make browser-deps`")
+        # its --store, where it writes the demo store unless one is there: a copy of the demo tests' (the same
+        # `tailscope demo`, checked by tests/sample_traces/test_demo.py), since the dashboard may write into it
+        shutil.copytree(samples_cache.demo(tmp_path_factory)[0], tmp_path / "work" / name / "demo-store")
     out = _run(run_all.command(name, "tiny", tmp_path / "work"), tmp_path)
     for pattern in PRINTS[name]:
         assert re.search(pattern, out), f"{name}: no match for {pattern!r} in its output:\n{out[-3000:]}"

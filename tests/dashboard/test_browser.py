@@ -2,7 +2,9 @@
 
 Clicks through every page, checks the spike and its top replica are on screen, and saves a
 screenshot of each page in test-artifacts/. `make test` installs chromium first
-(`make browser-deps`); no browser is downloaded.
+(`make browser-deps`); no browser is downloaded. One chromium serves the module's tests (each
+opens its own pages), and a page counts as drawn when the benchmark's test says so
+(`benchmarks.bench_dashboard_browser.settled`: no script running, every shown chart and table drawn).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import servers
+from benchmarks.bench_dashboard_browser import settled
+from tests import samples_cache, servers
 from tests.needs import need
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -101,21 +104,53 @@ def _serving(args: list[str], log_name: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium under Playwright, launched once for the module's tests."""
+    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    """A browser context of its own for one test (its pages, cookies and cache; closed after it), in New York."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, timezone_id=BROWSER_ZONE)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@pytest.fixture(scope="module")
 def dashboard_url(incident_store: Path) -> Iterator[str]:
     """`tailscope dashboard` serving the incident store on a free loopback port."""
     with _serving(["--store", str(incident_store)], "dashboard-server.log") as url:
         yield url
 
 
-def _visit_pages(browser: Any, url: str, pages: Sequence[tuple[str, str, str | tuple[str, ...]]], shots: str,
+def _new_page(context: Any) -> Any:
+    """A new tab of `context` whose waits (and expect()'s) allow 90 s: a loaded machine is slow."""
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.set_default_timeout(90_000)
+    expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
+    return page
+
+
+def _visit_pages(context: Any, url: str, pages: Sequence[tuple[str, str, str | tuple[str, ...]]], shots: str,
                  asked: list[str] | None = None) -> Any:
     """Open `url`, click each (link, heading, text that must show) in the sidebar, screenshot each page as
     `<shots>-<heading>.png` and fail on a traceback; returns the page, still open."""
     from playwright.sync_api import expect
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id=BROWSER_ZONE)
-    page.set_default_timeout(90_000)
-    expect.set_options(timeout=90_000)  # expect() has its own 5 s default: too short on a loaded machine
+    page = _new_page(context)
     if asked is not None:
         page.on("request", lambda r: asked.append(r.url))
     page.goto(url, wait_until="networkidle")
@@ -139,110 +174,92 @@ def _text_outside_tables(page: Any) -> str:
         return m.innerText; }"""))
 
 
-def test_click_through_every_page(dashboard_url: str) -> None:
+def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     """Every page once in a New York browser: no traceback, no raw number, nothing fetched from off the machine;
     the time axes read UTC like the banners; the failures chart draws visible bars; a latency tab draws its chart;
     a brush explains a window."""
-    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            asked: list[str] = []
-            page = _visit_pages(browser, dashboard_url, PAGES, "dashboard", asked)
-            outside = sorted({u for u in asked if not u.startswith((dashboard_url, "data:", "blob:"))})
-            assert not outside, f"requests leaving the machine: {outside}"
-            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Overview", exact=True).click()
-            _settle(page)
-            # one clock: the x axes of a New York browser read the banner's UTC times (07:xx), 24-hour
-            ticks = page.locator("[data-testid=stVegaLiteChart] .role-axis-label text").all_text_contents()
-            times = [t for t in ticks if re.fullmatch(r"\d\d:\d\d", t)]
-            assert times and {t[:2] for t in times} <= {"07"}, times
-            # the failed requests' chart draws each window's bar its full width
-            bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
-            expect(bars.first).to_be_attached()  # Vega draws after the script has finished: wait for it
-            assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
-            # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
-            page.get_by_role("tab", name="TTFT", exact=True).click()
-            expect(page.locator("[data-testid=stVegaLiteChart] .role-title-text text").first).to_have_text("TTFT")
-            # the spike banner is a link to its window on the Spike page
-            link = page.get_by_role("link", name="Open it on the Spike page").first
-            assert re.fullmatch(r"spike\?start_ns=\d+&end_ns=\d+", link.get_attribute("href") or "")
-            # the spike page names the top replica with its counterfactual p99 and the baseline beside it
-            page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
-            lead = page.get_by_test_id("stAlertContentSuccess").first
-            expect(lead).to_contain_text("replica = replica-05")
-            expect(lead).to_contain_text("baseline without it")
-            # brushing a window on the chart selects it for explanation, and puts it in the URL
-            _settle(page)
-            box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
-            assert box is not None
-            y = box["y"] + box["height"] * 0.45
-            page.mouse.move(box["x"] + box["width"] * 0.25, y)
-            page.mouse.down()
-            page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
-            page.mouse.up()
-            expect(page.get_by_role("combobox", name="Window")).to_have_value(re.compile(r"^brushed \d\d:\d\d"))
-            _settle(page)
-            _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
-            assert page.get_by_test_id("stException").count() == 0
-            assert re.search(r"start_ns=\d+&end_ns=\d+", page.url)
-        finally:
-            browser.close()
+    asked: list[str] = []
+    page = _visit_pages(context, dashboard_url, PAGES, "dashboard", asked)
+    outside = sorted({u for u in asked if not u.startswith((dashboard_url, "data:", "blob:"))})
+    assert not outside, f"requests leaving the machine: {outside}"
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Overview", exact=True).click()
+    expect(page.get_by_role("heading", name="Overview", exact=True).first).to_be_visible()
+    _settle(page)
+    # one clock: the x axes of a New York browser read the banner's UTC times (07:xx), 24-hour
+    ticks = page.locator("[data-testid=stVegaLiteChart] .role-axis-label text").all_text_contents()
+    times = [t for t in ticks if re.fullmatch(r"\d\d:\d\d", t)]
+    assert times and {t[:2] for t in times} <= {"07"}, times
+    # the failed requests' chart draws each window's bar its full width
+    bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
+    expect(bars.first).to_be_attached()  # Vega draws after the script has finished: wait for it
+    assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
+    # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
+    page.get_by_role("tab", name="TTFT", exact=True).click()
+    expect(page.locator("[data-testid=stVegaLiteChart] .role-title-text text").first).to_have_text("TTFT")
+    # the spike banner is a link to its window on the Spike page
+    link = page.get_by_role("link", name="Open it on the Spike page").first
+    assert re.fullmatch(r"spike\?start_ns=\d+&end_ns=\d+", link.get_attribute("href") or "")
+    # the spike page names the top replica with its counterfactual p99 and the baseline beside it
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Spike", exact=True).click()
+    lead = page.get_by_test_id("stAlertContentSuccess").first
+    expect(lead).to_contain_text("replica = replica-05")
+    expect(lead).to_contain_text("baseline without it")
+    # brushing a window on the chart selects it for explanation, and puts it in the URL
+    _settle(page)
+    box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] * 0.45
+    page.mouse.move(box["x"] + box["width"] * 0.25, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
+    page.mouse.up()
+    expect(page.get_by_role("combobox", name="Window")).to_have_value(re.compile(r"^brushed \d\d:\d\d"))
+    _settle(page)
+    _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
+    assert page.get_by_test_id("stException").count() == 0
+    assert re.search(r"start_ns=\d+&end_ns=\d+", page.url)
 
 
-def test_links_open_the_view_they_name(dashboard_url: str) -> None:
+def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None:
     """A shared link opens its filters (a filter too narrow to judge says so), and a trace link its waterfall."""
-    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id=BROWSER_ZONE)
-            page.set_default_timeout(90_000)
-            expect.set_options(timeout=90_000)
-            page.goto(f"{dashboard_url}/spike?replica=replica-05", wait_until="networkidle")
-            expect(page.get_by_text("Spike detection could not judge these filters").first).to_be_visible()
-            _settle(page)
-            _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
-            assert page.get_by_text("No spike: detection judged").count() == 0
-            # an attribute filter's link turns the sidebar's attribute filter on with that key and value
-            page.goto(f"{dashboard_url}/?attr=gen_ai.request.stream&attr_value=true", wait_until="networkidle")
-            sidebar = page.get_by_test_id("stSidebar")
-            expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
-            expect(sidebar.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
-            _settle(page)
-            _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
-            assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url
-            # the several-filter form (`attr.<key>=`) opens the same view; one filter is written back in the first form
-            page.goto(f"{dashboard_url}/?attr.gen_ai.request.stream=true", wait_until="networkidle")
-            expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
-            _settle(page)
-            assert "attr=gen_ai.request.stream" in page.url and "attr.gen_ai" not in page.url
-            page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
-            heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
-            expect(heading).to_be_visible()
-            _settle(page)
-            slowest = page.get_by_role("heading", name="Slowest requests (exemplars of the tail)").first
-            assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
-        finally:
-            browser.close()
+    page = _new_page(context)
+    page.goto(f"{dashboard_url}/spike?replica=replica-05", wait_until="networkidle")
+    expect(page.get_by_text("Spike detection could not judge these filters").first).to_be_visible()
+    _settle(page)
+    _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
+    assert page.get_by_text("No spike: detection judged").count() == 0
+    # an attribute filter's link turns the sidebar's attribute filter on with that key and value
+    page.goto(f"{dashboard_url}/?attr=gen_ai.request.stream&attr_value=true", wait_until="networkidle")
+    sidebar = page.get_by_test_id("stSidebar")
+    expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+    expect(sidebar.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
+    _settle(page)
+    _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
+    assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url
+    # the several-filter form (`attr.<key>=`) opens the same view; one filter is written back in the first form
+    page.goto(f"{dashboard_url}/?attr.gen_ai.request.stream=true", wait_until="networkidle")
+    expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+    _settle(page)
+    assert "attr=gen_ai.request.stream" in page.url and "attr.gen_ai" not in page.url
+    page.goto(f"{dashboard_url}/traces?trace=7a11000000000000", wait_until="networkidle")
+    heading = page.get_by_role("heading", name=re.compile(r"^Trace 7a11000000000000")).first
+    expect(heading).to_be_visible()
+    _settle(page)
+    slowest = page.get_by_role("heading", name="Slowest requests (exemplars of the tail)").first
+    assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
 
 
 def _settle(page: object) -> None:
-    """Wait until Streamlit has finished running the script (its status widget is gone)."""
+    """Wait until Streamlit has finished running the script and every shown chart and table is drawn."""
     from playwright.sync_api import Page
 
     assert isinstance(page, Page)
     page.wait_for_load_state("networkidle")
-    running = page.get_by_test_id("stStatusWidget").get_by_text("Stop")
-    for _ in range(600):  # bounded
-        if running.count() == 0:
-            break
-        page.wait_for_timeout(100)
-    page.wait_for_timeout(700)  # let Vega finish drawing the charts
+    settled(page)
 
 
 def _screenshot(page: object, path: Path) -> None:
@@ -263,26 +280,26 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incid
 
 @pytest.fixture(scope="module")
 def clickhouse_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`tailscope dashboard --engine clickhouse` on a chdb table filled from a catalogue sample, and the
+    """`tailscope dashboard --engine clickhouse` on a chdb table filled from a catalogue sample (its store as
+    `tailscope ingest` leaves it, shared with the other tests that read it: tests/samples_cache.py), and the
     `report --engine clickhouse --json` of that table. Each step is its own process: chdb opens a
     directory in one process at a time, and the test process never opens it."""
     root = tmp_path_factory.mktemp("chbrowser")
     exe = str(Path(sys.executable).parent / "tailscope")
     dsn = f"chdb:{root / 'ch'}"
-    for args in (["ingest", str(SAMPLE), "--store", str(root / "store")],
-                 ["export", "--to", "clickhouse", "--dsn", dsn, "--store", str(root / "store"), "--quiet"]):
-        subprocess.run([exe, *args], check=True, capture_output=True, timeout=600)
+    store = samples_cache.store(SAMPLE, tmp_path_factory, cli=True)
+    subprocess.run([exe, "export", "--to", "clickhouse", "--dsn", dsn, "--store", str(store), "--quiet"], check=True,
+                   capture_output=True, timeout=600)
     done = subprocess.run([exe, "report", "--engine", "clickhouse", "--dsn", dsn, "--json"], check=True,
                           capture_output=True, text=True, timeout=600)
     with _serving(["--engine", "clickhouse", "--dsn", dsn], "dashboard-clickhouse-server.log") as url:
         yield url, json.loads(done.stdout)
 
 
-def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]]) -> None:
+def test_the_dashboard_on_clickhouse(context: Any, clickhouse_url: tuple[str, dict[str, Any]]) -> None:
     """The Overview shades the report's spike; Spike, Request shape, Replicas, What-if, Traces and SQL run; a
     store-only page says so."""
-    need(CHROMIUM.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect
 
     url, report = clickhouse_url
     assert report["spikes"], "the slow_replica sample has a spike"
@@ -297,21 +314,14 @@ def test_the_dashboard_on_clickhouse(clickhouse_url: tuple[str, dict[str, Any]])
              ("What-if", "What-if", "predicted,"),
              ("Cost", "Cost", "GPU-hours allocated"),
              ("Alerts", "Alerts", "The Alerts page does not run on this engine yet"))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            page = _visit_pages(browser, url, pages, "dashboard-clickhouse")
-            # a link with two attribute filters turns the table's attribute filter on with both, and keeps them
-            from playwright.sync_api import expect
-
-            page.goto(f"{url}/replicas?attr.k8s.node.name=us-east-1a-node-0&attr.gen_ai.request.stream=true",
-                      wait_until="networkidle")
-            sidebar = page.get_by_test_id("stSidebar")
-            for shown in ("k8s.node.name =", "gen_ai.request.stream =", "us-east-1a-node-0"):
-                expect(sidebar.get_by_text(shown).first).to_be_visible()
-            _settle(page)
-            _screenshot(page, ARTIFACTS / "dashboard-clickhouse-link-attributes.png")
-            assert page.get_by_test_id("stException").count() == 0
-            assert "attr.k8s.node.name=us-east-1a-node-0" in page.url and "attr.gen_ai.request.stream=true" in page.url
-        finally:
-            browser.close()
+    page = _visit_pages(context, url, pages, "dashboard-clickhouse")
+    # a link with two attribute filters turns the table's attribute filter on with both, and keeps them
+    page.goto(f"{url}/replicas?attr.k8s.node.name=us-east-1a-node-0&attr.gen_ai.request.stream=true",
+              wait_until="networkidle")
+    sidebar = page.get_by_test_id("stSidebar")
+    for shown in ("k8s.node.name =", "gen_ai.request.stream =", "us-east-1a-node-0"):
+        expect(sidebar.get_by_text(shown).first).to_be_visible()
+    _settle(page)
+    _screenshot(page, ARTIFACTS / "dashboard-clickhouse-link-attributes.png")
+    assert page.get_by_test_id("stException").count() == 0
+    assert "attr.k8s.node.name=us-east-1a-node-0" in page.url and "attr.gen_ai.request.stream=true" in page.url

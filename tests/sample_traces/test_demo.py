@@ -9,9 +9,8 @@ what README.md's demo block must show (with lines left out only where it says `â
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -19,8 +18,8 @@ import pytest
 
 from analysis.engine.connect import connect
 from sample_traces import generate
+from tests import samples_cache
 
-TAILSCOPE = Path(sys.executable).parent / "tailscope"
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: A line of the README's demo block that stands for any number of lines left out.
 ELIDED = "â€¦"
@@ -51,22 +50,16 @@ def unmatched(shown: list[str], output: list[str]) -> str | None:
     return None if skipping or at == len(output) else f"(the output goes on: {output[at]!r})"
 
 
-def _demo(store: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([str(TAILSCOPE), "demo", "--no-dashboard", "--store", str(store)], capture_output=True,
-                          text=True, env=env, timeout=600, check=False)
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """A store made by one `tailscope demo --no-dashboard`, and that run."""
-    store = tmp_path_factory.mktemp("demo") / "store"
-    return store, _demo(store)
+    """A store made by one `tailscope demo --no-dashboard`, and that run (made once in the session, read only:
+    tests/samples_cache.py)."""
+    return samples_cache.demo(tmp_path_factory)
 
 
 @pytest.mark.slow
 def test_demo_loads_the_sample_prints_a_spike_and_the_dashboard_command(
-        demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+        demo: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
     store, first = demo
     truth = json.loads(generate.DEMO_TRUTH.read_text())
     assert first.returncode == 0, first.stderr
@@ -85,7 +78,8 @@ def test_demo_loads_the_sample_prints_a_spike_and_the_dashboard_command(
     assert con.execute("SELECT count(*) FROM requests").fetchone() == (truth["requests"],)
     con.close()
 
-    again = _demo(store)
+    store = shutil.copytree(store, tmp_path / "store")  # the second run may write: a copy of the shared store
+    again = samples_cache.run_demo(store)
     assert again.returncode == 0, again.stderr
     assert " 0 spans stored" in again.stdout
     con = connect(store)

@@ -107,9 +107,11 @@ def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert f"{part}.c" in names and not [n for n in names if n.startswith(f"{part}.") and not n.endswith(".c")]
     assert not [n for n in names if n.startswith(("examples/", "tests/"))]
     env_dir = base / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # pip itself is not put in it (ensurepip: about 3 CPU-seconds)
     python = env_dir / "bin" / "python"
-    installed = _run([str(python), "-m", "pip", "install", "--quiet", str(wheel)], cwd=base)
+    # this pip installs into the new venv's interpreter (--python): the same resolution and install, from outside
+    installed = _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)],
+                     cwd=base)
     assert installed.returncode == 0, installed.stderr
     return env_dir
 
