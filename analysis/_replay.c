@@ -7,6 +7,8 @@
  * server free time): a binary min-heap of the servers' free times, O(n log k). Returns 0, or -1 on
  * bad arguments.
  *
+ * batch_exceeds(...): batch_replay that stops once a given number of latencies are above a limit.
+ *
  * count_cells(...): a count of rows by a key made through a table of each code (the report's attribute pairs).
  *
  * critical_path(...): the critical-path sweep of the request model (analysis.engine.model: the relations
@@ -76,14 +78,13 @@ static void sift_up(int64_t *h, int64_t i) {
     h[i] = v;
 }
 
-int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int64_t replicas, const double *table,
-                 int64_t tsize, int64_t *lat, int64_t *svc, int64_t *heap, int64_t *ends) {
-    (void)heap;
-    if (k < 1 || n < 0 || replicas < 1 || tsize < 2) return -1;
-    if (n == 0) return 0;
+static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_t k, int64_t replicas,
+                         const double *table, int64_t tsize, int64_t *lat, int64_t *svc, int64_t *ends, int64_t limit,
+                         int64_t allowed) {
     int64_t m = k < n ? k : n;
     int64_t e = 0;  /* entries in ends */
     int64_t last = a[0];  /* the last begin (every server is free at a[0]) */
+    int64_t over = 0;  /* latencies above limit so far */
     for (int64_t j = 0; j < n; j++) {
         int64_t begin = a[j] > last ? a[j] : last;
         while (e > 0 && ends[0] <= begin) {
@@ -107,8 +108,29 @@ int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int
         last = begin;
         lat[j] = fin - a[j];
         svc[j] = s;
+        if (lat[j] > limit && ++over >= allowed) return j + 1;
     }
+    return n;
+}
+
+int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int64_t replicas, const double *table,
+                 int64_t tsize, int64_t *lat, int64_t *svc, int64_t *heap, int64_t *ends) {
+    (void)heap;
+    if (k < 1 || n < 0 || replicas < 1 || tsize < 2) return -1;
+    if (n == 0) return 0;
+    batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, INT64_MAX, n + 1);
     return 0;
+}
+
+/* batch_exceeds(a, base, n, k, replicas, table, tsize, limit, allowed, lat, svc, ends): batch_replay that stops
+ * as soon as `allowed` latencies are above `limit` (then a quantile at or above that rank is too: the capacity
+ * curve's search for the fewest count, analysis.capacity.batched_p99). Returns 1 when it stopped so, 0 when every
+ * request was replayed (lat, svc as batch_replay's), -1 on bad arguments. */
+int batch_exceeds(const int64_t *a, const double *base, int64_t n, int64_t k, int64_t replicas, const double *table,
+                  int64_t tsize, int64_t limit, int64_t allowed, int64_t *lat, int64_t *svc, int64_t *ends) {
+    if (k < 1 || n < 0 || replicas < 1 || tsize < 2 || allowed < 1) return -1;
+    if (n == 0) return 0;
+    return batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed) < n ? 1 : 0;
 }
 
 /* reactive_replay(a, s, base, n, slots, replicas, max_replicas, cold, table, tsize, lat, svc, added, nadded, heap,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import heapq
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -173,6 +174,9 @@ class Workload:
         self.relation: dict[str, Any] | None = None  # the measured relation of service time to batch
         self.sampled = False  # expanded from sampled traces (analysis.whatif.expand) ...
         self.stored = int(self.arrivals.size)  # ... of this many stored requests
+        #: (replicas, g, metric) -> (p99 ms, True) of a replay with the relation, or (x, False): its p99 is above x
+        #: (`batched_meets`: the search for the fewest count, at counts the curve does not draw)
+        self.checks: dict[tuple[int, float, str], tuple[float | None, bool]] = {}
         self._zero_wait: int | None = None
         self._scaled: dict[float, npt.NDArray[np.float64]] = {}  # g -> scaled_services (every count replays it)
 
@@ -367,8 +371,9 @@ def _latencies(w: Workload, replicas: int, lat: I64, services: I64, slots: int |
 
 
 def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
-    """Fewest count in 1 .. counts[-1] that meets the target, p99 taken as not rising with the count: bisection,
-    narrowed by the curve's own points first when `scan` (they are replayed anyway); None when the largest misses it."""
+    """Fewest count in 1 .. counts[-1] that meets the target when p99 does not rise with the count (fixed service
+    times: waits through FIFO servers only shrink when servers are added): bisection, narrowed by the curve's own
+    points first when `scan` (they are replayed anyway); None when the largest misses it."""
     if not counts or not meets(counts[-1]):
         return None
     lo, hi = 0, counts[-1]  # meets(hi), not meets(lo) (0 replicas serve nothing)
@@ -384,6 +389,68 @@ def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
         else:
             lo = mid
     return hi
+
+
+def _fewest_scanned(meets: Any, largest: int) -> int | None:
+    """Fewest count in 1 .. largest that meets the target, whatever the curve's shape: with the batch relation p99
+    can rise when a replica is added (a request that no longer waits may join a larger batch), so every count is
+    tried in turn (`batched_meets` stops a replay once its p99 is sure to miss)."""
+    return next((r for r in range(1, largest + 1) if meets(r)), None)
+
+
+def _metric_p99(w: Workload, lat: I64, services: I64, metric: str) -> float | None:
+    """p99 (ms) of e2e or TTFT from replayed latencies and the services they ran (as `_latencies`)."""
+    if metric == "e2e":
+        return _q_ms(lat, [0.99])[0]
+    rows = slice(None) if w.ttft_all else w.ttft_rows
+    return _q_ms((lat[rows] - services[rows]) + w.ttft_rest[rows], [0.99])[0]
+
+
+def batched_meets(w: Workload, replicas: int, g: float, target_p99_ms: float, metric: str = "e2e",
+                  kernel: ctypes.CDLL | None = None) -> bool:
+    """Whether `metric`'s p99 with the relation `g` at `replicas` (observed slots) is at most the target (ms), as
+    `point_batched`'s rounded p99 compares: read from its point when replayed, else one replay that, for e2e with
+    the C kernel, stops once more latencies are above the target than the 99th percentile's rank allows
+    (`batch_exceeds`). Kept in `w.checks`: the p99, or a value it is known to exceed."""
+    replicas = int(replicas)
+    done = w.replays.get((replicas, w.slots, g))
+    if done is not None:
+        v = done["p99_ms" if metric == "e2e" else "ttft_p99_ms"]
+        return v is not None and v <= target_p99_ms  # type: ignore[no-any-return]
+    key = (replicas, g, metric)
+    known = w.checks.get(key)
+    if known is not None:
+        value, exact = known
+        if exact:
+            return value is not None and value <= target_p99_ms
+        if target_p99_ms <= value:  # type: ignore[operator]
+            return False
+    lib = kernel if kernel is not None else load_kernel()
+    base, table = scaled_services(w, g), batch_table(w, g)
+    if metric == "e2e" and lib is not None and hasattr(lib, "batch_exceeds") and math.isfinite(target_p99_ms) \
+            and w.size:
+        # v[k] > limit (k = the 99th percentile's lower rank, numpy's linear rule) puts p99 above the target by
+        # more than its rounding (0.0005 ms), so a miss is sure once n - k latencies exceed the limit
+        limit = math.floor((target_p99_ms + 0.001) * 1e6) + 1
+        allowed = w.size - math.floor(0.99 * (w.size - 1))
+        a = np.ascontiguousarray(w.arrivals, dtype=np.int64)
+        lat, svc = np.empty(a.size, dtype=np.int64), np.empty(a.size, dtype=np.int64)
+        ends = np.empty(max(1, min(replicas * w.slots, a.size)), dtype=np.int64)
+        p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+        b, t = np.ascontiguousarray(base, dtype=np.float64), np.ascontiguousarray(table, dtype=np.float64)
+        rc = lib.batch_exceeds(a.ctypes.data_as(p), b.ctypes.data_as(d), a.size, replicas * w.slots, replicas,
+                               t.ctypes.data_as(d), t.size, limit, allowed, lat.ctypes.data_as(p),
+                               svc.ctypes.data_as(p), ends.ctypes.data_as(p))
+        if rc < 0:
+            raise ValueError("the replay kernel refused its input")
+        if rc == 1:
+            w.checks[key] = (target_p99_ms, False)
+            return False
+    else:
+        lat, svc = replay_batched(w.arrivals, base, replicas * w.slots, replicas, table, lib)
+    value = _metric_p99(w, lat, svc, metric)
+    w.checks[key] = (value, True)
+    return value is not None and value <= target_p99_ms
 
 
 def drawn_counts(max_replicas: int, observed_replicas: int, kernel: bool = True) -> list[int]:
@@ -403,9 +470,11 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
     `service` (`service_model`): "auto" replays with the measured relation of service time to batch where the
     traces show it (`point_batched`; then also the fixed-time curve, `fixed_points`, and the fewest count at the
     ends of the relation's interval, `fewest_interval`), "fixed" with the observed service times.
-    Waits through FIFO servers only shrink when servers are added, so p99 does not rise with
-    the count: the fewest count is found by bisection over 1 .. max(replicas) (points outside
-    the curve are replayed too), None when even the largest count misses the target.
+    Waits through FIFO servers only shrink when servers are added, so with fixed service times p99 does not rise
+    with the count: the fewest count is found by bisection over 1 .. max(replicas) (points outside the curve are
+    replayed too). With the relation it can rise (a request that no longer waits may join a larger batch), so
+    every count from 1 is tried in turn (`batched_meets`: a replay stops once it is sure to miss). None when no
+    count up to the largest meets it.
     """
     if metric not in ("e2e", "ttft"):
         raise ValueError("metric must be e2e or ttft")
@@ -414,29 +483,32 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
     counts = sorted({int(r) for r in replicas})
     parallel = load_kernel() is not None  # the C kernel releases the GIL: one point per core
 
-    def curve_of(at: Any, todo: list[int] | None) -> tuple[list[dict[str, Any]], int | None]:
-        """The points of `counts` (None: none, the fewest count only) and the fewest count."""
-        if parallel and todo and len(todo) > 1:
+    def curve_of(at: Any, todo: list[int]) -> list[dict[str, Any]]:
+        """The points of `counts`, those of `todo` replayed first (one per core)."""
+        if parallel and len(todo) > 1:
             with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
                 list(pool.map(at, todo))
+        return [at(r) for r in counts]
 
-        def meets(r: int) -> bool:
-            v = at(r)[col]
-            return v is not None and v <= target_p99_ms  # type: ignore[operator]
+    def under(v: float | None) -> bool:
+        return v is not None and target_p99_ms is not None and v <= target_p99_ms
 
-        fewest = _fewest(meets, counts, scan=todo is not None) if target_p99_ms is not None else None
-        return ([at(r) for r in counts] if todo is not None else []), fewest
-
-    fixed_points, fixed_fewest = curve_of(lambda r: point(w, r, gpu_hour_usd),
-                                          sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points)))
+    fixed_points = curve_of(lambda r: point(w, r, gpu_hour_usd),
+                            sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points)))
+    fixed_fewest = (_fewest(lambda r: under(point(w, r)[col]), counts) if target_p99_ms is not None else None)
     points, fewest, interval = fixed_points, fixed_fewest, None
     if model["applied"]:
         rel = model["relation"]
-        points, fewest = curve_of(lambda r: point_batched(w, r, rel["growth_per_request"], gpu_hour_usd), counts)
+        points = curve_of(lambda r: point_batched(w, r, rel["growth_per_request"], gpu_hour_usd), counts)
+        fewest = None
         if target_p99_ms is not None:
-            ends = [curve_of(lambda r, g=g: point_batched(w, r, g, gpu_hour_usd), None)[1]
-                    for g in (rel["growth_per_request_low"], rel["growth_per_request_high"])]
-            interval = ends
+            def fewest_at(g: float) -> int | None:
+                """The fewest count with the relation at growth g: scanned, not bisected (p99 may rise)."""
+                return _fewest_scanned(lambda r: batched_meets(w, r, g, float(target_p99_ms), metric),  # type: ignore[arg-type]
+                                       counts[-1] if counts else 0)
+
+            fewest = fewest_at(rel["growth_per_request"])
+            interval = [fewest_at(rel["growth_per_request_low"]), fewest_at(rel["growth_per_request_high"])]
     return {"version": CAPACITY_VERSION, "requests": w.size, "sampled": w.sampled, "stored_requests": w.stored,
             "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,

@@ -22,7 +22,9 @@ The sweep (analysis.engine.gpu_sweep; stored with each materialized hour, and `g
 sums the stored hours of a range and sweeps the rest) is SQL over the documented `spans`
 view: window functions over the interval boundaries (running sums for the counts and a
 running prefix sum of the floor shares, so a request's share is Q(end) - Q(start); a running
-max for the remainder's recipient), no Python loop over rows. Three pieces are
+max for the remainder's recipient), no Python loop over rows. On DuckDB the integer rule runs
+that SQL up to each request's GPU intervals and the rest over numpy arrays (`sweep_arrays`, the
+same rows). `cost_page` gives the Cost page's table and series from one sweep. Three pieces are
 dialect-specific (analysis.engine.dialect: integer division, the next boundary, the grid's
 cells); the rest is plain SQL (joins, CASE, sum/min/max, window sums).
 `clickhouse_gpu_shares` runs the ClickHouse text on an otel_traces-shaped table (tested in
@@ -350,21 +352,9 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     facts = facts or request_facts(con)
     weighted = _sampled(con, facts)
     shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
-    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
-    params = {"since": since_ns, "until": until_ns}
-    key = "s.replica" if by == "replica" else _key_expr(by, "f")
-    fkey = _key_expr(by, "f")
     try:
-        reqs = con.execute(_requests_sql(con, facts, fkey, where, weighted), params).fetchall()
-        tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
-        # GPU ns per (key, replica, model) (prices depend on replica and model) and the part of it spent on
-        # requests in range at or above their key's p99 (the tail): one join of the shares with the facts
-        gpu = con.execute(f"""
-            SELECT {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
-                   sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
-            FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
-            LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
-            GROUP BY ALL""", {**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}).fetchall()
+        reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, weighted, buckets=False)
+        gpu = con.execute(sql, params).fetchall()
         rep_rows = con.execute(f"SELECT replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps} "
                                "ORDER BY replica").fetchall()
     except duckdb.Error as exc:
@@ -372,6 +362,64 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     finally:
         drop_sweep(con)
     return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows)
+
+
+def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
+              since: str | int | datetime | None = None, until: str | int | datetime | None = None,
+              prices: Prices | None = None, facts: str | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
+    """`cost_table` and `cost_series` over one range (the Cost page draws both): the same dict and frame from one
+    sweep cut at the series' grid and one join of its shares with the request facts.
+
+    Exact when the grid is whole cells of the sweep (`series_bucket_s`): its edges are cell edges, boundaries
+    already, so a request's shares over the grid's cells sum to its share over the range, and so do the
+    replicas' observed, cold-start and idle times. Otherwise (or for sampled requests, whose weighted shares are
+    rounded per cell) the two are computed apart."""
+    if by not in COST_GROUPS:
+        raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
+    prices = prices or Prices()
+    grid = int(bucket_s) * 1_000_000_000
+    facts = facts or request_facts(con)
+    weighted = _sampled(con, facts)
+    if weighted or grid <= 0 or grid % CELL_NS:
+        return (cost_table(con, by, since, until, prices, facts),
+                cost_series(con, by, bucket_s, since, until, prices, facts))
+    since_ns, until_ns = parse_time(since), parse_time(until)
+    shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False)
+    try:
+        reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, False, buckets=True)
+        gpu = con.sql(sql, params=params).pl()
+        over = con.sql(f"SELECT bucket_ns, replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}"
+                       ).pl()
+    except duckdb.Error as exc:
+        raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        drop_sweep(con)
+    table = gpu.group_by("key", "replica", "model").agg(pl.col("ns").sum(), pl.col("tail_ns").sum())
+    rep_rows = over.group_by("replica").agg(pl.col(c).sum() for c in ("observed_ns", "allocated_ns",
+                                                                      "cold_start_ns", "idle_ns")).sort("replica")
+    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
+            _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
+                          over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns"), prices))
+
+
+def _gpu_query(con: duckdb.DuckDBPyConnection, facts: str, shares: str, by: str, since_ns: int | None,
+               until_ns: int | None, weighted: bool, buckets: bool) -> tuple[list[Any], str, dict[str, Any]]:
+    """The rows per key of the requests starting in range (`_requests_sql`), and the query (with its parameters)
+    of GPU ns per ([bucket,] key, replica, model) (prices depend on replica and model) with the part of it spent
+    on requests in range at or above their key's p99 (the tail): one join of the shares with the facts."""
+    where = "($since IS NULL OR f.start_ns >= $since) AND ($until IS NULL OR f.start_ns < $until)"
+    params = {"since": since_ns, "until": until_ns}
+    key = "s.replica" if by == "replica" else _key_expr(by, "f")
+    fkey = _key_expr(by, "f")
+    reqs = con.execute(_requests_sql(con, facts, fkey, where, weighted), params).fetchall()
+    tail_at = [(str(k), p) for k, _n, _nw, _i, _o, p in reqs]
+    sql = f"""
+        SELECT {"s.bucket_ns, " if buckets else ""}{key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns,
+               sum(CASE WHEN {where} AND f.e2e_ns >= q.p99 THEN s.allocated_ns ELSE 0 END)::BIGINT AS tail_ns
+        FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
+        LEFT JOIN (SELECT unnest($keys) AS key, unnest($p99s) AS p99) q ON q.key = {fkey}
+        GROUP BY ALL"""
+    return reqs, sql, {**params, "keys": [k for k, _ in tail_at], "p99s": [p for _, p in tail_at]}
 
 
 def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,

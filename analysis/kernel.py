@@ -1,7 +1,8 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
-One library, five functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
-with fixed and batch-dependent service times, analysis.capacity), `reactive_replay` (its scale-up),
+One library, six functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
+with fixed and batch-dependent service times, analysis.capacity), `batch_exceeds` (the latter, stopped once
+enough latencies are over a limit: the search for the fewest count), `reactive_replay` (its scale-up),
 `count_cells` (a count of rows by a key through a table, the report's attribute pairs,
 analysis.stats.attributes) and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize).
 Their signatures are declared here, beside the loading; without the library (no C compiler at install) the
@@ -45,6 +46,11 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
             lib.batch_replay.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
                                          ctypes.c_int64, i64, i64, i64, i64]
             lib.batch_replay.restype = ctypes.c_int
+        if hasattr(lib, "batch_exceeds"):
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.batch_exceeds.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
+                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, i64, i64, i64]
+            lib.batch_exceeds.restype = ctypes.c_int
         if hasattr(lib, "reactive_replay"):
             f64 = ctypes.POINTER(ctypes.c_double)
             lib.reactive_replay.argtypes = [i64, i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,

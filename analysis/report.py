@@ -61,11 +61,8 @@ REPORT_VERSION: Final = 1
 
 
 class SpanFetcher(Protocol):
-    """Puts into the connection's `spans` what an explanation step is about to read (a remote engine's narrowing)."""
-
-    def traces(self, trace_ids: list[str], lo_ns: int, hi_ns: int) -> None:
-        """The spans of these traces starting in [lo_ns, hi_ns) (the stage shares)."""
-        ...
+    """Puts into the connection's `spans` what an explanation step is about to read (a remote engine's narrowing;
+    its stage shares are its own: `RemoteStages`)."""
 
     def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
         """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
@@ -87,6 +84,14 @@ SpikeWithoutOf = Callable[[Sequence[X.Coded], list[X.Candidate], np.ndarray], X.
 #: (the dimensions, the candidate, the rows, k) -> a mask over the rows, true for the matching ones of the k least
 #: values (ties kept), false for every other row.
 Prefer = Callable[[Sequence[X.Coded], X.Candidate, np.ndarray, int], np.ndarray]
+
+
+#: A remote engine's stage shares of a spike (explain.stage_shares, the means computed on its server, so neither the
+#: local baseline's rows nor any span comes back): (the spike's tail as trace ids in tail order, their adjusted
+#: counts (None unsampled), the tail's least start, longest request and last end (ns), the local baseline's window
+#: starts (`local_baseline`), the stages) -> the shares.
+RemoteStages = Callable[[list[str], np.ndarray | None, tuple[int, int, int], np.ndarray, Sequence[str]],
+                        list[C.StageShare]]
 
 
 @dataclasses.dataclass
@@ -177,15 +182,17 @@ class Rows:
     #: each spike's ranked dimensions as `culprit_bounds` ranked them, for the explanation of a spike it left in
     #: place (`_Coding.ranked`: the same rows, baseline and coding give the same ranking)
     ranked: dict[tuple[int, int, int], Any] = dataclasses.field(default_factory=dict)
+    #: a remote engine's stage shares (the frame then need not hold the local baseline's rows)
+    stages: RemoteStages | None = None
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
            coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
            rest: RestCounts | None = None, attributes: RemoteAttributes | None = None,
-           read_dims: Callable[[], pl.DataFrame] | None = None) -> Rows:
+           read_dims: Callable[[], pl.DataFrame] | None = None, stages: RemoteStages | None = None) -> Rows:
         """The rows of `frame`, their arrays read from it."""
         return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
-                   weights_of(frame), coded, fetch, rest, attributes, read_dims)
+                   weights_of(frame), coded, fetch, rest, attributes, read_dims, stages=stages)
 
 
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
@@ -768,18 +775,22 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
 def _stages_for(rows_: Rows, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
                 ) -> list[C.StageShare]:
     con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
-    weights, fetch = rows_.weights, rows_.fetch
+    weights = rows_.weights
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = local_baseline(det, spike, counts)
+    e2e = frame.get_column("e2e_ns").to_numpy()
+    if rows_.stages is not None:  # a remote engine's: the local baseline's tail and every span stay there
+        ends = start[spike_tail] + e2e[spike_tail]
+        return rows_.stages(_trace_ids(con, facts, frame, spike_tail),
+                            None if weights is None else weights[spike_tail],
+                            (int(start[spike_tail].min()), int(e2e[spike_tail].max()), int(ends.max())), local,
+                            stage_names)
     local_rows = rows_in_windows(start, local // det.window_ns, det.window_ns).astype(np.int64)
     base_tail = X.tail_slice(values, local_rows, weights=weights)
     rows = np.concatenate([spike_tail, base_tail])
-    e2e = frame.get_column("e2e_ns").to_numpy()
     lo = int(start[rows].min() - e2e[rows].max())  # a span overlapping a request starts after this
     hi = int((start[rows] + e2e[rows]).max() + 1)
     ids = _trace_ids(con, facts, frame, rows)
-    if fetch is not None:
-        fetch.traces(sorted(set(ids)), lo, hi)
     table = X.stage_rows(con, sorted(set(ids)), lo, hi)
     tail_ids = pl.DataFrame({"trace_id": ids[:spike_tail.size]})
     base_ids = pl.DataFrame({"trace_id": ids[spike_tail.size:]})

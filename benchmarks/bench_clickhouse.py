@@ -40,7 +40,8 @@ bench_attributes' store): both reports consider them all, and the figures add wh
 attribute pass returned: rows of per-candidate figures (per spike two rows of cells: the tail's cells that may
 pass, then each combination holding an attribute's count of cells and those cells' baseline counts), the largest
 of its answers, and the exemplars' requests among them (at most 5 a spike, more only on a tie); no request's
-codes.
+codes. Every run counts the rows the chdb report returned by kind (`returned_rows`, ROW_KINDS): request rows,
+spans, the detection's values above the pooled p99, and rows of figures (the most one query returned beside).
 """
 
 from __future__ import annotations
@@ -74,8 +75,26 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+#: What the chdb report's queries return, by what their rows are (read off the start of their SQL): the request rows
+#: of the spike windows (analysis.clickhouse.report._pull_facts), the spans the explanation pulls (the
+#: noisy-neighbour step's; `Fetcher`), the detection's values above the pooled p99 (`_ServerValues.above`); every
+#: other query returns rows of figures (per window, candidate, combination, stage or key).
+ROW_KINDS = (("request_rows", "SELECT trace_id, span_id, start_ns, e2e_ns"),
+             ("span_rows", "SELECT TimestampNs, TraceId"), ("detection_tail_values", "SELECT intDiv(start_ns, "))
+
+
+def row_kind(sql: str) -> str:
+    """The kind of a query's answer (ROW_KINDS; "figures" otherwise)."""
+    text = " ".join(sql.split())
+    for kind, start in ROW_KINDS:
+        if text.startswith(start) and not (kind == "detection_tail_values" and "AS v FROM" not in text):
+            return kind
+    return "figures"
+
+
 class Counting:
-    """A client wrapper counting the Arrow bytes (`pulled`) and rows (`rows`) its queries return."""
+    """A client wrapper counting the Arrow bytes (`pulled`) and rows (`rows`) its queries return, and the rows of
+    each kind (`kinds`, ROW_KINDS) with the most rows of figures one query returned (`largest_figures`)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -86,6 +105,8 @@ class Counting:
         self.attribute_cells = 0
         self.attribute_largest = 0
         self.exemplar_rows = 0
+        self.kinds: dict[str, int] = {k: 0 for k, _ in ROW_KINDS} | {"figures": 0}
+        self.largest_figures = 0
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
         from analysis.clickhouse.attributes import ATTR_PREFIX
@@ -93,6 +114,10 @@ class Counting:
         out = self.inner.query(sql, settings)
         self.pulled += out.nbytes
         self.rows += out.num_rows
+        kind = row_kind(sql)
+        self.kinds[kind] += out.num_rows
+        if kind == "figures":
+            self.largest_figures = max(self.largest_figures, out.num_rows)
         if ATTR_PREFIX in sql:  # the attribute pass's
             self.attribute_rows += out.num_rows
             self.attribute_largest = max(self.attribute_largest, out.num_rows)
@@ -317,6 +342,8 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
         out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
+        out["returned_rows"] = dict(client.kinds)  # by kind (ROW_KINDS)
+        out["largest_figures_rows"] = client.largest_figures
         # the attribute pass: rows of per-candidate figures (the exemplars' few requests among them)
         out["attribute_rows"], out["attribute_largest"] = client.attribute_rows, client.attribute_largest
         out["attribute_cells"], out["attribute_exemplar_rows"] = client.attribute_cells, client.exemplar_rows
@@ -395,6 +422,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['attribute_cells']} figures, each combination's count of cells and the baseline counts of those "
               f"that may pass), at most {r['attribute_largest']} from one query, {r['attribute_exemplar_rows']} of "
               f"them the exemplars' requests")
+        print("  rows the chdb report returned: " + ", ".join(f"{k} {v:,}" for k, v in r["returned_rows"].items())
+              + f" (at most {r['largest_figures_rows']:,} rows of figures from one query)")
         if "dash_equal" in r:
             print(f"  dashboard: open DuckDB {r['dash_duckdb_open_s']} s, chdb {r['dash_chdb_open_s']} s; "
                   f"first Overview DuckDB {r['dash_duckdb_overview_s']} s, chdb {r['dash_chdb_overview_s']} s "

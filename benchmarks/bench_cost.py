@@ -49,7 +49,7 @@ def run_one(store: Path) -> dict[str, Any]:
         scale_up,
         scaled_services,
     )
-    from analysis.cost import Prices, cost_series, cost_table
+    from analysis.cost import Prices, cost_page, cost_series, cost_table
     from analysis.whatif import simulate
 
     out: dict[str, Any] = {}
@@ -69,6 +69,10 @@ def run_one(store: Path) -> dict[str, Any]:
         lambda: cost_series(con, by="tenant", bucket_s=60, prices=Prices(default=2.0)))
     out["series_sum_equals_allocated"] = int(series.filter(~series["key"].is_in(["(idle)", "(cold start)"]))[
         "gpu_ns"].sum()) == tot["allocated_ns"]
+    # both as the Cost page computes them: one sweep cut at the series' grid (cost_page), the same table and series
+    page, out["cost_page_s"], out["cost_page_cpu_s"] = timed(
+        lambda: cost_page(con, by="tenant", bucket_s=60, prices=Prices(default=2.0)))
+    out["cost_page_equal"] = page[0] == table and page[1].equals(series)
     con.close()
 
     con = connect(store, memory_limit="4GB")
@@ -175,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
               f"cost table {r['cost_table_s']} s / {r['cost_table_cpu_s']} CPU-s "
               f"({r['cost_vs_anchor_x']}x anchor, identity {'holds' if r['identity_holds'] else 'BROKEN'}); "
               f"cost series {r['cost_series_s']} s / {r['cost_series_cpu_s']} CPU-s; "
+              f"both in one sweep (the Cost page) {r['cost_page_s']} s / {r['cost_page_cpu_s']} CPU-s "
+              f"(the same table and series: {r['cost_page_equal']}); "
               f"workload {r['workload_s']} s; curve 1-64 {r['curve_1_64_s']} s / {r['curve_1_64_cpu_s']} CPU-s "
               f"({r['counts_replayed']} counts replayed; every count: {r['every_count_replayed_s']} s / "
               f"{r['every_count_replayed_cpu_s']} CPU-s; identical: {r['identical_to_every_count_replayed']}); "

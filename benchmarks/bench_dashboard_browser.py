@@ -3,12 +3,15 @@
 Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a temp directory unless
 --store) on a loopback port, and drives Debian's chromium with Playwright:
 
-1. the first session's Overview right after the server is up (the store opens, its caches fill);
+1. the first session's Overview right after the server answers (it answers once its start-up has opened the
+   store and cached the unfiltered Overview: dashboard/server.py);
 2. every page once, each in a new browser context (a fresh Streamlit session, the server's caches warm,
    the browser's cache empty: a new browser profile downloads and compiles the app's scripts);
 3. every page once, each in a new tab of one browser profile (a fresh Streamlit session; the browser's
    HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
-4. every page again, one sidebar click after another in one session (a click to the page drawn).
+4. every page again, one sidebar click after another in one session (a click to the page drawn); with
+   --think S, each click comes S seconds after the page before it was drawn, as a reader's does (the pages name
+   the other pages' element scripts once drawn and quiet: dashboard/preload.py).
 
 A first render ends when the page is drawn: its heading is visible, no script runs (the app's run state, not
 the status widget, which shows a run only after 500 ms), no element is a loading skeleton, every Vega-Lite
@@ -19,7 +22,7 @@ HTTP (requests, KB over the wire: 0 for what the browser's cache held). The anch
 same browser: a bare Streamlit page (a title and a line of text) served by `streamlit run` with the
 dashboard's own flags, in a new profile and in a new tab: what the framework itself costs on this machine.
 
-    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...]
+    python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...] [--think 0]
 
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
 temp directory removed afterwards).
@@ -113,10 +116,11 @@ def _browser_pids() -> list[int]:
 
 
 @contextlib.contextmanager
-def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[str, list[int]]]:
+def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[str, list[int], Sample]]:
     """`tailscope dashboard --store STORE` on a free loopback port (with `store` None: the bare page, written in
-    `bare_dir`, served by `streamlit run` with the dashboard's flags); (its URL, its processes). Stopped (its
-    process group) at the end."""
+    `bare_dir`, served by `streamlit run` with the dashboard's flags); (its URL, its processes, its start: seconds
+    and server CPU from the launch to its first answer to the health check). Stopped (its process group) at the
+    end."""
     import httpx
 
     from tailscope.commands.dashboard import streamlit_command
@@ -130,6 +134,7 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
     else:
         argv = [str(Path(sys.executable).parent / "tailscope"), "dashboard", "--store", str(store), "--host",
                 "127.0.0.1", "--port", str(port)]
+    t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -140,7 +145,8 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
             time.sleep(0.1)
         else:
             raise RuntimeError("the dashboard did not start")
-        yield url, _tree(proc.pid)
+        pids = _tree(proc.pid)
+        yield url, pids, Sample(time.perf_counter() - t0, 0.0, _cpu_s(pids), 0.0, 0, 0.0)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -225,10 +231,11 @@ def fresh(browser: Any, url: str, path: str, heading: str, server: list[int]) ->
         ctx.close()
 
 
-def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES
+def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0
         ) -> list[tuple[str, list[Sample], float]]:
-    """Drive the browser over `pages` (the first one must be the Overview) and the bare page; (what, samples over
-    `repeat` rounds, limit) per measurement, the bare page's first."""
+    """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
+    after the page before it was drawn; (what, samples over `repeat` rounds, limit) per measurement, the bare page's
+    first."""
     from playwright.sync_api import sync_playwright
 
     rounds: dict[str, list[Sample]] = {}
@@ -243,13 +250,15 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         try:
             for _ in range(repeat):
-                with serving(None, Path(bare_dir)) as (url, server):  # the anchor, in this round
+                with serving(None, Path(bare_dir)) as (url, server, start):  # the anchor, in this round
+                    keep("server start to its first answer: bare Streamlit page", start)
                     keep("bare Streamlit page: new profile", fresh(browser, url, "", BARE_HEADING, server))
                     ctx = browser.new_context(viewport=VIEWPORT)
                     _open(ctx, url, "", BARE_HEADING, server)  # its first visit fills the profile's cache
                     keep("bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
                     ctx.close()
-                with serving(store) as (url, server):
+                with serving(store) as (url, server, start):
+                    keep("server start to its first answer: dashboard (its warm-up done)", start)
                     keep("first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
                     for _, path, heading in pages:
                         keep(f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
@@ -265,6 +274,7 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     drawn(page, "Overview")
                     meter = Meter(page, server)
                     for name, _, heading in (*pages[1:], pages[0]):
+                        page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
                         link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
                         keep(f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
                     page.close()
@@ -278,6 +288,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--think", type=float, default=0.0, help="seconds between a page drawn and the next click")
     parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
                         "Overview is always first")
     args = parser.parse_args()
@@ -294,7 +305,7 @@ def main() -> None:
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
     try:
-        results = run(store, max(1, args.repeat), pages)
+        results = run(store, max(1, args.repeat), pages, max(0.0, args.think))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -305,7 +316,8 @@ def main() -> None:
 
 def table(results: list[tuple[str, list[Sample], float]]) -> list[str]:
     """The markdown table: each measurement's medians, its ratio to the bare page in the same mode (a new tab and
-    a click against the bare page's new tab; the others against its new profile), the limit."""
+    a click against the bare page's new tab, the server's start against the bare page's server's, the others
+    against its new profile), the limit."""
     med = {label: Sample(*(statistics.median(getattr(s, f) for s in samples) for f in Sample.__dataclass_fields__))
            for label, samples, _ in results}
     bare_profile, bare_tab = med["bare Streamlit page: new profile"], med["bare Streamlit page: new tab"]
@@ -315,7 +327,9 @@ def table(results: list[tuple[str, list[Sample], float]]) -> list[str]:
            "| KB fetched | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, limit in results:
         m = med[label]
-        base = bare_tab if "new tab" in label or label.startswith("click") else bare_profile
+        base = (bare_tab if "new tab" in label or label.startswith("click") else
+                med["server start to its first answer: bare Streamlit page"] if label.startswith("server start")
+                else bare_profile)
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
                    f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")

@@ -217,6 +217,10 @@ class ClickHouseBench:
 
         return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s)
 
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
+        """`cost` twice: the table, then the series (the server sweeps each)."""
+        return self.cost(f, by, gpu_hour_usd, None), self.cost(f, by, gpu_hour_usd, bucket_s)
+
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """`run_sql`."""
         return run_sql(self, sql, timeout_s, limit)

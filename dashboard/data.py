@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shutil
 import sys
+import tempfile
 import threading
 import time
+import weakref
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,8 +40,8 @@ from analysis import attribute_filters as AF
 from analysis import breakdowns as B
 from analysis import traces as T
 from analysis.attribute_filters import AttributeFilter
-from analysis.engine.attribute_values import keep_live_values
-from analysis.engine.connect import connect, live_facts_from
+from analysis.engine.attribute_values import LIVE_FILE_VIEW, LIVE_VALUES, keep_live_values, live_file_sql, write_live
+from analysis.engine.connect import connect, keep_live_facts, live_facts_from, live_requests_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -141,13 +145,28 @@ class Workbench:
     worker_error: str | None = None
     #: the thread computing the unfiltered Overview's numbers into the query caches (see `warm`)
     warmer: threading.Thread | None = None
+    #: set once that warm-up is over (its numbers cached, or it failed)
+    warmed: threading.Event = field(default_factory=threading.Event)
     #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
     live_requests: int = 0
     stored_requests: int = 0
+    #: the stale hours' request facts in start order (connect.keep_live_facts) and their attribute file
+    #: (attribute_values.write_live), made once per refresh that changed them and shared by every report; a report's
+    #: cursor pins the pair it started with (`pin`), and a pair is dropped once it is replaced and no cursor pins it
+    #: (`pin_lock` guards these five; a cursor never waits for a refresh)
+    live_facts: str | None = None
+    live_file: Path | None = None
+    live_serial: int = 0
+    pins: Counter[str] = field(default_factory=Counter)
+    retired: dict[str, Path | None] = field(default_factory=dict)
+    pin_lock: threading.Lock = field(default_factory=threading.Lock)
+    scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.con = connect(self.store)
         self.con.execute(_empty_req_sql(self.con))
+        self.scratch = Path(tempfile.mkdtemp(prefix="tailscope-live-"))
+        weakref.finalize(self, shutil.rmtree, self.scratch, True)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for this thread (a DuckDB connection is not thread-safe)."""
@@ -175,6 +194,7 @@ class Workbench:
             gone = sorted((set(self.keys) - set(keys)) | set(redo))
             quick = sum(max(_size(f), 0) for f in snap.inputs(redo)) > QUICK_LOAD_BYTES
             cur = self.con.cursor()
+            made: tuple[str, Path | None] | None = None
             try:
                 cur.execute("BEGIN")
                 if gone:
@@ -185,8 +205,10 @@ class Workbench:
                 for hour in [] if quick else redo:
                     _insert_exact(cur, snap, hour)
                 refresh_views(cur, self.store, snap)
-                live_facts_from(cur, "req_live")  # the live hours' facts are this workbench's rows, not recomputed
-                keep_live_values(cur, "req_live", gone, redo)  # and their attribute values, read once per hour
+                keep_live_values(cur, "req_live", gone, redo)  # the live hours' attribute values, read once per hour
+                made = self._keep_live(cur)  # their facts and attribute file, made once for every report
+                pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
+                live_requests_from(cur, None if pending else "main.req_live")  # their exact rows, once all are
                 cols = ", ".join(REQUEST_COLUMNS)
                 stored = (f"SELECT {cols}, true AS critical_path FROM {stored_source(list(snap.fresh.values()))} "
                           "UNION ALL ") if snap.fresh else ""
@@ -199,19 +221,86 @@ class Workbench:
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
                     cur.execute("ROLLBACK")
+                if made is not None and made[1] is not None:
+                    made[1].unlink(missing_ok=True)
                 raise
             finally:
                 cur.close()
             self.snap = snap
             self.keys = keys
+            with self.pin_lock:  # the next pair for new cursors; the replaced one dropped once no cursor pins it
+                if self.live_facts is not None:
+                    self.retired[self.live_facts] = self.live_file
+                self.live_facts, self.live_file = made
+            self._drop_unpinned()
             self.live_requests, self.stored_requests = int(live), int(every) - int(live)
-            self.pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
+            self.pending = pending
             self.version += 1
             self.last_refresh_s = time.time()
             self.last_refresh_took_s = time.perf_counter() - t0
         if self.pending:
             self._start_worker()
         return True
+
+    def _keep_live(self, cur: duckdb.DuckDBPyConnection) -> tuple[str, Path | None]:
+        """Make the next table of the live hours' request facts from `req_live` (their facts are this workbench's
+        rows, not recomputed) and, when they have rows and their values are kept, their attribute file; point the
+        connection's views at both. (table, file)."""
+        self.live_serial += 1
+        table = f"_live_facts_{self.live_serial}"
+        keep_live_facts(cur, "req_live", table)
+        have = {t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+        path = None
+        if set(LIVE_VALUES.values()) <= have and cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
+            path = write_live(cur, table, self.scratch / f"attributes-live-{self.live_serial}.arrow")
+        cur.execute(f"CREATE OR REPLACE VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
+        return table, path
+
+    def _drop_unpinned(self) -> None:
+        """Drop the replaced live-facts tables and attribute files no cursor pins (call holding `lock`: never
+        beside a refresh's transaction)."""
+        with self.pin_lock:
+            done = {t: p for t, p in self.retired.items() if not self.pins[t]}
+            for table in done:
+                del self.retired[table]
+                self.pins.pop(table, None)
+        if not done:
+            return
+        cur = self.con.cursor()
+        try:
+            for table, path in done.items():
+                cur.execute(f"DROP TABLE IF EXISTS main.{table}")
+                if path is not None:
+                    path.unlink(missing_ok=True)
+        finally:
+            cur.close()
+
+    def pin(self, cur: duckdb.DuckDBPyConnection) -> str | None:
+        """Bind `cur` to the live facts and attribute file current now (temporary views on it): a refresh making the
+        next ones meanwhile cannot change the rows, or their ids, that a report on `cur` reads. The pinned table's
+        name, for `unpin` once `cur` is closed."""
+        with self.pin_lock:
+            table = self.live_facts
+            if table is None:
+                return None
+            self.pins[table] += 1
+            path = self.live_file
+        live_facts_from(cur, table, temporary=True)
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
+        return table
+
+    def unpin(self, table: str | None) -> None:
+        """Release a `pin`; a table replaced meanwhile is dropped with its file when this was its last cursor (or by
+        the refresh running now, which this does not wait for)."""
+        if table is None:
+            return
+        with self.pin_lock:
+            self.pins[table] -= 1
+        if self.lock.acquire(blocking=False):
+            try:
+                self._drop_unpinned()
+            finally:
+                self.lock.release()
 
     def refresh_if_gone(self) -> bool:
         """Refresh when a materialized file `req` reads, or a segment the views read, was removed (superseded
@@ -237,8 +326,11 @@ class Workbench:
         self.warmer.start()
 
     def _warm(self) -> None:
-        with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
-            prewarm(self)
+        try:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm(self)
+        finally:
+            self.warmed.set()
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -264,6 +356,8 @@ class Workbench:
                     work.execute("BEGIN")
                     work.execute("DELETE FROM main.req_live WHERE (start_ns // ?) * ? = ?", [HOUR_NS, HOUR_NS, hour])
                     work.execute("INSERT INTO main.req_live BY NAME SELECT * FROM exact_rows")
+                    if self.pending == {hour}:  # every live row exact now
+                        live_requests_from(work, "main.req_live")
                     work.execute("COMMIT")
                     self.pending.discard(hour)
                     self.version += 1
@@ -422,6 +516,16 @@ class Workbench:
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
                                facts="req").to_pandas()
 
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
+        """analysis.cost.cost_page: the cost table and its series (pandas) from one sweep over the filters' range."""
+        from analysis.cost import cost_page, prices_for
+
+        prices = prices_for(Path(self.store), None, gpu_hour_usd)
+        with _cursor(self) as cur:
+            table, series = cost_page(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns,
+                                      prices=prices, facts="req")
+            return table, series.to_pandas()
+
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
         return run_sql(str(self.store), sql, timeout_s, limit)
@@ -528,15 +632,19 @@ def open_for(title: str, capability: str) -> Bench:
 
 @contextlib.contextmanager
 def _cursor(db: Workbench, filters: Filters | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor whose `requests` (and so `stages`) shows only the rows `filters` keeps."""
+    """A cursor whose `requests` (and so `stages`) shows only the rows `filters` keeps, pinned to the live hours'
+    facts of now (`Workbench.pin`)."""
     cur = db.cursor()
+    pinned = None
     try:
+        pinned = db.pin(cur)
         if filters is not None:
             cond, params = filters.where()
             cur.execute(f"CREATE TEMP VIEW requests AS SELECT * FROM main.req WHERE {_inline(cond, params)}")
         yield cur
     finally:
         cur.close()
+        db.unpin(pinned)
 
 
 def _inline(cond: str, params: list[Any]) -> str:
@@ -1063,6 +1171,11 @@ def cost_over_time(_db: Bench, store: str, version: int, filters: Filters, by: s
     """analysis.cost.cost_series (GPU-seconds and USD per cell and key, idle and cold start as keys)."""
     df = _db.cost(filters, by, gpu_hour_usd, bucket_s)
     assert not isinstance(df, dict)
+    return _in_seconds(df)
+
+
+def _in_seconds(df: pd.DataFrame) -> pd.DataFrame:
+    """The cost series with its GPU time in seconds too (the chart's unit)."""
     df["gpu_seconds"] = df["gpu_ns"] / 1e9
     return df
 
@@ -1080,13 +1193,11 @@ def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str
     """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
     longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
     def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
-        res = cost_summary(_db, store, version, filters, by, gpu_hour_usd)
-        if "error" in res or not res["rows"]:
-            return res, None
-        try:
-            return res, cost_over_time(_db, store, version, filters, by, bucket_s, gpu_hour_usd)
+        try:  # one sweep for both (analysis.cost.cost_page)
+            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s)
         except Exception as exc:  # a failing analysis degrades to a message on the page
-            return {"error": f"could not compute the cost over time because {str(exc).splitlines()[0]}"}, None
+            return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}, None
+        return (res, None) if not res["rows"] else (res, _in_seconds(df))
 
     return _POOL.submit(both)
 

@@ -1,16 +1,25 @@
 """The dashboard's server: `streamlit run` serves this `st.App` (Streamlit's ASGI entry point), which runs the
-router app.py in each session and, at start-up, imports what every page needs and opens the store named by
-`--store` in a background thread.
+router app.py in each session and, at start-up, imports what every page needs, opens the store named by
+`--store` and computes its unfiltered Overview before it serves.
 
 Without it the first visitor of a server just started pays those imports (the analysis stack, Polars, PyArrow:
-seconds on a loaded machine) and the store's opening (its workbench, which then computes the unfiltered
-Overview's numbers in its own warm-up). The warm-up runs in the server's own process, on no network, and never
-delays the server's start: a session that arrives mid-import waits for the module being imported (Python's import
-lock), one that arrives mid-open for the workbench being opened (Streamlit's cache computes each key once).
+seconds on a loaded machine), the store's opening and the Overview's numbers (its spikes, summary and series).
+The warm-up runs in a thread of the server's own process, on no network. The server answers (its health check
+too) once the warm-up has the Overview's numbers, or after READY_WAIT_S, whichever comes first: its port is bound
+before, so a browser that connects meanwhile waits for the answer instead of being refused. A warm-up still
+running then goes on in the background: a session that arrives mid-import waits for the module being imported
+(Python's import lock), one that arrives mid-open for the workbench being opened, and one that reaches a number
+being computed for that computation (Streamlit's cache computes each key once). A store whose critical paths are
+still to be computed (a big store never materialized) is served as soon as it opens: its pages render from the
+request facts meanwhile (docs/dashboard.md).
+
+Every page's HTML also names the element scripts the page draws (dashboard.preload), so that a new browser
+fetches and compiles them while it loads Streamlit's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import sys
@@ -19,11 +28,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from starlette.middleware import Middleware
 from streamlit.starlette import App
+
+from dashboard.preload import PreloadHints
 
 HERE = Path(__file__).parent
 #: the modules the router and every page import before drawing anything (app.py's own imports, and theirs)
 WARM_MODULES = ("dashboard.data", "dashboard.sidebar", "dashboard.charts", "dashboard.formats", "dashboard.links")
+#: the longest the server waits for its warm-up before it serves (seconds); a bigger store's goes on behind
+READY_WAIT_S = 30.0
 
 
 def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> None:
@@ -33,10 +47,12 @@ def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> None:
             importlib.import_module(name)
 
 
-def warm_store(argv: list[str] | None = None) -> None:
+def warm_store(argv: list[str] | None = None, wait_s: float = READY_WAIT_S) -> None:
     """Open the store that `--store DIR` names in `argv` (the app's arguments; default sys.argv[1:]) as the first
-    session would (dashboard.data.workbench); nothing without --store (a ClickHouse table, or the default store) or
-    with another engine. A failure is left for the session that opens the store to report."""
+    session would (dashboard.data.workbench), then wait up to `wait_s` for its warm-up to have the unfiltered
+    Overview's numbers (not when its critical paths are still to be computed); nothing without --store (a
+    ClickHouse table, or the default store) or with another engine. A failure is left for the session that opens
+    the store to report."""
     args = sys.argv[1:] if argv is None else argv
     if not any(a == "--store" or a.startswith("--store=") for a in args):
         return
@@ -44,20 +60,24 @@ def warm_store(argv: list[str] | None = None) -> None:
         from dashboard import data
 
         if data.engine_args(args)[0] == "duckdb":
-            data.workbench(str(data.store_path(args)))
+            wb = data.workbench(str(data.store_path(args)))
+            if not wb.pending:
+                wb.warmed.wait(wait_s)
 
 
 def warm_up() -> None:
-    """The start-up's background work: the imports, then the store."""
+    """The start-up's warm-up: the imports, then the store and its Overview."""
     warm_imports()
     warm_store()
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(_app: App) -> AsyncIterator[dict[str, Any]]:
-    """Start the warm-up beside the server and yield at once (the server starts without waiting for it)."""
-    threading.Thread(target=warm_up, name="tailscope-warm-imports", daemon=True).start()
+    """Start the warm-up in a thread and serve once it is done, or after READY_WAIT_S (it then goes on behind)."""
+    warm = threading.Thread(target=warm_up, name="tailscope-warm-imports", daemon=True)
+    warm.start()
+    await asyncio.to_thread(warm.join, READY_WAIT_S)
     yield {}
 
 
-app = App(HERE / "app.py", lifespan=_lifespan)
+app = App(HERE / "app.py", lifespan=_lifespan, middleware=[Middleware(PreloadHints)])

@@ -10,13 +10,13 @@
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
 3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
-   the spike windows and the baseline windows nearest them come back into an in-memory DuckDB, the
-   rest of the baseline as counts (and summed weights) per dimension combination, with its p99s
-   with and without each candidate computed on the server (`_pushed_down`); the attributes stay
-   on the server, asked per spike for figures (`_remote_attributes`). The culprit bounds and the
-   explanation of analysis.report run there over that one pass (`_bounded_rows`); as it goes, it
-   asks for the spans each step reads (`Fetcher`): the tail slices' traces for the stage shares,
-   and, only when queue_wait leads, the spans within reach of the spike for the noisy-neighbour step.
+   the spike windows come back into an in-memory DuckDB, the baseline as counts (and summed weights)
+   per dimension combination, with its p99s with and without each candidate computed on the server
+   (`_pushed_down`); the attributes stay on the server, asked per spike for figures
+   (`_remote_attributes`). The culprit bounds and the explanation of analysis.report run there over
+   that one pass (`_bounded_rows`). The stage shares are means computed on the server (`_server_stages`:
+   the local baseline's tail chosen there, the request model run there over both tails' traces), and
+   only when queue_wait leads do the noisy-neighbour step's windows and spans come back (`Fetcher`).
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -38,7 +38,7 @@ from analysis import neighbours as N
 from analysis import report as RP
 from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
-from analysis.clickhouse.model import temp_table
+from analysis.clickhouse.model import materialize_requests, temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.requests import requests_facts, span_where
@@ -401,8 +401,8 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
     rows, read = _rows(q, local, det, det.spikes, sampled, attrs)
     if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
         return rows
-    spike_windows, near = _phase2_windows(det, det.spikes)
-    if set(near.tolist()) <= read:
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
+    if set(spike_windows.tolist()) <= read:
         assert isinstance(rows.fetch, Fetcher)
         rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
         return rows
@@ -415,16 +415,6 @@ def _reset(local: duckdb.DuckDBPyConnection) -> None:
     local.execute("DROP VIEW IF EXISTS spans")
     local.execute("DROP TABLE IF EXISTS _spans_local")
     local.execute("DROP TABLE IF EXISTS _phase2")
-
-
-def _phase2_windows(det: Detection, spikes: list[Spike]) -> tuple[np.ndarray, np.ndarray]:
-    """(the spikes' windows; those and the baseline windows nearest each spike: the windows phase 2 reads row by
-    row), as window numbers (start // window)."""
-    w = det.window_ns
-    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
-    counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
-    near = [spike_windows, *(RP.local_baseline(det, s, counts) // w for s in spikes)]
-    return spike_windows, np.unique(np.concatenate(near))
 
 
 def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
@@ -456,7 +446,87 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
     if attrs is not None:
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
-    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote), read
+    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote,
+                      stages=_server_stages(q, det, f"{col} IS NOT NULL{keep}", col,
+                                            "adjusted_count" if sampled else None)), read
+
+
+def tail_sql(client: Client, facts: str, where: str, col: str, weight: str | None) -> tuple[str, int]:
+    """(a query of the tail slice of `facts`' requests meeting `where`: trace_id, start_ns, e2e_ns, v (the value
+    `col`) and w (the adjusted count `weight`, 1 when None); how many rows it holds), chosen as explain.tail_slice
+    chooses them over the same rows in start order: sorted by value descending, then start, the first
+    explain.tail_size of them, or weighted the first holding (1 - q) of the weight. One row of figures comes back."""
+    v = f"toFloat64({col})"
+    w = "toFloat64(1)" if weight is None else f"toFloat64({weight})"
+    if weight is None:
+        n = client.query(f"SELECT count() AS n FROM {facts} WHERE {where}").to_pylist()[0]["n"]
+        k = X.tail_size(int(n))
+    else:  # explain.tail_slice's weighted rule: the running sum of the weights in that order
+        got = client.query(
+            f"SELECT length(c) AS n, arrayFirstIndex(x -> x >= {1 - X.TAIL_Q!r} * c[length(c)], c) AS k "
+            f"FROM (SELECT arrayCumSum(arrayMap(x -> x.3, arraySort(x -> (-x.1, x.2), "
+            f"groupArray(({v}, start_ns, {w}))))) AS c FROM {facts} WHERE {where})",
+            features(client).settings).to_pylist()[0]
+        n = int(got["n"])
+        k = min(n, max(X.MIN_TAIL_SLICE, int(got["k"]) or n + 1))
+    return (f"SELECT trace_id, start_ns, e2e_ns, {v} AS v, {w} AS w FROM {facts} WHERE {where} "
+            f"ORDER BY v DESC, start_ns ASC LIMIT {k}"), k
+
+
+#: Session temporary table of the requests (trace id and stage columns) in the traces of a spike's two tails.
+STAGES_TEMP = "_tailscope_stage_requests"
+
+
+def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str | None) -> RP.RemoteStages:
+    """analysis.report's stage shares computed on the server (RP.RemoteStages): the local baseline's tail chosen
+    there as explain.tail_slice chooses it (by value descending, then start; weighted, the slowest requests
+    holding (1 - q) of the weight), the request model run there over the spans of both tails' traces (the spans the
+    store's report reads: explain.stage_rows), and each stage's mean over either tail. Each query returns one row,
+    the last one row a tail: no request's row and no span comes back."""
+    client = q.client
+
+    def one(sql: str) -> dict[str, Any]:
+        return dict(client.query(sql, features(client).settings).to_pylist()[0])
+
+    def stages(ids: list[str], weights: np.ndarray | None, spike_span: tuple[int, int, int], local: np.ndarray,
+               names: Sequence[str]) -> list[C.StageShare]:
+        base, k = tail_sql(client, q.facts_table, f"{q.cond} AND {valued} AND "
+                                                  f"{_in_windows(det, local // det.window_ns)}", col, weight)
+        first, longest, last = spike_span
+        if k:
+            got = one(f"SELECT min(start_ns) AS a, max(e2e_ns) AS l, max(start_ns + e2e_ns) AS e FROM ({base})")
+            first, longest, last = min(first, int(got["a"])), max(longest, int(got["l"])), max(last, int(got["e"]))
+        lo, hi = first - longest, last + 1  # every span overlapping a tail request starts in [lo, hi)
+        # each trace once a tail, weighing its first request's adjusted count in tail order (explain.stage_shares)
+        kept: dict[str, float] = {}
+        for t, x in zip(ids, np.ones(len(ids)) if weights is None else weights, strict=True):
+            kept.setdefault(t, float(x))
+        listed = ", ".join(f"({literal(t)}, {x!r})" for t, x in kept.items())
+        tails = (f"SELECT tupleElement(p, 1) AS trace_id, tupleElement(p, 2) AS w, 0 AS g "
+                 f"FROM (SELECT arrayJoin([{listed}]) AS p) " if kept else
+                 "SELECT '' AS trace_id, toFloat64(0) AS w, 0 AS g WHERE false ")
+        tails += f"UNION ALL SELECT trace_id, argMin(w, (-v, start_ns)) AS w, 1 AS g FROM ({base}) GROUP BY trace_id"
+        cols = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
+        traces = ", ".join(literal(t) for t in kept) or "NULL"
+        materialize_requests(client, q.table, name=STAGES_TEMP, columns=("trace_id", *cols), where=(
+            f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) AND Timestamp < fromUnixTimestamp64Nano("
+            f"toInt64({hi})) AND (TraceId IN ({traces}) OR TraceId IN (SELECT trace_id FROM ({base})))"))
+        try:
+            means = ", ".join(
+                f"sumIf(toFloat64({c}) * t.w, {c} IS NOT NULL) / sumIf(t.w, {c} IS NOT NULL) AS {c}"
+                if weight is not None else f"avgOrNull({c}) AS {c}" for c in cols)
+            got_rows = client.query(f"SELECT t.g AS g, {means} FROM {STAGES_TEMP} AS r INNER JOIN ({tails}) AS t "
+                                    f"ON r.trace_id = t.trace_id GROUP BY t.g", features(client).settings).to_pylist()
+        finally:
+            client.command(f"DROP TEMPORARY TABLE IF EXISTS {STAGES_TEMP}")
+        mean = [{s: 0.0 for s in names}, {s: 0.0 for s in names}]
+        for r in got_rows:
+            for s in names:
+                x = r[f"{s}_ns"]
+                mean[int(r["g"])][s] = 0.0 if x is None or math.isnan(x) else float(x)
+        return cast(list[C.StageShare], X.shares_of_means(mean[0], mean[1], names))
+
+    return stages
 
 
 def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.AttributeRules, det: Detection,
@@ -535,8 +605,8 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
-    windows, of the baseline windows nearest each spike (stage shares), and, only when the
-    noisy-neighbour step runs, its baseline windows. Every other baseline request comes back as
+    windows and, only when the noisy-neighbour step runs, its baseline windows (the stage shares' local
+    baseline stays on the server: `_server_stages`). Every other baseline request comes back as
     counts per combination of dimension values (token counts by bucket), with their summed `weight`
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
@@ -546,7 +616,7 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
-    spike_windows, one_by_one = _phase2_windows(det, spikes)
+    one_by_one = spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
@@ -696,10 +766,10 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
 class Fetcher:
     """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
 
-    Stage shares read the spans of the tail slices' traces; the noisy-neighbour step, which
-    runs only when queue_wait leads the stages, reads every span within reach of the spike and
-    its nearest baseline windows. Only the `inputs` columns come back (SPAN_INPUTS: what the
-    explanation reads); the rest are null.
+    The noisy-neighbour step, which runs only when queue_wait leads the stages, reads every span within
+    reach of the spike and its nearest baseline windows (the stage shares are computed on the server:
+    `_server_stages`); a trace's waterfall reads its spans (`traces`). Only the `inputs` columns come back
+    (SPAN_INPUTS: what the explanation reads); the rest are null.
     """
 
     def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int,

@@ -247,14 +247,43 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     the hour `hour_ns` in its metadata (RESOURCE_KEY); crash-safe (temp, fsync, rename)."""
     facts = (f"SELECT file_row_number AS rid, trace_id, span_id, start_ns FROM "
              f"read_parquet({M.quote(str(requests_file))}, file_row_number = true, hive_partitioning = false)")
+    # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
+    bounds: dict[str, int | None] = {"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}
+    resource = con.sql(resource_attribute_sql(spans), params=bounds).fetchall()
+    table = _coded_table(con, facts, {"request": request_attribute_sql(facts, spans),
+                                      "stage": stage_attribute_sql(facts, spans)}, bounds, resource)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        _write_table(table, tmp)
+        fsync_path(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def write_live(con: duckdb.DuckDBPyConnection, facts_table: str, path: Path) -> Path:
+    """Write, as `path`, the attribute file of the stale hours' requests in `facts_table` (connect.keep_live_facts's
+    table: a row's `rid` is its row in the file), from the values kept in LIVE_VALUES (`keep_live_values`): the
+    file a materialized hour has, so a report codes the live rows as it codes a stored hour's (`stored_values`),
+    instead of reading and splitting their values again. Its resource rows stay in LIVE_VALUES (per hour)."""
+    facts = f"SELECT rid, trace_id, span_id, start_ns FROM {facts_table}"
+    sqls = {source: live_values_sql(source, facts) for source in REQUEST_SOURCES}
+    _write_table(_coded_table(con, facts, sqls, {"lo": None, "hi": None}, []), path)
+    return path
+
+
+def _coded_table(con: duckdb.DuckDBPyConnection, facts: str, sqls: dict[str, str], params: dict[str, int | None],
+                 resource: list[tuple[str, str, list[str]]]) -> pa.Table:
+    """The attribute file's table (LAYOUT) of the rows of `facts` (rid: the row in the file), each source's values
+    read by its SQL in `sqls` (with `params`); `resource`: the replicas' rows for the metadata."""
     n = int(con.execute(f"SELECT count(*) FROM ({facts})").fetchall()[0][0])
     columns: dict[str, pa.Array] = {ROWS_COLUMN: pa.nulls(n, pa.int8())}
     about: dict[str, list[int]] = {}
     counts: dict[str, list[int]] = {}
-    for source, sql in (("request", request_attribute_sql(facts, spans)), ("stage", stage_attribute_sql(facts, spans))):
-        # the hour's requests' spans start in it (the stage spans' rule reads the hour on each side of it)
-        by_key = _split_batches(con.sql(sql, params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).to_arrow_reader(
-            WRITE_BATCH_ROWS), n)
+    for source, sql in sqls.items():
+        by_key = _split_batches(con.sql(sql, params=params).to_arrow_reader(WRITE_BATCH_ROWS), n)
         for key in sorted(by_key):
             rows, values = by_key[key]
             name = column_name(source, key)
@@ -269,20 +298,15 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
             about[name] = [int(rows.size), d]
             if d <= MAX_COUNTED:
                 counts[name] = np.bincount(to_numpy(coded.indices), minlength=d + 1)[:d].tolist()
-    resource = con.sql(resource_attribute_sql(spans), params={"lo": hour_ns, "hi": hour_ns + M.HOUR_NS}).fetchall()
     meta = {RESOURCE_KEY: json.dumps(sorted([str(r), str(k), sorted(map(str, vs))] for r, k, vs in resource)),
             COLUMNS_KEY: json.dumps({"rows": n, "columns": about, "counts": counts}, sort_keys=True)}
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        table = pa.table(columns).replace_schema_metadata(meta)
-        with ipc.new_file(str(tmp), table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(n, 1))
-        fsync_path(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return final
+    return pa.table(columns).replace_schema_metadata(meta)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    """An attribute file's table as one Arrow IPC batch."""
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
 
 
 #: Changes whenever the file's layout or the rules of the values it holds change (a part of every hour's key).
@@ -426,6 +450,14 @@ def live_values_sql(source: str, live_rows: str) -> str:
 
 #: A view of the stored request files a connection reads, (n, path): their rows' ids are n << ROW_ID_FILE_SHIFT | row.
 FILES_VIEW: Final = "_request_files_stored"
+#: A view of the stale hours' attribute file a reader wrote (`write_live`), (path): at most one row; its rows are the
+#: live request facts' row ids (file number 0). Empty unless the reader points it at one (`live_file_sql`).
+LIVE_FILE_VIEW: Final = "_attribute_file_live"
+
+
+def live_file_sql(path: Path | None) -> str:
+    """SQL of LIVE_FILE_VIEW: the stale hours' attribute file `path` (None: none)."""
+    return f"SELECT {M.quote(str(path))} AS path" if path is not None else "SELECT NULL::VARCHAR AS path WHERE false"
 
 
 def files_view_sql(stored: list[str]) -> str:
@@ -447,8 +479,8 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
     out = StoredValues(by_source={s: {} for s in REQUEST_SOURCES})
     file_of = frame_rid >> shift
     covered: list[int] = []
-    for number, path in files:
-        attr = attributes_path(Path(path))
+    live = [(0, Path(p)) for (p,) in con.execute(f"SELECT path FROM {LIVE_FILE_VIEW}").fetchall()]
+    for number, attr in [(n, attributes_path(Path(p))) for n, p in files] + live:
         positions = np.flatnonzero(file_of == number)
         rows = frame_rid[positions] & ((1 << shift) - 1)
         try:  # a file swept since the snapshot (or unreadable): its hour's values are read from the spans
@@ -458,7 +490,8 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
         if rows.size and int(rows.max()) >= hour.rows:
             continue  # not the rows of this requests file
         covered.append(int(number))
-        out.resource[hour_of_dir(attr.parent)] = hour.resource
+        if number:  # the live file's resource rows are kept per hour (LIVE_VALUES), read below
+            out.resource[hour_of_dir(attr.parent)] = hour.resource
         if not positions.size:
             continue
         whole = rows.size == hour.rows and bool(np.all(rows[1:] > rows[:-1])) and int(rows[0]) == 0
@@ -470,7 +503,7 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
         return out
     out.live_where = f"(rid >> {shift}) NOT IN ({', '.join(map(str, covered))})"
     out.all_stored = bool(np.isin(file_of, np.array(covered, dtype=np.int64)).all())
-    if len(covered) == len(files) and con.execute(  # the rows left are the stale hours' (file number 0)
+    if len(set(covered) - {0}) == len(files) and con.execute(  # the rows left are the stale hours' (file number 0)
             "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LIVE_SPANS]).fetchall()[0][0]:
         out.live_spans = LIVE_SPANS
         if con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?",

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from analysis.engine import gpu_sweep as GS
 from analysis.engine import model as M
-from analysis.engine.attribute_values import FILES_VIEW, files_view_sql
+from analysis.engine.attribute_values import FILES_VIEW, LIVE_FILE_VIEW, files_view_sql, live_file_sql
 from analysis.engine.materialize import (
     ENGINES_KEY,
     HOUR_NS,
@@ -34,7 +34,7 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.sandbox import SandboxConnection
-from analysis.engine.views import LIVE_HOUR_MACRO, bound_once, files_source, spans_sql
+from analysis.engine.views import LIVE_HOUR_MACRO, LIVE_REQUESTS_KEPT, bound_once, files_source, spans_sql
 from tracing import schema as S
 from tracing.store import require_store
 
@@ -134,15 +134,40 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     return len(files)
 
 
-def live_facts_from(con: duckdb.DuckDBPyConnection, table: str) -> None:
-    """Read the stale hours' request facts (what `percentiles.request_facts` copies once per connection snapshot)
-    from `table`, the model's `requests` rows of exactly the snapshot's stale hours that a reader keeps itself (the
-    dashboard's workbench), in start order, instead of computing them from the hours' spans on every new connection.
-    Call after `refresh` with the same snapshot: the rows must be the ones the model gives for those hours."""
-    names = [c[0] for c in con.execute("DESCRIBE _request_facts_live").fetchall()]
+def keep_live_facts(con: duckdb.DuckDBPyConnection, rows: str, table: str) -> None:
+    """Make `table` (a new table) of the stale hours' request facts and read them from it (`live_facts_from`).
+
+    `rows` is a table of the model's `requests` rows of exactly the snapshot's stale hours that a reader keeps
+    itself (the dashboard's workbench); the copy holds their fact columns in start order with each row's id
+    (`rid`: 0, 1, ... in that order), once per snapshot instead of once per report (`percentiles.request_facts`
+    reads it in place). The reader never changes `table` (a new snapshot gets a new table) and drops it once no
+    report reads it. Call after `refresh` with the same snapshot."""
+    names = [c[0] for c in con.execute("DESCRIBE _request_facts_live").fetchall() if c[0] != "rid"]
     cols = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
-    con.execute(f"CREATE OR REPLACE VIEW _request_facts_live AS SELECT {cols} FROM {table} "
-                "ORDER BY start_ns, trace_id, span_id")
+    order = "start_ns, trace_id, span_id"
+    con.execute(f"CREATE TABLE {table} AS SELECT {cols}, row_number() OVER (ORDER BY {order}) - 1 AS rid "
+                f"FROM {rows} ORDER BY {order}")
+    live_facts_from(con, table)
+
+
+def live_facts_from(con: duckdb.DuckDBPyConnection, table: str, temporary: bool = False) -> None:
+    """Read the stale hours' request facts (what `percentiles.request_facts` otherwise copies once per connection
+    snapshot) from `table` (`keep_live_facts`'s: the facts with their ids, `rid`), in place. `temporary`: on this
+    cursor only, so a report binds the table it started with while a refresh points the connection at the next
+    one."""
+    con.execute(f"CREATE OR REPLACE {'TEMP ' if temporary else ''}VIEW _request_facts_live AS SELECT * FROM {table}")
+
+
+def live_requests_from(con: duckdb.DuckDBPyConnection, table: str | None) -> None:
+    """Read the stale hours' exact `requests` rows (stage columns included) from `table`, which a reader keeps
+    itself with exactly the model's rows of the snapshot's stale hours (the dashboard's workbench, once every
+    critical path is computed), where only a few requests' rows are wanted (explain.stage_rows), instead of
+    recomputing them from the hours' spans; None: from the spans again (the rows are not all exact)."""
+    if table is None:
+        con.execute(f"DROP VIEW IF EXISTS {LIVE_REQUESTS_KEPT}")
+    else:
+        con.execute(f"CREATE OR REPLACE VIEW {LIVE_REQUESTS_KEPT} AS SELECT {', '.join(M.REQUEST_COLUMNS)} "
+                    f"FROM {table}")
 
 
 def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
@@ -173,6 +198,7 @@ def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
         else "SELECT NULL::BIGINT AS hour_ns, NULL::VARCHAR AS path WHERE false"))
     # the files' numbers (their rows' ids above): the attribute values written with an hour are found by them
     con.execute(f"CREATE OR REPLACE VIEW {FILES_VIEW} AS {files_view_sql(stored)}")
+    con.execute(f"CREATE OR REPLACE VIEW {LIVE_FILE_VIEW} AS {live_file_sql(None)}")  # a reader's: write_live
     if stored:
         con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {stored_source(stored)}")
         con.execute(f"CREATE OR REPLACE VIEW requests AS SELECT {cols} FROM _requests_stored "

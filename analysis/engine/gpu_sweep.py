@@ -1,17 +1,22 @@
 """The fair-share GPU-time sweep as SQL (docs/cost.md): each replica-minute swept on its own.
 
-`sweep_sql` is the rule, in the dialect asked; analysis.cost runs it over a range and prices it, and
+`sweep_sql` is the rule, in the dialect asked (`sweep_arrays`: its integer rule's later steps over numpy arrays, the
+same rows, which `run_sweep` runs on DuckDB); analysis.cost runs it over a range and prices it, and
 analysis.engine.materialize stores each hour's result beside its requests (`write_hour`), so a cost over
 whole materialized hours is their stored rows summed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import duckdb
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
 
 from analysis.engine import dialect as D
 from analysis.engine import model as M
@@ -245,19 +250,87 @@ def cost_path(requests_file: Path) -> Path:
 
 
 def run_sweep(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid: bool, weighted: bool,
-              spans: str = "spans", cell_ns: int = CELL_NS) -> None:
-    """Run the sweep's steps into this connection's temp tables (`_cost_shares`, `_cost_replicas` and the
-    steps before them); on an error the tables are dropped and a QueryError names the step."""
-    for name, sql in sweep_sql("duckdb", grid=grid, weighted=weighted, spans=spans, cell_ns=cell_ns).items():
+              spans: str = "spans", cell_ns: int = CELL_NS, arrays: bool = True) -> None:
+    """Run the sweep into this connection's temp tables (`_cost_shares`, `_cost_replicas`); on an error the tables
+    are dropped and a QueryError names the step.
+
+    The integer rule (not `weighted`) runs the SQL's steps up to each request's GPU intervals, then the rest over
+    arrays (`sweep_arrays`: the same rows at a fraction of the CPU); `arrays=False`, or inputs whose keys would
+    not fit in int64, run every step in SQL."""
+    steps = sweep_sql("duckdb", grid=grid, weighted=weighted, spans=spans, cell_ns=cell_ns)
+    names = list(steps)
+    if arrays and not weighted:
+        names = ["_cost_req", "_cost_st", "_cost_gpu", "_cost_rid", "_cost_observed"]
+    for name in names:
+        sql = steps[name]
         used = {k: v for k, v in params.items() if f"${k}" in sql}
         try:
             con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", used).fetchall()
         except duckdb.Error as exc:
             drop_sweep(con)
             raise QueryError(sql, f"the GPU-time sweep failed at {name}: {str(exc).splitlines()[0]}") from exc
+    if names != list(steps) and not _swept_arrays(con, params, grid, cell_ns):
+        run_sweep(con, params, grid, weighted, spans, cell_ns, arrays=False)
+        return
     for name in sweep_sql("duckdb", grid=grid):
         if name not in ("_cost_shares", "_cost_replicas"):
             con.execute(f"DROP TABLE IF EXISTS {name}").fetchall()
+
+
+def _swept_arrays(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid: bool, cell_ns: int) -> bool:
+    """`_cost_shares` and `_cost_replicas` from the SQL's GPU intervals (`_cost_gpu`, `_cost_rid`), model_load spans
+    (`_cost_st`) and observed windows (`_cost_observed`) through `sweep_arrays`; False when it declined."""
+    lo, hi = params["lo"], params["hi"]
+    step = int(params["grid"]) if grid else None
+    tag = uuid.uuid4().hex[:8]
+    codes, got_s, got_r = f"_cost_codes_{tag}", f"_cost_got_s_{tag}", f"_cost_got_r_{tag}"
+    con.execute(f"CREATE TEMP TABLE {codes} AS SELECT replica, (row_number() OVER (ORDER BY replica) - 1)::BIGINT "
+                "AS code FROM (SELECT DISTINCT replica FROM _cost_st)")
+
+    def cols(sql: str, n: int) -> list[npt.NDArray[np.int64]]:
+        got = con.sql(sql).to_arrow_table()  # (fetchnumpy would import pandas)
+        return [np.ascontiguousarray(got.column(i).to_numpy(), dtype=np.int64) for i in range(n)]
+
+    try:
+        gpu = cols(f"SELECT c.code, r.rid, g.s, g.e FROM _cost_gpu g JOIN _cost_rid r ON r.TraceId = g.TraceId "
+                   f"AND r.request_span_id = g.request_span_id JOIN {codes} c ON c.replica = g.replica", 4)
+        loads = cols(f"SELECT c.code, greatest(l.s, {lo}), least(l.e, {hi}) FROM _cost_st l JOIN {codes} c "
+                     f"ON c.replica = l.replica WHERE l.Stage = '{COLD_START_STAGE}' "
+                     f"AND least(l.e, {hi}) > greatest(l.s, {lo})", 3)
+        observed = cols(f"SELECT c.code, o.first_ns, o.last_ns FROM _cost_observed o JOIN {codes} c "
+                        "ON c.replica = o.replica", 3)
+        out = sweep_arrays((gpu[0], gpu[1], gpu[2], gpu[3]), (loads[0], loads[1], loads[2]),
+                           (observed[0], observed[1], observed[2]), int(cell_ns), step)
+        if out is None:
+            return False
+        (s_rep, s_rid, s_b, s_v), (r_rep, r_b, r_cold, r_idle) = out
+        con.register(got_s, pa.table({"code": s_rep, "rid": s_rid, "bucket_ns": s_b, "allocated_ns": s_v}))
+        con.register(got_r, pa.table({"code": r_rep, "bucket_ns": r_b, "cold_start_ns": r_cold, "idle_ns": r_idle}))
+        bucket = "BIGINT" if grid else "INTEGER"  # the SQL's types: its bucket is the literal 0 without a grid
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _cost_shares AS
+            SELECT c.replica AS replica, r.TraceId AS trace_id, r.request_span_id AS request_span_id,
+                   s.bucket_ns::{bucket} AS bucket_ns, s.allocated_ns::BIGINT AS allocated_ns
+            FROM {got_s} s JOIN _cost_rid r ON r.rid = s.rid JOIN {codes} c ON c.code = s.code""")
+        observed_ns = (f"greatest(0, least(o.last_ns, x.bucket_ns + {step}) - greatest(o.first_ns, x.bucket_ns))"
+                       if step is not None else "o.last_ns - o.first_ns")
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _cost_replicas AS
+            SELECT c.replica AS replica, x.bucket_ns::{bucket} AS bucket_ns, ({observed_ns})::BIGINT AS observed_ns,
+                   coalesce(a.allocated_ns, 0)::BIGINT AS allocated_ns, x.cold_start_ns::BIGINT AS cold_start_ns,
+                   x.idle_ns::BIGINT AS idle_ns
+            FROM {got_r} x JOIN {codes} c ON c.code = x.code JOIN _cost_observed o ON o.replica = c.replica
+            LEFT JOIN (SELECT code, bucket_ns, sum(allocated_ns) AS allocated_ns FROM {got_s} GROUP BY ALL) a
+                ON a.code = x.code AND a.bucket_ns = x.bucket_ns""")
+        return True
+    except duckdb.Error as exc:
+        drop_sweep(con)
+        raise QueryError("", f"the GPU-time sweep failed over its arrays: {str(exc).splitlines()[0]}") from exc
+    finally:
+        for name in (got_s, got_r):
+            with contextlib.suppress(duckdb.Error):
+                con.unregister(name)
+        con.execute(f"DROP TABLE IF EXISTS {codes}")
 
 
 def drop_sweep(con: duckdb.DuckDBPyConnection) -> None:
@@ -308,3 +381,153 @@ def write_hour(con: duckdb.DuckDBPyConnection, source: str, hour_ns: int, path: 
         drop_sweep(con)
         con.execute(f"DROP TABLE IF EXISTS {narrow}")
         con.execute(f"DROP TABLE IF EXISTS {bounds}")
+
+
+# --- the same sweep over arrays (numpy): what `run_sweep` runs for the integer rule ---------------------------
+
+I64 = npt.NDArray[np.int64]
+
+
+def _ranges(a: I64, b: I64, step: int) -> tuple[I64, I64]:
+    """(row, t) for each t in range(a[row], b[row], step) (the SQL's `grid_cells`), rows in order."""
+    k = np.maximum(0, (b - a + step - 1) // step)
+    which = np.repeat(np.arange(a.size, dtype=np.int64), k)
+    first = np.repeat(np.cumsum(k) - k, k)
+    return which, a[which] + (np.arange(which.size, dtype=np.int64) - first) * step
+
+
+def _cut(s: I64, e: I64, step: int) -> tuple[I64, I64, I64, I64]:
+    """Each interval [s, e) cut at the multiples of `step`: (which interval, cell start, piece start, piece end),
+    one row per cell the interval touches."""
+    which, c = _ranges((s // step) * step, e, step)
+    return which, c, np.maximum(s[which], c), np.minimum(e[which], c + step)
+
+
+def _starts(*keys: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """True where a row of sorted keys begins a new group (any key differs from the row before)."""
+    n = keys[0].size
+    new = np.zeros(n, dtype=bool)
+    if n:
+        new[0] = True
+        for k in keys:
+            new[1:] |= k[1:] != k[:-1]
+    return new
+
+
+def sweep_arrays(gpu: tuple[I64, I64, I64, I64], loads: tuple[I64, I64, I64], observed: tuple[I64, I64, I64],
+                 cell: int, grid: int | None) -> tuple[tuple[I64, I64, I64, I64], tuple[I64, I64, I64, I64]] | None:
+    """The integer sweep of `sweep_sql` (unweighted) from its inputs, in numpy: the same rows.
+
+    gpu: (replica code, request number rid, start, end) of each GPU interval clipped to the range (end > start);
+    loads: (replica code, start, end) of each model_load span clipped likewise; observed: (replica code, first,
+    last) of each replica's observed window. Returns ((replica, rid, bucket, allocated ns) per share row,
+    (replica, bucket, cold start ns, idle ns) per replica-bucket), or None when the keys would not fit in int64
+    (the caller runs the SQL). Each step is the SQL's: the union of a request's intervals (islands), cut at the
+    cells; each cell's pieces ranked by (end, rid); the boundaries' running counts, floor shares and remainder
+    recipient; a piece's share Q(end) - Q(start).
+    """
+    rep, rid, s, e = gpu
+    l_rep, l_s, l_e = loads
+    o_rep, o_first, o_last = observed
+    nrep = 1 + max([int(x.max()) for x in (rep, l_rep, o_rep) if x.size], default=0)
+    nrid = int(rid.max()) + 1 if rid.size else 1
+    if nrep * nrid >= 2**62 or (s.size and (int(s.min()) < 0 or int(e.max()) >= 2**61)):
+        return None
+    # islands: +1 at each start, -1 at each end, in (replica, rid, t) order, starts first at a tie (touching
+    # intervals merge): one packed key per request and one per instant
+    tk = np.concatenate([s * 2, e * 2 + 1])
+    o = np.lexsort((tk, np.concatenate([rep, rep]) * nrid + np.concatenate([rid, rid])))
+    d = 1 - 2 * (tk[o] & 1)
+    depth = np.cumsum(d)
+    opens, closes = o[(d == 1) & (depth == 1)], o[(d == -1) & (depth == 0)]
+    r2, q2 = np.concatenate([rep, rep]), np.concatenate([rid, rid])
+    i_rep, i_rid, i_s, i_e = r2[opens], q2[opens], tk[opens] // 2, tk[closes] // 2
+    # pieces: the islands cut at the cells; loads likewise; the observed windows' cells (and grid edges)
+    w, pc, ps, pe = _cut(i_s, i_e, cell)
+    lw, lc, ls, le = _cut(l_s, l_e, cell)
+    ow, oc, _, _ = _cut(o_first, o_last, cell)
+    gw, gt = _ranges((o_first // grid) * grid + grid, o_last, grid) if grid is not None else (ow[:0], oc[:0])
+    gc = (gt // cell) * cell
+    cells_at = [x for x in (pc, lc, oc, gc) if x.size]
+    c_min = min((int(x.min()) for x in cells_at), default=0)
+    ncells = (max((int(x.max()) for x in cells_at), default=0) - c_min) // cell + 1
+    if nrep * ncells * (cell + 1) >= 2**62:
+        return None
+
+    def at(r: I64, c: I64, x: I64) -> I64:
+        """An instant x of cell c (x in [c, c + cell]) on replica r as one key, ordered by (replica, cell, x)."""
+        return ((r * ncells + (c - c_min) // cell) * (cell + 1)) + (x - c)
+
+    # iid ranks a cell's pieces by (end, rid)
+    p_rep, p_rid = i_rep[w], i_rid[w]
+    o = np.lexsort((p_rid, at(p_rep, pc, pe)))
+    p_rep, p_rid, pc, ps, pe = p_rep[o], p_rid[o], pc[o], ps[o], pe[o]
+    p_cell = at(p_rep, pc, pc) // (cell + 1)  # (replica, cell) as one number
+    gfirst = np.flatnonzero(_starts(p_cell))
+    iid = np.arange(p_rep.size, dtype=np.int64) - np.repeat(gfirst, np.diff(np.append(gfirst, p_rep.size))) + 1
+    # events (replica, cell, t as one key; +-1 GPU, +-1 load, recipient candidate), grouped into boundaries
+    ev = np.concatenate([at(p_rep, pc, ps), at(p_rep, pc, pe), at(l_rep[lw], lc, ls), at(l_rep[lw], lc, le),
+                         at(o_rep[ow], oc, np.maximum(o_first[ow], oc)), at(o_rep[ow], oc, np.minimum(o_last[ow],
+                                                                                                   oc + cell)),
+                         at(o_rep[gw], gc, gt)])
+    k0, k1, k2, k3 = ps.size, 2 * ps.size, 2 * ps.size + ls.size, 2 * (ps.size + ls.size)
+    dg, dl, cand = (np.zeros(ev.size, np.int64) for _ in range(3))
+    dg[:k0], dg[k0:k1], dl[k1:k2], dl[k2:k3], cand[:k0] = 1, -1, 1, -1, iid
+    o = np.argsort(ev)
+    ev = ev[o]
+    first = np.flatnonzero(_starts(ev))  # each distinct boundary
+    if first.size:
+        dg, dl, cand = (np.add.reduceat(dg[o], first), np.add.reduceat(dl[o], first),
+                        np.maximum.reduceat(cand[o], first))
+    else:
+        dg, dl, cand = dg[:0], dl[:0], cand[:0]
+    b_key = ev[first]
+    b_cell = b_key // (cell + 1)
+    b_rep = b_cell // ncells
+    b_t = (b_cell % ncells) * cell + c_min + b_key % (cell + 1)
+    n, nl = np.cumsum(dg), np.cumsum(dl)  # every cell's events sum to 0: the running sums restart by themselves
+    g_new = _starts(b_cell)
+    gidx = np.cumsum(g_new) - 1  # the boundary's cell as a dense number
+    groups = int(gidx[-1]) + 1 if gidx.size else 0
+    top = int(cand.max()) + 1 if cand.size else 1
+    if groups * top >= 2**62:
+        return None
+    best = np.maximum.accumulate(gidx * top + cand) - gidx * top  # running max of the candidates in the cell
+    nxt = np.append(b_t[1:], 0)
+    has_len = np.append(~g_new[1:], False)  # the cell's last boundary starts no segment
+    length = np.where(has_len, nxt - b_t, 0)
+    active = has_len & (n > 0)
+    q, r = np.divmod(length, np.where(active, n, 1))
+    q, r = np.where(active, q, 0), np.where(active, r, 0)
+    excl = np.cumsum(q) - q
+    q_before = excl - excl[np.flatnonzero(g_new)][gidx]
+    bucket = (b_t // grid) * grid if grid is not None else np.zeros(b_t.size, np.int64)
+    # each piece (cut at the grid) takes Q(end) - Q(start) of its cell's boundaries
+    if grid is not None:
+        sw, sb, ss, se = _cut(ps, pe, grid)
+    else:
+        sw, ss, se = np.arange(ps.size, dtype=np.int64), ps, pe
+        sb = np.zeros(ps.size, np.int64)
+    part = (q_before[np.searchsorted(b_key, at(p_rep[sw], pc[sw], se))]
+            - q_before[np.searchsorted(b_key, at(p_rep[sw], pc[sw], ss))])
+    # the remainders, to the piece of the cell ranked `best`
+    rem = np.flatnonzero(r > 0)
+    piece_first = np.zeros(groups, np.int64)
+    piece_first[np.searchsorted(b_cell[np.flatnonzero(g_new)], p_cell[gfirst])] = gfirst
+    to = piece_first[gidx[rem]] + best[rem] - 1
+    req = np.concatenate([p_rep[sw] * nrid + p_rid[sw], b_rep[rem] * nrid + p_rid[to]])
+    (s_req, s_b), (s_v,) = _sum_by((req, np.concatenate([sb, bucket[rem]])), np.concatenate([part, r[rem]]))
+    idle = np.where(n == 0, np.where(nl > 0, 0, length), 0)
+    cold = np.where(n == 0, np.where(nl > 0, length, 0), 0)
+    (rr, rb), (rc, ri) = _sum_by((b_rep, bucket), cold, idle)
+    return (s_req // nrid, s_req % nrid, s_b, s_v), (rr, rb, rc, ri)
+
+
+def _sum_by(keys: tuple[I64, ...], *values: I64) -> tuple[tuple[I64, ...], tuple[I64, ...]]:
+    """Sums of `values` per distinct tuple of `keys`: (the distinct keys, the sums), sorted by the keys."""
+    o = np.lexsort(keys[::-1])
+    ks = tuple(k[o] for k in keys)
+    first = np.flatnonzero(_starts(*ks))
+    if not first.size:
+        return tuple(k[:0] for k in ks), tuple(v[:0] for v in values)
+    return tuple(k[first] for k in ks), tuple(np.add.reduceat(v[o], first) for v in values)

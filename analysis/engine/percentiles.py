@@ -257,10 +257,10 @@ _FACT_COLUMNS = ("trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica
 _TTFT_COLUMNS = ("ttft_ns", "tpot_ns")
 
 
-def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, str]:
-    """(stored, live): SQL of the request-level columns of the request model (analysis.engine.model), no
+def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, str, bool]:
+    """(stored, live, in place): SQL of the request-level columns of the request model (analysis.engine.model), no
     critical-path sweep; `stored` (with a `rid` column) reads materialized hours in place, `live`
-    computes the rest.
+    computes the rest, or, `in place`, reads them with their `rid` from a reader's table (connect.live_facts_from).
 
     On a connection from analysis.engine.connect: the materialized hours plus the model on the fly for
     the rest; on any other connection: the model over its `spans` (`stored` empty).
@@ -271,14 +271,17 @@ def _facts_sql(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> tuple[str, st
         "SELECT view_name FROM duckdb_views() WHERE view_name IN ('_request_rows_stored', '_request_facts_live')"
     ).fetchall()}
     if have == {"_request_rows_stored", "_request_facts_live"}:
-        return f"SELECT {listed}, rid FROM _request_rows_stored", f"SELECT {listed} FROM _request_facts_live"
-    return "", M.facts_sql("spans", columns=cols)
+        kept = "rid" in source_columns(con, "_request_facts_live")
+        return (f"SELECT {listed}, rid FROM _request_rows_stored",
+                f"SELECT {listed}{', rid' if kept else ''} FROM _request_facts_live", kept)
+    return "", M.facts_sql("spans", columns=cols), False
 
 
 def _facts_table(con: duckdb.DuckDBPyConnection, with_ttft: bool) -> str:
     # the views' SQL names the snapshot's files (connect binds them in `_spans_files` and the views read it)
     view = con.execute("SELECT view_name, sql FROM duckdb_views() WHERE view_name IN ('spans', '_spans_files', "
-                       "'_spans_live_files', '_request_rows_stored') AND NOT internal ORDER BY view_name").fetchall()
+                       "'_spans_live_files', '_request_rows_stored', '_request_facts_live') AND NOT internal "
+                       "ORDER BY view_name, temporary").fetchall()
     snapshot = hashlib.sha256(str(view).encode()).hexdigest()[:12]
     return f"{REQUESTS_TABLE}_{snapshot}_{'t' if with_ttft else 'e'}"  # per snapshot: refresh() gives new ones
 
@@ -289,9 +292,10 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
 
     The same rows and values as `requests` (one definition: analysis.engine.model), read in place from the
     materialized hours where fresh and otherwise computed without the critical-path sweep (into a
-    temp table, so once). Each row has a `rid`, unique in the view, to address it by
-    (`facts_by_rid`); ids of stored rows name their file and row, so the facts of a day of spans
-    take no memory until read. `ttft_ns` / `tpot_ns` are there only `with_ttft`.
+    temp table, so once), or read in place from a reader's table of them (connect.live_facts_from). Each
+    row has a `rid`, unique in the view, to address it by (`facts_by_rid`); ids of stored rows name their
+    file and row, so the facts of a day of spans take no memory until read.
+    `ttft_ns` / `tpot_ns` are there only `with_ttft`.
     """
     full = _facts_table(con, True)
     if _exists(con, full):
@@ -307,10 +311,13 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
             {"p": REQUESTS_TABLE}).fetchall():
         if old not in keep:
             con.execute(f"DROP {kind} {quote_ident(old)}").fetchall()
-    stored, live = _facts_sql(con, with_ttft)
+    stored, live, in_place = _facts_sql(con, with_ttft)
     # the live rows' ids stay below every stored file's (connect.ROW_ID_FILE_SHIFT)
-    con.execute(f"CREATE TEMP TABLE {name}_live AS {live}").fetchall()
-    rows = f"SELECT *, rowid AS rid FROM {name}_live"
+    if in_place:  # a reader's own table of them (connect.live_facts_from): nothing to copy
+        rows = live
+    else:
+        con.execute(f"CREATE TEMP TABLE {name}_live AS {live}").fetchall()
+        rows = f"SELECT *, rowid AS rid FROM {name}_live"
     con.execute(f"CREATE TEMP VIEW {name} AS {f'{stored} UNION ALL ' if stored else ''}{rows}").fetchall()
     return name
 

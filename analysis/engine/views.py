@@ -132,6 +132,9 @@ VIEW_SQL: dict[str, str] = {
 
 #: Macro of a connection from analysis.engine.connect: is a span start (ns) in an hour that is not materialized?
 LIVE_HOUR_MACRO = "_tailscope_live_hour"
+#: A view a reader keeping the stale hours' exact `requests` rows defines over them (connect.live_requests_from):
+#: where it exists, explain.stage_rows reads those hours' stage columns from it instead of their spans.
+LIVE_REQUESTS_KEPT = "_requests_live_kept"
 
 #: The documented views, for docs and tests.
 PUBLIC_VIEWS: tuple[str, ...] = ("spans", "requests", "stages")

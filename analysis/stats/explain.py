@@ -43,7 +43,7 @@ import polars as pl
 from analysis.engine import model as M
 from analysis.engine.connect import duck_type
 from analysis.engine.percentiles import MIN_TAIL, effective_count, ms, quantiles_unsorted, weighted_quantile_sorted
-from analysis.engine.views import LIVE_HOUR_MACRO, VIEW_SQL
+from analysis.engine.views import LIVE_HOUR_MACRO, LIVE_REQUESTS_KEPT, VIEW_SQL
 from analysis.stats.spikes import quantile_sorted
 from tracing import schema as S
 
@@ -933,15 +933,21 @@ def stage_rows(con: duckdb.DuckDBPyConnection, trace_ids: Sequence[str], since_n
     bound the span start times read (the caller passes bounds that hold every span overlapping
     the requests), so only the segments of that time range are read. On a connection from
     `analysis.engine.connect`, requests of materialized hours are read from their files and only the
-    other hours' spans are scanned (a store materialized throughout reads no span at all).
+    other hours' spans are scanned (a store materialized throughout reads no span at all), or their rows where
+    the reader keeps them (connect.live_requests_from).
     """
     params = {"ids": list(trace_ids), "lo": since_ns, "hi": until_ns}
     cols = ", ".join(f"{c}_ns" for c in S.CRITICAL_PATH_COLUMNS)
     split = bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = '_spans_live'").fetchall()[0][0])
-    stored = (f"SELECT trace_id, span_id, {cols} FROM _requests_stored WHERE trace_id IN (SELECT unnest($ids)) "
-              "AND ($lo IS NULL OR start_ns >= $lo) AND ($hi IS NULL OR start_ns < $hi)")
+    wanted = ("trace_id IN (SELECT unnest($ids)) AND ($lo IS NULL OR start_ns >= $lo) "
+              "AND ($hi IS NULL OR start_ns < $hi)")
+    stored = f"SELECT trace_id, span_id, {cols} FROM _requests_stored WHERE {wanted}"
     if split and not con.execute("SELECT count(*) FROM _spans_live").fetchall()[0][0]:
         return con.sql(stored, params=params).pl()  # every hour materialized
+    if split and con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                             [LIVE_REQUESTS_KEPT]).fetchall()[0][0]:  # the stale hours' rows a reader keeps
+        return con.sql(f"SELECT trace_id, span_id, {cols} FROM {LIVE_REQUESTS_KEPT} WHERE {wanted} UNION ALL {stored}",
+                       params=params).pl()
     needed = [c for c, _, _ in S.SPAN_COLUMNS if c in _STAGE_INPUTS]
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE {_SUB_PREFIX}data AS SELECT {', '.join(needed)}, EndNs "
@@ -978,11 +984,18 @@ def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) 
     """Each stage's mean critical-path time (ms) in both slices and its share of the positive growth.
 
     A `weight` column (adjusted counts) makes the means weighted."""
+    return shares_of_means({s: _mean(tail, f"{s}_ns") for s in stages}, {s: _mean(base, f"{s}_ns") for s in stages},
+                           stages)
+
+
+def shares_of_means(tail: Mapping[str, float], base: Mapping[str, float], stages: Sequence[str]
+                    ) -> list[dict[str, Any]]:
+    """`stage_shares` from each stage's mean critical-path time (ns) in both slices (a remote engine computes the
+    means; a stage missing from a mapping counts 0)."""
     rows: list[dict[str, Any]] = []
     for stage in stages:
-        col = f"{stage}_ns"
-        t = _mean(tail, col)
-        b = _mean(base, col)
+        t = float(tail.get(stage, 0.0))
+        b = float(base.get(stage, 0.0))
         if t == 0 and b == 0:
             continue
         rows.append({"stage": stage, "tail_ms": t / 1e6, "baseline_ms": b / 1e6, "growth": t - b})
@@ -996,9 +1009,16 @@ def stage_shares(tail: pl.DataFrame, base: pl.DataFrame, stages: Sequence[str]) 
     return out
 
 
+def tail_size(n: int, q: float = TAIL_Q) -> int:
+    """How many of n unweighted rows `tail_slice` keeps (a remote engine asks for that many)."""
+    return min(n, max(MIN_TAIL_SLICE, math.ceil((1 - q) * n)))
+
+
 def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = None) -> I64:
     """Rows of the slowest (1 - q) share of `rows` (at least MIN_TAIL_SLICE of them, if there are); with
-    `weights`, the slowest rows holding (1 - q) of the weight."""
+    `weights`, the slowest rows holding (1 - q) of the weight. Values tied at the cut are taken in the order of
+    `rows` (the earliest first, `rows` being in start order), so an engine can choose the same rows by sorting
+    on (value descending, start)."""
     if rows.size == 0:
         return rows
     if weights is not None:
@@ -1006,10 +1026,14 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
         cum = np.cumsum(weights[order])
         k = int(np.searchsorted(cum, (1 - q) * float(cum[-1]), side="left")) + 1
         return order[:min(rows.size, max(MIN_TAIL_SLICE, k))]
-    k = min(rows.size, max(MIN_TAIL_SLICE, math.ceil((1 - q) * rows.size)))
+    k = tail_size(rows.size, q)
     if k == rows.size:
         return rows
-    return rows[np.argpartition(values[rows], rows.size - k)[rows.size - k:]]
+    v = values[rows]
+    cut = v[np.argpartition(v, rows.size - k)[rows.size - k]]  # the k-th largest value
+    keep = v > cut
+    keep[np.flatnonzero(v == cut)[:k - int(keep.sum())]] = True
+    return rows[keep]
 
 
 def exemplar_pool(values: F64, spike: I64, threshold: float) -> I64:

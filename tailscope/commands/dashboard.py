@@ -54,6 +54,9 @@ def streamlit_command(app: Path, app_args: list[str], host: str, port: int) -> l
         "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false",
         "--client.toolbarMode", "viewer",
+        # no "magic" (a bare expression drawn as st.write): no page relies on it, and without it a session that
+        # starts with no other open compiles the router and its page without an extra parse of each
+        "--runner.magicEnabled", "false",
         "--", *app_args,
     ]
 

@@ -21,6 +21,8 @@ from analysis.cost import (
     load_prices,
     prices_for,
 )
+from analysis.engine import gpu_sweep as GS
+from analysis.engine.gpu_sweep import sweep_params
 from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
 from tests.needs import CHDB_HOW, need_module
@@ -219,6 +221,15 @@ def test_sweep_matches_a_per_instant_reference_on_random_stores(tmp_path: Path) 
             assert al == sum(n for (r, _, b), n in got_alloc.items() if (r, b) == (rep, cell))
             assert al + cold + idle == obs, (case, rep, cell)
         assert {k: v for k, v in got_reps.items() if v[0]} == {k: v for k, v in want_reps.items() if v[0]}, case
+        # the arrays (what runs) give the SQL's rows exactly, zero shares and empty cells included, and its types
+        rows = []
+        for arrays in (True, False) if case % 3 == 0 else ():
+            GS.run_sweep(con, sweep_params(T0 + lo, T0 + hi, grid), grid=grid is not None, weighted=False,
+                         cell_ns=cell or GS.CELL_NS, arrays=arrays)
+            rows.append([(con.execute(f"DESCRIBE {t}").fetchall(), con.execute(f"SELECT * FROM {t} ORDER BY ALL")
+                          .fetchall()) for t in ("_cost_shares", "_cost_replicas")])
+            drop_sweep(con)
+        assert not rows or rows[0] == rows[1], case
         con.close()
 
 

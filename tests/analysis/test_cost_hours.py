@@ -1,5 +1,6 @@
 """The GPU-time sweep stored with each materialized hour: summed at read time, it equals the sweep run over the
-spans, for ranges that cut hours or not, with and without a grid; and a cost file follows its hour."""
+spans, for ranges that cut hours or not, with and without a grid (and the Cost page's table and series from one
+sweep equal the two apart); and a cost file follows its hour."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import connect
-from analysis.cost import cost_series, cost_table, drop_sweep, gpu_shares, series_bucket_s
+from analysis.cost import Prices, cost_page, cost_series, cost_table, drop_sweep, gpu_shares, series_bucket_s
 from analysis.engine import gpu_sweep as GS
 from analysis.engine.materialize import materialize, snapshot
 from tests.factory import T0, add_request, write
@@ -73,6 +74,13 @@ def test_stored_hours_summed_equal_the_sweep_over_the_spans(tmp_path: Path) -> N
                 assert alloc + cold + idle == obs and min(alloc, cold, idle) >= 0
         # the cost table and series read the stored hours; with them hidden from the connection, every span is swept
         table, series = cost_table(con, by="tenant"), cost_series(con, by="tenant", bucket_s=300).to_dicts()
+        # the Cost page's one sweep for both gives the same table and series, ranges cutting hours or not
+        for by, kw in (("tenant", {}), ("replica", {"since": cut, "until": T0 + 2 * H}),
+                       ("model", {"since": T0 + H, "until": T0 + 3 * H + 7 * S})):
+            prices = Prices(default=2.0, replica={"A": 3.0})
+            page, frame = cost_page(con, by=by, bucket_s=300, prices=prices, **kw)
+            assert page == cost_table(con, by=by, prices=prices, **kw), (case, by)
+            assert frame.equals(cost_series(con, by=by, bucket_s=300, prices=prices, **kw)), (case, by)
         con.execute(f"CREATE OR REPLACE VIEW {GS.COST_FILES_VIEW} AS "
                     "SELECT NULL::BIGINT AS hour_ns, NULL::VARCHAR AS path WHERE false")
         assert table == cost_table(con, by="tenant") and table["totals"]["allocated_ns"] > 0

@@ -43,7 +43,7 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_map": (r'"anchor_materialize_requests": 1750, .*"map_requests": 1750', r'"same_requests": true',
                   r'"ratio_of_best": \d'),
     "bench_cost": (r"1,000 requests", r"anchor [\d.]+ s / [\d.]+ CPU-s; cost table", r"identity holds",
-                   r"cost series [\d.]+ s / [\d.]+ CPU-s",
+                   r"cost series [\d.]+ s / [\d.]+ CPU-s", r"the same table and series: True",
                    r"identical: True", r"kernel [\d.]+ ms/replay",
                    r"what-if [\d.]+ s / [\d.]+ CPU-s; scale-up [\d.]+ s"),
     "bench_build_hour": (r'"anchor": \[', r'"cpu_x_anchor": \d'),

@@ -175,6 +175,14 @@ def write_incident_store(store: Path, *, requests: int = 4_000, duration_s: floa
     return incident
 
 
+def write_more(store: Path, *, offset: int, n: int, requests: int, duration_s: float, seed: int = 6) -> None:
+    """Write one more segment: requests [offset, offset + n) of a store written with `requests` over `duration_s`
+    (new trace ids; past `requests` they start after the store's last request)."""
+    writer = SegmentWriter(store, kind="fixture", writer="fixture-more")
+    writer.write(_chunk(np.random.default_rng(seed), offset, n, duration_s, requests,
+                        Incident(duration_s * 0.60, duration_s * 0.75)))
+
+
 if __name__ == "__main__":
     import sys
 

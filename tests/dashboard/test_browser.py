@@ -253,6 +253,19 @@ def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None
     assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
 
 
+def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> None:
+    """The server's HTML for a page's URL names that page's element scripts (dashboard.preload), each served by the
+    server itself; a static file passes untouched."""
+    from dashboard.preload import page_heads, static_dir
+
+    for path in ("", "spike"):
+        html = httpx.get(f"{dashboard_url}/{path}", timeout=60).text
+        assert page_heads()[path].decode() in html
+    named = re.findall(r'href="\./(static/js/DataFrame\.[^"]+\.js)"', html)  # the Spike page's table grid
+    assert len(named) == 1
+    assert httpx.get(f"{dashboard_url}/{named[0]}", timeout=60).content == (static_dir() / named[0]).read_bytes()
+
+
 def _settle(page: object) -> None:
     """Wait until Streamlit has finished running the script and every shown chart and table is drawn."""
     from playwright.sync_api import Page

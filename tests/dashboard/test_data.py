@@ -333,8 +333,8 @@ def test_replicas_is_computed_once_whether_the_metric_is_passed_or_left_out(
 def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
         incident_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Opening a store whose rows are ready starts the warm-up thread: the spike detection, then the full
-    report. The Overview then reads both caches (no detection or report of its own), and its spikes are the
-    report's, cut to their windows and percentiles."""
+    report, and only then says it is warm. The Overview then reads both caches (no detection or report of its
+    own), and its spikes are the report's, cut to their windows and percentiles."""
     store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
     shutil.copytree(incident_store, store)
     calls: list[str] = []
@@ -352,7 +352,7 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
     monkeypatch.setattr(data, "build_report", report)
     wb = data.workbench(str(store.resolve()))
     assert wb.warmer is not None and not wb.pending
-    wb.warmer.join()
+    assert wb.warmed.wait(300)  # what the server waits for before it answers (dashboard/server.py): the whole warm-up
     assert calls == ["find_spikes", "build_report"]
     monkeypatch.setenv("TAILSCOPE_STORE", str(store.resolve()))
     at = AppTest.from_file(str(APP), default_timeout=300)

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from analysis.engine.connect import ROW_ID_FILE_SHIFT, connect
+from analysis.engine.materialize import remove_hour, snapshot
 from analysis.report import build_report, find_spikes
 from dashboard import data
-from tests.dashboard.incident_store import START_NS, Incident, leave_live, write_incident_store
+from tests.dashboard.incident_store import START_NS, Incident, leave_live, write_incident_store, write_more
 
 SEC = 1_000_000_000
 
@@ -92,4 +93,57 @@ def test_live_hours_attribute_values_are_kept_once_and_equal_the_spans(tmp_path:
     report = data._report_of(wb, str(store), wb.version, f, "e2e")
     assert report["attributes"]["considered"]  # the request attributes are judged, from the kept values
     assert report == build_report(cli, **ask)
+    cli.close()
+
+
+def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -> None:
+    """The live hours' facts and attribute file are made once per refresh and shared (no copy per report); a cursor
+    pinned before a refresh keeps reading the rows it started with, and its report stays analysis' own over the
+    store as it was; the replaced table and file are dropped once its last cursor closes; a new cursor's report is
+    analysis' own over the store as it is."""
+    from analysis.engine import attribute_values as AV
+    from analysis.engine.percentiles import request_facts
+    from analysis.engine.views import LIVE_REQUESTS_KEPT
+
+    store = tmp_path / "store"
+    write_incident_store(store, requests=6_000, duration_s=3.5 * 3600, seed=4,
+                         incident=Incident(2.2 * 3600, 2.6 * 3600))
+    leave_live(store, 4, 0, 0)
+    live = sorted(snapshot(store).fresh)[-2:]
+    for hour in live:  # the last two hours live: a segment landing in the last changes no materialized hour
+        remove_hour(store, hour)
+    wb = data.Workbench(store)
+    wb.refresh()
+    assert wb.snap is not None and wb.snap.stale == live
+    ask = {"window_s": data.detection(wb, str(store), wb.version, data.Filters())["judged_window_s"],
+           "include_failures": True}
+    cli = connect(store)
+    before = build_report(cli, **ask)
+    assert before["spikes"] and before["spikes"][0]["stages"]  # the attribute pass and the stage rows are read
+    cli.close()
+    old_table, old_file = wb.live_facts, wb.live_file
+    assert old_table is not None and old_file is not None and old_file.is_file()
+    with data._cursor(wb) as cur:
+        facts = request_facts(cur)
+        assert not cur.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall()[0][0]  # no copy
+        rid = cur.execute(f"SELECT rid FROM {facts}").fetchnumpy()["rid"]
+        kept = AV.stored_values(cur, rid, ROW_ID_FILE_SHIFT)
+        assert kept is not None and kept.all_stored  # the live rows coded from the live attribute file
+        assert cur.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ?",
+                           [LIVE_REQUESTS_KEPT]).fetchall() == [(1,)]  # stage columns from the kept rows
+        n_live = cur.execute(f"SELECT count(*) FROM {facts} WHERE rid < 1::BIGINT << 40").fetchall()
+        assert n_live == [(wb.live_requests,)]
+        write_more(store, offset=6_000, n=150, requests=6_000, duration_s=3.5 * 3600)  # into the last hour
+        assert wb.refresh() and wb.live_facts != old_table and wb.live_requests == n_live[0][0] + 150
+        assert cur.execute(f"SELECT count(*) FROM {request_facts(cur)} WHERE rid < 1::BIGINT << 40").fetchall() \
+            == n_live  # the pinned rows, not the new ones
+        assert build_report(cur, **ask) == before
+        assert old_file.is_file() and old_table in wb.retired
+    assert old_table not in wb.retired and not old_file.exists()  # dropped with its last cursor
+    with data._cursor(wb) as cur:
+        assert cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [old_table]).fetchall() \
+            == [(0,)]
+        after = build_report(cur, **ask)
+    cli = connect(store)
+    assert after == build_report(cli, **ask) and after["requests"] == before["requests"] + 150
     cli.close()

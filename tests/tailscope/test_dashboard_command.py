@@ -41,10 +41,11 @@ def test_the_server_warms_every_dashboard_module_the_router_and_pages_import() -
     assert imported and imported <= set(server.WARM_MODULES)
 
 
-def test_the_servers_start_up_returns_at_once_and_imports_in_the_background() -> None:
+def test_the_servers_start_up_waits_for_its_warm_up_at_most_its_bound() -> None:
     """In a fresh interpreter whose import of dashboard.data is held until the server has started: the lifespan
-    yields (the server starts) with the import held, and once released every warmed module is imported."""
-    code = ("import asyncio, sys, threading\n"
+    yields (the server starts) after READY_WAIT_S with the import still held, and once released every warmed module
+    is imported."""
+    code = ("import asyncio, sys, threading, time\n"
             "gate = threading.Event()\n"
             "class Hold:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
@@ -53,22 +54,24 @@ def test_the_servers_start_up_returns_at_once_and_imports_in_the_background() ->
             "        return None\n"
             "sys.meta_path.insert(0, Hold())\n"
             "from dashboard import server\n"
+            "server.READY_WAIT_S = 0.5\n"
             "async def main():\n"
+            "    t0 = time.monotonic()\n"
             "    async with server._lifespan(server.app):\n"
-            "        print('started', flush=True)\n"
+            "        print('started', time.monotonic() - t0 >= 0.5, flush=True)\n"
             "        gate.set()\n"
             "asyncio.run(main())\n"
             "[t.join(60) for t in threading.enumerate() if t.name == 'tailscope-warm-imports']\n"
             "print(all(m in sys.modules for m in server.WARM_MODULES))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.split() == ["started", "held", "True"]
+    assert out.stdout.split() == ["started", "True", "held", "True"]
 
 
 def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
-    """In a fresh interpreter serving `--store DIR`: the warm-up thread opens that store's workbench once, and a
-    session's later open finds it in the cache (no second open)."""
+    """In a fresh interpreter serving `--store DIR`: the warm-up thread opens that store's workbench once, the server
+    starts once the store's own warm-up is over, and a session's later open finds it in the cache (no second open)."""
     store = str(init_store(tmp_path / "store"))
-    code = ("import asyncio, sys, threading\n"
+    code = ("import asyncio, sys, threading, time\n"
             f"sys.argv = ['server.py', '--store', {store!r}]\n"
             "from dashboard import data, server\n"
             "opened = []\n"
@@ -77,15 +80,17 @@ def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
             "    opened.append(threading.current_thread().name)\n"
             "    real(self, *a, **k)\n"
             "data.Workbench.__init__ = counted\n"
+            "slow = data.prewarm\n"
+            "data.prewarm = lambda db: (time.sleep(1), slow(db))  # a warm-up that takes a while\n"
             "async def main():\n"
             "    async with server._lifespan(server.app):\n"
-            "        pass\n"
+            f"        print(data.workbench({store!r}).warmed.is_set())\n"
             "asyncio.run(main())\n"
             "[t.join(60) for t in threading.enumerate() if t.name == 'tailscope-warm-imports']\n"
             "print(opened)\n"
             f"print(data.workbench({store!r}) is data.workbench({store!r}), opened)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.splitlines() == ["['tailscope-warm-imports']", "True ['tailscope-warm-imports']"]
+    assert out.stdout.splitlines() == ["True", "['tailscope-warm-imports']", "True ['tailscope-warm-imports']"]
 
 
 def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
@@ -103,6 +108,7 @@ def test_streamlit_command_is_headless_on_the_given_address(tmp_path: Path) -> N
     assert opts["--server.port"] == "8600"
     assert opts["--server.headless"] == "true"
     assert opts["--browser.gatherUsageStats"] == "false"
+    assert opts["--runner.magicEnabled"] == "false"
     assert argv[-3:] == ["--", "--store", str(tmp_path)]
 
 

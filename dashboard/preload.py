@@ -1,0 +1,195 @@
+"""Preload hints: the Streamlit element scripts each page draws with, named in the HTML of that page's URL.
+
+Streamlit's frontend loads an element's script (the slider's, the Vega-Lite chart's, the table's) only when the
+server's first message asks for that element, and that script's own dependencies after it: in a fresh browser
+profile two more rounds of fetching and compiling after the app's own bundle, on the path of the first render.
+The HTML that the server answers for a page's URL can name them up front instead (`<link rel="modulepreload">`),
+so the browser fetches and compiles them while it loads the bundle and the session starts. Once the page is
+drawn and quiet, a small inline script names the other pages' the same way (`later_script`), for a first click.
+
+Which scripts an element needs is read from Streamlit's own build at start-up (the bundler's dependency lists in
+its scripts: `__vite__mapDeps`), so the hints follow the installed Streamlit's file names; an element whose script
+is not found is left out (the page then loads it as before). Nothing is fetched from outside the machine: the
+hints name the server's own static files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+#: The fonts every page draws with that Streamlit's HTML does not preload: the icons of the navigation and banners
+#: (a font that blocks its text until loaded).
+FONTS: tuple[str, ...] = ("MaterialSymbols-Rounded",)
+#: The elements the sidebar draws on every page (its buttons, toggles, time slider and multiselects).
+SIDEBAR: tuple[str, ...] = ("Button", "Checkbox", "Slider", "Multiselect")
+#: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
+CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
+#: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
+#: render, besides the sidebar's: the scripts named in that page's HTML.
+PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
+    "": ("Metric", *CHART),
+    "spike": ("Metric", "Selectbox", "DataFrame", *CHART),
+    "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
+    "traces": ("TextInput", "Metric", "DataFrame", *CHART),
+    "shape": ("Radio", "Selectbox", *CHART),
+    "replicas": ("Radio", "Selectbox", "DataFrame", *CHART),
+    "whatif": ("NumberInput", "Selectbox", "Metric"),
+    "capacity": ("Radio", "NumberInput", "Metric", "DataFrame", *CHART),
+    "cost": ("Radio", "NumberInput", "Metric", "DataFrame", *CHART),
+    "sql": ("Selectbox", "TextArea"),
+}
+
+#: Seconds a drawn page stays quiet before it names the other pages' element scripts (`later_script`).
+QUIET_S = 2
+
+_MAP = re.compile(r"m\.f=\[([^\]]*)\]")
+_LAZY = re.compile(r"import\(`\./([^`]+)`\)(?:\.then\([^()]*\))?,__vite__mapDeps\(\[([\d,]*)\]\)")
+_LISTED = re.compile(r'(?:src|href)="\./static/(?:js|css)/([^"]+)"')
+
+
+def static_dir() -> Path:
+    """The installed Streamlit's static folder (index.html, static/js, static/css)."""
+    from streamlit import file_util
+
+    return Path(file_util.get_static_dir())
+
+
+@cache
+def dependencies(js_dir: Path) -> dict[str, tuple[str, ...]]:
+    """Each script that a Streamlit script imports on demand -> the files the bundler loads with it (scripts and
+    stylesheets, bare file names), read from every script of `js_dir` that lists them."""
+    out: dict[str, tuple[str, ...]] = {}
+    for path in sorted(js_dir.glob("*.js")):
+        raw = path.read_bytes()
+        if b"__vite__mapDeps" not in raw:  # most scripts (a few MB each): not decoded
+            continue
+        text = raw.decode("utf-8", errors="replace")
+        listed = _MAP.search(text)
+        if listed is None:
+            continue
+        files = [f.strip('"').removeprefix("./").rsplit("/", 1)[-1] for f in listed.group(1).split(",") if f]
+        for name, idx in _LAZY.findall(text):
+            deps = tuple(files[int(i)] for i in idx.split(",") if i and int(i) < len(files))
+            out.setdefault(name, deps)
+    return out
+
+
+def _file_of(element: str, names: Iterable[str]) -> str | None:
+    """The script file of `element` (`Slider` -> `Slider.<hash>.js`) among `names`, or None."""
+    return next((n for n in sorted(names) if n.startswith(element + ".") and n.endswith(".js")), None)
+
+
+def preload_files(elements: Iterable[str], deps: Mapping[str, tuple[str, ...]], listed: set[str]) -> list[str]:
+    """The files to name for `elements`: each element's script and its bundler dependencies, in a stable order,
+    without those the HTML already names (`listed`) and without repeats."""
+    out: list[str] = []
+    for element in elements:
+        script = _file_of(element, deps)
+        if script is None:
+            continue
+        for name in (*deps[script], script):
+            if name not in listed and name not in out:
+                out.append(name)
+    return out
+
+
+def link_tags(files: Iterable[str]) -> str:
+    """`<link>` tags for `files`: a script as a module to preload, a stylesheet as a style, a font as a font."""
+    tags = []
+    for name in files:
+        if name.endswith(".woff2"):
+            tags.append(f'<link rel="preload" as="font" type="font/woff2" crossorigin href="./static/media/{name}">')
+        elif name.endswith(".css"):
+            tags.append(f'<link rel="preload" as="style" href="./static/css/{name}">')
+        else:
+            tags.append(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">')
+    return "\n".join(tags)
+
+
+def later_script(files: Iterable[str], quiet_s: int = QUIET_S) -> str:
+    """An inline script that adds the tags of `files` (as link_tags') once the page has been drawn and quiet for
+    `quiet_s` seconds (no script running by the app's run state, which Streamlit's own end-to-end tests wait on; no
+    element loading; checked each second after the load event; at most a minute), when the browser is idle: the
+    scripts the other pages draw with, fetched and compiled while the user reads this page, so that a first click
+    to another page does not wait for them; "" without files."""
+    hrefs = [f"./static/{'css' if name.endswith('.css') else 'js'}/{name}" for name in files]
+    if not hrefs:
+        return ""
+    return ("<script>addEventListener('load',()=>{let n=0,q=0;const t=setInterval(()=>{"
+            "const s=document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state');"
+            "q=(s&&s!=='notRunning')||document.querySelector('[data-testid=stSkeleton]')?0:q+1;"
+            f"if(q<{quiet_s}&&++n<60)return;clearInterval(t);(window.requestIdleCallback||setTimeout)(()=>{{"
+            f"for(const h of {json.dumps(hrefs)}){{const l=document.createElement('link');"
+            "if(h.endsWith('.css')){l.rel='preload';l.as='style'}else{l.rel='modulepreload';l.crossOrigin=''}"
+            "l.href=h;document.head.append(l)}})},1000)})</script>")
+
+
+def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,
+               shared: tuple[str, ...] = SIDEBAR) -> dict[str, bytes]:
+    """Each page's URL path -> what to add to its HTML's head: tags for the sidebar's elements and the page's, then
+    a script that names the other pages' once this one is drawn (`later_script`); {} when Streamlit's build is
+    not where it is expected (nothing is then added)."""
+    root = static_dir() if root is None else root
+    index = root / "index.html"
+    js_dir = root / "static" / "js"
+    if not index.is_file() or not js_dir.is_dir():
+        return {}
+    listed = set(_LISTED.findall(index.read_text(encoding="utf-8", errors="replace")))
+    deps = dependencies(js_dir)
+    every = preload_files((*shared, *(e for elements in pages.values() for e in elements)), deps, listed)
+    media = sorted(p.name for p in (root / "static" / "media").glob("*.woff2"))
+    fonts = [name for font in FONTS if (name := next((m for m in media if m.startswith(font + ".")), None))]
+    heads = {}
+    for path, elements in pages.items():
+        now = [*fonts, *preload_files((*shared, *elements), deps, listed)]
+        rest = later_script(f for f in every if f not in now)
+        heads[path] = (link_tags(now) + ("\n" + rest if rest else "")).encode()
+    return heads
+
+
+class PreloadHints:
+    """ASGI middleware: the HTML answered for a page's URL gets that page's preload tags before `</head>`; every
+    other response passes untouched. The HTML is asked for uncompressed (it is a few KB) so the tags can be added."""
+
+    def __init__(self, app: Any, heads: Mapping[str, bytes] | None = None) -> None:
+        self.app = app
+        self.heads = page_heads() if heads is None else dict(heads)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        page = str(scope.get("path", "")).rstrip("/").rsplit("/", 1)[-1]
+        tags = self.heads.get(page) if scope.get("type") == "http" and scope.get("method") == "GET" else None
+        if not tags:
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
+        held: list[dict[str, Any]] = []
+        body: list[bytes] = []
+
+        async def hold(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                held.append(message)
+                return
+            if message["type"] != "http.response.body" or not held:
+                await send(message)
+                return
+            body.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            start = held.pop()
+            data = b"".join(body)
+            kind = dict((k.lower(), v) for k, v in start.get("headers", [])).get(b"content-type", b"")
+            if start.get("status") == 200 and kind.startswith(b"text/html") and b"</head>" in data:
+                data = data.replace(b"</head>", tags + b"\n</head>", 1)
+                start = {**start, "headers": [
+                    *((k, v) for k, v in start.get("headers", [])
+                      if k.lower() not in (b"content-length", b"etag", b"last-modified")),
+                    (b"content-length", str(len(data)).encode())]}
+            await send(start)
+            await send({"type": "http.response.body", "body": data})
+
+        await self.app({**scope, "headers": headers}, receive, hold)

@@ -1,0 +1,79 @@
+"""A tail slice (explain.tail_slice) is the slowest (1 - q) share of the rows, values tied at its cut taken earliest
+first, checked against a plain sort on random values with many ties; and the same rows chosen on ClickHouse (chdb)
+by analysis.clickhouse.report.tail_sql, which the stage shares' local baseline reads there, weighted or not."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.clickhouse import client as C
+from analysis.clickhouse.report import tail_sql
+from analysis.stats import explain as X
+
+SIZES = (0, 1, 9, 10, 11, 99, 100, 101, 150, 999, 1000, 1001, 2500)
+
+
+def _draw(rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n rows' values with many ties (a few distinct ones), their start order's positions among 3n, and weights."""
+    values = np.asarray([float(rng.randrange(1, rng.choice([3, 20, 400]) + 1)) for _ in range(3 * n)])
+    rows = np.asarray(sorted(rng.sample(range(3 * n), n)), dtype=np.int64)
+    weights = np.asarray([rng.choice([1.0, 2.0, 0.5, 10 / 3]) for _ in range(3 * n)])
+    return values, rows, weights
+
+
+def _plain(values: np.ndarray, rows: np.ndarray, weights: np.ndarray | None) -> list[int]:
+    """The rows sorted by value descending, then position; the first ceil((1 - q) n) of them (at least 10), or,
+    weighted, up to the first whose running weight reaches (1 - q) of the whole (at least 10)."""
+    order = sorted(rows.tolist(), key=lambda r: (-values[r], r))
+    if weights is None:
+        k = max(10, math.ceil((1 - X.TAIL_Q) * len(order)))
+    else:
+        total = sum(weights[r] for r in order)  # the same order of additions as the running sum below
+        running, k = 0.0, len(order)
+        for i, r in enumerate(order):
+            running += weights[r]
+            if running >= (1 - X.TAIL_Q) * total:
+                k = max(10, i + 1)
+                break
+    return sorted(order[:k])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_the_slice_is_the_slowest_rows_ties_taken_earliest_first(seed: int) -> None:
+    rng = random.Random(seed)
+    for n in SIZES:
+        values, rows, weights = _draw(rng, n)
+        assert sorted(X.tail_slice(values, rows).tolist()) == _plain(values, rows, None), n
+        assert sorted(X.tail_slice(values, rows, weights=weights).tolist()) == _plain(values, rows, weights), n
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
+    yield c
+    c.close()
+
+
+@pytest.mark.slow
+def test_clickhouse_chooses_the_same_rows(client: Any) -> None:
+    rng = random.Random(7)
+    client.command("CREATE TABLE tails (trace_id String, start_ns Int64, e2e_ns Int64, value Float64, "
+                   "adjusted_count Float64, keep Bool) ENGINE = Memory")
+    for n in SIZES:
+        values, rows, weights = _draw(rng, n)
+        kept = set(rows.tolist())
+        client.command("TRUNCATE TABLE tails")
+        if n:  # every drawn row, the rows' own kept: the others must be left out by the condition
+            client.command("INSERT INTO tails VALUES " + ", ".join(
+                f"('t{i}', {1_000 + 7 * i}, {int(values[i])}, {float(values[i])!r}, {float(weights[i])!r}, {i in kept})"
+                for i in range(values.size)))
+        for w in (None, weights):
+            sql, k = tail_sql(client, "tails", "keep", "value", None if w is None else "adjusted_count")
+            got = sorted(int(r["trace_id"][1:]) for r in client.query(sql).to_pylist())
+            want = sorted(X.tail_slice(values, rows, weights=w).tolist())
+            assert (got, k) == (want, len(want)), (n, w is None)

@@ -1,0 +1,183 @@
+"""dashboard.preload: the element scripts each page's HTML names, read from Streamlit's build, and the middleware
+that adds them to the HTML (and touches nothing else)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+from dashboard import preload as P
+from tests.needs import need
+
+ROOT = Path(__file__).parents[2]
+
+
+def _build(tmp_path: Path) -> Path:
+    """A tiny build in Streamlit's layout: the entry script lists two on-demand scripts with their dependencies,
+    and one of those lists a third (as Vega-Embed's loader does)."""
+    js = tmp_path / "static" / "js"
+    js.mkdir(parents=True)
+    (tmp_path / "index.html").write_text(
+        '<html><head><script type="module" src="./static/js/index.A1.js"></script>\n'
+        '<link rel="modulepreload" href="./static/js/shared.S1.js"></head><body></body></html>')
+    (js / "index.A1.js").write_text(
+        'const __vite__mapDeps=(i,m=__vite__mapDeps,d=(m.f||(m.f=["./Slider.B2.js","./shared.S1.js",'
+        '"./moment.C3.js","../css/Slider.D4.css","./Button.E5.js","./ButtonGroup.F6.js"])))=>i.map(i=>d[i]);'
+        'x=(0,U.lazy)(()=>H(()=>import(`./Slider.B2.js`),__vite__mapDeps([0,1,2,3]),import.meta.url)),'
+        'y=(0,U.lazy)(()=>H(()=>import(`./Button.E5.js`),__vite__mapDeps([4,1]),import.meta.url)),'
+        'z=(0,U.lazy)(()=>H(()=>import(`./ButtonGroup.F6.js`),__vite__mapDeps([5,4]),import.meta.url));')
+    (js / "loadVegaEmbed.G7.js").write_text(
+        'const __vite__mapDeps=(i,m=__vite__mapDeps,d=(m.f||(m.f=["./embed.H8.js","./shared.S1.js"])))=>'
+        'i.map(i=>d[i]);async function t(){await e(()=>import(`./embed.H8.js`).then(e=>e.n),'
+        '__vite__mapDeps([0,1]),import.meta.url)}')
+    (js / "plain.I9.js").write_text('import{a}from"./shared.S1.js";export{a};')
+    (tmp_path / "static" / "media").mkdir()
+    for font in ("MaterialSymbols-Rounded.J1.woff2", "SourceSansVF-Upright.ttf.K2.woff2"):
+        (tmp_path / "static" / "media" / font).write_bytes(b"")
+    return tmp_path
+
+
+def test_the_dependency_lists_are_read_from_every_script_that_has_them(tmp_path: Path) -> None:
+    deps = P.dependencies(_build(tmp_path) / "static" / "js")
+    assert deps == {"Slider.B2.js": ("Slider.B2.js", "shared.S1.js", "moment.C3.js", "Slider.D4.css"),
+                    "Button.E5.js": ("Button.E5.js", "shared.S1.js"),
+                    "ButtonGroup.F6.js": ("ButtonGroup.F6.js", "Button.E5.js"),
+                    "embed.H8.js": ("embed.H8.js", "shared.S1.js")}
+
+
+def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_names(tmp_path: Path) -> None:
+    root = _build(tmp_path)
+    heads = P.page_heads(root, {"": ("Button", "embed"), "spike": ("Missing",)}, shared=("Slider", "Button"))
+    # Slider's own, its dependencies (shared.S1.js is the HTML's already), then Button's (not ButtonGroup's), then
+    # embed's; Button named by the sidebar and the page alike is named once; an element without a script, none
+    assert heads[""].decode().splitlines() == [
+        '<link rel="preload" as="font" type="font/woff2" crossorigin '
+        'href="./static/media/MaterialSymbols-Rounded.J1.woff2">',  # the icons' font, on every page
+        '<link rel="modulepreload" crossorigin href="./static/js/Slider.B2.js">',
+        '<link rel="modulepreload" crossorigin href="./static/js/moment.C3.js">',
+        '<link rel="preload" as="style" href="./static/css/Slider.D4.css">',
+        '<link rel="modulepreload" crossorigin href="./static/js/Button.E5.js">',
+        '<link rel="modulepreload" crossorigin href="./static/js/embed.H8.js">']
+    # a page names the other pages' once it is drawn (later_script): the Overview draws every element here, so none
+    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:5],
+                                                    P.later_script(["embed.H8.js"])]
+    assert P.page_heads(tmp_path / "nowhere") == {}
+
+
+def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an_entry() -> None:
+    deps = P.dependencies(P.static_dir() / "static" / "js")
+    elements = {e for page in P.PAGE_ELEMENTS.values() for e in page} | set(P.SIDEBAR)
+    assert {e for e in elements if P._file_of(e, deps) is None} == set()
+    assert all(f"static/media/{font}." in P.page_heads()[""].decode() for font in P.FONTS)
+    heads = P.page_heads()
+    for page, tags in heads.items():
+        named = re.findall(r'\./(static/(?:js|css|media)/[^"]+)"', tags.decode())
+        assert named and len(named) == len(set(named)), page  # each file once: now, or once the page is drawn
+        assert {href for href in named if not (P.static_dir() / href).is_file()} == set(), page
+    pages = {p.stem for p in (ROOT / "dashboard" / "app_pages").glob("*.py")} - {"__init__"}
+    assert set(heads) == {"" if p == "overview" else p for p in pages}  # the Overview is the default page: "/"
+
+
+def _serve(inner: Any, path: str, accept: bytes = b"gzip") -> tuple[list[dict[str, Any]], list[Any]]:
+    """One GET of `path` through PreloadHints around `inner` (heads: "" and "spike"); (what was sent, the request
+    headers `inner` saw)."""
+    seen: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["headers"])
+        await inner(send)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    hints = P.PreloadHints(app, {"": b"<link a>", "spike": b"<link b>"})
+    scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", accept), (b"x", b"1")]}
+    asyncio.run(hints(scope, receive, send))
+    return sent, seen
+
+
+def _html(status: int = 200, kind: bytes = b"text/html; charset=utf-8") -> Any:
+    async def inner(send: Any) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", kind), (b"content-length", b"33"), (b"etag", b'"e"'),
+                                (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": b"<html><head>", "more_body": True})
+        await send({"type": "http.response.body", "body": b"</head><body></body></html>"})
+    return inner
+
+
+def test_the_html_of_a_page_gets_its_tags_and_a_true_length() -> None:
+    sent, seen = _serve(_html(), "/spike")
+    body = b"<html><head><link b>\n</head><body></body></html>"
+    assert sent == [{"type": "http.response.start", "status": 200,
+                     "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-cache"),
+                                 (b"content-length", str(len(body)).encode())]},
+                    {"type": "http.response.body", "body": body}]
+    assert seen == [[(b"x", b"1")]]  # asked uncompressed, so the tags can be added
+    sent, _ = _serve(_html(), "/")
+    assert sent[1]["body"] == b"<html><head><link a>\n</head><body></body></html>"
+
+
+def test_anything_else_passes_untouched() -> None:
+    plain: list[dict[str, Any]] = [{"type": "http.response.start", "status": 200,
+              "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"33"),
+                          (b"etag", b'"e"'), (b"cache-control", b"no-cache")]},
+             {"type": "http.response.body", "body": b"<html><head>", "more_body": True},
+             {"type": "http.response.body", "body": b"</head><body></body></html>"}]
+    sent, seen = _serve(_html(), "/static/js/x.js")  # not a page: streamed as it comes, its headers as asked
+    assert sent == plain and seen == [[(b"accept-encoding", b"gzip"), (b"x", b"1")]]
+    sent, _ = _serve(_html(status=304), "/spike")  # not modified: no tags, the validators kept
+    assert sent[0] == {**plain[0], "status": 304} and b"".join(m["body"] for m in sent[1:]) == plain[1]["body"] + \
+        plain[2]["body"]
+    sent, _ = _serve(_html(kind=b"application/json"), "/spike")
+    assert sent[0] == {**plain[0], "headers": [(b"content-type", b"application/json"), *plain[0]["headers"][1:]]}
+
+
+def test_the_other_pages_scripts_are_named_once_the_page_is_drawn_and_quiet() -> None:
+    """later_script in Debian's chromium on a fake clock: nothing while the app's script runs or an element is
+    loading, the tags two quiet seconds after it is drawn; and at most a minute after the load event if it never
+    is."""
+    chromium = Path("/usr/bin/chromium")
+    need(chromium.exists(), "Debian's chromium", "run `make browser-deps`")
+    from playwright.sync_api import Route, sync_playwright
+
+    html = ("<html><head>" + P.later_script(["a.js", "b.css"]) + "</head><body>"
+            '<div data-testid="stApp" data-test-script-state="running"><div data-testid="stSkeleton"></div></div>'
+            "</body></html>")
+
+    def serve(route: Route) -> None:  # the page and empty files, from no network
+        page = route.request.url.endswith("/")
+        route.fulfill(body=html if page else "", content_type="text/html" if page else "text/javascript")
+
+    named = "() => [...document.querySelectorAll('link')].map(l => [l.rel, l.href])"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            for drawn_after_ms, expected_at_ms in ((5_000, 7_000), (None, 60_000)):
+                page = browser.new_page()
+                page.route("http://tailscope.test/**", serve)
+                page.clock.install()
+                page.goto("http://tailscope.test/")
+                if drawn_after_ms is not None:
+                    page.clock.run_for(drawn_after_ms // 2)
+                    assert page.evaluate(named) == []
+                    page.evaluate("() => document.querySelector('[data-testid=stSkeleton]').remove()")
+                    page.clock.run_for(drawn_after_ms // 2)  # the script still running
+                    assert page.evaluate(named) == []
+                    page.evaluate("() => document.querySelector('[data-testid=stApp]')"
+                                  ".setAttribute('data-test-script-state', 'notRunning')")
+                page.clock.run_for(expected_at_ms - (drawn_after_ms or 0) - 1_000)
+                assert page.evaluate(named) == []
+                page.clock.run_for(1_500)
+                assert page.evaluate(named) == [["modulepreload", "http://tailscope.test/static/js/a.js"],
+                                                ["preload", "http://tailscope.test/static/css/b.css"]]
+                page.close()
+        finally:
+            browser.close()
