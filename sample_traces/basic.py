@@ -30,6 +30,19 @@ START_NS = 1_763_647_200_000_000_000  # 2025-11-20T14:00:00Z
 MS = 1_000_000
 
 
+#: gzip level of the written samples: 9, the committed files' (the smallest); a test that only reads the text back
+#: (tests/sample_traces/test_committed_samples.py) sets it lower, as the level changes the bytes but not the text.
+GZIP_LEVEL = 9
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """Write OTLP/JSON lines gzipped, reproducibly (mtime 0, at GZIP_LEVEL), making its directory; return `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(path, "wb", compresslevel=GZIP_LEVEL, mtime=0) as fh:
+        fh.write(("\n".join(lines) + "\n").encode())
+    return path
+
+
 class SeededIds(IdGenerator):
     """Deterministic trace and span ids from a seeded generator."""
 
@@ -62,10 +75,7 @@ def generate(out: Path = DEFAULT_OUT, requests: int = 400, seed: int = 7) -> Pat
         spans = list(exporter.get_finished_spans())
         for k in range(0, len(spans), 64):
             lines.append(spans_to_json_line(spans[k:k + 64]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(out, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines) + "\n").encode())
-    return out
+    return write_lines(out, lines)
 
 
 def _one_request(tracer: trace.Tracer, rng: random.Random, t0: int, replica: int) -> None:

@@ -17,8 +17,10 @@ of replicas, each with its own resource.)
 
 from __future__ import annotations
 
-import gzip
+import math
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +30,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from sample_traces.basic import SeededIds
+from sample_traces.basic import SeededIds, write_lines
 from sample_traces.fleet import NS, START_NS, FleetConfig, SimRequest, sim_ns
 from tracing import schema as S
 from tracing.lean import LeanRecorder, LeanRequest
@@ -74,10 +76,51 @@ class _ListExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+#: The stage spans a simulated request can have, in the order they are opened (`_opened` says which and when).
+#: The gateway's queue wait (for the tenant's concurrency limit) comes before the network hop, the replica's (for a
+#: batch slot) after the model load.
+_SLOTS = (PREPROCESS, QUEUE_WAIT, NETWORK, MODEL_LOAD, QUEUE_WAIT, GENERATION, PREFILL, DECODE, STREAMING)
+#: Columns of `_span_table`'s row matrix (0 is the request span), and `_record`'s loop's slot numbers.
+_GEN_SLOT, _PREFILL_SLOT, _DECODE_SLOT, _STREAMING_SLOT = 6, 7, 8, 9
+#: The request times the stages are made of, in `_opened`'s order (the last two may be None).
+_TIMES = ("arrival_s", "pre_end_s", "routed_s", "at_replica_s", "gen_start_s", "first_token_s", "decode_end_s",
+          "end_s", "load_end_s", "stream_end_s")
+_times_of, _set_times_of, _optional_times_of = attrgetter(*_TIMES), attrgetter(*_TIMES[:8]), attrgetter(*_TIMES[8:])
+
+
+def _opened(arrival: Any, pre_end: Any, routed: Any, at_rep: Any, gen_start: Any, first_tok: Any, decode_end: Any,
+            end_s: Any, load_end: Any, stream_end: Any, *, served: Any, streaming: Any, every: Any,
+            where: Callable[[Any, Any, Any], Any], maximum: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+    """The one description of a simulated request's stage spans: per slot of `_SLOTS`, whether it is opened and its
+    start and end (s, before `_kept` and the request's end clip them); and whether a first token came. Elementwise:
+    on one request's floats and bools (`_record`, `where` a conditional, `maximum` max) or on arrays of a replica's
+    requests (`_span_table`: np.where, np.maximum). A missing time (no load, no stream end) is NaN, which every
+    comparison takes as false. `served`: not rejected by validation; `every`: true (as a bool or an array)."""
+    has_load = served & (load_end > at_rep)
+    slot_from = where(has_load, load_end, at_rep)
+    generated = served & (gen_start < end_s)
+    first = served & (first_tok < end_s)
+    return ((every, arrival, pre_end),
+            (served & (routed > pre_end), pre_end, routed),  # waited at the gateway for the tenant's limit
+            (served, routed, at_rep),  # gateway -> replica hop
+            (has_load, at_rep, load_end),
+            (served, slot_from, maximum(slot_from, gen_start)),
+            (generated, gen_start, decode_end),
+            (generated, gen_start, first_tok),
+            (generated & (decode_end > first_tok), first_tok, decode_end),
+            (first & streaming & (stream_end == stream_end), first_tok, stream_end)), first
+
+
+def _kept(opened: Any, name: str, start_ns: Any, end_ns: Any) -> Any:
+    """Whether an opened stage (not the generation, which is ended explicitly) is recorded: it starts before the
+    request's end, or at it for a queue wait (elementwise, as `_opened`)."""
+    return opened & ((start_ns < end_ns) | ((start_ns == end_ns) & (name == QUEUE_WAIT)))
+
 
 def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest, finish: bool = True) -> LeanRequest:
     """Record one simulated request through the lean API, with its explicit timestamps (`finish=False`: not yet
-    ended, so not queued; the caller ends it at `sim_ns(req.end_s)` or drops it)."""
+    ended, so not queued; the caller ends it at `sim_ns(req.end_s)` or drops it). Its stages are `_opened`'s,
+    clipped by `_kept`: the rules `_span_table` applies to every request at once."""
     start, end = sim_ns(req.arrival_s), sim_ns(req.end_s)
     attributes: dict[str, str | int] = {ATTR_PRIORITY: req.priority, ATTR_CACHE_READ: req.cached_tokens}
     if req.lora_adapter:
@@ -85,33 +128,24 @@ def _record(rec: LeanRecorder, cfg: FleetConfig, req: SimRequest, finish: bool =
     lean = rec.request(model=cfg.model, model_version=req.version, tenant=req.tenant,
                        input_tokens=req.input_tokens, stream=req.streaming, operation="chat", start_ns=start,
                        attributes=attributes)
-
-    def stage(name: str, s: float, e: float) -> None:
+    times = [math.nan if v is None else v for v in _times_of(req)]
+    opened, first = _opened(*times, served=req.error_type != "InvalidRequestError", streaming=req.streaming,
+                            every=True, where=lambda c, a, b: a if c else b, maximum=max)
+    gen: Any = None
+    gen_end = end
+    for j, (name, (has, s, e)) in enumerate(zip(_SLOTS, opened, strict=True), start=1):
+        if j == _STREAMING_SLOT:  # the generation ends, and the first token comes, before the stream's stage
+            if gen is not None:
+                lean.end_stage(gen, gen_end)
+            if first:
+                lean.first_token(sim_ns(req.first_token_s))
+        if not has:
+            continue
         s_ns = sim_ns(s)
-        if s_ns < end or (s_ns == end and name == QUEUE_WAIT):
+        if j == _GEN_SLOT:  # started and ended explicitly, its prefill and decode inside
+            gen, gen_end = lean.start_stage(GENERATION, start_ns=s_ns), min(sim_ns(e), end)
+        elif _kept(True, name, s_ns, end):
             lean.record_stage(name, s_ns, max(s_ns, min(sim_ns(e), end)))
-
-    stage(PREPROCESS, req.arrival_s, req.pre_end_s)
-    rejected = req.error_type == "InvalidRequestError"
-    if not rejected:
-        if req.routed_s > req.pre_end_s:  # waited at the gateway for the tenant's concurrency limit
-            stage(QUEUE_WAIT, req.pre_end_s, req.routed_s)
-        stage(NETWORK, req.routed_s, req.at_replica_s)  # gateway -> replica hop
-        slot_wait_from = req.at_replica_s
-        if req.load_end_s is not None and req.load_end_s > req.at_replica_s:
-            stage(MODEL_LOAD, req.at_replica_s, req.load_end_s)
-            slot_wait_from = req.load_end_s
-        stage(QUEUE_WAIT, slot_wait_from, max(slot_wait_from, req.gen_start_s))
-        if req.gen_start_s < req.end_s:
-            gen = lean.start_stage(GENERATION, start_ns=sim_ns(req.gen_start_s))
-            stage(PREFILL, req.gen_start_s, req.first_token_s)
-            if req.decode_end_s > req.first_token_s:
-                stage(DECODE, req.first_token_s, req.decode_end_s)
-            lean.end_stage(gen, min(sim_ns(req.decode_end_s), end))
-        if req.first_token_s < req.end_s:
-            lean.first_token(sim_ns(req.first_token_s))
-            if req.streaming and req.stream_end_s is not None:
-                stage(STREAMING, req.first_token_s, req.stream_end_s)
     lean.set(output_tokens=req.output_tokens)
     if req.status != OK:
         lean.set_outcome(req.status, req.error_type)
@@ -168,13 +202,6 @@ def emit_lines(cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
     return lines
 
 
-#: The stage spans a simulated request can have, in the order `_record` opens them: (stage, which of its times
-#: bound it). The gateway's queue wait (for the tenant's concurrency limit) comes before the network hop, the
-#: replica's (for a batch slot) after the model load.
-_SLOTS = (PREPROCESS, QUEUE_WAIT, NETWORK, MODEL_LOAD, QUEUE_WAIT, GENERATION, PREFILL, DECODE, STREAMING)
-_GEN_SLOT, _PREFILL_SLOT, _DECODE_SLOT = 6, 7, 8  # columns of the row matrix (0 is the request span)
-
-
 def _span_table(cfg: FleetConfig, reqs: Sequence[SimRequest], resource: Resource, ids: IdGenerator,
                 keep: Callable[[int], bool] | None, trace_state: str) -> pa.Table:
     """One replica's rows in SPAN_SCHEMA, built column by column: the rows the lean recorder stores for `_record`'s
@@ -186,34 +213,19 @@ def _span_table(cfg: FleetConfig, reqs: Sequence[SimRequest], resource: Resource
 
     n = len(reqs)
 
-    def col(name: str) -> Any:
-        return np.fromiter((getattr(r, name) for r in reqs), np.float64, n)
-
-    def opt(name: str) -> Any:  # None as NaN (every comparison with it is false)
-        return np.fromiter((np.nan if (v := getattr(r, name)) is None else v for r in reqs), np.float64, n)
-
     def ns(t: Any) -> Any:  # sim_ns, vectorized: both round half to even
         return START_NS + np.rint(np.nan_to_num(t) * NS).astype(np.int64)
 
-    arrival, pre_end, routed, at_rep = col("arrival_s"), col("pre_end_s"), col("routed_s"), col("at_replica_s")
-    gen_start, first_tok, decode_end, end_s = (col("gen_start_s"), col("first_token_s"), col("decode_end_s"),
-                                               col("end_s"))
-    load_end, stream_end = opt("load_end_s"), opt("stream_end_s")
+    times = [*np.fromiter(chain.from_iterable(map(_set_times_of, reqs)), np.float64, n * 8).reshape(n, 8).T,
+             *np.array(list(map(_optional_times_of, reqs)), np.float64).reshape(n, 2).T]  # None as NaN
+    arrival, first_tok, end_s = times[0], times[5], times[7]
     status = np.array([r.status for r in reqs], object)
     message = np.array([r.error_type or r.status for r in reqs], object)  # set_outcome's error type and message
     streaming = np.fromiter((r.streaming for r in reqs), bool, n)
     start, end = ns(arrival), ns(end_s)
     served = np.array([r.error_type != "InvalidRequestError" for r in reqs], bool)
-    has_load = served & (load_end > at_rep)
-    slot_from = np.where(has_load, load_end, at_rep)
-    generated = served & (gen_start < end_s)
-    first = served & (first_tok < end_s)
-    # per slot: whether `_record` opens it, and its start and end before `stage()` clips them to the request's
-    opened = ((np.ones(n, bool), arrival, pre_end), (served & (routed > pre_end), pre_end, routed),
-              (served, routed, at_rep), (has_load, at_rep, load_end),
-              (served, slot_from, np.maximum(slot_from, gen_start)), (generated, gen_start, decode_end),
-              (generated, gen_start, first_tok), (generated & (decode_end > first_tok), first_tok, decode_end),
-              (first & streaming & ~np.isnan(stream_end), first_tok, stream_end))
+    opened, first = _opened(*times, served=served, streaming=streaming, every=np.ones(n, bool), where=np.where,
+                            maximum=np.maximum)
     # the row matrix: column 0 the request span, column j its j-th slot; flattened row-major where present, the
     # rows in stored order
     rows = np.zeros((n, 1 + len(_SLOTS)), bool)
@@ -222,10 +234,10 @@ def _span_table(cfg: FleetConfig, reqs: Sequence[SimRequest], resource: Resource
     rows[:, 0], starts[:, 0], ends[:, 0] = True, start, end
     for j, (name, (has, s, e)) in enumerate(zip(_SLOTS, opened, strict=True), start=1):
         s_ns = ns(s)
-        if j == _GEN_SLOT:  # started and ended explicitly, not through `stage()`
+        if j == _GEN_SLOT:  # started and ended explicitly
             rows[:, j], starts[:, j], ends[:, j] = has, s_ns, np.minimum(ns(e), end)
         else:
-            rows[:, j] = has & ((s_ns < end) | ((s_ns == end) & (name == QUEUE_WAIT)))
+            rows[:, j] = _kept(has, name, s_ns, end)
             starts[:, j], ends[:, j] = s_ns, np.maximum(s_ns, np.minimum(ns(e), end))
     # ids: every request's, in the recorder's order, kept or not
     counts = rows.sum(axis=1)
@@ -371,9 +383,5 @@ def write_store(store: Path, cfg: FleetConfig, requests: Iterable[SimRequest], s
 
 def write_otlp(path: Path, cfg: FleetConfig, requests: Iterable[SimRequest], seed: int,
                keep: Callable[[int], bool] | None = None) -> Path:
-    """Write gzip OTLP/JSON lines (reproducible: gzip mtime 0) and return the path (`keep`: see emit_lines)."""
-    lines = emit_lines(cfg, requests, seed, keep)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(path, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines) + "\n").encode())
-    return path
+    """Write gzip OTLP/JSON lines (`basic.write_lines`: reproducible) and return the path (`keep`: see emit_lines)."""
+    return write_lines(path, emit_lines(cfg, requests, seed, keep))

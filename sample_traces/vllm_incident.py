@@ -17,7 +17,6 @@ measured on vLLM's own e2e (arrival at the replica → last token).
 
 from __future__ import annotations
 
-import gzip
 import random
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from sample_traces.basic import SeededIds
+from sample_traces.basic import SeededIds, write_lines
 from sample_traces.fleet import SimRequest, sim_ns
 from sample_traces.generate import DURATION_S, RATE  # the same run length and rate as the native incidents
 from sample_traces.incidents import SLOW_REPLICA, run, write_truth
@@ -146,14 +145,11 @@ def _effect(requests: Sequence[SimRequest], t0: float, t1: float) -> dict[str, f
 
 def write_incident(name: str, lines_of: Callable[[Sequence[SimRequest], int], list[str]], *, title: str,
                    fmt: str, out_dir: Path, seed: int, duration_s: float, rate: float) -> tuple[Path, Path]:
-    """Simulate the slow-replica incident, write it as `lines_of` renders it (gzip, mtime 0) and its
+    """Simulate the slow-replica incident, write it as `lines_of` renders it (`basic.write_lines`) and its
     truth file into `out_dir/name.*`; returns both paths."""
     scenario = run("slow_replica", seed, duration_s, rate)
     clean = run("clean", seed, duration_s, rate).requests
-    out_dir.mkdir(parents=True, exist_ok=True)
-    traces = out_dir / f"{name}.otlp.jsonl.gz"
-    with gzip.GzipFile(traces, "wb", mtime=0) as fh:
-        fh.write(("\n".join(lines_of(scenario.requests, seed)) + "\n").encode())
+    traces = write_lines(out_dir / f"{name}.otlp.jsonl.gz", lines_of(scenario.requests, seed))
     truth: dict[str, Any] = scenario.truth(clean)
     t0, t1 = truth["window"]["start_s"], truth["window"]["end_s"]
     truth.update(

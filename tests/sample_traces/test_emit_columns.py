@@ -3,7 +3,12 @@ against a simple reference: every request recorded one at a time through the lea
 a `tracing.LeanRecorder` writing a store: the rows it stores are those `tailscope ingest` stores from the OTLP
 emission of the same `_record`, which test_sampling_accuracy.py checks). Every catalogue entry, on a fleet made
 to fail often (engine errors, rejections, deadlines), each with and without a head sampler's `keep`, on several
-seeds: the stored spans must be equal, row for row and in order."""
+seeds: the stored spans must be equal, row for row and in order.
+
+Both builders take a request's stages from one description (`emit._opened`, clipped by `emit._kept`), evaluated on
+one request's times or on arrays of them; what this compares is everything else: the vectorized clipping, ids,
+attributes, outcomes and row order against the recorder's. The description itself is pinned by the committed samples,
+which `_record` makes (test_committed_samples.py regenerates them and compares their text)."""
 
 from __future__ import annotations
 

@@ -66,11 +66,30 @@ def _cells(frame: pl.DataFrame, by: list[str]) -> dict[tuple[Any, ...], dict[str
     return {(r["window_start_ns"], *(r[b] for b in by)): r for r in frame.iter_rows(named=True)}
 
 
+#: The checks' cuts: (the dimensions a cell is per, the window in s).
+CUTS: tuple[tuple[list[str], int], ...] = (([], WINDOW_S), (["tenant"], 600))
+_WHOLE: dict[Path, tuple[list[dict[str, Any]], dict[int, dict[tuple[Any, ...], dict[str, Any]]]]] = {}
+
+
+def _whole_figures(truth_store: Path) -> tuple[list[dict[str, Any]], dict[int, dict[tuple[Any, ...], dict[str, Any]]]]:
+    """The whole's request facts and its cells per cut (CUTS, by index), read once per module: every policy's
+    checks, weighted or not, compare with the same figures."""
+    if truth_store not in _WHOLE:
+        con_t = connect(truth_store)
+        try:
+            cells = {i: _cells(percentile_series(con_t, "e2e", window_s=window, by=by), by)
+                     for i, (by, window) in enumerate(CUTS)}
+            _WHOLE[truth_store] = (C.facts(con_t), cells)
+        finally:
+            con_t.close()
+    return _WHOLE[truth_store]
+
+
 def _checks(truth_store: Path, copy_store: Path, weighted: bool, keep_p: Callable[[dict[str, Any]], float]
             ) -> tuple[int, list[str]]:
     """(checks made, misses) of the copy's intervals against the whole's figures, per window and per tenant."""
-    con_t, con_c = connect(truth_store), connect(copy_store)
-    whole = C.facts(con_t)
+    whole, whole_cells = _whole_figures(truth_store)
+    con_c = connect(copy_store)
     w_starts = np.array([r["start_ns"] for r in whole])
     w_tenants = np.array([r["tenant"] for r in whole], dtype=object)
     w_status = np.array([r["status"] for r in whole], dtype=object)
@@ -83,8 +102,8 @@ def _checks(truth_store: Path, copy_store: Path, weighted: bool, keep_p: Callabl
     made, misses = 0, []
     if not weighted:  # the copy read as if every request stood for itself
         con_c.execute("CREATE TEMP TABLE plain AS SELECT * REPLACE (1.0 AS adjusted_count) FROM requests")
-    for by, window in (([], WINDOW_S), (["tenant"], 600)):
-        t_cells = _cells(percentile_series(con_t, "e2e", window_s=window, by=by), by)
+    for cut, (by, window) in enumerate(CUTS):
+        t_cells = whole_cells[cut]
         c_cells = _cells(percentile_series(con_c, "e2e", window_s=window, by=by,
                                            source=None if weighted else "plain"), by)
         for key, c in c_cells.items():
@@ -112,7 +131,6 @@ def _checks(truth_store: Path, copy_store: Path, weighted: bool, keep_p: Callabl
                 if not lo / 1e6 <= t[f"{name}_ms"] <= hi / 1e6:
                     misses.append(f"{key} {name}: truth {t[f'{name}_ms']:.1f}, copy {c[f'{name}_ms']:.1f} "
                                   f"in [{lo / 1e6:.1f}, {hi / 1e6:.1f}]")
-    con_t.close()
     con_c.close()
     return made, misses
 
