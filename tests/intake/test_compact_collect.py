@@ -37,12 +37,20 @@ def test_collect_compacts_while_spans_arrive_and_after_the_hour_settles(tmp_path
         # the compactor's own signal, not a wall-clock bound: the hour merged down to one file and a pass after that
         # merge found nothing left to do (a merge clears `idle_since`; the loop's bound only stops a hung compactor).
         # A wall-clock "settled" mark taken after the last post raced the compactor: the hour counts as quiet from its
-        # last segment's landing, so the final merge and an idle pass could both come before such a mark.
+        # last segment's landing, so the final merge and an idle pass could both come before such a mark. The pass's
+        # own record is read, not a listing: `idle_since` stays set while a merge runs and is cleared only when its
+        # pass ends, after the merge's commit has already left one file listed, so "idle and one file listed" can hold
+        # for a moment mid-pass.
+        def settled() -> bool:
+            last = c.last
+            return c.idle_since is not None and last is not None and last.merges == 0 and last.files == 1
+
         for _ in range(6000):
-            if c.idle_since is not None and len(segment_files(tmp_path)) == 1:
+            if settled():
                 break
             time.sleep(0.1)
-        assert c.idle_since is not None and len(segment_files(tmp_path)) == 1, ("no idle pass", c.passes, c.last)
+        assert settled(), ("no idle pass over one file", c.passes, c.last)
+        assert len(segment_files(tmp_path)) == 1, (c.passes, c.last)
         assert c.total_merges >= 2, (c.passes, c.last, len(segment_files(tmp_path)))
     assert len(segment_files(tmp_path)) == 1
     assert keys(tmp_path) == sent  # every span once
