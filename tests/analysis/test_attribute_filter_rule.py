@@ -8,7 +8,6 @@ does (numbers by their bucket)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import duckdb
@@ -185,15 +184,6 @@ def test_the_filter_keeps_the_requests_the_rule_gives_on_duckdb(seed: int) -> No
                        "ON f.rid = s.rid", {"lo": None, "hi": None}).fetchall()
     assert {(sid, k): v for sid, k, v in rows} == {(sid, k): v for sid, vals in ref.items()
                                                   for (src, k), v in vals.items() if src == "stage"}
-
-
-@pytest.fixture(scope="module")
-def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from analysis.clickhouse import client as C
-
-    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb-filter')}")
-    yield c
-    c.close()
 
 
 @pytest.mark.slow  # ClickHouse (chdb)

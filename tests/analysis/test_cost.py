@@ -25,7 +25,6 @@ from analysis.engine import gpu_sweep as GS
 from analysis.engine.gpu_sweep import sweep_params
 from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
-from tests.needs import CHDB_HOW, need_module
 from tracing.errors import QueryError
 from tracing.rows import SpanBatch
 
@@ -409,16 +408,6 @@ def _ch_shares(client: Any, table: str, **kw: Any) -> tuple[dict[Any, int], dict
          for r in client.query("SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns "
                                f"FROM {reps}").to_pylist()}
     return a, b
-
-
-@pytest.fixture(scope="module")
-def chdb_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    need_module("chdb", CHDB_HOW)
-    from analysis.clickhouse import open_client
-
-    c = open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
-    yield c
-    c.close()
 
 
 def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis import clickhouse as C
 from analysis.clickhouse.report import _ServerJudged
 from analysis.stats import sampling as SM
 from analysis.stats.explain import binomial_tail_bound
@@ -123,10 +122,9 @@ def test_the_arrays_give_the_reference_rules_view_on_random_inputs() -> None:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
-    yield c
-    c.close()
+def client(chdb_client: Any) -> Any:
+    """The module's chdb session (tests/analysis/conftest.py)."""
+    return chdb_client
 
 
 @pytest.mark.slow

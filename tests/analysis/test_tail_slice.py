@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.clickhouse import client as C
 from analysis.clickhouse.report import tail_sql
 from analysis.stats import explain as X
 
@@ -53,10 +52,9 @@ def test_the_slice_is_the_slowest_rows_ties_taken_earliest_first(seed: int) -> N
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    c = C.open_client(f"chdb:{tmp_path_factory.mktemp('chdb')}")
-    yield c
-    c.close()
+def client(chdb_client: Any) -> Any:
+    """The module's chdb session (tests/analysis/conftest.py)."""
+    return chdb_client
 
 
 @pytest.mark.slow
