@@ -121,14 +121,8 @@ def test_the_arrays_give_the_reference_rules_view_on_random_inputs() -> None:
     assert tail >= 20, "the random tail samplers are caught"
 
 
-@pytest.fixture(scope="module")
-def client(chdb_client: Any) -> Any:
-    """The module's chdb session (tests/analysis/conftest.py)."""
-    return chdb_client
-
-
 @pytest.mark.slow
-def test_the_server_gives_the_arrays_view_on_random_inputs(client: Any) -> None:
+def test_the_server_gives_the_arrays_view_on_random_inputs(chdb_client: Any) -> None:
     """Every field equal; the quantiles to the bit but where weights of 10/3 are summed in another order within a
     tie (then within float rounding)."""
     rng = np.random.default_rng(5)
@@ -136,14 +130,14 @@ def test_the_server_gives_the_arrays_view_on_random_inputs(client: Any) -> None:
     seen = set()
     for trial in range(40):
         values, weights, failed, recorded, malformed = inputs = _random_inputs(rng, trial)
-        client.command(f"DROP TABLE IF EXISTS {table}")
-        client.command(f"CREATE TABLE {table} (v Float64, w Float64, failed Bool, recorded Bool, malformed Bool) "
+        chdb_client.command(f"DROP TABLE IF EXISTS {table}")
+        chdb_client.command(f"CREATE TABLE {table} (v Float64, w Float64, failed Bool, recorded Bool, malformed Bool) "
                        "ENGINE = Memory")
         if values.size:
-            client.insert_arrow(table, pa.table({"v": values, "w": weights, "failed": failed, "recorded": recorded,
+            chdb_client.insert_arrow(table, pa.table({"v": values, "w": weights, "failed": failed, "recorded": recorded,
                                                  "malformed": malformed}))
         for policy in SM.POLICIES:
-            got = SM.judge(_ServerJudged(client, table), policy)
+            got = SM.judge(_ServerJudged(chdb_client, table), policy)
             want = SM.judge(SM.Arrays(*inputs), policy)
             assert _fields(got) == _fields(want), (trial, policy)
             if trial % 4 == 3:

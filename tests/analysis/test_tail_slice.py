@@ -51,27 +51,21 @@ def test_the_slice_is_the_slowest_rows_ties_taken_earliest_first(seed: int) -> N
         assert sorted(X.tail_slice(values, rows, weights=weights).tolist()) == _plain(values, rows, weights), n
 
 
-@pytest.fixture(scope="module")
-def client(chdb_client: Any) -> Any:
-    """The module's chdb session (tests/analysis/conftest.py)."""
-    return chdb_client
-
-
 @pytest.mark.slow
-def test_clickhouse_chooses_the_same_rows(client: Any) -> None:
+def test_clickhouse_chooses_the_same_rows(chdb_client: Any) -> None:
     rng = random.Random(7)
-    client.command("CREATE TABLE tails (trace_id String, start_ns Int64, e2e_ns Int64, value Float64, "
+    chdb_client.command("CREATE TABLE tails (trace_id String, start_ns Int64, e2e_ns Int64, value Float64, "
                    "adjusted_count Float64, keep Bool) ENGINE = Memory")
     for n in SIZES:
         values, rows, weights = _draw(rng, n)
         kept = set(rows.tolist())
-        client.command("TRUNCATE TABLE tails")
+        chdb_client.command("TRUNCATE TABLE tails")
         if n:  # every drawn row, the rows' own kept: the others must be left out by the condition
-            client.command("INSERT INTO tails VALUES " + ", ".join(
+            chdb_client.command("INSERT INTO tails VALUES " + ", ".join(
                 f"('t{i}', {1_000 + 7 * i}, {int(values[i])}, {float(values[i])!r}, {float(weights[i])!r}, {i in kept})"
                 for i in range(values.size)))
         for w in (None, weights):
-            sql, k = tail_sql(client, "tails", "keep", "value", None if w is None else "adjusted_count")
-            got = sorted(int(r["trace_id"][1:]) for r in client.query(sql).to_pylist())
+            sql, k = tail_sql(chdb_client, "tails", "keep", "value", None if w is None else "adjusted_count")
+            got = sorted(int(r["trace_id"][1:]) for r in chdb_client.query(sql).to_pylist())
             want = sorted(X.tail_slice(values, rows, weights=w).tolist())
             assert (got, k) == (want, len(want)), (n, w is None)
