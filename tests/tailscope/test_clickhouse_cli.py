@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import Result
 from typer.testing import CliRunner
 
 from tailscope.cli import app
@@ -74,26 +78,51 @@ def test_bad_engine_options_are_one_line(args: list[str], tmp_path: Path) -> Non
     assert len(lines) == 1 and lines[0].startswith("error:"), done.output
 
 
-def test_clickhouse_init_prints_and_applies(tmp_path: Path) -> None:
-    dsn = f"chdb:{tmp_path / 'ch'}"
-    printed = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn])
-    assert printed.exit_code == 0
-    assert "REFRESH EVERY 5 MINUTE APPEND TO tailscope_requests" in printed.output
-    early = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])  # before the spans table exists
-    assert early.exit_code != 0 and "table otel_traces does not exist: nothing was created" in early.output
+@dataclass(frozen=True)
+class Initialized:
+    """A chdb DSN where `clickhouse init` ran: printed, applied before the spans table existed (refused), then applied
+    twice with --every 1 DAY --lag-minutes 0 (`applied`, `again`); the tables the refused run left (`early_tables`)."""
+
+    dsn: str
+    printed: Result
+    early: Result
+    early_tables: list[dict[str, Any]]
+    applied: Result
+    again: Result
+
+
+@pytest.fixture(scope="module")
+def initialized(tmp_path_factory: pytest.TempPathFactory) -> Initialized:
+    """One `clickhouse init --apply` for the tests of the init itself and of its refreshable view: creating the views
+    costs chdb seconds of planning the refresh's SQL, so they are made once. Daily refreshes, no lag: the view
+    refreshes by itself only at midnight, so the rows a test reads are those of its own forced refresh."""
     from analysis.clickhouse import open_client, otel_traces_ddl
+    dsn = f"chdb:{tmp_path_factory.mktemp('chinit') / 'ch'}"
+    options = ["--apply", "--every", "1 DAY", "--lag-minutes", "0"]
+    printed = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn])
+    early = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, *options])  # before the spans table exists
     client = open_client(dsn)
-    assert client.query("SELECT count() AS n FROM system.tables WHERE database = currentDatabase()"
-                        ).to_pylist() == [{"n": 0}]
+    early_tables = client.query("SELECT count() AS n FROM system.tables WHERE database = currentDatabase()"
+                                ).to_pylist()
     client.command(otel_traces_ddl())
     client.close()
-    applied = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
-    assert applied.exit_code == 0, applied.output
-    assert applied.output.startswith("created tailscope_requests_spans, tailscope_requests_spans_mv, "
-                                     "tailscope_requests, tailscope_requests_mv over otel_traces")
-    again = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply"])
-    assert again.exit_code == 0 and again.output.startswith("nothing to change: "), again.output
-    client = open_client(dsn)
+    applied = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, *options])
+    again = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, *options])
+    return Initialized(dsn, printed, early, early_tables, applied, again)
+
+
+def test_clickhouse_init_prints_and_applies(initialized: Initialized) -> None:
+    init = initialized
+    assert init.printed.exit_code == 0
+    assert "REFRESH EVERY 5 MINUTE APPEND TO tailscope_requests" in init.printed.output  # the default interval
+    assert init.early.exit_code != 0 and "table otel_traces does not exist: nothing was created" in init.early.output
+    assert init.early_tables == [{"n": 0}]
+    assert init.applied.exit_code == 0, init.applied.output
+    assert init.applied.output.startswith("created tailscope_requests_spans, tailscope_requests_spans_mv, "
+                                          "tailscope_requests, tailscope_requests_mv over otel_traces")
+    assert init.again.exit_code == 0 and init.again.output.startswith("nothing to change: "), init.again.output
+    from analysis.clickhouse import open_client
+    client = open_client(init.dsn)
     views = client.query("SELECT view FROM system.view_refreshes").column("view").to_pylist()
     tables = set(client.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
                  .column("name").to_pylist())
@@ -108,16 +137,11 @@ def test_the_default_table_is_the_exporters() -> None:
     assert DEFAULT == DEFAULT_TABLE == "otel_traces"
 
 
-def test_the_refreshable_view_computes_the_requests_of_its_interval(tmp_path: Path) -> None:
+def test_the_refreshable_view_computes_the_requests_of_its_interval(initialized: Initialized) -> None:
     """Applied in chdb, a refresh (forced with SYSTEM REFRESH) appends the requests of yesterday (--every '1 DAY')."""
-    from analysis.clickhouse import open_client, otel_traces_ddl
-    dsn = f"chdb:{tmp_path / 'ch'}"
-    client = open_client(dsn)
-    client.command(otel_traces_ddl())
-    client.close()
-    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--every", "1 DAY", "--lag-minutes", "0"])
-    assert done.exit_code == 0, done.output
-    client = open_client(dsn)
+    from analysis.clickhouse import open_client
+    assert initialized.applied.exit_code == 0, initialized.applied.output
+    client = open_client(initialized.dsn)
     t0 = "toUnixTimestamp64Nano(toDateTime64(toStartOfDay(now()) - INTERVAL 12 HOUR, 9))"
     tid, root, child = "a" * 32, "b" * 16, "c" * 16
     client.command(
@@ -139,25 +163,57 @@ def test_the_refreshable_view_computes_the_requests_of_its_interval(tmp_path: Pa
     assert [r.hi_ns - r.lo_ns for r in covered] == [24 * 3_600_000_000_000], "the view's refresh may be read"
 
 
-def test_report_reads_the_materialized_table_unless_told_not_to(exported: tuple[Path, str]) -> None:
-    """After `clickhouse init`'s tables and a backfill by hand (the refreshable view itself is tested above), the
-    report reads tailscope_requests (corrupted here on purpose to show it); --no-materialize computes from the
-    spans and equals the store's report."""
+@pytest.fixture(scope="module")
+def backfilled(exported: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Result]:
+    """(the store, a chdb DSN of its spans in otel_traces, `clickhouse init --apply --backfill --every '1 HOUR'` run
+    there): the materialized requests of every interval the spans fall in, made once for the tests that read them (a
+    refresh costs chdb seconds of planning). A DSN of its own, so the tests on `exported` read no materialized table."""
     from analysis import clickhouse as C
-    store, dsn = exported
+    from analysis.clickhouse.export import export_store
+    store = exported[0]
+    dsn = f"chdb:{tmp_path_factory.mktemp('chfill') / 'ch'}"
     client = C.open_client(dsn)
     try:
-        for ddl in C.requests_mv_ddl()[:3]:  # the spans copy, its view, the requests table
-            client.command(ddl)
-        C.copy_spans(client)
-        first = client.query("SELECT min(TimestampNs) AS t FROM tailscope_requests_spans").to_pylist()[0]["t"]
-        step = 300 * 10**9
-        for k in range(3):
-            C.refresh(client, C.DEFAULT_TABLE, first // step * step + k * step, first // step * step + (k + 1) * step)
-        client.command("ALTER TABLE tailscope_requests UPDATE e2e_ns = e2e_ns * 3 WHERE span_id != '' "
-                       "SETTINGS mutations_sync = 1")
+        export_store(store, client, C.DEFAULT_TABLE)
     finally:
         client.close()
+    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--backfill", "--every", "1 HOUR"])
+    client = C.open_client(dsn)
+    try:  # the tables stay; a session on a refreshable view plans its SQL again each time it opens and closes
+        client.command(f"DROP TABLE IF EXISTS {C.REQUESTS_TABLE}_mv")
+    finally:
+        client.close()
+    return store, dsn, done
+
+
+@pytest.fixture
+def tripled(backfilled: tuple[Path, str, Result]) -> Iterator[tuple[Path, str]]:
+    """`backfilled` with every materialized request's e2e_ns tripled (what a report that reads the table shows, and
+    one computing from the spans does not), put back as it was after the test."""
+    from analysis import clickhouse as C
+    store, dsn, done = backfilled
+    assert done.exit_code == 0, done.output
+
+    def update(expr: str) -> None:
+        client = C.open_client(dsn)
+        try:
+            client.command(f"ALTER TABLE tailscope_requests UPDATE e2e_ns = {expr} WHERE span_id != '' "
+                           "SETTINGS mutations_sync = 1")
+        finally:
+            client.close()
+
+    update("e2e_ns * 3")
+    try:
+        yield store, dsn
+    finally:
+        update("intDiv(e2e_ns, 3)")
+
+
+def test_report_reads_the_materialized_table_unless_told_not_to(tripled: tuple[Path, str]) -> None:
+    """After `clickhouse init --apply --backfill` (the refreshable view itself is tested above), the report reads
+    tailscope_requests (corrupted here on purpose to show it); --no-materialize computes from the spans and equals
+    the store's report."""
+    store, dsn = tripled
     duck = json.loads(runner.invoke(app, ["report", "--store", str(store), "--json"]).stdout)
     off = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json", "--no-materialize"])
     on = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
@@ -165,45 +221,34 @@ def test_report_reads_the_materialized_table_unless_told_not_to(exported: tuple[
                               "-f", "json"])
     sql_off = runner.invoke(app, ["sql", "SELECT max(e2e_ns) AS m FROM requests", "--engine", "clickhouse", "--dsn",
                                   dsn, "-f", "json", "--no-materialize"])
-    client = C.open_client(dsn)
-    for name in ("tailscope_requests_spans_mv", "tailscope_requests", "tailscope_requests_spans"):
-        client.command(f"DROP TABLE {name}")
-    client.close()
     assert json.loads(off.stdout) == duck
     assert json.loads(on.stdout)["requests"] == duck["requests"] and json.loads(on.stdout) != duck
     assert json.loads(sql.stdout)[0]["m"] == 3 * json.loads(sql_off.stdout)[0]["m"]
 
 
-def test_init_backfill_covers_the_spans_already_there(exported: tuple[Path, str]) -> None:
+def test_init_backfill_covers_the_spans_already_there(exported: tuple[Path, str],
+                                                      backfilled: tuple[Path, str, Result]) -> None:
     """`clickhouse init --apply --backfill` computes the requests of every interval holding spans written before it:
     each of them is then covered (read from the table) and the report equals the store's."""
     from analysis import clickhouse as C
-    store, dsn = exported
-    refused = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--backfill"])
+    refused = runner.invoke(app, ["clickhouse", "init", "--dsn", exported[1], "--backfill"])
     assert refused.exit_code == 1 and refused.output.strip().startswith("error:") and \
         len(refused.output.strip().splitlines()) == 1, refused.output
-    done = runner.invoke(app, ["clickhouse", "init", "--dsn", dsn, "--apply", "--backfill", "--every", "1 HOUR"])
-    try:
-        assert done.exit_code == 0, done.output
-        client = C.open_client(dsn)
-        hour = 3_600 * 10**9
-        row = client.query("SELECT min(toUnixTimestamp64Nano(Timestamp)) AS a, max(toUnixTimestamp64Nano(Timestamp)) "
-                           "AS b FROM otel_traces").to_pylist()[0]
-        covered = sorted(r.lo_ns for r in C.coverage(client) if r.lo_ns <= row["b"])
-        client.close()
-        want = list(range(row["a"] // hour * hour, row["b"] // hour * hour + hour, hour))
-        assert f"backfilled {len(want):,} interval(s) of 1 HOUR" in done.output
-        assert covered == want
-        ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
-        duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
-        assert ch.exit_code == 0, ch.output
-        assert json.loads(ch.stdout) == json.loads(duck.stdout)
-    finally:
-        client = C.open_client(dsn)
-        for name in ("tailscope_requests_mv", "tailscope_requests_spans_mv", "tailscope_requests",
-                     "tailscope_requests_spans"):
-            client.command(f"DROP TABLE IF EXISTS {name}")
-        client.close()
+    store, dsn, done = backfilled
+    assert done.exit_code == 0, done.output
+    client = C.open_client(dsn)
+    hour = 3_600 * 10**9
+    row = client.query("SELECT min(toUnixTimestamp64Nano(Timestamp)) AS a, max(toUnixTimestamp64Nano(Timestamp)) "
+                       "AS b FROM otel_traces").to_pylist()[0]
+    covered = sorted(r.lo_ns for r in C.coverage(client) if r.lo_ns <= row["b"])
+    client.close()
+    want = list(range(row["a"] // hour * hour, row["b"] // hour * hour + hour, hour))
+    assert f"backfilled {len(want):,} interval(s) of 1 HOUR" in done.output
+    assert covered == want
+    ch = runner.invoke(app, ["report", "--engine", "clickhouse", "--dsn", dsn, "--json"])
+    duck = runner.invoke(app, ["report", "--store", str(store), "--json"])
+    assert ch.exit_code == 0, ch.output
+    assert json.loads(ch.stdout) == json.loads(duck.stdout)
 
 
 def test_a_backfill_of_an_empty_table_refreshes_nothing(tmp_path: Path) -> None:
