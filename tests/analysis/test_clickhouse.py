@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue sampl
 
 DATA = Path(__file__).resolve().parents[2] / "sample_traces" / "data"
 SAMPLES = sorted(p for p in DATA.rglob("*.otlp.jsonl.gz") if p.name != "demo.otlp.jsonl.gz")
+MINUTE_NS = 60_000_000_000
 
 
 
@@ -153,24 +156,35 @@ def _store_and_table(sample: Path, factory: pytest.TempPathFactory, client: Any)
     return store, table
 
 
-class _Counting:
-    """A client counting the rows its queries return: the attribute pass's apart, query by query."""
+class _Recording:
+    """A client keeping every query's SQL and answer in order; the rows they return are counted, the attribute
+    pass's apart."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn, self.rows, self.attribute_rows = inner, inner.dsn, 0, 0
-        self.attribute_each: list[int] = []  # the rows of each query of the attribute pass, in order
+        self.inner, self.dsn = inner, inner.dsn
+        self.answers: list[tuple[str, pa.Table]] = []
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
-        if ATTR_PREFIX in sql:  # the attribute pass's (its figures, and the exemplars' few requests)
-            self.attribute_rows += out.num_rows
-            self.attribute_each.append(out.num_rows)
-        else:
-            self.rows += out.num_rows
+        self.answers.append((sql, out))
         return out
 
     def command(self, sql: str) -> None:
         self.inner.command(sql)
+
+    @property
+    def attribute_each(self) -> list[int]:
+        """The rows of each query of the attribute pass (its figures, and the exemplars' few requests), in order."""
+        return [out.num_rows for sql, out in self.answers if ATTR_PREFIX in sql]
+
+    @property
+    def attribute_rows(self) -> int:
+        return sum(self.attribute_each)
+
+    @property
+    def rows(self) -> int:
+        """The rows of every other query."""
+        return sum(out.num_rows for sql, out in self.answers if ATTR_PREFIX not in sql)
 
 
 def _same_frames(duck: pl.DataFrame, ch: pl.DataFrame) -> None:
@@ -196,7 +210,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
     assert duck.height > 0
     C.materialize_requests(client, table)
     _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
-    counted = _Counting(client)
+    counted = _Recording(client)
     got = ch_report(counted, table)
     assert got == build_report(con)
     if not got["spikes"]:  # detection on the server: one row per window (twice), a few single rows, and the values
@@ -653,9 +667,39 @@ def _facts_table(client: Any, name: str, windows: int, seed: int, w_ns: int, wei
         "adjusted_count": np.random.default_rng(seed + 7).choice(np.asarray(weights), n)}))
 
 
+@dataclass(frozen=True)
+class SpikeRun:
+    """A facts table of `_facts_table` (seed 5) and the report on ClickHouse over it (spans: the empty t_no_spans),
+    with every query's SQL and answer in order."""
+
+    table: str
+    answers: list[tuple[str, pa.Table]]
+    report: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def spike_run(client: Any) -> Callable[[int, tuple[float, ...]], SpikeRun]:
+    """`spike_run(windows, weights)`: the SpikeRun of a facts table of `windows` windows with adjusted counts drawn
+    from `weights`, made once per module: three tests read the sampled one of 80 windows."""
+    client.command("DROP TABLE IF EXISTS t_no_spans")
+    client.command(C.otel_traces_ddl("t_no_spans"))
+    made: dict[tuple[int, tuple[float, ...]], SpikeRun] = {}
+
+    def get(windows: int, weights: tuple[float, ...]) -> SpikeRun:
+        if (windows, weights) not in made:
+            table = f"t_facts_spike_{len(made)}"
+            _facts_table(client, table, windows, 5, MINUTE_NS, weights)
+            recording = _Recording(client)
+            report = ch_report(recording, "t_no_spans", window_s=60, facts=table)  # type: ignore[arg-type]
+            made[(windows, weights)] = SpikeRun(table, recording.answers, report)
+        return made[(windows, weights)]
+
+    return get
+
+
 @pytest.mark.parametrize("weights", [(1.0,), (1.0, 2.0)], ids=["unsampled", "sampled"])
-def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(client: Any,
-                                                                            weights: tuple[float, ...]) -> None:
+def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(
+        spike_run: Callable[[int, tuple[float, ...]], SpikeRun], weights: tuple[float, ...]) -> None:
     """The same spike after 40 and after 80 more baseline windows: the fact rows that come back are the same requests
     (the spike's three windows only: the stage shares' local baseline stays on the server), with the same ids and
     values; the baseline's p99 with
@@ -664,32 +708,13 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
     test_a_sampled_spike_is_explained_on_the_server_as_in_memory)."""
     from analysis.engine.percentiles import iso
 
-    w_ns = 60_000_000_000
-    client.command("DROP TABLE IF EXISTS t_no_spans")
-    client.command(C.otel_traces_ddl("t_no_spans"))
+    w_ns = MINUTE_NS
     seen: dict[int, tuple[list[tuple[str, int]], dict[str, Any]]] = {}
-
-    class Watching:  # the client, keeping what the request facts' pulls returned
-        dsn = client.dsn
-
-        def __init__(self) -> None:
-            self.pulled: list[pa.Table] = []
-
-        def query(self, sql: str, settings: Any = None) -> pa.Table:
-            out = client.query(sql, settings)
-            if "trace_id" in out.column_names:
-                self.pulled.append(out)
-            return out
-
-        def command(self, sql: str) -> None:
-            client.command(sql)
-
     for windows in (80, 120):
-        _facts_table(client, "t_facts_spike", windows, 5, w_ns, weights)
-        watching = Watching()
-        report = ch_report(watching, "t_no_spans", window_s=60, facts="t_facts_spike")  # type: ignore[arg-type]
-        rows = pa.concat_tables(watching.pulled).select(["trace_id", "e2e_ns"]).to_pylist()
-        seen[windows] = (sorted((r["trace_id"] or "", r["e2e_ns"]) for r in rows), report)
+        got = spike_run(windows, weights)
+        pulled = [out for _, out in got.answers if "trace_id" in out.column_names]  # the request facts' pulls
+        rows = pa.concat_tables(pulled).select(["trace_id", "e2e_ns"]).to_pylist()
+        seen[windows] = (sorted((r["trace_id"] or "", r["e2e_ns"]) for r in rows), got.report)
     (rows_a, rep_a), (rows_b, rep_b) = seen[80], seen[120]
     for rep, windows in ((rep_a, 80), (rep_b, 120)):  # the planted spike, windows 30-32 of the shared part
         first = windows - 40 + 30
@@ -700,7 +725,8 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(clie
     assert len(rows_a) == 600 * 3 and all(t.startswith("new") for t, _ in rows_a)
 
 
-def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(client: Any) -> None:
+def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(
+        client: Any, spike_run: Callable[[int, tuple[float, ...]], SpikeRun]) -> None:
     """A sampled facts table (adjusted counts 1 and 2) with a planted spike: before the spike's rows are pulled,
     only per-window rows, pooled figures and the values above the pooled p99 come back; the detection is
     analysis.stats.spikes.detect's weighted one in memory, and the sampling view sampling.judge's over the arrays."""
@@ -710,28 +736,12 @@ def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(client
     from analysis.stats import sampling as SM
     from analysis.stats import spikes as SP
 
-    w_ns = 60_000_000_000
-    client.command("DROP TABLE IF EXISTS t_no_spans")
-    client.command(C.otel_traces_ddl("t_no_spans"))
-    _facts_table(client, "t_facts_sampled", 80, 5, w_ns, weights=(1.0, 2.0))
-    got: list[pa.Table] = []
-
-    class Watching:  # the client, keeping every result until the first fact rows (a spike's) are pulled
-        dsn = client.dsn
-        pulling = False
-
-        def query(self, sql: str, settings: Any = None) -> pa.Table:
-            out = client.query(sql, settings)
-            self.pulling = self.pulling or "trace_id" in out.column_names
-            if not self.pulling:
-                got.append(out)
-            return out
-
-        def command(self, sql: str) -> None:
-            client.command(sql)
-
-    report = ch_report(Watching(), "t_no_spans", window_s=60, facts="t_facts_sampled")  # type: ignore[arg-type]
-    rows = client.query("SELECT start_ns, e2e_ns, adjusted_count FROM t_facts_sampled ORDER BY start_ns")
+    w_ns = MINUTE_NS
+    run = spike_run(80, (1.0, 2.0))
+    report = run.report
+    pulls = [i for i, (_, out) in enumerate(run.answers) if "trace_id" in out.column_names]
+    got = [out for _, out in run.answers[:pulls[0] if pulls else None]]  # every result until the first fact rows
+    rows = client.query(f"SELECT start_ns, e2e_ns, adjusted_count FROM {run.table} ORDER BY start_ns")
     start, value = rows.column("start_ns").to_numpy(), rows.column("e2e_ns").to_numpy().astype(np.float64)
     weights = rows.column("adjusted_count").to_numpy()
     assert got and all(t.num_rows <= 80 or t.column_names == ["win", "v"] for t in got)
@@ -747,7 +757,8 @@ def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(client
     assert report["sampling"] == SM.judge(SM.Arrays(value, weights, none, none, none), "auto").to_json()
 
 
-def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) -> None:
+def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(
+        client: Any, spike_run: Callable[[int, tuple[float, ...]], SpikeRun]) -> None:
     """A sampled facts table (adjusted counts 1 and 2) with a planted spike: the report on ClickHouse, whose baseline
     away from the spike comes back as counts and summed weights per dimension combination and whose weighted
     counterfactual p99s are computed on the server, equals analysis.report's over every row in memory (the weighted
@@ -760,13 +771,11 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     from analysis.engine.connect import duck_type
     from analysis.engine.percentiles import iso
 
-    w_ns = 60_000_000_000
-    client.command("DROP TABLE IF EXISTS t_no_spans")
-    client.command(C.otel_traces_ddl("t_no_spans"))
-    _facts_table(client, "t_facts_weighed", 80, 5, w_ns, weights=(1.0, 2.0))
+    w_ns = MINUTE_NS
+    run = spike_run(80, (1.0, 2.0))
     local = duckdb.connect(":memory:")
     try:  # the same requests, and the same (empty) spans, in memory
-        local.register("_rows", client.query("SELECT * FROM t_facts_weighed"))
+        local.register("_rows", client.query(f"SELECT * FROM {run.table}"))
         local.execute("CREATE TABLE facts AS SELECT * FROM _rows")
         cols = ", ".join(f"NULL::{duck_type(t)} AS {c}" for c, t, _ in S.SPAN_COLUMNS)
         local.execute(f"CREATE TABLE _spans_local AS SELECT {cols} LIMIT 0")
@@ -780,8 +789,8 @@ def test_a_sampled_spike_is_explained_on_the_server_as_in_memory(client: Any) ->
     assert [(s["start"], s["end"]) for s in want["spikes"]] == [(iso(first), iso(first + 3 * w_ns))]
     dims = want["spikes"][0]["dimensions"]
     assert dims[0]["value"] == "r-hot" and all(d["explained"] is not None for d in dims)
-    got = CR.build_report(client, "t_no_spans", window_s=60, facts="t_facts_weighed")
+    got = run.report
     assert got["sampled"] and got == want
-    got_window = CR.explain_window(client, "t_no_spans", *calm, window_s=60, facts="t_facts_weighed")
+    got_window = CR.explain_window(client, "t_no_spans", *calm, window_s=60, facts=run.table)
     assert got_window["detected"] is False and got_window["dimensions"] is not None
     assert got_window == want_window
