@@ -146,15 +146,37 @@ class _ServerValues:
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
 
-    def above(self, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-        """The values above `threshold` with their windows' positions: the scan weighs their ranks, so these rows
-        (about 1 % of the values at the pooled p99, 16 bytes each) come back."""
-        got = self.client.query(f"SELECT intDiv(start_ns, {self.w}) AS win, toFloat64({self.value}) AS v "
-                                f"FROM {self.facts} WHERE {self.where} AND toFloat64({self.value}) > {threshold!r} "
-                                f"ORDER BY win, v")
-        wins = np.asarray(got.column("win").to_numpy(), dtype=np.int64)
-        at = np.searchsorted(self.wins, wins).astype(np.int64)
-        return at, np.asarray(got.column("v").to_numpy(), dtype=np.float64)
+    def exceedances(self, threshold: float, judged: np.ndarray) -> SP.Exceedances:
+        """The values above `threshold` as the scan reads them, from counts only: per window how many; of the judged
+        windows' ones, each group of tied values (its first rank and size: none on distinct values) and, per window,
+        how many fall in each block of scores (`spikes.tied_scores` gives the blocks, `spikes.summed_by_block` the
+        sums, the same floats as over the values). One row per window comes back, and one per group of ties."""
+        over = f"{self.where} AND toFloat64({self.value}) > {threshold!r}"
+        win = f"intDiv(start_ns, {self.w})"
+        got = self.client.query(f"SELECT {win} AS win, count() AS k FROM {self.facts} WHERE {over} GROUP BY win")
+        exceed = np.zeros(self.wins.size, dtype=np.int64)
+        exceed[np.searchsorted(self.wins, got.column("win").to_numpy().astype(np.int64))] = got.column("k").to_numpy()
+        total_k = int(exceed[judged].sum())
+        mine = f"{over} AND {win} IN ({self._listed(judged)})"
+        ties = self.client.query(
+            f"SELECT lo_rank, c FROM (SELECT c, sum(c) OVER (ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT "
+            f"ROW) - c AS lo_rank FROM (SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} "
+            f"WHERE {mine} GROUP BY v)) WHERE c > 1")
+        scores, firsts = SP.tied_scores(total_k, ties.column("lo_rank").to_numpy().astype(np.int64),
+                                        ties.column("c").to_numpy().astype(np.int64))
+        if total_k == 0:
+            return SP.Exceedances(exceed, scores, np.zeros(self.wins.size))
+        blocks = self.client.query(
+            f"SELECT win, groupArray(b) AS bs, groupArray(c) AS cs FROM (SELECT win, b, count() AS c FROM (SELECT "
+            f"{win} AS win, arrayCount(f -> f <= r, [{', '.join(str(int(x)) for x in firsts)}]) - 1 AS b FROM (SELECT "
+            f"start_ns, rank() OVER (ORDER BY toFloat64({self.value})) - 1 AS r FROM {self.facts} WHERE {mine})) "
+            f"GROUP BY win, b) GROUP BY win").to_pylist()
+        at = np.searchsorted(self.wins, np.asarray([int(r["win"]) for r in blocks], dtype=np.int64))
+        sizes = [len(r["bs"]) for r in blocks]
+        flat_b = np.asarray([b for r in blocks for b in r["bs"]], dtype=np.int64)
+        flat_c = np.asarray([c for r in blocks for c in r["cs"]], dtype=np.int64)
+        return SP.Exceedances(exceed, scores, SP.summed_by_block(np.repeat(at, sizes).astype(np.int64), flat_b,
+                                                                 flat_c, scores, firsts, self.wins.size))
 
 
 #: Session temporary table of what the sampling judgement reads, one row per analysed value (`_ServerJudged`).
