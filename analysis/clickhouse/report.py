@@ -5,8 +5,10 @@
    analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
-   (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
-   value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
+   (`_ServerValues`); the scan's ranks of the values above the pooled p99 are counted there too (per
+   window, per block of scores, per group of tied values: `_ServerValues.exceedances`, the same floats
+   as over the values), so of the requests only a row per group of tied values comes back (none on
+   distinct values). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
 3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
@@ -235,7 +237,8 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
 
 def _phase1_server(q: Asked) -> tuple[C.Report, Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
-    figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
+    figure detection asks for and the scan's counts come back (a row per group of tied values above the pooled p99:
+    `_ServerValues.exceedances`), nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
     client, table, facts_table, cond, metric, window_s = q.client, q.table, q.facts_table, q.cond, q.metric, q.window_s
     lo, hi, include_failures, sampling_policy = q.lo, q.hi, q.include_failures, q.sampling_policy
@@ -362,7 +365,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
     q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
               include_failures, sampling_policy)
-    # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
+    # detection (and the sampling judgement) on the server: only figures come back unless there is a spike
     report, det, _ = _phase1_server(q)
     local = duckdb.connect(":memory:")
     try:
