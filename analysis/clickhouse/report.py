@@ -421,8 +421,8 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
     """analysis.report.culprit_bounds on ClickHouse (`det.spikes` moved to their culprits' windows), then the rows
     their explanation reads, from one pass: the culprit is ranked over the rows phase 2 brings for the detected
     spikes (`_rows`; the slow requests counted per window on the server), and those same rows are explained when
-    every window the moved spikes read row by row is among them. Only when a spike moved past them are the local
-    tables dropped and phase 2 read again for the moved spikes."""
+    every window the moved spikes read row by row is among them. Only when a spike moved past them is phase 2 read
+    again for the moved spikes, the rows already read kept (only the new windows' rows come back)."""
     rows, read = _rows(q, local, det, det.spikes, sampled, attrs)
     if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
         return rows
@@ -431,15 +431,16 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
         assert isinstance(rows.fetch, Fetcher)
         rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
         return rows
-    _reset(local)
-    return _rows(q, local, det, det.spikes, sampled, attrs)[0]
+    _reset(local, keep_facts=True)
+    return _rows(q, local, det, det.spikes, sampled, attrs, held=read)[0]
 
 
-def _reset(local: duckdb.DuckDBPyConnection) -> None:
-    """Drop phase 2's local tables (`_rows` makes them again)."""
+def _reset(local: duckdb.DuckDBPyConnection, keep_facts: bool = False) -> None:
+    """Drop phase 2's local tables (`_rows` makes them again); `keep_facts`: all but the fact rows read."""
     local.execute("DROP VIEW IF EXISTS spans")
     local.execute("DROP TABLE IF EXISTS _spans_local")
-    local.execute("DROP TABLE IF EXISTS _phase2")
+    if not keep_facts:
+        local.execute("DROP TABLE IF EXISTS _phase2")
 
 
 def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
@@ -452,17 +453,19 @@ def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
 
 
 def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> tuple[RP.Rows, set[int]]:
+          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None, held: set[int] | None = None
+          ) -> tuple[RP.Rows, set[int]]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
     spans around them as it goes), for analysis.report's explanation to run there; with the windows read row by
     row. `attrs`: the attribute dimensions on the server (`_attributes`): their codes stay there, every figure the
-    explanation reads of them is asked there (`_remote_attributes`)."""
+    explanation reads of them is asked there (`_remote_attributes`); `held`: windows whose rows `_phase2` already
+    holds (read again from it, not from the server)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     server = attrs[0] if attrs is not None else None
     fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
-                                     "adjusted_count" if sampled else None, server)
+                                     "adjusted_count" if sampled else None, server, held or set())
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
@@ -625,8 +628,8 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
 
 
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
-                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
-                 ) -> tuple[Fetcher, RP.RestCounts, set[int]]:
+                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None,
+                 held: set[int] | None = None) -> tuple[Fetcher, RP.RestCounts, set[int]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -636,18 +639,22 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
-    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`). Returns
+    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`); `held`:
+    windows whose rows the local `_phase2` already holds (only the other spike windows' rows are pulled). Returns
     the windows read row by row too.
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
-    one_by_one = spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    new_windows = np.asarray(sorted(set(spike_windows.tolist()) - (held or set())), dtype=np.int64)
+    one_by_one = np.union1d(spike_windows, np.asarray(sorted(held or set()), dtype=np.int64))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
-    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
+    if new_windows.size or not held:
+        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric)
     fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
