@@ -239,7 +239,7 @@ def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None
     expect(sidebar.get_by_text("gen_ai.request.stream = true").first).to_be_visible()
     _settle(page)
     assert page.get_by_test_id("stMultiSelect").count() == 0  # a closed popover mounts none of its widgets
-    sidebar.get_by_test_id("stPopoverButton").click()
+    sidebar.get_by_role("button", name="Filters").click()
     filters = page.get_by_test_id("stPopoverBody")
     expect(filters.get_by_text("gen_ai.request.stream =").first).to_be_visible()
     expect(filters.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()

@@ -166,8 +166,8 @@ def test_time_range_filter(incident_store: Path, monkeypatch: pytest.MonkeyPatch
 def test_the_filter_summary_line() -> None:
     """The sidebar's one-line summary of the filters: each part in order, Markdown's characters escaped."""
     from analysis.attribute_filters import AttributeFilter
-    from dashboard.sidebar import summary_text
     from dashboard.engine import Filters
+    from dashboard.sidebar import summary_text
 
     since, until = 1_700_000_000 * 10**9, 1_700_003_600 * 10**9  # 2023-11-14 22:13:20 and 23:13:20 UTC
     assert summary_text(Filters()) == "All requests"
