@@ -8,6 +8,7 @@ the floors; this test is their enforcement, so the two must change together.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,10 +49,16 @@ def all_modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per session (the rules below all walk the same ~190 files)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
     """(line, imported module) for every import in the file, wherever it is; `from p import m` names p.m."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -68,7 +75,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, st
                 yield node.lineno, sub if sub in known else base
 
 
+@functools.cache
 def graph() -> tuple[dict[str, Path], dict[str, list[tuple[int, str]]]]:
+    """Every module, and the imports of each (computed once: three rules read it, none changes it)."""
     modules = all_modules()
     known = set(modules)
     edges = {name: list(imports_of(name, path, known)) for name, path in modules.items()}
@@ -184,7 +193,7 @@ def private_uses(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, 
     package (`from intake import _otlpx`, a C extension) is the package's business and not counted."""
     package = name.split(".")[0]
     aliases: dict[str, str] = {}
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FLOORS:
             for alias in node.names:
