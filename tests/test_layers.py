@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,3 +234,16 @@ def test_private_use_finder_sees_both_spellings(tmp_path: Path) -> None:
     found = list(private_uses("tailscope.m", src, {"analysis.report", "intake._otlpx"}))
     assert found == [(1, "analysis.report._header"), (4, "the private module intake._otlpx"),
                      (3, "analysis.report._ms")]
+
+
+def test_reading_a_store_does_not_load_the_report() -> None:
+    """`analysis`'s public names are imported on first use: a process that only opens a store (`tailscope sql`,
+    `store`, `ingest`, a receiver's hour builds) loads neither the report nor polars; the names still resolve, and
+    `analysis.whatif` stays the function after its submodule is imported (one fresh interpreter)."""
+    code = ("import sys, analysis.engine.connect; print(sorted(m for m in ('analysis.report', 'polars') "
+            "if m in sys.modules)); import analysis.whatif, analysis; "
+            "print(analysis.whatif.__name__, callable(analysis.whatif), analysis.build_report.__module__)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["[]", "whatif True analysis.report", ""]
