@@ -27,15 +27,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Put h[i]'s value where it belongs below i in the binary min-heap h[0..m) ("bottom-up": the hole goes down the
+ * smaller children to a leaf, the child chosen without a branch, then the value rises from there; the values
+ * replaced at the top are ends and free times, which mostly belong near the leaves). */
 static void sift_down(int64_t *h, int64_t m, int64_t i) {
-    int64_t v = h[i];
+    int64_t v = h[i], top = i;
     for (;;) {
         int64_t c = 2 * i + 1;
-        if (c >= m) break;
-        if (c + 1 < m && h[c + 1] < h[c]) c++;
-        if (h[c] >= v) break;
+        if (c + 1 < m)
+            c += h[c + 1] < h[c];
+        else if (c >= m)
+            break;
         h[i] = h[c];
         i = c;
+    }
+    while (i > top) {
+        int64_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
     }
     h[i] = v;
 }
@@ -131,6 +141,161 @@ int batch_exceeds(const int64_t *a, const double *base, int64_t n, int64_t k, in
     if (k < 1 || n < 0 || replicas < 1 || tsize < 2 || allowed < 1) return -1;
     if (n == 0) return 0;
     return batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed) < n ? 1 : 0;
+}
+
+/* ---- point_stats ---------------------------------------------------------------------------- */
+
+/* Order statistics without sorting: the values of ranks k and k2 = k or k + 1 (k2 < n) of n int64, ascending. A
+ * round counts the candidates into 2^SEL_BITS buckets of (x - min) >> shift, the shift the fewest that puts max in
+ * the last buckets (so min and max never share one). When ranks k and k2 fall in different buckets, k is the
+ * largest of its bucket and k2 the smallest of its own (the buckets between are empty): one more pass. Else the
+ * candidates of k's bucket are kept and the next round splits their range 2^(SEL_BITS - 1) times finer (a bucket
+ * that holds every candidate holds min and max: they are all equal); at most SEL_SORTED candidates are sorted. A few passes over the values instead of a partition of a copy. */
+#define SEL_BITS 14
+#define SEL_BUCKETS (1 << SEL_BITS)
+#define SEL_SORTED 48
+
+typedef struct { int64_t mn; int shift; } Buckets;
+
+static Buckets buckets_of(const int64_t *v, int64_t m, int64_t *hist) {
+    int64_t mn = v[0], mx = v[0];
+    for (int64_t i = 1; i < m; i++) {
+        mn = v[i] < mn ? v[i] : mn;
+        mx = v[i] > mx ? v[i] : mx;
+    }
+    uint64_t span = (uint64_t)mx - (uint64_t)mn;
+    int bits = 0;
+    while (bits < 64 && (span >> bits) != 0) bits++;
+    Buckets bk = {mn, bits > SEL_BITS ? bits - SEL_BITS : 0};
+    memset(hist, 0, SEL_BUCKETS * sizeof(int64_t));
+    for (int64_t i = 0; i < m; i++) hist[((uint64_t)v[i] - (uint64_t)mn) >> bk.shift]++;
+    return bk;
+}
+
+#define BUCKET(bk, x) ((int64_t)(((uint64_t)(x) - (uint64_t)(bk).mn) >> (bk).shift))
+
+/* Ranks k <= k2 among the counted values: in buckets b[0] <= b[1]; below: the values in buckets before b[0]. */
+static void rank_buckets(const int64_t *hist, int64_t k, int64_t k2, int64_t *b, int64_t *below) {
+    int64_t b1 = 0, n1 = 0;
+    while (n1 + hist[b1] <= k) n1 += hist[b1++];
+    int64_t b2 = b1, upto = n1 + hist[b1];
+    while (upto <= k2) upto += hist[++b2];
+    b[0] = b1;
+    b[1] = b2;
+    *below = n1;
+}
+
+/* The values of ranks k, k2 among s[0..m) (s is reordered: the kept candidates move to its front). */
+static void select_inplace(int64_t *s, int64_t m, int64_t k, int64_t k2, int64_t *lo, int64_t *hi, int64_t *hist) {
+    for (;;) {
+        if (m <= SEL_SORTED) {
+            for (int64_t t = 1; t < m; t++) {
+                int64_t x = s[t], u = t;
+                while (u > 0 && s[u - 1] > x) { s[u] = s[u - 1]; u--; }
+                s[u] = x;
+            }
+            *lo = s[k];
+            *hi = s[k2];
+            return;
+        }
+        Buckets bk = buckets_of(s, m, hist);
+        int64_t b[2], below, j = 0;
+        rank_buckets(hist, k, k2, b, &below);
+        if (b[0] < b[1]) {
+            int64_t top = INT64_MIN, bottom = INT64_MAX;
+            for (int64_t i = 0; i < m; i++) {
+                int64_t c = BUCKET(bk, s[i]);
+                if (c == b[0] && s[i] > top) top = s[i];
+                if (c == b[1] && s[i] < bottom) bottom = s[i];
+            }
+            *lo = top;
+            *hi = bottom;
+            return;
+        }
+        if (hist[b[0]] == m) {  /* one bucket holds min and max: all equal */
+            *lo = *hi = s[0];
+            return;
+        }
+        for (int64_t i = 0; i < m; i++)
+            if (BUCKET(bk, s[i]) == b[0]) s[j++] = s[i];
+        m = j;
+        k -= below;
+        k2 -= below;
+    }
+}
+
+/* The values of each pair of ranks (ranks[2i] <= ranks[2i + 1] <= ranks[2i] + 1 < n) of v[0..n) into out[2i],
+ * out[2i + 1]: the first round's count is shared by the pairs. scratch: n int64. Returns 0, or -1 on a bad pair
+ * or when out of memory. */
+static int select_pairs(const int64_t *v, int64_t n, const int64_t *ranks, int64_t npairs, int64_t *out,
+                        int64_t *scratch) {
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t k = ranks[2 * p], k2 = ranks[2 * p + 1];
+        if (k < 0 || k2 < k || k2 > k + 1 || k2 >= n) return -1;
+    }
+    if (npairs == 0) return 0;
+    int64_t *hist = malloc(SEL_BUCKETS * sizeof(int64_t));
+    if (!hist) return -1;
+    Buckets bk = buckets_of(v, n, hist);
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t k = ranks[2 * p], k2 = ranks[2 * p + 1], b[2], below, j = 0;
+        rank_buckets(hist, k, k2, b, &below);
+        if (b[0] < b[1]) {
+            int64_t top = INT64_MIN, bottom = INT64_MAX;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t c = BUCKET(bk, v[i]);
+                if (c == b[0] && v[i] > top) top = v[i];
+                if (c == b[1] && v[i] < bottom) bottom = v[i];
+            }
+            out[2 * p] = top;
+            out[2 * p + 1] = bottom;
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (BUCKET(bk, v[i]) == b[0]) scratch[j++] = v[i];
+        int64_t *h2 = malloc(SEL_BUCKETS * sizeof(int64_t));
+        if (!h2) { free(hist); return -1; }
+        select_inplace(scratch, j, k - below, k2 - below, &out[2 * p], &out[2 * p + 1], h2);
+        free(h2);
+    }
+    free(hist);
+    return 0;
+}
+
+/* A double's bits as an int64 in the doubles' order (negatives' magnitude bits flipped), and back. */
+static int64_t f64_key(double x) {
+    int64_t i;
+    memcpy(&i, &x, sizeof i);
+    return i < 0 ? i ^ INT64_MAX : i;
+}
+
+static double key_f64(int64_t i) {
+    double x;
+    if (i < 0) i ^= INT64_MAX;
+    memcpy(&x, &i, sizeof x);
+    return x;
+}
+
+/* point_stats(lat, svc, rest, n, ranks, nranks, tranks, ntranks, out, tout, scratch, tvals): a capacity point's
+ * quantiles' order statistics (analysis.capacity.kernel_quantiles; numpy's quantile interpolates between the same
+ * two values). ranks: nranks pairs of lat's ranks (k, k or k + 1) -> out. With rest (not NULL): the TTFTs, the
+ * doubles (lat[j] - svc[j]) + rest[j] of the requests whose rest is not NaN (kept in tvals as `f64_key`s, n
+ * int64), and ntranks pairs of their ranks -> tout. scratch: n int64. Returns the number of TTFTs (0 without rest),
+ * or -1 on a rank outside its values or when out of memory. */
+int64_t point_stats(const int64_t *lat, const int64_t *svc, const double *rest, int64_t n, const int64_t *ranks,
+                    int64_t nranks, const int64_t *tranks, int64_t ntranks, int64_t *out, double *tout,
+                    int64_t *scratch, int64_t *tvals) {
+    if (n < 0 || nranks < 0 || ntranks < 0 || select_pairs(lat, n, ranks, nranks, out, scratch) < 0) return -1;
+    if (rest == NULL) return 0;
+    int64_t nt = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (rest[j] == rest[j]) tvals[nt++] = f64_key((double)(lat[j] - svc[j]) + rest[j]);
+    int64_t *keys = malloc((size_t)(2 * ntranks + 1) * sizeof(int64_t));
+    if (!keys) return -1;
+    int rc = select_pairs(tvals, nt, tranks, ntranks, keys, scratch);
+    for (int64_t i = 0; rc == 0 && i < 2 * ntranks; i++) tout[i] = key_f64(keys[i]);
+    free(keys);
+    return rc < 0 ? -1 : nt;
 }
 
 /* reactive_replay(a, s, base, n, slots, replicas, max_replicas, cold, table, tsize, lat, svc, added, nadded, heap,

@@ -361,13 +361,70 @@ def predict_at(w: Workload, replicas: int, slots: int | None = None, service: st
 
 def _latencies(w: Workload, replicas: int, lat: I64, services: I64, slots: int | None = None) -> dict[str, Any]:
     """A point's p50 / p99 e2e and p99 TTFT (ms) from replayed latencies and the services they ran."""
-    p50, p99 = _q_ms(lat, [0.5, 0.99])
-    if w.ttft_all:
-        ttft = (lat - services) + w.ttft_rest
+    got = _kernel_q_ms(w, lat, services, [0.5, 0.99], 0.99)
+    if got is not None:
+        (p50, p99), ttft_p99 = got
     else:
-        ttft = (lat[w.ttft_rows] - services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
+        p50, p99 = _q_ms(lat, [0.5, 0.99])
+        if w.ttft_all:
+            ttft = (lat - services) + w.ttft_rest
+        else:
+            ttft = (lat[w.ttft_rows] - services[w.ttft_rows]) + w.ttft_rest[w.ttft_rows]
+        ttft_p99 = _q_ms(ttft, [0.99])[0]
     return {"replicas": replicas, "servers": replicas * int(slots or w.slots), "p50_ms": p50, "p99_ms": p99,
-            "ttft_p99_ms": _q_ms(ttft, [0.99])[0]}
+            "ttft_p99_ms": ttft_p99}
+
+
+def _ranks(n: int, q: float) -> tuple[int, int, float]:
+    """numpy's linear quantile of n > 0 sorted values at q: the two ranks it interpolates between and the weight."""
+    virtual = (n - 1) * q
+    lo = min(max(math.floor(virtual), 0), n - 1)
+    return lo, min(lo + 1, n - 1), virtual - lo
+
+
+def _lerp_ms(lo: float, hi: float, gamma: float, dtype: type) -> float:
+    """`_q_ms`'s value between two order statistics: numpy's own interpolation (the same rounding), in ms."""
+    return round(float(np.quantile(np.array([lo, hi], dtype=dtype), [gamma], method="linear")[0]) / 1e6, 3)
+
+
+def kernel_quantiles(lat: I64, services: I64, ttft_rest: npt.NDArray[np.float64] | None, qs: Sequence[float],
+                     ttft_qs: Sequence[float], kernel: ctypes.CDLL) -> tuple[list[float], list[float | None]]:
+    """numpy's linear quantiles (ms, as `_q_ms`) of `lat` at `qs` and of the TTFTs (lat - services) + ttft_rest
+    (where ttft_rest is not NaN) at `ttft_qs`, from the C kernel's order statistics (`point_stats`): no copy of the
+    values is sorted or partitioned, so a point of millions of requests costs a few passes over them."""
+    n = int(lat.size)
+    lat = np.ascontiguousarray(lat, dtype=np.int64)
+    svc = np.ascontiguousarray(services, dtype=np.int64)
+    rest = None if ttft_rest is None or not ttft_qs else np.ascontiguousarray(ttft_rest, dtype=np.float64)
+    nt = 0 if rest is None else int(np.count_nonzero(~np.isnan(rest)))
+    lat_r = [_ranks(n, q) for q in qs]
+    ttft_r = [_ranks(nt, q) for q in ttft_qs] if nt else []
+    ranks = np.array([k for r in lat_r for k in r[:2]] or [0], dtype=np.int64)
+    tranks = np.array([k for r in ttft_r for k in r[:2]] or [0], dtype=np.int64)
+    out, tout = np.empty(ranks.size, dtype=np.int64), np.empty(tranks.size, dtype=np.float64)
+    scratch, tvals = np.empty(max(n, 1), dtype=np.int64), np.empty(max(n, 1) if rest is not None else 1, np.int64)
+    p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+    rc = kernel.point_stats(lat.ctypes.data_as(p), svc.ctypes.data_as(p), None if rest is None else rest.ctypes.data_as(d),
+                            n, ranks.ctypes.data_as(p), len(lat_r), tranks.ctypes.data_as(p), len(ttft_r),
+                            out.ctypes.data_as(p), tout.ctypes.data_as(d), scratch.ctypes.data_as(p),
+                            tvals.ctypes.data_as(p))
+    if rc != nt:
+        raise ValueError("the quantile kernel refused its input")
+    got = [_lerp_ms(int(out[2 * i]), int(out[2 * i + 1]), r[2], np.int64) for i, r in enumerate(lat_r)]
+    tgot: list[float | None] = [_lerp_ms(float(tout[2 * i]), float(tout[2 * i + 1]), r[2], np.float64)
+                                for i, r in enumerate(ttft_r)]
+    return got, tgot if nt else [None for _ in ttft_qs]
+
+
+def _kernel_q_ms(w: Workload, lat: I64, services: I64, qs: Sequence[float],
+                 ttft_q: float | None) -> tuple[list[float | None], float | None] | None:
+    """`kernel_quantiles` of a replay of `w` (e2e at `qs`, TTFT at `ttft_q`), or None without the C kernel (or for
+    no requests): the caller's numpy path gives the same numbers."""
+    lib = load_kernel()
+    if lib is None or not hasattr(lib, "point_stats") or not lat.size:
+        return None
+    got, tgot = kernel_quantiles(lat, services, w.ttft_rest, qs, [] if ttft_q is None else [ttft_q], lib)
+    return list(got), (tgot[0] if tgot else None)
 
 
 def _fewest(meets: Any, counts: Sequence[int], scan: bool = True) -> int | None:
@@ -400,6 +457,9 @@ def _fewest_scanned(meets: Any, largest: int) -> int | None:
 
 def _metric_p99(w: Workload, lat: I64, services: I64, metric: str) -> float | None:
     """p99 (ms) of e2e or TTFT from replayed latencies and the services they ran (as `_latencies`)."""
+    got = _kernel_q_ms(w, lat, services, [0.99] if metric == "e2e" else [], None if metric == "e2e" else 0.99)
+    if got is not None:
+        return got[0][0] if metric == "e2e" else got[1]
     if metric == "e2e":
         return _q_ms(lat, [0.99])[0]
     rows = slice(None) if w.ttft_all else w.ttft_rows

@@ -51,6 +51,11 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
             lib.batch_exceeds.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
                                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, i64, i64, i64]
             lib.batch_exceeds.restype = ctypes.c_int
+        if hasattr(lib, "point_stats"):
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.point_stats.argtypes = [i64, i64, f64, ctypes.c_int64, i64, ctypes.c_int64, i64, ctypes.c_int64, i64,
+                                        f64, i64, i64]
+            lib.point_stats.restype = ctypes.c_int64
         if hasattr(lib, "reactive_replay"):
             f64 = ctypes.POINTER(ctypes.c_double)
             lib.reactive_replay.argtypes = [i64, i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
