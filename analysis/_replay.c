@@ -157,11 +157,16 @@ int batch_exceeds(const int64_t *a, const double *base, int64_t n, int64_t k, in
 
 typedef struct { int64_t mn; int shift; } Buckets;
 
-static Buckets buckets_of(const int64_t *v, int64_t m, int64_t *hist) {
+static Buckets buckets_of(const int64_t *v, int64_t m, int64_t *hist, const int64_t *range) {
     int64_t mn = v[0], mx = v[0];
-    for (int64_t i = 1; i < m; i++) {
-        mn = v[i] < mn ? v[i] : mn;
-        mx = v[i] > mx ? v[i] : mx;
+    if (range != NULL) {
+        mn = range[0];
+        mx = range[1];
+    } else {
+        for (int64_t i = 1; i < m; i++) {
+            mn = v[i] < mn ? v[i] : mn;
+            mx = v[i] > mx ? v[i] : mx;
+        }
     }
     uint64_t span = (uint64_t)mx - (uint64_t)mn;
     int bits = 0;
@@ -198,7 +203,7 @@ static void select_inplace(int64_t *s, int64_t m, int64_t k, int64_t k2, int64_t
             *hi = s[k2];
             return;
         }
-        Buckets bk = buckets_of(s, m, hist);
+        Buckets bk = buckets_of(s, m, hist, NULL);
         int64_t b[2], below, j = 0;
         rank_buckets(hist, k, k2, b, &below);
         if (b[0] < b[1]) {
@@ -225,41 +230,55 @@ static void select_inplace(int64_t *s, int64_t m, int64_t k, int64_t k2, int64_t
 }
 
 /* The values of each pair of ranks (ranks[2i] <= ranks[2i + 1] <= ranks[2i] + 1 < n) of v[0..n) into out[2i],
- * out[2i + 1]: the first round's count is shared by the pairs. scratch: n int64. Returns 0, or -1 on a bad pair
- * or when out of memory. */
+ * out[2i + 1]. The pairs share the first round's count and one pass after it, which copies out only the buckets
+ * still to split. range: v's min and max when known (else NULL). Returns 0, or -1 on a bad pair or when out of
+ * memory. */
 static int select_pairs(const int64_t *v, int64_t n, const int64_t *ranks, int64_t npairs, int64_t *out,
-                        int64_t *scratch) {
+                        const int64_t *range) {
     for (int64_t p = 0; p < npairs; p++) {
         int64_t k = ranks[2 * p], k2 = ranks[2 * p + 1];
         if (k < 0 || k2 < k || k2 > k + 1 || k2 >= n) return -1;
     }
     if (npairs == 0) return 0;
-    int64_t *hist = malloc(SEL_BUCKETS * sizeof(int64_t));
-    if (!hist) return -1;
-    Buckets bk = buckets_of(v, n, hist);
+    int rc = -1;
+    int64_t *hist = malloc(SEL_BUCKETS * sizeof(int64_t)), *b = malloc((size_t)npairs * 4 * sizeof(int64_t));
+    int64_t **kept = calloc((size_t)npairs, sizeof(int64_t *));
+    if (!hist || !b || !kept) goto done;
+    Buckets bk = buckets_of(v, n, hist, range);
+    /* b[4p ..]: pair p's two buckets, the count below them, the candidates kept so far */
     for (int64_t p = 0; p < npairs; p++) {
-        int64_t k = ranks[2 * p], k2 = ranks[2 * p + 1], b[2], below, j = 0;
-        rank_buckets(hist, k, k2, b, &below);
-        if (b[0] < b[1]) {
-            int64_t top = INT64_MIN, bottom = INT64_MAX;
-            for (int64_t i = 0; i < n; i++) {
-                int64_t c = BUCKET(bk, v[i]);
-                if (c == b[0] && v[i] > top) top = v[i];
-                if (c == b[1] && v[i] < bottom) bottom = v[i];
-            }
-            out[2 * p] = top;
-            out[2 * p + 1] = bottom;
-            continue;
-        }
-        for (int64_t i = 0; i < n; i++)
-            if (BUCKET(bk, v[i]) == b[0]) scratch[j++] = v[i];
-        int64_t *h2 = malloc(SEL_BUCKETS * sizeof(int64_t));
-        if (!h2) { free(hist); return -1; }
-        select_inplace(scratch, j, k - below, k2 - below, &out[2 * p], &out[2 * p + 1], h2);
-        free(h2);
+        int64_t *q = b + 4 * p;
+        rank_buckets(hist, ranks[2 * p], ranks[2 * p + 1], q, &q[2]);
+        q[3] = 0;
+        out[2 * p] = INT64_MIN;
+        out[2 * p + 1] = INT64_MAX;
+        if (q[0] == q[1] && !(kept[p] = malloc((size_t)hist[q[0]] * sizeof(int64_t)))) goto done;
     }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t x = v[i], c = BUCKET(bk, x);
+        for (int64_t p = 0; p < npairs; p++) {
+            int64_t *q = b + 4 * p;
+            if (q[0] == q[1]) {
+                if (c == q[0]) kept[p][q[3]++] = x;
+            } else {  /* ranks k and k2 in different buckets: the largest of k's, the smallest of k2's */
+                if (c == q[0] && x > out[2 * p]) out[2 * p] = x;
+                if (c == q[1] && x < out[2 * p + 1]) out[2 * p + 1] = x;
+            }
+        }
+    }
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t *q = b + 4 * p;
+        if (q[0] == q[1])  /* the count's array is free again: the later rounds use it */
+            select_inplace(kept[p], q[3], ranks[2 * p] - q[2], ranks[2 * p + 1] - q[2], &out[2 * p], &out[2 * p + 1],
+                           hist);
+    }
+    rc = 0;
+done:
+    for (int64_t p = 0; kept && p < npairs; p++) free(kept[p]);
+    free(kept);
+    free(b);
     free(hist);
-    return 0;
+    return rc;
 }
 
 /* A double's bits as an int64 in the doubles' order (negatives' magnitude bits flipped), and back. */
@@ -276,23 +295,28 @@ static double key_f64(int64_t i) {
     return x;
 }
 
-/* point_stats(lat, svc, rest, n, ranks, nranks, tranks, ntranks, out, tout, scratch, tvals): a capacity point's
+/* point_stats(lat, svc, rest, n, ranks, nranks, tranks, ntranks, out, tout, tvals): a capacity point's
  * quantiles' order statistics (analysis.capacity.kernel_quantiles; numpy's quantile interpolates between the same
  * two values). ranks: nranks pairs of lat's ranks (k, k or k + 1) -> out. With rest (not NULL): the TTFTs, the
  * doubles (lat[j] - svc[j]) + rest[j] of the requests whose rest is not NaN (kept in tvals as `f64_key`s, n
- * int64), and ntranks pairs of their ranks -> tout. scratch: n int64. Returns the number of TTFTs (0 without rest),
+ * int64), and ntranks pairs of their ranks -> tout. Returns the number of TTFTs (0 without rest),
  * or -1 on a rank outside its values or when out of memory. */
 int64_t point_stats(const int64_t *lat, const int64_t *svc, const double *rest, int64_t n, const int64_t *ranks,
                     int64_t nranks, const int64_t *tranks, int64_t ntranks, int64_t *out, double *tout,
-                    int64_t *scratch, int64_t *tvals) {
-    if (n < 0 || nranks < 0 || ntranks < 0 || select_pairs(lat, n, ranks, nranks, out, scratch) < 0) return -1;
+                    int64_t *tvals) {
+    if (n < 0 || nranks < 0 || ntranks < 0 || select_pairs(lat, n, ranks, nranks, out, NULL) < 0) return -1;
     if (rest == NULL) return 0;
-    int64_t nt = 0;
-    for (int64_t j = 0; j < n; j++)
-        if (rest[j] == rest[j]) tvals[nt++] = f64_key((double)(lat[j] - svc[j]) + rest[j]);
+    int64_t nt = 0, range[2] = {INT64_MAX, INT64_MIN};
+    for (int64_t j = 0; j < n; j++) {
+        if (rest[j] != rest[j]) continue;
+        int64_t key = f64_key((double)(lat[j] - svc[j]) + rest[j]);
+        range[0] = key < range[0] ? key : range[0];
+        range[1] = key > range[1] ? key : range[1];
+        tvals[nt++] = key;
+    }
     int64_t *keys = malloc((size_t)(2 * ntranks + 1) * sizeof(int64_t));
     if (!keys) return -1;
-    int rc = select_pairs(tvals, nt, tranks, ntranks, keys, scratch);
+    int rc = select_pairs(tvals, nt, tranks, ntranks, keys, range);
     for (int64_t i = 0; rc == 0 && i < 2 * ntranks; i++) tout[i] = key_f64(keys[i]);
     free(keys);
     return rc < 0 ? -1 : nt;
