@@ -95,6 +95,12 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
     int64_t e = 0;  /* entries in ends */
     int64_t last = a[0];  /* the last begin (every server is free at a[0]) */
     int64_t over = 0;  /* latencies above limit so far */
+    double *fac = malloc((size_t)m * sizeof(double));  /* fac[e]: the factor of a request joining e in service */
+    if (!fac) return -1;
+    for (int64_t x = 0; x < m; x++) {
+        int64_t b = x / replicas + 1;
+        fac[x] = table[b < tsize - 1 ? b : tsize - 1];
+    }
     for (int64_t j = 0; j < n; j++) {
         int64_t begin = a[j] > last ? a[j] : last;
         while (e > 0 && ends[0] <= begin) {
@@ -108,9 +114,7 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
                 sift_down(ends, e, 0);
             }
         }
-        int64_t b = e / replicas + 1;
-        if (b > tsize - 1) b = tsize - 1;
-        int64_t s = (int64_t)(base[j] * table[b]);
+        int64_t s = (int64_t)(base[j] * fac[e]);  /* e < m here */
         int64_t fin = begin + s;
         ends[e] = fin;
         sift_up(ends, e);
@@ -118,8 +122,12 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
         last = begin;
         lat[j] = fin - a[j];
         svc[j] = s;
-        if (lat[j] > limit && ++over >= allowed) return j + 1;
+        if (lat[j] > limit && ++over >= allowed) {
+            free(fac);
+            return j + 1;
+        }
     }
+    free(fac);
     return n;
 }
 
@@ -128,7 +136,7 @@ int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int
     (void)heap;
     if (k < 1 || n < 0 || replicas < 1 || tsize < 2) return -1;
     if (n == 0) return 0;
-    batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, INT64_MAX, n + 1);
+    if (batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, INT64_MAX, n + 1) < 0) return -1;
     return 0;
 }
 
@@ -140,7 +148,8 @@ int batch_exceeds(const int64_t *a, const double *base, int64_t n, int64_t k, in
                   int64_t tsize, int64_t limit, int64_t allowed, int64_t *lat, int64_t *svc, int64_t *ends) {
     if (k < 1 || n < 0 || replicas < 1 || tsize < 2 || allowed < 1) return -1;
     if (n == 0) return 0;
-    return batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed) < n ? 1 : 0;
+    int64_t done = batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed);
+    return done < 0 ? -1 : done < n ? 1 : 0;
 }
 
 /* ---- point_stats ---------------------------------------------------------------------------- */

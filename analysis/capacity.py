@@ -424,17 +424,18 @@ def _has_stats(kernel: ctypes.CDLL | None) -> bool:
 
 
 def kernel_quantiles(lat: I64, services: I64, ttft_rest: npt.NDArray[np.float64] | None, qs: Sequence[float],
-                     ttft_qs: Sequence[float], kernel: ctypes.CDLL,
-                     tvals: I64 | None = None) -> tuple[list[float], list[float | None]]:
+                     ttft_qs: Sequence[float], kernel: ctypes.CDLL, tvals: I64 | None = None,
+                     ttft_count: int | None = None) -> tuple[list[float], list[float | None]]:
     """numpy's linear quantiles (ms, as `_q_ms`) of `lat` at `qs` and of the TTFTs (lat - services) + ttft_rest
     (where ttft_rest is not NaN) at `ttft_qs`, from the C kernel's order statistics (`point_stats`): no copy of the
     values is sorted or partitioned, so a point of millions of requests costs a few passes over them. `tvals`: the
-    kernel's scratch for the TTFTs (lat.size int64), else a new array."""
+    kernel's scratch for the TTFTs (lat.size int64), else a new array; `ttft_count`: how many ttft_rest are not NaN,
+    when the caller knows."""
     n = int(lat.size)
     lat = np.ascontiguousarray(lat, dtype=np.int64)
     svc = np.ascontiguousarray(services, dtype=np.int64)
     rest = None if ttft_rest is None or not ttft_qs else np.ascontiguousarray(ttft_rest, dtype=np.float64)
-    nt = 0 if rest is None else int(np.count_nonzero(~np.isnan(rest)))
+    nt = 0 if rest is None else ttft_count if ttft_count is not None else int(np.count_nonzero(~np.isnan(rest)))
     lat_r = [_ranks(n, q) for q in qs]
     ttft_r = [_ranks(nt, q) for q in ttft_qs] if nt else []
     ranks = np.array([k for r in lat_r for k in r[:2]] or [0], dtype=np.int64)
@@ -462,7 +463,8 @@ def _kernel_q_ms(w: Workload, lat: I64, services: I64, qs: Sequence[float], ttft
     lib = load_kernel()
     if lib is None or not hasattr(lib, "point_stats") or not lat.size:
         return None
-    got, tgot = kernel_quantiles(lat, services, w.ttft_rest, qs, [] if ttft_q is None else [ttft_q], lib, tvals)
+    got, tgot = kernel_quantiles(lat, services, w.ttft_rest, qs, [] if ttft_q is None else [ttft_q], lib, tvals,
+                                 int(w.ttft_rows.size))
     return list(got), (tgot[0] if tgot else None)
 
 

@@ -47,10 +47,8 @@ def test_kernel_quantiles_equal_numpy() -> None:
         n = int(rng.integers(1, 300)) if it % 20 else int(rng.integers(5000, 40000))
         lat = _values(rng, it % 5, n)
         svc = (lat * rng.uniform(0, 1, n)).astype(np.int64)
-        if it % 3 == 0:  # NaN (no TTFT), zeros of both signs, negatives
-            rest = rng.choice([np.nan, 0.0, -0.0, 1.5, -3.25e6], n)
-        else:
-            rest = rng.lognormal(15, 3, n)
+        # every third: NaN (no TTFT), zeros of both signs, negatives
+        rest = rng.choice([np.nan, 0.0, -0.0, 1.5, -3.25e6], n) if it % 3 == 0 else rng.lognormal(15, 3, n)
         ttft = ((lat - svc) + rest)[~np.isnan(rest)]
         got = kernel_quantiles(lat, svc, rest, qs, tqs, lib)
         assert got == (_ms(lat, qs), _ms(ttft, tqs)), (it, n)
