@@ -496,9 +496,10 @@ def _fewest_scanned(meets: Any, largest: int) -> int | None:
     return next((r for r in range(1, largest + 1) if meets(r)), None)
 
 
-def _metric_p99(w: Workload, lat: I64, services: I64, metric: str) -> float | None:
+def _metric_p99(w: Workload, lat: I64, services: I64, metric: str, tvals: I64 | None = None) -> float | None:
     """p99 (ms) of e2e or TTFT from replayed latencies and the services they ran (as `_latencies`)."""
-    got = _kernel_q_ms(w, lat, services, [0.99] if metric == "e2e" else [], None if metric == "e2e" else 0.99)
+    got = _kernel_q_ms(w, lat, services, [0.99] if metric == "e2e" else [], None if metric == "e2e" else 0.99,
+                       tvals)
     if got is not None:
         return got[0][0] if metric == "e2e" else got[1]
     if metric == "e2e":
@@ -528,28 +529,28 @@ def batched_meets(w: Workload, replicas: int, g: float, target_p99_ms: float, me
             return False
     lib = kernel if kernel is not None else load_kernel()
     base, table = scaled_services(w, g), batch_table(w, g)
-    if metric == "e2e" and lib is not None and hasattr(lib, "batch_exceeds") and math.isfinite(target_p99_ms) \
-            and w.size:
-        # v[k] > limit (k = the 99th percentile's lower rank, numpy's linear rule) puts p99 above the target by
-        # more than its rounding (0.0005 ms), so a miss is sure once n - k latencies exceed the limit
-        limit = math.floor((target_p99_ms + 0.001) * 1e6) + 1
-        allowed = w.size - math.floor(0.99 * (w.size - 1))
-        a = np.ascontiguousarray(w.arrivals, dtype=np.int64)
-        lat, svc = np.empty(a.size, dtype=np.int64), np.empty(a.size, dtype=np.int64)
-        ends = np.empty(max(1, min(replicas * w.slots, a.size)), dtype=np.int64)
-        p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
-        b, t = np.ascontiguousarray(base, dtype=np.float64), np.ascontiguousarray(table, dtype=np.float64)
-        rc = lib.batch_exceeds(a.ctypes.data_as(p), b.ctypes.data_as(d), a.size, replicas * w.slots, replicas,
-                               t.ctypes.data_as(d), t.size, limit, allowed, lat.ctypes.data_as(p),
-                               svc.ctypes.data_as(p), ends.ctypes.data_as(p))
-        if rc < 0:
-            raise ValueError("the replay kernel refused its input")
-        if rc == 1:
-            w.checks[key] = (target_p99_ms, False)
-            return False
-    else:
-        lat, svc = replay_batched(w.arrivals, base, replicas * w.slots, replicas, table, lib)
-    value = _metric_p99(w, lat, svc, metric)
+    early = metric == "e2e" and lib is not None and hasattr(lib, "batch_exceeds") and math.isfinite(target_p99_ms)
+    with w.buffers() as (lat, svc, tvals):
+        if early and w.size:
+            # v[k] > limit (k = the 99th percentile's lower rank, numpy's linear rule) puts p99 above the target by
+            # more than its rounding (0.0005 ms), so a miss is sure once n - k latencies exceed the limit
+            limit = math.floor((target_p99_ms + 0.001) * 1e6) + 1
+            allowed = w.size - math.floor(0.99 * (w.size - 1))
+            a = np.ascontiguousarray(w.arrivals, dtype=np.int64)
+            ends = np.empty(max(1, min(replicas * w.slots, a.size)), dtype=np.int64)
+            p, d = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double)
+            b, t = np.ascontiguousarray(base, dtype=np.float64), np.ascontiguousarray(table, dtype=np.float64)
+            rc = lib.batch_exceeds(a.ctypes.data_as(p), b.ctypes.data_as(d), a.size,  # type: ignore[union-attr]
+                                   replicas * w.slots, replicas, t.ctypes.data_as(d), t.size, limit, allowed,
+                                   lat.ctypes.data_as(p), svc.ctypes.data_as(p), ends.ctypes.data_as(p))
+            if rc < 0:
+                raise ValueError("the replay kernel refused its input")
+            if rc == 1:
+                w.checks[key] = (target_p99_ms, False)
+                return False
+        else:
+            lat, svc = replay_batched(w.arrivals, base, replicas * w.slots, replicas, table, lib, (lat, svc))
+        value = _metric_p99(w, lat, svc, metric, tvals)
     w.checks[key] = (value, True)
     return value is not None and value <= target_p99_ms
 
