@@ -1,15 +1,21 @@
 """The C kernel's quantiles of a replayed point (`point_stats`, bucketed order statistics) against numpy's
-np.quantile of the same values, and the capacity curve with the kernel against the same curve in Python."""
+np.quantile of the same values, the capacity curve with the kernel against the same curve in Python, and the
+observed slots read from the batches against a brute-force count."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analysis.capacity import Workload, capacity_curve, kernel_quantiles, load_kernel
+from analysis import breakdowns as B
+from analysis import connect
+from analysis.capacity import Workload, capacity_curve, kernel_quantiles, load_kernel, observed_workload
+from tests.factory import add_request, write
 from tests.needs import need_c
+from tracing.rows import SpanBatch
 
 MS = 1_000_000
 
@@ -99,3 +105,23 @@ def test_curve_with_the_kernel_equals_the_python_path(monkeypatch: pytest.Monkey
                                                gpu_hour_usd=2.0)
                 assert with_c == in_python, (counts, target, metric)
                 assert with_c["service"]["batch_relation_applied"]
+
+
+def test_observed_slots_are_the_most_one_replica_served_at_once(tmp_path: Path) -> None:
+    """The workload's slots (the largest observed batch) against a brute-force count over the stored rows and
+    against analysis.breakdowns' SQL, on random stores with ties, zero-length services and queue waits."""
+    rng = random.Random(8)
+    for case in range(6):
+        batch = SpanBatch()
+        for i in range(rng.randint(5, 60)):
+            t = rng.randint(0, 40) * MS
+            q = rng.choice([0, 0, 1, 3]) * MS
+            end = t + q + rng.choice([0, 1, 2, 5, 20]) * MS
+            add_request(batch, i, t, end, [("queue_wait", t, t + q), ("generation", t + q, end)],
+                        replica=f"r{rng.randint(0, 2)}")
+        write(tmp_path / str(case), batch)
+        con = connect(tmp_path / str(case))
+        rows = con.execute("SELECT replica, start_ns + coalesce(queue_wait_ns, 0), end_ns FROM requests").fetchall()
+        # at time t a replica serves its requests with busy <= t < end; the most at once is reached at some busy
+        brute = max([1, *(sum(1 for r2, b2, e2 in rows if r2 == r and b2 <= b < e2) for r, b, _ in rows)])
+        assert observed_workload(con).slots == brute == B.peak_concurrency(con)
