@@ -31,11 +31,13 @@ __all__ = ["build_report", "connect", "detect", "percentile_series", "refresh", 
            "simulate", "whatif"]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, its module imported on first use."""
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+if not TYPE_CHECKING:  # hidden from type checkers, which would otherwise type every unknown name as Any
+
+    def __getattr__(name: str) -> Any:
+        """A public name, its module imported on first use."""
+        if name not in _HOME:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(_HOME[name]), name)
 
 
 class _Package(types.ModuleType):
