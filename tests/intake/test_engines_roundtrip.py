@@ -121,7 +121,9 @@ def _vectorised(table: pa.Table) -> pa.Table:
 def _row_wise(table: pa.Table) -> pa.Table:
     """rows.SpanBatch.append on each span's attributes and resource: the rule set `promote` vectorises."""
     batch = SpanBatch()
-    for r in table.to_pylist():
+    read = ["TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "TimestampNs", "Duration", "ServiceName",
+            "ResourceAttributes", "SpanAttributes", "StatusCode"]  # only these become Python objects
+    for r in table.select(read).to_pylist():
         batch.append(trace_id=r["TraceId"], span_id=r["SpanId"], parent_span_id=r["ParentSpanId"],
                      name=r["SpanName"], kind=r["SpanKind"], start_ns=r["TimestampNs"],
                      end_ns=r["TimestampNs"] + r["Duration"], service=r["ServiceName"],
@@ -203,7 +205,8 @@ def test_requests_rows_are_the_same_from_the_attributes_alone(name: str, tmp_pat
 def test_engine_facts_are_span_attributes(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The request span states its facts, a synthetic span its stage, origin and engine."""
     table = _normalized(name, tmp_path_factory)
-    for r in table.to_pylist():
+    for r in table.select(["SpanAttributes", "ResourceAttributes", "Stage", "Replica", "IsRequest", "Outcome",
+                           "TtftNs"]).to_pylist():
         attrs = dict(r["SpanAttributes"] or ())
         if S.ATTR_ENGINE not in attrs:
             continue
