@@ -33,7 +33,6 @@ from analysis.engine.materialize import (
     snapshot,
     stored_source,
 )
-from analysis.engine.percentiles import quote_ident
 from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import LIVE_HOUR_MACRO, LIVE_REQUESTS_KEPT, bound_once, files_source, spans_sql
 from tracing import schema as S
@@ -180,6 +179,8 @@ NO_STORED_ROWS = "_requests_none_stored"
 def _no_stored_rows(con: duckdb.DuckDBPyConnection) -> None:
     """Make NO_STORED_ROWS: the columns of `requests` with the types the catalog holds for `_requests_live`'s
     (read from it, so the model is not bound once more), no row."""
+    from analysis.engine.percentiles import quote_ident  # here: percentiles loads polars; opening a store does not
+
     types = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '_requests_live' "
                              "AND database_name = current_database() AND schema_name = current_schema()").fetchall())
     listed = ", ".join(f"{quote_ident(c)} {types[c]}" for c in M.REQUEST_COLUMNS)
