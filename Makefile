@@ -13,8 +13,11 @@ WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 #: what makes a missing prerequisite (chromium, chdb, a C part where a compiler is) fail rather than skip
 STRICT := TAILSCOPE_TEST_STRICT=1
 #: the parallel run: a test file stays on one worker (its module fixtures are built once); files are handed out in
-#: the order tests/conftest.py sorts them (the most `slow` tests first), not by their number of tests
+#: the order tests/conftest.py sorts them (the longest first, by tests/file_seconds.json), not by their number of tests
 PYTEST_PAR = $(VENV)/bin/pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+#: more arguments for the whole suite's run, e.g. `make test PYTEST_ARGS=--junitxml=/tmp/suite.xml` (the report
+#: tests/file_seconds.py refreshes its table from)
+PYTEST_ARGS ?=
 
 .PHONY: all venv demo test test-fast lint typecheck unit browser-deps monitoring-deps system-deps ch-releases bench clean
 
@@ -80,7 +83,7 @@ typecheck: $(STAMP)
 
 # the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
 unit: $(STAMP) system-deps ch-releases
-	$(STRICT) $(PYTEST_PAR) --durations=10
+	$(STRICT) $(PYTEST_PAR) --durations=10 $(PYTEST_ARGS)
 
 # what CI runs (.ci/run): install (the venv, the Debian packages and the older ClickHouse releases' venvs at once),
 # then ruff and mypy beside the suite

@@ -4,8 +4,8 @@
                                           [--sweep c|sql|both]
     python -m benchmarks.bench_build_hour --spans 2000000 [--dir DIR] [...]   # benchmarks.synthetic's store
 
-`--store` measures a store as it is; `--spans` builds (or reuses by fingerprint, benchmarks.inputs) the
-synthetic store, two hours of spans.
+`--store` measures a store as it is (each build writes its request hour into it, as the collector would);
+`--spans` builds (or reuses by fingerprint, benchmarks.inputs) the synthetic store, two hours of spans.
 
 In one process, alternating: the anchor `SELECT Replica, quantile_cont(Duration, 0.99) FROM spans
 GROUP BY 1` over every span of the store, then each hour's build (it reads its hour and both

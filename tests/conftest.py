@@ -13,6 +13,7 @@ import tempfile
 
 import pytest
 
+from tests import file_seconds
 from tests.needs import MISSING, STRICT_ENV
 from tracing.store import ENV_STORE
 
@@ -29,15 +30,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most tests marked `slow` first, the others after in their own order (a stable sort, so a
-    file's tests stay together). `make test` hands whole files to its workers in this order
-    (`--dist loadfile --no-loadscope-reorder`): the long files start first and the many short ones fill the end of
-    the run on both workers, rather than a long end-to-end file starting last while the other worker is idle."""
-    slow: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])
+    """The longest files first by their measured seconds (tests/file_seconds.py: the committed table, else 10 s per
+    test marked `slow`), the others after in their own order (a stable sort, so a file's tests stay together).
+    `make test` hands whole files to its workers in this order (`--dist loadfile --no-loadscope-reorder`): the long
+    files start first and the many short ones fill the end of the run on every worker, rather than a long file
+    starting last while the other workers are idle."""
+    cost = file_seconds.costs(((item.nodeid.split("::", 1)[0], item.get_closest_marker("slow") is not None)
+                               for item in items), file_seconds.load())
+    items.sort(key=lambda item: -cost[item.nodeid.split("::", 1)[0]])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
