@@ -673,9 +673,10 @@ def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.Server
 
 
 class _ServerTail:
-    """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests, one
-    query each (its values sorted and interpolated as explain.TailQuantile does; weighted, by
-    percentiles.weighted_quantile_sorted's rule as explain.weighted_q), so no baseline row comes back."""
+    """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests (its
+    values sorted and interpolated as explain.TailQuantile does; weighted, by percentiles.weighted_quantile_sorted's
+    rule as explain.weighted_q), so no baseline row comes back. Unweighted, `ask` computes every candidate's from the
+    baseline's top slice in two queries; the others are one query each."""
 
     def __init__(self, client: Client, facts_table: str, where: str, col: str, weight: str | None = None,
                  attrs: CA.ServerAttributes | None = None, frame_where: str | None = None) -> None:

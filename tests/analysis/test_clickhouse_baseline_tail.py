@@ -47,10 +47,10 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
     top = rng.choice([3, 50, 10_000])  # few distinct values (ties everywhere) or many
     values = [float(rng.randrange(top)) for _ in range(n)]
     base = [rng.random() < 0.8 for _ in range(n)]  # the baseline's windows: start_ns // 10 even
-    replica = [rng.choice(REPLICAS + [None]) for _ in range(n)]
+    replica = [rng.choice([*REPLICAS, None]) for _ in range(n)]
     # a0: a candidate holding most of the slowest requests (its rest reaches below the slice), a1: a few random
-    slow = sorted(range(n), key=lambda i: -values[i])[: n // 10]
-    a0 = [0 if i in set(slow) and rng.random() < 0.9 else rng.choice([1, -1]) for i in range(n)]
+    slow = set(sorted(range(n), key=lambda i: -values[i])[: n // 10])
+    a0 = [0 if i in slow and rng.random() < 0.9 else rng.choice([1, -1]) for i in range(n)]
     a1 = [rng.choice([0, 1, 2, -1]) for _ in range(n)]
     chdb_client.command(f"DROP TEMPORARY TABLE IF EXISTS {CA.ATTR_TEMP}")
     chdb_client.command(f"CREATE TEMPORARY TABLE {CA.ATTR_TEMP} (trace_id String, span_id String, start_ns Int64, "
