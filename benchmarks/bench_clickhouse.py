@@ -41,9 +41,9 @@ attribute pass returned: rows of per-candidate figures (per spike two rows of ce
 pass, then each combination holding an attribute's count of cells and those cells' baseline counts), the largest
 of its answers, and the exemplars' requests among them (at most 5 a spike, more only on a tie); no request's
 codes. Every run counts the rows the chdb report returned by kind (`returned_rows`, ROW_KINDS): request rows,
-spans, the detection's values above the pooled p99, and rows of figures (the most one query returned beside);
-and where the chdb report's CPU went (`chdb_cpu_by_step`): the CPU seconds of its statements by the analysis
-function that sent them, the costliest eight.
+spans, the detection's groups of tied values above the pooled p99, and rows of figures (the most one query returned
+beside); and where the chdb report's CPU went (`chdb_cpu_by_step`): the CPU seconds of its statements by the
+analysis function that sent them, the costliest eight.
 """
 
 from __future__ import annotations
@@ -79,17 +79,18 @@ def _dir_bytes(path: Path) -> int:
 
 #: What the chdb report's queries return, by what their rows are (read off the start of their SQL): the request rows
 #: of the spike windows (analysis.clickhouse.report._pull_facts), the spans the explanation pulls (the
-#: noisy-neighbour step's; `Fetcher`), the detection's values above the pooled p99 (`_ServerValues.above`); every
-#: other query returns rows of figures (per window, candidate, combination, stage or key).
+#: noisy-neighbour step's; `Fetcher`), the detection's groups of tied values above the pooled p99 (one row a group of
+#: two or more equal values: `_ServerValues.exceedances`); every other query returns rows of figures (per window,
+#: block of scores, candidate, combination, stage or key).
 ROW_KINDS = (("request_rows", "SELECT trace_id, span_id, start_ns, e2e_ns"),
-             ("span_rows", "SELECT TimestampNs, TraceId"), ("detection_tail_values", "SELECT intDiv(start_ns, "))
+             ("span_rows", "SELECT TimestampNs, TraceId"), ("detection_tie_groups", "SELECT lo_rank, c FROM"))
 
 
 def row_kind(sql: str) -> str:
     """The kind of a query's answer (ROW_KINDS; "figures" otherwise)."""
     text = " ".join(sql.split())
     for kind, start in ROW_KINDS:
-        if text.startswith(start) and not (kind == "detection_tail_values" and "AS v FROM" not in text):
+        if text.startswith(start):
             return kind
     return "figures"
 

@@ -25,8 +25,11 @@ from typing import Any
 #: The fonts every page draws with that Streamlit's HTML does not preload: the icons of the navigation and banners
 #: (a font that blocks its text until loaded).
 FONTS: tuple[str, ...] = ("MaterialSymbols-Rounded",)
-#: The elements the sidebar draws on every page (its buttons, toggles, time slider and multiselects).
-SIDEBAR: tuple[str, ...] = ("Button", "Checkbox", "Slider", "Multiselect")
+#: The elements the sidebar draws on every page's first render (its buttons and toggles).
+SIDEBAR: tuple[str, ...] = ("Button", "Checkbox")
+#: The elements of the sidebar's filters (its time slider and multiselects): drawn only once their popover is opened,
+#: so named once the page is drawn and quiet (`later_script`), with the other pages' scripts.
+FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
@@ -130,10 +133,10 @@ def later_script(files: Iterable[str], quiet_s: int = QUIET_S) -> str:
 
 
 def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,
-               shared: tuple[str, ...] = SIDEBAR) -> dict[str, bytes]:
+               shared: tuple[str, ...] = SIDEBAR, later: tuple[str, ...] = FILTERS) -> dict[str, bytes]:
     """Each page's URL path -> what to add to its HTML's head: tags for the sidebar's elements and the page's, then
-    a script that names the other pages' once this one is drawn (`later_script`); {} when Streamlit's build is
-    not where it is expected (nothing is then added)."""
+    a script that names the other pages' and `later`'s (elements no page draws at first) once this one is drawn
+    (`later_script`); {} when Streamlit's build is not where it is expected (nothing is then added)."""
     root = static_dir() if root is None else root
     index = root / "index.html"
     js_dir = root / "static" / "js"
@@ -141,7 +144,7 @@ def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = 
         return {}
     listed = set(_LISTED.findall(index.read_text(encoding="utf-8", errors="replace")))
     deps = dependencies(js_dir)
-    every = preload_files((*shared, *(e for elements in pages.values() for e in elements)), deps, listed)
+    every = preload_files((*shared, *(e for elements in pages.values() for e in elements), *later), deps, listed)
     media = sorted(p.name for p in (root / "static" / "media").glob("*.woff2"))
     fonts = [name for font in FONTS if (name := next((m for m in media if m.startswith(font + ".")), None))]
     heads = {}

@@ -6,8 +6,9 @@ page switches; pages read the result with `current()`.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 
 _KEY = "tailscope_filters"
 LIVE_INTERVALS_S: tuple[int, ...] = (5, 15, 60)
+#: The characters Markdown (st.caption's, with Streamlit's `:directive[...]`) could read as formatting inside the
+#: summary line (a line that starts with a date or a name, so no list or heading marker matters).
+_MARKDOWN = re.compile(r"[\\`*_{}\[\]<>~$:|#]")
 
 
 def _dt(ns: int) -> datetime:
@@ -39,32 +43,54 @@ def render(db: data.Bench) -> data.Filters:
             filters = data.Filters()
             st.session_state[_KEY] = filters
             return filters
-        lo, hi = _dt(c["min_ns"]), _dt(c["max_ns"]) + timedelta(seconds=1)
-        lo = lo.replace(second=0, microsecond=0)
-        since_ns = until_ns = None
-        a_ns, b_ns = links.seed_filters(data.FILTER_DIMENSIONS, c)  # a shared link's filters, on a first run
-        if hi - lo > timedelta(minutes=1):
-            start = min(max(_dt(a_ns), lo), hi) if a_ns is not None else lo
-            picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi,
-                               value=(start, max(min(_dt(b_ns), hi), start) if b_ns is not None else hi),
-                               step=timedelta(minutes=1), format="MM-DD HH:mm", key="f_time")
-            a, b = picked
-            if a > lo:
-                since_ns = _ns(a)
-            if b < hi:
-                until_ns = _ns(b)
-        picks: dict[str, tuple[str, ...]] = {}
-        for dim in data.FILTER_DIMENSIONS:
-            options = c[dim]
-            if len(options) > 1 or st.session_state.get(f"f_{dim}"):
-                chosen = st.multiselect(dim.capitalize(), options, key=f"f_{dim}", placeholder=f"all {dim}s")
-            else:
-                chosen = []
-            picks[dim] = tuple(sorted(chosen))
-        filters = data.Filters(since_ns, until_ns, **picks, attributes=_attribute_control(db))
+        # the widgets sit in a popover, which the browser draws only once opened (a closed one mounts none of its
+        # elements): the selects and the slider are the costliest part of a page's first render, and most visits
+        # change no filter; the line under it says which filters hold, and the URL carries them
+        with st.popover("Filters", icon=":material/filter_list:", width="stretch",
+                        help="time range, service, model, replica, tenant, attributes"):
+            filters = _filter_controls(db, c)
+        st.caption(summary_text(filters))
         st.session_state[_KEY] = filters
         links.publish_filters(filters, data.FILTER_DIMENSIONS)
         return filters
+
+
+def _filter_controls(db: data.Bench, c: dict[str, Any]) -> data.Filters:
+    """The time range, each dimension's values and the attribute filters (`c`: data.choices'), as widgets."""
+    lo, hi = _dt(c["min_ns"]), _dt(c["max_ns"]) + timedelta(seconds=1)
+    lo = lo.replace(second=0, microsecond=0)
+    since_ns = until_ns = None
+    a_ns, b_ns = links.seed_filters(data.FILTER_DIMENSIONS, c)  # a shared link's filters, on a first run
+    if hi - lo > timedelta(minutes=1):
+        start = min(max(_dt(a_ns), lo), hi) if a_ns is not None else lo
+        picked = st.slider("Time range (UTC)", min_value=lo, max_value=hi,
+                           value=(start, max(min(_dt(b_ns), hi), start) if b_ns is not None else hi),
+                           step=timedelta(minutes=1), format="MM-DD HH:mm", key="f_time")
+        a, b = picked
+        if a > lo:
+            since_ns = _ns(a)
+        if b < hi:
+            until_ns = _ns(b)
+    picks: dict[str, tuple[str, ...]] = {}
+    for dim in data.FILTER_DIMENSIONS:
+        options = c[dim]
+        if len(options) > 1 or st.session_state.get(f"f_{dim}"):
+            chosen = st.multiselect(dim.capitalize(), options, key=f"f_{dim}", placeholder=f"all {dim}s")
+        else:
+            chosen = []
+        picks[dim] = tuple(sorted(chosen))
+    return data.Filters(since_ns, until_ns, **picks, attributes=_attribute_control(db))
+
+
+def summary_text(f: data.Filters) -> str:
+    """The filters `f` on one line, as the sidebar shows them under its closed popover: the time range (UTC), then
+    each filtered dimension's and attribute's values; "All requests" when none is set. Markdown-escaped."""
+    a, b = (None if ns is None else f"{_dt(ns):%m-%d %H:%M}" for ns in (f.since_ns, f.until_ns))
+    parts = [f"{a}–{b} UTC" if a and b else f"from {a} UTC" if a else f"until {b} UTC"] if a or b else []
+    parts += [f"{dim} = {', '.join(getattr(f, dim))}" for dim in data.FILTER_DIMENSIONS if getattr(f, dim)]
+    parts += [f"{a.key} = {', '.join(a.values)}" for a in f.attributes if a.values]
+    text = " · ".join(parts) if parts else "All requests"
+    return _MARKDOWN.sub(r"\\\g<0>", text)
 
 
 def _attribute_control(db: data.Bench) -> tuple[data.AttributeFilter, ...]:

@@ -5,8 +5,10 @@
    analysis.clickhouse.coverage allows, computed from the spans elsewhere (`requests_facts`).
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
-   (`_ServerValues`); of the requests only the values above the pooled p99 come back (window and
-   value, about 1 %: the scan weighs their ranks). Sampled requests are weighed there (their
+   (`_ServerValues`); the scan's ranks of the values above the pooled p99 are counted there too (per
+   window, per block of scores, per group of tied values: `_ServerValues.exceedances`, the same floats
+   as over the values), so of the requests only a row per group of tied values comes back (none on
+   distinct values). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
 3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
@@ -146,15 +148,37 @@ class _ServerValues:
         eff = float(n) if self.weight is None else (row["tot"] ** 2 / row["sq"] if row["sq"] > 0 else 0.0)
         return SP.Pool(float(row["p50"]), float(row["p99"]), n, float(row["tot"]), eff)
 
-    def above(self, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-        """The values above `threshold` with their windows' positions: the scan weighs their ranks, so these rows
-        (about 1 % of the values at the pooled p99, 16 bytes each) come back."""
-        got = self.client.query(f"SELECT intDiv(start_ns, {self.w}) AS win, toFloat64({self.value}) AS v "
-                                f"FROM {self.facts} WHERE {self.where} AND toFloat64({self.value}) > {threshold!r} "
-                                f"ORDER BY win, v")
-        wins = np.asarray(got.column("win").to_numpy(), dtype=np.int64)
-        at = np.searchsorted(self.wins, wins).astype(np.int64)
-        return at, np.asarray(got.column("v").to_numpy(), dtype=np.float64)
+    def exceedances(self, threshold: float, judged: np.ndarray) -> SP.Exceedances:
+        """The values above `threshold` as the scan reads them, from counts only: per window how many; of the judged
+        windows' ones, each group of tied values (its first rank and size: none on distinct values) and, per window,
+        how many fall in each block of scores (`spikes.tied_scores` gives the blocks, `spikes.summed_by_block` the
+        sums, the same floats as over the values). One row per window comes back, and one per group of ties."""
+        over = f"{self.where} AND toFloat64({self.value}) > {threshold!r}"
+        win = f"intDiv(start_ns, {self.w})"
+        got = self.client.query(f"SELECT {win} AS win, count() AS k FROM {self.facts} WHERE {over} GROUP BY win")
+        exceed = np.zeros(self.wins.size, dtype=np.int64)
+        exceed[np.searchsorted(self.wins, got.column("win").to_numpy().astype(np.int64))] = got.column("k").to_numpy()
+        total_k = int(exceed[judged].sum())
+        mine = f"{over} AND {win} IN ({self._listed(judged)})"
+        ties = self.client.query(
+            f"SELECT lo_rank, c FROM (SELECT c, sum(c) OVER (ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT "
+            f"ROW) - c AS lo_rank FROM (SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} "
+            f"WHERE {mine} GROUP BY v)) WHERE c > 1")
+        scores, firsts = SP.tied_scores(total_k, ties.column("lo_rank").to_numpy().astype(np.int64),
+                                        ties.column("c").to_numpy().astype(np.int64))
+        if total_k == 0:
+            return SP.Exceedances(exceed, scores, np.zeros(self.wins.size))
+        blocks = self.client.query(
+            f"SELECT win, groupArray(b) AS bs, groupArray(c) AS cs FROM (SELECT win, b, count() AS c FROM (SELECT "
+            f"{win} AS win, arrayCount(f -> f <= r, [{', '.join(str(int(x)) for x in firsts)}]) - 1 AS b FROM (SELECT "
+            f"start_ns, rank() OVER (ORDER BY toFloat64({self.value})) - 1 AS r FROM {self.facts} WHERE {mine})) "
+            f"GROUP BY win, b) GROUP BY win").to_pylist()
+        at = np.searchsorted(self.wins, np.asarray([int(r["win"]) for r in blocks], dtype=np.int64))
+        sizes = [len(r["bs"]) for r in blocks]
+        flat_b = np.asarray([b for r in blocks for b in r["bs"]], dtype=np.int64)
+        flat_c = np.asarray([c for r in blocks for c in r["cs"]], dtype=np.int64)
+        return SP.Exceedances(exceed, scores, SP.summed_by_block(np.repeat(at, sizes).astype(np.int64), flat_b,
+                                                                 flat_c, scores, firsts, self.wins.size))
 
 
 #: Session temporary table of what the sampling judgement reads, one row per analysed value (`_ServerJudged`).
@@ -213,7 +237,8 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
 
 def _phase1_server(q: Asked) -> tuple[C.Report, Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
-    figure detection asks for and the values above the pooled p99 come back, nothing per request. Sampled requests
+    figure detection asks for and the scan's counts come back (a row per group of tied values above the pooled p99:
+    `_ServerValues.exceedances`), nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
     client, table, facts_table, cond, metric, window_s = q.client, q.table, q.facts_table, q.cond, q.metric, q.window_s
     lo, hi, include_failures, sampling_policy = q.lo, q.hi, q.include_failures, q.sampling_policy
@@ -340,7 +365,7 @@ def build_report(client: Client, table: str = DEFAULT_TABLE, metric: str = "e2e"
     facts_table = _facts(client, table, metric, lo, hi, facts, materialized)
     q = Asked(client, table, facts_table, f"{_in_range(lo, hi)} AND ({where})", metric, window_s, lo, hi,
               include_failures, sampling_policy)
-    # detection (and the sampling judgement) on the server: only the tail values come back unless there is a spike
+    # detection (and the sampling judgement) on the server: only figures come back unless there is a spike
     report, det, _ = _phase1_server(q)
     local = duckdb.connect(":memory:")
     try:
@@ -396,8 +421,8 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
     """analysis.report.culprit_bounds on ClickHouse (`det.spikes` moved to their culprits' windows), then the rows
     their explanation reads, from one pass: the culprit is ranked over the rows phase 2 brings for the detected
     spikes (`_rows`; the slow requests counted per window on the server), and those same rows are explained when
-    every window the moved spikes read row by row is among them. Only when a spike moved past them are the local
-    tables dropped and phase 2 read again for the moved spikes."""
+    every window the moved spikes read row by row is among them. Only when a spike moved past them is phase 2 read
+    again for the moved spikes, the rows already read kept (only the new windows' rows come back)."""
     rows, read = _rows(q, local, det, det.spikes, sampled, attrs)
     if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
         return rows
@@ -406,15 +431,16 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
         assert isinstance(rows.fetch, Fetcher)
         rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
         return rows
-    _reset(local)
-    return _rows(q, local, det, det.spikes, sampled, attrs)[0]
+    _reset(local, keep_facts=True)
+    return _rows(q, local, det, det.spikes, sampled, attrs, held=read)[0]
 
 
-def _reset(local: duckdb.DuckDBPyConnection) -> None:
-    """Drop phase 2's local tables (`_rows` makes them again)."""
+def _reset(local: duckdb.DuckDBPyConnection, keep_facts: bool = False) -> None:
+    """Drop phase 2's local tables (`_rows` makes them again); `keep_facts`: all but the fact rows read."""
     local.execute("DROP VIEW IF EXISTS spans")
     local.execute("DROP TABLE IF EXISTS _spans_local")
-    local.execute("DROP TABLE IF EXISTS _phase2")
+    if not keep_facts:
+        local.execute("DROP TABLE IF EXISTS _phase2")
 
 
 def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
@@ -427,17 +453,19 @@ def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
 
 
 def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
-          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None) -> tuple[RP.Rows, set[int]]:
+          attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None, held: set[int] | None = None
+          ) -> tuple[RP.Rows, set[int]]:
     """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
     spans around them as it goes), for analysis.report's explanation to run there; with the windows read row by
     row. `attrs`: the attribute dimensions on the server (`_attributes`): their codes stay there, every figure the
-    explanation reads of them is asked there (`_remote_attributes`)."""
+    explanation reads of them is asked there (`_remote_attributes`); `held`: windows whose rows `_phase2` already
+    holds (read again from it, not from the server)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     server = attrs[0] if attrs is not None else None
     fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
-                                     "adjusted_count" if sampled else None, server)
+                                     "adjusted_count" if sampled else None, server, held or set())
     frame = local.sql(
         f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
         f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
@@ -600,8 +628,8 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
 
 
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
-                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None
-                 ) -> tuple[Fetcher, RP.RestCounts, set[int]]:
+                 col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None,
+                 held: set[int] | None = None) -> tuple[Fetcher, RP.RestCounts, set[int]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
@@ -611,18 +639,22 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
     p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
-    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`). Returns
+    dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`); `held`:
+    windows whose rows the local `_phase2` already holds (only the other spike windows' rows are pulled). Returns
     the windows read row by row too.
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
-    one_by_one = spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    new_windows = np.asarray(sorted(set(spike_windows.tolist()) - (held or set())), dtype=np.int64)
+    one_by_one = np.union1d(spike_windows, np.asarray(sorted(held or set()), dtype=np.int64))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
-    _pull_facts(client, local, facts_table, f"{cond} AND {pulled}", metric)
+    if new_windows.size or not held:
+        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric)
     fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())

@@ -170,13 +170,56 @@ class WindowValues(Protocol):
         """The values of the windows flagged (a mask over the detection's windows) pooled."""
         ...
 
-    def above(self, threshold: float) -> tuple[I64, F64]:
-        """Every value above `threshold`: its window's position among the detection's windows, and the value.
-
-        The scan counts them per window and weighs their sizes by rank (`tail_scores`), so a remote engine
-        returns these few rows (about 1 % of the values at the pooled p99), not only their counts.
-        """
+    def exceedances(self, threshold: float, judged: npt.NDArray[np.bool_]) -> Exceedances:
+        """The values above `threshold` as the scan reads them (`Exceedances`): counts per window and the tail scores
+        of the `judged` windows' ones, a function of their ranks only, so a remote engine sends back counts (per
+        window, per block of scores, per group of tied values), not the values (`tied_scores`, `summed_by_block`)."""
         ...
+
+
+@dataclass
+class Exceedances:
+    """The values above the scan's threshold: per window their count (`exceed`), the tail scores of the judged windows'
+    ones ascending (`block_scores` of `tail_scores`), and per window the sum of its judged ones' scores, added in
+    ascending order (`score_sum`)."""
+
+    exceed: I64
+    scores: F64
+    score_sum: F64
+
+
+def exceedances_of(at: I64, vals: F64, judged: npt.NDArray[np.bool_]) -> Exceedances:
+    """`Exceedances` of the values above the threshold (`vals`) and their windows' positions (`at`)."""
+    exceed = np.bincount(at, minlength=judged.size).astype(np.int64)
+    mine = judged[at]
+    order = np.argsort(vals[mine], kind="stable")
+    scores = block_scores(tail_scores(vals[mine][order]))
+    sums = np.bincount(at[mine][order], weights=scores, minlength=judged.size).astype(np.float64)
+    return Exceedances(exceed, scores, sums)
+
+
+def tied_scores(total_k: int, tie_first: I64, tie_size: I64) -> tuple[F64, I64]:
+    """`block_scores(tail_scores(v))` of any ascending v of total_k values whose groups of two or more equal values
+    start at the ranks `tie_first` (0-based: how many values are smaller) and hold `tie_size` values, and the first
+    rank of each of their blocks (`block_firsts`): the scores depend on the ranks and ties only, so a remote engine
+    need only count them."""
+    cover = np.zeros(total_k + 1, dtype=np.int64)
+    np.add.at(cover, np.asarray(tie_first, dtype=np.int64) + 1, 1)
+    np.add.at(cover, np.asarray(tie_first, dtype=np.int64) + np.asarray(tie_size, dtype=np.int64), -1)
+    stand_in = np.cumsum(np.cumsum(cover)[:total_k] == 0).astype(np.float64)  # a new value where no tie continues
+    scores = tail_scores(stand_in)
+    return block_scores(scores), block_firsts(scores)
+
+
+def summed_by_block(at: I64, block: I64, count: I64, scores: F64, firsts: I64, windows: int) -> F64:
+    """Per window (`windows` of them), the sum of its judged values' scores from `count` of them in (window position
+    `at`, block of scores `block`): the same additions, in the same order, as `exceedances_of` makes (each window's
+    scores ascending), so the same floats."""
+    order = np.lexsort((at, block))
+    reps = np.asarray(count, dtype=np.int64)[order]
+    return np.bincount(np.repeat(np.asarray(at, dtype=np.int64)[order], reps),
+                       weights=np.repeat(scores[np.asarray(firsts)[np.asarray(block, dtype=np.int64)[order]]], reps),
+                       minlength=windows).astype(np.float64)
 
 
 @dataclass
@@ -208,11 +251,11 @@ class SortedValues:
         return np.concatenate([self.v_sorted[a:a + c] for a, c in zip(self.first[flagged].tolist(),
                                                                       self.counts[flagged].tolist(), strict=True)])
 
-    def above(self, threshold: float) -> tuple[I64, F64]:
-        """The values above `threshold`, in window order, with their windows' positions."""
+    def exceedances(self, threshold: float, judged: npt.NDArray[np.bool_]) -> Exceedances:
+        """The values above `threshold` (in window order, with their windows' positions) as the scan reads them."""
         rows = np.flatnonzero(self.v_sorted > threshold)
         at = np.searchsorted(self.first, rows, side="right") - 1
-        return at.astype(np.int64), self.v_sorted[rows]
+        return exceedances_of(at.astype(np.int64), self.v_sorted[rows], judged)
 
 
 def quantile_sorted(sorted_values: F64, q: float) -> float:
@@ -300,14 +343,19 @@ def block_scores(scores_sorted: F64) -> F64:
     k = scores_sorted.size
     if k == 0:
         return np.zeros(0)
+    first = block_firsts(scores_sorted)
+    size = np.diff(np.append(first, k))
+    return np.repeat(np.add.reduceat(scores_sorted, first) / size, size)
+
+
+def block_firsts(scores_sorted: F64) -> I64:
+    """The first position of each block of `block_scores` (ascending scores; empty for none)."""
     starts = []
-    hi = k
+    hi = scores_sorted.size
     while hi > 0:
         hi = int(np.searchsorted(scores_sorted, scores_sorted[hi - 1] - SCORE_BLOCK_SPREAD, side="left"))
         starts.append(hi)
-    first = np.array(starts[::-1], dtype=np.int64)
-    size = np.diff(np.append(first, k))
-    return np.repeat(np.add.reduceat(scores_sorted, first) / size, size)
+    return np.array(starts[::-1], dtype=np.int64)
 
 
 def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random.Generator,
@@ -488,14 +536,10 @@ def _scan(det: Detection, source: WindowValues, seed: int) -> _Scan:
     the largest ratio."""
     judged = np.flatnonzero(det.judged)
     det.threshold_ns = source.pool(det.judged).p99_ns
-    at, vals = source.above(det.threshold_ns)
-    det.exceed = np.bincount(at, minlength=det.n.size).astype(np.int64)
-    counts = det.n
     # each judged exceedance's score by its rank among all judged exceedances; summed per window
-    mine = det.judged[at]
-    order = np.argsort(vals[mine], kind="stable")
-    scores = block_scores(tail_scores(vals[mine][order]))
-    score_sum = np.bincount(at[mine][order], weights=scores, minlength=det.n.size)
+    got = source.exceedances(det.threshold_ns, det.judged)
+    det.exceed, scores, score_sum = got.exceed, got.scores, got.score_sum
+    counts = det.n
     k, n = det.exceed[judged], counts[judged]
     s = score_sum[judged]
     total_k, total_n = int(k.sum()), int(n.sum())

@@ -166,11 +166,14 @@ else:
     st.dataframe(pairs.head(10), hide_index=True, column_config=table_config)
 if folded:  # the folded pairs, each with the value it restates and its filter link
     under = [ex["dimensions"][d["folded_under"]] for d in ex.get("dimensions", []) if "folded_under" in d]
-    restated = dims[~unfolded].copy()
-    restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
-    with st.expander(f"{len(under)} pairs folded: each explains no more than one of its values"):
-        st.dataframe(restated, hide_index=True,
-                     column_config={**table_config, "folded_under": st.column_config.TextColumn("folded under")})
+    # lazy: the table is sent and drawn only once the expander is opened (a closed one still mounts its children)
+    box = st.expander(f"{len(under)} pairs folded: each explains no more than one of its values", key="spike_folded",
+                      on_change="rerun")
+    if box.open:
+        restated = dims[~unfolded].copy()
+        restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
+        box.dataframe(restated, hide_index=True,
+                      column_config={**table_config, "folded_under": st.column_config.TextColumn("folded under")})
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))

@@ -13,14 +13,18 @@ from analysis.stats.spikes import (
     SCORE_BLOCK_SPREAD,
     SortedValues,
     _block_sums,
+    block_firsts,
     block_scores,
     detect,
+    exceedances_of,
     quantile_sorted,
     scan_null_max,
     scan_p_value,
     scan_ratio,
     size_ratio,
+    summed_by_block,
     tail_scores,
+    tied_scores,
 )
 
 SEC = 1_000_000_000
@@ -301,6 +305,56 @@ def test_block_scores_match_the_plain_rule() -> None:
     alone = math.ceil(1 / SCORE_BLOCK_SPREAD) - 1  # score gaps 1/rank above the spread: these largest stay alone
     assert np.unique(top[-alone:]).size == alone and top[-alone - 1] == top[-alone - 2]
     assert block_scores(np.array([])).size == 0
+
+
+def _ranked_counts(at: np.ndarray, vals: np.ndarray, judged: np.ndarray
+                   ) -> tuple[int, list[int], list[int], list[tuple[int, int, int]], list[list[float]]]:
+    """Plainly, what a remote engine counts of the judged values: how many, each group of 2+ equal values (first rank:
+    how many are smaller; size), each value's rank (how many are smaller) with its window, and per window its values
+    ascending."""
+    mine = [(float(v), int(a)) for a, v in zip(at.tolist(), vals.tolist(), strict=True) if judged[a]]
+    ordered = sorted(v for v, _ in mine)
+    firsts, sizes = [], []
+    for v in sorted(set(ordered)):
+        m = ordered.count(v)
+        if m > 1:
+            firsts.append(sum(1 for x in ordered if x < v))
+            sizes.append(m)
+    ranks = [(a, sum(1 for x in ordered if x < v), 1) for v, a in mine]
+    per_window = [sorted(v for v, a in mine if a == w) for w in range(judged.size)]
+    return len(ordered), firsts, sizes, ranks, per_window
+
+
+def test_the_scan_reads_the_same_floats_from_ranks_and_ties_as_from_values() -> None:
+    """`tied_scores` and `summed_by_block` (what a remote engine's counts give) against `exceedances_of` (the values in
+    memory): the same scores and per-window sums, bit for bit, on values with many ties, some windows not judged;
+    the sums also against a plain loop adding each window's scores in ascending order."""
+    for seed in (1, 2, 3, 4, 5):
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            windows = int(rng.integers(1, 12))
+            k = int(rng.integers(0, 300))
+            at = rng.integers(0, windows, k).astype(np.int64)
+            vals = rng.integers(1, int(rng.choice([3, 40, 5000])) + 1, k).astype(np.float64)
+            judged = rng.random(windows) < 0.8
+            want = exceedances_of(at, vals, judged)
+            total_k, firsts, sizes, ranks, per_window = _ranked_counts(at, vals, judged)
+            scores, starts = tied_scores(total_k, np.asarray(firsts, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
+            assert np.array_equal(scores, want.scores)
+            assert np.array_equal(starts, block_firsts(tail_scores(np.sort(vals[judged[at]]))))
+            block = np.asarray([int(np.searchsorted(starts, r, side="right")) - 1 for _, r, _ in ranks], dtype=np.int64)
+            got = summed_by_block(np.asarray([a for a, _, _ in ranks], dtype=np.int64), block,
+                                  np.ones(block.size, dtype=np.int64), scores, starts, windows)
+            assert np.array_equal(got, want.score_sum)
+            by_value = dict(zip(np.sort(vals[judged[at]]).tolist(), scores.tolist(), strict=True))
+            plain = []
+            for values in per_window:
+                s = 0.0
+                for v in values:
+                    s += by_value[v]
+                plain.append(s)
+            assert got.tolist() == plain
+            assert want.exceed.tolist() == [int((at == w).sum()) for w in range(windows)]
 
 
 @pytest.mark.parametrize("case", range(24))

@@ -232,11 +232,17 @@ def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None
     _settle(page)
     _screenshot(page, ARTIFACTS / "dashboard-link-filtered-spike.png")
     assert page.get_by_text("No spike: detection judged").count() == 0
-    # an attribute filter's link turns the sidebar's attribute filter on with that key and value
+    # an attribute filter's link turns the sidebar's attribute filter on with that key and value: the line under
+    # the closed filters popover says so, and the popover, once opened, holds the filter's widgets
     page.goto(f"{dashboard_url}/?attr=gen_ai.request.stream&attr_value=true", wait_until="networkidle")
     sidebar = page.get_by_test_id("stSidebar")
-    expect(sidebar.get_by_text("gen_ai.request.stream =").first).to_be_visible()
-    expect(sidebar.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
+    expect(sidebar.get_by_text("gen_ai.request.stream = true").first).to_be_visible()
+    _settle(page)
+    assert page.get_by_test_id("stMultiSelect").count() == 0  # a closed popover mounts none of its widgets
+    sidebar.get_by_role("button", name="Filters").click()
+    filters = page.get_by_test_id("stPopoverBody")
+    expect(filters.get_by_text("gen_ai.request.stream =").first).to_be_visible()
+    expect(filters.get_by_test_id("stMultiSelect").last.get_by_text("true", exact=True)).to_be_visible()
     _settle(page)
     _screenshot(page, ARTIFACTS / "dashboard-link-attribute.png")
     assert "attr=gen_ai.request.stream" in page.url and "attr_value=true" in page.url

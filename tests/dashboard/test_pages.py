@@ -145,14 +145,37 @@ def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest
     at.switch_page("app_pages/replicas.py").run()
     table = at.dataframe[0].value
     assert int(table["requests"].sum()) == _count(incident_store, "tenant = 'acme'")
+    # the filters' widgets sit in the sidebar's popover; the line under it names the filter set
+    (popover,) = at.sidebar.get("popover")
+    assert popover.proto.popover.label == "Filters"
+    assert "f_tenant" in [m.key for m in popover.multiselect]
+    assert "tenant = acme" in [c.value for c in at.sidebar.caption]
 
 
 def test_time_range_filter(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(incident_store, monkeypatch)
+    assert "All requests" in [c.value for c in at.sidebar.caption]
     lo, hi = at.slider(key="f_time").value
-    at.slider(key="f_time").set_value((lo, lo + (hi - lo) / 2)).run()
+    mid = lo + (hi - lo) / 2
+    at.slider(key="f_time").set_value((lo, mid)).run()
     shown = int(_metric(at, "requests").replace(",", ""))
     assert 0 < shown < REQUESTS
+    assert f"until {mid:%m-%d %H}\\:{mid:%M} UTC" in [c.value for c in at.sidebar.caption]  # ":" escaped
+
+
+def test_the_filter_summary_line() -> None:
+    """The sidebar's one-line summary of the filters: each part in order, Markdown's characters escaped."""
+    from analysis.attribute_filters import AttributeFilter
+    from dashboard.engine import Filters
+    from dashboard.sidebar import summary_text
+
+    since, until = 1_700_000_000 * 10**9, 1_700_003_600 * 10**9  # 2023-11-14 22:13:20 and 23:13:20 UTC
+    assert summary_text(Filters()) == "All requests"
+    assert summary_text(Filters(since_ns=since)) == "from 11-14 22\\:13 UTC"
+    assert summary_text(Filters(since_ns=since, until_ns=until, model=("m1",), replica=("replica-05", "replica-07"),
+                                attributes=(AttributeFilter("k8s.node.name", "resource", ("node_*1",)),))) == (
+        "11-14 22\\:13–11-14 23\\:13 UTC · model = m1 · replica = replica-05, replica-07 · "
+        "k8s.node.name = node\\_\\*1")
 
 
 def test_spike_page_names_the_slow_replica(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +198,7 @@ def test_spike_page_links_a_value_and_a_pair_to_their_filters(incident_store: Pa
     from dashboard import links
 
     at = _app(incident_store, monkeypatch)
+    at.session_state["spike_folded"] = True  # the folded pairs' table is drawn once its expander is opened
     at.switch_page("app_pages/spike.py").run()
     single = at.dataframe[0].value
     pairs = pd.concat([d.value for d in at.dataframe[1:] if "&" in "".join(map(str, d.value.get("dimension", [])))])

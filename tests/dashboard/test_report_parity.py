@@ -43,7 +43,9 @@ def _hms(text: str) -> str:
 
 
 def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: dict[str, Any]) -> None:
-    """The page's explanation (the cached analysis call it rendered) and its text equal the CLI's spike."""
+    """The page's explanation (the cached analysis call it rendered) and its text equal the CLI's spike (the folded
+    pairs' expander opened: its table is drawn only then)."""
+    at.session_state["spike_folded"] = True
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
     label = at.selectbox(key="spike_choice").value
