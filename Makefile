@@ -81,8 +81,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end
+# the whole suite, in parallel workers, a missing prerequisite failing; the ten slowest tests printed at the end.
+# Our modules are compiled once first: every process the tests start (a CLI, a receiver, a dashboard) then reads
+# their bytecode, also where PYTHONDONTWRITEBYTECODE is set and each process would compile them again.
 unit: $(STAMP) system-deps ch-releases
+	$(PY) -m compileall -q tracing intake analysis dashboard tailscope sample_traces benchmarks examples tests
 	$(STRICT) $(PYTEST_PAR) --durations=10 $(PYTEST_ARGS)
 
 # what CI runs (.ci/run): install (the venv, the Debian packages and the older ClickHouse releases' venvs at once),

@@ -27,15 +27,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Put h[i]'s value where it belongs below i in the binary min-heap h[0..m) ("bottom-up": the hole goes down the
+ * smaller children to a leaf, the child chosen without a branch, then the value rises from there; the values
+ * replaced at the top are ends and free times, which mostly belong near the leaves). */
 static void sift_down(int64_t *h, int64_t m, int64_t i) {
-    int64_t v = h[i];
+    int64_t v = h[i], top = i;
     for (;;) {
         int64_t c = 2 * i + 1;
-        if (c >= m) break;
-        if (c + 1 < m && h[c + 1] < h[c]) c++;
-        if (h[c] >= v) break;
+        if (c + 1 < m)
+            c += h[c + 1] < h[c];
+        else if (c >= m)
+            break;
         h[i] = h[c];
         i = c;
+    }
+    while (i > top) {
+        int64_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
     }
     h[i] = v;
 }
@@ -85,6 +95,12 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
     int64_t e = 0;  /* entries in ends */
     int64_t last = a[0];  /* the last begin (every server is free at a[0]) */
     int64_t over = 0;  /* latencies above limit so far */
+    double *fac = malloc((size_t)m * sizeof(double));  /* fac[e]: the factor of a request joining e in service */
+    if (!fac) return -1;
+    for (int64_t x = 0; x < m; x++) {
+        int64_t b = x / replicas + 1;
+        fac[x] = table[b < tsize - 1 ? b : tsize - 1];
+    }
     for (int64_t j = 0; j < n; j++) {
         int64_t begin = a[j] > last ? a[j] : last;
         while (e > 0 && ends[0] <= begin) {
@@ -98,9 +114,7 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
                 sift_down(ends, e, 0);
             }
         }
-        int64_t b = e / replicas + 1;
-        if (b > tsize - 1) b = tsize - 1;
-        int64_t s = (int64_t)(base[j] * table[b]);
+        int64_t s = (int64_t)(base[j] * fac[e]);  /* e < m here */
         int64_t fin = begin + s;
         ends[e] = fin;
         sift_up(ends, e);
@@ -108,8 +122,12 @@ static int64_t batch_run(const int64_t *a, const double *base, int64_t n, int64_
         last = begin;
         lat[j] = fin - a[j];
         svc[j] = s;
-        if (lat[j] > limit && ++over >= allowed) return j + 1;
+        if (lat[j] > limit && ++over >= allowed) {
+            free(fac);
+            return j + 1;
+        }
     }
+    free(fac);
     return n;
 }
 
@@ -118,7 +136,7 @@ int batch_replay(const int64_t *a, const double *base, int64_t n, int64_t k, int
     (void)heap;
     if (k < 1 || n < 0 || replicas < 1 || tsize < 2) return -1;
     if (n == 0) return 0;
-    batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, INT64_MAX, n + 1);
+    if (batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, INT64_MAX, n + 1) < 0) return -1;
     return 0;
 }
 
@@ -130,7 +148,187 @@ int batch_exceeds(const int64_t *a, const double *base, int64_t n, int64_t k, in
                   int64_t tsize, int64_t limit, int64_t allowed, int64_t *lat, int64_t *svc, int64_t *ends) {
     if (k < 1 || n < 0 || replicas < 1 || tsize < 2 || allowed < 1) return -1;
     if (n == 0) return 0;
-    return batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed) < n ? 1 : 0;
+    int64_t done = batch_run(a, base, n, k, replicas, table, tsize, lat, svc, ends, limit, allowed);
+    return done < 0 ? -1 : done < n ? 1 : 0;
+}
+
+/* ---- point_stats ---------------------------------------------------------------------------- */
+
+/* Order statistics without sorting: the values of ranks k and k2 = k or k + 1 (k2 < n) of n int64, ascending. A
+ * round counts the candidates into 2^SEL_BITS buckets of (x - min) >> shift, the shift the fewest that puts max in
+ * the last buckets (so min and max never share one). When ranks k and k2 fall in different buckets, k is the
+ * largest of its bucket and k2 the smallest of its own (the buckets between are empty): one more pass. Else the
+ * candidates of k's bucket are kept and the next round splits their range 2^(SEL_BITS - 1) times finer (a bucket
+ * that holds every candidate holds min and max: they are all equal); at most SEL_SORTED candidates are sorted. A few passes over the values instead of a partition of a copy. */
+#define SEL_BITS 14
+#define SEL_BUCKETS (1 << SEL_BITS)
+#define SEL_SORTED 48
+
+typedef struct { int64_t mn; int shift; } Buckets;
+
+static Buckets buckets_of(const int64_t *v, int64_t m, int64_t *hist, const int64_t *range) {
+    int64_t mn = v[0], mx = v[0];
+    if (range != NULL) {
+        mn = range[0];
+        mx = range[1];
+    } else {
+        for (int64_t i = 1; i < m; i++) {
+            mn = v[i] < mn ? v[i] : mn;
+            mx = v[i] > mx ? v[i] : mx;
+        }
+    }
+    uint64_t span = (uint64_t)mx - (uint64_t)mn;
+    int bits = 0;
+    while (bits < 64 && (span >> bits) != 0) bits++;
+    Buckets bk = {mn, bits > SEL_BITS ? bits - SEL_BITS : 0};
+    memset(hist, 0, SEL_BUCKETS * sizeof(int64_t));
+    for (int64_t i = 0; i < m; i++) hist[((uint64_t)v[i] - (uint64_t)mn) >> bk.shift]++;
+    return bk;
+}
+
+#define BUCKET(bk, x) ((int64_t)(((uint64_t)(x) - (uint64_t)(bk).mn) >> (bk).shift))
+
+/* Ranks k <= k2 among the counted values: in buckets b[0] <= b[1]; below: the values in buckets before b[0]. */
+static void rank_buckets(const int64_t *hist, int64_t k, int64_t k2, int64_t *b, int64_t *below) {
+    int64_t b1 = 0, n1 = 0;
+    while (n1 + hist[b1] <= k) n1 += hist[b1++];
+    int64_t b2 = b1, upto = n1 + hist[b1];
+    while (upto <= k2) upto += hist[++b2];
+    b[0] = b1;
+    b[1] = b2;
+    *below = n1;
+}
+
+/* The values of ranks k, k2 among s[0..m) (s is reordered: the kept candidates move to its front). */
+static void select_inplace(int64_t *s, int64_t m, int64_t k, int64_t k2, int64_t *lo, int64_t *hi, int64_t *hist) {
+    for (;;) {
+        if (m <= SEL_SORTED) {
+            for (int64_t t = 1; t < m; t++) {
+                int64_t x = s[t], u = t;
+                while (u > 0 && s[u - 1] > x) { s[u] = s[u - 1]; u--; }
+                s[u] = x;
+            }
+            *lo = s[k];
+            *hi = s[k2];
+            return;
+        }
+        Buckets bk = buckets_of(s, m, hist, NULL);
+        int64_t b[2], below, j = 0;
+        rank_buckets(hist, k, k2, b, &below);
+        if (b[0] < b[1]) {
+            int64_t top = INT64_MIN, bottom = INT64_MAX;
+            for (int64_t i = 0; i < m; i++) {
+                int64_t c = BUCKET(bk, s[i]);
+                if (c == b[0] && s[i] > top) top = s[i];
+                if (c == b[1] && s[i] < bottom) bottom = s[i];
+            }
+            *lo = top;
+            *hi = bottom;
+            return;
+        }
+        if (hist[b[0]] == m) {  /* one bucket holds min and max: all equal */
+            *lo = *hi = s[0];
+            return;
+        }
+        for (int64_t i = 0; i < m; i++)
+            if (BUCKET(bk, s[i]) == b[0]) s[j++] = s[i];
+        m = j;
+        k -= below;
+        k2 -= below;
+    }
+}
+
+/* The values of each pair of ranks (ranks[2i] <= ranks[2i + 1] <= ranks[2i] + 1 < n) of v[0..n) into out[2i],
+ * out[2i + 1]. The pairs share the first round's count and one pass after it, which copies out only the buckets
+ * still to split. range: v's min and max when known (else NULL). Returns 0, or -1 on a bad pair or when out of
+ * memory. */
+static int select_pairs(const int64_t *v, int64_t n, const int64_t *ranks, int64_t npairs, int64_t *out,
+                        const int64_t *range) {
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t k = ranks[2 * p], k2 = ranks[2 * p + 1];
+        if (k < 0 || k2 < k || k2 > k + 1 || k2 >= n) return -1;
+    }
+    if (npairs == 0) return 0;
+    int rc = -1;
+    int64_t *hist = malloc(SEL_BUCKETS * sizeof(int64_t)), *b = malloc((size_t)npairs * 4 * sizeof(int64_t));
+    int64_t **kept = calloc((size_t)npairs, sizeof(int64_t *));
+    if (!hist || !b || !kept) goto done;
+    Buckets bk = buckets_of(v, n, hist, range);
+    /* b[4p ..]: pair p's two buckets, the count below them, the candidates kept so far */
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t *q = b + 4 * p;
+        rank_buckets(hist, ranks[2 * p], ranks[2 * p + 1], q, &q[2]);
+        q[3] = 0;
+        out[2 * p] = INT64_MIN;
+        out[2 * p + 1] = INT64_MAX;
+        if (q[0] == q[1] && !(kept[p] = malloc((size_t)hist[q[0]] * sizeof(int64_t)))) goto done;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t x = v[i], c = BUCKET(bk, x);
+        for (int64_t p = 0; p < npairs; p++) {
+            int64_t *q = b + 4 * p;
+            if (q[0] == q[1]) {
+                if (c == q[0]) kept[p][q[3]++] = x;
+            } else {  /* ranks k and k2 in different buckets: the largest of k's, the smallest of k2's */
+                if (c == q[0] && x > out[2 * p]) out[2 * p] = x;
+                if (c == q[1] && x < out[2 * p + 1]) out[2 * p + 1] = x;
+            }
+        }
+    }
+    for (int64_t p = 0; p < npairs; p++) {
+        int64_t *q = b + 4 * p;
+        if (q[0] == q[1])  /* the count's array is free again: the later rounds use it */
+            select_inplace(kept[p], q[3], ranks[2 * p] - q[2], ranks[2 * p + 1] - q[2], &out[2 * p], &out[2 * p + 1],
+                           hist);
+    }
+    rc = 0;
+done:
+    for (int64_t p = 0; kept && p < npairs; p++) free(kept[p]);
+    free(kept);
+    free(b);
+    free(hist);
+    return rc;
+}
+
+/* A double's bits as an int64 in the doubles' order (negatives' magnitude bits flipped), and back. */
+static int64_t f64_key(double x) {
+    int64_t i;
+    memcpy(&i, &x, sizeof i);
+    return i < 0 ? i ^ INT64_MAX : i;
+}
+
+static double key_f64(int64_t i) {
+    double x;
+    if (i < 0) i ^= INT64_MAX;
+    memcpy(&x, &i, sizeof x);
+    return x;
+}
+
+/* point_stats(lat, svc, rest, n, ranks, nranks, tranks, ntranks, out, tout, tvals): a capacity point's
+ * quantiles' order statistics (analysis.capacity.kernel_quantiles; numpy's quantile interpolates between the same
+ * two values). ranks: nranks pairs of lat's ranks (k, k or k + 1) -> out. With rest (not NULL): the TTFTs, the
+ * doubles (lat[j] - svc[j]) + rest[j] of the requests whose rest is not NaN (kept in tvals as `f64_key`s, n
+ * int64), and ntranks pairs of their ranks -> tout. Returns the number of TTFTs (0 without rest),
+ * or -1 on a rank outside its values or when out of memory. */
+int64_t point_stats(const int64_t *lat, const int64_t *svc, const double *rest, int64_t n, const int64_t *ranks,
+                    int64_t nranks, const int64_t *tranks, int64_t ntranks, int64_t *out, double *tout,
+                    int64_t *tvals) {
+    if (n < 0 || nranks < 0 || ntranks < 0 || select_pairs(lat, n, ranks, nranks, out, NULL) < 0) return -1;
+    if (rest == NULL) return 0;
+    int64_t nt = 0, range[2] = {INT64_MAX, INT64_MIN};
+    for (int64_t j = 0; j < n; j++) {
+        if (rest[j] != rest[j]) continue;
+        int64_t key = f64_key((double)(lat[j] - svc[j]) + rest[j]);
+        range[0] = key < range[0] ? key : range[0];
+        range[1] = key > range[1] ? key : range[1];
+        tvals[nt++] = key;
+    }
+    int64_t *keys = malloc((size_t)(2 * ntranks + 1) * sizeof(int64_t));
+    if (!keys) return -1;
+    int rc = select_pairs(tvals, nt, tranks, ntranks, keys, range);
+    for (int64_t i = 0; rc == 0 && i < 2 * ntranks; i++) tout[i] = key_f64(keys[i]);
+    free(keys);
+    return rc < 0 ? -1 : nt;
 }
 
 /* reactive_replay(a, s, base, n, slots, replicas, max_replicas, cold, table, tsize, lat, svc, added, nadded, heap,

@@ -1,10 +1,10 @@
 """The optional C kernels of analysis (analysis/_replay.c, built by setup.py), loaded once with ctypes.
 
-One library, six functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
-with fixed and batch-dependent service times, analysis.capacity), `batch_exceeds` (the latter, stopped once
-enough latencies are over a limit: the search for the fewest count), `reactive_replay` (its scale-up),
-`count_cells` (a count of rows by a key through a table, the report's attribute pairs,
-analysis.stats.attributes) and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize).
+One library, seven functions: `fifo_replay` and `batch_replay` (the capacity curve's FIFO k-server replay,
+with fixed and batch-dependent service times, analysis.capacity), `batch_exceeds` (the batch replay, stopped once
+enough latencies are over a limit: the search for the fewest count), `point_stats` (a replayed point's quantiles),
+`reactive_replay` (the scale-up), `count_cells` (a count of rows by a key through a table, the report's attribute
+pairs, analysis.stats.attributes) and `critical_path` (one hour's critical-path sweep, analysis.engine.materialize).
 Their signatures are declared here, beside the loading; without the library (no C compiler at install) the
 callers run in Python/SQL.
 """
@@ -51,6 +51,11 @@ def load_kernel(path: Path | str | None = None) -> ctypes.CDLL | None:
             lib.batch_exceeds.argtypes = [i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, f64,
                                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, i64, i64, i64]
             lib.batch_exceeds.restype = ctypes.c_int
+        if hasattr(lib, "point_stats"):
+            f64 = ctypes.POINTER(ctypes.c_double)
+            lib.point_stats.argtypes = [i64, i64, f64, ctypes.c_int64, i64, ctypes.c_int64, i64, ctypes.c_int64, i64,
+                                        f64, i64]
+            lib.point_stats.restype = ctypes.c_int64
         if hasattr(lib, "reactive_replay"):
             f64 = ctypes.POINTER(ctypes.c_double)
             lib.reactive_replay.argtypes = [i64, i64, f64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,

@@ -42,7 +42,8 @@ pass, then each combination holding an attribute's count of cells and those cell
 of its answers, and the exemplars' requests among them (at most 5 a spike, more only on a tie); no request's
 codes. Every run counts the rows the chdb report returned by kind (`returned_rows`, ROW_KINDS): request rows,
 spans, the detection's groups of tied values above the pooled p99, and rows of figures (the most one query returned
-beside).
+beside); and where the chdb report's CPU went (`chdb_cpu_by_step`): the CPU seconds of its statements by the
+analysis function that sent them, the costliest eight.
 """
 
 from __future__ import annotations
@@ -94,9 +95,21 @@ def row_kind(sql: str) -> str:
     return "figures"
 
 
+def _step() -> str:
+    """The analysis function that sent the statement being run (module.function): what its CPU is counted under."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if "analysis" in path.parts:
+            return f"{path.stem}.{frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "other"
+
+
 class Counting:
     """A client wrapper counting the Arrow bytes (`pulled`) and rows (`rows`) its queries return, and the rows of
-    each kind (`kinds`, ROW_KINDS) with the most rows of figures one query returned (`largest_figures`)."""
+    each kind (`kinds`, ROW_KINDS) with the most rows of figures one query returned (`largest_figures`); and the
+    CPU seconds of its statements (chdb runs in this process) by the function that sent them (`steps`)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -109,11 +122,20 @@ class Counting:
         self.exemplar_rows = 0
         self.kinds: dict[str, int] = {k: 0 for k, _ in ROW_KINDS} | {"figures": 0}
         self.largest_figures = 0
+        #: per sending function: [CPU seconds, statements]
+        self.steps: dict[str, list[float]] = {}
+
+    def _count(self, step: str, cpu: float) -> None:
+        got = self.steps.setdefault(step, [0.0, 0])
+        got[0] += cpu
+        got[1] += 1
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
         from analysis.clickhouse.attributes import ATTR_PREFIX
 
+        c = _cpu_s()
         out = self.inner.query(sql, settings)
+        self._count(_step(), _cpu_s() - c)
         self.pulled += out.nbytes
         self.rows += out.num_rows
         kind = row_kind(sql)
@@ -130,7 +152,9 @@ class Counting:
         return out
 
     def command(self, sql: str) -> None:
+        c = _cpu_s()
         self.inner.command(sql)
+        self._count(_step(), _cpu_s() - c)
 
     def insert_arrow(self, table: str, data: Any) -> None:
         self.inner.insert_arrow(table, data)
@@ -345,6 +369,9 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
         out["returned_rows"] = dict(client.kinds)  # by kind (ROW_KINDS)
+        # where the chdb report's CPU went: the functions whose statements cost the most, with how many they sent
+        out["chdb_cpu_by_step"] = {k: [round(v[0], 2), int(v[1])] for k, v in sorted(
+            client.steps.items(), key=lambda kv: -kv[1][0])[:8]}
         out["largest_figures_rows"] = client.largest_figures
         # the attribute pass: rows of per-candidate figures (the exemplars' few requests among them)
         out["attribute_rows"], out["attribute_largest"] = client.attribute_rows, client.attribute_largest
@@ -424,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['attribute_cells']} figures, each combination's count of cells and the baseline counts of those "
               f"that may pass), at most {r['attribute_largest']} from one query, {r['attribute_exemplar_rows']} of "
               f"them the exemplars' requests")
+        print("  the chdb report's CPU-s by the function sending its statements (statements): " + ", ".join(
+            f"{k} {v[0]} ({v[1]})" for k, v in r["chdb_cpu_by_step"].items()))
         print("  rows the chdb report returned: " + ", ".join(f"{k} {v:,}" for k, v in r["returned_rows"].items())
               + f" (at most {r['largest_figures_rows']:,} rows of figures from one query)")
         if "dash_equal" in r:

@@ -1187,6 +1187,12 @@ BACKGROUND_WAIT_S = 1.5
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
 
 
+def background_done(timeout_s: float) -> None:
+    """Wait until the background work submitted so far is done (one worker: a no-op queued now runs after it); for
+    benchmarks, which time a page's work without the reruns that poll it."""
+    _POOL.submit(lambda: None).result(timeout=timeout_s)
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
                  gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:

@@ -1,6 +1,6 @@
 """Stores several test files build alike, built once per test session and shared by every xdist worker:
-committed samples ingested with the same options (about 2 CPU-seconds each, and a dozen files did it again) and
-the fixed synthetic stores of `built`.
+committed samples ingested with the same options (about 2 CPU-seconds each, and a dozen files did it again),
+the fixed synthetic stores of `built` and the simulated catalogue runs of `seeded_store`.
 
 The first worker to ask for a store builds it under the session's shared temporary directory, holding a lock on
 it (`fcntl.flock`) so a worker asking meanwhile waits for it rather than building it again; the others read what
@@ -112,6 +112,21 @@ def built(name: str, build: Callable[[Path], object], factory: pytest.TempPathFa
         return []
 
     return _shared(name, f"built-{name}", run, factory)
+
+
+def seeded_store(name: str, seed: int, factory: pytest.TempPathFactory) -> Path:
+    """The store of catalogue entry `name` simulated on `seed` for the committed samples' length and rate, written
+    straight (`sample_traces.emit.write_store`, no hour materialized), built on first use in the session; read only
+    (the seeded accuracy files judge it, test_clickhouse.py compares both engines' reports of two of them)."""
+    def build(path: Path) -> None:
+        from sample_traces import generate
+        from sample_traces.emit import write_store
+        from sample_traces.incidents import run
+
+        scenario = run(name, seed, generate.DURATION_S, generate.RATE)
+        write_store(path, scenario.config, scenario.requests, seed)
+
+    return built(f"seeded-{name}-{seed}", build, factory)
 
 
 def run_demo(store: Path) -> subprocess.CompletedProcess[str]:

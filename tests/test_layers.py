@@ -8,6 +8,8 @@ the floors; this test is their enforcement, so the two must change together.
 from __future__ import annotations
 
 import ast
+import functools
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,10 +50,16 @@ def all_modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per session (the rules below all walk the same ~190 files)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
     """(line, imported module) for every import in the file, wherever it is; `from p import m` names p.m."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -68,7 +76,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, st
                 yield node.lineno, sub if sub in known else base
 
 
+@functools.cache
 def graph() -> tuple[dict[str, Path], dict[str, list[tuple[int, str]]]]:
+    """Every module, and the imports of each (computed once: three rules read it, none changes it)."""
     modules = all_modules()
     known = set(modules)
     edges = {name: list(imports_of(name, path, known)) for name, path in modules.items()}
@@ -184,7 +194,7 @@ def private_uses(name: str, path: Path, known: set[str]) -> Iterator[tuple[int, 
     package (`from intake import _otlpx`, a C extension) is the package's business and not counted."""
     package = name.split(".")[0]
     aliases: dict[str, str] = {}
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FLOORS:
             for alias in node.names:
@@ -224,3 +234,16 @@ def test_private_use_finder_sees_both_spellings(tmp_path: Path) -> None:
     found = list(private_uses("tailscope.m", src, {"analysis.report", "intake._otlpx"}))
     assert found == [(1, "analysis.report._header"), (4, "the private module intake._otlpx"),
                      (3, "analysis.report._ms")]
+
+
+def test_reading_a_store_does_not_load_the_report() -> None:
+    """`analysis`'s public names are imported on first use: a process that only opens a store (`tailscope sql`,
+    `store`, `ingest`, a receiver's hour builds) loads neither the report nor polars; the names still resolve, and
+    `analysis.whatif` stays the function after its submodule is imported (one fresh interpreter)."""
+    code = ("import sys, analysis.engine.connect; print(sorted(m for m in ('analysis.report', 'polars') "
+            "if m in sys.modules)); import analysis.whatif, analysis; "
+            "print(analysis.whatif.__name__, callable(analysis.whatif), analysis.build_report.__module__)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["[]", "whatif True analysis.report", ""]

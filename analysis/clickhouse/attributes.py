@@ -98,6 +98,8 @@ class ServerAttributes:
 
     attrs: A.Attributes
     code_sql: dict[str, str] = field(default_factory=dict)
+    #: The facts column ATTR_TEMP holds as `v` (None: no ATTR_TEMP, or no value in it).
+    value: str | None = None
 
     def candidate_sql(self, name: str, code: int) -> str:
         """The requests whose attribute dimension `name` has code `code`, as a predicate over trace_id / span_id."""
@@ -113,7 +115,7 @@ class ServerAttributes:
             return bucket_code_sql(c.name)
         return f"if(isNull({c.name}), toInt64(-1), {_code_of(f'assumeNotNull({c.name})', c.labels, 'String')})"
 
-    def _matches(self, coded: Sequence[X.Coded], cand: X.Candidate) -> str:
+    def matches(self, coded: Sequence[X.Coded], cand: X.Candidate) -> str:
         """A candidate's requests as a predicate over ATTR_TEMP's columns (false where a dimension is missing)."""
         return " AND ".join(f"({self.dimension_sql(coded[i])}) = {int(code)}"
                             for i, code in zip(cand.dims, cand.codes, strict=True))
@@ -179,7 +181,7 @@ class ServerAttributes:
         if not cands:
             return {}
         weight = "w" if weighted else None
-        inner = ", ".join(arrays_sql("v", weight, f"NOT ({self._matches(coded, c)})", prefix=f"c{n}_")
+        inner = ", ".join(arrays_sql("v", weight, f"NOT ({self.matches(coded, c)})", prefix=f"c{n}_")
                           for n, c in enumerate(cands))
         outer = ", ".join(f"{quantile_sql(weight, X.TAIL_Q, prefix=f'c{n}_')} AS q{n}, c{n}_tot AS t{n}, "
                           f"c{n}_sq AS s{n}" for n in range(len(cands)))
@@ -197,7 +199,7 @@ class ServerAttributes:
         """The (trace_id, span_id) of the requests of ATTR_TEMP meeting `among` that match `cand`: the k of least
         value, ties kept (the exemplars read no further: at most k rows, more only on a tie)."""
         got = client.query(f"SELECT toString(trace_id) AS t, toString(span_id) AS s FROM {ATTR_TEMP} "
-                           f"WHERE ({among}) AND {self._matches(coded, cand)} ORDER BY v LIMIT {int(k)} WITH TIES")
+                           f"WHERE ({among}) AND {self.matches(coded, cand)} ORDER BY v LIMIT {int(k)} WITH TIES")
         return {(str(r["t"]), str(r["s"])) for r in got.to_pylist()}
 
     def overlap(self, client: Client, coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
@@ -430,7 +432,7 @@ LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FRO
         reader.resource()
     except Exception as exc:
         reader.judge.out.errors.append(f"could not read the resource attributes because {str(exc).splitlines()[0]}")
-    return ServerAttributes(reader.judge.out, reader.code_sql)
+    return ServerAttributes(reader.judge.out, reader.code_sql, value)
 
 
 def drop(client: Client) -> None:

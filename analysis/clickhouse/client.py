@@ -26,6 +26,11 @@ DEFAULT_TABLE: Final = "otel_traces"
 DEFAULT_PORT: Final = 8123
 #: Seconds a server may take to answer one request (a DSN's `?timeout=` changes it).
 DEFAULT_TIMEOUT_S: Final = 300
+#: Settings of every chdb session and every request to a server: no JIT compilation of expressions. tailscope's
+#: queries run once each with long generated expressions (a report's cells query: 54 kB), so compiling them costs
+#: more than it saves: 1.1 CPU-s of the 2.4 that query takes (docs/benchmarks.md, "ClickHouse"). The answers are
+#: the same.
+SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0}
 
 
 class DsnError(TailscopeError):
@@ -123,6 +128,8 @@ class ChdbClient:
         self.dsn = dsn
         Path(dsn.path).mkdir(parents=True, exist_ok=True)
         self._s = session.Session(str(Path(dsn.path).resolve()))
+        for key, value in SESSION_SETTINGS.items():
+            self._s.query(f"SET {key} = {int(value)}", "CSV")
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the settings ride on the query's SETTINGS clause."""
@@ -178,7 +185,8 @@ class HttpClient:
         try:
             self._c = clickhouse_connect.get_client(host=dsn.host, port=dsn.port, username=dsn.user,
                                                     password=dsn.password, database=dsn.database,
-                                                    send_receive_timeout=dsn.timeout_s)
+                                                    send_receive_timeout=dsn.timeout_s,
+                                                    settings=dict(SESSION_SETTINGS))
         except Exception as exc:
             raise DsnError(http_failure(dsn, exc)) from None
         finally:

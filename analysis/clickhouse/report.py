@@ -686,7 +686,7 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
     return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight, attrs)), done
+                                                       weight, attrs, f"intDiv(start_ns, {w}) IN ({listed})")), done
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:
@@ -705,18 +705,54 @@ def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.Server
 
 
 class _ServerTail:
-    """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests, one
-    query each (its values sorted and interpolated as explain.TailQuantile does; weighted, by
-    percentiles.weighted_quantile_sorted's rule as explain.weighted_q), so no baseline row comes back."""
+    """explain.BaselineTail on the server: the baseline's exact p99, whole and without a candidate's requests (its
+    values sorted and interpolated as explain.TailQuantile does; weighted, by percentiles.weighted_quantile_sorted's
+    rule as explain.weighted_q), so no baseline row comes back. Unweighted, `ask` computes every candidate's from the
+    baseline's top slice in two queries; the others are one query each."""
 
     def __init__(self, client: Client, facts_table: str, where: str, col: str, weight: str | None = None,
-                 attrs: CA.ServerAttributes | None = None) -> None:
+                 attrs: CA.ServerAttributes | None = None, frame_where: str | None = None) -> None:
         """`where`: the baseline's requests (with a value) among `facts_table`'s; `col`: the value column;
-        `weight`: their adjusted count's column (None: unweighted); `attrs`: the attribute dimensions."""
+        `weight`: their adjusted count's column (None: unweighted); `attrs`: the attribute dimensions;
+        `frame_where`: the same requests among the attribute pass's frame (CA.ATTR_TEMP, when it holds `col`)."""
         self.client, self.facts_table, self.where, self.col = client, facts_table, where, col
         self.weight, self.attrs = weight, attrs
+        self.frame_where = frame_where if attrs is not None and attrs.value == col else None
         self._whole: float | None = None
         self._without: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+
+    def ask(self, coded: Sequence[X.Coded], cands: Sequence[X.Candidate]) -> None:
+        """Unweighted, the p99 without each of `cands` in two queries instead of one a candidate, as
+        explain.TailQuantile computes it (exact): the baseline's count and each candidate's count in it, then the
+        baseline's top slice (TailQuantile.top_size values, any order among ties) with which candidate each value
+        holds, and per candidate the quantile of the rest from the slice's values it does not hold. A candidate whose
+        quantile reaches below the slice is left to `without_candidate`'s own query."""
+        asked = {(c.dims, c.codes): c for c in cands}
+        todo = [key for key in asked if key not in self._without]
+        if self.weight is not None or self.frame_where is None or self.attrs is None or not todo:
+            return
+        attrs, where = self.attrs, self.frame_where
+        preds = [attrs.matches(coded, asked[key]) for key in todo]
+        counts = ", ".join(f"countIf({p}) AS _wo_r{j}" for j, p in enumerate(preds))
+        row = self.client.query(f"SELECT count() AS n, {counts} FROM {CA.ATTR_TEMP} WHERE {where}").to_pylist()[0]
+        n = int(row["n"])
+        top = X.TailQuantile.top_size(n)
+        flags = ", ".join(f"{p} AS _wo_f{j}" for j, p in enumerate(preds))
+        kept = ", ".join(f"arraySort(groupArrayIf(v, NOT _wo_f{j})) AS _wo_k{j}" for j in range(len(todo)))
+        qs = []
+        for j in range(len(todo)):
+            n2 = n - int(row[f"_wo_r{j}"])
+            # the rest's rank h = (n2 - 1) q; its value at floor(h) is the slice's kept value at floor(h) - below
+            h, k = f"({n2 - 1} * {X.TAIL_Q!r})", f"_wo_k{j}"
+            i = f"(toInt64(floor({h})) - ({n2} - toInt64(length({k}))))"
+            a = f"{k}[{i} + 1]"
+            qs.append(f"if({n2} <= 0 OR {i} < 0 OR length({k}) = 0, NULL, "
+                      f"{a} + ({h} - floor({h})) * ({k}[least({i} + 1, length({k}) - 1) + 1] - {a})) AS _wo_q{j}")
+        got = self.client.query(f"SELECT {', '.join(qs)} FROM (SELECT {kept} FROM (SELECT v, {flags} FROM "
+                                f"{CA.ATTR_TEMP} WHERE {where} ORDER BY v DESC LIMIT {top}))").to_pylist()[0]
+        for j, key in enumerate(todo):
+            if got[f"_wo_q{j}"] is not None:
+                self._without[key] = float(got[f"_wo_q{j}"])
 
     def _q(self, where: str) -> float:
         got = self.client.query(f"SELECT {quantile_sql(self.weight, X.TAIL_Q)} AS q FROM (SELECT "

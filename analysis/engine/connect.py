@@ -170,6 +170,23 @@ def live_requests_from(con: duckdb.DuckDBPyConnection, table: str | None) -> Non
                     f"FROM {table}")
 
 
+#: The empty table of the `requests` columns the stored-row views read when no hour is materialized. A view over
+#: `_requests_live ... WHERE false` would bind the whole request model again in every statement that reads the
+#: facts or the stored rows (about 9 ms each, a dozen times a report) to return no row.
+NO_STORED_ROWS = "_requests_none_stored"
+
+
+def _no_stored_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """Make NO_STORED_ROWS: the columns of `requests` with the types the catalog holds for `_requests_live`'s
+    (read from it, so the model is not bound once more), no row."""
+    from analysis.engine.percentiles import quote_ident  # here: percentiles loads polars; opening a store does not
+
+    types = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '_requests_live' "
+                             "AND database_name = current_database() AND schema_name = current_schema()").fetchall())
+    listed = ", ".join(f"{quote_ident(c)} {types[c]}" for c in M.REQUEST_COLUMNS)
+    con.execute(f"CREATE OR REPLACE TABLE {NO_STORED_ROWS} ({listed})")
+
+
 def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
     """The views of a connection over the relations `_spans_files`, `_spans_live_files`, `_spans_own_files`."""
     cols = ", ".join(M.REQUEST_COLUMNS)
@@ -188,8 +205,10 @@ def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
         f"SELECT {cols}, ({i}::BIGINT << {ROW_ID_FILE_SHIFT}) | file_row_number AS rid "
         f"FROM read_parquet({M.quote(f)}, file_row_number = true, hive_partitioning = false)"
         for i, f in enumerate(stored, 1))
+    if not stored:
+        _no_stored_rows(con)
     con.execute(f"CREATE OR REPLACE VIEW _request_rows_stored AS "
-                f"{rows or f'SELECT {cols}, 0::BIGINT AS rid FROM _requests_live WHERE false'}")
+                f"{rows or f'SELECT {cols}, 0::BIGINT AS rid FROM {NO_STORED_ROWS}'}")
     # the fresh hours' stored GPU-time sweeps (analysis.cost sums them instead of sweeping those hours again)
     costs = [(h, GS.cost_path(f)) for h, f in sorted(snap.fresh.items())]
     listed = ", ".join(f"({h}::BIGINT, {M.quote(str(p))})" for h, p in costs if p.is_file())
@@ -204,7 +223,7 @@ def _define_views(con: duckdb.DuckDBPyConnection, snap: Snapshot) -> None:
         con.execute(f"CREATE OR REPLACE VIEW requests AS SELECT {cols} FROM _requests_stored "
                     f"UNION ALL SELECT {cols} FROM _requests_live")
     else:
-        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM _requests_live WHERE false")
+        con.execute(f"CREATE OR REPLACE VIEW _requests_stored AS SELECT {cols} FROM {NO_STORED_ROWS}")
         con.execute("CREATE OR REPLACE VIEW requests AS SELECT * FROM _requests_live")
     # request spans by engine: from the files' metadata where fresh, else counted in the hour's own segments
     live_engines = engine_counts_sql("_spans_own_files", mapping)

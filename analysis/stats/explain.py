@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
@@ -785,6 +785,15 @@ class BaselineTail(Protocol):
         ...
 
 
+@runtime_checkable
+class AsksAtOnce(Protocol):
+    """A BaselineTail that can compute many candidates' quantiles together (a remote engine: fewer queries)."""
+
+    def ask(self, coded: Sequence[Coded], cands: Sequence[Candidate]) -> None:
+        """Compute (and keep) `without_candidate` of each of `cands` at once, where it can."""
+        ...
+
+
 #: A remote engine's spike figures without a candidate, by its position among the candidates: (the spike's requests
 #: left, their effective count when weighted; the spike's (weighted) p99 without it), for the candidates whose codes
 #: stay on the engine (`counterfactual`'s `known`).
@@ -804,6 +813,8 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
     weighted, the baseline's quantiles are then `base_q`'s, which must weigh them). `known`: the spike's figures
     without the candidates a remote engine computed (their codes are not read here)."""
     known = known or {}
+    if isinstance(base_q, AsksAtOnce):
+        base_q.ask(coded, cands)
     if weights is not None:
         _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None,
                                  known)

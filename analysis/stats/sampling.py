@@ -109,7 +109,8 @@ def recorded_flags(con: duckdb.DuckDBPyConnection, facts: str, rids: npt.NDArray
     rows = con.execute(
         f"SELECT f.{rid}, bool_or({rec}), bool_or({bad}) FROM {facts} f "
         f"JOIN spans s ON s.IsRequest AND s.TraceId = f.trace_id AND s.TimestampNs = f.start_ns "
-        f"WHERE list_contains($rids, f.{rid}) GROUP BY f.{rid}", {"rids": rids.tolist()}).fetchall()
+        f"WHERE f.{rid} IN (SELECT unnest($rids)) GROUP BY f.{rid}", {"rids": rids.tolist()}).fetchall()
+    # (a semi-join on the ids: `list_contains` over the list compared every row with every id)
     got = {int(r): (bool(a), bool(b)) for r, a, b in rows}
     recorded = np.array([got.get(int(r), (False, False))[0] for r in rids], dtype=bool)
     malformed = np.array([got.get(int(r), (False, False))[1] for r in rids], dtype=bool)

@@ -27,9 +27,6 @@ from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
 from analysis.stats import explain as X
-from sample_traces import generate
-from sample_traces.emit import write_store
-from sample_traces.incidents import run
 from tests import samples_cache
 from tracing import rows as R
 from tracing import schema as S
@@ -248,13 +245,13 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
 
 
 @pytest.mark.parametrize(("name", "seed"), [("slow_replica", 3), ("node_nic_flapping", 2)])
-def test_a_spike_moved_to_its_culprits_windows_is_moved_alike(name: str, seed: int, tmp_path: Path,
+def test_a_spike_moved_to_its_culprits_windows_is_moved_alike(name: str, seed: int,
+                                                             tmp_path_factory: pytest.TempPathFactory,
                                                              client: Any) -> None:
     """Runs where the culprit moves a spike's bounds (docs/methods.md, "Bounds: the culprit's windows"): detection
     gives 14:05-14:06 (the slow replica, seed 3) and 14:05-14:10 (the flapping node, seed 2); both engines report
     14:05-14:08, the same report. The slow requests are counted per window on the server."""
-    scenario = run(name, seed, generate.DURATION_S, generate.RATE)
-    store = write_store(tmp_path / "store", scenario.config, scenario.requests, seed)
+    store = samples_cache.seeded_store(name, seed, tmp_path_factory)  # the seeded accuracy files' store of the run
     table = f"t_bounds_{name}"
     client.command(f"DROP TABLE IF EXISTS {table}")
     export_store(store, client, table)

@@ -226,6 +226,20 @@ def test_the_empty_spans_table_has_the_types_of_a_stored_segment(tmp_path: Path)
     assert [(r[0], r[1]) for r in empty] == [(r[0], r[1]) for r in stored]
 
 
+def test_with_no_hour_materialized_the_stored_rows_have_the_models_columns_and_types(tmp_path: Path) -> None:
+    """No fresh hour: the stored-row views read an empty table made from the catalog's types of the model's view
+    (not the model bound again); a union with the live rows must see the very same names and types."""
+    _two_hours(tmp_path)
+    con = connect(tmp_path)
+    model = con.execute("DESCRIBE SELECT * FROM _requests_live").fetchall()
+    assert [(r[0], r[1]) for r in con.execute("DESCRIBE SELECT * FROM _requests_stored").fetchall()] == \
+        [(r[0], r[1]) for r in model]
+    rows = con.execute("DESCRIBE SELECT * FROM _request_rows_stored").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(r[0], r[1]) for r in model] + [("rid", "BIGINT")]
+    assert con.execute("SELECT count(*) FROM _request_rows_stored").fetchone() == (0,)
+    assert len(_all(con)) == 12
+
+
 def test_files_of_another_model_version_are_stale(tmp_path: Path, monkeypatch: Any) -> None:
     _two_hours(tmp_path)
     materialize(tmp_path)

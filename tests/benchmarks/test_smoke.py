@@ -48,7 +48,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
                    r"what-if [\d.]+ s / [\d.]+ CPU-s; scale-up [\d.]+ s"),
     "bench_build_hour": (r'"anchor": \[', r'"cpu_x_anchor": \d'),
     "bench_detect": (r"values=20000 windows=8 K=200 detect_cpu_s=[\d.]+ anchor_permutation_cpu_s=[\d.]+",),
-    "bench_clickhouse": (r"7,000 spans, 1,000 requests", r"report DuckDB [\d.]+ s", r"\(but the export's keys: True\)"),
+    "bench_clickhouse": (r"7,000 spans, 1,000 requests", r"report DuckDB [\d.]+ s", r"\(but the export's keys: True\)",
+                         r"CPU-s by the function sending its statements \(statements\): \w+\.\w+ [\d.]+ \(\d+\)"),
     "bench_clickhouse_weighted": (r"2,000 summary .* True", r"2,000 replicas .* True", r"2,000 shape .* True",
                                   r"2,000 series by replica, 1 min .* True"),
     "bench_clickhouse_releases": (r"\n +24\.8 \(24\.8\.[\d.]+\): export [\d.]+ s, report [\d.]+ s, x[\d.]+ the newest; "

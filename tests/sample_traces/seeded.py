@@ -25,6 +25,7 @@ from sample_traces import generate
 from sample_traces.emit import write_store
 from sample_traces.fleet import SimRequest, Throttle, default_config, simulate
 from sample_traces.incidents import CATALOGUE, WINDOW_SHARE, clean_run, effect, run
+from tests import samples_cache
 from tests.sample_traces import sampled_copy as C
 from tests.sample_traces.cli_checks import ns_of
 
@@ -132,12 +133,12 @@ def report_of(store: Path, metric: str = "e2e") -> dict[str, Any]:
         con.close()
 
 
-def check_catalogue_entry(name: str, seed: int, tmp_path: Path) -> None:
+def check_catalogue_entry(name: str, seed: int, factory: pytest.TempPathFactory) -> None:
     """Simulate a catalogue entry on `seed` (10 minutes at 10 requests/s, as the committed samples), report it,
-    and judge it: the incident's rules, or no spike for the clean run."""
+    and judge it: the incident's rules, or no spike for the clean run. The store is the session's
+    (`samples_cache.seeded_store`: the same simulation written the same way, shared with test_clickhouse.py)."""
     scenario = run(name, seed, generate.DURATION_S, generate.RATE)
-    report = report_of(write_store(tmp_path / "store", scenario.config, scenario.requests, seed),
-                       scenario.incident.metric)
+    report = report_of(samples_cache.seeded_store(name, seed, factory), scenario.incident.metric)
     assert report["requests"] == len(scenario.requests)
     if scenario.incident.stage is None:
         assert report["spikes"] == [], f"{name} seed {seed}: {summary(report)}"
@@ -204,8 +205,8 @@ def seed_tests(seed: int) -> tuple[Test, Test, Test]:
     every catalogue entry judged, no spike where nothing is a tail spike, every incident found at a quarter."""
 
     @pytest.mark.parametrize("name", [known_miss(n, seed) for n in NAMES])
-    def test_every_catalogue_entry_is_judged_right(name: str, tmp_path: Path) -> None:
-        check_catalogue_entry(name, seed, tmp_path)
+    def test_every_catalogue_entry_is_judged_right(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        check_catalogue_entry(name, seed, tmp_path_factory)
 
     @pytest.mark.parametrize("case", NEGATIVE)
     def test_no_spike_where_nothing_is_a_tail_spike(case: str, tmp_path: Path) -> None:
