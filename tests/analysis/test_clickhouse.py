@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import clickhouse as C
-from analysis.clickhouse.attributes import ATTR_PREFIX
 from analysis.clickhouse.export import export_store, insert_sql, staging_columns
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.engine import model as M
@@ -28,6 +27,7 @@ from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
 from analysis.stats import explain as X
 from tests import samples_cache
+from tests.analysis.recording import Recording
 from tracing import rows as R
 from tracing import schema as S
 from tracing.errors import TailscopeError
@@ -153,43 +153,6 @@ def _store_and_table(sample: Path, factory: pytest.TempPathFactory, client: Any)
     return store, table
 
 
-class _Recording:
-    """A client keeping every query's SQL and answer in order; the rows they return are counted, the attribute
-    pass's apart."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn = inner, inner.dsn
-        self.answers: list[tuple[str, pa.Table]] = []
-
-    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
-        out = self.inner.query(sql, settings)
-        self.answers.append((sql, out))
-        return out
-
-    def command(self, sql: str) -> None:
-        self.inner.command(sql)
-
-    @property
-    def attribute_each(self) -> list[int]:
-        """The rows of each query of the attribute pass (its figures, and the exemplars' few requests), in order."""
-        return [out.num_rows for sql, out in self.answers if ATTR_PREFIX in sql]
-
-    @property
-    def attribute_rows(self) -> int:
-        return sum(self.attribute_each)
-
-    @property
-    def rows(self) -> int:
-        """The rows of every other query."""
-        return sum(out.num_rows for sql, out in self.answers if ATTR_PREFIX not in sql)
-
-    @property
-    def ties(self) -> int:
-        """The detection's groups of tied values above the pooled p99 (among `rows`)."""
-        return sum(out.num_rows for sql, out in self.answers
-                   if ATTR_PREFIX not in sql and sql.startswith("SELECT lo_rank, c FROM"))
-
-
 def _same_frames(duck: pl.DataFrame, ch: pl.DataFrame) -> None:
     assert duck.columns == ch.columns and duck.height == ch.height
     keys = ["trace_id", "span_id"]
@@ -213,7 +176,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
     assert duck.height > 0
     C.materialize_requests(client, table)
     _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
-    counted = _Recording(client)
+    counted = Recording(client)
     got = ch_report(counted, table)
     assert got == build_report(con)
     if not got["spikes"]:  # detection on the server: one row per window a few times over (the windows' table, the
@@ -693,7 +656,7 @@ def spike_run(client: Any) -> Callable[[int, tuple[float, ...]], SpikeRun]:
         if (windows, weights) not in made:
             table = f"t_facts_spike_{len(made)}"
             _facts_table(client, table, windows, 5, MINUTE_NS, weights)
-            recording = _Recording(client)
+            recording = Recording(client)
             report = ch_report(recording, "t_no_spans", window_s=60, facts=table)  # type: ignore[arg-type]
             made[(windows, weights)] = SpikeRun(table, recording.answers, report)
         return made[(windows, weights)]

@@ -22,6 +22,7 @@ from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report as ch_report
 from analysis.clickhouse.requests import requests_facts
 from analysis.stats import attributes as A
+from tests.analysis.recording import Recording
 from tests.analysis.test_attributes import SLOW_NODE, check_pair_named, node_store, pair_store, random_store
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
@@ -171,15 +172,13 @@ def test_a_pair_of_an_attribute_and_a_builtin_is_named_on_the_server_as_on_the_s
     store's; only figures of the attributes come back, never a request's codes. With 600 and with 1,200 requests a
     window (same windows, replicas, tenants and cause) each query of the attribute pass returns exactly as many
     rows: what comes back does not grow with the requests."""
-    from tests.analysis.test_clickhouse import _Counting
-
     each = []
     for per_window in (600, 1200):
         store = pair_store(tmp_path / f"pairs-{per_window}", per_window)
         table = f"t_pairs_{per_window}"
         client.command(f"DROP TABLE IF EXISTS {table}")
         export_store(store, client, table)
-        counted = _Counting(client)
+        counted = Recording(client)
         got = ch_report(counted, table, window_s=60)
         assert got == build_report(connect(store), window_s=60)
         check_pair_named(got)

@@ -15,6 +15,7 @@ from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.report import _ServerTail
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
+from tests.analysis.recording import Recording
 
 REPLICAS = ["r0", "r1", "r2"]
 
@@ -27,17 +28,6 @@ def _plain_p99(values: list[float]) -> float:
     h = (len(s) - 1) * X.TAIL_Q
     a = math.floor(h)
     return s[a] + (h - a) * (s[min(a + 1, len(s) - 1)] - s[a])
-
-
-class _Counting:
-    """The client, counting its queries."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.queries = inner, 0
-
-    def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
-        self.queries += 1
-        return self.inner.query(sql, settings)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
@@ -79,7 +69,7 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
                        for d, code in zip(c.dims, c.codes, strict=True))
         return [values[i] for i in range(n) if base[i] and not holds(i)]
 
-    client = _Counting(chdb_client)
+    client = Recording(chdb_client)
     tail = _ServerTail(client, "facts", "intDiv(start_ns, 10) % 2 = 0", "e2e_ns", None, attrs,
                        "intDiv(start_ns, 10) % 2 = 0")
     tail.ask(coded, cands)
@@ -88,5 +78,10 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
     want = [_plain_p99(rest(c)) for c in cands]
     assert [x if not math.isnan(x) else None for x in got] == [x if not math.isnan(x) else None for x in want]
     assert tail.quantile() == _plain_p99([values[i] for i in range(n) if base[i]])
-    # the candidate holding most of the slowest requests reaches below the slice: asked on its own
-    assert client.queries > 3
+    # a candidate not asked in the batch (or one whose p99 reaches below the slice) is asked on its own, in one query
+    lone = X.Candidate((0,), (1,), 0, 0, 0.0, 0.0, 0.0, 1.0)
+    before = client.queries
+    got_lone = tail.without_candidate(coded, lone)
+    assert client.queries == before + 1
+    want_lone = _plain_p99(rest(lone))
+    assert (None if math.isnan(got_lone) else got_lone) == (None if math.isnan(want_lone) else want_lone)

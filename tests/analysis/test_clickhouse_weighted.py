@@ -24,7 +24,7 @@ from analysis import clickhouse as C
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
 from analysis.engine import percentiles as P
-from tests.analysis.test_clickhouse import _Counting
+from tests.analysis.recording import Recording
 
 W_NS = 60_000_000_000
 WINDOWS = 6
@@ -94,7 +94,7 @@ def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
 def test_the_weighted_series_on_the_server_equals_the_one_in_memory(engines: tuple[duckdb.DuckDBPyConnection, Any],
                                                                     seed: int, kw: dict[str, Any]) -> None:
     con, client = engines
-    counted = _Counting(client)
+    counted = Recording(client)
     got = CR.percentile_series(counted, "unused", window_s=60, facts=f"f{seed}", **kw)  # type: ignore[arg-type]
     want = P.percentile_series(con, window_s=60, source=f"f{seed}", **kw)
     _same(got, want)
@@ -110,18 +110,18 @@ def test_the_weighted_breakdowns_on_the_server_equal_the_ones_in_memory(
         engines: tuple[duckdb.DuckDBPyConnection, Any], seed: int, where: str) -> None:
     con, client = engines
     table = f"f{seed}"
-    counted = _Counting(client)
+    counted = Recording(client)
     got = CB.summary(counted, table, where)  # type: ignore[arg-type]
     assert counted.rows == 2  # the sampled check, one row of figures
     assert got == B.summary(con, table, where)
     assert got["requests_weighted"] != got["requests"] and got["e2e_p99_ms"] is not None
     for metric in ("e2e", "ttft", "tpot"):
-        counted.rows = 0
+        counted.clear()
         reps = CB.replicas(counted, table, metric, where)  # type: ignore[arg-type]
         _same(reps, B.replicas(con, metric, table, where))
         assert counted.rows == 1 + reps.height
         for by in (B.TOKEN_COLUMNS, ("output_tokens",)):
-            counted.rows = 0
+            counted.clear()
             buckets = CB.shape(counted, table, metric, by, where)  # type: ignore[arg-type]
             _same(buckets, B.shape(con, metric, by, table, where))
             assert counted.rows == 1 + buckets.height
