@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import threading
@@ -254,6 +253,7 @@ class _Lane:
         self.wake = threading.Event()
         self.export_lock = threading.Lock()
         self.dropped_spans = 0
+        self.count_lock = threading.Lock()
         self.thread = threading.Thread(target=self._work, name=f"tailscope-export-{self.name}", daemon=True)
         self.thread.start()
 
@@ -261,14 +261,28 @@ class _Lane:
         queue = self.queue
         owner = self.owner
         if len(queue) >= owner.max_queue_size:
-            with contextlib.suppress(IndexError):
+            try:
                 queue.popleft()
-            self.dropped_spans += 1
-            owner._log("tailscope: span queue of exporter %s full (%d spans); dropping the oldest - "
-                       "is its backend down?", self.name, owner.max_queue_size)
+            except IndexError:  # the worker took the queue meanwhile: nothing was dropped
+                pass
+            else:
+                with self.count_lock:  # several host threads may drop at once; `+=` alone can lose a count
+                    self.dropped_spans += 1
+                owner._log("tailscope: span queue of exporter %s full (%d spans); dropping the oldest - "
+                           "is its backend down?", self.name, owner.max_queue_size)
         queue.append(span)
         if len(queue) >= owner.max_export_batch_size and not self.wake.is_set():
             self.wake.set()
+
+    def drain(self) -> int:
+        """Empty the queue (its spans are not exported); how many spans it held."""
+        n = 0
+        while True:
+            try:
+                self.queue.popleft()
+            except IndexError:
+                return n
+            n += 1
 
     def _work(self) -> None:
         owner = self.owner
@@ -415,9 +429,12 @@ class BoundedBatchProcessor(SpanProcessor):
             pending[0].thread.join(timeout=min(left, 0.05))
             pending = [lane for lane in pending if lane.thread.is_alive()]
         for lane in pending:
-            lane.dropped_spans += len(lane.queue)
+            # taken out of the queue, so the lane's thread cannot export later what is counted here as dropped
+            dropped = lane.drain()
+            with lane.count_lock:
+                lane.dropped_spans += dropped
             self._log("tailscope: exporter %s still busy at shutdown after %d ms; %d queued span(s) dropped",
-                      lane.name, timeout_millis, len(lane.queue))
+                      lane.name, timeout_millis, dropped)
         for exporter in self.exporters:
             try:
                 exporter.shutdown()

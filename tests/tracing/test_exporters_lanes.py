@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import socket
 import threading
 import time
@@ -78,12 +79,54 @@ def test_a_hung_otlp_endpoint_does_not_stall_the_store(tmp_path: Path) -> None:
             tracer.start_span("late").end()
         queued_otlp = len(processor._lanes[0].queue)
         dropped_before = processor.dropped_spans
-        processor.shutdown(timeout_millis=300)
+        processor.shutdown(timeout_millis=2000)  # long enough for the store's lane on a busy machine
         assert not otlp.returned.is_set(), "the OTLP export returned before shutdown did: the test proved nothing"
         assert processor._lanes[0].thread.is_alive() and not processor._lanes[1].thread.is_alive()
         assert processor.dropped_spans == dropped_before + queued_otlp and queued_otlp > 0
+        assert not processor._lanes[0].queue  # what was counted dropped is gone: the hung lane cannot export it later
         con = connect(tmp_path / "store")
         assert con.execute("SELECT count(*) FROM spans WHERE ServiceName = 'lanes'").fetchone() == (total + 200,)
         con.close()
     finally:
         hung.close()
+
+
+class _Null(SpanExporter):
+    """An exporter that takes every span."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+class _TakenMeanwhile(collections.deque):  # type: ignore[type-arg]
+    """A queue whose oldest span the lane's worker has just taken: popleft finds it empty."""
+
+    def popleft(self) -> ReadableSpan:
+        raise IndexError("pop from an empty deque")
+
+
+def test_a_full_queue_counts_only_the_spans_it_really_dropped() -> None:
+    """When the worker empties a full queue between the host's length check and its drop, nothing was dropped and
+    nothing is counted (a span counted both dropped and exported or failed would break dropped + failed = sent)."""
+    processor = BoundedBatchProcessor([GuardedExporter(_Null())], max_queue_size=4,
+                                      schedule_delay_millis=60_000, max_export_batch_size=4)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    lane = processor._lanes[0]
+    lane.export_lock.acquire()  # the worker waits here: the queue holds what the test puts in it
+    for _ in range(4):
+        tracer.start_span("s").end()
+    assert len(lane.queue) == 4 and processor.dropped_spans == 0
+    tracer.start_span("s").end()  # full: the oldest is dropped and counted
+    assert len(lane.queue) == 4 and processor.dropped_spans == 1
+    lane.queue = _TakenMeanwhile(lane.queue)
+    tracer.start_span("s").end()  # full by its length, but the oldest is gone when the host drops it
+    assert processor.dropped_spans == 1 and len(lane.queue) == 5
+    lane.queue = collections.deque(lane.queue)
+    lane.export_lock.release()
+    processor.shutdown()
+    # 6 spans sent: 1 dropped, 5 exported, none counted twice
+    assert isinstance(lane.exporter, GuardedExporter)
+    assert lane.exporter.exported_spans == 5 and processor.dropped_spans == 1
+    provider.shutdown()
