@@ -52,15 +52,25 @@ def test_the_committed_table_names_test_files_that_exist() -> None:
 
 
 def test_the_collected_files_come_longest_first(request: pytest.FixtureRequest) -> None:
-    """This run's own order (tests/conftest.py): files sorted by their cost, each file's tests together (unless
-    --failed-first or --new-first put some first on purpose)."""
-    if request.config.getoption("failedfirst") or request.config.getoption("newfirst"):
-        pytest.skip("--failed-first / --new-first reorder the run on purpose")
+    """tests/conftest.py's order: files sorted by their cost, each file's tests together. Checked on the collected
+    items handed to the hook in reverse, and on this run's own order unless --failed-first or --new-first put some
+    tests first on purpose."""
+    from tests import conftest
+
     items = request.session.items
-    files = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in items))
-    assert len(files) == len({item.nodeid.split("::", 1)[0] for item in items})  # each file's tests together
     table = file_seconds.load()
-    slow = {f: sum(1 for item in items if item.nodeid.startswith(f + "::") and item.get_closest_marker("slow"))
-            for f in files}
-    cost = [table.get(f, 10.0 * slow[f]) for f in files]
-    assert cost == sorted(cost, reverse=True)
+
+    def check(order: list[pytest.Item]) -> None:
+        files = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in order))
+        assert len(files) == len({item.nodeid.split("::", 1)[0] for item in order})  # each file's tests together
+        slow = {f: sum(1 for item in order if item.nodeid.startswith(f + "::") and item.get_closest_marker("slow"))
+                for f in files}
+        cost = [table.get(f, 10.0 * slow[f]) for f in files]
+        assert cost == sorted(cost, reverse=True)
+
+    reordered = list(reversed(items))
+    conftest.pytest_collection_modifyitems(reordered)
+    assert sorted(item.nodeid for item in reordered) == sorted(item.nodeid for item in items)
+    check(reordered)
+    if not (request.config.getoption("failedfirst") or request.config.getoption("newfirst")):
+        check(items)
