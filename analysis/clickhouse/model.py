@@ -4,7 +4,8 @@ on the server into session temporary tables (`materialize_requests`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+import weakref
+from typing import TYPE_CHECKING, Any, Final
 
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, settings_clause
 from analysis.clickhouse.promotion import source_sql
@@ -57,22 +58,69 @@ def temp_engine(client: Client, source: str) -> str:
     return "Memory" if n <= MEMORY_TEMP_MAX_SPANS else "MergeTree ORDER BY tuple()"
 
 
+#: Temporary table of the spans one `requests_from_copy` call reads out of SPANS_TEMP.
+SUBSET_TEMP: Final = "_tailscope_spans_subset"
+#: Per client, what its session's SPANS_TEMP holds when it is every span of a time range: (the promoted source it
+#: was read from, first ns, end ns (None: unbounded), its engine). Forgotten when SPANS_TEMP is made otherwise.
+_COPIED: weakref.WeakKeyDictionary[Any, tuple[str, int | None, int | None, str]] = weakref.WeakKeyDictionary()
+
+
 def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: str = "", name: str = "requests",
-                         columns: tuple[str, ...] = M.REQUEST_COLUMNS, request_where: str = "TRUE") -> str:
+                         columns: tuple[str, ...] = M.REQUEST_COLUMNS, request_where: str = "TRUE",
+                         span_range: tuple[int | None, int | None] | None = None) -> str:
     """Run the request model on the server into the session's temporary table `name`; returns `name`.
 
     The model's relations run one by one into temporary tables (ClickHouse plans the long WITH
     chain of analysis.engine.model far slower than it runs it). `where` narrows the spans read (over
     the otel_traces columns, e.g. a Timestamp range), `request_where` the request spans (over the
     model's span columns, e.g. TimestampNs). With `columns` free of stage columns the
-    critical-path sweep is skipped (request facts). Nothing outside the session is written.
+    critical-path sweep is skipped (request facts). `span_range`: the [first, end) ns (None: unbounded)
+    of the spans `where` keeps when it keeps exactly those, so `requests_from_copy` may read them again.
+    Nothing outside the session is written.
     """
-    stages = any(c in M.STAGE_COLUMNS for c in columns)
-    keep = KEEP_SQL
     engine = temp_engine(client, source_sql(table, where))
-    temp_table(client, SPANS_TEMP, f"SELECT {keep} FROM {source_sql(table, where)}", engine)
+    temp_table(client, SPANS_TEMP, f"SELECT {KEEP_SQL} FROM {source_sql(table, where)}", engine)
+    try:
+        if span_range is None:
+            _COPIED.pop(client, None)
+        else:
+            _COPIED[client] = (source_sql(table), span_range[0], span_range[1], engine)
+    except TypeError:  # a client that cannot be weakly referenced: its copy is never read again
+        pass
+    return _run_model(client, SPANS_TEMP, engine, name, columns, request_where)
+
+
+def requests_from_copy(client: Client, table: str, lo_ns: int, hi_ns: int, cond: str, *, name: str,
+                       columns: tuple[str, ...]) -> bool:
+    """`materialize_requests` over the spans of `table` starting in [lo_ns, hi_ns) that meet `cond` (over the
+    model's span columns), read from the session's copy of the spans (SPANS_TEMP) instead of promoted again from
+    `table`, when that copy holds every span of the range (`span_range`); False, doing nothing, when it does not.
+    The copy is the table as it was when the copy was made (the facts' own spans)."""
+    try:
+        held = _COPIED.get(client)
+    except TypeError:
+        return False
+    if held is None or held[0] != source_sql(table):
+        return False
+    first, end, engine = held[1], held[2], held[3]
+    if (first is not None and lo_ns < first) or (end is not None and hi_ns > end):
+        return False
+    temp_table(client, SUBSET_TEMP, f"SELECT * FROM {SPANS_TEMP} WHERE TimestampNs >= {int(lo_ns)} "
+                                    f"AND TimestampNs < {int(hi_ns)} AND ({cond})", engine)
+    try:
+        _run_model(client, SUBSET_TEMP, engine, name, columns, "TRUE")
+    finally:
+        client.command(f"DROP TEMPORARY TABLE IF EXISTS {SUBSET_TEMP}")
+    return True
+
+
+def _run_model(client: Client, spans: str, engine: str, name: str, columns: tuple[str, ...], request_where: str
+               ) -> str:
+    """The model's relations over the copied spans `spans` (KEEP_SQL's columns), one temporary table each, into
+    `name`."""
+    stages = any(c in M.STAGE_COLUMNS for c in columns)
     # the model reads SpanAttributes['gen_ai.request.stream'] only: a one-key map keeps that lookup as it is
-    src = (f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {SPANS_TEMP})")
+    src = f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {spans})"
     d = features(client).dialect
     for cte, _, sql in M.chain_ctes(src, d, stages=stages, request_where=request_where):
         temp_table(client, cte, sql, engine)

@@ -40,7 +40,7 @@ from analysis import neighbours as N
 from analysis import report as RP
 from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
-from analysis.clickhouse.model import materialize_requests, temp_table
+from analysis.clickhouse.model import materialize_requests, requests_from_copy, temp_table
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.requests import requests_facts, span_where
@@ -536,9 +536,12 @@ def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str 
         tails += f"UNION ALL SELECT trace_id, argMin(w, (-v, start_ns)) AS w, 1 AS g FROM ({base}) GROUP BY trace_id"
         cols = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
         traces = ", ".join(literal(t) for t in kept) or "NULL"
-        materialize_requests(client, q.table, name=STAGES_TEMP, columns=("trace_id", *cols), where=(
-            f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) AND Timestamp < fromUnixTimestamp64Nano("
-            f"toInt64({hi})) AND (TraceId IN ({traces}) OR TraceId IN (SELECT trace_id FROM ({base})))"))
+        in_tails = f"TraceId IN ({traces}) OR TraceId IN (SELECT trace_id FROM ({base}))"
+        # the facts' copy of the spans when it holds the range (no second promotion of the table's spans)
+        if not requests_from_copy(client, q.table, lo, hi, in_tails, name=STAGES_TEMP, columns=("trace_id", *cols)):
+            materialize_requests(client, q.table, name=STAGES_TEMP, columns=("trace_id", *cols), where=(
+                f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) AND Timestamp < fromUnixTimestamp64Nano("
+                f"toInt64({hi})) AND ({in_tails})"))
         try:
             means = ", ".join(
                 f"sumIf(toFloat64({c}) * t.w, {c} IS NOT NULL) / sumIf(t.w, {c} IS NOT NULL) AS {c}"

@@ -45,14 +45,20 @@ def reach_ns(lo_ns: int, hi_ns: int) -> tuple[int, int]:
     return (lo_ns // _H) * _H - _H, ((hi_ns - 1) // _H) * _H + 2 * _H
 
 
+def span_range(lo_ns: int | None, hi_ns: int | None) -> tuple[int | None, int | None]:
+    """The [first, end) ns of the span start times `span_where` keeps (None: unbounded on that side)."""
+    return (None if lo_ns is None else (lo_ns // _H) * _H - _H, None if hi_ns is None else (hi_ns // _H) * _H + 2 * _H)
+
+
 def span_where(lo_ns: int | None, hi_ns: int | None) -> str:
     """A condition on an otel_traces table's Timestamp keeping the spans a request starting in [lo, hi) may read
     (None: unbounded on that side; a little wider than `reach_ns` at hi, which changes no request)."""
+    first, end = span_range(lo_ns, hi_ns)
     parts = []
-    if lo_ns is not None:
-        parts.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({(lo_ns // _H) * _H - _H}))")
-    if hi_ns is not None:
-        parts.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({(hi_ns // _H) * _H + 2 * _H}))")
+    if first is not None:
+        parts.append(f"Timestamp >= fromUnixTimestamp64Nano(toInt64({first}))")
+    if end is not None:
+        parts.append(f"Timestamp < fromUnixTimestamp64Nano(toInt64({end}))")
     return " AND ".join(parts)
 
 
@@ -307,7 +313,8 @@ def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | N
     """
     covered = coverage(client, table, target, lo_ns, hi_ns) if materialized else []
     if not covered:
-        return materialize_requests(client, table, where=span_where(lo_ns, hi_ns), name=name, columns=columns)
+        return materialize_requests(client, table, where=span_where(lo_ns, hi_ns), name=name, columns=columns,
+                                    span_range=span_range(lo_ns, hi_ns))
     cols = ", ".join(columns)
     in_range = _ranges_sql("start_ns", [(lo_ns, hi_ns)])
     stamps = ", ".join(f"({r.lo_ns}, {r.refreshed_ns})" for r in covered)

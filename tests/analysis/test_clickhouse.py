@@ -243,6 +243,37 @@ def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(
     assert ch_report(client, table) == build_report(con)
 
 
+def test_the_stage_step_reads_the_facts_copy_of_the_spans_only_when_it_holds_the_range(
+        tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
+    """`requests_from_copy` (the stage shares' request model over a spike's tails) reads the session's copy of the
+    spans instead of promoting the table's spans again: the same rows as `materialize_requests` over the same spans,
+    and only when the copy holds every span of the range asked (a copy of a narrower range, or one made without
+    `span_range`, is refused and nothing is made)."""
+    from analysis.clickhouse import model as CM
+
+    sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
+    store, table = _store_and_table(sample, tmp_path_factory, client)
+    first, last = (int(x) for x in connect(store).execute("SELECT min(TimestampNs), max(TimestampNs) FROM spans "
+                                                          "WHERE IsRequest").fetchone() or ())
+    lo, hi = first + (last - first) // 3, first + 2 * (last - first) // 3
+    traces = f"TraceId IN (SELECT TraceId FROM {table} WHERE cityHash64(TraceId) % 4 = 0)"
+    cols = ("trace_id", "start_ns", *(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS))
+    C.materialize_requests(client, table, name="r_want", columns=cols, where=(
+        f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) AND Timestamp < fromUnixTimestamp64Nano(toInt64({hi})) "
+        f"AND {traces}"))
+    want = client.query("SELECT * FROM r_want ORDER BY trace_id, start_ns").to_pylist()
+    assert want
+    C.materialize_requests(client, table, name="r_all", columns=("trace_id",))  # a copy, but not said to hold a range
+    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
+    # a copy of a narrower range
+    C.materialize_requests(client, table, name="r_all", columns=("trace_id",), span_range=(lo + 1, None))
+    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
+    assert not CM.requests_from_copy(client, "t_other", lo, hi, traces, name="r_got", columns=cols)
+    C.materialize_requests(client, table, name="r_all", columns=("trace_id",), span_range=(None, None))
+    assert CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
+    assert client.query("SELECT * FROM r_got ORDER BY trace_id, start_ns").to_pylist() == want
+
+
 def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client: Any) -> None:
     """Spans made by the OpenTelemetry SDK, INSERTed as the clickhouseexporter writes them (old and new spellings)."""
     from opentelemetry.sdk.resources import Resource
