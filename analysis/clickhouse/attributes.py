@@ -155,12 +155,16 @@ class ServerAttributes:
             if weighted:
                 t_weights[int(r["n"])].append(float(r["tw"]))
         aggs = []
-        for n, (k, h) in enumerate(zip(keys, helds, strict=True)):
+        for n, (c, k, h) in enumerate(zip(combos, keys, helds, strict=True)):
             aggs.append(f"uniqExactIf({k}, {h}) AS p{n}")
             for j, cell in enumerate(hits[n]):
-                aggs.append(f"countIf(bs AND {h} AND {k} = {cell}) AS b{n}_{j}")
+                # a cell as the equality of each of its codes (its key decodes, both held): fewer expressions for the
+                # server to plan and run than the key's (0.2 of 1.4 CPU-s at 1 M spans with 40 attributes)
+                eq = (f"d{c[0]} = {cell}" if len(c) == 1
+                      else f"d{c[0]} = {cell // slots[c[1]]} AND d{c[1]} = {cell % slots[c[1]]}")
+                aggs.append(f"countIf(bs AND {eq}) AS b{n}_{j}")
                 if weighted:
-                    aggs.append(f"sumIf(w, bs AND {h} AND {k} = {cell}) AS w{n}_{j}")
+                    aggs.append(f"sumIf(w, bs AND {eq}) AS w{n}_{j}")
         row = client.query(f"SELECT {', '.join(aggs)} FROM (SELECT {tail} AS tl, {base} AS bs, w, {cols} "
                            f"FROM {ATTR_TEMP}) WHERE tl OR bs").to_pylist()[0]
         out = {}
