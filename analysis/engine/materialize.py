@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -277,6 +277,27 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
             + M.select_sql(M.DUCKDB, source, stages=True, columns=M.REQUEST_COLUMNS))
 
 
+@contextlib.contextmanager
+def exact_hour_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int, kernel: bool = True
+                   ) -> Iterator[str]:
+    """SQL of the `requests` rows of one stale hour, valid inside the block: with `kernel` and the C kernel built,
+    the critical-path sweep runs in C (`_swept_requests_sql`, the same rows, about half the CPU); otherwise all in
+    the model's SQL (`hour_requests_sql`). The kernel's temporary relations on `con` are dropped after the block."""
+    lib = load_sweep() if kernel else None
+    if lib is None:
+        yield hour_requests_sql(con, snap, hour_ns)
+        return
+    tag = uuid.uuid4().hex[:8]
+    names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
+    try:
+        yield _swept_requests_sql(con, snap, hour_ns, lib, names)
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {names['req']}")
+        for n in ("info", "stage_ns"):
+            with contextlib.suppress(duckdb.Error):  # not registered when the sweep failed before
+                con.unregister(names[n])
+
+
 def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
                threads: int | None = None, memory_limit: str = "4GB", kernel: bool = True) -> Path:
     """Compute and write the requests of one hour; return the file. Crash-safe (temp, fsync, rename).
@@ -296,19 +317,15 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"requests-{snap.key(hour_ns)}.parquet"
     tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-    lib = load_sweep() if kernel else None
-    tag = uuid.uuid4().hex[:8]
-    names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
     mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
     engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]), snap.mapping)
                                ).fetchall()) if mine else {}
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
-        sql = _swept_requests_sql(con, snap, hour_ns, lib, names) if lib is not None else hour_requests_sql(
-            con, snap, hour_ns)
-        con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
-                    f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
+        with exact_hour_sql(con, snap, hour_ns, kernel) as sql:
+            con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
+                        f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
+                        f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         fsync_path(tmp)
         # the hour's attribute values (analysis.engine.attribute_values) before its requests: a reader seeing the
         # requests file sees them too
@@ -321,10 +338,6 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         tmp.unlink(missing_ok=True)
         raise
     finally:
-        if lib is not None:
-            con.execute(f"DROP TABLE IF EXISTS {names['req']}")
-            for n in ("info", "stage_ns"):
-                con.unregister(names[n])
         if own:
             con.close()
     _sweep(directory, keep=final)
