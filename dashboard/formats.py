@@ -72,9 +72,12 @@ def exemplar_columns() -> dict[str, Any]:
     }
 
 
-#: Markdown's punctuation, escaped in a static table's cells (st.table renders each cell as Markdown: a `$` could
-#: start math, `:` a Streamlit directive, `|`, `*`, `_`, `[` the table's or Markdown's own syntax).
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$:&])")
+#: The characters Markdown (with Streamlit's `:directive[...]`, `:emoji:` and `$math$`) could read as formatting
+#: inside a line of text or a table's cell (no list or heading marker matters there).
+_MARKDOWN = re.compile(r"[\\`*_{}\[\]<>~$:|#]")
+#: A colon between two digits (a clock time's): `14:06:00` holds `:06:`, which Streamlit's Markdown takes for an
+#: emoji shortcode and so loads its emoji plugin (about 260 KB of script) to look it up.
+_CLOCK_COLON = re.compile(r"(?<=\d):(?=\d)")
 #: A grid number format (printf-like, as st.column_config takes it): prefix, thousands flag, precision, kind, suffix.
 _PRINTF = re.compile(r"^(?P<pre>[^%]*)%(?P<comma>,?)(?P<prec>\.\d+)?(?P<kind>[dfe])(?P<post>.*)$")
 #: A grid date-time format's tokens (moment.js style) -> strftime's.
@@ -87,8 +90,14 @@ STATIC_ROWS: Final = 40
 
 
 def escape(text: str) -> str:
-    """`text` with Markdown's punctuation escaped, to show as it is in a static table's cell."""
-    return _MARKDOWN.sub(r"\\\1", text)
+    """`text` with Markdown's punctuation escaped, to show as it is (a line of text, a static table's cell)."""
+    return _MARKDOWN.sub(r"\\\g<0>", text)
+
+
+def times(markdown: str) -> str:
+    """`markdown` with each clock time's colons escaped (it reads the same): a time is then not taken for an emoji
+    shortcode, and the page does not load the emoji plugin for it."""
+    return _CLOCK_COLON.sub(r"\\:", markdown)
 
 
 def _missing(x: Any) -> bool:

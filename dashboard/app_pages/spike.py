@@ -30,10 +30,11 @@ event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, br
 st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
 if not verdict["judged"]:
-    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
-             "clear here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
-                              + ", ".join(charts.window_label(a, b) for a, b in context)
-                              + ". Clear the filters to explain them." if context else ""), icon=":material/help:")
+    st.error(formats.times(
+        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
+        "here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
+                   + ", ".join(charts.window_label(a, b) for a, b in context)
+                   + ". Clear the filters to explain them." if context else "")), icon=":material/help:")
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}

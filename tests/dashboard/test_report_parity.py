@@ -101,7 +101,7 @@ def test_spike_and_overview_equal_the_cli_report(incident_store: Path, monkeypat
     at = _app(incident_store, monkeypatch)
     assert _metrics(at)["spikes"] == str(len(cli["spikes"]))
     first = sorted(cli["spikes"], key=lambda s: s["start"])[0]
-    banner = at.warning[0].value
+    banner = at.warning[0].value.replace("\\:", ":")  # as it reads: a clock's colons are escaped in its Markdown
     assert f"**Spike {_hms(first['start'])}–{_hms(first['end'])} UTC**" in banner
     assert f"p99 {charts.fmt_ms(first['p99_ms'])} against a baseline of {charts.fmt_ms(first['baseline_p99_ms'])}" \
         in banner
