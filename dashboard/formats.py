@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
 import streamlit as st
 
 if TYPE_CHECKING:
@@ -147,8 +148,10 @@ def _cell(config: Mapping[str, Any] | None) -> Callable[[Any], str]:
         def shown(x: Any) -> str:
             return escape((x.tz_convert(zone) if zone and getattr(x, "tzinfo", None) else x).strftime(fmt))
     else:
-        shown = lambda x: escape(_number(None)(x) if isinstance(x, int | float) and not isinstance(x, bool)  # noqa: E731
-                                 else str(x))
+        def shown(x: Any) -> str:
+            if isinstance(x, bool | np.bool_):  # a flag (the grid draws a checkbox)
+                return "yes" if x else ""
+            return escape(_number(None)(x) if isinstance(x, int | float | np.number) else str(x))
     return lambda x: MISSING if _missing(x) else shown(x)
 
 

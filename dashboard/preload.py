@@ -41,7 +41,7 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
     "traces": ("TextInput", "Metric", "Table", "DataFrame", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
-    "replicas": ("Radio", "Selectbox", "DataFrame", *CHART),
+    "replicas": ("Radio", "Selectbox", "Table", *CHART),
     "whatif": ("NumberInput", "Selectbox", "Metric"),
     "capacity": ("Radio", "NumberInput", "Metric", "Table", *CHART),
     "cost": ("Radio", "NumberInput", "Metric", "Table", *CHART),

@@ -265,11 +265,11 @@ def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> 
     from dashboard.preload import page_heads, static_dir
 
     html = {}
-    for path in ("", "spike", "replicas"):
+    for path in ("", "spike", "traces"):
         html[path] = httpx.get(f"{dashboard_url}/{path}", timeout=60).text
         assert page_heads()[path].decode() in html[path]
     grid = r'href="\./(static/js/DataFrame\.[^"]+\.js)"'
-    named = re.findall(grid, html["replicas"])  # the Replicas page's table grid
+    named = re.findall(grid, html["traces"])  # the Traces page's table grid (its exemplars: rows to pick)
     assert len(named) == 1
     # the Spike page's tables are static (dashboard.formats.table): its HTML names the static table's script, and
     # the grid's only in the script that runs once the page is drawn and quiet (preload.later_script)

@@ -149,6 +149,7 @@ def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
     """formats.table's cells: each grid column entry's format (separators, units, a dollar sign, a share), a link
     as a Markdown link (its display text, or the part its pattern picks out), a UTC time, unknown values as a dash,
     and Markdown's punctuation escaped (a `$` must not start math, nor `:` a directive)."""
+    import numpy as np
     import pandas as pd
     import streamlit as st
 
@@ -173,6 +174,7 @@ def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
         r"2026-11-15 03\:13\:05")
     assert cell(None, "tenant_a: $5 [x]") == r"tenant\_a\: \$5 \[x\]"
     assert cell(None, 1234567) == "1,234,567"
+    assert [cell(None, v) for v in (True, False, np.bool_(True))] == ["yes", "", "yes"]
     # a clock time's colons escaped, and only those: Streamlit's Markdown takes `:06:` for an emoji shortcode
     assert formats.times("**Spike 14:06:00–14:10:00 UTC**: p99 [open](spike?a=1)") == (
         r"**Spike 14\:06\:00–14\:10\:00 UTC**: p99 [open](spike?a=1)")

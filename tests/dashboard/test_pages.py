@@ -144,7 +144,7 @@ def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest
     at = _app(incident_store, monkeypatch)
     at.multiselect(key="f_tenant").select("acme").run()
     at.switch_page("app_pages/replicas.py").run()
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert int(table["requests"].sum()) == _count(incident_store, "tenant = 'acme'")
     # the filters' widgets sit in the sidebar's popover; the line under it names the filter set
     (popover,) = at.sidebar.get("popover")
@@ -223,7 +223,7 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/replicas.py").run()
     assert "replica-05" in at.error[0].value
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert table.loc[table["outlier"], "replica"].tolist() == ["replica-05"]
     assert int(table["requests"].sum()) == REQUESTS
 
