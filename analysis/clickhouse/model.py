@@ -4,6 +4,7 @@ on the server into session temporary tables (`materialize_requests`).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
@@ -61,8 +62,9 @@ def temp_engine(client: Client, source: str) -> str:
 #: Temporary table of the spans one `requests_from_copy` call reads out of SPANS_TEMP.
 SUBSET_TEMP: Final = "_tailscope_spans_subset"
 #: Per client, what its session's SPANS_TEMP holds when it is every span of a time range: (the promoted source it
-#: was read from, first ns, end ns (None: unbounded), its engine). Forgotten when SPANS_TEMP is made otherwise.
-_COPIED: weakref.WeakKeyDictionary[Any, tuple[str, int | None, int | None, str]] = weakref.WeakKeyDictionary()
+#: was read from, first ns, end ns (None: unbounded), its engine, the requests table computed from it). Forgotten
+#: when SPANS_TEMP is made otherwise, or that table is made from anything else (`forget_copy`).
+_COPIED: weakref.WeakKeyDictionary[Any, tuple[str, int | None, int | None, str, str]] = weakref.WeakKeyDictionary()
 
 
 def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: str = "", name: str = "requests",
@@ -80,27 +82,31 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     """
     engine = temp_engine(client, source_sql(table, where))
     temp_table(client, SPANS_TEMP, f"SELECT {KEEP_SQL} FROM {source_sql(table, where)}", engine)
-    try:
-        if span_range is None:
-            _COPIED.pop(client, None)
-        else:
-            _COPIED[client] = (source_sql(table), span_range[0], span_range[1], engine)
-    except TypeError:  # a client that cannot be weakly referenced: its copy is never read again
-        pass
+    forget_copy(client)
+    if span_range is not None:
+        # a client that cannot be weakly referenced (TypeError): its copy is never read again
+        with contextlib.suppress(TypeError):
+            _COPIED[client] = (source_sql(table), span_range[0], span_range[1], engine, name)
     return _run_model(client, SPANS_TEMP, engine, name, columns, request_where)
 
 
+def forget_copy(client: Client) -> None:
+    """Forget what SPANS_TEMP holds (a requests table is being made from something else)."""
+    with contextlib.suppress(TypeError):
+        _COPIED.pop(client, None)
+
+
 def requests_from_copy(client: Client, table: str, lo_ns: int, hi_ns: int, cond: str, *, name: str,
-                       columns: tuple[str, ...]) -> bool:
+                       columns: tuple[str, ...], facts: str) -> bool:
     """`materialize_requests` over the spans of `table` starting in [lo_ns, hi_ns) that meet `cond` (over the
     model's span columns), read from the session's copy of the spans (SPANS_TEMP) instead of promoted again from
-    `table`, when that copy holds every span of the range (`span_range`); False, doing nothing, when it does not.
-    The copy is the table as it was when the copy was made (the facts' own spans)."""
+    `table`, when that copy holds every span of the range (`span_range`) and is the one the requests table `facts`
+    was computed from (so both read the table as it was then); False, doing nothing, otherwise."""
     try:
         held = _COPIED.get(client)
     except TypeError:
         return False
-    if held is None or held[0] != source_sql(table):
+    if held is None or held[0] != source_sql(table) or held[4] != facts:
         return False
     first, end, engine = held[1], held[2], held[3]
     if (first is not None and lo_ns < first) or (end is not None and hi_ns > end):

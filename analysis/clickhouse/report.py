@@ -538,7 +538,8 @@ def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str 
         traces = ", ".join(literal(t) for t in kept) or "NULL"
         in_tails = f"TraceId IN ({traces}) OR TraceId IN (SELECT trace_id FROM ({base}))"
         # the facts' copy of the spans when it holds the range (no second promotion of the table's spans)
-        if not requests_from_copy(client, q.table, lo, hi, in_tails, name=STAGES_TEMP, columns=("trace_id", *cols)):
+        if not requests_from_copy(client, q.table, lo, hi, in_tails, name=STAGES_TEMP, columns=("trace_id", *cols),
+                                  facts=q.facts_table):
             materialize_requests(client, q.table, name=STAGES_TEMP, columns=("trace_id", *cols), where=(
                 f"Timestamp >= fromUnixTimestamp64Nano(toInt64({lo})) AND Timestamp < fromUnixTimestamp64Nano("
                 f"toInt64({hi})) AND ({in_tails})"))

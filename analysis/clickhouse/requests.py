@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, check_table_name, literal, settings_clause
-from analysis.clickhouse.model import KEEP_SQL, MEMORY_TEMP_MAX_SPANS, materialize_requests, temp_table
+from analysis.clickhouse.model import KEEP_SQL, MEMORY_TEMP_MAX_SPANS, forget_copy, materialize_requests, temp_table
 from analysis.clickhouse.promotion import kind_sql, source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
 from analysis.engine import model as M
@@ -315,6 +315,7 @@ def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | N
     if not covered:
         return materialize_requests(client, table, where=span_where(lo_ns, hi_ns), name=name, columns=columns,
                                     span_range=span_range(lo_ns, hi_ns))
+    forget_copy(client)  # `name` is made from the materialized table too: no copy holds its spans
     cols = ", ".join(columns)
     in_range = _ranges_sql("start_ns", [(lo_ns, hi_ns)])
     stamps = ", ".join(f"({r.lo_ns}, {r.refreshed_ns})" for r in covered)

@@ -247,8 +247,8 @@ def test_the_stage_step_reads_the_facts_copy_of_the_spans_only_when_it_holds_the
         tmp_path_factory: pytest.TempPathFactory, client: Any) -> None:
     """`requests_from_copy` (the stage shares' request model over a spike's tails) reads the session's copy of the
     spans instead of promoting the table's spans again: the same rows as `materialize_requests` over the same spans,
-    and only when the copy holds every span of the range asked (a copy of a narrower range, or one made without
-    `span_range`, is refused and nothing is made)."""
+    and only when the copy holds every span of the range asked and the facts asked about were computed from it (a
+    copy of a narrower range, one made without `span_range`, or other facts: refused, and nothing is made)."""
     from analysis.clickhouse import model as CM
 
     sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
@@ -264,13 +264,15 @@ def test_the_stage_step_reads_the_facts_copy_of_the_spans_only_when_it_holds_the
     want = client.query("SELECT * FROM r_want ORDER BY trace_id, start_ns").to_pylist()
     assert want
     C.materialize_requests(client, table, name="r_all", columns=("trace_id",))  # a copy, but not said to hold a range
-    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
+    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols, facts="r_all")
     # a copy of a narrower range
     C.materialize_requests(client, table, name="r_all", columns=("trace_id",), span_range=(lo + 1, None))
-    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
-    assert not CM.requests_from_copy(client, "t_other", lo, hi, traces, name="r_got", columns=cols)
+    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols, facts="r_all")
+    assert not CM.requests_from_copy(client, "t_other", lo, hi, traces, name="r_got", columns=cols, facts="r_all")
     C.materialize_requests(client, table, name="r_all", columns=("trace_id",), span_range=(None, None))
-    assert CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols)
+    # only for the requests table computed from that copy (the same spans, as they were then)
+    assert not CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols, facts="other")
+    assert CM.requests_from_copy(client, table, lo, hi, traces, name="r_got", columns=cols, facts="r_all")
     assert client.query("SELECT * FROM r_got ORDER BY trace_id, start_ns").to_pylist() == want
 
 
