@@ -41,7 +41,9 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     want = cost_table(connect(incident_store), by="tenant", prices=Prices(default=2.0))
     assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
     assert _metric(at, "idle share") == f"{want['totals']['idle_share']:.1%}"
-    assert _metric(at, "cost") == "set a price (docs/cost.md)"  # no price yet
+    # no price yet: the metric's value fits its column, its help names the docs
+    assert _metric(at, "cost") == _metric(at, "idle + cold start") == "set a price"
+    assert [m.help for m in at.metric if m.label == "cost"] == ["set a price (docs/cost.md)"]
     at.number_input(key="cost_price").set_value(2.0).run()
     assert not at.exception
     assert _metric(at, "cost") == f"${want['totals']['allocated_usd']:,.2f}"

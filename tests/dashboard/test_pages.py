@@ -110,7 +110,8 @@ def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monk
     at = _app(incident_store, monkeypatch)
     at.multiselect(key="f_replica").select("replica-05").run()
     assert not at.exception
-    assert _metric(at, "spikes") == "not judged"
+    assert _metric(at, "spikes") == "?"  # not a count: the help and the banner say why
+    assert next(m.help for m in at.metric if m.label == "spikes").startswith("Not judged: spike detection could not")
     (said,) = [e.value for e in at.error if "could not judge" in e.value]
     assert f"{n:,} requests match" in said and "Without the filters, this range has 1 spike(s)" in said
     at.switch_page("app_pages/spike.py").run()
