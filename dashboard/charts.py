@@ -347,8 +347,10 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
         x=alt.X("bucket:N", sort=alt.EncodingSortField("lo"), title=title),
         xOffset="pct:N",
         y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color("pct:N", scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
-        tooltip=["bucket:N", "pct:N", alt.Tooltip("ms:Q", format=",.0f"), "requests:Q"],
+        color=alt.Color("pct:N", title=None,  # p50, p99: the labels say it
+                        scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
+        tooltip=[alt.Tooltip("bucket:N", title=title), alt.Tooltip("pct:N", title="percentile"),
+                 alt.Tooltip("ms:Q", format=",.0f"), alt.Tooltip("requests:Q", format=",.0f")],
     ).properties(height=240)
 
 

@@ -118,6 +118,10 @@ def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monk
     assert not at.exception
     assert any("could not judge" in e.value for e in at.error)
     assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
+    # so the chart takes no brush, and its caption does not invite one
+    (spec,) = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+    assert "params" not in spec
+    assert not any("Drag on the chart" in c.value for c in at.caption)
 
 
 def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,14 +237,18 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
     at.switch_page("app_pages/traces.py").run()
     con = connect(incident_store)
     try:
-        tid, decode_ns = con.execute(
-            "SELECT trace_id, decode_ns FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0)
+        tid, decode_ns, tokens_in, tokens_out, replica, tenant, status = con.execute(
+            "SELECT trace_id, decode_ns, input_tokens, output_tokens, replica, tenant, status FROM requests "
+            "ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0, 0, 0, "", "", "")
     finally:
         con.close()
     at.text_input(key="trace_id").input(tid.upper()).run()
     assert not at.exception
     assert at.subheader[0].value == f"Trace {tid}"  # the waterfall opens at the top, above the exemplars
     assert at.query_params["trace"] == tid  # and the trace is in the URL
+    # the names in a line (a long one is not cut short in a metric's column), each token count a metric of its own
+    assert f"replica **{replica}** · tenant **{tenant}** · status **{status}**" in [m.value for m in at.markdown]
+    assert (_metric(at, "input tokens"), _metric(at, "output tokens")) == (f"{tokens_in:,}", f"{tokens_out:,}")
     table = at.dataframe[0].value
     assert round(float(table.loc[table["stage"] == "decode", "critical-path ms"].iloc[0]), 1) == round(
         decode_ns / 1e6, 1)
