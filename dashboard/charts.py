@@ -66,14 +66,14 @@ def window_label(start_ns: int, end_ns: int) -> str:
 
 
 #: Axis labels of a UTC time axis by the ticks' granularity: 24-hour times, the date at day ticks.
-_AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
+AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
                       "date": "%m-%d",
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 
 def _time_x(name: str, **extra: Any) -> dict[str, Any]:
     """A temporal x field drawn in UTC with 24-hour labels, whatever the browser's time zone."""
-    return _field(name, "temporal", **{"scale": {"type": "utc"}, "axis": {"format": _AXIS_CLOCK, "labelOverlap": True},
+    return _field(name, "temporal", **{"scale": {"type": "utc"}, "axis": {"format": AXIS_CLOCK, "labelOverlap": True},
                                        "title": "UTC", **extra})
 
 

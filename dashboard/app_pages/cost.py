@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, formats, sidebar
+from dashboard import charts, data, formats, sidebar
 
 db = data.open_store()  # a store, or a ClickHouse table (the sweep then runs on the server)
 f = sidebar.current()
@@ -72,7 +72,7 @@ series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
 series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
 st.altair_chart(alt.Chart(series).mark_area().encode(
-    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M")),
+    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
     y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU seconds per {bucket} s", axis=alt.Axis(format=",.0f")),
     color=alt.Color("key:N", title=by.replace("_", " ")),
     tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),

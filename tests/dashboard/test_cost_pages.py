@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from analysis.capacity import capacity_curve, observed_workload, scale_up
 from analysis.cost import Prices, cost_table
 from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
-from dashboard.charts import fmt_ms
+from dashboard.charts import AXIS_CLOCK, fmt_ms
 from tests.dashboard.conftest import APP
 
 
@@ -50,6 +51,9 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     table = at.dataframe[0].value
     assert sorted(table["key"]) == sorted(r["key"] for r in want["rows"])
     assert table["gpu_seconds"].sum() == pytest.approx(want["totals"]["allocated_ns"] / 1e9, abs=1e-6)
+    # the time axis labels each tick by its granularity (a fixed HH:MM repeats itself at 30 s ticks)
+    (area,) = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    assert area["encoding"]["x"]["axis"]["format"] == AXIS_CLOCK
     at.radio(key="cost_by").set_value("replica").run()
     assert not at.exception
     assert len(at.dataframe[0].value) == len(want["replicas"])
