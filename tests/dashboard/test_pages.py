@@ -324,6 +324,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/whatif.py").run()
     assert not at.exception and not at.warning
+    spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
+    assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
     same = _metric(at, "replay, 8 replicas (as observed)")
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
