@@ -182,10 +182,12 @@ def _misdrawn(page: Any) -> list[Any]:
 
 
 def _text_outside_tables(page: Any) -> str:
-    """The main block's text without its tables (a table's formats are checked by tests/dashboard/test_pages.py:
-    the grid draws on a canvas, and its hidden accessibility copy holds the raw values)."""
+    """The main block's text without its grid tables (a grid's formats are checked by tests/dashboard/test_pages.py:
+    it draws on a canvas, and its hidden accessibility copy holds the raw values). A static table's cells stay, each
+    followed by a space: a detached copy's text runs cells together ("597.8" "476.3" would read "597.8476.3")."""
     return str(page.evaluate("""() => { const m = document.querySelector('[data-testid=stMain]').cloneNode(true);
         m.querySelectorAll('[data-testid=stDataFrame], [data-testid=stCode], textarea').forEach(e => e.remove());
+        m.querySelectorAll('td, th').forEach(c => c.append(' '));
         return m.innerText; }"""))
 
 
