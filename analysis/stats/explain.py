@@ -32,6 +32,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from itertools import combinations
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -1020,9 +1021,24 @@ def shares_of_means(tail: Mapping[str, float], base: Mapping[str, float], stages
     return out
 
 
+def tail_share(q: float = TAIL_Q) -> Fraction:
+    """1 - q exactly, q read as the decimal it is written as (0.99: 1/100). In floating point 1 - 0.99 is a hair
+    above 0.01, which made the tail of 1,000 rows 11 long and a weight's cut a hair high."""
+    return 1 - Fraction(repr(q))
+
+
 def tail_size(n: int, q: float = TAIL_Q) -> int:
-    """How many of n unweighted rows `tail_slice` keeps (a remote engine asks for that many)."""
-    return min(n, max(MIN_TAIL_SLICE, math.ceil((1 - q) * n)))
+    """How many of n unweighted rows `tail_slice` keeps, ceil(n (1 - q)) in integers (a remote engine asks for
+    that many)."""
+    share = tail_share(q)
+    return min(n, max(MIN_TAIL_SLICE, -(-n * share.numerator // share.denominator)))
+
+
+def tail_weight(total: float, q: float = TAIL_Q) -> float:
+    """(1 - q) of a weight `total`, as `tail_slice` cuts it: total * numerator / denominator of `tail_share`
+    (rounded once when the numerator is 1); analysis.clickhouse.report.tail_sql writes the same operations."""
+    share = tail_share(q)
+    return total * share.numerator / share.denominator
 
 
 def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = None) -> I64:
@@ -1035,7 +1051,7 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
     if weights is not None:
         order = rows[np.argsort(-values[rows], kind="stable")]
         cum = np.cumsum(weights[order])
-        k = int(np.searchsorted(cum, (1 - q) * float(cum[-1]), side="left")) + 1
+        k = int(np.searchsorted(cum, tail_weight(float(cum[-1]), q), side="left")) + 1
         return order[:min(rows.size, max(MIN_TAIL_SLICE, k))]
     k = tail_size(rows.size, q)
     if k == rows.size:
