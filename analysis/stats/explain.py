@@ -522,6 +522,7 @@ class PairTables:
         self.whole = outside is not None
         self.numbered: dict[tuple[int, ...], Numbered] = {}
         self.done: dict[int, tuple[I64, dict[int, tuple[I64, F64 | None]]]] = {}
+        self.grouped: dict[int, list[tuple[int, ...]] | None] = {}  # `_groups` per attribute width
 
     def _numbered(self, group: tuple[int, ...]) -> Numbered:
         """The rows' combinations of the built-ins of `group` numbered (from every built-in's, when it fits)."""
@@ -576,7 +577,13 @@ class PairTables:
     def _groups(self, a_slots: int) -> list[tuple[int, ...]] | None:
         """The built-ins in runs whose count with an attribute of `a_slots` slots has at most `cells` cells (a
         run's combinations bounded by the product of its slots, else numbered); None when one built-in alone
-        has more."""
+        has more. Worked out once per width (`covers` and `_tables` ask for each attribute)."""
+        if a_slots not in self.grouped:
+            self.grouped[a_slots] = self._grouped(a_slots)
+        return self.grouped[a_slots]
+
+    def _grouped(self, a_slots: int) -> list[tuple[int, ...]] | None:
+        """`_groups`, worked out."""
         groups: list[tuple[int, ...]] = []
         run: tuple[int, ...] = ()
         for j in range(self.lead):
@@ -662,10 +669,7 @@ def summed(key: I64, weights: F64, cells: int) -> F64:
 def _present_cells(tc: I64, bc: I64, sizes: list[int]) -> int:
     """Cells (values, or pairs of values) held by a tail or baseline request, the missing value's left out."""
     held = (tc > 0) | (bc > 0)
-    grid = held.reshape(sizes)
-    for axis, size in enumerate(sizes):
-        grid = np.delete(grid, size - 1, axis=axis)  # the missing slot
-    return int(grid.sum())
+    return int(held.reshape(sizes)[tuple(slice(0, size - 1) for size in sizes)].sum())  # the missing slot left out
 
 
 def _missing_last(codes: I64, slots: int) -> I64:
