@@ -346,7 +346,7 @@ def stretch_max(ck: I64, cn: I64, cs: F64 | None, total_k: int, total_n: int, ma
     1..max_len consecutive windows of sizes `cn` (cumulative): the very floats `tail_ratio` gives, and faster.
 
     Each element goes through the same operations in the same order as in `tail_ratio`, so the same floats; only how
-    they are laid out differs (most of the detection's CPU was here). The windows run along the first axis, so every
+    they are laid out differs (this is the detection's costliest loop). The windows run along the first axis, so every
     stretch length reads contiguous rows and the maximum over stretches is an elementwise one; no ufunc is masked
     (numpy's masked loops cost about ten times an unmasked pass): a term not added is multiplied by 0 (x * 1 is x and
     every term is finite), and a score sum whose logarithm is not used is replaced by a stand-in (`_TINY`). The few
