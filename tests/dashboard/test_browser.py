@@ -167,10 +167,12 @@ def _visit_pages(context: Any, url: str, pages: Sequence[tuple[str, str, str | t
 
 
 def _text_outside_tables(page: Any) -> str:
-    """The main block's text without its tables (a table's formats are checked by tests/dashboard/test_pages.py:
-    the grid draws on a canvas, and its hidden accessibility copy holds the raw values)."""
+    """The main block's text without its grids (a grid's formats are checked by tests/dashboard/test_pages.py: it
+    draws on a canvas, and its hidden accessibility copy holds the raw values); a Markdown table's cells kept apart
+    (the copy is not laid out, so its text runs cells together)."""
     return str(page.evaluate("""() => { const m = document.querySelector('[data-testid=stMain]').cloneNode(true);
         m.querySelectorAll('[data-testid=stDataFrame], [data-testid=stCode], textarea').forEach(e => e.remove());
+        m.querySelectorAll('td, th').forEach(c => c.append(' | '));
         return m.innerText; }"""))
 
 
