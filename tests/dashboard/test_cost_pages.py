@@ -45,12 +45,12 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     at.number_input(key="cost_price").set_value(2.0).run()
     assert not at.exception
     assert _metric(at, "cost") == f"${want['totals']['allocated_usd']:,.2f}"
-    table = at.dataframe[0].value
-    assert sorted(table["key"]) == sorted(r["key"] for r in want["rows"])
-    assert table["gpu_seconds"].sum() == pytest.approx(want["totals"]["allocated_ns"] / 1e9, abs=1e-6)
+    table = at.table[0].value  # a static table, headed as shown
+    assert sorted(table["tenant"]) == sorted(r["key"] for r in want["rows"])
+    assert table["GPU seconds"].sum() == pytest.approx(want["totals"]["allocated_ns"] / 1e9, abs=1e-6)
     at.radio(key="cost_by").set_value("replica").run()
     assert not at.exception
-    assert len(at.dataframe[0].value) == len(want["replicas"])
+    assert len(at.table[0].value) == len(want["replicas"])
 
 
 def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,4 +90,4 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     shown = _metric(at, "fewest replicas for the target")
     assert shown == ("none of 1–64" if tighter is None else str(tighter))
     assert tighter is None or tighter >= want
-    assert at.dataframe, "the scale-up comparison is drawn"
+    assert at.table, "the scale-up comparison is drawn"
