@@ -11,14 +11,17 @@
    distinct values). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
-3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
-   the spike windows come back into an in-memory DuckDB, the baseline as counts (and summed weights)
-   per dimension combination, with its p99s with and without each candidate computed on the server
-   (`_pushed_down`); the attributes stay on the server, asked per spike for figures
-   (`_remote_attributes`). The culprit bounds and the explanation of analysis.report run there over
-   that one pass (`_bounded_rows`). The stage shares are means computed on the server (`_server_stages`:
-   the local baseline's tail chosen there, the request model run there over both tails' traces), and
-   only when queue_wait leads do the noisy-neighbour step's windows and spans come back (`Fetcher`).
+3. Only when there is a spike: the fact columns the explanation reads (ids, start, value, weight; of
+   the dimensions only those of the noisy-neighbour step) of the requests in the spike windows come
+   back into an in-memory DuckDB, the baseline as one count (and summed weight), with its p99s with
+   and without each candidate computed on the server (`_pushed_down`); every dimension, built-in or
+   attribute, stays on the server, asked per spike for figures (`_remote_attributes`; when the
+   attribute pass failed, the built-ins come back with the rows and the baseline as counts per
+   combination of them, explained on the client). The culprit bounds and the explanation of
+   analysis.report run there over that one pass (`_bounded_rows`). The stage shares are means
+   computed on the server (`_server_stages`: the local baseline's tail chosen there, the request
+   model run there over both tails' traces), and only when queue_wait leads do the noisy-neighbour
+   step's windows and spans come back (`Fetcher`).
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -640,10 +643,11 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
     windows and, only when the noisy-neighbour step runs, its baseline windows (the stage shares' local
-    baseline stays on the server: `_server_stages`). Every other baseline request comes back as
-    counts per combination of dimension values (token counts by bucket), with their summed `weight`
-    (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
-    p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
+    baseline stays on the server: `_server_stages`). With every dimension on the server (`attrs` holds the
+    built-ins: the attribute pass ran), the whole baseline comes back as one count, with its summed `weight`
+    (the adjusted count, for sampled requests), and the rows carry only NEIGHBOUR_DIMENSIONS; else every other
+    baseline request comes back as counts per combination of the built-ins (token counts by bucket); the
+    baseline's (weighted) p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
     dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`); `held`:
     windows whose rows the local `_phase2` already holds (only the other spike windows' rows are pulled). Returns

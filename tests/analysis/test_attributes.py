@@ -5,7 +5,6 @@ reference on a random store."""
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import random
 from itertools import combinations
