@@ -344,7 +344,8 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
     built-in dimensions only `dims` (the others null: the server explains them)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status",
-                   *(d if d in dims else f"NULL AS {d}" for d in X.DIMENSIONS)] + (
+                   *(d if d in dims else f"CAST(NULL AS Nullable({'Int64' if d in X.BUCKETED else 'String'})) AS {d}"
+                     for d in X.DIMENSIONS)] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
