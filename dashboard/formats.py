@@ -6,9 +6,14 @@ charts.fmt_ms. A price that is not set reads "set a price (docs/cost.md)", never
 
 from __future__ import annotations
 
-from typing import Any, Final
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 import streamlit as st
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: What a cost figure reads when no price is set.
 NO_PRICE: Final = "set a price (docs/cost.md)"
@@ -60,3 +65,75 @@ def exemplar_columns() -> dict[str, Any]:
         "input_tokens": number("input tokens"),
         "output_tokens": number("output tokens"),
     }
+
+
+#: ASCII punctuation: each is escaped in a static table's text cells, which st.table reads as Markdown (CommonMark
+#: allows a backslash before any of them, so nothing else changes).
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def _missing(x: Any) -> bool:
+    """None, NaN, NaT or pandas' NA (whose comparison cannot be a bool)."""
+    try:
+        return x is None or bool(x != x)
+    except TypeError:
+        return True
+
+
+def literal(x: Any) -> str:
+    """A text cell of a static table shown as it is: Markdown's punctuation escaped (– when missing)."""
+    return "–" if _missing(x) else _PUNCTUATION.sub(r"\\\1", str(x))
+
+
+def ms_text(x: float | None) -> str:
+    """Whole milliseconds with separators, as the tables' `ms` columns read (– when unknown)."""
+    return "–" if _missing(x) else f"{x:,.0f} ms"
+
+
+def share(x: float | None) -> str:
+    """A share as a percentage with one decimal (– when unknown)."""
+    return "–" if _missing(x) else f"{x:.1%}"
+
+
+def utc_text(x: Any) -> str:
+    """A UTC date-time, 24-hour, as the tables' `utc` columns read (– when missing)."""
+    import pandas as pd
+
+    if _missing(x):
+        return "–"
+    t = pd.Timestamp(x)
+    return f"{t if t.tzinfo is None else t.tz_convert('UTC'):%Y-%m-%d %H:%M:%S}"
+
+
+def link(text: str | Callable[[str], str]) -> Callable[[Any], str]:
+    """How a link cell reads: its URL shown as `text` (or as `text(url)`); "" when there is none."""
+    def cell(url: Any) -> str:
+        if not isinstance(url, str) or not url:
+            return ""
+        return f"[{literal(text if isinstance(text, str) else text(url))}]({url})"
+    return cell
+
+
+def static_table(rows: pd.DataFrame, columns: Mapping[str, tuple[str, Callable[[Any], str]]]) -> None:
+    """A small table (a score of rows) drawn as a static HTML table (st.table), not the interactive grid: no canvas
+    and no grid script to load, which is most of a page's first render when the table is short. `columns`: each
+    column shown -> (its header, how a value reads); the values stay as they are (what tests and the CLI compare),
+    only their display is formatted."""
+    shown = rows[list(columns)].rename(columns={k: header for k, (header, _) in columns.items()})
+    style = shown.style.format({header: fmt for header, fmt in columns.values()})
+    st.table(style, hide_index=True)
+
+
+def _trace_prefix(url: str) -> str:
+    """The first 12 hex digits of the trace a Traces link names (the grid's link text too)."""
+    found = re.search(r"trace=([0-9a-f]{12})", url)
+    return found.group(1) if found else url
+
+
+#: An exemplar table's columns drawn as a static table (`static_table`): the same headers and formats as
+#: `exemplar_columns`' grid.
+EXEMPLAR_CELLS: Final[dict[str, tuple[str, Callable[[Any], str]]]] = {
+    "trace": ("trace (opens the waterfall)", link(_trace_prefix)),
+    "start": ("start (UTC)", utc_text), "replica": ("replica", literal), "model": ("model", literal),
+    "tenant": ("tenant", literal), "status": ("status", literal), "latency_ms": ("latency", ms_text),
+    "input_tokens": ("input tokens", count), "output_tokens": ("output tokens", count)}

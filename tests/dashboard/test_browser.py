@@ -267,7 +267,7 @@ def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> 
     for path in ("", "spike"):
         html = httpx.get(f"{dashboard_url}/{path}", timeout=60).text
         assert page_heads()[path].decode() in html
-    named = re.findall(r'href="\./(static/js/DataFrame\.[^"]+\.js)"', html)  # the Spike page's table grid
+    named = re.findall(r'href="\./(static/js/Table\.[^"]+\.js)"', html)  # the Spike page's static tables
     assert len(named) == 1
     assert httpx.get(f"{dashboard_url}/{named[0]}", timeout=60).content == (static_dir() / named[0]).read_bytes()
 

@@ -143,3 +143,26 @@ def test_an_attributes_values_chart_keeps_the_order_given_and_formats_its_number
     # the replicas' own chart is as before: replicas in their natural order, no title on the axis
     reps = charts.replica_chart(df.rename(columns={"value": "replica"})).to_dict()
     assert reps["layer"][0]["encoding"]["x"] == {"field": "replica", "type": "nominal", "title": None}
+
+
+def test_a_static_table_cell_reads_as_its_text_and_a_link_as_its_link() -> None:
+    """A static table's text cell (formats.literal) renders, through an independent CommonMark parser with GFM's
+    strikethrough, as exactly its text: no emphasis, code, link, directive or math out of a value's punctuation, on
+    many random values; a link cell renders as one link to its URL."""
+    import html
+    import random
+
+    from markdown_it import MarkdownIt
+
+    from dashboard import formats
+
+    md = MarkdownIt("commonmark").enable("strikethrough")
+    rng = random.Random(5)
+    alphabet = "ab1_*`[]()<>!#$:~|\\-+.=&{}\"' " + "".join(chr(c) for c in range(33, 127))
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))).strip() or "x"
+        assert html.unescape(md.renderInline(formats.literal(text))) == text, text
+    assert formats.literal(None) == formats.literal(float("nan")) == "–"
+    url = "traces?replica=replica-05&trace=7a11000000000000000000000000002a"
+    assert md.renderInline(formats.link("trace")(url)) == f'<a href="{html.escape(url)}">trace</a>'
+    assert formats.link("trace")(None) == formats.link("trace")("") == ""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
 from analysis.engine.connect import connect
@@ -200,8 +201,8 @@ def test_spike_page_links_a_value_and_a_pair_to_their_filters(incident_store: Pa
     at = _app(incident_store, monkeypatch)
     at.session_state["spike_folded"] = True  # the folded pairs' table is drawn once its expander is opened
     at.switch_page("app_pages/spike.py").run()
-    single = at.dataframe[0].value
-    pairs = pd.concat([d.value for d in at.dataframe[1:] if "&" in "".join(map(str, d.value.get("dimension", [])))])
+    single = at.table[0].value  # the dimensions' static table (its columns: the headers shown)
+    pairs = pd.concat([d.value for d in at.table[1:] if "&" in "".join(map(str, d.value.get("dimension", [])))])
     assert (single.iloc[0]["dimension"], single.iloc[0]["value"]) == ("replica", "replica-05")
     by_pair = {(r["dimension"], r["value"]): r["filter"] for _, r in pairs.iterrows()}
     assert pd.isna(by_pair[("replica&model_version", "replica-05&v2")])
@@ -375,7 +376,8 @@ _RAW = re.compile(r"(?<![\w.])(None|nan|NaN)(?![\w.])|\d\.\d{4,}")
 def test_every_table_and_sentence_reads_as_numbers_for_people(incident_store: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """On every page: each float column of a table has a display format, headers are words (no snake_case),
-    no cell holds None / nan, and no sentence or metric reads None, nan or a float with 4+ decimals."""
+    no cell holds None / nan (no static table's cell reads None, nan or a float with 4+ decimals), and no sentence
+    or metric reads None, nan or a float with 4+ decimals."""
     at = _app(incident_store, monkeypatch)
     for page in ALL_PAGES:
         at.switch_page(page).run()
@@ -391,6 +393,13 @@ def test_every_table_and_sentence_reads_as_numbers_for_people(incident_store: Pa
                     assert shown.get("type_config", {}).get("format"), (page, col, "a float column without a format")
                 if df[col].dtype == object:
                     assert not df[col].map(lambda v: v is None or (isinstance(v, float) and v != v)).any(), (page, col)
+        for table in at.table:  # a static table: its headers are its columns, its cells the formatted values
+            assert table.proto.arrow_data.styler.display_values, (page, "a static table without formatted cells")
+            cells = dataframe_util.convert_arrow_bytes_to_pandas_df(table.proto.arrow_data.styler.display_values)
+            for col in cells.columns:
+                assert "_" not in str(col), (page, col)
+                raw = [str(v) for v in cells[col] if _RAW.search(str(v))]
+                assert not raw, (page, col, raw)
         texts = [m.value for m in (*at.markdown, *at.caption, *at.info, *at.warning, *at.error, *at.success)]
         texts += [str(m.value) for m in at.metric]
         for text in texts:

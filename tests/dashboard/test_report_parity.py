@@ -38,6 +38,11 @@ def _metrics(at: AppTest) -> dict[str, str]:
     return {m.label: str(m.value) for m in at.metric}
 
 
+#: The Spike page's static tables (their columns are the headers shown) -> the report's keys.
+RAW_NAMES = {"share of the excess explained": "explained", "p99 without": "p99_without_ms",
+             "tail requests": "support", "tail requests (weighted)": "support_weighted", "folded under": "folded_under"}
+
+
 def _hms(text: str) -> str:
     return f"{pd.Timestamp(text):%H:%M:%S}"
 
@@ -72,14 +77,14 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     assert f"{lead['explained']:.0%} of the excess explained" in at.success[0].value
     assert f"baseline without it: {charts.fmt_ms(lead['baseline_p99_without_ms'])}" in at.success[0].value
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
-    table = at.dataframe[0].value
+    table = at.table[0].value.rename(columns=RAW_NAMES)  # a static table: its columns are the headers shown
     assert table[["dimension", "value", "explained", "p99_without_ms", "support"]].to_dict("records") == [
         {k: d[k] for k in ("dimension", "value", "explained", "p99_without_ms", "support")} for d in singles]
     # the pairs: those explaining more than their parts in a table, those folded under a part (`folded_under`) apart
     pairs = [d for d in spike["dimensions"] if "&" in d["dimension"]]
     kept = [{"dimension": d["dimension"], "value": d["value"]} for d in pairs if "folded_under" not in d][:10]
     if kept:
-        assert at.dataframe[1].value[["dimension", "value"]].to_dict("records") == kept
+        assert at.table[1].value[["dimension", "value"]].to_dict("records") == kept
     folded = [d for d in pairs if "folded_under" in d]
     assert [e.label for e in at.expander if "pairs folded" in e.label] == (
         [f"{len(folded)} pairs folded: each explains no more than one of its values"] if folded else [])
@@ -89,7 +94,7 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
             part = spike["dimensions"][d["folded_under"]]
             want.append({"folded_under": f"{part['dimension']} = {part['value']}", "dimension": d["dimension"],
                          "value": d["value"], "explained": d["explained"]})
-        shown_folded = at.dataframe[2 if kept else 1].value
+        shown_folded = at.table[2 if kept else 1].value.rename(columns=RAW_NAMES)
         assert shown_folded[["folded_under", "dimension", "value", "explained"]].to_dict("records") == want
 
 
@@ -168,7 +173,7 @@ def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
     shown = at.metric[0]
     assert shown.label == "requests in window"
     assert shown.value == f"{spike['requests_weighted']:,.0f}" != f"{spike['requests']:,}"
-    table = at.dataframe[0].value
+    table = at.table[0].value.rename(columns=RAW_NAMES)
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
     assert table["support_weighted"].tolist() == [d["support_weighted"] for d in singles]
     wb = data.workbench(str(half_store))
