@@ -168,8 +168,8 @@ def other_tree(spec: str) -> Iterator[Path]:
 def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None = None
             ) -> Iterator[tuple[str, list[int], Sample]]:
     """`tailscope dashboard --store STORE` on a free loopback port (with `store` None: the bare page, written in
-    `bare_dir`, served by `streamlit run` with the dashboard's flags; with `tree`: the dashboard of that source
-    tree, its modules first on the path); (its URL, its processes, its start: seconds and server CPU from the launch
+    `bare_dir`, served by `streamlit run` with the dashboard's flags); the dashboard of source tree `tree` (None:
+    this benchmark's own), its modules first on the path, whatever is installed; (its URL, its processes, its start: seconds and server CPU from the launch
     to its first answer to the health check). Stopped (its process group) at the end."""
     import httpx
 
@@ -183,11 +183,10 @@ def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None 
         app.write_text(BARE_PAGE)
         argv = streamlit_command(app, [], "127.0.0.1", port)
     else:
-        argv = [str(Path(sys.executable).parent / "tailscope"), "dashboard", "--store", str(store), "--host",
-                "127.0.0.1", "--port", str(port)]
-        if tree is not None:  # the same command from the other tree: its packages shadow this tree's install
-            argv[:1] = [sys.executable, "-m", "tailscope"]
-            env, cwd = {**os.environ, "PYTHONPATH": str(tree)}, tree
+        tree = ROOT if tree is None else tree
+        argv = [sys.executable, "-m", "tailscope", "dashboard", "--store", str(store), "--host", "127.0.0.1", "--port",
+                str(port)]
+        env, cwd = {**os.environ, "PYTHONPATH": str(tree)}, tree
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env=env, cwd=cwd)
@@ -201,7 +200,7 @@ def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None 
         else:
             raise RuntimeError("the dashboard did not start")
         pids = _tree(proc.pid)
-        if tree is not None and (foreign := foreign_parts(pids, tree)):
+        if store is not None and tree is not None and (foreign := foreign_parts(pids, tree)):
             raise RuntimeError(f"the server of {tree} loaded compiled parts of another tree: {', '.join(foreign)}")
         yield url, pids, Sample(time.perf_counter() - t0, 0.0, _cpu_s(pids), 0.0, 0, 0.0)
     finally:

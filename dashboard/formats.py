@@ -67,7 +67,7 @@ def exemplar_columns() -> dict[str, Any]:
     }
 
 
-#: ASCII punctuation: each is escaped in a static table's text cells, which st.table reads as Markdown (CommonMark
+#: ASCII punctuation: each is escaped in a static table's text cells, which are Markdown (CommonMark
 #: allows a backslash before any of them, so nothing else changes).
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
@@ -114,14 +114,27 @@ def link(text: str | Callable[[str], str]) -> Callable[[Any], str]:
     return cell
 
 
+#: A cell that reads as a number (a count, ms, a share, a score; – when unknown): its column is right-aligned.
+_NUMERIC = re.compile(r"^(–|-?[\d,]+(\.\d+)?( ms|%)?)$")
+
+
+def markdown_table(rows: pd.DataFrame, columns: Mapping[str, tuple[str, Callable[[Any], str]]]) -> str:
+    """`rows` as a GitHub-flavoured Markdown table: each column of `columns` (-> its header, how a value reads),
+    its cells formatted (a text cell through `literal`, so no `|` ends a cell early), a column whose every cell
+    reads as a number right-aligned."""
+    cells = [[fmt(row[c]) for c, (_, fmt) in columns.items()] for _, row in rows.iterrows()]
+    right = [bool(cells) and all(_NUMERIC.match(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["| " + " | ".join(literal(header) for header, _ in columns.values()) + " |",
+             "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    lines += ["| " + " | ".join(c or " " for c in row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
 def static_table(rows: pd.DataFrame, columns: Mapping[str, tuple[str, Callable[[Any], str]]]) -> None:
-    """A small table (a score of rows) drawn as a static HTML table (st.table), not the interactive grid: no canvas
-    and no grid script to load, which is most of a page's first render when the table is short. `columns`: each
-    column shown -> (its header, how a value reads); the values stay as they are (what tests and the CLI compare),
-    only their display is formatted."""
-    shown = rows[list(columns)].rename(columns={k: header for k, (header, _) in columns.items()})
-    style = shown.style.format({header: fmt for header, fmt in columns.values()})
-    st.table(style, hide_index=True)
+    """A small table (a score of rows) drawn as a Markdown table (`markdown_table`), not the interactive grid: no
+    grid or table script to load (Streamlit's Markdown renderer is already loaded) and no canvas, which was most of
+    a page's first render when its tables are short, and of a first click to it."""
+    st.markdown(markdown_table(rows, columns))
 
 
 def _trace_prefix(url: str) -> str:

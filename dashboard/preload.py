@@ -36,7 +36,7 @@ CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: render, besides the sidebar's: the scripts named in that page's HTML.
 PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "": ("Metric", *CHART),
-    "spike": ("Metric", "Selectbox", "Table", *CHART),
+    "spike": ("Metric", "Selectbox", *CHART),  # its tables are Markdown (dashboard.formats.static_table)
     "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
     "traces": ("TextInput", "Metric", "DataFrame", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),

@@ -166,3 +166,28 @@ def test_a_static_table_cell_reads_as_its_text_and_a_link_as_its_link() -> None:
     url = "traces?replica=replica-05&trace=7a11000000000000000000000000002a"
     assert md.renderInline(formats.link("trace")(url)) == f'<a href="{html.escape(url)}">trace</a>'
     assert formats.link("trace")(None) == formats.link("trace")("") == ""
+
+
+def test_a_markdown_table_reads_back_cell_for_cell() -> None:
+    """formats.markdown_table through an independent GFM table parser: one row per input row, each cell's text
+    exactly the value (pipes, backslashes and emphasis marks in a value included), numbers right-aligned."""
+    import html
+    import random
+    import re
+
+    import pandas as pd
+    from markdown_it import MarkdownIt
+
+    from dashboard import formats
+
+    rng = random.Random(3)
+    alphabet = "ab1_*`|\\[]()<>#$:-"
+    values = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    counts = [rng.randint(0, 10**7) for _ in values]
+    rows = pd.DataFrame({"v": values, "n": counts})
+    text = formats.markdown_table(rows, {"v": ("value", formats.literal), "n": ("tail requests", formats.count)})
+    rendered = MarkdownIt("commonmark").enable("table").render(text)
+    cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rendered)]
+    assert cells == [x for v, n in zip(values, counts, strict=True) for x in (v, f"{n:,}")]
+    assert re.findall(r"<th[^>]*>(.*?)</th>", rendered) == ["value", "tail requests"]
+    assert re.findall(r'<td style="text-align:right">', rendered) == ['<td style="text-align:right">'] * len(values)

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from analysis.engine.percentiles import iso, parse_time
 from analysis.report import explain_window
 from dashboard import charts, data
+from tests.dashboard import markdown_tables
 from tests.dashboard.conftest import APP
 
 
@@ -38,9 +39,12 @@ def _metrics(at: AppTest) -> dict[str, str]:
     return {m.label: str(m.value) for m in at.metric}
 
 
-#: The Spike page's static tables (their columns are the headers shown) -> the report's keys.
-RAW_NAMES = {"share of the excess explained": "explained", "p99 without": "p99_without_ms",
-             "tail requests": "support", "tail requests (weighted)": "support_weighted", "folded under": "folded_under"}
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f} ms"
 
 
 def _hms(text: str) -> str:
@@ -77,14 +81,15 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     assert f"{lead['explained']:.0%} of the excess explained" in at.success[0].value
     assert f"baseline without it: {charts.fmt_ms(lead['baseline_p99_without_ms'])}" in at.success[0].value
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
-    table = at.table[0].value.rename(columns=RAW_NAMES)  # a static table: its columns are the headers shown
-    assert table[["dimension", "value", "explained", "p99_without_ms", "support"]].to_dict("records") == [
-        {k: d[k] for k in ("dimension", "value", "explained", "p99_without_ms", "support")} for d in singles]
+    shown_tables = markdown_tables.tables(at)  # the page's tables are Markdown: read back as a reader sees them
+    assert [(r["dimension"], r["value"], r["share of the excess explained"], r["p99 without"], r["tail requests"])
+            for r in shown_tables[0]] == [(d["dimension"], d["value"], _pct(d["explained"]), _ms(d["p99_without_ms"]),
+                                           f"{d['support']:,}") for d in singles]
     # the pairs: those explaining more than their parts in a table, those folded under a part (`folded_under`) apart
     pairs = [d for d in spike["dimensions"] if "&" in d["dimension"]]
     kept = [{"dimension": d["dimension"], "value": d["value"]} for d in pairs if "folded_under" not in d][:10]
     if kept:
-        assert at.table[1].value[["dimension", "value"]].to_dict("records") == kept
+        assert [{"dimension": r["dimension"], "value": r["value"]} for r in shown_tables[1]] == kept
     folded = [d for d in pairs if "folded_under" in d]
     assert [e.label for e in at.expander if "pairs folded" in e.label] == (
         [f"{len(folded)} pairs folded: each explains no more than one of its values"] if folded else [])
@@ -92,10 +97,10 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
         want = []
         for d in folded:
             part = spike["dimensions"][d["folded_under"]]
-            want.append({"folded_under": f"{part['dimension']} = {part['value']}", "dimension": d["dimension"],
-                         "value": d["value"], "explained": d["explained"]})
-        shown_folded = at.table[2 if kept else 1].value.rename(columns=RAW_NAMES)
-        assert shown_folded[["folded_under", "dimension", "value", "explained"]].to_dict("records") == want
+            want.append({"folded under": f"{part['dimension']} = {part['value']}", "dimension": d["dimension"],
+                         "value": d["value"], "share of the excess explained": _pct(d["explained"])})
+        shown_folded = shown_tables[2 if kept else 1]
+        assert [{k: r[k] for k in want[0]} for r in shown_folded] == want
 
 
 def test_spike_and_overview_equal_the_cli_report(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,9 +178,9 @@ def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
     shown = at.metric[0]
     assert shown.label == "requests in window"
     assert shown.value == f"{spike['requests_weighted']:,.0f}" != f"{spike['requests']:,}"
-    table = at.table[0].value.rename(columns=RAW_NAMES)
+    table = markdown_tables.tables(at)[0]
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
-    assert table["support_weighted"].tolist() == [d["support_weighted"] for d in singles]
+    assert [r["tail requests (weighted)"] for r in table] == [f"{d['support_weighted']:,.0f}" for d in singles]
     wb = data.workbench(str(half_store))
     at.switch_page("app_pages/shape.py").run()
     assert not at.exception, [e.message for e in at.exception]
