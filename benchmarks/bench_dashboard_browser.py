@@ -167,10 +167,11 @@ def other_tree(spec: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None = None
             ) -> Iterator[tuple[str, list[int], Sample]]:
-    """`tailscope dashboard --store STORE` on a free loopback port (with `store` None: the bare page, written in
-    `bare_dir`, served by `streamlit run` with the dashboard's flags); the dashboard of source tree `tree` (None:
-    this benchmark's own), its modules first on the path, whatever is installed; (its URL, its processes, its start: seconds and server CPU from the launch
-    to its first answer to the health check). Stopped (its process group) at the end."""
+    """`tailscope dashboard --store STORE` on a free loopback port, from source tree `tree` (None: this benchmark's
+    own), its modules first on the path whatever is installed (with `store` None: the bare page, written in
+    `bare_dir`, served by `streamlit run` with the dashboard's flags); (its URL, its processes, its start: seconds
+    and server CPU from the launch to its first answer to the health check). Stopped (its process group) at the
+    end."""
     import httpx
 
     from tailscope.commands.dashboard import streamlit_command
