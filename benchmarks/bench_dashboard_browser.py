@@ -28,16 +28,15 @@ dashboard's own flags, in a new profile and in a new tab: what the framework its
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
 temp directory removed afterwards). With --against TREE (another checkout's directory, or a git ref of this
 repository, exported and built in a temp directory as benchmarks.bench_against does), the same store is also served
-from that source tree, and each round measures both trees with the same browser, one after the other, their order
-swapped every round (this, other; other, this; ...) so both see the same machine load; each tree's table is
-printed, then this tree's medians against the other's (this / other).
+from that source tree: both servers are up at once, and each measurement is taken on both trees in turn with the
+same browser, seconds apart, the pair's order swapped every round (this, other; other, this; ...), so both see the
+same machine load; each tree's table is printed, then this tree's medians against the other's (this / other).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import shutil
 import signal
@@ -294,15 +293,16 @@ Results = list[tuple[str, list[Sample], float]]
 
 def tree_order(round_no: int, trees: list[Path | None]) -> list[Path | None]:
     """The order the trees are measured in, in round `round_no` (from 0): as given in even rounds, reversed in odd
-    ones (this, other; other, this; ...), so neither tree always comes first after the anchor."""
+    ones (this, other; other, this; ...), so neither tree is always the first of a pair."""
     return trees if round_no % 2 == 0 else trees[::-1]
 
 
 def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0,
         against: Path | None = None) -> dict[Path | None, Results]:
     """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
-    after the page before it was drawn, with this tree's dashboard (key None) and, when given, `against`'s, in
-    `tree_order`; each tree's results, each holding the same anchor (the bare page's, once a round)."""
+    after the page before it was drawn, with this tree's dashboard (key None) and, when given, `against`'s: both
+    served at once, each measurement taken on both in turn (`tree_order`); each tree's results, each holding the
+    same anchor (the bare page's, once a round)."""
     from playwright.sync_api import sync_playwright
 
     trees: list[Path | None] = [None] if against is None else [None, against]
@@ -326,38 +326,48 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     _open(ctx, url, "", BARE_HEADING, server)  # its first visit fills the profile's cache
                     keep(None, "bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
                     ctx.close()
-                for tree in tree_order(round_no, trees):
-                    _dashboard_round(browser, store, tree, pages, think_s, functools.partial(keep, tree))
+                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep)
         finally:
             browser.close()
     return {t: [(k, v, limits[k]) for k, v in got.items()] for t, got in rounds.items()}
 
 
-def _dashboard_round(browser: Any, store: Path, tree: Path | None, pages: tuple[tuple[str, str, str], ...],
+def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages: tuple[tuple[str, str, str], ...],
                      think_s: float, keep: Any) -> None:
-    """One round of the dashboard's measurements, served from `tree` (None: this one), each handed to `keep`
-    (label, sample[, limit])."""
-    with serving(store, tree=tree) as (url, server, start):
-        keep("server start to its first answer: dashboard (its warm-up done)", start)
-        keep("first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
+    """One round of the dashboard's measurements with a server from each of `trees` (None: this one), all up at
+    once; each measurement is taken on every tree in turn, in the order given, before the next one (so the two
+    samples of a pair are seconds apart, under the same load), and handed to `keep` (tree, label, sample[, limit])."""
+    with contextlib.ExitStack() as stack:
+        served: dict[Path | None, tuple[str, list[int]]] = {}
+        for tree in trees:
+            url, server, start = stack.enter_context(serving(store, tree=tree))
+            served[tree] = url, server
+            keep(tree, "server start to its first answer: dashboard (its warm-up done)", start)
+        for tree, (url, server) in served.items():
+            keep(tree, "first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
         for _, path, heading in pages:
-            keep(f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
-        warm = browser.new_context(viewport=VIEWPORT)  # one browser profile whose HTTP cache holds
-        for _, path, heading in pages:  # every page's scripts after a first visit, as a user's does
-            _open(warm, url, path, heading, server)
+            for tree, (url, server) in served.items():
+                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
+        warm = {}
+        for tree, (url, server) in served.items():  # a browser profile per tree whose HTTP cache holds every
+            warm[tree] = stack.enter_context(contextlib.closing(browser.new_context(viewport=VIEWPORT)))
+            for _, path, heading in pages:  # page's scripts after a first visit, as a user's does
+                _open(warm[tree], url, path, heading, server)
         for _, path, heading in pages:
-            keep(f"fresh session, new tab (browser cache warm): {heading}",
-                 _open(warm, url, path, heading, server), PAGE_LIMIT_S)
-        warm.close()
-        page = browser.new_page(viewport=VIEWPORT)
-        page.goto(url)
-        drawn(page, "Overview")
-        meter = Meter(page, server)
+            for tree, (url, server) in served.items():
+                keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
+                     _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
+        tabs = {}
+        for tree, (url, server) in served.items():
+            page = stack.enter_context(contextlib.closing(browser.new_page(viewport=VIEWPORT)))
+            page.goto(url)
+            drawn(page, "Overview")
+            tabs[tree] = page, Meter(page, server)
         for name, _, heading in (*pages[1:], pages[0]):
-            page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
-            link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
-            keep(f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
-        page.close()
+            for tree, (page, meter) in tabs.items():
+                page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
+                link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
+                keep(tree, f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
 
 
 def main() -> None:
@@ -371,7 +381,7 @@ def main() -> None:
                         "Overview is always first")
     parser.add_argument("--against", default=None, metavar="TREE",
                         help="also serve the store from this source tree (a checkout's directory, or a git ref), "
-                        "alternating with this one round by round")
+                        "each measurement taken on both in turn")
     args = parser.parse_args()
     wanted = {p.strip() for p in args.pages.split(",") if p.strip()}
     pages = tuple(p for p in PAGES if not wanted or p[0] in wanted or p[0] == "Overview")
