@@ -190,9 +190,11 @@ def value_url(f: Filters, conditions: Sequence[Mapping[str, Any]], dims: Sequenc
 
 
 def exemplar_table(rows: pd.DataFrame, f: Filters) -> None:
-    """Exemplar rows (analysis.traces.slowest: a handful) with the columns an on-call reads, as a static table,
-    each trace a link that opens its waterfall on the Traces page (with the same filters `f`)."""
+    """Exemplar rows (analysis.traces.slowest) with the columns an on-call reads, each trace id a link that
+    opens its waterfall on the Traces page (with the same filters `f`): a static table (a spike's few exemplars)."""
     from dashboard import data, formats
 
     shown = rows.assign(trace=[url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in rows["trace_id"]])
-    formats.static_table(shown, {c: cell for c, cell in formats.EXEMPLAR_CELLS.items() if c in shown.columns})
+    cols = [c for c in ("trace", "start", "replica", "model", "tenant", "status", "latency_ms", "input_tokens",
+                        "output_tokens") if c in shown.columns]
+    formats.table(shown[cols], formats.exemplar_columns())

@@ -30,10 +30,11 @@ event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, br
 st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
 if not verdict["judged"]:
-    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
-             "clear here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
-                              + ", ".join(charts.window_label(a, b) for a, b in context)
-                              + ". Clear the filters to explain them." if context else ""), icon=":material/help:")
+    st.error(formats.times(
+        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
+        "here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
+                   + ", ".join(charts.window_label(a, b) for a, b in context)
+                   + ". Clear the filters to explain them." if context else "")), icon=":material/help:")
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}
@@ -109,16 +110,21 @@ if any(d.get("support_weighted", d["support"]) != d["support"] for d in ex.get("
 dims = pd.DataFrame(ex.get("dimensions", []), columns=columns)[columns]
 # each value (or pair) links to the Overview filtered to it, where the sidebar filters it (links.value_url)
 dims["filter"] = [links.value_url(f, d["conditions"], data.FILTER_DIMENSIONS) for d in ex.get("dimensions", [])]
-# each table is a score of rows at most: drawn as a static table (no grid script, no canvas: formats.static_table)
-cells = {"dimension": ("dimension", formats.literal), "value": ("value", formats.literal),
-         "explained": ("share of the excess explained", formats.share),
-         "p99_without_ms": ("p99 without", formats.ms_text),
-         "baseline_p99_without_ms": ("baseline p99 without", formats.ms_text),
-         "tail_share": ("share of the tail", formats.share), "baseline_share": ("share of the baseline", formats.share),
-         "support": ("tail requests", formats.count), "support_weighted": ("tail requests (weighted)", formats.count),
-         "score": ("score", lambda x: "–" if x is None or x != x else f"{x:.2f}"),
-         "filter": ("filter", formats.link("filter to this value"))}
-table_cells = {c: cells[c] for c in (*columns, "filter")}
+pct = st.column_config.NumberColumn(format="percent")
+ms = "%,.0f ms"
+table_config = {
+    "explained": st.column_config.NumberColumn("share of the excess explained", format="percent",
+                                               help="1 − (p99 without − baseline p99 without) / (p99 − baseline p99): "
+                                                    "negative when leaving the value out widens the gap"),
+    "p99_without_ms": st.column_config.NumberColumn("p99 without", format=ms),
+    "baseline_p99_without_ms": st.column_config.NumberColumn("baseline p99 without", format=ms),
+    "tail_share": st.column_config.NumberColumn("share of the tail", format="percent"),
+    "baseline_share": st.column_config.NumberColumn("share of the baseline", format="percent"),
+    "support": st.column_config.NumberColumn("tail requests", format="%,d"),
+    "support_weighted": st.column_config.NumberColumn("tail requests (weighted)", format="%,.0f"),
+    "score": st.column_config.NumberColumn("score", format="%.2f"),
+    "filter": st.column_config.LinkColumn("filter", display_text="filter to this value",
+                                          help="Open the Overview with the current filters narrowed to this value")}
 pair = dims["dimension"].str.contains("&")
 # a pair explaining no more than a value ranked before it is folded under that value (analysis' `folded_under`)
 folded = folded_pairs(ex.get("dimensions", []))
@@ -145,26 +151,20 @@ else:
             + (f" · [filter to this value]({u})" if (u := links.value_url(f, [lv], data.FILTER_DIMENSIONS)) else "")
             for name, lv in levels))
     shown = singles.head(12)
-    formats.static_table(shown, table_cells)
     if shown["p99_without_ms"].notna().any():
-        # lazy: the chart (the table's p99 without each value, against the observed and the baseline p99) is sent
-        # and drawn only once its expander is opened, so the page's first render draws one Vega view fewer
-        plot = st.expander("Chart: the p99 without each value, against the observed and the baseline p99",
-                           key="spike_counterfactual", on_change="rerun")
-        if plot.open:
-            plot.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
-                                                    ex.get("baseline_p99_ms")), width="stretch")
+        st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
+                                              ex.get("baseline_p99_ms")), width="stretch")
+    formats.table(shown, table_config)
 st.caption("Ranked by analysis.stats.explain, best explanation first: tail (requests above the baseline p99) "
-           "against the baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, "
-           "left out of the window and of the baseline alike. Share of the excess explained: 1 − (p99 without − "
-           "baseline p99 without) / (p99 − baseline p99), negative when leaving the value out widens the gap; each "
-           "filter link opens the Overview with the current filters narrowed to that value.")
+           "against the "
+           "baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, left out of "
+           "the window and of the baseline alike.")
 
 st.subheader("Pairs")
 if pairs.empty:
     st.caption("No pair of values explains clearly more than its parts.")
 else:
-    formats.static_table(pairs.head(10), table_cells)
+    formats.table(pairs.head(10), table_config, notes=False)  # the same columns as the table above
 if folded:  # the folded pairs, each with the value it restates and its filter link
     under = [ex["dimensions"][d["folded_under"]] for d in ex.get("dimensions", []) if "folded_under" in d]
     # lazy: the table is sent and drawn only once the expander is opened (a closed one still mounts its children)
@@ -174,7 +174,8 @@ if folded:  # the folded pairs, each with the value it restates and its filter l
         restated = dims[~unfolded].copy()
         restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
         with box:
-            formats.static_table(restated, {"folded_under": ("folded under", formats.literal), **table_cells})
+            formats.table(restated, {**table_config, "folded_under": st.column_config.TextColumn("folded under")},
+                          notes=False)
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))

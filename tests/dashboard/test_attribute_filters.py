@@ -17,7 +17,6 @@ from dashboard import links
 from dashboard.engine import FILTER_DIMENSIONS, Filters
 from sample_traces.emit import write_otlp
 from sample_traces.fleet import default_config, simulate
-from tests.dashboard import markdown_tables
 from tests.dashboard.conftest import APP
 from tests.sample_traces.cli_checks import ingested
 
@@ -249,10 +248,11 @@ def test_the_spike_page_links_each_named_value_to_its_filter(tmp_path: Path,
     at.run()
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    lead = markdown_tables.tables(at)[0][0]  # the dimensions' Markdown table, read back as a reader sees it
+    table = at.table[0].value
+    lead = table.iloc[0]
     assert (lead["dimension"], lead["value"]) == (NODE_KEY, SLOW_NODE)
     on_node = [r for r, n in NODE_OF.items() if n == SLOW_NODE]
-    node_view = _follow(str(markdown_tables.link(lead["filter"])), monkeypatch, store)
+    node_view = _follow(str(lead["filter"]), monkeypatch, store)
     assert node_view.multiselect(key="f_attrs").value == [NODE_KEY]
     assert node_view.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [SLOW_NODE]
     assert _metric(node_view, "requests") == format(_plain_count(store, on_node), ",")
