@@ -28,9 +28,10 @@ dashboard's own flags, in a new profile and in a new tab: what the framework its
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
 temp directory removed afterwards). With --against TREE (another checkout's directory, or a git ref of this
 repository, exported and built in a temp directory as benchmarks.bench_against does), the same store is also served
-from that source tree: both servers are up at once, and each measurement is taken on both trees in turn with the
+from that source tree: both servers are up at once, each first render is measured on both trees in turn with the
 same browser, seconds apart, the pair's order swapped every round (this, other; other, this; ...), so both see the
-same machine load; each tree's table is printed, then this tree's medians against the other's (this / other).
+same machine load, and each tree's clicks run as one sequence after the other's; each tree's table is printed, then
+this tree's medians against the other's (this / other).
 """
 
 from __future__ import annotations
@@ -335,8 +336,9 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
 def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages: tuple[tuple[str, str, str], ...],
                      think_s: float, keep: Any) -> None:
     """One round of the dashboard's measurements with a server from each of `trees` (None: this one), all up at
-    once; each measurement is taken on every tree in turn, in the order given, before the next one (so the two
-    samples of a pair are seconds apart, under the same load), and handed to `keep` (tree, label, sample[, limit])."""
+    once; each first render is measured on every tree in turn, in the order given, before the next one (so the two
+    samples of a pair are seconds apart, under the same load); the clicks, one session's sequence each, tree after
+    tree; each sample handed to `keep` (tree, label, sample[, limit])."""
     with contextlib.ExitStack() as stack:
         served: dict[Path | None, tuple[str, list[int]]] = {}
         for tree in trees:
@@ -357,17 +359,16 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
             for tree, (url, server) in served.items():
                 keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
                      _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
-        tabs = {}
-        for tree, (url, server) in served.items():
-            page = stack.enter_context(contextlib.closing(browser.new_page(viewport=VIEWPORT)))
-            page.goto(url)
-            drawn(page, "Overview")
-            tabs[tree] = page, Meter(page, server)
-        for name, _, heading in (*pages[1:], pages[0]):
-            for tree, (page, meter) in tabs.items():
+        for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
+            page = browser.new_page(viewport=VIEWPORT)  # its clicks would name the other pages' scripts meanwhile
+            page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
+            drawn(page, "Overview")  # does not find
+            meter = Meter(page, server)
+            for name, _, heading in (*pages[1:], pages[0]):
                 page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
                 link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
                 keep(tree, f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
+            page.close()
 
 
 def main() -> None:
