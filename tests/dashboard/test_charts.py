@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import polars as pl
 import pytest
@@ -108,8 +109,17 @@ def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
     assert (bars["top"] - bars["bottom"]).to_list() == bars["n"].to_list()
     for _, group in bars.group_by("window"):
         assert group["bottom"].min() == 0 and group["top"].max() == group["n"].sum()
-    only_failed = _layer_data(charts.counts(df, [], 60, ("error", "timeout")), "bar")
+    failed_spec = charts.counts(df.with_columns(error=pl.Series([0, 0, 1, 0, 0, 0]), timeout=pl.lit(0)), [], 60,
+                                ("error", "timeout"))
+    only_failed = _layer_data(failed_spec, "bar")
     assert set(only_failed["outcome"]) <= {"error", "timeout"}
+    # the x axis spans every window of the series, not only those with a bar (one here); whole requests on y
+    (failed_bars,) = [lay for lay in failed_spec["layer"] if lay["mark"]["type"] == "bar"]
+    first_ms = 1_763_650_800_000
+    want = {"type": "utc", "domain": [first_ms, first_ms + 5 * 300_000 + 60_000]}  # the last window ends 60 s on
+    assert failed_bars["encoding"]["x"]["scale"] == want
+    assert failed_bars["encoding"]["y"]["axis"]["tickMinStep"] == 1
+    _validate(failed_spec)
     assert "params" not in spec and "rule" not in [lay["mark"]["type"] for lay in spec["layer"]]
 
 
@@ -175,6 +185,16 @@ def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
     assert cell(None, "tenant_a: $5 [x]") == r"tenant\_a\: \$5 \[x\]"
     assert cell(None, 1234567) == "1,234,567"
     assert [cell(None, v) for v in (True, False, np.bool_(True))] == ["yes", "", "yes"]
+    # the whole table: one Markdown table, numbers right-aligned, a help text in a caption under it
+    shown: list[str] = []
+    with mock.patch.object(st, "markdown", shown.append), mock.patch.object(st, "caption", shown.append):
+        formats.table(pd.DataFrame({"dimension": ["replica", "a|b"], "explained": [0.863, None], "support": [26, 3],
+                                    "filter": ["./?replica=r-1", None]}),
+                      {"explained": st.column_config.NumberColumn("share explained", format="percent", help="1 − x"),
+                       "filter": st.column_config.LinkColumn("filter", display_text="filter to this value")})
+    assert shown == ["| dimension | share explained | support | filter |\n|---|---:|---:|---|\n"
+                     "| replica | 86.3% | 26 | [filter to this value](./?replica=r-1) |\n| a\\|b | – | 3 | – |",
+                     "share explained: 1 − x"]
     # a clock time's colons escaped, and only those: Streamlit's Markdown takes `:06:` for an emoji shortcode
     assert formats.times("**Spike 14:06:00–14:10:00 UTC**: p99 [open](spike?a=1)") == (
         r"**Spike 14\:06\:00–14\:10\:00 UTC**: p99 [open](spike?a=1)")
