@@ -157,15 +157,10 @@ else:
             + (f" · [filter to this value]({u})" if (u := links.value_url(f, [lv], data.FILTER_DIMENSIONS)) else "")
             for name, lv in levels))
     shown = singles.head(12)
-    formats.table(shown, table_config)
     if shown["p99_without_ms"].notna().any():
-        # lazy: the chart (the table's p99 without each value, against the observed and the baseline p99) is sent
-        # and drawn only once its expander is opened, so the page's first render draws one Vega view fewer
-        plot = st.expander("Chart: the p99 without each value, against the observed and the baseline p99",
-                           key="spike_counterfactual", on_change="rerun")
-        if plot.open:
-            plot.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
-                                                    ex.get("baseline_p99_ms")), width="stretch")
+        st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
+                                              ex.get("baseline_p99_ms")), width="stretch")
+    formats.table(shown, table_config)
 st.caption("Ranked by analysis.stats.explain, best explanation first: tail (requests above the baseline p99) "
            "against the "
            "baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, left out of "
