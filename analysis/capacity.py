@@ -155,6 +155,11 @@ def replay_batched_py(a: I64, base: npt.NDArray[np.float64], servers: int, repli
     return np.asarray(lat, dtype=np.int64), np.asarray(svc, dtype=np.int64)
 
 
+#: Sets of replay arrays (`Workload.buffers`) a workload keeps once no replay runs: one set is 24 bytes a request
+#: (34 MiB at 1.4 M requests), as much as the workload's own arrays; a cache of workloads holds no more.
+SPARE_BUFFERS = 1
+
+
 class Workload:
     """The observed requests in a range, sorted by arrival: arrival, service and TTFT-after-queue (ns)."""
 
@@ -185,22 +190,28 @@ class Workload:
         self._zero_wait: int | None = None
         self._scaled: dict[float, npt.NDArray[np.float64]] = {}  # g -> scaled_services (every count replays it)
         self._spare: list[tuple[I64, I64, I64]] = []  # `buffers` not in use
+        self._borrowed = 0  # `buffers` lent now
         self._spare_lock = threading.Lock()
 
     @contextlib.contextmanager
     def buffers(self) -> Iterator[tuple[I64, I64, I64]]:
         """Three arrays of `size` int64 for one replay's latencies, services and TTFTs (`kernel_quantiles`), lent to
         one thread at a time and kept for the next replay: fresh arrays of millions cost more in page faults than
-        the quantiles that read them."""
+        the quantiles that read them. While replays run (a curve's, one per core) every returned set is kept for the
+        next; once none runs, SPARE_BUFFERS sets stay, however many threads replayed at once."""
         with self._spare_lock:
             got = self._spare.pop() if self._spare else None
+            self._borrowed += 1
         if got is None:
             got = (np.empty(self.size, np.int64), np.empty(self.size, np.int64), np.empty(self.size, np.int64))
         try:
             yield got
         finally:
             with self._spare_lock:
+                self._borrowed -= 1
                 self._spare.append(got)
+                if not self._borrowed:
+                    del self._spare[SPARE_BUFFERS:]
 
     @property
     def zero_wait_replicas(self) -> int:

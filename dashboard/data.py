@@ -46,8 +46,8 @@ from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
     Snapshot,
+    exact_hour_sql,
     hour_of,
-    hour_requests_sql,
     hour_where,
     snapshot,
     stored_source,
@@ -545,9 +545,10 @@ def _size(path: Path) -> int:
 
 
 def _insert_exact(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hour: int, into: str = "req_live") -> None:
-    """Insert the exact `requests` rows of one stale hour: the rows its materialized file would hold."""
-    cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path "
-                f"FROM ({hour_requests_sql(cur, snap, hour)})")
+    """Insert the exact `requests` rows of one stale hour: the rows its materialized file would hold, computed as
+    the hour's build computes them (the critical-path sweep in C where it is built)."""
+    with exact_hour_sql(cur, snap, hour) as sql:
+        cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path FROM ({sql})")
 
 
 def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int]) -> None:
@@ -1180,17 +1181,15 @@ def _in_seconds(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-#: From this many requests in the time range the Cost and Capacity pages compute in the background: the page waits
-#: BACKGROUND_WAIT_S, then draws a note and fills in when the work is done (below it, the page waits for it).
+#: From this many requests in the time range the Cost and Capacity pages compute in the background: the page draws a
+#: note at once and fills in the moment the work is done (below it, the page waits for it without a note).
 BACKGROUND_REQUESTS = 100_000
-BACKGROUND_WAIT_S = 1.5
+#: While it waits, the page renews its note this often: each renewal is a point where a click elsewhere stops the page
+#: (Streamlit stops a script at its next element), so the other pages stay usable; the work goes on meanwhile.
+BACKGROUND_STEP_S = 0.25
+#: How long a page waits for its background work before it leaves the note and stops (a rerun later reads the result).
+BACKGROUND_MAX_S = 3600.0
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
-
-
-def background_done(timeout_s: float) -> None:
-    """Wait until the background work submitted so far is done (one worker: a no-op queued now runs after it); for
-    benchmarks, which time a page's work without the reruns that poll it."""
-    _POOL.submit(lambda: None).result(timeout=timeout_s)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
@@ -1217,20 +1216,22 @@ def capacity_started(_db: Bench, store: str, version: int, filters: Filters, tar
 
 
 def finished(job: Future[Any], requests_in_range: int, note: str) -> Any:
-    """The job's result: waited for when the range holds fewer than BACKGROUND_REQUESTS requests, else for
-    BACKGROUND_WAIT_S; if it is still running, a note that reruns the page when it is done, and the page stops."""
-    with contextlib.suppress(TimeoutError):
-        job.result(timeout=BACKGROUND_WAIT_S if requests_in_range >= BACKGROUND_REQUESTS else None)
-    if job.done():
+    """The job's result. From BACKGROUND_REQUESTS requests in the range, the page shows `note` until the job is done
+    and then draws the result in the same run, renewing the note every BACKGROUND_STEP_S so that a click elsewhere
+    stops the page meanwhile; after BACKGROUND_MAX_S the note stays and the page stops."""
+    if requests_in_range < BACKGROUND_REQUESTS or job.done():
         return job.result()
-
-    @st.fragment(run_every=1.0)
-    def _waiting() -> None:
-        if job.done():
-            st.rerun(scope="app")
-        st.info(note + " The other pages stay usable meanwhile.", icon=":material/hourglass_top:")
-
-    _waiting()
+    slot = st.empty()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < BACKGROUND_MAX_S:
+        with contextlib.suppress(TimeoutError):
+            result = job.result(timeout=BACKGROUND_STEP_S)
+            slot.empty()
+            return result
+        slot.info(f"{note} The other pages stay usable meanwhile ({time.monotonic() - t0:,.0f} s so far).",
+                  icon=":material/hourglass_top:")
+    slot.info(f"{note} Still running after {BACKGROUND_MAX_S / 60:.0f} minutes: open the page again later.",
+              icon=":material/hourglass_top:")
     st.stop()
 
 

@@ -189,12 +189,12 @@ def value_url(f: Filters, conditions: Sequence[Mapping[str, Any]], dims: Sequenc
     return None if narrowed is None else url(page, narrowed, dims)
 
 
-def exemplar_table(rows: pd.DataFrame, key: str, f: Filters) -> None:
+def exemplar_table(rows: pd.DataFrame, f: Filters) -> None:
     """Exemplar rows (analysis.traces.slowest) with the columns an on-call reads, each trace id a link that
-    opens its waterfall on the Traces page (with the same filters `f`)."""
+    opens its waterfall on the Traces page (with the same filters `f`): a static table (a spike's few exemplars)."""
     from dashboard import data, formats
 
     shown = rows.assign(trace=[url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in rows["trace_id"]])
     cols = [c for c in ("trace", "start", "replica", "model", "tenant", "status", "latency_ms", "input_tokens",
                         "output_tokens") if c in shown.columns]
-    st.dataframe(shown[cols], hide_index=True, key=key, column_config=formats.exemplar_columns())
+    formats.table(shown[cols], formats.exemplar_columns())

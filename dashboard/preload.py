@@ -33,17 +33,18 @@ FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
-#: render, besides the sidebar's: the scripts named in that page's HTML.
+#: render, besides the sidebar's: the scripts named in that page's HTML. "Table" is a static table
+#: (dashboard.formats.table), "DataFrame" the interactive grid (a longer table, or one whose rows are picked).
 PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "": ("Metric", *CHART),
-    "spike": ("Metric", "Selectbox", "DataFrame", *CHART),
+    "spike": ("Metric", "Selectbox", "Table", *CHART),
     "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
-    "traces": ("TextInput", "Metric", "DataFrame", *CHART),
+    "traces": ("TextInput", "Metric", "Table", "DataFrame", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
-    "replicas": ("Radio", "Selectbox", "DataFrame", *CHART),
+    "replicas": ("Radio", "Selectbox", "Table", *CHART),
     "whatif": ("NumberInput", "Selectbox", "Metric"),
-    "capacity": ("Radio", "NumberInput", "Metric", "DataFrame", *CHART),
-    "cost": ("Radio", "NumberInput", "Metric", "DataFrame", *CHART),
+    "capacity": ("Radio", "NumberInput", "Metric", "Table", *CHART),
+    "cost": ("Radio", "NumberInput", "Metric", "Table", *CHART),
     "sql": ("Selectbox", "TextArea"),
 }
 

@@ -6,23 +6,19 @@ page switches; pages read the result with `current()`.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
 from analysis.engine.store_status import store_status, summary_line
-from dashboard import data, links
+from dashboard import data, formats, links
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _KEY = "tailscope_filters"
 LIVE_INTERVALS_S: tuple[int, ...] = (5, 15, 60)
-#: The characters Markdown (st.caption's, with Streamlit's `:directive[...]`) could read as formatting inside the
-#: summary line (a line that starts with a date or a name, so no list or heading marker matters).
-_MARKDOWN = re.compile(r"[\\`*_{}\[\]<>~$:|#]")
 
 
 def _dt(ns: int) -> datetime:
@@ -90,7 +86,7 @@ def summary_text(f: data.Filters) -> str:
     parts += [f"{dim} = {', '.join(getattr(f, dim))}" for dim in data.FILTER_DIMENSIONS if getattr(f, dim)]
     parts += [f"{a.key} = {', '.join(a.values)}" for a in f.attributes if a.values]
     text = " · ".join(parts) if parts else "All requests"
-    return _MARKDOWN.sub(r"\\\g<0>", text)
+    return formats.escape(text)
 
 
 def _attribute_control(db: data.Bench) -> tuple[data.AttributeFilter, ...]:
@@ -141,7 +137,7 @@ def _live_controls(db: data.Bench) -> None:
 
         _tick()
     refreshed = datetime.fromtimestamp(db.last_refresh_s, tz=UTC)
-    st.caption(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC")
+    st.caption(formats.escape(f"{db.store} · data v{db.version} · refreshed {refreshed:%H:%M:%S} UTC"))
     if db.can("segments"):  # how the store is (segments, compaction lag, retention): the listing only
         st.caption(summary_line(store_status(db.store, footers=False)))
     note = db.loading_note()

@@ -429,7 +429,9 @@ def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[i
                 ("resource", f"SELECT {h}::BIGINT AS hour, Replica AS replica, k, vs FROM "
                              f"({resource_attribute_sql('spans', f'TimestampNs >= {h} AND TimestampNs < {h + hour}')})"
                              )):
-            p = {"lo": None, "hi": None}
+            # the hour's bounds narrow the scan only (its requests' spans start in it, their stages beside it), as
+            # a report's time range does
+            p = {"lo": h, "hi": h + hour}
             if LIVE_VALUES[name] in have:
                 con.execute(f"INSERT INTO {LIVE_VALUES[name]} {sql}", p)
             else:

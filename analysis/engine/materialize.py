@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -210,6 +210,37 @@ def _ptr(a: np.ndarray, typ: type) -> Any:
     return a.ctypes.data_as(ctypes.POINTER(typ))
 
 
+# pyarrow's own numpy conversions (to_numpy, pa.array of numpy) import pandas (0.3 CPU-s), which a dashboard opening
+# a store with live hours would otherwise pay before its first page: the sweep moves its columns through buffers.
+
+def _values(col: pa.ChunkedArray | pa.Array, dtype: type) -> np.ndarray:
+    """The values of a fixed-width arrow column as a contiguous numpy array of `dtype` (of the same width)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    width = np.dtype(dtype).itemsize
+    if arr.type.bit_width != 8 * width:
+        raise TypeError(f"{arr.type} is not {np.dtype(dtype)} wide")
+    if not len(arr):
+        return np.zeros(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * width).copy()
+
+
+def _valid(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """1 where the arrow column holds a value, 0 where it is null (uint8)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count == 0:
+        return np.ones(len(arr), np.uint8)
+    bits = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little")
+    return np.ascontiguousarray(bits[arr.offset:arr.offset + len(arr)])
+
+
+def _arrow(values: np.ndarray, typ: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """A fixed-width arrow array of `values` (null where `valid` is false), its buffers taken from numpy."""
+    values = np.ascontiguousarray(values)
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid.astype(bool), bitorder="little"))
+    nulls = -1 if valid is not None else 0
+    return pa.Array.from_buffers(typ, len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
+
+
 def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int, lib: ctypes.CDLL,
                         names: dict[str, str]) -> str:
     """`hour_requests_sql`'s rows with the sweep (the model's `info` and `stage_ns`) computed by the C kernel.
@@ -236,16 +267,16 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
     rk = np.ascontiguousarray(req["rk"]).view(np.int64)
     rs, re, hr = (np.ascontiguousarray(req[c], dtype=np.int64) for c in ("rs", "re", "hr"))
     ok = np.ascontiguousarray(req["ok"], dtype=np.uint8)
-    k, pk = (np.ascontiguousarray(st[c].to_numpy()).view(np.int64) for c in ("k", "pk"))
-    s, e = (np.ascontiguousarray(st[c].to_numpy(), dtype=np.int64) for c in ("s", "e"))
-    code = np.ascontiguousarray(st["code"].to_numpy(), dtype=np.int32)
-    rep_ok = np.ascontiguousarray(st["Replica"].is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+    k, pk = (_values(st[c], np.int64) for c in ("k", "pk"))
+    s, e = (_values(st[c], np.int64) for c in ("s", "e"))
+    code = _values(st["code"], np.int32)
+    rep_ok = _valid(st["Replica"])
     import pyarrow.compute as pc  # here: only an hour's build needs it, not every reader of the store (0.05 s)
 
     ids = pc.cast(st["SpanId"], pa.large_string()).combine_chunks()
     if isinstance(ids, pa.ChunkedArray):
-        ids = ids.chunk(0) if ids.num_chunks else pa.array([], pa.large_string())
-    id_ok = np.ascontiguousarray(ids.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+        ids = ids.chunk(0) if ids.num_chunks else pa.nulls(0, pa.large_string())
+    id_ok = _valid(ids)
     bufs = ids.buffers()
     id_off = np.frombuffer(bufs[1], dtype=np.int64, count=len(ids) + 1, offset=ids.offset * 8)
     id_dat = ctypes.c_void_p(bufs[2].address if bufs[2] is not None and bufs[2].size else None)  # `ids` keeps it
@@ -264,17 +295,40 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
                            _ptr(worker, i64))
     if rc != 0:
         raise MemoryError("the critical-path kernel ran out of memory")
-    keys = pa.array(rk.view(np.uint64))
+    keys = _arrow(rk.view(np.uint64), pa.uint64())
+    a64 = pa.int64()
     con.register(names["stage_ns"], pa.table(
-        {"rk": keys, **{f"{x}_ns": stage_ns[:, c] for c, x in enumerate(S.ALL_STAGES)}, "covered_ns": covered}))
-    replica = st["Replica"].take(pa.array(np.where(worker < 0, 0, worker), mask=worker < 0)) if ns else (
+        {"rk": keys, **{f"{x}_ns": _arrow(stage_ns[:, c], a64) for c, x in enumerate(S.ALL_STAGES)},
+         "covered_ns": _arrow(covered, a64)}))
+    replica = st["Replica"].take(_arrow(np.where(worker < 0, 0, worker), a64, worker >= 0)) if ns else (
         pa.nulls(nr, pa.string()))
     con.register(names["info"], pa.table({
-        "rk": keys, "prefill_end_ns": pa.array(prefill_end, mask=prefill_ok == 0),
-        "stream_start_ns": pa.array(stream_start, mask=stream_ok == 0), "worker_replica": replica}))
+        "rk": keys, "prefill_end_ns": _arrow(prefill_end, a64, prefill_ok),
+        "stream_start_ns": _arrow(stream_start, a64, stream_ok), "worker_replica": replica}))
     return (f"WITH req AS (SELECT * FROM {names['req']}), info AS (SELECT * FROM {names['info']}), "
             f"stage_ns AS (SELECT * FROM {names['stage_ns']})\n"
             + M.select_sql(M.DUCKDB, source, stages=True, columns=M.REQUEST_COLUMNS))
+
+
+@contextlib.contextmanager
+def exact_hour_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int, kernel: bool = True
+                   ) -> Iterator[str]:
+    """SQL of the `requests` rows of one stale hour, valid inside the block: with `kernel` and the C kernel built,
+    the critical-path sweep runs in C (`_swept_requests_sql`, the same rows, about half the CPU); otherwise all in
+    the model's SQL (`hour_requests_sql`). The kernel's temporary relations on `con` are dropped after the block."""
+    lib = load_sweep() if kernel else None
+    if lib is None:
+        yield hour_requests_sql(con, snap, hour_ns)
+        return
+    tag = uuid.uuid4().hex[:8]
+    names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
+    try:
+        yield _swept_requests_sql(con, snap, hour_ns, lib, names)
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {names['req']}")
+        for n in ("info", "stage_ns"):
+            with contextlib.suppress(duckdb.Error):  # not registered when the sweep failed before
+                con.unregister(names[n])
 
 
 def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | None = None, *,
@@ -296,19 +350,15 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"requests-{snap.key(hour_ns)}.parquet"
     tmp = directory / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
-    lib = load_sweep() if kernel else None
-    tag = uuid.uuid4().hex[:8]
-    names = {n: f"_tailscope_build_{n}_{tag}" for n in ("req", "info", "stage_ns")}
     mine = snap.by_hour.get(hour_ns, [])  # the hour's own segments: its spans, for the recognition counts
     engines = dict(con.execute(engine_counts_sql(files_source([str(f) for f in mine]), snap.mapping)
                                ).fetchall()) if mine else {}
     meta = M.quote(json.dumps({str(k): int(v) for k, v in sorted(engines.items())}))
     try:
-        sql = _swept_requests_sql(con, snap, hour_ns, lib, names) if lib is not None else hour_requests_sql(
-            con, snap, hour_ns)
-        con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
-                    f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
+        with exact_hour_sql(con, snap, hour_ns, kernel) as sql:
+            con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY start_ns, trace_id, span_id) TO '{tmp}' "
+                        f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, "
+                        f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {{'{ENGINES_KEY}': {meta}}})")
         fsync_path(tmp)
         # the hour's attribute values (analysis.engine.attribute_values) before its requests: a reader seeing the
         # requests file sees them too
@@ -321,10 +371,6 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         tmp.unlink(missing_ok=True)
         raise
     finally:
-        if lib is not None:
-            con.execute(f"DROP TABLE IF EXISTS {names['req']}")
-            for n in ("info", "stage_ns"):
-                con.unregister(names[n])
         if own:
             con.close()
     _sweep(directory, keep=final)

@@ -101,6 +101,5 @@ policies = {"static": f"static {int(start)}",
 table = pd.DataFrame([{"policy": name, "p99_ms": up[k]["p99_ms"], "ttft_p99_ms": up[k]["ttft_p99_ms"],
                        "gpu_usd_per_hour": formats.usd(up[k]["gpu_usd_per_hour"], "/h")}
                       for k, name in policies.items()])
-st.dataframe(table, hide_index=True, column_config={
-    "p99_ms": formats.ms("p99"), "ttft_p99_ms": formats.ms("TTFT p99"),
-    "gpu_usd_per_hour": st.column_config.TextColumn("GPU USD per hour")})
+formats.table(table, {"p99_ms": formats.ms("p99"), "ttft_p99_ms": formats.ms("TTFT p99"),
+                     "gpu_usd_per_hour": st.column_config.TextColumn("GPU USD per hour")})

@@ -47,8 +47,7 @@ if rows.empty:
 rows["requests"] = rows["requests_weighted"]  # what the stored requests stand for (equal when unsampled)
 priced = usd is not None or rows["cost_usd"].notna().any()
 money = ["cost_usd", "usd_per_1k_output_tokens"] if priced else []
-st.dataframe(rows[["key", "gpu_seconds", *money, "requests", "input_tokens", "output_tokens",
-                   "tail_gpu_share"]], hide_index=True, column_config={
+formats.table(rows[["key", "gpu_seconds", *money, "requests", "input_tokens", "output_tokens", "tail_gpu_share"]], {
     "key": st.column_config.TextColumn(by.replace("_", " ")),
     "gpu_seconds": formats.number("GPU seconds", "%,.1f"),
     "cost_usd": formats.number("USD", "$%,.2f"),
@@ -77,8 +76,8 @@ st.altair_chart(alt.Chart(series).mark_area().encode(
     width="stretch")
 st.subheader("Replicas")
 reps = pd.DataFrame(res["replicas"])
-st.dataframe(reps[["replica", "observed_seconds", "allocated_seconds", "cold_start_seconds", "idle_seconds",
-                   "idle_share"]], hide_index=True, column_config={
+formats.table(reps[["replica", "observed_seconds", "allocated_seconds", "cold_start_seconds", "idle_seconds",
+                    "idle_share"]], {
     "observed_seconds": formats.number("observed (s)", "%,.1f"),
     "allocated_seconds": formats.number("allocated to requests (s)", "%,.1f"),
     "cold_start_seconds": formats.number("cold start (s)", "%,.1f"),

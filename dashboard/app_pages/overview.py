@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from dashboard import charts, data, links, sidebar
+from dashboard import charts, data, formats, links, sidebar
 
 db = data.open_store()
 f = sidebar.current()
@@ -40,16 +40,17 @@ cols[5].metric("spikes", len(spikes) if verdict["judged"] else "not judged",
 
 shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):
-    st.warning(f"**Spike {charts.window_label(a, b)}**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
+    st.warning(formats.times(f"**Spike {charts.window_label(a, b)}**: p99 {charts.fmt_ms(sp.get('p99_ms'))} against a "
                f"baseline of {charts.fmt_ms(sp.get('baseline_p99_ms'))}, p50 {charts.fmt_ms(sp.get('p50_ms'))}. "
                f"[Open it on the Spike page]({links.url('spike', f, data.FILTER_DIMENSIONS, start_ns=a, end_ns=b)}) "
-               "to see what explains it.", icon=":material/local_fire_department:")
+               "to see what explains it."), icon=":material/local_fire_department:")
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
 if not verdict["judged"]:
-    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
-             "clear here." + (f" Without the filters, this range has {len(context)} spike(s), shaded grey: "
-                              + ", ".join(charts.window_label(a, b) for a, b in context) + "."
-                              if context else ""), icon=":material/help:")
+    st.error(formats.times(
+        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
+        "here." + (f" Without the filters, this range has {len(context)} spike(s), shaded grey: "
+                   + ", ".join(charts.window_label(a, b) for a, b in context) + "." if context else "")),
+        icon=":material/help:")
 notes = "; ".join(marks.get("warnings", []) + [e for e in marks.get("errors", []) if verdict["judged"]])
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))

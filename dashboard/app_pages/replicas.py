@@ -47,7 +47,7 @@ shown = df.assign(explained_by=explained_by)
 cols = ["replica", "outlier", "explained_by", "requests", "p50_ms", "p99_ms", *S_OUTCOMES, "n_effective"]
 if (df["requests_weighted"] != df["requests"]).any():  # sampled: what the stored requests stand for
     cols.insert(cols.index("requests") + 1, "requests_weighted")
-st.dataframe(shown[[c for c in cols if c in shown.columns]], hide_index=True, column_config={
+formats.table(shown[[c for c in cols if c in shown.columns]], {
     "explained_by": st.column_config.TextColumn("outlier explained by"),
     "requests_weighted": formats.number("requests (weighted)"),
     "requests": formats.number("requests"), "n_effective": formats.number("effective requests"),

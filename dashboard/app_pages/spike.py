@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.report import folded_pairs
-from dashboard import charts, data, links, sidebar
+from dashboard import charts, data, formats, links, sidebar
 
 db = data.open_store()
 f = sidebar.current()
@@ -30,10 +30,11 @@ event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, br
 st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
 brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
 if not verdict["judged"]:
-    st.error(f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all "
-             "clear here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
-                              + ", ".join(charts.window_label(a, b) for a, b in context)
-                              + ". Clear the filters to explain them." if context else ""), icon=":material/help:")
+    st.error(formats.times(
+        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
+        "here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
+                   + ", ".join(charts.window_label(a, b) for a, b in context)
+                   + ". Clear the filters to explain them." if context else "")), icon=":material/help:")
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}
@@ -153,7 +154,7 @@ else:
     if shown["p99_without_ms"].notna().any():
         st.altair_chart(charts.counterfactual(shown.dropna(subset=["p99_without_ms"]), float(ex["p99_ms"] or 0),
                                               ex.get("baseline_p99_ms")), width="stretch")
-    st.dataframe(shown, hide_index=True, column_config=table_config)
+    formats.table(shown, table_config)
 st.caption("Ranked by analysis.stats.explain, best explanation first: tail (requests above the baseline p99) "
            "against the "
            "baseline, a Bonferroni-guarded over-representation test, then the p99 without each value, left out of "
@@ -163,7 +164,7 @@ st.subheader("Pairs")
 if pairs.empty:
     st.caption("No pair of values explains clearly more than its parts.")
 else:
-    st.dataframe(pairs.head(10), hide_index=True, column_config=table_config)
+    formats.table(pairs.head(10), table_config, notes=False)  # the same columns as the table above
 if folded:  # the folded pairs, each with the value it restates and its filter link
     under = [ex["dimensions"][d["folded_under"]] for d in ex.get("dimensions", []) if "folded_under" in d]
     # lazy: the table is sent and drawn only once the expander is opened (a closed one still mounts its children)
@@ -172,8 +173,9 @@ if folded:  # the folded pairs, each with the value it restates and its filter l
     if box.open:
         restated = dims[~unfolded].copy()
         restated.insert(0, "folded_under", [f"{d['dimension']} = {d['value']}" for d in under])
-        box.dataframe(restated, hide_index=True,
-                      column_config={**table_config, "folded_under": st.column_config.TextColumn("folded under")})
+        with box:
+            formats.table(restated, {**table_config, "folded_under": st.column_config.TextColumn("folded under")},
+                          notes=False)
 
 st.subheader("Exemplars")
 ids = tuple(ex.get("exemplars", []))
@@ -181,4 +183,4 @@ rows = data.exemplars(*key, f, len(ids), trace_ids=ids) if ids else pd.DataFrame
 if rows.empty:
     st.caption("No exemplar in this window.")
 else:
-    links.exemplar_table(rows, "spike_exemplars", f)
+    links.exemplar_table(rows, f)

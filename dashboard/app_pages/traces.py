@@ -6,6 +6,7 @@ one typed, else the row picked in the exemplar table, else the slowest.
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, formats, links, sidebar
@@ -63,9 +64,10 @@ with trace_box:
                 by_stage = spans[spans["stage"].notna()].groupby("stage")["critical_ms"].sum()
                 crit = {str(k): float(v) for k, v in by_stage.items() if v > 0}
                 crit[S.OTHER] = req["e2e_ns"] / 1e6 - sum(crit.values())
-            st.dataframe([{"stage": k, "critical-path ms": round(v, 1), "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
-                          for k, v in sorted(crit.items(), key=lambda kv: -kv[1])], hide_index=True,
-                         column_config={"critical-path ms": formats.number("on the critical path", "%,.1f ms")})
+            formats.table(pd.DataFrame([{"stage": k, "critical-path ms": round(v, 1),
+                                         "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
+                                        for k, v in sorted(crit.items(), key=lambda kv: -kv[1])]),
+                          {"critical-path ms": formats.number("on the critical path", "%,.1f ms")})
 
 if not ex.empty:
     st.subheader("Slowest requests (exemplars of the tail)")

@@ -125,3 +125,26 @@ def test_observed_slots_are_the_most_one_replica_served_at_once(tmp_path: Path) 
         # at time t a replica serves its requests with busy <= t < end; the most at once is reached at some busy
         brute = max([1, *(sum(1 for r2, b2, e2 in rows if r2 == r and b2 <= b < e2) for r, b, _ in rows)])
         assert observed_workload(con).slots == brute == B.peak_concurrency(con)
+
+
+def test_a_workload_keeps_replay_arrays_for_running_replays_and_one_set_once_idle() -> None:
+    """`Workload.buffers`: a set returned while another replay runs is lent again (no fresh arrays); once no replay
+    runs the workload keeps SPARE_BUFFERS sets, however many were lent at once."""
+    from analysis.capacity import SPARE_BUFFERS
+
+    w = Workload(np.arange(10, dtype=np.int64), np.ones(10, dtype=np.int64), np.zeros(10), 1, 1, None, 10)
+    with w.buffers() as a:
+        with w.buffers() as b:
+            assert a[0] is not b[0] and a[0].shape == (10,)
+        with w.buffers() as c:
+            assert c[0] is b[0]  # b's set, kept while a's replay ran
+        with w.buffers(), w.buffers(), w.buffers():
+            pass
+        assert len(w._spare) == 3  # every set returned while a's replay runs is kept
+    assert len(w._spare) == SPARE_BUFFERS == 1
+    kept = w._spare[0]
+    with w.buffers() as d:
+        assert d is kept  # reused, not fresh
+    # the curve's parallel replays leave one set too
+    capacity_curve(w, [1, 2, 3, 4])
+    assert len(w._spare) == SPARE_BUFFERS

@@ -248,7 +248,7 @@ def test_the_spike_page_links_each_named_value_to_its_filter(tmp_path: Path,
     at.run()
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    table = at.dataframe[0].value
+    table = at.table[0].value
     lead = table.iloc[0]
     assert (lead["dimension"], lead["value"]) == (NODE_KEY, SLOW_NODE)
     on_node = [r for r, n in NODE_OF.items() if n == SLOW_NODE]

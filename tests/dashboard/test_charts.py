@@ -143,3 +143,38 @@ def test_an_attributes_values_chart_keeps_the_order_given_and_formats_its_number
     # the replicas' own chart is as before: replicas in their natural order, no title on the axis
     reps = charts.replica_chart(df.rename(columns={"value": "replica"})).to_dict()
     assert reps["layer"][0]["encoding"]["x"] == {"field": "replica", "type": "nominal", "title": None}
+
+
+def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
+    """formats.table's cells: each grid column entry's format (separators, units, a dollar sign, a share), a link
+    as a Markdown link (its display text, or the part its pattern picks out), a UTC time, unknown values as a dash,
+    and Markdown's punctuation escaped (a `$` must not start math, nor `:` a directive)."""
+    import numpy as np
+    import pandas as pd
+    import streamlit as st
+
+    from dashboard import formats
+
+    def cell(config: Any, value: Any) -> str:
+        return formats._cell(config)(value)
+
+    assert cell(formats.ms("p99"), 12345.678) == "12,346 ms"
+    assert cell(formats.number("USD", "$%,.2f"), 1234.5) == r"\$1,234.50"
+    assert cell(formats.number("tail requests", "%,d"), 4321.0) == "4,321"
+    assert cell(formats.number("score", "%.2f"), 2.0) == "2.00"
+    assert cell(formats.percent("share"), 0.4567) == "45.7%"
+    assert cell(st.column_config.ProgressColumn("p", format="percent", min_value=0.0, max_value=1.0), 0.256) == "26%"
+    assert [cell(formats.ms("p99"), v) for v in (None, float("nan"), pd.NA)] == ["–"] * 3
+    assert cell(formats.exemplar_columns()["trace"], "traces?tenant=a&trace=7a1100000000000000000000000000ff") == (
+        "[7a1100000000](traces?tenant=a&trace=7a1100000000000000000000000000ff)")
+    assert cell(st.column_config.LinkColumn("filter", display_text="filter to this value"), "./?replica=r-1") == (
+        "[filter to this value](./?replica=r-1)")
+    assert cell(st.column_config.LinkColumn("filter"), None) == "–"
+    assert cell(formats.utc("start (UTC)"), pd.Timestamp("2026-11-14 22:13:05", tz="America/New_York")) == (
+        r"2026-11-15 03\:13\:05")
+    assert cell(None, "tenant_a: $5 [x]") == r"tenant\_a\: \$5 \[x\]"
+    assert cell(None, 1234567) == "1,234,567"
+    assert [cell(None, v) for v in (True, False, np.bool_(True))] == ["yes", "", "yes"]
+    # a clock time's colons escaped, and only those: Streamlit's Markdown takes `:06:` for an emoji shortcode
+    assert formats.times("**Spike 14:06:00–14:10:00 UTC**: p99 [open](spike?a=1)") == (
+        r"**Spike 14\:06\:00–14\:10\:00 UTC**: p99 [open](spike?a=1)")

@@ -300,7 +300,7 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
     assert not [w.value for w in at.warning if "could not" in w.value]
     at.switch_page("app_pages/cost.py").run()
     assert not at.exception and not at.warning, ([e.message for e in at.exception], [w.value for w in at.warning])
-    assert len(at.metric) == 4 and len(at.dataframe) == 2
+    assert len(at.metric) == 4 and len(at.table) == 2
     at.switch_page("app_pages/alerts.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert [i.value for i in at.info] == [
