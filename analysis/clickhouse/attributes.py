@@ -1,14 +1,16 @@
 """Every attribute a candidate dimension on ClickHouse: analysis.stats.attributes' three sources, rules and coding,
 pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
 
-The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
-table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the keys its stage
-spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either
-side, the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never
-per request: each key's count of requests, distinct values, whether every value parses as a finite number
-(`parses_sql`: the text Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
-(`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
-Each key the rules may keep is then coded once, a column of ATTR_TEMP (which replaces ATTR_MAPS); each
+The frame's requests (the rows the report explains: in range, with a value) are read in passes that never hold
+their attribute maps in memory, so the pass stays bounded as the table grows. The keys the stage spans agree on
+(`stage`: the spans of its trace with a stage starting in its own hour or the hour on either side, the DuckDB
+report's rule, attribute_values.stage_attribute_sql) are kept per request and key (ATTR_STAGE), the frame's
+requests being the join's table in memory and the spans streaming past. The request spans' maps are streamed
+to count what comes back per candidate, never per request: each key's count of requests, distinct values,
+whether every value parses as a finite number (`parses_sql`: the text Arrow's cast reads, as the DuckDB report
+tests) with the power-of-two buckets present (`number_key_sql`: attributes.number_keys in SQL) or, for text, its
+values (at most MAX_VALUES + 1; each distinct value parsed once). Each key the rules may keep is then coded once,
+a small column of ATTR_TEMP (the frame's requests joined by the request span's ids with its codes); each
 replica's resource values come back as one row per replica and key (`resource`), the same-partition
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
@@ -42,8 +44,9 @@ from analysis.engine.percentiles import in_range_sql
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 
-#: Session temporary tables of the attribute pass (their names' common start): the frame's requests with their
-#: attribute maps (ATTR_MAPS, while the keys are read), then with each candidate key's code (ATTR_TEMP).
+#: Session temporary tables of the attribute pass (their names' common start): the stage keys each request's stage
+#: spans agree on (ATTR_STAGE, one row per request and key, while the keys are read), then the frame's requests with
+#: each candidate key's code (ATTR_TEMP).
 ATTR_PREFIX: Final = "_tailscope_attr"
 ATTR_STAGE: Final = "_tailscope_attr_stage"
 ATTR_TEMP: Final = "_tailscope_attr_codes"
