@@ -234,12 +234,12 @@ def _keys_sql(pairs: str) -> str:
     MAX_VALUES + 1 of its values, each with its bucket (0 when not a number). The distinct values are counted first,
     so each is parsed once, however many requests carry it."""
     ok = parses_sql("v")
-    return (f"SELECT k, sum(c) AS present, count() AS nd, min(ok) AS num, "
+    return (f"SELECT k, present, nd, num, integral, keys, arrayMap(p -> p.1, vk) AS texts, "
+            f"arrayMap(p -> p.2, vk) AS text_keys FROM (SELECT k, sum(c) AS present, count() AS nd, min(ok) AS num, "
             f"min(if(ok, x = floor(x), true)) AS integral, groupUniqArrayIf(nk, ok) AS keys, "
-            f"groupArray({A.MAX_VALUES + 1})((v, nk)) AS vk, arrayMap(p -> p.1, vk) AS texts, "
-            f"arrayMap(p -> p.2, vk) AS text_keys "
+            f"groupArray({A.MAX_VALUES + 1})((v, nk)) AS vk "
             f"FROM (SELECT k, v, c, {ok} AS ok, toFloat64OrZero(v) AS x, if(ok, {number_key_sql('v')}, 0) AS nk "
-            f"FROM (SELECT k, v, count() AS c FROM ({pairs}) GROUP BY k, v)) GROUP BY k")
+            f"FROM (SELECT k, v, count() AS c FROM ({pairs}) GROUP BY k, v)) GROUP BY k)")
 
 
 def _value_code_sql(value: str, r: dict[str, Any], order: Sequence[Any]) -> str:
