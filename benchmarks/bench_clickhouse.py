@@ -9,11 +9,15 @@ from this very store by the running export code (its stamp says so), with every 
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
                                           [--fixed-spike] [--sampled] [--profile-export] [--materialized]
-                                          [--attrs N] [--json]
+                                          [--attrs N] [--skip-duckdb] [--save-report FILE]
+                                          [--memory-temp-max-spans N] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
-the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
+the bytes the chdb report pulled back (Arrow), the chdb directory size, each report's peak resident memory
+(VmHWM, reset when it starts; Linux) and the 1-minute load. --skip-duckdb runs the chdb report alone (a size
+where one process cannot hold the anchor), --save-report writes its JSON for a comparison made apart, and
+--memory-temp-max-spans sets where the chdb report's temporary tables become MergeTree.
 With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
 million spans), so the spike (15 minutes of one replica) and the windows (the 1 M store's, given
 to both reports) stay the same while the table grows: what the chdb report pulls should not grow.
