@@ -15,7 +15,7 @@ from this very store by the running export code (its stamp says so), with every 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
 the bytes the chdb report pulled back (Arrow), the chdb directory size, each report's peak resident memory
-(VmHWM, reset when it starts; Linux) and the 1-minute load. --skip-duckdb runs the chdb report alone (a size
+(VmHWM, reset when it starts) and the 1-minute load. --skip-duckdb runs the chdb report alone (a size
 where one process cannot hold the anchor), --save-report writes its JSON for a comparison made apart, and
 --memory-temp-max-spans sets where the chdb report's temporary tables become MergeTree.
 With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
@@ -66,6 +66,7 @@ from typing import Any
 
 from analysis.clickhouse.export import export_store
 from analysis.engine.percentiles import auto_window_s
+from benchmarks.bench_report import peak_rss_mib, reset_peak_rss
 from benchmarks.inputs import clear, matches, prepare, read_stamp, record
 from benchmarks.synthetic import DURATION_S, SPANS_PER_REQUEST, make_store
 
@@ -75,28 +76,6 @@ def _cpu_s() -> float:
     does not stretch with the load of a shared machine."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _reset_peak_rss() -> None:
-    """Start a new peak of this process's resident memory at its current size (Linux: clear_refs 5 resets VmHWM);
-    elsewhere nothing, and _peak_rss_mib says None."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss_mib() -> float | None:
-    """The peak resident memory of this process since the last _reset_peak_rss (VmHWM), MiB; None off Linux."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 def _dir_bytes(path: Path) -> int:
@@ -378,12 +357,12 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     if not skip_duckdb:
         con = connect(store)
         con.execute("SET enable_progress_bar = false").fetchall()
-        _reset_peak_rss()
+        reset_peak_rss()
         t, c = time.perf_counter(), _cpu_s()
         duck = dict(build_report(con, window_s=window))
         out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
         out["duckdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-        out["duckdb_report_peak_rss_mib"] = _peak_rss_mib()
+        out["duckdb_report_peak_rss_mib"] = round(peak_rss_mib(), 1)
         con.close()
     table = "otel_traces"
     if sampled:
@@ -395,12 +374,12 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         out["spikes"] = len(duck["spikes"])
     out["sampled"] = sampled
     if not skip_fly:  # the chdb report computing the model from the spans (842 s at 100 M spans)
-        _reset_peak_rss()
+        reset_peak_rss()
         t, c = time.perf_counter(), _cpu_s()
         ch = ch_report(client, table, window_s=window, materialized=False)
         out["chdb_report_s"] = round(time.perf_counter() - t, 2)
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-        out["chdb_report_peak_rss_mib"] = _peak_rss_mib()
+        out["chdb_report_peak_rss_mib"] = round(peak_rss_mib(), 1)
         if duck is not None:
             out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         else:
