@@ -66,15 +66,15 @@ def window_label(start_ns: int, end_ns: int) -> str:
 
 
 #: Axis labels of a UTC time axis by the ticks' granularity: 24-hour times, the date at day ticks.
-_AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
+AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minutes": "%H:%M", "hours": "%H:%M",
                       "date": "%m-%d",
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 
 def _time_x(name: str, **extra: Any) -> dict[str, Any]:
     """A temporal x field drawn in UTC with 24-hour labels, whatever the browser's time zone."""
-    return _field(name, "temporal", scale={"type": "utc"}, axis={"format": _AXIS_CLOCK, "labelOverlap": True},
-                  **{"title": "UTC", **extra})
+    return _field(name, "temporal", **{"scale": {"type": "utc"}, "axis": {"format": AXIS_CLOCK, "labelOverlap": True},
+                                       "title": "UTC", **extra})
 
 
 def _utc_text(df: pl.DataFrame, column: str, alias: str = "time (UTC)") -> pl.DataFrame:
@@ -176,7 +176,9 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
            title: str = "requests per window", height: int = 240) -> Spec:
     """Requests per window of `df` (data.over_time) stacked by outcome (those of `outcomes`), `spikes`
     shaded: a Vega-Lite spec. Each bar spans its whole window, so a window of a few failures still shows
-    a bar (the Overview draws the failures in a chart of their own, on their own scale)."""
+    a bar (the Overview draws the failures in a chart of their own, on their own scale). The x axis spans
+    every window of `df`, with or without a bar (the charts above it keep the same range), and the y axis
+    ticks whole requests only."""
     present = {o: o for o in outcomes if o in df.columns}
     datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, spikes)
@@ -191,8 +193,8 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
         "data": _dataset(datasets, long.drop("rank")),
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
-            "x": _time_x("window"), "x2": {"field": "end"},
-            "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f"}),
+            "x": _time_x("window", scale=_utc_span(df, window_s)), "x2": {"field": "end"},
+            "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f", "tickMinStep": 1}),
             "y2": {"field": "bottom"},
             "color": _field("outcome", "nominal", scale=_colors({o: OUTCOME_COLORS[o] for o in present}),
                             legend={"orient": "top", "title": None}),
@@ -201,6 +203,14 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
         },
     })
     return {"title": title, "height": height, "layer": layers, "datasets": datasets}
+
+
+def _utc_span(df: pl.DataFrame, window_s: int) -> dict[str, Any]:
+    """A UTC time scale from `df`'s first window's start to its last window's end (ms since the epoch)."""
+    if df.is_empty():
+        return {"type": "utc"}
+    first, last = df.select(pl.col("window_ns").min().alias("a"), pl.col("window_ns").max().alias("b")).row(0)
+    return {"type": "utc", "domain": [int(first) // 1_000_000, (int(last) + window_s * 10**9) // 1_000_000]}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
@@ -337,8 +347,10 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
         x=alt.X("bucket:N", sort=alt.EncodingSortField("lo"), title=title),
         xOffset="pct:N",
         y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color("pct:N", scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
-        tooltip=["bucket:N", "pct:N", alt.Tooltip("ms:Q", format=",.0f"), "requests:Q"],
+        color=alt.Color("pct:N", title=None,  # p50, p99: the labels say it
+                        scale=alt.Scale(domain=["p50", "p99"], range=[PCT_COLORS["p50"], PCT_COLORS["p99"]])),
+        tooltip=[alt.Tooltip("bucket:N", title=title), alt.Tooltip("pct:N", title="percentile"),
+                 alt.Tooltip("ms:Q", format=",.0f"), alt.Tooltip("requests:Q", format=",.0f")],
     ).properties(height=240)
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: What a cost figure reads when no price is set.
 NO_PRICE: Final = "set a price (docs/cost.md)"
+#: The same in a metric, whose value a narrow column would cut short (its help gives NO_PRICE).
+NO_PRICE_SHORT: Final = "set a price"
 
 
 def count(x: float | None) -> str:
@@ -33,6 +35,11 @@ def count(x: float | None) -> str:
 def usd(x: float | None, per: str = "") -> str:
     """A dollar amount, or the sentence that asks for a price."""
     return NO_PRICE if x is None or x != x else f"${x:,.2f}{per}"
+
+
+def usd_metric(x: float | None, per: str = "") -> tuple[str, str | None]:
+    """A dollar amount for `st.metric`: (value, help); with no price, the short sentence and NO_PRICE as help."""
+    return (NO_PRICE_SHORT, NO_PRICE) if x is None or x != x else (usd(x, per), None)
 
 
 def seconds(x: float | None) -> str:

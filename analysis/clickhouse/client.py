@@ -132,9 +132,10 @@ class ChdbClient:
             self._s.query(f"SET {key} = {int(value)}", "CSV")
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
-        """Run a SELECT; the settings ride on the query's SETTINGS clause."""
+        """Run a SELECT; the settings ride on the query's SETTINGS clause, on a line of its own (a trailing `--` or
+        `#` comment in `sql` would otherwise swallow it, and readonly = 1 with it)."""
         try:
-            out = self._s.query(sql.rstrip().rstrip(";") + settings_clause(settings), "ArrowTable")
+            out = self._s.query(sql.rstrip().rstrip(";") + "\n" + settings_clause(settings), "ArrowTable")
         except Exception as exc:
             raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
         return out  # type: ignore[no-any-return]

@@ -490,8 +490,10 @@ def tail_sql(client: Client, facts: str, where: str, col: str, weight: str | Non
         n = client.query(f"SELECT count() AS n FROM {facts} WHERE {where}").to_pylist()[0]["n"]
         k = X.tail_size(int(n))
     else:  # explain.tail_slice's weighted rule: the running sum of the weights in that order
+        share = X.tail_share()  # the cut as explain.tail_weight computes it
         got = client.query(
-            f"SELECT length(c) AS n, arrayFirstIndex(x -> x >= {1 - X.TAIL_Q!r} * c[length(c)], c) AS k "
+            f"SELECT length(c) AS n, arrayFirstIndex(x -> x >= c[length(c)] * {share.numerator} / "
+            f"{share.denominator}, c) AS k "
             f"FROM (SELECT arrayCumSum(arrayMap(x -> x.3, arraySort(x -> (-x.1, x.2), "
             f"groupArray(({v}, start_ns, {w}))))) AS c FROM {facts} WHERE {where})",
             features(client).settings).to_pylist()[0]

@@ -11,6 +11,7 @@ from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.requests import requests_facts
 from analysis.clickhouse.server import features
 from analysis.engine import model as M
+from tracing.errors import QueryError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -24,9 +25,12 @@ def query_views(client: Client, sql: str, table: str = DEFAULT_TABLE, *, compute
     temporary tables (`computed`: `requests` is there already); `spans` is a CTE in front of
     the query; `requests` reads the materialized table where it is current (`requests_facts`,
     unless not `materialized`). The query itself runs with `readonly = 1` (and `limits`, e.g.
-    max_execution_time): the server refuses any write, DDL or setting change in it.
+    max_execution_time): the server refuses any write, DDL or setting change in it. A query naming OUTFILE is
+    refused here: chdb writes `INTO OUTFILE` even read-only.
     """
     words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
+    if "outfile" in words:  # the keyword anywhere (comments may sit between INTO and OUTFILE): never a read
+        raise QueryError(sql, "INTO OUTFILE writes a file: not in a read-only query")
     if words & {"requests", "stages"} and not computed:
         requests_facts(client, table, materialized=materialized)
     if "stages" in words:

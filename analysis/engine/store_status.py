@@ -44,6 +44,7 @@ class HourStatus:
     first_ns: int | None
     last_ns: int | None
     pending: bool  # settled, but not yet in its final shape (the compactor's rule: intake.compact.merge)
+    settled_s: float = 0.0  # when it settled (s since the epoch): its end + settle, or its last write + quiet if later
 
 
 @dataclass
@@ -74,10 +75,10 @@ class StoreStatus:
 
     @property
     def compaction_lag_s(self) -> float:
-        """Seconds the oldest settled hour not yet compacted has waited since it settled (0: none waits)."""
-        settle, quiet = self._times()
-        waits = [self.now_s - (h.hour_ns + HOUR_NS) / 1e9 - settle - quiet for h in self.hours if h.pending]
-        return max([0.0, *waits])
+        """Seconds the oldest settled hour not yet compacted has waited since it settled (0: none waits): since its
+        end + settle, or since its last write + quiet when that came later (an old hour written just now, by a
+        backfill, has waited only since then)."""
+        return max([0.0, *(self.now_s - h.settled_s for h in self.hours if h.pending)])
 
     def _times(self) -> tuple[float, float]:
         policy = (self.compactor or {}).get("policy", {})
@@ -146,10 +147,11 @@ def store_status(store: Path | str, *, footers: bool = True, now_s: float | None
             first = lo if first is None or (lo is not None and lo < first) else first
             last = hi if last is None or (hi is not None and hi > last) else last
         raw = sum(segment_level(f.name) == 0 for f in listing.files)
-        settled = (out.now_s - (hour + HOUR_NS) / 1e9 >= settle) and out.now_s - newest_mtime >= quiet
+        settled_s = max((hour + HOUR_NS) / 1e9 + settle, newest_mtime + quiet)
+        settled = out.now_s >= settled_s  # the compactor's rule: the hour is over by settle, and quiet for quiet
         out.hours.append(HourStatus(hour, len(listing.files), raw, len(listing.replaced), size,
                                     spans if footers else None, first, last,
-                                    pending=settled and (small > 1 or mergeable_raw > 0)))
+                                    pending=settled and (small > 1 or mergeable_raw > 0), settled_s=settled_s))
     return out
 
 
@@ -158,5 +160,5 @@ def summary_line(status: StoreStatus) -> str:
     d = status.as_dict()
     spans = f", {d['spans']:,} spans" if d["spans"] is not None else ""
     return (f"{d['hours']} hour(s), {d['files']:,} segment(s) (at most {d['max_files_per_hour']} in an hour), "
-            f"{d['bytes'] / 1e6:,.1f} MB{spans}; compaction lag {d['compaction_lag_s']:.0f} s"
+            f"{d['bytes'] / 1e6:,.1f} MB{spans}; compaction lag {d['compaction_lag_s']:,.0f} s"
             f" ({d['pending_hours']} settled hour(s) waiting); retention {d['retention']}")

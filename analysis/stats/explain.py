@@ -32,6 +32,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from itertools import combinations
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -521,6 +522,7 @@ class PairTables:
         self.whole = outside is not None
         self.numbered: dict[tuple[int, ...], Numbered] = {}
         self.done: dict[int, tuple[I64, dict[int, tuple[I64, F64 | None]]]] = {}
+        self.grouped: dict[int, list[tuple[int, ...]] | None] = {}  # `_groups` per attribute width
 
     def _numbered(self, group: tuple[int, ...]) -> Numbered:
         """The rows' combinations of the built-ins of `group` numbered (from every built-in's, when it fits)."""
@@ -575,7 +577,13 @@ class PairTables:
     def _groups(self, a_slots: int) -> list[tuple[int, ...]] | None:
         """The built-ins in runs whose count with an attribute of `a_slots` slots has at most `cells` cells (a
         run's combinations bounded by the product of its slots, else numbered); None when one built-in alone
-        has more."""
+        has more. Worked out once per width (`covers` and `_tables` ask for each attribute)."""
+        if a_slots not in self.grouped:
+            self.grouped[a_slots] = self._grouped(a_slots)
+        return self.grouped[a_slots]
+
+    def _grouped(self, a_slots: int) -> list[tuple[int, ...]] | None:
+        """`_groups`, worked out."""
         groups: list[tuple[int, ...]] = []
         run: tuple[int, ...] = ()
         for j in range(self.lead):
@@ -661,10 +669,7 @@ def summed(key: I64, weights: F64, cells: int) -> F64:
 def _present_cells(tc: I64, bc: I64, sizes: list[int]) -> int:
     """Cells (values, or pairs of values) held by a tail or baseline request, the missing value's left out."""
     held = (tc > 0) | (bc > 0)
-    grid = held.reshape(sizes)
-    for axis, size in enumerate(sizes):
-        grid = np.delete(grid, size - 1, axis=axis)  # the missing slot
-    return int(grid.sum())
+    return int(held.reshape(sizes)[tuple(slice(0, size - 1) for size in sizes)].sum())  # the missing slot left out
 
 
 def _missing_last(codes: I64, slots: int) -> I64:
@@ -1020,9 +1025,24 @@ def shares_of_means(tail: Mapping[str, float], base: Mapping[str, float], stages
     return out
 
 
+def tail_share(q: float = TAIL_Q) -> Fraction:
+    """1 - q exactly, q read as the decimal it is written as (0.99: 1/100). In floating point 1 - 0.99 is a hair
+    above 0.01, which made the tail of 1,000 rows 11 long and a weight's cut a hair high."""
+    return 1 - Fraction(repr(q))
+
+
 def tail_size(n: int, q: float = TAIL_Q) -> int:
-    """How many of n unweighted rows `tail_slice` keeps (a remote engine asks for that many)."""
-    return min(n, max(MIN_TAIL_SLICE, math.ceil((1 - q) * n)))
+    """How many of n unweighted rows `tail_slice` keeps, ceil(n (1 - q)) in integers (a remote engine asks for
+    that many)."""
+    share = tail_share(q)
+    return min(n, max(MIN_TAIL_SLICE, -(-n * share.numerator // share.denominator)))
+
+
+def tail_weight(total: float, q: float = TAIL_Q) -> float:
+    """(1 - q) of a weight `total`, as `tail_slice` cuts it: total * numerator / denominator of `tail_share`
+    (rounded once when the numerator is 1); analysis.clickhouse.report.tail_sql writes the same operations."""
+    share = tail_share(q)
+    return total * share.numerator / share.denominator
 
 
 def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = None) -> I64:
@@ -1035,7 +1055,7 @@ def tail_slice(values: F64, rows: I64, q: float = TAIL_Q, weights: F64 | None = 
     if weights is not None:
         order = rows[np.argsort(-values[rows], kind="stable")]
         cum = np.cumsum(weights[order])
-        k = int(np.searchsorted(cum, (1 - q) * float(cum[-1]), side="left")) + 1
+        k = int(np.searchsorted(cum, tail_weight(float(cum[-1]), q), side="left")) + 1
         return order[:min(rows.size, max(MIN_TAIL_SLICE, k))]
     k = tail_size(rows.size, q)
     if k == rows.size:

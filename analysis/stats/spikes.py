@@ -336,6 +336,78 @@ def tail_ratio(k: npt.ArrayLike, n: npt.ArrayLike | None, s: npt.ArrayLike | Non
     return out
 
 
+#: Stand-in for a score sum whose logarithm `stretch_max` takes where the size term is not added (any finite log does).
+_TINY: Final = float(np.finfo(np.float64).tiny)
+
+
+def stretch_max(ck: I64, cn: I64, cs: F64 | None, total_k: int, total_n: int, max_len: int, table: F64) -> F64:
+    """Per row of `ck` (one row per draw: the cumulative counts above the threshold at the windows' bounds) and of `cs`
+    (the cumulative tail scores; None: counts only), the largest `tail_ratio` (at least 0) over every stretch of
+    1..max_len consecutive windows of sizes `cn` (cumulative): the very floats `tail_ratio` gives, and faster.
+
+    Each element goes through the same operations in the same order as in `tail_ratio`, so the same floats; only how
+    they are laid out differs (this is the detection's costliest loop). The windows run along the first axis, so every
+    stretch length reads contiguous rows and the maximum over stretches is an elementwise one; no ufunc is masked
+    (numpy's masked loops cost about ten times an unmasked pass): a term not added is multiplied by 0 (x * 1 is x and
+    every term is finite), and a score sum whose logarithm is not used is replaced by a stand-in (`_TINY`). The few
+    stretches where a used logarithm is of 0 or less (not from real scores) take `tail_ratio` itself."""
+    draws, bounds = ck.shape
+    best = np.zeros(draws)
+    if bounds < 2:
+        return best
+    pair = table + table[::-1]  # x ln x + (K - x) ln (K - x), as tail_ratio adds them
+    k_cum = np.ascontiguousarray(ck.T, dtype=np.float64)  # bounds x draws, exact (counts below 2^53)
+    s_cum = None if cs is None else np.ascontiguousarray(cs.T, dtype=np.float64)
+    size = draws * (bounds - 1)
+    kf_buf, a_buf, s_buf, u_buf = (np.empty(size) for _ in range(4))
+    k_buf = np.empty(size, dtype=np.intp)
+    m_buf, m2_buf = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
+    for length in range(1, min(max_len, bounds - 1) + 1):
+        shape = (bounds - length, draws)
+        kf, a, s, u = (b[:shape[0] * draws].reshape(shape) for b in (kf_buf, a_buf, s_buf, u_buf))
+        k = k_buf[:shape[0] * draws].reshape(shape)
+        mask, mask2 = m_buf[:shape[0] * draws].reshape(shape), m2_buf[:shape[0] * draws].reshape(shape)
+        e = (cn[length:] - cn[:-length]).astype(np.float64) * (total_k / total_n)  # as in tail_ratio, per stretch
+        inside = (e > 0) & (e < total_k)
+        log_rest = np.log(np.where(inside, total_k - e, 1.0))
+        slope = (np.log(np.where(inside, e, 1.0)) - log_rest)[:, None]
+        np.subtract(k_cum[length:], k_cum[:-length], out=kf)
+        np.copyto(k, kf, casting="unsafe")
+        gk = pair[k]
+        np.multiply(kf, slope, out=a)  # the count term: gk - k slope - K log_rest where inside and k > e
+        np.subtract(gk, a, out=a)
+        np.subtract(a, (total_k * log_rest)[:, None], out=a)
+        np.greater(kf, np.where(inside, e, np.inf)[:, None], out=mask)
+        np.multiply(a, mask, out=a)
+        if s_cum is not None:  # the size term: gk - k ln s - (K - k) ln (K - s) where s > k and k < K
+            np.subtract(s_cum[length:], s_cum[:-length], out=s)
+            np.greater(s, kf, out=mask)
+            np.less(kf, total_k, out=mask2)
+            np.logical_and(mask, mask2, out=mask)
+            np.subtract(total_k, s, out=u)
+            np.less(u, _TINY, out=mask2)
+            np.logical_and(mask, mask2, out=mask2)
+            if mask2.any():  # ln (K - s) of 0 or less is used: tail_ratio's own infinities and nans
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = tail_ratio(kf.astype(np.int64), (cn[length:] - cn[:-length])[:, None], s.copy(),
+                                       total_k, total_n, table)
+                np.maximum(best, ratio.max(axis=0), out=best)
+                continue
+            np.maximum(s, _TINY, out=s)  # s > k >= 0 where used, so s >= _TINY or its term is 0 ln s
+            np.maximum(u, _TINY, out=u)
+            np.log(s, out=s)
+            np.multiply(kf, s, out=s)
+            np.subtract(gk, s, out=gk)
+            np.log(u, out=u)
+            np.subtract(total_k, kf, out=kf)
+            np.multiply(kf, u, out=u)
+            np.subtract(gk, u, out=gk)
+            np.multiply(gk, mask, out=gk)
+            np.add(a, gk, out=a)
+        np.maximum(best, a.max(axis=0), out=best)
+    return best + 0.0  # tail_ratio's sums are never -0
+
+
 def block_scores(scores_sorted: F64) -> F64:
     """The tail scores (ascending) averaged within blocks: from the largest down, a block takes every score within
     SCORE_BLOCK_SPREAD of its largest (tied scores always share a block). The mean stays 1, every score moves by less
@@ -372,9 +444,8 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
         raise ValueError(f"scan_null_max: method must be 'auto' or 'permute', not {method!r}")
     n = np.asarray(n, dtype=np.int64)
     total_n = int(n.sum())
-    best = np.zeros(draws)
     if total_k <= 0 or n.size == 0:
-        return best
+        return np.zeros(draws)
     g = _xlogx_table(total_k)
     cs = None
     if scores is not None:
@@ -383,11 +454,7 @@ def scan_null_max(n: I64, total_k: int, max_len: int, draws: int, rng: np.random
         alloc = rng.multivariate_hypergeometric(n, total_k, size=draws, method="marginals")
         ck = np.concatenate([np.zeros((draws, 1), dtype=np.int64), np.cumsum(alloc, axis=1)], axis=1)
     cn = np.concatenate([[0], np.cumsum(n)])
-    for length in range(1, min(max_len, n.size) + 1):
-        ratio = tail_ratio(ck[:, length:] - ck[:, :-length], cn[length:] - cn[:-length],
-                           None if cs is None else cs[:, length:] - cs[:, :-length], total_k, total_n, g)
-        np.maximum(best, ratio.max(axis=1), out=best)
-    return best
+    return stretch_max(ck, cn, cs, total_k, total_n, max_len, g)
 
 
 #: CPU of the null's two steps per simulated draw, relative (measured in the prototype of benchmarks.bench_detect on

@@ -14,7 +14,7 @@ a, b, c = st.columns(3)
 metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
 seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
 target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen or 1000.0)), step=100.0,
-                        key="cap_target")
+                        key="cap_target", format="%.0f")  # whole ms, as every latency on the page reads
 price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
@@ -30,8 +30,8 @@ m = st.columns(3)
 m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
 m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
 if fewest is not None:
-    m[2].metric("GPU cost at that count", "set a price" if usd is None else formats.usd(fewest * usd, "/h"),
-                help=formats.NO_PRICE if usd is None else None)
+    value, unset = formats.usd_metric(None if usd is None else fewest * usd, "/h")
+    m[2].metric("GPU cost at that count", value, help=unset)
 svc = curve["service"]
 if curve["advice"] is not None:
     head = f"If {svc['assumption']}, {curve['advice']['sentence']}."
@@ -56,7 +56,7 @@ base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
 line = base.mark_line(point=True).encode(
     y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log"),
             axis=alt.Axis(format="~s", titlePadding=8)),
-    color=alt.Color("replay:N", title=None, legend=alt.Legend(orient="top")),
+    color=alt.Color("replay:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),  # labels in full
     tooltip=["replay:N", "replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"),
              alt.Tooltip("gpu_usd_per_hour:Q", format="$,.2f")])
 rule = alt.Chart(pd.DataFrame({"target": [float(target)]})).mark_rule(color="#e45756", strokeDash=[6, 3]).encode(

@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, formats, sidebar
+from dashboard import charts, data, formats, sidebar
 
 db = data.open_store()  # a store, or a ClickHouse table (the sweep then runs on the server)
 f = sidebar.current()
@@ -16,7 +16,8 @@ if not data.choices(*key)["requests"]:
     st.info("No requests in the store yet: no GPU time to share out.")
     st.stop()
 left, right = st.columns(2)
-by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by")
+by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by",
+                format_func=lambda v: v.replace("_", " "))
 default = data.price_default(db)
 price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0.0, step=0.1, key="cost_price",
                            help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
@@ -38,9 +39,11 @@ cols = st.columns(4)
 cols[0].metric("GPU-hours allocated", f"{tot['allocated_ns'] / 3.6e12:,.2f}")
 cols[1].metric("idle share", "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
                help="Replica time with no request in a GPU stage (cold start is counted apart).")
-cols[2].metric("cost", formats.usd(tot["allocated_usd"]),
-               help="Allocated GPU time at the price; idle and cold start are in the next figure.")
-cols[3].metric("idle + cold start", formats.usd(tot["overhead_usd"]))
+value, unset = formats.usd_metric(tot["allocated_usd"])
+cols[2].metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
+                                            "figure.")
+value, unset = formats.usd_metric(tot["overhead_usd"])
+cols[3].metric("idle + cold start", value, help=unset)
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()
@@ -68,7 +71,7 @@ series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
 series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
 st.altair_chart(alt.Chart(series).mark_area().encode(
-    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M")),
+    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
     y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU seconds per {bucket} s", axis=alt.Axis(format=",.0f")),
     color=alt.Color("key:N", title=by.replace("_", " ")),
     tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),

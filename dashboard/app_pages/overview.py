@@ -34,9 +34,10 @@ cols[1].metric("errors", f"{s['error_weighted']:,.0f}")
 cols[2].metric("timeouts", f"{s['timeout_weighted']:,.0f}")
 cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
 cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
-cols[5].metric("spikes", len(spikes) if verdict["judged"] else "not judged",
+# not judged: "?" (a longer word is cut short in a sixth of the page), the banner below and the help say why
+cols[5].metric("spikes", len(spikes) if verdict["judged"] else "?",
                help=None if verdict["judged"] else
-               f"Spike detection could not judge these filters: {verdict['reason']}.")
+               f"Not judged: spike detection could not judge these filters: {verdict['reason']}.")
 
 shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):

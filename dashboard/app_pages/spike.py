@@ -25,11 +25,17 @@ spikes = data.spikes(*key, f) if verdict["judged"] else []
 df = data.over_time(*key, f, ("e2e",))
 shade = [data.spike_times_ns(sp) for sp in spikes]
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
-event = st.vega_lite_chart(charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush", context=context),
-                           on_select="rerun", key="spike_brush", width="stretch")
-st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
-brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
-if not verdict["judged"]:
+judged = verdict["judged"]  # not judged: no window is explained under these filters, so the chart takes no brush
+spec = charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush" if judged else None, context=context)
+brushed: dict = {}
+if judged:
+    event = st.vega_lite_chart(spec, on_select="rerun", key="spike_brush", width="stretch")
+    brushed = (event.get("selection", {}) if isinstance(event, dict) else event.selection).get("brush", {}) or {}
+    st.caption("Drag on the chart to inspect any window; double-click to clear. Times are UTC.")
+else:
+    st.vega_lite_chart(spec, key="spike_brush", width="stretch")
+    st.caption("Times are UTC. A window can be inspected here once the filters hold enough requests to judge.")
+if not judged:
     st.error(formats.times(
         f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
         "here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "

@@ -13,7 +13,7 @@ spikes = data.spike_marks(*key, f)["spikes"]  # windows only: no explanation nee
 windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)
-    windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M}"] = f.narrowed(a, b)
+    windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M} UTC"] = f.narrowed(a, b)
 c = data.choices(*key)
 last = (f.until_ns or c["max_ns"] + 1)
 if last - (f.since_ns or c["min_ns"]) > 2 * data.HOUR_NS:

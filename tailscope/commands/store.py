@@ -28,8 +28,9 @@ def store(
     """Say how the store is: hours, segments, bytes, spans, oldest and newest span, compaction lag, retention.
 
     Compaction lag is how long the oldest settled hour still holding small or unsorted segments
-    has waited since it settled (0 while the compactor keeps up); retention is what the last
-    compactor (`tailscope collect` or `tailscope compact`) applied.
+    has waited since it settled (0 while the compactor keeps up): an hour settles once it is over and
+    its segments are quiet, so an old hour backfilled just now waits from its last write. Retention is
+    what the last compactor (`tailscope collect` or `tailscope compact`) applied.
     """
     from analysis.engine.store_status import store_status, summary_line
 

@@ -4,8 +4,8 @@ by analysis.clickhouse.report.tail_sql, which the stage shares' local baseline r
 
 from __future__ import annotations
 
-import math
 import random
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -26,20 +26,30 @@ def _draw(rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _plain(values: np.ndarray, rows: np.ndarray, weights: np.ndarray | None) -> list[int]:
-    """The rows sorted by value descending, then position; the first ceil((1 - q) n) of them (at least 10), or,
-    weighted, up to the first whose running weight reaches (1 - q) of the whole (at least 10)."""
+    """The rows sorted by value descending, then position; the first n / 100 of them rounded up (at least 10), or,
+    weighted, up to the first whose running weight reaches a hundredth of the whole (at least 10): q = 0.99 read
+    exactly, not 1 - 0.99 in floating point (a hair above 0.01)."""
+    assert X.TAIL_Q == 0.99
     order = sorted(rows.tolist(), key=lambda r: (-values[r], r))
     if weights is None:
-        k = max(10, math.ceil((1 - X.TAIL_Q) * len(order)))
+        k = max(10, (len(order) + 99) // 100)
     else:
         total = sum(weights[r] for r in order)  # the same order of additions as the running sum below
         running, k = 0.0, len(order)
         for i, r in enumerate(order):
             running += weights[r]
-            if running >= (1 - X.TAIL_Q) * total:
+            if running >= total / 100:
                 k = max(10, i + 1)
                 break
     return sorted(order[:k])
+
+
+def test_the_tail_is_a_hundredth_rounded_up_in_integers() -> None:
+    # 1 - 0.99 is 0.010000000000000009 in floating point: its ceiling made 11 of 1,000 rows and 51 of 5,000
+    assert [X.tail_size(n) for n in (0, 5, 10, 999, 1000, 1001, 1100, 5000, 5001, 123_456_700)] == \
+        [0, 5, 10, 10, 10, 11, 11, 50, 51, 1_234_567]
+    assert X.tail_share() == X.tail_share(0.99) == Fraction(1, 100) and X.tail_share(0.95) == Fraction(1, 20)
+    assert X.tail_weight(10_000.0) == 100.0 and X.tail_weight(4_000.0) == 40.0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])

@@ -108,8 +108,17 @@ def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
     assert (bars["top"] - bars["bottom"]).to_list() == bars["n"].to_list()
     for _, group in bars.group_by("window"):
         assert group["bottom"].min() == 0 and group["top"].max() == group["n"].sum()
-    only_failed = _layer_data(charts.counts(df, [], 60, ("error", "timeout")), "bar")
+    failed_spec = charts.counts(df.with_columns(error=pl.Series([0, 0, 1, 0, 0, 0]), timeout=pl.lit(0)), [], 60,
+                                ("error", "timeout"))
+    only_failed = _layer_data(failed_spec, "bar")
     assert set(only_failed["outcome"]) <= {"error", "timeout"}
+    # the x axis spans every window of the series, not only those with a bar (one here); whole requests on y
+    (failed_bars,) = [lay for lay in failed_spec["layer"] if lay["mark"]["type"] == "bar"]
+    first_ms = 1_763_650_800_000
+    want = {"type": "utc", "domain": [first_ms, first_ms + 5 * 300_000 + 60_000]}  # the last window ends 60 s on
+    assert failed_bars["encoding"]["x"]["scale"] == want
+    assert failed_bars["encoding"]["y"]["axis"]["tickMinStep"] == 1
+    _validate(failed_spec)
     assert "params" not in spec and "rule" not in [lay["mark"]["type"] for lay in spec["layer"]]
 
 

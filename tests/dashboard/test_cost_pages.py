@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from analysis.cost import Prices, cost_table
 from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
 from dashboard import data
-from dashboard.charts import fmt_ms
+from dashboard.charts import AXIS_CLOCK, fmt_ms
 from tests.dashboard.conftest import APP
 
 
@@ -42,13 +43,18 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     want = cost_table(connect(incident_store), by="tenant", prices=Prices(default=2.0))
     assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
     assert _metric(at, "idle share") == f"{want['totals']['idle_share']:.1%}"
-    assert _metric(at, "cost") == "set a price (docs/cost.md)"  # no price yet
+    # no price yet: the metric's value fits its column, its help names the docs
+    assert _metric(at, "cost") == _metric(at, "idle + cold start") == "set a price"
+    assert [m.help for m in at.metric if m.label == "cost"] == ["set a price (docs/cost.md)"]
     at.number_input(key="cost_price").set_value(2.0).run()
     assert not at.exception
     assert _metric(at, "cost") == f"${want['totals']['allocated_usd']:,.2f}"
     table = at.table[0].value  # a static table, headed as shown
     assert sorted(table["tenant"]) == sorted(r["key"] for r in want["rows"])
     assert table["GPU seconds"].sum() == pytest.approx(want["totals"]["allocated_ns"] / 1e9, abs=1e-6)
+    # the time axis labels each tick by its granularity (a fixed HH:MM repeats itself at 30 s ticks)
+    (area,) = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    assert area["encoding"]["x"]["axis"]["format"] == AXIS_CLOCK
     at.radio(key="cost_by").set_value("replica").run()
     assert not at.exception
     assert len(at.table[0].value) == len(want["replicas"])

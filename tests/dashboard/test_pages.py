@@ -111,13 +111,18 @@ def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monk
     at = _app(incident_store, monkeypatch)
     at.multiselect(key="f_replica").select("replica-05").run()
     assert not at.exception
-    assert _metric(at, "spikes") == "not judged"
+    assert _metric(at, "spikes") == "?"  # not a count: the help and the banner say why
+    assert next(m.help for m in at.metric if m.label == "spikes").startswith("Not judged: spike detection could not")
     (said,) = [e.value for e in at.error if "could not judge" in e.value]
     assert f"{n:,} requests match" in said and "Without the filters, this range has 1 spike(s)" in said
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
     assert any("could not judge" in e.value for e in at.error)
     assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
+    # so the chart takes no brush, and its caption does not invite one
+    (spec,) = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+    assert "params" not in spec
+    assert not any("Drag on the chart" in c.value for c in at.caption)
 
 
 def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,14 +238,18 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
     at.switch_page("app_pages/traces.py").run()
     con = connect(incident_store)
     try:
-        tid, decode_ns = con.execute(
-            "SELECT trace_id, decode_ns FROM requests ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0)
+        tid, decode_ns, tokens_in, tokens_out, replica, tenant, status = con.execute(
+            "SELECT trace_id, decode_ns, input_tokens, output_tokens, replica, tenant, status FROM requests "
+            "ORDER BY e2e_ns LIMIT 1").fetchone() or ("", 0, 0, 0, "", "", "")
     finally:
         con.close()
     at.text_input(key="trace_id").input(tid.upper()).run()
     assert not at.exception
     assert at.subheader[0].value == f"Trace {tid}"  # the waterfall opens at the top, above the exemplars
     assert at.query_params["trace"] == tid  # and the trace is in the URL
+    # the names in a line (a long one is not cut short in a metric's column), each token count a metric of its own
+    assert f"replica **{replica}** · tenant **{tenant}** · status **{status}**" in [m.value for m in at.markdown]
+    assert (_metric(at, "input tokens"), _metric(at, "output tokens")) == (f"{tokens_in:,}", f"{tokens_out:,}")
     table = at.table[0].value
     assert round(float(table.loc[table["stage"] == "decode", "on the critical path"].iloc[0]), 1) == round(
         decode_ns / 1e6, 1)
@@ -316,6 +325,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/whatif.py").run()
     assert not at.exception and not at.warning
+    spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
+    assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
     same = _metric(at, "replay, 8 replicas (as observed)")
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
