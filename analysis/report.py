@@ -100,7 +100,10 @@ class RemoteAttributes:
     the attributes (labels only: their codes stay on the engine, every figure read from them is its aggregate), the
     engine's counts of every combination holding an attribute over a tail and the baseline (explain.RemoteCells),
     its nesting test over the frame's requests (attributes.Overlap), the spike's p99 without a candidate holding an
-    attribute (`SpikeWithoutOf`) and which of the exemplar pool's rows match one (`Prefer`)."""
+    attribute (`SpikeWithoutOf`) and which of the exemplar pool's rows match one (`Prefer`). `builtin`: the built-ins
+    coded on the engine too (labels only, over the frame's requests), when it counts them as it counts the attributes:
+    then every figure of a candidate is the engine's, the frame's rows need not hold the dimensions, and `RestCounts`
+    holds the whole baseline as one combination (its count, and summed weight)."""
 
     rules: A.AttributeRules
     coded: list[X.Coded]
@@ -108,6 +111,7 @@ class RemoteAttributes:
     overlap: A.Overlap
     spike_without: SpikeWithoutOf
     prefer: Prefer
+    builtin: list[X.Coded] | None = None
 
 #: Temp table holding a snapshot of a caller's `source` (see build_report).
 SOURCE_TABLE: Final = "_tailscope_report_source"
@@ -882,17 +886,26 @@ class _Coding:
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
         self.remote: RemoteAttributes | None = attributes
+        #: the first dimension the remote engine counts (None: the first attribute)
+        self.remote_from: int | None = None
         self.base_q: X.BaselineTail
         if rest is None:
             self.coded = coded if coded is not None else [X.code_dimension(frame, d) for d in X.DIMENSIONS]
             self.base_q = X.TailQuantile(values[base], base)
         else:  # code rows and combinations together: the same labels as over every row
             combos, read_values, self.base_q = rest
-            self.coded, combo_codes = X.code_with_counts(frame, combos)
-            if attributes is not None:  # the built-ins the rules keep, then the attributes
-                kept = [i for i, c in enumerate(self.coded) if attributes.rules.ruled_out(c.name) is None]
-                self.coded = [self.coded[i] for i in kept] + attributes.coded
-                combo_codes = [combo_codes[i] for i in kept]
+            if attributes is not None and attributes.builtin is not None:  # every dimension on the engine: the
+                # baseline is the rest's one combination, no row of it read here
+                self.coded = [c for c in attributes.builtin if attributes.rules.ruled_out(c.name) is None]
+                self.coded += attributes.coded
+                combo_codes: list[np.ndarray] = []
+                self.remote_from, self.base = 0, np.zeros(0, dtype=np.int64)
+            else:
+                self.coded, combo_codes = X.code_with_counts(frame, combos)
+                if attributes is not None:  # the built-ins the rules keep, then the attributes
+                    kept = [i for i, c in enumerate(self.coded) if attributes.rules.ruled_out(c.name) is None]
+                    self.coded = [self.coded[i] for i in kept] + attributes.coded
+                    combo_codes = [combo_codes[i] for i in kept]
             self.rest = X.Rest(combo_codes, combos.get_column("n").to_numpy(),
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
@@ -917,7 +930,7 @@ class _Coding:
         out = excess_rows, rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
             remote.cells if remote is not None else None, remote.overlap if remote is not None else None, left_out,
-            remote.spike_without if remote is not None else None)
+            remote.spike_without if remote is not None else None, self.remote_from)
         if cut is not None:
             cut.extend(left_out)
         if self.memo is not None:
@@ -927,7 +940,8 @@ class _Coding:
     def _best_mask(self, spike: Spike, rows: np.ndarray, best: X.Candidate) -> np.ndarray:
         """Which of the spike's `rows` match the best candidate, as the exemplars read it: a remote engine's test
         over the exemplar pool when the candidate holds an attribute (whose codes stay there)."""
-        if self.remote is None or all(self.coded[i].source == "builtin" for i in best.dims):
+        if self.remote is None or (self.remote_from is None
+                                   and all(self.coded[i].source == "builtin" for i in best.dims)):
             return X.candidate_mask(self.coded, best, rows)
         pool = X.exemplar_pool(self.values, rows, spike.p99_ns)
         mask = np.zeros(rows.size, dtype=bool)
@@ -971,7 +985,7 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
                     base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
                     rest: X.Rest | None = None, remote: X.RemoteCells | None = None,
                     overlap: A.Overlap | None = None, cut: list[dict[str, Any]] | None = None,
-                    spike_without: SpikeWithoutOf | None = None
+                    spike_without: SpikeWithoutOf | None = None, remote_from: int | None = None
                     ) -> tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]:
     """A spike's dimensions, best first: (ranked, finer and coarser levels of the first, candidates tested).
 
@@ -981,13 +995,13 @@ def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, 
     one's level of a learned hierarchy (attributes.name_level). `rows`: the spike's rows; `excess_rows`: its tail;
     `base`: the baseline's rows (`base_q` its p99); `rest`: the baseline's other requests counted per combination
     of the built-ins; `remote`, `overlap`, `spike_without`: a remote engine's counts of the combinations holding an
-    attribute, its nesting test and its spike p99s without a candidate holding one; `cut`: receives the pairs left
-    out for their size."""
+    attribute, its nesting test and its spike p99s without a candidate holding one (`remote_from` 0: the built-ins'
+    too, X.contrast_raw's); `cut`: receives the pairs left out for their size."""
     nb = sum(1 for c in coded if c.source == "builtin")
     if rest is not None and nb < len(coded) and remote is None:
         raise ValueError("baseline counts (rest) cover the built-ins: the attributes need a remote engine's counts")
     found, tested = X.contrast_raw(coded, excess_rows, base, weights=weights, rest=rest, pairs_with=nb,
-                                   remote=remote, cut=cut)
+                                   remote=remote, cut=cut, remote_from=remote_from)
     cands = X.significant(found, tested)
     cands.sort(key=lambda c: -c.score)
     cands = cands[:X.MAX_COUNTERFACTUAL]

@@ -23,9 +23,15 @@ same browser: a bare Streamlit page (a title and a line of text) served by `stre
 dashboard's own flags, in a new profile and in a new tab: what the framework itself costs on this machine.
 
     python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...] [--think 0]
+        [--against TREE]
 
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
-temp directory removed afterwards).
+temp directory removed afterwards). With --against TREE (another checkout's directory, or a git ref of this
+repository, exported and built in a temp directory as benchmarks.bench_against does), the same store is also served
+from that source tree: both servers are up at once, each first render is measured on both trees in turn with the
+same browser, seconds apart, the pair's order swapped every round (this, other; other, this; ...), so both see the
+same machine load, and each tree's clicks run as one sequence after the other's; each tree's table is printed, then
+this tree's medians against the other's (this / other).
 """
 
 from __future__ import annotations
@@ -46,7 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
+#: our packages: a server of another tree must load none of their compiled parts from this one
+PACKAGES = ("tracing", "intake", "analysis", "dashboard", "tailscope")
 #: (sidebar label, URL path, heading)
 PAGES: tuple[tuple[str, str, str], ...] = (
     ("Overview", "", "Overview"), ("Spike", "spike", "Spike"), ("Alerts", "alerts", "Alerts"),
@@ -115,9 +124,51 @@ def _browser_pids() -> list[int]:
     return pids
 
 
+def foreign_parts(pids: list[int], tree: Path) -> list[str]:
+    """The compiled modules of our packages (`PACKAGES`) that processes `pids` have mapped from outside `tree`
+    (Linux /proc; [] elsewhere): a server of `tree` that maps one measures a mix of trees."""
+    root = str(tree.resolve()) + os.sep
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
+                parts = Path(path).parts
+                if (path.endswith(".so") and len(parts) > 1 and parts[-2] in PACKAGES
+                        and not path.startswith(root)):
+                    found.add(path)
+    return sorted(found)
+
+
 @contextlib.contextmanager
-def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[str, list[int], Sample]]:
-    """`tailscope dashboard --store STORE` on a free loopback port (with `store` None: the bare page, written in
+def other_tree(spec: str) -> Iterator[Path]:
+    """The source tree `--against` names: a directory holding a checkout (its C parts built in place when it has
+    none, as `make venv` builds them), or else a git ref of this repository, exported and built in a temporary
+    directory removed at the end."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "dashboard" / "app.py").is_file() or not (path / "tailscope" / "__main__.py").is_file():
+            sys.exit(f"--against {spec}: not a tailscope source tree (no dashboard/app.py, tailscope/__main__.py)")
+        if (path / "setup.py").is_file() and not any(path.glob("*/_*.so")):
+            print(f"building the C parts of {path} in place", file=sys.stderr)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True,
+                           capture_output=True)
+        yield path.resolve()
+        return
+    from benchmarks.bench_against import export_tree
+
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}"], cwd=ROOT,
+                      capture_output=True).returncode != 0:
+        sys.exit(f"--against {spec}: neither a directory nor a git ref of this repository")
+    with tempfile.TemporaryDirectory(prefix="ts-against-") as tmp:
+        yield export_tree(spec, Path(tmp)).resolve()
+
+
+@contextlib.contextmanager
+def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None = None
+            ) -> Iterator[tuple[str, list[int], Sample]]:
+    """`tailscope dashboard --store STORE` on a free loopback port, from source tree `tree` (None: this benchmark's
+    own), its modules first on the path whatever is installed (with `store` None: the bare page, written in
     `bare_dir`, served by `streamlit run` with the dashboard's flags); (its URL, its processes, its start: seconds
     and server CPU from the launch to its first answer to the health check). Stopped (its process group) at the
     end."""
@@ -126,16 +177,20 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
     from tailscope.commands.dashboard import streamlit_command
 
     port = _free_port()
+    env, cwd = None, None
     if store is None:
         assert bare_dir is not None
         app = bare_dir / "bare.py"
         app.write_text(BARE_PAGE)
         argv = streamlit_command(app, [], "127.0.0.1", port)
     else:
-        argv = [str(Path(sys.executable).parent / "tailscope"), "dashboard", "--store", str(store), "--host",
-                "127.0.0.1", "--port", str(port)]
+        tree = ROOT if tree is None else tree
+        argv = [sys.executable, "-m", "tailscope", "dashboard", "--store", str(store), "--host", "127.0.0.1", "--port",
+                str(port)]
+        env, cwd = {**os.environ, "PYTHONPATH": str(tree)}, tree
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):  # bounded: about a minute
@@ -146,6 +201,8 @@ def serving(store: Path | None, bare_dir: Path | None = None) -> Iterator[tuple[
         else:
             raise RuntimeError("the dashboard did not start")
         pids = _tree(proc.pid)
+        if store is not None and tree is not None and (foreign := foreign_parts(pids, tree)):
+            raise RuntimeError(f"the server of {tree} loaded compiled parts of another tree: {', '.join(foreign)}")
         yield url, pids, Sample(time.perf_counter() - t0, 0.0, _cpu_s(pids), 0.0, 0, 0.0)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -231,66 +288,101 @@ def fresh(browser: Any, url: str, path: str, heading: str, server: list[int]) ->
         ctx.close()
 
 
-def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0
-        ) -> list[tuple[str, list[Sample], float]]:
+#: One tree's results: (what, samples over the rounds, limit) per measurement, the bare page's first.
+Results = list[tuple[str, list[Sample], float]]
+
+
+def tree_order(round_no: int, trees: list[Path | None]) -> list[Path | None]:
+    """The order the trees are measured in, in round `round_no` (from 0): as given in even rounds, reversed in odd
+    ones (this, other; other, this; ...), so neither tree is always the first of a pair."""
+    return trees if round_no % 2 == 0 else trees[::-1]
+
+
+def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0,
+        against: Path | None = None) -> dict[Path | None, Results]:
     """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
-    after the page before it was drawn; (what, samples over `repeat` rounds, limit) per measurement, the bare page's
-    first."""
+    after the page before it was drawn, with this tree's dashboard (key None) and, when given, `against`'s: both
+    served at once, each measurement taken on both in turn (`tree_order`); each tree's results, each holding the
+    same anchor (the bare page's, once a round)."""
     from playwright.sync_api import sync_playwright
 
-    rounds: dict[str, list[Sample]] = {}
+    trees: list[Path | None] = [None] if against is None else [None, against]
+    rounds: dict[Path | None, dict[str, list[Sample]]] = {t: {} for t in trees}
     limits: dict[str, float] = {}
 
-    def keep(label: str, sample: Sample, limit: float = float("inf")) -> None:
-        rounds.setdefault(label, []).append(sample)
+    def keep(tree: Path | None, label: str, sample: Sample, limit: float = float("inf")) -> None:
+        for t in trees if label.startswith(("bare ", "server start to its first answer: bare")) else [tree]:
+            rounds[t].setdefault(label, []).append(sample)
         limits[label] = limit
 
     with tempfile.TemporaryDirectory(prefix="ts-bare-") as bare_dir, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM),
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         try:
-            for _ in range(repeat):
+            for round_no in range(repeat):
                 with serving(None, Path(bare_dir)) as (url, server, start):  # the anchor, in this round
-                    keep("server start to its first answer: bare Streamlit page", start)
-                    keep("bare Streamlit page: new profile", fresh(browser, url, "", BARE_HEADING, server))
+                    keep(None, "server start to its first answer: bare Streamlit page", start)
+                    keep(None, "bare Streamlit page: new profile", fresh(browser, url, "", BARE_HEADING, server))
                     ctx = browser.new_context(viewport=VIEWPORT)
                     _open(ctx, url, "", BARE_HEADING, server)  # its first visit fills the profile's cache
-                    keep("bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
+                    keep(None, "bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
                     ctx.close()
-                with serving(store) as (url, server, start):
-                    keep("server start to its first answer: dashboard (its warm-up done)", start)
-                    keep("first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
-                    for _, path, heading in pages:
-                        keep(f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
-                    warm = browser.new_context(viewport=VIEWPORT)  # one browser profile whose HTTP cache holds
-                    for _, path, heading in pages:  # every page's scripts after a first visit, as a user's does
-                        _open(warm, url, path, heading, server)
-                    for _, path, heading in pages:
-                        keep(f"fresh session, new tab (browser cache warm): {heading}",
-                             _open(warm, url, path, heading, server), PAGE_LIMIT_S)
-                    warm.close()
-                    page = browser.new_page(viewport=VIEWPORT)
-                    page.goto(url)
-                    drawn(page, "Overview")
-                    meter = Meter(page, server)
-                    for name, _, heading in (*pages[1:], pages[0]):
-                        page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
-                        link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
-                        keep(f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
-                    page.close()
+                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep)
         finally:
             browser.close()
-    return [(k, v, limits[k]) for k, v in rounds.items()]
+    return {t: [(k, v, limits[k]) for k, v in got.items()] for t, got in rounds.items()}
+
+
+def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages: tuple[tuple[str, str, str], ...],
+                     think_s: float, keep: Any) -> None:
+    """One round of the dashboard's measurements with a server from each of `trees` (None: this one), all up at
+    once; each first render is measured on every tree in turn, in the order given, before the next one (so the two
+    samples of a pair are seconds apart, under the same load); the clicks, one session's sequence each, tree after
+    tree; each sample handed to `keep` (tree, label, sample[, limit])."""
+    with contextlib.ExitStack() as stack:
+        served: dict[Path | None, tuple[str, list[int]]] = {}
+        for tree in trees:
+            url, server, start = stack.enter_context(serving(store, tree=tree))
+            served[tree] = url, server
+            keep(tree, "server start to its first answer: dashboard (its warm-up done)", start)
+        for tree, (url, server) in served.items():
+            keep(tree, "first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
+        for _, path, heading in pages:
+            for tree, (url, server) in served.items():
+                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
+        warm = {}
+        for tree, (url, server) in served.items():  # a browser profile per tree whose HTTP cache holds every
+            warm[tree] = stack.enter_context(contextlib.closing(browser.new_context(viewport=VIEWPORT)))
+            for _, path, heading in pages:  # page's scripts after a first visit, as a user's does
+                _open(warm[tree], url, path, heading, server)
+        for _, path, heading in pages:
+            for tree, (url, server) in served.items():
+                keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
+                     _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
+        for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
+            page = browser.new_page(viewport=VIEWPORT)  # its clicks would name the other pages' scripts meanwhile
+            page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
+            drawn(page, "Overview")  # does not find
+            meter = Meter(page, server)
+            for name, _, heading in (*pages[1:], pages[0]):
+                page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
+                link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
+                keep(tree, f"click: {heading}", meter.measure(link.click, heading), CLICK_LIMIT_S)
+            page.close()
 
 
 def main() -> None:
-    """Build (or reuse) the demo store, measure, print a markdown table with the anchor."""
+    """Build (or reuse) the demo store, measure (this tree, and --against's), print markdown tables with the
+    anchor."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--think", type=float, default=0.0, help="seconds between a page drawn and the next click")
     parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
                         "Overview is always first")
+    parser.add_argument("--against", default=None, metavar="TREE",
+                        help="also serve the store from this source tree (a checkout's directory, or a git ref), "
+                        "each measurement taken on both in turn")
     args = parser.parse_args()
     wanted = {p.strip() for p in args.pages.split(",") if p.strip()}
     pages = tuple(p for p in PAGES if not wanted or p[0] in wanted or p[0] == "Overview")
@@ -304,22 +396,36 @@ def main() -> None:
     if not store.exists():  # the demo store, as `tailscope demo` writes it
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
+    repeat = max(1, args.repeat)
     try:
-        results = run(store, max(1, args.repeat), pages, max(0.0, args.think))
+        with other_tree(args.against) if args.against else contextlib.nullcontext() as against:
+            results = run(store, repeat, pages, max(0.0, args.think), against)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} cores; medians of "
-          f"{max(1, args.repeat)} round(s)")
-    print("\n".join(table(results)))
+    print(f"load average {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} cores; medians of {repeat} round(s)")
+    if args.against is None:
+        print("\n".join(table(results[None])))
+        return
+    print(f"\nthis tree ({ROOT.name}):")
+    print("\n".join(table(results[None])))
+    print(f"\nthe other tree (--against {args.against}):")
+    print("\n".join(table(results[against])))
+    print(f"\nthis tree / the other (--against {args.against}), medians, {repeat} alternated round(s):")
+    print("\n".join(versus(results[None], results[against])))
 
 
-def table(results: list[tuple[str, list[Sample], float]]) -> list[str]:
+def medians(results: Results) -> dict[str, Sample]:
+    """Each measurement's median sample (field by field) over its rounds."""
+    return {label: Sample(*(statistics.median(getattr(s, f) for s in samples) for f in Sample.__dataclass_fields__))
+            for label, samples, _ in results}
+
+
+def table(results: Results) -> list[str]:
     """The markdown table: each measurement's medians, its ratio to the bare page in the same mode (a new tab and
     a click against the bare page's new tab, the server's start against the bare page's server's, the others
     against its new profile), the limit."""
-    med = {label: Sample(*(statistics.median(getattr(s, f) for s in samples) for f in Sample.__dataclass_fields__))
-           for label, samples, _ in results}
+    med = medians(results)
     bare_profile, bare_tab = med["bare Streamlit page: new profile"], med["bare Streamlit page: new tab"]
     out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
            f"new tab {bare_tab.wall_s:.2f} s", "",
@@ -333,6 +439,27 @@ def table(results: list[tuple[str, list[Sample], float]]) -> list[str]:
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
                    f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+    return out
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b > 0 else "–"
+
+
+def versus(this: Results, other: Results) -> list[str]:
+    """The markdown table of this tree's medians against the other's, measurement by measurement (the anchor's
+    rows are the same samples in both, so left out): seconds, browser and server CPU-s, KB fetched, and the
+    ratios this / other."""
+    a, b = medians(this), medians(other)
+    out = ["| measurement | seconds this / other | × | browser CPU-s this / other | × | server CPU-s this / other "
+           "| × | KB fetched this / other |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, _, _ in this:
+        if label in b and "bare Streamlit page" not in label:
+            x, y = a[label], b[label]
+            out.append(f"| {label} | {x.wall_s:.2f} / {y.wall_s:.2f} | {_ratio(x.wall_s, y.wall_s)} | "
+                       f"{x.browser_cpu_s:.2f} / {y.browser_cpu_s:.2f} | {_ratio(x.browser_cpu_s, y.browser_cpu_s)} | "
+                       f"{x.server_cpu_s:.2f} / {y.server_cpu_s:.2f} | {_ratio(x.server_cpu_s, y.server_cpu_s)} | "
+                       f"{x.kbytes:,.0f} / {y.kbytes:,.0f} |")
     return out
 
 

@@ -3,10 +3,11 @@
 Tables use these `st.column_config` entries; metrics and sentences use `count`, `usd`, `seconds` and
 charts.fmt_ms. A price that is not set reads "set a price (docs/cost.md)", never None.
 
-A small table (a few dozen rows at most, nothing to sort or pick) is drawn by `table` as a static HTML table
-(`st.table`) with the same column entries, not as the interactive grid (`st.dataframe`): the grid's script
-(about 0.6 MB more to fetch and compile) and its canvas are the largest cost of a first render in a new browser
-profile (docs/benchmarks.md).
+A small table (a few dozen rows at most, nothing to sort or pick) is drawn by `table` as one Markdown table with
+the same column entries, not as the interactive grid (`st.dataframe`): the grid's script (about 1.2 MB to fetch
+and compile) and its canvas are the largest cost of a first render in a new browser profile, and `st.table`, which
+renders each cell as its own Markdown, costs the browser more still once a table has a few dozen cells
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def exemplar_columns() -> dict[str, Any]:
 
 
 #: The characters Markdown (with Streamlit's `:directive[...]`, `:emoji:` and `$math$`) could read as formatting
-#: inside a line of text or a table's cell (no list or heading marker matters there).
+#: inside a line of text or a Markdown table's cell (no list or heading marker matters there; `|` ends a cell).
 _MARKDOWN = re.compile(r"[\\`*_{}\[\]<>~$:|#]")
 #: A colon between two digits (a clock time's): `14:06:00` holds `:06:`, which Streamlit's Markdown takes for an
 #: emoji shortcode and so loads its emoji plugin (about 260 KB of script) to look it up.
@@ -163,19 +164,23 @@ def _cell(config: Mapping[str, Any] | None) -> Callable[[Any], str]:
 
 
 def table(df: pd.DataFrame, column_config: Mapping[str, Any] | None = None, notes: bool = True) -> None:
-    """Draw a small table (up to STATIC_ROWS rows) statically, without its index: st.table (HTML, no grid script,
-    no canvas), each column headed by its entry's label (else its name, underscores as spaces) and its cells read
-    as `_cell` says; the data sent keeps its values (a test reads them), only what is shown is formatted. With
-    `notes`, a caption under it gives the entries' help texts (a grid shows them on its headers). A longer table
-    is the grid (st.dataframe), with the same entries."""
+    """Draw a small table (up to STATIC_ROWS rows) as one Markdown table, without its index: each column headed by
+    its entry's label (else its name, underscores as spaces), its cells read as `_cell` says, numbers right-aligned.
+    With `notes`, a caption under it gives the entries' help texts (a grid shows them on its headers). A longer
+    table is the grid (st.dataframe), with the same entries."""
     config = dict(column_config or {})
     if len(df) > STATIC_ROWS:
         st.dataframe(df, hide_index=True, column_config=config)
         return
     labels = {c: str((config.get(c) or {}).get("label") or c).replace("_", " ") for c in df.columns}
-    shown = df.rename(columns=labels).reset_index(drop=True)
-    formatters = {labels[c]: _cell(config.get(c)) for c in df.columns}
-    st.table(shown.style.format(formatters), hide_index=True)
+    right = [(config.get(c) or {}).get("type_config", {}).get("type") in ("number", "progress")
+             or (df[c].dtype.kind in "iuf" and (config.get(c) or {}).get("type_config", {}).get("type") is None)
+             for c in df.columns]
+    lines = ["| " + " | ".join(escape(labels[c]) for c in df.columns) + " |",
+             "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    cells = [[_cell(config.get(c))(v).replace("\n", " ") for v in df[c]] for c in df.columns]
+    lines += ["| " + " | ".join(row) + " |" for row in zip(*cells, strict=True)]
+    st.markdown("\n".join(lines))
     helps = [f"{labels[c]}: {h}" for c in df.columns if (h := (config.get(c) or {}).get("help"))]
     if notes and helps:
         st.caption(" · ".join(helps))

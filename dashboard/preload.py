@@ -33,18 +33,18 @@ FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
-#: render, besides the sidebar's: the scripts named in that page's HTML. "Table" is a static table
-#: (dashboard.formats.table), "DataFrame" the interactive grid (a longer table, or one whose rows are picked).
+#: render, besides the sidebar's: the scripts named in that page's HTML. A small table is Markdown
+#: (dashboard.formats.table), which needs no element script; "DataFrame" is the grid (a table whose rows are picked).
 PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "": ("Metric", *CHART),
-    "spike": ("Metric", "Selectbox", "Table", *CHART),
+    "spike": ("Metric", "Selectbox", *CHART),
     "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
-    "traces": ("TextInput", "Metric", "Table", "DataFrame", *CHART),
+    "traces": ("TextInput", "Metric", "DataFrame", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
-    "replicas": ("Radio", "Selectbox", "Table", *CHART),
+    "replicas": ("Radio", "Selectbox", *CHART),
     "whatif": ("NumberInput", "Selectbox", "Metric"),
-    "capacity": ("Radio", "NumberInput", "Metric", "Table", *CHART),
-    "cost": ("Radio", "NumberInput", "Metric", "Table", *CHART),
+    "capacity": ("Radio", "NumberInput", "Metric", *CHART),
+    "cost": ("Radio", "NumberInput", "Metric", *CHART),
     "sql": ("Selectbox", "TextArea"),
 }
 

@@ -103,6 +103,8 @@ class ServerAttributes:
     code_sql: dict[str, str] = field(default_factory=dict)
     #: The facts column ATTR_TEMP holds as `v` (None: no ATTR_TEMP, or no value in it).
     value: str | None = None
+    #: The built-in dimensions coded over ATTR_TEMP's requests (labels only; None: no ATTR_TEMP).
+    builtin: list[X.Coded] | None = None
 
     def candidate_sql(self, name: str, code: int) -> str:
         """The requests whose attribute dimension `name` has code `code`, as a predicate over trace_id / span_id."""
@@ -265,14 +267,14 @@ class _Reader:
         self.client, self.table, self.lo, self.hi = client, table, lo, hi
         self.frame = frame
         self.n = int(client.query(f"SELECT count() AS n FROM ({frame})").to_pylist()[0]["n"])
-        counts = ", ".join(f"maxOrNull({bucket_code_sql(d)}) AS {d}" if d in X.BUCKETED
-                           else f"uniqExact({d}) AS {d}" for d in X.DIMENSIONS)
-        row = client.query(f"SELECT {counts} FROM ({frame})").to_pylist()[0]
-        sizes = {d: (int(row[d] if row[d] is not None else -1) + 1) if d in X.BUCKETED else int(row[d])
-                 for d in X.DIMENSIONS}
-        # the built-ins as the rules see them: their names and how many values they have (their codes stay here)
-        self.builtin = [X.Coded(d, np.zeros(0, dtype=np.int64), [""] * sizes[d], [None] * sizes[d],
-                                [None] * sizes[d]) for d in X.DIMENSIONS]
+        # the built-ins coded as explain.code_dimension codes them over the frame (labels only: their codes stay here)
+        values = ", ".join(f"maxOrNull({bucket_code_sql(d)}) AS {d}" if d in X.BUCKETED
+                           else f"groupUniqArray({d}) AS {d}" for d in X.DIMENSIONS)
+        row = client.query(f"SELECT {values} FROM ({frame})").to_pylist()[0]
+        none = np.zeros(0, dtype=np.int64)
+        self.builtin = [X.bucketed(d, none, int(row[d]) if row[d] is not None else -1) if d in X.BUCKETED else
+                        X.Coded(d, none, sorted(str(x) for x in row[d]), [None] * len(row[d]), [None] * len(row[d]))
+                        for d in X.DIMENSIONS]
         self.judge = A.Judge(self.n, rules, self.builtin)
         self.code_sql: dict[str, str] = {}
         self._pending = ""
@@ -481,7 +483,7 @@ GROUP BY t, sid, k HAVING min(st.v) = max(st.v)"""
         reader.resource()
     except Exception as exc:
         reader.judge.out.errors.append(f"could not read the resource attributes because {str(exc).splitlines()[0]}")
-    return ServerAttributes(reader.judge.out, reader.code_sql, value)
+    return ServerAttributes(reader.judge.out, reader.code_sql, value, reader.builtin)
 
 
 def drop(client: Client) -> None:

@@ -11,14 +11,17 @@
    distinct values). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
-3. Only when there is a spike: the fact columns (trace id, built-in dimensions) of the requests in
-   the spike windows come back into an in-memory DuckDB, the baseline as counts (and summed weights)
-   per dimension combination, with its p99s with and without each candidate computed on the server
-   (`_pushed_down`); the attributes stay on the server, asked per spike for figures
-   (`_remote_attributes`). The culprit bounds and the explanation of analysis.report run there over
-   that one pass (`_bounded_rows`). The stage shares are means computed on the server (`_server_stages`:
-   the local baseline's tail chosen there, the request model run there over both tails' traces), and
-   only when queue_wait leads do the noisy-neighbour step's windows and spans come back (`Fetcher`).
+3. Only when there is a spike: the fact columns the explanation reads (ids, start, value, weight; of
+   the dimensions only those of the noisy-neighbour step) of the requests in the spike windows come
+   back into an in-memory DuckDB, the baseline as one count (and summed weight), with its p99s with
+   and without each candidate computed on the server (`_pushed_down`); every dimension, built-in or
+   attribute, stays on the server, asked per spike for figures (`_remote_attributes`; when the
+   attribute pass failed, the built-ins come back with the rows and the baseline as counts per
+   combination of them, explained on the client). The culprit bounds and the explanation of
+   analysis.report run there over that one pass (`_bounded_rows`). The stage shares are means
+   computed on the server (`_server_stages`: the local baseline's tail chosen there, the request
+   model run there over both tails' traces), and only when queue_wait leads do the noisy-neighbour
+   step's windows and spans come back (`Fetcher`).
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
@@ -331,11 +334,18 @@ def _in_windows(det: Detection, windows: np.ndarray) -> str:
     return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
 
 
-def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str
-                ) -> pa.Table:
-    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start)."""
+#: The built-in dimensions the noisy-neighbour step reads of the requests (analysis.neighbours).
+NEIGHBOUR_DIMENSIONS: Final = ("replica", "tenant")
+
+
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str,
+                dims: Sequence[str] = X.DIMENSIONS) -> pa.Table:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start); of the
+    built-in dimensions only `dims` (the others null: the server explains them)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
-    wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status", *X.DIMENSIONS] + (
+    wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status",
+                   *(d if d in dims else f"CAST(NULL AS Nullable({'Int64' if d in X.BUCKETED else 'String'})) AS {d}"
+                     for d in X.DIMENSIONS)] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
@@ -613,7 +623,7 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
                                                             lambda: server.overlap(client, coded, a, b)))
 
     def on_server(coded: Sequence[X.Coded], cand: X.Candidate) -> bool:
-        return any(coded[i].source != "builtin" for i in cand.dims)
+        return server.builtin is not None or any(coded[i].source != "builtin" for i in cand.dims)
 
     def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
         at = [n for n, c in enumerate(cands) if on_server(coded, c)]
@@ -626,7 +636,7 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
         found = server.prefer(client, coded, cand, rows_sql(rows), k)
         return np.asarray([key in found for key in keys[rows].iter_rows()], dtype=bool)
 
-    return RP.RemoteAttributes(rules, list(server.attrs.coded), cells, overlap, spike_without, prefer)
+    return RP.RemoteAttributes(rules, list(server.attrs.coded), cells, overlap, spike_without, prefer, server.builtin)
 
 
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
@@ -636,10 +646,11 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
     windows and, only when the noisy-neighbour step runs, its baseline windows (the stage shares' local
-    baseline stays on the server: `_server_stages`). Every other baseline request comes back as
-    counts per combination of dimension values (token counts by bucket), with their summed `weight`
-    (the adjusted count, for sampled requests), computed on the server; the baseline's (weighted)
-    p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
+    baseline stays on the server: `_server_stages`). With every dimension on the server (`attrs` holds the
+    built-ins: the attribute pass ran), the whole baseline comes back as one count, with its summed `weight`
+    (the adjusted count, for sampled requests), and the rows carry only NEIGHBOUR_DIMENSIONS; else every other
+    baseline request comes back as counts per combination of the built-ins (token counts by bucket); the
+    baseline's (weighted) p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
     dimensions, which a candidate's predicate may name (their counts are asked by `_remote_attributes`); `held`:
     windows whose rows the local `_phase2` already holds (only the other spike windows' rows are pulled). Returns
@@ -655,8 +666,12 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
     pulled = _in_windows(det, one_by_one)
+    # with the built-ins on the server too, the rows carry only the dimensions the noisy-neighbour step reads, and
+    # the whole baseline is counted as one combination
+    remote = attrs is not None and attrs.builtin is not None and attrs.value == col
+    dims = NEIGHBOUR_DIMENSIONS if remote else X.DIMENSIONS
     if new_windows.size or not held:
-        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric)
+        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric, dims)
     fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
@@ -664,21 +679,23 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     def more_facts(wins: np.ndarray) -> None:
         new = np.asarray(sorted(set(wins.tolist()) - done), dtype=np.int64)
         if new.size:
-            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)} AND NOT {pulled}", metric)
+            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)} AND NOT {pulled}", metric,
+                        dims)
             done.update(new.tolist())
 
     fetch.more_facts = more_facts
-    rest_where = f"{cond} AND {in_baseline} AND intDiv(start_ns, {w}) NOT IN ({near_listed})"
-    strings = [d for d in X.DIMENSIONS if d not in X.BUCKETED]
-    tokens = [d for d in X.DIMENSIONS if d in X.BUCKETED]
+    rest_where = f"{cond} AND {in_baseline}" + ("" if remote else f" AND intDiv(start_ns, {w}) NOT IN ({near_listed})")
+    strings = [] if remote else [d for d in X.DIMENSIONS if d not in X.BUCKETED]
+    tokens = [] if remote else [d for d in X.DIMENSIONS if d in X.BUCKETED]
     # a bucket's representative: its lower bound (0 for 0; null for missing), which codes as the bucket; the shift
     # is kept non-negative since ClickHouse may evaluate it on every row, missing ones included (an error there)
     reps = ", ".join(f"if({CA.bucket_code_sql(t)} < 1, if({CA.bucket_code_sql(t)} = 0, 0, NULL), "
                      f"bitShiftLeft(toInt64(1), greatest({CA.bucket_code_sql(t)} - 1, 0))) AS _b_{t}" for t in tokens)
+    group = ", ".join([*strings, *(f"_b_{t}" for t in tokens)])
     got = pl.from_arrow(client.query(
-        f"SELECT {', '.join(strings)}, {reps}, count() AS n"
-        f"{'' if weight is None else f', sum(toFloat64({weight})) AS w'} FROM {facts_table} WHERE {rest_where} "
-        f"GROUP BY {', '.join(strings)}, {', '.join(f'_b_{t}' for t in tokens)}"))
+        f"SELECT {''.join(f'{x}, ' for x in [*strings, reps] if x)}count() AS n"
+        f"{'' if weight is None else f', sum(toFloat64({weight})) AS w'} FROM {facts_table} WHERE {rest_where}"
+        f"{f' GROUP BY {group}' if group else ''}"))
     assert isinstance(got, pl.DataFrame)
     combos = got.rename({f"_b_{t}": t for t in tokens}).with_columns(pl.col(t).cast(pl.Int64) for t in tokens)
 

@@ -163,18 +163,8 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     """Integer codes of a dimension column (token columns bucketed by powers of two)."""
     col = frame.get_column(name)
     if name in BUCKETED:
-        x = col.cast(pl.Int64)
-        codes = _bucket_codes(x)
-        top = int(codes.max()) if codes.size else -1
-        labels: list[str] = []
-        lo: list[int | None] = []
-        hi: list[int | None] = []
-        for c in range(top + 1):
-            b_lo, b_hi = bucket_bounds(0 if c == 0 else 1 << (c - 1))
-            labels.append(bucket_label(b_lo, b_hi))
-            lo.append(b_lo)
-            hi.append(b_hi)
-        return Coded(name, codes, labels, lo, hi)
+        codes = _bucket_codes(col.cast(pl.Int64))
+        return bucketed(name, codes, int(codes.max()) if codes.size else -1)
     # a categorical (the report's frame reads text dimensions as ENUMs) is coded without decoding its text
     if col.dtype == pl.Categorical or isinstance(col.dtype, pl.Enum):
         # codes from the column's own through a table of its few values: no cast of every row
@@ -192,6 +182,20 @@ def code_dimension(frame: pl.DataFrame, name: str) -> Coded:
     labels = text.drop_nulls().unique().sort().to_list()
     codes = text.cast(pl.Enum(labels)).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
     return Coded(name, codes, labels, [None] * len(labels), [None] * len(labels))
+
+
+def bucketed(name: str, codes: I64, top: int) -> Coded:
+    """A token dimension with its bucket codes and the labels and bounds of every bucket up to code `top` (-1: none);
+    a remote engine, which keeps the codes, gives `top` alone and no codes."""
+    labels: list[str] = []
+    lo: list[int | None] = []
+    hi: list[int | None] = []
+    for c in range(top + 1):
+        b_lo, b_hi = bucket_bounds(0 if c == 0 else 1 << (c - 1))
+        labels.append(bucket_label(b_lo, b_hi))
+        lo.append(b_lo)
+        hi.append(b_hi)
+    return Coded(name, codes, labels, lo, hi)
 
 
 #: Token counts up to this are bucketed through a table of every count's code (`_bucket_codes`).
@@ -344,8 +348,8 @@ def family_combos(coded: Sequence[Coded], pairs: bool, pairs_with: int | None,
 
 def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
                  weights: F64 | None = None, rest: Rest | None = None, pairs_with: int | None = None,
-                 remote: RemoteCells | None = None, cut: list[dict[str, Any]] | None = None
-                 ) -> tuple[list[Candidate], int]:
+                 remote: RemoteCells | None = None, cut: list[dict[str, Any]] | None = None,
+                 remote_from: int | None = None) -> tuple[list[Candidate], int]:
     """`contrast` before the significance level: (candidates with support, their p-values, tested).
 
     With `weights` (adjusted counts per row) the shares are weighted and the binomial reads
@@ -354,12 +358,15 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     `weights` are given). `pairs_with`: only the pairs holding one of the first `pairs_with` dimensions (the
     built-ins: every pair of them, and each with each later one, an attribute). `remote`: the combinations holding
     a dimension past the first `pairs_with` (the attributes) are counted by a remote engine (their codes here are
-    not read). `cut`: receives the pairs left out for their size (`family_combos`)."""
+    not read); `remote_from`: the first dimension it counts when not the first past `pairs_with` (0: every one, the
+    built-ins too, whose codes then stay on the engine). `cut`: receives the pairs left out for their size
+    (`family_combos`)."""
     if rest is not None and weights is not None and rest.weights is None:
         raise ValueError("weighted requests need the baseline counts' (rest's) summed weights")
     if remote is not None and pairs_with is None:
         raise ValueError("a remote engine counts the combinations past the first pairs_with dimensions")
-    local_dims = len(coded) if remote is None or pairs_with is None else min(pairs_with, len(coded))
+    local_dims = len(coded) if remote is None or pairs_with is None else min(
+        pairs_with if remote_from is None else remote_from, len(coded))
     if rest is not None and len(rest.codes) != local_dims:
         raise ValueError("baseline counts (rest) must cover the dimensions counted here, no more, no fewer")
     n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)

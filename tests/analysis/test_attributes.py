@@ -4,6 +4,7 @@ reference on a random store."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from itertools import combinations
@@ -354,10 +355,13 @@ def test_the_family_counts_the_pairs_of_attributes_with_builtins(seed: int) -> N
     assert not any(len(c.dims) == 2 and min(c.dims) >= nb for c in found)  # no pair of two attributes
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_remote_engines_cells_give_the_same_candidates(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "everything"), [(1, False), (2, False), (3, False), (1, True), (2, True),
+                                                  (3, True)])
+def test_a_remote_engines_cells_give_the_same_candidates(seed: int, everything: bool) -> None:
     """The combinations holding an attribute counted elsewhere (as ClickHouse does: the family's count and the
-    cells with at least the least support, from a plain count here) give the very candidates, in the same order."""
+    cells with at least the least support, from a plain count here) give the very candidates, in the same order.
+    `everything`: the built-ins' combinations too (`remote_from=0`), the dimensions without codes here and the
+    baseline one count (X.Rest of no dimension), as ClickHouse's report counts them when its attribute pass ran."""
     nb = 3
     coded, tail, base = _random_coded(seed, nb)
     _, counts = _plain_family([c.codes for c in coded], tail, base, nb)
@@ -376,6 +380,14 @@ def test_a_remote_engines_cells_give_the_same_candidates(seed: int) -> None:
         return out
 
     want = X.contrast_raw(coded, tail, base, pairs_with=nb)
+    if everything:
+        none = np.zeros(0, dtype=np.int64)
+        labels_only = [dataclasses.replace(c, codes=none) for c in coded]
+        rest = X.Rest([], np.asarray([base.size]), lambda cand: np.zeros(0))
+        got = X.contrast_raw(labels_only, tail, none, pairs_with=nb, remote=remote, rest=rest, remote_from=0)
+        assert got == want and want[0]
+        assert sorted(asked) == sorted(X.family_combos(coded, True, nb))
+        return
     got = X.contrast_raw(coded, tail, base, pairs_with=nb, remote=remote)
     assert got == want and want[0]
     assert asked and all(max(c) >= nb for c in asked)

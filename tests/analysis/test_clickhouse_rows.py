@@ -39,19 +39,28 @@ class _Logging:
     def __init__(self, inner: Any) -> None:
         self.inner, self.dsn = inner, inner.dsn
         self.answers: list[tuple[str, int]] = []
+        #: per answer, the columns holding a value (not every row null)
+        self.valued: list[set[str]] = []
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
         self.answers.append((" ".join(sql.split()), out.num_rows))
+        self.valued.append({c for c, col in zip(out.column_names, out.columns, strict=True)
+                            if col.null_count < out.num_rows})
         return out
 
     def command(self, sql: str) -> None:
         self.inner.command(sql)
 
 
+#: The columns of the request rows that come back holding values: of the built-in dimensions only those the
+#: noisy-neighbour step reads (every dimension is counted on the server).
+VALUED_ROW_COLUMNS = {"trace_id", "span_id", "start_ns", "e2e_ns", "status", "replica", "tenant", "adjusted_count"}
+
+
 @pytest.fixture(scope="module")
-def answers(chdb_client: Any, tmp_path_factory: pytest.TempPathFactory) -> list[list[tuple[str, int]]]:
-    """Each rate's report answers, in order."""
+def logs(chdb_client: Any, tmp_path_factory: pytest.TempPathFactory) -> list[_Logging]:
+    """Each rate's report, its answers logged."""
     root = tmp_path_factory.mktemp("rows")
     each = []
     for per_window in RATES:
@@ -61,8 +70,20 @@ def answers(chdb_client: Any, tmp_path_factory: pytest.TempPathFactory) -> list[
         got = ch_report(logged, table, window_s=60)
         assert [(s["requests"], s["windows"]) for s in got["spikes"]] == [(2 * per_window, 2)]
         assert got["spikes"][0]["stages"][0]["stage"] == "decode"
-        each.append(logged.answers)
+        each.append(logged)
     return each
+
+
+@pytest.fixture(scope="module")
+def answers(logs: list[_Logging]) -> list[list[tuple[str, int]]]:
+    """Each rate's report answers, in order."""
+    return [logged.answers for logged in logs]
+
+
+def test_the_request_rows_carry_no_dimension_the_server_explains(logs: list[_Logging]) -> None:
+    for logged in logs:
+        valued = [v for (sql, _), v in zip(logged.answers, logged.valued, strict=True) if _is(sql, REQUEST_ROWS)]
+        assert valued and set().union(*valued) == VALUED_ROW_COLUMNS
 
 
 def _is(sql: str, start: str) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
 from tests.dashboard.incident_store import Incident, write_incident_store
@@ -14,6 +17,21 @@ from tracing.store import init_store
 #: Requests in the incident fixture (7 spans each).
 REQUESTS = 20_000
 APP = Path(__file__).parents[2] / "dashboard" / "app.py"
+_ROW = re.compile(r"(?<!\\)\|")
+_RULE = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+$")
+
+
+def shown_tables(at: Any) -> list[pd.DataFrame]:
+    """The Markdown tables an AppTest run shows (the pages' small tables: dashboard.formats.table), in order: each
+    cell's text as a reader sees it (Markdown escapes taken out) under its column's header."""
+    out = []
+    for md in at.markdown:
+        lines = str(md.value).splitlines()
+        if len(lines) < 2 or not lines[0].startswith("|") or not _RULE.match(lines[1].replace(" ", "")):
+            continue
+        rows = [[re.sub(r"\\(.)", r"\1", c.strip()) for c in _ROW.split(line)[1:-1]] for line in lines]
+        out.append(pd.DataFrame(rows[2:], columns=rows[0]))
+    return out
 
 
 @pytest.fixture(scope="session")

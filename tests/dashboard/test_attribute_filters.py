@@ -17,7 +17,7 @@ from dashboard import links
 from dashboard.engine import FILTER_DIMENSIONS, Filters
 from sample_traces.emit import write_otlp
 from sample_traces.fleet import default_config, simulate
-from tests.dashboard.conftest import APP
+from tests.dashboard.conftest import APP, shown_tables
 from tests.sample_traces.cli_checks import ingested
 
 NODE_KEY = "k8s.node.name"
@@ -248,11 +248,13 @@ def test_the_spike_page_links_each_named_value_to_its_filter(tmp_path: Path,
     at.run()
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    table = at.table[0].value
+    table = shown_tables(at)[0]
     lead = table.iloc[0]
     assert (lead["dimension"], lead["value"]) == (NODE_KEY, SLOW_NODE)
     on_node = [r for r, n in NODE_OF.items() if n == SLOW_NODE]
-    node_view = _follow(str(lead["filter"]), monkeypatch, store)
+    link = re.fullmatch(r"\[filter to this value\]\((.+)\)", lead["filter"])  # a Markdown link
+    assert link, lead["filter"]
+    node_view = _follow(link.group(1), monkeypatch, store)
     assert node_view.multiselect(key="f_attrs").value == [NODE_KEY]
     assert node_view.multiselect(key=f"f_attr_values:{NODE_KEY}").value == [SLOW_NODE]
     assert _metric(node_view, "requests") == format(_plain_count(store, on_node), ",")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import polars as pl
 import pytest
@@ -184,6 +185,16 @@ def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
     assert cell(None, "tenant_a: $5 [x]") == r"tenant\_a\: \$5 \[x\]"
     assert cell(None, 1234567) == "1,234,567"
     assert [cell(None, v) for v in (True, False, np.bool_(True))] == ["yes", "", "yes"]
+    # the whole table: one Markdown table, numbers right-aligned, a help text in a caption under it
+    shown: list[str] = []
+    with mock.patch.object(st, "markdown", shown.append), mock.patch.object(st, "caption", shown.append):
+        formats.table(pd.DataFrame({"dimension": ["replica", "a|b"], "explained": [0.863, None], "support": [26, 3],
+                                    "filter": ["./?replica=r-1", None]}),
+                      {"explained": st.column_config.NumberColumn("share explained", format="percent", help="1 − x"),
+                       "filter": st.column_config.LinkColumn("filter", display_text="filter to this value")})
+    assert shown == ["| dimension | share explained | support | filter |\n|---|---:|---:|---|\n"
+                     "| replica | 86.3% | 26 | [filter to this value](./?replica=r-1) |\n| a\\|b | – | 3 | – |",
+                     "share explained: 1 − x"]
     # a clock time's colons escaped, and only those: Streamlit's Markdown takes `:06:` for an emoji shortcode
     assert formats.times("**Spike 14:06:00–14:10:00 UTC**: p99 [open](spike?a=1)") == (
         r"**Spike 14\:06\:00–14\:10\:00 UTC**: p99 [open](spike?a=1)")

@@ -24,7 +24,7 @@ from dashboard.settings import ENV_DSN, ENV_ENGINE
 from tests import samples_cache
 from tests.analysis.clickhouse_releases import older_releases, serve
 from tests.clickhouse_memo import Memo
-from tests.dashboard.conftest import APP
+from tests.dashboard.conftest import APP, shown_tables
 
 # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 pytestmark = pytest.mark.slow
@@ -275,7 +275,7 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
     at.multiselect(key="f_attrs").set_value([]).run()
     sp = data.report_of(wb, str(wb.store), wb.version, data.Filters())["spikes"][0]
     a, b = (pd.Timestamp(t, unit="ns", tz="UTC") for t in data.spike_times_ns(sp))
-    # the banner's Markdown escapes a clock time's colons (formats.times); it reads the same on screen
+    # as it reads: a clock's colons are escaped in the banner's Markdown (dashboard.formats.times)
     assert any(f"Spike {a:%H:%M:%S}–{b:%H:%M:%S} UTC" in w.value.replace("\\:", ":") for w in at.warning)
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
@@ -309,7 +309,7 @@ def test_every_page_runs_on_clickhouse(benches: tuple[data.Workbench, CHD.ClickH
     assert not [w.value for w in at.warning if "could not" in w.value]
     at.switch_page("app_pages/cost.py").run()
     assert not at.exception and not at.warning, ([e.message for e in at.exception], [w.value for w in at.warning])
-    assert len(at.metric) == 4 and len(at.table) == 2
+    assert len(at.metric) == 4 and len(shown_tables(at)) == 2
     at.switch_page("app_pages/alerts.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert [i.value for i in at.info] == [

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -16,7 +15,7 @@ from analysis.engine.percentiles import percentile_series
 from analysis.report import explain_window
 from analysis.stats.verdicts import against_baseline, detection_window_s
 from dashboard.charts import STAGE_COLORS
-from tests.dashboard.conftest import APP, REQUESTS
+from tests.dashboard.conftest import APP, REQUESTS, shown_tables
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
 
@@ -149,8 +148,8 @@ def test_filters_survive_a_page_switch(incident_store: Path, monkeypatch: pytest
     at = _app(incident_store, monkeypatch)
     at.multiselect(key="f_tenant").select("acme").run()
     at.switch_page("app_pages/replicas.py").run()
-    table = at.table[0].value
-    assert int(table["requests"].sum()) == _count(incident_store, "tenant = 'acme'")
+    table = shown_tables(at)[0]
+    assert sum(int(n.replace(",", "")) for n in table["requests"]) == _count(incident_store, "tenant = 'acme'")
     # the filters' widgets sit in the sidebar's popover; the line under it names the filter set
     (popover,) = at.sidebar.get("popover")
     assert popover.proto.popover.label == "Filters"
@@ -206,15 +205,17 @@ def test_spike_page_links_a_value_and_a_pair_to_their_filters(incident_store: Pa
     at = _app(incident_store, monkeypatch)
     at.session_state["spike_folded"] = True  # the folded pairs' table is drawn once its expander is opened
     at.switch_page("app_pages/spike.py").run()
-    single = at.table[0].value
-    pairs = pd.concat([d.value for d in at.table[1:] if "&" in "".join(map(str, d.value.get("dimension", [])))])
+    single, *rest = shown_tables(at)
+    pairs = pd.concat([t for t in rest if "&" in "".join(t.get("dimension", []))])
     assert (single.iloc[0]["dimension"], single.iloc[0]["value"]) == ("replica", "replica-05")
     by_pair = {(r["dimension"], r["value"]): r["filter"] for _, r in pairs.iterrows()}
-    assert pd.isna(by_pair[("replica&model_version", "replica-05&v2")])
+    assert by_pair[("replica&model_version", "replica-05&v2")] == "–"  # no link
     for link, where in ((single.iloc[0]["filter"], "replica = 'replica-05'"),
                         (by_pair[("replica&model", "replica-05&llama-3-8b")],
                          "replica = 'replica-05' AND model = 'llama-3-8b'")):
-        page, query = str(link).split("?", 1)
+        found = re.fullmatch(r"\[filter to this value\]\((.+)\)", link)
+        assert found, link
+        page, query = found.group(1).split("?", 1)
         assert page == links.OVERVIEW
         followed = AppTest.from_file(str(APP), default_timeout=120)
         for key, values in parse_qs(query).items():
@@ -228,9 +229,10 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/replicas.py").run()
     assert "replica-05" in at.error[0].value
-    table = at.table[0].value
-    assert table.loc[table["outlier"], "replica"].tolist() == ["replica-05"]
-    assert int(table["requests"].sum()) == REQUESTS
+    table = shown_tables(at)[0]
+    assert table.loc[table["outlier"] == "yes", "replica"].tolist() == ["replica-05"]
+    assert set(table["outlier"]) == {"yes", ""}
+    assert sum(int(n.replace(",", "")) for n in table["requests"]) == REQUESTS
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,9 +252,8 @@ def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # the names in a line (a long one is not cut short in a metric's column), each token count a metric of its own
     assert f"replica **{replica}** · tenant **{tenant}** · status **{status}**" in [m.value for m in at.markdown]
     assert (_metric(at, "input tokens"), _metric(at, "output tokens")) == (f"{tokens_in:,}", f"{tokens_out:,}")
-    table = at.table[0].value
-    assert round(float(table.loc[table["stage"] == "decode", "on the critical path"].iloc[0]), 1) == round(
-        decode_ns / 1e6, 1)
+    table = shown_tables(at)[0]
+    assert table.loc[table["stage"] == "decode", "on the critical path"].tolist() == [f"{decode_ns / 1e6:,.1f} ms"]
     at.text_input(key="trace_id").input("ffffffffffff").run()
     assert "No request with trace id" in at.error[0].value
 
@@ -406,12 +407,10 @@ def test_every_table_and_sentence_reads_as_numbers_for_people(incident_store: Pa
                     assert shown.get("type_config", {}).get("format"), (page, col, "a float column without a format")
                 if df[col].dtype == object:
                     assert not df[col].map(lambda v: v is None or (isinstance(v, float) and v != v)).any(), (page, col)
-        for static in at.table:  # a static table (dashboard.formats.table): its headers and every cell as shown
-            assert not [c for c in static.value.columns if "_" in str(c)], (page, list(static.value.columns))
-            shown = pa.ipc.open_stream(static.proto.arrow_data.styler.display_values).read_pandas()
-            assert shown.shape == static.value.shape, (page, "a static table without its cells' display text")
-            for cell in shown.to_numpy().ravel():  # the Markdown escapes taken out, as the browser shows the text
-                assert isinstance(cell, str) and not _RAW.search(re.sub(r"\\(.)", r"\1", cell)), (page, cell)
+        for shown in shown_tables(at):  # a Markdown table (dashboard.formats.table): its headers and cells as read
+            assert not [c for c in shown.columns if "_" in c], (page, list(shown.columns))
+            for cell in shown.to_numpy().ravel():
+                assert not _RAW.search(cell), (page, cell)
         texts = [m.value for m in (*at.markdown, *at.caption, *at.info, *at.warning, *at.error, *at.success)]
         texts += [str(m.value) for m in at.metric]
         for text in texts:

@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from analysis.engine.percentiles import iso, parse_time
 from analysis.report import explain_window
 from dashboard import charts, data
-from tests.dashboard.conftest import APP
+from tests.dashboard.conftest import APP, shown_tables
 
 
 def _cli_report(store: Path, *extra: str) -> dict[str, Any]:
@@ -72,16 +72,16 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     assert f"{lead['explained']:.0%} of the excess explained" in at.success[0].value
     assert f"baseline without it: {charts.fmt_ms(lead['baseline_p99_without_ms'])}" in at.success[0].value
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
-    table = at.table[0].value  # a static table, headed as shown: the report's values under readable headers
-    shown = {"dimension": "dimension", "value": "value", "explained": "share of the excess explained",
-             "p99_without_ms": "p99 without", "support": "tail requests"}
-    assert table[list(shown.values())].to_dict("records") == [
-        {shown[k]: d[k] for k in shown} for d in singles]
+    tables = shown_tables(at)  # Markdown tables: the report's values as a reader sees them, under readable headers
+    assert tables[0][["dimension", "value", "share of the excess explained", "p99 without", "tail requests"]
+                     ].to_dict("records") == [
+        {"dimension": d["dimension"], "value": d["value"], "share of the excess explained": f"{d['explained']:.1%}",
+         "p99 without": f"{d['p99_without_ms']:,.0f} ms", "tail requests": f"{d['support']:,}"} for d in singles]
     # the pairs: those explaining more than their parts in a table, those folded under a part (`folded_under`) apart
     pairs = [d for d in spike["dimensions"] if "&" in d["dimension"]]
     kept = [{"dimension": d["dimension"], "value": d["value"]} for d in pairs if "folded_under" not in d][:10]
     if kept:
-        assert at.table[1].value[["dimension", "value"]].to_dict("records") == kept
+        assert tables[1][["dimension", "value"]].to_dict("records") == kept
     folded = [d for d in pairs if "folded_under" in d]
     assert [e.label for e in at.expander if "pairs folded" in e.label] == (
         [f"{len(folded)} pairs folded: each explains no more than one of its values"] if folded else [])
@@ -90,8 +90,8 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
         for d in folded:
             part = spike["dimensions"][d["folded_under"]]
             want.append({"folded under": f"{part['dimension']} = {part['value']}", "dimension": d["dimension"],
-                         "value": d["value"], "share of the excess explained": d["explained"]})
-        shown_folded = at.table[2 if kept else 1].value
+                         "value": d["value"], "share of the excess explained": f"{d['explained']:.1%}"})
+        shown_folded = tables[2 if kept else 1]
         assert shown_folded[list(want[0])].to_dict("records") == want
 
 
@@ -170,9 +170,9 @@ def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
     shown = at.metric[0]
     assert shown.label == "requests in window"
     assert shown.value == f"{spike['requests_weighted']:,.0f}" != f"{spike['requests']:,}"
-    table = at.table[0].value
+    table = shown_tables(at)[0]
     singles = [d for d in spike["dimensions"] if "&" not in d["dimension"]][:12]
-    assert table["tail requests (weighted)"].tolist() == [d["support_weighted"] for d in singles]
+    assert table["tail requests (weighted)"].tolist() == [f"{d['support_weighted']:,.0f}" for d in singles]
     wb = data.workbench(str(half_store))
     at.switch_page("app_pages/shape.py").run()
     assert not at.exception, [e.message for e in at.exception]
@@ -185,6 +185,6 @@ def test_on_a_sampled_store_the_pages_count_what_the_kept_requests_stand_for(
     from analysis.engine.connect import connect
 
     want = cost_table(connect(half_store), by="tenant")
-    got = at.table[0].value
-    assert got["requests"].tolist() == [r["requests_weighted"] for r in want["rows"]]
+    got = shown_tables(at)[0]
+    assert got["requests"].tolist() == [f"{r['requests_weighted']:,.0f}" for r in want["rows"]]
     assert sum(r["requests_weighted"] for r in want["rows"]) > sum(r["requests"] for r in want["rows"])

@@ -1,0 +1,44 @@
+"""benchmarks.bench_dashboard_browser's before/after parts, without a browser: the order of the trees in each round,
+the comparison table's ratios, and the checks on the tree --against names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_dashboard_browser as B
+from tests.needs import need_c
+
+
+def _sample(wall: float, cpu: float) -> B.Sample:
+    return B.Sample(wall_s=wall, browser_cpu_s=cpu, server_cpu_s=0.5, main_thread_s=0.0, requests=1, kbytes=10.0)
+
+
+def test_the_trees_take_turns_first() -> None:
+    other = Path("/elsewhere")
+    assert [B.tree_order(r, [None, other]) for r in range(4)] == [[None, other], [other, None]] * 2
+    assert B.tree_order(1, [None]) == [None]
+
+
+def test_the_comparison_gives_each_measurements_medians_and_ratios() -> None:
+    bare = [("bare Streamlit page: new tab", [_sample(1.0, 1.0)], float("inf"))]
+    this = [*bare, ("click: Spike", [_sample(0.3, 0.6), _sample(0.5, 0.8), _sample(0.4, 2.0)], 0.5)]
+    other = [*bare, ("click: Spike", [_sample(0.8, 1.6), _sample(0.6, 1.0), _sample(1.0, 1.7)], 0.5)]
+    assert B.versus(this, other)[2:] == [
+        "| click: Spike | 0.40 / 0.80 | 0.50 | 0.80 / 1.60 | 0.50 | 0.50 / 0.50 | 1.00 | 10 / 10 |"]
+
+
+def test_a_tree_to_compare_against_must_be_a_checkout(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a tailscope source tree"), B.other_tree(str(tmp_path)):
+        pass
+    with pytest.raises(SystemExit, match="neither a directory nor a git ref"), B.other_tree("no-such-ref-xyz"):
+        pass
+    import importlib.util
+
+    need_c(importlib.util.find_spec("analysis._replay") is not None, "analysis._replay")
+    import analysis._replay as replay  # mapped into this process from this tree
+
+    assert B.foreign_parts([os.getpid()], B.ROOT) == []
+    assert os.path.realpath(str(replay.__file__)) in B.foreign_parts([os.getpid()], tmp_path)
