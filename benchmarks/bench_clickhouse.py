@@ -9,11 +9,15 @@ from this very store by the running export code (its stamp says so), with every 
 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
                                           [--fixed-spike] [--sampled] [--profile-export] [--materialized]
-                                          [--attrs N] [--json]
+                                          [--attrs N] [--skip-duckdb] [--save-report FILE]
+                                          [--memory-temp-max-spans N] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
-the bytes the chdb report pulled back (Arrow), the chdb directory size, and the 1-minute load.
+the bytes the chdb report pulled back (Arrow), the chdb directory size, each report's peak resident memory
+(VmHWM, reset when it starts) and the 1-minute load. --skip-duckdb runs the chdb report alone (a size
+where one process cannot hold the anchor), --save-report writes its JSON for a comparison made apart, and
+--memory-temp-max-spans sets where the chdb report's temporary tables become MergeTree.
 With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
 million spans), so the spike (15 minutes of one replica) and the windows (the 1 M store's, given
 to both reports) stay the same while the table grows: what the chdb report pulls should not grow.
@@ -62,6 +66,7 @@ from typing import Any
 
 from analysis.clickhouse.export import export_store
 from analysis.engine.percentiles import auto_window_s
+from benchmarks.bench_report import peak_rss_mib, reset_peak_rss
 from benchmarks.inputs import clear, matches, prepare, read_stamp, record
 from benchmarks.synthetic import DURATION_S, SPANS_PER_REQUEST, make_store
 
@@ -310,8 +315,10 @@ def without_export_keys(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False,
         profile: bool = False, sampled: bool = False, materialized: bool = False, skip_fly: bool = False,
-        attrs: int = 0) -> dict[str, Any]:
-    """Build, export and report one size; the figures as a dict."""
+        attrs: int = 0, skip_duckdb: bool = False, save_report: Path | None = None) -> dict[str, Any]:
+    """Build, export and report one size; the figures as a dict. `skip_duckdb`: no DuckDB anchor (a size where one
+    process cannot hold it: the chdb report alone, compared by its digest); `save_report`: write the chdb report's
+    JSON there (sorted keys) for a comparison made apart."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse.report import build_report as ch_report
     from analysis.engine.connect import connect
@@ -346,27 +353,37 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         record(chdir, export_store, exported, manifest=False)  # chdb rewrites its parts: no file list
     out["chdb_dir_mib"] = round(_dir_bytes(chdir) / 2**20, 1)
     out["store_mib"] = round(_dir_bytes(store) / 2**20, 1)
-    con = connect(store)
-    con.execute("SET enable_progress_bar = false").fetchall()
-    t, c = time.perf_counter(), _cpu_s()
-    duck = build_report(con, window_s=window)
-    out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
-    out["duckdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-    con.close()
+    duck: dict[str, Any] | None = None
+    if not skip_duckdb:
+        con = connect(store)
+        con.execute("SET enable_progress_bar = false").fetchall()
+        reset_peak_rss()
+        t, c = time.perf_counter(), _cpu_s()
+        duck = dict(build_report(con, window_s=window))
+        out["duckdb_report_s"] = round(time.perf_counter() - t, 2)
+        out["duckdb_report_cpu_s"] = round(_cpu_s() - c, 2)
+        out["duckdb_report_peak_rss_mib"] = round(peak_rss_mib(), 1)
+        con.close()
     table = "otel_traces"
     if sampled:
         sampled_copy(client.inner)
         table = SAMPLED_TABLE
         client.pulled = 0
-    out["requests"] = duck["requests"]
-    out["spikes"] = len(duck["spikes"])
+    if duck is not None:
+        out["requests"] = duck["requests"]
+        out["spikes"] = len(duck["spikes"])
     out["sampled"] = sampled
     if not skip_fly:  # the chdb report computing the model from the spans (842 s at 100 M spans)
+        reset_peak_rss()
         t, c = time.perf_counter(), _cpu_s()
         ch = ch_report(client, table, window_s=window, materialized=False)
         out["chdb_report_s"] = round(time.perf_counter() - t, 2)
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-        out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
+        out["chdb_report_peak_rss_mib"] = round(peak_rss_mib(), 1)
+        if duck is not None:
+            out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
+        else:
+            out["requests"], out["spikes"] = ch["requests"], None
         out["pulled_mib"] = round(client.pulled / 2**20, 2)
         out["returned_rows"] = dict(client.kinds)  # by kind (ROW_KINDS)
         # where the chdb report's CPU went: the functions whose statements cost the most, with how many they sent
@@ -379,11 +396,14 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         seen: dict[str, Any] = dict(ch.get("attributes") or {})
         out["attributes_considered"] = len(seen.get("considered", []))
         out["attributes_skipped"] = len(seen.get("skipped", []))
-        out["equal"] = None if sampled else ch == duck
+        out["equal"] = None if sampled or duck is None else ch == duck
         # a store written without the promoted keys in its maps (the synthetic one) is exported with them (the table
         # must carry them for ClickHouse to promote): ClickHouse then lists them as skipped built-in keys too
-        out["equal_but_export_keys"] = None if sampled else without_export_keys(ch) == without_export_keys(duck)
+        out["equal_but_export_keys"] = (None if sampled or duck is None
+                                        else without_export_keys(ch) == without_export_keys(duck))
         out["report_sha256"] = hashlib.sha256(json.dumps(ch, sort_keys=True).encode()).hexdigest()[:16]
+        if save_report is not None:
+            save_report.write_text(json.dumps(ch, sort_keys=True))
         out["chdb_spikes"] = len(ch["spikes"])
     if materialized:
         out |= fill_materialized(client.inner)
@@ -395,7 +415,7 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
         if "chdb_report_s" in out:
             out["mat_vs_fly_x"] = round(out["chdb_mat_report_s"] / max(out["chdb_report_s"], 1e-9), 3)
         out["mat_pulled_mib"] = round(client.pulled / 2**20, 2)
-        out["mat_equal"] = mat == duck
+        out["mat_equal"] = None if duck is None else mat == duck
     client.close()
     if dashboard:
         out |= dashboard_figures(store, chdir)
@@ -422,21 +442,34 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --materialized: leave out the chdb report computed from the spans")
     parser.add_argument("--attrs", type=int, default=0,
                         help="extra random attributes on every request (synthetic.extra_attributes)")
+    parser.add_argument("--skip-duckdb", action="store_true",
+                        help="no DuckDB anchor: the chdb report alone (where one process cannot hold both)")
+    parser.add_argument("--save-report", type=Path, default=None, help="write the chdb report's JSON to this file")
+    parser.add_argument("--memory-temp-max-spans", type=int, default=None,
+                        help="the chdb report's temporary tables are MergeTree (on disk) past this many spans "
+                             "(analysis.clickhouse.model.MEMORY_TEMP_MAX_SPANS)")
     parser.add_argument("--profile-export", action="store_true",
                         help="also price each step of the export in CPU seconds (EXPORT_STEPS)")
     args = parser.parse_args(argv)
     if args.sampled and args.materialized:
         parser.error("--materialized fills tailscope_requests over otel_traces, not the --sampled copy: pick one")
+    if args.memory_temp_max_spans is not None:
+        from analysis.clickhouse import model, requests
+
+        bound = "MEMORY_TEMP_MAX_SPANS"  # a constant of the library both modules read, set for this run only
+        for module in (model, requests):
+            setattr(module, bound, args.memory_temp_max_spans)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
     results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike, args.profile_export,
-                   args.sampled, args.materialized, args.skip_fly, args.attrs)
+                   args.sampled, args.materialized, args.skip_fly, args.attrs, args.skip_duckdb,
+                   args.save_report)
                for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
-        if "equal" not in r:  # --skip-fly
+        if "equal" not in r or "duckdb_report_s" not in r:  # --skip-fly, --skip-duckdb
             print(json.dumps(r))
             continue
         print(f"{r['spans']:,} spans, {r['requests']:,} requests, {r['spikes']} spike(s): build {r['build_s']} s, "

@@ -160,7 +160,10 @@ def _tidy(path: Path, stamp: dict[str, Any], keep: tuple[str, ...] = ()) -> str 
     files, dirs = _listing(path)
     for rel, meta in built.items():
         if files.get(rel) != meta:
-            return f"{rel} is {'missing' if rel not in files else 'not as built'}"
+            if rel not in files:
+                return f"{rel} is missing"
+            return (f"{rel} is not as built (its size or modification time changed; a copy keeps both with "
+                    "`cp -a`)")
     built_dirs = set(stamp.get("dirs") or [])
     added = [d for d in dirs if d not in built_dirs]
     added = [d for d in added if not any(d.startswith(a + "/") for a in added)]  # the top-most ones

@@ -1,14 +1,16 @@
 """Every attribute a candidate dimension on ClickHouse: analysis.stats.attributes' three sources, rules and coding,
 pushed down over the exporter's `SpanAttributes` / `ResourceAttributes` maps (text there; numbers parsed).
 
-The frame's requests (the rows the report explains: in range, with a value) go into a session temporary
-table (ATTR_MAPS) beside the attribute maps their sources read: the request span's own, and the keys its stage
-spans agree on (`stage`: the spans of its trace with a stage starting in its own hour or the hour on either
-side, the DuckDB report's rule, attribute_values.stage_attribute_sql). What comes back is per candidate, never
-per request: each key's count of requests, distinct values, whether every value parses as a finite number
-(`parses_sql`: the text Arrow's cast reads, as the DuckDB report tests) with the power-of-two buckets present
-(`number_key_sql`: attributes.number_keys in SQL) or, for text, its values (at most MAX_VALUES + 1).
-Each key the rules may keep is then coded once, a column of ATTR_TEMP (which replaces ATTR_MAPS); each
+The frame's requests (the rows the report explains: in range, with a value) are read in passes that never hold
+their attribute maps in memory, so the pass stays bounded as the table grows. The keys the stage spans agree on
+(`stage`: the spans of its trace with a stage starting in its own hour or the hour on either side, the DuckDB
+report's rule, attribute_values.stage_attribute_sql) are kept per request and key (ATTR_STAGE), the frame's
+requests being the join's table in memory and the spans streaming past. The request spans' maps are streamed
+to count what comes back per candidate, never per request: each key's count of requests, distinct values,
+whether every value parses as a finite number (`parses_sql`: the text Arrow's cast reads, as the DuckDB report
+tests) with the power-of-two buckets present (`number_key_sql`: attributes.number_keys in SQL) or, for text, its
+values (at most MAX_VALUES + 1; each distinct value parsed once). Each key the rules may keep is then coded once,
+a small column of ATTR_TEMP (the frame's requests joined by the request span's ids with its codes); each
 replica's resource values come back as one row per replica and key (`resource`), the same-partition
 test as two counts per pair. The keys are judged by attributes.Judge, the DuckDB report's own rules and
 order. A kept key stays on the server as the SQL of its code (`ServerAttributes.code_sql`): the
@@ -42,10 +44,11 @@ from analysis.engine.percentiles import in_range_sql
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 
-#: Session temporary tables of the attribute pass (their names' common start): the frame's requests with their
-#: attribute maps (ATTR_MAPS, while the keys are read), then with each candidate key's code (ATTR_TEMP).
+#: Session temporary tables of the attribute pass (their names' common start): the stage keys each request's stage
+#: spans agree on (ATTR_STAGE, one row per request and key, while the keys are read), then the frame's requests with
+#: each candidate key's code (ATTR_TEMP).
 ATTR_PREFIX: Final = "_tailscope_attr"
-ATTR_MAPS: Final = "_tailscope_attr_maps"
+ATTR_STAGE: Final = "_tailscope_attr_stage"
 ATTR_TEMP: Final = "_tailscope_attr_codes"
 #: Text Arrow's cast to a double reads as a number (analysis.stats.attributes.code_values' test); the value must
 #: be finite too.
@@ -231,28 +234,47 @@ def _builtin_sql(name: str) -> tuple[str, str]:
     return name, f"isNull({name})"
 
 
-def _keys_sql(col: str) -> str:
-    """Per key of the map column `col`: requests carrying it, distinct values, whether all parse as numbers
-    (and all are integers), the number buckets present and up to MAX_VALUES + 1 of its values."""
+def _keys_sql(pairs: str) -> str:
+    """Per key of `pairs` (a query of (k, v) rows, one per request carrying key k): requests carrying it, distinct
+    values, whether all parse as numbers (and all are integers), the number buckets present and up to
+    MAX_VALUES + 1 of its values, each with its bucket (0 when not a number). The distinct values are counted first,
+    so each is parsed once, however many requests carry it."""
     ok = parses_sql("v")
-    x = "toFloat64OrZero(v)"
-    return (f"SELECT k, count() AS present, uniqExact(v) AS nd, min({ok}) AS num, "
-            f"min(if({ok}, {x} = floor({x}), true)) AS integral, groupUniqArrayIf({number_key_sql('v')}, {ok}) "
-            f"AS keys, groupUniqArray({A.MAX_VALUES + 1})(v) AS texts "
-            f"FROM {ATTR_MAPS} ARRAY JOIN mapKeys({col}) AS k, mapValues({col}) AS v GROUP BY k")
+    return (f"SELECT k, present, nd, num, integral, keys, arrayMap(p -> p.1, vk) AS texts, "
+            f"arrayMap(p -> p.2, vk) AS text_keys FROM (SELECT k, sum(c) AS present, count() AS nd, min(ok) AS num, "
+            f"min(if(ok, x = floor(x), true)) AS integral, groupUniqArrayIf(nk, ok) AS keys, "
+            f"groupArray({A.MAX_VALUES + 1})((v, nk)) AS vk "
+            f"FROM (SELECT k, v, c, {ok} AS ok, toFloat64OrZero(v) AS x, if(ok, {number_key_sql('v')}, 0) AS nk "
+            f"FROM (SELECT k, v, count() AS c FROM ({pairs}) GROUP BY k, v)) GROUP BY k)")
+
+
+def _value_code_sql(value: str, r: dict[str, Any], order: Sequence[Any]) -> str:
+    """SQL of 1 + the code of text `value` of a key whose figures are `r` and codes' keys `order` (0: no code): by
+    the text itself when every distinct value came back (one hashed look-up), else by its number bucket."""
+    numeric = bool(r["num"])
+    if len(r["texts"]) >= int(r["nd"]):  # every value: each text's code looked up directly
+        at = {k: i + 1 for i, k in enumerate(order)}
+        texts = [str(t) for t in r["texts"]]
+        codes = [at.get(int(k) if numeric else x, 0) for x, k in zip(texts, r["text_keys"], strict=True)]
+        return f"transform({value}, {_array(texts, 'String')}, {_array(codes, 'Int16')}, toInt16(0))"
+    if not numeric:
+        return "toInt16(0)"
+    return (f"transform({number_key_sql(value)}, {_array(list(order), 'Int64')}, "
+            f"{_array(list(range(1, len(order) + 1)), 'Int16')}, toInt16(0))")
 
 
 class _Reader:
     """One pass of the attribute rules over the frame in ATTR_TEMP (see the module's docstring)."""
 
-    def __init__(self, client: Client, table: str, lo: int | None, hi: int | None, rules: A.AttributeRules
-                 ) -> None:
+    def __init__(self, client: Client, table: str, lo: int | None, hi: int | None, rules: A.AttributeRules,
+                 frame: str) -> None:
         self.client, self.table, self.lo, self.hi = client, table, lo, hi
-        self.n = int(client.query(f"SELECT count() AS n FROM {ATTR_MAPS}").to_pylist()[0]["n"])
+        self.frame = frame
+        self.n = int(client.query(f"SELECT count() AS n FROM ({frame})").to_pylist()[0]["n"])
         # the built-ins coded as explain.code_dimension codes them over the frame (labels only: their codes stay here)
         values = ", ".join(f"maxOrNull({bucket_code_sql(d)}) AS {d}" if d in X.BUCKETED
                            else f"groupUniqArray({d}) AS {d}" for d in X.DIMENSIONS)
-        row = client.query(f"SELECT {values} FROM {ATTR_MAPS}").to_pylist()[0]
+        row = client.query(f"SELECT {values} FROM ({frame})").to_pylist()[0]
         none = np.zeros(0, dtype=np.int64)
         self.builtin = [X.bucketed(d, none, int(row[d]) if row[d] is not None else -1) if d in X.BUCKETED else
                         X.Coded(d, none, sorted(str(x) for x in row[d]), [None] * len(row[d]), [None] * len(row[d]))
@@ -295,13 +317,17 @@ class _Reader:
         if len(self.judge.out.coded) > before:
             self.code_sql[coded.name] = code
 
-    def codes(self, engine: str) -> None:
-        """Read the keys of both map sources, then write ATTR_TEMP: the frame's requests with the code of each key
-        the rules may keep (one column each, computed once), and drop ATTR_MAPS."""
+    def codes(self, engine: str, request_pairs: str, request_maps: str, value: str | None) -> None:
+        """Read the keys of both sources (the request span's: `request_pairs`, its (k, v) rows; the stages':
+        ATTR_STAGE), then write ATTR_TEMP: the frame's requests with the code of each key the rules may keep (one
+        small column each, computed once: the request's from `request_maps`, its request spans' (TraceId, SpanId,
+        SpanAttributes), joined by id, the stages' from ATTR_STAGE grouped by request), and drop ATTR_STAGE."""
         cols: list[str] = []
-        for source, col in (("request", "req"), ("stage", "stg")):
+        per_source: dict[str, list[str]] = {"request": [], "stage": []}
+        keys: dict[str, list[str]] = {"request": [], "stage": []}
+        for source, pairs in (("request", request_pairs), ("stage", f"SELECT k, v FROM {ATTR_STAGE}")):
             try:
-                self.found[source] = self.client.query(_keys_sql(col)).to_pylist()
+                self.found[source] = self.client.query(_keys_sql(pairs)).to_pylist()
             except Exception as exc:
                 self.found[source] = []
                 self.judge.out.errors.append(
@@ -311,19 +337,43 @@ class _Reader:
                 key, present = str(r["k"]), int(r["present"])
                 if not scratch.before_coding(key, source, present):
                     continue
-                labels = self._labels(r)[0]
-                if not labels:  # past every bound: skipped as ids or by cardinality, never coded
+                order = self._labels(r)[0]
+                if not order:  # past every bound: skipped as ids or by cardinality, never coded
                     continue
                 name = f"{source[0]}{len(cols)}"
-                value = f"{col}[{CLICKHOUSE.literal(key)}]"  # read only where the key is (mapContains)
-                code = (_code_of(number_key_sql(value), labels, "Int64") if bool(r["num"])
-                        else _code_of(value, labels, "String"))
-                cols.append(f"if(mapContains({col}, {CLICKHOUSE.literal(key)}), {code}, -1) AS {name}")
+                keys[source].append(key)
+                j = len(keys[source])  # the key's place among its source's coded keys (`pos`)
+                if source == "request":  # 1 + its code where the request span holds the key, else 0
+                    at = f"indexOf(pos, {j})"
+                    code = f"if({at} = 0, toInt16(0), {_value_code_sql(f'vs[{at}]', r, order)})"
+                else:  # one row per request and key in ATTR_STAGE
+                    code = f"maxIf({_value_code_sql('v', r, order)}, pos = {j})"
+                per_source[source].append(f"toInt16({code}) AS {name}")
+                cols.append(f"toInt16({source[0]}.{name} - 1) AS {name}")
                 self.column[(source, key)] = name
-        keep = ", ".join(["trace_id", "span_id", "start_ns", "w", "v", *X.DIMENSIONS, *cols])
+        f = ", ".join(["trace_id", "span_id", "start_ns", "toFloat64(adjusted_count) AS w",
+                       f"toFloat64({value}) AS v" if value else "CAST(NULL AS Nullable(Float64)) AS v", *X.DIMENSIONS])
+        sql = ", ".join(["SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, f.w AS w",
+                         "f.v AS v", *(f"f.{d} AS {d}" for d in X.DIMENSIONS), *cols])
+        sql += f" FROM (SELECT {f} FROM ({self.frame})) AS f"
+        # each key's place among the coded keys of its source, one hashed look-up per key a span holds (then each
+        # code finds its key's place among small integers, not by comparing every key's text)
+        def place(src: str, k: str) -> str:
+            return (f"transform({k}, {_array(keys[src], 'String')}, "
+                    f"{_array(list(range(1, len(keys[src]) + 1)), 'UInt16')}, toUInt16(0))")
+
+        if per_source["request"]:  # unmatched rows read 0 (join_use_nulls off): no code
+            sql += (f" ANY LEFT JOIN (SELECT TraceId, SpanId, {', '.join(per_source['request'])} FROM (SELECT TraceId, "
+                    f"SpanId, arrayMap(x -> {place('request', 'x')}, mapKeys(a)) AS pos, mapValues(a) AS vs "
+                    f"FROM ({request_maps}))) AS r ON r.TraceId = f.trace_id AND r.SpanId = f.span_id")
+        if per_source["stage"]:
+            sql += (f" ANY LEFT JOIN (SELECT t, sid, {', '.join(per_source['stage'])} FROM (SELECT t, sid, v, "
+                    f"{place('stage', 'k')} AS pos FROM {ATTR_STAGE}) GROUP BY t, sid) AS s "
+                    "ON s.t = f.trace_id AND s.sid = f.span_id")
         self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_TEMP}")
-        self.client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {engine} AS SELECT {keep} FROM {ATTR_MAPS}")
-        self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_MAPS}")
+        self.client.command(f"CREATE TEMPORARY TABLE {ATTR_TEMP} ENGINE = {engine} AS {sql} "
+                            "SETTINGS join_use_nulls = 0")
+        self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {ATTR_STAGE}")
 
     @staticmethod
     def _labels(r: dict[str, Any]) -> tuple[list[Any], list[str], list[int | None], list[int | None]]:
@@ -395,40 +445,39 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     """The attribute dimensions of the requests of `facts_table` meeting `frame_where` (the report's frame) from
     the spans of `table` starting in [lo, hi): attributes.read_attributes on the server. Leaves ATTR_TEMP
     (the frame's requests with their codes, and `value`, a facts column, as the double `v`) for the explanation;
-    errors are recorded, never raised."""
+    errors are recorded, never raised.
+
+    No statement holds the requests' attribute maps in memory: the request spans' maps are streamed twice (their
+    keys' figures, then each kept key's code into a join keyed by the span's ids), and only the stage keys the
+    stage spans agree on are kept per request (ATTR_STAGE, one row per request and key)."""
     out = A.Attributes()
     spans = source_sql(table, span_where(lo, hi))
     ts = in_range_sql("TimestampNs", lo, hi)
     own = CLICKHOUSE.literal(A.OWN_PREFIX)
     hour = M.HOUR_NS
-    dims = ", ".join(X.DIMENSIONS)
-    sql = f"""
-SELECT f.trace_id AS trace_id, f.span_id AS span_id, f.start_ns AS start_ns, toFloat64(f.adjusted_count) AS w,
-       {f'toFloat64(f.{value})' if value else 'CAST(NULL AS Nullable(Float64))'} AS v,
-       {', '.join(f'f.{d} AS {d}' for d in X.DIMENSIONS)}, r.a AS req, s.m AS stg
-FROM (SELECT trace_id, span_id, start_ns, adjusted_count, {dims}{f', {value}' if value else ''}
-      FROM {facts_table} WHERE {frame_where}) AS f
-LEFT JOIN (SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}) AS r
-  ON r.TraceId = f.trace_id AND r.SpanId = f.span_id
-LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FROM (
-    SELECT t, sid, k AS sk, min(v) AS sv FROM (
-      SELECT g.trace_id AS t, g.span_id AS sid, st.a AS a
-      FROM (SELECT trace_id, span_id, start_ns FROM {facts_table} WHERE {frame_where}) AS g
-      INNER JOIN (SELECT TraceId, TimestampNs, SpanAttributes AS a FROM {spans}
-                  WHERE Stage IS NOT NULL AND NOT IsRequest
-                    AND TraceId IN (SELECT trace_id FROM {facts_table} WHERE {frame_where})) AS st
-        ON st.TraceId = g.trace_id
-      WHERE st.TimestampNs >= intDiv(g.start_ns, {hour}) * {hour} - {hour}
-        AND st.TimestampNs < intDiv(g.start_ns, {hour}) * {hour} + {2 * hour})
-    ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v WHERE NOT startsWith(k, {own})
-    GROUP BY t, sid, k HAVING min(v) = max(v)) GROUP BY t, sid) AS s ON s.t = f.trace_id AND s.sid = f.span_id"""
+    frame = f"SELECT * FROM {facts_table} WHERE {frame_where}"
+    # the frame's request spans, each once (a span delivered twice is read once, as the DuckDB report does)
+    request_maps = f"SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}"
+    request_pairs = (f"SELECT k, v FROM (SELECT a FROM ({request_maps}) WHERE (TraceId, SpanId) IN "
+                     f"(SELECT trace_id, span_id FROM ({frame})) LIMIT 1 BY TraceId, SpanId) "
+                     "ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v")
+    # per request, each key of its stage spans (its trace's spans with a stage starting in its hour or the hour on
+    # either side) they all agree on; the frame's requests are the join's table in memory, the spans stream past
+    stage = f"""
+SELECT g.trace_id AS t, g.span_id AS sid, st.k AS k, min(st.v) AS v
+FROM (SELECT TraceId, TimestampNs, k, v FROM {spans}
+      ARRAY JOIN mapKeys(SpanAttributes) AS k, mapValues(SpanAttributes) AS v
+      WHERE Stage IS NOT NULL AND NOT IsRequest AND NOT startsWith(k, {own})) AS st
+INNER JOIN (SELECT trace_id, span_id, intDiv(start_ns, {hour}) * {hour} AS h FROM ({frame})) AS g
+  ON st.TraceId = g.trace_id
+WHERE st.TimestampNs >= g.h - {hour} AND st.TimestampNs < g.h + {2 * hour}
+GROUP BY t, sid, k HAVING min(st.v) = max(st.v)"""
     try:
         engine = temp_engine(client, facts_table)
         drop(client)
-        # unmatched maps stay empty (join_use_nulls would make them Nullable, which a Map cannot be)
-        client.command(f"CREATE TEMPORARY TABLE {ATTR_MAPS} ENGINE = {engine} AS {sql} SETTINGS join_use_nulls = 0")
-        reader = _Reader(client, table, lo, hi, rules)
-        reader.codes(engine)
+        client.command(f"CREATE TEMPORARY TABLE {ATTR_STAGE} ENGINE = {engine} AS {stage}")
+        reader = _Reader(client, table, lo, hi, rules, frame)
+        reader.codes(engine, request_pairs, request_maps, value)
     except Exception as exc:
         out.errors.append(f"could not read the attributes because {str(exc).splitlines()[0]}")
         return ServerAttributes(out)
@@ -443,5 +492,5 @@ LEFT JOIN (SELECT t, sid, mapFromArrays(groupArray(sk), groupArray(sv)) AS m FRO
 
 def drop(client: Client) -> None:
     """Drop the session's tables of the attribute pass."""
-    for name in (ATTR_MAPS, ATTR_TEMP):
+    for name in (ATTR_STAGE, ATTR_TEMP):
         client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")

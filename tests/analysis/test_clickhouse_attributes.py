@@ -93,6 +93,9 @@ def test_each_request_gets_the_value_the_rules_give_on_the_server(tmp_path: Path
     table = f"t_random_{seed}"
     client.command(f"DROP TABLE IF EXISTS {table}")
     export_store(store, client, table)
+    if seed == 2:  # seven request spans delivered twice: each request still read once, as the DuckDB report reads it
+        client.command(f"INSERT INTO {table} SELECT * FROM {table} WHERE SpanAttributes['tailscope.request'] = 'true' "
+                       "ORDER BY TraceId LIMIT 7")
     facts = requests_facts(client, table, name="_facts_random")
     out = CA.read_attributes(client, table, facts, "TRUE", None, None, A.AttributeRules())
     names = [c.name for c in out.attrs.coded]
