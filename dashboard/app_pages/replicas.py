@@ -33,7 +33,10 @@ for e in explained.values():
                f"{charts.fmt_ms(e['p99_without_ms'])} ({e['requests_without']:,} of {e['requests']:,} requests left), "
                f"inside the fleet's spread (median p99 {charts.fmt_ms(e['fleet_median_p99_without_ms'])}). Look at "
                f"the {e['dimension']}, not the replica.", icon=":material/person_search:")
-if not len(out):
+if len(df) == 1:  # nothing to compare it with: neither an outlier nor an all clear
+    st.info(f"One replica in this range ({df['replica'].iloc[0]}, p99 {charts.fmt_ms(df['p99_ms'].iloc[0])}): no "
+            "other replica to compare it with. Widen the filters to judge the fleet.")
+elif not len(out):
     st.success(f"No outlier among {len(df)} replicas: p99 spread {charts.fmt_ms(df['p99_ms'].min())}"
                f"–{charts.fmt_ms(df['p99_ms'].max())}.")
 # the tooltip's requests: what the stored ones stand for (the table shows both counts)

@@ -233,6 +233,14 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     assert table.loc[table["outlier"] == "yes", "replica"].tolist() == ["replica-05"]
     assert set(table["outlier"]) == {"yes", ""}
     assert sum(int(n.replace(",", "")) for n in table["requests"]) == REQUESTS
+    # filtered to one replica there is no fleet to compare with: the page says so, neither outlier nor all clear
+    one = AppTest.from_file(str(APP), default_timeout=120)
+    one.query_params["replica"] = "replica-02"
+    one.switch_page("app_pages/replicas.py").run()
+    assert one.multiselect(key="f_replica").value == ["replica-02"]
+    assert not one.exception and not one.success and not one.error
+    assert [i.value.split(" (")[0] for i in one.info] == ["One replica in this range"]
+    assert "replica-02" in one.info[0].value
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
