@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import streamlit as st
 
+from dashboard.charts import window_label
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -107,6 +109,15 @@ def times(markdown: str) -> str:
     """`markdown` with each clock time's colons escaped (it reads the same): a time is then not taken for an emoji
     shortcode, and the page does not load the emoji plugin for it."""
     return _CLOCK_COLON.sub(r"\\:", markdown)
+
+
+def not_judged(reason: str, context: list[tuple[int, int]], then: str = "") -> str:
+    """The banner of filters too narrow for spike detection to judge (Overview and Spike page): no all clear, and
+    the unfiltered range's spikes (`context`, shaded grey on the charts) named; `then`: what to do next."""
+    named = (f" Without the filters, this range has {len(context)} spike(s), shaded grey: "
+             + ", ".join(window_label(a, b) for a, b in context) + "." + then) if context else ""
+    return times(f"**Spike detection could not judge these filters**: {reason}. No spike is *not* an all clear "
+                 f"here.{named}")
 
 
 def _missing(x: Any) -> bool:

@@ -47,11 +47,7 @@ for sp, (a, b) in zip(spikes, shade, strict=True):
                "to see what explains it."), icon=":material/local_fire_department:")
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
 if not verdict["judged"]:
-    st.error(formats.times(
-        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
-        "here." + (f" Without the filters, this range has {len(context)} spike(s), shaded grey: "
-                   + ", ".join(charts.window_label(a, b) for a, b in context) + "." if context else "")),
-        icon=":material/help:")
+    st.error(formats.not_judged(verdict["reason"], context), icon=":material/help:")
 notes = "; ".join(marks.get("warnings", []) + [e for e in marks.get("errors", []) if verdict["judged"]])
 st.caption(f"windows of {data.window_s(*key, f)} s (the report's) · exact percentiles (quantile_cont) · shaded: "
            "p99 spikes of end-to-end latency found by `tailscope report`" + (f" · {notes}" if notes else ""))

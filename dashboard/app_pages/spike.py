@@ -35,12 +35,8 @@ if judged:
 else:
     st.vega_lite_chart(spec, key="spike_brush", width="stretch")
     st.caption("Times are UTC. A window can be inspected here once the filters hold enough requests to judge.")
-if not judged:
-    st.error(formats.times(
-        f"**Spike detection could not judge these filters**: {verdict['reason']}. No spike is *not* an all clear "
-        "here." + (f" Without the filters this range has {len(context)} spike(s) (grey): "
-                   + ", ".join(charts.window_label(a, b) for a, b in context)
-                   + ". Clear the filters to explain them." if context else "")), icon=":material/help:")
+    st.error(formats.not_judged(verdict["reason"], context, " Clear the filters to explain them."),
+             icon=":material/help:")
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}
