@@ -79,19 +79,43 @@ RestCounts = tuple[pl.DataFrame, Callable[[list[X.Coded], X.Candidate], np.ndarr
 
 #: A remote engine's spike figures without candidates (explain.SpikeWithout): (the dimensions, the candidates, the
 #: spike's rows) -> those of the candidates holding an attribute, by position.
-SpikeWithoutOf = Callable[[Sequence[X.Coded], list[X.Candidate], np.ndarray], X.SpikeWithout]
+SpikeWithoutOf = Callable[[Sequence[X.Coded], list[X.Candidate], X.Part], X.SpikeWithout]
 #: A remote engine's test of which of some rows (an exemplar pool) match a candidate, as far as the exemplars read:
 #: (the dimensions, the candidate, the rows, k) -> a mask over the rows, true for the matching ones of the k least
 #: values (ties kept), false for every other row.
 Prefer = Callable[[Sequence[X.Coded], X.Candidate, np.ndarray, int], np.ndarray]
 
 
-#: A remote engine's stage shares of a spike (explain.stage_shares, the means computed on its server, so neither the
-#: local baseline's rows nor any span comes back): (the spike's tail as trace ids in tail order, their adjusted
-#: counts (None unsampled), the tail's least start, longest request and last end (ns), the local baseline's window
-#: starts (`local_baseline`), the stages) -> the shares.
-RemoteStages = Callable[[list[str], np.ndarray | None, tuple[int, int, int], np.ndarray, Sequence[str]],
-                        list[C.StageShare]]
+#: A remote engine's stage shares of a spike (explain.stage_shares, the means computed on its server, both tails
+#: chosen there, so neither a tail's rows nor any span comes back): (the spike, the local baseline's window starts
+#: (`local_baseline`), the stages) -> the shares.
+RemoteStages = Callable[[Spike, np.ndarray, Sequence[str]], list[C.StageShare]]
+
+
+class SpikeRows(Protocol):
+    """A remote engine's spike requests when it counts every dimension: their rows stay there (explain.Counted, named
+    by a condition) and each figure the explanation reads of them is its answer, so none of their rows comes back.
+    The in-memory reading of the same figures is the frame's rows (`spike_parts`, `_Coding`, `explain_all`)."""
+
+    def rows(self, spike: Spike) -> X.Counted:
+        """The spike's requests, with their (weighted) p99."""
+        ...
+
+    def tail(self, spike: Spike) -> X.Counted:
+        """Their tail slice (explain.tail_slice's rule)."""
+        ...
+
+    def excess(self, spike: Spike, tail: X.Counted) -> X.Counted:
+        """Those slower than its baseline p99, or `tail` when fewer than MIN_TAIL_SLICE (`_Coding.ranked`'s)."""
+        ...
+
+    def exemplars(self, spike: Spike, coded: Sequence[X.Coded], best: X.Candidate | None) -> list[str]:
+        """Trace ids of explain.exemplar_rows's choice, those matching `best` first."""
+        ...
+
+    def frame(self) -> pl.DataFrame:
+        """The frame's rows the engine's fetcher pulled for the noisy-neighbour step (`SpanFetcher.neighbourhood`)."""
+        ...
 
 
 @dataclasses.dataclass
@@ -188,15 +212,26 @@ class Rows:
     ranked: dict[tuple[int, int, int], Any] = dataclasses.field(default_factory=dict)
     #: a remote engine's stage shares (the frame then need not hold the local baseline's rows)
     stages: RemoteStages | None = None
+    #: a remote engine's spike requests (the frame then holds none of them: with `attributes.builtin`)
+    spike_rows: SpikeRows | None = None
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
            coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
            rest: RestCounts | None = None, attributes: RemoteAttributes | None = None,
-           read_dims: Callable[[], pl.DataFrame] | None = None, stages: RemoteStages | None = None) -> Rows:
+           read_dims: Callable[[], pl.DataFrame] | None = None, stages: RemoteStages | None = None,
+           spike_rows: SpikeRows | None = None) -> Rows:
         """The rows of `frame`, their arrays read from it."""
         return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
-                   weights_of(frame), coded, fetch, rest, attributes, read_dims, stages=stages)
+                   weights_of(frame), coded, fetch, rest, attributes, read_dims, stages=stages, spike_rows=spike_rows)
+
+
+def spike_parts(rows_: Rows, spike: Spike) -> tuple[X.Part, X.Part]:
+    """A spike's requests and their tail slice: the frame's rows, or the remote engine's (`Rows.spike_rows`)."""
+    if rows_.spike_rows is not None:
+        return rows_.spike_rows.rows(spike), rows_.spike_rows.tail(spike)
+    rows = np.flatnonzero((rows_.start >= spike.start_ns) & (rows_.start < spike.end_ns)).astype(np.int64)
+    return rows, X.tail_slice(rows_.values, rows, weights=rows_.weights)
 
 
 def _snapshot(con: duckdb.DuckDBPyConnection, source: str, metric: str, detection_only: bool = False) -> str:
@@ -739,7 +774,8 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
     start, values, weights = rows_.start, rows_.values, rows_.weights
     wins = det.window_start_ns // det.window_ns
     base = rows_in_windows(start, wins[det.baseline], det.window_ns).astype(np.int64)
-    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes, rows_.ranked)
+    coding = _Coding(rows_.frame, values, base, weights, rows_.rest, rows_.coded, rows_.attributes, rows_.ranked,
+                     rows_.spike_rows)
     if slow_counts is None:
         slow = np.flatnonzero(values > det.baseline_p99_ns)
         slow_at = np.searchsorted(wins, start[slow] // det.window_ns)
@@ -753,8 +789,7 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
             for s in det.spikes]
     moved: list[Spike] = []
     for n, (spike, run) in enumerate(zip(det.spikes, runs, strict=True)):
-        rows = np.flatnonzero((start >= spike.start_ns) & (start < spike.end_ns)).astype(np.int64)
-        ranked = coding.ranked(spike, rows, X.tail_slice(values, rows, weights=weights))[1][0]
+        ranked = coding.ranked(spike, *spike_parts(rows_, spike))[1][0]
         if not ranked:
             moved.append(spike)
             continue
@@ -776,19 +811,16 @@ def culprit_bounds(rows_: Rows, slow_counts: SlowCounts | None = None) -> bool:
     return changed
 
 
-def _stages_for(rows_: Rows, spike: Spike, spike_tail: np.ndarray, stage_names: tuple[str, ...]
+def _stages_for(rows_: Rows, spike: Spike, spike_tail: X.Part, stage_names: tuple[str, ...]
                 ) -> list[C.StageShare]:
     con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
     weights = rows_.weights
     counts = dict(zip(det.window_start_ns.tolist(), det.n.tolist(), strict=True))
     local = local_baseline(det, spike, counts)
+    if rows_.stages is not None:  # a remote engine's: both tails and every span stay there
+        return rows_.stages(spike, local, stage_names)
+    assert not isinstance(spike_tail, X.Counted), "a remote engine's spike rows need its stage shares"
     e2e = frame.get_column("e2e_ns").to_numpy()
-    if rows_.stages is not None:  # a remote engine's: the local baseline's tail and every span stay there
-        ends = start[spike_tail] + e2e[spike_tail]
-        return rows_.stages(_trace_ids(con, facts, frame, spike_tail),
-                            None if weights is None else weights[spike_tail],
-                            (int(start[spike_tail].min()), int(e2e[spike_tail].max()), int(ends.max())), local,
-                            stage_names)
     local_rows = rows_in_windows(start, local // det.window_ns, det.window_ns).astype(np.int64)
     base_tail = X.tail_slice(values, local_rows, weights=weights)
     rows = np.concatenate([spike_tail, base_tail])
@@ -826,10 +858,10 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = rows_in_windows(start, base_wins, det.window_ns).astype(np.int64)
     stage_names = X.BEFORE_FIRST_TOKEN if metric == "ttft" else S.CRITICAL_PATH_COLUMNS
-    rows_of = [np.flatnonzero((start >= s.start_ns) & (start < s.end_ns)).astype(np.int64) for s in spikes]
-    tails = [X.tail_slice(values, rows, weights=weights) for rows in rows_of]
+    parts = [spike_parts(rows_, s) for s in spikes]
+    rows_of, tails = [r for r, _ in parts], [t for _, t in parts]
 
-    def stages_of(spike: Spike, tail: np.ndarray) -> list[C.StageShare] | str:
+    def stages_of(spike: Spike, tail: X.Part) -> list[C.StageShare] | str:
         # a spike's stage shares, or why they could not be computed
         try:
             return _stages_for(rows_, spike, tail, stage_names)
@@ -838,7 +870,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
 
     local = fetch is None and rest is None
     found: list[list[C.StageShare] | str] = []
-    dims: list[tuple[C.Spike, np.ndarray | None]] = []
+    dims: list[tuple[C.Spike, np.ndarray | X.Candidate | None]] = []
     if local:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
             # the stage shares are DuckDB reads of `spans` (the GIL released): they run on a second thread
@@ -849,7 +881,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
             dims = [coding.dimensions(sp, rows, tail) for sp, rows, tail in zip(spikes, rows_of, tails, strict=True)]
             found = stages.result()
     else:
-        coding = _Coding(frame, values, base, weights, rest, coded, attributes)
+        coding = _Coding(frame, values, base, weights, rest, coded, attributes, spike_rows=rows_.spike_rows)
     out = []
     for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
         # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
@@ -860,13 +892,21 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
         else:
             item["stages"] = stage
         try:
-            item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns, best_mask))
+            if isinstance(rows, X.Counted):
+                assert rows_.spike_rows is not None and not isinstance(best_mask, np.ndarray)
+                item["exemplars"] = rows_.spike_rows.exemplars(spike, coding.coded, best_mask)
+            else:
+                assert not isinstance(best_mask, X.Candidate)
+                item["exemplars"] = _trace_ids(con, facts, frame, X.exemplar_rows(values, rows, spike.p99_ns,
+                                                                                  best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
         if fetch is not None:
             fetch.neighbourhood(det, spike, item)
+        # a remote engine's spike rows: those its fetcher pulled for the step, when it runs
+        near = frame if rows_.spike_rows is None else rows_.spike_rows.frame()
         item["noisy_neighbour"] = cast(C.NoisyNeighbour | None,
-                                       N.for_report(con, facts, frame, det, spike, cast(dict[str, Any], item)))
+                                       N.for_report(con, facts, near, det, spike, cast(dict[str, Any], item)))
         out.append(item)
     return out
 
@@ -877,12 +917,13 @@ class _Coding:
 
     def __init__(self, frame: pl.DataFrame, values: np.ndarray, base: np.ndarray, weights: np.ndarray | None,
                  rest: RestCounts | None, coded: list[X.Coded] | None = None,
-                 attributes: RemoteAttributes | None = None, memo: dict[tuple[int, int, int], Any] | None = None
-                 ) -> None:
+                 attributes: RemoteAttributes | None = None, memo: dict[tuple[int, int, int], Any] | None = None,
+                 spike_rows: SpikeRows | None = None) -> None:
         """`base`: the baseline's rows; `rest`, `attributes`: as `explain_all`'s; `coded`: the frame's DIMENSIONS
         coded (by `X.code_dimension`), when already done; `memo` (`Rows.ranked`, with `coded` given and no `rest`):
-        the rankings made, kept for another coding of the same rows."""
+        the rankings made, kept for another coding of the same rows; `spike_rows`: a remote engine's (`Rows`)."""
         self.memo = memo if coded is not None and rest is None and attributes is None else None
+        self.spike_rows = spike_rows
         self.values, self.base, self.weights = values, base, weights
         self.rest: X.Rest | None = None
         self.remote: RemoteAttributes | None = attributes
@@ -910,22 +951,27 @@ class _Coding:
                                lambda cand: read_values(self.coded, cand),
                                combos.get_column("w").to_numpy() if "w" in combos.columns else None)
 
-    def ranked(self, spike: Spike, rows: np.ndarray, tail: np.ndarray, cut: list[dict[str, Any]] | None = None
-               ) -> tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]]:
+    def ranked(self, spike: Spike, rows: X.Part, tail: X.Part, cut: list[dict[str, Any]] | None = None
+               ) -> tuple[X.Part, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]]:
         """The spike's tail (its rows above the baseline p99, or `tail` when fewer than MIN_TAIL_SLICE) and
         `rank_dimensions` of it (`cut`: receives the pairs left out for their size)."""
         values, remote = self.values, self.remote
         key = (int(spike.start_ns), int(spike.end_ns), int(spike.baseline_p99_ns))
         hit = self.memo.get(key) if self.memo is not None else None
-        if (hit is not None and hit[0] is self.coded and np.array_equal(hit[1], self.base)
+        excess_rows: X.Part
+        if isinstance(rows, X.Counted) or isinstance(tail, X.Counted):  # a remote engine's: figures asked there
+            assert self.spike_rows is not None and isinstance(tail, X.Counted)
+            excess_rows = self.spike_rows.excess(spike, tail)
+        elif (hit is not None and hit[0] is self.coded and np.array_equal(hit[1], self.base)
                 and np.array_equal(hit[2], rows) and np.array_equal(hit[3], tail)):
             if cut is not None:
                 cut.extend(hit[5])
-            return cast(tuple[np.ndarray, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]],
+            return cast(tuple[X.Part, tuple[list[X.Candidate], list[X.Candidate], list[X.Candidate], int]],
                         hit[4])
-        excess_rows = rows[values[rows] > spike.baseline_p99_ns]
-        if excess_rows.size < X.MIN_TAIL_SLICE:
-            excess_rows = tail
+        else:
+            excess_rows = rows[values[rows] > spike.baseline_p99_ns]
+            if excess_rows.size < X.MIN_TAIL_SLICE:
+                excess_rows = tail
         left_out: list[dict[str, Any]] = []
         out = excess_rows, rank_dimensions(
             self.coded, values, rows, excess_rows, self.base, self.base_q, self.weights, self.rest,
@@ -948,13 +994,15 @@ class _Coding:
         mask[np.searchsorted(rows, pool)] = self.remote.prefer(self.coded, best, pool, X.MAX_EXEMPLARS)
         return mask
 
-    def dimensions(self, spike: Spike, rows: np.ndarray, tail: np.ndarray) -> tuple[C.Spike, np.ndarray | None]:
+    def dimensions(self, spike: Spike, rows: X.Part, tail: X.Part
+                   ) -> tuple[C.Spike, np.ndarray | X.Candidate | None]:
         """The spike's item with its ranked dimensions (or the error saying why not) and the mask of its best
-        candidate over `rows`, the spike's rows (None without one); `tail`: their tail slice."""
+        candidate over `rows`, the spike's rows (None without one; the candidate itself when they stay on a remote
+        engine, `Rows.spike_rows`); `tail`: their tail slice."""
         weights, coded = self.weights, self.coded
         item = _spike_json(spike)
         item["errors"] = []
-        best_mask = None
+        best_mask: np.ndarray | X.Candidate | None = None
         try:
             cut: list[dict[str, Any]] = []
             excess_rows, (ranked, finer, coarser, tested) = self.ranked(spike, rows, tail, cut)
@@ -967,21 +1015,27 @@ class _Coding:
                 item["dimensions"][0]["coarser"] = [_level_json(coded, c) for c in coarser]
             item["candidates_tested"] = tested
             item["pairs_cut"] = cast(list[C.PairCut], cut)
-            item["tail_requests"] = int(excess_rows.size)
             # beside the kept counts, what they stand for and their effective count (equal when unsampled)
-            tail_w = None if weights is None else float(weights[excess_rows].sum())
-            item["tail_requests_weighted"] = float(excess_rows.size) if tail_w is None else round(tail_w, 3)
-            item["tail_effective"] = _effective(weights, excess_rows)
+            if isinstance(excess_rows, X.Counted):
+                n_tail, tail_w = excess_rows.n, excess_rows.weight
+                effective = float(n_tail) if tail_w is None else round(excess_rows.effective or 0.0, 3)
+            else:
+                n_tail = int(excess_rows.size)
+                tail_w = None if weights is None else float(weights[excess_rows].sum())
+                effective = _effective(weights, excess_rows)
+            item["tail_requests"] = n_tail
+            item["tail_requests_weighted"] = float(n_tail) if tail_w is None else round(tail_w, 3)
+            item["tail_effective"] = effective
             for d, c in zip(item["dimensions"], ranked, strict=True):
                 d["support_weighted"] = float(c.tail_count) if tail_w is None else round(c.tail_share * tail_w, 3)
             if ranked:
-                best_mask = self._best_mask(spike, rows, ranked[0])
+                best_mask = ranked[0] if isinstance(rows, X.Counted) else self._best_mask(spike, rows, ranked[0])
         except Exception as exc:
             item["errors"].append(f"could not compute dimensions because {exc}")
         return item, best_mask
 
 
-def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: np.ndarray, excess_rows: np.ndarray,
+def rank_dimensions(coded: list[X.Coded], values: np.ndarray, rows: X.Part, excess_rows: X.Part,
                     base: np.ndarray, base_q: X.BaselineTail, weights: np.ndarray | None = None,
                     rest: X.Rest | None = None, remote: X.RemoteCells | None = None,
                     overlap: A.Overlap | None = None, cut: list[dict[str, Any]] | None = None,

@@ -437,7 +437,7 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
     if not RP.culprit_bounds(rows, _slow_counts(q, det, attrs[0] if attrs is not None else None)):
         return rows
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
-    if set(spike_windows.tolist()) <= read:
+    if rows.spike_rows is not None or set(spike_windows.tolist()) <= read:  # (the server's: the moved ones' too)
         assert isinstance(rows.fetch, Fetcher)
         rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
         return rows
@@ -476,21 +476,88 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
     server = attrs[0] if attrs is not None else None
     fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
                                      "adjusted_count" if sampled else None, server, held or set())
-    frame = local.sql(
-        f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
-        f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
-        f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+
+    def local_frame() -> pl.DataFrame:
+        return local.sql(
+            f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
+            f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
+            f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+
+    frame = local_frame()
     remote = None
     if attrs is not None:
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
+    spike_rows = (_ServerSpikeRows(q.client, server, sampled, lambda: local_frame().drop(["trace_id", "span_id"]))
+                  if server is not None and _on_server(server, col) else None)
     return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote,
                       stages=_server_stages(q, det, f"{col} IS NOT NULL{keep}", col,
-                                            "adjusted_count" if sampled else None)), read
+                                            "adjusted_count" if sampled else None), spike_rows=spike_rows), read
 
 
-def tail_sql(client: Client, facts: str, where: str, col: str, weight: str | None) -> tuple[str, int]:
-    """(a query of the tail slice of `facts`' requests meeting `where`: trace_id, start_ns, e2e_ns, v (the value
+def _on_server(attrs: CA.ServerAttributes, col: str) -> bool:
+    """Whether every dimension is counted on the server over the frame of `col` (CA.ATTR_TEMP holds its values and
+    the built-ins' labels): then the spike windows' requests stay there too (`_ServerSpikeRows`)."""
+    return attrs.builtin is not None and attrs.value == col
+
+
+class _ServerSpikeRows:
+    """analysis.report.SpikeRows over the attribute pass's frame (CA.ATTR_TEMP: ids, start, the value v and the
+    adjusted count w of each request): a spike's requests named by their start range, each figure the explanation
+    reads of them one query (a row of figures comes back; the exemplars, at most MAX_EXEMPLARS trace ids). The
+    rules are explain's: the tail by `tail_sql` (explain.tail_slice's), the p99 and the weights' sums by
+    clickhouse.quantiles (percentiles.weighted_quantile_sorted's, explain.weighted_q's)."""
+
+    def __init__(self, client: Client, attrs: CA.ServerAttributes, weighted: bool,
+                 frame: Callable[[], pl.DataFrame]) -> None:
+        """`weighted`: the requests are sampled (their adjusted counts weigh); `frame`: reads the local frame's rows
+        (those the fetcher pulled for the noisy-neighbour step)."""
+        self.client, self.attrs, self.frame = client, attrs, frame
+        self.weight = "w" if weighted else None
+        self._asked: dict[str, X.Counted] = {}
+
+    def _counted(self, where: str) -> X.Counted:
+        if where not in self._asked:
+            row = self.client.query(
+                f"SELECT length(s) AS n, {quantile_sql(self.weight, X.TAIL_Q)} AS q, tot, sq FROM (SELECT "
+                f"{arrays_sql('v', self.weight)} FROM {CA.ATTR_TEMP} WHERE {where})",
+                features(self.client).settings).to_pylist()[0]
+            tot, sq = float(row["tot"]), float(row["sq"])
+            weighted = self.weight is not None
+            self._asked[where] = X.Counted(int(row["n"]), where, tot if weighted else None,
+                                           (tot * tot / sq if sq > 0 else 0.0) if weighted else None,
+                                           float(row["q"]))
+        return self._asked[where]
+
+    def rows(self, spike: Spike) -> X.Counted:
+        """The spike's requests, with their (weighted) p99."""
+        return self._counted(f"(start_ns >= {int(spike.start_ns)} AND start_ns < {int(spike.end_ns)})")
+
+    def tail(self, spike: Spike) -> X.Counted:
+        """Their tail slice (explain.tail_slice's rows, chosen by `tail_sql`)."""
+        sql, _ = tail_sql(self.client, CA.ATTR_TEMP, self.rows(spike).where, "v", self.weight, "trace_id, span_id")
+        return self._counted(f"((trace_id, span_id) IN (SELECT trace_id, span_id FROM ({sql})))")
+
+    def excess(self, spike: Spike, tail: X.Counted) -> X.Counted:
+        """Those slower than the spike's baseline p99, or `tail` when fewer than MIN_TAIL_SLICE."""
+        got = self._counted(f"({self.rows(spike).where} AND v > {float(spike.baseline_p99_ns)!r})")
+        return got if got.n >= X.MIN_TAIL_SLICE else tail
+
+    def exemplars(self, spike: Spike, coded: Sequence[X.Coded], best: X.Candidate | None) -> list[str]:
+        """explain.exemplar_rows: of the spike's requests at or above its p99 (else its tail), those matching `best`
+        first, then by value, then start; their trace ids."""
+        pool = f"({self.rows(spike).where} AND v >= {float(spike.p99_ns)!r})"
+        if self._counted(pool).n == 0:
+            pool = self.tail(spike).where
+        first = "false" if best is None else self.attrs.matches(coded, best)
+        got = self.client.query(f"SELECT toString(trace_id) AS t FROM {CA.ATTR_TEMP} WHERE {pool} "
+                                f"ORDER BY NOT ({first}), v, start_ns LIMIT {X.MAX_EXEMPLARS}")
+        return [str(t) for t in got.column("t").to_pylist()]
+
+
+def tail_sql(client: Client, facts: str, where: str, col: str, weight: str | None,
+             cols: str = "trace_id, start_ns, e2e_ns") -> tuple[str, int]:
+    """(a query of the tail slice of `facts`' requests meeting `where`: `cols`, v (the value
     `col`) and w (the adjusted count `weight`, 1 when None); how many rows it holds), chosen as explain.tail_slice
     chooses them over the same rows in start order: sorted by value descending, then start, the first
     explain.tail_size of them, or weighted the first holding (1 - q) of the weight. One row of figures comes back."""
@@ -509,7 +576,7 @@ def tail_sql(client: Client, facts: str, where: str, col: str, weight: str | Non
             features(client).settings).to_pylist()[0]
         n = int(got["n"])
         k = min(n, max(X.MIN_TAIL_SLICE, int(got["k"]) or n + 1))
-    return (f"SELECT trace_id, start_ns, e2e_ns, {v} AS v, {w} AS w FROM {facts} WHERE {where} "
+    return (f"SELECT {cols}, {v} AS v, {w} AS w FROM {facts} WHERE {where} "
             f"ORDER BY v DESC, start_ns ASC LIMIT {k}"), k
 
 
@@ -528,27 +595,21 @@ def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str 
     def one(sql: str) -> dict[str, Any]:
         return dict(client.query(sql, features(client).settings).to_pylist()[0])
 
-    def stages(ids: list[str], weights: np.ndarray | None, spike_span: tuple[int, int, int], local: np.ndarray,
-               names: Sequence[str]) -> list[C.StageShare]:
+    def stages(spike: Spike, local: np.ndarray, names: Sequence[str]) -> list[C.StageShare]:
+        mine, k_spike = tail_sql(client, q.facts_table, f"{q.cond} AND {valued} AND start_ns >= {int(spike.start_ns)} "
+                                                        f"AND start_ns < {int(spike.end_ns)}", col, weight)
         base, k = tail_sql(client, q.facts_table, f"{q.cond} AND {valued} AND "
                                                   f"{_in_windows(det, local // det.window_ns)}", col, weight)
-        first, longest, last = spike_span
-        if k:
-            got = one(f"SELECT min(start_ns) AS a, max(e2e_ns) AS l, max(start_ns + e2e_ns) AS e FROM ({base})")
-            first, longest, last = min(first, int(got["a"])), max(longest, int(got["l"])), max(last, int(got["e"]))
-        lo, hi = first - longest, last + 1  # every span overlapping a tail request starts in [lo, hi)
+        both = " UNION ALL ".join(f"SELECT start_ns, e2e_ns FROM ({t})" for t, n in ((mine, k_spike), (base, k)) if n)
+        if not both:
+            raise ValueError("the spike has no request with a value")
+        got = one(f"SELECT min(start_ns) AS a, max(e2e_ns) AS l, max(start_ns + e2e_ns) AS e FROM ({both})")
+        lo, hi = int(got["a"]) - int(got["l"]), int(got["e"]) + 1  # a span overlapping a tail request starts here
         # each trace once a tail, weighing its first request's adjusted count in tail order (explain.stage_shares)
-        kept: dict[str, float] = {}
-        for t, x in zip(ids, np.ones(len(ids)) if weights is None else weights, strict=True):
-            kept.setdefault(t, float(x))
-        listed = ", ".join(f"({literal(t)}, {x!r})" for t, x in kept.items())
-        tails = (f"SELECT tupleElement(p, 1) AS trace_id, tupleElement(p, 2) AS w, 0 AS g "
-                 f"FROM (SELECT arrayJoin([{listed}]) AS p) " if kept else
-                 "SELECT '' AS trace_id, toFloat64(0) AS w, 0 AS g WHERE false ")
-        tails += f"UNION ALL SELECT trace_id, argMin(w, (-v, start_ns)) AS w, 1 AS g FROM ({base}) GROUP BY trace_id"
+        tails = " UNION ALL ".join(f"SELECT trace_id, argMin(w, (-v, start_ns)) AS w, {g} AS g FROM ({t}) "
+                                   f"GROUP BY trace_id" for g, t in enumerate((mine, base)))
         cols = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
-        traces = ", ".join(literal(t) for t in kept) or "NULL"
-        in_tails = f"TraceId IN ({traces}) OR TraceId IN (SELECT trace_id FROM ({base}))"
+        in_tails = f"TraceId IN (SELECT trace_id FROM ({mine})) OR TraceId IN (SELECT trace_id FROM ({base}))"
         # the facts' copy of the spans when it holds the range (no second promotion of the table's spans)
         if not requests_from_copy(client, q.table, lo, hi, in_tails, name=STAGES_TEMP, columns=("trace_id", *cols),
                                   facts=q.facts_table):
@@ -588,10 +649,12 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
     weights = frame.get_column("weight").to_numpy() if "weight" in frame.columns else None
     weighted = weights is not None
 
-    def rows_sql(rows: np.ndarray) -> str:
-        # some of the frame's rows as a condition: those from the slowest down to the least of them within their
-        # times when no other row there is as slow (a spike's rows, its tail, the exemplar pool: checked here, where
-        # the frame's rows all are), else named one by one
+    def rows_sql(rows: X.Part) -> str:
+        # some of the frame's rows as a condition: the server's own for rows it holds (X.Counted); those from the
+        # slowest down to the least of them within their times when no other row there is as slow (a spike's rows,
+        # its tail, the exemplar pool: checked here, where the frame's rows all are), else named one by one
+        if isinstance(rows, X.Counted):
+            return rows.where
         if rows.size == 0:
             return "false"
         a, b, v = int(start[rows].min()), int(start[rows].max()), float(values[rows].min())
@@ -612,13 +675,18 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
     def named(cands: list[X.Candidate]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
         return tuple((c.dims, c.codes) for c in cands)
 
-    def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: np.ndarray, least: int
+    def key(rows: X.Part) -> str | bytes:
+        return rows.where if isinstance(rows, X.Counted) else rows.tobytes()
+
+    def cells(coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: X.Part, least: int
               ) -> dict[tuple[int, ...], X.Cells]:
         # weighted, a cell passes the guard with at least MIN_SHARE of the tail's weight: asked a little below that
         # (the server sums in its own order), so no cell that passes is left out
-        floor = None if weights is None else X.MIN_SHARE * float(weights[tail].sum()) * (1 - 1e-9)
+        total = (tail.weight if isinstance(tail, X.Counted) else
+                 None if weights is None else float(weights[tail].sum()))
+        floor = None if total is None else X.MIN_SHARE * total * (1 - 1e-9)
         return cast(dict[tuple[int, ...], X.Cells], once(
-            ("cells", tuple(combos), tail.tobytes(), least),
+            ("cells", tuple(combos), key(tail), least),
             lambda: server.cells(client, coded, combos, rows_sql(tail), base, least, floor)))
 
     def overlap(coded: Sequence[X.Coded], a: list[X.Candidate], b: list[X.Candidate]
@@ -629,10 +697,10 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
     def on_server(coded: Sequence[X.Coded], cand: X.Candidate) -> bool:
         return server.builtin is not None or any(coded[i].source != "builtin" for i in cand.dims)
 
-    def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: np.ndarray) -> X.SpikeWithout:
+    def spike_without(coded: Sequence[X.Coded], cands: list[X.Candidate], rows: X.Part) -> X.SpikeWithout:
         at = [n for n, c in enumerate(cands) if on_server(coded, c)]
         on = [cands[n] for n in at]
-        got = once(("without", named(on), rows.tobytes()),
+        got = once(("without", named(on), key(rows)),
                    lambda: server.spike_without(client, coded, on, rows_sql(rows), weighted))
         return {n: got[j] for j, n in enumerate(at)}
 
@@ -662,29 +730,31 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     """
     client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
     w = det.window_ns
+    # with every dimension on the server, the spike windows' rows stay there too (`_ServerSpikeRows`): none is read
+    # row by row unless the noisy-neighbour step runs
+    remote = attrs is not None and _on_server(attrs, col)
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
+    if remote:
+        spike_windows = spike_windows[:0]
     new_windows = np.asarray(sorted(set(spike_windows.tolist()) - (held or set())), dtype=np.int64)
     one_by_one = np.union1d(spike_windows, np.asarray(sorted(held or set()), dtype=np.int64))
     base_wins = np.unique(det.window_start_ns[det.baseline] // w)
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
-    pulled = _in_windows(det, one_by_one)
     # with the built-ins on the server too, the rows carry only the dimensions the noisy-neighbour step reads, and
     # the whole baseline is counted as one combination
-    remote = attrs is not None and attrs.builtin is not None and attrs.value == col
     dims = NEIGHBOUR_DIMENSIONS if remote else X.DIMENSIONS
-    if new_windows.size or not held:
+    if new_windows.size or not held:  # (none: the local table made empty)
         _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric, dims)
-    fetch = Fetcher(client, table, local, _reach(q, det, spike_windows))
+    fetch = Fetcher(client, table, local, _reach(q, det, _windows(det, [(s.start_ns, s.end_ns) for s in spikes])))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
 
     def more_facts(wins: np.ndarray) -> None:
         new = np.asarray(sorted(set(wins.tolist()) - done), dtype=np.int64)
         if new.size:
-            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)} AND NOT {pulled}", metric,
-                        dims)
+            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)}", metric, dims)
             done.update(new.tolist())
 
     fetch.more_facts = more_facts
@@ -899,8 +969,9 @@ class Fetcher:
             return  # the step stops before reading spans
         w = det.window_ns
         near = _neighbour_windows(det, spike).tolist()
-        if self.more_facts is not None:
-            self.more_facts(np.asarray(near, dtype=np.int64) // w)
+        if self.more_facts is not None:  # the spike's windows too, when its rows stayed on the server
+            self.more_facts(np.concatenate([_windows(det, [(spike.start_ns, spike.end_ns)]),
+                                            np.asarray(near, dtype=np.int64) // w]))
         lo = min([spike.start_ns, *near]) - self.reach
         hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
         self._pull(lo, hi)

@@ -306,9 +306,28 @@ class Cells:
     bw: list[float] | None = None
 
 
-#: A remote engine's cells: (the dimensions, combinations of their indices, the tail's rows, the least tail count a
-#: candidate can have) -> each combination's Cells, counted over the tail and the whole baseline on the engine.
-RemoteCells = Callable[[Sequence[Coded], list[tuple[int, ...]], I64, int], dict[tuple[int, ...], Cells]]
+@dataclass(frozen=True)
+class Counted:
+    """Some of a spike's requests that stay on a remote engine counting every dimension (its rows, its tail), as the
+    explanation reads them: how many (`n`), their summed adjusted count and Kish effective count (`weight`,
+    `effective`: None unweighted), their (weighted) p99 when asked (`p99`), and the engine's name for them
+    (`where`, the condition its questions put)."""
+
+    n: int
+    where: str
+    weight: float | None = None
+    effective: float | None = None
+    p99: float = math.nan
+
+
+#: Some of a spike's requests: their rows (in start order), or a remote engine's count of them.
+Part = I64 | Counted
+
+
+#: A remote engine's cells: (the dimensions, combinations of their indices, the tail (rows, or Counted), the least
+#: tail count a candidate can have) -> each combination's Cells, counted over the tail and the whole baseline on the
+#: engine.
+RemoteCells = Callable[[Sequence[Coded], list[tuple[int, ...]], Part, int], dict[tuple[int, ...], Cells]]
 
 
 def least_support(n_t: int, weighted: bool) -> int:
@@ -346,7 +365,7 @@ def family_combos(coded: Sequence[Coded], pairs: bool, pairs_with: int | None,
     return out
 
 
-def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = True,
+def contrast_raw(coded: Sequence[Coded], tail: Part, base: I64, pairs: bool = True,
                  weights: F64 | None = None, rest: Rest | None = None, pairs_with: int | None = None,
                  remote: RemoteCells | None = None, cut: list[dict[str, Any]] | None = None,
                  remote_from: int | None = None) -> tuple[list[Candidate], int]:
@@ -360,25 +379,36 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     a dimension past the first `pairs_with` (the attributes) are counted by a remote engine (their codes here are
     not read); `remote_from`: the first dimension it counts when not the first past `pairs_with` (0: every one, the
     built-ins too, whose codes then stay on the engine). `cut`: receives the pairs left out for their size
-    (`family_combos`)."""
+    (`family_combos`). A `Counted` tail (its rows on the engine) needs `remote_from` 0: only its count, summed
+    weight and effective count are read here."""
     if rest is not None and weights is not None and rest.weights is None:
         raise ValueError("weighted requests need the baseline counts' (rest's) summed weights")
     if remote is not None and pairs_with is None:
         raise ValueError("a remote engine counts the combinations past the first pairs_with dimensions")
+    counted = isinstance(tail, Counted)
+    if counted and (remote is None or remote_from != 0):
+        raise ValueError("a counted tail needs a remote engine counting every dimension (remote_from 0)")
     local_dims = len(coded) if remote is None or pairs_with is None else min(
         pairs_with if remote_from is None else remote_from, len(coded))
     if rest is not None and len(rest.codes) != local_dims:
         raise ValueError("baseline counts (rest) must cover the dimensions counted here, no more, no fewer")
-    n_t, n_b = tail.size, base.size + (rest.n if rest is not None else 0)
-    w_t = None if weights is None else weights[tail]
+    n_b = base.size + (rest.n if rest is not None else 0)
+    w_t = None if weights is None or isinstance(tail, Counted) else weights[tail]
     w_b = None if weights is None else weights[base]
     w_r = None if rest is None else rest.weights
-    if w_t is not None and w_b is not None:
-        sum_t, sum_b = float(w_t.sum()), float(w_b.sum()) + (float(w_r.sum()) if w_r is not None else 0.0)
-        eff_t = effective_count(w_t)
+    if isinstance(tail, Counted):
+        n_t, weighted = tail.n, tail.weight is not None
+        sum_t, eff_t = float(tail.weight or 0.0), float(tail.effective or 0.0)
+    else:
+        n_t, weighted = tail.size, w_t is not None
+        if w_t is not None:
+            sum_t, eff_t = float(w_t.sum()), effective_count(w_t)
+    if weighted:
+        sum_b = (float(w_b.sum()) if w_b is not None else 0.0) + (float(w_r.sum()) if w_r is not None else 0.0)
     # codes with the missing value moved to an extra last slot, so a pair key is one multiply-add
     slots = [len(c.labels) + 1 for c in coded]
-    codes_t = [_missing_last(c.at(tail), k) for c, k in zip(coded[:local_dims], slots, strict=False)]
+    codes_t = [] if isinstance(tail, Counted) else [_missing_last(c.at(tail), k)
+                                                    for c, k in zip(coded[:local_dims], slots, strict=False)]
     got_b: dict[int, I64] = {}
 
     def codes_b(i: int) -> I64:  # the baseline's codes of a dimension, gathered when first needed
@@ -420,7 +450,7 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
     singles: dict[tuple[int, int], tuple[int, int]] = {}
     combos = family_combos(coded, pairs, pairs_with, cut)
     asked = [c for c in combos if max(c) >= local_dims]
-    floor = least_support(n_t, w_t is not None)  # a cell with a smaller tail count is no candidate
+    floor = least_support(n_t, weighted)  # a cell with a smaller tail count is no candidate
     far = remote(coded, asked, tail, floor) if remote is not None and asked else {}
     for combo in combos:
         sizes = [slots[i] for i in combo]
@@ -443,13 +473,13 @@ def contrast_raw(coded: Sequence[Coded], tail: I64, base: I64, pairs: bool = Tru
                 singles[(combo[0], codes[0])] = (t, b)
             elif any(singles.get((combo[j], codes[j])) == (t, b) for j in range(2)):
                 continue  # the pair is the same set as one of its parts
-            if w_t is None:
+            if not weighted:
                 t_share, b_share = t / n_t, (b / n_b if n_b else 0.0)
             else:
                 t_share, b_share = tw_c / sum_t, (bw_c / sum_b if n_b else 0.0)
             if t < MIN_SUPPORT or t_share < MIN_SHARE or t_share <= b_share:
                 continue
-            if w_t is None:
+            if not weighted:
                 p = binomial_tail_bound(t, n_t, (b + 1) / (n_b + 2))
             else:  # the weighted shares on the effective sample sizes
                 p = binomial_tail_bound(round(t_share * eff_t), round(eff_t), (b_share * n_b + 1) / (n_b + 2))
@@ -817,16 +847,22 @@ def _enough_left(kept: float) -> bool:
     return kept * (1 - TAIL_Q) >= MIN_TAIL / 5
 
 
-def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: I64, base: I64,
+def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, spike: Part, base: I64,
                    base_q: BaselineTail, weights: F64 | None = None, rest: Rest | None = None,
                    known: SpikeWithout | None = None) -> None:
     """Fill p99 without / explained for each candidate, removing it from spike and baseline alike
     (weighted quantiles when `weights` are given; `rest`: the baseline's other requests, as in `contrast`;
     weighted, the baseline's quantiles are then `base_q`'s, which must weigh them). `known`: the spike's figures
-    without the candidates a remote engine computed (their codes are not read here)."""
+    without the candidates a remote engine computed (their codes are not read here); a `Counted` spike (its rows on
+    the engine, with its p99) needs them for every candidate and the baseline as `base_q`'s."""
     known = known or {}
     if isinstance(base_q, AsksAtOnce):
         base_q.ask(coded, cands)
+    if isinstance(spike, Counted):
+        if any(n not in known for n in range(len(cands))):
+            raise ValueError("a counted spike needs the engine's figures without every candidate")
+        _remove(coded, cands, spike.p99 - base_q.quantile(), known, base_q)
+        return
     if weights is not None:
         _weighted_counterfactual(coded, cands, values, spike, base, weights, base_q if rest is not None else None,
                                  known)
@@ -853,10 +889,7 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
             left = values[base][mask] if rest is None else np.concatenate([values[base][mask],
                                                                            rest.values_without(cand)])
             b_wo = quantiles_unsorted(left, (TAIL_Q,))[0] if left.size else math.nan
-        cand.p99_without_ns = s_wo
-        cand.baseline_p99_without_ns = b_wo
-        if excess > 0 and math.isfinite(b_wo):
-            cand.explained = 1.0 - (s_wo - b_wo) / excess
+        _explained(cand, s_wo, b_wo, excess)
 
 
 def weighted_q(values: F64, weights: F64 | None, rows: I64, q: float = TAIL_Q) -> float:
@@ -889,10 +922,25 @@ def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], val
         else:
             rest = base[~candidate_mask(coded, cand, base)]
             b_wo = weighted_q(values, weights, rest) if rest.size else math.nan
-        cand.p99_without_ns = s_wo
-        cand.baseline_p99_without_ns = b_wo
-        if excess > 0 and math.isfinite(b_wo):
-            cand.explained = 1.0 - (s_wo - b_wo) / excess
+        _explained(cand, s_wo, b_wo, excess)
+
+
+def _explained(cand: Candidate, s_wo: float, b_wo: float, excess: float) -> None:
+    """A candidate's p99s without it (spike, baseline) and the share of the excess it explains."""
+    cand.p99_without_ns = s_wo
+    cand.baseline_p99_without_ns = b_wo
+    if excess > 0 and math.isfinite(b_wo):
+        cand.explained = 1.0 - (s_wo - b_wo) / excess
+
+
+def _remove(coded: Sequence[Coded], cands: list[Candidate], excess: float, known: SpikeWithout,
+            base_q: BaselineTail) -> None:
+    """`counterfactual` from figures only: the spike's without each candidate (`known`), the baseline's from
+    `base_q`."""
+    for n, cand in enumerate(cands):
+        kept, s_wo = known[n]
+        if _enough_left(kept):
+            _explained(cand, s_wo, base_q.without_candidate(coded, cand), excess)
 
 
 def rank(cands: list[Candidate]) -> list[Candidate]:
