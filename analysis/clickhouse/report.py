@@ -338,21 +338,30 @@ def _in_windows(det: Detection, windows: np.ndarray) -> str:
 NEIGHBOUR_DIMENSIONS: Final = ("replica", "tenant")
 
 
-def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str, metric: str,
-                dims: Sequence[str] = X.DIMENSIONS) -> pa.Table:
-    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start); of the
-    built-in dimensions only `dims` (the others null: the server explains them)."""
+def _duck_type(col: str) -> str:
+    """The local (DuckDB) type of a fact column."""
+    return _DUCK_TYPES.get(col, "BIGINT" if col.endswith("_ns") or col.endswith("tokens") else "VARCHAR")
+
+
+def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: str, where: str | None, metric: str,
+                dims: Sequence[str] = X.DIMENSIONS) -> pa.Table | None:
+    """The fact rows meeting `where` appended to the local `_phase2` (created on the first pull, by start; None: only
+    created, empty); of the built-in dimensions only `dims` (the others null: the server explains them)."""
     # the columns analysis.report's explanation reads (its `source=` contract), nothing more
     wanted_cols = ["trace_id", "span_id", "start_ns", "e2e_ns", "status",
                    *(d if d in dims else f"CAST(NULL AS Nullable({'Int64' if d in X.BUCKETED else 'String'})) AS {d}"
                      for d in X.DIMENSIONS)] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
+    names = [c.split(" AS ")[-1] for c in wanted_cols]
+    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchone()
+    if where is None:  # none wanted yet: the table made empty, nothing asked of the server
+        if not (exists and exists[0]):
+            local.execute(f"CREATE TABLE _phase2 ({', '.join(f'{c} {_duck_type(c)}' for c in names)})")
+        return None
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
-    select = "SELECT " + ", ".join(
-        f"{c}::{_DUCK_TYPES.get(c, 'BIGINT' if c.endswith('_ns') or c.endswith('tokens') else 'VARCHAR')} AS {c}"
-        for c in facts.column_names) + " FROM _facts_arrow ORDER BY start_ns"
-    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchone()
+    select = "SELECT " + ", ".join(f"{c}::{_duck_type(c)} AS {c}" for c in facts.column_names) + (
+        " FROM _facts_arrow ORDER BY start_ns")
     local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
     return facts
@@ -549,7 +558,7 @@ class _ServerSpikeRows:
         pool = f"({self.rows(spike).where} AND v >= {float(spike.p99_ns)!r})"
         if self._counted(pool).n == 0:
             pool = self.tail(spike).where
-        first = "false" if best is None else self.attrs.matches(coded, best)
+        first = "false" if best is None else f"coalesce({self.attrs.matches(coded, best)}, false)"
         got = self.client.query(f"SELECT toString(trace_id) AS t FROM {CA.ATTR_TEMP} WHERE {pool} "
                                 f"ORDER BY NOT ({first}), v, start_ns LIMIT {X.MAX_EXEMPLARS}")
         return [str(t) for t in got.column("t").to_pylist()]
@@ -745,8 +754,9 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     # with the built-ins on the server too, the rows carry only the dimensions the noisy-neighbour step reads, and
     # the whole baseline is counted as one combination
     dims = NEIGHBOUR_DIMENSIONS if remote else X.DIMENSIONS
-    if new_windows.size or not held:  # (none: the local table made empty)
-        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}", metric, dims)
+    if new_windows.size or not held:
+        _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}" if new_windows.size
+                    else None, metric, dims)
     fetch = Fetcher(client, table, local, _reach(q, det, _windows(det, [(s.start_ns, s.end_ns) for s in spikes])))
     # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
     done: set[int] = set(one_by_one.tolist())
