@@ -11,17 +11,18 @@
    distinct values). Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
-3. Only when there is a spike: the fact columns the explanation reads (ids, start, value, weight; of
-   the dimensions only those of the noisy-neighbour step) of the requests in the spike windows come
-   back into an in-memory DuckDB, the baseline as one count (and summed weight), with its p99s with
-   and without each candidate computed on the server (`_pushed_down`); every dimension, built-in or
-   attribute, stays on the server, asked per spike for figures (`_remote_attributes`; when the
-   attribute pass failed, the built-ins come back with the rows and the baseline as counts per
-   combination of them, explained on the client). The culprit bounds and the explanation of
-   analysis.report run there over that one pass (`_bounded_rows`). The stage shares are means
-   computed on the server (`_server_stages`: the local baseline's tail chosen there, the request
-   model run there over both tails' traces), and only when queue_wait leads do the noisy-neighbour
-   step's windows and spans come back (`Fetcher`).
+3. Only when there is a spike, the explanation of analysis.report runs on the client over figures
+   asked of the server: every dimension, built-in or attribute, stays there, asked per spike for
+   figures (`_remote_attributes`); the baseline is one count (and summed weight), with its p99s with
+   and without each candidate computed there (`_pushed_down`); the spike's requests stay there too,
+   each figure the explanation reads of them asked there (`_ServerSpikeRows`: count, weights, p99,
+   tail slice, rows above the baseline p99, exemplars). The culprit bounds and the explanation run
+   over that one pass (`_bounded_rows`). The stage shares are means computed on the server
+   (`_server_stages`: both tails chosen there, the request model run there over their traces), and
+   only when queue_wait leads do the noisy-neighbour step's rows (the spike's and its neighbour
+   windows') and spans come back into an in-memory DuckDB (`Fetcher`). When the attribute pass
+   failed, the spike windows' fact rows come back with the built-ins, and the baseline as counts per
+   combination of them, explained on the client.
 
 The report is the same dict as `analysis.report.build_report` on a store holding the same spans.
 """
