@@ -354,16 +354,16 @@ def _pull_facts(client: Client, local: duckdb.DuckDBPyConnection, facts_table: s
                      for d in X.DIMENSIONS)] + (
         ["ttft_ns", "tpot_ns"] if metric != "e2e" else []) + ["adjusted_count"]
     names = [c.split(" AS ")[-1] for c in wanted_cols]
-    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchone()
+    exists = local.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_phase2'").fetchall()[0][0]
     if where is None:  # none wanted yet: the table made empty, nothing asked of the server
-        if not (exists and exists[0]):
+        if not exists:
             local.execute(f"CREATE TABLE _phase2 ({', '.join(f'{c} {_duck_type(c)}' for c in names)})")
         return None
     facts = client.query(f"SELECT {', '.join(wanted_cols)} FROM {facts_table} WHERE {where}")
     local.register("_facts_arrow", facts)
     select = "SELECT " + ", ".join(f"{c}::{_duck_type(c)} AS {c}" for c in facts.column_names) + (
         " FROM _facts_arrow ORDER BY start_ns")
-    local.execute(f"INSERT INTO _phase2 {select}" if exists and exists[0] else f"CREATE TABLE _phase2 AS {select}")
+    local.execute(f"INSERT INTO _phase2 {select}" if exists else f"CREATE TABLE _phase2 AS {select}")
     local.unregister("_facts_arrow")
     return facts
 

@@ -18,15 +18,18 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from analysis import connect
 from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import STAGES_TEMP, _ServerSpikeRows, _ServerValues
 from analysis.clickhouse.report import build_report as ch_report
+from analysis.report import build_report
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from analysis.stats import spikes as SP
 from analysis.stats.spikes import Spike
 from tests.analysis.test_attributes import pair_store
+from tests.analysis.test_neighbours import _fleet
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
 
@@ -191,3 +194,19 @@ def test_the_servers_spike_rows_read_as_the_rows_in_memory(chdb_client: Any, see
             prefer = None if best is None else a0[rows] == 1
             want_ids = [f"t{i}" for i in X.exemplar_rows(values, rows, p99, prefer).tolist()]
             assert server.exemplars(spike, coded, best) == want_ids, (seed, weighted, best)
+
+
+def test_the_noisy_neighbour_step_reads_its_rows_and_says_what_the_store_says(
+        chdb_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A queue-wait spike with a tenant's burst (tests/analysis/test_neighbours.py's fleet): the one step that still
+    reads rows (the spike's and its neighbour windows', then their spans) names the same tenant, replicas and victims
+    as the store's report, which equals the ClickHouse report in full."""
+    root = tmp_path_factory.mktemp("neighbour")
+    _fleet(root, burst=True, outage=False)
+    want = build_report(connect(root), window_s="60s")
+    export_store(root, chdb_client, "t_neighbour")
+    logged = _Logging(chdb_client)
+    got = ch_report(logged, "t_neighbour", window_s=60)
+    assert [s["noisy_neighbour"] is not None for s in want["spikes"]] == [True]
+    assert got["spikes"] == want["spikes"]
+    assert [_is(s, REQUEST_ROWS) for s, _ in logged.answers].count(True) == 1  # pulled once, for that step
