@@ -595,11 +595,11 @@ STAGES_TEMP = "_tailscope_stage_requests"
 
 
 def _server_stages(q: Asked, det: Detection, valued: str, col: str, weight: str | None) -> RP.RemoteStages:
-    """analysis.report's stage shares computed on the server (RP.RemoteStages): the local baseline's tail chosen
-    there as explain.tail_slice chooses it (by value descending, then start; weighted, the slowest requests
-    holding (1 - q) of the weight), the request model run there over the spans of both tails' traces (the spans the
-    store's report reads: explain.stage_rows), and each stage's mean over either tail. Each query returns one row,
-    the last one row a tail: no request's row and no span comes back."""
+    """analysis.report's stage shares computed on the server (RP.RemoteStages): the spike's and the local
+    baseline's tails chosen there as explain.tail_slice chooses them (by value descending, then start; weighted, the
+    slowest requests holding (1 - q) of the weight), the request model run there over the spans of both tails'
+    traces (the spans the store's report reads: explain.stage_rows), and each stage's mean over either tail. Each
+    query returns one row, the last one row a tail: no request's row and no span comes back."""
     client = q.client
 
     def one(sql: str) -> dict[str, Any]:
