@@ -721,8 +721,9 @@ def test_with_a_spike_the_rows_that_come_back_do_not_grow_with_the_baseline(
 
 def test_on_a_sampled_table_detection_and_the_judgement_run_on_the_server(
         client: Any, spike_run: Callable[[int, tuple[float, ...]], SpikeRun]) -> None:
-    """A sampled facts table (adjusted counts 1 and 2) with a planted spike: before the spike's rows are pulled,
-    only per-window rows, pooled figures and the values above the pooled p99 come back; the detection is
+    """A sampled facts table (adjusted counts 1 and 2) with a planted spike: until any fact row is pulled (none is:
+    the spike's requests stay on the server), only per-window rows, pooled figures and the values above the pooled
+    p99 come back; the detection is
     analysis.stats.spikes.detect's weighted one in memory, and the sampling view sampling.judge's over the arrays."""
     import numpy as np
 
