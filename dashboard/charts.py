@@ -356,20 +356,22 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
 
 def replica_chart(df: pd.DataFrame, column: str = "replica", title: str | None = None) -> alt.LayerChart:
     """p50 (tick) and p99 (bar) per replica (or per value of `column`, in the frame's order, axis `title`);
-    outliers in red, outliers a dimension's value explains in yellow."""
+    outliers in red, outliers a dimension's value explains in yellow, those too small to judge in grey."""
     import altair as alt
     import pandas as pd
 
     explained = df["explained_by"].fillna("") if "explained_by" in df.columns else pd.Series("", index=df.index)
-    data = df.assign(kind=["normal" if not o else "explained by a dimension" if e else "outlier"
-                           for o, e in zip(df["outlier"], explained, strict=True)])
-    kinds = ["normal", "outlier", "explained by a dimension"]
+    judged = df["judged"] if "judged" in df.columns else pd.Series(True, index=df.index)
+    data = df.assign(kind=["too few to judge" if not j else "normal" if not o else "explained by a dimension" if e
+                           else "outlier" for o, e, j in zip(df["outlier"], explained, judged, strict=True)])
+    kinds = ["normal", "outlier", "explained by a dimension", "too few to judge"]
     x = alt.X(f"{column}:N", title=title) if column == "replica" else alt.X(f"{column}:N", title=title,
                                                                            sort=list(data[column]))
     bars = alt.Chart(data).mark_bar().encode(
         x=x,
         y=alt.Y("p99_ms:Q", title="p99 (ms)", axis=alt.Axis(format=",.0f")),
-        color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701"])),
+        color=alt.Color("kind:N", title="p99",
+                        scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701", "#c7c7c7"])),
         tooltip=[alt.Tooltip(f"{column}:N", title=title or column), alt.Tooltip("requests:Q", format=",.0f"),
                  alt.Tooltip("p50_ms:Q", format=",.0f", title="p50 (ms)"),
                  alt.Tooltip("p99_ms:Q", format=",.0f", title="p99 (ms)"), alt.Tooltip("error:Q", format=",.0f"),

@@ -909,6 +909,8 @@ def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric
 #: a spike needs.
 against_baseline = V.against_baseline
 MIN_RISE = SPIKE_MIN_RISE
+#: Fewest (effective) requests a replica needs for its p99 to be judged against the fleet's (analysis.breakdowns).
+MIN_REPLICA_REQUESTS = X.min_tail_requests()
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from analysis.report import explain_window
 from analysis.stats.verdicts import against_baseline, detection_window_s
 from dashboard.charts import STAGE_COLORS
 from tests.dashboard.conftest import APP, REQUESTS, shown_tables
+from tests.dashboard.incident_store import START_NS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
 
@@ -241,6 +242,16 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     assert not one.exception and not one.success and not one.error
     assert [i.value.split(" (")[0] for i in one.info] == ["One replica in this range"]
     assert "replica-02" in one.info[0].value
+    # one minute of the spike holds about 83 requests per replica, too few for a p99 to judge (the fewest is 100):
+    # no replica is flagged (replica-05's p99 was, from a handful of its slowest requests), and no all clear either
+    since = START_NS + 19 * 60 * 10**9
+    brief = AppTest.from_file(str(APP), default_timeout=120)
+    brief.query_params["since_ns"], brief.query_params["until_ns"] = str(since), str(since + 60 * 10**9)
+    brief.switch_page("app_pages/replicas.py").run()
+    assert not brief.exception and not brief.error and not brief.success
+    (said,) = [w.value for w in brief.warning]
+    assert said.startswith("Too few requests to judge: no replica of 8 holds the 100 requests a p99 needs")
+    assert set(shown_tables(brief)[0]["outlier"]) == {"not judged"}
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
