@@ -71,6 +71,11 @@ AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minu
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 
+#: Pixels the y labels of the Overview's and the Spike page's time charts take at least (up to "4,000,000"): the
+#: charts stacked there then start their x axes at the same place and line up.
+Y_LABELS: Final = 60
+
+
 def _time_x(name: str, **extra: Any) -> dict[str, Any]:
     """A temporal x field drawn in UTC with 24-hour labels, whatever the browser's time zone."""
     return _field(name, "temporal", **{"scale": {"type": "utc"}, "axis": {"format": AXIS_CLOCK, "labelOverlap": True},
@@ -81,6 +86,13 @@ def _utc_text(df: pl.DataFrame, column: str, alias: str = "time (UTC)") -> pl.Da
     """`df` with a text column `alias`: the UTC datetime `column` as HH:MM:SS, for tooltips (a browser formats
     a temporal tooltip in its own zone)."""
     return df.with_columns(pl.col(column).dt.convert_time_zone("UTC").dt.strftime(_CLOCK).alias(alias))
+
+
+def _window_text(df: pl.DataFrame, window_s: int) -> pl.DataFrame:
+    """`df` with a text column "window (UTC)": each window (start `window`, `window_s` long) as HH:MM:SS–HH:MM:SS."""
+    ends = _utc_text(df.with_columns(end=pl.col("window") + pl.duration(seconds=window_s)), "end", "b")
+    return _utc_text(ends, "window", "a").with_columns(
+        pl.concat_str(pl.col("a"), pl.lit("–"), pl.col("b")).alias("window (UTC)")).drop("a", "b", "end")
 
 
 def _dataset(datasets: dict[str, pa.Table], df: pl.DataFrame) -> dict[str, str]:
@@ -131,11 +143,13 @@ def has_values(df: pl.DataFrame, prefix: str) -> bool:
     return bool(df.get_column(f"{prefix}_p50_ms").cast(pl.Float64).fill_nan(None).is_not_null().any())
 
 
-def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]],
+def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]], window_s: int,
                 brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None,
                 context: list[tuple[int, int]] | None = None) -> Spec:
-    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time), `spikes` ((start,
-    end) ns) shaded: a Vega-Lite spec.
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time, windows of `window_s`),
+    `spikes` ((start, end) ns) shaded: a Vega-Lite spec. Each point sits in the middle of its window and the x axis
+    spans every window whole, as `counts` draws them: a chart above the count charts lines up with them and ends
+    where they end.
 
     `brush` names an x-interval selection on the lines (for `on_select`); `alerts` (rows with
     `window_start_ns` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
@@ -143,15 +157,18 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
     datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, context or [], "spike without the filters", CONTEXT_FILL)
     layers += _spike_layer(datasets, spikes)
-    long = _utc_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), "window")
+    half = pl.duration(milliseconds=window_s * 500)
+    long = (_window_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), window_s)
+            .with_columns(middle=pl.col("window") + half))
     lines: Spec = {
         "data": _dataset(datasets, long),
         "mark": {"type": "line", "point": {"size": 12}},
         "encoding": {
-            "x": _time_x("window"),
-            "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f"}),
-            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS)),
-            "tooltip": [_field("time (UTC)", "nominal"), _field("pct", "nominal"),
+            "x": _time_x("middle", scale=_utc_span(df, window_s)),
+            "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f", "minExtent": Y_LABELS}),
+            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS),
+                            legend={"orient": "top", "title": None}),  # as `counts`: the same plot width
+            "tooltip": [_field("window (UTC)", "nominal"), _field("pct", "nominal"),
                         _field("ms", "quantitative", format=",.0f")],
         },
     }
@@ -194,7 +211,8 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": _time_x("window", scale=_utc_span(df, window_s)), "x2": {"field": "end"},
-            "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f", "tickMinStep": 1}),
+            "y": _field("top", "quantitative", title="requests",
+                        axis={"format": ",.0f", "tickMinStep": 1, "minExtent": Y_LABELS}),
             "y2": {"field": "bottom"},
             "color": _field("outcome", "nominal", scale=_colors({o: OUTCOME_COLORS[o] for o in present}),
                             legend={"orient": "top", "title": None}),
@@ -205,12 +223,20 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
     return {"title": title, "height": height, "layer": layers, "datasets": datasets}
 
 
+def _iso(ns: int) -> str:
+    """An instant (integer ns) as ISO-8601 UTC to the ms, as a scale's domain takes it."""
+    ms = ns // 1_000_000
+    return f"{datetime.fromtimestamp(ms // 1000, tz=UTC):%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+
 def _utc_span(df: pl.DataFrame, window_s: int) -> dict[str, Any]:
-    """A UTC time scale from `df`'s first window's start to its last window's end (ms since the epoch)."""
+    """A UTC time scale from `df`'s first window's start to its last window's end. The domain is ISO text: Vega-Lite
+    reads numbers (ms) there for a ranged bar (x and x2) but not for a line or a point, whose scale then runs to an
+    invalid end and draws every point at the left edge."""
     if df.is_empty():
         return {"type": "utc"}
     first, last = df.select(pl.col("window_ns").min().alias("a"), pl.col("window_ns").max().alias("b")).row(0)
-    return {"type": "utc", "domain": [int(first) // 1_000_000, (int(last) + window_s * 10**9) // 1_000_000]}
+    return {"type": "utc", "domain": [_iso(int(first)), _iso(int(last) + window_s * 10**9)]}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
