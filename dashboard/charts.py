@@ -144,7 +144,7 @@ def has_values(df: pl.DataFrame, prefix: str) -> bool:
 
 
 def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]], window_s: int,
-                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None,
+                brush: str | None = None, height: int = 280, alerts: pl.DataFrame | None = None,
                 context: list[tuple[int, int]] | None = None) -> Spec:
     """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time, windows of `window_s`),
     `spikes` ((start, end) ns) shaded: a Vega-Lite spec. Each point sits in the middle of its window and the x axis
@@ -167,7 +167,8 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
             "x": _time_x("middle", scale=_utc_span(df, window_s)),
             "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f", "minExtent": Y_LABELS}),
             "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS),
-                            legend={"orient": "top", "title": None}),  # as `counts`: the same plot width
+                            legend={"orient": "top", "title": None}),  # as `counts`: the same plot width (the
+            # chart is 60 px taller for it, its plot as tall as with the legend at the side)
             "tooltip": [_field("window (UTC)", "nominal"), _field("pct", "nominal"),
                         _field("ms", "quantitative", format=",.0f")],
         },
