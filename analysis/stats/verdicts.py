@@ -159,8 +159,8 @@ def outlier_explanations(con: duckdb.DuckDBPyConnection, metric: str = "e2e", so
 def replicas_without(con: duckdb.DuckDBPyConnection, metric: str, source: str, where: str, params: Sequence[object],
                      values: dict[str, list[Any]]) -> dict[tuple[str, Any], pl.DataFrame]:
     """Per (dimension, value) of `values`: the columns explain_outliers reads of `replicas` (replica, requests,
-    n_effective, p99_ms) with that value's requests left out, all in one grouped query (one scan of `source` per value, one
-    aggregation) instead of one `replicas` query each. Unweighted quantiles only: for unsampled rows."""
+    n_effective, p99_ms) with that value's requests left out, all in one grouped query (one scan of `source` per
+    value, one aggregation) instead of one `replicas` query each. Unweighted quantiles only: for unsampled rows."""
     pairs = [(dim, value) for dim, vals in values.items() for value in vals]
     if not pairs:
         return {}

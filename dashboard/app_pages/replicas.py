@@ -47,8 +47,8 @@ elif judged < 2:
 else:
     if len(small):
         st.info(f"{len(small)} of {len(df)} replicas hold fewer than the {data.MIN_REPLICA_REQUESTS} requests a p99 "
-                f"needs to be judged ({', '.join(small['replica'])}): grey in the chart, neither flagged nor counted in "
-                "the fleet's median.", icon=":material/help:")
+                f"needs to be judged ({', '.join(small['replica'])}): grey in the chart, neither flagged nor counted "
+                "in the fleet's median.", icon=":material/help:")
     if not len(out):
         st.success(f"No outlier among the {judged} replicas judged: p99 spread "
                    f"{charts.fmt_ms(df.loc[df['judged'], 'p99_ms'].min())}"

@@ -97,8 +97,9 @@ def test_outliers_need_enough_requests_to_judge() -> None:
             n = [rng.choice([rng.randint(1, 99), 99.99, 100, rng.randint(100, 600)]) for _ in range(k)]
             p99 = [None if rng.random() < 0.05 else rng.lognormvariate(10, 0.3) * rng.choice([1, 1, 1, 3, 10])
                    for _ in range(k)]
-            got = B.mark_outliers(pl.DataFrame({"replica": [f"r{i}" for i in range(k)], "n_effective": n,
-                                                "p99_ms": p99}, schema_overrides={"n_effective": pl.Float64, "p99_ms": pl.Float64}))
+            frame = {"replica": [f"r{i}" for i in range(k)], "n_effective": n, "p99_ms": p99}
+            floats = {"n_effective": pl.Float64, "p99_ms": pl.Float64}
+            got = B.mark_outliers(pl.DataFrame(frame, schema_overrides=floats))
             assert (got["judged"].to_list(), got["outlier"].to_list()) == _outliers_reference(n, p99), (seed, n, p99)
     small = B.mark_outliers(pl.DataFrame({"replica": ["a", "b", "c", "d", "e"], "n_effective": [13, 12, 17, 22, 14],
                                           "p99_ms": [9_000.0, 10_000.0, 102_000.0, 224_000.0, 11_000.0]}))

@@ -92,6 +92,8 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     texts = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If ")]
     heads = [t for t in texts if "reactive scale-up" not in t]
     assert heads and heads[0].startswith(f"If {svc['assumption']}, {said}."), heads
+    # the window its batch relation is measured over: the first arrival to the last
+    assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads
     # the scale-up comparison below it replays the same way (analysis.capacity.scale_up) and says so first
     up = scale_up(w, max(1, want // 2), want)
     ups = [t for t in texts if "reactive scale-up" in t]

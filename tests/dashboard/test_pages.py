@@ -347,6 +347,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     assert not at.exception and not at.warning
     spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
     assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
+    # the headline names the window its batch relation is measured over (Capacity's is the whole range)
+    assert any(f"Measured and replayed over the {spike}".replace(":", "\\:") in m.value for m in at.info)
     same = _metric(at, "replay, 8 replicas (as observed)")
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
@@ -365,6 +367,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     heads = [m.value for m in at.info if m.value.startswith("If ")]
     assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replicas × {w.slots} slots"), heads
     assert (want["fixed"] is None) == ("would say" not in heads[0])
+    # the window its batch relation is measured over: the first arrival to the last
+    assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads
 
 
 @pytest.mark.parametrize("page", PAGES)
