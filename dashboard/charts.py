@@ -71,6 +71,8 @@ AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minu
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 
+#: The field of the percentile lines' x (each window's middle): a brush's selection names its interval by it.
+MIDDLE: Final = "middle"
 #: Pixels the y labels of the Overview's and the Spike page's time charts take at least (up to "4,000,000"): the
 #: charts stacked there then start their x axes at the same place and line up.
 Y_LABELS: Final = 60
@@ -159,12 +161,12 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
     layers += _spike_layer(datasets, spikes)
     half = pl.duration(milliseconds=window_s * 500)
     long = (_window_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), window_s)
-            .with_columns(middle=pl.col("window") + half))
+            .with_columns((pl.col("window") + half).alias(MIDDLE)))
     lines: Spec = {
         "data": _dataset(datasets, long),
         "mark": {"type": "line", "point": {"size": 12}},
         "encoding": {
-            "x": _time_x("middle", scale=_utc_span(df, window_s)),
+            "x": _time_x(MIDDLE, scale=_utc_span(df, window_s)),
             "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f", "minExtent": Y_LABELS}),
             "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS),
                             legend={"orient": "top", "title": None}),  # as `counts`: the same plot width (the

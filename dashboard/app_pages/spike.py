@@ -41,8 +41,8 @@ else:
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}
-if brushed.get("window"):
-    a, b = links.brushed(brushed["window"])
+if brushed.get(charts.MIDDLE):  # the brushed interval of the lines' x
+    a, b = links.brushed(brushed[charts.MIDDLE])
     options[f"brushed {charts.window_label(a, b)}"] = (a, b)
 linked = links.window()  # from a link: ?start_ns=&end_ns= (alerts, banners, a shared view)
 followed = links.new_window()
