@@ -283,7 +283,8 @@ def counterfactual(df: pd.DataFrame, p99_ms: float, baseline_p99_ms: float | Non
         x="ms:Q", color=alt.Color("what:N", title=None, scale=alt.Scale(domain=["observed p99", "baseline p99"],
                                                                         range=["#e45756", "#54a24b"])),
         tooltip=["what:N", alt.Tooltip("ms:Q", format=",.0f")])
-    return (bars + rule).properties(height=max(120, 32 * len(df)))
+    # the height is the whole chart's (Streamlit fits it), axis and title included: 28 px a bar above 80 for them
+    return (bars + rule).properties(height=80 + 28 * max(3, len(df)))
 
 
 def waterfall(spans: pd.DataFrame) -> alt.Chart:

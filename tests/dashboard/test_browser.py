@@ -225,6 +225,10 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     expect(lead).to_contain_text("baseline without it")
     # brushing a window on the chart selects it for explanation, and puts it in the URL
     _settle(page)
+    # the counterfactual bars (one per candidate, beside its label) are tall enough to read: 16 px or more
+    bars = "[data-testid=stVegaLiteChart] path[aria-label*='p99 without (ms)']"
+    tall = page.evaluate(f'() => [...document.querySelectorAll("{bars}")].map(p => p.getBoundingClientRect().height)')
+    assert tall and min(tall) >= 16, tall
     box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
     assert box is not None
     y = box["y"] + box["height"] * 0.45
