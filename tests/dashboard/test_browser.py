@@ -212,6 +212,14 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
     expect(bars.first).to_be_attached()  # Vega draws after the script has finished: wait for it
     assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
+    # the percentile chart's time axis runs where the count charts' axes run: the same range (the axis' own words),
+    # the same pixels (its labels' extent)
+    x_axes = "[data-testid=stVegaLiteChart] .role-axis[aria-label^='X-axis']"
+    axes = page.evaluate(f'() => [...document.querySelectorAll("{x_axes}")].map(d => {{ '
+                         'const r = d.getBoundingClientRect(); '
+                         'return [d.getAttribute("aria-label"), r.left, r.right]; })')
+    assert len(axes) == 3 and all(x[0] == axes[0][0] and abs(x[1] - axes[0][1]) <= 1 and abs(x[2] - axes[0][2]) <= 1
+                                  for x in axes[1:]), axes
     # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
     page.get_by_role("tab", name="TTFT", exact=True).click()
     expect(page.locator("[data-testid=stVegaLiteChart] .role-title-text text").first).to_have_text("TTFT")
