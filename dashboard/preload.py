@@ -5,7 +5,7 @@ server's first message asks for that element, and that script's own dependencies
 profile two more rounds of fetching and compiling after the app's own bundle, on the path of the first render.
 The HTML that the server answers for a page's URL can name them up front instead (`<link rel="modulepreload">`),
 so the browser fetches and compiles them while it loads the bundle and the session starts. Once the page is
-drawn and quiet, a small inline script names the other pages' the same way (`later_script`), for a first click.
+drawn and quiet, a small inline script loads the other pages' (`later_script`), for a first click.
 
 Which scripts an element needs is read from Streamlit's own build at start-up (the bundler's dependency lists in
 its scripts: `__vite__mapDeps`), so the hints follow the installed Streamlit's file names; an element whose script
@@ -28,7 +28,7 @@ FONTS: tuple[str, ...] = ("MaterialSymbols-Rounded",)
 #: The elements the sidebar draws on every page's first render (its buttons and toggles).
 SIDEBAR: tuple[str, ...] = ("Button", "Checkbox")
 #: The elements of the sidebar's filters (its time slider and multiselects): drawn only once their popover is opened,
-#: so named once the page is drawn and quiet (`later_script`), with the other pages' scripts.
+#: so loaded once the page is drawn and quiet (`later_script`), with the other pages' scripts.
 FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
