@@ -14,7 +14,10 @@ import pytest
 from analysis import build_report, connect
 from analysis import report as R
 from analysis.engine import attribute_values as AV
+from analysis.engine import model as M
 from analysis.engine.materialize import HOUR_NS, materialize
+from analysis.engine.percentiles import request_facts
+from analysis.engine.views import LIVE_HOURS
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from tests.analysis.test_attributes import MS, SLOW_NODE, _append, _reference_bucket, node_store
@@ -25,10 +28,11 @@ from tracing.rows import SpanBatch
 HOURS = 3
 
 
-def hours_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]:
+def hours_store(path: Path, seed: int, twice: int = 0) -> tuple[Path, dict[str, dict[str, str]]]:
     """Random requests over three hours with request, stage and resource attributes, some traces with a stage span
-    two hours after their request (outside the hours its model reads), replica r5's rack changing every hour; and
-    each request's value of each key under the rules, written plainly (the reference)."""
+    two hours after their request (outside the hours its model reads), replica r5's rack changing every hour, the
+    first `twice` request spans delivered twice; and each request's value of each key under the rules, written
+    plainly (the reference)."""
     rng = random.Random(seed)
     batch = SpanBatch()
     replicas = [f"r{i}" for i in range(6)]
@@ -46,7 +50,8 @@ def hours_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]
         if rng.random() < 0.7:
             attrs["n"] = str(rng.choice([0, 1, 3, 17, 100, 4096]))
         trace, root = hex_id("ht", seed, i, size=32), hex_id("hs", seed, i)
-        _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
+        for _ in range(2 if i < twice else 1):
+            _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
         stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
         mid = (start + end) // 2
         for k, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
@@ -103,6 +108,31 @@ def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Pa
         _same(attrs.to_json(), live_attrs.to_json())
     # a caller's own rows (not the store's row ids) are read from the spans, to the same values
     assert _values(store, store_rows=False)[0] == expected
+
+
+def test_values_read_a_share_of_the_requests_at_a_time_are_the_rules(tmp_path: Path, monkeypatch: Any) -> None:
+    # the request spans' maps read in parts of about 40 requests (cut by start time), some spans delivered twice:
+    # the same values, each request counted once
+    store, expected = hours_store(tmp_path / "s", 3, twice=7)
+    whole, whole_attrs = _values(store)
+    monkeypatch.setattr(A, "CHUNK_REQUESTS", 40)
+    parts, parts_attrs = _values(store)
+    assert whole == expected and parts == expected
+    _same(parts_attrs.to_json(), whole_attrs.to_json())
+    assert next(c for c in parts_attrs.considered if c["attribute"] == "color")["requests"] == len(expected)
+
+
+def test_the_facts_an_hour_at_a_time_are_the_facts_of_every_hour_at_once(tmp_path: Path) -> None:
+    store, expected = hours_store(tmp_path / "f", 5, twice=7)
+    con = connect(store)
+    assert con.sql(f"SELECT count(*) FROM {LIVE_HOURS}").fetchall()[0][0] >= HOURS  # so an hour at a time
+    facts = request_facts(con, with_ttft=True)
+    order = "ORDER BY trace_id, span_id"
+    cols = ", ".join(M.FACT_COLUMNS)
+    hourly = con.sql(f"SELECT {cols} FROM {facts} {order}").fetchall()
+    at_once = con.sql(f"SELECT {cols} FROM _request_facts_live {order}").fetchall()  # the model over every hour at once
+    assert len(hourly) == len(expected) and hourly == at_once
+    con.close()
 
 
 def test_the_report_is_the_same_with_and_without_materialized_hours(tmp_path: Path) -> None:
