@@ -94,10 +94,26 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Path, seed: int) -> None:
-    store, expected = hours_store(tmp_path / "s", seed)
+def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Path, seed: int,
+                                                                     monkeypatch: Any) -> None:
+    store, expected = hours_store(tmp_path / "s", seed, twice=7)
     live, live_attrs = _values(store)
     assert live == expected
+    assert next(c for c in live_attrs.considered if c["attribute"] == "color")["requests"] == len(expected)
+    # the request spans' maps read about 40 requests at a time (cut by start time): the same values and counts
+    with monkeypatch.context() as m:
+        m.setattr(A, "CHUNK_REQUESTS", 40)
+        parts, parts_attrs = _values(store)
+    assert parts == expected
+    _same(parts_attrs.to_json(), live_attrs.to_json())
+    # the facts of the stale hours, made an hour at a time, are the model's facts over every hour at once
+    con = connect(store)
+    assert con.sql(f"SELECT count(*) FROM {LIVE_HOURS}").fetchall()[0][0] >= HOURS  # so an hour at a time
+    cols, order = ", ".join(M.FACT_COLUMNS), "ORDER BY trace_id, span_id"
+    hourly = con.sql(f"SELECT {cols} FROM {request_facts(con, with_ttft=True)} {order}").fetchall()
+    assert len(hourly) == len(expected) and hourly == con.sql(f"SELECT {cols} FROM _request_facts_live {order}"
+                                                               ).fetchall()
+    con.close()
     first = materialize(store, settled_before_ns=(T0 // HOUR_NS + 2) * HOUR_NS)  # the first hour only: mixed
     assert len(first) == 1 and AV.attributes_path(first[0]).is_file()
     mixed, mixed_attrs = _values(store)
@@ -108,31 +124,6 @@ def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Pa
         _same(attrs.to_json(), live_attrs.to_json())
     # a caller's own rows (not the store's row ids) are read from the spans, to the same values
     assert _values(store, store_rows=False)[0] == expected
-
-
-def test_values_read_a_share_of_the_requests_at_a_time_are_the_rules(tmp_path: Path, monkeypatch: Any) -> None:
-    # the request spans' maps read in parts of about 40 requests (cut by start time), some spans delivered twice:
-    # the same values, each request counted once
-    store, expected = hours_store(tmp_path / "s", 3, twice=7)
-    whole, whole_attrs = _values(store)
-    monkeypatch.setattr(A, "CHUNK_REQUESTS", 40)
-    parts, parts_attrs = _values(store)
-    assert whole == expected and parts == expected
-    _same(parts_attrs.to_json(), whole_attrs.to_json())
-    assert next(c for c in parts_attrs.considered if c["attribute"] == "color")["requests"] == len(expected)
-
-
-def test_the_facts_an_hour_at_a_time_are_the_facts_of_every_hour_at_once(tmp_path: Path) -> None:
-    store, expected = hours_store(tmp_path / "f", 5, twice=7)
-    con = connect(store)
-    assert con.sql(f"SELECT count(*) FROM {LIVE_HOURS}").fetchall()[0][0] >= HOURS  # so an hour at a time
-    facts = request_facts(con, with_ttft=True)
-    order = "ORDER BY trace_id, span_id"
-    cols = ", ".join(M.FACT_COLUMNS)
-    hourly = con.sql(f"SELECT {cols} FROM {facts} {order}").fetchall()
-    at_once = con.sql(f"SELECT {cols} FROM _request_facts_live {order}").fetchall()  # the model over every hour at once
-    assert len(hourly) == len(expected) and hourly == at_once
-    con.close()
 
 
 def test_the_report_is_the_same_with_and_without_materialized_hours(tmp_path: Path) -> None:
