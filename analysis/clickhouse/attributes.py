@@ -50,11 +50,11 @@ from analysis.stats import explain as X
 ATTR_PREFIX: Final = "_tailscope_attr"
 ATTR_STAGE: Final = "_tailscope_attr_stage"
 ATTR_TEMP: Final = "_tailscope_attr_codes"
-#: Text Arrow's cast to a double reads as a number (analysis.stats.attributes.code_values' test); the value must
-#: be finite too.
 #: A code's place in the single integer of a pair of codes (`same_partition_sql`): above every code (at most
 #: attributes.MAX_VALUES labels; the built-ins' token buckets far fewer).
 PAIR_SLOTS: Final = 1 << 16
+#: Text Arrow's cast to a double reads as a number (analysis.stats.attributes.code_values' test); the value must
+#: be finite too.
 NUMBER_RE: Final = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$"
 
 I64 = npt.NDArray[np.int64]
@@ -324,6 +324,7 @@ class _Reader:
         return self._same[b.name]
 
     def _dimension_code(self, c: X.Coded) -> str:
+        """SQL of a dimension's code over ATTR_TEMP (-1: missing): a built-in's by its labels, a key's column."""
         return builtin_code_sql(c) if c.source == "builtin" else self.code_sql[c.name]
 
     def _all_pairs(self) -> dict[frozenset[str], bool]:
