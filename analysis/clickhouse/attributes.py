@@ -201,7 +201,7 @@ class ServerAttributes:
         outer = ", ".join(f"{quantile_sql(weight, X.TAIL_Q, prefix=f'c{n}_')} AS q{n}, c{n}_tot AS t{n}, "
                           f"c{n}_sq AS s{n}" for n in range(len(cands)))
         codes = self.codes_sql(coded, (i for c in cands for i in c.dims))
-        rows = f"SELECT v, w, {codes} FROM {ATTR_TEMP} WHERE {spike}"
+        rows = f"SELECT v{', w' if weighted else ''}, {codes} FROM {ATTR_TEMP} WHERE {spike}"
         row = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM ({rows}))",
                            features(client).settings).to_pylist()[0]
         out = {}
