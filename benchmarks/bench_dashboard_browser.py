@@ -10,8 +10,8 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
 3. every page once, each in a new tab of one browser profile (a fresh Streamlit session; the browser's
    HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
 4. every page again, one sidebar click after another in one session (a click to the page drawn); with
-   --think S, each click comes S seconds after the page before it was drawn, as a reader's does (the pages name
-   the other pages' element scripts once drawn and quiet: dashboard/preload.py).
+   --think S, each click comes S seconds after the page before it was drawn, as a reader's does (the pages load
+   the other pages' element scripts once drawn and quiet for 0.5 s: dashboard/preload.py).
 
 A first render ends when the page is drawn: its heading is visible, no script runs (the app's run state, not
 the status widget, which shows a run only after 500 ms), no element is a loading skeleton, every Vega-Lite
@@ -360,7 +360,7 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
                 keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
                      _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
         for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
-            page = browser.new_page(viewport=VIEWPORT)  # its clicks would name the other pages' scripts meanwhile
+            page = browser.new_page(viewport=VIEWPORT)  # its clicks would load the other pages' scripts meanwhile
             page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
             drawn(page, "Overview")  # does not find
             meter = Meter(page, server)

@@ -5,7 +5,7 @@ server's first message asks for that element, and that script's own dependencies
 profile two more rounds of fetching and compiling after the app's own bundle, on the path of the first render.
 The HTML that the server answers for a page's URL can name them up front instead (`<link rel="modulepreload">`),
 so the browser fetches and compiles them while it loads the bundle and the session starts. Once the page is
-drawn and quiet, a small inline script names the other pages' the same way (`later_script`), for a first click.
+drawn and quiet, a small inline script loads the other pages' (`later_script`), for a first click.
 
 Which scripts an element needs is read from Streamlit's own build at start-up (the bundler's dependency lists in
 its scripts: `__vite__mapDeps`), so the hints follow the installed Streamlit's file names; an element whose script
@@ -28,7 +28,7 @@ FONTS: tuple[str, ...] = ("MaterialSymbols-Rounded",)
 #: The elements the sidebar draws on every page's first render (its buttons and toggles).
 SIDEBAR: tuple[str, ...] = ("Button", "Checkbox")
 #: The elements of the sidebar's filters (its time slider and multiselects): drawn only once their popover is opened,
-#: so named once the page is drawn and quiet (`later_script`), with the other pages' scripts.
+#: so loaded once the page is drawn and quiet (`later_script`), with the other pages' scripts.
 FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
@@ -48,8 +48,10 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "sql": ("Selectbox", "TextArea"),
 }
 
-#: Seconds a drawn page stays quiet before it names the other pages' element scripts (`later_script`).
-QUIET_S = 2
+#: Milliseconds a page stays drawn and quiet before it loads the other pages' element scripts (`later_script`), and
+#: between two looks at whether it is.
+QUIET_MS = 500
+TICK_MS = 100
 
 _MAP = re.compile(r"m\.f=\[([^\]]*)\]")
 _LAZY = re.compile(r"import\(`\./([^`]+)`\)(?:\.then\([^()]*\))?,__vite__mapDeps\(\[([\d,]*)\]\)")
@@ -115,22 +117,31 @@ def link_tags(files: Iterable[str]) -> str:
     return "\n".join(tags)
 
 
-def later_script(files: Iterable[str], quiet_s: int = QUIET_S) -> str:
-    """An inline script that adds the tags of `files` (as link_tags') once the page has been drawn and quiet for
-    `quiet_s` seconds (no script running by the app's run state, which Streamlit's own end-to-end tests wait on; no
-    element loading; checked each second after the load event; at most a minute), when the browser is idle: the
-    scripts the other pages draw with, fetched and compiled while the user reads this page, so that a first click
-    to another page does not wait for them; "" without files."""
+def later_script(files: Iterable[str], quiet_ms: int = QUIET_MS, tick_ms: int = TICK_MS) -> str:
+    """An inline script that, once the page is first drawn (its title shown, no script running by the app's run
+    state, which Streamlit's own end-to-end tests wait on, no element loading; checked every `tick_ms` after the
+    load event; at most a minute), adds the tags of `files` (as link_tags') when the browser is next idle, then
+    imports each script in turn, one per idle moment: the scripts the other pages draw with, fetched, compiled and
+    evaluated while the user reads this page, so that a first click to another page, even at once, does not wait
+    for them (a module is evaluated once per document: the page's own import of it later finds it done); "" without
+    files."""
     hrefs = [f"./static/{'css' if name.endswith('.css') else 'js'}/{name}" for name in files]
     if not hrefs:
         return ""
-    return ("<script>addEventListener('load',()=>{let n=0,q=0;const t=setInterval(()=>{"
-            "const s=document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state');"
-            "q=(s&&s!=='notRunning')||document.querySelector('[data-testid=stSkeleton]')?0:q+1;"
-            f"if(q<{quiet_s}&&++n<60)return;clearInterval(t);(window.requestIdleCallback||setTimeout)(()=>{{"
-            f"for(const h of {json.dumps(hrefs)}){{const l=document.createElement('link');"
-            "if(h.endsWith('.css')){l.rel='preload';l.as='style'}else{l.rel='modulepreload';l.crossOrigin=''}"
-            "l.href=h;document.head.append(l)}})},1000)})</script>")
+    return ("<script>addEventListener('load',()=>{let n=0,k=0;const q=x=>document.querySelector(x),"
+            "shown=x=>[...document.querySelectorAll(x)].filter(e=>e.checkVisibility()),"
+            "t=setInterval(()=>{"
+            "(q('[data-testid=stApp]')?.getAttribute('data-test-script-state')!=='notRunning'"
+            "||!q('[data-testid=stHeading]')||q('[data-testid=stSkeleton]')"
+            "||!shown('[data-testid=stVegaLiteChart]').every(c=>c.querySelector('svg,canvas'))"
+            "||!shown('[data-testid=stDataFrame]').every(c=>c.querySelector('canvas')))"
+            "?k=0:k++;"
+            f"if(k<{max(1, quiet_ms // tick_ms)}&&++n<{60_000 // tick_ms})return;"
+            "clearInterval(t);const idle=()=>new Promise(r=>(window.requestIdleCallback||setTimeout)(r));"
+            f"(async()=>{{for(const h of {json.dumps(hrefs)}){{await idle();"
+            "if(h.endsWith('.css')){const l=document.createElement('link');l.rel='preload';l.as='style';l.href=h;"
+            "document.head.append(l)}else await import(h).catch(()=>{})}})()},"
+            f"{tick_ms})}})</script>")
 
 
 def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,

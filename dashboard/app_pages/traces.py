@@ -31,8 +31,25 @@ if ex.empty and not wanted:
     st.info("No requests match the filters: nothing to show.")
     st.stop()
 trace_id = wanted or str(ex.iloc[0]["trace_id"])
-found = data.find_trace(*key, trace_id)
 trace_box = st.container()
+# the exemplars first (drawn below the trace: trace_box holds its place above), so the browser fetches the
+# table grid's script while the server computes the waterfall
+if not ex.empty:
+    st.subheader("Slowest requests (exemplars of the tail)")
+    st.caption("Pick a row (or follow its link) to show its waterfall above.")
+    shown = ex.assign(trace=[links.url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in ex["trace_id"]])
+    st.dataframe(shown[["trace", "trace_id", "start", "replica", "model", "tenant", "status", "latency_ms",
+                        "input_tokens", "output_tokens"]],
+                 hide_index=True, on_select="rerun", selection_mode="single-row", key="exemplar_table",
+                 column_config=formats.exemplar_columns())
+    # lazy: its chart is computed and drawn only once the expander is opened (not on every first render)
+    stacks = st.expander("Critical path of each exemplar", key="traces_stage_stack", on_change="rerun")
+    if stacks.open:
+        if db.pending:
+            stacks.caption(db.loading_note() or "")
+        else:
+            stacks.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")
+found = data.find_trace(*key, trace_id)
 with trace_box:
     if found.empty:
         st.error(f"No request with trace id {trace_id!r} in this store (ids are 32 hex digits; a prefix needs 8+).")
@@ -68,19 +85,3 @@ with trace_box:
                                          "share": f"{v / (req['e2e_ns'] / 1e6):.0%}"}
                                         for k, v in sorted(crit.items(), key=lambda kv: -kv[1])]),
                           {"critical-path ms": formats.number("on the critical path", "%,.1f ms")})
-
-if not ex.empty:
-    st.subheader("Slowest requests (exemplars of the tail)")
-    st.caption("Pick a row (or follow its link) to show its waterfall above.")
-    shown = ex.assign(trace=[links.url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in ex["trace_id"]])
-    st.dataframe(shown[["trace", "trace_id", "start", "replica", "model", "tenant", "status", "latency_ms",
-                        "input_tokens", "output_tokens"]],
-                 hide_index=True, on_select="rerun", selection_mode="single-row", key="exemplar_table",
-                 column_config=formats.exemplar_columns())
-    # lazy: its chart is computed and drawn only once the expander is opened (not on every first render)
-    stacks = st.expander("Critical path of each exemplar", key="traces_stage_stack", on_change="rerun")
-    if stacks.open:
-        if db.pending:
-            stacks.caption(db.loading_note() or "")
-        else:
-            stacks.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")

@@ -291,7 +291,7 @@ def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> 
     named = re.findall(grid, html["traces"])  # the Traces page's table grid (its exemplars: rows to pick)
     assert len(named) == 1
     # the Spike page's tables are Markdown (dashboard.formats.table): its HTML names the grid's script only in the
-    # script that runs once the page is drawn and quiet (preload.later_script), for a first click to Traces
+    # script that loads it once the page is drawn and quiet (preload.later_script), for a first click to Traces
     head, later = html["spike"].split("<script>addEventListener")
     assert not re.search(grid, head) and re.search(r"\./static/js/DataFrame\.[^\"]+\.js", later)
     assert httpx.get(f"{dashboard_url}/{named[0]}", timeout=60).content == (static_dir() / named[0]).read_bytes()
