@@ -27,7 +27,7 @@ from analysis.engine.percentiles import (
     weighted_quantiles_sql,
     weighted_window_sql,
 )
-from analysis.stats.explain import bucket_hi_sql, bucket_lo_sql
+from analysis.stats.explain import bucket_hi_sql, bucket_lo_sql, enough_for_tail
 from tracing import schema as S
 
 #: A replica is an outlier when its p99 is more than OUTLIER_MADS robust deviations
@@ -105,10 +105,11 @@ def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str
 def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = "requests", where: str = "true",
              params: Sequence[object] = ()) -> pl.DataFrame:
     """Per replica ('(none)' when unknown): requests, counts per outcome, the same weighted (`*_weighted`),
-    n_effective, p50_ms, p99_ms (weighted when sampled) and `outlier`.
+    n_effective, p50_ms, p99_ms (weighted when sampled), `judged` and `outlier`.
 
-    Outlier: p99 more than OUTLIER_MADS x (MAD_SCALE x MAD of the replicas' p99s) above their
-    median and at least OUTLIER_RISE above it.
+    Judged: at least 100 effective requests (`mark_outliers`). Outlier: a judged replica whose p99 is more than
+    OUTLIER_MADS x (MAD_SCALE x MAD of the judged replicas' p99s) above their median and at least OUTLIER_RISE
+    above it.
     """
     col = quote_ident(metric_column(metric))
     weight = weight_where(con, source, where, params)
@@ -130,17 +131,23 @@ def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = 
 
 
 def mark_outliers(df: pl.DataFrame) -> pl.DataFrame:
-    """The `outlier` column of `replicas` (the rule in its docstring), from each replica's p99_ms.
+    """The `judged` and `outlier` columns of `replicas` (the rule in its docstring), from each replica's p99_ms and
+    n_effective.
 
-    Public so every engine's per-replica breakdown (analysis.clickhouse.breakdowns) flags by this one rule.
+    Judged: enough effective requests for a p99 with a tail (analysis.stats.explain.enough_for_tail, the minimum the
+    report's counterfactual asks: 100); a smaller replica's p99 is close to its slowest request, so it is neither
+    an outlier nor part of the fleet's median and deviation. Public so every engine's per-replica breakdown
+    (analysis.clickhouse.breakdowns) flags by this one rule.
     """
-    if df.height == 0:
-        return df.with_columns(pl.lit(False).alias("outlier"))
-    p99 = df.get_column("p99_ms")
+    judged = df.with_columns(pl.Series("judged", [enough_for_tail(float(n or 0)) for n in df.get_column("n_effective")],
+                                       dtype=pl.Boolean))
+    p99 = judged.filter(pl.col("judged") & pl.col("p99_ms").is_not_null()).get_column("p99_ms")
+    if p99.is_empty():
+        return judged.with_columns(pl.lit(False).alias("outlier"))
     med = float(p99.median() or 0.0)  # type: ignore[arg-type]
     mad = float((p99 - med).abs().median() or 0.0) * MAD_SCALE  # type: ignore[arg-type]
-    return df.with_columns(((pl.col("p99_ms") > med + OUTLIER_MADS * max(mad, 1e-9))
-                            & (pl.col("p99_ms") > (1 + OUTLIER_RISE) * med)).fill_null(False).alias("outlier"))
+    return judged.with_columns((pl.col("judged") & (pl.col("p99_ms") > med + OUTLIER_MADS * max(mad, 1e-9))
+                                & (pl.col("p99_ms") > (1 + OUTLIER_RISE) * med)).fill_null(False).alias("outlier"))
 
 
 def shape(con: duckdb.DuckDBPyConnection, metric: str = "e2e", by: Sequence[str] = TOKEN_COLUMNS,

@@ -71,6 +71,13 @@ AXIS_CLOCK: Final = {"milliseconds": "%H:%M:%S.%L", "seconds": "%H:%M:%S", "minu
                       "day": "%m-%d", "week": "%m-%d", "month": "%Y-%m", "quarter": "%Y-%m", "year": "%Y"}
 
 
+#: The field of the percentile lines' x (each window's middle): a brush's selection names its interval by it.
+MIDDLE: Final = "middle"
+#: Pixels the y labels of the Overview's and the Spike page's time charts take at least (up to "4,000,000"): the
+#: charts stacked there then start their x axes at the same place and line up.
+Y_LABELS: Final = 60
+
+
 def _time_x(name: str, **extra: Any) -> dict[str, Any]:
     """A temporal x field drawn in UTC with 24-hour labels, whatever the browser's time zone."""
     return _field(name, "temporal", **{"scale": {"type": "utc"}, "axis": {"format": AXIS_CLOCK, "labelOverlap": True},
@@ -81,6 +88,13 @@ def _utc_text(df: pl.DataFrame, column: str, alias: str = "time (UTC)") -> pl.Da
     """`df` with a text column `alias`: the UTC datetime `column` as HH:MM:SS, for tooltips (a browser formats
     a temporal tooltip in its own zone)."""
     return df.with_columns(pl.col(column).dt.convert_time_zone("UTC").dt.strftime(_CLOCK).alias(alias))
+
+
+def _window_text(df: pl.DataFrame, window_s: int) -> pl.DataFrame:
+    """`df` with a text column "window (UTC)": each window (start `window`, `window_s` long) as HH:MM:SS–HH:MM:SS."""
+    ends = _utc_text(df.with_columns(end=pl.col("window") + pl.duration(seconds=window_s)), "end", "b")
+    return _utc_text(ends, "window", "a").with_columns(
+        pl.concat_str(pl.col("a"), pl.lit("–"), pl.col("b")).alias("window (UTC)")).drop("a", "b", "end")
 
 
 def _dataset(datasets: dict[str, pa.Table], df: pl.DataFrame) -> dict[str, str]:
@@ -131,11 +145,13 @@ def has_values(df: pl.DataFrame, prefix: str) -> bool:
     return bool(df.get_column(f"{prefix}_p50_ms").cast(pl.Float64).fill_nan(None).is_not_null().any())
 
 
-def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]],
-                brush: str | None = None, height: int = 220, alerts: pl.DataFrame | None = None,
+def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[int, int]], window_s: int,
+                brush: str | None = None, height: int = 280, alerts: pl.DataFrame | None = None,
                 context: list[tuple[int, int]] | None = None) -> Spec:
-    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time), `spikes` ((start,
-    end) ns) shaded: a Vega-Lite spec.
+    """p50/p90/p99 lines of `prefix` (e2e, ttft, tpot) per window of `df` (data.over_time, windows of `window_s`),
+    `spikes` ((start, end) ns) shaded: a Vega-Lite spec. Each point sits in the middle of its window and the x axis
+    spans every window whole, as `counts` draws them: a chart above the count charts lines up with them and ends
+    where they end.
 
     `brush` names an x-interval selection on the lines (for `on_select`); `alerts` (rows with
     `window_start_ns` and the alert's kind, rule, status, fired_at, stage, value) draws one rule per alert.
@@ -143,15 +159,19 @@ def percentiles(df: pl.DataFrame, prefix: str, title: str, spikes: list[tuple[in
     datasets: dict[str, pa.Table] = {}
     layers = _spike_layer(datasets, context or [], "spike without the filters", CONTEXT_FILL)
     layers += _spike_layer(datasets, spikes)
-    long = _utc_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), "window")
+    half = pl.duration(milliseconds=window_s * 500)
+    long = (_window_text(_long(df, {f"{prefix}_p{p}_ms": f"p{p}" for p in (50, 90, 99)}, "pct", "ms"), window_s)
+            .with_columns((pl.col("window") + half).alias(MIDDLE)))
     lines: Spec = {
         "data": _dataset(datasets, long),
         "mark": {"type": "line", "point": {"size": 12}},
         "encoding": {
-            "x": _time_x("window"),
-            "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f"}),
-            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS)),
-            "tooltip": [_field("time (UTC)", "nominal"), _field("pct", "nominal"),
+            "x": _time_x(MIDDLE, scale=_utc_span(df, window_s)),
+            "y": _field("ms", "quantitative", title=f"{title} (ms)", axis={"format": ",.0f", "minExtent": Y_LABELS}),
+            "color": _field("pct", "nominal", title=None, scale=_colors(PCT_COLORS),
+                            legend={"orient": "top", "title": None}),  # as `counts`: the same plot width (the
+            # chart is 60 px taller for it, its plot as tall as with the legend at the side)
+            "tooltip": [_field("window (UTC)", "nominal"), _field("pct", "nominal"),
                         _field("ms", "quantitative", format=",.0f")],
         },
     }
@@ -194,7 +214,8 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": _time_x("window", scale=_utc_span(df, window_s)), "x2": {"field": "end"},
-            "y": _field("top", "quantitative", title="requests", axis={"format": ",.0f", "tickMinStep": 1}),
+            "y": _field("top", "quantitative", title="requests",
+                        axis={"format": ",.0f", "tickMinStep": 1, "minExtent": Y_LABELS}),
             "y2": {"field": "bottom"},
             "color": _field("outcome", "nominal", scale=_colors({o: OUTCOME_COLORS[o] for o in present}),
                             legend={"orient": "top", "title": None}),
@@ -205,12 +226,20 @@ def counts(df: pl.DataFrame, spikes: list[tuple[int, int]], window_s: int, outco
     return {"title": title, "height": height, "layer": layers, "datasets": datasets}
 
 
+def _iso(ns: int) -> str:
+    """An instant (integer ns) as ISO-8601 UTC to the ms, as a scale's domain takes it."""
+    ms = ns // 1_000_000
+    return f"{datetime.fromtimestamp(ms // 1000, tz=UTC):%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+
 def _utc_span(df: pl.DataFrame, window_s: int) -> dict[str, Any]:
-    """A UTC time scale from `df`'s first window's start to its last window's end (ms since the epoch)."""
+    """A UTC time scale from `df`'s first window's start to its last window's end. The domain is ISO text: Vega-Lite
+    reads numbers (ms) there for a ranged bar (x and x2) but not for a line or a point, whose scale then runs to an
+    invalid end and draws every point at the left edge."""
     if df.is_empty():
         return {"type": "utc"}
     first, last = df.select(pl.col("window_ns").min().alias("a"), pl.col("window_ns").max().alias("b")).row(0)
-    return {"type": "utc", "domain": [int(first) // 1_000_000, (int(last) + window_s * 10**9) // 1_000_000]}
+    return {"type": "utc", "domain": [_iso(int(first)), _iso(int(last) + window_s * 10**9)]}
 
 
 def stage_compare(df: pd.DataFrame) -> alt.Chart:
@@ -254,7 +283,8 @@ def counterfactual(df: pd.DataFrame, p99_ms: float, baseline_p99_ms: float | Non
         x="ms:Q", color=alt.Color("what:N", title=None, scale=alt.Scale(domain=["observed p99", "baseline p99"],
                                                                         range=["#e45756", "#54a24b"])),
         tooltip=["what:N", alt.Tooltip("ms:Q", format=",.0f")])
-    return (bars + rule).properties(height=max(120, 32 * len(df)))
+    # the height is the whole chart's (Streamlit fits it), axis and title included: 28 px a bar above 80 for them
+    return (bars + rule).properties(height=80 + 28 * max(3, len(df)))
 
 
 def waterfall(spans: pd.DataFrame) -> alt.Chart:
@@ -356,20 +386,22 @@ def bucket_p99(df: pd.DataFrame, column: str, title: str) -> alt.Chart:
 
 def replica_chart(df: pd.DataFrame, column: str = "replica", title: str | None = None) -> alt.LayerChart:
     """p50 (tick) and p99 (bar) per replica (or per value of `column`, in the frame's order, axis `title`);
-    outliers in red, outliers a dimension's value explains in yellow."""
+    outliers in red, outliers a dimension's value explains in yellow, those too small to judge in grey."""
     import altair as alt
     import pandas as pd
 
     explained = df["explained_by"].fillna("") if "explained_by" in df.columns else pd.Series("", index=df.index)
-    data = df.assign(kind=["normal" if not o else "explained by a dimension" if e else "outlier"
-                           for o, e in zip(df["outlier"], explained, strict=True)])
-    kinds = ["normal", "outlier", "explained by a dimension"]
+    judged = df["judged"] if "judged" in df.columns else pd.Series(True, index=df.index)
+    data = df.assign(kind=["too few to judge" if not j else "normal" if not o else "explained by a dimension" if e
+                           else "outlier" for o, e, j in zip(df["outlier"], explained, judged, strict=True)])
+    kinds = ["normal", "outlier", "explained by a dimension", "too few to judge"]
     x = alt.X(f"{column}:N", title=title) if column == "replica" else alt.X(f"{column}:N", title=title,
                                                                            sort=list(data[column]))
     bars = alt.Chart(data).mark_bar().encode(
         x=x,
         y=alt.Y("p99_ms:Q", title="p99 (ms)", axis=alt.Axis(format=",.0f")),
-        color=alt.Color("kind:N", title="p99", scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701"])),
+        color=alt.Color("kind:N", title="p99",
+                        scale=alt.Scale(domain=kinds, range=["#9ecae9", "#e45756", "#f2b701", "#c7c7c7"])),
         tooltip=[alt.Tooltip(f"{column}:N", title=title or column), alt.Tooltip("requests:Q", format=",.0f"),
                  alt.Tooltip("p50_ms:Q", format=",.0f", title="p50 (ms)"),
                  alt.Tooltip("p99_ms:Q", format=",.0f", title="p99 (ms)"), alt.Tooltip("error:Q", format=",.0f"),

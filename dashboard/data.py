@@ -705,7 +705,8 @@ def attribute_table(db: Bench, f: Filters, metric: str, key: str, title: str) ->
     st.altair_chart(charts.replica_chart(df.assign(requests=weighted), "value", key), width="stretch",
                     key=f"by_attr_chart_{title}")
     st.caption(f"Per value of {key}: bars p99 (red: an outlier, more than 3 robust deviations and 20% above the "
-               "values' median p99), ticks p50; (none): requests without a value.")
+               f"median p99 of the values with {MIN_REPLICA_REQUESTS} requests or more; grey: fewer, not judged), "
+               "ticks p50; (none): requests without a value.")
     cols = [c for c in ("value", "outlier", "requests", "p50_ms", "p99_ms", *OUTCOMES, "n_effective")
             if c in df.columns]
     st.dataframe(df[cols], hide_index=True, key=f"by_attr_{title}", column_config={
@@ -909,6 +910,8 @@ def spike_verdict(_db: Bench, store: str, version: int, filters: Filters, metric
 #: a spike needs.
 against_baseline = V.against_baseline
 MIN_RISE = SPIKE_MIN_RISE
+#: Fewest (effective) requests a replica needs for its p99 to be judged against the fleet's (analysis.breakdowns).
+MIN_REPLICA_REQUESTS = X.min_tail_requests()
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:

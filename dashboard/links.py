@@ -44,6 +44,14 @@ def window() -> tuple[int, int] | None:
     return (a, b) if a is not None and b is not None and b > a else None
 
 
+def brushed(ms: Sequence[float]) -> tuple[int, int]:
+    """A window brushed on a chart (its x interval: ms since the epoch, as the browser's floats) as (start_ns,
+    end_ns) in whole seconds, the charts' resolution (every window is whole seconds): the link then reads
+    ...921000000000, not ...921040999936, and a reload explains the same requests. At least one second long."""
+    a, b = sorted(round(float(x) / 1_000) for x in ms[:2])
+    return a * 1_000_000_000, max(b, a + 1) * 1_000_000_000
+
+
 def new_window() -> tuple[int, int] | None:
     """The URL's window when it changed since this session last saw it (a link followed), else None."""
     value = window()

@@ -812,8 +812,10 @@ class AsksAtOnce(Protocol):
 SpikeWithout = Mapping[int, tuple[float, float]]
 
 
-def _enough_left(kept: float) -> bool:
-    """Whether a spike without a candidate keeps enough requests (effective, weighted) for its p99's tail."""
+def enough_for_tail(kept: float) -> bool:
+    """Whether `kept` requests (effective, weighted) are enough for a p99 with a tail: at least one request beyond
+    it (100 for the p99). A spike without a candidate needs this much left; analysis.breakdowns judges a replica's
+    p99 against the fleet's by the same minimum (fewer, and the p99 is close to the slowest request)."""
     return kept * (1 - TAIL_Q) >= MIN_TAIL / 5
 
 
@@ -844,8 +846,8 @@ def counterfactual(coded: Sequence[Coded], cands: list[Candidate], values: F64, 
         else:
             keep = ~candidate_mask(spike_coded, cand, None)
             kept = float(keep.sum())
-            s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0] if _enough_left(kept) else math.nan
-        if not _enough_left(kept):
+            s_wo = quantiles_unsorted(spike_values[keep], (TAIL_Q,))[0] if enough_for_tail(kept) else math.nan
+        if not enough_for_tail(kept):
             continue
         b_wo = base_q.without_candidate(coded, cand)
         if math.isnan(b_wo):
@@ -881,8 +883,8 @@ def _weighted_counterfactual(coded: Sequence[Coded], cands: list[Candidate], val
         else:
             keep = ~candidate_mask(coded, cand, spike)
             kept = effective_count(weights[spike][keep])
-            s_wo = weighted_q(values, weights, spike[keep]) if _enough_left(kept) else math.nan
-        if not _enough_left(kept):
+            s_wo = weighted_q(values, weights, spike[keep]) if enough_for_tail(kept) else math.nan
+        if not enough_for_tail(kept):
             continue
         if base_q is not None:
             b_wo = base_q.without_candidate(coded, cand)
@@ -1036,6 +1038,11 @@ def tail_share(q: float = TAIL_Q) -> Fraction:
     """1 - q exactly, q read as the decimal it is written as (0.99: 1/100). In floating point 1 - 0.99 is a hair
     above 0.01, which made the tail of 1,000 rows 11 long and a weight's cut a hair high."""
     return 1 - Fraction(repr(q))
+
+
+def min_tail_requests() -> int:
+    """The fewest requests `enough_for_tail` accepts (100), for a page to say so."""
+    return math.ceil(Fraction(MIN_TAIL, 5) / tail_share())
 
 
 def tail_size(n: int, q: float = TAIL_Q) -> int:

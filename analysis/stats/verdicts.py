@@ -91,7 +91,8 @@ def explain_outliers(by_replica: pl.DataFrame, without: Callable[[str, Any], pl.
                      values: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """For each outlier replica of `by_replica` (analysis.breakdowns.replicas), the dimension value whose
     requests make it one: with that value's requests left out of every replica (`without(dimension, value)`
-    gives the breakdown again), the replica is no outlier under the same rule (mark_outliers).
+    gives the breakdown again), the replica is no outlier under the same rule (mark_outliers), with enough requests
+    left to judge it.
 
     Returns one item per explained replica ({replica, dimension, value, p99_ms, p99_without_ms, requests,
     requests_without, fleet_median_p99_without_ms}); when several values clear it, the one leaving the lowest p99. An
@@ -104,11 +105,13 @@ def explain_outliers(by_replica: pl.DataFrame, without: Callable[[str, Any], pl.
     best: dict[str, dict[str, Any]] = {}
     for dim, vals in values.items():
         for value in vals:
-            again = mark_outliers(without(dim, value).drop("outlier", strict=False))
-            median = again.get_column("p99_ms").median() if again.height else None
+            again = mark_outliers(without(dim, value).drop("outlier", "judged", strict=False))
+            fleet = again.filter(pl.col("judged"))
+            median = fleet.get_column("p99_ms").median() if fleet.height else None
             for row in outliers.iter_rows(named=True):
-                hit = again.filter(pl.col("replica") == row["replica"])
-                if hit.is_empty() or hit.get_column("outlier")[0] or hit.get_column("p99_ms")[0] is None:
+                hit = again.filter(pl.col("replica") == row["replica"])  # still judged: a p99 to clear
+                if (hit.is_empty() or hit.get_column("outlier")[0] or not hit.get_column("judged")[0]
+                        or hit.get_column("p99_ms")[0] is None):
                     continue
                 p99_without = float(hit.get_column("p99_ms")[0])
                 old = best.get(row["replica"])
@@ -156,8 +159,8 @@ def outlier_explanations(con: duckdb.DuckDBPyConnection, metric: str = "e2e", so
 def replicas_without(con: duckdb.DuckDBPyConnection, metric: str, source: str, where: str, params: Sequence[object],
                      values: dict[str, list[Any]]) -> dict[tuple[str, Any], pl.DataFrame]:
     """Per (dimension, value) of `values`: the columns explain_outliers reads of `replicas` (replica, requests,
-    p99_ms) with that value's requests left out, all in one grouped query (one scan of `source` per value, one
-    aggregation) instead of one `replicas` query each. Unweighted quantiles only: for unsampled rows."""
+    n_effective, p99_ms) with that value's requests left out, all in one grouped query (one scan of `source` per
+    value, one aggregation) instead of one `replicas` query each. Unweighted quantiles only: for unsampled rows."""
     pairs = [(dim, value) for dim, vals in values.items() for value in vals]
     if not pairs:
         return {}
@@ -165,7 +168,8 @@ def replicas_without(con: duckdb.DuckDBPyConnection, metric: str, source: str, w
     kept = " UNION ALL ".join(
         f"SELECT {k} AS k, coalesce(replica, '(none)') AS replica, {col} AS v FROM {source} "
         f"WHERE ({where}) AND {quote_ident(dim)} IS DISTINCT FROM ?" for k, (dim, _) in enumerate(pairs))
-    got = con.sql(f"SELECT k, replica, count(*) AS requests, quantile_cont(v, 0.99) / 1e6 AS p99_ms "
+    got = con.sql(f"SELECT k, replica, count(*) AS requests, count(v) AS n_effective, "
+                  f"quantile_cont(v, 0.99) / 1e6 AS p99_ms "
                   f"FROM ({kept}) GROUP BY 1, 2 ORDER BY 1, 2",
                   params=[x for _, value in pairs for x in (*params, value)]).pl()
     empty = got.clear().drop("k")

@@ -44,8 +44,12 @@ if curve["advice"] is not None:
         fixed = svc["fixed_fewest_replicas"]
         head += (" With service times fixed as observed the replay would say "
                  f"{'no count up to 64' if fixed is None else f'{fixed} replicas'}.")
+    bounds = data.choices(*key)
+    span = charts.window_label(f.since_ns or bounds["min_ns"], f.until_ns or bounds["max_ns"] + 1)
+    head += (f" Measured and replayed over the whole filtered range, {span} (What-if measures the "
+             "window it replays, a spike's by default, so its figures can differ).")
     (st.warning if not svc["batch_relation_applied"] and fewest is not None and fewest < curve["observed_replicas"]
-     else st.info)(head, icon=":material/info:")
+     else st.info)(formats.times(head), icon=":material/info:")
 if svc["fixed_points"] is not None:  # both replays: with the measured relation and with fixed service times
     fixed_pts = pd.DataFrame(svc["fixed_points"])
     pts = pd.concat([pts.assign(replay="service grows with the batch (measured)"),

@@ -67,6 +67,14 @@ st.caption("GPU time: at each instant a replica's time is split equally among it
 assert series is not None
 if values:
     series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
+# the cells the range's arrivals fill: none past its end (the time filter's, else the end of the cell holding the
+# last request's start), where requests still running would draw a part-filled last cell as a drop to zero
+cell_ns = bucket * 1_000_000_000
+end_ns = f.until_ns if f.until_ns is not None else -(-(data.choices(*key)["max_ns"] + 1) // cell_ns) * cell_ns
+after = series["bucket_ns"] + cell_ns > end_ns
+tail_s = float(series.loc[after & ~series["key"].isin(["(idle)", "(cold start)"]), "gpu_seconds"].sum())
+cut_ns = int(series.loc[after, "bucket_ns"].min()) if after.any() else end_ns
+series = series[~after].copy()
 series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
 series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
@@ -77,6 +85,10 @@ st.altair_chart(alt.Chart(series).mark_area().encode(
     tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
              alt.Tooltip("gpu_seconds:Q", format=",.1f", title="GPU seconds")]),
     width="stretch")
+if after.any():
+    st.caption(formats.times(f"Not drawn: the cells from {charts.clock(cut_ns)} UTC on, which the range's arrivals "
+                             f"do not fill (requests still running: {tail_s:,.1f} GPU seconds, in the figures "
+                             "above)."))
 st.subheader("Replicas")
 reps = pd.DataFrame(res["replicas"])
 formats.table(reps[["replica", "observed_seconds", "allocated_seconds", "cold_start_seconds", "idle_seconds",

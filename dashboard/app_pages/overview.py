@@ -58,7 +58,7 @@ if fired is not None and not fired.is_empty():
 
 
 @st.fragment
-def latency_chart(df: pl.DataFrame, shade: list[tuple[int, int]], fired: pl.DataFrame | None,
+def latency_chart(df: pl.DataFrame, shade: list[tuple[int, int]], window_s: int, fired: pl.DataFrame | None,
                   context: list[tuple[int, int]]) -> None:
     """One tab per latency metric with values, only the open one's chart drawn (a tab switch reruns this alone):
     a first render draws one percentile chart, not three."""
@@ -68,12 +68,13 @@ def latency_chart(df: pl.DataFrame, shade: list[tuple[int, int]], fired: pl.Data
     tabs = st.tabs([label for label, _ in shown], key="overview_latency", on_change="rerun")
     for tab, (label, prefix) in zip(tabs, shown, strict=True):
         if tab.open is not False:
-            tab.vega_lite_chart(charts.percentiles(df, prefix, label, shade, alerts=fired, context=context),
+            tab.vega_lite_chart(charts.percentiles(df, prefix, label, shade, window_s, alerts=fired,
+                                                   context=context),
                                 width="stretch")
 
 
-latency_chart(df, shade, fired, context)
 win = data.window_s(*key, f)
+latency_chart(df, shade, win, fired, context)
 st.vega_lite_chart(charts.counts(df, shade, win), width="stretch")
 failed = tuple(o for o in data.OUTCOMES if o != "ok")
 st.vega_lite_chart(charts.counts(df, shade, win, failed, "failed requests per window (own scale)"), width="stretch")

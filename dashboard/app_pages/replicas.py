@@ -33,20 +33,37 @@ for e in explained.values():
                f"{charts.fmt_ms(e['p99_without_ms'])} ({e['requests_without']:,} of {e['requests']:,} requests left), "
                f"inside the fleet's spread (median p99 {charts.fmt_ms(e['fleet_median_p99_without_ms'])}). Look at "
                f"the {e['dimension']}, not the replica.", icon=":material/person_search:")
+small = df[~df["judged"]]  # too few requests for a p99 to judge: neither an outlier nor in the fleet's median
+judged = len(df) - len(small)
+most = f"{df['n_effective'].max():,.0f}"
 if len(df) == 1:  # nothing to compare it with: neither an outlier nor an all clear
     st.info(f"One replica in this range ({df['replica'].iloc[0]}, p99 {charts.fmt_ms(df['p99_ms'].iloc[0])}): no "
             "other replica to compare it with. Widen the filters to judge the fleet.")
-elif not len(out):
-    st.success(f"No outlier among {len(df)} replicas: p99 spread {charts.fmt_ms(df['p99_ms'].min())}"
-               f"–{charts.fmt_ms(df['p99_ms'].max())}.")
+elif judged < 2:
+    st.warning(f"Too few requests to judge: {'no replica' if not judged else 'one replica alone'} of {len(df)} holds "
+               f"the {data.MIN_REPLICA_REQUESTS} requests a p99 needs (one request beyond it; the most here: {most}). "
+               "With fewer, a replica's p99 is close to its slowest request, so no replica is compared with the "
+               "fleet: this is not an all clear. Widen the filters or the time range.", icon=":material/help:")
+else:
+    if len(small):
+        st.info(f"{len(small)} of {len(df)} replicas hold fewer than the {data.MIN_REPLICA_REQUESTS} requests a p99 "
+                f"needs to be judged ({', '.join(small['replica'])}): grey in the chart, neither flagged nor counted "
+                "in the fleet's median.", icon=":material/help:")
+    if not len(out):
+        st.success(f"No outlier among the {judged} replicas judged: p99 spread "
+                   f"{charts.fmt_ms(df.loc[df['judged'], 'p99_ms'].min())}"
+                   f"–{charts.fmt_ms(df.loc[df['judged'], 'p99_ms'].max())}.")
 # the tooltip's requests: what the stored ones stand for (the table shows both counts)
 explained_by = [f"{explained[r]['dimension']} = {explained[r]['value']}" if r in explained else ""
                 for r in df["replica"]]
 st.altair_chart(charts.replica_chart(df.assign(requests=df["requests_weighted"], explained_by=explained_by)),
                 width="stretch")
-st.caption("Bars: p99 (red: outlier, more than 3 robust deviations and 20% above the replicas' median p99; "
-           "yellow: an outlier that is no longer one without one tenant's, model's or service's requests). Ticks: p50.")
-shown = df.assign(explained_by=explained_by)
+st.caption("Bars: p99 (red: outlier, more than 3 robust deviations and 20% above the median p99 of the replicas "
+           f"judged, those with {data.MIN_REPLICA_REQUESTS} requests or more; yellow: an outlier that is no longer one "
+           "without one tenant's, model's or service's requests; grey: too few requests to judge). Ticks: p50.")
+shown = df.assign(explained_by=explained_by,
+                  outlier=["yes" if o else "" if j else "not judged" for o, j in zip(df["outlier"], df["judged"],
+                                                                                    strict=True)])
 cols = ["replica", "outlier", "explained_by", "requests", "p50_ms", "p99_ms", *S_OUTCOMES, "n_effective"]
 if (df["requests_weighted"] != df["requests"]).any():  # sampled: what the stored requests stand for
     cols.insert(cols.index("requests") + 1, "requests_weighted")

@@ -26,7 +26,8 @@ df = data.over_time(*key, f, ("e2e",))
 shade = [data.spike_times_ns(sp) for sp in spikes]
 context = [data.spike_times_ns(sp) for sp in verdict["context"]]
 judged = verdict["judged"]  # not judged: no window is explained under these filters, so the chart takes no brush
-spec = charts.percentiles(df, "e2e", "end-to-end", shade, brush="brush" if judged else None, context=context)
+spec = charts.percentiles(df, "e2e", "end-to-end", shade, data.window_s(*key, f), brush="brush" if judged else None,
+                          context=context)
 brushed: dict = {}
 if judged:
     event = st.vega_lite_chart(spec, on_select="rerun", key="spike_brush", width="stretch")
@@ -40,8 +41,8 @@ else:
     st.stop()
 
 options: dict[str, tuple[int, int]] = {}
-if brushed.get("window"):
-    a, b = (int(float(ms) * 1e6) for ms in brushed["window"][:2])
+if brushed.get(charts.MIDDLE):  # the brushed interval of the lines' x
+    a, b = links.brushed(brushed[charts.MIDDLE])
     options[f"brushed {charts.window_label(a, b)}"] = (a, b)
 linked = links.window()  # from a link: ?start_ns=&end_ns= (alerts, banners, a shared view)
 followed = links.new_window()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, sidebar
+from dashboard import charts, data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("What-if")
 observed = len(reps)
@@ -23,6 +23,8 @@ choice = st.selectbox("Replay", list(windows), key="whatif_window",
                       help="The arrivals and service times replayed: a spike's window, the last hour, or "
                            "everything filtered (a long range takes a few seconds)")
 fw = windows[choice]
+over = choice if choice.startswith("spike") else (  # the window's times named: the spike's label holds them
+    f"{choice.removeprefix('the ')}, {charts.window_label(fw.since_ns or c['min_ns'], fw.until_ns or c['max_ns'] + 1)}")
 slots_seen = data.workload(*key, fw).slots
 left, right = st.columns(2)
 k = left.slider("Replicas", min_value=1, max_value=max(4, observed * 3), value=observed, key="whatif_replicas")
@@ -39,7 +41,9 @@ head = (f"If {svc['assumption']}, {k} replicas × {int(slots)} slots give p50 / 
         f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}")
 if then["fixed"] is not None:
     head += f"; with service times fixed as observed the replay would say p99 {charts.fmt_ms(then['fixed']['p99_ms'])}"
-st.info(head + ".", icon=":material/info:")
+head += (f". Measured and replayed over the {over} (the Capacity page measures the whole filtered range, so its "
+         "figures can differ).")
+st.info(formats.times(head), icon=":material/info:")
 cols = st.columns(3)
 cols[0].metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
 cols[1].metric(f"replay, {observed} replicas (as observed)",

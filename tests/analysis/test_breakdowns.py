@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import polars as pl
 import pytest
 
 from analysis import breakdowns as B
@@ -70,6 +72,41 @@ def test_replica_outliers_match_a_reference(fleet: Path) -> None:
     assert got["outlier"].to_list() == want.tolist()
     assert got.filter(got["outlier"])["replica"].to_list() == [SLOW_REPLICA]
     assert int(got["requests"].sum()) == con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
+
+
+def _outliers_reference(n_effective: list[float], p99: list[float | None]) -> tuple[list[bool], list[bool]]:
+    """The outlier rule written plainly: judged with one request or more beyond the p99 (n / 100 >= 1); the median
+    and MAD of the judged replicas' p99s; an outlier is judged, 3 scaled MADs and 20% above that median."""
+    judged = [n >= 100 for n in n_effective]
+    fleet = [p for p, j in zip(p99, judged, strict=True) if j and p is not None]
+    if not fleet:
+        return judged, [False] * len(p99)
+    med = statistics.median(fleet)
+    mad = statistics.median([abs(p - med) for p in fleet]) * 1.4826
+    return judged, [j and p is not None and p > med + 3 * max(mad, 1e-9) and p > 1.2 * med
+                    for p, j in zip(p99, judged, strict=True)]
+
+
+def test_outliers_need_enough_requests_to_judge() -> None:
+    """mark_outliers against the plain rule on random fleets (seeds 1-5), replica sizes around the minimum of 100
+    effective requests; and the demo's case: one tenant's ~13 requests per replica judge no replica."""
+    for seed in range(1, 6):
+        rng = random.Random(seed)
+        for _ in range(200):
+            k = rng.randint(1, 12)
+            n = [rng.choice([rng.randint(1, 99), 99.99, 100, rng.randint(100, 600)]) for _ in range(k)]
+            p99 = [None if rng.random() < 0.05 else rng.lognormvariate(10, 0.3) * rng.choice([1, 1, 1, 3, 10])
+                   for _ in range(k)]
+            frame = {"replica": [f"r{i}" for i in range(k)], "n_effective": n, "p99_ms": p99}
+            floats = {"n_effective": pl.Float64, "p99_ms": pl.Float64}
+            got = B.mark_outliers(pl.DataFrame(frame, schema_overrides=floats))
+            assert (got["judged"].to_list(), got["outlier"].to_list()) == _outliers_reference(n, p99), (seed, n, p99)
+    small = B.mark_outliers(pl.DataFrame({"replica": ["a", "b", "c", "d", "e"], "n_effective": [13, 12, 17, 22, 14],
+                                          "p99_ms": [9_000.0, 10_000.0, 102_000.0, 224_000.0, 11_000.0]}))
+    assert not small["judged"].any() and not small["outlier"].any()
+    # the same p99s with enough requests: c and d are outliers
+    big = B.mark_outliers(small.drop("judged", "outlier").with_columns(pl.col("n_effective") * 10))
+    assert big["outlier"].to_list() == [False, False, True, True, False]
 
 
 def _peak_reference(rows: list[tuple[str, int, int]]) -> int:

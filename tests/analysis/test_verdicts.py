@@ -177,7 +177,7 @@ def test_outlier_explanations_in_one_query_equal_one_query_per_value() -> None:
             for dim, vals in values.items():
                 for value in vals:
                     want = replicas(con, metric, "requests", f"({where}) AND {dim} IS DISTINCT FROM ?",
-                                    [*params, value]).select("replica", "requests", "p99_ms")
+                                    [*params, value]).select("replica", "requests", "n_effective", "p99_ms")
                     assert grouped[(dim, value)].equals(want), (seed, metric, where, dim, value)
         if seed == 1:  # sampled: the per-value path, whose weighted quantiles the grouped query does not compute
             weighted = _random_fleet(seed, weighted=True)

@@ -212,6 +212,14 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     bars = page.locator('[data-testid=stVegaLiteChart] path[aria-label*="outcome: error"]')
     expect(bars.first).to_be_attached()  # Vega draws after the script has finished: wait for it
     assert min(b["width"] for b in (bars.nth(i).bounding_box() for i in range(bars.count())) if b) > 3
+    # the percentile chart's time axis runs where the count charts' axes run: the same range (the axis' own words),
+    # the same pixels (its labels' extent)
+    x_axes = "[data-testid=stVegaLiteChart] .role-axis[aria-label^='X-axis']"
+    axes = page.evaluate(f'() => [...document.querySelectorAll("{x_axes}")].map(d => {{ '
+                         'const r = d.getBoundingClientRect(); '
+                         'return [d.getAttribute("aria-label"), r.left, r.right]; })')
+    assert len(axes) == 3 and all(x[0] == axes[0][0] and abs(x[1] - axes[0][1]) <= 1 and abs(x[2] - axes[0][2]) <= 1
+                                  for x in axes[1:]), axes
     # the latency tabs draw the open tab's chart only: picking TTFT puts TTFT's percentiles first
     page.get_by_role("tab", name="TTFT", exact=True).click()
     expect(page.locator("[data-testid=stVegaLiteChart] .role-title-text text").first).to_have_text("TTFT")
@@ -225,6 +233,10 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     expect(lead).to_contain_text("baseline without it")
     # brushing a window on the chart selects it for explanation, and puts it in the URL
     _settle(page)
+    # the counterfactual bars (one per candidate, beside its label) are tall enough to read: 16 px or more
+    bars = "[data-testid=stVegaLiteChart] path[aria-label*='p99 without (ms)']"
+    tall = page.evaluate(f'() => [...document.querySelectorAll("{bars}")].map(p => p.getBoundingClientRect().height)')
+    assert tall and min(tall) >= 16, tall
     box = page.get_by_test_id("stVegaLiteChart").first.bounding_box()
     assert box is not None
     y = box["y"] + box["height"] * 0.45
@@ -236,7 +248,7 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     _settle(page)
     _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
     assert page.get_by_test_id("stException").count() == 0
-    assert re.search(r"start_ns=\d+&end_ns=\d+", page.url)
+    assert re.search(r"start_ns=\d+000000000&end_ns=\d+000000000(&|$)", page.url), page.url  # whole seconds
 
 
 def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None:

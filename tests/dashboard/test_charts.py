@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -80,13 +82,21 @@ def test_percentile_chart_is_valid_vega_lite_with_the_series_values(with_spikes:
     spikes = [(ns[1], ns[3])] if with_spikes else []
     fired = pl.DataFrame({"window_start_ns": [ns[4]], "kind": ["p99"], "rule": ["p99 > 1 s"], "status": ["firing"],
                           "fired_at": ["15:21:00"], "stage": ["decode"], "value": ["1234"]})
-    spec = charts.percentiles(df, "e2e", "end-to-end", spikes, brush="brush", alerts=fired)
+    spec = charts.percentiles(df, "e2e", "end-to-end", spikes, 300, brush="brush", alerts=fired)
     _validate(spec)
     assert [lay["mark"]["type"] for lay in spec["layer"]] == ["rect"] * with_spikes + ["line", "rule"]
     lines = _layer_data(spec, "line")
     expected = {(w, f"p{q}", df[f"e2e_p{q}_ms"][i]) for i, w in enumerate(df["window"]) for q in (50, 90, 99)
                 if i != 2 and (i, q) != (4, 99)}  # no value, NaN: no point
     assert set(lines.select("window", "pct", "ms").iter_rows()) == expected
+    # each point in the middle of its window, labelled with the window; the axis spans the windows whole, as the
+    # count charts under it do (the same domain: the last point sits over the last bar, both ending together)
+    assert (lines["middle"] - lines["window"]).dt.total_seconds().unique().to_list() == [150]
+    assert lines.filter(pl.col("window") == df["window"][0])["window (UTC)"].unique().to_list() == ["15:00:00–15:05:00"]
+    (line,) = [lay for lay in spec["layer"] if lay["mark"]["type"] == "line"]
+    (bar,) = [lay for lay in charts.counts(df, [], 300)["layer"] if lay["mark"]["type"] == "bar"]
+    assert line["encoding"]["x"]["scale"] == bar["encoding"]["x"]["scale"] == {
+        "type": "utc", "domain": ["2025-11-20T15:00:00.000Z", "2025-11-20T15:30:00.000Z"]}
     assert spec["params"] == [{"name": "brush", "select": {"type": "interval", "encodings": ["x"]},
                                "views": ["lines"]}]
     assert [lay.get("name") for lay in spec["layer"] if lay["mark"]["type"] == "line"] == ["lines"]
@@ -115,8 +125,8 @@ def test_count_chart_is_valid_vega_lite_with_the_counts_per_outcome() -> None:
     assert set(only_failed["outcome"]) <= {"error", "timeout"}
     # the x axis spans every window of the series, not only those with a bar (one here); whole requests on y
     (failed_bars,) = [lay for lay in failed_spec["layer"] if lay["mark"]["type"] == "bar"]
-    first_ms = 1_763_650_800_000
-    want = {"type": "utc", "domain": [first_ms, first_ms + 5 * 300_000 + 60_000]}  # the last window ends 60 s on
+    # 1_763_650_800 s is 2025-11-20T15:00:00Z; the last window starts 25 min later and ends 60 s on
+    want = {"type": "utc", "domain": ["2025-11-20T15:00:00.000Z", "2025-11-20T15:26:00.000Z"]}
     assert failed_bars["encoding"]["x"]["scale"] == want
     assert failed_bars["encoding"]["y"]["axis"]["tickMinStep"] == 1
     _validate(failed_spec)
@@ -129,7 +139,7 @@ def test_a_chart_dataset_is_named_by_its_content() -> None:
     names = [next(iter(charts.counts(d, [], 60)["datasets"]))
              for d in (df, df.clone(), df.with_columns(ok=pl.col("ok") + 1))]
     assert names[0] == names[1] != names[2]
-    assert charts.percentiles(df, "e2e", "e2e", []).keys() == {"title", "height", "layer", "datasets"}
+    assert charts.percentiles(df, "e2e", "e2e", [], 300).keys() == {"title", "height", "layer", "datasets"}
     assert charts.has_values(df, "e2e") and not charts.has_values(df.with_columns(e2e_p50_ms=None), "e2e")
 
 
@@ -198,3 +208,18 @@ def test_a_static_tables_cells_read_as_their_grid_columns_would() -> None:
     # a clock time's colons escaped, and only those: Streamlit's Markdown takes `:06:` for an emoji shortcode
     assert formats.times("**Spike 14:06:00–14:10:00 UTC**: p99 [open](spike?a=1)") == (
         r"**Spike 14\:06\:00–14\:10\:00 UTC**: p99 [open](spike?a=1)")
+
+
+def test_a_brushed_window_is_whole_seconds() -> None:
+    """A brush's float ms (as the browser sends them) become whole-second ns, the charts' resolution: a readable,
+    stable link; in either order, at least a second long; against exact rational arithmetic on random brushes."""
+    from dashboard.links import brushed
+
+    assert brushed([1_763_647_921_040.9999, 1_763_648_101_000.0001]) == (1_763_647_921 * 10**9, 1_763_648_101 * 10**9)
+    assert brushed([1_763_648_101_499.0, 1_763_647_921_500.5]) == (1_763_647_922 * 10**9, 1_763_648_101 * 10**9)
+    assert brushed([1_763_647_921_200.0, 1_763_647_921_400.0]) == (1_763_647_921 * 10**9, 1_763_647_922 * 10**9)
+    rng = np.random.default_rng(5)
+    for a, b in rng.uniform(1.7e12, 1.8e12, (500, 2)):
+        lo, hi = sorted(Fraction(float(x)) / 1000 for x in (a, b))
+        want_a, want_b = round(lo), round(hi)
+        assert brushed([float(a), float(b)]) == (want_a * 10**9, max(want_b, want_a + 1) * 10**9)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -13,7 +15,7 @@ from analysis.cost import Prices, cost_table
 from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
 from dashboard import data
-from dashboard.charts import AXIS_CLOCK, fmt_ms
+from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
 from tests.dashboard.conftest import APP, shown_tables
 
 
@@ -54,8 +56,18 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
         r["key"]: f"{r['gpu_ns'] / 1e9:,.1f}" for r in want["rows"]}
     assert sum(r["gpu_ns"] for r in want["rows"]) == want["totals"]["allocated_ns"]
     # the time axis labels each tick by its granularity (a fixed HH:MM repeats itself at 30 s ticks)
-    (area,) = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    (chart,) = [c for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    area = json.loads(chart.proto.spec)
     assert area["encoding"]["x"]["axis"]["format"] == AXIS_CLOCK
+    # no part-filled last cell read as a drop: the chart's cells end with the one holding the last arrival, and the
+    # caption names what is left out (requests still running after it)
+    con = connect(incident_store)
+    last_ns, end_ns = con.execute("SELECT max(start_ns), max(end_ns) FROM requests").fetchone() or (0, 0)
+    cell_ns = int(re.fullmatch(r"GPU seconds per (\d+) s", area["encoding"]["y"]["title"])[1]) * 10**9  # type: ignore[index]
+    drawn = set(pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().column("bucket_ns").to_pylist())
+    assert max(drawn) == last_ns // cell_ns * cell_ns and end_ns > max(drawn) + cell_ns
+    (note,) = [c.value for c in at.caption if c.value.startswith("Not drawn")]
+    assert f"from {clock(max(drawn) + cell_ns)} UTC on".replace(":", "\\:") in note
     at.radio(key="cost_by").set_value("replica").run()
     assert not at.exception
     assert len(shown_tables(at)[0]) == len(want["replicas"])
@@ -80,6 +92,8 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     texts = [m.value for m in (*at.info, *at.warning) if m.value.startswith("If ")]
     heads = [t for t in texts if "reactive scale-up" not in t]
     assert heads and heads[0].startswith(f"If {svc['assumption']}, {said}."), heads
+    # the window its batch relation is measured over: the first arrival to the last
+    assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads
     # the scale-up comparison below it replays the same way (analysis.capacity.scale_up) and says so first
     up = scale_up(w, max(1, want // 2), want)
     ups = [t for t in texts if "reactive scale-up" in t]

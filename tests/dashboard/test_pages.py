@@ -16,6 +16,7 @@ from analysis.report import explain_window
 from analysis.stats.verdicts import against_baseline, detection_window_s
 from dashboard.charts import STAGE_COLORS
 from tests.dashboard.conftest import APP, REQUESTS, shown_tables
+from tests.dashboard.incident_store import START_NS
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
 
@@ -241,6 +242,16 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     assert not one.exception and not one.success and not one.error
     assert [i.value.split(" (")[0] for i in one.info] == ["One replica in this range"]
     assert "replica-02" in one.info[0].value
+    # one minute of the spike holds about 83 requests per replica, too few for a p99 to judge (the fewest is 100):
+    # no replica is flagged (replica-05's p99 was, from a handful of its slowest requests), and no all clear either
+    since = START_NS + 19 * 60 * 10**9
+    brief = AppTest.from_file(str(APP), default_timeout=120)
+    brief.query_params["since_ns"], brief.query_params["until_ns"] = str(since), str(since + 60 * 10**9)
+    brief.switch_page("app_pages/replicas.py").run()
+    assert not brief.exception and not brief.error and not brief.success
+    (said,) = [w.value for w in brief.warning]
+    assert said.startswith("Too few requests to judge: no replica of 8 holds the 100 requests a p99 needs")
+    assert set(shown_tables(brief)[0]["outlier"]) == {"not judged"}
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,6 +347,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     assert not at.exception and not at.warning
     spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
     assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
+    # the headline names the window its batch relation is measured over (Capacity's is the whole range)
+    assert any(f"Measured and replayed over the {spike}".replace(":", "\\:") in m.value for m in at.info)
     same = _metric(at, "replay, 8 replicas (as observed)")
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
@@ -354,6 +367,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     heads = [m.value for m in at.info if m.value.startswith("If ")]
     assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replicas × {w.slots} slots"), heads
     assert (want["fixed"] is None) == ("would say" not in heads[0])
+    # the window its batch relation is measured over: the first arrival to the last
+    assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads
 
 
 @pytest.mark.parametrize("page", PAGES)
