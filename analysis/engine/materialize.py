@@ -40,7 +40,7 @@ import pyarrow as pa
 from analysis.engine import attribute_values as AV
 from analysis.engine import gpu_sweep as GS
 from analysis.engine import model as M
-from analysis.engine.views import files_source, spans_sql
+from analysis.engine.views import files_source, spans_sql, spill_to_temp
 from analysis.kernel import load_kernel
 from analysis.mapping import rules as mapping_rules
 from tracing import schema as S
@@ -344,6 +344,7 @@ def build_hour(snap: Snapshot, hour_ns: int, con: duckdb.DuckDBPyConnection | No
         if threads:
             con.execute(f"SET threads = {int(threads)}")
         con.execute("SET memory_limit = ?", [memory_limit])
+        spill_to_temp(con)
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET enable_progress_bar = false")
     directory = partition_dir(snap.store, hour_ns)

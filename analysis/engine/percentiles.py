@@ -29,6 +29,7 @@ import numpy.typing as npt
 import polars as pl
 
 from analysis.engine import model as M
+from analysis.engine.views import LIVE_FACTS_BETWEEN, LIVE_HOURS
 from tracing import schema as S
 from tracing.errors import QueryError
 
@@ -316,10 +317,31 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
     if in_place:  # a reader's own table of them (connect.live_facts_from): nothing to copy
         rows = live
     else:
-        con.execute(f"CREATE TEMP TABLE {name}_live AS {live}").fetchall()
+        _live_facts_table(con, f"{name}_live", live, ", ".join(_FACT_COLUMNS + (_TTFT_COLUMNS if with_ttft else ())))
         rows = f"SELECT *, rowid AS rid FROM {name}_live"
     con.execute(f"CREATE TEMP VIEW {name} AS {f'{stored} UNION ALL ' if stored else ''}{rows}").fetchall()
     return name
+
+
+def _live_facts_table(con: duckdb.DuckDBPyConnection, table: str, live: str, columns: str) -> None:
+    """Make `table` of the rows of `live` (`_facts_sql`'s), one stale hour at a time where the connection offers that
+    (connect's LIVE_FACTS_BETWEEN, `columns` of it): the model's relations then hold an hour's spans, not every stale
+    hour's at once (at 10 M spans those passed 3 GiB). The same rows either way."""
+    hours: list[int] = []
+    if _has_live_hours(con):
+        hours = [int(h) for (h,) in con.execute(f"SELECT hour_ns FROM {LIVE_HOURS} ORDER BY hour_ns").fetchall()]
+    if len(hours) < 2:
+        con.execute(f"CREATE TEMP TABLE {table} AS {live}").fetchall()
+        return
+    for i, h in enumerate(hours):
+        rows = f"SELECT {columns} FROM {LIVE_FACTS_BETWEEN}({h}, {h + M.HOUR_NS})"
+        con.execute(f"INSERT INTO {table} {rows}" if i else f"CREATE TEMP TABLE {table} AS {rows}").fetchall()
+
+
+def _has_live_hours(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection is one of analysis.engine.connect's (its views of the live hours and their facts)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT temporary",
+                            [LIVE_HOURS]).fetchall()[0][0])
 
 
 def facts_by_rid(con: duckdb.DuckDBPyConnection, facts: str, rids: Sequence[int], columns: str = "trace_id",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import tempfile
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,6 +30,14 @@ FOOTER_THREADS = 4
 
 def _quote(text: str) -> str:
     return M.quote(text)
+
+
+def spill_to_temp(con: duckdb.DuckDBPyConnection) -> None:
+    """Make an in-memory connection spill (past its memory_limit) into a directory of its own under the system's
+    temporary directory, not DuckDB's default `.tmp/` in the working directory; DuckDB creates it at its first spill
+    and removes it when the connection closes."""
+    path = os.path.join(tempfile.gettempdir(), f"tailscope-duckdb-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    con.execute("SET temp_directory = ?", [path]).fetchall()
 
 
 def spans_sql(source: str, mapping: Mapping | None = None) -> str:
@@ -132,6 +142,11 @@ VIEW_SQL: dict[str, str] = {
 
 #: Macro of a connection from analysis.engine.connect: is a span start (ns) in an hour that is not materialized?
 LIVE_HOUR_MACRO = "_tailscope_live_hour"
+#: Table macro of a connection from analysis.engine.connect: the request facts (analysis.engine.model.facts_sql) of the
+#: requests not materialized that start in [lo, hi), read from the spans their hours read only.
+LIVE_FACTS_BETWEEN = "_request_facts_live_between"
+#: View of a connection from analysis.engine.connect: the start (ns) of each hour not materialized (hour_ns).
+LIVE_HOURS = "_live_hours"
 #: A view a reader keeping the stale hours' exact `requests` rows defines over them (connect.live_requests_from):
 #: where it exists, explain.stage_rows reads those hours' stage columns from it instead of their spans.
 LIVE_REQUESTS_KEPT = "_requests_live_kept"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import fnmatch
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +43,12 @@ from analysis.engine.attribute_values import (
     StoredValues,
     from_numpy,
     resource_rows,
-    split_by_key,
+    split_grouped,
     strings,
     timing_pattern,
     to_numpy,
 )
+from analysis.engine.model import HOUR_NS
 from analysis.kernel import load_kernel
 from analysis.stats.explain import Coded, bucket_label, counts_of
 
@@ -451,10 +453,59 @@ def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any])
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def _positions(frame_rid: I64, rid: I64) -> I64:
-    """Frame positions of row ids (every id must be a frame row's)."""
-    order = np.argsort(frame_rid, kind="stable")
-    return order[np.searchsorted(frame_rid[order], rid)].astype(np.int64)
+#: The request spans' attribute maps are read from the spans for at most about this many requests a query (split by
+#: start time): each query's maps, and its distinct values with their rows, are held at once.
+CHUNK_REQUESTS: Final = 250_000
+
+
+def _chunks(con: duckdb.DuckDBPyConnection, live_rows: str, params: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Start-time ranges [lo, hi) splitting the rows of `live_rows` in [$lo, $hi) into parts of at most about
+    CHUNK_REQUESTS rows (each hour's span cut evenly); the whole range where they are no more."""
+    hour = HOUR_NS
+    got = con.sql(f"SELECT start_ns // {hour} AS h, count(*), min(start_ns), max(start_ns) FROM ({live_rows}) "
+                  "WHERE ($lo IS NULL OR start_ns >= $lo) AND ($hi IS NULL OR start_ns < $hi) GROUP BY h ORDER BY h",
+                  params=params).fetchall()
+    if sum(int(r[1]) for r in got) <= CHUNK_REQUESTS:
+        return [(params["lo"], params["hi"])]
+    out: list[tuple[Any, Any]] = []
+    for _, count, a, b in got:
+        k = math.ceil(int(count) / CHUNK_REQUESTS)
+        edges = [int(a) + (int(b) + 1 - int(a)) * i // k for i in range(k + 1)]  # integers: ns past float precision
+        out += [(x, y) for x, y in itertools.pairwise(edges) if y > x]
+    return out
+
+
+def _in_chunk(source: str, live_rows: str, spans: str, stored: StoredValues | None) -> str:
+    """The request attribute SQL of the rows of `live_rows` starting in [$lo, $hi)."""
+    rows = f"SELECT * FROM ({live_rows}) WHERE start_ns >= $lo AND start_ns < $hi"
+    if stored is not None and stored.live_kept:
+        return AV.live_values_sql(source, rows)
+    return AV.request_attribute_sql(rows, spans)
+
+
+def _live_part(positions: I64, codes: npt.NDArray[np.integer[Any]], values: pa.Array | None, n: int) -> Part:
+    """The Part of `split_grouped`'s rows of a key at frame `positions` (a presence-only key: no value), one value per
+    position: where a request span was delivered twice, the first of its entries."""
+    seen = np.zeros(n, dtype=np.bool_)
+    seen[positions] = True
+    whole = True
+    if int(np.count_nonzero(seen)) < positions.size:
+        _, first = np.unique(positions, return_index=True)
+        first.sort()
+        positions, codes = positions[first], codes[first]
+        whole = values is None or bool(np.bincount(codes, minlength=len(values)).all())
+    return Part(positions, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
+
+
+class _Positions:
+    """Frame positions of row ids (every id must be a frame row's), the frame's ids sorted once."""
+
+    def __init__(self, frame_rid: I64) -> None:
+        self.order = np.argsort(frame_rid, kind="stable")
+        self.sorted = frame_rid[self.order]
+
+    def __call__(self, rid: I64) -> I64:
+        return self.order[np.searchsorted(self.sorted, rid)].astype(np.int64)
 
 
 def _same_partition(a: Coded, b: Coded) -> bool:
@@ -599,15 +650,23 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
                         ("stage", stage_attribute_sql(live_rows, spans))):
         if stored is not None and stored.live_kept:  # the stale hours' values the reader keeps (keep_live_values)
             sql = AV.live_values_sql(source, live_rows)
-        live: dict[str, tuple[I64, Any]] = {}  # row ids, values: from the spans
+        live_parts: dict[str, list[Part]] = {}  # from the spans
         if stored is None or not stored.all_stored:
+            at = _Positions(frame_rid)
             try:
-                live = split_by_key(_read_long(con, sql, p))
+                # the request spans' maps a share of the requests at a time (by start time); a stage key's value
+                # reads spans beside the request's hour, and they are few: those in one pass
+                chunks = _chunks(con, live_rows, p) if source == "request" else [(since_ns, until_ns)]
+                for lo, hi in chunks:
+                    rows = sql if len(chunks) == 1 else _in_chunk(source, live_rows, spans, stored)
+                    got = split_grouped(_read_long(con, AV.grouped_sql(rows, source), {**p, "lo": lo, "hi": hi}))
+                    for k, (rids, codes, values) in got.items():
+                        live_parts.setdefault(k, []).append(_live_part(at(rids), codes, values, n))
             except duckdb.Error as exc:
                 judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
                 continue
         kept = stored.by_source.get(source, {}) if stored is not None else {}  # attribute files' columns
-        present = {k: int(v[0].size) for k, v in live.items()}
+        present = {k: sum(int(v.positions.size) for v in vs) for k, vs in live_parts.items()}
         for k, cols in kept.items():
             present[k] = present.get(k, 0) + sum(c.present for c in cols)
         # a key of a stored hour that none of the frame's rows carries is not a key of these requests
@@ -617,8 +676,7 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
             if judge.cut_past(key, source, CUT_PRESENT):
                 continue
             parts: list[AnyPart] = [c for c in kept.get(key, []) if c.present]
-            if key in live:
-                parts.insert(0, live_part(_positions(frame_rid, live[key][0]), live[key][1]))
+            parts[:0] = live_parts.get(key, [])
             merged = merged_values(parts)
             if judge.ids(key, source, present[key], merged.distinct):  # before its labels are made: ids have many
                 continue

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.engine.percentiles import iso, request_facts
-from analysis.engine.views import VIEW_SQL, files_source, spans_sql
+from analysis.engine.views import VIEW_SQL, files_source, spans_sql, spill_to_temp
 from analysis.mapping.rules import load as load_mapping
 from analysis.stats import explain as X
 from tracing import schema as S
@@ -82,6 +82,7 @@ def open_range(store: Path, lo_ns: int, hi_ns: int, memory_limit: str = "2GB") -
     store = require_store(Path(store)).resolve()
     con = duckdb.connect(":memory:")
     con.execute("SET memory_limit = ?", [memory_limit])
+    spill_to_temp(con)
     con.execute("SET enable_progress_bar = false")
     files = [str(f) for f in segment_files_between(store, lo_ns, hi_ns)]
     con.register("_empty_spans_arrow", S.empty_span_table())

@@ -14,7 +14,10 @@ import pytest
 from analysis import build_report, connect
 from analysis import report as R
 from analysis.engine import attribute_values as AV
+from analysis.engine import model as M
 from analysis.engine.materialize import HOUR_NS, materialize
+from analysis.engine.percentiles import request_facts
+from analysis.engine.views import LIVE_HOURS
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from tests.analysis.test_attributes import MS, SLOW_NODE, _append, _reference_bucket, node_store
@@ -25,10 +28,11 @@ from tracing.rows import SpanBatch
 HOURS = 3
 
 
-def hours_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]:
+def hours_store(path: Path, seed: int, twice: int = 0) -> tuple[Path, dict[str, dict[str, str]]]:
     """Random requests over three hours with request, stage and resource attributes, some traces with a stage span
-    two hours after their request (outside the hours its model reads), replica r5's rack changing every hour; and
-    each request's value of each key under the rules, written plainly (the reference)."""
+    two hours after their request (outside the hours its model reads), replica r5's rack changing every hour, the
+    first `twice` request spans delivered twice; and each request's value of each key under the rules, written
+    plainly (the reference)."""
     rng = random.Random(seed)
     batch = SpanBatch()
     replicas = [f"r{i}" for i in range(6)]
@@ -46,7 +50,8 @@ def hours_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]
         if rng.random() < 0.7:
             attrs["n"] = str(rng.choice([0, 1, 3, 17, 100, 4096]))
         trace, root = hex_id("ht", seed, i, size=32), hex_id("hs", seed, i)
-        _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
+        for _ in range(2 if i < twice else 1):
+            _append(batch, trace, root, "", "request", start, end, res, attrs, kind="Server")
         stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
         mid = (start + end) // 2
         for k, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
@@ -89,10 +94,26 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Path, seed: int) -> None:
-    store, expected = hours_store(tmp_path / "s", seed)
+def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Path, seed: int,
+                                                                     monkeypatch: Any) -> None:
+    store, expected = hours_store(tmp_path / "s", seed, twice=7)
     live, live_attrs = _values(store)
     assert live == expected
+    assert next(c for c in live_attrs.considered if c["attribute"] == "color")["requests"] == len(expected)
+    # the request spans' maps read about 40 requests at a time (cut by start time): the same values and counts
+    with monkeypatch.context() as m:
+        m.setattr(A, "CHUNK_REQUESTS", 40)
+        parts, parts_attrs = _values(store)
+    assert parts == expected
+    _same(parts_attrs.to_json(), live_attrs.to_json())
+    # the facts of the stale hours, made an hour at a time, are the model's facts over every hour at once
+    con = connect(store)
+    assert con.sql(f"SELECT count(*) FROM {LIVE_HOURS}").fetchall()[0][0] >= HOURS  # so an hour at a time
+    cols, order = ", ".join(M.FACT_COLUMNS), "ORDER BY trace_id, span_id"
+    hourly = con.sql(f"SELECT {cols} FROM {request_facts(con, with_ttft=True)} {order}").fetchall()
+    assert len(hourly) == len(expected) and hourly == con.sql(f"SELECT {cols} FROM _request_facts_live {order}"
+                                                               ).fetchall()
+    con.close()
     first = materialize(store, settled_before_ns=(T0 // HOUR_NS + 2) * HOUR_NS)  # the first hour only: mixed
     assert len(first) == 1 and AV.attributes_path(first[0]).is_file()
     mixed, mixed_attrs = _values(store)

@@ -152,3 +152,24 @@ def test_request_facts_follow_a_refresh(tmp_path: Path) -> None:
     writer.write(table.slice(20 * SPANS_PER_REQUEST))
     refresh(con, store)
     assert con.execute(f"SELECT count(*) FROM {request_facts(con)}").fetchone() == (40,)
+
+
+def test_a_connection_spills_under_the_system_temp_dir_not_the_working_dir(tmp_path: Path, monkeypatch: Any) -> None:
+    import tempfile
+
+    store = tmp_path / "store"
+    init_store(store)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    con = connect(store, memory_limit="64MB")
+    con.execute("SET enable_progress_bar = false").fetchall()
+    where = Path(con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0])
+    assert where.parent == tmp_path / "tmp" and not where.exists()  # made at the first spill
+    got = con.execute("SELECT count(*), count(DISTINCT s) FROM (SELECT md5(range::VARCHAR) AS s FROM range(1500000) "
+                      "ORDER BY s)").fetchall()
+    assert got == [(1500000, 1500000)]
+    assert where.is_dir() and not (tmp_path / "cwd" / ".tmp").exists()
+    con.close()
+    assert not where.exists()
