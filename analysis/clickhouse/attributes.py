@@ -24,7 +24,7 @@ k, more only on a tie). No request's codes come back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -137,10 +137,17 @@ class ServerAttributes:
             return self.code_sql[c.name]
         return builtin_code_sql(c)
 
-    def matches(self, coded: Sequence[X.Coded], cand: X.Candidate) -> str:
-        """A candidate's requests as a predicate over ATTR_TEMP's columns (false where a dimension is missing)."""
-        return " AND ".join(f"({self.dimension_sql(coded[i])}) = {int(code)}"
+    def matches(self, coded: Sequence[X.Coded], cand: X.Candidate, codes: bool = False) -> str:
+        """A candidate's requests as a predicate over ATTR_TEMP's columns (false where a dimension is missing), or
+        with `codes` over `codes_sql`'s columns."""
+        return " AND ".join(f"(d{i}) = {int(code)}" if codes else f"({self.dimension_sql(coded[i])}) = {int(code)}"
                             for i, code in zip(cand.dims, cand.codes, strict=True))
+
+    def codes_sql(self, coded: Sequence[X.Coded], dims: Iterable[int]) -> str:
+        """Each dimension's code over ATTR_TEMP as a column `d{i}`: a query testing many candidates reads them from a
+        subquery, so each is computed once a row and written once, not once a candidate (a built-in's code is a
+        look-up among all its labels: the server spent longer planning such queries than running them)."""
+        return ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in sorted(set(dims)))
 
     def cells(self, client: Client, coded: Sequence[X.Coded], combos: list[tuple[int, ...]], tail: str, base: str,
               least: int, least_weight: float | None) -> dict[tuple[int, ...], X.Cells]:
@@ -154,8 +161,7 @@ class ServerAttributes:
         if not combos:
             return {}
         weighted = least_weight is not None
-        dims = sorted({i for c in combos for i in c})
-        cols = ", ".join(f"toInt64({self.dimension_sql(coded[i])}) AS d{i}" for i in dims)
+        cols = self.codes_sql(coded, (i for c in combos for i in c))
         slots = [len(c.labels) + 1 for c in coded]
         keys = [f"d{c[0]}" if len(c) == 1 else f"d{c[0]} * {slots[c[1]]} + d{c[1]}" for c in combos]
         helds = [" AND ".join(f"d{i} >= 0" for i in c) for c in combos]
@@ -207,11 +213,13 @@ class ServerAttributes:
         if not cands:
             return {}
         weight = "w" if weighted else None
-        inner = ", ".join(arrays_sql("v", weight, f"NOT ({self.matches(coded, c)})", prefix=f"c{n}_")
+        inner = ", ".join(arrays_sql("v", weight, f"NOT ({self.matches(coded, c, codes=True)})", prefix=f"c{n}_")
                           for n, c in enumerate(cands))
         outer = ", ".join(f"{quantile_sql(weight, X.TAIL_Q, prefix=f'c{n}_')} AS q{n}, c{n}_tot AS t{n}, "
                           f"c{n}_sq AS s{n}" for n in range(len(cands)))
-        row = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM {ATTR_TEMP} WHERE {spike})",
+        codes = self.codes_sql(coded, (i for c in cands for i in c.dims))
+        rows = f"SELECT v{', w' if weighted else ''}, {codes} FROM {ATTR_TEMP} WHERE {spike}"
+        row = client.query(f"SELECT {outer} FROM (SELECT {inner} FROM ({rows}))",
                            features(client).settings).to_pylist()[0]
         out = {}
         for n in range(len(cands)):
