@@ -229,7 +229,7 @@ def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since:
         weighted = bool(got.column(0)[0].as_py())
     steps += list(sweep_sql("clickhouse", grid=grid_ns is not None, weighted=weighted, spans=spans,
                             cell_ns=cell_ns).items())
-    engine = C.temp_engine(client, C.source_sql(table))
+    engine = C.temp_engine(client, steps[0][1])  # the spans' copy, the largest: the sweep's tables follow it
     for name, sql in steps:
         for k, v in params.items():
             sql = sql.replace(f"${k}", f"toInt64({v})")

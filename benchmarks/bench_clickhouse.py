@@ -10,14 +10,15 @@ from this very store by the running export code (its stamp says so), with every 
     python -m benchmarks.bench_clickhouse [--spans 1000000] [--dir DIR] [--keep-export] [--dashboard]
                                           [--fixed-spike] [--sampled] [--profile-export] [--materialized]
                                           [--attrs N] [--skip-duckdb] [--save-report FILE]
-                                          [--memory-temp-max-spans N] [--json]
+                                          [--memory-temp-mib N] [--log-peaks] [--json]
 
 Prints per size: export time, DuckDB report time (the anchor), chdb report time, their ratio (each
 also in CPU seconds of the process, which the load of a shared machine does not stretch),
 the bytes the chdb report pulled back (Arrow), the chdb directory size, each report's peak resident memory
 (VmHWM, reset when it starts) and the 1-minute load. --skip-duckdb runs the chdb report alone (a size
 where one process cannot hold the anchor), --save-report writes its JSON for a comparison made apart, and
---memory-temp-max-spans sets where the chdb report's temporary tables become MergeTree.
+--memory-temp-mib sets where the chdb report's temporary tables become MergeTree (the setting
+`memory_temp_mib`, docs/settings.md), --log-peaks prints each of its statements' peak memory as it ends.
 With --fixed-spike the table grows in time at the request rate of the 1 M-span store (2 h per
 million spans), so the spike (15 minutes of one replica) and the windows (the 1 M store's, given
 to both reports) stay the same while the table grows: what the chdb report pulls should not grow.
@@ -47,7 +48,9 @@ of its answers, and the exemplars' requests among them (at most 5 a spike, more 
 codes. Every run counts the rows the chdb report returned by kind (`returned_rows`, ROW_KINDS): request rows,
 spans, the detection's groups of tied values above the pooled p99, and rows of figures (the most one query returned
 beside); and where the chdb report's CPU went (`chdb_cpu_by_step`): the CPU seconds of its statements by the
-analysis function that sent them, the costliest eight.
+analysis function that sent them, the costliest eight; and where its memory peaked (`chdb_peak_mib_by_step`,
+`chdb_top_peaks`): the peak resident memory during each statement, the highest by sending function and the eight
+highest statements (the table a statement makes, and its engine).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
 import resource
 import shutil
 import sys
@@ -111,10 +116,31 @@ def _step() -> str:
     return "other"
 
 
+def _rss_mib() -> float:
+    """This process's resident memory now, MiB (VmRSS; 0 where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+#: How many statements `Counting.top_peaks` keeps.
+TOP_PEAKS = 8
+
+
+def _what(sql: str) -> str:
+    """A statement in a few words: the table it creates, else its first 60 characters."""
+    m = re.match(r"\s*CREATE\s+(?:TEMPORARY\s+)?TABLE\s+(\S+)(?:\s+ENGINE\s*=\s*(\w+))?", sql)
+    return f"create {m.group(1)} ({m.group(2)})" if m else " ".join(sql.split())[:60]
+
+
 class Counting:
     """A client wrapper counting the Arrow bytes (`pulled`) and rows (`rows`) its queries return, and the rows of
     each kind (`kinds`, ROW_KINDS) with the most rows of figures one query returned (`largest_figures`); and the
-    CPU seconds of its statements (chdb runs in this process) by the function that sent them (`steps`)."""
+    CPU seconds of its statements (chdb runs in this process) by the function that sent them (`steps`); and the
+    process's peak resident memory during each statement (VmHWM, reset before it): the most by step (`peaks`), the
+    costliest statements (`top_peaks`) and the peak over them all (`peak_mib`)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -129,18 +155,38 @@ class Counting:
         self.largest_figures = 0
         #: per sending function: [CPU seconds, statements]
         self.steps: dict[str, list[float]] = {}
+        #: per sending function: the highest peak resident MiB during one of its statements
+        self.peaks: dict[str, float] = {}
+        #: the statements with the highest peaks: (MiB, sending function, what the statement makes or reads)
+        self.top_peaks: list[tuple[float, str, str]] = []
+        self.peak_mib = 0.0
+        #: print each statement's peak and resident memory after it to stderr as it ends (a run stopped for its memory
+        #: says how far it came)
+        self.log_peaks = False
 
-    def _count(self, step: str, cpu: float) -> None:
+    def _count(self, step: str, cpu: float, sql: str) -> None:
         got = self.steps.setdefault(step, [0.0, 0])
         got[0] += cpu
         got[1] += 1
+        peak = peak_rss_mib()
+        if self.log_peaks:
+            print(f"peak {peak:,.0f} MiB, then {_rss_mib():,.0f}: {step}, {_what(sql)}", file=sys.stderr, flush=True)
+        self.peak_mib = max(self.peak_mib, peak)
+        self.peaks[step] = max(self.peaks.get(step, 0.0), peak)
+        self.top_peaks = sorted([*self.top_peaks, (round(peak, 1), step, _what(sql))], reverse=True)[:TOP_PEAKS]
+
+    def _start(self) -> float:
+        """Before a statement: the peak so far kept, VmHWM reset (so `_count` reads the statement's own peak)."""
+        self.peak_mib = max(self.peak_mib, peak_rss_mib())
+        reset_peak_rss()
+        return _cpu_s()
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
         from analysis.clickhouse.attributes import ATTR_PREFIX
 
-        c = _cpu_s()
+        c = self._start()
         out = self.inner.query(sql, settings)
-        self._count(_step(), _cpu_s() - c)
+        self._count(_step(), _cpu_s() - c, sql)
         self.pulled += out.nbytes
         self.rows += out.num_rows
         kind = row_kind(sql)
@@ -157,9 +203,9 @@ class Counting:
         return out
 
     def command(self, sql: str) -> None:
-        c = _cpu_s()
+        c = self._start()
         self.inner.command(sql)
-        self._count(_step(), _cpu_s() - c)
+        self._count(_step(), _cpu_s() - c, sql)
 
     def insert_arrow(self, table: str, data: Any) -> None:
         self.inner.insert_arrow(table, data)
@@ -315,10 +361,12 @@ def without_export_keys(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = False, fixed_spike: bool = False,
         profile: bool = False, sampled: bool = False, materialized: bool = False, skip_fly: bool = False,
-        attrs: int = 0, skip_duckdb: bool = False, save_report: Path | None = None) -> dict[str, Any]:
+        attrs: int = 0, skip_duckdb: bool = False, save_report: Path | None = None, log_peaks: bool = False
+        ) -> dict[str, Any]:
     """Build, export and report one size; the figures as a dict. `skip_duckdb`: no DuckDB anchor (a size where one
     process cannot hold it: the chdb report alone, compared by its digest); `save_report`: write the chdb report's
-    JSON there (sorted keys) for a comparison made apart."""
+    JSON there (sorted keys) for a comparison made apart; `log_peaks`: print each statement of the chdb report with
+    its peak resident memory and the memory after it to stderr as it ends."""
     from analysis.clickhouse import open_client
     from analysis.clickhouse.report import build_report as ch_report
     from analysis.engine.connect import connect
@@ -375,11 +423,16 @@ def run(spans: int, root: Path, keep_export: bool = False, dashboard: bool = Fal
     out["sampled"] = sampled
     if not skip_fly:  # the chdb report computing the model from the spans (842 s at 100 M spans)
         reset_peak_rss()
+        client.peak_mib, client.peaks, client.top_peaks, client.log_peaks = 0.0, {}, [], log_peaks
         t, c = time.perf_counter(), _cpu_s()
         ch = ch_report(client, table, window_s=window, materialized=False)
         out["chdb_report_s"] = round(time.perf_counter() - t, 2)
         out["chdb_report_cpu_s"] = round(_cpu_s() - c, 2)
-        out["chdb_report_peak_rss_mib"] = round(peak_rss_mib(), 1)
+        out["chdb_report_peak_rss_mib"] = round(max(client.peak_mib, peak_rss_mib()), 1)
+        # where it peaked: the most during one statement by the function sending it, and the costliest statements
+        out["chdb_peak_mib_by_step"] = dict(sorted(((k, round(v, 1)) for k, v in client.peaks.items()),
+                                                   key=lambda kv: -kv[1])[:8])
+        out["chdb_top_peaks"] = [list(p) for p in client.top_peaks]
         if duck is not None:
             out["chdb_vs_duckdb_x"] = round(out["chdb_report_s"] / max(out["duckdb_report_s"], 1e-9), 2)
         else:
@@ -445,25 +498,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-duckdb", action="store_true",
                         help="no DuckDB anchor: the chdb report alone (where one process cannot hold both)")
     parser.add_argument("--save-report", type=Path, default=None, help="write the chdb report's JSON to this file")
-    parser.add_argument("--memory-temp-max-spans", type=int, default=None,
-                        help="the chdb report's temporary tables are MergeTree (on disk) past this many spans "
-                             "(analysis.clickhouse.model.MEMORY_TEMP_MAX_SPANS)")
+    parser.add_argument("--memory-temp-mib", type=int, default=None,
+                        help="the chdb report's temporary tables are MergeTree (on disk) past this many MiB "
+                             "(the setting analysis.settings.CLICKHOUSE.memory_temp_mib)")
+    parser.add_argument("--log-peaks", action="store_true",
+                        help="print each chdb report statement's peak and resident memory to stderr as it ends")
     parser.add_argument("--profile-export", action="store_true",
                         help="also price each step of the export in CPU seconds (EXPORT_STEPS)")
     args = parser.parse_args(argv)
     if args.sampled and args.materialized:
         parser.error("--materialized fills tailscope_requests over otel_traces, not the --sampled copy: pick one")
-    if args.memory_temp_max_spans is not None:
-        from analysis.clickhouse import model, requests
+    if args.memory_temp_mib is not None:  # the setting's variable, for this process only
+        from analysis.settings import CLICKHOUSE
 
-        bound = "MEMORY_TEMP_MAX_SPANS"  # a constant of the library both modules read, set for this run only
-        for module in (model, requests):
-            setattr(module, bound, args.memory_temp_max_spans)
+        os.environ[str(CLICKHOUSE.memory_temp_mib.env)] = str(args.memory_temp_mib)
     root = args.dir or Path(tempfile.mkdtemp(prefix="tailscope-bench-ch-"))
     root.mkdir(parents=True, exist_ok=True)
     results = [run(int(s), root, args.keep_export, args.dashboard, args.fixed_spike, args.profile_export,
                    args.sampled, args.materialized, args.skip_fly, args.attrs, args.skip_duckdb,
-                   args.save_report)
+                   args.save_report, args.log_peaks)
                for s in args.spans.split(",")]
     if args.json:
         print(json.dumps(results, indent=2))

@@ -261,8 +261,8 @@ def _matching(b: ClickHouseBench, attributes: tuple[AttributeFilter, ...]) -> st
             b.made += 1
             name = f"{MATCH_TABLE}_{b.made}"
             where = CB.attribute_condition(attributes, FACTS, b.table)
-            temp_table(b.client, name, f"SELECT trace_id, span_id FROM {FACTS} WHERE {where}",
-                       temp_engine(b.client, FACTS))
+            sql = f"SELECT trace_id, span_id FROM {FACTS} WHERE {where}"
+            temp_table(b.client, name, sql, temp_engine(b.client, sql))
             b.matches[(b.version, attributes)] = name
             while len(b.matches) > MATCH_TABLES:
                 b.client.command(f"DROP TEMPORARY TABLE IF EXISTS {b.matches.pop(next(iter(b.matches)))}")

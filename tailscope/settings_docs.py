@@ -7,14 +7,14 @@ It sits beside tailscope/cli_docs.py, on the CLI floor (it gathers the dashboard
 
 from __future__ import annotations
 
-from analysis.settings import EXPLAIN
+from analysis.settings import CLICKHOUSE, EXPLAIN
 from dashboard.settings import DASHBOARD
 from intake.collect.config import COLLECT
 from intake.engines.settings import ENGINES
 from tracing.settings import ROWS, SERVING, SettingsTable, render_markdown
 
 #: Every settings table, in docs order.
-TABLES: tuple[SettingsTable, ...] = (SERVING, ROWS, COLLECT, ENGINES, EXPLAIN, DASHBOARD)
+TABLES: tuple[SettingsTable, ...] = (SERVING, ROWS, COLLECT, ENGINES, EXPLAIN, CLICKHOUSE, DASHBOARD)
 
 
 def render() -> str:

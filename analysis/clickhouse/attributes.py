@@ -473,9 +473,11 @@ INNER JOIN (SELECT trace_id, span_id, intDiv(start_ns, {hour}) * {hour} AS h FRO
 WHERE st.TimestampNs >= g.h - {hour} AND st.TimestampNs < g.h + {2 * hour}
 GROUP BY t, sid, k HAVING min(st.v) = max(st.v)"""
     try:
-        engine = temp_engine(client, facts_table)
+        engine = temp_engine(client, frame)  # the frame's requests, as ATTR_STAGE and ATTR_TEMP hold them
         drop(client)
-        client.command(f"CREATE TEMPORARY TABLE {ATTR_STAGE} ENGINE = {engine} AS {stage}")
+        # one thread: each thread's GROUP BY would hold nearly every request's groups (10 M spans: 0.68 GiB more at
+        # the peak with two threads, for no less CPU; docs/scale-out.md#memory)
+        client.command(f"CREATE TEMPORARY TABLE {ATTR_STAGE} ENGINE = {engine} AS {stage} SETTINGS max_threads = 1")
         reader = _Reader(client, table, lo, hi, rules, frame)
         reader.codes(engine, request_pairs, request_maps, value)
     except Exception as exc:

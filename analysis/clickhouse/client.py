@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from analysis.clickhouse.server import features
 from analysis.engine import model as M
+from analysis.settings import CLICKHOUSE
 from tracing.errors import MissingExtra, QueryError, TailscopeError
 
 if TYPE_CHECKING:
@@ -31,6 +32,31 @@ DEFAULT_TIMEOUT_S: Final = 300
 #: more than it saves: 1.1 CPU-s of the 2.4 that query takes (docs/benchmarks.md, "ClickHouse"). The answers are
 #: the same.
 SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0}
+
+
+#: ClickHouse's name for a query refused for memory (Code 241).
+MEMORY_REFUSED: Final = "MEMORY_LIMIT_EXCEEDED"
+
+
+def memory_hint(what: str) -> str:
+    """`what` (a failure's one line), with what to change when ClickHouse refused the query for memory."""
+    if MEMORY_REFUSED not in what and "Code 241" not in what:
+        return what
+    setting = CLICKHOUSE.memory_temp_mib
+    return (f"{what}; the request model's temporary tables are held in memory up to {setting.resolve()} MiB "
+            f"({setting.env}): lower it to keep them on disk, or read a shorter time range")
+
+
+def chdb_failure(exc: Exception) -> str:
+    """One line for a statement chdb failed: its first line, or for a refusal for memory ClickHouse's message
+    without the parts and marks it was reading, and what to change (`memory_hint`)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if MEMORY_REFUSED not in line:
+        return line
+    said = re.search(r"DB::Exception: (.*?)(?:: \(|$)", line)
+    return memory_hint(f"ClickHouse refused a query for memory: {said.group(1) if said else line} "
+                       f"({MEMORY_REFUSED})")
 
 
 class DsnError(TailscopeError):
@@ -137,7 +163,7 @@ class ChdbClient:
         try:
             out = self._s.query(sql.rstrip().rstrip(";") + "\n" + settings_clause(settings), "ArrowTable")
         except Exception as exc:
-            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+            raise QueryError(sql, chdb_failure(exc)) from None
         return out  # type: ignore[no-any-return]
 
     def command(self, sql: str) -> None:
@@ -145,7 +171,7 @@ class ChdbClient:
         try:
             self._s.query(sql, "CSV")
         except Exception as exc:
-            raise QueryError(sql, str(exc).strip().splitlines()[0]) from None
+            raise QueryError(sql, chdb_failure(exc)) from None
 
     def insert_arrow(self, table: str, data: pa.Table) -> None:
         """Append through a Parquet file: chdb reads local files directly."""
@@ -194,7 +220,7 @@ class HttpClient:
             log.setLevel(level)
 
     def _fail(self, sql: str, exc: Exception) -> QueryError:
-        return QueryError(sql, http_failure(self.dsn, exc))
+        return QueryError(sql, memory_hint(http_failure(self.dsn, exc)))
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the result as Arrow."""

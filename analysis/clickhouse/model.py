@@ -12,6 +12,7 @@ from analysis.clickhouse.client import DEFAULT_TABLE, Client, settings_clause
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
 from analysis.engine import model as M
+from analysis.settings import CLICKHOUSE
 from tracing import schema as S
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ MODEL_INPUTS: Final[tuple[str, ...]] = (
 KEEP_SQL: Final = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
 #: Temporary table of the spans the model read in this session.
 SPANS_TEMP: Final = "_tailscope_spans"
-#: Above this many spans the model's temporary tables are MergeTree (on disk) instead of Memory: a Memory copy of
-#: the model's span columns takes ~200 bytes a span (100 M spans in chdb went past a 21 GiB limit), while MergeTree
-#: costs ~40 % more time at 1 M spans (docs/benchmarks.md, "The request model's temporary tables").
-MEMORY_TEMP_MAX_SPANS: Final = 20_000_000
+#: The engine of a temporary table too large to be held in memory (`temp_engine`): on the server's disk.
+ON_DISK: Final = "MergeTree ORDER BY tuple()"
+#: Rows whose width `temp_engine` samples to estimate a table's bytes.
+WIDTH_SAMPLE_ROWS: Final = 10_000
 
 
 def temp_table(client: Client, name: str, sql: str, engine: str = "Memory") -> None:
@@ -52,11 +53,26 @@ def temp_table(client: Client, name: str, sql: str, engine: str = "Memory") -> N
                    + settings_clause(features(client).settings))
 
 
-def temp_engine(client: Client, source: str) -> str:
-    """The engine of the model's temporary tables over `source` (a FROM item): Memory while it holds at most
-    MEMORY_TEMP_MAX_SPANS spans, else MergeTree, so the session's memory does not grow with the table."""
-    n = int(client.query(f"SELECT count() AS n FROM {source}").to_pylist()[0]["n"])
-    return "Memory" if n <= MEMORY_TEMP_MAX_SPANS else "MergeTree ORDER BY tuple()"
+def memory_temp_bytes() -> int:
+    """Bytes up to which a temporary table is held in memory: the setting `CLICKHOUSE.memory_temp_mib`."""
+    return max(0, CLICKHOUSE.memory_temp_mib.resolve()) * 2**20
+
+
+def estimated_bytes(client: Client, sql: str) -> int:
+    """The bytes the rows of `sql` (a SELECT) take in memory, estimated: their count times the mean width
+    (`byteSize`) of its first WIDTH_SAMPLE_ROWS rows (two queries: as one, the count costs the sample's price)."""
+    n = int(client.query(f"SELECT count() AS n FROM ({sql})").to_pylist()[0]["n"])
+    if n == 0:
+        return 0
+    w = client.query(f"SELECT avg(byteSize(*)) AS w FROM (SELECT * FROM ({sql}) LIMIT {WIDTH_SAMPLE_ROWS})"
+                     ).to_pylist()[0]["w"]
+    return round(n * float(w))
+
+
+def temp_engine(client: Client, sql: str) -> str:
+    """The engine of a temporary table of the rows of `sql` (a SELECT): Memory while they are estimated at most
+    `memory_temp_bytes` (`estimated_bytes`), else ON_DISK, so the session's memory does not grow with the table."""
+    return "Memory" if estimated_bytes(client, sql) <= memory_temp_bytes() else ON_DISK
 
 
 #: Temporary table of the spans one `requests_from_copy` call reads out of SPANS_TEMP.
@@ -80,8 +96,9 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     of the spans `where` keeps when it keeps exactly those, so `requests_from_copy` may read them again.
     Nothing outside the session is written.
     """
-    engine = temp_engine(client, source_sql(table, where))
-    temp_table(client, SPANS_TEMP, f"SELECT {KEEP_SQL} FROM {source_sql(table, where)}", engine)
+    copy = f"SELECT {KEEP_SQL} FROM {source_sql(table, where)}"
+    engine = temp_engine(client, copy)  # the copy is the largest: the model's tables all follow it
+    temp_table(client, SPANS_TEMP, copy, engine)
     forget_copy(client)
     if span_range is not None:
         # a client that cannot be weakly referenced (TypeError): its copy is never read again

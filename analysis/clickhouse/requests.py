@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, check_table_name, literal, settings_clause
-from analysis.clickhouse.model import KEEP_SQL, MEMORY_TEMP_MAX_SPANS, forget_copy, materialize_requests, temp_table
+from analysis.clickhouse.model import KEEP_SQL, forget_copy, materialize_requests, temp_engine, temp_table
 from analysis.clickhouse.promotion import kind_sql, source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
 from analysis.engine import model as M
@@ -328,8 +328,7 @@ def requests_facts(client: Client, table: str = DEFAULT_TABLE, *, lo_ns: int | N
             client, table, where=where, name=f"{name}_computed", columns=columns,
             request_where=_ranges_sql("TimestampNs", rest)))
     union = " UNION ALL ".join(f"({p})" for p in parts)
-    n = int(client.query(f"SELECT count() AS n FROM ({union})").to_pylist()[0]["n"])
-    temp_table(client, name, union, "Memory" if n <= MEMORY_TEMP_MAX_SPANS else "MergeTree ORDER BY tuple()")
+    temp_table(client, name, union, temp_engine(client, union))
     return name
 
 

@@ -225,22 +225,61 @@ def test_a_spike_moved_to_its_culprits_windows_is_moved_alike(name: str, seed: i
 
 def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(
         tmp_path_factory: pytest.TempPathFactory, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above MEMORY_TEMP_MAX_SPANS the model's temporary tables are MergeTree (on disk, so a large table does not
-    have to fit in the session's memory): the same requests and report as the store, and the tables' engine is it."""
+    """Past the setting `memory_temp_mib` (0 here) the model's temporary tables are MergeTree (on disk, so a large
+    table does not have to fit in the session's memory): the same requests and report as the store, and the tables'
+    engine is it."""
     sample = next(p for p in SAMPLES if "vllm" not in p.name and "sglang" not in p.name)
     store, table = _store_and_table(sample, tmp_path_factory, client)
     con = connect(store)
-    from analysis.clickhouse import model as CM
-    from analysis.clickhouse import requests as CRQ
-
-    monkeypatch.setattr(CM, "MEMORY_TEMP_MAX_SPANS", 0)
-    monkeypatch.setattr(CRQ, "MEMORY_TEMP_MAX_SPANS", 0)
+    monkeypatch.setenv("TAILSCOPE_CLICKHOUSE_MEMORY_TEMP_MIB", "0")
     C.materialize_requests(client, table)
     engines = client.query("SELECT name, engine FROM system.tables WHERE is_temporary").to_pylist()
     assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
     _same_frames(con.sql("SELECT * FROM requests").pl(),
                  pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
     assert ch_report(client, table) == build_report(con)
+
+
+def test_a_temporary_table_is_held_in_memory_up_to_the_setting(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`estimated_bytes` is the rows' count times their sampled width: fixed-width columns give the exact bytes
+    (8 + 4 a row); `temp_engine` keeps them in memory up to `memory_temp_mib` MiB (default 512), on disk past it."""
+    sql = "SELECT toUInt64(number) AS a, toUInt32(number) AS b FROM numbers(300000)"
+    assert C.estimated_bytes(client, sql) == 300_000 * 12
+    assert C.estimated_bytes(client, sql + " WHERE a > 300000") == 0
+    assert C.memory_temp_bytes() == 512 * 2**20 and C.temp_engine(client, sql) == "Memory"
+    monkeypatch.setenv("TAILSCOPE_CLICKHOUSE_MEMORY_TEMP_MIB", "3")  # 3 MiB < 3.6 MB
+    assert C.temp_engine(client, sql) == C.ON_DISK
+    monkeypatch.setenv("TAILSCOPE_CLICKHOUSE_MEMORY_TEMP_MIB", "4")
+    assert C.temp_engine(client, sql) == "Memory"
+
+
+def test_a_refusal_for_memory_is_one_line_saying_what_to_change(client: Any) -> None:
+    """chdb refusing a query for memory: ClickHouse's reason without the parts it was reading, and the setting that
+    keeps the model's tables on disk; a server's refusal (its code, 241) gets the same hint."""
+    from tracing.errors import QueryError
+
+    client.command("SET max_memory_usage = 20000000")
+    try:
+        with pytest.raises(QueryError) as err:
+            client.query("SELECT groupArray(number) AS a FROM numbers(20000000)")
+    finally:
+        client.command("SET max_memory_usage = 0")
+    said = str(err.value)
+    assert said.startswith("ClickHouse refused a query for memory: ") and "\n" not in said
+    assert "(MEMORY_LIMIT_EXCEEDED); the request model's temporary tables are held in memory up to 512 MiB " \
+           "(TAILSCOPE_CLICKHOUSE_MEMORY_TEMP_MIB): lower it to keep them on disk" in said
+
+    class Refused(Exception):
+        code = 241
+
+    dsn = C.parse_dsn("clickhouse://127.0.0.1:8123/db")
+    line = C.http_failure(dsn, Refused("Code: 241. DB::Exception: Memory limit (for query) exceeded: would use 9.3 "
+                                       "GiB, maximum: 9.3 GiB. (MEMORY_LIMIT_EXCEEDED) (version 25.8.1.1)"))
+    assert C.memory_hint(line) == (
+        f"ClickHouse at {dsn} failed the query: Memory limit (for query) exceeded: would use 9.3 GiB, maximum: 9.3 "
+        "GiB (Code 241); the request model's temporary tables are held in memory up to 512 MiB "
+        "(TAILSCOPE_CLICKHOUSE_MEMORY_TEMP_MIB): lower it to keep them on disk, or read a shorter time range")
+    assert C.memory_hint("Unknown table (Code 60)") == "Unknown table (Code 60)"
 
 
 def test_the_stage_step_reads_the_facts_copy_of_the_spans_only_when_it_holds_the_range(
