@@ -454,8 +454,9 @@ def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any])
 
 
 #: The request spans' attribute maps are read from the spans for at most about this many requests a query (split by
-#: start time): each query's maps, and its distinct values with their rows, are held at once.
-CHUNK_REQUESTS: Final = 250_000
+#: start time): each query's maps, and its distinct values with their rows, are held at once (at 250,000 requests of 40
+#: keys, about 500 MiB).
+CHUNK_REQUESTS: Final = 100_000
 
 
 def _chunks(con: duckdb.DuckDBPyConnection, live_rows: str, params: dict[str, Any]) -> list[tuple[Any, Any]]:
