@@ -106,6 +106,11 @@ class Engine:
         #: (read once per name: every request sets back what it changed, so the values stay; a SET sent as a query
         #: forgets them all)
         self.defaults: dict[str, str] = {}
+        #: the session's value of each setting a request has named since the defaults were read, and the database it
+        #: is in (None: unknown): a request sets only what differs from what it needs (a statement each costs as much
+        #: as a small query, and clickhouse-connect names the same five settings in every request)
+        self.current: dict[str, str] = {}
+        self.database: str | None = None
         if database != "default":  # chdb 2.x keeps `default` read-only (an Overlay): a server has its own database
             self.run(f"CREATE DATABASE IF NOT EXISTS `{database}`")
 
@@ -129,8 +134,14 @@ class Engine:
     def serve(self, sql: str, data: bytes | None, settings: dict[str, str], database: str, fmt: str) -> bytes:
         """Run one HTTP request's query under its settings, in its database; the answer's bytes."""
         with self.lock:  # one request at a time: its settings are the session's while it runs
-            self.run(f"USE `{database}`")
+            if database != self.database:
+                self.database = None
+                self.run(f"USE `{database}`")
+                self.database = database
             readonly = settings.pop("readonly", None)
+            for k in settings:
+                if not re.fullmatch(r"\w+", k):
+                    raise ServerError(115, f"Code: 115. DB::Exception: Unknown setting '{k}'. (UNKNOWN_SETTING)")
             unread = [k for k in settings if k not in self.defaults]
             if unread:
                 names = ", ".join("'" + k.replace("'", "") + "'" for k in unread)
@@ -138,22 +149,28 @@ class Engine:
                         ).splitlines():
                     k, _, v = line.partition("\t")
                     self.defaults[k] = v
-            old = {k: self.defaults[k] for k in settings if k in self.defaults}
+            # what the session must hold: each setting named before back at its default, this request's as it asks
+            wanted = {**{k: self.defaults[k] for k in self.current if k not in settings}, **settings}
             try:
-                for k, v in settings.items():
-                    if not re.fullmatch(r"\w+", k):
-                        raise ServerError(115, f"Code: 115. DB::Exception: Unknown setting '{k}'. (UNKNOWN_SETTING)")
-                    self.run(f"SET {k} = {_quote(v)}")
+                for k, v in wanted.items():
+                    if self.current.get(k) != v:
+                        self.current.pop(k, None)
+                        self.run(f"SET {k} = {_quote(v)}")
+                        if k in self.defaults:  # one it cannot set back is set each time, as asked
+                            self.current[k] = v
                 if readonly not in (None, "0"):
                     sql = _with_setting(sql, f"readonly = {int(readonly)}")
                 if data is not None:
                     return self._insert(sql, data)
                 return self.run(sql, fmt)
             finally:
-                for k, v in old.items():
-                    self.run(f"SET {k} = {_quote(v)}")
-                if _SET.match(sql):
+                if _SET.match(sql) or re.match(r"(?is)^\s*USE\b", sql):  # the session's own: read again
+                    for k in settings:
+                        if k in self.defaults:
+                            self.run(f"SET {k} = {_quote(self.defaults[k])}")
                     self.defaults.clear()
+                    self.current.clear()
+                    self.database = None
 
     def _insert(self, sql: str, data: bytes) -> bytes:
         m = _INSERT.match(sql)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,17 +115,20 @@ def built(name: str, build: Callable[[Path], object], factory: pytest.TempPathFa
     return _shared(name, f"built-{name}", run, factory)
 
 
-def seeded_store(name: str, seed: int, factory: pytest.TempPathFactory) -> Path:
+def seeded_store(name: str, seed: int, factory: pytest.TempPathFactory, scenario: Any = None) -> Path:
     """The store of catalogue entry `name` simulated on `seed` for the committed samples' length and rate, written
     straight (`sample_traces.emit.write_store`, no hour materialized), built on first use in the session; read only
-    (the seeded accuracy files judge it, test_clickhouse.py compares both engines' reports of two of them)."""
+    (the seeded accuracy files judge it, test_clickhouse.py compares both engines' reports of two of them).
+    `scenario`: that simulation when the caller has run it already (`incidents.run` with the same arguments), written
+    instead of being run again."""
     def build(path: Path) -> None:
         from sample_traces import generate
         from sample_traces.emit import write_store
         from sample_traces.incidents import run
 
-        scenario = run(name, seed, generate.DURATION_S, generate.RATE)
-        write_store(path, scenario.config, scenario.requests, seed)
+        got = scenario if scenario is not None else run(name, seed, generate.DURATION_S, generate.RATE)
+        assert (got.incident.name, got.seed) == (name, seed), "the scenario of another run"
+        write_store(path, got.config, got.requests, seed)
 
     return built(f"seeded-{name}-{seed}", build, factory)
 

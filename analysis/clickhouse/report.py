@@ -754,10 +754,13 @@ class _ServerTail:
         todo = [key for key in asked if key not in self._without]
         if self.weight is not None or self.frame_where is None or self.attrs is None or not todo:
             return
-        attrs, where = self.attrs, self.frame_where
-        preds = [attrs.matches(coded, asked[key]) for key in todo]
+        attrs = self.attrs
+        preds = [attrs.matches(coded, asked[key], codes=True) for key in todo]
+        # each dimension's code computed once a row in a subquery, the candidates comparing codes
+        rows = (f"SELECT v, {attrs.codes_sql(coded, (i for key in todo for i in key[0]))} FROM {CA.ATTR_TEMP} "
+                f"WHERE {self.frame_where}")
         counts = ", ".join(f"countIf({p}) AS _wo_r{j}" for j, p in enumerate(preds))
-        row = self.client.query(f"SELECT count() AS n, {counts} FROM {CA.ATTR_TEMP} WHERE {where}").to_pylist()[0]
+        row = self.client.query(f"SELECT count() AS n, {counts} FROM ({rows})").to_pylist()[0]
         n = int(row["n"])
         top = X.TailQuantile.top_size(n)
         flags = ", ".join(f"{p} AS _wo_f{j}" for j, p in enumerate(preds))
@@ -772,7 +775,7 @@ class _ServerTail:
             qs.append(f"if({n2} <= 0 OR {i} < 0 OR length({k}) = 0, NULL, "
                       f"{a} + ({h} - floor({h})) * ({k}[least({i} + 1, length({k}) - 1) + 1] - {a})) AS _wo_q{j}")
         got = self.client.query(f"SELECT {', '.join(qs)} FROM (SELECT {kept} FROM (SELECT v, {flags} FROM "
-                                f"{CA.ATTR_TEMP} WHERE {where} ORDER BY v DESC LIMIT {top}))").to_pylist()[0]
+                                f"({rows}) ORDER BY v DESC LIMIT {top}))").to_pylist()[0]
         for j, key in enumerate(todo):
             if got[f"_wo_q{j}"] is not None:
                 self._without[key] = float(got[f"_wo_q{j}"])

@@ -156,6 +156,12 @@ def test_number_buckets_match_a_plain_reference() -> None:
                                                             None]
 
 
+#: A second key naming `color`'s groups otherwise in random_store: split alike, so the later one (by name) is skipped.
+SHADES = {"red": "warm", "green": "cool", "blue": "deep"}
+SHADE_SKIPPED = {"attribute": "shade", "source": "request", "reason": "same_partition",
+                 "why": "splits the requests exactly as 'color' does"}
+
+
 def random_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]]:
     """A store of random requests with random request, stage and resource attributes; and the value each
     request should have of each key under the module's rules (written plainly: the reference)."""
@@ -172,6 +178,7 @@ def random_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]
         res = {"service.name": "llm", "service.instance.id": rep, "host": f"h{replicas.index(rep) // 2}",
                "rack": rack if rep != "r5" else f"rack-{i % 2}"}
         attrs = {S.ATTR_REQUEST: "true", "color": rng.choice(["red", "green", "blue"])}
+        attrs["shade"] = SHADES[attrs["color"]]  # the same groups as `color`: skipped (same partition)
         if rng.random() < 0.7:
             attrs["n"] = str(rng.choice([0, 1, 3, 17, 100, 4096]))
         stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
@@ -214,6 +221,7 @@ def test_each_request_gets_the_value_the_rules_give(tmp_path: Path, seed: int) -
                             A.AttributeRules(), None, None)
     by_name = {c.name: c for c in out.coded}
     assert set(by_name) == {"color", "n", "phase", "host", "rack", "service.name"}, out.skipped
+    assert SHADE_SKIPPED in out.skipped
     for k, (_, trace, _) in enumerate(rows):
         got = {name: c.labels[c.codes[k]] for name, c in by_name.items() if c.codes[k] >= 0}
         assert got == expected[trace], trace

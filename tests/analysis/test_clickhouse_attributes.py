@@ -23,7 +23,14 @@ from analysis.clickhouse.report import build_report as ch_report
 from analysis.clickhouse.requests import requests_facts
 from analysis.stats import attributes as A
 from tests.analysis.recording import Recording
-from tests.analysis.test_attributes import SLOW_NODE, check_pair_named, node_store, pair_store, random_store
+from tests.analysis.test_attributes import (
+    SHADE_SKIPPED,
+    SLOW_NODE,
+    check_pair_named,
+    node_store,
+    pair_store,
+    random_store,
+)
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
 
@@ -100,6 +107,7 @@ def test_each_request_gets_the_value_the_rules_give_on_the_server(tmp_path: Path
     out = CA.read_attributes(client, table, facts, "TRUE", None, None, A.AttributeRules())
     names = [c.name for c in out.attrs.coded]
     assert set(names) == {"color", "n", "phase", "host", "rack", "service.name"}, out.attrs.skipped
+    assert SHADE_SKIPPED in out.attrs.skipped  # the same-partition test of the coded keys, asked all at once
     cols = ", ".join(f"{out.code_sql[n]} AS c{i}" for i, n in enumerate(names))
     rows = client.query(f"SELECT trace_id, {cols} FROM {CA.ATTR_TEMP}").to_pylist()
     assert len(rows) == len(expected)

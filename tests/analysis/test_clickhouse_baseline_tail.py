@@ -42,16 +42,17 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
     slow = set(sorted(range(n), key=lambda i: -values[i])[: n // 10])
     a0 = [0 if i in slow and rng.random() < 0.9 else rng.choice([1, -1]) for i in range(n)]
     a1 = [rng.choice([0, 1, 2, -1]) for _ in range(n)]
+    w = [rng.choice([1.0, 2.0, 4.0]) for _ in range(n)]  # a sampled table's adjusted counts
     chdb_client.command(f"DROP TEMPORARY TABLE IF EXISTS {CA.ATTR_TEMP}")
     chdb_client.command(f"CREATE TEMPORARY TABLE {CA.ATTR_TEMP} (trace_id String, span_id String, start_ns Int64, "
-                        f"v Float64, replica Nullable(String), a0 Int64, a1 Int64) ENGINE = Memory")
+                        f"v Float64, replica Nullable(String), a0 Int64, a1 Int64, w Float64) ENGINE = Memory")
     chdb_client.command("DROP TABLE IF EXISTS facts")
     chdb_client.command("CREATE TABLE facts (trace_id String, span_id String, start_ns Int64, e2e_ns Float64, "
                         "replica Nullable(String)) ENGINE = Memory")
     start = [20 * i + (0 if base[i] else 10) for i in range(n)]
     rep = ["NULL" if r is None else f"'{r}'" for r in replica]
     chdb_client.command(f"INSERT INTO {CA.ATTR_TEMP} VALUES " + ", ".join(
-        f"('t{i}', 's{i}', {start[i]}, {values[i]!r}, {rep[i]}, {a0[i]}, {a1[i]})" for i in range(n)))
+        f"('t{i}', 's{i}', {start[i]}, {values[i]!r}, {rep[i]}, {a0[i]}, {a1[i]}, {w[i]!r})" for i in range(n)))
     chdb_client.command("INSERT INTO facts VALUES " + ", ".join(
         f"('t{i}', 's{i}', {start[i]}, {values[i]!r}, {rep[i]})" for i in range(n)))
     coded = [X.Coded("replica", np.zeros(0, dtype=np.int64), REPLICAS, [None] * 3, [None] * 3),
@@ -63,11 +64,12 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
                                  ((0, 1), (1, 0)), ((0, 2), (2, 2))]]
     columns = {"replica": replica, "k0": a0, "k1": a1}
 
+    def holds(c: X.Candidate, i: int) -> bool:
+        return all(columns[coded[d].name][i] == (coded[d].labels[code] if d == 0 else code)
+                   for d, code in zip(c.dims, c.codes, strict=True))
+
     def rest(c: X.Candidate) -> list[float]:
-        def holds(i: int) -> bool:
-            return all(columns[coded[d].name][i] == (coded[d].labels[code] if d == 0 else code)
-                       for d, code in zip(c.dims, c.codes, strict=True))
-        return [values[i] for i in range(n) if base[i] and not holds(i)]
+        return [values[i] for i in range(n) if base[i] and not holds(c, i)]
 
     client = Recording(chdb_client)
     tail = _ServerTail(client, "facts", "intDiv(start_ns, 10) % 2 = 0", "e2e_ns", None, attrs,
@@ -85,3 +87,22 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
     assert client.queries == before + 1
     want_lone = _plain_p99(rest(lone))
     assert (None if math.isnan(got_lone) else got_lone) == (None if math.isnan(want_lone) else want_lone)
+
+    # the spike's (the other windows') p99 and count without each candidate, in one query: unweighted a plain sort of
+    # the rest; weighted (whole weights) a plain sort of the rest with each value repeated its weight's times, and
+    # Kish's effective count (sum w)^2 / sum w^2
+    def nan_none(x: float) -> float | None:
+        return None if math.isnan(x) else x
+
+    spike = [i for i in range(n) if not base[i]]
+    for weighted in (False, True):
+        got_spike = attrs.spike_without(chdb_client, coded, cands, "intDiv(start_ns, 10) % 2 = 1", weighted)
+        for k, c in enumerate(cands):
+            kept = [i for i in spike if not holds(c, i)]
+            if weighted:
+                tot, sq = sum(w[i] for i in kept), sum(w[i] * w[i] for i in kept)
+                want_left = tot * tot / sq if sq > 0 else 0.0
+                want_q = _plain_p99([values[i] for i in kept for _ in range(int(w[i]))])
+            else:
+                want_left, want_q = float(len(kept)), _plain_p99([values[i] for i in kept])
+            assert (got_spike[k][0], nan_none(got_spike[k][1])) == (want_left, nan_none(want_q)), (weighted, c)

@@ -180,6 +180,27 @@ def test_no_answer_in_time_is_one_line(guarded: Served) -> None:
         client.close()
 
 
+def test_a_setting_holds_for_its_request_only(guarded: Served) -> None:
+    """A setting a request names is the session's for that request only (tests/clickhouse_http.py sets only what
+    differs from what the session holds): the next request reads the default again, or its own value."""
+    client = C.open_client(guarded.dsn)
+    try:
+        def value(settings: dict[str, Any] | None = None) -> str:
+            got = client.query("SELECT value FROM system.settings WHERE name = 'max_block_size'", settings)
+            return str(got.to_pylist()[0]["value"])
+
+        default = value()
+        asked = [{"max_block_size": 3000}, None, {"max_block_size": 3000}, {"max_block_size": 5000},
+                 {"max_block_size": 5000}, None]
+        assert [value(a) for a in asked] == ["3000", default, "3000", "5000", "5000", default]
+        client.command("SET max_block_size = 7000")  # a SET sent as a statement is the session's own, as on a server
+        assert [value(), value({"max_block_size": 3000}), value()] == ["7000", "3000", "7000"]
+        client.command(f"SET max_block_size = {default}")
+        assert value() == default
+    finally:
+        client.close()
+
+
 def test_a_server_closing_mid_answer_is_one_line(guarded: Served) -> None:
     client = C.open_client(guarded.dsn)
     try:

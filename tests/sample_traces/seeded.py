@@ -138,7 +138,7 @@ def check_catalogue_entry(name: str, seed: int, factory: pytest.TempPathFactory)
     and judge it: the incident's rules, or no spike for the clean run. The store is the session's
     (`samples_cache.seeded_store`: the same simulation written the same way, shared with test_clickhouse.py)."""
     scenario = run(name, seed, generate.DURATION_S, generate.RATE)
-    report = report_of(samples_cache.seeded_store(name, seed, factory), scenario.incident.metric)
+    report = report_of(samples_cache.seeded_store(name, seed, factory, scenario), scenario.incident.metric)
     assert report["requests"] == len(scenario.requests)
     if scenario.incident.stage is None:
         assert report["spikes"] == [], f"{name} seed {seed}: {summary(report)}"
