@@ -300,12 +300,12 @@ def requests_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: s
 
 
 def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str = "TRUE",
-              columns: tuple[str, ...] = FACT_COLUMNS) -> str:
+              columns: tuple[str, ...] = FACT_COLUMNS, span_where: str = "TRUE") -> str:
     """Request-level columns only (no critical-path sweep): the same rules as `requests_sql`, cheaper."""
     bad = [c for c in columns if c in STAGE_COLUMNS]
     if bad:
         raise ValueError(f"facts hold no stage column: {bad}")
-    return chain_sql(source, d, request_where=request_where, stages=False) + "\n" + _select(
+    return chain_sql(source, d, request_where=request_where, stages=False, span_where=span_where) + "\n" + _select(
         d, source, stages=False, columns=columns)
 
 

@@ -323,19 +323,31 @@ def request_facts(con: duckdb.DuckDBPyConnection, with_ttft: bool = False) -> st
     return name
 
 
+#: Spans of a stale hour per part of its facts (`_live_facts_table`): an hour of 5 M spans held 1.1 GiB in the
+#: model's relations at once.
+SPANS_PER_FACTS_PART: Final = 2_000_000
+
+
 def _live_facts_table(con: duckdb.DuckDBPyConnection, table: str, live: str, columns: str) -> None:
     """Make `table` of the rows of `live` (`_facts_sql`'s), one stale hour at a time where the connection offers that
-    (connect's LIVE_FACTS_BETWEEN, `columns` of it): the model's relations then hold an hour's spans, not every stale
-    hour's at once (at 10 M spans those passed 3 GiB). The same rows either way."""
-    hours: list[int] = []
+    (connect's LIVE_FACTS_BETWEEN, `columns` of it), and an hour of more than SPANS_PER_FACTS_PART spans in parts by
+    trace: the model's relations then hold that many spans, not every stale hour's at once (at 10 M spans those
+    passed 3 GiB). The same rows either way."""
+    hours: list[tuple[int, int]] = []
     if _has_live_hours(con):
-        hours = [int(h) for (h,) in con.execute(f"SELECT hour_ns FROM {LIVE_HOURS} ORDER BY hour_ns").fetchall()]
-    if len(hours) < 2:
+        spans = {int(h): int(n) for h, n in con.execute(
+            f"SELECT TimestampNs // {M.HOUR_NS} * {M.HOUR_NS}, count(*) FROM _spans_live GROUP BY 1").fetchall()}
+        hours = [(int(h), max(1, math.ceil(spans.get(int(h), 0) / SPANS_PER_FACTS_PART))) for (h,) in con.execute(
+            f"SELECT hour_ns FROM {LIVE_HOURS} ORDER BY hour_ns").fetchall()]
+    if len(hours) < 2 and all(parts == 1 for _, parts in hours):
         con.execute(f"CREATE TEMP TABLE {table} AS {live}").fetchall()
         return
-    for i, h in enumerate(hours):
-        rows = f"SELECT {columns} FROM {LIVE_FACTS_BETWEEN}({h}, {h + M.HOUR_NS})"
-        con.execute(f"INSERT INTO {table} {rows}" if i else f"CREATE TEMP TABLE {table} AS {rows}").fetchall()
+    first = True
+    for h, parts in hours:
+        for part in range(parts):
+            rows = f"SELECT {columns} FROM {LIVE_FACTS_BETWEEN}({h}, {h + M.HOUR_NS}, {part}, {parts})"
+            con.execute(f"CREATE TEMP TABLE {table} AS {rows}" if first else f"INSERT INTO {table} {rows}").fetchall()
+            first = False
 
 
 def _has_live_hours(con: duckdb.DuckDBPyConnection) -> bool:

@@ -143,7 +143,8 @@ VIEW_SQL: dict[str, str] = {
 #: Macro of a connection from analysis.engine.connect: is a span start (ns) in an hour that is not materialized?
 LIVE_HOUR_MACRO = "_tailscope_live_hour"
 #: Table macro of a connection from analysis.engine.connect: the request facts (analysis.engine.model.facts_sql) of the
-#: requests not materialized that start in [lo, hi), read from the spans their hours read only.
+#: requests not materialized that start in [lo, hi) and whose trace id hashes to `part` modulo `parts`, read from the
+#: spans their hours read only.
 LIVE_FACTS_BETWEEN = "_request_facts_live_between"
 #: View of a connection from analysis.engine.connect: the start (ns) of each hour not materialized (hour_ns).
 LIVE_HOURS = "_live_hours"

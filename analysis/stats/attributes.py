@@ -201,7 +201,7 @@ class Part:
     `values`; len(values): none) and `values`, distinct (`whole`: every one held by a row); an attribute file's column
     (attribute_values.StoredColumn) is one too, its codes read when asked."""
 
-    positions: I64
+    positions: npt.NDArray[np.integer[Any]]
     codes: npt.NDArray[np.integer[Any]]
     values: pa.Array
     whole: bool = True
@@ -454,8 +454,9 @@ def _read_long(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any])
 
 
 #: The request spans' attribute maps are read from the spans for at most about this many requests a query (split by
-#: start time): each query's maps, and its distinct values with their rows, are held at once.
-CHUNK_REQUESTS: Final = 250_000
+#: start time): each query's maps, and its distinct values with their rows, are held at once (at 250,000 requests of 40
+#: keys, about 500 MiB).
+CHUNK_REQUESTS: Final = 100_000
 
 
 def _chunks(con: duckdb.DuckDBPyConnection, live_rows: str, params: dict[str, Any]) -> list[tuple[Any, Any]]:
@@ -483,7 +484,8 @@ def _in_chunk(source: str, live_rows: str, spans: str, stored: StoredValues | No
     return AV.request_attribute_sql(rows, spans)
 
 
-def _live_part(positions: I64, codes: npt.NDArray[np.integer[Any]], values: pa.Array | None, n: int) -> Part:
+def _live_part(positions: npt.NDArray[np.integer[Any]], codes: npt.NDArray[np.integer[Any]], values: pa.Array | None,
+               n: int) -> Part:
     """The Part of `split_grouped`'s rows of a key at frame `positions` (a presence-only key: no value), one value per
     position: where a request span was delivered twice, the first of its entries."""
     seen = np.zeros(n, dtype=np.bool_)
@@ -504,8 +506,9 @@ class _Positions:
         self.order = np.argsort(frame_rid, kind="stable")
         self.sorted = frame_rid[self.order]
 
-    def __call__(self, rid: I64) -> I64:
-        return self.order[np.searchsorted(self.sorted, rid)].astype(np.int64)
+    def __call__(self, rid: I64) -> npt.NDArray[np.integer[Any]]:
+        """int32 where the frame allows: every key of every request holds one (at 10 M spans, 40 keys of 1.4 M)."""
+        return self.order[np.searchsorted(self.sorted, rid)].astype(np.int32 if self.sorted.size < 2**31 else np.int64)
 
 
 def _same_partition(a: Coded, b: Coded) -> bool:
@@ -671,12 +674,11 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
             present[k] = present.get(k, 0) + sum(c.present for c in cols)
         # a key of a stored hour that none of the frame's rows carries is not a key of these requests
         for key in sorted((k for k in present if present[k]), key=lambda k: (-present[k], k)):
-            if not judge.before_coding(key, source, present[key]):
-                continue
-            if judge.cut_past(key, source, CUT_PRESENT):
+            if not judge.before_coding(key, source, present[key]) or judge.cut_past(key, source, CUT_PRESENT):
+                live_parts.pop(key, None)
                 continue
             parts: list[AnyPart] = [c for c in kept.get(key, []) if c.present]
-            parts[:0] = live_parts.get(key, [])
+            parts[:0] = live_parts.pop(key, [])  # a key judged lets its values go
             merged = merged_values(parts)
             if judge.ids(key, source, present[key], merged.distinct):  # before its labels are made: ids have many
                 continue

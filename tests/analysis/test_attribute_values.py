@@ -15,6 +15,7 @@ from analysis import build_report, connect
 from analysis import report as R
 from analysis.engine import attribute_values as AV
 from analysis.engine import model as M
+from analysis.engine import percentiles as P
 from analysis.engine.materialize import HOUR_NS, materialize
 from analysis.engine.percentiles import request_facts
 from analysis.engine.views import LIVE_HOURS
@@ -114,6 +115,15 @@ def test_values_are_the_rules_whether_hours_are_materialized_or_not(tmp_path: Pa
     assert len(hourly) == len(expected) and hourly == con.sql(f"SELECT {cols} FROM _request_facts_live {order}"
                                                                ).fetchall()
     con.close()
+    # and each hour in parts by trace (about 50 spans a part; a request span stored twice is one trace's): the same
+    with monkeypatch.context() as m:
+        m.setattr(P, "SPANS_PER_FACTS_PART", 50)
+        con = connect(store)
+        assert con.sql(f"SELECT max(n) FROM (SELECT count(*) AS n FROM _spans_live GROUP BY TimestampNs // {HOUR_NS})"
+                       ).fetchall()[0][0] > 2 * 50  # so an hour in three parts or more
+        parted = con.sql(f"SELECT {cols} FROM {request_facts(con, with_ttft=True)} {order}").fetchall()
+        con.close()
+    assert parted == hourly
     first = materialize(store, settled_before_ns=(T0 // HOUR_NS + 2) * HOUR_NS)  # the first hour only: mixed
     assert len(first) == 1 and AV.attributes_path(first[0]).is_file()
     mixed, mixed_attrs = _values(store)
