@@ -27,11 +27,14 @@ DEFAULT_TABLE: Final = "otel_traces"
 DEFAULT_PORT: Final = 8123
 #: Seconds a server may take to answer one request (a DSN's `?timeout=` changes it).
 DEFAULT_TIMEOUT_S: Final = 300
-#: Settings of every chdb session and every request to a server: no JIT compilation of expressions. tailscope's
-#: queries run once each with long generated expressions (a report's cells query: 54 kB), so compiling them costs
-#: more than it saves: 1.1 CPU-s of the 2.4 that query takes (docs/benchmarks.md, "ClickHouse"). The answers are
-#: the same.
-SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0}
+#: Settings of every chdb session and every request to a server: no JIT compilation of expressions, and no
+#: `optimize_and_compare_chain` pass. tailscope's queries run once each with long generated expressions (a report's
+#: cells query: 45 kB, 900 aggregates), so compiling them costs more than it saves (1.1 CPU-s of the 2.4 that query
+#: took), and that pass, which adds comparisons implied by chains of them, only hashes their conditions: 0.15-0.2 of
+#: the 0.9 CPU-s each of the two largest takes at 1 M spans with 40 attributes (docs/benchmarks.md, "ClickHouse").
+#: The answers are the same.
+SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0,
+                            "optimize_and_compare_chain": 0}
 
 
 #: ClickHouse's name for a query refused for memory (Code 241).
