@@ -399,7 +399,7 @@ def test_the_blocks_are_read_from_the_groups_at_their_edges_only() -> None:
                 moved = [f for f in every_lo.tolist() if firsts[i - 1] < f != firsts[i]
                          and (i + 1 == len(firsts) or f < firsts[i + 1])]
                 if moved:
-                    claim = np.asarray(firsts[:i] + [moved[0]] + firsts[i + 1:], dtype=np.int64)
+                    claim = np.asarray([*firsts[:i], moved[0], *firsts[i + 1:]], dtype=np.int64)
                     assert verified_blocks(k, claim, every_lo.astype(np.int64), every_size.astype(np.int64)) is None
             if len(groups) > 1:
                 assert verified_blocks(k, np.asarray(firsts, dtype=np.int64), lo[1:], size[1:]) is None
