@@ -187,18 +187,22 @@ class _ServerValues:
         2 B + 1 of them, B <= H_K / SCORE_BLOCK_SPREAD + 1 blocks). The client checks the rule in its own floats;
         only when they would choose otherwise (a score within rounding of a block's edge) does every group of two
         or more equal values come back (one row a group) for `spikes.tied_scores`."""
-        groups = (f"SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} WHERE {mine} GROUP BY v")
-        # per group (ascending): c its size, lo its first rank, e = lo + c; h[n + 1] = H_n, d[n + 1] = H_0 + ... +
-        # H_(n - 1); a group's mean score H_K - (H_(K-lo-c) + ... + H_(K-lo-1)) / c, a lone value's H_K - H_(K-lo-1)
+        groups = f"SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} WHERE {mine} GROUP BY v"
+        # per group of equal values (ascending, 1-based i): cs its size, lo its first rank, sc its mean score from
+        # h[n + 1] = H_n and d[n + 1] = H_0 + ... + H_(n - 1) (a lone value's H_K - H_(K-lo-1)); js the groups where
+        # the blocks start, from the top down (each step one search: the first group within the spread of the top
+        # of what is left), at most H_K / spread + 1 steps; gi the groups at the blocks' edges and the largest
+        spread = SP.SCORE_BLOCK_SPREAD
         row = self.client.query(
-            f"SELECT k, fs, arrayFilter((l, c) -> has(cut, l) OR has(cut, l + c), lo, cs) AS glo, "
-            f"arrayFilter((c, l) -> has(cut, l) OR has(cut, l + c), cs, lo) AS gc FROM (SELECT k, lo, cs, fs, "
-            f"arrayPushBack(fs, k) AS cut FROM (SELECT k, lo, cs, arrayConcat([toUInt64(0)], arrayReverse(arrayFold("
-            f"(acc, x, e) -> if(x < acc.1 - {SP.SCORE_BLOCK_SPREAD!r}, (x, arrayPushBack(acc.2, e)), acc), "
-            f"arrayReverse(sc), arrayReverse(es), (sc[-1], CAST([], 'Array(UInt64)'))).2)) AS fs FROM (SELECT k, lo, "
-            f"cs, es, arrayMap((l, c) -> if(c = 1, h[k + 1] - h[k - l], h[k + 1] - (d[k - l + 1] - d[k - l - c + 1]) "
-            f"/ c), lo, cs) AS sc FROM (SELECT arrayMap(g -> g.2, arraySort(groupArray((v, c)))) AS cs, "
-            f"arraySum(cs) AS k, arrayCumSum(cs) AS es, arrayMap((e, c) -> e - c, es, cs) AS lo, "
+            f"SELECT k, arrayMap(j -> lo[j], arrayReverse(js)) AS fs, arrayMap(i -> lo[i], gi) AS glo, "
+            f"arrayMap(i -> cs[i], gi) AS gc FROM (SELECT k, lo, cs, js, arraySort(arrayDistinct(arrayFilter(i -> "
+            f"i > 0, arrayConcat(js, arrayMap(j -> toUInt64(j - 1), js), [toUInt64(length(cs))])))) AS gi FROM ("
+            f"SELECT k, lo, cs, arrayFold((acc, step) -> if(length(acc) > 0 AND acc[-1] = 1, acc, arrayPushBack(acc, "
+            f"toUInt64(arrayFirstIndex(x -> x >= sc[if(length(acc) = 0, length(sc), toUInt64(acc[-1] - 1))] - "
+            f"{spread!r}, sc)))), range(toUInt64(hk / {spread!r}) + 2), CAST([], 'Array(UInt64)')) AS js "
+            f"FROM (SELECT k, lo, cs, h[k + 1] AS hk, arrayMap((l, c) -> if(c = 1, hk - h[k - l], hk - (d[k - l + 1] - "
+            f"d[k - l - c + 1]) / c), lo, cs) AS sc FROM (SELECT arrayMap(g -> g.2, arraySort(groupArray((v, c)))) "
+            f"AS cs, arraySum(cs) AS k, arrayMap((e, c) -> e - c, arrayCumSum(cs), cs) AS lo, "
             f"arrayConcat([0.], arrayCumSum(arrayMap(i -> 1 / i, range(1, k + 1)))) AS h, "
             f"arrayConcat([0.], arrayCumSum(h)) AS d FROM ({groups})))))").to_pylist()[0]
         got = None if int(row["k"]) != total_k else SP.verified_blocks(

@@ -42,7 +42,7 @@ REQUEST_ROWS = "SELECT trace_id, span_id, start_ns, e2e_ns"
 DETECTION_TIES = "SELECT lo_rank, c FROM"
 SPANS = "SELECT TimestampNs, TraceId"
 #: The detection's blocks of scores: one row (`_ServerValues._blocks`).
-DETECTION_BLOCKS = "SELECT k, fs, arrayFilter"
+DETECTION_BLOCKS = "SELECT k, arrayMap(j -> lo[j]"
 
 
 class _Logging:
