@@ -7,6 +7,7 @@ Both implement `Client`: a query returns an Arrow table. The network client is a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -27,14 +28,23 @@ DEFAULT_TABLE: Final = "otel_traces"
 DEFAULT_PORT: Final = 8123
 #: Seconds a server may take to answer one request (a DSN's `?timeout=` changes it).
 DEFAULT_TIMEOUT_S: Final = 300
-#: Settings of every chdb session and every request to a server: no JIT compilation of expressions, and no
-#: `optimize_and_compare_chain` pass. tailscope's queries run once each with long generated expressions (a report's
-#: cells query: 45 kB, 900 aggregates), so compiling them costs more than it saves (1.1 CPU-s of the 2.4 that query
-#: took), and that pass, which adds comparisons implied by chains of them, only hashes their conditions: 0.15-0.2 of
-#: the 0.9 CPU-s each of the two largest takes at 1 M spans with 40 attributes (docs/benchmarks.md, "ClickHouse").
+#: Settings of every chdb session and every request to a server: no JIT compilation of expressions. tailscope's
+#: queries run once each with long generated expressions (a report's cells query: 45 kB, 900 aggregates), so
+#: compiling them costs more than it saves: 1.1 CPU-s of the 2.4 that query took (docs/benchmarks.md, "ClickHouse").
 #: The answers are the same.
-SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0,
-                            "optimize_and_compare_chain": 0}
+SESSION_SETTINGS: Final = {"compile_expressions": 0, "compile_aggregate_expressions": 0}
+#: Settings of every session too where the server has them (`known_settings`; 24.8 lacks the first): no
+#: `optimize_and_compare_chain` pass, which adds the comparisons a chain of them implies and, on the cells query's
+#: 900 conditions, only hashes them: 0.15-0.2 of the 0.9 CPU-s each of the two largest takes at 1 M spans with 40
+#: attributes. The answers are the same.
+IF_KNOWN_SETTINGS: Final = {"optimize_and_compare_chain": 0}
+
+
+def known_settings(query: Callable[[str], pa.Table]) -> dict[str, int]:
+    """The IF_KNOWN_SETTINGS the server answering `query` (a SELECT's Arrow table) has."""
+    names = ", ".join(f"'{k}'" for k in IF_KNOWN_SETTINGS)
+    rows = query(f"SELECT name FROM system.settings WHERE name IN ({names})").to_pylist()
+    return {str(r["name"]): IF_KNOWN_SETTINGS[str(r["name"])] for r in rows}
 
 
 #: ClickHouse's name for a query refused for memory (Code 241).
@@ -159,6 +169,8 @@ class ChdbClient:
         self._s = session.Session(str(Path(dsn.path).resolve()))
         for key, value in SESSION_SETTINGS.items():
             self._s.query(f"SET {key} = {int(value)}", "CSV")
+        for key, value in known_settings(self.query).items():
+            self._s.query(f"SET {key} = {int(value)}", "CSV")
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         """Run a SELECT; the settings ride on the query's SETTINGS clause, on a line of its own (a trailing `--` or
@@ -217,6 +229,8 @@ class HttpClient:
                                                     password=dsn.password, database=dsn.database,
                                                     send_receive_timeout=dsn.timeout_s,
                                                     settings=dict(SESSION_SETTINGS))
+            for key, value in known_settings(self._c.query_arrow).items():
+                self._c.set_client_setting(key, value)
         except Exception as exc:
             raise DsnError(http_failure(dsn, exc)) from None
         finally:
