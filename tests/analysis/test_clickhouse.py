@@ -64,6 +64,17 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Any:
     c.close()
 
 
+def test_session_settings_in_force(client: Any) -> None:
+    """Every session runs with SESSION_SETTINGS and, where the server has them (chdb's release does),
+    IF_KNOWN_SETTINGS."""
+    from analysis.clickhouse.client import IF_KNOWN_SETTINGS, SESSION_SETTINGS
+
+    want = SESSION_SETTINGS | IF_KNOWN_SETTINGS
+    names = ", ".join(f"'{k}'" for k in want)
+    got = client.query(f"SELECT name, value FROM system.settings WHERE name IN ({names})").to_pylist()
+    assert {r["name"]: r["value"] for r in got} == {k: str(v) for k, v in want.items()}
+
+
 _KEYS = [S.ATTR_STAGE, S.ATTR_REQUEST, S.ATTR_OUTCOME, S.ATTR_TTFT_NS, S.ATTR_TIME_TO_FIRST_CHUNK, S.ATTR_OPERATION,
          S.ATTR_ERROR_TYPE,
          *S.MODEL_KEYS, *S.MODEL_VERSION_KEYS, *S.TENANT_KEYS, *S.INPUT_TOKEN_KEYS, *S.OUTPUT_TOKEN_KEYS]
