@@ -447,10 +447,10 @@ class _Reader:
         if not labels:
             return
         worker = ", ".join(M.quote(s) for s in M.WORKER_STAGES)
-        spans = source_sql(self.table, span_where(self.lo, self.hi), own_maps=True)
+        spans = source_sql(self.table, span_where(self.lo, self.hi))
         found = self.client.query(
             f"SELECT Replica AS r, k, groupUniqArray(2)(v) AS vs FROM {spans} "
-            "ARRAY JOIN mapKeys(_ra) AS k, mapValues(_ra) AS v "
+            "ARRAY JOIN mapKeys(ResourceAttributes) AS k, mapValues(ResourceAttributes) AS v "
             f"WHERE Replica IS NOT NULL AND (IsRequest OR Stage IN ({worker})) "
             f"AND {in_range_sql('TimestampNs', self.lo, self.hi)} "
             f"AND NOT startsWith(k, {CLICKHOUSE.literal(A.OWN_PREFIX)}) "
@@ -489,13 +489,13 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     keys' figures, then each kept key's code into a join keyed by the span's ids), and only the stage keys the
     stage spans agree on are kept per request (ATTR_STAGE, one row per request and key)."""
     out = A.Attributes()
-    spans = source_sql(table, span_where(lo, hi), own_maps=True)  # the maps read as the table holds them
+    spans = source_sql(table, span_where(lo, hi))
     ts = in_range_sql("TimestampNs", lo, hi)
     own = CLICKHOUSE.literal(A.OWN_PREFIX)
     hour = M.HOUR_NS
     frame = f"SELECT * FROM {facts_table} WHERE {frame_where}"
     # the frame's request spans, each once (a span delivered twice is read once, as the DuckDB report does)
-    request_maps = f"SELECT TraceId, SpanId, _sa AS a FROM {spans} WHERE IsRequest AND {ts}"
+    request_maps = f"SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}"
     request_pairs = (f"SELECT k, v FROM (SELECT a FROM ({request_maps}) WHERE (TraceId, SpanId) IN "
                      f"(SELECT trace_id, span_id FROM ({frame})) LIMIT 1 BY TraceId, SpanId) "
                      "ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v")
@@ -504,7 +504,7 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     stage = f"""
 SELECT g.trace_id AS t, g.span_id AS sid, st.k AS k, min(st.v) AS v
 FROM (SELECT TraceId, TimestampNs, k, v FROM {spans}
-      ARRAY JOIN mapKeys(_sa) AS k, mapValues(_sa) AS v
+      ARRAY JOIN mapKeys(SpanAttributes) AS k, mapValues(SpanAttributes) AS v
       WHERE Stage IS NOT NULL AND NOT IsRequest AND NOT startsWith(k, {own})) AS st
 INNER JOIN (SELECT trace_id, span_id, intDiv(start_ns, {hour}) * {hour} AS h FROM ({frame})) AS g
   ON st.TraceId = g.trace_id

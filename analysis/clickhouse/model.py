@@ -36,16 +36,8 @@ MODEL_INPUTS: Final[tuple[str, ...]] = (
     "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName", "Duration", "TimestampNs", "Stage",
     "IsRequest", "Outcome", "Replica", "Model", "ModelVersion", "Tenant", "InputTokens", "OutputTokens", "TtftNs",
     "AdjustedCount")
-#: The model's span columns as kept in a copy (the one attribute the model reads, gen_ai.request.stream, as _stream,
-#: from the table's own map), over `source_sql(..., own_maps=True)` (`keep_sql`).
-KEEP_SQL: Final = ", ".join(MODEL_INPUTS) + f", _sa[{M.quote(S.ATTR_STREAMING)}] AS _stream"
-
-
-def keep_sql(table: str = DEFAULT_TABLE, where: str = "") -> str:
-    """The SELECT of the model's span columns (KEEP_SQL) of the spans of `table` (`where`: over its columns)."""
-    return f"SELECT {KEEP_SQL} FROM {source_sql(table, where, own_maps=True)}"
-
-
+#: The model's span columns as kept in a copy (the one attribute the model reads, gen_ai.request.stream, as _stream).
+KEEP_SQL: Final = ", ".join(MODEL_INPUTS) + f", SpanAttributes[{M.quote(S.ATTR_STREAMING)}] AS _stream"
 #: Temporary table of the spans the model read in this session.
 SPANS_TEMP: Final = "_tailscope_spans"
 #: The engine of a temporary table too large to be held in memory (`temp_engine`): on the server's disk.
@@ -104,7 +96,7 @@ def materialize_requests(client: Client, table: str = DEFAULT_TABLE, *, where: s
     of the spans `where` keeps when it keeps exactly those, so `requests_from_copy` may read them again.
     Nothing outside the session is written.
     """
-    copy = keep_sql(table, where)
+    copy = f"SELECT {KEEP_SQL} FROM {source_sql(table, where)}"
     engine = temp_engine(client, copy)  # the copy is the largest: the model's tables all follow it
     temp_table(client, SPANS_TEMP, copy, engine)
     forget_copy(client)

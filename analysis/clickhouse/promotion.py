@@ -167,18 +167,11 @@ def use_mapping(table: str, mapping: Mapping | None) -> None:
         MAPPINGS[table] = mapping
 
 
-#: The columns `source_sql(..., own_maps=True)` adds: the table's own SpanAttributes and ResourceAttributes
-#: (Map(LowCardinality(String), String)), the same text as those columns without each span's map converted first.
-OWN_MAPS: Final = ("_sa", "_ra")
-
-
-def source_sql(table: str = DEFAULT_TABLE, where: str = "", *, own_maps: bool = False) -> str:
+def source_sql(table: str = DEFAULT_TABLE, where: str = "") -> str:
     """A parenthesised SELECT over an otel_traces-shaped table with every stored column of a tailscope store.
 
     `where` (over the table's own columns, e.g. a Timestamp range) narrows the spans read;
-    ClickHouse reads only the columns a query uses. With `own_maps` also OWN_MAPS, for a statement reading a few
-    keys, or every key, of many spans' maps (converting a map costs more than reading it: 0.15-0.3 CPU-s a read of
-    1 M spans with 40 attributes on their requests).
+    ClickHouse reads only the columns a query uses.
     """
     check_table_name(table)
     # the promotions look their keys up in the table's own maps (`_sa`, `_ra`): the same text, without converting
@@ -200,7 +193,6 @@ def source_sql(table: str = DEFAULT_TABLE, where: str = "", *, own_maps: bool = 
         "Duration": "toInt64(Duration)", "StatusCode": "_status", "StatusMessage": "toString(StatusMessage)",
         "Events": _EVENTS, "Links": _LINKS, **p,
         "EndNs": "_ts_ns + toInt64(Duration)",
-        **({m: m for m in OWN_MAPS} if own_maps else {}),
     }
     body = ",\n  ".join(f"{expr} AS {name}" for name, expr in cols.items())
     return project(f"(SELECT\n  {body}\nFROM ({inner}))", MAPPINGS.get(table), "clickhouse")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, check_table_name, literal, settings_clause
-from analysis.clickhouse.model import forget_copy, keep_sql, materialize_requests, temp_engine, temp_table
+from analysis.clickhouse.model import KEEP_SQL, forget_copy, materialize_requests, temp_engine, temp_table
 from analysis.clickhouse.promotion import kind_sql, source_sql
 from analysis.clickhouse.server import NEWEST, Features, features
 from analysis.engine import model as M
@@ -100,7 +100,7 @@ def refresh(client: Client, table: str, lo_ns: int, hi_ns: int, target: str = RE
 def copy_spans(client: Client, table: str = DEFAULT_TABLE, target: str = REQUESTS_TABLE, where: str = "") -> None:
     """Copy the spans of `table` (`where`: over its columns) into `<target>_spans` as the insert-triggered view
     does for new ones: what a backfill of spans written before `clickhouse init` runs first."""
-    client.command(f"INSERT INTO {target}_spans {keep_sql(table, where)}")
+    client.command(f"INSERT INTO {target}_spans SELECT {KEEP_SQL} FROM {source_sql(table, where)}")
 
 
 #: Nanoseconds of each unit `clickhouse init --every` takes.
@@ -165,12 +165,12 @@ def requests_mv_ddl(table: str = DEFAULT_TABLE, *, every: str = "5 MINUTE", lag_
     end = _view_end_sql(step, lag_minutes)
     select = refresh_sql(table, target, f"toUnixTimestamp64Nano(toDateTime64({end} - INTERVAL {step}, 9))",
                          f"toUnixTimestamp64Nano(toDateTime64({end}, 9))", server)
-    keep = keep_sql(table)
+    keep = KEEP_SQL
     settings = settings_clause(server.settings)
     return [
         f"CREATE TABLE IF NOT EXISTS {spans} ENGINE = MergeTree PARTITION BY intDiv(TimestampNs, {24 * _H}) "
-        f"ORDER BY (TimestampNs, TraceId) EMPTY AS {keep}",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {spans}_mv TO {spans} AS {keep}",
+        f"ORDER BY (TimestampNs, TraceId) EMPTY AS SELECT {keep} FROM {source_sql(table)}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {spans}_mv TO {spans} AS SELECT {keep} FROM {source_sql(table)}",
         # a refresh run twice over one interval appends its rows twice: readers take the latest refresh of an
         # interval (its stamp), and the replacing engine drops the older rows as parts merge
         f"CREATE TABLE IF NOT EXISTS {target} ENGINE = ReplacingMergeTree(refreshed_ns) PARTITION BY toDate(start) "
@@ -383,7 +383,7 @@ def apply_schema(client: Client, table: str = DEFAULT_TABLE, *, every: str = "5 
                                       "table: the materialized requests cannot be kept there, so nothing was created; "
                                       "reports compute the requests from the spans") from None
             raise QueryError(sql, f"{exc.what}: nothing was created") from None
-    client.query(f"SELECT * FROM ({keep_sql(table)}) LIMIT 0")
+    client.query(f"SELECT * FROM (SELECT {KEEP_SQL} FROM {source_sql(table)}) LIMIT 0")
     before = _present(client, names)
     created: list[str] = []
     for name, sql in zip(names, statements, strict=True):
