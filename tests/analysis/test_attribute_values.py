@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from analysis import build_report, connect
@@ -162,3 +163,18 @@ def test_a_store_without_attributes_reads_no_value() -> None:
 
 
 TENANTS = ["acme", "globex", "initech"]
+
+
+def test_the_rows_of_each_file_are_each_file_numbers_positions() -> None:
+    """`_rows_by_file` against a look-up of every row per file number, on runs of files and on shuffled rows."""
+    rng = random.Random(7)
+    for case in range(60):
+        runs = [[rng.randrange(6)] * rng.randrange(0, 40) for _ in range(rng.randrange(0, 6))]
+        flat = [n for run in runs for n in run]
+        if case % 2:
+            rng.shuffle(flat)
+        file_of = np.array(flat, dtype=np.int64)
+        got = AV._rows_by_file(file_of)
+        assert sorted(got) == sorted(set(flat))
+        for n, positions in got.items():
+            assert positions.tolist() == [i for i, f in enumerate(flat) if f == n]
