@@ -711,13 +711,13 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
     # each request's replica code, the missing ones the tables' last slot: a key's rows are read through a table of
     # the replicas carrying it (one gather, not a pass over the requests per replica)
     slot = np.where(replica.codes >= 0, replica.codes, len(replica.labels))
+    # a key's rows per value are its replicas' rows (the replica's counts, missing last as `slot`): no pass per key
+    per_replica = counts_of(replica)
     for key in sorted(per_key, key=lambda k: (-sum(v is not None for v in per_key[k]), k)):
         table = per_key[key]
         rep_codes = np.flatnonzero([v is not None for v in table])
-        carries = np.zeros(len(replica.labels) + 1, dtype=bool)
-        carries[rep_codes] = True
-        rows = np.flatnonzero(carries[slot])
-        if not judge.before_coding(key, "resource", rows.size):
+        present = int(per_replica[rep_codes].sum())
+        if not judge.before_coding(key, "resource", present):
             continue
         if judge.cut_past(key, "resource", ""):
             continue
@@ -728,7 +728,10 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
         lut[rep_codes] = small.codes
         codes = lut[slot]
         coded = Coded(key, codes, small.labels, small.lo, small.hi)
-        judge.after_coding(coded, "resource", int(rows.size), distinct, numeric)
+        missing_last = np.where(lut >= 0, lut, len(small.labels))
+        coded.counts = np.bincount(missing_last, weights=per_replica, minlength=len(small.labels) + 1
+                                   ).astype(np.int64)
+        judge.after_coding(coded, "resource", present, distinct, numeric)
 
 
 #: A coarser value is named over a finer one nested in it only when it explains this much more of the excess.
