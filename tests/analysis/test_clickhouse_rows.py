@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pytest
 
@@ -170,7 +169,7 @@ def test_the_servers_spike_rows_read_as_the_rows_in_memory(chdb_client: Any, see
         chdb_client.command(f"INSERT INTO {CA.ATTR_TEMP} VALUES " + ", ".join(
             f"('t{i}', 's{i}', {start[i]}, {float(values[i])!r}, {1.0 if weights is None else float(weights[i])!r}, "
             f"{a0[i]})" for i in range(n)))
-        server = _ServerSpikeRows(chdb_client, attrs, weighted, lambda: pl.DataFrame())
+        server = _ServerSpikeRows(chdb_client, attrs, weighted)
         a, b = (int(x) for x in np.sort(rng.choice(10 * n, 2, replace=False)))
         rows = np.flatnonzero((start >= a) & (start < b)).astype(np.int64)
         p99 = X.weighted_q(values, weights, rows) if rows.size else math.nan
