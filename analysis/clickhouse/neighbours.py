@@ -9,7 +9,8 @@ and spike-or-baseline for the admitted requests and the GPU time), never a reque
 - admitted: the requests starting in the compared windows on those replicas;
 - GPU time: analysis.cost's sweep in ClickHouse SQL (`cost.clickhouse_gpu_shares`) over the spans of every
   request the facts hold overlapping the compared windows (the same shares as over the whole table, the
-  sweep being exact per minute), joined with the facts there;
+  sweep being exact per minute; weighted when a request of the facts weighs other than 1), joined with the
+  facts there;
 - queued: the request model run there (analysis.clickhouse.model) over the spans of the other tenants'
   tail traces, and per tenant how many of those requests waited in the queue for more than half their latency.
 
@@ -90,7 +91,11 @@ class ServerFigures:
         b = max(int(got["b"]) + 1, hi) if got["b"] is not None else hi
         where = (f"Timestamp >= fromUnixTimestamp64Nano(toInt64({a})) "
                  f"AND Timestamp < fromUnixTimestamp64Nano(toInt64({b}))")
-        shares, reps = clickhouse_gpu_shares(self.client, self.table, lo, hi, grid_ns=w, where=where)
+        # weighted as the store's sweep is when a request weighs other than 1, read off the facts' one column (not a
+        # scan of every span's attributes)
+        weighted = bool(self._rows(f"SELECT count() AS n FROM {self.facts} WHERE adjusted_count != 1")[0]["n"])
+        shares, reps = clickhouse_gpu_shares(self.client, self.table, lo, hi, grid_ns=w, weighted=weighted,
+                                             where=where)
         try:
             out = pl.from_arrow(self.client.query(
                 f"SELECT f.tenant AS tenant, s.bucket_ns >= {int(spike.start_ns)} AND s.bucket_ns < "
