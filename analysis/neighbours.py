@@ -139,7 +139,7 @@ def decide(figures: Figures, det: Detection, spike: Spike, item: dict[str, Any])
     g_s, g_b = _shares(gpu.filter(pl.col("in_spike")), "ns"), _shares(gpu.filter(~pl.col("in_spike")), "ns")
     n_spike = int(adm_spike.get_column("n").sum() or 0)
     counts = {str(t): int(n) for t, n in adm_spike.select("tenant", "n").iter_rows()}
-    tenants = [t for t in a_s if t != "None"]
+    tenants = sorted(t for t in a_s if t != "None")  # in one order whatever the engine: a tie names the first
     best: tuple[float, str] | None = None
     for t in tenants:
         base = a_b.get(t, 0.0)
