@@ -6,9 +6,9 @@
 2. Detection (analysis.spikes.detect_windows, the same code and seed as on DuckDB) runs on one
    row per window (count, exact p50 / p99) and asks the server each pooled figure it needs
    (`_ServerValues`); the scan's ranks of the values above the pooled p99 are counted there too (per
-   window, per block of scores, per group of tied values: `_ServerValues.exceedances`, the same floats
-   as over the values), so of the requests only a row per group of tied values comes back (none on
-   distinct values). Sampled requests are weighed there (their
+   window, per block of scores, the blocks found there and checked on the client from the few groups of
+   tied values at their edges: `_ServerValues.exceedances`, the same floats as over the values), so of
+   the requests nothing comes back row by row. Sampled requests are weighed there (their
    adjusted counts), and the sampling judgement (sampling.judge) asks the server its counts and
    weighted quantiles (`_ServerJudged`): no per-request row comes back (`_phase1_server`).
 3. Only when there is a spike, the explanation of analysis.report runs on the client over figures
@@ -154,24 +154,19 @@ class _ServerValues:
 
     def exceedances(self, threshold: float, judged: np.ndarray) -> SP.Exceedances:
         """The values above `threshold` as the scan reads them, from counts only: per window how many; of the judged
-        windows' ones, each group of tied values (its first rank and size: none on distinct values) and, per window,
-        how many fall in each block of scores (`spikes.tied_scores` gives the blocks, `spikes.summed_by_block` the
-        sums, the same floats as over the values). One row per window comes back, and one per group of ties."""
+        windows' ones, where each block of scores starts (`_blocks`) and, per window, how many fall in each block
+        (`spikes.summed_by_block` the sums: the same floats as over the values). One row per window comes back, and
+        one row of the blocks."""
         over = f"{self.where} AND toFloat64({self.value}) > {threshold!r}"
         win = f"intDiv(start_ns, {self.w})"
         got = self.client.query(f"SELECT {win} AS win, count() AS k FROM {self.facts} WHERE {over} GROUP BY win")
         exceed = np.zeros(self.wins.size, dtype=np.int64)
         exceed[np.searchsorted(self.wins, got.column("win").to_numpy().astype(np.int64))] = got.column("k").to_numpy()
         total_k = int(exceed[judged].sum())
-        mine = f"{over} AND {win} IN ({self._listed(judged)})"
-        ties = self.client.query(
-            f"SELECT lo_rank, c FROM (SELECT c, sum(c) OVER (ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT "
-            f"ROW) - c AS lo_rank FROM (SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} "
-            f"WHERE {mine} GROUP BY v)) WHERE c > 1")
-        scores, firsts = SP.tied_scores(total_k, ties.column("lo_rank").to_numpy().astype(np.int64),
-                                        ties.column("c").to_numpy().astype(np.int64))
         if total_k == 0:
-            return SP.Exceedances(exceed, scores, np.zeros(self.wins.size))
+            return SP.Exceedances(exceed, np.zeros(0), np.zeros(self.wins.size))
+        mine = f"{over} AND {win} IN ({self._listed(judged)})"
+        scores, firsts = self._blocks(mine, total_k)
         blocks = self.client.query(
             f"SELECT win, groupArray(b) AS bs, groupArray(c) AS cs FROM (SELECT win, b, count() AS c FROM (SELECT "
             f"{win} AS win, arrayCount(f -> f <= r, [{', '.join(str(int(x)) for x in firsts)}]) - 1 AS b FROM (SELECT "
@@ -183,6 +178,43 @@ class _ServerValues:
         flat_c = np.asarray([c for r in blocks for c in r["cs"]], dtype=np.int64)
         return SP.Exceedances(exceed, scores, SP.summed_by_block(np.repeat(at, sizes).astype(np.int64), flat_b,
                                                                  flat_c, scores, firsts, self.wins.size))
+
+    def _blocks(self, mine: str, total_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The block scores and first ranks of the `total_k` values meeting `mine` (`spikes.block_scores` of their
+        tail scores), from one row: the server groups the equal values, scores each group by its ranks (its mean
+        Savage score; the sums of harmonic numbers in its own floats) and runs the blocks' rule over them, and sends
+        the blocks' first ranks with the groups holding the ranks the rule reads (`spikes.verified_blocks`: at most
+        2 B + 1 of them, B <= H_K / SCORE_BLOCK_SPREAD + 1 blocks). The client checks the rule in its own floats;
+        only when they would choose otherwise (a score within rounding of a block's edge) does every group of two
+        or more equal values come back (one row a group) for `spikes.tied_scores`."""
+        groups = f"SELECT toFloat64({self.value}) AS v, count() AS c FROM {self.facts} WHERE {mine} GROUP BY v"
+        # per group of equal values (ascending, 1-based i): cs its size, lo its first rank, sc its mean score from
+        # h[n + 1] = H_n and d[n + 1] = H_0 + ... + H_(n - 1) (a lone value's H_K - H_(K-lo-1)); js the groups where
+        # the blocks start, from the top down (each step one search: the first group within the spread of the top
+        # of what is left), at most H_K / spread + 1 steps; gi the groups at the blocks' edges and the largest
+        spread = SP.SCORE_BLOCK_SPREAD
+        row = self.client.query(
+            f"SELECT k, arrayMap(j -> lo[j], arrayReverse(js)) AS fs, arrayMap(i -> lo[i], gi) AS glo, "
+            f"arrayMap(i -> cs[i], gi) AS gc FROM (SELECT k, lo, cs, js, arraySort(arrayDistinct(arrayFilter(i -> "
+            f"i > 0, arrayConcat(js, arrayMap(j -> toUInt64(j - 1), js), [toUInt64(length(cs))])))) AS gi FROM ("
+            f"SELECT k, lo, cs, arrayFold((acc, step) -> if(length(acc) > 0 AND acc[-1] = 1, acc, arrayPushBack(acc, "
+            f"toUInt64(arrayFirstIndex(x -> x >= sc[if(length(acc) = 0, length(sc), toUInt64(acc[-1] - 1))] - "
+            f"{spread!r}, sc)))), range(toUInt64(hk / {spread!r}) + 2), CAST([], 'Array(UInt64)')) AS js "
+            f"FROM (SELECT k, lo, cs, h[k + 1] AS hk, arrayMap((l, c) -> if(c = 1, hk - h[k - l], hk - (d[k - l + 1] - "
+            f"d[k - l - c + 1]) / c), lo, cs) AS sc FROM (SELECT arrayMap(g -> g.2, arraySort(groupArray((v, c)))) "
+            f"AS cs, arraySum(cs) AS k, arrayMap((e, c) -> e - c, arrayCumSum(cs), cs) AS lo, "
+            f"arrayConcat([0.], arrayCumSum(arrayMap(i -> 1 / i, range(1, k + 1)))) AS h, "
+            f"arrayConcat([0.], arrayCumSum(h)) AS d FROM ({groups})))))").to_pylist()[0]
+        got = None if int(row["k"]) != total_k else SP.verified_blocks(
+            total_k, np.asarray(row["fs"], dtype=np.int64), np.asarray(row["glo"], dtype=np.int64),
+            np.asarray(row["gc"], dtype=np.int64))
+        if got is not None:
+            return got
+        ties = self.client.query(
+            f"SELECT lo_rank, c FROM (SELECT c, sum(c) OVER (ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT "
+            f"ROW) - c AS lo_rank FROM ({groups})) WHERE c > 1")
+        return SP.tied_scores(total_k, ties.column("lo_rank").to_numpy().astype(np.int64),
+                              ties.column("c").to_numpy().astype(np.int64))
 
 
 #: Session temporary table of what the sampling judgement reads, one row per analysed value (`_ServerJudged`).
@@ -241,7 +273,7 @@ def _judge_on_server(client: Client, table: str, facts_table: str, valued: str, 
 
 def _phase1_server(q: Asked) -> tuple[C.Report, Detection | None, _ServerValues | None]:
     """analysis.report._prepare on the server: the counts (and weighted counts), the per-window table, each pooled
-    figure detection asks for and the scan's counts come back (a row per group of tied values above the pooled p99:
+    figure detection asks for and the scan's counts come back (per window, and one row of its blocks of scores:
     `_ServerValues.exceedances`), nothing per request. Sampled requests
     (or a declared policy) are judged on the server too (`_judge_on_server`, their records read from `table`)."""
     client, table, facts_table, cond, metric, window_s = q.client, q.table, q.facts_table, q.cond, q.metric, q.window_s
