@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import itertools
 import json
 import os
 import uuid
@@ -118,37 +119,51 @@ def presence_only(key: str) -> bool:
 
 def grouped_sql(long_sql: str, source: str) -> str:
     """DuckDB SQL of (k, v, rids) over `request_attribute_sql`'s (rid, a) (`source` "request") or
-    `stage_attribute_sql`'s (rid, k, v) answer: each key's distinct values, each with the row ids holding it; an
-    entry without a value is no value. Each distinct value crosses to Python once, with its rows as integers,
-    instead of once per request (`split_grouped`): at 10 M spans with 40 request attributes, reading the maps whole
-    took gigabytes."""
+    `stage_attribute_sql`'s (rid, k, v) answer: each key's distinct values, each with the row ids holding it, ordered
+    by key (`split_grouped` cuts each key's rows out as slices); an entry without a value is no value. Each distinct
+    value crosses to Python once, with its rows as integers, instead of once per request: at 10 M spans with 40
+    request attributes, reading the maps whole took gigabytes."""
     entries = (f"SELECT rid, unnest(map_keys(a)) AS k, unnest(map_values(a)) AS v FROM ({long_sql})"
                if source == "request" else f"SELECT rid, k, v FROM ({long_sql})")
-    return f"SELECT k, v, list(rid) AS rids FROM ({entries}) WHERE v IS NOT NULL GROUP BY k, v"
+    return f"SELECT k, v, list(rid) AS rids FROM ({entries}) WHERE v IS NOT NULL GROUP BY k, v ORDER BY k"
 
 
 def split_grouped(table: pa.Table) -> dict[str, tuple[I64, np.ndarray, pa.Array | None]]:
     """key -> (row ids, codes, values) of `grouped_sql`'s answer: each row id's value is values[code], `values`
     the key's distinct values (None for a presence-only key: counted, never coded). A row id appears twice where
-    its request span was delivered twice."""
-    if table.num_rows == 0:
-        return {}
-    keys = pc.dictionary_encode(table.column("k").combine_chunks())
-    kidx = to_numpy(keys.indices)
-    order = np.argsort(kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx, kind="stable")
-    bounds = np.searchsorted(kidx[order], np.arange(len(keys.dictionary) + 1))
-    lists = table.column("rids").combine_chunks()
-    vals = table.column("v").combine_chunks()
-    if not pa.types.is_string(vals.type):
-        vals = vals.cast(pa.string())
+    its request span was delivered twice. Each key's rows are runs of the answer's batches (put in key order where
+    they are not), so its row ids, codes and values are slices of them: gathering or copying the answer cost about
+    as much as reading it (most of it the system's, allocating fresh memory)."""
+    runs: dict[str, list[tuple[I64, np.ndarray, pa.Array]]] = {}
+    for batch in table.to_batches():
+        keys = pc.dictionary_encode(batch.column(0))
+        kidx = to_numpy(keys.indices)
+        if np.any(kidx[1:] < kidx[:-1]):  # not in key order: one gather puts it so
+            order = np.argsort(kidx, kind="stable")
+            batch, kidx = batch.take(from_numpy(order)), kidx[order]
+        lists = batch.column(2)
+        offsets = to_numpy(lists.offsets).astype(np.int64)
+        flat = to_numpy(lists.values).astype(np.int64, copy=False)  # the offsets index the child array (a slice's too)
+        vals = batch.column(1)
+        names = keys.dictionary.to_pylist()
+        cut = np.flatnonzero(kidx[1:] != kidx[:-1]) + 1
+        for a, b in itertools.pairwise([0, *cut.tolist(), int(kidx.size)]):
+            kind = np.int16 if b - a < np.iinfo(np.int16).max else np.int32  # a code per row: the smallest that holds
+            codes = np.repeat(np.arange(b - a, dtype=kind), np.diff(offsets[a:b + 1]))
+            runs.setdefault(str(names[kidx[a]]), []).append((flat[offsets[a]:offsets[b]], codes, vals.slice(a, b - a)))
     out: dict[str, tuple[I64, np.ndarray, pa.Array | None]] = {}
-    for i, key in enumerate(keys.dictionary.to_pylist()):
-        sel = from_numpy(order[bounds[i]:bounds[i + 1]])
-        mine = lists.take(sel)
-        rids = to_numpy(mine.flatten()).astype(np.int64)
-        kind = np.int16 if len(sel) < np.iinfo(np.int16).max else np.int32  # a code per row: the smallest that holds
-        codes = np.repeat(np.arange(len(sel), dtype=kind), to_numpy(pc.list_value_length(mine)))
-        out[str(key)] = (rids, codes, None if presence_only(str(key)) else vals.take(sel))
+    for key, got in runs.items():
+        if len(got) == 1:
+            rids, codes, values = got[0]
+        else:  # a key's run split across batches: its values numbered on
+            shift = np.cumsum([0] + [len(v) for _, _, v in got])
+            kind = np.int16 if shift[-1] < np.iinfo(np.int16).max else np.int32
+            rids = np.concatenate([r for r, _, _ in got])
+            codes = np.concatenate([c.astype(kind) + kind(s) for (_, c, _), s in zip(got, shift, strict=False)])
+            values = pa.concat_arrays([v for _, _, v in got])
+        if not pa.types.is_string(values.type):
+            values = values.cast(pa.string())
+        out[key] = (rids, codes, None if presence_only(key) else values)
     return out
 
 
