@@ -487,16 +487,10 @@ def _in_chunk(source: str, live_rows: str, spans: str, stored: StoredValues | No
 def _live_part(positions: npt.NDArray[np.integer[Any]], codes: npt.NDArray[np.integer[Any]], values: pa.Array | None,
                n: int) -> Part:
     """The Part of `split_grouped`'s rows of a key at frame `positions` (a presence-only key: no value), one value per
-    position: where a request span was delivered twice, the first of its entries."""
-    seen = np.zeros(n, dtype=np.bool_)
-    seen[positions] = True
-    whole = True
-    if int(np.count_nonzero(seen)) < positions.size:
-        _, first = np.unique(positions, return_index=True)
-        first.sort()
-        positions, codes = positions[first], codes[first]
-        whole = values is None or bool(np.bincount(codes, minlength=len(values)).all())
-    return Part(positions, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
+    position: where a request span was delivered twice, the first of its entries (`first_entries`)."""
+    once, codes = AV.first_entries(positions, codes, n)
+    whole = once.size == positions.size or values is None or bool(np.bincount(codes, minlength=len(values)).all())
+    return Part(once, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
 
 
 class _Positions:
