@@ -10,11 +10,12 @@ reported apart. Then the query caches are cleared (st.cache_data is process-wide
 session and the warm-up filled it) and a second session renders each page once, then changes filters.
 
     python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep] [--materialized [--live-hours N]]
-        [--pages overview,spike,...]
+        [--pages overview,spike,...] [--first-only]
 
 `--materialized` first writes every stale hour's request file (analysis.engine.materialize, timed), as
 `tailscope collect` does for settled hours: the pages then read the hours in place; `--live-hours N` leaves the
 last N hours live (removing their files if written), as collect leaves the current hour and the one before.
+`--first-only` stops after the first session's Overview (a run short enough to alternate two trees many times).
 The measured session is cold: every result cache of the dashboard is emptied before it (`clear_caches` prints
 what it clears and what stays warm).
 
@@ -132,9 +133,9 @@ def clear_caches() -> str:
             "(data.workbench); DuckDB's and the OS's file caches stay warm (the store was just read)")
 
 
-def run(store: Path, pages: tuple[str, ...] = PAGES) -> list[tuple[str, float, float]]:
+def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False) -> list[tuple[str, float, float]]:
     """Drive the app over `store`; (what, seconds, limit) per measurement. `pages`: the pages the second session
-    renders after the Overview (every page by default)."""
+    renders after the Overview (every page by default); `first_only`: only the first session's Overview."""
     os.environ["TAILSCOPE_STORE"] = str(store)
     anchor(store)
     components = server_components()
@@ -147,6 +148,8 @@ def run(store: Path, pages: tuple[str, ...] = PAGES) -> list[tuple[str, float, f
     _timed("open store: first overview (complete)", results, float("inf"), at.run)
     print(f"  (of {' and '.join(heavy) or 'nothing'} not loaded before it, the first overview imported: "
           f"{', '.join(m for m in heavy if m in sys.modules) or 'none'})", flush=True)
+    if first_only:
+        return results
     from dashboard import data
     _timed("then page spike (explanations: warm-up thread)", results, float("inf"),
            at.switch_page("app_pages/spike.py").run)
@@ -207,6 +210,8 @@ def main() -> None:
     parser.add_argument("--live-hours", type=int, default=0, metavar="N",
                         help="with --materialized: leave the last N hours live (their request files removed if "
                              "written), as `tailscope collect` leaves the current hour and the one before")
+    parser.add_argument("--first-only", action="store_true",
+                        help="stop after the first session's Overview (the server's first complete page)")
     args = parser.parse_args()
     tmp: Path | None = None
     store = args.store
@@ -230,7 +235,7 @@ def main() -> None:
         print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s; "
               f"live (not materialized): {len(snapshot(store).stale)} hour(s)", flush=True)
     try:
-        results = run(store, tuple(args.pages.split(",")))
+        results = run(store, tuple(args.pages.split(",")), args.first_only)
         anchor(store)  # again, before the store is removed: the load may have changed during the run
     finally:
         if tmp is not None and not args.keep:

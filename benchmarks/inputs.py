@@ -18,6 +18,7 @@ sibling first and are renamed into place, so an interrupted build leaves nothing
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -28,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The stamp file inside every prepared input.
@@ -39,6 +40,30 @@ LIBRARIES = ("numpy", "pyarrow", "duckdb", "chdb")
 
 class InputError(SystemExit):
     """An input this module will not touch (not built by a benchmark) or not as required: a one-line exit."""
+
+
+#: The lock files this process holds, one an input, kept open (and so locked) until the process ends.
+_HELD: dict[Path, IO[str]] = {}
+
+
+def hold(path: Path) -> None:
+    """Lock the input `path` for this process, so a second run with the same --dir stops before it touches it.
+
+    The lock is `flock` on a hidden sibling file, released by the system when the process ends however it
+    ends; another process holding it is an InputError (one line), never a half-removed directory.
+    """
+    path = Path(path).absolute()
+    if path in _HELD:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path.parent / f".{path.name}.lock", "w")  # noqa: SIM115 (held open for the process's life)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise InputError(f"{path}: in use by another process (a benchmark run with the same --dir?); "
+                         "wait for it to end or choose another --dir") from None
+    _HELD[path] = f
 
 
 def _packages() -> frozenset[str]:
@@ -192,6 +217,7 @@ def check(path: Path, builder: Callable[..., Any], **params: Any) -> dict[str, A
 
 def matches(path: Path, builder: Callable[..., Any], **params: Any) -> bool:
     """Whether `path` is stamped as built by `builder(**params)` with the code running now (files not checked)."""
+    hold(path)
     stamp = read_stamp(path)
     return stamp is not None and _why_stale(stamp, fingerprint(builder, params)) is None
 
@@ -208,6 +234,7 @@ def record(path: Path, builder: Callable[..., Any], params: Mapping[str, Any], *
 
 def clear(path: Path) -> None:
     """Remove an input a benchmark built (stamped) so it can be built again; refuse anything else."""
+    hold(path)
     if not path.exists():
         return
     if read_stamp(path) is None and (not path.is_dir() or any(path.iterdir())):
@@ -226,6 +253,7 @@ def prepare(path: Path, builder: Callable[..., Any], *, manifest: bool = True, k
     says which and why.
     """
     path = Path(path)
+    hold(path)
     want = fingerprint(builder, params)
     stamp = read_stamp(path)
     if stamp is not None:

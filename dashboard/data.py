@@ -49,6 +49,7 @@ from analysis.engine.materialize import (
     exact_hour_sql,
     hour_of,
     hour_where,
+    request_keys_sql,
     snapshot,
     stored_source,
 )
@@ -195,17 +196,28 @@ class Workbench:
             quick = sum(max(_size(f), 0) for f in snap.inputs(redo)) > QUICK_LOAD_BYTES
             cur = self.con.cursor()
             made: tuple[str, Path | None] | None = None
+            staged = {name: f"_live_values_next_{name}" for name in LIVE_VALUES} if redo else None
             try:
+                with ThreadPoolExecutor(1, thread_name_prefix="tailscope-live-values") as pool:
+                    # the new hours' attribute values on a cursor of their own, beside their rows (the sweep), into
+                    # tables that the transaction below moves into LIVE_VALUES: no reader sees them before it commits
+                    values = pool.submit(_stage_live_values, self.con, snap, redo, staged) if staged else None
+                    if redo:
+                        cur.execute(f"CREATE TEMP TABLE {_NEXT_ROWS} AS SELECT * FROM main.req_live LIMIT 0")
+                    if redo and quick:
+                        _insert_facts(cur, snap, redo, into=_NEXT_ROWS)
+                    for hour in [] if quick else redo:
+                        _insert_exact(cur, snap, hour, into=_NEXT_ROWS)
+                    if values is not None:
+                        values.result()
                 cur.execute("BEGIN")
                 if gone:
                     cur.execute("DELETE FROM req_live WHERE (start_ns // ?) * ? IN (SELECT unnest(?))",
                                 [HOUR_NS, HOUR_NS, gone])
-                if redo and quick:
-                    _insert_facts(cur, snap, redo)
-                for hour in [] if quick else redo:
-                    _insert_exact(cur, snap, hour)
+                if redo:
+                    cur.execute(f"INSERT INTO req_live BY NAME SELECT * FROM {_NEXT_ROWS}")
                 refresh_views(cur, self.store, snap)
-                keep_live_values(cur, "req_live", gone, redo)  # the live hours' attribute values, read once per hour
+                keep_live_values(cur, "req_live", gone, redo, staged=staged)  # the live hours' values, read once
                 made = self._keep_live(cur)  # their facts and attribute file, made once for every report
                 pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
                 live_requests_from(cur, None if pending else "main.req_live")  # their exact rows, once all are
@@ -223,6 +235,9 @@ class Workbench:
                     cur.execute("ROLLBACK")
                 if made is not None and made[1] is not None:
                     made[1].unlink(missing_ok=True)
+                for table in (staged or {}).values():  # committed by their own cursor; moved (dropped) only above
+                    with contextlib.suppress(duckdb.Error):
+                        cur.execute(f"DROP TABLE IF EXISTS main.{table}")
                 raise
             finally:
                 cur.close()
@@ -551,13 +566,37 @@ def _insert_exact(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hour: int, int
         cur.execute(f"INSERT INTO {into} BY NAME SELECT *, true AS critical_path FROM ({sql})")
 
 
-def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int]) -> None:
+def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: str = "req_live") -> None:
     """Insert request facts (no stage columns) of the requests starting in `hours`: one scan of their inputs."""
     source = f"({spans_sql(_list_source(snap.inputs(hours)), snap.mapping)})"
     cur.execute(f"""
-        INSERT INTO req_live BY NAME
+        INSERT INTO {into} BY NAME
         SELECT *, make_timestamp(start_ns // 1000) AS start, start_ns + e2e_ns AS end_ns, false AS critical_path
         FROM ({facts_sql(source, request_where=hour_where(hours))})""")
+
+
+#: The temporary table of a refresh's new `req_live` rows, computed before its transaction (see `_stage_live_values`).
+_NEXT_ROWS = "_req_live_next"
+
+
+def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: dict[str, str]) -> None:
+    """Compute the attribute values of the stale `hours` of `snap` (attribute_values.keep_live_values) into the tables
+    `into`, committed on a cursor of their own over views of the snapshot's files: the requests are the model's
+    request spans of each hour (materialize.request_keys_sql, the rows the sweep computes), so this runs beside the
+    critical-path sweep (both mostly in DuckDB and the C kernel, which release the GIL) instead of after it."""
+    cur = con.cursor()
+    try:
+        for table in into.values():  # left by a refresh that failed before moving them
+            cur.execute(f"DROP TABLE IF EXISTS main.{table}")
+        mapping = snap.mapping
+        cur.execute(f"CREATE TEMP VIEW _next_spans AS {spans_sql(_list_source(list(snap.segments)), mapping)}")
+        cur.execute(f"CREATE TEMP VIEW _next_spans_live AS "
+                    f"{spans_sql(_list_source(snap.inputs(snap.stale)), mapping)}")
+        cur.execute("CREATE TEMP TABLE _next_keys AS " + " UNION ALL ".join(
+            f"({request_keys_sql(snap, h)})" for h in hours))
+        keep_live_values(cur, "_next_keys", [], hours, spans="_next_spans", live_spans="_next_spans_live", into=into)
+    finally:
+        cur.close()
 
 
 def _empty_req_sql(con: duckdb.DuckDBPyConnection) -> str:

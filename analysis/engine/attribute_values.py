@@ -25,7 +25,7 @@ import itertools
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -425,36 +425,47 @@ LIVE_VALUES: Final = {"request": "_attribute_values_live_request", "stage": "_at
                       "resource": "_attribute_values_live_resource"}
 
 
-def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int]) -> None:
-    """Keep in LIVE_VALUES the stale hours' attribute values, as `read_attributes` reads them from LIVE_SPANS: drop
-    the `gone` hours' rows and add those of `hours`, whose requests `rows` (a table with trace_id, span_id, start_ns)
-    holds. Call on a connection whose views were just pointed (connect.refresh) at the snapshot whose stale hours
-    these are; the values do not depend on the report's time range (a request's spans are bounded by its hours)."""
+def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int], *,
+                     spans: str = "spans", live_spans: str = LIVE_SPANS, into: Mapping[str, str] = LIVE_VALUES,
+                     staged: Mapping[str, str] | None = None) -> None:
+    """Keep in LIVE_VALUES (or `into`) the stale hours' attribute values, as `read_attributes` reads them from
+    LIVE_SPANS (`live_spans`; the resource rows from `spans`): drop the `gone` hours' rows and add those of `hours`,
+    whose requests `rows` (a table with trace_id, span_id, start_ns) holds. Call on a connection whose views were
+    just pointed (connect.refresh) at the snapshot whose stale hours these are, or with views of that snapshot's
+    files under other names; the values do not depend on the report's time range (a request's spans are bounded by
+    its hours). `staged`: tables this function filled (`into`) with the `hours`' values, on another cursor (beside
+    the hours' critical paths): their rows are moved into LIVE_VALUES, not read again, and the tables dropped."""
     hour = M.HOUR_NS
     have = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
-    for table in LIVE_VALUES.values():
+    for table in into.values():
         if gone and table in have:
             con.execute(f"DELETE FROM {table} WHERE hour IN (SELECT unnest(?))", [list(gone)])
+    if staged is not None:
+        for name, table in into.items():
+            verb = f"INSERT INTO {table}" if table in have else f"CREATE TABLE {table} AS"
+            con.execute(f"{verb} SELECT * FROM {staged[name]}")
+            con.execute(f"DROP TABLE {staged[name]}")
+        return
     keys = "SELECT * FROM _live_value_keys"
     for h in hours:
         con.execute("CREATE OR REPLACE TEMP TABLE _live_value_keys AS SELECT row_number() OVER () AS rid, trace_id, "
                     f"span_id, start_ns FROM {rows} WHERE start_ns >= {h} AND start_ns < {h + hour}")
         for name, sql in (
                 ("request", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.a FROM "
-                            f"({request_attribute_sql(keys, LIVE_SPANS)}) s JOIN _live_value_keys k USING (rid)"),
+                            f"({request_attribute_sql(keys, live_spans)}) s JOIN _live_value_keys k USING (rid)"),
                 ("stage", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.k, s.v FROM "
-                          f"({stage_attribute_sql(keys, LIVE_SPANS)}) s JOIN _live_value_keys k USING (rid)"),
+                          f"({stage_attribute_sql(keys, live_spans)}) s JOIN _live_value_keys k USING (rid)"),
                 ("resource", f"SELECT {h}::BIGINT AS hour, Replica AS replica, k, vs FROM "
-                             f"({resource_attribute_sql('spans', f'TimestampNs >= {h} AND TimestampNs < {h + hour}')})"
+                             f"({resource_attribute_sql(spans, f'TimestampNs >= {h} AND TimestampNs < {h + hour}')})"
                              )):
             # the hour's bounds narrow the scan only (its requests' spans start in it, their stages beside it), as
             # a report's time range does
             p = {"lo": h, "hi": h + hour}
-            if LIVE_VALUES[name] in have:
-                con.execute(f"INSERT INTO {LIVE_VALUES[name]} {sql}", p)
+            if into[name] in have:
+                con.execute(f"INSERT INTO {into[name]} {sql}", p)
             else:
-                con.execute(f"CREATE TABLE {LIVE_VALUES[name]} AS {sql}", p)
-                have.add(LIVE_VALUES[name])
+                con.execute(f"CREATE TABLE {into[name]} AS {sql}", p)
+                have.add(into[name])
         con.execute("DROP TABLE _live_value_keys")
 
 

@@ -195,6 +195,20 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
 
 
+def _request_spans_sql(source: str, where: str, columns: str = "*") -> str:
+    """SQL of the model's request spans (its `req`: one row per request, a span stored twice counted once) of the
+    spans in `source` meeting `where`, their `columns`."""
+    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where)}
+    return "WITH " + ", ".join(f"{n} AS ({ctes[n]})" for n in ("req0", "dup", "req")) + f" SELECT {columns} FROM req"
+
+
+def request_keys_sql(snap: Snapshot, hour_ns: int) -> str:
+    """SQL of (trace_id, span_id, start_ns) of the `requests` rows `exact_hour_sql` computes for one stale hour, from
+    the model's request spans alone (no critical path: a reader needing only which requests an hour holds, such as
+    their attribute values, can read them beside the sweep)."""
+    return _request_spans_sql(*_hour_source(snap, hour_ns), "TraceId AS trace_id, SpanId AS span_id, rs AS start_ns")
+
+
 def load_sweep() -> ctypes.CDLL | None:
     """The C critical-path sweep (`critical_path` in analysis/_replay.c), or None when the kernel is not built."""
     lib = load_kernel()
@@ -250,9 +264,7 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
     creates in `con` (the caller drops them): the request spans, `info` and `stage_ns`.
     """
     source, where = _hour_source(snap, hour_ns)
-    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where)}
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {names['req']} AS WITH "
-                + ", ".join(f"{n} AS ({ctes[n]})" for n in ("req0", "dup", "req")) + " SELECT * FROM req")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {names['req']} AS {_request_spans_sql(source, where)}")
     req = con.sql(f"SELECT rk, coalesce(rs, 0) AS rs, coalesce(re, 0) AS re, coalesce(hr, 0) AS hr, "
                   f"rs IS NOT NULL AND re IS NOT NULL AS ok FROM {names['req']}").fetchnumpy()
     # the stage spans' literal bound from the deduplicated request spans: the bound `st` itself applies

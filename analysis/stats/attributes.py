@@ -713,11 +713,15 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
         if rep not in at:
             continue
         per_key.setdefault(str(key), [None] * len(replica.labels))[at[rep]] = vs[0] if len(vs) == 1 else None
-    has = replica.codes >= 0
+    # each request's replica code, the missing ones the tables' last slot: a key's rows are read through a table of
+    # the replicas carrying it (one gather, not a pass over the requests per replica)
+    slot = np.where(replica.codes >= 0, replica.codes, len(replica.labels))
     for key in sorted(per_key, key=lambda k: (-sum(v is not None for v in per_key[k]), k)):
         table = per_key[key]
         rep_codes = np.flatnonzero([v is not None for v in table])
-        rows = np.flatnonzero(has & np.isin(replica.codes, rep_codes))
+        carries = np.zeros(len(replica.labels) + 1, dtype=bool)
+        carries[rep_codes] = True
+        rows = np.flatnonzero(carries[slot])
         if not judge.before_coding(key, "resource", rows.size):
             continue
         if judge.cut_past(key, "resource", ""):
@@ -727,7 +731,7 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
                                                rep_codes.size)
         lut = np.full(len(replica.labels) + 1, -1, dtype=np.int64)
         lut[rep_codes] = small.codes
-        codes = lut[np.where(has, replica.codes, len(replica.labels))]
+        codes = lut[slot]
         coded = Coded(key, codes, small.labels, small.lo, small.hi)
         judge.after_coding(coded, "resource", int(rows.size), distinct, numeric)
 

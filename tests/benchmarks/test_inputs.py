@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 from pathlib import Path
 
@@ -106,7 +107,22 @@ def test_a_failed_build_leaves_nothing_that_looks_built(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError):
         I.prepare(tmp_path / "input", broken)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".input.lock"]  # the run's lock (hold), nothing built
+
+
+def test_a_second_run_on_the_same_input_stops_in_one_line_before_touching_it(tmp_path: Path) -> None:
+    I.prepare(tmp_path / "input", build, size=3)
+    other = tmp_path / "input2"
+    with open(tmp_path / ".input2.lock", "w") as f:  # another process's lock: flock is per open file
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for touch in (lambda: I.prepare(other, build, size=3), lambda: I.clear(other),
+                      lambda: I.matches(other, build, size=3)):
+            with pytest.raises(I.InputError, match=r"input2: in use by another process .*choose another --dir$"):
+                touch()
+    assert not other.exists() and len(CALLS) == 1
+    I.clear(other)  # free again: this process takes the lock
+    I.prepare(tmp_path / "input", build, size=3)  # this process's own lock: reused, not refused
+    assert len(CALLS) == 1
 
 
 def test_the_fingerprint_follows_imports_of_this_repository() -> None:

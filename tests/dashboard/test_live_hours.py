@@ -9,6 +9,7 @@ marks, cut from that report, the Overview's.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,8 @@ def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -
         n_live = cur.execute(f"SELECT count(*) FROM {facts} WHERE rid < 1::BIGINT << 40").fetchall()
         assert n_live == [(wb.live_requests,)]
         write_more(store, offset=6_000, n=150, requests=6_000, duration_s=3.5 * 3600)  # into the last hour
-        assert wb.refresh() and wb.live_facts != old_table and wb.live_requests == n_live[0][0] + 150
+        _refresh_seen_half_way(wb, n_live[0][0])
+        assert wb.live_facts != old_table and wb.live_requests == n_live[0][0] + 150
         assert cur.execute(f"SELECT count(*) FROM {request_facts(cur)} WHERE rid < 1::BIGINT << 40").fetchall() \
             == n_live  # the pinned rows, not the new ones
         assert build_report(cur, **ask) == before
@@ -147,3 +149,73 @@ def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -
     cli = connect(store)
     assert after == build_report(cli, **ask) and after["requests"] == before["requests"] + 150
     cli.close()
+
+
+def _live_state(wb: data.Workbench) -> tuple[object, ...]:
+    """What a new reader of the workbench's connection sees of the live hours: their rows, kept values, facts."""
+    from analysis.engine import attribute_values as AV
+
+    cur = wb.cursor()
+    try:
+        return tuple(cur.execute(sql).fetchall() for sql in (
+            "SELECT count(*), sum(e2e_ns), count(*) FILTER (critical_path) FROM req_live",
+            f"SELECT hour, count(*) FROM {AV.LIVE_VALUES['request']} GROUP BY hour ORDER BY hour",
+            f"SELECT count(*) FROM {AV.LIVE_VALUES['resource']}",
+            "SELECT count(*) FROM _request_facts_live"))
+    finally:
+        cur.close()
+
+
+def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
+    """Refresh after new spans landed in a live hour, watching the state a new reader sees while the live values are
+    computed beside the sweep (data._stage_live_values): a failure there leaves the workbench as it was and nothing
+    behind; held once staged (the new hour's values committed on their own cursor), a reader still sees only the old
+    rows and values, none of the new hour's; after the commit, the new ones."""
+    from analysis.engine import attribute_values as AV
+
+    real = data.keep_live_values
+    old = _live_state(wb)
+    version = wb.version
+
+    def failing(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
+        if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
+            raise ValueError("a values step that fails")
+        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+
+    data.keep_live_values = failing  # type: ignore[assignment]
+    try:
+        with pytest.raises(ValueError, match="a values step that fails"):
+            wb.refresh()
+    finally:
+        data.keep_live_values = real
+    assert _live_state(wb) == old and wb.version == version
+    cur = wb.cursor()
+    assert cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_live_values_next_%'"
+                       ).fetchall() == [(0,)]  # nothing left behind
+    staged, release = threading.Event(), threading.Event()
+
+    def held(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
+        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+        if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
+            staged.set()
+            release.wait(60)
+
+    done: list[bool] = []
+    data.keep_live_values = held  # type: ignore[assignment]
+    try:
+        runner = threading.Thread(target=lambda: done.append(wb.refresh()))
+        runner.start()
+        assert staged.wait(60)
+        staged_rows = cur.execute("SELECT hour, count(*) FROM main._live_values_next_request GROUP BY hour "
+                                  "ORDER BY hour").fetchall()
+        assert _live_state(wb) == old  # the staged values are nobody's yet
+    finally:
+        release.set()
+        runner.join(120)
+        data.keep_live_values = real
+        cur.close()
+    assert done == [True] and wb.version == version + 1
+    new = _live_state(wb)
+    assert new[0][0][0] == n_live + 150 and sum(n for _, n in new[1]) == n_live + 150
+    last = max(h for h, _ in old[1])
+    assert set(staged_rows) <= set(new[1]) and (last, dict(old[1])[last] + 150) in staged_rows  # what was staged
