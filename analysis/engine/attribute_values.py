@@ -136,6 +136,8 @@ def split_grouped(table: pa.Table) -> dict[str, tuple[I64, np.ndarray, pa.Array 
     as much as reading it (most of it the system's, allocating fresh memory)."""
     runs: dict[str, list[tuple[I64, np.ndarray, pa.Array]]] = {}
     for batch in table.to_batches():
+        if batch.num_rows == 0:
+            continue
         keys = pc.dictionary_encode(batch.column(0))
         kidx = to_numpy(keys.indices)
         if np.any(kidx[1:] < kidx[:-1]):  # not in key order: one gather puts it so
