@@ -173,7 +173,8 @@ class WindowValues(Protocol):
     def exceedances(self, threshold: float, judged: npt.NDArray[np.bool_]) -> Exceedances:
         """The values above `threshold` as the scan reads them (`Exceedances`): counts per window and the tail scores
         of the `judged` windows' ones, a function of their ranks only, so a remote engine sends back counts (per
-        window, per block of scores, per group of tied values), not the values (`tied_scores`, `summed_by_block`)."""
+        window, per block of scores, and the blocks' first ranks with the groups of tied values at their edges), not
+        the values (`verified_blocks`, `summed_by_block`; `tied_scores` from every group of ties)."""
         ...
 
 
@@ -209,6 +210,44 @@ def tied_scores(total_k: int, tie_first: I64, tie_size: I64) -> tuple[F64, I64]:
     stand_in = np.cumsum(np.cumsum(cover)[:total_k] == 0).astype(np.float64)  # a new value where no tie continues
     scores = tail_scores(stand_in)
     return block_scores(scores), block_firsts(scores)
+
+
+def verified_blocks(total_k: int, firsts: I64, group_lo: I64, group_size: I64) -> tuple[F64, I64] | None:
+    """`tied_scores` from less than every group of ties: the blocks' first ranks as a remote engine found them
+    (ascending, from 0) and the groups of equal values (first rank, size; a value alone is a group of one) holding
+    each rank the rule reads: the largest, each block's first rank and the rank before it. The block scores and
+    firsts when `block_firsts` over the tail scores finds exactly those firsts, else None (the engine's floats chose
+    otherwise: ask for every group then).
+
+    Exact: the tail scores rise from one value to the next (a tie's mean lies among its own Savage scores, up to a
+    rounding far below their gaps of 1/total_k or more), so from a block's top the rule's search lands on f exactly
+    when score(f) >= top - SCORE_BLOCK_SPREAD > score(f - 1), and each check reads only the listed groups' scores
+    (`group_means`, the same floats as `tail_scores`). So at most 2 B + 1 groups are read, B the blocks, and B is
+    small: the blocks' tops lie more than the spread apart within (0, H_K], so B <= H_K / SCORE_BLOCK_SPREAD + 1
+    (72 at K = 10^6), whatever the ties."""
+    firsts, lo, size = (np.asarray(x, dtype=np.int64) for x in (firsts, group_lo, group_size))
+    if total_k == 0:
+        return (np.zeros(0), firsts) if firsts.size == 0 else None
+    if (firsts.size == 0 or firsts[0] != 0 or np.any(np.diff(firsts) <= 0) or firsts[-1] >= total_k
+            or np.any(size < 1) or np.any(lo[1:] < lo[:-1] + size[:-1]) or lo.size == 0 or lo[0] < 0
+            or lo[-1] + size[-1] > total_k):
+        return None
+    means = group_means(savage_scores(total_k), lo, size)
+
+    def score(rank: int) -> float | None:
+        i = int(np.searchsorted(lo, rank, side="right")) - 1
+        return float(means[i]) if i >= 0 and rank < lo[i] + size[i] else None
+
+    hi = total_k
+    for f in firsts[::-1].tolist():
+        top, at, below = score(hi - 1), score(f), (None if f == 0 else score(f - 1))
+        if top is None or at is None or (f > 0 and below is None):
+            return None
+        floor = top - SCORE_BLOCK_SPREAD
+        if not (at >= floor and (below is None or below < floor)):
+            return None
+        hi = f
+    return _blocked(total_k, firsts), firsts
 
 
 def summed_by_block(at: I64, block: I64, count: I64, scores: F64, firsts: I64, windows: int) -> F64:
@@ -296,13 +335,25 @@ def tail_scores(above_sorted: F64) -> F64:
     k = above_sorted.size
     if k == 0:
         return np.zeros(0)
-    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, k + 1))])
-    scores = harmonic[k] - harmonic[k - np.arange(1, k + 1)]
+    scores = savage_scores(k)
     _, first, size = np.unique(above_sorted, return_index=True, return_counts=True)
     if first.size < k:  # ties: each group of equal values gets the mean of its scores
-        group_mean = np.add.reduceat(scores, first) / size
-        scores = np.repeat(group_mean, size)
+        scores = np.repeat(group_means(scores, first.astype(np.int64), size.astype(np.int64)), size)
     return scores
+
+
+def savage_scores(k: int) -> F64:
+    """The Savage scores of k distinct values, ascending: H_k - H_(k-i) for the i-th smallest (`tail_scores`)."""
+    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, k + 1))])
+    return np.asarray(harmonic[k] - harmonic[k - np.arange(1, k + 1)], dtype=np.float64)
+
+
+def group_means(scores: F64, lo: I64, size: I64) -> F64:
+    """The mean of `scores[lo:lo + size]` for each group (ascending, not overlapping): one `np.add.reduceat` segment a
+    group whatever other groups are asked with it, so the same floats for a group asked alone or among all."""
+    cuts = np.unique(np.concatenate([lo, lo + size]))
+    cuts = cuts[cuts < scores.size]
+    return np.asarray(np.add.reduceat(scores, cuts)[np.searchsorted(cuts, lo)] / size, dtype=np.float64)
 
 
 def size_ratio(k: npt.ArrayLike, s: npt.ArrayLike, total_k: int, table: F64 | None = None) -> F64:
@@ -409,15 +460,21 @@ def stretch_max(ck: I64, cn: I64, cs: F64 | None, total_k: int, total_n: int, ma
 
 
 def block_scores(scores_sorted: F64) -> F64:
-    """The tail scores (ascending) averaged within blocks: from the largest down, a block takes every score within
-    SCORE_BLOCK_SPREAD of its largest (tied scores always share a block). The mean stays 1, every score moves by less
-    than the spread, and the null law needs one draw per block, not per value (`scan_null_max`)."""
-    k = scores_sorted.size
+    """The tail scores (`tail_scores`, ascending) averaged within blocks: from the largest down, a block takes every
+    score within SCORE_BLOCK_SPREAD of its largest (tied scores always share a block). The mean stays 1, every score
+    moves by less than the spread, and the null law needs one draw per block, not per value (`scan_null_max`).
+    A block's mean is that of the Savage scores of its ranks (`savage_scores`; the same number as its tail scores'
+    mean, since a tie's mean keeps their sum), so it depends on the ties only through where the blocks start: a
+    remote engine need not send every group of ties (`verified_blocks`)."""
+    return _blocked(scores_sorted.size, block_firsts(scores_sorted))
+
+
+def _blocked(k: int, first: I64) -> F64:
+    """The Savage scores of k ranks averaged within the blocks starting at `first` (ascending, from 0)."""
     if k == 0:
         return np.zeros(0)
-    first = block_firsts(scores_sorted)
     size = np.diff(np.append(first, k))
-    return np.repeat(np.add.reduceat(scores_sorted, first) / size, size)
+    return np.repeat(np.add.reduceat(savage_scores(k), first) / size, size)
 
 
 def block_firsts(scores_sorted: F64) -> I64:

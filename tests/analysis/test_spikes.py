@@ -25,6 +25,7 @@ from analysis.stats.spikes import (
     summed_by_block,
     tail_scores,
     tied_scores,
+    verified_blocks,
 )
 
 SEC = 1_000_000_000
@@ -355,6 +356,53 @@ def test_the_scan_reads_the_same_floats_from_ranks_and_ties_as_from_values() -> 
                 plain.append(s)
             assert got.tolist() == plain
             assert want.exceed.tolist() == [int((at == w).sum()) for w in range(windows)]
+
+
+def _edge_groups(ordered: list[float], scores: list[float], spread: float
+                 ) -> tuple[list[int], list[tuple[int, int]]]:
+    """Plainly, the blocks' first ranks over the scores of the values `ordered` (from the largest score down, a block
+    takes every score within `spread` of its largest) and the groups of equal values (first rank, size) holding a
+    block's top, first rank or the rank before it."""
+    firsts, hi = [], len(ordered)
+    while hi > 0:
+        top = scores[hi - 1]
+        hi = min(i for i in range(hi) if scores[i] >= top - spread)
+        firsts.append(hi)
+    edges = {len(ordered) - 1} | {r for f in firsts for r in (f - 1, f) if r >= 0}
+    groups = sorted({(ordered.index(ordered[r]), ordered.count(ordered[r])) for r in edges})
+    return firsts[::-1], groups
+
+
+def test_the_blocks_are_read_from_the_groups_at_their_edges_only() -> None:
+    """`verified_blocks` (what a remote engine's blocks and the few groups at their edges give) against the values in
+    memory (`block_scores` of `tail_scores`, bit for bit) and a plain greedy over those scores (the firsts exactly;
+    the scores themselves against the plain formula),
+    on values with heavy ties, seeds 1-5; a claim moved to a neighbouring value's first rank, or missing a group it
+    reads, is refused; the blocks stay within H_K / SCORE_BLOCK_SPREAD + 1."""
+    for seed in (1, 2, 3, 4, 5):
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            k = int(rng.integers(1, 200))
+            v = np.sort(rng.integers(1, int(rng.choice([2, 6, 40, 10**6])) + 1, k).astype(np.float64))
+            want = tail_scores(v)
+            plain = _scores_reference(v.tolist())
+            assert want == pytest.approx([plain[x] for x in v.tolist()], rel=1e-12)
+            firsts, groups = _edge_groups(v.tolist(), want.tolist(), SCORE_BLOCK_SPREAD)
+            lo, size = (np.asarray(x, dtype=np.int64) for x in zip(*groups, strict=True))
+            got = verified_blocks(k, np.asarray(firsts, dtype=np.int64), lo, size)
+            assert got is not None, seed
+            assert np.array_equal(got[0], block_scores(want)) and got[1].tolist() == firsts
+            assert got[0] == pytest.approx(_blocks_reference(want.tolist(), SCORE_BLOCK_SPREAD), rel=1e-12)
+            assert len(firsts) <= sum(1 / j for j in range(1, k + 1)) / SCORE_BLOCK_SPREAD + 1
+            _, every_lo, every_size = np.unique(v, return_index=True, return_counts=True)
+            for i in range(1, len(firsts)):  # every group given: the claim alone is wrong
+                moved = [f for f in every_lo.tolist() if firsts[i - 1] < f != firsts[i]
+                         and (i + 1 == len(firsts) or f < firsts[i + 1])]
+                if moved:
+                    claim = np.asarray([*firsts[:i], moved[0], *firsts[i + 1:]], dtype=np.int64)
+                    assert verified_blocks(k, claim, every_lo.astype(np.int64), every_size.astype(np.int64)) is None
+            if len(groups) > 1:
+                assert verified_blocks(k, np.asarray(firsts, dtype=np.int64), lo[1:], size[1:]) is None
 
 
 @pytest.mark.parametrize("case", range(24))
