@@ -64,11 +64,18 @@ CHDB_25.5 := 3.4.1
 CHDB_25.8 := 3.7.2
 CH_STAMPS := $(foreach r,$(CH_RELEASES),.venv-ch/$(r)/.chdb-$(CHDB_$(r)))
 
-# installed once per release and chdb version (the stamp names both)
+# installed once per release and chdb version (the stamp names both). The venv is made without a pip of its own
+# (ensurepip costs about 3 CPU-seconds a venv, and nothing runs pip there again): $(PYTHON)'s pip installs into it
+# (`--python`, pip >= 22.3); where that pip cannot, ensurepip gives the venv its own.
 define CH_VENV
 .venv-ch/$(1)/.chdb-$(CHDB_$(1)):
-	$(PYTHON) -m venv .venv-ch/$(1)
-	.venv-ch/$(1)/bin/python -m pip install --quiet "chdb==$(CHDB_$(1))" lz4 zstandard
+	$(PYTHON) -m venv --without-pip .venv-ch/$(1)
+	if $(PYTHON) -m pip --python .venv-ch/$(1)/bin/python --version >/dev/null 2>&1; then \
+	  $(PYTHON) -m pip --python .venv-ch/$(1)/bin/python install --quiet "chdb==$(CHDB_$(1))" lz4 zstandard; \
+	else \
+	  .venv-ch/$(1)/bin/python -m ensurepip --default-pip >/dev/null && \
+	  .venv-ch/$(1)/bin/python -m pip install --quiet "chdb==$(CHDB_$(1))" lz4 zstandard; \
+	fi
 	touch $$@
 endef
 $(foreach r,$(CH_RELEASES),$(eval $(call CH_VENV,$(r))))

@@ -213,16 +213,18 @@ SWEEP_INPUTS: Final[tuple[str, ...]] = ("TraceId", "SpanId", "ParentSpanId", "St
 
 def clickhouse_gpu_shares(client: C.Client, table: str = C.DEFAULT_TABLE, since: int | None = None,
                           until: int | None = None, grid_ns: int | None = None,
-                          weighted: bool | None = None, cell_ns: int = CELL_NS) -> tuple[str, str]:
+                          weighted: bool | None = None, cell_ns: int = CELL_NS, where: str = ""
+                          ) -> tuple[str, str]:
     """`gpu_shares` on ClickHouse: the sweep's ClickHouse text over an otel_traces-shaped `table`, each step
     into a temporary table of the client's session (same names and columns as `gpu_shares`').
 
-    `weighted` defaults to whether some request span weighs other than 1. The parameters are
-    integers, written into the SQL as literals.
+    `weighted` defaults to whether some request span of the table weighs other than 1. The parameters are
+    integers, written into the SQL as literals. `where` (over the table's columns, e.g. a Timestamp range) narrows
+    the spans swept: the shares are the whole table's when it keeps every span of the requests overlapping the range.
     """
     params = sweep_params(since, until, grid_ns)
     spans = "_cost_spans"
-    steps = [(spans, f"SELECT {', '.join(SWEEP_INPUTS)} FROM {C.source_sql(table)}")]
+    steps = [(spans, f"SELECT {', '.join(SWEEP_INPUTS)} FROM {C.source_sql(table, where)}")]
     if weighted is None:
         got = client.query(f"SELECT count(*) FROM {C.source_sql(table)} "
                            f"WHERE IsRequest AND {M.stored_adjusted_count(M.CLICKHOUSE)} <> 1")

@@ -60,15 +60,6 @@ REPORT_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
 REPORT_VERSION: Final = 1
 
 
-class SpanFetcher(Protocol):
-    """Puts into the connection's `spans` what an explanation step is about to read (a remote engine's narrowing;
-    its stage shares are its own: `RemoteStages`)."""
-
-    def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
-        """The spans the noisy-neighbour step of this spike reads, once its stages are known."""
-        ...
-
-
 #: Reads, per row id of a facts table, whether its request span records a sampling probability and
 #: whether that record is malformed (sampling.recorded_flags's signature).
 
@@ -111,10 +102,6 @@ class SpikeRows(Protocol):
 
     def exemplars(self, spike: Spike, coded: Sequence[X.Coded], best: X.Candidate | None) -> list[str]:
         """Trace ids of explain.exemplar_rows's choice, those matching `best` first."""
-        ...
-
-    def frame(self) -> pl.DataFrame:
-        """The frame's rows the engine's fetcher pulled for the noisy-neighbour step (`SpanFetcher.neighbourhood`)."""
         ...
 
 
@@ -190,7 +177,7 @@ class Rows:
     `frame` (rid into `facts`, start_ns, e2e_ns, value, the DIMENSIONS; weight and status when sampled) in
     start order, with `start` and `values` its columns as arrays and `weights` its adjusted counts (None
     when unsampled); `det` the detection over them; `coded` the frame's dimensions already coded (None:
-    coded when explained); `fetch` and `rest` a remote engine's (see `explain_all`).
+    coded when explained); `neighbours` and `rest` a remote engine's (see `explain_all`).
     """
 
     con: duckdb.DuckDBPyConnection
@@ -202,7 +189,7 @@ class Rows:
     values: np.ndarray
     weights: np.ndarray | None
     coded: list[X.Coded] | None = None
-    fetch: SpanFetcher | None = None
+    neighbours: N.Figures | None = None
     rest: RestCounts | None = None
     attributes: RemoteAttributes | None = None
     #: the reader of the frame's dimensions (`_frame_parts`) when `coded` is None and the facts hold them
@@ -217,13 +204,14 @@ class Rows:
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection, facts: str, frame: pl.DataFrame, det: Detection, metric: str, *,
-           coded: list[X.Coded] | None = None, fetch: SpanFetcher | None = None,
+           coded: list[X.Coded] | None = None, neighbours: N.Figures | None = None,
            rest: RestCounts | None = None, attributes: RemoteAttributes | None = None,
            read_dims: Callable[[], pl.DataFrame] | None = None, stages: RemoteStages | None = None,
            spike_rows: SpikeRows | None = None) -> Rows:
         """The rows of `frame`, their arrays read from it."""
         return cls(con, facts, frame, det, metric, frame.get_column("start_ns").to_numpy(), values_of(frame),
-                   weights_of(frame), coded, fetch, rest, attributes, read_dims, stages=stages, spike_rows=spike_rows)
+                   weights_of(frame), coded, neighbours, rest, attributes, read_dims, stages=stages,
+                   spike_rows=spike_rows)
 
 
 def spike_parts(rows_: Rows, spike: Spike) -> tuple[X.Part, X.Part]:
@@ -842,7 +830,8 @@ def _stages_for(rows_: Rows, spike: Spike, spike_tail: X.Part, stage_names: tupl
 def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
     """The report's item of each spike: stages, ranked dimensions, exemplars, against the baseline of `rows_.det`.
 
-    `rows_.fetch`, when given, is told which spans each step will read before it reads `spans`.
+    `rows_.neighbours`: a remote engine's figures for the noisy-neighbour step (else read over `spans` and the
+    facts: `neighbours.InMemory`).
     `rows_.rest` (a remote engine's): baseline requests left out of the frame as counts per combination of
     dimension values (a frame of X.DIMENSIONS and `n`, and `w` their summed weights when weighted, token columns
     holding any value of their bucket), a reader of their values outside a candidate and the baseline's (weighted)
@@ -853,7 +842,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
     if not spikes:
         return []
     con, facts, frame, start, values, det = rows_.con, rows_.facts, rows_.frame, rows_.start, rows_.values, rows_.det
-    metric, fetch, rest, coded, weights = rows_.metric, rows_.fetch, rows_.rest, rows_.coded, rows_.weights
+    metric, rest, coded, weights = rows_.metric, rows_.rest, rows_.coded, rows_.weights
     attributes = rows_.attributes
     base_wins = (det.window_start_ns // det.window_ns)[det.baseline]
     base = rows_in_windows(start, base_wins, det.window_ns).astype(np.int64)
@@ -868,7 +857,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
         except Exception as exc:
             return f"could not compute stages because {str(exc).splitlines()[0]}"
 
-    local = fetch is None and rest is None
+    local = rows_.neighbours is None and rest is None
     found: list[list[C.StageShare] | str] = []
     dims: list[tuple[C.Spike, np.ndarray | X.Candidate | None]] = []
     if local:
@@ -884,7 +873,7 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
         coding = _Coding(frame, values, base, weights, rest, coded, attributes, spike_rows=rows_.spike_rows)
     out = []
     for n, (spike, rows, tail) in enumerate(zip(spikes, rows_of, tails, strict=True)):
-        # a remote engine's fetcher and counts read through one client: one step after the other, spike by spike
+        # a remote engine's figures and counts are read through one client: one step after the other, spike by spike
         stage = found[n] if local else stages_of(spike, tail)
         item, best_mask = dims[n] if local else coding.dimensions(spike, rows, tail)
         if isinstance(stage, str):
@@ -901,12 +890,9 @@ def explain_all(rows_: Rows, spikes: list[Spike]) -> list[C.Spike]:
                                                                                   best_mask))
         except Exception as exc:
             item["errors"].append(f"could not compute exemplars because {exc}")
-        if fetch is not None:
-            fetch.neighbourhood(det, spike, item)
-        # a remote engine's spike rows: those its fetcher pulled for the step, when it runs
-        near = frame if rows_.spike_rows is None else rows_.spike_rows.frame()
+        figures = rows_.neighbours if rows_.neighbours is not None else N.InMemory(con, facts, frame)
         item["noisy_neighbour"] = cast(C.NoisyNeighbour | None,
-                                       N.for_report(con, facts, near, det, spike, cast(dict[str, Any], item)))
+                                       N.for_report(figures, det, spike, cast(dict[str, Any], item)))
         out.append(item)
     return out
 

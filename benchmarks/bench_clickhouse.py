@@ -88,8 +88,8 @@ def _dir_bytes(path: Path) -> int:
 
 
 #: What the chdb report's queries return, by what their rows are (read off the start of their SQL): the request rows
-#: (analysis.clickhouse.report._pull_facts: the noisy-neighbour step's windows', or the spike windows' when the
-#: attribute pass failed), the spans the explanation pulls (the noisy-neighbour step's; `Fetcher`), the
+#: (analysis.clickhouse.report._pull_facts: the spike windows' when the attribute pass failed), spans (a trace's
+#: waterfall pulls them, `Fetcher`; no step of the report does), the
 #: detection's groups of tied values above the pooled p99 (one row a group of
 #: two or more equal values: `_ServerValues.exceedances`); every other query returns rows of figures (per window,
 #: block of scores, candidate, combination, stage or key).

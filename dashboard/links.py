@@ -199,7 +199,8 @@ def value_url(f: Filters, conditions: Sequence[Mapping[str, Any]], dims: Sequenc
 
 def exemplar_table(rows: pd.DataFrame, f: Filters) -> None:
     """Exemplar rows (analysis.traces.slowest) with the columns an on-call reads, each trace id a link that
-    opens its waterfall on the Traces page (with the same filters `f`): a static table (a spike's few exemplars)."""
+    opens its waterfall on the Traces page (with the same filters `f`): a static table (formats.table: a spike's few
+    exemplars, the Traces page's slowest)."""
     from dashboard import data, formats
 
     shown = rows.assign(trace=[url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in rows["trace_id"]])

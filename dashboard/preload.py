@@ -30,16 +30,20 @@ SIDEBAR: tuple[str, ...] = ("Button", "Checkbox")
 #: The elements of the sidebar's filters (its time slider and multiselects): drawn only once their popover is opened,
 #: so loaded once the page is drawn and quiet (`later_script`), with the other pages' scripts.
 FILTERS: tuple[str, ...] = ("Slider", "Multiselect")
+#: The elements no page draws in its first render, loaded once the page is drawn and quiet (`later_script`): the
+#: filters' and the table grid, which the Alerts page draws once alerts are kept and the SQL console for its results.
+LATER: tuple[str, ...] = (*FILTERS, "DataFrame")
 #: What each Vega-Lite chart loads (the element, whose loader then loads Vega-Embed and its expression interpreter).
 CHART: tuple[str, ...] = ("ArrowVegaLiteChart", "embed", "vega-interpreter")
 #: Each page's URL path (as st.navigation names it; "" the default page) -> the elements it draws in a first
 #: render, besides the sidebar's: the scripts named in that page's HTML. A small table is Markdown
-#: (dashboard.formats.table), which needs no element script; "DataFrame" is the grid (a table whose rows are picked).
+#: (dashboard.formats.table), which needs no element script; "DataFrame" is the grid (a longer table: no page draws
+#: one in a first render).
 PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "": ("Metric", *CHART),
-    "spike": ("Metric", "Selectbox", *CHART),
+    "spike": ("Metric", "Radio", *CHART),
     "alerts": (),  # its table and counts only once `tailscope watch` has kept alerts
-    "traces": ("TextInput", "Metric", "DataFrame", *CHART),
+    "traces": ("TextInput", "Metric", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
     "replicas": ("Radio", "Selectbox", *CHART),
     "whatif": ("NumberInput", "Selectbox", "Metric"),
@@ -145,7 +149,7 @@ def later_script(files: Iterable[str], quiet_ms: int = QUIET_MS, tick_ms: int = 
 
 
 def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,
-               shared: tuple[str, ...] = SIDEBAR, later: tuple[str, ...] = FILTERS) -> dict[str, bytes]:
+               shared: tuple[str, ...] = SIDEBAR, later: tuple[str, ...] = LATER) -> dict[str, bytes]:
     """Each page's URL path -> what to add to its HTML's head: tags for the sidebar's elements and the page's, then
     a script that names the other pages' and `later`'s (elements no page draws at first) once this one is drawn
     (`later_script`); {} when Streamlit's build is not where it is expected (nothing is then added)."""

@@ -81,26 +81,31 @@ def _shared(key: object, name: str, build: Callable[[Path], list[str]], factory:
 
 def store(sample: Path, factory: pytest.TempPathFactory, *, cli: bool = False) -> Path:
     """The store of `sample`, ingested on first use in the session by `intake.ingest.ingest_files` or, with `cli`,
-    by `tailscope ingest --quiet` (which also materializes the hours). Read it only; `copy` for a store to write."""
+    the store `tailscope ingest --quiet` writes: that ingest with the hours it wrote materialized
+    (tailscope/commands/ingest.py; the command itself is tested in tests/intake and tests/tailscope). The `cli`
+    store is a copy of the other with its hours materialized, so a sample is decoded once a session (about 1.7
+    CPU-seconds each; test_clickhouse.py reads every sample's store, test_accuracy.py the catalogue's `cli` ones).
+    Read it only; `copy` for a store to write."""
     key = (sample.resolve(), cli)
     tag = hashlib.sha256(str(key[0]).encode()).hexdigest()[:8]
     name = f"sample-{sample.name.split('.')[0]}-{tag}" + ("-cli" if cli else "")
 
     def build(path: Path) -> list[str]:
+        from tests.intake.test_engines_clean_input import engine_warnings
+
         if not cli:
             from intake.ingest import ingest_files
 
-            ingest_files([sample], path)
-            return []
-        from typer.testing import CliRunner
+            with engine_warnings() as warned:
+                ingest_files([sample], path)
+            return list(warned)
+        from analysis.engine.materialize import materialize
 
-        from tailscope.cli import app
-        from tests.intake.test_engines_clean_input import engine_warnings
-
+        ingested = store(sample, factory)
+        shutil.copytree(ingested, path)
         with engine_warnings() as warned:
-            result = CliRunner().invoke(app, ["ingest", "--quiet", "--store", str(path), str(sample)])
-        assert result.exit_code == 0, result.output
-        return list(warned)
+            materialize(path)
+        return [*json.loads((ingested.parent / _MANIFEST).read_text())["warnings"], *warned]
 
     return _shared(key, name, build, factory)
 

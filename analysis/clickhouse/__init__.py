@@ -7,7 +7,8 @@
 - `server`: what a server takes (its release and settings), read once per client.
 - `views`: read-only SQL over spans / requests / stages.
 - `quantiles`: the weighted-quantile SQL.
-- `report`, `breakdowns`: the analysis pushed down to the server; `export`: a store into `otel_traces`.
+- `report`, `neighbours`, `breakdowns`: the analysis pushed down to the server (`neighbours`: the noisy-neighbour
+  step's figures); `export`: a store into `otel_traces`.
 
 The names callers use are re-exported here.
 """

@@ -287,7 +287,7 @@ def waterfall(client: Client, trace_id: str, since_ns: int, until_ns: int, table
     """analysis.traces.waterfall of one trace: its spans starting in [since, until) come back, the rule runs here."""
     local = duckdb.connect(":memory:")
     try:
-        Fetcher(client, table, local, 0, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
+        Fetcher(client, table, local, inputs=WATERFALL_INPUTS).traces([trace_id], since_ns, until_ns)
         return T.waterfall(local, trace_id)
     finally:
         local.close()

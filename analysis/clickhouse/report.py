@@ -19,8 +19,8 @@
    tail slice, rows above the baseline p99, exemplars). The culprit bounds and the explanation run
    over that one pass (`_bounded_rows`). The stage shares are means computed on the server
    (`_server_stages`: both tails chosen there, the request model run there over their traces), and
-   only when queue_wait leads do the noisy-neighbour step's rows (the spike's and its neighbour
-   windows') and spans come back into an in-memory DuckDB (`Fetcher`). When the attribute pass
+   so are the noisy-neighbour step's figures when queue_wait leads (analysis.clickhouse.neighbours: a row
+   per tenant comes back; the decision is analysis.neighbours'). When the attribute pass
    failed, the spike windows' fact rows come back with the built-ins, and the baseline as counts per
    combination of them, explained on the client.
 
@@ -40,11 +40,11 @@ import numpy as np
 import polars as pl
 
 from analysis import contract as C
-from analysis import neighbours as N
 from analysis import report as RP
 from analysis.clickhouse import attributes as CA
 from analysis.clickhouse.client import DEFAULT_TABLE, Client, literal
 from analysis.clickhouse.model import materialize_requests, requests_from_copy, temp_table
+from analysis.clickhouse.neighbours import ServerFigures
 from analysis.clickhouse.promotion import source_sql
 from analysis.clickhouse.quantiles import arrays_sql, kish_sql, quantile_sql
 from analysis.clickhouse.requests import requests_facts, span_where
@@ -64,7 +64,7 @@ from tracing.errors import QueryError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-#: Span columns the explanation reads (explain.stage_rows, cost.gpu_shares): all a spike's neighbourhood pulls.
+#: Span columns a trace's waterfall reads (`Fetcher.traces`' default).
 SPAN_INPUTS = ("TraceId", "SpanId", "ParentSpanId", "TimestampNs", "Duration", "Stage", "IsRequest", "Replica")
 #: Session temporary table of the request facts of one report.
 FACTS_TEMP = "_tailscope_facts"
@@ -354,21 +354,9 @@ def _windows(det: Detection, ranges: list[tuple[int, int]]) -> np.ndarray:
                                                                       for a, b in ranges]))
 
 
-def _neighbour_windows(det: Detection, spike: Spike) -> np.ndarray:
-    """Starts (ns) of the baseline windows analysis.neighbours compares the spike with (its choice)."""
-    base = det.window_start_ns[det.baseline]
-    dist = np.maximum(spike.start_ns - (base + det.window_ns), base - spike.end_ns)
-    n = max(1, N.BASELINE_WINDOWS * int((spike.end_ns - spike.start_ns) // det.window_ns))
-    return base[np.argsort(dist, kind="stable")[:n]]
-
-
 def _in_windows(det: Detection, windows: np.ndarray) -> str:
     """A condition: the request starts in one of `windows` (window numbers)."""
     return f"intDiv(start_ns, {det.window_ns}) IN ({', '.join(str(int(x)) for x in np.unique(windows)) or 'NULL'})"
-
-
-#: The built-in dimensions the noisy-neighbour step reads of the requests (analysis.neighbours).
-NEIGHBOUR_DIMENSIONS: Final = ("replica", "tenant")
 
 
 def _duck_type(col: str) -> str:
@@ -480,8 +468,6 @@ def _bounded_rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, sa
         return rows
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in det.spikes])
     if rows.spike_rows is not None or set(spike_windows.tolist()) <= read:  # (the server's: the moved ones' too)
-        assert isinstance(rows.fetch, Fetcher)
-        rows.fetch.reach = _reach(q, det, spike_windows)  # the moved spikes' windows
         return rows
     _reset(local, keep_facts=True)
     return _rows(q, local, det, det.spikes, sampled, attrs, held=read)[0]
@@ -495,29 +481,20 @@ def _reset(local: duckdb.DuckDBPyConnection, keep_facts: bool = False) -> None:
         local.execute("DROP TABLE IF EXISTS _phase2")
 
 
-def _reach(q: Asked, det: Detection, spike_windows: np.ndarray) -> int:
-    """The reach of the spans' step: the longest request of the spike and baseline windows (+1 ns), as over their
-    rows."""
-    base_wins = np.unique(det.window_start_ns[det.baseline] // det.window_ns)
-    got = q.client.query(f"SELECT max(e2e_ns) AS m FROM {q.facts_table} WHERE {q.cond} AND "
-                         f"{_in_windows(det, np.concatenate([base_wins, spike_windows]))}").to_pylist()[0]["m"]
-    return int(got) + 1 if got is not None else 0
-
-
 def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], sampled: bool,
           attrs: tuple[CA.ServerAttributes, A.AttributeRules] | None = None, held: set[int] | None = None
           ) -> tuple[RP.Rows, set[int]]:
-    """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2` (and the
-    spans around them as it goes), for analysis.report's explanation to run there; with the windows read row by
-    row. `attrs`: the attribute dimensions on the server (`_attributes`): their codes stay there, every figure the
-    explanation reads of them is asked there (`_remote_attributes`); `held`: windows whose rows `_phase2` already
-    holds (read again from it, not from the server)."""
+    """Phase 2: the fact rows the explanation of `spikes` reads one by one come into the local `_phase2`, for
+    analysis.report's explanation to run there; with the windows read row by row. `attrs`: the attribute dimensions
+    on the server (`_attributes`): their codes stay there, every figure the explanation reads of them is asked
+    there (`_remote_attributes`); the noisy-neighbour step's figures are asked there too (`ServerFigures`);
+    `held`: windows whose rows `_phase2` already holds (read again from it, not from the server)."""
     metric, include_failures, lo, hi = q.metric, q.include_failures, q.lo, q.hi
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     server = attrs[0] if attrs is not None else None
-    fetch, rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
-                                     "adjusted_count" if sampled else None, server, held or set())
+    rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
+                              "adjusted_count" if sampled else None, server, held or set())
 
     def local_frame() -> pl.DataFrame:
         return local.sql(
@@ -530,9 +507,10 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
     if attrs is not None:
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
-    spike_rows = (_ServerSpikeRows(q.client, server, sampled, lambda: local_frame().drop(["trace_id", "span_id"]))
-                  if server is not None and _on_server(server, col) else None)
-    return RP.Rows.of(local, "_phase2", frame, det, metric, fetch=fetch, rest=rest, attributes=remote,
+    spike_rows = _ServerSpikeRows(q.client, server, sampled) if server is not None and _on_server(server, col) else None
+    neighbours = ServerFigures(q.client, q.table, q.facts_table, q.cond, f"{col} IS NOT NULL{keep}", col,
+                               "adjusted_count" if sampled else None)
+    return RP.Rows.of(local, "_phase2", frame, det, metric, neighbours=neighbours, rest=rest, attributes=remote,
                       stages=_server_stages(q, det, f"{col} IS NOT NULL{keep}", col,
                                             "adjusted_count" if sampled else None), spike_rows=spike_rows), read
 
@@ -550,11 +528,9 @@ class _ServerSpikeRows:
     rules are explain's: the tail by `tail_sql` (explain.tail_slice's), the p99 and the weights' sums by
     clickhouse.quantiles (percentiles.weighted_quantile_sorted's, explain.weighted_q's)."""
 
-    def __init__(self, client: Client, attrs: CA.ServerAttributes, weighted: bool,
-                 frame: Callable[[], pl.DataFrame]) -> None:
-        """`weighted`: the requests are sampled (their adjusted counts weigh); `frame`: reads the local frame's rows
-        (those the fetcher pulled for the noisy-neighbour step)."""
-        self.client, self.attrs, self.frame = client, attrs, frame
+    def __init__(self, client: Client, attrs: CA.ServerAttributes, weighted: bool) -> None:
+        """`weighted`: the requests are sampled (their adjusted counts weigh)."""
+        self.client, self.attrs = client, attrs
         self.weight = "w" if weighted else None
         self._asked: dict[str, X.Counted] = {}
 
@@ -755,14 +731,13 @@ def _remote_attributes(client: Client, server: CA.ServerAttributes, rules: A.Att
 
 def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: list[Spike], valued: str,
                  col: str, weight: str | None = None, attrs: CA.ServerAttributes | None = None,
-                 held: set[int] | None = None) -> tuple[Fetcher, RP.RestCounts, set[int]]:
+                 held: set[int] | None = None) -> tuple[RP.RestCounts, set[int]]:
     """Phase 2 with the dimension contrast pushed down.
 
     Row by row come back only the requests the explanation reads one by one: those of the spike
-    windows and, only when the noisy-neighbour step runs, its baseline windows (the stage shares' local
-    baseline stays on the server: `_server_stages`). With every dimension on the server (`attrs` holds the
-    built-ins: the attribute pass ran), the whole baseline comes back as one count, with its summed `weight`
-    (the adjusted count, for sampled requests), and the rows carry only NEIGHBOUR_DIMENSIONS; else every other
+    windows, and none when every dimension is on the server (`attrs` holds the built-ins: the attribute pass
+    ran; the stage shares' local baseline stays there too: `_server_stages`). Then the whole baseline comes back
+    as one count, with its summed `weight` (the adjusted count, for sampled requests); else every other
     baseline request comes back as counts per combination of the built-ins (token counts by bucket); the
     baseline's (weighted) p99 with and without each candidate (the counterfactuals) is an exact quantile on the server
     (`_ServerTail`). So what comes back grows with the spike, not with the baseline. `attrs`: the attribute
@@ -770,10 +745,10 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     windows whose rows the local `_phase2` already holds (only the other spike windows' rows are pulled). Returns
     the windows read row by row too.
     """
-    client, table, facts_table, cond, metric = q.client, q.table, q.facts_table, q.cond, q.metric
+    client, facts_table, cond, metric = q.client, q.facts_table, q.cond, q.metric
     w = det.window_ns
     # with every dimension on the server, the spike windows' rows stay there too (`_ServerSpikeRows`): none is read
-    # row by row unless the noisy-neighbour step runs
+    # row by row
     remote = attrs is not None and _on_server(attrs, col)
     spike_windows = _windows(det, [(s.start_ns, s.end_ns) for s in spikes])
     if remote:
@@ -784,23 +759,10 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
     listed = ", ".join(str(int(x)) for x in base_wins) or "NULL"
     near_listed = ", ".join(str(int(x)) for x in one_by_one) or "NULL"
     in_baseline = f"intDiv(start_ns, {w}) IN ({listed}) AND {valued}"
-    # with the built-ins on the server too, the rows carry only the dimensions the noisy-neighbour step reads, and
-    # the whole baseline is counted as one combination
-    dims = NEIGHBOUR_DIMENSIONS if remote else X.DIMENSIONS
+    # with the built-ins on the server too, the whole baseline is counted as one combination
     if new_windows.size or not held:
         _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new_windows)}" if new_windows.size
-                    else None, metric, dims)
-    fetch = Fetcher(client, table, local, _reach(q, det, _windows(det, [(s.start_ns, s.end_ns) for s in spikes])))
-    # the noisy-neighbour step, when it runs, reads its baseline windows' requests row by row (each window once)
-    done: set[int] = set(one_by_one.tolist())
-
-    def more_facts(wins: np.ndarray) -> None:
-        new = np.asarray(sorted(set(wins.tolist()) - done), dtype=np.int64)
-        if new.size:
-            _pull_facts(client, local, facts_table, f"{cond} AND {_in_windows(det, new)}", metric, dims)
-            done.update(new.tolist())
-
-    fetch.more_facts = more_facts
+                    else None, metric)
     rest_where = f"{cond} AND {in_baseline}" + ("" if remote else f" AND intDiv(start_ns, {w}) NOT IN ({near_listed})")
     strings = [] if remote else [d for d in X.DIMENSIONS if d not in X.BUCKETED]
     tokens = [] if remote else [d for d in X.DIMENSIONS if d in X.BUCKETED]
@@ -821,8 +783,9 @@ def _pushed_down(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spi
                            f"AND NOT {_candidate_sql(coded, cand, attrs)}")
         return got.column("v").to_numpy(zero_copy_only=False).astype(np.float64)
 
-    return fetch, (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
-                                                       weight, attrs, f"intDiv(start_ns, {w}) IN ({listed})")), done
+    return (combos, values_without, _ServerTail(client, facts_table, f"{cond} AND {in_baseline}", col,
+                                                weight, attrs, f"intDiv(start_ns, {w}) IN ({listed})")), \
+        set(one_by_one.tolist())
 
 
 def _candidate_sql(coded: Sequence[X.Coded], cand: X.Candidate, attrs: CA.ServerAttributes | None = None) -> str:
@@ -971,19 +934,12 @@ def explain_window(client: Client, table: str, start: str | int | datetime, end:
 
 
 class Fetcher:
-    """Pulls into the local DuckDB `spans` only what each explanation step reads (analysis.report.SpanFetcher).
+    """Pulls into a local DuckDB `spans` the spans of a few traces (`traces`: a trace's waterfall reads them).
+    Only the `inputs` columns come back (SPAN_INPUTS by default); the rest are null."""
 
-    The noisy-neighbour step, which runs only when queue_wait leads the stages, reads every span within
-    reach of the spike and its nearest baseline windows (the stage shares are computed on the server:
-    `_server_stages`); a trace's waterfall reads its spans (`traces`). Only the `inputs` columns come back
-    (SPAN_INPUTS: what the explanation reads); the rest are null.
-    """
-
-    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection, reach_ns: int,
+    def __init__(self, client: Client, table: str, local: duckdb.DuckDBPyConnection,
                  inputs: Sequence[str] = SPAN_INPUTS) -> None:
-        self.client, self.table, self.local, self.reach = client, table, local, reach_ns
-        #: Pulls the fact rows of baseline windows (numbers) the report holds as counts only (see _pushed_down).
-        self.more_facts: Callable[[np.ndarray], object] | None = None
+        self.client, self.table, self.local = client, table, local
         self.cols = ", ".join(c for c, _, _ in S.SPAN_COLUMNS if c in inputs)  # one order everywhere
         cols = ", ".join(f"{c} {duck_type(t)}" for c, t, _ in S.SPAN_COLUMNS if c in inputs)
         # the local types, not the Arrow ones (ClickHouse's Bool comes back as UInt8)
@@ -1007,20 +963,6 @@ class Fetcher:
         """The spans of these traces in [lo_ns, hi_ns)."""
         if trace_ids:
             self._pull(lo_ns, hi_ns, f"TraceId IN ({', '.join(M.quote(t) for t in trace_ids)})")
-
-    def neighbourhood(self, det: Detection, spike: Spike, item: C.Spike) -> None:
-        """Every span within reach of the spike and the baseline windows noisy_neighbour compares it with."""
-        stages = item.get("stages") or []
-        if not stages or stages[0]["stage"] != S.QUEUE_WAIT or stages[0]["share"] < N.QUEUE_SHARE:
-            return  # the step stops before reading spans
-        w = det.window_ns
-        near = _neighbour_windows(det, spike).tolist()
-        if self.more_facts is not None:  # the spike's windows too, when its rows stayed on the server
-            self.more_facts(np.concatenate([_windows(det, [(spike.start_ns, spike.end_ns)]),
-                                            np.asarray(near, dtype=np.int64) // w]))
-        lo = min([spike.start_ns, *near]) - self.reach
-        hi = max([spike.end_ns, *(x + w for x in near)]) + self.reach
-        self._pull(lo, hi)
 
 
 def choose_window_s(client: Client, facts: str, since_ns: int | None = None, until_ns: int | None = None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import itertools
 import json
 import os
 import uuid
@@ -118,37 +119,55 @@ def presence_only(key: str) -> bool:
 
 def grouped_sql(long_sql: str, source: str) -> str:
     """DuckDB SQL of (k, v, rids) over `request_attribute_sql`'s (rid, a) (`source` "request") or
-    `stage_attribute_sql`'s (rid, k, v) answer: each key's distinct values, each with the row ids holding it; an
-    entry without a value is no value. Each distinct value crosses to Python once, with its rows as integers,
-    instead of once per request (`split_grouped`): at 10 M spans with 40 request attributes, reading the maps whole
-    took gigabytes."""
+    `stage_attribute_sql`'s (rid, k, v) answer: each key's distinct values, each with the row ids holding it, ordered
+    by key (`split_grouped` cuts each key's rows out as slices); an entry without a value is no value. Each distinct
+    value crosses to Python once, with its rows as integers, instead of once per request: at 10 M spans with 40
+    request attributes, reading the maps whole took gigabytes."""
     entries = (f"SELECT rid, unnest(map_keys(a)) AS k, unnest(map_values(a)) AS v FROM ({long_sql})"
                if source == "request" else f"SELECT rid, k, v FROM ({long_sql})")
-    return f"SELECT k, v, list(rid) AS rids FROM ({entries}) WHERE v IS NOT NULL GROUP BY k, v"
+    return f"SELECT k, v, list(rid) AS rids FROM ({entries}) WHERE v IS NOT NULL GROUP BY k, v ORDER BY k"
 
 
 def split_grouped(table: pa.Table) -> dict[str, tuple[I64, np.ndarray, pa.Array | None]]:
     """key -> (row ids, codes, values) of `grouped_sql`'s answer: each row id's value is values[code], `values`
     the key's distinct values (None for a presence-only key: counted, never coded). A row id appears twice where
-    its request span was delivered twice."""
-    if table.num_rows == 0:
-        return {}
-    keys = pc.dictionary_encode(table.column("k").combine_chunks())
-    kidx = to_numpy(keys.indices)
-    order = np.argsort(kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx, kind="stable")
-    bounds = np.searchsorted(kidx[order], np.arange(len(keys.dictionary) + 1))
-    lists = table.column("rids").combine_chunks()
-    vals = table.column("v").combine_chunks()
-    if not pa.types.is_string(vals.type):
-        vals = vals.cast(pa.string())
+    its request span was delivered twice. Each key's rows are runs of the answer's batches (put in key order where
+    they are not), so its row ids, codes and values are slices of them: gathering or copying the answer cost about
+    as much as reading it (most of it the system's, allocating fresh memory)."""
+    runs: dict[str, list[tuple[I64, np.ndarray, pa.Array]]] = {}
+    for batch in table.to_batches():
+        if batch.num_rows == 0:
+            continue
+        keys = pc.dictionary_encode(batch.column(0))
+        kidx = to_numpy(keys.indices)
+        if np.any(kidx[1:] < kidx[:-1]):  # not in key order: one gather puts it so
+            order = np.argsort(kidx, kind="stable")
+            batch, kidx = batch.take(from_numpy(order)), kidx[order]
+        lists = batch.column(2)
+        offsets = to_numpy(lists.offsets).astype(np.int64)
+        flat = to_numpy(lists.values).astype(np.int64, copy=False)  # the offsets index the child array (a slice's too)
+        vals = batch.column(1)
+        names = keys.dictionary.to_pylist()
+        cut = np.flatnonzero(kidx[1:] != kidx[:-1]) + 1
+        for a, b in itertools.pairwise([0, *cut.tolist(), int(kidx.size)]):
+            kind = np.int16 if b - a < np.iinfo(np.int16).max else np.int32  # a code per row: the smallest that holds
+            codes = np.repeat(np.arange(b - a, dtype=kind), np.diff(offsets[a:b + 1]))
+            # the key's values copied out: a slice would hold the whole answer until every key is judged
+            values = pa.concat_arrays([vals.slice(a, b - a)])
+            runs.setdefault(str(names[kidx[a]]), []).append((flat[offsets[a]:offsets[b]], codes, values))
     out: dict[str, tuple[I64, np.ndarray, pa.Array | None]] = {}
-    for i, key in enumerate(keys.dictionary.to_pylist()):
-        sel = from_numpy(order[bounds[i]:bounds[i + 1]])
-        mine = lists.take(sel)
-        rids = to_numpy(mine.flatten()).astype(np.int64)
-        kind = np.int16 if len(sel) < np.iinfo(np.int16).max else np.int32  # a code per row: the smallest that holds
-        codes = np.repeat(np.arange(len(sel), dtype=kind), to_numpy(pc.list_value_length(mine)))
-        out[str(key)] = (rids, codes, None if presence_only(str(key)) else vals.take(sel))
+    for key, got in runs.items():
+        if len(got) == 1:
+            rids, codes, values = got[0]
+        else:  # a key's run split across batches: its values numbered on
+            shift = np.cumsum([0] + [len(v) for _, _, v in got])
+            kind = np.int16 if shift[-1] < np.iinfo(np.int16).max else np.int32
+            rids = np.concatenate([r for r, _, _ in got])
+            codes = np.concatenate([np.add(c, s, dtype=kind) for (_, c, _), s in zip(got, shift, strict=False)])
+            values = pa.concat_arrays([v for _, _, v in got])
+        if not pa.types.is_string(values.type):
+            values = values.cast(pa.string())
+        out[key] = (rids, codes, None if presence_only(key) else values)
     return out
 
 
@@ -158,8 +177,8 @@ def column_name(source: str, key: str) -> str:
 
 
 def request_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
-    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice: `split_by_key`
-    reads one);
+    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice: `first_entries`
+    keeps one entry of each key);
     `facts_rows` is a query of the facts rows (rid, trace_id, span_id, start_ns); $lo / $hi bound the span start
     times read."""
     return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN {spans} s "
@@ -201,39 +220,17 @@ def resource_attribute_sql(spans: str = "spans", where: str = "TRUE") -> str:
             f"WHERE NOT starts_with(k, '{OWN_PREFIX}') GROUP BY Replica, k")
 
 
-def split_by_key(table: pa.Table) -> dict[str, tuple[I64, pa.Array | None]]:
-    """key -> (row ids, values) of a long (rid, k, v) table, or of a (rid, a) table of attribute maps; the values of
-    presence-only keys are None (`presence_only`: counted, never coded)."""
-    if table.num_rows == 0:
-        return {}
-    rid = to_numpy(table.column("rid")).astype(np.int64)
-    if "a" in table.column_names:  # one map per row: its entries, each with its row's id
-        first, at = np.unique(rid, return_index=True)
-        if first.size < rid.size:  # a request span delivered twice: its first map
-            at.sort()
-            table, rid = table.take(from_numpy(at)), rid[at]
-        maps = table.column("a").combine_chunks()
-        offsets = to_numpy(maps.offsets)
-        rid = np.repeat(rid, np.diff(offsets))
-        key_col, vals = maps.keys, maps.items
-        if offsets[0] != 0 or offsets[-1] != len(key_col):
-            key_col, vals = key_col.slice(offsets[0], offsets[-1] - offsets[0]), vals.slice(
-                offsets[0], offsets[-1] - offsets[0])
-    else:
-        key_col, vals = table.column("k").combine_chunks(), table.column("v").combine_chunks()
-    if vals.null_count:  # an entry without a value is no value
-        ok = to_numpy(vals.is_valid())
-        rid, key_col, vals = rid[ok], key_col.filter(vals.is_valid()), vals.filter(vals.is_valid())
-    keys = pc.dictionary_encode(key_col)
-    kidx = to_numpy(keys.indices)
-    small = kidx.astype(np.int16) if len(keys.dictionary) < 2 ** 15 else kidx  # a radix sort
-    order = np.argsort(small, kind="stable")
-    bounds = np.searchsorted(small[order], np.arange(len(keys.dictionary) + 1))
-    out: dict[str, tuple[I64, pa.Array | None]] = {}
-    for i, key in enumerate(keys.dictionary.to_pylist()):
-        sel = order[bounds[i]:bounds[i + 1]]
-        out[str(key)] = (rid[sel], None if presence_only(str(key)) else vals.take(from_numpy(sel)))
-    return out
+def first_entries(rids: npt.NDArray[np.integer], codes: np.ndarray, n: int
+                  ) -> tuple[npt.NDArray[np.integer], np.ndarray]:
+    """A key's entries (`split_grouped`'s row ids, row ids below `n`, and codes) with one per row id: where a request
+    span was delivered twice, the first of its entries."""
+    seen = np.zeros(n, dtype=np.bool_)
+    seen[rids] = True
+    if int(np.count_nonzero(seen)) == rids.size:
+        return rids, codes
+    _, first = np.unique(rids, return_index=True)
+    first.sort()
+    return rids[first], codes[first]
 
 
 def attributes_path(requests_file: Path) -> Path:
@@ -242,45 +239,25 @@ def attributes_path(requests_file: Path) -> Path:
         ".parquet") + ATTRIBUTES_SUFFIX)
 
 
-def hour_codes(rows: I64, values: pa.Array, n: int) -> pa.DictionaryArray:
-    """A key's values on `rows` of `n` rows as a dictionary array without nulls: the distinct values sorted (as
-    Python sorts text) then a null, each row's index into them (the null's where it has no value); int16 indices
-    when they fit."""
-    enc = pc.dictionary_encode(values.cast(pa.string()) if not pa.types.is_string(values.type) else values)
-    d = len(enc.dictionary)
-    order = to_numpy(pc.sort_indices(enc.dictionary)).astype(np.int64)
+def hour_codes(rows: npt.NDArray[np.integer], codes: np.ndarray, values: pa.Array, n: int) -> pa.DictionaryArray:
+    """A key's values on `rows` of `n` rows (row `rows[i]` holds `values[codes[i]]`) as a dictionary array without
+    nulls: the distinct values some row holds, sorted (as Python sorts text), then a null; each row's index into them
+    (the null's where it has no value); int16 indices when they fit."""
+    held = np.flatnonzero(np.bincount(codes, minlength=len(values)))
+    if held.size < len(values):  # a value only a second delivery held: not the hour's
+        lut = np.full(len(values), -1, dtype=np.int64)
+        lut[held] = np.arange(held.size)
+        values, codes = values.take(from_numpy(held)), lut[codes]
+    d = len(values)
+    order = to_numpy(pc.sort_indices(values)).astype(np.int64)
     kind, typ = (np.int16, pa.int16()) if d < np.iinfo(np.int16).max else (np.int32, pa.int32())
     rank = np.empty(d, dtype=kind)
     rank[order] = np.arange(d, dtype=kind)
-    codes = np.full(n, d, dtype=kind)
-    codes[rows] = rank[to_numpy(enc.indices)]
-    return pa.DictionaryArray.from_arrays(pa.Array.from_buffers(typ, n, [None, pa.py_buffer(codes)]),
-                                          pa.concat_arrays([enc.dictionary.take(from_numpy(order)),
+    out = np.full(n, d, dtype=kind)
+    out[rows] = rank[codes]
+    return pa.DictionaryArray.from_arrays(pa.Array.from_buffers(typ, n, [None, pa.py_buffer(out)]),
+                                          pa.concat_arrays([values.take(from_numpy(order)),
                                                             pa.nulls(1, pa.string())]))
-
-
-#: Rows of the attribute SQL's answer split at a time when an hour is written (its peak memory: a few of them).
-WRITE_BATCH_ROWS: Final = 1 << 16
-
-
-def _split_batches(reader: pa.RecordBatchReader, n: int) -> dict[str, tuple[I64, pa.Array | None]]:
-    """`split_by_key` of an answer read a batch at a time (`n`: the row ids are below it); a request span
-    delivered twice: its first map, over the whole answer."""
-    seen = np.zeros(n, dtype=bool)
-    found: dict[str, list[tuple[I64, pa.Array | None]]] = {}
-    for batch in reader:
-        table = pa.Table.from_batches([batch])
-        if "a" in table.column_names and table.num_rows:
-            rid = to_numpy(table.column("rid")).astype(np.int64)
-            fresh = ~seen[rid]
-            if not fresh.all():
-                table = table.take(from_numpy(np.flatnonzero(fresh)))
-            seen[rid] = True
-        for key, got in split_by_key(table).items():
-            found.setdefault(key, []).append(got)
-    return {key: (np.concatenate([r for r, _ in parts]),
-                  None if parts[0][1] is None else pa.concat_arrays([v for _, v in parts]))  # type: ignore[misc]
-            for key, parts in found.items()}
 
 
 def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, requests_file: Path, final: Path) -> Path:
@@ -325,9 +302,10 @@ def _coded_table(con: duckdb.DuckDBPyConnection, facts: str, sqls: dict[str, str
     about: dict[str, list[int]] = {}
     counts: dict[str, list[int]] = {}
     for source, sql in sqls.items():
-        by_key = _split_batches(con.sql(sql, params=params).to_arrow_reader(WRITE_BATCH_ROWS), n)
+        by_key = split_grouped(con.sql(grouped_sql(sql, source), params=params).to_arrow_table())
         for key in sorted(by_key):
-            rows, values = by_key[key]
+            rids, codes, values = by_key.pop(key)
+            rows, codes = first_entries(rids, codes, n)
             name = column_name(source, key)
             if values is None:  # presence only: 0 where present, 1 elsewhere
                 flags = np.ones(n, dtype=np.int8)
@@ -335,7 +313,7 @@ def _coded_table(con: duckdb.DuckDBPyConnection, facts: str, sqls: dict[str, str
                 columns[name] = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(flags)])
                 about[name] = [int(rows.size), 0]
                 continue
-            columns[name] = coded = hour_codes(rows, values, n)
+            columns[name] = coded = hour_codes(rows, codes, values, n)
             d = len(coded.dictionary) - 1
             about[name] = [int(rows.size), d]
             if d <= MAX_COUNTED:
@@ -523,6 +501,19 @@ def files_view_sql(stored: list[str]) -> str:
         ") t(n, path)"
 
 
+_NO_ROWS: Final = np.zeros(0, dtype=np.int64)
+
+
+def _rows_by_file(file_of: I64) -> dict[int, I64]:
+    """{file number: the positions of its rows, ascending} (`np.flatnonzero(file_of == n)` for each n present): one
+    stable sort, cheap on the frame's few runs of one file each, instead of a pass over every row per file."""
+    order = np.argsort(file_of, kind="stable")
+    ordered = file_of[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = [0, *cuts.tolist(), int(ordered.size)]
+    return {int(ordered[a]): order[a:b] for a, b in itertools.pairwise(bounds) if b > a}
+
+
 def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) -> StoredValues | None:
     """The request and stage attribute columns of the frame's rows (store row ids: file number << `shift` | row)
     whose hour has an attribute file (read lazily, a column when asked); None when the connection reads no stored
@@ -532,11 +523,11 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
     except duckdb.Error:
         return None
     out = StoredValues(by_source={s: {} for s in REQUEST_SOURCES})
-    file_of = frame_rid >> shift
+    in_file = _rows_by_file(frame_rid >> shift)
     covered: list[int] = []
     live = [(0, Path(p)) for (p,) in con.execute(f"SELECT path FROM {LIVE_FILE_VIEW}").fetchall()]
     for number, attr in [(n, attributes_path(Path(p))) for n, p in files] + live:
-        positions = np.flatnonzero(file_of == number)
+        positions = in_file.get(int(number), _NO_ROWS)
         rows = frame_rid[positions] & ((1 << shift) - 1)
         try:  # a file swept since the snapshot (or unreadable): its hour's values are read from the spans
             hour = HourFile(attr)
@@ -557,7 +548,7 @@ def stored_values(con: duckdb.DuckDBPyConnection, frame_rid: I64, shift: int) ->
     if not covered:
         return out
     out.live_where = f"(rid >> {shift}) NOT IN ({', '.join(map(str, covered))})"
-    out.all_stored = bool(np.isin(file_of, np.array(covered, dtype=np.int64)).all())
+    out.all_stored = set(in_file) <= set(covered)
     if len(set(covered) - {0}) == len(files) and con.execute(  # the rows left are the stale hours' (file number 0)
             "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LIVE_SPANS]).fetchall()[0][0]:
         out.live_spans = LIVE_SPANS

@@ -487,28 +487,33 @@ def _in_chunk(source: str, live_rows: str, spans: str, stored: StoredValues | No
 def _live_part(positions: npt.NDArray[np.integer[Any]], codes: npt.NDArray[np.integer[Any]], values: pa.Array | None,
                n: int) -> Part:
     """The Part of `split_grouped`'s rows of a key at frame `positions` (a presence-only key: no value), one value per
-    position: where a request span was delivered twice, the first of its entries."""
-    seen = np.zeros(n, dtype=np.bool_)
-    seen[positions] = True
-    whole = True
-    if int(np.count_nonzero(seen)) < positions.size:
-        _, first = np.unique(positions, return_index=True)
-        first.sort()
-        positions, codes = positions[first], codes[first]
-        whole = values is None or bool(np.bincount(codes, minlength=len(values)).all())
-    return Part(positions, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
+    position: where a request span was delivered twice, the first of its entries (`first_entries`)."""
+    once, codes = AV.first_entries(positions, codes, n)
+    whole = once.size == positions.size or values is None or bool(np.bincount(codes, minlength=len(values)).all())
+    return Part(once, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
 
 
 class _Positions:
-    """Frame positions of row ids (every id must be a frame row's), the frame's ids sorted once."""
+    """Frame positions of row ids (every id must be a frame row's): a table indexed by id where the ids are dense
+    (the live facts' rows are numbered from 0), else the frame's ids sorted once and searched."""
 
     def __init__(self, frame_rid: I64) -> None:
-        self.order = np.argsort(frame_rid, kind="stable")
-        self.sorted = frame_rid[self.order]
+        self.kind = np.int32 if frame_rid.size < 2**31 else np.int64
+        lo, hi = (int(frame_rid.min()), int(frame_rid.max())) if frame_rid.size else (0, -1)
+        self.lo = lo
+        self.table: npt.NDArray[np.integer[Any]] | None = None
+        if hi - lo < 4 * frame_rid.size + 1024:  # a table of at most a few entries a row
+            self.table = np.zeros(hi - lo + 1, dtype=self.kind)
+            self.table[frame_rid - lo] = np.arange(frame_rid.size, dtype=self.kind)
+        else:
+            self.order = np.argsort(frame_rid, kind="stable")
+            self.sorted = frame_rid[self.order]
 
     def __call__(self, rid: I64) -> npt.NDArray[np.integer[Any]]:
         """int32 where the frame allows: every key of every request holds one (at 10 M spans, 40 keys of 1.4 M)."""
-        return self.order[np.searchsorted(self.sorted, rid)].astype(np.int32 if self.sorted.size < 2**31 else np.int64)
+        if self.table is not None:
+            return self.table[rid - self.lo]
+        return self.order[np.searchsorted(self.sorted, rid)].astype(self.kind)
 
 
 def _same_partition(a: Coded, b: Coded) -> bool:
@@ -711,13 +716,13 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
     # each request's replica code, the missing ones the tables' last slot: a key's rows are read through a table of
     # the replicas carrying it (one gather, not a pass over the requests per replica)
     slot = np.where(replica.codes >= 0, replica.codes, len(replica.labels))
+    # a key's rows per value are its replicas' rows (the replica's counts, missing last as `slot`): no pass per key
+    per_replica = counts_of(replica)
     for key in sorted(per_key, key=lambda k: (-sum(v is not None for v in per_key[k]), k)):
         table = per_key[key]
         rep_codes = np.flatnonzero([v is not None for v in table])
-        carries = np.zeros(len(replica.labels) + 1, dtype=bool)
-        carries[rep_codes] = True
-        rows = np.flatnonzero(carries[slot])
-        if not judge.before_coding(key, "resource", rows.size):
+        present = int(per_replica[rep_codes].sum())
+        if not judge.before_coding(key, "resource", present):
             continue
         if judge.cut_past(key, "resource", ""):
             continue
@@ -728,7 +733,10 @@ def _resource(con: duckdb.DuckDBPyConnection, params: dict[str, Any], replica: C
         lut[rep_codes] = small.codes
         codes = lut[slot]
         coded = Coded(key, codes, small.labels, small.lo, small.hi)
-        judge.after_coding(coded, "resource", int(rows.size), distinct, numeric)
+        missing_last = np.where(lut >= 0, lut, len(small.labels))
+        coded.counts = np.bincount(missing_last, weights=per_replica, minlength=len(small.labels) + 1
+                                   ).astype(np.int64)
+        judge.after_coding(coded, "resource", present, distinct, numeric)
 
 
 #: A coarser value is named over a finer one nested in it only when it explains this much more of the excess.

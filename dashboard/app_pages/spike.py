@@ -64,7 +64,9 @@ if followed is not None and not brushed_label:  # a link followed: show its wind
     st.session_state["spike_choice"] = next(k for k, v in options.items() if v == followed)
 if st.session_state.get("spike_choice") not in options:
     st.session_state.pop("spike_choice", None)
-label = st.selectbox("Window", list(options), key="spike_choice")
+# a radio, not a select box: its script is a few KB where the select box's is about 140 KB, loaded on a first
+# click; its labels are Markdown, so their clock times' colons are escaped (formats.times: no emoji plugin)
+label = st.radio("Window", list(options), key="spike_choice", format_func=formats.times)
 links.set_window(*options[label])
 ex = data.explain(*key, f, *options[label])
 standing = data.against_baseline(ex)

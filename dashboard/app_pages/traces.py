@@ -1,7 +1,7 @@
 """Traces: the waterfall of one trace (its critical path highlighted) first, then the tail's exemplars.
 
-The trace shown is the URL's `?trace=` (an exemplar link from the Spike page, or a shared view), else the
-one typed, else the row picked in the exemplar table, else the slowest.
+The trace shown is the URL's `?trace=` (an exemplar link from this page or the Spike page, or a shared view),
+else the one typed, else the slowest.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import streamlit as st
 from dashboard import charts, data, formats, links, sidebar
 from tracing import schema as S
 
+#: The slowest requests listed (a static table: formats.STATIC_ROWS at most), the stage chart's too.
+EXEMPLARS = 20
+
 db = data.open_store()
 f = sidebar.current()
 key = (db, str(db.store), db.version)
@@ -20,35 +23,28 @@ st.title("Traces")
 linked = links.new_trace()
 if linked:  # a link followed: show its trace
     st.session_state["trace_id"] = linked
-ex = data.exemplars(*key, f, 50)
+ex = data.exemplars(*key, f, EXEMPLARS)
 wanted = st.text_input("Trace id (full, or a prefix of 8+ hex digits)", key="trace_id",
                        placeholder="e.g. 7a11000000000000000000000000002a")
-picked_rows = st.session_state.get("exemplar_table")
-rows = picked_rows.selection.rows if picked_rows is not None and hasattr(picked_rows, "selection") else []
-if rows and not wanted and not ex.empty and rows[0] < len(ex):
-    wanted = str(ex.iloc[rows[0]]["trace_id"])
 if ex.empty and not wanted:
     st.info("No requests match the filters: nothing to show.")
     st.stop()
 trace_id = wanted or str(ex.iloc[0]["trace_id"])
 trace_box = st.container()
-# the exemplars first (drawn below the trace: trace_box holds its place above), so the browser fetches the
-# table grid's script while the server computes the waterfall
+# the exemplars first (drawn below the trace: trace_box holds its place above), sent while the server computes
+# the waterfall; a Markdown table (links.exemplar_table), not the grid, whose script (about 1.5 MB) a first visit
+# would load and compile on the way
 if not ex.empty:
     st.subheader("Slowest requests (exemplars of the tail)")
-    st.caption("Pick a row (or follow its link) to show its waterfall above.")
-    shown = ex.assign(trace=[links.url("traces", f, data.FILTER_DIMENSIONS, trace=t) for t in ex["trace_id"]])
-    st.dataframe(shown[["trace", "trace_id", "start", "replica", "model", "tenant", "status", "latency_ms",
-                        "input_tokens", "output_tokens"]],
-                 hide_index=True, on_select="rerun", selection_mode="single-row", key="exemplar_table",
-                 column_config=formats.exemplar_columns())
+    st.caption("Follow a row's link to open its waterfall (in a new tab), or type its id above.")
+    links.exemplar_table(ex, f)
     # lazy: its chart is computed and drawn only once the expander is opened (not on every first render)
     stacks = st.expander("Critical path of each exemplar", key="traces_stage_stack", on_change="rerun")
     if stacks.open:
         if db.pending:
             stacks.caption(db.loading_note() or "")
         else:
-            stacks.altair_chart(charts.stage_stack(ex.head(25)), width="stretch")
+            stacks.altair_chart(charts.stage_stack(ex), width="stretch")
 found = data.find_trace(*key, trace_id)
 with trace_box:
     if found.empty:

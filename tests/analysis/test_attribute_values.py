@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from analysis import build_report, connect
@@ -162,3 +163,68 @@ def test_a_store_without_attributes_reads_no_value() -> None:
 
 
 TENANTS = ["acme", "globex", "initech"]
+
+
+def test_the_rows_of_each_file_are_each_file_numbers_positions() -> None:
+    """`_rows_by_file` against a look-up of every row per file number, on runs of files and on shuffled rows."""
+    rng = random.Random(7)
+    for case in range(60):
+        runs = [[rng.randrange(6)] * rng.randrange(0, 40) for _ in range(rng.randrange(0, 6))]
+        flat = [n for run in runs for n in run]
+        if case % 2:
+            rng.shuffle(flat)
+        file_of = np.array(flat, dtype=np.int64)
+        got = AV._rows_by_file(file_of)
+        assert sorted(got) == sorted(set(flat))
+        for n, positions in got.items():
+            assert positions.tolist() == [i for i, f in enumerate(flat) if f == n]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_split_grouped_is_each_keys_rows_and_values_over_any_batches(seed: int) -> None:
+    """`split_grouped` over an answer in several batches, some in key order and some not, one empty, a key's rows
+    split across batches: each key's (row id, value) pairs are those of the answer, written plainly; a presence-only
+    key has no values."""
+    import pyarrow as pa
+
+    rng = random.Random(seed)
+    keys = ["a", "b", "c", f"{AV.OWN_PREFIX}x", "d"]
+    rows: list[tuple[str, str, list[int]]] = []
+    for k in keys:
+        for j in range(rng.randint(1, 6)):
+            rows.append((k, f"{k}{j}", [rng.randrange(50) for _ in range(rng.randint(1, 4))]))
+    rows.sort(key=lambda r: r[0])
+    cuts = sorted(rng.sample(range(1, len(rows)), 3))
+    batches = []
+    for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        part = rows[a:b]
+        if rng.random() < 0.5:
+            rng.shuffle(part)
+        batches.append(pa.record_batch([pa.array([r[0] for r in part]), pa.array([r[1] for r in part]),
+                                        pa.array([r[2] for r in part], pa.list_(pa.int64()))],
+                                       names=["k", "v", "rids"]))
+    batches.insert(1, batches[0].slice(0, 0))  # an empty batch (a query's answer may have one)
+    got = AV.split_grouped(pa.Table.from_batches(batches))
+    want: dict[str, list[tuple[int, str]]] = {}
+    for k, v, rids in rows:
+        want.setdefault(k, []).extend((r, v) for r in rids)
+    assert set(got) == set(want)
+    for k, (rids, codes, values) in got.items():
+        if k.startswith(AV.OWN_PREFIX):
+            assert values is None and sorted(rids.tolist()) == sorted(r for r, _ in want[k])
+            continue
+        assert values is not None and len(set(values.to_pylist())) == len(values)
+        texts = values.to_pylist()
+        assert sorted(zip(rids.tolist(), [texts[c] for c in codes.tolist()], strict=True)) == sorted(want[k])
+
+
+@pytest.mark.parametrize("spread", [1, 1 << 40])
+def test_frame_positions_of_row_ids_dense_or_not(spread: int) -> None:
+    """A row id's frame position, whether the frame's ids are dense (a table) or spread (a search)."""
+    import numpy as np
+
+    rng = np.random.default_rng(spread % 97)
+    frame = rng.permutation(np.arange(0, 3000, 3, dtype=np.int64) * spread)
+    where = {int(r): i for i, r in enumerate(frame.tolist())}
+    asked = rng.choice(frame, size=500)
+    assert A._Positions(frame)(asked).tolist() == [where[int(r)] for r in asked.tolist()]

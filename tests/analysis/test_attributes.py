@@ -421,3 +421,23 @@ def test_pairs_past_the_cell_bound_are_cut_and_said(monkeypatch: pytest.MonkeyPa
     assert [(c["dimension"], c["cells"]) for c in cut] == want and want
     assert all(str(bound) in c["why"].replace(",", "") for c in cut)
     assert not any(len(c.dims) == 2 and slots[c.dims[0]] * slots[c.dims[1]] > bound for c in found)
+
+
+def test_a_resource_keys_counts_are_its_codes_counts(nodes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resource key's rows per value, taken from its replicas' counts, are those of its codes, counted one by one."""
+    seen: list[Any] = []
+    keep = A.Judge.after_coding
+
+    def after_coding(self: A.Judge, coded: Any, source: str, present: int, *args: Any, **kw: Any) -> None:
+        if source == "resource":
+            seen.append((coded, present))
+        keep(self, coded, source, present, *args, **kw)
+
+    monkeypatch.setattr(A.Judge, "after_coding", after_coding)
+    build_report(connect(nodes))
+    assert {c.name for c, _ in seen} >= {"k8s.node.name", "cloud.availability_zone", "service.instance.id"}
+    for coded, present in seen:
+        codes = coded.codes.tolist()
+        expected = [codes.count(k) for k in range(len(coded.labels))] + [codes.count(-1)]
+        assert coded.counts is not None and coded.counts.tolist() == expected
+        assert present == len(codes) - codes.count(-1)

@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pytest
 
@@ -29,15 +28,15 @@ from analysis.stats import explain as X
 from analysis.stats import spikes as SP
 from analysis.stats.spikes import Spike
 from tests.analysis.test_attributes import pair_store
-from tests.analysis.test_neighbours import _fleet
+from tests.analysis.test_neighbours import fleet
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
 
 RATES = (600, 1200)
-#: Answers that would grow with the requests, by the start of their SQL: the request facts (of the spike windows, or
-#: of the noisy-neighbour step's), every group of tied values above the detection's pooled p99 (a row a group of two
-#: or more equal values: asked only when the server's blocks fail the client's check), and spans (the explanation
-#: pulls them only for the noisy-neighbour step, which this store's decode-led spike does not run).
+#: Answers that would grow with the requests, by the start of their SQL: the request facts (of the spike windows, when
+#: the attribute pass failed), every group of tied values above the detection's pooled p99 (a row a group of two or
+#: more equal values: asked only when the server's blocks fail the client's check), and spans (no step of the report
+#: pulls them now).
 REQUEST_ROWS = "SELECT trace_id, span_id, start_ns, e2e_ns"
 DETECTION_TIES = "SELECT lo_rank, c FROM"
 SPANS = "SELECT TimestampNs, TraceId"
@@ -177,7 +176,7 @@ def test_the_servers_spike_rows_read_as_the_rows_in_memory(chdb_client: Any, see
         chdb_client.command(f"INSERT INTO {CA.ATTR_TEMP} VALUES " + ", ".join(
             f"('t{i}', 's{i}', {start[i]}, {float(values[i])!r}, {1.0 if weights is None else float(weights[i])!r}, "
             f"{a0[i]})" for i in range(n)))
-        server = _ServerSpikeRows(chdb_client, attrs, weighted, lambda: pl.DataFrame())
+        server = _ServerSpikeRows(chdb_client, attrs, weighted)
         a, b = (int(x) for x in np.sort(rng.choice(10 * n, 2, replace=False)))
         rows = np.flatnonzero((start >= a) & (start < b)).astype(np.int64)
         p99 = X.weighted_q(values, weights, rows) if rows.size else math.nan
@@ -202,17 +201,29 @@ def test_the_servers_spike_rows_read_as_the_rows_in_memory(chdb_client: Any, see
             assert server.exemplars(spike, coded, best) == want_ids, (seed, weighted, best)
 
 
-def test_the_noisy_neighbour_step_reads_its_rows_and_says_what_the_store_says(
-        chdb_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A queue-wait spike with a tenant's burst (tests/analysis/test_neighbours.py's fleet): the one step that still
-    reads rows (the spike's and its neighbour windows', then their spans) names the same tenant, replicas and victims
-    as the store's report, which equals the ClickHouse report in full."""
-    root = tmp_path_factory.mktemp("neighbour")
-    _fleet(root, burst=True, outage=False)
+#: The noisy-neighbour step's answers, by the start of their SQL (analysis.clickhouse.neighbours): the tail by
+#: tenant, the admitted requests and the GPU time by tenant and spike-or-baseline, the other tenants' queued tail.
+NEIGHBOUR_ANSWERS = {"tail": "SELECT coalesce(tenant, 'None') AS t, count() AS n, sum(",
+                     "admitted": "SELECT tenant, start_ns >= ", "gpu": "SELECT f.tenant AS tenant, s.bucket_ns >= ",
+                     "queued": "SELECT coalesce(o.tenant, 'None') AS t, count() AS n"}
+
+
+@pytest.mark.parametrize("name", ["burst", "burst-weighed"])
+def test_the_noisy_neighbour_step_asks_figures_and_says_what_the_store_says(
+        chdb_client: Any, tmp_path_factory: pytest.TempPathFactory, name: str) -> None:
+    """A queue-wait spike with a tenant's burst (tests/analysis/test_neighbours.py's fleet; unweighted, and with
+    unequal adjusted counts): the ClickHouse report equals the store's in full (tenant, shares, GPU shares, victims),
+    and its noisy-neighbour step gets a row per tenant (four: a, b, c and the bursting x), per tenant and
+    spike-or-baseline for the admitted requests and GPU time, per victim (three) for the queued tail; no request row
+    and no span comes back."""
+    root = fleet(name, tmp_path_factory)
     want = build_report(connect(root), window_s="60s")
-    export_store(root, chdb_client, "t_neighbour")
+    table = "t_" + name.replace("-", "_")
+    export_store(root, chdb_client, table)
     logged = _Logging(chdb_client)
-    got = ch_report(logged, "t_neighbour", window_s=60)
+    got = ch_report(logged, table, window_s=60)
     assert [s["noisy_neighbour"] is not None for s in want["spikes"]] == [True]
     assert got["spikes"] == want["spikes"]
-    assert [_is(s, REQUEST_ROWS) for s, _ in logged.answers].count(True) == 1  # pulled once, for that step
+    assert not [s for s, _ in logged.answers if _is(s, REQUEST_ROWS) or _is(s, SPANS)]
+    rows = {k: [n for s, n in logged.answers if _is(s, start)] for k, start in NEIGHBOUR_ANSWERS.items()}
+    assert rows == {"tail": [4], "admitted": [8], "gpu": [8], "queued": [3]}

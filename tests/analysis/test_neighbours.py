@@ -67,6 +67,22 @@ def _fleet(path: Path, burst: bool, outage: bool, sample_rate: str | None = None
     write(path, batch)
 
 
+#: Tenant x kept whole, a, b and c sampled with adjusted counts 1-4 (drawn per request).
+WEIGH: dict[str, tuple[int, ...]] = {"a": (1, 2, 3, 4), "b": (2, 4), "c": (1, 3), "x": (1,)}
+#: The fleets several tests read (test_clickhouse_rows.py too): `_fleet`'s keyword arguments by name.
+FLEETS: dict[str, dict[str, Any]] = {
+    "burst": {"burst": True, "outage": False},
+    "burst-rate-4": {"burst": True, "outage": False, "sample_rate": "4"},
+    "burst-weighed": {"burst": True, "outage": False, "weigh": WEIGH},
+    "burst-weighed-expanded": {"burst": True, "outage": False, "weigh": WEIGH, "expand": True},
+}
+
+
+def fleet(name: str, factory: pytest.TempPathFactory) -> Path:
+    """The store of FLEETS[name], built once per test session (samples_cache.built); read only."""
+    return samples_cache.built(f"neighbours-{name}", lambda path: _fleet(path, **FLEETS[name]), factory)
+
+
 def _spikes(path: Path) -> list[dict[str, Any]]:
     con = connect(path)
     report = build_report(con, window_s="60s")
@@ -86,9 +102,9 @@ def _says_in_text(report: dict[str, Any]) -> None:
         assert f"noisy neighbour: {sentence}" in text
 
 
-def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path: Path) -> None:
-    _fleet(tmp_path, burst=True, outage=False)
-    spikes = _spikes(tmp_path)
+def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = fleet("burst", tmp_path_factory)
+    spikes = _spikes(path)
     assert spikes and spikes[0]["stages"][0]["stage"] == "queue_wait"
     found = spikes[0]["noisy_neighbour"]
     assert found is not None
@@ -98,16 +114,15 @@ def test_a_tenant_burst_that_queues_the_others_is_named(tmp_path: Path) -> None:
     assert found["victims"] == ["a", "b", "c"]
     assert found["sentence"].startswith("tenant x's burst pushed tenant a, b, c's queue")
     # the dashboard's report (request facts from a `source` relation) names the same neighbour
-    via_source = build_report(connect(tmp_path), window_s="60s", source="requests")
+    via_source = build_report(connect(path), window_s="60s", source="requests")
     assert via_source["spikes"][0]["noisy_neighbour"] == found, via_source["spikes"][0]["errors"]
 
 
-def test_equal_adjusted_counts_name_the_same_neighbour(tmp_path: Path) -> None:
+def test_equal_adjusted_counts_name_the_same_neighbour(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every request weighing 4 (the weighted path: shares of adjusted counts, the bound on the effective count)
     is the same population in other units: the same tenant, shares, victims and own share."""
-    _fleet(tmp_path / "plain", burst=True, outage=False)
-    _fleet(tmp_path / "weighted", burst=True, outage=False, sample_rate="4")
-    plain, weighted = _spikes(tmp_path / "plain")[0], _spikes(tmp_path / "weighted")[0]
+    plain = _spikes(fleet("burst", tmp_path_factory))[0]
+    weighted = _spikes(fleet("burst-rate-4", tmp_path_factory))[0]
     assert weighted["requests_weighted"] == 4 * plain["requests"]
     a, b = plain["noisy_neighbour"], weighted["noisy_neighbour"]
     assert a is not None and b is not None
@@ -144,16 +159,14 @@ def _neighbour_of(path: Path) -> tuple[dict[str, Any] | None, float]:
 
 
 @pytest.mark.slow
-def test_unequal_adjusted_counts_name_what_the_expanded_requests_name(tmp_path: Path) -> None:
+def test_unequal_adjusted_counts_name_what_the_expanded_requests_name(tmp_path_factory: pytest.TempPathFactory
+                                                                      ) -> None:
     """Tenant x kept whole, a, b and c sampled with adjusted counts 1-4 (drawn per request): the weighted rule
     gives what the brute force gives, the same fleet written with each request repeated its adjusted count of
     times: the tenant, the replicas, its admitted and GPU shares, the tail's own share and the victims. Counting
     each kept request once would shrink the others: the tail's own share differs."""
-    weigh = {"a": (1, 2, 3, 4), "b": (2, 4), "c": (1, 3), "x": (1,)}
-    _fleet(tmp_path / "kept", burst=True, outage=False, weigh=weigh)
-    _fleet(tmp_path / "expanded", burst=True, outage=False, weigh=weigh, expand=True)
-    got, naive = _neighbour_of(tmp_path / "kept")
-    want, _ = _neighbour_of(tmp_path / "expanded")
+    got, naive = _neighbour_of(fleet("burst-weighed", tmp_path_factory))
+    want, _ = _neighbour_of(fleet("burst-weighed-expanded", tmp_path_factory))
     assert got is not None and want is not None
     for k in ("tenant", "replicas", "admitted_share", "tail_share_own", "victims", "sentence"):
         assert got[k] == want[k], k

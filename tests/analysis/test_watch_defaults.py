@@ -1,6 +1,6 @@
 """`tailscope watch` with its defaults: the window is the report's choice, the demo's incidents fire, alerts route.
 
-The demo store (sample_traces/data/demo.otlp.jsonl.gz, ingested once) replayed with no option
+The demo store (sample_traces/data/demo.otlp.jsonl.gz, ingested once a session) replayed with no option
 but --replay must fire both incidents of demo.truth.json, each once, with the truth stage and an
 accepted dimension value, as Alertmanager labels; the window is the one `tailscope report` chose;
 the dashboard link and window end follow the alert's window as it grows.
@@ -9,12 +9,14 @@ the dashboard link and window end follow the alert's window as it grows.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from analysis.engine.materialize import materialize
 from analysis.engine.percentiles import auto_window_s, parse_time
 from analysis.watch import Config, parse_rule, parse_rules
 from analysis.watch.delivery import alertmanager_alert
@@ -23,6 +25,7 @@ from analysis.watch.records import spike_url
 from analysis.watch.state import AlertStore
 from sample_traces import generate
 from tailscope.cli import app
+from tests import samples_cache
 from tests.sample_traces.seeded import accepted
 from tracing.errors import QueryError
 from tracing.store import init_store
@@ -33,9 +36,14 @@ DASH = "http://127.0.0.1:8501"
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store `tailscope ingest --quiet` writes of the demo sample: the session's demo store (`tailscope demo`
+    ingested the same committed file; tests/samples_cache.py), copied, with its hours materialized as the command
+    does, rather than decoding the 4 MB sample again (about 5 CPU-seconds)."""
+    demo, run = samples_cache.demo(tmp_path_factory)
+    assert run.returncode == 0, run.stderr
     store = tmp_path_factory.mktemp("demo") / "store"
-    result = runner.invoke(app, ["ingest", "--quiet", "--store", str(store), str(generate.DEMO_TRACES)])
-    assert result.exit_code == 0, result.output
+    shutil.copytree(demo, store)
+    materialize(store)
     return store
 
 

@@ -68,7 +68,7 @@ def test_the_spike_page_opens_the_linked_window(alerted: tuple[Path, list[dict]]
     a = fired[0]
     start, end = a["window_start_ns"], parse_time(a["window_end"])
     at = _app(store, monkeypatch, "app_pages/spike.py", start_ns=start, end_ns=int(end or 0))
-    assert str(at.selectbox(key="spike_choice").value).startswith("linked ")
+    assert str(at.radio(key="spike_choice").value).startswith("linked ")
     assert [m.value for m in at.metric if m.label == "requests in window"]
 
 

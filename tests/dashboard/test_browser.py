@@ -244,7 +244,7 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     page.mouse.down()
     page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=8)
     page.mouse.up()
-    expect(page.get_by_role("combobox", name="Window")).to_have_value(re.compile(r"^brushed \d\d:\d\d"))
+    expect(page.get_by_role("radio", name=re.compile(r"^brushed \d\d:\d\d:\d\d–"))).to_be_checked()
     _settle(page)
     _screenshot(page, ARTIFACTS / "dashboard-spike-brushed.png")
     assert page.get_by_test_id("stException").count() == 0
@@ -299,13 +299,15 @@ def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> 
     for path in ("", "spike", "traces"):
         html[path] = httpx.get(f"{dashboard_url}/{path}", timeout=60).text
         assert page_heads()[path].decode() in html[path]
-    grid = r'href="\./(static/js/DataFrame\.[^"]+\.js)"'
-    named = re.findall(grid, html["traces"])  # the Traces page's table grid (its exemplars: rows to pick)
+    radio = r'href="\./(static/js/Radio\.[^"]+\.js)"'
+    named = re.findall(radio, html["spike"])  # the Spike page's window chooser
     assert len(named) == 1
-    # the Spike page's tables are Markdown (dashboard.formats.table): its HTML names the grid's script only in the
-    # script that loads it once the page is drawn and quiet (preload.later_script), for a first click to Traces
-    head, later = html["spike"].split("<script>addEventListener")
-    assert not re.search(grid, head) and re.search(r"\./static/js/DataFrame\.[^\"]+\.js", later)
+    # the Spike and Traces pages' tables are Markdown (dashboard.formats.table): their HTML names the grid's script
+    # only in the script that loads it once the page is drawn and quiet (preload.later_script), for a first click to
+    # a page that draws one
+    for path in ("spike", "traces"):
+        head, later = html[path].split("<script>addEventListener")
+        assert not re.search(r"DataFrame\.", head) and re.search(r"\./static/js/DataFrame\.[^\"]+\.js", later)
     assert httpx.get(f"{dashboard_url}/{named[0]}", timeout=60).content == (static_dir() / named[0]).read_bytes()
 
 

@@ -118,7 +118,7 @@ def test_a_filter_too_narrow_to_judge_is_no_all_clear(incident_store: Path, monk
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
     assert any("could not judge" in e.value for e in at.error)
-    assert not at.success and not at.selectbox  # no "no spike", and no window explained under the filter
+    assert not at.success and not at.radio  # no "no spike", and no window explained under the filter
     # so the chart takes no brush, and its caption does not invite one
     (spec,) = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
     assert "params" not in spec
@@ -140,7 +140,7 @@ def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.
     at.query_params["start_ns"], at.query_params["end_ns"] = str(quiet), str(quiet + 120 * 10**9)
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
-    assert at.selectbox(key="spike_choice").value.startswith("linked ")
+    assert at.radio(key="spike_choice").value.startswith("linked ")
     assert any("at or below the baseline p99" in i.value for i in at.info)
     assert not at.success
 
@@ -306,10 +306,13 @@ def test_a_link_opens_its_trace_and_filters(incident_store: Path, monkeypatch: p
     assert not at.exception
     assert at.subheader[0].value == f"Trace {tid}"
     assert at.multiselect(key="f_replica").value == [replica]
-    shown = at.dataframe[-1].value
-    assert set(shown["replica"]) == {replica}
-    assert all(link.startswith("traces?replica=") and f"trace={t}" in link
-               for link, t in zip(shown["trace"], shown["trace_id"], strict=True))
+    # the exemplars: a Markdown table, each row a link (its id's first 12 digits) to its own trace, same filters
+    shown = next(t for t in shown_tables(at) if "replica" in t.columns)
+    assert set(shown["replica"]) == {replica} and len(shown) > 1
+    links = [re.fullmatch(r"\[([0-9a-f]{12})\]\((traces\?replica=[^)]*trace=([0-9a-f]{32}))\)", c)
+             for c in shown["trace (opens the waterfall)"]]
+    assert all(m is not None and m[3].startswith(m[1]) for m in links), list(shown["trace (opens the waterfall)"])
+    assert len({m[3] for m in links if m}) == len(shown)
 
 
 def test_sql_console_runs_a_select(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:

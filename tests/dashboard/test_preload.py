@@ -68,7 +68,7 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
 
 def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an_entry() -> None:
     deps = P.dependencies(P.static_dir() / "static" / "js")
-    elements = {e for page in P.PAGE_ELEMENTS.values() for e in page} | set(P.SIDEBAR) | set(P.FILTERS)
+    elements = {e for page in P.PAGE_ELEMENTS.values() for e in page} | set(P.SIDEBAR) | set(P.LATER)
     assert {e for e in elements if P._file_of(e, deps) is None} == set()
     assert all(f"static/media/{font}." in P.page_heads()[""].decode() for font in P.FONTS)
     heads = P.page_heads()

@@ -1,7 +1,8 @@
 """Accuracy suite, SGLang format: the slow-replica incident as SGLang request root spans.
 
 sample_traces/data/engines/sglang_slow_replica.otlp.jsonl.gz (made by sample_traces/sglang_incident.py)
-goes through the real `tailscope ingest` and `tailscope report --json`. Its resources are what
+is ingested as `tailscope ingest` does (the session's store of it, tests/samples_cache.py) and goes through
+the real `tailscope report --json`. Its resources are what
 Resource.create builds (a random service.instance.id per process) plus k8s.pod.name: the report
 must name the replica by its pod name, never by the UUID.
 
@@ -18,7 +19,8 @@ from typer.testing import CliRunner
 
 from sample_traces import sglang_incident
 from tailscope.cli import app
-from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
+from tests import samples_cache
+from tests.sample_traces.cli_checks import STAGES, ns_of, sql
 from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -30,7 +32,8 @@ TRUTH = json.loads(sglang_incident.truth_path().read_text())
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ingested(tmp_path_factory.mktemp("sglang") / "store", TRACES)
+    """The sample's store as `tailscope ingest --quiet` writes it, shared with the session (tests/samples_cache.py)."""
+    return samples_cache.store(TRACES, tmp_path_factory, cli=True)
 
 
 def test_every_request_is_mapped_and_named_by_its_pod(store: Path) -> None:

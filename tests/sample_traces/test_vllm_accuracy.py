@@ -1,7 +1,8 @@
 """Accuracy suite, vLLM format: the slow-replica incident as vLLM 0.33 `llm_request` spans.
 
 sample_traces/data/engines/vllm_slow_replica.otlp.jsonl.gz (made by sample_traces/vllm_incident.py)
-goes through the real `tailscope ingest` and `tailscope report --json`; the report's first spike
+is ingested as `tailscope ingest` does (the session's store of it, tests/samples_cache.py) and goes through
+the real `tailscope report --json`; the report's first spike
 must cover the truth window, name the truth stage first and the truth replica as its first
 dimension, as for the native incidents.
 
@@ -19,7 +20,8 @@ from typer.testing import CliRunner
 
 from sample_traces import vllm_incident
 from tailscope.cli import app
-from tests.sample_traces.cli_checks import STAGES, ingested, ns_of, sql
+from tests import samples_cache
+from tests.sample_traces.cli_checks import STAGES, ns_of, sql
 from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -31,7 +33,8 @@ TRUTH = json.loads(vllm_incident.truth_path().read_text())
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ingested(tmp_path_factory.mktemp("vllm") / "store", TRACES)
+    """The sample's store as `tailscope ingest --quiet` writes it, shared with the session (tests/samples_cache.py)."""
+    return samples_cache.store(TRACES, tmp_path_factory, cli=True)
 
 
 def test_every_request_is_mapped_and_its_stages_sum_to_e2e(store: Path) -> None:
