@@ -19,8 +19,12 @@ from tailscope.cli import app
 from tests.intake.compact_helpers import keys, rows, write_segments
 from tracing.store import HOUR_NS, QUARANTINE_DIR, hour_dirs, init_store, list_hour, segment_files, segment_level
 
-#: "now" for a settled T0 hour: its segments' mtimes are real (now), so quiet_s counts from there
-LATER = time.time() + 1000
+
+@pytest.fixture
+def later() -> float:
+    """"Now" for a settled T0 hour: its segments' mtimes are real, so quiet_s counts from when they land. Read when
+    the test starts, not when the module is imported (a worker may reach this file long after collecting it)."""
+    return time.time() + 1000
 
 
 def _policy(**kw: object) -> Policy:
@@ -116,13 +120,13 @@ def test_the_fast_lane_merges_only_the_lowest_levels_of_hours_being_written(tmp_
     assert c.fast_pass(time.time() + 61) == 0
 
 
-def test_merged_segments_stay_hidden_for_the_grace_then_go(tmp_path: Path) -> None:
+def test_merged_segments_stay_hidden_for_the_grace_then_go(tmp_path: Path, later: float) -> None:
     rng = random.Random(7)
     write_segments(tmp_path, rng, 10)
     before = rows(tmp_path)
     names_before = {p.name for p in (tmp_path / "spans").rglob("*.parquet")}
     c = Compactor(tmp_path, _policy())
-    now = LATER
+    now = later
     c.run_once(now)
     on_disk = {p.name for p in (tmp_path / "spans").rglob("*.parquet")}
     assert names_before < on_disk  # the inputs are still there (a reader may hold them) ...
@@ -142,7 +146,8 @@ def test_one_compactor_per_store(tmp_path: Path) -> None:
         Compactor(tmp_path, _policy()).acquire()
 
 
-def test_materialized_requests_stay_fresh_through_a_merge_and_go_stale_on_new_spans(tmp_path: Path) -> None:
+def test_materialized_requests_stay_fresh_through_a_merge_and_go_stale_on_new_spans(tmp_path: Path,
+                                                                                   later: float) -> None:
     from analysis import connect
     from analysis.engine.materialize import materialize, snapshot
 
@@ -152,7 +157,7 @@ def test_materialized_requests_stay_fresh_through_a_merge_and_go_stale_on_new_sp
     assert len(materialize(tmp_path)) == 2
     q = "SELECT * FROM requests ORDER BY trace_id, span_id"
     want = connect(tmp_path).execute(q).fetchall()
-    Compactor(tmp_path, _policy()).run_once(LATER)
+    Compactor(tmp_path, _policy()).run_once(later)
     assert len([f for d in hour_dirs(tmp_path) for f in list_hour(d).files]) == 2
     snap = snapshot(tmp_path)
     assert snap.stale == [] and len(snap.fresh) == 2  # same spans, same keys: nothing rebuilt
@@ -161,7 +166,7 @@ def test_materialized_requests_stay_fresh_through_a_merge_and_go_stale_on_new_sp
     assert len(snapshot(tmp_path).stale) == 2  # new spans: that hour and the one reading it are stale
 
 
-def test_an_unreadable_segment_is_moved_to_quarantine_never_deleted(tmp_path: Path) -> None:
+def test_an_unreadable_segment_is_moved_to_quarantine_never_deleted(tmp_path: Path, later: float) -> None:
     rng = random.Random(5)
     write_segments(tmp_path, rng, 6)
     hour = hour_dirs(tmp_path)[0]
@@ -169,14 +174,15 @@ def test_an_unreadable_segment_is_moved_to_quarantine_never_deleted(tmp_path: Pa
     (hour / "broken.parquet").write_bytes(good.read_bytes()[:200])  # a truncated segment
     said: list[str] = []
     c = Compactor(tmp_path, _policy(), say=said.append)
-    c.run_once(LATER)
+    c.run_once(later)
     moved = tmp_path / QUARANTINE_DIR / hour.parent.name / hour.name / "broken.parquet"
     assert moved.read_bytes() == good.read_bytes()[:200]
     assert len(said) == 1 and "broken.parquet" in said[0] and "quarantine" in said[0]
     assert len(list_hour(hour).files) == 1
 
 
-def test_a_full_disk_leaves_the_segments_and_retries_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_leaves_the_segments_and_retries_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           later: float) -> None:
     rng = random.Random(6)
     write_segments(tmp_path, rng, 8)
     before = rows(tmp_path)
@@ -191,13 +197,13 @@ def test_a_full_disk_leaves_the_segments_and_retries_later(tmp_path: Path, monke
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(Compactor, "_write", full)
-    r = c.run_once(LATER)
+    r = c.run_once(later)
     assert r.failed == 1 and r.merges == 0
     assert sorted(p.name for p in (tmp_path / "spans").rglob("*")) == names  # no temporary, no record left
     assert len(said) == 1 and "No space left on device" in said[0] and "retrying in 30 s" in said[0]
     monkeypatch.setattr(Compactor, "_write", real)
-    assert c.run_once(LATER + 10).merges == 0  # still waiting
-    assert c.run_once(LATER + 31).merges >= 1
+    assert c.run_once(later + 10).merges == 0  # still waiting
+    assert c.run_once(later + 31).merges >= 1
     assert rows(tmp_path) == before
 
 
@@ -219,19 +225,19 @@ def test_compact_command(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "--retain '3 days'" in bad.output
 
 
-def test_the_compactors_figures_on_metrics(tmp_path: Path) -> None:
+def test_the_compactors_figures_on_metrics(tmp_path: Path, later: float) -> None:
     from intake.collect.metrics import compaction_hooks
 
     write_segments(tmp_path, random.Random(3), 10)
-    clock = [LATER]
+    clock = [later]
     c = Compactor(tmp_path, _policy(), clock=lambda: clock[0])
     hooks = {h.name: h for h in compaction_hooks(c)}
     before = {name: h.read() for name, h in hooks.items()}
     assert before == {"tailscope_compaction_pending_hours": None, "tailscope_compaction_max_files_per_hour": None,
                       "tailscope_compaction_last_pass_age_seconds": None, "tailscope_compaction_merges": 0.0,
                       "tailscope_compaction_failed": None, "tailscope_retention_removed_hours": 0.0}
-    r = c.run_once(LATER)
-    clock[0] = LATER + 12.5
+    r = c.run_once(later)
+    clock[0] = later + 12.5
     after = {name: h.read() for name, h in hooks.items()}
     assert r.merges >= 1 and after == {
         "tailscope_compaction_pending_hours": float(r.pending_hours),
