@@ -34,7 +34,7 @@ QUEUED_TEMP = "_tailscope_neighbour_requests"
 
 
 def _in(values: list[int] | list[str]) -> str:
-    return ", ".join(literal(v) if isinstance(v, str) else str(int(v)) for v in values) or "NULL"
+    return ", ".join(literal(v) for v in values) or "NULL"
 
 
 class ServerFigures:
@@ -49,6 +49,12 @@ class ServerFigures:
 
     def _rows(self, sql: str) -> list[dict[str, Any]]:
         return list(self.client.query(sql, features(self.client).settings).to_pylist())
+
+    def _frame(self, sql: str) -> pl.DataFrame:
+        """The answer to `sql` with its `in_spike` column as booleans (ClickHouse answers a comparison as UInt8)."""
+        got = pl.from_arrow(self.client.query(sql, features(self.client).settings))
+        assert isinstance(got, pl.DataFrame)
+        return got.with_columns(pl.col("in_spike").cast(pl.Boolean))
 
     def _w(self, prefix: str = "") -> str:
         return "toFloat64(1)" if self.weight is None else f"toFloat64({prefix}{self.weight})"
@@ -70,13 +76,12 @@ class ServerFigures:
 
     def admitted(self, spike: Spike, replicas: list[str], cells: list[int], w: int) -> pl.DataFrame:
         wt = self._w()
-        got = pl.from_arrow(self.client.query(
+        got = self._frame(
             f"SELECT tenant, start_ns >= {int(spike.start_ns)} AND start_ns < {int(spike.end_ns)} AS in_spike, "
             f"count() AS n, sum({wt}) AS nw, sum({wt} * {wt}) AS nw2, max({wt} != 1) AS weighted FROM {self.facts} "
             f"WHERE {self.cond} AND replica IN ({_in(replicas)}) AND intDiv(start_ns, {int(w)}) * {int(w)} "
-            f"IN ({_in(cells)}) GROUP BY tenant, in_spike", features(self.client).settings))
-        assert isinstance(got, pl.DataFrame)
-        return got.with_columns(pl.col("in_spike").cast(pl.Boolean), pl.col("weighted").cast(pl.Boolean))
+            f"IN ({_in(cells)}) GROUP BY tenant, in_spike")
+        return got.with_columns(pl.col("weighted").cast(pl.Boolean))
 
     def gpu(self, spike: Spike, replicas: list[str], cells: list[int], w: int) -> pl.DataFrame:
         # here, not at the top: analysis.cost generates its ClickHouse SQL on import (see analysis.neighbours)
@@ -97,18 +102,15 @@ class ServerFigures:
         shares, reps = clickhouse_gpu_shares(self.client, self.table, lo, hi, grid_ns=w, weighted=weighted,
                                              where=where)
         try:
-            out = pl.from_arrow(self.client.query(
+            return self._frame(
                 f"SELECT f.tenant AS tenant, s.bucket_ns >= {int(spike.start_ns)} AND s.bucket_ns < "
                 f"{int(spike.end_ns)} AS in_spike, toInt64(sum(s.allocated_ns)) AS ns FROM {shares} AS s "
                 f"INNER JOIN (SELECT trace_id, span_id, tenant FROM {self.facts} WHERE {self.cond}) AS f "
                 f"ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id "
-                f"WHERE s.replica IN ({_in(replicas)}) AND s.bucket_ns IN ({_in(cells)}) GROUP BY tenant, in_spike",
-                features(self.client).settings))
+                f"WHERE s.replica IN ({_in(replicas)}) AND s.bucket_ns IN ({_in(cells)}) GROUP BY tenant, in_spike")
         finally:
             for name in (shares, reps):
                 self.client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
-        assert isinstance(out, pl.DataFrame)
-        return out.with_columns(pl.col("in_spike").cast(pl.Boolean))
 
     def queued(self, spike: Spike, tenant: str) -> list[tuple[str, int, float, float]]:
         others = f"{self._tail_where(spike)} AND coalesce(tenant, 'None') != {literal(tenant)}"
