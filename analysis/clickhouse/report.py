@@ -493,14 +493,14 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
     col = metric_column(metric) if metric in RP.REPORT_METRICS else "e2e_ns"
     keep = "" if include_failures else " AND status = 'ok'"
     server = attrs[0] if attrs is not None else None
-    rest, read = _pushed_down(q, local, det, spikes, f"{col} IS NOT NULL{keep}", col,
-                              "adjusted_count" if sampled else None, server, held or set())
+    valued, weight = f"{col} IS NOT NULL{keep}", "adjusted_count" if sampled else None  # a frame row; its weight
+    rest, read = _pushed_down(q, local, det, spikes, valued, col, weight, server, held or set())
 
     def local_frame() -> pl.DataFrame:
         return local.sql(
             f"SELECT rowid AS rid, start_ns, e2e_ns, {col}::DOUBLE AS value, "
             f"{', '.join(X.DIMENSIONS)}{', adjusted_count AS weight, status' if sampled else ''}, trace_id, span_id "
-            f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {col} IS NOT NULL{keep} ORDER BY start_ns").pl()
+            f"FROM _phase2 WHERE {_in_range(lo, hi)} AND {valued} ORDER BY start_ns").pl()
 
     frame = local_frame()
     remote = None
@@ -508,11 +508,9 @@ def _rows(q: Asked, local: duckdb.DuckDBPyConnection, det: Detection, spikes: li
         remote = _remote_attributes(q.client, attrs[0], attrs[1], det, frame)
     frame = frame.drop(["trace_id", "span_id"])
     spike_rows = _ServerSpikeRows(q.client, server, sampled) if server is not None and _on_server(server, col) else None
-    neighbours = ServerFigures(q.client, q.table, q.facts_table, q.cond, f"{col} IS NOT NULL{keep}", col,
-                               "adjusted_count" if sampled else None)
+    neighbours = ServerFigures(q.client, q.table, q.facts_table, q.cond, valued, col, weight)
     return RP.Rows.of(local, "_phase2", frame, det, metric, neighbours=neighbours, rest=rest, attributes=remote,
-                      stages=_server_stages(q, det, f"{col} IS NOT NULL{keep}", col,
-                                            "adjusted_count" if sampled else None), spike_rows=spike_rows), read
+                      stages=_server_stages(q, det, valued, col, weight), spike_rows=spike_rows), read
 
 
 def _on_server(attrs: CA.ServerAttributes, col: str) -> bool:
