@@ -149,7 +149,9 @@ def one_value_sql(key: str, source: str, d: Dialect = DUCKDB, requests: str = "r
         raise ValueError(f"attribute {key!r}: unknown source {source!r} (one of {', '.join(A.SOURCES)})")
     if source == "request":
         v, has = _value("SpanAttributes", key, d)
-        return f"(SELECT TraceId, SpanId, {v} AS v FROM {spans} WHERE IsRequest AND {has})"
+        # of a request span stored more than once, the copy the request model reads (analysis.engine.model)
+        one = M.request_copy_sql(d, spans, "TRUE", {"v": v, "has_v": has})
+        return f"(SELECT TraceId, SpanId, v FROM ({one}) WHERE has_v)"
     if source == "stage":
         v, has = _value("SpanAttributes", key, d)
         # (an inner name apart from the outer `v`: ClickHouse would read `v` in HAVING as the outer alias)

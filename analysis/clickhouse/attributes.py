@@ -494,10 +494,11 @@ def read_attributes(client: Client, table: str, facts_table: str, frame_where: s
     own = CLICKHOUSE.literal(A.OWN_PREFIX)
     hour = M.HOUR_NS
     frame = f"SELECT * FROM {facts_table} WHERE {frame_where}"
-    # the frame's request spans, each once (a span delivered twice is read once, as the DuckDB report does)
-    request_maps = f"SELECT TraceId, SpanId, SpanAttributes AS a FROM {spans} WHERE IsRequest AND {ts}"
+    # the frame's request spans, each once: of a span stored more than once, the copy the request model reads
+    # (M.COPY_ORDER, the map last), as the DuckDB report does; the copies are found by id first, only they ordered
+    request_maps = M.request_copy_sql(CLICKHOUSE, spans, ts, {"a": "SpanAttributes"})
     request_pairs = (f"SELECT k, v FROM (SELECT a FROM ({request_maps}) WHERE (TraceId, SpanId) IN "
-                     f"(SELECT trace_id, span_id FROM ({frame})) LIMIT 1 BY TraceId, SpanId) "
+                     f"(SELECT trace_id, span_id FROM ({frame}))) "
                      "ARRAY JOIN mapKeys(a) AS k, mapValues(a) AS v")
     # per request, each key of its stage spans (its trace's spans with a stage starting in its hour or the hour on
     # either side) they all agree on; the frame's requests are the join's table in memory, the spans stream past

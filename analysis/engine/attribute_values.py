@@ -177,13 +177,27 @@ def column_name(source: str, key: str) -> str:
 
 
 def request_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
-    """DuckDB SQL of (rid, a): the attribute map of each request's own span (a span delivered twice: `first_entries`
-    keeps one entry of each key);
+    """DuckDB SQL of (rid, a): the attribute map of each request's own span, one row per request: of a span stored
+    more than once, the copy the request model reads (analysis.engine.model.COPY_ORDER, the map last) among the
+    copies starting in the request's hour (the hour the model reads it from);
     `facts_rows` is a query of the facts rows (rid, trace_id, span_id, start_ns); $lo / $hi bound the span start
-    times read."""
-    return (f"SELECT f.rid, s.SpanAttributes AS a FROM ({facts_rows}) f JOIN {spans} s "
-            "ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
-            "WHERE s.IsRequest AND ($lo IS NULL OR s.TimestampNs >= $lo) AND ($hi IS NULL OR s.TimestampNs < $hi)")
+    times read. The copies are found among the request spans' ids first (no map read), so only they are ordered:
+    a window over every request's map cost three times the read."""
+    hour = M.HOUR_NS
+
+    def within(ts: str) -> str:
+        return f"($lo IS NULL OR {ts} >= $lo) AND ($hi IS NULL OR {ts} < $hi)"
+
+    copies = (f"SELECT TraceId, SpanId FROM {spans} WHERE IsRequest AND {within('TimestampNs')} "
+              "GROUP BY ALL HAVING count(*) > 1")
+    joined = (f"FROM ({facts_rows}) f JOIN {spans} s ON s.TraceId = f.trace_id AND s.SpanId = f.span_id "
+              f"AND s.TimestampNs // {hour} = f.start_ns // {hour} WHERE s.IsRequest AND {within('s.TimestampNs')}")
+    again = "(s.TraceId, s.SpanId) IN (SELECT (TraceId, SpanId) FROM copies)"
+    return (f"WITH copies AS ({copies}) "
+            f"SELECT f.rid, s.SpanAttributes AS a {joined} AND NOT {again} UNION ALL "
+            f"SELECT rid, a FROM (SELECT f.rid, s.SpanAttributes AS a, {M.copy_columns_sql(M.DUCKDB, 's')} {joined} "
+            f"AND {again}) QUALIFY row_number() OVER (PARTITION BY rid ORDER BY "
+            f"{M.copy_order_sql((M.DUCKDB, 'a'))}) = 1")
 
 
 def stage_attribute_sql(facts_rows: str, spans: str = "spans") -> str:
@@ -476,8 +490,10 @@ def live_values_sql(source: str, live_rows: str) -> str:
     (rid, trace_id, span_id, start_ns), from the values kept in LIVE_VALUES."""
     cols = "c.a" if source == "request" else "c.k, c.v"
     # $lo / $hi bound the requests' start (their request span's), as the spans' SQL bounds the spans it reads
+    # a request's values are those of its hour (a span stored twice, once in each of two hours, is two requests)
     return (f"SELECT f.rid, {cols} FROM ({live_rows}) f JOIN {LIVE_VALUES[source]} c "
             "ON c.trace_id = f.trace_id AND c.span_id = f.span_id "
+            f"AND c.hour = f.start_ns // {M.HOUR_NS} * {M.HOUR_NS} "
             "WHERE ($lo IS NULL OR f.start_ns >= $lo) AND ($hi IS NULL OR f.start_ns < $hi)")
 
 

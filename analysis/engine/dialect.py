@@ -67,6 +67,8 @@ class Dialect:
     regex_search: Callable[[str, str], str]
     #: text `x` with every `a` replaced by `b` (Python strings)
     replace_all: Callable[[str, str, str], str]
+    #: map column `m`'s entries sorted by key (then value): compared as text, the same order in both engines
+    sorted_entries: Callable[[str], str]
     #: whether a CTE may be marked MATERIALIZED (computed once)
     materialized_ctes: bool = True
     #: a boolean result as the engine's boolean type
@@ -95,6 +97,7 @@ DUCKDB = Dialect(
     map_has=lambda m, k: f"map_contains({m}, {quote(k)})",
     regex_search=lambda x, rx: f"regexp_matches({x}, {quote(rx)})",
     replace_all=lambda x, a, b: f"replace({x}, {quote(a)}, {quote(b)})",
+    sorted_entries=lambda m: f"list_sort(map_entries({m}))",
     unpivot_stages=lambda keep, cols, source: f"""
 SELECT {keep}, regexp_replace(stage_col, '_ns$', '') AS stage, critical_ns
 FROM (UNPIVOT (SELECT {keep}, {', '.join(cols)} FROM {source})
@@ -141,6 +144,7 @@ CLICKHOUSE = Dialect(
     map_has=lambda m, k: f"mapContains({m}, {_ch_literal(k)})",
     regex_search=lambda x, rx: f"match({x}, {_ch_literal(rx)})",
     replace_all=lambda x, a, b: f"replaceAll({x}, {_ch_literal(a)}, {_ch_literal(b)})",
+    sorted_entries=lambda m: f"arraySort(arrayZip(mapKeys({m}), mapValues({m})))",
     unpivot_stages=lambda keep, cols, source: f"""
 SELECT {keep}, sc.1 AS stage, sc.2 AS critical_ns
 FROM (SELECT {keep}, arrayJoin([{', '.join(f"({quote(c.removesuffix('_ns'))}, {c})" for c in cols)}]) AS sc

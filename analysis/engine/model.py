@@ -120,6 +120,57 @@ def stored_adjusted_count(d: Dialect, table: str = "") -> str:
 
 
 
+#: The copies of a request span stored more than once (the same trace and span id: an exporter's retry, two
+#: collectors) are one request, read from one copy: the first in this order. The earliest start, then the latest
+#: end, then every other column of the span the model reads, each ascending with NULL first; where the span's
+#: attributes are read (analysis.engine.attribute_values, analysis.clickhouse.attributes, analysis.attribute_filters:
+#: `copy_order_sql` with `attrs`), then its attribute map's entries sorted by key, compared as text. A total order of
+#: what a request is read from, so the same spans give the same request whatever their files, rows, engine, and
+#: whether its hour is materialized; copies equal in all of it are interchangeable. (name, span column SQL).
+COPY_ORDER: tuple[tuple[str, str], ...] = (
+    ("rs", "TimestampNs"), ("re", "TimestampNs + Duration"), ("Outcome", "Outcome"), ("ServiceName", "ServiceName"),
+    ("Replica", "Replica"), ("SpanName", "SpanName"), ("ParentSpanId", "ParentSpanId"), ("Model", "Model"),
+    ("ModelVersion", "ModelVersion"), ("Tenant", "Tenant"), ("InputTokens", "InputTokens"),
+    ("OutputTokens", "OutputTokens"), ("TtftNs", "TtftNs"), ("stream_attr", ""), ("adj", ""))
+#: COPY_ORDER's columns read latest first (the others earliest, least first).
+_DESCENDING: frozenset[str] = frozenset({"re"})
+
+
+def copy_columns_sql(d: Dialect, table: str = "") -> str:
+    """SQL of a request span's COPY_ORDER columns (a SELECT list naming them) from the span columns of `table` (a
+    qualifier; none: unqualified): what the model's `req` holds of the span beside its ids."""
+    pre = f"{table}." if table else ""
+    exprs = {name: " + ".join(pre + part for part in expr.split(" + ")) for name, expr in COPY_ORDER if expr}
+    exprs["stream_attr"] = f"{pre}SpanAttributes['{S.ATTR_STREAMING}']"
+    exprs["adj"] = stored_adjusted_count(d, table)
+    return ", ".join(e if e == name else f"{e} AS {name}" for name, e in exprs.items())
+
+
+def copy_order_sql(attrs: tuple[Dialect, str] | None = None) -> str:
+    """The ORDER BY list of COPY_ORDER over `copy_columns_sql`'s columns; with `attrs` (the dialect, the attribute
+    map's expression) the map's entries sorted by key last."""
+    keys = [f"{name} {'DESC' if name in _DESCENDING else 'ASC'} NULLS FIRST" for name, _ in COPY_ORDER]
+    if attrs is not None:
+        keys.append(attrs[0].sorted_entries(attrs[1]))
+    return ", ".join(keys)
+
+
+def request_copy_sql(d: Dialect, spans: str, where: str, columns: dict[str, str]) -> str:
+    """SQL of (TraceId, SpanId, `columns`) of each request span of `spans` meeting `where`, one row per span id: of
+    a span stored more than once, its first copy by COPY_ORDER, the attribute map last. `columns`: name -> SQL over
+    the span's columns (names apart from COPY_ORDER's). The copies are found by the hash of their ids alone (no map
+    read; a collision only sends a span through the ordering), so only they are sorted."""
+    key = d.hash2("TraceId", "SpanId")
+    rows = f"FROM {spans} WHERE IsRequest AND ({where})"
+    copies = f"SELECT {key} AS copy_key {rows} GROUP BY copy_key HAVING count(*) > 1"
+    listed = ", ".join(f"{sql} AS {name}" for name, sql in columns.items())
+    names = ", ".join(columns)
+    return (f"SELECT TraceId, SpanId, {listed} {rows} AND {key} NOT IN ({copies}) UNION ALL "
+            f"SELECT TraceId, SpanId, {names} FROM (SELECT *, row_number() OVER (PARTITION BY TraceId, SpanId "
+            f"ORDER BY {copy_order_sql((d, 'SpanAttributes'))}) AS copy_n FROM (SELECT TraceId, SpanId, "
+            f"SpanAttributes, {listed}, {copy_columns_sql(d)} {rows} AND {key} IN ({copies}))) WHERE copy_n = 1")
+
+
 def _sweep(d: Dialect, part: str) -> str:
     """x1: end of a span's critical stretch [s0, x1) among the rows of its partition (same kind)."""
     frame = (f"OVER (PARTITION BY {part} ORDER BY e0 DESC, s0 DESC, SpanId "
@@ -155,20 +206,18 @@ def chain_ctes(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE",
     ctes: dict[str, tuple[bool, str]] = {
         # request spans; one stored twice (same trace and span id) counts once
         "req0": (True, f"""
-SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, Replica, Model, ModelVersion, Tenant,
-       InputTokens, OutputTokens, TtftNs, Outcome, SpanAttributes['{S.ATTR_STREAMING}'] AS stream_attr,
-       {stored_adjusted_count(d)} AS adj,
+SELECT TraceId, SpanId, {copy_columns_sql(d)},
        {d.hash2('TraceId', 'SpanId')} AS rk, {d.hash2('TraceId', 'ParentSpanId')} AS rpk,
-       TimestampNs AS rs, TimestampNs + Duration AS re, {d.int_div('TimestampNs', h)} * {h} AS hr
+       {d.int_div('TimestampNs', h)} * {h} AS hr
 FROM {source} WHERE IsRequest AND ({request_where})"""),
-        # a request span stored twice (same trace and span id) counts once: the earliest, then longest
+        # a request span stored twice (same trace and span id) counts once: its first copy by COPY_ORDER (the
+        # copies are ordered on their own, so the other requests pay for no window)
         "dup": (True, "SELECT rk FROM req0 GROUP BY rk HAVING count(*) > 1"),
-        "req": (True, """
+        "req": (True, f"""
 SELECT * FROM req0 WHERE rk NOT IN (SELECT rk FROM dup)
 UNION ALL
 SELECT * FROM (SELECT * FROM req0 WHERE rk IN (SELECT rk FROM dup)
-               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY rs, re DESC, Outcome NULLS FIRST,
-                                                              ServiceName, Replica) = 1)"""),
+               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY {copy_order_sql()}) = 1)"""),
         "st": (True, f"""
 SELECT {d.hash2('TraceId', 'SpanId')} AS k, {d.hash2('TraceId', 'ParentSpanId')} AS pk, SpanId, Stage, Replica,
        TimestampNs AS s, TimestampNs + Duration AS e

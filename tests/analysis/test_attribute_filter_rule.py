@@ -97,12 +97,24 @@ def _columns(spans: list[dict[str, Any]]) -> dict[str, list[Any]]:
             "rkeys": [list(s["res"]) for s in spans], "rvals": [list(s["res"].values()) for s in spans]}
 
 
+def _unread(engine: str) -> str:
+    """The span columns the rule does not read, which a request span's copies are ordered by (model.COPY_ORDER):
+    none, as in spans without them (one copy of each span here)."""
+    texts = ("Outcome", "ServiceName", "SpanName", "ParentSpanId", "Model", "ModelVersion", "Tenant")
+    ints = ("InputTokens", "OutputTokens", "TtftNs")
+    null = {"duckdb": "NULL::{}", "clickhouse": "CAST(NULL, 'Nullable({})')"}[engine]
+    types = {"duckdb": ("VARCHAR", "BIGINT", "DOUBLE"), "clickhouse": ("String", "Int64", "Float64")}[engine]
+    return ", ".join(["0 AS Duration", *(f"{null.format(types[0])} AS {c}" for c in texts),
+                      *(f"{null.format(types[1])} AS {c}" for c in ints), f"{null.format(types[2])} AS AdjustedCount"])
+
+
 def _duckdb(spans: list[dict[str, Any]], requests: list[dict[str, Any]]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.register("raw", pa.table(_columns(spans)))
     con.register("req_raw", pa.Table.from_pylist(requests))
     con.execute("CREATE TABLE spans AS SELECT TraceId, SpanId, TimestampNs, Stage, IsRequest, Replica, "
-                "map(keys, vals) AS SpanAttributes, map(rkeys, rvals) AS ResourceAttributes FROM raw")
+                f"map(keys, vals) AS SpanAttributes, map(rkeys, rvals) AS ResourceAttributes, {_unread('duckdb')} "
+                "FROM raw")
     con.execute("CREATE TABLE requests AS SELECT * FROM req_raw")
     return con
 
@@ -120,7 +132,7 @@ class _Chdb:
         client.insert_arrow(f"raw_{tag}", pa.table(_columns(spans)))
         client.command(f"CREATE TABLE {self.spans} ENGINE = Memory AS SELECT TraceId, SpanId, TimestampNs, Stage, "
                        "IsRequest, Replica, mapFromArrays(keys, vals) AS SpanAttributes, mapFromArrays(rkeys, rvals) "
-                       f"AS ResourceAttributes FROM raw_{tag}")
+                       f"AS ResourceAttributes, {_unread('clickhouse')} FROM raw_{tag}")
         client.command(f"CREATE TABLE {self.requests} (trace_id String, span_id String, start_ns Int64, replica "
                        "Nullable(String)) ENGINE = Memory")
         client.insert_arrow(self.requests, pa.Table.from_pylist(requests))
