@@ -130,10 +130,10 @@ def grouped_sql(long_sql: str, source: str) -> str:
 
 def split_grouped(table: pa.Table) -> dict[str, tuple[I64, np.ndarray, pa.Array | None]]:
     """key -> (row ids, codes, values) of `grouped_sql`'s answer: each row id's value is values[code], `values`
-    the key's distinct values (None for a presence-only key: counted, never coded). A row id appears twice where
-    its request span was delivered twice. Each key's rows are runs of the answer's batches (put in key order where
-    they are not), so its row ids, codes and values are slices of them: gathering or copying the answer cost about
-    as much as reading it (most of it the system's, allocating fresh memory)."""
+    the key's distinct values (None for a presence-only key: counted, never coded). A row id appears once a key
+    (the request SQL reads one copy of a request span stored twice). Each key's rows are runs of the answer's
+    batches (put in key order where they are not), so its row ids, codes and values are slices of them: gathering
+    or copying the answer cost about as much as reading it (most of it the system's, allocating fresh memory)."""
     runs: dict[str, list[tuple[I64, np.ndarray, pa.Array]]] = {}
     for batch in table.to_batches():
         if batch.num_rows == 0:
@@ -234,19 +234,6 @@ def resource_attribute_sql(spans: str = "spans", where: str = "TRUE") -> str:
             f"WHERE NOT starts_with(k, '{OWN_PREFIX}') GROUP BY Replica, k")
 
 
-def first_entries(rids: npt.NDArray[np.integer], codes: np.ndarray, n: int
-                  ) -> tuple[npt.NDArray[np.integer], np.ndarray]:
-    """A key's entries (`split_grouped`'s row ids, row ids below `n`, and codes) with one per row id: where a request
-    span was delivered twice, the first of its entries."""
-    seen = np.zeros(n, dtype=np.bool_)
-    seen[rids] = True
-    if int(np.count_nonzero(seen)) == rids.size:
-        return rids, codes
-    _, first = np.unique(rids, return_index=True)
-    first.sort()
-    return rids[first], codes[first]
-
-
 def attributes_path(requests_file: Path) -> Path:
     """The attribute file beside a materialized requests file (the same <key>)."""
     return requests_file.with_name(ATTRIBUTES_PREFIX + requests_file.name.removeprefix("requests-").removesuffix(
@@ -318,8 +305,7 @@ def _coded_table(con: duckdb.DuckDBPyConnection, facts: str, sqls: dict[str, str
     for source, sql in sqls.items():
         by_key = split_grouped(con.sql(grouped_sql(sql, source), params=params).to_arrow_table())
         for key in sorted(by_key):
-            rids, codes, values = by_key.pop(key)
-            rows, codes = first_entries(rids, codes, n)
+            rows, codes, values = by_key.pop(key)
             name = column_name(source, key)
             if values is None:  # presence only: 0 where present, 1 elsewhere
                 flags = np.ones(n, dtype=np.int8)

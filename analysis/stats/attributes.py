@@ -484,13 +484,11 @@ def _in_chunk(source: str, live_rows: str, spans: str, stored: StoredValues | No
     return AV.request_attribute_sql(rows, spans)
 
 
-def _live_part(positions: npt.NDArray[np.integer[Any]], codes: npt.NDArray[np.integer[Any]], values: pa.Array | None,
-               n: int) -> Part:
+def _live_part(positions: npt.NDArray[np.integer[Any]], codes: npt.NDArray[np.integer[Any]], values: pa.Array | None
+               ) -> Part:
     """The Part of `split_grouped`'s rows of a key at frame `positions` (a presence-only key: no value), one value per
-    position: where a request span was delivered twice, the first of its entries (`first_entries`)."""
-    once, codes = AV.first_entries(positions, codes, n)
-    whole = once.size == positions.size or values is None or bool(np.bincount(codes, minlength=len(values)).all())
-    return Part(once, codes, values if values is not None else pa.nulls(0, pa.string()), whole)
+    position (the request SQL reads one copy of a request span stored twice)."""
+    return Part(positions, codes, values if values is not None else pa.nulls(0, pa.string()), True)
 
 
 class _Positions:
@@ -669,7 +667,7 @@ def read_attributes(con: duckdb.DuckDBPyConnection, facts_rows: str, params: dic
                     rows = sql if len(chunks) == 1 else _in_chunk(source, live_rows, spans, stored)
                     got = split_grouped(_read_long(con, AV.grouped_sql(rows, source), {**p, "lo": lo, "hi": hi}))
                     for k, (rids, codes, values) in got.items():
-                        live_parts.setdefault(k, []).append(_live_part(at(rids), codes, values, n))
+                        live_parts.setdefault(k, []).append(_live_part(at(rids), codes, values))
             except duckdb.Error as exc:
                 judge.out.errors.append(f"could not read the {source} attributes because {str(exc).splitlines()[0]}")
                 continue
