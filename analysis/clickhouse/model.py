@@ -145,7 +145,7 @@ def _run_model(client: Client, spans: str, engine: str, name: str, columns: tupl
     # the model reads SpanAttributes['gen_ai.request.stream'] only: a one-key map keeps that lookup as it is
     src = f"(SELECT *, map({M.quote(S.ATTR_STREAMING)}, _stream) AS SpanAttributes FROM {spans})"
     d = features(client).dialect
-    for cte, _, sql in M.chain_ctes(src, d, stages=stages, request_where=request_where):
+    for cte, _, sql in M.chain_ctes(src, d, stages=stages, request_where=request_where, columns=columns):
         temp_table(client, cte, sql, engine)
     temp_table(client, name, M.select_sql(d, src, stages=stages, columns=columns), engine)
     return name

@@ -195,10 +195,11 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
 
 
-def _request_spans_sql(source: str, where: str, columns: str = "*") -> str:
+def _request_spans_sql(source: str, where: str, columns: str = "*",
+                       shown: tuple[str, ...] = M.REQUEST_COLUMNS) -> str:
     """SQL of the model's request spans (its `req`: one row per request, a span stored twice counted once) of the
-    spans in `source` meeting `where`, their `columns`."""
-    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where)}
+    spans in `source` meeting `where`, their `columns`; `shown`: the `requests` columns they give (M.chain_ctes)."""
+    ctes = {name: sql for name, _, sql in M.chain_ctes(source, request_where=where, columns=shown)}
     return "WITH " + ", ".join(f"{n} AS ({ctes[n]})" for n in ("req0", "dup", "req")) + f" SELECT {columns} FROM req"
 
 
@@ -206,7 +207,8 @@ def request_keys_sql(snap: Snapshot, hour_ns: int) -> str:
     """SQL of (trace_id, span_id, start_ns) of the `requests` rows `exact_hour_sql` computes for one stale hour, from
     the model's request spans alone (no critical path: a reader needing only which requests an hour holds, such as
     their attribute values, can read them beside the sweep)."""
-    return _request_spans_sql(*_hour_source(snap, hour_ns), "TraceId AS trace_id, SpanId AS span_id, rs AS start_ns")
+    return _request_spans_sql(*_hour_source(snap, hour_ns), "TraceId AS trace_id, SpanId AS span_id, rs AS start_ns",
+                              ("trace_id", "span_id", "start_ns"))
 
 
 def load_sweep() -> ctypes.CDLL | None:

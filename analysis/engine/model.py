@@ -146,10 +146,13 @@ def copy_columns_sql(d: Dialect, table: str = "") -> str:
     return ", ".join(e if e == name else f"{e} AS {name}" for name, e in exprs.items())
 
 
-def copy_order_sql(attrs: tuple[Dialect, str] | None = None) -> str:
+def copy_order_sql(attrs: tuple[Dialect, str] | None = None, columns: tuple[str, ...] = REQUEST_COLUMNS) -> str:
     """The ORDER BY list of COPY_ORDER over `copy_columns_sql`'s columns; with `attrs` (the dialect, the attribute
-    map's expression) the map's entries sorted by key last."""
-    keys = [f"{name} {'DESC' if name in _DESCENDING else 'ASC'} NULLS FIRST" for name, _ in COPY_ORDER]
+    map's expression) the map's entries sorted by key last. A query whose rows (`columns`) hold no `streaming` flag
+    leaves the stream attribute out: copies apart only there give it the same rows, and ordering by it would decode
+    every request span's attribute map (the facts' read doubled at 40 attributes a span)."""
+    keys = [f"{name} {'DESC' if name in _DESCENDING else 'ASC'} NULLS FIRST" for name, _ in COPY_ORDER
+            if name != "stream_attr" or "streaming" in columns or attrs is not None]
     if attrs is not None:
         keys.append(attrs[0].sorted_entries(attrs[1]))
     return ", ".join(keys)
@@ -179,7 +182,7 @@ def _sweep(d: Dialect, part: str) -> str:
 
 
 def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True,
-              span_where: str = "TRUE") -> str:
+              span_where: str = "TRUE", columns: tuple[str, ...] = REQUEST_COLUMNS) -> str:
     """The WITH clause computing per-request relations from the spans in `source` (a FROM item).
 
     `request_where` narrows the request spans (a condition on span columns, e.g. an hour
@@ -190,16 +193,18 @@ def chain_sql(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", 
     Spans are matched to their parent by a 64-bit hash of (trace id, span id): joins and
     window partitions on one integer instead of two strings.
     """
-    ctes = chain_ctes(source, d, request_where=request_where, stages=stages, span_where=span_where)
+    ctes = chain_ctes(source, d, request_where=request_where, stages=stages, span_where=span_where, columns=columns)
     return "WITH " + ",\n".join(f"{name} AS {'MATERIALIZED ' if mat and d.materialized_ctes else ''}({sql})"
                                  for name, mat, sql in ctes)
 
 
 def chain_ctes(source: str, d: Dialect = DUCKDB, *, request_where: str = "TRUE", stages: bool = True,
-               span_where: str = "TRUE") -> list[tuple[str, bool, str]]:
+               span_where: str = "TRUE", columns: tuple[str, ...] = REQUEST_COLUMNS) -> list[tuple[str, bool, str]]:
     """The relations of `chain_sql` in order: (name, materialize, SELECT); a later one reads earlier ones by name.
 
     An engine that plans a long WITH chain slowly (ClickHouse) runs them one by one into temporary tables.
+    `columns`: the columns the final SELECT gives (the copy of a request span stored twice is picked by what they
+    show: `copy_order_sql`).
     """
     y = _in_list(S.YIELDING_STAGES)
     h = str(HOUR_NS)
@@ -217,7 +222,7 @@ FROM {source} WHERE IsRequest AND ({request_where})"""),
 SELECT * FROM req0 WHERE rk NOT IN (SELECT rk FROM dup)
 UNION ALL
 SELECT * FROM (SELECT * FROM req0 WHERE rk IN (SELECT rk FROM dup)
-               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY {copy_order_sql()}) = 1)"""),
+               QUALIFY row_number() OVER (PARTITION BY rk ORDER BY {copy_order_sql(columns=columns)}) = 1)"""),
         "st": (True, f"""
 SELECT {d.hash2('TraceId', 'SpanId')} AS k, {d.hash2('TraceId', 'ParentSpanId')} AS pk, SpanId, Stage, Replica,
        TimestampNs AS s, TimestampNs + Duration AS e
@@ -354,7 +359,8 @@ def facts_sql(source: str = "spans", d: Dialect = DUCKDB, *, request_where: str 
     bad = [c for c in columns if c in STAGE_COLUMNS]
     if bad:
         raise ValueError(f"facts hold no stage column: {bad}")
-    return chain_sql(source, d, request_where=request_where, stages=False, span_where=span_where) + "\n" + _select(
+    return chain_sql(source, d, request_where=request_where, stages=False, span_where=span_where,
+                     columns=columns) + "\n" + _select(
         d, source, stages=False, columns=columns)
 
 
