@@ -25,6 +25,7 @@ from analysis.engine import gpu_sweep as GS
 from analysis.engine.gpu_sweep import sweep_params
 from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
+from tests.sql import one
 from tracing.errors import QueryError
 from tracing.rows import SpanBatch
 
@@ -39,7 +40,7 @@ def _shares(con: Any, **kw: Any) -> tuple[dict[tuple[str, str, int], int], dict[
     shares, reps = gpu_shares(con, **kw)
     a = {(r, t, b): n for r, t, b, n in con.execute(
         f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").fetchall()}
-    b = {(r, bk): (o, al, c, i) for r, bk, o, al, c, i in con.execute(
+    b: dict[tuple[str, int], tuple[int, ...]] = {(r, bk): (o, al, c, i) for r, bk, o, al, c, i in con.execute(
         f"SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}").fetchall()}
     drop_sweep(con)
     return a, b
@@ -132,12 +133,12 @@ def _random_store(rng: random.Random, path: Path) -> list[dict[str, Any]]:
 
 
 def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None,
-               cell: int | None = None) -> tuple[dict[Any, int], dict[Any, Any]]:
+               cell: int | None = None) -> tuple[dict[Any, int], dict[Any, tuple[int, ...]]]:
     """Per-instant reference: active sets instant by instant, then the segment rule; with `cell`, each cell
     (multiples of `cell` ns since the epoch, times here being offsets from T0) is swept on its own: its edges cut
     segments and the remainder goes to the active request whose run ends last within the cell."""
     alloc: dict[Any, int] = defaultdict(int)
-    reps: dict[Any, list[int]] = {}
+    reps: dict[Any, tuple[int, ...]] = {}
     for rep in sorted({r["replica"] for r in reqs}):
         mine = [r for r in reqs if r["replica"] == rep]
         spans = [(r["start"], r["end"]) for r in mine] + [(s[1], s[2]) for r in mine for s in r["stages"]]
@@ -170,7 +171,7 @@ def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None,
         if cell:
             bounds |= {t for t in range(first + 1, last) if (T0 + t) % cell == 0}
         bounds_l = sorted(b for b in bounds if first <= b <= last)
-        totals = defaultdict(lambda: [0, 0, 0, 0])
+        totals: defaultdict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for t0, t1 in itertools.pairwise(bounds_l):
             bucket = (t0 - t0 % grid) if grid else 0
             active = sorted(k for k in gpu if on(k, t0))
@@ -404,7 +405,8 @@ def _ch_shares(client: Any, table: str, **kw: Any) -> tuple[dict[Any, int], dict
     shares, reps = clickhouse_gpu_shares(client, table, **kw)
     a = {(r["replica"], r["trace_id"], r["bucket_ns"]): r["allocated_ns"]
          for r in client.query(f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").to_pylist()}
-    b = {(r["replica"], r["bucket_ns"]): (r["observed_ns"], r["allocated_ns"], r["cold_start_ns"], r["idle_ns"])
+    b: dict[Any, tuple[int, ...]] = {
+        (r["replica"], r["bucket_ns"]): (r["observed_ns"], r["allocated_ns"], r["cold_start_ns"], r["idle_ns"])
          for r in client.query("SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns "
                                f"FROM {reps}").to_pylist()}
     return a, b
@@ -426,7 +428,7 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(
         chdb_client.command(f"DROP TABLE IF EXISTS {table}")
         export_store(store, chdb_client, table)
         con = connect(store)
-        lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+        lo, hi = one(con, "SELECT min(start_ns), max(end_ns) FROM requests")
         tol = 1 if weighted else 0
         # the last two: cells of 7 s instead of the minute, so the cell edges cut many segments
         for kw in ({}, {"since": lo + (hi - lo) // 3, "until": lo + 2 * (hi - lo) // 3, "grid_ns": 60 * S},
@@ -460,7 +462,7 @@ def test_the_cost_on_clickhouse_equals_the_stores(
     export_store(whole, chdb_client, table)
     facts = C.materialize_requests(chdb_client, table, name="_cost_facts")
     con = connect(whole)
-    lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+    lo, hi = one(con, "SELECT min(start_ns), max(end_ns) FROM requests")
     prices = Prices(2.5)
     for by, kw in itertools.product(("tenant", "model", "replica"), ({}, {"since": lo + (hi - lo) // 3,
                                                                          "until": lo + 2 * (hi - lo) // 3})):

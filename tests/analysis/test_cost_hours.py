@@ -75,12 +75,13 @@ def test_stored_hours_summed_equal_the_sweep_over_the_spans(tmp_path: Path) -> N
         # the cost table and series read the stored hours; with them hidden from the connection, every span is swept
         table, series = cost_table(con, by="tenant"), cost_series(con, by="tenant", bucket_s=300).to_dicts()
         # the Cost page's one sweep for both gives the same table and series, ranges cutting hours or not
-        for by, kw in (("tenant", {}), ("replica", {"since": cut, "until": T0 + 2 * H}),
-                       ("model", {"since": T0 + H, "until": T0 + 3 * H + 7 * S})):
+        for by, since, until in (("tenant", None, None), ("replica", cut, T0 + 2 * H),
+                                 ("model", T0 + H, T0 + 3 * H + 7 * S)):
             prices = Prices(default=2.0, replica={"A": 3.0})
-            page, frame = cost_page(con, by=by, bucket_s=300, prices=prices, **kw)
-            assert page == cost_table(con, by=by, prices=prices, **kw), (case, by)
-            assert frame.equals(cost_series(con, by=by, bucket_s=300, prices=prices, **kw)), (case, by)
+            page, frame = cost_page(con, by=by, bucket_s=300, prices=prices, since=since, until=until)
+            assert page == cost_table(con, by=by, prices=prices, since=since, until=until), (case, by)
+            assert frame.equals(cost_series(con, by=by, bucket_s=300, prices=prices, since=since, until=until)), \
+                (case, by)
         con.execute(f"CREATE OR REPLACE VIEW {GS.COST_FILES_VIEW} AS "
                     "SELECT NULL::BIGINT AS hour_ns, NULL::VARCHAR AS path WHERE false")
         assert table == cost_table(con, by="tenant") and table["totals"]["allocated_ns"] > 0

@@ -17,6 +17,7 @@ from analysis.engine import materialize as MZ
 from analysis.engine.materialize import HOUR_NS, materialize, snapshot
 from tailscope.cli import app
 from tests.factory import T0, add_request, write
+from tests.sql import one
 from tracing.rows import SpanBatch
 
 COLS = "trace_id, span_id, start_ns, e2e_ns, replica, ttft_ns, queue_wait_ns, generation_ns, decode_ns, other_ns"
@@ -81,7 +82,7 @@ def test_a_request_across_the_hour_boundary_reads_the_next_hours_spans(tmp_path:
     assert row == (0, 3500)
     # the decode span starts in the next hour and lands later, in that hour's partition
     second = SpanBatch()
-    root = connect(tmp_path).execute("SELECT span_id FROM requests").fetchone()[0]  # type: ignore[index]
+    root = one(connect(tmp_path), "SELECT span_id FROM requests")[0]
     second.append(trace_id=trace, span_id="d" * 16, parent_span_id=root, name="decode", kind="Internal",
                   start_ns=T0 + HOUR_NS + 500, end_ns=T0 + HOUR_NS + 3000, service="llm", resource={},
                   attrs={"tailscope.stage": "decode"})
@@ -120,7 +121,7 @@ def test_requests_between_equals_a_filter_on_requests(tmp_path: Path) -> None:
     add_request(late2, "fourth", 2 * HOUR_NS + 9, 2 * HOUR_NS + 90, [])
     write(tmp_path, late2)
     con = connect(tmp_path)
-    assert 0 < con.execute("SELECT count(*) FROM _requests_stored").fetchone()[0] < 14  # type: ignore[index]
+    assert 0 < one(con, "SELECT count(*) FROM _requests_stored")[0] < 14
     for lo, hi in ((0, HOUR_NS), (HOUR_NS + 1500, 2 * HOUR_NS + 8), (2 * HOUR_NS, 3 * HOUR_NS), (0, 9 * HOUR_NS)):
         got = con.execute(f"SELECT {COLS} FROM requests_between(?, ?) ORDER BY start_ns, trace_id",
                           [T0 + lo, T0 + hi]).fetchall()
@@ -317,5 +318,6 @@ def test_the_c_sweep_gives_the_rows_of_the_model_sql(tmp_path: Path) -> None:
     assert compared == 3000  # one request per trace (a request span stored twice counts once)
     # the hard cases are there: level-2 stretches, streaming beside working stages, ties on the sweep's order
     con.execute(f"CREATE VIEW r AS SELECT * FROM read_parquet('{MZ.partition_dir(store, hour)}/requests-*.parquet')")
-    assert con.execute("SELECT count(*) FILTER (WHERE prefill_ns > 0), count(*) FILTER (WHERE streaming_ns > 0 "
-                       "AND generation_ns > 0) FROM r").fetchone() > (100, 100)
+    prefill, streaming = one(con, "SELECT count(*) FILTER (WHERE prefill_ns > 0), count(*) FILTER (WHERE "
+                                  "streaming_ns > 0 AND generation_ns > 0) FROM r")
+    assert prefill > 100 and streaming > 100  # each (a tuple's `>` would compare the second only on a tie)
