@@ -124,7 +124,7 @@ def test_slow_reader_stretches_the_stream_past_decode() -> None:
     tenant = replace(tiny().tenants[0], stream_share=1.0, slow_reader_share=1.0)
     cfg = tiny(bursts=burst(1), tenants=(tenant,), slow_reader_tps=(10.0, 10.0))
     (req,) = simulate(cfg, seed=1)
-    assert req.streaming
+    assert req.streaming and req.stream_end_s is not None
     assert req.stream_end_s == pytest.approx(req.first_token_s + OUT / 10.0 + 0.003, abs=1e-9)
     assert req.end_s == req.stream_end_s > req.decode_end_s
 
