@@ -22,6 +22,7 @@ import random
 import re
 import signal
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -113,7 +114,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
                 all_keys.update(keys)
             victim = proc
             acked = asyncio.run(_load_then_kill(port, bodies, rng.randint(1, BODIES_PER_TRIAL - 1),
-                                                lambda p=victim: p.send_signal(signal.SIGKILL)))
+                                                partial(victim.send_signal, signal.SIGKILL)))
             victim.wait(30)
             acked_before_kill += len(acked)
             for i in acked:

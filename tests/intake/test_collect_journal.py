@@ -206,7 +206,10 @@ def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_pa
     import gzip
     import http.client
     import threading
+    from concurrent.futures import Future
 
+    from intake.collect.commit import CommitResult
+    from intake.collect.decode import Decoded
     from tests.intake.collect_helpers import running
 
     rng = random.Random(5)
@@ -217,7 +220,8 @@ def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_pa
         entered, release = threading.Event(), threading.Event()
         accept = receiver.intake.accept
 
-        def held_accept(body: bytes, encoding: str, *, peer: str | None = None, journal: bool = False) -> object:
+        def held_accept(body: bytes, encoding: str, *, peer: str | None = None, journal: bool = False
+                        ) -> tuple[Decoded, Future[CommitResult] | None]:
             calls.append((body, journal))
             if body == body_a:  # A's body stays in decoding until B has been answered
                 entered.set()
