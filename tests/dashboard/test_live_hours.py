@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,7 +152,7 @@ def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -
     cli.close()
 
 
-def _live_state(wb: data.Workbench) -> tuple[object, ...]:
+def _live_state(wb: data.Workbench) -> tuple[list[tuple[Any, ...]], ...]:
     """What a new reader of the workbench's connection sees of the live hours: their rows, kept values, facts."""
     from analysis.engine import attribute_values as AV
 

@@ -140,7 +140,8 @@ def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.
     at.query_params["start_ns"], at.query_params["end_ns"] = str(quiet), str(quiet + 120 * 10**9)
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
-    assert at.radio(key="spike_choice").value.startswith("linked ")
+    choice = at.radio(key="spike_choice").value
+    assert choice is not None and choice.startswith("linked ")
     assert any("at or below the baseline p99" in i.value for i in at.info)
     assert not at.success
 
