@@ -59,8 +59,8 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                 files = [str(f) for f in segment_files(store)]
                 if not files:
                     return 0
-                return int(duckdb.sql("SELECT count(*) FROM read_parquet($files) WHERE IsRequest",
-                                      params={"files": files}).fetchall()[0][0])
+                return int(duckdb.execute("SELECT count(*) FROM read_parquet($files) WHERE IsRequest",
+                                          {"files": files}).fetchall()[0][0])
 
             wait_for(lambda: stored() == REQUESTS, 60, f"{REQUESTS} request spans stored", stored)
 
@@ -78,7 +78,7 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                 p.wait(timeout=30)
             else:  # the replicas examples.serve started go with it
                 servers.stop(p)
-    durations = {tid: ns / 1e9 for tid, ns in duckdb.sql(
+    durations = {tid: ns / 1e9 for tid, ns in duckdb.execute(
         f"SELECT TraceId, Duration FROM read_parquet('{store}/spans/*/*/*.parquet') WHERE IsRequest").fetchall()}
     seen = 0
     for series in data:
