@@ -753,7 +753,7 @@ def spike_run(client: Any) -> Callable[[int, tuple[float, ...]], SpikeRun]:
             table = f"t_facts_spike_{len(made)}"
             _facts_table(client, table, windows, 5, MINUTE_NS, weights)
             recording = Recording(client)
-            report = ch_report(recording, "t_no_spans", window_s=60, facts=table)  # type: ignore[arg-type]
+            report = ch_report(recording, "t_no_spans", window_s=60, facts=table)
             made[(windows, weights)] = SpikeRun(table, recording.answers, report)
         return made[(windows, weights)]
 

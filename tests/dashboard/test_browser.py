@@ -287,7 +287,7 @@ def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None
     expect(heading).to_be_visible()
     _settle(page)
     slowest = page.get_by_role("heading", name="Slowest requests (exemplars of the tail)").first
-    assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
+    assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]
 
 
 def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> None:

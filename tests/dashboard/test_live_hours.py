@@ -183,7 +183,7 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
             raise ValueError("a values step that fails")
         real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
 
-    data.keep_live_values = failing  # type: ignore[assignment]
+    data.keep_live_values = failing
     try:
         with pytest.raises(ValueError, match="a values step that fails"):
             wb.refresh()
@@ -202,7 +202,7 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
             release.wait(60)
 
     done: list[bool] = []
-    data.keep_live_values = held  # type: ignore[assignment]
+    data.keep_live_values = held
     try:
         runner = threading.Thread(target=lambda: done.append(wb.refresh()))
         runner.start()

@@ -201,7 +201,7 @@ def test_missing_token(tmp_path: Path) -> None:
             export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
             with pytest.raises(grpc.RpcError) as err:
                 export(good)
-            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
         exporter = GrpcExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True,
                                 headers={"authorization": "Bearer s3cret"})
         assert exporter.export(spans) is SpanExportResult.SUCCESS
@@ -344,8 +344,8 @@ def test_grpc_bad_inputs_get_grpc_status_codes(tmp_path: Path) -> None:
         ]:
             with pytest.raises(grpc.RpcError) as err:
                 export(body, timeout=30)
-            assert err.value.code() is code  # type: ignore[attr-defined]
-            assert message in (err.value.details() or "")  # type: ignore[attr-defined]
+            assert err.value.code() is code
+            assert message in (err.value.details() or "")
             answer = ExportTraceServiceResponse.FromString(export(good, timeout=30))
             assert not answer.HasField("partial_success")
     assert len(stored(tmp_path / "store")) == 4

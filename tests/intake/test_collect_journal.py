@@ -36,7 +36,7 @@ def _writer_name(pid: int) -> str:
 def _keys(store: Path) -> list[tuple[str, str]]:
     con = connect(store)
     try:
-        return [tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()]  # type: ignore[misc]
+        return [tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()]
     finally:
         con.close()
 

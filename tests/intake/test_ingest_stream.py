@@ -31,7 +31,7 @@ SAMPLES = ROOT / "sample_traces" / "data"
 # --- random documents ------------------------------------------------------------------------
 
 
-class Obj(list):  # type: ignore[type-arg]
+class Obj(list):
     """A JSON object as (key, value) pairs, so a key may repeat."""
 
 

@@ -178,7 +178,7 @@ def test_decorators_sync_and_async(spans: InMemorySpanExporter) -> None:
     assert parent_id(got["generation"]) == span_id(root)
     assert (root.attributes or {})[OUTPUT_KEY] == 3
     with pytest.raises(TypeError, match="generator"):
-        tracing.stage(tracing.DECODE)(lambda: (yield 1))  # type: ignore[arg-type,misc,return-value]
+        tracing.stage(tracing.DECODE)(lambda: (yield 1))
 
 
 def test_stages_in_threads(spans: InMemorySpanExporter) -> None:
