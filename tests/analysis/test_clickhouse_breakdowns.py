@@ -32,6 +32,7 @@ from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
 from analysis.stats import explain as X
 from tests import samples_cache
+from tests.sql import one
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 
@@ -154,7 +155,7 @@ def test_trace_lookup_and_waterfall_equal_duckdbs(engines: tuple[duckdb.DuckDBPy
             got, want = CB.find_requests(client, FACTS, key), T.find_requests(con, key)
             assert got.height == want.height and got.height == (0 if len(key) < 8 else 1)
             assert got.get_column("trace_id").to_list() == want.get_column("trace_id").to_list()
-        start = int(con.execute("SELECT start_ns FROM requests WHERE trace_id = ?", [tid]).fetchone()[0])  # type: ignore[index]
+        start = int(one(con, "SELECT start_ns FROM requests WHERE trace_id = ?", [tid])[0])
         hour = start // H * H
         got_w = CB.waterfall(client, tid, hour, hour + 2 * H)
         assert got_w.height > 1

@@ -34,6 +34,7 @@ from sample_traces.fleet import (
     simulate,
 )
 from sample_traces.incidents import BY_NAME, CATALOGUE, run
+from tests.sql import one
 from tracing.store import init_store
 
 IN, OUT = 1_000, 101
@@ -307,8 +308,8 @@ def test_emitted_spans_give_back_the_simulated_stages_exactly(tmp_path: Path) ->
         assert (row[15], row[16]) == ((tail, 0) if r.streaming else (0, tail))
         assert row[17] == _ns(r.first_token_s) - _ns(r.arrival_s)
     kinds = con.execute("""SELECT SpanKind, IsRequest, count(*) FROM spans GROUP BY ALL ORDER BY ALL""").fetchall()
-    assert kinds == [("Internal", False, con.execute("SELECT count(*) FROM spans WHERE Stage IS NOT NULL")
-                      .fetchone()[0]), ("Server", True, len(reqs))]  # type: ignore[index]
+    assert kinds == [("Internal", False, one(con, "SELECT count(*) FROM spans WHERE Stage IS NOT NULL")[0]),
+                     ("Server", True, len(reqs))]
     nested = con.execute("""
         SELECT count(*) FROM spans c JOIN spans p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
         WHERE c.Stage IN ('prefill', 'decode') AND p.Stage <> 'generation'""").fetchone()
