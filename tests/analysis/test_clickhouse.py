@@ -187,7 +187,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
     duck = con.sql("SELECT * FROM requests").pl()
     assert duck.height > 0
     C.materialize_requests(client, table)
-    _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+    _same_frames(duck, pl.DataFrame(client.query("SELECT * FROM requests")))
     counted = Recording(client)
     got = ch_report(counted, table)
     assert got == build_report(con)
@@ -249,7 +249,7 @@ def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(
     engines = client.query("SELECT name, engine FROM system.tables WHERE is_temporary").to_pylist()
     assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
     _same_frames(con.sql("SELECT * FROM requests").pl(),
-                 pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+                 pl.DataFrame(client.query("SELECT * FROM requests")))
     assert ch_report(client, table) == build_report(con)
 
 

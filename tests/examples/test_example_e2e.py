@@ -51,7 +51,8 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
                         "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        cwd=ROOT)  # examples/ is not installed: it runs from the source tree
     try:
-        ready = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        assert proc.stdout is not None
+        ready = [proc.stdout.readline() for _ in range(2)]
         assert all(line.startswith("ready http://127.0.0.1:") for line in ready), (ready, proc.stderr)
         urls = [line.split()[1] for line in ready]
         port = int(urls[0].rsplit(":", 1)[1])

@@ -84,7 +84,9 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path: Path) -> N
         hour = hour_dirs(store)[0]  # hour 0: the one merged, no new spans during the trial
         before = keys(store)
         expect = sum(pq.read_metadata(f).num_rows for f in list_hour(hour).files)
-        stop, seen, errors, wrote = threading.Event(), [], [], Counter()  # type: ignore[var-annotated]
+        seen: list[int] = []
+        errors: list[str] = []
+        stop, wrote = threading.Event(), Counter[tuple[str, str]]()
         reader = threading.Thread(target=_reader, args=(hour, expect, stop, seen, errors))
         writer = threading.Thread(target=_writer, args=(store, random.Random(trial), trial, stop, wrote))
         reader.start()
