@@ -10,9 +10,11 @@ marks, cut from that report, the Overview's.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 
 from analysis.engine.connect import ROW_ID_FILE_SHIFT, connect
@@ -178,10 +180,11 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
     old = _live_state(wb)
     version = wb.version
 
-    def failing(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
+    def failing(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int],
+                **kw: Any) -> None:
         if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
             raise ValueError("a values step that fails")
-        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+        real(con, rows, gone, hours, **kw)
 
     data.keep_live_values = failing
     try:
@@ -195,8 +198,9 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
                        ).fetchall() == [(0,)]  # nothing left behind
     staged, release = threading.Event(), threading.Event()
 
-    def held(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
-        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+    def held(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int],
+             **kw: Any) -> None:
+        real(con, rows, gone, hours, **kw)
         if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
             staged.set()
             release.wait(60)

@@ -228,7 +228,7 @@ def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_pa
                 release.wait(60)
             return accept(body, encoding, peer=peer, journal=journal)
 
-        receiver.intake.accept = held_accept  # type: ignore[method-assign]
+        receiver.intake.accept = held_accept  # type: ignore[method-assign]  # an accept held on one body
 
         def post(body: bytes, out: list[int]) -> None:
             con = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=60)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
+
 from tailscope import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +22,8 @@ def test_every_command_module_is_registered() -> None:
     assert set(cli.COMMANDS) == modules
     import typer.main
 
-    assert list(typer.main.get_command(cli.app).commands) == list(cli.COMMANDS)  # type: ignore[attr-defined]
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, click.Group) and list(group.commands) == list(cli.COMMANDS)
 
 
 def test_a_broken_command_module_fails_loudly() -> None:

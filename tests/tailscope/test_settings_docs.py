@@ -7,6 +7,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import click
 import typer.main
 
 from intake.collect.config import COLLECT, MIB
@@ -85,7 +86,8 @@ def test_environment_variables_are_unique_and_all_in_a_table() -> None:
 
 def test_collect_options_are_generated_from_the_table() -> None:
     group = typer.main.get_command(app)
-    command = group.commands["collect"]  # type: ignore[attr-defined]
+    assert isinstance(group, click.Group)
+    command = group.commands["collect"]
     options = {p.name: p for p in command.params}
     with_option = [s for s in COLLECT.settings() if s.option]
     assert [s.name for s in with_option] == [n for n in options if n in COLLECT.defaults()]
