@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
-
 from tailscope import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,10 +18,11 @@ def run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_every_command_module_is_registered() -> None:
     modules = {p.stem for p in (ROOT / "tailscope" / "commands").glob("*.py")} - {"__init__", "common", "engine"}
     assert set(cli.COMMANDS) == modules
+    import typer.core
     import typer.main
 
     group = typer.main.get_command(cli.app)
-    assert isinstance(group, click.Group) and list(group.commands) == list(cli.COMMANDS)
+    assert isinstance(group, typer.core.TyperGroup) and list(group.commands) == list(cli.COMMANDS)
 
 
 def test_a_broken_command_module_fails_loudly() -> None:
