@@ -80,11 +80,14 @@ series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
 st.altair_chart(alt.Chart(series).mark_area().encode(
     x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
-    y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU seconds per {bucket} s", axis=alt.Axis(format=",.0f")),
+    y=alt.Y("sum(gpus):Q", stack=True, title="GPUs (GPU seconds a second)", axis=alt.Axis(format=",.1~f")),
     color=alt.Color("key:N", title=by.replace("_", " ")),
     tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
-             alt.Tooltip("gpu_seconds:Q", format=",.1f", title="GPU seconds")]),
+             alt.Tooltip("gpus:Q", format=",.2f", title="GPUs"),
+             alt.Tooltip("gpu_seconds:Q", format=",.1f", title=f"GPU seconds in the {bucket} s")]),
     width="stretch")
+st.caption(f"Each {bucket} s cell's GPU time over the part of it that was observed (from the first span of any "
+           "replica in the range to the last), so a cell at the edge of the data does not read low.")
 if after.any():
     st.caption(formats.times(f"Not drawn: the cells from {charts.clock(cut_ns)} UTC on, which the range's arrivals "
                              f"do not fill (requests still running: {tail_s:,.1f} GPU seconds, in the figures "

@@ -63,7 +63,7 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     # caption names what is left out (requests still running after it)
     con = connect(incident_store)
     last_ns, end_ns = con.execute("SELECT max(start_ns), max(end_ns) FROM requests").fetchone() or (0, 0)
-    cell_ns = int(re.fullmatch(r"GPU seconds per (\d+) s", area["encoding"]["y"]["title"])[1]) * 10**9  # type: ignore[index]
+    cell_ns = int(re.fullmatch(r"GPU seconds in the (\d+) s", area["encoding"]["tooltip"][-1]["title"])[1]) * 10**9  # type: ignore[index]
     drawn = set(pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().column("bucket_ns").to_pylist())
     assert max(drawn) == last_ns // cell_ns * cell_ns and end_ns > max(drawn) + cell_ns
     (note,) = [c.value for c in at.caption if c.value.startswith("Not drawn")]

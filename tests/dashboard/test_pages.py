@@ -252,6 +252,21 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     (said,) = [w.value for w in brief.warning]
     assert said.startswith("Too few requests to judge: no replica of 8 holds the 100 requests a p99 needs")
     assert set(shown_tables(brief)[0]["outlier"]) == {"not judged"}
+    # four minutes of the spike: about 330 requests a replica, judged, but each p99 rests on fewer than 5 requests
+    # beyond it (fewer than 500 requests): the flag says so, and so does a note on the fleet; the full range does not
+    assert not [i for i in at.info if "rests on" in i.value]
+    short = AppTest.from_file(str(APP), default_timeout=120)
+    short.query_params["since_ns"], short.query_params["until_ns"] = str(since - 10**11), str(since + 14 * 10**10)
+    short.switch_page("app_pages/replicas.py").run()
+    assert not short.exception
+    rows = shown_tables(short)[0].set_index("replica")
+    n = rows.loc["replica-05", "requests"]
+    assert 100 <= int(n.replace(",", "")) < 500 and rows.loc["replica-05", "outlier"] == "yes"
+    assert "**replica-05** (" in short.error[0].value
+    assert f"; only {n} requests, so its p99 rests on fewer than 5 requests beyond it)" in short.error[0].value
+    assert [i.value for i in short.info if "rests on" in i.value] == [
+        "Every replica judged holds fewer than 500 requests: a p99 there rests on fewer than 5 requests beyond it, "
+        "so one slow request moves it and a flag is weak evidence. A wider time range judges them on more."]
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
