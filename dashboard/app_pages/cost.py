@@ -35,15 +35,31 @@ values = getattr(f, by, ()) if by != "model_version" else ()
 if values and not rows.empty:
     rows = rows[rows["key"].isin(values)]
 tot = res["totals"]
+# the sweep shares out the whole fleet's time over the range: a filter narrows the table to its own values when the
+# page groups by its dimension, and no further (a replica's time is split among all the requests it served)
+unused = [f"{d.replace('_', ' ')} = {', '.join(getattr(f, d))}" for d in data.FILTER_DIMENSIONS
+          if getattr(f, d) and d != by] + [f"{a.key} = {', '.join(a.values)}" for a in f.attributes if a.values]
+if unused:
+    can = sorted(d for d in ("tenant", "model", "replica") if getattr(f, d) and d != by)
+    st.info(formats.escape(f"GPU time is shared out over the whole fleet in the time range: {'; '.join(unused)} "
+                           f"{'does' if len(unused) == 1 else 'do'} not narrow it here."
+                           + (f" Group by {' or '.join(can)} to read {'its' if len(unused) == 1 else 'their'} share."
+                              if can else "")), icon=":material/filter_alt_off:")
 cols = st.columns(4)
-cols[0].metric("GPU-hours allocated", f"{tot['allocated_ns'] / 3.6e12:,.2f}")
-cols[1].metric("idle share", "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
+fleet = f"The fleet's, over the range: {tot['allocated_ns'] / 3.6e12:,.2f} GPU-hours."
+shown_ns = int(rows["gpu_ns"].sum()) if values and not rows.empty else tot["allocated_ns"]
+cols[0].metric("GPU-hours allocated" + (f" ({by.replace('_', ' ')} filtered)" if values else ""),
+               f"{shown_ns / 3.6e12:,.2f}", help=fleet if values else None)
+cols[1].metric("fleet idle share" if values else "idle share",
+               "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
                help="Replica time with no request in a GPU stage (cold start is counted apart).")
-value, unset = formats.usd_metric(tot["allocated_usd"])
+shown_usd = (None if rows.empty or rows["cost_usd"].isna().any() else float(rows["cost_usd"].sum())) if values \
+    else tot["allocated_usd"]
+value, unset = formats.usd_metric(shown_usd)
 cols[2].metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
                                             "figure.")
 value, unset = formats.usd_metric(tot["overhead_usd"])
-cols[3].metric("idle + cold start", value, help=unset)
+cols[3].metric("fleet idle + cold start" if values else "idle + cold start", value, help=unset)
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()

@@ -117,3 +117,27 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     assert shown == ("none of 1–64" if tighter is None else str(tighter))
     assert tighter is None or tighter >= want
     assert shown_tables(at), "the scale-up comparison is drawn"
+
+
+def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under tenant = acme the sweep is still the fleet's: grouped by tenant, the headline GPU-hours are acme's (the
+    fleet's in its help, the idle figures named the fleet's); grouped by model, a note says the filter does not
+    narrow the GPU time."""
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.query_params["tenant"] = "acme"
+    at.switch_page("app_pages/cost.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    want = cost_table(connect(incident_store), by="tenant")
+    (acme,) = [r for r in want["rows"] if r["key"] == "acme"]
+    assert _metric(at, "GPU-hours allocated (tenant filtered)") == f"{acme['gpu_ns'] / 3.6e12:,.2f}"
+    assert [m.help for m in at.metric if m.label.startswith("GPU-hours")] == [
+        f"The fleet's, over the range: {want['totals']['allocated_ns'] / 3.6e12:,.2f} GPU-hours."]
+    assert _metric(at, "fleet idle share") == f"{want['totals']['idle_share']:.1%}"
+    assert list(shown_tables(at)[0]["tenant"]) == ["acme"] and not [i for i in at.info if "whole fleet" in i.value]
+    at.radio(key="cost_by").set_value("model").run()
+    assert not at.exception
+    assert [i.value for i in at.info if "whole fleet" in i.value] == [
+        "GPU time is shared out over the whole fleet in the time range\\: tenant = acme does not narrow it here. Group "
+        "by tenant to read its share."]
+    assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
