@@ -141,3 +141,24 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
         "GPU time is shared out over the whole fleet in the time range\\: tenant = acme does not narrow it here. Group "
         "by tenant to read its share."]
     assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
+
+
+def test_capacity_target_defaults_to_a_p99_the_observed_fleet_meets(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 requests one after the other on one replica, p99 1,000.298 ms: the replay reproduces it at any count, so
+    the default target (the observed p99 in whole ms, rounded up) is met by one replica. Rounded to the nearest ms
+    (1,000) no count met it and the page said so of the traffic the fleet had just served."""
+    from tests.factory import add_request, write
+    from tracing.rows import SpanBatch
+
+    batch, ms = SpanBatch(), 1_000_000
+    for i in range(200):
+        e2e = {197: 1_000_200_000, 198: 1_010 * ms, 199: 1_020 * ms}.get(i, 1_000 * ms)
+        add_request(batch, i, i * 2_000 * ms, i * 2_000 * ms + e2e, [("generation", i * 2_000 * ms,
+                                                                        i * 2_000 * ms + e2e)])
+    write(tmp_path, batch)
+    p99 = connect(tmp_path).execute("SELECT quantile_cont(e2e_ns, 0.99) / 1e6 FROM requests").fetchone()[0]  # type: ignore[index]
+    assert p99 == pytest.approx(1_000.298) and round(p99) < p99
+    at = _app(tmp_path, monkeypatch, "app_pages/capacity.py")
+    assert at.number_input(key="cap_target").value == 1_001.0
+    assert _metric(at, "fewest replicas for the target") == "1"
