@@ -31,12 +31,12 @@ if "error" in curve:
 pts = pd.DataFrame(curve["points"])
 col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
 fewest = curve["fewest_replicas"]
-m = st.columns(3)
-m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
-m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
+row = formats.metric_row()
+row.metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
+row.metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
 if fewest is not None:
     value, unset = formats.usd_metric(None if usd is None else fewest * usd, "/h")
-    m[2].metric("GPU cost at that count", value, help=unset)
+    row.metric("GPU cost at that count", value, help=unset)
 svc = curve["service"]
 if curve["advice"] is not None:
     head = f"If {svc['assumption']}, {curve['advice']['sentence']}."
@@ -99,7 +99,8 @@ up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])
     st.stop()
-up_head = (f"If {up['service']['assumption']}, reactive scale-up from {int(start)} to {int(top)} replicas gives p99 "
+up_head = (f"If {up['service']['assumption']}, reactive scale-up from {int(start)} to "
+           f"{formats.counted(int(top), 'replica')} gives p99 "
            f"{charts.fmt_ms(up['reactive']['p99_ms'])} (adding {up['reactive']['added']}), against "
            f"{charts.fmt_ms(up['static']['p99_ms'])} static and {charts.fmt_ms(up['prescaled']['p99_ms'])} "
            "pre-scaled")

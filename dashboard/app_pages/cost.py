@@ -45,21 +45,21 @@ if unused:
                            f"{'does' if len(unused) == 1 else 'do'} not narrow it here."
                            + (f" Group by {' or '.join(can)} to read {'its' if len(unused) == 1 else 'their'} share."
                               if can else "")), icon=":material/filter_alt_off:")
-cols = st.columns(4)
+row = formats.metric_row()
 fleet = f"The fleet's, over the range: {tot['allocated_ns'] / 3.6e12:,.2f} GPU-hours."
 shown_ns = int(rows["gpu_ns"].sum()) if values and not rows.empty else tot["allocated_ns"]
-cols[0].metric("GPU-hours allocated" + (f" ({by.replace('_', ' ')} filtered)" if values else ""),
-               f"{shown_ns / 3.6e12:,.2f}", help=fleet if values else None)
-cols[1].metric("fleet idle share" if values else "idle share",
-               "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
-               help="Replica time with no request in a GPU stage (cold start is counted apart).")
+row.metric("GPU-hours allocated" + (f" ({by.replace('_', ' ')} filtered)" if values else ""),
+           f"{shown_ns / 3.6e12:,.2f}", help=fleet if values else None)
+row.metric("fleet idle share" if values else "idle share",
+           "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
+           help="Replica time with no request in a GPU stage (cold start is counted apart).")
 shown_usd = (None if rows.empty or rows["cost_usd"].isna().any() else float(rows["cost_usd"].sum())) if values \
     else tot["allocated_usd"]
 value, unset = formats.usd_metric(shown_usd)
-cols[2].metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
-                                            "figure.")
+row.metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
+                                        "figure.")
 value, unset = formats.usd_metric(tot["overhead_usd"])
-cols[3].metric("fleet idle + cold start" if values else "idle + cold start", value, help=unset)
+row.metric("fleet idle + cold start" if values else "idle + cold start", value, help=unset)
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()

@@ -37,20 +37,21 @@ if then["error"] or now["error"]:
     st.warning(then["error"] or now["error"])
     st.stop()
 svc = then["service"]
-head = (f"If {svc['assumption']}, {k} replicas × {int(slots)} slots give p50 / p99 "
+head = (f"If {svc['assumption']}, {formats.counted(k, 'replica')} × {int(slots)} slots give p50 / p99 "
         f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}")
 if then["fixed"] is not None:
     head += f"; with service times fixed as observed the replay would say p99 {charts.fmt_ms(then['fixed']['p99_ms'])}"
 head += (f". Measured and replayed over the {over} (the Capacity page measures the whole filtered range, so its "
          "figures can differ).")
 st.info(formats.times(head), icon=":material/info:")
-cols = st.columns(3)
-cols[0].metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
-cols[1].metric(f"replay, {observed} replicas (as observed)",
-               f"{charts.fmt_ms(now['p50_ms'])} / {charts.fmt_ms(now['p99_ms'])}")
-cols[2].metric(f"predicted, {k} replicas", f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
-               delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
-               delta_color="inverse")
+row = formats.metric_row()
+row.metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
+row.metric(f"replay, {formats.counted(observed, 'replica')} (as observed)",
+           f"{charts.fmt_ms(now['p50_ms'])} / {charts.fmt_ms(now['p99_ms'])}")
+row.metric(f"predicted, {formats.counted(k, 'replica')}",
+           f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
+           delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
+           delta_color="inverse")
 st.caption("Each request keeps its observed arrival and waits first-come first-served for one of "
            f"{k} × {int(slots)} slots. "
            + ("Its service time (latency minus queue wait) is scaled by the measured growth per request of the batch "

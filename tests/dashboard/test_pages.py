@@ -371,7 +371,7 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
     assert not at.exception
-    assert _metric(at, "predicted, 1 replicas") != same
+    assert _metric(at, "predicted, 1 replica") != same
     # the whole range: the prediction is analysis.capacity.predict_at's (the Capacity page's replay), its
     # assumption about service time against the batch stated first in the headline
     from analysis.capacity import observed_workload, predict_at
@@ -381,9 +381,9 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     assert not at.exception
     w = observed_workload(connect(incident_store))
     want = predict_at(w, 1, w.slots)
-    assert _metric(at, "predicted, 1 replicas") == f"{fmt_ms(want['p50_ms'])} / {fmt_ms(want['p99_ms'])}"
+    assert _metric(at, "predicted, 1 replica") == f"{fmt_ms(want['p50_ms'])} / {fmt_ms(want['p99_ms'])}"
     heads = [m.value for m in at.info if m.value.startswith("If ")]
-    assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replicas × {w.slots} slots"), heads
+    assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replica × {w.slots} slots"), heads
     assert (want["fixed"] is None) == ("would say" not in heads[0])
     # the window its batch relation is measured over: the first arrival to the last
     assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads
