@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, formats, sidebar
@@ -13,7 +12,8 @@ spikes = data.spike_marks(*key, f)["spikes"]  # windows only: no explanation nee
 windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)
-    windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M} UTC"] = f.narrowed(a, b)
+    # named as the Overview's banners and the Spike page name it ("11-20 14:06–14:10" read like a range of days)
+    windows[f"spike {charts.window_label(a, b)}"] = f.narrowed(a, b)
 c = data.choices(*key)
 last = (f.until_ns or c["max_ns"] + 1)
 if last - (f.since_ns or c["min_ns"]) > 2 * data.HOUR_NS:

@@ -364,7 +364,8 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     at.switch_page("app_pages/whatif.py").run()
     assert not at.exception and not at.warning
     spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
-    assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
+    # one clock, named as the Overview's banners name it
+    assert re.fullmatch(r"spike \d\d:\d\d:\d\d–\d\d:\d\d:\d\d UTC", spike), spike
     # the headline names the window its batch relation is measured over (Capacity's is the whole range)
     assert any(f"Measured and replayed over the {spike}".replace(":", "\\:") in m.value for m in at.info)
     same = _metric(at, "replay, 8 replicas (as observed)")
