@@ -83,11 +83,12 @@ st.caption("GPU time: at each instant a replica's time is split equally among it
 assert series is not None
 if values:
     series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
-# the cells the range's arrivals fill: none past its end (the time filter's, else the end of the cell holding the
-# last request's start), where requests still running would draw a part-filled last cell as a drop to zero
+# the cells the range's arrivals fill: none from its end on (the time filter's, else the end of the cell holding the
+# last request's start), where requests still running would draw their draining as a drop to zero; a cell the time
+# filter's end cuts is drawn, its GPUs read over the part of it observed (analysis.cost.cost_series)
 cell_ns = bucket * 1_000_000_000
 end_ns = f.until_ns if f.until_ns is not None else -(-(data.choices(*key)["max_ns"] + 1) // cell_ns) * cell_ns
-after = series["bucket_ns"] + cell_ns > end_ns
+after = series["bucket_ns"] >= end_ns
 tail_s = float(series.loc[after & ~series["key"].isin(["(idle)", "(cold start)"]), "gpu_seconds"].sum())
 cut_ns = int(series.loc[after, "bucket_ns"].min()) if after.any() else end_ns
 series = series[~after].copy()

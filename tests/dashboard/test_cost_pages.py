@@ -17,6 +17,7 @@ from analysis.stats.batching import service_vs_batch
 from dashboard import data
 from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
 from tests.dashboard.conftest import APP, shown_tables
+from tests.dashboard.incident_store import START_NS
 
 
 def _app(store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> AppTest:
@@ -125,10 +126,20 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
     narrow the GPU time."""
     monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
     at = AppTest.from_file(str(APP), default_timeout=300)
+    # a range from 7:03:17 to 7:21:17: its first and last cells are partly observed, and drawn at the fleet's rate
+    since, until = START_NS + 197 * 10**9, START_NS + 1_277 * 10**9
     at.query_params["tenant"] = "acme"
+    at.query_params["since_ns"], at.query_params["until_ns"] = str(since), str(until)
     at.switch_page("app_pages/cost.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    want = cost_table(connect(incident_store), by="tenant")
+    want = cost_table(connect(incident_store), by="tenant", since=since, until=until)
+    (chart,) = [c for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    drawn = pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pandas()
+    cell_ns = int(re.fullmatch(r"GPU seconds in the (\d+) s",
+                               json.loads(chart.proto.spec)["encoding"]["tooltip"][-1]["title"])[1]) * 10**9  # type: ignore[index]
+    assert (drawn["bucket_ns"].min(), drawn["bucket_ns"].max()) == (since // cell_ns * cell_ns,
+                                                                    (until - 1) // cell_ns * cell_ns)
+    assert not [c for c in at.caption if c.value.startswith("Not drawn")]
     (acme,) = [r for r in want["rows"] if r["key"] == "acme"]
     assert _metric(at, "GPU-hours allocated (tenant filtered)") == f"{acme['gpu_ns'] / 3.6e12:,.2f}"
     assert [m.help for m in at.metric if m.label.startswith("GPU-hours")] == [
