@@ -269,6 +269,29 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
         "so one slow request moves it and a flag is weak evidence. A wider time range judges them on more."]
 
 
+def test_shape_page_says_when_no_cell_can_be_trusted(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole store names its slowest cell with a p99 to trust; one replica over five minutes (about 420
+    requests) has no cell of 500 requests, and the page says so instead of leaving the line out."""
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/shape.py").run()
+    assert [m for m in at.markdown if m.value.startswith("Slowest cell with a p99 to trust")]
+    assert not [i for i in at.info if i.value.startswith("No cell holds")]
+    since = START_NS + 19 * 60 * 10**9
+    few = AppTest.from_file(str(APP), default_timeout=120)
+    few.query_params["replica"] = "replica-02"
+    few.query_params["since_ns"], few.query_params["until_ns"] = str(since), str(since + 300 * 10**9)
+    few.switch_page("app_pages/shape.py").run()
+    assert not few.exception and not [m for m in few.markdown if m.value.startswith("Slowest cell")]
+    most = connect(incident_store).execute(
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM requests WHERE replica = 'replica-02' AND start_ns >= ? AND "
+        "start_ns < ? AND input_tokens IS NOT NULL AND output_tokens IS NOT NULL GROUP BY "
+        "floor(log2(greatest(input_tokens, 1))), input_tokens = 0, floor(log2(greatest(output_tokens, 1))), "
+        "output_tokens = 0)", [since, since + 300 * 10**9]).fetchone()[0]  # type: ignore[index]
+    assert [i.value for i in few.info] == [
+        f"No cell holds the 500 requests a p99 needs to be trusted (the most here: {most:,}): each cell's p99 rests on "
+        "its few slowest requests, so the colours compare little. Widen the filters or the time range."]
+
+
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(incident_store, monkeypatch)
     at.switch_page("app_pages/traces.py").run()
