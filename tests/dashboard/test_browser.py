@@ -180,10 +180,15 @@ def _visit_pages(context: Any, url: str, pages: Sequence[tuple[str, str, str | t
 
 
 def _misdrawn(page: Any) -> list[Any]:
-    """The metric values and labels too wide for their place (the browser ends them with an ellipsis), the chart
-    texts Vega shortened (a legend's or an axis' label past its limit ends with "…") and each axis that repeats a
-    label (a count axis ticking halves rounds 0.5 to a second "1"; a log axis leaves some ticks blank)."""
+    """The metric values and labels too wide for their place (the browser ends them with an ellipsis), the tables
+    that run past the page's right edge, the chart texts Vega shortened (a legend's or an axis' label past its limit
+    ends with "…") and each axis that repeats a label (a count axis ticking halves rounds 0.5 to a second "1"; a log
+    axis leaves some ticks blank)."""
     return list(page.evaluate("""() => [
+        ...[...document.querySelectorAll('[data-testid=stMain] table')].filter(t => {
+            const box = document.querySelector('[data-testid=stMainBlockContainer]');
+            const right = box.getBoundingClientRect().right - parseFloat(getComputedStyle(box).paddingRight);
+            return t.getBoundingClientRect().right > right + 1; }).map(t => 'table: ' + t.innerText.slice(0, 40)),
         ...[...document.querySelectorAll('[data-testid=stMetricValue] *, [data-testid=stMetricLabel] *')]
             .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText),
         ...[...document.querySelectorAll('[data-testid=stVegaLiteChart] svg text')].map(t => t.textContent)
