@@ -90,7 +90,13 @@ def nodelay_listeners(fd_dir: str = "/proc/self/fd" if os.path.isdir("/proc/self
                 fd = int(name)
                 if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                     continue
-                with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves the socket open
+                dup = os.dup(fd)  # a duplicate: closing it leaves the socket open
+                try:
+                    sock = socket.socket(fileno=dup)
+                except OSError:
+                    os.close(dup)
+                    raise
+                with sock:
                     if (sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
                             and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
