@@ -33,13 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
-import polars as pl
 import streamlit as st
 
-from analysis import attribute_filters as AF
-from analysis import breakdowns as B
-from analysis import traces as T
-from analysis.attribute_filters import AttributeFilter
+# the store's opening needs only these (no polars, no analysis.report): see `_open_early`
 from analysis.engine.attribute_values import LIVE_FILE_VIEW, LIVE_VALUES, keep_live_values, live_file_sql, write_live
 from analysis.engine.connect import connect, keep_live_facts, live_facts_from, live_requests_from
 from analysis.engine.connect import refresh as refresh_views
@@ -54,16 +50,7 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series
-from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
-from analysis.mapping.rules import no_request_hint as _no_request_hint
-from analysis.report import build_report, explain_window, find_spikes, marks_of
-from analysis.stats import explain as X
-from analysis.stats import verdicts as V
-from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
-from dashboard import clickhouse_data as CHD
-from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
@@ -80,8 +67,6 @@ METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Request outcomes (tracing.schema), in display order.
 OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
-#: Seconds a SQL console query may run before it is interrupted.
-SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 SQL_ROW_LIMIT = 5_000
 #: The sidebar offers the attributes at once (no toggle) while listing them costs at most about what reading this
 #: many requests' values from the spans costs (about 1 CPU-s with 40 attributes: bench_attribute_choices) ...
@@ -343,6 +328,7 @@ class Workbench:
     def _warm(self) -> None:
         try:
             with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                _IMPORTED.wait(IMPORT_WAIT_S)  # a store opened while this module is imported (`_open_early`)
                 prewarm(self)
         finally:
             self.warmed.set()
@@ -383,6 +369,7 @@ class Workbench:
             finally:
                 work.close()
         with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+            _IMPORTED.wait(IMPORT_WAIT_S)
             prewarm(self)
 
     def loading_note(self) -> str | None:
@@ -625,6 +612,53 @@ def workbench(store: str) -> Workbench:
     if not wb.pending:  # else the background pass warms the caches once the critical paths are done
         wb.warm()
     return wb
+
+
+def _open_early() -> None:
+    """Start opening the configured store (`workbench`, which the router's `open_store` then waits for) in a thread,
+    when this module is first imported by a session's script (the first session of a server just started): the
+    imports below (polars, the analysis stack: about 0.3 CPU-s) then run beside the store's refresh, mostly DuckDB
+    queries and the C sweep, which release the interpreter, instead of before it. A failure is left for
+    `open_store` to report."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    if get_script_run_ctx(suppress_warning=True) is None or engine_args()[0] != "duckdb":
+        return
+    path = str(store_path())
+
+    def opening() -> None:
+        with contextlib.suppress(Exception):
+            workbench(path)
+
+    threading.Thread(target=opening, name="tailscope-open", daemon=True).start()
+
+
+#: Set once this module is imported: the warm-up (`prewarm`, from a store opened early) calls what is defined below.
+_IMPORTED = threading.Event()
+#: The longest the warm-up waits for that (seconds; an import that failed leaves the pages to report it).
+IMPORT_WAIT_S = 60.0
+_open_early()
+
+# --- what the pages' queries need: imported while the store opens (`_open_early`) ----------------------------------
+
+import polars as pl  # noqa: E402
+
+from analysis import attribute_filters as AF  # noqa: E402
+from analysis import breakdowns as B  # noqa: E402
+from analysis import traces as T  # noqa: E402
+from analysis.attribute_filters import AttributeFilter  # noqa: E402
+from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series  # noqa: E402
+from analysis.engine.sandbox import SandboxConnection  # noqa: E402
+from analysis.mapping.rules import no_request_hint as _no_request_hint  # noqa: E402
+from analysis.report import build_report, explain_window, find_spikes, marks_of  # noqa: E402
+from analysis.stats import explain as X  # noqa: E402
+from analysis.stats import verdicts as V  # noqa: E402
+from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE  # noqa: E402
+from dashboard import clickhouse_data as CHD  # noqa: E402
+from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters  # noqa: E402
+
+#: Seconds a SQL console query may run before it is interrupted.
+SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 
 
 @st.cache_resource(show_spinner="Computing the requests on ClickHouse…")
@@ -1305,3 +1339,6 @@ def capacity_scale_up(_db: Bench, store: str, version: int, filters: Filters, re
         return scale_up(workload(_db, store, version, filters), replicas, max_replicas, gpu_hour_usd)
     except Exception as exc:
         return {"error": f"could not replay scale-up because {str(exc).splitlines()[0]}"}
+
+
+_IMPORTED.set()
