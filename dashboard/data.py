@@ -37,7 +37,7 @@ import streamlit as st
 
 # the store's opening needs only these (no polars, no analysis.report): see `_open_early`
 from analysis.engine.attribute_values import LIVE_FILE_VIEW, LIVE_VALUES, keep_live_values, live_file_sql, write_live
-from analysis.engine.connect import connect, keep_live_facts, live_facts_from, live_requests_from
+from analysis.engine.connect import LIVE_FACTS_RID, connect, keep_live_facts, live_facts_from, live_requests_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -182,11 +182,15 @@ class Workbench:
             cur = self.con.cursor()
             made: tuple[str, Path | None] | None = None
             staged = {name: f"_live_values_next_{name}" for name in LIVE_VALUES} if redo else None
+            # when every stale hour is recomputed, `req_live` will hold exactly the requests the values are read for:
+            # their attribute file is written beside the sweep too, not in the transaction (see `_keep_live`)
+            early = (self.scratch / f"attributes-live-next-{self.live_serial + 1}.arrow"
+                     if redo and set(redo) == set(keys) else None)
             try:
                 with ThreadPoolExecutor(1, thread_name_prefix="tailscope-live-values") as pool:
                     # the new hours' attribute values on a cursor of their own, beside their rows (the sweep), into
                     # tables that the transaction below moves into LIVE_VALUES: no reader sees them before it commits
-                    values = pool.submit(_stage_live_values, self.con, snap, redo, staged) if staged else None
+                    values = pool.submit(_stage_live_values, self.con, snap, redo, staged, early) if staged else None
                     if redo:
                         cur.execute(f"CREATE TEMP TABLE {_NEXT_ROWS} AS SELECT * FROM main.req_live LIMIT 0")
                     if redo and quick:
@@ -203,7 +207,7 @@ class Workbench:
                     cur.execute(f"INSERT INTO req_live BY NAME SELECT * FROM {_NEXT_ROWS}")
                 refresh_views(cur, self.store, snap)
                 keep_live_values(cur, "req_live", gone, redo, staged=staged)  # the live hours' values, read once
-                made = self._keep_live(cur)  # their facts and attribute file, made once for every report
+                made = self._keep_live(cur, early)  # their facts and attribute file, made once for every report
                 pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
                 live_requests_from(cur, None if pending else "main.req_live")  # their exact rows, once all are
                 cols = ", ".join(REQUEST_COLUMNS)
@@ -220,6 +224,8 @@ class Workbench:
                     cur.execute("ROLLBACK")
                 if made is not None and made[1] is not None:
                     made[1].unlink(missing_ok=True)
+                if early is not None:
+                    early.unlink(missing_ok=True)
                 for table in (staged or {}).values():  # committed by their own cursor; moved (dropped) only above
                     with contextlib.suppress(duckdb.Error):
                         cur.execute(f"DROP TABLE IF EXISTS main.{table}")
@@ -242,9 +248,10 @@ class Workbench:
             self._start_worker()
         return True
 
-    def _keep_live(self, cur: duckdb.DuckDBPyConnection) -> tuple[str, Path | None]:
+    def _keep_live(self, cur: duckdb.DuckDBPyConnection, written: Path | None = None) -> tuple[str, Path | None]:
         """Make the next table of the live hours' request facts from `req_live` (their facts are this workbench's
-        rows, not recomputed) and, when they have rows and their values are kept, their attribute file; point the
+        rows, not recomputed) and, when they have rows and their values are kept, their attribute file (`written`:
+        the file `_stage_live_values` wrote of exactly these requests, numbered as this table numbers them); point the
         connection's views at both. (table, file)."""
         self.live_serial += 1
         table = f"_live_facts_{self.live_serial}"
@@ -252,7 +259,9 @@ class Workbench:
         have = {t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
         path = None
         if set(LIVE_VALUES.values()) <= have and cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
-            path = write_live(cur, table, self.scratch / f"attributes-live-{self.live_serial}.arrow")
+            path = written or write_live(cur, table, self.scratch / f"attributes-live-{self.live_serial}.arrow")
+        elif written is not None:
+            written.unlink(missing_ok=True)
         cur.execute(f"CREATE OR REPLACE VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
         return table, path
 
@@ -566,11 +575,14 @@ def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[in
 _NEXT_ROWS = "_req_live_next"
 
 
-def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: dict[str, str]) -> None:
+def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: dict[str, str],
+                       file: Path | None = None) -> None:
     """Compute the attribute values of the stale `hours` of `snap` (attribute_values.keep_live_values) into the tables
     `into`, committed on a cursor of their own over views of the snapshot's files: the requests are the model's
     request spans of each hour (materialize.request_keys_sql, the rows the sweep computes), so this runs beside the
-    critical-path sweep (both mostly in DuckDB and the C kernel, which release the GIL) instead of after it."""
+    critical-path sweep (both mostly in DuckDB and the C kernel, which release the GIL) instead of after it. `file`:
+    also write these requests' attribute file there (attribute_values.write_live), their rows numbered as
+    connect.keep_live_facts numbers the same requests (for a refresh whose live rows will be exactly these)."""
     cur = con.cursor()
     try:
         for table in into.values():  # left by a refresh that failed before moving them
@@ -582,6 +594,10 @@ def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: li
         cur.execute("CREATE TEMP TABLE _next_keys AS " + " UNION ALL ".join(
             f"({request_keys_sql(snap, h)})" for h in hours))
         keep_live_values(cur, "_next_keys", [], hours, spans="_next_spans", live_spans="_next_spans_live", into=into)
+        if file is not None:
+            cur.execute(f"CREATE TEMP TABLE _next_facts AS SELECT trace_id, span_id, start_ns, {LIVE_FACTS_RID} "
+                        "FROM _next_keys")
+            write_live(cur, "_next_facts", file, values=into)
     finally:
         cur.close()
 
