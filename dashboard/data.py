@@ -1001,6 +1001,8 @@ against_baseline = V.against_baseline
 MIN_RISE = SPIKE_MIN_RISE
 #: Fewest (effective) requests a replica needs for its p99 to be judged against the fleet's (analysis.breakdowns).
 MIN_REPLICA_REQUESTS = X.min_tail_requests()
+#: Fewest requests a p99 needs to rest on MIN_TAIL requests beyond it (fewer: `p99_low_sample`, said beside a flag).
+SOLID_P99_REQUESTS, MIN_TAIL = B.SOLID_P99_REQUESTS, B.MIN_TAIL
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:

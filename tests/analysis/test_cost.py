@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from analysis import connect
@@ -248,6 +249,53 @@ def test_series_cells_add_up_to_the_observed_time(tmp_path: Path) -> None:
     # 120-150 s: x 120-130 s, idle 130-150 s
     assert cells[(120, "x")] == 10 * S and cells[(120, "(idle)")] == 20 * S
     assert frame["gpu_ns"].sum() == 150 * S
+
+
+def test_series_reads_each_cell_over_the_time_observed(tmp_path: Path) -> None:
+    """A cell only partly observed (the data starts or ends inside it) is read over its observed part: `gpus`, GPU
+    seconds a second, against a plain reference from the spans' times (seeds 1-5, random ranges); and a hand-made
+    fleet of two replicas whose first spans start 17 s and 40 s into the first minute reads 2 x 43 s + 20 s of
+    replica time over 43 s there, not over 60 s."""
+    batch = SpanBatch()
+    add_request(batch, "a", 17 * S, 150 * S, [("generation", 20 * S, 140 * S)], replica="A", attrs=_tenant("x"))
+    add_request(batch, "b", 40 * S, 180 * S, [("generation", 40 * S, 170 * S)], replica="B", attrs=_tenant("y"))
+    write(tmp_path / "hand", batch)
+    frame = cost_series(connect(tmp_path / "hand"), by="tenant", bucket_s=60)
+    total = {int(b - T0) // S: g for b, g in frame.group_by("bucket_ns").agg(pl.col("gpus").sum()).iter_rows()}
+    observed = dict(frame.select((pl.col("bucket_ns") - T0) // S, pl.col("observed_ns") // S).unique().iter_rows())
+    assert observed == {0: 43, 60: 60, 120: 60} and total == {0: (43 + 20) / 43, 60: 2.0, 120: (30 + 60) / 60}
+    for seed in range(1, 6):
+        rng = random.Random(seed)
+        for case in range(6):
+            path, batch, windows = tmp_path / f"r{seed}-{case}", SpanBatch(), {}
+            for rep in ("A", "B", "C")[:rng.randint(1, 3)]:
+                times = []
+                for i in range(rng.randint(1, 3)):
+                    start = rng.randint(0, 240) * S
+                    g0, g1 = start + rng.randint(0, 5) * S, start + rng.randint(6, 90) * S
+                    end = g1 + rng.randint(0, 5) * S
+                    add_request(batch, f"{rep}{i}", start, end, [("generation", g0, g1)], replica=rep,
+                                attrs=_tenant(rng.choice("xy")))
+                    times += [start, end]
+                windows[rep] = (min(times), max(times))
+            write(path, batch)
+            lo, hi = (rng.randint(0, 120) * S, rng.randint(150, 400) * S) if rng.random() < 0.5 else (None, None)
+            frame = cost_series(connect(path), by="tenant", bucket_s=60,
+                                **({} if lo is None else {"since": T0 + lo, "until": T0 + hi}))
+            clipped = [(max(a, lo if lo is not None else a), min(b, hi if hi is not None else b))
+                       for a, b in windows.values()]
+            clipped = [(a, b) for a, b in clipped if b > a]
+            first, last = min(a for a, _ in clipped), max(b for _, b in clipped)
+
+            def overlap(a: int, b: int, c: int) -> int:
+                return max(0, min(b, c + 60 * S) - max(a, c))
+
+            for c, got_obs, got_gpus, got_ns in frame.group_by("bucket_ns").agg(
+                    pl.col("observed_ns").first(), pl.col("gpus").sum(), pl.col("gpu_ns").sum()).iter_rows():
+                c -= T0
+                want_ns = sum(overlap(a, b, c) for a, b in clipped)  # every replica's observed time in the cell
+                assert (got_obs, got_ns) == (overlap(first, last, c), want_ns), (seed, case, c)
+                assert got_gpus == pytest.approx(want_ns / overlap(first, last, c), rel=1e-12), (seed, case, c)
 
 
 def test_prices_table_and_errors(tmp_path: Path) -> None:

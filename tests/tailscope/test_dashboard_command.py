@@ -67,6 +67,25 @@ def test_the_servers_start_up_waits_for_its_warm_up_at_most_its_bound() -> None:
     assert out.stdout.split() == ["started", "True", "held", "True"]
 
 
+def test_the_server_turns_nagle_off_for_the_connections_its_listener_accepts() -> None:
+    """A listening socket bound as Streamlit binds it (no protocol named, so asyncio leaves Nagle on): after
+    nodelay_listeners, a connection it accepts has TCP_NODELAY set, and a connected socket is left as it was."""
+    from dashboard import server
+
+    def nodelay(sock: socket.socket) -> int:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    with socket.socket(family=socket.AF_INET) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as before, listener.accept()[0] as accepted_before:
+            assert (listener.proto, nodelay(listener), nodelay(accepted_before), nodelay(before)) == (0, 0, 0, 0)
+            assert server.nodelay_listeners() >= 1
+            with socket.create_connection(listener.getsockname()) as client, listener.accept()[0] as accepted:
+                assert (nodelay(listener), nodelay(accepted), nodelay(accepted_before), nodelay(client)) == (1, 1, 0, 0)
+        assert listener.fileno() >= 0  # its duplicate was closed, not the socket itself
+
+
 def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
     """In a fresh interpreter serving `--store DIR`: the warm-up thread opens that store's workbench once, the server
     starts once the store's own warm-up is over, and a session's later open finds it in the cache (no second open)."""
