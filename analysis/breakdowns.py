@@ -80,9 +80,10 @@ def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str
     weight = weight_where(con, source, where, params)
     effective = ", ".join(f"{_n_effective(weight, quote_ident(metric_column(m)))} AS {m}_n_effective"
                           for m in SUMMARY_METRICS)
-    if weight is None:
-        pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, {q}) / 1e6 AS {m}_{name}_ms"
-                         for m in SUMMARY_METRICS for name, q in qs)
+    if weight is None:  # a metric's quantiles from one state (a list of q), not one collection of its values per q
+        listed = ", ".join(repr(q) for _, q in qs)
+        pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, [{listed}]) AS {m}_q"
+                         for m in SUMMARY_METRICS)
     else:
         pcts = ", ".join(f"(SELECT {weighted_quantiles_sql(quote_ident(metric_column(m)), [q for _, q in qs])} "
                          f"FROM (SELECT *, {weighted_window_sql(quote_ident(metric_column(m)), weight, '')} "

@@ -140,8 +140,8 @@ def stored_hours(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid_ns
 def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: dict[str, int],
                  grid_ns: int | None) -> None:
     """`_cost_shares` and `_cost_replicas` over [$lo, $hi) from the stored hours `files`, the rest of the range
-    swept (each run over the spans that start from an hour before it), and the replicas' observed windows from
-    every stored hour's bounds and the other hours' spans."""
+    swept (each run over its spans and the running ones of the hour before it: `_run_spans`), and the replicas'
+    observed windows from every stored hour's bounds and the other hours' spans."""
     lo, hi = params["lo"], params["hi"]
     runs, at = [], lo
     for h in sorted(files):
@@ -153,8 +153,10 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
     grid = grid_ns is not None
     live: list[str] = []
     for i, (a, b) in enumerate(runs):
-        spans = f"(SELECT * FROM spans WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {b})"
-        GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=spans)
+        try:
+            GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=_run_spans(con, a, b))
+        finally:
+            con.execute("DROP TABLE IF EXISTS _cost_running")
         con.execute(f"ALTER TABLE _cost_shares RENAME TO _cost_live_shares_{i}")
         con.execute(f"ALTER TABLE _cost_replicas RENAME TO _cost_live_replicas_{i}")
         live.append(str(i))
@@ -206,6 +208,21 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
         for n in live:
             con.execute(f"DROP TABLE IF EXISTS _cost_live_shares_{n}")
             con.execute(f"DROP TABLE IF EXISTS _cost_live_replicas_{n}")
+
+
+def _run_spans(con: duckdb.DuckDBPyConnection, a: int, b: int) -> str:
+    """The spans a run of `_from_stored` over [a, b) sweeps: those starting in it and, of the hour before, those of
+    the traces with a span still running at `a` (listed in the temp table `_cost_running`, which the caller drops).
+
+    The same rows as sweeping every span of the hour before: a GPU interval in the run, and the spans above it
+    that name its request or split its generation, belong to a trace whose spans either start in the run or
+    include one running at `a` (a span nests in its parent's time); any other trace of the hour before has no
+    GPU or model_load time after `a`. Reading all of that hour would double what a live hour's sweep scans."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _cost_running AS SELECT DISTINCT TraceId FROM spans "
+                f"WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {a} AND EndNs > {a}")
+    return (f"(SELECT * FROM spans WHERE TimestampNs >= {a} AND TimestampNs < {b} UNION ALL "
+            f"SELECT * FROM spans WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {a} "
+            "AND TraceId IN (SELECT TraceId FROM _cost_running))")
 
 
 #: The span columns the sweep reads (the ClickHouse run copies only these into a temporary table).

@@ -89,6 +89,26 @@ def test_stored_hours_summed_equal_the_sweep_over_the_spans(tmp_path: Path) -> N
         con.close()
 
 
+def test_live_hours_swept_beside_stored_ones_equal_the_sweep_over_the_spans(tmp_path: Path) -> None:
+    """The dashboard's case: the last hours not materialized, so the run sweeping them starts at an hour edge that
+    many requests cross (it reads only the running traces of the hour before)."""
+    rng = random.Random(8)
+    for case in range(2):
+        path = tmp_path / f"s{case}"
+        _store(rng, path)
+        materialize(path, settled_before_ns=T0 + 3 * H)  # the hours from T0 + 2 h stay live
+        con = connect(path)
+        assert [h for (h,) in con.execute(f"SELECT hour_ns FROM {GS.COST_FILES_VIEW} ORDER BY 1").fetchall()] == [
+            T0, T0 + H]
+        crossing = con.execute(f"SELECT count(*) FROM spans WHERE IsRequest AND TimestampNs < {T0 + 2 * H} "
+                               f"AND EndNs > {T0 + 2 * H}").fetchall()[0][0]
+        assert crossing >= 5, crossing
+        for kw in ({}, {"grid_ns": 60 * S}, {"since": T0 + H, "grid_ns": 600 * S}):
+            want = _rows(con, stored=False, **kw)
+            assert want[0] and _rows(con, **kw) == want, (case, kw)
+        con.close()
+
+
 def test_a_cost_file_is_written_with_its_hour_and_superseded_with_it(tmp_path: Path) -> None:
     rng = random.Random(5)
     _store(rng, tmp_path)

@@ -96,6 +96,20 @@ def test_a_request_across_the_hour_boundary_reads_the_next_hours_spans(tmp_path:
     assert con.execute("SELECT decode_ns, other_ns FROM requests").fetchone() == (2500, 1000)
 
 
+def test_a_stage_span_starting_before_the_hours_first_request_is_read(tmp_path: Path) -> None:
+    """A stage span that starts before the first request of its hour (in the hour before: clock skew) and overlaps
+    the request counts, clipped to it: the scan's bound on the spans' start reaches back by the longest span
+    starting before that request, in the C sweep and in the model's SQL alike."""
+    batch = SpanBatch()
+    add_request(batch, "skewed", HOUR_NS + 1000, HOUR_NS + 9000, [("queue_wait", HOUR_NS - 5000, HOUR_NS + 3000)])
+    write(tmp_path, batch)
+    for kernel in (True, False):
+        MZ.build_hour(snapshot(tmp_path), T0 + HOUR_NS, kernel=kernel)
+        con = connect(tmp_path)
+        assert con.execute("SELECT count(*) FROM _requests_stored").fetchone() == (1,)
+        assert con.execute("SELECT queue_wait_ns, other_ns FROM requests").fetchone() == (2000, 6000)
+
+
 def test_stage_spans_more_than_an_hour_from_the_requests_hour_are_not_read(tmp_path: Path) -> None:
     batch = SpanBatch()
     add_request(batch, "long", 0, 3 * HOUR_NS, [("queue_wait", 0, 10),

@@ -112,6 +112,39 @@ def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
     assert out.stdout.splitlines() == ["True", "['tailscope-warm-imports']", "True ['tailscope-warm-imports']"]
 
 
+def test_a_first_session_opens_the_store_while_the_dashboard_imports(tmp_path: Path) -> None:
+    """In a fresh interpreter, the first session's script (app.py, as a server just started runs it) imports
+    dashboard.data: the module starts opening the configured store in its own thread before it imports the analysis
+    stack (held here until the store's connection is opened: it would wait for ever if the open needed it), the
+    session's open waits for that one (no second open), and the warm-up runs once the module is imported."""
+    store = str(init_store(tmp_path / "store"))
+    app_file = str(Path(__file__).parents[2] / "dashboard" / "app.py")
+    code = ("import os, sys, threading\n"
+            f"os.environ['TAILSCOPE_STORE'] = {store!r}\n"
+            "from streamlit.testing.v1 import AppTest\n"
+            "import analysis.engine.connect as CN\n"
+            "opened, held, gate = [], [], threading.Event()\n"
+            "class Hold:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'analysis.report':\n"
+            "            held.append(gate.wait(20))\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Hold())\n"
+            "real = CN.connect\n"
+            "def counted(*a, **k):\n"
+            "    opened.append(threading.current_thread().name)\n"
+            "    gate.set()\n"
+            "    return real(*a, **k)\n"
+            "CN.connect = counted\n"
+            "print('dashboard.data' in sys.modules, 'analysis.report' in sys.modules)\n"
+            f"at = AppTest.from_file({app_file!r}, default_timeout=60).run()\n"
+            "from dashboard import data\n"
+            f"wb = data.workbench({store!r})\n"
+            "print(not at.exception, held, wb.warmed.wait(30), opened)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.splitlines() == ["False False", "True [True] True ['tailscope-open']"]
+
+
 def test_finding_the_app_does_not_import_the_dashboard_package() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, tailscope.commands.dashboard as d; d.app_file(); "
                           "print('dashboard' in sys.modules, 'streamlit' in sys.modules)"],
