@@ -36,6 +36,8 @@ OUTLIER_MADS: Final = 3.0
 MAD_SCALE: Final = 1.4826
 #: ... and at least OUTLIER_RISE above that median.
 OUTLIER_RISE: Final = 0.2
+#: Effective requests from which a p99 has MIN_TAIL requests beyond it (fewer: `p99_low_sample`).
+SOLID_P99_REQUESTS: Final = MIN_TAIL * 100
 #: Metrics summarised by `summary`.
 SUMMARY_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot")
 #: Token columns `shape` buckets.
@@ -78,9 +80,10 @@ def summary(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str
     weight = weight_where(con, source, where, params)
     effective = ", ".join(f"{_n_effective(weight, quote_ident(metric_column(m)))} AS {m}_n_effective"
                           for m in SUMMARY_METRICS)
-    if weight is None:
-        pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, {q}) / 1e6 AS {m}_{name}_ms"
-                         for m in SUMMARY_METRICS for name, q in qs)
+    if weight is None:  # a metric's quantiles from one state (a list of q), not one collection of its values per q
+        listed = ", ".join(repr(q) for _, q in qs)
+        pcts = ", ".join(f"quantile_cont({quote_ident(metric_column(m))}, [{listed}]) AS {m}_q"
+                         for m in SUMMARY_METRICS)
     else:
         pcts = ", ".join(f"(SELECT {weighted_quantiles_sql(quote_ident(metric_column(m)), [q for _, q in qs])} "
                          f"FROM (SELECT *, {weighted_window_sql(quote_ident(metric_column(m)), weight, '')} "
@@ -109,7 +112,8 @@ def replicas(con: duckdb.DuckDBPyConnection, metric: str = "e2e", source: str = 
 
     Judged: at least 100 effective requests (`mark_outliers`). Outlier: a judged replica whose p99 is more than
     OUTLIER_MADS x (MAD_SCALE x MAD of the judged replicas' p99s) above their median and at least OUTLIER_RISE
-    above it.
+    above it. p99_low_sample: fewer than MIN_TAIL effective requests beyond the p99 (under 500 requests), as in
+    `shape` and percentile_series: a judged replica's p99 that rests on 1-4 requests.
     """
     col = quote_ident(metric_column(metric))
     weight = weight_where(con, source, where, params)
@@ -136,11 +140,12 @@ def mark_outliers(df: pl.DataFrame) -> pl.DataFrame:
 
     Judged: enough effective requests for a p99 with a tail (analysis.stats.explain.enough_for_tail, the minimum the
     report's counterfactual asks: 100); a smaller replica's p99 is close to its slowest request, so it is neither
-    an outlier nor part of the fleet's median and deviation. Public so every engine's per-replica breakdown
-    (analysis.clickhouse.breakdowns) flags by this one rule.
+    an outlier nor part of the fleet's median and deviation. Also `p99_low_sample` (`low_sample_p99`): judged or
+    not, a p99 with fewer than MIN_TAIL requests beyond it, which a page says beside a flag. Public so every engine's
+    per-replica breakdown (analysis.clickhouse.breakdowns) flags by this one rule.
     """
     judged = df.with_columns(pl.Series("judged", [enough_for_tail(float(n or 0)) for n in df.get_column("n_effective")],
-                                       dtype=pl.Boolean))
+                                       dtype=pl.Boolean), low_sample_p99())
     p99 = judged.filter(pl.col("judged") & pl.col("p99_ms").is_not_null()).get_column("p99_ms")
     if p99.is_empty():
         return judged.with_columns(pl.lit(False).alias("outlier"))
@@ -207,7 +212,13 @@ def label_shape(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """
     return df.with_columns([(pl.col(f"{c}_lo").cast(pl.String) + "-" + pl.col(f"{c}_hi").cast(pl.String))
                             .alias(f"{c}_bucket") for c in by]
-                           + [(pl.col("n_effective") * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")])
+                           + [low_sample_p99()])
+
+
+def low_sample_p99() -> pl.Expr:
+    """`p99_low_sample` from a frame's `n_effective`: fewer than MIN_TAIL effective requests beyond the p99 (the
+    low-sample rule of analysis.engine.percentiles), so the p99 rests on its few slowest requests."""
+    return (pl.col("n_effective").fill_null(0) * (1 - 0.99) < MIN_TAIL).alias("p99_low_sample")
 
 
 def peak_concurrency(con: duckdb.DuckDBPyConnection, source: str = "requests", where: str = "true",

@@ -140,8 +140,8 @@ def stored_hours(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid_ns
 def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: dict[str, int],
                  grid_ns: int | None) -> None:
     """`_cost_shares` and `_cost_replicas` over [$lo, $hi) from the stored hours `files`, the rest of the range
-    swept (each run over the spans that start from an hour before it), and the replicas' observed windows from
-    every stored hour's bounds and the other hours' spans."""
+    swept (each run over its spans and the running ones of the hour before it: `_run_spans`), and the replicas'
+    observed windows from every stored hour's bounds and the other hours' spans."""
     lo, hi = params["lo"], params["hi"]
     runs, at = [], lo
     for h in sorted(files):
@@ -153,8 +153,10 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
     grid = grid_ns is not None
     live: list[str] = []
     for i, (a, b) in enumerate(runs):
-        spans = f"(SELECT * FROM spans WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {b})"
-        GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=spans)
+        try:
+            GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=_run_spans(con, a, b))
+        finally:
+            con.execute("DROP TABLE IF EXISTS _cost_running")
         con.execute(f"ALTER TABLE _cost_shares RENAME TO _cost_live_shares_{i}")
         con.execute(f"ALTER TABLE _cost_replicas RENAME TO _cost_live_replicas_{i}")
         live.append(str(i))
@@ -182,17 +184,19 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
         if grid_ns is not None:
             g = int(grid_ns)
             cells = f"""SELECT w.replica, b AS bucket_ns,
-                               least(w.last_ns, b + {g}) - greatest(w.first_ns, b) AS observed_ns
+                               least(w.last_ns, b + {g}) - greatest(w.first_ns, b) AS observed_ns, w.first_ns, w.last_ns
                         FROM ({windows}) w,
                              LATERAL (SELECT unnest(range((w.first_ns // {g}) * {g}, w.last_ns, {g})) AS b)"""
         else:
-            cells = f"SELECT replica, 0::BIGINT AS bucket_ns, last_ns - first_ns AS observed_ns FROM ({windows})"
+            cells = (f"SELECT replica, 0::BIGINT AS bucket_ns, last_ns - first_ns AS observed_ns, first_ns, last_ns "
+                     f"FROM ({windows})")
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE _cost_replicas AS
             SELECT c.replica AS replica, c.bucket_ns::BIGINT AS bucket_ns, c.observed_ns::BIGINT AS observed_ns,
                    coalesce(a.allocated_ns, 0)::BIGINT AS allocated_ns,
                    coalesce(x.cold_start_ns, 0)::BIGINT AS cold_start_ns,
-                   (c.observed_ns - coalesce(a.allocated_ns, 0) - coalesce(x.cold_start_ns, 0))::BIGINT AS idle_ns
+                   (c.observed_ns - coalesce(a.allocated_ns, 0) - coalesce(x.cold_start_ns, 0))::BIGINT AS idle_ns,
+                   c.first_ns::BIGINT AS first_ns, c.last_ns::BIGINT AS last_ns
             FROM ({cells}) c
             LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
                        GROUP BY ALL) a ON a.replica = c.replica AND a.bucket_ns = c.bucket_ns
@@ -204,6 +208,21 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
         for n in live:
             con.execute(f"DROP TABLE IF EXISTS _cost_live_shares_{n}")
             con.execute(f"DROP TABLE IF EXISTS _cost_live_replicas_{n}")
+
+
+def _run_spans(con: duckdb.DuckDBPyConnection, a: int, b: int) -> str:
+    """The spans a run of `_from_stored` over [a, b) sweeps: those starting in it and, of the hour before, those of
+    the traces with a span still running at `a` (listed in the temp table `_cost_running`, which the caller drops).
+
+    The same rows as sweeping every span of the hour before: a GPU interval in the run, and the spans above it
+    that name its request or split its generation, belong to a trace whose spans either start in the run or
+    include one running at `a` (a span nests in its parent's time); any other trace of the hour before has no
+    GPU or model_load time after `a`. Reading all of that hour would double what a live hour's sweep scans."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _cost_running AS SELECT DISTINCT TraceId FROM spans "
+                f"WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {a} AND EndNs > {a}")
+    return (f"(SELECT * FROM spans WHERE TimestampNs >= {a} AND TimestampNs < {b} UNION ALL "
+            f"SELECT * FROM spans WHERE TimestampNs >= {a - HOUR_NS} AND TimestampNs < {a} "
+            "AND TraceId IN (SELECT TraceId FROM _cost_running))")
 
 
 #: The span columns the sweep reads (the ClickHouse run copies only these into a temporary table).
@@ -390,8 +409,8 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     try:
         reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, False, buckets=True)
         gpu = con.sql(sql, params=params).pl()
-        over = con.sql(f"SELECT bucket_ns, replica, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}"
-                       ).pl()
+        over = con.sql(f"SELECT bucket_ns, replica, observed_ns, allocated_ns, cold_start_ns, idle_ns, first_ns, "
+                       f"last_ns FROM {reps}").pl()
     except duckdb.Error as exc:
         raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
     finally:
@@ -401,7 +420,8 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
                                                                       "cold_start_ns", "idle_ns")).sort("replica")
     return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
             _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
-                          over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns"), prices))
+                          over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns", "first_ns", "last_ns"),
+                          prices, grid))
 
 
 def _gpu_query(con: duckdb.DuckDBPyConnection, facts: str, shares: str, by: str, since_ns: int | None,
@@ -536,9 +556,14 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
                 prices: Prices | None = None, facts: str | None = None) -> pl.DataFrame:
     """GPU time per grid cell and `by` value (the sweep cut at the grid), with idle and cold start.
 
-    Columns: bucket_start (UTC), bucket_ns, key, gpu_ns, cost_usd. The replicas' idle and
+    Columns: bucket_start (UTC), bucket_ns, key, gpu_ns, cost_usd, observed_ns, gpus. The replicas' idle and
     cold-start time of each cell appear under the keys '(idle)' and '(cold start)'. Within a
     cell, allocated + cold start + idle = the replicas' observed time in it.
+
+    observed_ns: the part of the cell that lies between the first instant any replica is observed in the range and
+    the last (a cell at the range's or the store's edge is only partly observed); gpus = gpu_ns / observed_ns, the
+    cell's GPUs in use over the time actually observed (GPU seconds a second), which a partly observed cell does
+    not understate.
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -553,15 +578,16 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
             SELECT s.bucket_ns, {key} AS key, s.replica, f.model, sum(s.allocated_ns)::BIGINT AS ns
             FROM {shares} s LEFT JOIN {facts} f ON f.trace_id = s.trace_id AND f.span_id = s.request_span_id
             GROUP BY ALL""").pl()
-        over = con.sql(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}").pl()
+        over = con.sql(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns, first_ns, last_ns FROM {reps}").pl()
     finally:
         drop_sweep(con)
-    return _series_frame(gpu, over, prices)
+    return _series_frame(gpu, over, prices, grid)
 
 
-def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices) -> pl.DataFrame:
+def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices, grid_ns: int) -> pl.DataFrame:
     """cost_series' frame from the engine's rows: GPU ns per (bucket, key, replica, model), and the replicas'
-    cold start and idle ns per bucket."""
+    cold start and idle ns per bucket with their observed windows (first_ns, last_ns), which give each cell's
+    observed time (`cost_series`' rule)."""
     price = [prices.of(r, m) for r, m in zip(gpu["replica"].to_list(), gpu["model"].to_list(), strict=True)]
     gpu = gpu.with_columns(pl.Series("price", price, dtype=pl.Float64))
     over_rows = over.unpivot(index=["bucket_ns", "replica"], on=["cold_start_ns", "idle_ns"],
@@ -576,9 +602,14 @@ def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices) -> pl.D
         pl.when(pl.col("price").is_null().any()).then(None)
         .otherwise((pl.col("ns") * pl.col("price")).sum() / NS_PER_HOUR).alias("cost_usd"))
     out = out.filter(pl.col("gpu_ns") > 0).sort("bucket_ns", "key")
+    first, last = (over.get_column("first_ns").min(), over.get_column("last_ns").max()) if over.height else (0, 0)
+    observed = (pl.min_horizontal(pl.lit(last, pl.Int64), pl.col("bucket_ns") + grid_ns)
+                - pl.max_horizontal(pl.lit(first, pl.Int64), pl.col("bucket_ns")))
     return out.with_columns(
-        pl.from_epoch(pl.col("bucket_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("bucket_start")
-    ).select("bucket_start", "bucket_ns", "key", "gpu_ns", "cost_usd")
+        pl.from_epoch(pl.col("bucket_ns"), time_unit="ns").dt.replace_time_zone("UTC").alias("bucket_start"),
+        observed.cast(pl.Int64).alias("observed_ns"),
+    ).with_columns((pl.col("gpu_ns") / pl.col("observed_ns")).alias("gpus")).select(
+        "bucket_start", "bucket_ns", "key", "gpu_ns", "cost_usd", "observed_ns", "gpus")
 
 
 def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, by: str = "tenant",
@@ -606,9 +637,10 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
             gpu = pl.from_arrow(client.query(
                 f"SELECT s.bucket_ns AS bucket_ns, {key} AS key, s.replica AS replica, f.model AS model, "
                 f"toInt64(sum(s.allocated_ns)) AS ns {join} GROUP BY bucket_ns, key, replica, model", settings))
-            over = pl.from_arrow(client.query(f"SELECT bucket_ns, replica, cold_start_ns, idle_ns FROM {reps}"))
+            over = pl.from_arrow(client.query(
+                f"SELECT bucket_ns, replica, cold_start_ns, idle_ns, first_ns, last_ns FROM {reps}"))
             assert isinstance(gpu, pl.DataFrame) and isinstance(over, pl.DataFrame)
-            return _series_frame(gpu.with_columns(pl.col("ns").cast(pl.Int64)), over, prices)
+            return _series_frame(gpu.with_columns(pl.col("ns").cast(pl.Int64)), over, prices, grid)
         where = in_range_sql("f.start_ns", since, until)
         reqs_sql = (f"SELECT {fkey} AS key, count() AS requests, count() AS requests_weighted, "
                     f"toInt64(coalesce(sum(f.input_tokens), 0)) AS input_tokens, "

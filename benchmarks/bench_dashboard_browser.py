@@ -11,7 +11,10 @@ Starts `tailscope dashboard` on the demo store (`tailscope demo`'s, built in a t
    HTTP cache holds the app's scripts, as a user's browser does after a first visit of each page);
 4. every page again, one sidebar click after another in one session (a click to the page drawn); with
    --think S, each click comes S seconds after the page before it was drawn, as a reader's does (the pages load
-   the other pages' element scripts once drawn and quiet for 0.5 s: dashboard/preload.py).
+   the other pages' element scripts once drawn and quiet for 0.5 s: dashboard/preload.py);
+5. once a round, without the browser: the static files (scripts, stylesheets, fonts) that the HTML of the Traces
+   page names (of the bare page, for the anchor) fetched over 6 kept-alive connections, as a new browser profile
+   fetches them: the serving side of a first load, apart from the browser's work.
 
 A first render ends when the page is drawn: its heading is visible, no script runs (the app's run state, not
 the status widget, which shows a run only after 500 ms), no element is a loading skeleton, every Vega-Lite
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -48,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +68,11 @@ PAGES: tuple[tuple[str, str, str], ...] = (
     ("Replicas", "replicas", "Replicas"), ("What-if", "whatif", "What-if"), ("Capacity", "capacity", "Capacity"),
     ("Cost", "cost", "Cost"), ("SQL", "sql", "SQL"),
 )
+#: The connections a browser opens to one HTTP/1.1 host (Chromium's limit): a new profile's first load fetches the
+#: page's static files over them.
+CONNECTIONS = 6
+#: The page whose static files are fetched without the browser (`fetch_static`): the one that names the most.
+STATIC_PAGE = ("traces", "Traces")
 PAGE_LIMIT_S = 1.5
 CLICK_LIMIT_S = 0.5
 VIEWPORT: Any = {"width": 1440, "height": 1000}  # Playwright's ViewportSize
@@ -214,6 +224,30 @@ def serving(store: Path | None, bare_dir: Path | None = None, tree: Path | None 
             proc.wait()
 
 
+def static_files(url: str, path: str) -> list[str]:
+    """The static files (scripts, stylesheets, fonts) the HTML of `url/path` names, as paths from `url`, once each:
+    what a new browser profile fetches before the page can start its session."""
+    import httpx
+
+    html = httpx.get(f"{url}/{path}", timeout=30).text
+    return list(dict.fromkeys(re.findall(r'(?:src|href)="\./(static/[^"]+)"', html)))
+
+
+def fetch_static(url: str, path: str, server: list[int], connections: int = CONNECTIONS) -> Sample:
+    """Fetch the static files of `url/path` (static_files) over `connections` kept-alive connections at once, as a
+    new browser profile does but without the browser: the serving side of a first load (wall seconds, the server's
+    CPU, requests, KB; no browser figures)."""
+    import httpx
+
+    files = static_files(url, path)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    with httpx.Client(limits=limits, timeout=30) as client, ThreadPoolExecutor(connections) as pool:
+        s0, t0 = _cpu_s(server), time.perf_counter()
+        sizes = list(pool.map(lambda f: len(client.get(f"{url}/{f}").raise_for_status().content), files))
+        wall, cpu = time.perf_counter() - t0, _cpu_s(server) - s0
+    return Sample(wall, 0.0, cpu, 0.0, len(files), sum(sizes) / 1024)
+
+
 def drawn(page: Any, heading: str) -> None:
     """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
@@ -327,6 +361,8 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     _open(ctx, url, "", BARE_HEADING, server)  # its first visit fills the profile's cache
                     keep(None, "bare Streamlit page: new tab", _open(ctx, url, "", BARE_HEADING, server))
                     ctx.close()
+                    keep(None, f"bare Streamlit page: its static files, {CONNECTIONS} connections, no browser",
+                         fetch_static(url, "", server))
                 _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep)
         finally:
             browser.close()
@@ -347,6 +383,9 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
             keep(tree, "server start to its first answer: dashboard (its warm-up done)", start)
         for tree, (url, server) in served.items():
             keep(tree, "first session: Overview, server just up", fresh(browser, url, "", "Overview", server))
+        for tree, (url, server) in served.items():
+            keep(tree, f"{STATIC_PAGE[1]} page: its static files, {CONNECTIONS} connections, no browser",
+                 fetch_static(url, STATIC_PAGE[0], server))
         for _, path, heading in pages:
             for tree, (url, server) in served.items():
                 keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
@@ -423,10 +462,11 @@ def medians(results: Results) -> dict[str, Sample]:
 
 def table(results: Results) -> list[str]:
     """The markdown table: each measurement's medians, its ratio to the bare page in the same mode (a new tab and
-    a click against the bare page's new tab, the server's start against the bare page's server's, the others
-    against its new profile), the limit."""
+    a click against the bare page's new tab, the server's start against the bare page's server's, the static files
+    against the bare page's, the others against its new profile), the limit."""
     med = medians(results)
     bare_profile, bare_tab = med["bare Streamlit page: new profile"], med["bare Streamlit page: new tab"]
+    bare_static = med[f"bare Streamlit page: its static files, {CONNECTIONS} connections, no browser"]
     out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
            f"new tab {bare_tab.wall_s:.2f} s", "",
            "| measurement | seconds | × bare page | browser CPU-s | main thread s | server CPU-s | requests "
@@ -435,7 +475,7 @@ def table(results: Results) -> list[str]:
         m = med[label]
         base = (bare_tab if "new tab" in label or label.startswith("click") else
                 med["server start to its first answer: bare Streamlit page"] if label.startswith("server start")
-                else bare_profile)
+                else bare_static if "static files" in label else bare_profile)
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
                    f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")

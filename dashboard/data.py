@@ -33,15 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
-import polars as pl
 import streamlit as st
 
-from analysis import attribute_filters as AF
-from analysis import breakdowns as B
-from analysis import traces as T
-from analysis.attribute_filters import AttributeFilter
+# the store's opening needs only these (no polars, no analysis.report): see `_open_early`
 from analysis.engine.attribute_values import LIVE_FILE_VIEW, LIVE_VALUES, keep_live_values, live_file_sql, write_live
-from analysis.engine.connect import connect, keep_live_facts, live_facts_from, live_requests_from
+from analysis.engine.connect import LIVE_FACTS_RID, connect, keep_live_facts, live_facts_from, live_requests_from
 from analysis.engine.connect import refresh as refresh_views
 from analysis.engine.materialize import (
     HOUR_NS,
@@ -54,16 +50,7 @@ from analysis.engine.materialize import (
     stored_source,
 )
 from analysis.engine.model import REQUEST_COLUMNS, facts_sql, requests_sql
-from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series
-from analysis.engine.sandbox import SandboxConnection
 from analysis.engine.views import VIEW_SQL, files_source, spans_sql
-from analysis.mapping.rules import no_request_hint as _no_request_hint
-from analysis.report import build_report, explain_window, find_spikes, marks_of
-from analysis.stats import explain as X
-from analysis.stats import verdicts as V
-from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE
-from dashboard import clickhouse_data as CHD
-from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters
 from dashboard.settings import DASHBOARD
 from tracing import schema as S
 from tracing.errors import QueryError, StoreError, TailscopeError
@@ -80,8 +67,6 @@ METRICS: dict[str, str] = {"end-to-end": "e2e", "TTFT": "ttft", "TPOT": "tpot"}
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ns" for s in S.CRITICAL_PATH_COLUMNS)
 #: Request outcomes (tracing.schema), in display order.
 OUTCOMES: tuple[str, ...] = tuple(S.OUTCOMES)
-#: Seconds a SQL console query may run before it is interrupted.
-SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 SQL_ROW_LIMIT = 5_000
 #: The sidebar offers the attributes at once (no toggle) while listing them costs at most about what reading this
 #: many requests' values from the spans costs (about 1 CPU-s with 40 attributes: bench_attribute_choices) ...
@@ -197,11 +182,15 @@ class Workbench:
             cur = self.con.cursor()
             made: tuple[str, Path | None] | None = None
             staged = {name: f"_live_values_next_{name}" for name in LIVE_VALUES} if redo else None
+            # when every stale hour is recomputed, `req_live` will hold exactly the requests the values are read for:
+            # their attribute file is written beside the sweep too, not in the transaction (see `_keep_live`)
+            early = (self.scratch / f"attributes-live-next-{self.live_serial + 1}.arrow"
+                     if redo and set(redo) == set(keys) else None)
             try:
                 with ThreadPoolExecutor(1, thread_name_prefix="tailscope-live-values") as pool:
                     # the new hours' attribute values on a cursor of their own, beside their rows (the sweep), into
                     # tables that the transaction below moves into LIVE_VALUES: no reader sees them before it commits
-                    values = pool.submit(_stage_live_values, self.con, snap, redo, staged) if staged else None
+                    values = pool.submit(_stage_live_values, self.con, snap, redo, staged, early) if staged else None
                     if redo:
                         cur.execute(f"CREATE TEMP TABLE {_NEXT_ROWS} AS SELECT * FROM main.req_live LIMIT 0")
                     if redo and quick:
@@ -218,7 +207,7 @@ class Workbench:
                     cur.execute(f"INSERT INTO req_live BY NAME SELECT * FROM {_NEXT_ROWS}")
                 refresh_views(cur, self.store, snap)
                 keep_live_values(cur, "req_live", gone, redo, staged=staged)  # the live hours' values, read once
-                made = self._keep_live(cur)  # their facts and attribute file, made once for every report
+                made = self._keep_live(cur, early)  # their facts and attribute file, made once for every report
                 pending = ((self.pending & set(keys)) - set(redo)) | (set(redo) if quick else set())
                 live_requests_from(cur, None if pending else "main.req_live")  # their exact rows, once all are
                 cols = ", ".join(REQUEST_COLUMNS)
@@ -235,6 +224,8 @@ class Workbench:
                     cur.execute("ROLLBACK")
                 if made is not None and made[1] is not None:
                     made[1].unlink(missing_ok=True)
+                if early is not None:
+                    early.unlink(missing_ok=True)
                 for table in (staged or {}).values():  # committed by their own cursor; moved (dropped) only above
                     with contextlib.suppress(duckdb.Error):
                         cur.execute(f"DROP TABLE IF EXISTS main.{table}")
@@ -257,9 +248,10 @@ class Workbench:
             self._start_worker()
         return True
 
-    def _keep_live(self, cur: duckdb.DuckDBPyConnection) -> tuple[str, Path | None]:
+    def _keep_live(self, cur: duckdb.DuckDBPyConnection, written: Path | None = None) -> tuple[str, Path | None]:
         """Make the next table of the live hours' request facts from `req_live` (their facts are this workbench's
-        rows, not recomputed) and, when they have rows and their values are kept, their attribute file; point the
+        rows, not recomputed) and, when they have rows and their values are kept, their attribute file (`written`:
+        the file `_stage_live_values` wrote of exactly these requests, numbered as this table numbers them); point the
         connection's views at both. (table, file)."""
         self.live_serial += 1
         table = f"_live_facts_{self.live_serial}"
@@ -267,7 +259,9 @@ class Workbench:
         have = {t for (t,) in cur.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
         path = None
         if set(LIVE_VALUES.values()) <= have and cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
-            path = write_live(cur, table, self.scratch / f"attributes-live-{self.live_serial}.arrow")
+            path = written or write_live(cur, table, self.scratch / f"attributes-live-{self.live_serial}.arrow")
+        elif written is not None:
+            written.unlink(missing_ok=True)
         cur.execute(f"CREATE OR REPLACE VIEW {LIVE_FILE_VIEW} AS {live_file_sql(path)}")
         return table, path
 
@@ -343,6 +337,7 @@ class Workbench:
     def _warm(self) -> None:
         try:
             with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                _IMPORTED.wait(IMPORT_WAIT_S)  # a store opened while this module is imported (`_open_early`)
                 prewarm(self)
         finally:
             self.warmed.set()
@@ -383,6 +378,7 @@ class Workbench:
             finally:
                 work.close()
         with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+            _IMPORTED.wait(IMPORT_WAIT_S)
             prewarm(self)
 
     def loading_note(self) -> str | None:
@@ -579,11 +575,14 @@ def _insert_facts(cur: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[in
 _NEXT_ROWS = "_req_live_next"
 
 
-def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: dict[str, str]) -> None:
+def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: list[int], into: dict[str, str],
+                       file: Path | None = None) -> None:
     """Compute the attribute values of the stale `hours` of `snap` (attribute_values.keep_live_values) into the tables
     `into`, committed on a cursor of their own over views of the snapshot's files: the requests are the model's
     request spans of each hour (materialize.request_keys_sql, the rows the sweep computes), so this runs beside the
-    critical-path sweep (both mostly in DuckDB and the C kernel, which release the GIL) instead of after it."""
+    critical-path sweep (both mostly in DuckDB and the C kernel, which release the GIL) instead of after it. `file`:
+    also write these requests' attribute file there (attribute_values.write_live), their rows numbered as
+    connect.keep_live_facts numbers the same requests (for a refresh whose live rows will be exactly these)."""
     cur = con.cursor()
     try:
         for table in into.values():  # left by a refresh that failed before moving them
@@ -595,6 +594,10 @@ def _stage_live_values(con: duckdb.DuckDBPyConnection, snap: Snapshot, hours: li
         cur.execute("CREATE TEMP TABLE _next_keys AS " + " UNION ALL ".join(
             f"({request_keys_sql(snap, h)})" for h in hours))
         keep_live_values(cur, "_next_keys", [], hours, spans="_next_spans", live_spans="_next_spans_live", into=into)
+        if file is not None:
+            cur.execute(f"CREATE TEMP TABLE _next_facts AS SELECT trace_id, span_id, start_ns, {LIVE_FACTS_RID} "
+                        "FROM _next_keys")
+            write_live(cur, "_next_facts", file, values=into)
     finally:
         cur.close()
 
@@ -625,6 +628,53 @@ def workbench(store: str) -> Workbench:
     if not wb.pending:  # else the background pass warms the caches once the critical paths are done
         wb.warm()
     return wb
+
+
+def _open_early() -> None:
+    """Start opening the configured store (`workbench`, which the router's `open_store` then waits for) in a thread,
+    when this module is first imported by a session's script (the first session of a server just started): the
+    imports below (polars, the analysis stack: about 0.3 CPU-s) then run beside the store's refresh, mostly DuckDB
+    queries and the C sweep, which release the interpreter, instead of before it. A failure is left for
+    `open_store` to report."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    if get_script_run_ctx(suppress_warning=True) is None or engine_args()[0] != "duckdb":
+        return
+    path = str(store_path())
+
+    def opening() -> None:
+        with contextlib.suppress(Exception):
+            workbench(path)
+
+    threading.Thread(target=opening, name="tailscope-open", daemon=True).start()
+
+
+#: Set once this module is imported: the warm-up (`prewarm`, from a store opened early) calls what is defined below.
+_IMPORTED = threading.Event()
+#: The longest the warm-up waits for that (seconds; an import that failed leaves the pages to report it).
+IMPORT_WAIT_S = 60.0
+_open_early()
+
+# --- what the pages' queries need: imported while the store opens (`_open_early`) ----------------------------------
+
+import polars as pl  # noqa: E402
+
+from analysis import attribute_filters as AF  # noqa: E402
+from analysis import breakdowns as B  # noqa: E402
+from analysis import traces as T  # noqa: E402
+from analysis.attribute_filters import AttributeFilter  # noqa: E402
+from analysis.engine.percentiles import auto_window_s, parse_time, percentile_series  # noqa: E402
+from analysis.engine.sandbox import SandboxConnection  # noqa: E402
+from analysis.mapping.rules import no_request_hint as _no_request_hint  # noqa: E402
+from analysis.report import build_report, explain_window, find_spikes, marks_of  # noqa: E402
+from analysis.stats import explain as X  # noqa: E402
+from analysis.stats import verdicts as V  # noqa: E402
+from analysis.stats.spikes import MIN_RISE as SPIKE_MIN_RISE  # noqa: E402
+from dashboard import clickhouse_data as CHD  # noqa: E402
+from dashboard.engine import CAPABILITIES, FILTER_DIMENSIONS, Engine, Filters  # noqa: E402
+
+#: Seconds a SQL console query may run before it is interrupted.
+SQL_TIMEOUT_S = CHD.SQL_TIMEOUT_S
 
 
 @st.cache_resource(show_spinner="Computing the requests on ClickHouse…")
@@ -951,6 +1001,8 @@ against_baseline = V.against_baseline
 MIN_RISE = SPIKE_MIN_RISE
 #: Fewest (effective) requests a replica needs for its p99 to be judged against the fleet's (analysis.breakdowns).
 MIN_REPLICA_REQUESTS = X.min_tail_requests()
+#: Fewest requests a p99 needs to rest on MIN_TAIL requests beyond it (fewer: `p99_low_sample`, said beside a flag).
+SOLID_P99_REQUESTS, MIN_TAIL = B.SOLID_P99_REQUESTS, B.MIN_TAIL
 
 
 def spike_times_ns(spike: dict[str, Any]) -> tuple[int, int]:
@@ -1305,3 +1357,6 @@ def capacity_scale_up(_db: Bench, store: str, version: int, filters: Filters, re
         return scale_up(workload(_db, store, version, filters), replicas, max_replicas, gpu_hour_usd)
     except Exception as exc:
         return {"error": f"could not replay scale-up because {str(exc).splitlines()[0]}"}
+
+
+_IMPORTED.set()

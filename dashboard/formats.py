@@ -35,6 +35,11 @@ def count(x: float | None) -> str:
     return "–" if x is None or x != x else f"{x:,.0f}"
 
 
+def counted(n: int, noun: str) -> str:
+    """`n noun` with the noun's plural (an s) unless n is 1: "1 replica", "32 replicas"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def usd(x: float | None, per: str = "") -> str:
     """A dollar amount, or the sentence that asks for a price."""
     return NO_PRICE if x is None or x != x else f"${x:,.2f}{per}"
@@ -43,6 +48,12 @@ def usd(x: float | None, per: str = "") -> str:
 def usd_metric(x: float | None, per: str = "") -> tuple[str, str | None]:
     """A dollar amount for `st.metric`: (value, help); with no price, the short sentence and NO_PRICE as help."""
     return (NO_PRICE_SHORT, NO_PRICE) if x is None or x != x else (usd(x, per), None)
+
+
+def metric_row() -> Any:
+    """A row for a page's metrics (`row.metric(...)`, in order): one horizontal container that wraps them onto a
+    second line where the page is too narrow for all (in columns, at 1,024 px, "14,448" read "14,…")."""
+    return st.container(horizontal=True, gap="medium")
 
 
 def seconds(x: float | None) -> str:

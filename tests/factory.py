@@ -45,7 +45,7 @@ def add_request(
     ids: dict[str, str] = {}
     for n, spec in enumerate(stages):
         stage, s0, s1 = spec[0], spec[1], spec[2]
-        parent = ids[spec[3]] if len(spec) == 4 else root  # type: ignore[misc]
+        parent = ids[spec[3]] if len(spec) == 4 else root
         span_id = hex_id("span", key, stage, n)
         ids.setdefault(stage, span_id)
         batch.append(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=stage,

@@ -76,7 +76,8 @@ def test_the_memo_answers_as_the_engine_does(client: Any) -> None:
             text = rng.choice(reads[-4:])
         reads += [text] if kind == "read" else []
         kinds[kind] = kinds.get(kind, 0) + 1
-        got, want = [], []
+        got: list[object] = []
+        want: list[object] = []
         for prefix, target, out in (("m_", memo, got), ("p_", client, want)):
             sql = text.replace("@", prefix)
             # a make drops first, as analysis.clickhouse.model.temp_table makes a session table; a bare one does not

@@ -37,14 +37,16 @@ def _gone(pid: int) -> bool:
 
 def test_stop_ends_the_grandchildren() -> None:
     proc = servers.spawn([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
-    grandchild = int(proc.stdout.readline())  # type: ignore[union-attr]
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
     servers.stop(proc, timeout=2)
     assert proc.returncode is not None and _gone(grandchild)
 
 
 def test_stop_ends_them_after_the_parent_was_killed_alone() -> None:
     proc = servers.spawn([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
-    grandchild = int(proc.stdout.readline())  # type: ignore[union-attr]
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
     proc.kill()  # what the tests did: the parent alone
     proc.wait(timeout=30)
     time.sleep(0.5)

@@ -283,13 +283,16 @@ def write_hour(con: duckdb.DuckDBPyConnection, spans: str, hour_ns: int, request
     return final
 
 
-def write_live(con: duckdb.DuckDBPyConnection, facts_table: str, path: Path) -> Path:
+def write_live(con: duckdb.DuckDBPyConnection, facts_table: str, path: Path,
+               values: Mapping[str, str] | None = None) -> Path:
     """Write, as `path`, the attribute file of the stale hours' requests in `facts_table` (connect.keep_live_facts's
-    table: a row's `rid` is its row in the file), from the values kept in LIVE_VALUES (`keep_live_values`): the
-    file a materialized hour has, so a report codes the live rows as it codes a stored hour's (`stored_values`),
-    instead of reading and splitting their values again. Its resource rows stay in LIVE_VALUES (per hour)."""
+    table: a row's `rid` is its row in the file), from the values kept in LIVE_VALUES (`keep_live_values`; or the
+    tables `values` it filled): the file a materialized hour has, so a report codes the live rows as it codes a
+    stored hour's (`stored_values`), instead of reading and splitting their values again. Its resource rows stay in
+    LIVE_VALUES (per hour)."""
     facts = f"SELECT rid, trace_id, span_id, start_ns FROM {facts_table}"
-    sqls = {source: live_values_sql(source, facts) for source in REQUEST_SOURCES}
+    sqls = {source: live_values_sql(source, facts, LIVE_VALUES if values is None else values)
+            for source in REQUEST_SOURCES}
     _write_table(_coded_table(con, facts, sqls, {"lo": None, "hi": None}, []), path)
     return path
 
@@ -471,13 +474,13 @@ def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[i
         con.execute("DROP TABLE _live_value_keys")
 
 
-def live_values_sql(source: str, live_rows: str) -> str:
+def live_values_sql(source: str, live_rows: str, values: Mapping[str, str] = LIVE_VALUES) -> str:
     """SQL of `read_attributes`' long table of `source` ("request": (rid, a), "stage": (rid, k, v)) for `live_rows`
-    (rid, trace_id, span_id, start_ns), from the values kept in LIVE_VALUES."""
+    (rid, trace_id, span_id, start_ns), from the values kept in LIVE_VALUES (or the tables `values`)."""
     cols = "c.a" if source == "request" else "c.k, c.v"
     # $lo / $hi bound the requests' start (their request span's), as the spans' SQL bounds the spans it reads
     # a request's values are those of its hour (a span stored twice, once in each of two hours, is two requests)
-    return (f"SELECT f.rid, {cols} FROM ({live_rows}) f JOIN {LIVE_VALUES[source]} c "
+    return (f"SELECT f.rid, {cols} FROM ({live_rows}) f JOIN {values[source]} c "
             "ON c.trace_id = f.trace_id AND c.span_id = f.span_id "
             f"AND c.hour = f.start_ns // {M.HOUR_NS} * {M.HOUR_NS} "
             "WHERE ($lo IS NULL OR f.start_ns >= $lo) AND ($hi IS NULL OR f.start_ns < $hi)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, overload
+from typing import Final, Literal, overload
 
 import duckdb
 import pyarrow as pa
@@ -144,6 +144,12 @@ def refresh(con: duckdb.DuckDBPyConnection, store: Path | str, snap: Snapshot | 
     return len(files)
 
 
+#: The order of `keep_live_facts`' rows, and their ids (`rid`: 0, 1, ... in that order): the rows of a request table
+#: with these columns numbered so (a reader's attribute file of the same requests, written beside: `write_live`).
+LIVE_FACTS_ORDER: Final = "start_ns, trace_id, span_id"
+LIVE_FACTS_RID: Final = f"row_number() OVER (ORDER BY {LIVE_FACTS_ORDER}) - 1 AS rid"
+
+
 def keep_live_facts(con: duckdb.DuckDBPyConnection, rows: str, table: str) -> None:
     """Make `table` (a new table) of the stale hours' request facts and read them from it (`live_facts_from`).
 
@@ -154,9 +160,7 @@ def keep_live_facts(con: duckdb.DuckDBPyConnection, rows: str, table: str) -> No
     report reads it. Call after `refresh` with the same snapshot."""
     names = [c[0] for c in con.execute("DESCRIBE _request_facts_live").fetchall() if c[0] != "rid"]
     cols = ", ".join('"' + n.replace('"', '""') + '"' for n in names)
-    order = "start_ns, trace_id, span_id"
-    con.execute(f"CREATE TABLE {table} AS SELECT {cols}, row_number() OVER (ORDER BY {order}) - 1 AS rid "
-                f"FROM {rows} ORDER BY {order}")
+    con.execute(f"CREATE TABLE {table} AS SELECT {cols}, {LIVE_FACTS_RID} FROM {rows} ORDER BY {LIVE_FACTS_ORDER}")
     live_facts_from(con, table)
 
 

@@ -48,7 +48,7 @@ def sweep_sql(dialect: str = "duckdb", grid: bool = False, weighted: bool = Fals
     `spans` names the relation of stored span columns the sweep reads.
     Steps of interest: `_cost_shares` (replica, trace_id, request_span_id,
     bucket_ns, allocated_ns) and `_cost_replicas` (replica, bucket_ns, observed_ns,
-    allocated_ns, cold_start_ns, idle_ns).
+    allocated_ns, cold_start_ns, idle_ns, and the replica's observed window in the range: first_ns, last_ns).
     """
     d = D.dialect(dialect)
 
@@ -202,7 +202,8 @@ FROM (
 SELECT b.replica AS replica, b.bucket_ns AS bucket_ns, CAST({observed} AS BIGINT) AS observed_ns,
        CAST(coalesce(a.allocated_ns, 0) AS BIGINT) AS allocated_ns,
        CAST(coalesce(x.cold_start_ns, 0) AS BIGINT) AS cold_start_ns,
-       CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns
+       CAST(coalesce(x.idle_ns, 0) AS BIGINT) AS idle_ns,
+       CAST(o.first_ns AS BIGINT) AS first_ns, CAST(o.last_ns AS BIGINT) AS last_ns
 FROM {buckets}
 JOIN _cost_observed o ON o.replica = b.replica
 LEFT JOIN (SELECT replica, bucket_ns, sum(allocated_ns) AS allocated_ns FROM _cost_shares
@@ -318,7 +319,7 @@ def _swept_arrays(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid: 
             CREATE OR REPLACE TEMP TABLE _cost_replicas AS
             SELECT c.replica AS replica, x.bucket_ns::{bucket} AS bucket_ns, ({observed_ns})::BIGINT AS observed_ns,
                    coalesce(a.allocated_ns, 0)::BIGINT AS allocated_ns, x.cold_start_ns::BIGINT AS cold_start_ns,
-                   x.idle_ns::BIGINT AS idle_ns
+                   x.idle_ns::BIGINT AS idle_ns, o.first_ns::BIGINT AS first_ns, o.last_ns::BIGINT AS last_ns
             FROM {got_r} x JOIN {codes} c ON c.code = x.code JOIN _cost_observed o ON o.replica = c.replica
             LEFT JOIN (SELECT code, bucket_ns, sum(allocated_ns) AS allocated_ns FROM {got_s} GROUP BY ALL) a
                 ON a.code = x.code AND a.bucket_ns = x.bucket_ns""")

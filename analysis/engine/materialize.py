@@ -178,12 +178,19 @@ def _hour_source(snap: Snapshot, hour_ns: int) -> tuple[str, str]:
     return f"({spans_sql(files_source(files), snap.mapping)})", hour_where([hour_ns])
 
 
-def _span_bound(hour_ns: int, lo: int | None, hi: int | None) -> str:
+def _span_bound(con: duckdb.DuckDBPyConnection, source: str, hour_ns: int, lo: int | None, hi: int | None) -> str:
     """The stage spans that can overlap requests spanning [lo, hi): the model's own bounds on the stage spans
-    (`< max(request end)`, `end > min(request start)`) as literals, so that the scan skips most of the next hour."""
-    if hi is None:
+    (`< max(request end)`, `end > min(request start)`) as literals, so that the scan skips most of the next hour;
+    and, as the start's bound that the scan prunes by, no earlier than the longest span of `source` starting
+    before `lo` (in the hours read) reaches back from it: an earlier span ends before `lo`. So the scan skips most
+    of the hour before too (a near-empty hour's requests read a few minutes of it, not all of it)."""
+    if hi is None or lo is None:
         return "FALSE"
-    return f"TimestampNs >= {min(hours_read(hour_ns))} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
+    first = min(hours_read(hour_ns))
+    reach = con.execute(f"SELECT max(Duration) FROM {source} WHERE TimestampNs >= {first} AND TimestampNs < {lo}"
+                        ).fetchall()[0][0]
+    first = max(first, lo - max(int(reach or 0), 0))
+    return f"TimestampNs >= {first} AND TimestampNs < {hi} AND TimestampNs + Duration > {lo}"
 
 
 def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: int) -> str:
@@ -192,7 +199,7 @@ def hour_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns: i
     source, where = _hour_source(snap, hour_ns)
     lo, hi = con.execute(f"SELECT min(TimestampNs), max(TimestampNs + Duration) FROM {source} "
                          f"WHERE IsRequest AND {where}").fetchall()[0]
-    return M.requests_sql(source, request_where=where, span_where=_span_bound(hour_ns, lo, hi))
+    return M.requests_sql(source, request_where=where, span_where=_span_bound(con, source, hour_ns, lo, hi))
 
 
 def _request_spans_sql(source: str, where: str, columns: str = "*",
@@ -272,7 +279,7 @@ def _swept_requests_sql(con: duckdb.DuckDBPyConnection, snap: Snapshot, hour_ns:
     # the stage spans' literal bound from the deduplicated request spans: the bound `st` itself applies
     lo, hi = con.execute(f"SELECT min(rs), max(re) FROM {names['req']}").fetchall()[0]
     st_sql = dict((name, sql) for name, _, sql in M.chain_ctes(
-        source, request_where=where, span_where=_span_bound(hour_ns, lo, hi)))["st"]
+        source, request_where=where, span_where=_span_bound(con, source, hour_ns, lo, hi)))["st"]
     codes = " ".join(f"WHEN {M.quote(x)} THEN {c}" for c, x in enumerate(S.ALL_STAGES))
     st = con.sql(f"WITH req AS (SELECT * FROM {names['req']}) SELECT k, pk, s, e, "
                  f"CASE Stage {codes} ELSE {len(S.ALL_STAGES)} END::INTEGER AS code, Replica, SpanId "

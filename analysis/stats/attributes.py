@@ -79,6 +79,9 @@ CUT_PRESENT: Final = " (the most present first)"
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+#: A run of a LazyCoded: its first frame position, its end, the file codes of those rows, the table from a file code
+#: to a label code (-1: missing).
+Run = tuple[int, int, npt.NDArray[np.integer[Any]], I64]
 
 
 @dataclass(frozen=True)
@@ -357,12 +360,12 @@ class LazyCoded(Coded):
     column per hour): `codes` made when first read, `at` gathers a few rows without making them; a copy
     (dataclasses.replace) is a plain coding."""
 
-    runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]
+    runs: list[Run]
     n_rows: int
 
     @classmethod
     def of(cls, name: str, labels: list[str], lo: list[int | None], hi: list[int | None], n_rows: int,
-           runs: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]]) -> LazyCoded:
+           runs: list[Run]) -> LazyCoded:
         """The coding of `n_rows` rows, -1 outside the runs (first position, end, codes, table)."""
         self = cls.__new__(cls)
         self.name, self.labels, self.lo, self.hi = name, labels, lo, hi
@@ -402,7 +405,7 @@ class LazyCoded(Coded):
                        for _, _, part, _ in self.runs)):
             return super().count_keyed(scale, plus, cells, weights)
         missing = len(self.labels)
-        segments: list[tuple[int, int, npt.NDArray[np.integer[Any]], I64]] = []
+        segments: list[Run] = []
         at = 0
         for a, b, part, lut in sorted(self.runs, key=lambda run: run[0]):  # rows in order, those outside missing
             if a > at:

@@ -9,7 +9,7 @@ false. These rules say what is true; views call them instead of deciding themsel
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import duckdb
@@ -75,7 +75,7 @@ def not_judged(report: dict[str, Any]) -> str | None:
     return None
 
 
-def against_baseline(item: dict[str, Any]) -> str:
+def against_baseline(item: Mapping[str, Any]) -> str:
     """How an explained window (a report spike item, or analysis.report.explain_window's) stands against its
     baseline: `above` (p99 at least MIN_RISE over the baseline p99: something to explain), `slightly above`
     (over it, by less than a spike needs), `at or below` (no excess: nothing to explain) or `unknown`."""

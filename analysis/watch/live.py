@@ -41,7 +41,7 @@ class LiveWatch:
     its record is kept and before the state moves past its window (so a crash re-creates it).
     """
 
-    def __init__(self, store: Path, config: Config, deliver: Callable[[Event], None],
+    def __init__(self, store: Path, config: Config, deliver: Callable[[Event], object],
                  memory_limit: str = "2GB") -> None:
         self.store = require_store(Path(store))
         self.config = config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, sidebar
+from dashboard import data, formats, sidebar
 
 db = data.open_for("Alerts", "alerts")
 f = sidebar.current()
@@ -16,10 +16,10 @@ if df.empty:
             "(docs/watch.md); `tailscope watch --replay` shows what it would have fired.")
     st.stop()
 firing = int((df["status"] == "firing").sum())
-cols = st.columns(3)
-cols[0].metric("alerts", f"{len(df):,}")
-cols[1].metric("firing now", f"{firing:,}")
-cols[2].metric("resolved", f"{len(df) - firing:,}")
+row = formats.metric_row()
+row.metric("alerts", f"{len(df):,}")
+row.metric("firing now", f"{firing:,}")
+row.metric("resolved", f"{len(df) - firing:,}")
 df = df.assign(
     window=[f"spike?start_ns={a}&end_ns={b}" for a, b in zip(df["window_start_ns"], df["window_end_ns"], strict=True)],
     start=pd.to_datetime(df["window_start_ns"], unit="ns", utc=True),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -11,10 +13,13 @@ from dashboard import charts, data, formats, sidebar
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
 a, b, c = st.columns(3)
-metric = a.radio("p99 of", ["e2e", "ttft"], horizontal=True, key="cap_metric")
+NAMES = {"e2e": "end-to-end", "ttft": "TTFT"}
+metric = a.radio("p99 of", list(NAMES), horizontal=True, key="cap_metric", format_func=NAMES.__getitem__)
 seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
-target = b.number_input("p99 target (ms)", min_value=1.0, value=float(round(seen or 1000.0)), step=100.0,
-                        key="cap_target", format="%.0f")  # whole ms, as every latency on the page reads
+# whole ms, as every latency on the page reads, rounded up: the observed p99 meets its own target (rounded down, a
+# replay that reproduces the observed p99 missed it by a fraction of a ms and the page said no count holds it)
+target = b.number_input("p99 target (ms)", min_value=1.0, value=float(math.ceil(seen or 1000.0)), step=100.0,
+                        key="cap_target", format="%.0f")
 price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
                        step=0.1, key="cap_price")
 usd = float(price) if price else None
@@ -26,12 +31,12 @@ if "error" in curve:
 pts = pd.DataFrame(curve["points"])
 col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
 fewest = curve["fewest_replicas"]
-m = st.columns(3)
-m[0].metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
-m[1].metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
+row = formats.metric_row()
+row.metric("observed replicas", f"{curve['observed_replicas']} × {curve['slots_per_replica']} slots")
+row.metric("fewest replicas for the target", "none of 1–64" if fewest is None else str(fewest))
 if fewest is not None:
     value, unset = formats.usd_metric(None if usd is None else fewest * usd, "/h")
-    m[2].metric("GPU cost at that count", value, help=unset)
+    row.metric("GPU cost at that count", value, help=unset)
 svc = curve["service"]
 if curve["advice"] is not None:
     head = f"If {svc['assumption']}, {curve['advice']['sentence']}."
@@ -58,7 +63,7 @@ else:
     pts = pts.assign(replay="service times fixed as observed")
 base = alt.Chart(pts).encode(x=alt.X("replicas:Q", title="replicas"))
 line = base.mark_line(point=True).encode(
-    y=alt.Y(f"{col}:Q", title=f"predicted {metric} p99 (ms)", scale=alt.Scale(type="log"),
+    y=alt.Y(f"{col}:Q", title=f"predicted {NAMES[metric]} p99 (ms)", scale=alt.Scale(type="log"),
             axis=alt.Axis(format="~s", titlePadding=8)),
     color=alt.Color("replay:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),  # labels in full
     tooltip=["replay:N", "replicas:Q", alt.Tooltip(f"{col}:Q", format=",.0f"),
@@ -84,14 +89,18 @@ st.caption(f"A replica started when a request finds every slot busy serves after
            "Added replicas stay up to the end of the range, so the reactive cost is an upper bound. Service times are "
            "replayed as in the curve above (with the measured relation where the traces show it).")
 x, y = st.columns(2)
-start = x.number_input("start with", min_value=1, max_value=64, value=max(1, (fewest or 2) // 2), key="cap_start")
-top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), fewest or 1),
+# up to the fewest count for the target, else (none holds it) the observed count: a comparison from one replica to
+# itself says nothing
+goal = fewest or curve["observed_replicas"]
+start = x.number_input("start with", min_value=1, max_value=64, value=max(1, goal // 2), key="cap_start")
+top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), goal),
                      key="cap_top")
 up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])
     st.stop()
-up_head = (f"If {up['service']['assumption']}, reactive scale-up from {int(start)} to {int(top)} replicas gives p99 "
+up_head = (f"If {up['service']['assumption']}, reactive scale-up from {int(start)} to "
+           f"{formats.counted(int(top), 'replica')} gives p99 "
            f"{charts.fmt_ms(up['reactive']['p99_ms'])} (adding {up['reactive']['added']}), against "
            f"{charts.fmt_ms(up['static']['p99_ms'])} static and {charts.fmt_ms(up['prescaled']['p99_ms'])} "
            "pre-scaled")

@@ -35,15 +35,31 @@ values = getattr(f, by, ()) if by != "model_version" else ()
 if values and not rows.empty:
     rows = rows[rows["key"].isin(values)]
 tot = res["totals"]
-cols = st.columns(4)
-cols[0].metric("GPU-hours allocated", f"{tot['allocated_ns'] / 3.6e12:,.2f}")
-cols[1].metric("idle share", "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
-               help="Replica time with no request in a GPU stage (cold start is counted apart).")
-value, unset = formats.usd_metric(tot["allocated_usd"])
-cols[2].metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
-                                            "figure.")
+# the sweep shares out the whole fleet's time over the range: a filter narrows the table to its own values when the
+# page groups by its dimension, and no further (a replica's time is split among all the requests it served)
+unused = [f"{d.replace('_', ' ')} = {', '.join(getattr(f, d))}" for d in data.FILTER_DIMENSIONS
+          if getattr(f, d) and d != by] + [f"{a.key} = {', '.join(a.values)}" for a in f.attributes if a.values]
+if unused:
+    can = sorted(d for d in ("tenant", "model", "replica") if getattr(f, d) and d != by)
+    st.info(formats.escape(f"GPU time is shared out over the whole fleet in the time range: {'; '.join(unused)} "
+                           f"{'does' if len(unused) == 1 else 'do'} not narrow it here."
+                           + (f" Group by {' or '.join(can)} to read {'its' if len(unused) == 1 else 'their'} share."
+                              if can else "")), icon=":material/filter_alt_off:")
+row = formats.metric_row()
+fleet = f"The fleet's, over the range: {tot['allocated_ns'] / 3.6e12:,.2f} GPU-hours."
+shown_ns = int(rows["gpu_ns"].sum()) if values and not rows.empty else tot["allocated_ns"]
+row.metric("GPU-hours allocated" + (f" ({by.replace('_', ' ')} filtered)" if values else ""),
+           f"{shown_ns / 3.6e12:,.2f}", help=fleet if values else None)
+row.metric("fleet idle share" if values else "idle share",
+           "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
+           help="Replica time with no request in a GPU stage (cold start is counted apart).")
+shown_usd = (None if rows.empty or rows["cost_usd"].isna().any() else float(rows["cost_usd"].sum())) if values \
+    else tot["allocated_usd"]
+value, unset = formats.usd_metric(shown_usd)
+row.metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
+                                        "figure.")
 value, unset = formats.usd_metric(tot["overhead_usd"])
-cols[3].metric("idle + cold start", value, help=unset)
+row.metric("fleet idle + cold start" if values else "idle + cold start", value, help=unset)
 if rows.empty:
     st.info("No GPU time in this range.")
     st.stop()
@@ -67,11 +83,12 @@ st.caption("GPU time: at each instant a replica's time is split equally among it
 assert series is not None
 if values:
     series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
-# the cells the range's arrivals fill: none past its end (the time filter's, else the end of the cell holding the
-# last request's start), where requests still running would draw a part-filled last cell as a drop to zero
+# the cells the range's arrivals fill: none from its end on (the time filter's, else the end of the cell holding the
+# last request's start), where requests still running would draw their draining as a drop to zero; a cell the time
+# filter's end cuts is drawn, its GPUs read over the part of it observed (analysis.cost.cost_series)
 cell_ns = bucket * 1_000_000_000
 end_ns = f.until_ns if f.until_ns is not None else -(-(data.choices(*key)["max_ns"] + 1) // cell_ns) * cell_ns
-after = series["bucket_ns"] + cell_ns > end_ns
+after = series["bucket_ns"] >= end_ns
 tail_s = float(series.loc[after & ~series["key"].isin(["(idle)", "(cold start)"]), "gpu_seconds"].sum())
 cut_ns = int(series.loc[after, "bucket_ns"].min()) if after.any() else end_ns
 series = series[~after].copy()
@@ -80,11 +97,14 @@ series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
 st.altair_chart(alt.Chart(series).mark_area().encode(
     x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
-    y=alt.Y("sum(gpu_seconds):Q", stack=True, title=f"GPU seconds per {bucket} s", axis=alt.Axis(format=",.0f")),
+    y=alt.Y("sum(gpus):Q", stack=True, title="GPUs (GPU seconds a second)", axis=alt.Axis(format=",.1~f")),
     color=alt.Color("key:N", title=by.replace("_", " ")),
     tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
-             alt.Tooltip("gpu_seconds:Q", format=",.1f", title="GPU seconds")]),
+             alt.Tooltip("gpus:Q", format=",.2f", title="GPUs"),
+             alt.Tooltip("gpu_seconds:Q", format=",.1f", title=f"GPU seconds in the {bucket} s")]),
     width="stretch")
+st.caption(f"Each {bucket} s cell's GPU time over the part of it that was observed (from the first span of any "
+           "replica in the range to the last), so a cell at the edge of the data does not read low.")
 if after.any():
     st.caption(formats.times(f"Not drawn: the cells from {charts.clock(cut_ns)} UTC on, which the range's arrivals "
                              f"do not fill (requests still running: {tail_s:,.1f} GPU seconds, in the figures "

@@ -28,16 +28,16 @@ if not s["requests"]:
 df = data.over_time(*key, f)
 verdict = data.spike_verdict(*key, f)
 marks, spikes = verdict["marks"], verdict["spikes"]
-cols = st.columns(6)
-cols[0].metric("requests", f"{s['requests_weighted']:,.0f}")  # what the stored ones stand for when sampled
-cols[1].metric("errors", f"{s['error_weighted']:,.0f}")
-cols[2].metric("timeouts", f"{s['timeout_weighted']:,.0f}")
-cols[3].metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
-cols[4].metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
+row = formats.metric_row()
+row.metric("requests", f"{s['requests_weighted']:,.0f}")  # what the stored ones stand for when sampled
+row.metric("errors", f"{s['error_weighted']:,.0f}")
+row.metric("timeouts", f"{s['timeout_weighted']:,.0f}")
+row.metric("p50", charts.fmt_ms(s["e2e_p50_ms"]))
+row.metric("p99", charts.fmt_ms(s["e2e_p99_ms"]))
 # not judged: "?" (a longer word is cut short in a sixth of the page), the banner below and the help say why
-cols[5].metric("spikes", len(spikes) if verdict["judged"] else "?",
-               help=None if verdict["judged"] else
-               f"Not judged: spike detection could not judge these filters: {verdict['reason']}.")
+row.metric("spikes", len(spikes) if verdict["judged"] else "?",
+           help=None if verdict["judged"] else
+           f"Not judged: spike detection could not judge these filters: {verdict['reason']}.")
 
 shade = [data.spike_times_ns(sp) for sp in spikes]
 for sp, (a, b) in zip(spikes, shade, strict=True):

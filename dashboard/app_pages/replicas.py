@@ -24,11 +24,22 @@ if df.empty:
 out = df[df["outlier"]]
 explained = {e["replica"]: e for e in data.outlier_explanations(*key, f, data.METRICS[metric_label])}
 own = [r for r in out.itertuples() if r.replica not in explained]
+few = dict(zip(df["replica"], df["p99_low_sample"], strict=True))  # judged, but a p99 resting on 1-4 requests
+
+
+def thin(replica: str) -> str:
+    """What a flag on `replica` rests on, where its p99 has fewer than MIN_TAIL requests beyond it."""
+    n = float(df.loc[df["replica"] == replica, "n_effective"].iloc[0])
+    return (f"; only {n:,.0f} requests, so its p99 rests on fewer than {data.MIN_TAIL} requests beyond it"
+            if few[replica] else "")
+
+
 if own:
     st.error("Outlier replicas (p99 far above the fleet's, whatever tenant, model or service is left out): "
-             + ", ".join(f"**{r.replica}** ({charts.fmt_ms(r.p99_ms)})" for r in own))
+             + ", ".join(f"**{r.replica}** ({charts.fmt_ms(r.p99_ms)}{thin(r.replica)})" for r in own))
 for e in explained.values():
-    st.warning(f"**{e['replica']}** is flagged an outlier (p99 {charts.fmt_ms(e['p99_ms'])}), but **{e['dimension']} = "
+    st.warning(f"**{e['replica']}** is flagged an outlier (p99 {charts.fmt_ms(e['p99_ms'])}{thin(e['replica'])}), "
+               f"but **{e['dimension']} = "
                f"{e['value']}** explains it: without that {e['dimension']}'s requests its p99 is "
                f"{charts.fmt_ms(e['p99_without_ms'])} ({e['requests_without']:,} of {e['requests']:,} requests left), "
                f"inside the fleet's spread (median p99 {charts.fmt_ms(e['fleet_median_p99_without_ms'])}). Look at "
@@ -49,6 +60,14 @@ else:
         st.info(f"{len(small)} of {len(df)} replicas hold fewer than the {data.MIN_REPLICA_REQUESTS} requests a p99 "
                 f"needs to be judged ({', '.join(small['replica'])}): grey in the chart, neither flagged nor counted "
                 "in the fleet's median.", icon=":material/help:")
+    weak = df[df["judged"] & df["p99_low_sample"]]
+    if len(weak):
+        names = f" ({', '.join(weak['replica'])})" if len(weak) <= 6 else ""
+        which = ("Every replica judged holds" if len(weak) == judged else
+                 f"{len(weak)} of the {judged} replicas judged{names} hold")
+        st.info(f"{which} fewer than {data.SOLID_P99_REQUESTS} requests: a p99 there rests on fewer than "
+                f"{data.MIN_TAIL} requests beyond it, so one slow request moves it and a flag is weak evidence. A "
+                "wider time range judges them on more.", icon=":material/help:")
     if not len(out):
         st.success(f"No outlier among the {judged} replicas judged: p99 spread "
                    f"{charts.fmt_ms(df.loc[df['judged'], 'p99_ms'].min())}"

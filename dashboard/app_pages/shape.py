@@ -27,6 +27,10 @@ if not worst.empty:
     st.markdown(f"Slowest cell with a p99 to trust: input {w['input_tokens_bucket']} tokens, output "
                 f"{w['output_tokens_bucket']} tokens: p99 **{charts.fmt_ms(w['p99_ms'])}** over "
                 f"{w['requests']:,.0f} requests.")
+else:  # say so, rather than leave out the line: every colour is a p99 of a few requests
+    st.info(f"No cell holds the {data.SOLID_P99_REQUESTS} requests a p99 needs to be trusted (the most here: "
+            f"{grid['n_effective'].max():,.0f}): each cell's p99 rests on its few slowest requests, so the colours "
+            "compare little. Widen the filters or the time range.", icon=":material/help:")
 left, right = st.columns(2)
 for side, col, title in ((left, "input_tokens", "input tokens"), (right, "output_tokens", "output tokens")):
     buckets = data.shape(*key, f, metric, (col,))

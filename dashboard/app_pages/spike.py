@@ -70,16 +70,16 @@ label = st.radio("Window", list(options), key="spike_choice", format_func=format
 links.set_window(*options[label])
 ex = data.explain(*key, f, *options[label])
 standing = data.against_baseline(ex)
-cols = st.columns(4)
+row = formats.metric_row()
 # what the stored requests stand for (analysis' weighted count; the stored count itself when unsampled)
 in_window = ex.get("requests_weighted", ex["requests"])
-cols[0].metric("requests in window", f"{in_window:,.0f}",
-               help=None if in_window == ex["requests"] else
-               f"{ex['requests']:,} stored requests, sampled: each stands for its adjusted count")
-cols[1].metric("p99", charts.fmt_ms(ex["p99_ms"]), delta_color="inverse",
-               delta=None if ex.get("excess_ms") is None else charts.fmt_ms(ex["excess_ms"]))
-cols[2].metric("baseline p99", charts.fmt_ms(ex["baseline_p99_ms"]))
-cols[3].metric("p50 (baseline)", f"{charts.fmt_ms(ex['p50_ms'])} ({charts.fmt_ms(ex['baseline_p50_ms'])})")
+row.metric("requests in window", f"{in_window:,.0f}",
+           help=None if in_window == ex["requests"] else
+           f"{ex['requests']:,} stored requests, sampled: each stands for its adjusted count")
+row.metric("p99", charts.fmt_ms(ex["p99_ms"]), delta_color="inverse",
+           delta=None if ex.get("excess_ms") is None else charts.fmt_ms(ex["excess_ms"]))
+row.metric("baseline p99", charts.fmt_ms(ex["baseline_p99_ms"]))
+row.metric("p50 (baseline)", f"{charts.fmt_ms(ex['p50_ms'])} ({charts.fmt_ms(ex['baseline_p50_ms'])})")
 st.caption(("A spike found by `tailscope report`" if ex.get("detected") else
             "Not a detected spike: explained by the report's method") + " against the report's baseline windows"
            + (f" · {'; '.join(ex['errors'])}" if ex.get("errors") else ""))

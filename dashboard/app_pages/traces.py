@@ -58,11 +58,11 @@ with trace_box:
         # names in a line that wraps (a long tenant would be cut short in a metric's column), figures as metrics
         tenant = str(req["tenant"]) if req.get("tenant") is not None else "–"
         st.markdown(f"replica **{req['replica']}** · tenant **{tenant}** · status **{req['status']}**")
-        cols = st.columns(4)
-        cols[0].metric("end-to-end", charts.fmt_ms(req["e2e_ns"] / 1e6))
-        cols[1].metric("TTFT", charts.fmt_ms(req["ttft_ns"] / 1e6 if req["ttft_ns"] == req["ttft_ns"] else None))
-        cols[2].metric("input tokens", formats.count(req["input_tokens"]))
-        cols[3].metric("output tokens", formats.count(req["output_tokens"]))
+        row = formats.metric_row()
+        row.metric("end-to-end", charts.fmt_ms(req["e2e_ns"] / 1e6))
+        row.metric("TTFT", charts.fmt_ms(req["ttft_ns"] / 1e6 if req["ttft_ns"] == req["ttft_ns"] else None))
+        row.metric("input tokens", formats.count(req["input_tokens"]))
+        row.metric("output tokens", formats.count(req["output_tokens"]))
         spans = data.trace_spans(*key, str(req["trace_id"]), int(req["start_ns"]))
         if spans.empty:
             st.warning("The spans of this trace are no longer in the store (compacted or removed).")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, formats, sidebar
@@ -13,7 +12,8 @@ spikes = data.spike_marks(*key, f)["spikes"]  # windows only: no explanation nee
 windows: dict[str, data.Filters] = {}
 for sp in spikes:
     a, b = data.spike_times_ns(sp)
-    windows[f"spike {pd.Timestamp(a, unit='ns'):%m-%d %H:%M}–{pd.Timestamp(b, unit='ns'):%H:%M} UTC"] = f.narrowed(a, b)
+    # named as the Overview's banners and the Spike page name it ("11-20 14:06–14:10" read like a range of days)
+    windows[f"spike {charts.window_label(a, b)}"] = f.narrowed(a, b)
 c = data.choices(*key)
 last = (f.until_ns or c["max_ns"] + 1)
 if last - (f.since_ns or c["min_ns"]) > 2 * data.HOUR_NS:
@@ -37,20 +37,21 @@ if then["error"] or now["error"]:
     st.warning(then["error"] or now["error"])
     st.stop()
 svc = then["service"]
-head = (f"If {svc['assumption']}, {k} replicas × {int(slots)} slots give p50 / p99 "
+head = (f"If {svc['assumption']}, {formats.counted(k, 'replica')} × {int(slots)} slots give p50 / p99 "
         f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}")
 if then["fixed"] is not None:
     head += f"; with service times fixed as observed the replay would say p99 {charts.fmt_ms(then['fixed']['p99_ms'])}"
 head += (f". Measured and replayed over the {over} (the Capacity page measures the whole filtered range, so its "
          "figures can differ).")
 st.info(formats.times(head), icon=":material/info:")
-cols = st.columns(3)
-cols[0].metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
-cols[1].metric(f"replay, {observed} replicas (as observed)",
-               f"{charts.fmt_ms(now['p50_ms'])} / {charts.fmt_ms(now['p99_ms'])}")
-cols[2].metric(f"predicted, {k} replicas", f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
-               delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
-               delta_color="inverse")
+row = formats.metric_row()
+row.metric("observed p50 / p99", f"{charts.fmt_ms(s['e2e_p50_ms'])} / {charts.fmt_ms(s['e2e_p99_ms'])}")
+row.metric(f"replay, {formats.counted(observed, 'replica')} (as observed)",
+           f"{charts.fmt_ms(now['p50_ms'])} / {charts.fmt_ms(now['p99_ms'])}")
+row.metric(f"predicted, {formats.counted(k, 'replica')}",
+           f"{charts.fmt_ms(then['p50_ms'])} / {charts.fmt_ms(then['p99_ms'])}",
+           delta=None if k == observed else charts.fmt_ms((then["p99_ms"] or 0) - (now["p99_ms"] or 0)) + " p99",
+           delta_color="inverse")
 st.caption("Each request keeps its observed arrival and waits first-come first-served for one of "
            f"{k} × {int(slots)} slots. "
            + ("Its service time (latency minus queue wait) is scaled by the measured growth per request of the batch "

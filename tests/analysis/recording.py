@@ -8,22 +8,40 @@ from typing import Any
 import pyarrow as pa
 
 from analysis.clickhouse.attributes import ATTR_PREFIX
+from analysis.clickhouse.client import Client
 
 
-class Recording:
+class Passing:
+    """A Client passing every call to `inner`: a test's wrapper overrides the calls it watches or changes, and
+    stands wherever the engine's client does."""
+
+    def __init__(self, inner: Client) -> None:
+        self.inner, self.dsn = inner, inner.dsn
+
+    def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
+        return self.inner.query(sql, settings)
+
+    def command(self, sql: str) -> None:
+        self.inner.command(sql)
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        self.inner.insert_arrow(table, data)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Recording(Passing):
     """Passes every call to `inner` and records each query's (SQL, answer); `clear()` starts the count again."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn = inner, getattr(inner, "dsn", None)
+    def __init__(self, inner: Client) -> None:
+        super().__init__(inner)
         self.answers: list[tuple[str, pa.Table]] = []
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
         self.answers.append((sql, out))
         return out
-
-    def command(self, sql: str) -> None:
-        self.inner.command(sql)
 
     def clear(self) -> None:
         self.answers.clear()

@@ -47,7 +47,7 @@ def test_lazy_codes_and_the_baseline_counts_equal_plain_ones(seed: int) -> None:
     cuts = np.sort(rng.choice(np.arange(1, n), size=4, replace=False))
     bounds = [(0, int(cuts[0])), (int(cuts[1]), int(cuts[2])), (int(cuts[3]), n)]
     want = [-1] * n
-    runs = []
+    runs: list[A.Run] = []
     for a, b in bounds:
         d = int(rng.integers(1, 6))
         hour = rng.integers(0, d + 1, size=b - a).astype(np.int16)  # d: no value

@@ -170,8 +170,8 @@ def _check(run: Any, d: Dialect, requests: str, spans: str, ref: dict[str, dict[
     for trial in range(25):
         filters = _filters(rng)
         cond, params = where_all(filters, "", d, requests, spans)
-        got = {r[0] for r in run(f"SELECT span_id FROM {requests} WHERE {cond}", params)}
-        assert got == _kept(ref, filters), (seed, trial, filters)
+        kept = {r[0] for r in run(f"SELECT span_id FROM {requests} WHERE {cond}", params)}
+        assert kept == _kept(ref, filters), (seed, trial, filters)
     for source, key in (("request", "color"), ("request", "n"), ("stage", "phase"), ("resource", "rack")):
         rel = value_relation(requests, key, _choice(source, key), d=d, requests=requests, spans=spans)
         got = dict(run(f"SELECT span_id, replica FROM {rel}", []))

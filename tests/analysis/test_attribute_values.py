@@ -57,7 +57,8 @@ def hours_store(path: Path, seed: int, twice: int = 0) -> tuple[Path, dict[str, 
         stage_vals = [rng.choice(["a", "b", None]) for _ in range(2)]
         mid = (start + end) // 2
         for k, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
-            sattrs = {S.ATTR_STAGE: st} | ({"phase": stage_vals[k]} if stage_vals[k] is not None else {})
+            phase = stage_vals[k]
+            sattrs = {S.ATTR_STAGE: st} | ({"phase": phase} if phase is not None else {})
             _append(batch, trace, hex_id("hst", seed, i, k), root, st, s0, s1, res, sattrs)
         if i % 9 == 0:  # a stage span of the trace two hours later: outside the request's hours, not read
             late = start + 2 * HOUR_NS + HOUR_NS // 2
@@ -91,7 +92,7 @@ def _values(store: Path, store_rows: bool = True) -> tuple[dict[str, dict[str, s
     return got, out
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+def _same(a: object, b: object) -> None:
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
@@ -145,8 +146,10 @@ def test_the_report_is_the_same_with_and_without_materialized_hours(tmp_path: Pa
     for (a, b), want in zip(windows, live, strict=True):
         _same(build_report(connect(store), since=a, until=b), want)
     # within one hour r5's processes agree on a rack: a value there, none over the store
-    one_hour = next(c for c in live[2]["attributes"]["considered"] if c["attribute"] == "rack")
-    over_all = next(c for c in live[0]["attributes"]["considered"] if c["attribute"] == "rack")
+    hour_attrs, all_attrs = live[2]["attributes"], live[0]["attributes"]
+    assert hour_attrs is not None and all_attrs is not None
+    one_hour = next(c for c in hour_attrs["considered"] if c["attribute"] == "rack")
+    over_all = next(c for c in all_attrs["considered"] if c["attribute"] == "rack")
     assert one_hour["requests"] == live[2]["values"] and over_all["requests"] < live[0]["values"]
 
     nodes = node_store(tmp_path / "n")
@@ -206,8 +209,8 @@ def test_split_grouped_is_each_keys_rows_and_values_over_any_batches(seed: int) 
     batches.insert(1, batches[0].slice(0, 0))  # an empty batch (a query's answer may have one)
     got = AV.split_grouped(pa.Table.from_batches(batches))
     want: dict[str, list[tuple[int, str]]] = {}
-    for k, v, rids in rows:
-        want.setdefault(k, []).extend((r, v) for r in rids)
+    for k, v, row_ids in rows:
+        want.setdefault(k, []).extend((r, v) for r in row_ids)
     assert set(got) == set(want)
     for k, (rids, codes, values) in got.items():
         if k.startswith(AV.OWN_PREFIX):

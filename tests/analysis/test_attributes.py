@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from analysis import build_report, connect
+from analysis.contract import Report
 from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from analysis.stats.explain import Coded, bucket_bounds, bucket_label
@@ -86,21 +87,22 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(nodes: Path) -> dict[str, Any]:
+def report(nodes: Path) -> Report:
     return build_report(connect(nodes))
 
 
-def test_the_node_is_named_with_its_replica_under_it(report: dict[str, Any]) -> None:
+def test_the_node_is_named_with_its_replica_under_it(report: Report) -> None:
     assert len(report["spikes"]) == 1
     top = report["spikes"][0]["dimensions"][0]
     assert (top["dimension"], top["value"], top["attribute"], top["source"]) == (
         "k8s.node.name", SLOW_NODE, "k8s.node.name", "resource")
-    assert top["explained"] > 0.8
+    explained = top["explained"]
+    assert explained is not None and explained > 0.8
     # the finer level: replicas of node-2 alone explain clearly less; the zone holding node-2 is the coarser
     node_replicas = {r for r in REPLICAS if NODE[r] == SLOW_NODE}
     assert top["finer"] and {f["value"] for f in top["finer"]} <= node_replicas
-    assert all(f["dimension"] == "replica" and f["explained"] < top["explained"] - A.HIERARCHY_MARGIN
-               for f in top["finer"])
+    assert all(f["dimension"] == "replica" and f["explained"] is not None
+               and f["explained"] < explained - A.HIERARCHY_MARGIN for f in top["finer"])
     assert [(c["dimension"], c["value"]) for c in top["coarser"]] in ([], [("cloud.availability_zone", "zone-a")])
 
 
@@ -127,12 +129,14 @@ def test_considered_and_skipped_say_what_and_why(report: dict[str, Any]) -> None
 
 def test_patterns_rule_dimensions_out_and_the_zone_is_named_instead(nodes: Path) -> None:
     out = build_report(connect(nodes), exclude_dimensions="k8s.*")
+    assert out["attributes"] is not None
     assert ("k8s.node.name", "pattern") in {(s["attribute"], s["reason"]) for s in out["attributes"]["skipped"]}
     top = out["spikes"][0]["dimensions"][0]
     assert (top["dimension"], top["value"]) != ("k8s.node.name", SLOW_NODE)
     only = build_report(connect(nodes), dimensions="replica,cloud.*")
     names = {d["dimension"] for d in only["spikes"][0]["dimensions"]}
     assert names <= {"replica", "cloud.availability_zone", "replica&cloud.availability_zone"}
+    assert only["attributes"] is not None
     assert {s["dimension"] for s in only["attributes"]["skipped"] if s["source"] == "builtin"} == {
         "model", "model_version", "tenant", "input_tokens", "output_tokens"}
 
@@ -187,8 +191,9 @@ def random_store(path: Path, seed: int) -> tuple[Path, dict[str, dict[str, str]]
         mid = (start + end) // 2
         for n, (st, s0, s1) in enumerate((("prefill", start, mid), ("decode", mid, end))):
             sattrs = {S.ATTR_STAGE: st}
-            if stage_vals[n] is not None:
-                sattrs["phase"] = stage_vals[n]
+            phase = stage_vals[n]
+            if phase is not None:
+                sattrs["phase"] = phase
             _append(batch, trace, hex_id("rst", seed, i, n), root, st, s0, s1, res, sattrs)
         want = {"color": attrs["color"]}
         if "n" in attrs:
@@ -293,17 +298,18 @@ PAIR = {"dimension": "tenant&k8s.node.name", "value": f"globex&{SLOW_NODE}", "at
         "source": "builtin&resource"}
 
 
-def check_pair_named(report: dict[str, Any]) -> None:
+def check_pair_named(report: Report) -> None:
     """The pair store's report: the pair (tenant globex on node-2) among the dimensions by its name, the most
     over-represented of all and explaining the whole excess; its two parts first (each explains as much: removing
     node-2 removes the pair with it, and a pair ranks above a single only when it explains clearly more)."""
     assert len(report["spikes"]) == 1
     dims = report["spikes"][0]["dimensions"]
     pair = next(d for d in dims if "&" in d["dimension"])
-    assert {k: pair[k] for k in PAIR} == PAIR, pair
+    assert {k: v for k, v in pair.items() if k in PAIR} == PAIR, pair
     assert [(c["dimension"], c["value"], c["attribute"]) for c in pair["conditions"]] == [
         ("tenant", "globex", None), ("k8s.node.name", SLOW_NODE, "k8s.node.name")]
-    assert pair["score"] == max(d["score"] for d in dims) and pair["explained"] > 0.95
+    explained = pair["explained"]
+    assert pair["score"] == max(d["score"] for d in dims) and explained is not None and explained > 0.95
     assert {(d["dimension"], d["value"]) for d in dims[:2]} == {("k8s.node.name", SLOW_NODE), ("tenant", "globex")}
     # it explains no more than its parts (each 1.00): folded under the one ranked first, the tables show it there
     assert pair["folded_under"] == 0 and dims.index(pair) == 2
@@ -375,8 +381,9 @@ def test_a_remote_engines_cells_give_the_same_candidates(seed: int, everything: 
     _, counts = _plain_family([c.codes for c in coded], tail, base, nb)
     asked: list[tuple[int, ...]] = []
 
-    def remote(dims: Any, combos: list[tuple[int, ...]], tail_rows: np.ndarray, least: int
+    def remote(dims: Any, combos: list[tuple[int, ...]], tail_rows: X.Part, least: int
                ) -> dict[tuple[int, ...], X.Cells]:
+        assert isinstance(tail_rows, np.ndarray)  # the tail's rows here (a Counted one only from ClickHouse)
         assert np.array_equal(tail_rows, tail) and least == X.least_support(tail.size, False)
         asked.extend(combos)
         out = {}

@@ -13,6 +13,7 @@ import pytest
 
 from analysis import breakdowns as B
 from analysis import connect
+from analysis.engine.percentiles import metric_column
 from analysis.stats.explain import bucket_bounds
 from tests import samples_cache
 from tests.analysis.test_report import SLOW_REPLICA, fleet_store
@@ -60,6 +61,15 @@ def test_summary_matches_numpy(fleet: Path) -> None:
     assert sum(int(got[o] or 0) for o in S.OUTCOMES) == e2e.size
     for q in (50, 90, 99):
         assert got[f"e2e_p{q}_ms"] == pytest.approx(np.quantile(e2e, q / 100) / 1e6, rel=1e-12)
+    # each metric's quantiles come from one list-valued quantile_cont: bit for bit each q's own quantile_cont
+    for m in B.SUMMARY_METRICS:
+        col = metric_column(m)
+        for q in (50, 90, 99):
+            (one,) = con.execute(f"SELECT quantile_cont({col}, {q / 100}) / 1e6 FROM requests WHERE tenant = 'acme'"
+                                 ).fetchall()[0]
+            assert one is not None and got[f"{m}_p{q}_ms"] == one
+    none = B.summary(con, where="false")  # no request: every percentile None
+    assert none["requests"] == 0 and all(none[f"{m}_p{q}_ms"] is None for m in B.SUMMARY_METRICS for q in (50, 90, 99))
 
 
 def test_replica_outliers_match_a_reference(fleet: Path) -> None:

@@ -193,6 +193,7 @@ def test_the_answer_says_scale_down_up_or_keep() -> None:
     for target in sorted(set(p99.values())):
         got = capacity_curve(w, range(1, 31), target_p99_ms=target, gpu_hour_usd=2.0)
         want = fewest(target)
+        assert want is not None  # the target is one of the curve's p99s
         assert got["fewest_replicas"] == want
         adv = got["advice"]
         assert adv["fewest_replicas"] == want and adv["observed_replicas"] == 6

@@ -262,8 +262,8 @@ def test_fewest_count_is_the_first_meeting_the_target_where_p99_rises_with_repli
     for _ in range(60):
         n, slots = int(rng.integers(4, 30)), int(rng.integers(2, 5))
         arrivals = np.sort(rng.integers(0, 60, n) * MS).astype(np.int64)
-        w = Workload(arrivals, (rng.integers(1, 40, n) * MS).astype(np.int64), rng.integers(0, 3, n) * MS * 1.0,
-                     slots, 3, None, 60_000 * MS)
+        w = Workload(arrivals, (rng.integers(1, 40, n) * MS).astype(np.int64),
+                     (rng.integers(0, 3, n) * MS).astype(np.float64), slots, 3, None, 60_000 * MS)
         w.batches = rng.integers(1, slots + 1, n).astype(np.int64)
         g = float(rng.uniform(0.1, 1.5))
         lo_g, hi_g = g * float(rng.uniform(0.3, 1.0)), g * float(rng.uniform(1.0, 2.0))

@@ -12,7 +12,7 @@ import pytest
 
 from analysis import breakdowns as B
 from analysis import connect
-from analysis.capacity import Workload, capacity_curve, kernel_quantiles, load_kernel, observed_workload
+from analysis.capacity import Workload, capacity_curve, kernel_quantiles, load_kernel, observed_workload, scale_up
 from tests.factory import add_request, write
 from tests.needs import need_c
 from tracing.rows import SpanBatch
@@ -81,8 +81,9 @@ def _batch_workload(rng: random.Random, n: int, slots: int, growth: float) -> Wo
 
 
 def test_curve_with_the_kernel_equals_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every point (with the relation and the fixed-time comparison), the fewest counts and their interval: the
-    same dict from the C kernel (replays, quantiles, early stops) as from the Python loops and numpy."""
+    """Every point (with the relation and the fixed-time comparison), the fewest counts and their interval, and the
+    scale-up comparison: the same dicts from the C kernel (replays, quantiles, early stops) as from the Python loops
+    and numpy."""
     lib = load_kernel()
     need_c(lib is not None and hasattr(lib, "point_stats"), "the C replay kernel analysis._replay")
     rng = random.Random(21)
@@ -105,6 +106,12 @@ def test_curve_with_the_kernel_equals_the_python_path(monkeypatch: pytest.Monkey
                                                gpu_hour_usd=2.0)
                 assert with_c == in_python, (counts, target, metric)
                 assert with_c["service"]["batch_relation_applied"]
+        # the scale-up comparison below the curve: its reactive p99s from the kernel's order statistics
+        start, top = counts[0], counts[-1]
+        with_c = scale_up(fresh(), start, top, 2.0, cold_start_ns=30 * MS)
+        with monkeypatch.context() as m:
+            m.setattr("analysis.capacity.load_kernel", lambda: None)
+            assert scale_up(fresh(), start, top, 2.0, cold_start_ns=30 * MS) == with_c, counts
 
 
 def test_observed_slots_are_the_most_one_replica_served_at_once(tmp_path: Path) -> None:

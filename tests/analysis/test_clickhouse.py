@@ -22,6 +22,7 @@ import pytest
 from analysis import clickhouse as C
 from analysis.clickhouse.export import export_store, insert_sql, staging_columns
 from analysis.clickhouse.report import build_report as ch_report
+from analysis.contract import Report
 from analysis.engine import model as M
 from analysis.engine.connect import connect, request_engines
 from analysis.report import build_report
@@ -186,7 +187,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
     duck = con.sql("SELECT * FROM requests").pl()
     assert duck.height > 0
     C.materialize_requests(client, table)
-    _same_frames(duck, pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+    _same_frames(duck, pl.DataFrame(client.query("SELECT * FROM requests")))
     counted = Recording(client)
     got = ch_report(counted, table)
     assert got == build_report(con)
@@ -202,6 +203,7 @@ def test_requests_and_the_report_are_equal_on_duckdb_and_clickhouse(
     # MAX_EXEMPLARS, more only on a tie); and a row per window of the slow requests of an attribute culprit. No
     # request's codes.
     attrs = got["attributes"]
+    assert attrs is not None  # the attribute pass ran
     keys = len(attrs["considered"]) + len(attrs["skipped"])
     replicas = duck.get_column("replica").n_unique()
     cells = len(attrs["considered"]) * (1 + len(X.DIMENSIONS)) * round(1 / X.MIN_SHARE)
@@ -247,7 +249,7 @@ def test_past_the_memory_bound_the_model_runs_in_mergetree_tables(
     engines = client.query("SELECT name, engine FROM system.tables WHERE is_temporary").to_pylist()
     assert {r["name"]: r["engine"] for r in engines}.get("requests") == "MergeTree"
     _same_frames(con.sql("SELECT * FROM requests").pl(),
-                 pl.from_arrow(client.query("SELECT * FROM requests")))  # type: ignore[arg-type]
+                 pl.DataFrame(client.query("SELECT * FROM requests")))
     assert ch_report(client, table) == build_report(con)
 
 
@@ -326,6 +328,12 @@ def test_the_stage_step_reads_the_facts_copy_of_the_spans_only_when_it_holds_the
     assert client.query("SELECT * FROM r_got ORDER BY trace_id, start_ns").to_pylist() == want
 
 
+def _ns(t: int | None) -> int:
+    """A finished span's start or end time (the SDK types them optional)."""
+    assert t is not None
+    return t
+
+
 def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client: Any) -> None:
     """Spans made by the OpenTelemetry SDK, INSERTed as the clickhouseexporter writes them (old and new spellings)."""
     from opentelemetry.sdk.resources import Resource
@@ -388,7 +396,7 @@ def test_a_table_the_exporter_filled_reads_like_the_store(tmp_path: Path, client
             "ResourceAttributes": pa.array([[(k, str(v)) for k, v in s.resource.attributes.items()] for s in spans],
                                            attrs),
             "SpanAttributes": pa.array([[(k, str(v)) for k, v in (s.attributes or {}).items()] for s in spans], attrs),
-            "Duration": pa.array([s.end_time - s.start_time for s in spans], pa.int64()),
+            "Duration": pa.array([_ns(s.end_time) - _ns(s.start_time) for s in spans], pa.int64()),
             "StatusCode": [status(s.status.status_code) for s in spans],
             "ev_ts": pa.array([[e.timestamp for e in s.events] for s in spans], pa.list_(pa.int64())),
             "ev_name": pa.array([[e.name for e in s.events] for s in spans], pa.list_(pa.string())),
@@ -562,11 +570,13 @@ def test_a_sampled_table_gives_the_same_weighted_series_and_report(
     export_store(store, client, table)
     con = connect(store)
     try:
-        for kw in ({}, {"by": ("replica",), "window_s": "2m"}):
-            duck = percentile_series(con, **kw)
-            ch = ch_series(client, table, **kw)
+        by: tuple[str, ...]
+        for by, window_s in (((), None), (("replica",), "2m")):
+            kw = {"by": by, "window_s": window_s}
+            duck = percentile_series(con, by=by, window_s=window_s)
+            ch = ch_series(client, table, by=by, window_s=window_s)
             assert ch.columns == duck.columns and duck.height > 0
-            keys = ["window_start_ns", *kw.get("by", ())]
+            keys = ["window_start_ns", *by]
             duck, ch = duck.sort(keys, nulls_last=True), ch.sort(keys, nulls_last=True)
             assert duck.get_column("requests_weighted").sum() > 3 * duck.get_column("requests").sum()
             for col in duck.columns:
@@ -578,7 +588,8 @@ def test_a_sampled_table_gives_the_same_weighted_series_and_report(
         duck_reports = {p: build_report(con, sampling_policy=p) for p in ("auto", "head", "tail")}
     finally:
         con.close()
-    assert duck_reports["auto"]["sampled"] is True and duck_reports["auto"]["sampling"]["recorded"] > 0
+    auto = duck_reports["auto"]["sampling"]
+    assert duck_reports["auto"]["sampled"] is True and auto is not None and auto["recorded"] > 0
     for policy, duck_report in duck_reports.items():  # the sampling records are read on the server
         assert ch_report(client, table, sampling_policy=policy) == duck_report, policy
 
@@ -603,7 +614,9 @@ def test_tail_sampling_is_judged_on_clickhouse_as_on_the_store(
         duck = build_report(con)
     finally:
         con.close()
-    assert duck["sampling"]["unrecorded"] > 0 and duck["warnings"], "the store's report sees the tail sampler"
+    sampling = duck["sampling"]
+    assert sampling is not None and sampling["unrecorded"] > 0 and duck["warnings"], \
+        "the store's report sees the tail sampler"
     assert ch_report(client, table) == duck
 
 
@@ -724,7 +737,7 @@ class SpikeRun:
 
     table: str
     answers: list[tuple[str, pa.Table]]
-    report: dict[str, Any]
+    report: Report
 
 
 @pytest.fixture(scope="module")
@@ -740,7 +753,7 @@ def spike_run(client: Any) -> Callable[[int, tuple[float, ...]], SpikeRun]:
             table = f"t_facts_spike_{len(made)}"
             _facts_table(client, table, windows, 5, MINUTE_NS, weights)
             recording = Recording(client)
-            report = ch_report(recording, "t_no_spans", window_s=60, facts=table)  # type: ignore[arg-type]
+            report = ch_report(recording, "t_no_spans", window_s=60, facts=table)
             made[(windows, weights)] = SpikeRun(table, recording.answers, report)
         return made[(windows, weights)]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,13 @@ from tests.analysis.test_attributes import (
 )
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end
+
+
+class _Patterns(TypedDict, total=False):
+    """The report's dimension patterns a test passes to both engines."""
+
+    dimensions: str
+    exclude_dimensions: str
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +128,7 @@ def test_each_request_gets_the_value_the_rules_give_on_the_server(tmp_path: Path
 
 @pytest.mark.parametrize("patterns", [{}, {"exclude_dimensions": "k8s.*"}, {"dimensions": "replica,cloud.*"}],
                          ids=["every", "exclude", "include"])
-def test_the_report_on_the_node_store_equals_the_stores(nodes: Path, client: Any, patterns: dict[str, str]) -> None:
+def test_the_report_on_the_node_store_equals_the_stores(nodes: Path, client: Any, patterns: _Patterns) -> None:
     got = ch_report(client, "t_nodes", **patterns)
     assert got == build_report(connect(nodes), **patterns)
     top = got["spikes"][0]["dimensions"][0]

@@ -62,7 +62,7 @@ def test_without_each_candidate_equals_a_plain_sort(chdb_client: Any, seed: int)
     cands = [X.Candidate(dims, codes, 0, 0, 0.0, 0.0, 0.0, 1.0)
              for dims, codes in [((0,), (0,)), ((0,), (2,)), ((1,), (0,)), ((1,), (1,)), ((2,), (1,)),
                                  ((0, 1), (1, 0)), ((0, 2), (2, 2))]]
-    columns = {"replica": replica, "k0": a0, "k1": a1}
+    columns: dict[str, list[str | None] | list[int]] = {"replica": replica, "k0": a0, "k1": a1}
 
     def holds(c: X.Candidate, i: int) -> bool:
         return all(columns[coded[d].name][i] == (coded[d].labels[code] if d == 0 else code)

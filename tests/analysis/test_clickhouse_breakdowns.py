@@ -26,11 +26,13 @@ from analysis.clickhouse import attributes as CA
 from analysis.clickhouse import breakdowns as CB
 from analysis.clickhouse import report as CR
 from analysis.clickhouse.export import export_store
+from analysis.contract import Report
 from analysis.engine.connect import connect
 from analysis.engine.percentiles import parse_time
 from analysis.report import build_report, explain_window
 from analysis.stats import explain as X
 from tests import samples_cache
+from tests.sql import one
 
 pytestmark = pytest.mark.slow  # ClickHouse (chdb) end to end on catalogue samples (make test-fast leaves it out)
 
@@ -56,7 +58,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[duckdb.D
 
 
 @pytest.fixture(scope="module")
-def whole(engines: tuple[duckdb.DuckDBPyConnection, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def whole(engines: tuple[duckdb.DuckDBPyConnection, Any]) -> tuple[Report, Report]:
     """The unfiltered report on the store (DuckDB) and on ClickHouse's request facts, each computed once: two tests
     read them."""
     con, client = engines
@@ -123,7 +125,8 @@ def test_breakdowns_equal_duckdbs(engines: tuple[duckdb.DuckDBPyConnection, Any]
     con, client = engines
     cur = _filtered(con, cond)
     same_numbers(CB.summary(client, FACTS, cond), B.summary(cur, "fq"))
-    assert CB.summary(client, FACTS, cond)["requests"] > 0
+    requests = CB.summary(client, FACTS, cond)["requests"]
+    assert requests is not None and requests > 0
     assert CB.time_bounds(client, FACTS) == B.time_bounds(con)
     dims = ["replica", "model", "tenant", "service"]
     assert CB.dimension_values(client, FACTS, dims) == B.dimension_values(con, dims)
@@ -152,7 +155,7 @@ def test_trace_lookup_and_waterfall_equal_duckdbs(engines: tuple[duckdb.DuckDBPy
             got, want = CB.find_requests(client, FACTS, key), T.find_requests(con, key)
             assert got.height == want.height and got.height == (0 if len(key) < 8 else 1)
             assert got.get_column("trace_id").to_list() == want.get_column("trace_id").to_list()
-        start = int(con.execute("SELECT start_ns FROM requests WHERE trace_id = ?", [tid]).fetchone()[0])  # type: ignore[index]
+        start = int(one(con, "SELECT start_ns FROM requests WHERE trace_id = ?", [tid])[0])
         hour = start // H * H
         got_w = CB.waterfall(client, tid, hour, hour + 2 * H)
         assert got_w.height > 1
@@ -172,7 +175,7 @@ def test_literals_survive_quotes_and_backslashes(engines: tuple[duckdb.DuckDBPyC
 
 @pytest.mark.parametrize("cond", FILTERS[:2])
 def test_any_window_is_explained_as_on_duckdb(engines: tuple[duckdb.DuckDBPyConnection, Any],
-                                              whole: tuple[dict[str, Any], dict[str, Any]], cond: str) -> None:
+                                              whole: tuple[Report, Report], cond: str) -> None:
     """The detected spike, windows overlapping it, one before it, and one with no request."""
     con, client = engines
     cur = _filtered(con, cond)
@@ -206,7 +209,7 @@ def test_token_buckets_on_the_server_code_as_explain_does(engines: tuple[duckdb.
 
 
 def test_counterfactuals_on_the_server_equal_the_whole_baseline_in_memory(
-        engines: tuple[duckdb.DuckDBPyConnection, Any], whole: tuple[dict[str, Any], dict[str, Any]],
+        engines: tuple[duckdb.DuckDBPyConnection, Any], whole: tuple[Report, Report],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With the store's top slice never enough (so every counterfactual there sorts the whole baseline without the
     candidate), the store's report equals ClickHouse's, whose baseline p99 with and without each candidate is an

@@ -18,6 +18,7 @@ from analysis import clickhouse as C
 from analysis.clickhouse import requests as CRQ
 from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import build_report, explain_window, percentile_series
+from analysis.contract import Report
 from analysis.engine import model as M
 from tests import samples_cache
 
@@ -29,7 +30,7 @@ F = 300 * 1_000_000_000  # the refresh interval: 5 minutes
 
 
 @pytest.fixture(scope="module")
-def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int, Report]]:
     """(a chdb client with otel_traces, its tailscope_requests views applied before the spans arrived; the start
     of the sample's first 5-minute interval; the report computed from the spans alone)."""
     root = tmp_path_factory.mktemp("chm")
@@ -73,7 +74,7 @@ def _computed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_a_covered_table_gives_the_report_from_its_rows_alone(ch: tuple[Any, int, dict[str, Any]],
+def test_a_covered_table_gives_the_report_from_its_rows_alone(ch: tuple[Any, int, Report],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     client, t0, want = ch
     _reset(client, t0, t0 + F)
@@ -85,7 +86,7 @@ def test_a_covered_table_gives_the_report_from_its_rows_alone(ch: tuple[Any, int
     assert n == want["requests"] > 0 and want["spikes"]
 
 
-def test_every_request_column_equals_the_computed_one(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_every_request_column_equals_the_computed_one(ch: tuple[Any, int, Report]) -> None:
     client, t0, _ = ch
     _reset(client, t0)  # half from the table, half computed
     order = "ORDER BY trace_id, span_id"
@@ -98,7 +99,7 @@ def test_every_request_column_equals_the_computed_one(ch: tuple[Any, int, dict[s
     assert got.schema.names == list(M.REQUEST_COLUMNS)
 
 
-def test_the_rows_of_a_covered_interval_are_read(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_the_rows_of_a_covered_interval_are_read(ch: tuple[Any, int, Report]) -> None:
     """Corrupting a covered interval's rows changes the report: the table is what it reads there."""
     client, t0, want = ch
     _reset(client, t0, t0 + F)
@@ -107,7 +108,7 @@ def test_the_rows_of_a_covered_interval_are_read(ch: tuple[Any, int, dict[str, A
     assert build_report(client, materialized=False) == want
 
 
-def test_a_gap_is_computed_from_the_spans(ch: tuple[Any, int, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+def test_a_gap_is_computed_from_the_spans(ch: tuple[Any, int, Report], monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     client, t0, want = ch
     _reset(client, t0 + F)  # the first interval never refreshed
@@ -117,7 +118,7 @@ def test_a_gap_is_computed_from_the_spans(ch: tuple[Any, int, dict[str, Any]], m
     assert len(calls) == 1
 
 
-def test_a_double_refresh_reads_the_latest_once(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_a_double_refresh_reads_the_latest_once(ch: tuple[Any, int, Report]) -> None:
     client, t0, want = ch
     _reset(client, t0, t0 + F, t0)
     groups = client.query(f"SELECT refresh_lo_ns AS lo, uniqExact(refreshed_ns) AS k FROM {T} GROUP BY lo "
@@ -132,7 +133,7 @@ def test_a_double_refresh_reads_the_latest_once(ch: tuple[Any, int, dict[str, An
     assert build_report(client) == want
 
 
-def test_a_refresh_cut_short_is_not_read(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_a_refresh_cut_short_is_not_read(ch: tuple[Any, int, Report]) -> None:
     client, t0, want = ch
     _reset(client, t0, t0 + F)
     client.command(f"ALTER TABLE {T} DELETE WHERE refresh_lo_ns = {t0} AND cityHash64(span_id) % 7 = 0 "
@@ -141,7 +142,7 @@ def test_a_refresh_cut_short_is_not_read(ch: tuple[Any, int, dict[str, Any]]) ->
     assert build_report(client) == want
 
 
-def test_rows_of_another_model_are_not_read(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_rows_of_another_model_are_not_read(ch: tuple[Any, int, Report]) -> None:
     client, t0, want = ch
     _reset(client, t0, t0 + F)
     # rows a different model would have written: other values, another fingerprint
@@ -159,7 +160,7 @@ def test_the_fingerprint_follows_the_model_and_the_source(monkeypatch: pytest.Mo
     assert C.requests_fingerprint() != fp
 
 
-def test_an_empty_interval_is_covered_and_computes_nothing(ch: tuple[Any, int, dict[str, Any]],
+def test_an_empty_interval_is_covered_and_computes_nothing(ch: tuple[Any, int, Report],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     client, t0, want = ch
     _reset(client, t0 - F, t0, t0 + F, t0 + 2 * F)  # the first and the last hold no request
@@ -176,7 +177,7 @@ def test_an_empty_interval_is_covered_and_computes_nothing(ch: tuple[Any, int, d
     assert len(calls) == 1, "only the report asked to compute everything (materialized=False) computed"
 
 
-def test_a_time_range_percentiles_and_a_window_read_the_table_too(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_a_time_range_percentiles_and_a_window_read_the_table_too(ch: tuple[Any, int, Report]) -> None:
     client, t0, _ = ch
     _reset(client, t0)
     since, until = t0 + 60 * 10**9, t0 + 7 * 60 * 10**9  # across the covered interval's end
@@ -220,7 +221,7 @@ def test_the_uncovered_ranges_equal_a_point_by_point_reference() -> None:
         assert got == _uncovered_reference(covered, lo, hi, top), (covered, lo, hi)
 
 
-def test_late_spans_make_their_intervals_stale(ch: tuple[Any, int, dict[str, Any]]) -> None:
+def test_late_spans_make_their_intervals_stale(ch: tuple[Any, int, Report]) -> None:
     """Runs last: it adds a request to the module's table."""
     client, t0, want = ch
     _reset(client, t0, t0 + F)

@@ -19,11 +19,14 @@ import pytest
 
 from analysis import clickhouse as C
 from analysis.clickhouse import report as CR
+from analysis.clickhouse.client import Client
 from analysis.clickhouse.export import export_store
+from analysis.contract import Report
 from analysis.engine.connect import connect
 from analysis.report import build_report
 from tests import samples_cache
 from tests.analysis.clickhouse_releases import NEWEST, Served, older_releases, serve
+from tests.analysis.recording import Passing
 from tracing.errors import QueryError
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
@@ -74,12 +77,12 @@ def test_export_run_again_adds_no_span(served: tuple[str, Served, Any], store: P
 
 
 @pytest.fixture(scope="module")
-def store_report(store: Path) -> dict[str, Any]:
+def store_report(store: Path) -> Report:
     """The store's report (DuckDB), the same for every release: computed once."""
     return build_report(connect(store))
 
 
-def test_the_report_equals_the_stores(served: tuple[str, Served, Any], store_report: dict[str, Any]) -> None:
+def test_the_report_equals_the_stores(served: tuple[str, Served, Any], store_report: Report) -> None:
     _, _, client = served
     want = store_report
     assert want["spikes"], "the sample has a spike, so the explanation's SQL runs too"
@@ -130,14 +133,12 @@ def _present(client: Any, names: tuple[str, ...]) -> set[str]:
     return {str(r["name"]) for r in rows} & set(names)
 
 
-class _FailingOn:
+class _FailingOn(Passing):
     """A client whose server refuses one statement (as one refused for want of a right would be)."""
 
-    def __init__(self, inner: Any, prefix: str) -> None:
-        self.inner, self.dsn, self.prefix = inner, inner.dsn, prefix
-
-    def query(self, sql: str, settings: dict[str, Any] | None = None) -> Any:
-        return self.inner.query(sql, settings)
+    def __init__(self, inner: Client, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
 
     def command(self, sql: str) -> None:
         if sql.startswith(self.prefix):

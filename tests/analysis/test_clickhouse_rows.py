@@ -19,6 +19,7 @@ import pytest
 
 from analysis import connect
 from analysis.clickhouse import attributes as CA
+from analysis.clickhouse.client import Client
 from analysis.clickhouse.export import export_store
 from analysis.clickhouse.report import STAGES_TEMP, _ServerSpikeRows, _ServerValues
 from analysis.clickhouse.report import build_report as ch_report
@@ -27,6 +28,7 @@ from analysis.stats import attributes as A
 from analysis.stats import explain as X
 from analysis.stats import spikes as SP
 from analysis.stats.spikes import Spike
+from tests.analysis.recording import Passing
 from tests.analysis.test_attributes import pair_store
 from tests.analysis.test_neighbours import fleet
 
@@ -44,20 +46,17 @@ SPANS = "SELECT TimestampNs, TraceId"
 DETECTION_BLOCKS = "SELECT k, arrayMap(j -> lo[j]"
 
 
-class _Logging:
+class _Logging(Passing):
     """A client keeping each query's SQL (whitespace folded) and the rows it returned."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.dsn = inner, inner.dsn
+    def __init__(self, inner: Client) -> None:
+        super().__init__(inner)
         self.answers: list[tuple[str, int]] = []
 
     def query(self, sql: str, settings: dict[str, Any] | None = None) -> pa.Table:
         out = self.inner.query(sql, settings)
         self.answers.append((" ".join(sql.split()), out.num_rows))
         return out
-
-    def command(self, sql: str) -> None:
-        self.inner.command(sql)
 
 
 @pytest.fixture(scope="module")

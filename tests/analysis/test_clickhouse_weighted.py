@@ -95,7 +95,7 @@ def test_the_weighted_series_on_the_server_equals_the_one_in_memory(engines: tup
                                                                     seed: int, kw: dict[str, Any]) -> None:
     con, client = engines
     counted = Recording(client)
-    got = CR.percentile_series(counted, "unused", window_s=60, facts=f"f{seed}", **kw)  # type: ignore[arg-type]
+    got = CR.percentile_series(counted, "unused", window_s=60, facts=f"f{seed}", **kw)
     want = P.percentile_series(con, window_s=60, source=f"f{seed}", **kw)
     _same(got, want)
     assert counted.rows == 1 + got.height  # the sampled check, then one row per window (and group)
@@ -111,17 +111,17 @@ def test_the_weighted_breakdowns_on_the_server_equal_the_ones_in_memory(
     con, client = engines
     table = f"f{seed}"
     counted = Recording(client)
-    got = CB.summary(counted, table, where)  # type: ignore[arg-type]
+    got = CB.summary(counted, table, where)
     assert counted.rows == 2  # the sampled check, one row of figures
     assert got == B.summary(con, table, where)
     assert got["requests_weighted"] != got["requests"] and got["e2e_p99_ms"] is not None
     for metric in ("e2e", "ttft", "tpot"):
         counted.clear()
-        reps = CB.replicas(counted, table, metric, where)  # type: ignore[arg-type]
+        reps = CB.replicas(counted, table, metric, where)
         _same(reps, B.replicas(con, metric, table, where))
         assert counted.rows == 1 + reps.height
         for by in (B.TOKEN_COLUMNS, ("output_tokens",)):
             counted.clear()
-            buckets = CB.shape(counted, table, metric, by, where)  # type: ignore[arg-type]
+            buckets = CB.shape(counted, table, metric, by, where)
             _same(buckets, B.shape(con, metric, by, table, where))
             assert counted.rows == 1 + buckets.height

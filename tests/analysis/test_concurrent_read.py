@@ -9,6 +9,7 @@ from pathlib import Path
 
 from analysis import connect, refresh
 from tests.factory import add_request, write
+from tests.sql import one
 from tracing.rows import SpanBatch
 
 WRITER = """
@@ -44,10 +45,9 @@ def test_reader_during_writes_sees_only_whole_segments(tmp_path: Path) -> None:
             con = connect(tmp_path) if len(counts) % 2 else long_lived
             if con is long_lived:
                 refresh(con, tmp_path)
-            n, spans, bad = con.execute(
-                "SELECT count(*), (SELECT count(*) FROM spans), "
-                "count(*) FILTER (WHERE queue_wait_ns + generation_ns + other_ns <> e2e_ns) FROM requests"
-            ).fetchone()  # type: ignore[misc]
+            n, spans, bad = one(
+                con, "SELECT count(*), (SELECT count(*) FROM spans), "
+                "count(*) FILTER (WHERE queue_wait_ns + generation_ns + other_ns <> e2e_ns) FROM requests")
             if con is not long_lived:
                 con.close()
             assert bad == 0

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from analysis import connect
@@ -25,6 +26,7 @@ from analysis.engine import gpu_sweep as GS
 from analysis.engine.gpu_sweep import sweep_params
 from tests import samples_cache
 from tests.factory import T0, add_request, hex_id, write
+from tests.sql import one
 from tracing.errors import QueryError
 from tracing.rows import SpanBatch
 
@@ -39,7 +41,7 @@ def _shares(con: Any, **kw: Any) -> tuple[dict[tuple[str, str, int], int], dict[
     shares, reps = gpu_shares(con, **kw)
     a = {(r, t, b): n for r, t, b, n in con.execute(
         f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").fetchall()}
-    b = {(r, bk): (o, al, c, i) for r, bk, o, al, c, i in con.execute(
+    b: dict[tuple[str, int], tuple[int, ...]] = {(r, bk): (o, al, c, i) for r, bk, o, al, c, i in con.execute(
         f"SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns FROM {reps}").fetchall()}
     drop_sweep(con)
     return a, b
@@ -132,12 +134,12 @@ def _random_store(rng: random.Random, path: Path) -> list[dict[str, Any]]:
 
 
 def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None,
-               cell: int | None = None) -> tuple[dict[Any, int], dict[Any, Any]]:
+               cell: int | None = None) -> tuple[dict[Any, int], dict[Any, tuple[int, ...]]]:
     """Per-instant reference: active sets instant by instant, then the segment rule; with `cell`, each cell
     (multiples of `cell` ns since the epoch, times here being offsets from T0) is swept on its own: its edges cut
     segments and the remainder goes to the active request whose run ends last within the cell."""
     alloc: dict[Any, int] = defaultdict(int)
-    reps: dict[Any, list[int]] = {}
+    reps: dict[Any, tuple[int, ...]] = {}
     for rep in sorted({r["replica"] for r in reqs}):
         mine = [r for r in reqs if r["replica"] == rep]
         spans = [(r["start"], r["end"]) for r in mine] + [(s[1], s[2]) for r in mine for s in r["stages"]]
@@ -170,7 +172,7 @@ def _reference(reqs: list[dict[str, Any]], lo: int, hi: int, grid: int | None,
         if cell:
             bounds |= {t for t in range(first + 1, last) if (T0 + t) % cell == 0}
         bounds_l = sorted(b for b in bounds if first <= b <= last)
-        totals = defaultdict(lambda: [0, 0, 0, 0])
+        totals: defaultdict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for t0, t1 in itertools.pairwise(bounds_l):
             bucket = (t0 - t0 % grid) if grid else 0
             active = sorted(k for k in gpu if on(k, t0))
@@ -248,6 +250,53 @@ def test_series_cells_add_up_to_the_observed_time(tmp_path: Path) -> None:
     # 120-150 s: x 120-130 s, idle 130-150 s
     assert cells[(120, "x")] == 10 * S and cells[(120, "(idle)")] == 20 * S
     assert frame["gpu_ns"].sum() == 150 * S
+
+
+def test_series_reads_each_cell_over_the_time_observed(tmp_path: Path) -> None:
+    """A cell only partly observed (the data starts or ends inside it) is read over its observed part: `gpus`, GPU
+    seconds a second, against a plain reference from the spans' times (seeds 1-5, random ranges); and a hand-made
+    fleet of two replicas whose first spans start 17 s and 40 s into the first minute reads 2 x 43 s + 20 s of
+    replica time over 43 s there, not over 60 s."""
+    batch = SpanBatch()
+    add_request(batch, "a", 17 * S, 150 * S, [("generation", 20 * S, 140 * S)], replica="A", attrs=_tenant("x"))
+    add_request(batch, "b", 40 * S, 180 * S, [("generation", 40 * S, 170 * S)], replica="B", attrs=_tenant("y"))
+    write(tmp_path / "hand", batch)
+    frame = cost_series(connect(tmp_path / "hand"), by="tenant", bucket_s=60)
+    total = {int(b - T0) // S: g for b, g in frame.group_by("bucket_ns").agg(pl.col("gpus").sum()).iter_rows()}
+    observed = dict(frame.select((pl.col("bucket_ns") - T0) // S, pl.col("observed_ns") // S).unique().iter_rows())
+    assert observed == {0: 43, 60: 60, 120: 60} and total == {0: (43 + 20) / 43, 60: 2.0, 120: (30 + 60) / 60}
+    for seed in range(1, 6):
+        rng = random.Random(seed)
+        for case in range(6):
+            path, batch, windows = tmp_path / f"r{seed}-{case}", SpanBatch(), {}
+            for rep in ("A", "B", "C")[:rng.randint(1, 3)]:
+                times = []
+                for i in range(rng.randint(1, 3)):
+                    start = rng.randint(0, 240) * S
+                    g0, g1 = start + rng.randint(0, 5) * S, start + rng.randint(6, 90) * S
+                    end = g1 + rng.randint(0, 5) * S
+                    add_request(batch, f"{rep}{i}", start, end, [("generation", g0, g1)], replica=rep,
+                                attrs=_tenant(rng.choice("xy")))
+                    times += [start, end]
+                windows[rep] = (min(times), max(times))
+            write(path, batch)
+            lo, hi = (rng.randint(0, 120) * S, rng.randint(150, 400) * S) if rng.random() < 0.5 else (None, None)
+            frame = cost_series(connect(path), by="tenant", bucket_s=60, since=None if lo is None else T0 + lo,
+                                until=None if hi is None else T0 + hi)
+            clipped = [(max(a, lo if lo is not None else a), min(b, hi if hi is not None else b))
+                       for a, b in windows.values()]
+            clipped = [(a, b) for a, b in clipped if b > a]
+            first, last = min(a for a, _ in clipped), max(b for _, b in clipped)
+
+            def overlap(a: int, b: int, c: int) -> int:
+                return max(0, min(b, c + 60 * S) - max(a, c))
+
+            for c, got_obs, got_gpus, got_ns in frame.group_by("bucket_ns").agg(
+                    pl.col("observed_ns").first(), pl.col("gpus").sum(), pl.col("gpu_ns").sum()).iter_rows():
+                c -= T0
+                want_ns = sum(overlap(a, b, c) for a, b in clipped)  # every replica's observed time in the cell
+                assert (got_obs, got_ns) == (overlap(first, last, c), want_ns), (seed, case, c)
+                assert got_gpus == pytest.approx(want_ns / overlap(first, last, c), rel=1e-12), (seed, case, c)
 
 
 def test_prices_table_and_errors(tmp_path: Path) -> None:
@@ -404,7 +453,8 @@ def _ch_shares(client: Any, table: str, **kw: Any) -> tuple[dict[Any, int], dict
     shares, reps = clickhouse_gpu_shares(client, table, **kw)
     a = {(r["replica"], r["trace_id"], r["bucket_ns"]): r["allocated_ns"]
          for r in client.query(f"SELECT replica, trace_id, bucket_ns, allocated_ns FROM {shares}").to_pylist()}
-    b = {(r["replica"], r["bucket_ns"]): (r["observed_ns"], r["allocated_ns"], r["cold_start_ns"], r["idle_ns"])
+    b: dict[Any, tuple[int, ...]] = {
+        (r["replica"], r["bucket_ns"]): (r["observed_ns"], r["allocated_ns"], r["cold_start_ns"], r["idle_ns"])
          for r in client.query("SELECT replica, bucket_ns, observed_ns, allocated_ns, cold_start_ns, idle_ns "
                                f"FROM {reps}").to_pylist()}
     return a, b
@@ -426,7 +476,7 @@ def test_the_clickhouse_sweep_equals_duckdbs_on_a_sampled_store(
         chdb_client.command(f"DROP TABLE IF EXISTS {table}")
         export_store(store, chdb_client, table)
         con = connect(store)
-        lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+        lo, hi = one(con, "SELECT min(start_ns), max(end_ns) FROM requests")
         tol = 1 if weighted else 0
         # the last two: cells of 7 s instead of the minute, so the cell edges cut many segments
         for kw in ({}, {"since": lo + (hi - lo) // 3, "until": lo + 2 * (hi - lo) // 3, "grid_ns": 60 * S},
@@ -460,7 +510,7 @@ def test_the_cost_on_clickhouse_equals_the_stores(
     export_store(whole, chdb_client, table)
     facts = C.materialize_requests(chdb_client, table, name="_cost_facts")
     con = connect(whole)
-    lo, hi = con.execute("SELECT min(start_ns), max(end_ns) FROM requests").fetchone()
+    lo, hi = one(con, "SELECT min(start_ns), max(end_ns) FROM requests")
     prices = Prices(2.5)
     for by, kw in itertools.product(("tenant", "model", "replica"), ({}, {"since": lo + (hi - lo) // 3,
                                                                          "until": lo + 2 * (hi - lo) // 3})):

@@ -39,11 +39,12 @@ def _spans(rng: random.Random) -> list[dict[str, Any]]:
     for n in range(N_REQUESTS):
         trace, sid = hex_id("t", n, size=32), hex_id("r", n)
         start = T0 + (n % 2) * HOUR + rng.randrange(10**9, HOUR - 10**11)
-        base = {"trace_id": trace, "span_id": sid, "parent_span_id": "", "name": "chat", "kind": "Server",
-                "start_ns": start, "end_ns": start + rng.randrange(10**8, 10**10), "service": "llm",
-                "replica": "r-1", "status_code": "Unset",
-                "attrs": {S.ATTR_REQUEST: "true", "gen_ai.request.model": "m-a", "tailscope.tenant": "t-a",
-                          "gen_ai.usage.output_tokens": "20", "color": "red", "size": "3"}}
+        base: dict[str, Any] = {
+            "trace_id": trace, "span_id": sid, "parent_span_id": "", "name": "chat", "kind": "Server",
+            "start_ns": start, "end_ns": start + rng.randrange(10**8, 10**10), "service": "llm",
+            "replica": "r-1", "status_code": "Unset",
+            "attrs": {S.ATTR_REQUEST: "true", "gen_ai.request.model": "m-a", "tailscope.tenant": "t-a",
+                      "gen_ai.usage.output_tokens": "20", "color": "red", "size": "3"}}
         copies = [base]
         for _ in range(rng.choice((0, 0, 1, 1, 2))):
             c = {**base, "attrs": dict(base["attrs"])}

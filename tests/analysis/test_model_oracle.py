@@ -190,7 +190,7 @@ def test_request_facts_match_the_per_instant_reference(random_traces: Any) -> No
     con = connect(store)
     table = request_facts(con, with_ttft=True)
     cols = ("e2e_ns", "ttft_ns", "tpot_ns", "replica")
-    got = {}
+    got: dict[str, list[tuple[Any, ...]]] = {}
     for trace, start, *vals in con.execute(f"SELECT trace_id, start_ns, {', '.join(cols)} FROM {table}").fetchall():
         got.setdefault(trace, []).append((start, *vals))
     ref: dict[str, list[tuple[Any, ...]]] = {}

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from analysis import connect
 from analysis import neighbours as N
+from analysis.contract import Report, Spike
 from analysis.engine.percentiles import weighted_quantile_sorted
 from analysis.report import build_report, render_text
 from tests import samples_cache
@@ -83,7 +84,7 @@ def fleet(name: str, factory: pytest.TempPathFactory) -> Path:
     return samples_cache.built(f"neighbours-{name}", lambda path: _fleet(path, **FLEETS[name]), factory)
 
 
-def _spikes(path: Path) -> list[dict[str, Any]]:
+def _spikes(path: Path) -> list[Spike]:
     con = connect(path)
     report = build_report(con, window_s="60s")
     assert not report["errors"], report["errors"]
@@ -91,12 +92,12 @@ def _spikes(path: Path) -> list[dict[str, Any]]:
     return list(report["spikes"])
 
 
-def _says_in_text(report: dict[str, Any]) -> None:
+def _says_in_text(report: Report) -> None:
     """The text report carries each spike's noisy-neighbour sentence when there is one, and nothing otherwise."""
     console = Console(record=True, width=1000)
     render_text(report, console)
     text = console.export_text()
-    said = [s["noisy_neighbour"]["sentence"] for s in report["spikes"] if s.get("noisy_neighbour")]
+    said = [nn["sentence"] for s in report["spikes"] if (nn := s.get("noisy_neighbour"))]
     assert text.count("noisy neighbour: ") == len(said)
     for sentence in said:
         assert f"noisy neighbour: {sentence}" in text
@@ -153,7 +154,8 @@ def _neighbour_of(path: Path) -> tuple[dict[str, Any] | None, float]:
     found = N.noisy_neighbour(con, facts, frame, cast(Any, det), cast(Any, spike), item)
     in_spike = frame.filter((pl.col("start_ns") >= spike.start_ns) & (pl.col("start_ns") < spike.end_ns)
                             & (pl.col("value") > spike.baseline_p99_ns))
-    naive = float((in_spike.get_column("tenant").cast(pl.String) == "x").mean() or 0.0)
+    # a boolean Series' mean: a float, None when empty (polars types it as any Python literal)
+    naive = cast(float | None, (in_spike.get_column("tenant").cast(pl.String) == "x").mean()) or 0.0
     con.close()
     return found, naive
 

@@ -26,7 +26,7 @@ def _lazy(name: str, codes: np.ndarray, labels: int, rng: np.random.Generator) -
     the rows between them and after the last in no run (missing there)."""
     n = codes.size
     cuts = sorted(rng.choice(np.arange(1, n), 3, replace=False).tolist())
-    runs = []
+    runs: list[A.Run] = []
     for a, b in ((0, cuts[0]), (cuts[1], cuts[2])):  # rows cuts[0]..cuts[1] and cuts[2].. in no run
         order = rng.permutation(labels + 1)  # file code -> label code, the last file code missing
         lut = np.append(np.arange(labels), -1)[order].astype(np.int64)

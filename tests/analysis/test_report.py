@@ -107,8 +107,9 @@ def test_report_finds_the_spike_and_names_stage_replica_and_exemplars(spiky: Pat
     top = spike["dimensions"][0]
     assert set(top) == DIM_KEYS | {"finer", "coarser"}  # the named one's levels of a learned hierarchy
     assert (top["dimension"], top["value"], top["lo"], top["hi"]) == ("replica", SLOW_REPLICA, None, None)
-    assert top["explained"] > 0.9
-    assert top["p99_without_ms"] < spike["p99_ms"]
+    explained, without, p99 = top["explained"], top["p99_without_ms"], spike["p99_ms"]
+    assert explained is not None and explained > 0.9
+    assert without is not None and p99 is not None and without < p99
     # unsampled: every effective count is the count
     assert spike["tail_requests_weighted"] == spike["tail_effective"] == spike["tail_requests"]
     assert all(d["support_weighted"] == d["support"] for d in spike["dimensions"])

@@ -72,7 +72,7 @@ def _ref_judge(values: Any, weights: Any, failed: Any, recorded: Any, malformed:
     return view
 
 
-def _random_inputs(rng: np.random.Generator, trial: int) -> tuple[Any, ...]:
+def _random_inputs(rng: np.random.Generator, trial: int) -> tuple[SM.F64, SM.F64, SM.Mask, SM.Mask, SM.Mask]:
     """Values (ties on some trials), weights (1, whole, dyadic or thirds), failures, records (none, all, at random,
     or missing mostly on slow / failed requests as a tail sampler leaves them), malformed records."""
     n = int(rng.choice([0, 1, 7, int(rng.integers(50, 3000))], p=[0.05, 0.05, 0.1, 0.8]))

@@ -484,9 +484,9 @@ def test_the_block_draws_have_the_exact_law_of_a_uniform_placement(by_value: boo
     total = sum(exact.values())
     draws = 20_000
     ck, cs = _block_sums(np.array(scores), n, draws, np.random.default_rng(5))
-    k, s = np.diff(ck, axis=1), np.diff(cs, axis=1)
+    block_k, block_s = np.diff(ck, axis=1), np.diff(cs, axis=1)
     seen: dict[tuple[int, ...], int] = {}
-    for row in np.concatenate([k, np.round(s * 2).astype(np.int64)], axis=1).tolist():
+    for row in np.concatenate([block_k, np.round(block_s * 2).astype(np.int64)], axis=1).tolist():
         seen[tuple(row)] = seen.get(tuple(row), 0) + 1
     assert set(seen) <= set(exact)
     for key, ways in exact.items():

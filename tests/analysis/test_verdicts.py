@@ -3,6 +3,8 @@ breakdowns on real DuckDB tables."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import duckdb
 import numpy as np
 import polars as pl
@@ -103,7 +105,7 @@ def test_outlier_replica_explained_by_a_tenant(fleet: duckdb.DuckDBPyConnection)
     assert V.outlier_explanations(fleet, where="replica <> 'replica-3' AND replica <> 'replica-6'") == []
 
 
-def _per_value(con: duckdb.DuckDBPyConnection, metric: str, where: str, params: list[object]) -> list[dict]:
+def _per_value(con: duckdb.DuckDBPyConnection, metric: str, where: str, params: Sequence[object]) -> list[dict]:
     """Outlier explanations as they were first written: the values tried, then one `replicas` query per value."""
     from analysis.breakdowns import replicas
 

@@ -158,7 +158,7 @@ def test_a_growing_alert_keeps_its_filters_and_attribute_in_the_link() -> None:
     w = Watcher(Config(window_s=60, delay_s=0, dashboard_url=DASH, rules=[rule], explain=False))
     rng = np.random.default_rng(3)
     fired: dict[str, Any] | None = None
-    ends = []
+    ends: list[int] = []
     for i in range(26):
         n = 600
         e2e = rng.normal(1.0, 0.05, n) * ns
@@ -175,11 +175,13 @@ def test_a_growing_alert_keeps_its_filters_and_attribute_in_the_link() -> None:
             # as if its explanation had named an attribute value
             fired.update({"attribute": "k8s.node.name", "attribute_source": "resource", "value": "node-3"})
         if fired is not None and "tail_spike" in w.active:
-            ends.append(parse_time(w.active["tail_spike"]["window_end"]))
+            grown = parse_time(w.active["tail_spike"]["window_end"])
+            assert grown is not None
+            ends.append(grown)
     assert fired is not None and len(set(ends)) >= 2, ends  # it fired, then grew
     alert = fired  # the record itself, grown in place (resolving leaves its window and link)
     end = parse_time(alert["window_end"])
-    assert end == max(ends) > fired["window_start_ns"] + window_ns
+    assert end is not None and end == max(ends) > fired["window_start_ns"] + window_ns
     assert alert["dashboard_url"] == with_attribute(spike_url(DASH, alert["window_start_ns"], end,
                                                               (("tenant", "acme"),)), alert)
     assert "tenant=acme" in alert["dashboard_url"] and "attr=k8s.node.name&attr_value=node-3" in alert["dashboard_url"]

@@ -121,7 +121,8 @@ def test_watch_alerts_real_receivers_and_survives_kill_9(tmp_path: Path) -> None
     procs: list[subprocess.Popen[Any]] = [collect, serve]
     load: Load | None = None
     try:
-        urls = [serve.stdout.readline().split()[1] for _ in range(2)]  # type: ignore[union-attr]
+        assert serve.stdout is not None
+        urls = [serve.stdout.readline().split()[1] for _ in range(2)]
         with recording() as rec, alertmanager(tmp_path, AM_CONFIG.replace("REC", rec.url())) as am:
             load = Load(urls)
             load.thread.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 import duckdb
 import numpy as np
@@ -52,8 +53,8 @@ def test_weights_of_one_are_the_unweighted_quantile_bit_for_bit() -> None:
             plain = quantile_sorted(values, q)  # what the analysis computed before weights existed
             assert weighted_quantile_sorted(values, np.ones(values.size), q) == plain
             assert weighted_quantile_sorted(values, None, q) == plain
-            duck = duckdb.sql(f"SELECT quantile_cont(v, {q}) FROM (SELECT unnest(?::DOUBLE[]) AS v)",
-                              params=[values.tolist()]).fetchall()[0][0]
+            duck = duckdb.execute(f"SELECT quantile_cont(v, {q}) FROM (SELECT unnest(?::DOUBLE[]) AS v)",
+                                  [values.tolist()]).fetchall()[0][0]
             assert plain == pytest.approx(duck, rel=1e-15)
 
 
@@ -64,7 +65,7 @@ def test_effective_count() -> None:
     assert effective_count(None, 5) == 5.0
 
 
-def _table(con: duckdb.DuckDBPyConnection, rows: list[tuple[int, str, int, float, str]]) -> None:
+def _table(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple[int, str | None, int, float, str]]) -> None:
     con.execute("CREATE OR REPLACE TABLE t (start_ns BIGINT, tenant VARCHAR, e2e_ns BIGINT, adjusted_count DOUBLE, "
                 "status VARCHAR)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", [list(r) for r in rows])

@@ -42,3 +42,31 @@ def test_a_tree_to_compare_against_must_be_a_checkout(tmp_path: Path) -> None:
 
     assert B.foreign_parts([os.getpid()], B.ROOT) == []
     assert os.path.realpath(str(replay.__file__)) in B.foreign_parts([os.getpid()], tmp_path)
+
+
+def test_the_static_files_a_page_names_are_fetched_once_each(tmp_path: Path) -> None:
+    """A page whose HTML names three static files, one twice and one as a stylesheet: each fetched once, over the
+    connections, their sizes summed; a link outside static/ is not one of them."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "static" / "js").mkdir(parents=True)
+    (tmp_path / "static" / "css").mkdir()
+    (tmp_path / "static" / "js" / "a.js").write_bytes(b"x" * 1024)
+    (tmp_path / "static" / "js" / "b.js").write_bytes(b"y" * 2048)
+    (tmp_path / "static" / "css" / "c.css").write_bytes(b"z" * 512)
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "index.html").write_text(
+        '<script src="./static/js/a.js"></script><link rel="modulepreload" href="./static/js/b.js">'
+        '<link href="./static/css/c.css"><link rel="modulepreload" href="./static/js/a.js"><a href="./other.html">')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        try:
+            assert B.static_files(url, "page/") == ["static/js/a.js", "static/js/b.js", "static/css/c.css"]
+            got = B.fetch_static(url, "page/", [], connections=2)
+        finally:
+            httpd.shutdown()
+    assert (got.requests, got.kbytes, got.browser_cpu_s, got.server_cpu_s) == (3, 3.5, 0.0, 0.0)

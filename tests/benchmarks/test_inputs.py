@@ -74,7 +74,8 @@ def test_other_code_rebuilds_naming_the_module(tmp_path: Path, capsys: pytest.Ca
     assert I.prepare(target, build, size=3) is not None
     assert len(CALLS) == 2
     assert f"rebuilding: the code that built it changed ({__name__})" in capsys.readouterr().err
-    assert I.read_stamp(target)["digest"] == I.fingerprint(build, {"size": 3})["digest"]  # type: ignore[index]
+    stamp = I.read_stamp(target)
+    assert stamp is not None and stamp["digest"] == I.fingerprint(build, {"size": 3})["digest"]
 
 
 def test_a_built_file_changed_or_missing_rebuilds(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from analysis.engine.percentiles import parse_time
 from analysis.watch import AlertStore, Config, alerts_frame, replay
 from tests.dashboard.conftest import APP
 from tests.dashboard.incident_store import Incident
+from tests.sql import one
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def alerted(incident: tuple[Path, Incident], tmp_path_factory: pytest.TempPathFa
     shutil.copytree(src, store)
     assert alerts_frame(store).height == 0  # nothing kept yet
     con = connect(store)
-    lo, hi = con.execute("SELECT min(start_ns), max(start_ns) FROM requests").fetchone()  # type: ignore[misc]
+    lo, hi = one(con, "SELECT min(start_ns), max(start_ns) FROM requests")
     con.close()
     fired = replay(store, Config(), int(lo), int(hi) + 1)
     assert fired and parse_time(fired[0]["window_start"]) is not None

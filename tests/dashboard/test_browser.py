@@ -144,10 +144,15 @@ def _new_page(context: Any) -> Any:
     return page
 
 
+#: A narrow laptop's viewport: every page is checked at it too (nothing cut short), beside the default 1,400 px.
+NARROW = {"width": 1024, "height": 1000}
+
+
 def _visit_pages(context: Any, url: str, pages: Sequence[tuple[str, str, str | tuple[str, ...]]], shots: str,
-                 asked: list[str] | None = None) -> Any:
+                 asked: list[str] | None = None, narrow: bool = False) -> Any:
     """Open `url`, click each (link, heading, text that must show) in the sidebar, screenshot each page as
-    `<shots>-<heading>.png` and fail on a traceback; returns the page, still open."""
+    `<shots>-<heading>.png` and fail on a traceback; `narrow`: each page again at NARROW's width, nothing cut short
+    (`<shots>-<heading>-1024.png`). Returns the page, still open."""
     from playwright.sync_api import expect
 
     page = _new_page(context)
@@ -164,15 +169,27 @@ def _visit_pages(context: Any, url: str, pages: Sequence[tuple[str, str, str | t
         assert page.get_by_test_id("stException").count() == 0, f"{label}: a traceback is on screen"
         assert not RAW.search(_text_outside_tables(page)), f"{label}: {RAW.findall(_text_outside_tables(page))}"
         assert not _misdrawn(page), f"{label}: misdrawn: {_misdrawn(page)}"
+        if narrow:
+            wide = page.viewport_size
+            page.set_viewport_size(NARROW)
+            _settle(page)
+            _screenshot(page, ARTIFACTS / f"{shots}-{heading.lower().replace(' ', '-')}-1024.png")
+            assert not _misdrawn(page), f"{label} at 1,024 px: misdrawn: {_misdrawn(page)}"
+            page.set_viewport_size(wide)
     return page
 
 
 def _misdrawn(page: Any) -> list[Any]:
-    """The metric values too wide for their column (the browser ends them with an ellipsis), the chart texts Vega
-    shortened (a legend's or an axis' label past its limit ends with "…") and each axis that repeats a label (a
-    count axis ticking halves rounds 0.5 to a second "1"; a log axis leaves some ticks blank)."""
+    """The metric values and labels too wide for their place (the browser ends them with an ellipsis), the tables
+    that run past the page's right edge, the chart texts Vega shortened (a legend's or an axis' label past its limit
+    ends with "…") and each axis that repeats a label (a count axis ticking halves rounds 0.5 to a second "1"; a log
+    axis leaves some ticks blank)."""
     return list(page.evaluate("""() => [
-        ...[...document.querySelectorAll('[data-testid=stMetricValue] *')]
+        ...[...document.querySelectorAll('[data-testid=stMain] table')].filter(t => {
+            const box = document.querySelector('[data-testid=stMainBlockContainer]');
+            const right = box.getBoundingClientRect().right - parseFloat(getComputedStyle(box).paddingRight);
+            return t.getBoundingClientRect().right > right + 1; }).map(t => 'table: ' + t.innerText.slice(0, 40)),
+        ...[...document.querySelectorAll('[data-testid=stMetricValue] *, [data-testid=stMetricLabel] *')]
             .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText),
         ...[...document.querySelectorAll('[data-testid=stVegaLiteChart] svg text')].map(t => t.textContent)
             .filter(t => t.endsWith('\u2026')),
@@ -192,13 +209,14 @@ def _text_outside_tables(page: Any) -> str:
 
 
 def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
-    """Every page once in a New York browser: no traceback, no raw number, nothing fetched from off the machine;
+    """Every page once in a New York browser, at 1,400 and 1,024 px: no traceback, no raw number, nothing cut
+    short, nothing fetched from off the machine;
     the time axes read UTC like the banners; the failures chart draws visible bars; a latency tab draws its chart;
     a brush explains a window."""
     from playwright.sync_api import expect
 
     asked: list[str] = []
-    page = _visit_pages(context, dashboard_url, PAGES, "dashboard", asked)
+    page = _visit_pages(context, dashboard_url, PAGES, "dashboard", asked, narrow=True)
     outside = sorted({u for u in asked if not u.startswith((dashboard_url, "data:", "blob:"))})
     assert not outside, f"requests leaving the machine: {outside}"
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Overview", exact=True).click()
@@ -287,7 +305,7 @@ def test_links_open_the_view_they_name(context: Any, dashboard_url: str) -> None
     expect(heading).to_be_visible()
     _settle(page)
     slowest = page.get_by_role("heading", name="Slowest requests (exemplars of the tail)").first
-    assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]  # type: ignore[index]
+    assert heading.bounding_box()["y"] < slowest.bounding_box()["y"]
 
 
 def test_each_pages_html_names_the_scripts_it_draws_with(dashboard_url: str) -> None:

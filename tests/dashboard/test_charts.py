@@ -63,7 +63,7 @@ def _validate(spec: dict[str, Any]) -> None:
     from altair.utils.schemapi import validate_jsonschema
     from altair.vegalite.v6.schema.core import load_schema
 
-    rows = {name: json.loads(pl.from_arrow(t).write_json()) for name, t in spec["datasets"].items()}
+    rows = {name: json.loads(pl.DataFrame(t).write_json()) for name, t in spec["datasets"].items()}
     schema = load_schema()
     validate_jsonschema({**spec, "datasets": rows}, schema, rootschema=schema)
 

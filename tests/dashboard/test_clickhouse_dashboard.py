@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 import pytest
@@ -31,6 +31,14 @@ pytestmark = pytest.mark.slow
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "data" / "incidents" / "slow_replica.otlp.jsonl.gz"
 MINUTE = 60_000_000_000
+
+
+class _On(TypedDict):
+    """The first three arguments of every data function: the engine, its store's name and its data version."""
+
+    _db: data.Bench
+    store: str
+    version: int
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +106,8 @@ def _agree_on_attributes(wb: data.Workbench, ch: CHD.ClickHouseBench, every_key:
     """The attributes offered, the requests each filter keeps (one attribute, or two at once: every page's
     breakdowns and the report under them) and each grouping's counts are the same on both engines (`every_key`:
     each key filtered and grouped alone too; else only the two at once, which run every SQL text)."""
-    kw = {"_db": wb, "store": str(wb.store), "version": wb.version}
-    kc = {"_db": ch, "store": ch.store, "version": ch.version}
+    kw: _On = {"_db": wb, "store": str(wb.store), "version": wb.version}
+    kc: _On = {"_db": ch, "store": ch.store, "version": ch.version}
     choices = data.attribute_choices(**kw)
     assert ch.can("attribute_filters") and "k8s.node.name" in choices
     assert data.attribute_choices(**kc) == choices
@@ -178,8 +186,8 @@ def test_the_data_functions_agree_on_the_older_releases(served_bench: tuple[data
 def _agree(wb: data.Workbench, ch: CHD.ClickHouseBench, filters: list[data.Filters] | None = None) -> None:
     """Every data function of the dashboard gives the same on the store's workbench and on the ClickHouse bench
     (under `filters`, by default unfiltered, three replicas and a time range)."""
-    kw = {"_db": wb, "store": str(wb.store), "version": wb.version}
-    kc = {"_db": ch, "store": ch.store, "version": ch.version}
+    kw: _On = {"_db": wb, "store": str(wb.store), "version": wb.version}
+    kc: _On = {"_db": ch, "store": ch.store, "version": ch.version}
     assert data.choices(**kc) == data.choices(**kw)
     spikes_seen = 0
     for f in filters if filters is not None else _filters(wb):

@@ -17,6 +17,7 @@ from analysis.stats.batching import service_vs_batch
 from dashboard import data
 from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
 from tests.dashboard.conftest import APP, shown_tables
+from tests.dashboard.incident_store import START_NS
 
 
 def _app(store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> AppTest:
@@ -63,7 +64,10 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     # caption names what is left out (requests still running after it)
     con = connect(incident_store)
     last_ns, end_ns = con.execute("SELECT max(start_ns), max(end_ns) FROM requests").fetchone() or (0, 0)
-    cell_ns = int(re.fullmatch(r"GPU seconds per (\d+) s", area["encoding"]["y"]["title"])[1]) * 10**9  # type: ignore[index]
+    title = area["encoding"]["tooltip"][-1]["title"]
+    cell = re.fullmatch(r"GPU seconds in the (\d+) s", title)
+    assert cell is not None, title
+    cell_ns = int(cell[1]) * 10**9
     drawn = set(pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().column("bucket_ns").to_pylist())
     assert max(drawn) == last_ns // cell_ns * cell_ns and end_ns > max(drawn) + cell_ns
     (note,) = [c.value for c in at.caption if c.value.startswith("Not drawn")]
@@ -117,3 +121,58 @@ def test_capacity_page_finds_the_fewest_replicas(incident_store: Path, monkeypat
     assert shown == ("none of 1–64" if tighter is None else str(tighter))
     assert tighter is None or tighter >= want
     assert shown_tables(at), "the scale-up comparison is drawn"
+
+
+def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under tenant = acme the sweep is still the fleet's: grouped by tenant, the headline GPU-hours are acme's (the
+    fleet's in its help, the idle figures named the fleet's); grouped by model, a note says the filter does not
+    narrow the GPU time."""
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    # a range from 7:03:17 to 7:21:17: its first and last cells are partly observed, and drawn at the fleet's rate
+    since, until = START_NS + 197 * 10**9, START_NS + 1_277 * 10**9
+    at.query_params["tenant"] = "acme"
+    at.query_params["since_ns"], at.query_params["until_ns"] = str(since), str(until)
+    at.switch_page("app_pages/cost.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    want = cost_table(connect(incident_store), by="tenant", since=since, until=until)
+    (chart,) = [c for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
+    drawn = pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pandas()
+    cell_ns = int(re.fullmatch(r"GPU seconds in the (\d+) s",
+                               json.loads(chart.proto.spec)["encoding"]["tooltip"][-1]["title"])[1]) * 10**9  # type: ignore[index]
+    assert (drawn["bucket_ns"].min(), drawn["bucket_ns"].max()) == (since // cell_ns * cell_ns,
+                                                                    (until - 1) // cell_ns * cell_ns)
+    assert not [c for c in at.caption if c.value.startswith("Not drawn")]
+    (acme,) = [r for r in want["rows"] if r["key"] == "acme"]
+    assert _metric(at, "GPU-hours allocated (tenant filtered)") == f"{acme['gpu_ns'] / 3.6e12:,.2f}"
+    assert [m.help for m in at.metric if m.label.startswith("GPU-hours")] == [
+        f"The fleet's, over the range: {want['totals']['allocated_ns'] / 3.6e12:,.2f} GPU-hours."]
+    assert _metric(at, "fleet idle share") == f"{want['totals']['idle_share']:.1%}"
+    assert list(shown_tables(at)[0]["tenant"]) == ["acme"] and not [i for i in at.info if "whole fleet" in i.value]
+    at.radio(key="cost_by").set_value("model").run()
+    assert not at.exception
+    assert [i.value for i in at.info if "whole fleet" in i.value] == [
+        "GPU time is shared out over the whole fleet in the time range\\: tenant = acme does not narrow it here. Group "
+        "by tenant to read its share."]
+    assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
+
+
+def test_capacity_target_defaults_to_a_p99_the_observed_fleet_meets(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 requests one after the other on one replica, p99 1,000.298 ms: the replay reproduces it at any count, so
+    the default target (the observed p99 in whole ms, rounded up) is met by one replica. Rounded to the nearest ms
+    (1,000) no count met it and the page said so of the traffic the fleet had just served."""
+    from tests.factory import add_request, write
+    from tracing.rows import SpanBatch
+
+    batch, ms = SpanBatch(), 1_000_000
+    for i in range(200):
+        e2e = {197: 1_000_200_000, 198: 1_010 * ms, 199: 1_020 * ms}.get(i, 1_000 * ms)
+        add_request(batch, i, i * 2_000 * ms, i * 2_000 * ms + e2e, [("generation", i * 2_000 * ms,
+                                                                        i * 2_000 * ms + e2e)])
+    write(tmp_path, batch)
+    p99 = connect(tmp_path).execute("SELECT quantile_cont(e2e_ns, 0.99) / 1e6 FROM requests").fetchone()[0]  # type: ignore[index]
+    assert p99 == pytest.approx(1_000.298) and round(p99) < p99
+    at = _app(tmp_path, monkeypatch, "app_pages/capacity.py")
+    assert at.number_input(key="cap_target").value == 1_001.0
+    assert _metric(at, "fewest replicas for the target") == "1"

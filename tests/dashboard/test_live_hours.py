@@ -10,8 +10,13 @@ marks, cut from that report, the Overview's.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import duckdb
+import pyarrow as pa
+import pyarrow.ipc
 import pytest
 
 from analysis.engine.connect import ROW_ID_FILE_SHIFT, connect
@@ -57,7 +62,8 @@ def test_reports_with_live_hours_equal_analysis(tmp_path: Path, seed: int) -> No
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_live_hours_attribute_values_are_kept_once_and_equal_the_spans(tmp_path: Path, seed: int) -> None:
+def test_live_hours_attribute_values_are_kept_once_and_equal_the_spans(tmp_path: Path, seed: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The workbench keeps each live hour's request attribute maps and resource rows (`keep_live_values`); the
     report reads them instead of the spans, and its attribute pass equals analysis' own (which reads the spans)."""
     from analysis.engine import attribute_values as AV
@@ -95,6 +101,28 @@ def test_live_hours_attribute_values_are_kept_once_and_equal_the_spans(tmp_path:
     assert report["attributes"]["considered"]  # the request attributes are judged, from the kept values
     assert report == build_report(cli, **ask)
     cli.close()
+    # every stale hour was computed: their attribute file was written beside the sweep, from the staged values and
+    # the keys' own numbering; it is the file written afterwards from the facts table and LIVE_VALUES
+    assert wb.live_file is not None and wb.live_file.name.startswith("attributes-live-next-")
+    with data._cursor(wb) as cur:
+        again = AV.write_live(cur, str(wb.live_facts), tmp_path / "again.arrow")
+    assert _arrow_file(wb.live_file).equals(_arrow_file(again), check_metadata=True)
+    # a refresh failing after that file is written leaves none behind
+    other = data.Workbench(store)
+
+    def failing(*_: object) -> None:
+        raise ValueError("facts that fail")
+
+    monkeypatch.setattr(data, "keep_live_facts", failing)
+    with pytest.raises(ValueError, match="facts that fail"):
+        other.refresh()
+    assert other.version == 0 and list(other.scratch.iterdir()) == []
+
+
+def _arrow_file(path: Path) -> pa.Table:
+    """An Arrow IPC file's table (its schema's metadata with it)."""
+    with pyarrow.ipc.open_file(str(path)) as reader:
+        return reader.read_all()
 
 
 def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -> None:
@@ -151,7 +179,7 @@ def test_a_report_cursor_keeps_its_live_facts_across_a_refresh(tmp_path: Path) -
     cli.close()
 
 
-def _live_state(wb: data.Workbench) -> tuple[object, ...]:
+def _live_state(wb: data.Workbench) -> tuple[list[tuple[Any, ...]], ...]:
     """What a new reader of the workbench's connection sees of the live hours: their rows, kept values, facts."""
     from analysis.engine import attribute_values as AV
 
@@ -177,12 +205,13 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
     old = _live_state(wb)
     version = wb.version
 
-    def failing(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
+    def failing(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int],
+                **kw: Any) -> None:
         if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
             raise ValueError("a values step that fails")
-        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+        real(con, rows, gone, hours, **kw)
 
-    data.keep_live_values = failing  # type: ignore[assignment]
+    data.keep_live_values = failing
     try:
         with pytest.raises(ValueError, match="a values step that fails"):
             wb.refresh()
@@ -194,14 +223,15 @@ def _refresh_seen_half_way(wb: data.Workbench, n_live: int) -> None:
                        ).fetchall() == [(0,)]  # nothing left behind
     staged, release = threading.Event(), threading.Event()
 
-    def held(con: object, rows: str, gone: object, hours: object, **kw: object) -> None:
-        real(con, rows, gone, hours, **kw)  # type: ignore[arg-type]
+    def held(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[int], hours: Sequence[int],
+             **kw: Any) -> None:
+        real(con, rows, gone, hours, **kw)
         if kw.get("into") not in (None, AV.LIVE_VALUES) and "staged" not in kw:
             staged.set()
             release.wait(60)
 
     done: list[bool] = []
-    data.keep_live_values = held  # type: ignore[assignment]
+    data.keep_live_values = held
     try:
         runner = threading.Thread(target=lambda: done.append(wb.refresh()))
         runner.start()

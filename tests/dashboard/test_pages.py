@@ -140,7 +140,8 @@ def test_a_quiet_window_gets_no_cause(incident_store: Path, monkeypatch: pytest.
     at.query_params["start_ns"], at.query_params["end_ns"] = str(quiet), str(quiet + 120 * 10**9)
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception
-    assert at.radio(key="spike_choice").value.startswith("linked ")
+    choice = at.radio(key="spike_choice").value
+    assert choice is not None and choice.startswith("linked ")
     assert any("at or below the baseline p99" in i.value for i in at.info)
     assert not at.success
 
@@ -252,6 +253,44 @@ def test_replicas_page_marks_the_outlier(incident_store: Path, monkeypatch: pyte
     (said,) = [w.value for w in brief.warning]
     assert said.startswith("Too few requests to judge: no replica of 8 holds the 100 requests a p99 needs")
     assert set(shown_tables(brief)[0]["outlier"]) == {"not judged"}
+    # four minutes of the spike: about 330 requests a replica, judged, but each p99 rests on fewer than 5 requests
+    # beyond it (fewer than 500 requests): the flag says so, and so does a note on the fleet; the full range does not
+    assert not [i for i in at.info if "rests on" in i.value]
+    short = AppTest.from_file(str(APP), default_timeout=120)
+    short.query_params["since_ns"], short.query_params["until_ns"] = str(since - 10**11), str(since + 14 * 10**10)
+    short.switch_page("app_pages/replicas.py").run()
+    assert not short.exception
+    rows = shown_tables(short)[0].set_index("replica")
+    n = rows.loc["replica-05", "requests"]
+    assert 100 <= int(n.replace(",", "")) < 500 and rows.loc["replica-05", "outlier"] == "yes"
+    assert "**replica-05** (" in short.error[0].value
+    assert f"; only {n} requests, so its p99 rests on fewer than 5 requests beyond it)" in short.error[0].value
+    assert [i.value for i in short.info if "rests on" in i.value] == [
+        "Every replica judged holds fewer than 500 requests: a p99 there rests on fewer than 5 requests beyond it, "
+        "so one slow request moves it and a flag is weak evidence. A wider time range judges them on more."]
+
+
+def test_shape_page_says_when_no_cell_can_be_trusted(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole store names its slowest cell with a p99 to trust; one replica over five minutes (about 420
+    requests) has no cell of 500 requests, and the page says so instead of leaving the line out."""
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/shape.py").run()
+    assert [m for m in at.markdown if m.value.startswith("Slowest cell with a p99 to trust")]
+    assert not [i for i in at.info if i.value.startswith("No cell holds")]
+    since = START_NS + 19 * 60 * 10**9
+    few = AppTest.from_file(str(APP), default_timeout=120)
+    few.query_params["replica"] = "replica-02"
+    few.query_params["since_ns"], few.query_params["until_ns"] = str(since), str(since + 300 * 10**9)
+    few.switch_page("app_pages/shape.py").run()
+    assert not few.exception and not [m for m in few.markdown if m.value.startswith("Slowest cell")]
+    most = connect(incident_store).execute(
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM requests WHERE replica = 'replica-02' AND start_ns >= ? AND "
+        "start_ns < ? AND input_tokens IS NOT NULL AND output_tokens IS NOT NULL GROUP BY "
+        "floor(log2(greatest(input_tokens, 1))), input_tokens = 0, floor(log2(greatest(output_tokens, 1))), "
+        "output_tokens = 0)", [since, since + 300 * 10**9]).fetchone()[0]  # type: ignore[index]
+    assert [i.value for i in few.info] == [
+        f"No cell holds the 500 requests a p99 needs to be trusted (the most here: {most:,}): each cell's p99 rests on "
+        "its few slowest requests, so the colours compare little. Widen the filters or the time range."]
 
 
 def test_trace_search(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,14 +388,15 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     at.switch_page("app_pages/whatif.py").run()
     assert not at.exception and not at.warning
     spike = next(o for o in at.selectbox(key="whatif_window").options if o.startswith("spike"))
-    assert re.fullmatch(r"spike \d\d-\d\d \d\d:\d\d–\d\d:\d\d UTC", spike), spike  # one clock, named
+    # one clock, named as the Overview's banners name it
+    assert re.fullmatch(r"spike \d\d:\d\d:\d\d–\d\d:\d\d:\d\d UTC", spike), spike
     # the headline names the window its batch relation is measured over (Capacity's is the whole range)
     assert any(f"Measured and replayed over the {spike}".replace(":", "\\:") in m.value for m in at.info)
     same = _metric(at, "replay, 8 replicas (as observed)")
     assert _metric(at, "predicted, 8 replicas") == same
     at.slider(key="whatif_replicas").set_value(1).run()
     assert not at.exception
-    assert _metric(at, "predicted, 1 replicas") != same
+    assert _metric(at, "predicted, 1 replica") != same
     # the whole range: the prediction is analysis.capacity.predict_at's (the Capacity page's replay), its
     # assumption about service time against the batch stated first in the headline
     from analysis.capacity import observed_workload, predict_at
@@ -366,9 +406,9 @@ def test_whatif_fewer_replicas_predicts_a_worse_tail(incident_store: Path, monke
     assert not at.exception
     w = observed_workload(connect(incident_store))
     want = predict_at(w, 1, w.slots)
-    assert _metric(at, "predicted, 1 replicas") == f"{fmt_ms(want['p50_ms'])} / {fmt_ms(want['p99_ms'])}"
+    assert _metric(at, "predicted, 1 replica") == f"{fmt_ms(want['p50_ms'])} / {fmt_ms(want['p99_ms'])}"
     heads = [m.value for m in at.info if m.value.startswith("If ")]
-    assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replicas × {w.slots} slots"), heads
+    assert heads and heads[0].startswith(f"If {want['service']['assumption']}, 1 replica × {w.slots} slots"), heads
     assert (want["fixed"] is None) == ("would say" not in heads[0])
     # the window its batch relation is measured over: the first arrival to the last
     assert "Measured and replayed over the whole filtered range, 07\\:00\\:00–07\\:29\\:59 UTC" in heads[0], heads

@@ -49,6 +49,7 @@ def _check_spike_page(at: AppTest, store: Path, filters: data.Filters, spike: di
     at.switch_page("app_pages/spike.py").run()
     assert not at.exception, [e.message for e in at.exception]
     label = at.radio(key="spike_choice").value
+    assert label is not None
     assert label.startswith(f"spike {_hms(spike['start'])}–{_hms(spike['end'])}")
     wb = data.workbench(str(store))
     shown = dict(data.explain(wb, str(store), wb.version, filters, *data.spike_times_ns(spike)))

@@ -51,7 +51,8 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
                         "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        cwd=ROOT)  # examples/ is not installed: it runs from the source tree
     try:
-        ready = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        assert proc.stdout is not None
+        ready = [proc.stdout.readline() for _ in range(2)]
         assert all(line.startswith("ready http://127.0.0.1:") for line in ready), (ready, proc.stderr)
         urls = [line.split()[1] for line in ready]
         port = int(urls[0].rsplit(":", 1)[1])
@@ -74,7 +75,7 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
     cols = [d[0] for d in con.description]
     reqs = [dict(zip(cols, row, strict=True)) for row in rows]
     assert len(reqs) == N_REQUESTS + 2  # one row per call, the disconnected one included
-    client = {format(s.context.trace_id, "032x"): s for s in spans.get_finished_spans()}  # type: ignore[union-attr]
+    client = {format(s.context.trace_id, "032x"): s for s in spans.get_finished_spans()}
     by_trace = {r["trace_id"]: r for r in reqs}
     stages = dict(con.execute("SELECT TraceId, list(DISTINCT Stage) FROM spans WHERE Stage IS NOT NULL "
                               "GROUP BY 1").fetchall())
@@ -82,7 +83,7 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
     for result in ok:
         row = by_trace[result.trace_id]
         assert row["status"] == "ok"
-        assert row["parent_span_id"] == format(client[result.trace_id].context.span_id, "016x")  # type: ignore[union-attr]
+        assert row["parent_span_id"] == format(client[result.trace_id].context.span_id, "016x")
         assert set(stages[result.trace_id]) >= set(S.ALL_STAGES) - {"model_load"}
         expected_tokens = len(result.chunks) if result.chunks else result.body["output_tokens"]
         assert row["output_tokens"] == expected_tokens

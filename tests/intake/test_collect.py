@@ -167,7 +167,7 @@ def test_bad_inputs_answered_and_receiver_keeps_serving(tmp_path: Path) -> None:
                 (JS, b'{"resourceSpans": [', 400, "invalid JSON"),
                 (JS, json.dumps(json_body(start="soon")).encode(), 400,
                  "resourceSpans[0].scopeSpans[0].spans[0].startTimeUnixNano must be an integer"),
-                (JS, json.dumps(json_body(trace_id=42)).encode(), 400,  # type: ignore[arg-type]
+                (JS, json.dumps(json_body(trace_id=42)).encode(), 400,  # type: ignore[arg-type]  # the bad id under test
                  "spans[0].traceId must be a hex string"),
                 (JS, json.dumps({"resourceSpans": {"a": 1}}).encode(), 400, "resourceSpans must be a list"),
                 (PB, b"\x00" * ((1 << 20) + 1), 413, "over the 1,048,576-byte limit"),
@@ -201,7 +201,7 @@ def test_missing_token(tmp_path: Path) -> None:
             export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
             with pytest.raises(grpc.RpcError) as err:
                 export(good)
-            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
         exporter = GrpcExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True,
                                 headers={"authorization": "Bearer s3cret"})
         assert exporter.export(spans) is SpanExportResult.SUCCESS
@@ -261,7 +261,7 @@ class _Gate:
             assert self.open.wait(60), "gate never opened"
             return real(table)
 
-        receiver.writer.write = write  # type: ignore[method-assign]
+        receiver.writer.write = write  # type: ignore[method-assign]  # the write under test, wrapped
 
 
 def test_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
@@ -322,7 +322,7 @@ def test_failed_write_answers_503_and_the_retry_is_stored(tmp_path: Path) -> Non
                 raise OSError(28, "No space left on device")
             return real(table)
 
-        receiver.writer.write = failing_once  # type: ignore[method-assign]
+        receiver.writer.write = failing_once  # type: ignore[method-assign]  # one failing write
         url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
         r = httpx.post(url, content=body, headers=PB)
         assert (r.status_code, r.headers["retry-after"]) == (503, "1")
@@ -344,8 +344,8 @@ def test_grpc_bad_inputs_get_grpc_status_codes(tmp_path: Path) -> None:
         ]:
             with pytest.raises(grpc.RpcError) as err:
                 export(body, timeout=30)
-            assert err.value.code() is code  # type: ignore[attr-defined]
-            assert message in (err.value.details() or "")  # type: ignore[attr-defined]
+            assert err.value.code() is code
+            assert message in (err.value.details() or "")
             answer = ExportTraceServiceResponse.FromString(export(good, timeout=30))
             assert not answer.HasField("partial_success")
     assert len(stored(tmp_path / "store")) == 4

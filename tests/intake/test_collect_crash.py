@@ -22,6 +22,7 @@ import random
 import re
 import signal
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -30,6 +31,7 @@ import pytest
 from analysis.engine.connect import connect
 from intake.collect.journal import JOURNAL_DIR
 from tests.intake.collect_helpers import pb_body, start_cli_receiver
+from tests.sql import one
 from tracing.store import segment_files
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
@@ -113,7 +115,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
                 all_keys.update(keys)
             victim = proc
             acked = asyncio.run(_load_then_kill(port, bodies, rng.randint(1, BODIES_PER_TRIAL - 1),
-                                                lambda p=victim: p.send_signal(signal.SIGKILL)))
+                                                partial(victim.send_signal, signal.SIGKILL)))
             victim.wait(30)
             acked_before_kill += len(acked)
             for i in acked:
@@ -132,7 +134,7 @@ def test_sigkill_loses_no_acknowledged_span_and_stores_none_twice(tmp_path: Path
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     con = connect(store)
-    total, distinct = con.execute("SELECT count(*), count(DISTINCT (TraceId, SpanId)) FROM spans").fetchone()  # type: ignore[misc]
+    total, distinct = one(con, "SELECT count(*), count(DISTINCT (TraceId, SpanId)) FROM spans")
     stored_keys = {tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()}
     con.close()
     assert stored_keys == all_keys

@@ -12,6 +12,7 @@ import random
 
 import pyarrow as pa
 import pytest
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue, KeyValueList
 
@@ -64,12 +65,12 @@ def any_value(rng: random.Random, depth: int = 0) -> AnyValue:
     return v
 
 
-def add_attrs(target: object, rng: random.Random, n: int, awkward: bool) -> None:
+def add_attrs(target: RepeatedCompositeFieldContainer[KeyValue], rng: random.Random, n: int, awkward: bool) -> None:
     keys = rng.sample(KEYS, min(n, len(KEYS)))  # mostly unique keys, so the fast path runs
     if rng.random() < 0.05 and keys:
         keys.append(keys[0])  # a duplicate key: dict semantics, last value in first position
     for i in range(n):
-        kv = target.add()  # type: ignore[attr-defined]
+        kv = target.add()
         kv.key = keys[i % len(keys)] if awkward else f"key{rng.randrange(1000)}"
         if awkward or rng.random() < 0.7:
             kv.value.CopyFrom(any_value(rng) if awkward else AnyValue(string_value=rng.choice(STRINGS)))
@@ -236,9 +237,9 @@ def test_builder_groups_equal_the_python_decoder_with_doubles_everywhere() -> No
     need_c(otlp.FAST_PROTOBUF, DECODER)
     rng = random.Random(2026)
 
-    def doubles(target: object) -> None:
+    def doubles(target: RepeatedCompositeFieldContainer[KeyValue]) -> None:
         for i in range(rng.randrange(4)):
-            kv = target.add(key=f"d{i}")  # type: ignore[attr-defined]
+            kv = target.add(key=f"d{i}")
             if rng.random() < 0.3:
                 for _ in range(rng.randrange(4)):
                     kv.value.array_value.values.append(AnyValue(double_value=rng.choice(

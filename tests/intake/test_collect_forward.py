@@ -18,7 +18,7 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,7 +38,7 @@ from tracing import schema as S
 from tracing.store import segment_files
 
 
-def _stored(store: Path) -> list[dict[str, object]]:
+def _stored(store: Path) -> list[dict[str, Any]]:
     """Every stored span, sorted by (TraceId, SpanId)."""
     tables = [pq.read_table(p) for p in segment_files(store)]
     # a merged segment (written by the compactor) declares its columns nullable: unify, do not compare, the schemas

@@ -281,7 +281,7 @@ def test_unauthenticated_grpc_messages_are_refused_before_they_are_read(child: C
                 for _ in range(2):
                     with pytest.raises(grpc.RpcError) as err:
                         call(body, timeout=120, metadata=[("authorization", "Bearer not-the-token")])
-                    codes.append(err.value.code())  # type: ignore[attr-defined]
+                    codes.append(err.value.code())
 
         threads = [threading.Thread(target=client) for _ in range(8)]
         for t in threads:

@@ -36,7 +36,7 @@ def _writer_name(pid: int) -> str:
 def _keys(store: Path) -> list[tuple[str, str]]:
     con = connect(store)
     try:
-        return [tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()]  # type: ignore[misc]
+        return [tuple(r) for r in con.execute("SELECT TraceId, SpanId FROM spans").fetchall()]
     finally:
         con.close()
 
@@ -206,7 +206,10 @@ def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_pa
     import gzip
     import http.client
     import threading
+    from concurrent.futures import Future
 
+    from intake.collect.commit import CommitResult
+    from intake.collect.decode import Decoded
     from tests.intake.collect_helpers import running
 
     rng = random.Random(5)
@@ -217,14 +220,15 @@ def test_clients_that_start_together_are_journalled_from_their_first_body(tmp_pa
         entered, release = threading.Event(), threading.Event()
         accept = receiver.intake.accept
 
-        def held_accept(body: bytes, encoding: str, *, peer: str | None = None, journal: bool = False) -> object:
+        def held_accept(body: bytes, encoding: str, *, peer: str | None = None, journal: bool = False
+                        ) -> tuple[Decoded, Future[CommitResult] | None]:
             calls.append((body, journal))
             if body == body_a:  # A's body stays in decoding until B has been answered
                 entered.set()
                 release.wait(60)
             return accept(body, encoding, peer=peer, journal=journal)
 
-        receiver.intake.accept = held_accept  # type: ignore[method-assign]
+        receiver.intake.accept = held_accept  # type: ignore[method-assign]  # an accept held on one body
 
         def post(body: bytes, out: list[int]) -> None:
             con = http.client.HTTPConnection("127.0.0.1", receiver.http_port, timeout=60)

@@ -13,6 +13,7 @@ import pytest
 
 from analysis.engine.connect import connect
 from tests.intake.collect_helpers import ROOT, pb_body, running
+from tests.sql import one
 
 BODIES = 120
 SPANS_PER_BODY = 300
@@ -48,8 +49,7 @@ def test_reader_sees_only_growing_counts_while_receiver_ingests(tmp_path: Path) 
             cli_counts.append(int(out.stdout.splitlines()[1]))
         for _ in range(400):  # and the Python API in a tight loop
             con = connect(store)
-            api_counts.append(con.execute("SELECT count(*) FROM requests").fetchone()[0]  # type: ignore[index]
-                              + con.execute("SELECT count(*) FROM spans").fetchone()[0])  # type: ignore[index]
+            api_counts.append(one(con, "SELECT count(*) FROM requests")[0] + one(con, "SELECT count(*) FROM spans")[0])
             con.close()
             if done.is_set():
                 break

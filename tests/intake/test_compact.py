@@ -8,6 +8,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,11 +28,11 @@ def later() -> float:
     return time.time() + 1000
 
 
-def _policy(**kw: object) -> Policy:
-    base: dict[str, object] = {"fan_in": 4, "target_bytes": 1 << 20, "settle_s": 300.0, "quiet_s": 60.0,
+def _policy(**kw: Any) -> Policy:
+    base: dict[str, Any] = {"fan_in": 4, "target_bytes": 1 << 20, "settle_s": 300.0, "quiet_s": 60.0,
                                "grace_s": 600.0, "row_group_spans": 2048, "durable": False}
     base.update(kw)
-    return Policy(**base)  # type: ignore[arg-type]
+    return Policy(**base)
 
 
 def _sorted_with_row_groups(path: Path, row_group_spans: int) -> None:

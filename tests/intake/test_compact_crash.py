@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from intake.compact.merge import Compactor, Policy
 from tests.intake.collect_helpers import ROOT
 from tests.intake.compact_helpers import keys, random_batch, rows, write_segments
+from tests.sql import one
 from tracing.store import SegmentWriter, hour_dirs, init_store, list_hour, segment_files
 
 TRIALS = int(os.environ.get("TAILSCOPE_COMPACT_CRASH_TRIALS", "8"))
@@ -53,7 +54,7 @@ def _reader(hour: Path, expect: int, stop: threading.Event, seen: list[int], err
             return
         files = [str(f) for f in list_hour(hour).files]
         try:
-            (n,) = con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()  # type: ignore[misc]
+            (n,) = one(con, "SELECT count(*) FROM read_parquet(?)", [files])
         except duckdb.Error as exc:
             errors.append(str(exc).splitlines()[0])
             return
@@ -83,7 +84,9 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path: Path) -> N
         hour = hour_dirs(store)[0]  # hour 0: the one merged, no new spans during the trial
         before = keys(store)
         expect = sum(pq.read_metadata(f).num_rows for f in list_hour(hour).files)
-        stop, seen, errors, wrote = threading.Event(), [], [], Counter()  # type: ignore[var-annotated]
+        seen: list[int] = []
+        errors: list[str] = []
+        stop, wrote = threading.Event(), Counter[tuple[str, str]]()
         reader = threading.Thread(target=_reader, args=(hour, expect, stop, seen, errors))
         writer = threading.Thread(target=_writer, args=(store, random.Random(trial), trial, stop, wrote))
         reader.start()

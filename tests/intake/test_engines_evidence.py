@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -54,7 +54,7 @@ def test_every_engine_fixture_maps_and_says_why(tmp_path: Path, monkeypatch: obj
         assert line in " ".join(result.stdout.split()), (name, result.stdout)
 
 
-def _user_spans() -> list[list[object]]:
+def _user_spans() -> list[list[ReadableSpan]]:
     """What application code writes when it names its own spans like an engine's: a server span per request and
     children named generate, generate_stream, completions, chat_completions, llm_request, InferRequest, 'Req ...'."""
     exporter = InMemorySpanExporter()
@@ -89,7 +89,7 @@ def _user_spans() -> list[list[object]]:
 def test_user_spans_with_engine_names_are_not_claimed() -> None:
     batch = SpanBatch()
     for group in _user_spans():
-        decode_json(spans_to_json_line(group), batch)  # type: ignore[arg-type]
+        decode_json(spans_to_json_line(group), batch)
     table = batch.to_table()
     out = normalize(table)
     assert out.num_rows == table.num_rows  # no synthetic stage span

@@ -76,7 +76,7 @@ def test_replica_rule_matches_a_reference_on_random_resources(monkeypatch: pytes
     rng = random.Random(14)
     pool = [*DEFAULT_ORDER, "service.name", "cloud.region"]
     for trial in range(2000):
-        keys = DEFAULT_ORDER
+        keys: tuple[str, ...] = DEFAULT_ORDER
         if trial % 4 == 3:
             keys = tuple(rng.sample(pool, rng.randint(1, 4)))
             monkeypatch.setenv("TAILSCOPE_REPLICA_KEYS", " , ".join(keys))

@@ -18,6 +18,7 @@ import gzip
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,10 +61,10 @@ def _file_table(path: Path) -> pa.Table:
     return _lines_table(data.splitlines())
 
 
-def _incident_table(module: object) -> pa.Table:
+def _incident_table(module: ModuleType) -> pa.Table:
     """A bare-resource engine incident as `collect --record-peer` receives it: one peer per replica."""
     scenario = run("slow_replica", tgi_incident.SEED, DURATION_S, RATE)
-    by_address = module.lines_by_address(scenario.requests)  # type: ignore[attr-defined]
+    by_address = module.lines_by_address(scenario.requests)
     return pa.concat_tables([_lines_table([x.encode() for x in lines], addr) for addr, lines in by_address.items()])
 
 

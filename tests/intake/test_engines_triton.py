@@ -38,6 +38,9 @@ from tests.intake.engine_fixtures import (
 )
 from tracing.otlp_json import spans_to_json_line
 
+assert ENV_CLOCK_OFFSET is not None  # the offset is settable from the environment
+CLOCK_ENV: str = ENV_CLOCK_OFFSET
+
 OTEL = FIXTURES / "triton.otlp.jsonl"
 CLOSED = FIXTURES / "triton_trace.json"
 LIVE = FIXTURES / "triton_trace_live.json"
@@ -64,7 +67,7 @@ def test_opentelemetry_mode_events_become_stages(tmp_path: Path) -> None:
 
 
 def test_json_trace_file_with_a_clock_offset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_CLOCK_OFFSET, str(TRITON_OFFSET))
+    monkeypatch.setenv(CLOCK_ENV, str(TRITON_OFFSET))
     store = tmp_path / "store"
     ingest_files(store, CLOSED)
     simple, ens = requests(store)
@@ -81,7 +84,7 @@ def test_json_trace_file_with_a_clock_offset(tmp_path: Path, monkeypatch: pytest
 
 
 def test_live_file_without_closing_bracket_reads_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_CLOCK_OFFSET, str(TRITON_OFFSET))
+    monkeypatch.setenv(CLOCK_ENV, str(TRITON_OFFSET))
     closed, live = tmp_path / "closed", tmp_path / "live"
     ingest_files(closed, CLOSED)
     result = run_cli("ingest", "--store", str(live), str(LIVE))  # not --skip-bad: a cut last element is normal
@@ -91,7 +94,7 @@ def test_live_file_without_closing_bracket_reads_the_same(tmp_path: Path, monkey
 
 def test_without_an_offset_the_file_mtime_anchors_the_latest_timestamp(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_CLOCK_OFFSET, raising=False)
+    monkeypatch.delenv(CLOCK_ENV, raising=False)
     path = shutil.copy(CLOSED, tmp_path / "trace.json")
     latest = TRITON_MONO0 + 109_500_000  # the ensemble's GRPC_SEND_END
     mtime = T0 + 3_600 * 1_000_000_000
@@ -104,7 +107,7 @@ def test_without_an_offset_the_file_mtime_anchors_the_latest_timestamp(tmp_path:
 
 def test_bad_element_in_the_middle_fails_the_file_or_is_skipped(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_CLOCK_OFFSET, str(TRITON_OFFSET))
+    monkeypatch.setenv(CLOCK_ENV, str(TRITON_OFFSET))
     text = CLOSED.read_text()
     cut = text.index('{"id":2,"model_name"')
     bad = tmp_path / "bad.json"
@@ -128,7 +131,7 @@ def test_a_file_cut_anywhere_reads_without_error(monkeypatch: pytest.MonkeyPatch
     from intake.engines import normalize, read_json_array
     from intake.ingest import IngestReport
 
-    monkeypatch.setenv(ENV_CLOCK_OFFSET, str(TRITON_OFFSET))
+    monkeypatch.setenv(CLOCK_ENV, str(TRITON_OFFSET))
     data = CLOSED.read_bytes()
     counts = []
     for cut in range(1, len(data) + 1, 5):

@@ -54,7 +54,7 @@ def test_latency_attributes_are_laid_on_the_timeline_and_sum_to_e2e(tmp_path: Pa
     ingest_files(store, FIXTURE)
     rows = _by_request_id(store)
     assert sorted(rows) == ["cmpl-a", "cmpl-b", "cmpl-c", "cmpl-d"]
-    assert_stages_sum_to_e2e(list(rows.values()))  # type: ignore[arg-type]
+    assert_stages_sum_to_e2e(list(rows.values()))
     # A: preprocess = TTFT − queue − prefill = 120 − 30 − 80; streaming = e2e − TTFT − decode = 1020 − 120 − 880;
     # the 0.5 ms between e2e and span.end() is `other`
     assert stage_ms(rows["cmpl-a"]) == {"preprocess": 10.0, "queue_wait": 30.0, "prefill": 80.0, "decode": 880.0,

@@ -6,6 +6,7 @@ import gzip
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -14,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from analysis import connect
 from tailscope.cli import app
@@ -53,11 +54,11 @@ def write_jsonl(path: Path, lines: list[str], gz: bool = False) -> Path:
     return path
 
 
-def ingest(*args: str) -> object:
+def ingest(*args: str) -> Result:
     return runner.invoke(app, ["ingest", "--quiet", *args])
 
 
-def sql_json(store: Path, query: str) -> list[dict[str, object]]:
+def sql_json(store: Path, query: str) -> list[dict[str, Any]]:
     result = runner.invoke(app, ["sql", query, "--store", str(store), "--format", "json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
@@ -77,16 +78,17 @@ def test_round_trip_of_sdk_spans_through_otlp_json_keeps_ids_times_and_attribute
     assert len(rows) == len(spans) == 6
     for span in spans:
         ctx = span.get_span_context()
+        assert ctx is not None and span.start_time is not None and span.end_time is not None  # a finished span
         row = rows[format(ctx.span_id, "016x")]
         assert row["TraceId"] == format(ctx.trace_id, "032x")
         assert row["ParentSpanId"] == (format(span.parent.span_id, "016x") if span.parent else "")
         assert row["TimestampNs"] == span.start_time
-        assert row["Duration"] == span.end_time - span.start_time  # type: ignore[operator]
+        assert row["Duration"] == span.end_time - span.start_time
         assert row["SpanName"] == span.name
         assert row["SpanKind"] == ("Server" if span.kind == trace.SpanKind.SERVER else "Internal")
         assert row["ScopeName"] == "tests.ingest" and row["ScopeVersion"] == "1.2.3"
         assert row["ServiceName"] == "svc" and row["Replica"] == "replica-7"
-        attrs = {e["key"]: e["value"] for e in row["attrs"]}  # type: ignore[attr-defined]
+        attrs = {e["key"]: e["value"] for e in row["attrs"]}
         expected = {k: v for k, v in (span.attributes or {}).items()}
         assert set(attrs) == set(expected)
         if span.name == "request":
@@ -94,7 +96,7 @@ def test_round_trip_of_sdk_spans_through_otlp_json_keeps_ids_times_and_attribute
             assert attrs["gen_ai.usage.input_tokens"] == str(expected["gen_ai.usage.input_tokens"])
             assert attrs["ratio"] == "0.25" and attrs["tags"] == '["a","b"]' and attrs["flag"] == "false"
         else:
-            events = json.loads(row["events"])  # type: ignore[arg-type]
+            events = json.loads(row["events"])
             assert events == [{"TimestampNs": span.start_time + 10, "Name": "first_token",
                                "Attributes": {"index": "0"}}]
     statuses = sorted((r["StatusCode"], r["StatusMessage"]) for r in rows.values() if r["SpanName"] == "request")

@@ -31,7 +31,7 @@ SAMPLES = ROOT / "sample_traces" / "data"
 # --- random documents ------------------------------------------------------------------------
 
 
-class Obj(list):  # type: ignore[type-arg]
+class Obj(list):
     """A JSON object as (key, value) pairs, so a key may repeat."""
 
 
@@ -127,7 +127,7 @@ def rand_document(rng: random.Random) -> tuple[Any, bool]:
             plain &= not isinstance(scopes[-1], int | str)
         pairs = []
         if rng.random() < 0.85:
-            resource = rng.choice([{"attributes": rand_attrs(rng)}, {}, None, {"attributes": rand_attrs(rng)}])
+            resource: object = rng.choice([{"attributes": rand_attrs(rng)}, {}, None, {"attributes": rand_attrs(rng)}])
             if rng.random() < 0.03:
                 resource = ["not", "an", "object"]
                 plain = False

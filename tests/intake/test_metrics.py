@@ -192,8 +192,8 @@ def test_the_store_tail_counts_each_new_segment_once(tmp_path: Path) -> None:
     sample = Path(S.__file__).parents[1] / "sample_traces" / "data" / "basic.otlp.jsonl.gz"
     result = CliRunner().invoke(app, ["ingest", "--quiet", "--store", str(store), str(sample)])
     assert result.exit_code == 0, result.output
-    spans, requests = duckdb.sql(f"SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM "
-                                 f"read_parquet('{store}/spans/*/*/*.parquet')").fetchall()[0]
+    spans, requests = duckdb.execute(f"SELECT count(*), count(*) FILTER (WHERE IsRequest) FROM "
+                                     f"read_parquet('{store}/spans/*/*/*.parquet')").fetchall()[0]
     assert tail.poll() == spans and tail.poll() == 0  # each segment once
     assert sum(int(s.counts.sum()) for s in metrics.request.series.values()) == requests > 0
     assert store_bytes(store) > 0

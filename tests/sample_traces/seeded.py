@@ -11,7 +11,7 @@ sample of a longer run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from analysis import connect
+from analysis.contract import Report
 from analysis.report import build_report
 from analysis.stats.spikes import MIN_RISE, P50_TOLERANCE
 from sample_traces import generate
@@ -75,19 +76,19 @@ def known_miss(name: str, seed: int, misses: dict[tuple[str, int], str] = KNOWN_
     return pytest.param(name, marks=pytest.mark.xfail(reason=reason, strict=True)) if reason else name
 
 
-def overlaps(spike: dict[str, Any], window: dict[str, Any]) -> bool:
+def overlaps(spike: Mapping[str, Any], window: dict[str, Any]) -> bool:
     """Whether the spike and the truth window overlap."""
     return ns_of(spike["start"]) < window["end_ns"] and ns_of(spike["end"]) > window["start_ns"]
 
 
-def bounds_hold(spike: dict[str, Any], window: dict[str, Any], window_s: float) -> bool:
+def bounds_hold(spike: Mapping[str, Any], window: dict[str, Any], window_s: float) -> bool:
     """The spike's start and end each within one report window of the truth window's."""
     slack = round(window_s * 1_000_000_000)
     return (abs(ns_of(spike["start"]) - window["start_ns"]) <= slack
             and abs(ns_of(spike["end"]) - window["end_ns"]) <= slack)
 
 
-def accepted(dim: dict[str, Any], accept: list[dict[str, Any]]) -> bool:
+def accepted(dim: Mapping[str, Any], accept: list[dict[str, Any]]) -> bool:
     """Whether a report dimension is one the truth accepts (the value, or a bucket from `lo_min` up)."""
     for a in accept:
         if dim["dimension"] != a["dimension"]:
@@ -99,7 +100,7 @@ def accepted(dim: dict[str, Any], accept: list[dict[str, Any]]) -> bool:
     return False
 
 
-def summary(report: dict[str, Any]) -> str:
+def summary(report: Mapping[str, Any]) -> str:
     """The report's spikes in one line (for failure messages)."""
     parts = []
     for s in report["spikes"]:
@@ -110,7 +111,7 @@ def summary(report: dict[str, Any]) -> str:
     return "; ".join(parts) or f"no spike (errors: {report.get('errors')})"
 
 
-def check_found(name: str, report: dict[str, Any], t: dict[str, Any]) -> None:
+def check_found(name: str, report: Mapping[str, Any], t: dict[str, Any]) -> None:
     """The rules for an incident: its window (bounds within one report window, nothing outside), its stage first,
     an accepted dimension first."""
     spikes = report["spikes"]
@@ -124,7 +125,7 @@ def check_found(name: str, report: dict[str, Any], t: dict[str, Any]) -> None:
     assert dims and accepted(dims[0], t["accept"]), f"{name}: {summary(report)}; truth accepts {t['accept']}"
 
 
-def report_of(store: Path, metric: str = "e2e") -> dict[str, Any]:
+def report_of(store: Path, metric: str = "e2e") -> Report:
     """The report (`build_report`, the defaults `tailscope report` uses) of a store, on `metric`."""
     con = connect(store)
     try:
@@ -192,7 +193,8 @@ def check_quarter(name: str, seed: int, tmp_path: Path) -> None:
     check_found(f"{name} seed {seed} at a quarter", report, t)
     spike = report["spikes"][0]
     # beside every kept count, what it stands for (a quarter: about 4 times as many) and its effective count
-    assert spike["tail_effective"] <= spike["tail_requests"] < spike["tail_requests_weighted"]
+    effective = spike.get("tail_effective")
+    assert effective is not None and effective <= spike["tail_requests"] < spike["tail_requests_weighted"]
     assert all(d["support"] < d["support_weighted"] <= spike["tail_requests_weighted"] + 1e-6
                for d in spike["dimensions"])
 

@@ -219,7 +219,9 @@ def main() -> None:
             if "e2e_60s" in got:
                 e2e, rises = got["e2e_60s"], got["rise_4min"]
                 assert isinstance(e2e, Best) and isinstance(rises, tuple)
-                (pw, rw), (pu, ru) = got["weights"]  # type: ignore[misc]
+                weights = got["weights"]
+                assert isinstance(weights, list)
+                (pw, rw), (pu, ru) = weights
                 extra = (f" | e2e at 60 s p={e2e.p_value:.3f}; 4-min p99 rise: cold start's minute {rises[0]:.2f}, "
                          f"any {rises[1]:.2f} | detection weighted: scan p={pw:.3f}, cold start window x{rw:.2f}; "
                          f"unweighted: p={pu:.3f}, x{ru:.2f}")

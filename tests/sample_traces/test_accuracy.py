@@ -59,7 +59,7 @@ _stores: dict[str, Path] = {}
 
 
 def truth(name: str) -> dict[str, Any]:
-    return json.loads(generate.truth_path(generate.INCIDENTS_DIR, name).read_text())  # type: ignore[no-any-return]
+    return json.loads(generate.truth_path(generate.INCIDENTS_DIR, name).read_text())
 
 
 def report_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ _SDK_VERSION = re.compile(rb'("key":\s*"telemetry\.sdk\.version",\s*"value":\s*\
 #: name -> (what regenerates it into a directory, returning the files it wrote; the committed files)
 Make = Callable[[Path], tuple[Path, ...]]
 SAMPLES: dict[str, tuple[Make, tuple[Path, ...]]] = {
-    **{inc.name: ((lambda out, n=inc.name: generate.generate_incident(n, out)),
+    **{inc.name: (partial(generate.generate_incident, inc.name),
                   (generate.traces_path(generate.INCIDENTS_DIR, inc.name),
                    generate.truth_path(generate.INCIDENTS_DIR, inc.name))) for inc in CATALOGUE},
     "demo": (lambda out: generate.generate_demo(out / generate.DEMO_TRACES.name, out / generate.DEMO_TRUTH.name),

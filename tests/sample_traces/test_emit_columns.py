@@ -70,8 +70,8 @@ def lean_tables(cfg: FleetConfig, requests: list[SimRequest], seed: int,
     writer = _Tables()
     for resource, ids, reqs in _by_replica(cfg, requests, seed):
         drawn = _Predrawn() if keep is not None else None
-        rec = LeanRecorder(writer=writer, resource=resource, background=False,  # type: ignore[arg-type]
-                           id_generator=drawn or ids, max_pending=max(1, len(reqs)))  # type: ignore[arg-type]
+        rec = LeanRecorder(writer=writer, resource=resource, background=False,  # type: ignore[arg-type]  # a stand-in writer
+                           id_generator=drawn or ids, max_pending=max(1, len(reqs)))  # type: ignore[arg-type]  # pre-drawn ids
         for req in reqs:
             if drawn is None or keep is None:
                 _record(rec, cfg, req)

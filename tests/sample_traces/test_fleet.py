@@ -34,6 +34,7 @@ from sample_traces.fleet import (
     simulate,
 )
 from sample_traces.incidents import BY_NAME, CATALOGUE, run
+from tests.sql import one
 from tracing.store import init_store
 
 IN, OUT = 1_000, 101
@@ -124,7 +125,7 @@ def test_slow_reader_stretches_the_stream_past_decode() -> None:
     tenant = replace(tiny().tenants[0], stream_share=1.0, slow_reader_share=1.0)
     cfg = tiny(bursts=burst(1), tenants=(tenant,), slow_reader_tps=(10.0, 10.0))
     (req,) = simulate(cfg, seed=1)
-    assert req.streaming
+    assert req.streaming and req.stream_end_s is not None
     assert req.stream_end_s == pytest.approx(req.first_token_s + OUT / 10.0 + 0.003, abs=1e-9)
     assert req.end_s == req.stream_end_s > req.decode_end_s
 
@@ -307,8 +308,8 @@ def test_emitted_spans_give_back_the_simulated_stages_exactly(tmp_path: Path) ->
         assert (row[15], row[16]) == ((tail, 0) if r.streaming else (0, tail))
         assert row[17] == _ns(r.first_token_s) - _ns(r.arrival_s)
     kinds = con.execute("""SELECT SpanKind, IsRequest, count(*) FROM spans GROUP BY ALL ORDER BY ALL""").fetchall()
-    assert kinds == [("Internal", False, con.execute("SELECT count(*) FROM spans WHERE Stage IS NOT NULL")
-                      .fetchone()[0]), ("Server", True, len(reqs))]  # type: ignore[index]
+    assert kinds == [("Internal", False, one(con, "SELECT count(*) FROM spans WHERE Stage IS NOT NULL")[0]),
+                     ("Server", True, len(reqs))]
     nested = con.execute("""
         SELECT count(*) FROM spans c JOIN spans p ON c.TraceId = p.TraceId AND c.ParentSpanId = p.SpanId
         WHERE c.Stage IN ('prefill', 'decode') AND p.Stage <> 'generation'""").fetchone()

@@ -67,6 +67,25 @@ def test_the_servers_start_up_waits_for_its_warm_up_at_most_its_bound() -> None:
     assert out.stdout.split() == ["started", "True", "held", "True"]
 
 
+def test_the_server_turns_nagle_off_for_the_connections_its_listener_accepts() -> None:
+    """A listening socket bound as Streamlit binds it (no protocol named, so asyncio leaves Nagle on): after
+    nodelay_listeners, a connection it accepts has TCP_NODELAY set, and a connected socket is left as it was."""
+    from dashboard import server
+
+    def nodelay(sock: socket.socket) -> int:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    with socket.socket(family=socket.AF_INET) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as before, listener.accept()[0] as accepted_before:
+            assert (listener.proto, nodelay(listener), nodelay(accepted_before), nodelay(before)) == (0, 0, 0, 0)
+            assert server.nodelay_listeners() >= 1
+            with socket.create_connection(listener.getsockname()) as client, listener.accept()[0] as accepted:
+                assert (nodelay(listener), nodelay(accepted), nodelay(accepted_before), nodelay(client)) == (1, 1, 0, 0)
+        assert listener.fileno() >= 0  # its duplicate was closed, not the socket itself
+
+
 def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
     """In a fresh interpreter serving `--store DIR`: the warm-up thread opens that store's workbench once, the server
     starts once the store's own warm-up is over, and a session's later open finds it in the cache (no second open)."""
@@ -91,6 +110,39 @@ def test_the_servers_start_up_opens_the_store_it_serves(tmp_path: Path) -> None:
             f"print(data.workbench({store!r}) is data.workbench({store!r}), opened)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.splitlines() == ["True", "['tailscope-warm-imports']", "True ['tailscope-warm-imports']"]
+
+
+def test_a_first_session_opens_the_store_while_the_dashboard_imports(tmp_path: Path) -> None:
+    """In a fresh interpreter, the first session's script (app.py, as a server just started runs it) imports
+    dashboard.data: the module starts opening the configured store in its own thread before it imports the analysis
+    stack (held here until the store's connection is opened: it would wait for ever if the open needed it), the
+    session's open waits for that one (no second open), and the warm-up runs once the module is imported."""
+    store = str(init_store(tmp_path / "store"))
+    app_file = str(Path(__file__).parents[2] / "dashboard" / "app.py")
+    code = ("import os, sys, threading\n"
+            f"os.environ['TAILSCOPE_STORE'] = {store!r}\n"
+            "from streamlit.testing.v1 import AppTest\n"
+            "import analysis.engine.connect as CN\n"
+            "opened, held, gate = [], [], threading.Event()\n"
+            "class Hold:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'analysis.report':\n"
+            "            held.append(gate.wait(20))\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Hold())\n"
+            "real = CN.connect\n"
+            "def counted(*a, **k):\n"
+            "    opened.append(threading.current_thread().name)\n"
+            "    gate.set()\n"
+            "    return real(*a, **k)\n"
+            "CN.connect = counted\n"
+            "print('dashboard.data' in sys.modules, 'analysis.report' in sys.modules)\n"
+            f"at = AppTest.from_file({app_file!r}, default_timeout=60).run()\n"
+            "from dashboard import data\n"
+            f"wb = data.workbench({store!r})\n"
+            "print(not at.exception, held, wb.warmed.wait(30), opened)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.splitlines() == ["False False", "True [True] True ['tailscope-open']"]
 
 
 def test_finding_the_app_does_not_import_the_dashboard_package() -> None:

@@ -12,6 +12,7 @@ import json
 import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -37,8 +38,8 @@ def _ok(*args: str) -> str:
     return result.stdout
 
 
-def _sql(store: Path, query: str) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = json.loads(_ok("sql", query, "--store", str(store), "--format", "json"))
+def _sql(store: Path, query: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(_ok("sql", query, "--store", str(store), "--format", "json"))
     return rows
 
 

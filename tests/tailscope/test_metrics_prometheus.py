@@ -35,8 +35,9 @@ def _start_collect(store: Path, log: Path) -> tuple[subprocess.Popen[bytes], int
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     text = wait_for(lambda: re.search(r"http=\S+:(\d+)", log.read_text()) and log.read_text(), 60, "collect",
                     lambda: log.read_text())
-    return proc, int(re.search(r"http=\S+:(\d+)", text).group(1)), int(  # type: ignore[union-attr]
-        re.search(r"metrics=\S+:(\d+)", text).group(1))  # type: ignore[union-attr]
+    http, metrics = re.search(r"http=\S+:(\d+)", text), re.search(r"metrics=\S+:(\d+)", text)
+    assert http is not None and metrics is not None, text
+    return proc, int(http.group(1)), int(metrics.group(1))
 
 
 def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path) -> None:
@@ -50,7 +51,8 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env=dict(os.environ, TAILSCOPE_OTLP_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces"))
         procs.append(serve)
-        urls = [serve.stdout.readline().split()[1] for _ in range(2)]  # type: ignore[union-attr]
+        assert serve.stdout is not None
+        urls = [serve.stdout.readline().split()[1] for _ in range(2)]
         with prometheus(tmp_path, f"127.0.0.1:{metrics_port}") as prom:
             start = time.time()
             run(urls, REQUESTS, concurrency=4, seed=3)
@@ -59,8 +61,8 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                 files = [str(f) for f in segment_files(store)]
                 if not files:
                     return 0
-                return int(duckdb.sql("SELECT count(*) FROM read_parquet($files) WHERE IsRequest",
-                                      params={"files": files}).fetchall()[0][0])
+                return int(duckdb.execute("SELECT count(*) FROM read_parquet($files) WHERE IsRequest",
+                                          {"files": files}).fetchall()[0][0])
 
             wait_for(lambda: stored() == REQUESTS, 60, f"{REQUESTS} request spans stored", stored)
 
@@ -78,7 +80,7 @@ def test_prometheus_scrapes_span_histograms_with_trace_exemplars(tmp_path: Path)
                 p.wait(timeout=30)
             else:  # the replicas examples.serve started go with it
                 servers.stop(p)
-    durations = {tid: ns / 1e9 for tid, ns in duckdb.sql(
+    durations = {tid: ns / 1e9 for tid, ns in duckdb.execute(
         f"SELECT TraceId, Duration FROM read_parquet('{store}/spans/*/*/*.parquet') WHERE IsRequest").fetchall()}
     seen = 0
     for series in data:

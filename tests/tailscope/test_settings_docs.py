@@ -7,6 +7,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import typer.core
 import typer.main
 
 from intake.collect.config import COLLECT, MIB
@@ -85,12 +86,14 @@ def test_environment_variables_are_unique_and_all_in_a_table() -> None:
 
 def test_collect_options_are_generated_from_the_table() -> None:
     group = typer.main.get_command(app)
-    command = group.commands["collect"]  # type: ignore[attr-defined]
+    assert isinstance(group, typer.core.TyperGroup)
+    command = group.commands["collect"]
     options = {p.name: p for p in command.params}
     with_option = [s for s in COLLECT.settings() if s.option]
     assert [s.name for s in with_option] == [n for n in options if n in COLLECT.defaults()]
     for s in with_option:
         param = options[s.name]
+        assert isinstance(param, typer.core.TyperOption)  # an option, with its help
         assert "/".join([*param.opts, *param.secondary_opts]) == s.option  # "--flag/--no-flag" for a switch
         assert param.default == (s.default // s.option_scale if s.option_scale != 1 else s.default)
         assert param.help == s.help + (f" In {s.option_unit}." if s.option_unit else "")

@@ -54,3 +54,15 @@ def trace_id(span: ReadableSpan) -> int:
     """The span's trace id."""
     assert span.context is not None
     return span.context.trace_id
+
+
+def start(span: ReadableSpan) -> int:
+    """A finished span's start time (ns; the SDK types it optional)."""
+    assert span.start_time is not None
+    return span.start_time
+
+
+def end(span: ReadableSpan) -> int:
+    """A finished span's end time (ns; the SDK types it optional)."""
+    assert span.end_time is not None
+    return span.end_time

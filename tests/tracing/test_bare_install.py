@@ -18,6 +18,7 @@ import sys
 import venv
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,10 +70,10 @@ print(json.dumps({"heavy": heavy, "names": names, "log": lines, "writer_error": 
 """
 
 
-def _run(args: list[str], extra_env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], extra_env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env.update(extra_env or {})
-    return subprocess.run(args, capture_output=True, text=True, env=env, **kw)  # type: ignore[call-overload]
+    return subprocess.run(args, capture_output=True, text=True, env=env, **kw)
 
 
 def _setuptools_version() -> tuple[int, ...]:

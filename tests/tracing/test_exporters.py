@@ -108,7 +108,7 @@ def test_store_failure_keeps_memory_bounded(spans: InMemorySpanExporter, tmp_pat
                                             caplog: pytest.LogCaptureFixture) -> None:
     finished = _varied_spans(spans)
     exporter = SegmentStoreExporter(tmp_path / "store", flush_rows=10, max_buffer_rows=40)
-    exporter.writer = _BrokenWriter()  # type: ignore[assignment]
+    exporter.writer = _BrokenWriter()  # type: ignore[assignment]  # a stand-in writer whose disk is full
     guarded = GuardedExporter(exporter, "store")
     with caplog.at_level(logging.WARNING, logger="tailscope.exporters"):
         for _ in range(10):

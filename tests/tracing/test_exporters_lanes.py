@@ -98,7 +98,7 @@ class _Null(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-class _TakenMeanwhile(collections.deque):  # type: ignore[type-arg]
+class _TakenMeanwhile(collections.deque):
     """A queue whose oldest span the lane's worker has just taken: popleft finds it empty."""
 
     def popleft(self) -> ReadableSpan:

@@ -93,7 +93,8 @@ def _sdk_rows(exporter: InMemorySpanExporter) -> pa.Table:
 
 def test_lean_rows_equal_sdk_rows(spans: InMemorySpanExporter, tmp_path: Path) -> None:
     provider = trace.get_tracer_provider()
-    rec = LeanRecorder(tmp_path / "store", resource=provider.resource, background=False)  # type: ignore[attr-defined]
+    assert isinstance(provider, TracerProvider)  # the SDK's, which the spans fixture installed
+    rec = LeanRecorder(tmp_path / "store", resource=provider.resource, background=False)
     for fail in (False, True):
         spans.clear()
         _sdk_request(fail)

@@ -55,7 +55,7 @@ def worker_main(jobs: Any, results: Any) -> None:
         except RuntimeError as exc:
             error = str(exc)
         finished = [
-            {"name": s.name, "trace": s.context.trace_id, "id": s.context.span_id,  # type: ignore[union-attr]
+            {"name": s.name, "trace": s.context.trace_id, "id": s.context.span_id,
              "parent": s.parent.span_id if s.parent else None, "start": s.start_time, "end": s.end_time,
              "attrs": dict(s.attributes or {}), "status": s.status.status_code.name}
             for s in exporter.get_finished_spans()
@@ -108,10 +108,10 @@ def test_cross_process_queue_is_one_trace(spans: InMemorySpanExporter, fail: boo
     qw = worker["queue_wait"]
     assert (qw["start"], qw["end"]) == (enqueued, reply["dequeued"])
     assert qw["end"] - qw["start"] >= HOLD_S * 1e9
-    assert root.start_time <= qw["start"] and worker["decode"]["end"] <= root.end_time  # type: ignore[operator]
+    assert root.start_time <= qw["start"] and worker["decode"]["end"] <= root.end_time
     attrs = root.attributes or {}
     ttft = attrs[S.ATTR_TTFT_NS]
-    assert worker["prefill"]["end"] - root.start_time <= ttft <= worker["decode"]["start"] - root.start_time  # type: ignore[operator]
+    assert worker["prefill"]["end"] - root.start_time <= ttft <= worker["decode"]["start"] - root.start_time
     if fail:
         assert reply["error"] == "decode failed"
         assert worker["decode"]["status"] == "ERROR" and worker["generation"]["status"] == "ERROR"
