@@ -650,6 +650,10 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
                              gpu_hour_usd)}
 
 
+#: Each replayed metric's name in a sentence (the Capacity page's choices too).
+METRIC_NAMES = {"e2e": "end-to-end", "ttft": "TTFT"}
+
+
 def advice(observed: int, fewest: int | None, largest: int, target_p99_ms: float | None, metric: str,
            gpu_hour_usd: float | None) -> dict[str, Any] | None:
     """What the fewest count means against the observed fleet: scale down, scale up or keep, in a sentence.
@@ -660,7 +664,7 @@ def advice(observed: int, fewest: int | None, largest: int, target_p99_ms: float
     """
     if target_p99_ms is None:
         return None
-    goal = f"p99 {metric} <= {target_p99_ms:,.0f} ms"
+    goal = f"p99 {METRIC_NAMES.get(metric, metric)} <= {target_p99_ms:,.0f} ms"
     out: dict[str, Any] = {"change": None, "observed_replicas": observed, "fewest_replicas": fewest,
                            "replicas_delta": None, "usd_per_hour_delta": None}
     if fewest is None:

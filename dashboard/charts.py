@@ -242,18 +242,19 @@ def _utc_span(df: pl.DataFrame, window_s: int) -> dict[str, Any]:
     return {"type": "utc", "domain": [_iso(int(first)), _iso(int(last) + window_s * 10**9)]}
 
 
-def stage_compare(df: pd.DataFrame) -> alt.Chart:
-    """Mean critical-path ms per stage: tail of the spike vs the same slice of the baseline."""
+def stage_compare(df: pd.DataFrame, tail: str = "spike tail") -> alt.Chart:
+    """Mean critical-path ms per stage: the tail of the window (named `tail`: a spike's, or a window's that is not
+    one) vs the same slice of the baseline."""
     import altair as alt
 
     long = df.melt(id_vars=["stage"], value_vars=["tail_ms", "baseline_ms"], var_name="slice", value_name="ms")
-    long["slice"] = long["slice"].map({"tail_ms": "spike tail", "baseline_ms": "baseline tail"})
+    long["slice"] = long["slice"].map({"tail_ms": tail, "baseline_ms": "baseline tail"})
     return alt.Chart(long).mark_bar().encode(
         y=alt.Y("stage:N", sort=list(STAGE_COLORS), title=None),
-        yOffset=alt.YOffset("slice:N", sort=["baseline tail", "spike tail"]),
+        yOffset=alt.YOffset("slice:N", sort=["baseline tail", tail]),
         x=alt.X("ms:Q", title="mean critical-path time (ms)"),
         color=alt.Color("stage:N", scale=stage_scale(), legend=None),
-        opacity=alt.Opacity("slice:N", scale=alt.Scale(domain=["baseline tail", "spike tail"], range=[0.35, 1.0]),
+        opacity=alt.Opacity("slice:N", scale=alt.Scale(domain=["baseline tail", tail], range=[0.35, 1.0]),
                             title=None),
         tooltip=["stage:N", "slice:N", alt.Tooltip("ms:Q", format=",.0f")],
     ).properties(height=max(120, 34 * len(df)))

@@ -8,12 +8,12 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from analysis.capacity import METRIC_NAMES as NAMES
 from dashboard import charts, data, formats, sidebar
 
 db, f, key, reps = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
 a, b, c = st.columns(3)
-NAMES = {"e2e": "end-to-end", "ttft": "TTFT"}
 metric = a.radio("p99 of", list(NAMES), horizontal=True, key="cap_metric", format_func=NAMES.__getitem__)
 seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
 # whole ms, as every latency on the page reads, rounded up: the observed p99 meets its own target (rounded down, a

@@ -105,7 +105,8 @@ else:
     else:
         st.caption("This window's p99 is not above the baseline's: there is no excess to share out. The chart "
                    "still compares the two tails stage by stage.")
-    st.altair_chart(charts.stage_compare(stages), width="stretch")
+    st.altair_chart(charts.stage_compare(stages, "spike tail" if ex.get("detected") else "window tail"),
+                    width="stretch")
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
 columns = ["dimension", "value", "explained", "p99_without_ms", "baseline_p99_without_ms", "tail_share",

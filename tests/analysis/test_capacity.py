@@ -203,7 +203,7 @@ def test_the_answer_says_scale_down_up_or_keep() -> None:
     assert {"scale down", "scale up"} <= set(cases)  # this workload shows both
     down = next(capacity_curve(w, range(1, 31), target_p99_ms=t, gpu_hour_usd=2.0)["advice"]
                 for t in sorted(set(p99.values()), reverse=True))
-    assert down["sentence"] == (f"scale down: {down['fewest_replicas']} replicas hold p99 e2e <= "
+    assert down["sentence"] == (f"scale down: {down['fewest_replicas']} replicas hold p99 end-to-end <= "
                                 f"{max(p99.values()):,.0f} ms, {6 - down['fewest_replicas']} fewer than the 6 observed "
                                 f"(${(6 - down['fewest_replicas']) * 2.0:,.2f}/h less)")
     none = capacity_curve(w, range(1, 31), target_p99_ms=min(p99.values()) - 1.0)["advice"]

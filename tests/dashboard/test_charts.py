@@ -223,3 +223,17 @@ def test_a_brushed_window_is_whole_seconds() -> None:
         lo, hi = sorted(Fraction(float(x)) / 1000 for x in (a, b))
         want_a, want_b = round(lo), round(hi)
         assert brushed([float(a), float(b)]) == (want_a * 10**9, max(want_b, want_a + 1) * 10**9)
+
+
+@pytest.mark.parametrize("tail", ["spike tail", "window tail"])
+def test_the_stage_comparison_names_the_window_it_compares(tail: str) -> None:
+    """A brushed window that is not a spike is not called one: the tail's name is the page's, on every bar."""
+    import pandas as pd
+
+    df = pd.DataFrame({"stage": ["queue_wait", "decode"], "tail_ms": [900.0, 40.0], "baseline_ms": [30.0, 35.0]})
+    spec = charts.stage_compare(df, tail).to_dict()
+    rows = next(iter(spec["datasets"].values()))
+    assert sorted((r["stage"], r["slice"], r["ms"]) for r in rows) == [
+        ("decode", "baseline tail", 35.0), ("decode", tail, 40.0),
+        ("queue_wait", "baseline tail", 30.0), ("queue_wait", tail, 900.0)]
+    assert spec["encoding"]["opacity"]["scale"]["domain"] == ["baseline tail", tail]
