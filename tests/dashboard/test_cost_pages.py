@@ -18,6 +18,7 @@ from dashboard import data
 from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
 from tests.dashboard.conftest import APP, shown_tables
 from tests.dashboard.incident_store import START_NS
+from tests.sql import one
 
 
 def _app(store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> AppTest:
@@ -39,6 +40,14 @@ def _metric(at: AppTest, label: str) -> str:
 def test_pages_explain_an_empty_store(empty_store: Path, monkeypatch: pytest.MonkeyPatch, page: str) -> None:
     at = _app(empty_store, monkeypatch, page)
     assert not at.error and at.info
+
+
+def _cell_ns(area: dict) -> int:
+    """The Cost chart's cell (ns), read from its tooltip's title as the page states it."""
+    title = area["encoding"]["tooltip"][-1]["title"]
+    cell = re.fullmatch(r"GPU seconds in the (\d+) s", title)
+    assert cell is not None, title
+    return int(cell[1]) * 10**9
 
 
 def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,10 +73,7 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     # caption names what is left out (requests still running after it)
     con = connect(incident_store)
     last_ns, end_ns = con.execute("SELECT max(start_ns), max(end_ns) FROM requests").fetchone() or (0, 0)
-    title = area["encoding"]["tooltip"][-1]["title"]
-    cell = re.fullmatch(r"GPU seconds in the (\d+) s", title)
-    assert cell is not None, title
-    cell_ns = int(cell[1]) * 10**9
+    cell_ns = _cell_ns(area)
     drawn = set(pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().column("bucket_ns").to_pylist())
     assert max(drawn) == last_ns // cell_ns * cell_ns and end_ns > max(drawn) + cell_ns
     (note,) = [c.value for c in at.caption if c.value.startswith("Not drawn")]
@@ -138,8 +144,7 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
     want = cost_table(connect(incident_store), by="tenant", since=since, until=until)
     (chart,) = [c for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
     drawn = pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pandas()
-    cell_ns = int(re.fullmatch(r"GPU seconds in the (\d+) s",
-                               json.loads(chart.proto.spec)["encoding"]["tooltip"][-1]["title"])[1]) * 10**9  # type: ignore[index]
+    cell_ns = _cell_ns(json.loads(chart.proto.spec))
     assert (drawn["bucket_ns"].min(), drawn["bucket_ns"].max()) == (since // cell_ns * cell_ns,
                                                                     (until - 1) // cell_ns * cell_ns)
     assert not [c for c in at.caption if c.value.startswith("Not drawn")]
@@ -171,7 +176,7 @@ def test_capacity_target_defaults_to_a_p99_the_observed_fleet_meets(tmp_path: Pa
         add_request(batch, i, i * 2_000 * ms, i * 2_000 * ms + e2e, [("generation", i * 2_000 * ms,
                                                                         i * 2_000 * ms + e2e)])
     write(tmp_path, batch)
-    p99 = connect(tmp_path).execute("SELECT quantile_cont(e2e_ns, 0.99) / 1e6 FROM requests").fetchone()[0]  # type: ignore[index]
+    p99 = one(connect(tmp_path), "SELECT quantile_cont(e2e_ns, 0.99) / 1e6 FROM requests")[0]
     assert p99 == pytest.approx(1_000.298) and round(p99) < p99
     at = _app(tmp_path, monkeypatch, "app_pages/capacity.py")
     assert at.number_input(key="cap_target").value == 1_001.0

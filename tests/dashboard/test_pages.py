@@ -17,6 +17,7 @@ from analysis.stats.verdicts import against_baseline, detection_window_s
 from dashboard.charts import STAGE_COLORS
 from tests.dashboard.conftest import APP, REQUESTS, shown_tables
 from tests.dashboard.incident_store import START_NS
+from tests.sql import one
 
 PAGES = tuple(f"app_pages/{name}.py" for name in ("overview", "spike", "traces", "shape", "replicas", "whatif", "sql"))
 
@@ -283,11 +284,11 @@ def test_shape_page_says_when_no_cell_can_be_trusted(incident_store: Path, monke
     few.query_params["since_ns"], few.query_params["until_ns"] = str(since), str(since + 300 * 10**9)
     few.switch_page("app_pages/shape.py").run()
     assert not few.exception and not [m for m in few.markdown if m.value.startswith("Slowest cell")]
-    most = connect(incident_store).execute(
+    most = one(connect(incident_store),
         "SELECT max(n) FROM (SELECT count(*) AS n FROM requests WHERE replica = 'replica-02' AND start_ns >= ? AND "
         "start_ns < ? AND input_tokens IS NOT NULL AND output_tokens IS NOT NULL GROUP BY "
         "floor(log2(greatest(input_tokens, 1))), input_tokens = 0, floor(log2(greatest(output_tokens, 1))), "
-        "output_tokens = 0)", [since, since + 300 * 10**9]).fetchone()[0]  # type: ignore[index]
+        "output_tokens = 0)", [since, since + 300 * 10**9])[0]
     assert [i.value for i in few.info] == [
         f"No cell holds the 500 requests a p99 needs to be trusted (the most here: {most:,}): each cell's p99 rests on "
         "its few slowest requests, so the colours compare little. Widen the filters or the time range."]
