@@ -6,6 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from analysis.cost import COST_GROUPS
 from dashboard import charts, data, formats, sidebar
 
 db = data.open_store()  # a store, or a ClickHouse table (the sweep then runs on the server)
@@ -31,7 +32,9 @@ if "error" in res:
     st.warning(res["error"])
     st.stop()
 rows = pd.DataFrame(res["rows"])
-values = getattr(f, by, ()) if by != "model_version" else ()
+#: the filters the page can group by (a filter on one of them narrows the table to its values when grouped by it)
+GROUPED_FILTERS = tuple(d for d in COST_GROUPS if d in data.FILTER_DIMENSIONS)
+values = getattr(f, by) if by in GROUPED_FILTERS else ()
 if values and not rows.empty:
     rows = rows[rows["key"].isin(values)]
 tot = res["totals"]
@@ -40,7 +43,7 @@ tot = res["totals"]
 unused = [f"{d.replace('_', ' ')} = {', '.join(getattr(f, d))}" for d in data.FILTER_DIMENSIONS
           if getattr(f, d) and d != by] + [f"{a.key} = {', '.join(a.values)}" for a in f.attributes if a.values]
 if unused:
-    can = sorted(d for d in ("tenant", "model", "replica") if getattr(f, d) and d != by)
+    can = sorted(d for d in GROUPED_FILTERS if getattr(f, d) and d != by)
     st.info(formats.escape(f"GPU time is shared out over the whole fleet in the time range: {'; '.join(unused)} "
                            f"{'does' if len(unused) == 1 else 'do'} not narrow it here."
                            + (f" Group by {' or '.join(can)} to read {'its' if len(unused) == 1 else 'their'} share."
