@@ -75,9 +75,9 @@ def demo(
     finally:
         if tmp is not None:
             tmp.cleanup()
-    console.print(f"demo sample: {truth['requests']} requests, {truth['duration_s'] / 60:.0f} minutes, "
-                  f"{len(truth['incidents'])} labelled incidents; {result.spans_written} spans stored, "
-                  f"{result.duplicates} already present in {target}", highlight=False)
+    console.print(f"demo sample: {truth['requests']:,} requests, {truth['duration_s'] / 60:.0f} minutes, "
+                  f"{len(truth['incidents'])} labelled incidents; {result.spans_written:,} spans stored, "
+                  f"{result.duplicates:,} already present in {target}", highlight=False)
     console.print()
     with errors_as_messages():
         print_report(target)

@@ -42,8 +42,8 @@ def ingest(
         hours = materialize(target) if report.segments else []
     if not quiet:
         console.print(
-            f"{report.files} file(s): {report.spans_read} spans read, {report.spans_written} stored, "
-            f"{report.duplicates} already present, {len(report.segments)} segment(s) into {target}"
+            f"{report.files} file(s): {report.spans_read:,} spans read, {report.spans_written:,} stored, "
+            f"{report.duplicates:,} already present, {len(report.segments)} segment(s) into {target}"
         )
         if hours:
             console.print(f"materialized the requests of {len(hours)} hour(s)")

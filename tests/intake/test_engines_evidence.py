@@ -103,7 +103,7 @@ def test_the_plain_http_scenario_is_claimed_by_no_engine(tmp_path: Path) -> None
     http_chat.write(path, requests=300)
     result = run_cli("ingest", "--store", str(tmp_path / "store"), str(path))
     assert result.exit_code == 0, result.output
-    spans = int(result.stdout.split(" spans read")[0].split()[-1])
+    spans = int(result.stdout.split(" spans read")[0].split()[-1].replace(",", ""))
     assert spans == 300 * 4 - 4  # 4 requests failed with 500 before they streamed
     assert f"0 request(s) recognised among {spans:,} span(s)\n" in result.stdout
     assert "tailscope map --suggest" in " ".join(result.stderr.split())
