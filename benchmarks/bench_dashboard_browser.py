@@ -21,20 +21,25 @@ the status widget, which shows a run only after 500 ms), no element is a loading
 chart has drawn its SVG or canvas, and every table its canvas. Timed from `goto` (or the click) to that
 moment. Beside each time: the CPU seconds of the browser's processes and of the server's (Linux /proc), the
 renderer's main-thread busy time (Chromium's `Performance.getMetrics` TaskDuration) and what was fetched over
-HTTP (requests, KB over the wire: 0 for what the browser's cache held). The anchor, in the same run and the
+HTTP (requests, KB over the wire: 0 for what the browser's cache held) and the KB the server sent over the
+session's websocket (the elements: chart data, tables, text). The anchor, in the same run and the
 same browser: a bare Streamlit page (a title and a line of text) served by `streamlit run` with the
 dashboard's own flags, in a new profile and in a new tab: what the framework itself costs on this machine.
 
     python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...] [--think 0]
-        [--against TREE]
+        [--materialized [--live-hours N]] [--page-limit S] [--against TREE]
 
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
-temp directory removed afterwards). With --against TREE (another checkout's directory, or a git ref of this
-repository, exported and built in a temp directory as benchmarks.bench_against does), the same store is also served
-from that source tree: both servers are up at once, each first render is measured on both trees in turn with the
-same browser, seconds apart, the pair's order swapped every round (this, other; other, this; ...), so both see the
-same machine load, and each tree's clicks run as one sequence after the other's; each tree's table is printed, then
-this tree's medians against the other's (this / other).
+temp directory removed afterwards). `--materialized` writes the store's stale hours' request files first, leaving
+the last N hours live with `--live-hours N`, as benchmarks.bench_dashboard does (a 10 M-span store built by
+`python -m benchmarks.bench_dashboard --spans 10000000 --keep`, whose pages' limit is 3 s: `--page-limit 3`).
+
+With --against TREE (another checkout's directory, or a git ref of this repository, exported and built in a temp
+directory as benchmarks.bench_against does), the same store is also served from that source tree: both servers are
+up at once, each first render is measured on both trees in turn with the same browser, seconds apart, the pair's
+order swapped every round (this, other; other, this; ...), so both see the same machine load, and each tree's clicks
+run as one sequence after the other's; each tree's table is printed, then this tree's medians against the other's
+(this / other).
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 @dataclass(frozen=True)
 class Sample:
     """One timed render: wall seconds, CPU seconds of the browser and of the server, the renderer's main-thread
-    busy seconds, and the HTTP requests made and KB transferred over the wire."""
+    busy seconds, the HTTP requests made and KB transferred over the wire, and the KB the server sent over the
+    session's websocket (the page's elements: chart data, tables, text)."""
 
     wall_s: float
     browser_cpu_s: float
@@ -93,6 +99,7 @@ class Sample:
     main_thread_s: float
     requests: int
     kbytes: float
+    ws_kbytes: float = 0.0
 
 
 def _free_port() -> int:
@@ -278,6 +285,11 @@ class Meter:
         self.page, self.server = page, server
         self.cdp = page.context.new_cdp_session(page)
         self.cdp.send("Performance.enable")
+        self.ws_bytes = 0  # received over the page's websockets so far
+        page.on("websocket", lambda ws: ws.on("framereceived", self._received))
+
+    def _received(self, payload: str | bytes) -> None:
+        self.ws_bytes += len(payload)
 
     def _main_thread_s(self) -> float:
         metrics = self.cdp.send("Performance.getMetrics")["metrics"]
@@ -287,14 +299,14 @@ class Meter:
         """Run `act()` (a goto or a click) and wait until `heading`'s page is drawn."""
         browser = _browser_pids()
         fetched = self._fetched()
-        b0, s0, m0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s()
+        b0, s0, m0, w0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s(), self.ws_bytes
         t0 = time.perf_counter()
         act()
         drawn(self.page, heading)
         wall = time.perf_counter() - t0
         b1, s1, m1 = _cpu_s(_browser_pids()), _cpu_s(self.server), self._main_thread_s()
         n, kb = (a - b for a, b in zip(self._fetched(), fetched, strict=True))
-        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb)
+        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb, (self.ws_bytes - w0) / 1024)
 
     def _fetched(self) -> tuple[float, float]:
         """(HTTP requests made by this document so far, KB transferred over the wire: 0 for the cache's)."""
@@ -333,7 +345,7 @@ def tree_order(round_no: int, trees: list[Path | None]) -> list[Path | None]:
 
 
 def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0,
-        against: Path | None = None) -> dict[Path | None, Results]:
+        against: Path | None = None, page_limit_s: float = PAGE_LIMIT_S) -> dict[Path | None, Results]:
     """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
     after the page before it was drawn, with this tree's dashboard (key None) and, when given, `against`'s: both
     served at once, each measurement taken on both in turn (`tree_order`); each tree's results, each holding the
@@ -363,14 +375,14 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     ctx.close()
                     keep(None, f"bare Streamlit page: its static files, {CONNECTIONS} connections, no browser",
                          fetch_static(url, "", server))
-                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep)
+                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep, page_limit_s)
         finally:
             browser.close()
     return {t: [(k, v, limits[k]) for k, v in got.items()] for t, got in rounds.items()}
 
 
 def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages: tuple[tuple[str, str, str], ...],
-                     think_s: float, keep: Any) -> None:
+                     think_s: float, keep: Any, page_limit_s: float = PAGE_LIMIT_S) -> None:
     """One round of the dashboard's measurements with a server from each of `trees` (None: this one), all up at
     once; each first render is measured on every tree in turn, in the order given, before the next one (so the two
     samples of a pair are seconds apart, under the same load); the clicks, one session's sequence each, tree after
@@ -388,7 +400,7 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
                  fetch_static(url, STATIC_PAGE[0], server))
         for _, path, heading in pages:
             for tree, (url, server) in served.items():
-                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
+                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), page_limit_s)
         warm = {}
         for tree, (url, server) in served.items():  # a browser profile per tree whose HTTP cache holds every
             warm[tree] = stack.enter_context(contextlib.closing(browser.new_context(viewport=VIEWPORT)))
@@ -397,7 +409,7 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
         for _, path, heading in pages:
             for tree, (url, server) in served.items():
                 keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
-                     _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
+                     _open(warm[tree], url, path, heading, server), page_limit_s)
         for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
             page = browser.new_page(viewport=VIEWPORT)  # its clicks would load the other pages' scripts meanwhile
             page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
@@ -419,6 +431,15 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=0.0, help="seconds between a page drawn and the next click")
     parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
                         "Overview is always first")
+    parser.add_argument("--materialized", action="store_true",
+                        help="materialize the store's stale hours first, as `tailscope collect` does for settled ones "
+                        "(benchmarks.bench_dashboard.materialize_store)")
+    parser.add_argument("--live-hours", type=int, default=0, metavar="N",
+                        help="with --materialized: leave the last N hours live, as collect leaves the current hour "
+                        "and the one before")
+    parser.add_argument("--page-limit", type=float, default=PAGE_LIMIT_S, metavar="S",
+                        help=f"the limit shown beside each first render (default {PAGE_LIMIT_S:g} s, the demo "
+                        "store's; a 10 M-span store's is 3 s)")
     parser.add_argument("--against", default=None, metavar="TREE",
                         help="also serve the store from this source tree (a checkout's directory, or a git ref), "
                         "each measurement taken on both in turn")
@@ -435,10 +456,17 @@ def main() -> None:
     if not store.exists():  # the demo store, as `tailscope demo` writes it
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
+    if args.materialized:
+        from benchmarks.bench_dashboard import materialize_store
+
+        t0 = time.perf_counter()
+        written, live = materialize_store(store, max(0, args.live_hours))
+        print(f"materialized {written} hour(s) in {time.perf_counter() - t0:.1f} s; live: {live} hour(s)",
+              file=sys.stderr)
     repeat = max(1, args.repeat)
     try:
         with other_tree(args.against) if args.against else contextlib.nullcontext() as against:
-            results = run(store, repeat, pages, max(0.0, args.think), against)
+            results = run(store, repeat, pages, max(0.0, args.think), against, args.page_limit)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -470,7 +498,7 @@ def table(results: Results) -> list[str]:
     out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
            f"new tab {bare_tab.wall_s:.2f} s", "",
            "| measurement | seconds | × bare page | browser CPU-s | main thread s | server CPU-s | requests "
-           "| KB fetched | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| KB fetched | websocket KB | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, limit in results:
         m = med[label]
         base = (bare_tab if "new tab" in label or label.startswith("click") else
@@ -478,7 +506,7 @@ def table(results: Results) -> list[str]:
                 else bare_static if "static files" in label else bare_profile)
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
-                   f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+                   f"{m.ws_kbytes:,.0f} | {'–' if limit == float('inf') else f'<= {limit:g} s'} |")
     return out
 
 
@@ -492,14 +520,15 @@ def versus(this: Results, other: Results) -> list[str]:
     ratios this / other."""
     a, b = medians(this), medians(other)
     out = ["| measurement | seconds this / other | × | browser CPU-s this / other | × | server CPU-s this / other "
-           "| × | KB fetched this / other |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| × | KB fetched this / other | websocket KB this / other |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, _ in this:
         if label in b and "bare Streamlit page" not in label:
             x, y = a[label], b[label]
             out.append(f"| {label} | {x.wall_s:.2f} / {y.wall_s:.2f} | {_ratio(x.wall_s, y.wall_s)} | "
                        f"{x.browser_cpu_s:.2f} / {y.browser_cpu_s:.2f} | {_ratio(x.browser_cpu_s, y.browser_cpu_s)} | "
                        f"{x.server_cpu_s:.2f} / {y.server_cpu_s:.2f} | {_ratio(x.server_cpu_s, y.server_cpu_s)} | "
-                       f"{x.kbytes:,.0f} / {y.kbytes:,.0f} |")
+                       f"{x.kbytes:,.0f} / {y.kbytes:,.0f} | {x.ws_kbytes:,.0f} / {y.ws_kbytes:,.0f} |")
     return out
 
 
