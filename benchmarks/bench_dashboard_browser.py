@@ -90,8 +90,9 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 @dataclass(frozen=True)
 class Sample:
     """One timed render: wall seconds, CPU seconds of the browser and of the server, the renderer's main-thread
-    busy seconds, the HTTP requests made and KB transferred over the wire, and the KB the server sent over the
-    session's websocket (the page's elements: chart data, tables, text)."""
+    busy seconds, the HTTP requests made and KB transferred over the wire, the KB the server sent over the
+    session's websocket (the page's elements: chart data, tables, text), and the render's time split at the
+    websocket's messages (`split`): until the server's first message, from it to the last, after the last."""
 
     wall_s: float
     browser_cpu_s: float
@@ -100,6 +101,35 @@ class Sample:
     requests: int
     kbytes: float
     ws_kbytes: float = 0.0
+    to_first_message_s: float = 0.0
+    first_to_last_message_s: float = 0.0
+    after_last_message_s: float = 0.0
+
+
+#: In each document: every websocket message received, as [performance.now() ms, bytes], in `window.__tsMessages`.
+MESSAGES_SCRIPT = """(() => {
+    const Base = window.WebSocket, got = window.__tsMessages = [];
+    window.WebSocket = class extends Base {
+        constructor(...args) {
+            super(...args);
+            this.addEventListener('message', e => got.push([performance.now(),
+                typeof e.data === 'string' ? e.data.length : (e.data.byteLength ?? e.data.size ?? 0)]));
+        }
+    };
+})();"""
+
+
+def split(messages: list[tuple[float, float]], act_ms: float, drawn_ms: float) -> tuple[float, float, float, float]:
+    """A render's time split at its websocket messages (`messages`: [ms, bytes] on the page's clock) from the act
+    (`act_ms`: the goto's navigation start, 0, or the click) to the page drawn (`drawn_ms`): (seconds until the
+    first message, from the first to the last, after the last, KB received). What comes after the last message is
+    the browser's own work (the server had sent everything); until the first, the page's load and the session's
+    start; between them, the server's run as the browser sees it. No message: the whole time is before it."""
+    got = [(t, n) for t, n in messages if act_ms <= t <= drawn_ms]
+    if not got:
+        return (drawn_ms - act_ms) / 1000, 0.0, 0.0, 0.0
+    first, last = got[0][0], got[-1][0]
+    return (first - act_ms) / 1000, (last - first) / 1000, (drawn_ms - last) / 1000, sum(n for _, n in got) / 1024
 
 
 def _free_port() -> int:
@@ -255,17 +285,19 @@ def fetch_static(url: str, path: str, server: list[int], connections: int = CONN
     return Sample(wall, 0.0, cpu, 0.0, len(files), sum(sizes) / 1024)
 
 
-def drawn(page: Any, heading: str) -> None:
-    """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table."""
+def drawn(page: Any, heading: str) -> float:
+    """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table; the
+    moment it was (`settled`)."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
-    settled(page)
+    return settled(page)
 
 
-def settled(page: Any) -> None:
+def settled(page: Any) -> float:
     """Wait until no script runs, no element is a loading skeleton and each shown chart and table has drawn (polled
-    every 50 ms, up to 120 s). "No script runs" is the app's own run state (`data-test-script-state`, which
-    Streamlit's end-to-end tests wait on): the status widget shows a run only after its first 500 ms."""
-    page.wait_for_function("""() => {
+    every 50 ms, up to 120 s); the moment it was seen so, on the page's clock (performance.now(), ms). "No script
+    runs" is the app's own run state (`data-test-script-state`, which Streamlit's end-to-end tests wait on): the
+    status widget shows a run only after its first 500 ms."""
+    return float(page.wait_for_function("""() => {
         const app = document.querySelector('[data-testid=stApp]');
         if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
         const w = document.querySelector('[data-testid=stStatusWidget]');
@@ -274,8 +306,9 @@ def settled(page: Any) -> None:
         const shown = e => e.checkVisibility();  // one inside a closed expander or tab is not drawn until opened
         const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')].filter(shown);
         const tables = [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(shown);
-        return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'));
-    }""", polling=50, timeout=120_000)
+        return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'))
+            && performance.now();
+    }""", polling=50, timeout=120_000).json_value())
 
 
 class Meter:
@@ -285,11 +318,7 @@ class Meter:
         self.page, self.server = page, server
         self.cdp = page.context.new_cdp_session(page)
         self.cdp.send("Performance.enable")
-        self.ws_bytes = 0  # received over the page's websockets so far
-        page.on("websocket", lambda ws: ws.on("framereceived", self._received))
-
-    def _received(self, payload: str | bytes) -> None:
-        self.ws_bytes += len(payload)
+        page.add_init_script(MESSAGES_SCRIPT)  # before its documents' scripts: Streamlit's websocket is seen
 
     def _main_thread_s(self) -> float:
         metrics = self.cdp.send("Performance.getMetrics")["metrics"]
@@ -299,14 +328,19 @@ class Meter:
         """Run `act()` (a goto or a click) and wait until `heading`'s page is drawn."""
         browser = _browser_pids()
         fetched = self._fetched()
-        b0, s0, m0, w0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s(), self.ws_bytes
+        url = self.page.url
+        act_ms = float(self.page.evaluate("performance.now()"))
+        b0, s0, m0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s()
         t0 = time.perf_counter()
         act()
-        drawn(self.page, heading)
+        drawn_ms = drawn(self.page, heading)
         wall = time.perf_counter() - t0
         b1, s1, m1 = _cpu_s(_browser_pids()), _cpu_s(self.server), self._main_thread_s()
         n, kb = (a - b for a, b in zip(self._fetched(), fetched, strict=True))
-        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb, (self.ws_bytes - w0) / 1024)
+        messages = self.page.evaluate("window.__tsMessages || []")
+        before, between, after, ws_kb = split([(float(t), float(b)) for t, b in messages],
+                                              0.0 if url == "about:blank" else act_ms, drawn_ms)
+        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb, ws_kb, before, between, after)
 
     def _fetched(self) -> tuple[float, float]:
         """(HTTP requests made by this document so far, KB transferred over the wire: 0 for the cache's)."""
@@ -412,9 +446,9 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
                      _open(warm[tree], url, path, heading, server), page_limit_s)
         for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
             page = browser.new_page(viewport=VIEWPORT)  # its clicks would load the other pages' scripts meanwhile
-            page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
-            drawn(page, "Overview")  # does not find
-            meter = Meter(page, server)
+            meter = Meter(page, server)  # (dashboard.preload.later_script), which a click straight after the page
+            page.goto(url)  # before does not find; the meter first, to see the session's websocket open
+            drawn(page, "Overview")
             for name, _, heading in (*pages[1:], pages[0]):
                 page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
                 link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
@@ -498,7 +532,8 @@ def table(results: Results) -> list[str]:
     out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
            f"new tab {bare_tab.wall_s:.2f} s", "",
            "| measurement | seconds | × bare page | browser CPU-s | main thread s | server CPU-s | requests "
-           "| KB fetched | websocket KB | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| KB fetched | websocket KB | s to 1st message | s 1st to last message | s after last message | limit |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, limit in results:
         m = med[label]
         base = (bare_tab if "new tab" in label or label.startswith("click") else
@@ -506,7 +541,8 @@ def table(results: Results) -> list[str]:
                 else bare_static if "static files" in label else bare_profile)
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
-                   f"{m.ws_kbytes:,.0f} | {'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+                   f"{m.ws_kbytes:,.0f} | {m.to_first_message_s:.2f} | {m.first_to_last_message_s:.2f} | "
+                   f"{m.after_last_message_s:.2f} | {'–' if limit == float('inf') else f'<= {limit:g} s'} |")
     return out
 
 

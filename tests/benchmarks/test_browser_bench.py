@@ -90,3 +90,13 @@ def test_a_store_is_materialized_but_its_last_hours_left_live(tmp_path: Path) ->
     assert (sorted(snap.fresh), snap.stale) == (hours[:2], hours[2:])
     assert materialize_store(store, 1) == (1, 1)
     assert snapshot(store).stale == hours[3:]
+
+
+def test_a_render_is_split_at_its_first_and_last_websocket_message() -> None:
+    """Messages before the act (a click's page received them earlier) and after the page was drawn are not the
+    render's; the rest split the time at the first and the last; without one the whole time comes before."""
+    messages = [(50.0, 2048.0), (1200.0, 512.0), (1500.0, 1024.0), (2600.0, 512.0), (4000.0, 99.0)]
+    assert B.split(messages, 1000.0, 3000.0) == (0.2, 1.4, 0.4, 2.0)
+    assert B.split(messages, 0.0, 5000.0) == (0.05, 3.95, 1.0, (2048 + 512 + 1024 + 512 + 99) / 1024)
+    assert B.split(messages, 4100.0, 4600.0) == (0.5, 0.0, 0.0, 0.0)
+    assert B.split([], 0.0, 1500.0) == (1.5, 0.0, 0.0, 0.0)
