@@ -74,6 +74,21 @@ def _timed(label: str, results: list[tuple[str, float, float]], limit: float, fn
           flush=True)
 
 
+def materialize_store(store: Path, live_hours: int = 0) -> tuple[int, int]:
+    """Write every stale hour's request file of `store` (analysis.engine.materialize), as `tailscope collect` does
+    for settled hours, but leave the last `live_hours` hours live (their files removed if written), as collect
+    leaves the current hour and the one before; (hours written, hours left live)."""
+    from analysis.engine.materialize import HOUR_NS, materialize, remove_hour, snapshot
+
+    snap = snapshot(store)
+    last = max([*snap.stale, *snap.fresh], default=0)
+    for hour in [last - i * HOUR_NS for i in range(live_hours)]:
+        remove_hour(store, hour)
+    # an hour is settled once the next one ended: the last N hours stay live
+    written = materialize(store, settled_before_ns=last - (live_hours - 2) * HOUR_NS if live_hours else None)
+    return len(written), len(snapshot(store).stale)
+
+
 def anchor(store: Path) -> None:
     """The plain `spans` scan the figures are compared with, in this process, and the load average."""
     from analysis.engine.connect import connect
@@ -222,18 +237,10 @@ def main() -> None:
         print(f"building a {args.spans:,}-span store in {store} …", flush=True)
         print(f"  built in {build_store(store, args.spans):.1f} s", flush=True)
     if args.materialized:
-        from analysis.engine.materialize import HOUR_NS, materialize, remove_hour, snapshot
-
         t0, c0 = time.perf_counter(), _cpu_s()
-        last = max([*snapshot(store).stale, *snapshot(store).fresh], default=0)
-        live = [last - i * HOUR_NS for i in range(args.live_hours)]
-        for hour in live:
-            remove_hour(store, hour)
-        # an hour is settled once the next one ended: the last N hours stay live
-        hours = len(materialize(store, settled_before_ns=last - (args.live_hours - 2) * HOUR_NS
-                                if args.live_hours else None))
+        hours, live = materialize_store(store, args.live_hours)
         print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s; "
-              f"live (not materialized): {len(snapshot(store).stale)} hour(s)", flush=True)
+              f"live (not materialized): {live} hour(s)", flush=True)
     try:
         results = run(store, tuple(args.pages.split(",")), args.first_only)
         anchor(store)  # again, before the store is removed: the load may have changed during the run

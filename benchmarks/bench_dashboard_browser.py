@@ -21,20 +21,25 @@ the status widget, which shows a run only after 500 ms), no element is a loading
 chart has drawn its SVG or canvas, and every table its canvas. Timed from `goto` (or the click) to that
 moment. Beside each time: the CPU seconds of the browser's processes and of the server's (Linux /proc), the
 renderer's main-thread busy time (Chromium's `Performance.getMetrics` TaskDuration) and what was fetched over
-HTTP (requests, KB over the wire: 0 for what the browser's cache held). The anchor, in the same run and the
+HTTP (requests, KB over the wire: 0 for what the browser's cache held) and the KB the server sent over the
+session's websocket (the elements: chart data, tables, text). The anchor, in the same run and the
 same browser: a bare Streamlit page (a title and a line of text) served by `streamlit run` with the
 dashboard's own flags, in a new profile and in a new tab: what the framework itself costs on this machine.
 
     python -m benchmarks.bench_dashboard_browser [--store DIR] [--repeat 3] [--pages Overview,Spike,...] [--think 0]
-        [--against TREE]
+        [--materialized [--live-hours N]] [--page-limit S] [--against TREE]
 
 Without --store, or with one that does not exist yet, it writes the demo store first (there, or in a
-temp directory removed afterwards). With --against TREE (another checkout's directory, or a git ref of this
-repository, exported and built in a temp directory as benchmarks.bench_against does), the same store is also served
-from that source tree: both servers are up at once, each first render is measured on both trees in turn with the
-same browser, seconds apart, the pair's order swapped every round (this, other; other, this; ...), so both see the
-same machine load, and each tree's clicks run as one sequence after the other's; each tree's table is printed, then
-this tree's medians against the other's (this / other).
+temp directory removed afterwards). `--materialized` writes the store's stale hours' request files first, leaving
+the last N hours live with `--live-hours N`, as benchmarks.bench_dashboard does (a 10 M-span store built by
+`python -m benchmarks.bench_dashboard --spans 10000000 --keep`, whose pages' limit is 3 s: `--page-limit 3`).
+
+With --against TREE (another checkout's directory, or a git ref of this repository, exported and built in a temp
+directory as benchmarks.bench_against does), the same store is also served from that source tree: both servers are
+up at once, each first render is measured on both trees in turn with the same browser, seconds apart, the pair's
+order swapped every round (this, other; other, this; ...), so both see the same machine load, and each tree's clicks
+run as one sequence after the other's; each tree's table is printed, then this tree's medians against the other's
+(this / other).
 """
 
 from __future__ import annotations
@@ -85,7 +90,9 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 @dataclass(frozen=True)
 class Sample:
     """One timed render: wall seconds, CPU seconds of the browser and of the server, the renderer's main-thread
-    busy seconds, and the HTTP requests made and KB transferred over the wire."""
+    busy seconds, the HTTP requests made and KB transferred over the wire, the KB the server sent over the
+    session's websocket (the page's elements: chart data, tables, text), and the render's time split at the
+    websocket's messages (`split`): until the server's first message, from it to the last, after the last."""
 
     wall_s: float
     browser_cpu_s: float
@@ -93,6 +100,36 @@ class Sample:
     main_thread_s: float
     requests: int
     kbytes: float
+    ws_kbytes: float = 0.0
+    to_first_message_s: float = 0.0
+    first_to_last_message_s: float = 0.0
+    after_last_message_s: float = 0.0
+
+
+#: In each document: every websocket message received, as [performance.now() ms, bytes], in `window.__tsMessages`.
+MESSAGES_SCRIPT = """(() => {
+    const Base = window.WebSocket, got = window.__tsMessages = [];
+    window.WebSocket = class extends Base {
+        constructor(...args) {
+            super(...args);
+            this.addEventListener('message', e => got.push([performance.now(),
+                typeof e.data === 'string' ? e.data.length : (e.data.byteLength ?? e.data.size ?? 0)]));
+        }
+    };
+})();"""
+
+
+def split(messages: list[tuple[float, float]], act_ms: float, drawn_ms: float) -> tuple[float, float, float, float]:
+    """A render's time split at its websocket messages (`messages`: [ms, bytes] on the page's clock) from the act
+    (`act_ms`: the goto's navigation start, 0, or the click) to the page drawn (`drawn_ms`): (seconds until the
+    first message, from the first to the last, after the last, KB received). What comes after the last message is
+    the browser's own work (the server had sent everything); until the first, the page's load and the session's
+    start; between them, the server's run as the browser sees it. No message: the whole time is before it."""
+    got = [(t, n) for t, n in messages if act_ms <= t <= drawn_ms]
+    if not got:
+        return (drawn_ms - act_ms) / 1000, 0.0, 0.0, 0.0
+    first, last = got[0][0], got[-1][0]
+    return (first - act_ms) / 1000, (last - first) / 1000, (drawn_ms - last) / 1000, sum(n for _, n in got) / 1024
 
 
 def _free_port() -> int:
@@ -248,17 +285,19 @@ def fetch_static(url: str, path: str, server: list[int], connections: int = CONN
     return Sample(wall, 0.0, cpu, 0.0, len(files), sum(sizes) / 1024)
 
 
-def drawn(page: Any, heading: str) -> None:
-    """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table."""
+def drawn(page: Any, heading: str) -> float:
+    """Wait until the page is drawn: heading visible, no script running, no skeleton, each shown chart and table; the
+    moment it was (`settled`)."""
     page.get_by_role("heading", name=heading, exact=True).first.wait_for(state="visible")
-    settled(page)
+    return settled(page)
 
 
-def settled(page: Any) -> None:
+def settled(page: Any) -> float:
     """Wait until no script runs, no element is a loading skeleton and each shown chart and table has drawn (polled
-    every 50 ms, up to 120 s). "No script runs" is the app's own run state (`data-test-script-state`, which
-    Streamlit's end-to-end tests wait on): the status widget shows a run only after its first 500 ms."""
-    page.wait_for_function("""() => {
+    every 50 ms, up to 120 s); the moment it was seen so, on the page's clock (performance.now(), ms). "No script
+    runs" is the app's own run state (`data-test-script-state`, which Streamlit's end-to-end tests wait on): the
+    status widget shows a run only after its first 500 ms."""
+    return float(page.wait_for_function("""() => {
         const app = document.querySelector('[data-testid=stApp]');
         if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
         const w = document.querySelector('[data-testid=stStatusWidget]');
@@ -267,8 +306,9 @@ def settled(page: Any) -> None:
         const shown = e => e.checkVisibility();  // one inside a closed expander or tab is not drawn until opened
         const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')].filter(shown);
         const tables = [...document.querySelectorAll('[data-testid=stDataFrame]')].filter(shown);
-        return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'));
-    }""", polling=50, timeout=120_000)
+        return charts.every(c => c.querySelector('svg, canvas')) && tables.every(t => t.querySelector('canvas'))
+            && performance.now();
+    }""", polling=50, timeout=120_000).json_value())
 
 
 class Meter:
@@ -278,6 +318,7 @@ class Meter:
         self.page, self.server = page, server
         self.cdp = page.context.new_cdp_session(page)
         self.cdp.send("Performance.enable")
+        page.add_init_script(MESSAGES_SCRIPT)  # before its documents' scripts: Streamlit's websocket is seen
 
     def _main_thread_s(self) -> float:
         metrics = self.cdp.send("Performance.getMetrics")["metrics"]
@@ -287,14 +328,19 @@ class Meter:
         """Run `act()` (a goto or a click) and wait until `heading`'s page is drawn."""
         browser = _browser_pids()
         fetched = self._fetched()
+        url = self.page.url
+        act_ms = float(self.page.evaluate("performance.now()"))
         b0, s0, m0 = _cpu_s(browser), _cpu_s(self.server), self._main_thread_s()
         t0 = time.perf_counter()
         act()
-        drawn(self.page, heading)
+        drawn_ms = drawn(self.page, heading)
         wall = time.perf_counter() - t0
         b1, s1, m1 = _cpu_s(_browser_pids()), _cpu_s(self.server), self._main_thread_s()
         n, kb = (a - b for a, b in zip(self._fetched(), fetched, strict=True))
-        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb)
+        messages = self.page.evaluate("window.__tsMessages || []")
+        before, between, after, ws_kb = split([(float(t), float(b)) for t, b in messages],
+                                              0.0 if url == "about:blank" else act_ms, drawn_ms)
+        return Sample(wall, b1 - b0, s1 - s0, m1 - m0, int(n), kb, ws_kb, before, between, after)
 
     def _fetched(self) -> tuple[float, float]:
         """(HTTP requests made by this document so far, KB transferred over the wire: 0 for the cache's)."""
@@ -333,7 +379,7 @@ def tree_order(round_no: int, trees: list[Path | None]) -> list[Path | None]:
 
 
 def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGES, think_s: float = 0.0,
-        against: Path | None = None) -> dict[Path | None, Results]:
+        against: Path | None = None, page_limit_s: float = PAGE_LIMIT_S) -> dict[Path | None, Results]:
     """Drive the browser over `pages` (the first one must be the Overview) and the bare page, each click `think_s`
     after the page before it was drawn, with this tree's dashboard (key None) and, when given, `against`'s: both
     served at once, each measurement taken on both in turn (`tree_order`); each tree's results, each holding the
@@ -363,14 +409,14 @@ def run(store: Path, repeat: int, pages: tuple[tuple[str, str, str], ...] = PAGE
                     ctx.close()
                     keep(None, f"bare Streamlit page: its static files, {CONNECTIONS} connections, no browser",
                          fetch_static(url, "", server))
-                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep)
+                _dashboard_round(browser, store, tree_order(round_no, trees), pages, think_s, keep, page_limit_s)
         finally:
             browser.close()
     return {t: [(k, v, limits[k]) for k, v in got.items()] for t, got in rounds.items()}
 
 
 def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages: tuple[tuple[str, str, str], ...],
-                     think_s: float, keep: Any) -> None:
+                     think_s: float, keep: Any, page_limit_s: float = PAGE_LIMIT_S) -> None:
     """One round of the dashboard's measurements with a server from each of `trees` (None: this one), all up at
     once; each first render is measured on every tree in turn, in the order given, before the next one (so the two
     samples of a pair are seconds apart, under the same load); the clicks, one session's sequence each, tree after
@@ -388,7 +434,7 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
                  fetch_static(url, STATIC_PAGE[0], server))
         for _, path, heading in pages:
             for tree, (url, server) in served.items():
-                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), PAGE_LIMIT_S)
+                keep(tree, f"fresh session: {heading}", fresh(browser, url, path, heading, server), page_limit_s)
         warm = {}
         for tree, (url, server) in served.items():  # a browser profile per tree whose HTTP cache holds every
             warm[tree] = stack.enter_context(contextlib.closing(browser.new_context(viewport=VIEWPORT)))
@@ -397,12 +443,12 @@ def _dashboard_round(browser: Any, store: Path, trees: list[Path | None], pages:
         for _, path, heading in pages:
             for tree, (url, server) in served.items():
                 keep(tree, f"fresh session, new tab (browser cache warm): {heading}",
-                     _open(warm[tree], url, path, heading, server), PAGE_LIMIT_S)
+                     _open(warm[tree], url, path, heading, server), page_limit_s)
         for tree, (url, server) in served.items():  # one tree's clicks after the other's: a tab left idle between
             page = browser.new_page(viewport=VIEWPORT)  # its clicks would load the other pages' scripts meanwhile
-            page.goto(url)  # (dashboard.preload.later_script), which a click straight after the page before
-            drawn(page, "Overview")  # does not find
-            meter = Meter(page, server)
+            meter = Meter(page, server)  # (dashboard.preload.later_script), which a click straight after the page
+            page.goto(url)  # before does not find; the meter first, to see the session's websocket open
+            drawn(page, "Overview")
             for name, _, heading in (*pages[1:], pages[0]):
                 page.wait_for_timeout(think_s * 1000)  # the reader's time on the page before
                 link = page.get_by_test_id("stSidebarNav").get_by_role("link", name=name, exact=True)
@@ -419,6 +465,15 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=0.0, help="seconds between a page drawn and the next click")
     parser.add_argument("--pages", default="", help="comma-separated sidebar labels (default: every page); the "
                         "Overview is always first")
+    parser.add_argument("--materialized", action="store_true",
+                        help="materialize the store's stale hours first, as `tailscope collect` does for settled ones "
+                        "(benchmarks.bench_dashboard.materialize_store)")
+    parser.add_argument("--live-hours", type=int, default=0, metavar="N",
+                        help="with --materialized: leave the last N hours live, as collect leaves the current hour "
+                        "and the one before")
+    parser.add_argument("--page-limit", type=float, default=PAGE_LIMIT_S, metavar="S",
+                        help=f"the limit shown beside each first render (default {PAGE_LIMIT_S:g} s, the demo "
+                        "store's; a 10 M-span store's is 3 s)")
     parser.add_argument("--against", default=None, metavar="TREE",
                         help="also serve the store from this source tree (a checkout's directory, or a git ref), "
                         "each measurement taken on both in turn")
@@ -435,10 +490,17 @@ def main() -> None:
     if not store.exists():  # the demo store, as `tailscope demo` writes it
         exe = Path(sys.executable).parent / "tailscope"
         subprocess.run([str(exe), "demo", "--store", str(store)], check=True, capture_output=True, timeout=600)
+    if args.materialized:
+        from benchmarks.bench_dashboard import materialize_store
+
+        t0 = time.perf_counter()
+        written, live = materialize_store(store, max(0, args.live_hours))
+        print(f"materialized {written} hour(s) in {time.perf_counter() - t0:.1f} s; live: {live} hour(s)",
+              file=sys.stderr)
     repeat = max(1, args.repeat)
     try:
         with other_tree(args.against) if args.against else contextlib.nullcontext() as against:
-            results = run(store, repeat, pages, max(0.0, args.think), against)
+            results = run(store, repeat, pages, max(0.0, args.think), against, args.page_limit)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -470,7 +532,8 @@ def table(results: Results) -> list[str]:
     out = [f"anchor (a bare Streamlit page, same browser and flags): new profile {bare_profile.wall_s:.2f} s, "
            f"new tab {bare_tab.wall_s:.2f} s", "",
            "| measurement | seconds | × bare page | browser CPU-s | main thread s | server CPU-s | requests "
-           "| KB fetched | limit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| KB fetched | websocket KB | s to 1st message | s 1st to last message | s after last message | limit |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, limit in results:
         m = med[label]
         base = (bare_tab if "new tab" in label or label.startswith("click") else
@@ -478,7 +541,8 @@ def table(results: Results) -> list[str]:
                 else bare_static if "static files" in label else bare_profile)
         out.append(f"| {label} | {m.wall_s:.2f} | {m.wall_s / base.wall_s:.1f} | {m.browser_cpu_s:.2f} | "
                    f"{m.main_thread_s:.2f} | {m.server_cpu_s:.2f} | {m.requests:.0f} | {m.kbytes:,.0f} | "
-                   f"{'–' if limit == float('inf') else f'<= {limit:g} s'} |")
+                   f"{m.ws_kbytes:,.0f} | {m.to_first_message_s:.2f} | {m.first_to_last_message_s:.2f} | "
+                   f"{m.after_last_message_s:.2f} | {'–' if limit == float('inf') else f'<= {limit:g} s'} |")
     return out
 
 
@@ -492,14 +556,15 @@ def versus(this: Results, other: Results) -> list[str]:
     ratios this / other."""
     a, b = medians(this), medians(other)
     out = ["| measurement | seconds this / other | × | browser CPU-s this / other | × | server CPU-s this / other "
-           "| × | KB fetched this / other |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| × | KB fetched this / other | websocket KB this / other |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, _, _ in this:
         if label in b and "bare Streamlit page" not in label:
             x, y = a[label], b[label]
             out.append(f"| {label} | {x.wall_s:.2f} / {y.wall_s:.2f} | {_ratio(x.wall_s, y.wall_s)} | "
                        f"{x.browser_cpu_s:.2f} / {y.browser_cpu_s:.2f} | {_ratio(x.browser_cpu_s, y.browser_cpu_s)} | "
                        f"{x.server_cpu_s:.2f} / {y.server_cpu_s:.2f} | {_ratio(x.server_cpu_s, y.server_cpu_s)} | "
-                       f"{x.kbytes:,.0f} / {y.kbytes:,.0f} |")
+                       f"{x.kbytes:,.0f} / {y.kbytes:,.0f} | {x.ws_kbytes:,.0f} / {y.ws_kbytes:,.0f} |")
     return out
 
 

@@ -27,7 +27,7 @@ def test_the_comparison_gives_each_measurements_medians_and_ratios() -> None:
     this = [*bare, ("click: Spike", [_sample(0.3, 0.6), _sample(0.5, 0.8), _sample(0.4, 2.0)], 0.5)]
     other = [*bare, ("click: Spike", [_sample(0.8, 1.6), _sample(0.6, 1.0), _sample(1.0, 1.7)], 0.5)]
     assert B.versus(this, other)[2:] == [
-        "| click: Spike | 0.40 / 0.80 | 0.50 | 0.80 / 1.60 | 0.50 | 0.50 / 0.50 | 1.00 | 10 / 10 |"]
+        "| click: Spike | 0.40 / 0.80 | 0.50 | 0.80 / 1.60 | 0.50 | 0.50 / 0.50 | 1.00 | 10 / 10 | 0 / 0 |"]
 
 
 def test_a_tree_to_compare_against_must_be_a_checkout(tmp_path: Path) -> None:
@@ -70,3 +70,33 @@ def test_the_static_files_a_page_names_are_fetched_once_each(tmp_path: Path) -> 
         finally:
             httpd.shutdown()
     assert (got.requests, got.kbytes, got.browser_cpu_s, got.server_cpu_s) == (3, 3.5, 0.0, 0.0)
+
+
+def test_a_store_is_materialized_but_its_last_hours_left_live(tmp_path: Path) -> None:
+    """A store over four hours: with two live hours the first two are written and the last two stay live, even
+    when their files had been written before; with none every hour is written."""
+    from analysis.engine.materialize import HOUR_NS, snapshot
+    from benchmarks.bench_dashboard import materialize_store
+    from tests.dashboard.incident_store import START_NS, write_incident_store
+
+    store = tmp_path / "store"
+    write_incident_store(store, requests=800, duration_s=3.5 * 3600)
+    hours = [START_NS + i * HOUR_NS for i in range(4)]
+    assert snapshot(store).stale == hours
+    assert materialize_store(store, 0) == (4, 0)
+    assert sorted(snapshot(store).fresh) == hours
+    assert materialize_store(store, 2) == (0, 2)  # the last two hours' files removed, the others kept
+    snap = snapshot(store)
+    assert (sorted(snap.fresh), snap.stale) == (hours[:2], hours[2:])
+    assert materialize_store(store, 1) == (1, 1)
+    assert snapshot(store).stale == hours[3:]
+
+
+def test_a_render_is_split_at_its_first_and_last_websocket_message() -> None:
+    """Messages before the act (a click's page received them earlier) and after the page was drawn are not the
+    render's; the rest split the time at the first and the last; without one the whole time comes before."""
+    messages = [(50.0, 2048.0), (1200.0, 512.0), (1500.0, 1024.0), (2600.0, 512.0), (4000.0, 99.0)]
+    assert B.split(messages, 1000.0, 3000.0) == (0.2, 1.4, 0.4, 2.0)
+    assert B.split(messages, 0.0, 5000.0) == (0.05, 3.95, 1.0, (2048 + 512 + 1024 + 512 + 99) / 1024)
+    assert B.split(messages, 4100.0, 4600.0) == (0.5, 0.0, 0.0, 0.0)
+    assert B.split([], 0.0, 1500.0) == (1.5, 0.0, 0.0, 0.0)
