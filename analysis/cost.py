@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -357,7 +357,7 @@ def _usd(ns: int, price: float | None) -> float | None:
 
 def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | int | datetime | None = None,
                until: str | int | datetime | None = None, prices: Prices | None = None,
-               facts: str | None = None) -> dict[str, Any]:
+               facts: str | None = None, keys: Iterable[str] | None = None) -> dict[str, Any]:
     """GPU time and its cost per `by` value over [since, until): the `tailscope cost --json` contract.
 
     GPU time is the fair share of each instant in [since, until) (see the module docstring);
@@ -365,6 +365,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     Request columns come from `facts` (a table with the `requests` view's trace_id, span_id, start_ns,
     e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
     analysis.engine.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
+    `keys` (values of `by`): also the totals of those rows alone (`selected`), as the dashboard shows under a filter.
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -382,14 +383,16 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
     finally:
         drop_sweep(con)
-    return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows)
+    return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows, keys)
 
 
 def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
               since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-              prices: Prices | None = None, facts: str | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
-    """`cost_table` and `cost_series` over one range (the Cost page draws both): the same dict and frame from one
-    sweep cut at the series' grid and one join of its shares with the request facts.
+              prices: Prices | None = None, facts: str | None = None, keys: Iterable[str] | None = None
+              ) -> tuple[dict[str, Any], pl.DataFrame]:
+    """`cost_table` (with `keys`, their `selected` totals) and `cost_series` over one range (the Cost page draws
+    both): the same dict and frame from one sweep cut at the series' grid and one join of its shares with the
+    request facts.
 
     Exact when the grid is whole cells of the sweep (`series_bucket_s`): its edges are cell edges, boundaries
     already, so a request's shares over the grid's cells sum to its share over the range, and so do the
@@ -402,7 +405,7 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     facts = facts or request_facts(con)
     weighted = _sampled(con, facts)
     if weighted or grid <= 0 or grid % CELL_NS:
-        return (cost_table(con, by, since, until, prices, facts),
+        return (cost_table(con, by, since, until, prices, facts, keys),
                 cost_series(con, by, bucket_s, since, until, prices, facts))
     since_ns, until_ns = parse_time(since), parse_time(until)
     shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False)
@@ -418,7 +421,7 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     table = gpu.group_by("key", "replica", "model").agg(pl.col("ns").sum(), pl.col("tail_ns").sum())
     rep_rows = over.group_by("replica").agg(pl.col(c).sum() for c in ("observed_ns", "allocated_ns",
                                                                       "cold_start_ns", "idle_ns")).sort("replica")
-    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
+    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows(), keys),
             _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
                           over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns", "first_ns", "last_ns"),
                           prices, grid))
@@ -445,9 +448,11 @@ def _gpu_query(con: duckdb.DuckDBPyConnection, facts: str, shares: str, by: str,
 
 
 def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,
-               reqs: list[Any], gpu: list[Any], rep_rows: list[Any]) -> dict[str, Any]:
+               reqs: list[Any], gpu: list[Any], rep_rows: list[Any], keys: Iterable[str] | None = None
+               ) -> dict[str, Any]:
     """The `tailscope cost --json` dict from the engine's rows: per key (requests, weighted, tokens in / out,
-    p99), per (key, replica, model) (GPU ns, tail ns), per replica (observed, allocated, cold start, idle ns)."""
+    p99), per (key, replica, model) (GPU ns, tail ns), per replica (observed, allocated, cold start, idle ns);
+    with `keys`, `selected`: the totals of their rows (`_selected`)."""
     rows: dict[str, dict[str, Any]] = {}
 
     def row(k: str) -> dict[str, Any]:
@@ -512,7 +517,7 @@ def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, un
         "allocated_usd": sum(c for c in row_cost if c is not None) if known else None,
         "overhead_usd": sum(c for c in overhead if c is not None) if known else None,
     }
-    return {
+    out = {
         "version": COST_VERSION, "by": by, "sampled": weighted,
         "since": iso(since_ns) if since_ns is not None else None,
         "until": iso(until_ns) if until_ns is not None else None,
@@ -520,6 +525,19 @@ def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, un
         "prices": {"source": prices.source, "replica": dict(prices.replica), "model": dict(prices.model)},
         "rows": out_rows, "replicas": replicas, "totals": totals,
     }
+    if keys is not None:
+        out["selected"] = _selected(out_rows, keys, prices.known)
+    return out
+
+
+def _selected(rows: list[dict[str, Any]], keys: Iterable[str], priced: bool) -> dict[str, Any]:
+    """The totals of the rows whose key is one of `keys`: their GPU ns and, when every one of them has a cost (and
+    some price is set), the sum of their costs, else None. No row of those keys: 0 ns (and 0.0 USD when priced)."""
+    wanted = {str(k) for k in keys}
+    chosen = [r for r in rows if r["key"] in wanted]
+    costs = [r["cost_usd"] for r in chosen]
+    return {"keys": sorted(wanted), "allocated_ns": sum(int(r["gpu_ns"]) for r in chosen),
+            "allocated_usd": sum(costs, 0.0) if priced and None not in costs else None}
 
 
 def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: str, weighted: bool) -> str:
@@ -614,12 +632,13 @@ def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices, grid_ns
 
 def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, by: str = "tenant",
                     since: int | None = None, until: int | None = None, prices: Prices | None = None,
-                    bucket_s: int | None = None) -> dict[str, Any] | pl.DataFrame:
+                    bucket_s: int | None = None, keys: Iterable[str] | None = None) -> dict[str, Any] | pl.DataFrame:
     """`cost_table` (or, with `bucket_s`, `cost_series`) on ClickHouse: the sweep (clickhouse_gpu_shares) and
     its joins with the request facts run on the server; only the rows per key, replica and model come back.
 
     `facts`: a relation with the request facts of `table` (the dashboard's session table, filtered).
-    Unsampled requests only: the weighted p99 of the tail's share is not written for ClickHouse yet.
+    Unsampled requests only: the weighted p99 of the tail's share is not written for ClickHouse yet. `keys`: as
+    `cost_table`'s (the table only).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -659,4 +678,4 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
         for name in (shares, reps):
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
     gpu_t = [(r["key"], r["replica"], r["model"], r["ns"], r["tail_ns"]) for r in gpu_rows]
-    return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows)
+    return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows, keys)

@@ -527,14 +527,16 @@ class Workbench:
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
                                facts="req").to_pandas()
 
-    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
-        """analysis.cost.cost_page: the cost table and its series (pandas) from one sweep over the filters' range."""
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
+                  keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
+        """analysis.cost.cost_page: the cost table (with `keys`, their totals) and its series (pandas) from one sweep
+        over the filters' range."""
         from analysis.cost import cost_page, prices_for
 
         prices = prices_for(Path(self.store), None, gpu_hour_usd)
         with _cursor(self) as cur:
             table, series = cost_page(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns,
-                                      prices=prices, facts="req")
+                                      prices=prices, facts="req", keys=keys)
             return table, series.to_pandas()
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
@@ -1288,12 +1290,14 @@ _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
-                 gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
+                 gpu_hour_usd: float | None, keys: tuple[str, ...] | None = None
+                 ) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
     """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
-    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
+    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price. `keys`:
+    the values of `by` whose totals the page shows (analysis.cost.cost_table's `selected`)."""
     def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
         try:  # one sweep for both (analysis.cost.cost_page)
-            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s)
+            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s, keys)
         except Exception as exc:  # a failing analysis degrades to a message on the page
             return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}, None
         return (res, None) if not res["rows"] else (res, _in_seconds(df))

@@ -16,6 +16,7 @@ from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
 from dashboard import data
 from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
+from dashboard.formats import usd_metric
 from tests.dashboard.conftest import APP, shown_tables
 from tests.dashboard.incident_store import START_NS
 from tests.sql import one
@@ -154,6 +155,13 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
         f"The fleet's, over the range: {want['totals']['allocated_ns'] / 3.6e12:,.2f} GPU-hours."]
     assert _metric(at, "fleet idle share") == f"{want['totals']['idle_share']:.1%}"
     assert list(shown_tables(at)[0]["tenant"]) == ["acme"] and not [i for i in at.info if "whole fleet" in i.value]
+    # priced, the filtered cost is analysis' total of acme's rows
+    at.number_input(key="cost_price").set_value(2.0).run()
+    priced = cost_table(connect(incident_store), by="tenant", since=since, until=until, prices=Prices(default=2.0),
+                        keys=["acme"])["selected"]
+    assert priced["allocated_ns"] == acme["gpu_ns"] and priced["allocated_usd"] is not None
+    assert _metric(at, "cost") == usd_metric(priced["allocated_usd"])[0]
+    at.number_input(key="cost_price").set_value(0.0).run()
     at.radio(key="cost_by").set_value("model").run()
     assert not at.exception
     assert [i.value for i in at.info if "whole fleet" in i.value] == [
