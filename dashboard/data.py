@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,6 +73,9 @@ SQL_ROW_LIMIT = 5_000
 LISTING_BUDGET_REQUESTS = 50_000
 #: ... a request of a materialized hour counting for this share of one (its values read from the hour's file).
 LISTING_MATERIALIZED_SHARE = 0.25
+#: The GPU-time sweeps of live runs (analysis.cost.KeptRuns) a workbench keeps per refresh: the Cost page's range
+#: and a few more (each about 20 bytes a request of the live hours).
+KEPT_COST_RUNS = 8
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
 QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
@@ -100,6 +103,15 @@ def store_path(argv: list[str] | None = None) -> Path:
 # --- filters -----------------------------------------------------------------------------
 
 # --- the workbench: one connection per store, the materialized hours read in place ------------
+
+class KeptCostRuns(OrderedDict[Any, Any]):
+    """analysis.cost.KeptRuns holding at most KEPT_COST_RUNS runs, the oldest put dropped first."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        while len(self) > KEPT_COST_RUNS:
+            self.popitem(last=False)
+
 
 def _list_source(files: list[Path]) -> str:
     return files_source([str(f) for f in files])
@@ -146,6 +158,12 @@ class Workbench:
     pins: Counter[str] = field(default_factory=Counter)
     retired: dict[str, Path | None] = field(default_factory=dict)
     pin_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the GPU-time sweeps of the runs beside the stored hours (the live hours) for this refresh's segments
+    #: (analysis.cost.gpu_shares' `kept`): a new price, grouping or filter on the Cost page reads them instead of
+    #: sweeping again; replaced (empty) by a refresh that changed the data. `cost_lock`: one cost computation at a
+    #: time, so that a page asking for a run being swept (the warm-up's, `keep_cost_runs`) waits for it
+    cost_runs: KeptCostRuns = field(default_factory=KeptCostRuns)
+    cost_lock: threading.Lock = field(default_factory=threading.Lock)
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -234,6 +252,7 @@ class Workbench:
                 cur.close()
             self.snap = snap
             self.keys = keys
+            self.cost_runs = KeptCostRuns()  # the spans changed: the runs' sweeps are swept again when asked for
             with self.pin_lock:  # the next pair for new cursors; the replaced one dropped once no cursor pins it
                 if self.live_facts is not None:
                     self.retired[self.live_facts] = self.live_file
@@ -521,11 +540,13 @@ class Workbench:
         from analysis.cost import cost_series, cost_table, prices_for
 
         prices = prices_for(Path(self.store), None, gpu_hour_usd)
-        with _cursor(self) as cur:
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
             if bucket_s is None:
-                return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
+                return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req",
+                                  kept=kept)
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
-                               facts="req").to_pandas()
+                               facts="req", kept=kept).to_pandas()
 
     def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
                   keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
@@ -534,10 +555,20 @@ class Workbench:
         from analysis.cost import cost_page, prices_for
 
         prices = prices_for(Path(self.store), None, gpu_hour_usd)
-        with _cursor(self) as cur:
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
             table, series = cost_page(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns,
-                                      prices=prices, facts="req", keys=keys)
+                                      prices=prices, facts="req", keys=keys, kept=kept)
             return table, series.to_pandas()
+
+    def keep_cost_runs(self, f: Filters, bucket_s: int) -> int:
+        """analysis.cost.keep_runs: the GPU-time sweep of the live runs of the filters' time range at the Cost page's
+        cells, kept for this refresh (`cost_runs`); the number of runs swept."""
+        from analysis.cost import keep_runs
+
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
+            return keep_runs(cur, kept, f.since_ns, f.until_ns, int(bucket_s) * 1_000_000_000, facts="req")
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
