@@ -1231,7 +1231,9 @@ SQL_EXAMPLES: dict[str, str] = {
 
 def prewarm(db: Workbench) -> None:
     """Compute the unfiltered overview's numbers, then the full spike report, into the query caches; then
-    import what the other pages draw with (pandas, Altair), which the Overview does without.
+    import what the other pages draw with (pandas, Altair), which the Overview does without; then sweep the GPU time
+    of the hours not materialized for the unfiltered Cost page (`Workbench.keep_cost_runs`: kept with the store's
+    state until a refresh changes it, as the materialized hours keep theirs in their cost files).
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
@@ -1252,6 +1254,8 @@ def prewarm(db: Workbench) -> None:
     report_of(*key, f)
     import altair  # noqa: F401
     import pandas  # noqa: F401
+
+    db.keep_cost_runs(f, cost_bucket_s(*key, f))
 
 
 # --- alerts (tailscope watch) ---------------------------------------------------------------
