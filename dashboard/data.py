@@ -164,6 +164,8 @@ class Workbench:
     #: time, so that a page asking for a run being swept (the warm-up's, `keep_cost_runs`) waits for it
     cost_runs: KeptCostRuns = field(default_factory=KeptCostRuns)
     cost_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the warm-up's sweep of those runs for the unfiltered Cost page (`warm_cost`), once started
+    cost_warm: Future[None] | None = None
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -359,7 +361,17 @@ class Workbench:
                 _IMPORTED.wait(IMPORT_WAIT_S)  # a store opened while this module is imported (`_open_early`)
                 prewarm(self)
         finally:
-            self.warmed.set()
+            self.warmed.set()  # the server answers from here on (dashboard/server.py): the cost sweep is not waited for
+        self.warm_cost()
+
+    def warm_cost(self) -> None:
+        """Start `prewarm_cost` in its own (non-daemon) thread, `cost_warm`: an interpreter exiting meanwhile waits
+        for its DuckDB queries instead of ending under them."""
+        def run() -> None:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm_cost(self)
+
+        self.cost_warm = _WARM_COST.submit(run)
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -399,6 +411,7 @@ class Workbench:
         with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
             _IMPORTED.wait(IMPORT_WAIT_S)
             prewarm(self)
+        self.warm_cost()
 
     def loading_note(self) -> str | None:
         """A sentence for the pages while critical paths are still being computed, else None."""
@@ -1231,9 +1244,7 @@ SQL_EXAMPLES: dict[str, str] = {
 
 def prewarm(db: Workbench) -> None:
     """Compute the unfiltered overview's numbers, then the full spike report, into the query caches; then
-    import what the other pages draw with (pandas, Altair), which the Overview does without; then sweep the GPU time
-    of the hours not materialized for the unfiltered Cost page (`Workbench.keep_cost_runs`: kept with the store's
-    state until a refresh changes it, as the materialized hours keep theirs in their cost files).
+    import what the other pages draw with (pandas, Altair), which the Overview does without.
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
@@ -1255,7 +1266,13 @@ def prewarm(db: Workbench) -> None:
     import altair  # noqa: F401
     import pandas  # noqa: F401
 
-    db.keep_cost_runs(f, cost_bucket_s(*key, f))
+
+def prewarm_cost(db: Workbench) -> None:
+    """After `prewarm`: sweep the GPU time of the hours not materialized for the unfiltered Cost page
+    (`Workbench.keep_cost_runs`), kept with the store's state until a refresh changes it, as the materialized hours
+    keep theirs in their cost files; the page then only joins it with the request facts."""
+    f = Filters()
+    db.keep_cost_runs(f, cost_bucket_s(db, str(db.store), db.version, f))
 
 
 # --- alerts (tailscope watch) ---------------------------------------------------------------
@@ -1321,6 +1338,8 @@ BACKGROUND_STEP_S = 0.25
 #: How long a page waits for its background work before it leaves the note and stops (a rerun later reads the result).
 BACKGROUND_MAX_S = 3600.0
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
+#: The warm-up's cost sweep (`Workbench.warm_cost`): a thread of its own, so that it never queues a page's job.
+_WARM_COST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-warm-cost")
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
