@@ -610,34 +610,45 @@ def capacity_curve(w: Workload, replicas: Sequence[int] = tuple(range(1, 65)), t
     model = service_model(w, service)
     col = "p99_ms" if metric == "e2e" else "ttft_p99_ms"
     counts = sorted({int(r) for r in replicas})
-    parallel = load_kernel() is not None  # the C kernel releases the GIL: one point per core
-
-    def curve_of(at: Any, todo: list[int]) -> list[dict[str, Any]]:
-        """The points of `counts`, those of `todo` replayed first (one per core)."""
-        if parallel and len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-                list(pool.map(at, todo))
-        return [at(r) for r in counts]
+    parallel = load_kernel() is not None  # the C kernel releases the GIL: one replay per core
 
     def under(v: float | None) -> bool:
         return v is not None and target_p99_ms is not None and v <= target_p99_ms
 
-    fixed_points = curve_of(lambda r: point(w, r, gpu_hour_usd),
-                            sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points)))
+    rel = model["relation"] if model["applied"] else None
+
+    def fewest_at(g: float) -> int | None:
+        """The fewest count with the relation at growth g: scanned, not bisected (p99 may rise)."""
+        return _fewest_scanned(lambda r: batched_meets(w, r, g, float(target_p99_ms), metric),  # type: ignore[arg-type]
+                               counts[-1] if counts else 0)
+
+    # every replay the answer needs, at once (one per core): the searches at the ends of the relation's interval
+    # first (each a chain of replays, one after the other), then the fixed-time counts up to the first without a
+    # wait and, with the relation, every count of the curve; the points are then read from the workload's memos
+    ends: dict[str, int | None] = {}
+    jobs: list[Any] = []
+    if rel is not None and target_p99_ms is not None:
+        jobs += [lambda end=end: ends.__setitem__(end, fewest_at(rel[end]))
+                 for end in ("growth_per_request_low", "growth_per_request_high")]
+    jobs += [lambda r=r: point(w, r) for r in sorted({min(r, w.zero_wait_replicas) for r in counts} - set(w.points))]
+    if rel is not None:
+        jobs += [lambda r=r: point_batched(w, r, rel["growth_per_request"]) for r in counts]
+    if parallel and len(jobs) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+            for done in [pool.submit(job) for job in jobs]:
+                done.result()
+    else:
+        for job in jobs:
+            job()
+    fixed_points = [point(w, r, gpu_hour_usd) for r in counts]
     fixed_fewest = (_fewest(lambda r: under(point(w, r)[col]), counts) if target_p99_ms is not None else None)
     points, fewest, interval = fixed_points, fixed_fewest, None
-    if model["applied"]:
-        rel = model["relation"]
-        points = curve_of(lambda r: point_batched(w, r, rel["growth_per_request"], gpu_hour_usd), counts)
+    if rel is not None:
+        points = [point_batched(w, r, rel["growth_per_request"], gpu_hour_usd) for r in counts]
         fewest = None
         if target_p99_ms is not None:
-            def fewest_at(g: float) -> int | None:
-                """The fewest count with the relation at growth g: scanned, not bisected (p99 may rise)."""
-                return _fewest_scanned(lambda r: batched_meets(w, r, g, float(target_p99_ms), metric),  # type: ignore[arg-type]
-                                       counts[-1] if counts else 0)
-
             fewest = fewest_at(rel["growth_per_request"])
-            interval = [fewest_at(rel["growth_per_request_low"]), fewest_at(rel["growth_per_request_high"])]
+            interval = [ends["growth_per_request_low"], ends["growth_per_request_high"]]
     return {"version": CAPACITY_VERSION, "requests": w.size, "sampled": w.sampled, "stored_requests": w.stored,
             "slots_per_replica": w.slots,
             "observed_replicas": w.observed_replicas, "metric": metric, "target_p99_ms": target_p99_ms,

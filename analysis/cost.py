@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -43,6 +43,7 @@ from typing import Any, Final
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from analysis import clickhouse as C
 from analysis.engine import gpu_sweep as GS
@@ -77,6 +78,11 @@ PRICE_FILE: Final = "prices.toml"
 TAIL_Q: Final = 0.99
 NS_PER_HOUR: Final = 3_600_000_000_000
 
+#: The sweeps of the runs `gpu_shares` sweeps beside the stored hours, kept by their caller for one state of the store
+#: (the dashboard: per refresh): (run start, run end, grid ns or None) -> its `_cost_shares` and `_cost_replicas`.
+KeptRuns = MutableMapping[tuple[int, int, int | None], tuple[pa.Table, pa.Table]]
+
+
 def sampled_spans(con: duckdb.DuckDBPyConnection) -> bool:
     """True when some request span of the store weighs other than 1 (the weighted sweep then runs)."""
     try:
@@ -95,7 +101,7 @@ def _sampled(con: duckdb.DuckDBPyConnection, facts: str) -> bool:
 
 def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: int | None = None,
                grid_ns: int | None = None, weighted: bool | None = None, cell_ns: int = CELL_NS,
-               stored: bool = True) -> tuple[str, str]:
+               stored: bool = True, kept: KeptRuns | None = None) -> tuple[str, str]:
     """Run the sweep over [since, until) and keep its results in this connection's temp tables.
 
     Returns (shares table, replicas table): per (replica, request, bucket) the allocated
@@ -108,7 +114,9 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
 
     On a store connection, the materialized hours inside the range are read from their stored sweeps
     (`stored_hours`) and only the rest of the range is swept: the same rows, the rule being exact per minute.
-    `stored=False` sweeps everything.
+    `stored=False` sweeps everything. `kept`: where the caller keeps the sweeps of those other runs (the live hours
+    beside the stored ones) for as long as the store does not change: a run found there is read, not swept again,
+    and a run swept is put there.
     """
     params = sweep_params(since, until, grid_ns)
     if weighted is None:
@@ -116,7 +124,7 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, since: int | None = None, until: 
     files = stored_hours(con, params, grid_ns) if stored and not weighted and cell_ns == CELL_NS else {}
     if files:
         try:
-            _from_stored(con, files, params, grid_ns)
+            _from_stored(con, files, params, grid_ns, kept)
             return "_cost_shares", "_cost_replicas"
         except duckdb.IOException:  # a stored file superseded and removed since the connection listed it
             drop_sweep(con)
@@ -137,12 +145,8 @@ def stored_hours(con: duckdb.DuckDBPyConnection, params: dict[str, int], grid_ns
     return {int(h): str(p) for h, p in rows if params["lo"] <= h and h + HOUR_NS <= params["hi"]}
 
 
-def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: dict[str, int],
-                 grid_ns: int | None) -> None:
-    """`_cost_shares` and `_cost_replicas` over [$lo, $hi) from the stored hours `files`, the rest of the range
-    swept (each run over its spans and the running ones of the hour before it: `_run_spans`), and the replicas'
-    observed windows from every stored hour's bounds and the other hours' spans."""
-    lo, hi = params["lo"], params["hi"]
+def _runs(files: dict[int, str], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The runs of [lo, hi) outside the stored hours `files`, in order."""
     runs, at = [], lo
     for h in sorted(files):
         if h > at:
@@ -150,13 +154,61 @@ def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: 
         at = h + HOUR_NS
     if at < hi:
         runs.append((at, hi))
-    grid = grid_ns is not None
+    return runs
+
+
+def _swept_run(con: duckdb.DuckDBPyConnection, params: dict[str, int], a: int, b: int, grid_ns: int | None,
+               kept: KeptRuns | None) -> None:
+    """`_cost_shares` and `_cost_replicas` of the run [a, b) over its spans and the running ones of the hour before
+    it (`_run_spans`): read from `kept` when it holds the run, else swept (and put there)."""
+    key = (a, b, grid_ns)
+    got = kept.get(key) if kept is not None else None
+    if got is not None:
+        for name, table in zip(("_cost_shares", "_cost_replicas"), got, strict=True):
+            arrow = f"{name}_kept"
+            con.register(arrow, table)
+            try:
+                con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {arrow}")
+            finally:
+                con.unregister(arrow)
+        return
+    try:
+        GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid_ns is not None, weighted=False,
+                     spans=_run_spans(con, a, b))
+    finally:
+        con.execute("DROP TABLE IF EXISTS _cost_running")
+    if kept is not None:
+        kept[key] = (con.sql("SELECT * FROM _cost_shares").to_arrow_table(),
+                     con.sql("SELECT * FROM _cost_replicas").to_arrow_table())
+
+
+def keep_runs(con: duckdb.DuckDBPyConnection, kept: KeptRuns, since: int | None = None, until: int | None = None,
+              grid_ns: int | None = None, facts: str | None = None) -> int:
+    """Sweep into `kept` the runs `gpu_shares` over [since, until) with `grid_ns` would sweep beside the stored hours
+    (none when no stored hour serves the range, or the requests, `facts` as `cost_table`'s, are sampled): what a
+    later `gpu_shares` with the same `kept` then reads. The number of runs it swept."""
+    params = sweep_params(since, until, grid_ns)
+    if _sampled(con, facts or request_facts(con)):
+        return 0
+    files = stored_hours(con, params, grid_ns)
+    todo = [r for r in _runs(files, params["lo"], params["hi"]) if (*r, grid_ns) not in kept] if files else []
+    try:
+        for a, b in todo:
+            _swept_run(con, params, a, b, grid_ns, kept)
+    finally:
+        drop_sweep(con)
+    return len(todo)
+
+
+def _from_stored(con: duckdb.DuckDBPyConnection, files: dict[int, str], params: dict[str, int],
+                 grid_ns: int | None, kept: KeptRuns | None = None) -> None:
+    """`_cost_shares` and `_cost_replicas` over [$lo, $hi) from the stored hours `files`, the rest of the range
+    swept (each run over its spans and the running ones of the hour before it: `_swept_run`, `kept`), and the
+    replicas' observed windows from every stored hour's bounds and the other hours' spans."""
+    lo, hi = params["lo"], params["hi"]
     live: list[str] = []
-    for i, (a, b) in enumerate(runs):
-        try:
-            GS.run_sweep(con, {**params, "lo": a, "hi": b}, grid=grid, weighted=False, spans=_run_spans(con, a, b))
-        finally:
-            con.execute("DROP TABLE IF EXISTS _cost_running")
+    for i, (a, b) in enumerate(_runs(files, lo, hi)):
+        _swept_run(con, params, a, b, grid_ns, kept)
         con.execute(f"ALTER TABLE _cost_shares RENAME TO _cost_live_shares_{i}")
         con.execute(f"ALTER TABLE _cost_replicas RENAME TO _cost_live_replicas_{i}")
         live.append(str(i))
@@ -357,7 +409,8 @@ def _usd(ns: int, price: float | None) -> float | None:
 
 def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | int | datetime | None = None,
                until: str | int | datetime | None = None, prices: Prices | None = None,
-               facts: str | None = None) -> dict[str, Any]:
+               facts: str | None = None, keys: Iterable[str] | None = None, kept: KeptRuns | None = None
+               ) -> dict[str, Any]:
     """GPU time and its cost per `by` value over [since, until): the `tailscope cost --json` contract.
 
     GPU time is the fair share of each instant in [since, until) (see the module docstring);
@@ -365,6 +418,8 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     Request columns come from `facts` (a table with the `requests` view's trace_id, span_id, start_ns,
     e2e_ns, replica, model, model_version, tenant, input_tokens, output_tokens), by default
     analysis.engine.percentiles.request_facts; a GPU share joins its request on (trace_id, span_id).
+    `keys` (values of `by`): also the totals of those rows alone (`selected`), as the dashboard shows under a filter.
+    `kept`: as `gpu_shares`'.
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -372,7 +427,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
     since_ns, until_ns = parse_time(since), parse_time(until)
     facts = facts or request_facts(con)
     weighted = _sampled(con, facts)
-    shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted)
+    shares, reps = gpu_shares(con, since_ns, until_ns, weighted=weighted, kept=kept)
     try:
         reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, weighted, buckets=False)
         gpu = con.execute(sql, params).fetchall()
@@ -382,19 +437,21 @@ def cost_table(con: duckdb.DuckDBPyConnection, by: str = "tenant", since: str | 
         raise QueryError("", f"the cost table failed: {str(exc).splitlines()[0]}") from exc
     finally:
         drop_sweep(con)
-    return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows)
+    return _cost_json(by, prices, weighted, since_ns, until_ns, reqs, gpu, rep_rows, keys)
 
 
 def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
               since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-              prices: Prices | None = None, facts: str | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
-    """`cost_table` and `cost_series` over one range (the Cost page draws both): the same dict and frame from one
-    sweep cut at the series' grid and one join of its shares with the request facts.
+              prices: Prices | None = None, facts: str | None = None, keys: Iterable[str] | None = None,
+              kept: KeptRuns | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
+    """`cost_table` (with `keys`, their `selected` totals) and `cost_series` over one range (the Cost page draws
+    both): the same dict and frame from one sweep cut at the series' grid and one join of its shares with the
+    request facts.
 
     Exact when the grid is whole cells of the sweep (`series_bucket_s`): its edges are cell edges, boundaries
     already, so a request's shares over the grid's cells sum to its share over the range, and so do the
     replicas' observed, cold-start and idle times. Otherwise (or for sampled requests, whose weighted shares are
-    rounded per cell) the two are computed apart."""
+    rounded per cell) the two are computed apart. `kept`: as `gpu_shares`'."""
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
     prices = prices or Prices()
@@ -402,10 +459,10 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     facts = facts or request_facts(con)
     weighted = _sampled(con, facts)
     if weighted or grid <= 0 or grid % CELL_NS:
-        return (cost_table(con, by, since, until, prices, facts),
-                cost_series(con, by, bucket_s, since, until, prices, facts))
+        return (cost_table(con, by, since, until, prices, facts, keys, kept),
+                cost_series(con, by, bucket_s, since, until, prices, facts, kept))
     since_ns, until_ns = parse_time(since), parse_time(until)
-    shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False)
+    shares, reps = gpu_shares(con, since_ns, until_ns, grid_ns=grid, weighted=False, kept=kept)
     try:
         reqs, sql, params = _gpu_query(con, facts, shares, by, since_ns, until_ns, False, buckets=True)
         gpu = con.sql(sql, params=params).pl()
@@ -418,7 +475,7 @@ def cost_page(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int 
     table = gpu.group_by("key", "replica", "model").agg(pl.col("ns").sum(), pl.col("tail_ns").sum())
     rep_rows = over.group_by("replica").agg(pl.col(c).sum() for c in ("observed_ns", "allocated_ns",
                                                                       "cold_start_ns", "idle_ns")).sort("replica")
-    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows()),
+    return (_cost_json(by, prices, False, since_ns, until_ns, reqs, table.rows(), rep_rows.rows(), keys),
             _series_frame(gpu.drop("tail_ns").with_columns(pl.col("ns").cast(pl.Int64)),
                           over.select("bucket_ns", "replica", "cold_start_ns", "idle_ns", "first_ns", "last_ns"),
                           prices, grid))
@@ -445,9 +502,11 @@ def _gpu_query(con: duckdb.DuckDBPyConnection, facts: str, shares: str, by: str,
 
 
 def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, until_ns: int | None,
-               reqs: list[Any], gpu: list[Any], rep_rows: list[Any]) -> dict[str, Any]:
+               reqs: list[Any], gpu: list[Any], rep_rows: list[Any], keys: Iterable[str] | None = None
+               ) -> dict[str, Any]:
     """The `tailscope cost --json` dict from the engine's rows: per key (requests, weighted, tokens in / out,
-    p99), per (key, replica, model) (GPU ns, tail ns), per replica (observed, allocated, cold start, idle ns)."""
+    p99), per (key, replica, model) (GPU ns, tail ns), per replica (observed, allocated, cold start, idle ns);
+    with `keys`, `selected`: the totals of their rows (`_selected`)."""
     rows: dict[str, dict[str, Any]] = {}
 
     def row(k: str) -> dict[str, Any]:
@@ -512,7 +571,7 @@ def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, un
         "allocated_usd": sum(c for c in row_cost if c is not None) if known else None,
         "overhead_usd": sum(c for c in overhead if c is not None) if known else None,
     }
-    return {
+    out = {
         "version": COST_VERSION, "by": by, "sampled": weighted,
         "since": iso(since_ns) if since_ns is not None else None,
         "until": iso(until_ns) if until_ns is not None else None,
@@ -520,6 +579,19 @@ def _cost_json(by: str, prices: Prices, weighted: bool, since_ns: int | None, un
         "prices": {"source": prices.source, "replica": dict(prices.replica), "model": dict(prices.model)},
         "rows": out_rows, "replicas": replicas, "totals": totals,
     }
+    if keys is not None:
+        out["selected"] = _selected(out_rows, keys, prices.known)
+    return out
+
+
+def _selected(rows: list[dict[str, Any]], keys: Iterable[str], priced: bool) -> dict[str, Any]:
+    """The totals of the rows whose key is one of `keys`: their GPU ns and, when every one of them has a cost (and
+    some price is set), the sum of their costs, else None. No row of those keys: 0 ns (and 0.0 USD when priced)."""
+    wanted = {str(k) for k in keys}
+    chosen = [r for r in rows if r["key"] in wanted]
+    costs = [r["cost_usd"] for r in chosen]
+    return {"keys": sorted(wanted), "allocated_ns": sum(int(r["gpu_ns"]) for r in chosen),
+            "allocated_usd": sum(costs, 0.0) if priced and None not in costs else None}
 
 
 def _requests_sql(con: duckdb.DuckDBPyConnection, facts: str, fkey: str, where: str, weighted: bool) -> str:
@@ -553,8 +625,9 @@ def series_bucket_s(window_s: float) -> int:
 
 def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: int = 60,
                 since: str | int | datetime | None = None, until: str | int | datetime | None = None,
-                prices: Prices | None = None, facts: str | None = None) -> pl.DataFrame:
-    """GPU time per grid cell and `by` value (the sweep cut at the grid), with idle and cold start.
+                prices: Prices | None = None, facts: str | None = None, kept: KeptRuns | None = None) -> pl.DataFrame:
+    """GPU time per grid cell and `by` value (the sweep cut at the grid), with idle and cold start (`kept`: as
+    `gpu_shares`').
 
     Columns: bucket_start (UTC), bucket_ns, key, gpu_ns, cost_usd, observed_ns, gpus. The replicas' idle and
     cold-start time of each cell appear under the keys '(idle)' and '(cold start)'. Within a
@@ -571,7 +644,7 @@ def cost_series(con: duckdb.DuckDBPyConnection, by: str = "tenant", bucket_s: in
     grid = int(bucket_s) * 1_000_000_000
     facts = facts or request_facts(con)
     shares, reps = gpu_shares(con, parse_time(since), parse_time(until), grid_ns=grid,
-                              weighted=_sampled(con, facts))
+                              weighted=_sampled(con, facts), kept=kept)
     key = "s.replica" if by == "replica" else _key_expr(by, "f")
     try:
         gpu = con.sql(f"""
@@ -614,12 +687,13 @@ def _series_frame(gpu: pl.DataFrame, over: pl.DataFrame, prices: Prices, grid_ns
 
 def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, by: str = "tenant",
                     since: int | None = None, until: int | None = None, prices: Prices | None = None,
-                    bucket_s: int | None = None) -> dict[str, Any] | pl.DataFrame:
+                    bucket_s: int | None = None, keys: Iterable[str] | None = None) -> dict[str, Any] | pl.DataFrame:
     """`cost_table` (or, with `bucket_s`, `cost_series`) on ClickHouse: the sweep (clickhouse_gpu_shares) and
     its joins with the request facts run on the server; only the rows per key, replica and model come back.
 
     `facts`: a relation with the request facts of `table` (the dashboard's session table, filtered).
-    Unsampled requests only: the weighted p99 of the tail's share is not written for ClickHouse yet.
+    Unsampled requests only: the weighted p99 of the tail's share is not written for ClickHouse yet. `keys`: as
+    `cost_table`'s (the table only).
     """
     if by not in COST_GROUPS:
         raise QueryError("", f"cannot group cost by {by!r}; use one of {', '.join(COST_GROUPS)}")
@@ -659,4 +733,4 @@ def clickhouse_cost(client: C.Client, facts: str, table: str = C.DEFAULT_TABLE, 
         for name in (shares, reps):
             client.command(f"DROP TEMPORARY TABLE IF EXISTS {name}")
     gpu_t = [(r["key"], r["replica"], r["model"], r["ns"], r["tail_ns"]) for r in gpu_rows]
-    return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows)
+    return _cost_json(by, prices, False, since, until, reqs, gpu_t, rep_rows, keys)

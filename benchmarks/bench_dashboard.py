@@ -172,6 +172,8 @@ def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False) -
     for thread in (wb.worker, wb.warmer):  # the critical paths (a store not materialized), the warm-up
         if thread is not None:
             thread.join()
+    if wb.cost_warm is not None:  # the warm-up's last step: the live hours' GPU-time sweep for the Cost page
+        wb.cost_warm.result()
     report = data.report_of(wb, str(store), wb.version, data.Filters()) or {}
     print(f"  (store: {wb.con.execute('SELECT count(*) FROM req').fetchone()} requests; spikes found: "
           f"{[(s['start'], s['end']) for s in report.get('spikes', [])]}; notes: {report.get('errors')})",

@@ -217,9 +217,13 @@ class ClickHouseBench:
 
         return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s)
 
-    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
-        """`cost` twice: the table, then the series (the server sweeps each)."""
-        return self.cost(f, by, gpu_hour_usd, None), self.cost(f, by, gpu_hour_usd, bucket_s)
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
+                  keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
+        """`cost` twice: the table (with `keys`, their totals), then the series (the server sweeps each)."""
+        from analysis.cost import prices_for
+
+        prices = prices_for(None, None, gpu_hour_usd)
+        return cost(self, f, by, prices, None, keys), cost(self, f, by, prices, bucket_s)
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """`run_sql`."""
@@ -363,13 +367,14 @@ def workload(b: ClickHouseBench, f: Filters, dims: Sequence[str]) -> Workload:
         return CB.workload(b.client, FACTS, b.table, condition(b, f, dims), f.since_ns, f.until_ns)
 
 
-def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int | None = None
-         ) -> dict[str, Any] | pd.DataFrame:
-    """analysis.cost.clickhouse_cost over the filters' time range: the cost table, or with `bucket_s` the series
-    (as pandas). Like the store's page, every request of the range counts; the page keeps the keys filtered."""
+def cost(b: ClickHouseBench, f: Filters, by: str, prices: Prices, bucket_s: int | None = None,
+         keys: tuple[str, ...] | None = None) -> dict[str, Any] | pd.DataFrame:
+    """analysis.cost.clickhouse_cost over the filters' time range: the cost table (with `keys`, their totals), or
+    with `bucket_s` the series (as pandas). Like the store's page, every request of the range counts; the page keeps
+    the keys filtered."""
     with b.lock:
         out = clickhouse_cost(b.client, FACTS, b.table, by=by, since=f.since_ns, until=f.until_ns, prices=prices,
-                              bucket_s=bucket_s)
+                              bucket_s=bucket_s, keys=keys)
     return out if isinstance(out, dict) else out.to_pandas()
 
 

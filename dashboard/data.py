@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,6 +73,9 @@ SQL_ROW_LIMIT = 5_000
 LISTING_BUDGET_REQUESTS = 50_000
 #: ... a request of a materialized hour counting for this share of one (its values read from the hour's file).
 LISTING_MATERIALIZED_SHARE = 0.25
+#: The GPU-time sweeps of live runs (analysis.cost.KeptRuns) a workbench keeps per refresh: the Cost page's range
+#: and a few more (each about 20 bytes a request of the live hours).
+KEPT_COST_RUNS = 8
 #: A (re)load reading more segment bytes than this shows request facts first (see Workbench.refresh).
 QUICK_LOAD_BYTES = DASHBOARD.quick_load_bytes.resolve_or_default(None, None, logging.getLogger("tailscope.dashboard"))
 
@@ -100,6 +103,15 @@ def store_path(argv: list[str] | None = None) -> Path:
 # --- filters -----------------------------------------------------------------------------
 
 # --- the workbench: one connection per store, the materialized hours read in place ------------
+
+class KeptCostRuns(OrderedDict[Any, Any]):
+    """analysis.cost.KeptRuns holding at most KEPT_COST_RUNS runs, the oldest put dropped first."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        while len(self) > KEPT_COST_RUNS:
+            self.popitem(last=False)
+
 
 def _list_source(files: list[Path]) -> str:
     return files_source([str(f) for f in files])
@@ -146,6 +158,14 @@ class Workbench:
     pins: Counter[str] = field(default_factory=Counter)
     retired: dict[str, Path | None] = field(default_factory=dict)
     pin_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the GPU-time sweeps of the runs beside the stored hours (the live hours) for this refresh's segments
+    #: (analysis.cost.gpu_shares' `kept`): a new price, grouping or filter on the Cost page reads them instead of
+    #: sweeping again; replaced (empty) by a refresh that changed the data. `cost_lock`: one cost computation at a
+    #: time, so that a page asking for a run being swept (the warm-up's, `keep_cost_runs`) waits for it
+    cost_runs: KeptCostRuns = field(default_factory=KeptCostRuns)
+    cost_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the warm-up's sweep of those runs for the unfiltered Cost page (`warm_cost`), once started
+    cost_warm: Future[None] | None = None
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -234,6 +254,7 @@ class Workbench:
                 cur.close()
             self.snap = snap
             self.keys = keys
+            self.cost_runs = KeptCostRuns()  # the spans changed: the runs' sweeps are swept again when asked for
             with self.pin_lock:  # the next pair for new cursors; the replaced one dropped once no cursor pins it
                 if self.live_facts is not None:
                     self.retired[self.live_facts] = self.live_file
@@ -340,7 +361,17 @@ class Workbench:
                 _IMPORTED.wait(IMPORT_WAIT_S)  # a store opened while this module is imported (`_open_early`)
                 prewarm(self)
         finally:
-            self.warmed.set()
+            self.warmed.set()  # the server answers from here on (dashboard/server.py): the cost sweep is not waited for
+        self.warm_cost()
+
+    def warm_cost(self) -> None:
+        """Start `prewarm_cost` in its own (non-daemon) thread, `cost_warm`: an interpreter exiting meanwhile waits
+        for its DuckDB queries instead of ending under them."""
+        def run() -> None:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm_cost(self)
+
+        self.cost_warm = _WARM_COST.submit(run)
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -380,6 +411,7 @@ class Workbench:
         with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
             _IMPORTED.wait(IMPORT_WAIT_S)
             prewarm(self)
+        self.warm_cost()
 
     def loading_note(self) -> str | None:
         """A sentence for the pages while critical paths are still being computed, else None."""
@@ -521,21 +553,35 @@ class Workbench:
         from analysis.cost import cost_series, cost_table, prices_for
 
         prices = prices_for(Path(self.store), None, gpu_hour_usd)
-        with _cursor(self) as cur:
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
             if bucket_s is None:
-                return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req")
+                return cost_table(cur, by=by, since=f.since_ns, until=f.until_ns, prices=prices, facts="req",
+                                  kept=kept)
             return cost_series(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns, prices=prices,
-                               facts="req").to_pandas()
+                               facts="req", kept=kept).to_pandas()
 
-    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
-        """analysis.cost.cost_page: the cost table and its series (pandas) from one sweep over the filters' range."""
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
+                  keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
+        """analysis.cost.cost_page: the cost table (with `keys`, their totals) and its series (pandas) from one sweep
+        over the filters' range."""
         from analysis.cost import cost_page, prices_for
 
         prices = prices_for(Path(self.store), None, gpu_hour_usd)
-        with _cursor(self) as cur:
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
             table, series = cost_page(cur, by=by, bucket_s=bucket_s, since=f.since_ns, until=f.until_ns,
-                                      prices=prices, facts="req")
+                                      prices=prices, facts="req", keys=keys, kept=kept)
             return table, series.to_pandas()
+
+    def keep_cost_runs(self, f: Filters, bucket_s: int) -> int:
+        """analysis.cost.keep_runs: the GPU-time sweep of the live runs of the filters' time range at the Cost page's
+        cells, kept for this refresh (`cost_runs`); the number of runs swept."""
+        from analysis.cost import keep_runs
+
+        kept = self.cost_runs
+        with self.cost_lock, _cursor(self) as cur:
+            return keep_runs(cur, kept, f.since_ns, f.until_ns, int(bucket_s) * 1_000_000_000, facts="req")
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query in the store's sandbox (see `run_sql`)."""
@@ -1221,6 +1267,14 @@ def prewarm(db: Workbench) -> None:
     import pandas  # noqa: F401
 
 
+def prewarm_cost(db: Workbench) -> None:
+    """After `prewarm`: sweep the GPU time of the hours not materialized for the unfiltered Cost page
+    (`Workbench.keep_cost_runs`), kept with the store's state until a refresh changes it, as the materialized hours
+    keep theirs in their cost files; the page then only joins it with the request facts."""
+    f = Filters()
+    db.keep_cost_runs(f, cost_bucket_s(db, str(db.store), db.version, f))
+
+
 # --- alerts (tailscope watch) ---------------------------------------------------------------
 
 @st.cache_data(show_spinner=False, max_entries=64, ttl=5)
@@ -1284,16 +1338,20 @@ BACKGROUND_STEP_S = 0.25
 #: How long a page waits for its background work before it leaves the note and stops (a rerun later reads the result).
 BACKGROUND_MAX_S = 3600.0
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
+#: The warm-up's cost sweep (`Workbench.warm_cost`): a thread of its own, so that it never queues a page's job.
+_WARM_COST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-warm-cost")
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
-                 gpu_hour_usd: float | None) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
+                 gpu_hour_usd: float | None, keys: tuple[str, ...] | None = None
+                 ) -> Future[tuple[dict[str, Any], pd.DataFrame | None]]:
     """`cost_summary` and `cost_over_time` computed in a background thread (the sweep over a large range takes
-    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price."""
+    longer than a page should): a future the Cost page waits on (`finished`). Kept per filters and price. `keys`:
+    the values of `by` whose totals the page shows (analysis.cost.cost_table's `selected`)."""
     def both() -> tuple[dict[str, Any], pd.DataFrame | None]:
         try:  # one sweep for both (analysis.cost.cost_page)
-            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s)
+            res, df = _db.cost_page(filters, by, gpu_hour_usd, bucket_s, keys)
         except Exception as exc:  # a failing analysis degrades to a message on the page
             return {"error": f"could not compute the cost because {str(exc).splitlines()[0]}"}, None
         return (res, None) if not res["rows"] else (res, _in_seconds(df))

@@ -156,8 +156,10 @@ class Engine(Protocol):
     def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None) -> Any:
         """The cost table (a dict), or with `bucket_s` its series (pandas)."""
 
-    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int) -> tuple[Any, pd.DataFrame]:
-        """The cost table (a dict) and its series in `bucket_s` cells (pandas): what the Cost page draws."""
+    def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
+                  keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
+        """The cost table (a dict; with `keys`, their totals as `selected`) and its series in `bucket_s` cells
+        (pandas): what the Cost page draws."""
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """One read-only query of the SQL console: (first `limit` rows, truncated?)."""

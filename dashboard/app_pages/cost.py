@@ -26,18 +26,19 @@ price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0
 usd = float(price) if price else None
 bucket = data.cost_bucket_s(*key, f)
 in_range = data.detection(*key, data.Filters(f.since_ns, f.until_ns))["requests"]  # the sweep's requests
-res, series = data.finished(data.cost_started(*key, f, by, bucket, usd), in_range,
+#: the filters the page can group by (a filter on one of them narrows the table to its values when grouped by it)
+GROUPED_FILTERS = tuple(d for d in COST_GROUPS if d in data.FILTER_DIMENSIONS)
+values = tuple(getattr(f, by)) if by in GROUPED_FILTERS else ()
+res, series = data.finished(data.cost_started(*key, f, by, bucket, usd, values or None), in_range,
                             "Sharing out GPU time over the range: the figures appear here when the sweep is done.")
 if "error" in res:
     st.warning(res["error"])
     st.stop()
 rows = pd.DataFrame(res["rows"])
-#: the filters the page can group by (a filter on one of them narrows the table to its values when grouped by it)
-GROUPED_FILTERS = tuple(d for d in COST_GROUPS if d in data.FILTER_DIMENSIONS)
-values = getattr(f, by) if by in GROUPED_FILTERS else ()
 if values and not rows.empty:
     rows = rows[rows["key"].isin(values)]
 tot = res["totals"]
+shown = res["selected"] if values else tot  # the filtered values' totals (analysis.cost), else the fleet's
 # the sweep shares out the whole fleet's time over the range: a filter narrows the table to its own values when the
 # page groups by its dimension, and no further (a replica's time is split among all the requests it served)
 unused = [f"{d.replace('_', ' ')} = {', '.join(getattr(f, d))}" for d in data.FILTER_DIMENSIONS
@@ -50,15 +51,12 @@ if unused:
                               if can else "")), icon=":material/filter_alt_off:")
 row = formats.metric_row()
 fleet = f"The fleet's, over the range: {tot['allocated_ns'] / 3.6e12:,.2f} GPU-hours."
-shown_ns = int(rows["gpu_ns"].sum()) if values and not rows.empty else tot["allocated_ns"]
 row.metric("GPU-hours allocated" + (f" ({by.replace('_', ' ')} filtered)" if values else ""),
-           f"{shown_ns / 3.6e12:,.2f}", help=fleet if values else None)
+           f"{shown['allocated_ns'] / 3.6e12:,.2f}", help=fleet if values else None)
 row.metric("fleet idle share" if values else "idle share",
            "–" if tot["idle_share"] is None else f"{tot['idle_share']:.1%}",
            help="Replica time with no request in a GPU stage (cold start is counted apart).")
-shown_usd = (None if rows.empty or rows["cost_usd"].isna().any() else float(rows["cost_usd"].sum())) if values \
-    else tot["allocated_usd"]
-value, unset = formats.usd_metric(shown_usd)
+value, unset = formats.usd_metric(shown["allocated_usd"])
 row.metric("cost", value, help=unset or "Allocated GPU time at the price; idle and cold start are in the next "
                                         "figure.")
 value, unset = formats.usd_metric(tot["overhead_usd"])

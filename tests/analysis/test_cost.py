@@ -82,6 +82,19 @@ def test_overlapping_requests_on_two_replicas_split_exactly(tmp_path: Path) -> N
     assert out["totals"]["idle_ns"] == 4 * S
     by_rep = {r["key"]: r["gpu_ns"] for r in cost_table(con, by="replica")["rows"]}
     assert by_rep == {"A": 10 * S, "B": 7 * S}
+    # the totals of some keys (the dashboard's headline under a filter): their rows' GPU time and cost, a key with
+    # no row adding nothing; no cost when a row of them has none (B unpriced) or no price is set
+    assert "selected" not in out
+    assert cost_table(con, by="tenant", prices=Prices(default=3.6), keys=["z", "x"])["selected"] == {
+        "keys": ["x", "z"], "allocated_ns": 14 * S - 3, "allocated_usd": rows["x"]["cost_usd"]}
+    assert cost_table(con, by="tenant", keys=("y",))["selected"] == {"keys": ["y"], "allocated_ns": 3 * S + 3,
+                                                                     "allocated_usd": None}
+    one_priced = Prices(replica={"A": 1.8})
+    assert cost_table(con, by="replica", prices=one_priced, keys=["A"])["selected"] == {
+        "keys": ["A"], "allocated_ns": 10 * S, "allocated_usd": pytest.approx(10 * 1.8 / 3600)}
+    assert cost_table(con, by="replica", prices=one_priced, keys=["A", "B"])["selected"]["allocated_usd"] is None
+    assert cost_table(con, by="replica", prices=one_priced, keys=["C"])["selected"] == {
+        "keys": ["C"], "allocated_ns": 0, "allocated_usd": 0.0}
     # a clipped window: [5 s, 8 s) on A is r1 and r2 sharing; on B r3 decoding alone from 5 s + 7 ns
     alloc, reps = _shares(con, since=T0 + 5 * S, until=T0 + 8 * S)
     assert alloc[("A", t["r1"], 0)] == alloc[("A", t["r2"], 0)] == 3 * S // 2

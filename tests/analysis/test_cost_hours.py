@@ -8,8 +8,20 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from analysis import connect
-from analysis.cost import Prices, cost_page, cost_series, cost_table, drop_sweep, gpu_shares, series_bucket_s
+from analysis.cost import (
+    KeptRuns,
+    Prices,
+    cost_page,
+    cost_series,
+    cost_table,
+    drop_sweep,
+    gpu_shares,
+    keep_runs,
+    series_bucket_s,
+)
 from analysis.engine import gpu_sweep as GS
 from analysis.engine.materialize import materialize, snapshot
 from tests.factory import T0, add_request, write
@@ -78,8 +90,9 @@ def test_stored_hours_summed_equal_the_sweep_over_the_spans(tmp_path: Path) -> N
         for by, since, until in (("tenant", None, None), ("replica", cut, T0 + 2 * H),
                                  ("model", T0 + H, T0 + 3 * H + 7 * S)):
             prices = Prices(default=2.0, replica={"A": 3.0})
-            page, frame = cost_page(con, by=by, bucket_s=300, prices=prices, since=since, until=until)
-            assert page == cost_table(con, by=by, prices=prices, since=since, until=until), (case, by)
+            keys = {r["key"] for r in table["rows"]} if by == "tenant" else {"A"}
+            page, frame = cost_page(con, by=by, bucket_s=300, prices=prices, since=since, until=until, keys=keys)
+            assert page == cost_table(con, by=by, prices=prices, since=since, until=until, keys=keys), (case, by)
             assert frame.equals(cost_series(con, by=by, bucket_s=300, prices=prices, since=since, until=until)), \
                 (case, by)
         con.execute(f"CREATE OR REPLACE VIEW {GS.COST_FILES_VIEW} AS "
@@ -107,6 +120,45 @@ def test_live_hours_swept_beside_stored_ones_equal_the_sweep_over_the_spans(tmp_
             want = _rows(con, stored=False, **kw)
             assert want[0] and _rows(con, **kw) == want, (case, kw)
         con.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_live_runs_kept_equal_the_live_runs_swept(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard keeps the sweeps of the runs beside the stored hours per refresh (`kept`): read back they give
+    the rows sweeping gives, and once kept (by a first call or by keep_runs) nothing is swept again."""
+    rng = random.Random(seed)
+    _store(rng, tmp_path)
+    materialize(tmp_path, settled_before_ns=T0 + 3 * H)  # the hours from T0 + 2 h stay live
+    con = connect(tmp_path)
+    cut = T0 + rng.randint(1, 59) * 60 * S  # the stored hour after it lies in the range: the rest is swept in runs
+    cases: list[dict[str, Any]] = [{}, {"grid_ns": 60 * S}, {"since": T0 + H, "grid_ns": 600 * S},
+                                   {"since": cut, "until": T0 + 3 * H + rng.randint(1, 59) * 60 * S,
+                                    "grid_ns": 120 * S}]
+    kept: KeptRuns = {}
+    want = {i: _rows(con, stored=False, **kw) for i, kw in enumerate(cases)}
+    for i, kw in enumerate(cases):
+        assert want[i][0] and _rows(con, kept=kept, **kw) == want[i], (seed, kw)
+    # the whole range's runs: before the first stored hour, and the live hours on
+    assert {(-(2**62), T0, None), (T0 + 2 * H, 2**62, None)} <= kept.keys()
+    page = cost_page(con, by="tenant", bucket_s=120, prices=Prices(default=2.0), since=cut, until=cases[3]["until"])
+    # keep_runs sweeps what a later call reads: the same runs as those calls put, and no sweep after it
+    ahead: KeptRuns = {}
+    for kw in cases:
+        keep_runs(con, ahead, kw.get("since"), kw.get("until"), kw.get("grid_ns"))
+    assert ahead.keys() == kept.keys() and all(ahead[k][0].equals(kept[k][0]) and ahead[k][1].equals(kept[k][1])
+                                               for k in kept)
+    assert keep_runs(con, ahead, cut, cases[3]["until"], 120 * S) == 0
+
+    def no_sweep(*a: Any, **k: Any) -> None:
+        raise AssertionError("swept again")
+
+    monkeypatch.setattr(GS, "run_sweep", no_sweep)
+    for i, kw in enumerate(cases):
+        assert _rows(con, kept=ahead, **kw) == want[i], (seed, kw)
+    got = cost_page(con, by="tenant", bucket_s=120, prices=Prices(default=2.0), since=cut, until=cases[3]["until"],
+                    kept=ahead)
+    assert got[0] == page[0] and got[1].equals(page[1])
+    con.close()
 
 
 def test_a_cost_file_is_written_with_its_hour_and_superseded_with_it(tmp_path: Path) -> None:

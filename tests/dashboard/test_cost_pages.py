@@ -16,6 +16,7 @@ from analysis.engine.connect import connect
 from analysis.stats.batching import service_vs_batch
 from dashboard import data
 from dashboard.charts import AXIS_CLOCK, clock, fmt_ms
+from dashboard.formats import usd_metric
 from tests.dashboard.conftest import APP, shown_tables
 from tests.dashboard.incident_store import START_NS
 from tests.sql import one
@@ -154,6 +155,13 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
         f"The fleet's, over the range: {want['totals']['allocated_ns'] / 3.6e12:,.2f} GPU-hours."]
     assert _metric(at, "fleet idle share") == f"{want['totals']['idle_share']:.1%}"
     assert list(shown_tables(at)[0]["tenant"]) == ["acme"] and not [i for i in at.info if "whole fleet" in i.value]
+    # priced, the filtered cost is analysis' total of acme's rows
+    at.number_input(key="cost_price").set_value(2.0).run()
+    priced = cost_table(connect(incident_store), by="tenant", since=since, until=until, prices=Prices(default=2.0),
+                        keys=["acme"])["selected"]
+    assert priced["allocated_ns"] == acme["gpu_ns"] and priced["allocated_usd"] is not None
+    assert _metric(at, "cost") == usd_metric(priced["allocated_usd"])[0]
+    at.number_input(key="cost_price").set_value(0.0).run()
     at.radio(key="cost_by").set_value("model").run()
     assert not at.exception
     assert [i.value for i in at.info if "whole fleet" in i.value] == [
@@ -181,3 +189,47 @@ def test_capacity_target_defaults_to_a_p99_the_observed_fleet_meets(tmp_path: Pa
     at = _app(tmp_path, monkeypatch, "app_pages/capacity.py")
     assert at.number_input(key="cap_target").value == 1_001.0
     assert _metric(at, "fewest replicas for the target") == "1"
+
+
+def test_the_warm_up_keeps_the_live_hours_sweep_for_the_cost_page(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three hours, the last one live beside two materialized: the warm-up sweeps the unfiltered Cost page's live runs
+    once, after the server may answer; the page's job then sweeps nothing and gives what a cost over the store gives,
+    and a refresh that brings new spans empties what was kept."""
+    from analysis.cost import cost_page
+    from analysis.engine import gpu_sweep as GS
+    from analysis.engine.materialize import materialize
+    from tests.factory import T0, add_request, write
+    from tracing.rows import SpanBatch
+
+    s, h = 10**9, 3600 * 10**9
+    batch = SpanBatch()
+    for i in range(3 * 60):  # a request a minute on two replicas, some crossing an hour's edge
+        start = i * 60 * s + (i % 7) * s
+        add_request(batch, i, start, start + 90 * s, [("generation", start + s, start + 80 * s)],
+                    replica=f"r{i % 2}", attrs={"tailscope.tenant": "ab"[i % 3 == 0]})
+    write(tmp_path, batch)
+    materialize(tmp_path, settled_before_ns=T0 + 3 * h)  # the last hour stays live
+    wb = data.Workbench(tmp_path)
+    wb.refresh()
+    assert wb.live_requests and wb.stored_requests
+    wb.warm()
+    assert wb.warmer is not None
+    wb.warmer.join(120)
+    assert wb.warmed.is_set() and wb.cost_warm is not None
+    wb.cost_warm.result(120)
+    bucket = data.cost_bucket_s(wb, str(wb.store), wb.version, data.Filters())
+    assert (T0 + 2 * h, 2**62, bucket * s) in wb.cost_runs
+    want = cost_page(connect(tmp_path), by="tenant", bucket_s=bucket, prices=Prices(default=2.0))
+
+    def no_sweep(*a: object, **k: object) -> None:
+        raise AssertionError("swept again")
+
+    with monkeypatch.context() as m:
+        m.setattr(GS, "run_sweep", no_sweep)
+        res, series = wb.cost_page(data.Filters(), "tenant", 2.0, bucket)
+    assert res == want[0] and series.equals(want[1].to_pandas())
+    more = SpanBatch()
+    add_request(more, "late", 3 * h - 30 * s, 3 * h - 10 * s, [("generation", 3 * h - 29 * s, 3 * h - 11 * s)])
+    write(tmp_path, more)
+    assert wb.refresh() and not wb.cost_runs
