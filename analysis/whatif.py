@@ -161,10 +161,12 @@ def read_observed(con: duckdb.DuckDBPyConnection, since: str | int | datetime | 
         # replica (its name's 63-bit hash) groups them without a million strings to read and sort
         extra = (", start_ns + coalesce(queue_wait_ns, 0) AS busy_ns, "
                  "(hash(coalesce(replica, '')) >> 1)::BIGINT AS replica_code")
+    # by arrival, then by every column read: requests that arrive together come in one order whatever order the store
+    # holds them in (the replay and the expansion of sampled requests depend on it)
     data = con.execute(
         f"SELECT start_ns, e2e_ns - coalesce(queue_wait_ns, 0) AS service_ns, "
         f"ttft_ns - coalesce(queue_wait_ns, 0) AS ttft_rest_ns, start_ns + e2e_ns AS end_ns{extra} FROM {src} "
-        f"WHERE {where} ORDER BY start_ns", [lo, hi]).fetchnumpy()
+        f"WHERE {where} ORDER BY ALL", [lo, hi]).fetchnumpy()
     arrivals = np.asarray(data["start_ns"], dtype=np.int64)
     services = np.maximum(np.asarray(data["service_ns"], dtype=np.int64), 0)
     rest = data["ttft_rest_ns"]

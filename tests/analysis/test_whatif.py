@@ -136,3 +136,27 @@ def test_peak_concurrency_of_arrays_is_the_stores() -> None:
         con.execute("CREATE OR REPLACE TABLE r AS SELECT unnest($s) AS start_ns, unnest($q) AS queue_wait_ns, "
                     "unnest($e) AS end_ns, 'a' AS replica", {"s": s.tolist(), "q": qw.tolist(), "e": e.tolist()})
         assert max(1, peak_concurrency(s + qw, e)) == B.peak_concurrency(con, "r")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_requests_arriving_at_the_same_nanosecond_are_read_in_one_order(seed: int) -> None:
+    """The replayed workload does not depend on the order rows are stored in: requests that arrive together are
+    ordered by their other columns, so two stores of the same rows in other orders replay the same arrays."""
+    import duckdb
+
+    from analysis.whatif import read_observed
+    rng = random.Random(seed)
+    rows = [(rng.randrange(5) * MS, rng.randrange(1, 50) * MS, rng.randrange(3) * MS, rng.randrange(1, 9) * MS,
+             f"r{rng.randrange(3)}", rng.choice([1.0, 4.0])) for _ in range(200)]  # 5 distinct arrivals: ties
+    reads = []
+    for order in (rows, rows[::-1], rng.sample(rows, len(rows))):
+        con = duckdb.connect()
+        con.execute("CREATE TABLE r (start_ns BIGINT, e2e_ns BIGINT, queue_wait_ns BIGINT, ttft_ns BIGINT, "
+                    "replica VARCHAR, adjusted_count DOUBLE)")
+        con.executemany("INSERT INTO r VALUES (?, ?, ?, ?, ?, ?)", order)
+        con.execute("CREATE TEMP VIEW requests AS SELECT * FROM r")
+        reads.append((read_observed(con), read_observed(con, replicas=True)))
+    for weighted, plain in reads[1:]:
+        for got, want in ((weighted, reads[0][0]), (plain, reads[0][1])):
+            for name in ("arrivals", "services", "ttft_rest", "ends", "busy_from", "replica"):
+                assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
