@@ -114,28 +114,3 @@ def test_the_copy_of_a_source_leaves_out_what_detection_does_not_read(store: Pat
     assert all(c == 0 for c in counts[1:]) if blank else all(c == n for c in counts[1:])
     build_report(con, **kw)
     assert all(c == n for c in one(con, f"SELECT {kept} FROM {SOURCE_TABLE}"))
-
-
-def test_the_dimensions_read_beside_detection_are_coded_only_for_a_spike(store: Path, quiet_store: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """find_spikes reads the rows' dimensions beside detection (their read is started before detection ends), and
-    codes them only when detection found a spike (its bounds need them); either way it answers as the report does."""
-    import analysis.report as R
-
-    coded: list[bool] = []
-    real = R._coded_dims
-
-    def spy(*args: Any) -> Any:
-        got = real(*args)
-        coded.append(got is not None)
-        return got
-
-    monkeypatch.setattr(R, "_coded_dims", spy)
-    for path, spiky in ((store, True), (quiet_store, False)):
-        con = connect(path)
-        found = find_spikes(con)
-        assert bool(found["spikes"]) is spiky
-        assert coded == [spiky]  # read once, beside detection; coded (not read again) for the spike's bounds
-        coded.clear()
-        _same_as_report(found, build_report(con))
-        coded.clear()
