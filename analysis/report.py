@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -416,17 +415,13 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
     values = values_of(frame)
     det: Detection | None = None
     coded: list[X.Coded] | None = None
-    # find_spikes (`rules` given, the rows' dimensions readable): a spike's culprit bounds code the same rows'
-    # dimensions; they are read beside detection too, and dropped (their coding skipped) when it finds no spike
-    ahead = not explain and rules is not None and not detection_only
-    no_spike = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-report") as pool:
         # DuckDB reads the dimensions (releasing the GIL) while detection runs on the values; nothing else
         # uses the connection until the read is joined. They are aligned to the values' rows on that thread
         # too, so their row ids are freed there, and coded for the explanation (numpy and polars, the GIL
         # mostly released), which would otherwise wait for detection to end.
         dims = pool.submit(_coded_dims, con, frame, read_dims, rules or A.AttributeRules(), since_ns, until_ns,
-                           source is None, no_spike if ahead else None) if explain or ahead else None
+                           source is None) if explain else None
         if frame.height == 0:
             report["errors"].append(f"could not compute spikes because no request has a {metric} value in range")
         else:
@@ -434,16 +429,11 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
                 det = detect(start, values, window_ns, weights=weights)
             except Exception as exc:
                 report["errors"].append(f"could not compute spikes because {exc}")
-        if ahead and (det is None or not det.spikes):
-            no_spike.set()
-        got = dims.result() if dims is not None else None
-        if got is not None and explain:
-            frame, coded, attributes = got
+        if dims is not None:
+            frame, coded, attributes = dims.result()
             report["attributes"] = attributes
             if report["attributes"] is not None:
                 report["errors"].extend(report["attributes"]["errors"])
-        elif got is not None and det is not None and det.spikes:  # find_spikes: the header stays detection's
-            frame, coded, _ = got
     if det is None:
         return report, None
     report["windows"] = int(det.n.size)
@@ -461,23 +451,19 @@ def _prepare(con: duckdb.DuckDBPyConnection, ask: Ask) -> tuple[C.Report, Rows |
     if det.note:
         report["errors"].append(f"could not compute spikes because {det.note}")
     rows = Rows.of(con, facts, frame, det, metric, coded=coded,
-                   read_dims=None if explain or detection_only or coded is not None else read_dims)
-    if explain or coded is not None:
+                   read_dims=None if explain or detection_only else read_dims)
+    if explain:
         culprit_bounds(rows)
     return report, rows
 
 
 def _coded_dims(con: duckdb.DuckDBPyConnection, values_only: pl.DataFrame, read: Callable[[], pl.DataFrame],
-                rules: A.AttributeRules, since_ns: int | None, until_ns: int | None, store_rows: bool,
-                unwanted: threading.Event | None = None) -> tuple[pl.DataFrame, list[X.Coded], C.Attributes] | None:
+                rules: A.AttributeRules, since_ns: int | None, until_ns: int | None, store_rows: bool
+                ) -> tuple[pl.DataFrame, list[X.Coded], C.Attributes]:
     """(the values frame with its rows' dimensions, the dimensions `rules` keeps coded for the explanation, the
     report's `attributes` object). `read`: the frame's reader of its dimensions (`_frame_parts`); `store_rows`: the
-    facts are the store's own (their attribute values are read from the hours' files); None when `unwanted` was set
-    by the time they were read (their coding is skipped)."""
-    dims = read()
-    if unwanted is not None and unwanted.is_set():
-        return None
-    both = _with_dims(values_only, dims)
+    facts are the store's own (their attribute values are read from the hours' files)."""
+    both = _with_dims(values_only, read())
     builtin = [X.code_dimension(both, d) for d in X.DIMENSIONS]
     facts_rows, params = read.facts_rows  # type: ignore[attr-defined]
     attrs = _attribute_dims(con, facts_rows, params, both, builtin, rules, since_ns, until_ns, store_rows=store_rows)
@@ -627,9 +613,13 @@ def find_spikes(
     """
     ask = Ask(metric, window_s, since, until, include_failures, source, sampling_policy, explain=False,
               only=only_pairs(only))
-    # the rows' dimensions, which a spike's bounds need, are read beside detection (`_prepare`, with `rules`)
-    report, rows = _prepare(con, dataclasses.replace(ask, rules=attribute_rules()))
-    if rows is not None and rows.det.spikes and rows.coded is None:  # the header and errors stay detection's
+    report, rows = _prepare(con, ask)
+    if rows is not None and rows.det.spikes and rows.read_dims is not None:  # the same rows and detection, coded
+        frame, coded, _ = _coded_dims(con, rows.frame, rows.read_dims, attribute_rules(), parse_time(since),
+                                      parse_time(until), source is None)
+        rows = Rows.of(con, rows.facts, frame, rows.det, metric, coded=coded)
+        culprit_bounds(rows)
+    elif rows is not None and rows.det.spikes:  # the header and errors stay detection's (`marks_of`)
         rows = _prepare(con, dataclasses.replace(ask, explain=True, rules=attribute_rules()))[1]
     if rows is not None:
         report["spikes"] = [cast(C.Spike, {k: v for k, v in _spike_json(s).items() if k in MARK_KEYS})
