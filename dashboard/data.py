@@ -145,6 +145,9 @@ class Workbench:
     warmer: threading.Thread | None = None
     #: set once that warm-up is over (its numbers cached, or it failed)
     warmed: threading.Event = field(default_factory=threading.Event)
+    #: set once the warm-up has the unfiltered Overview's numbers (or is over): what a server waits for before it
+    #: answers (dashboard/server.py); the full spike report and the other pages' imports go on behind
+    overview_warmed: threading.Event = field(default_factory=threading.Event)
     #: requests of the hours not materialized (`req_live`'s rows) and of the materialized ones, as of the last refresh
     live_requests: int = 0
     stored_requests: int = 0
@@ -361,7 +364,8 @@ class Workbench:
                 _IMPORTED.wait(IMPORT_WAIT_S)  # a store opened while this module is imported (`_open_early`)
                 prewarm(self)
         finally:
-            self.warmed.set()  # the server answers from here on (dashboard/server.py): the cost sweep is not waited for
+            self.overview_warmed.set()
+            self.warmed.set()  # the cost sweep below is not waited for
         self.warm_cost()
 
     def warm_cost(self) -> None:
@@ -1243,8 +1247,9 @@ SQL_EXAMPLES: dict[str, str] = {
 
 
 def prewarm(db: Workbench) -> None:
-    """Compute the unfiltered overview's numbers, then the full spike report, into the query caches; then
-    import what the other pages draw with (pandas, Altair), which the Overview does without.
+    """Compute the unfiltered overview's numbers (then set `db.overview_warmed`: a server answers from there), then
+    the full spike report, into the query caches; then import what the other pages draw with (pandas, Altair), which
+    the Overview does without.
 
     Runs in a background thread when the store opens ready (Workbench.warm) or once the critical
     paths of a big load are all computed, so the first visitor does not wait for them one by one.
@@ -1260,8 +1265,10 @@ def prewarm(db: Workbench) -> None:
         marks = pool.submit(spike_marks, *key, f)
         numbers = pool.submit(lambda: choices(*key)["requests"] and (summary(*key, f), over_time(*key, f)))
         marks.result()
-        if not numbers.result():
-            return
+        any_rows = numbers.result()
+    db.overview_warmed.set()  # the Overview's numbers are cached: a server answers from here (dashboard/server.py)
+    if not any_rows:
+        return
     report_of(*key, f)
     import altair  # noqa: F401
     import pandas  # noqa: F401

@@ -6,8 +6,9 @@ Without it the first visitor of a server just started pays those imports (the an
 seconds on a loaded machine), the store's opening and the Overview's numbers (its spikes, summary and series).
 The warm-up runs in a thread of the server's own process, on no network. The server answers (its health check
 too) once the warm-up has the Overview's numbers, or after READY_WAIT_S, whichever comes first: its port is bound
-before, so a browser that connects meanwhile waits for the answer instead of being refused. A warm-up still
-running then goes on in the background: a session that arrives mid-import waits for the module being imported
+before, so a browser that connects meanwhile waits for the answer instead of being refused. The rest of the warm-up
+(the spike report the Spike page explains, the other pages' imports), or a warm-up still running, then goes on in
+the background: a session that arrives mid-import waits for the module being imported
 (Python's import lock), one that arrives mid-open for the workbench being opened, and one that reaches a number
 being computed for that computation (Streamlit's cache computes each key once). A store whose critical paths are
 still to be computed (a big store never materialized) is served as soon as it opens: its pages render from the
@@ -66,7 +67,7 @@ def warm_store(argv: list[str] | None = None, wait_s: float = READY_WAIT_S) -> N
         if data.engine_args(args)[0] == "duckdb":
             wb = data.workbench(str(data.store_path(args)))
             if not wb.pending:
-                wb.warmed.wait(wait_s)
+                wb.overview_warmed.wait(wait_s)
 
 
 def warm_up() -> None:

@@ -330,6 +330,40 @@ def test_replicas_is_computed_once_whether_the_metric_is_passed_or_left_out(
     assert calls == ["e2e", "ttft"]
 
 
+def test_the_overview_is_warm_before_the_full_report(incident_store: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up says the Overview's numbers are in (what a server waits for before it answers: dashboard/server.py)
+    while the full spike report is still being computed, with the marks, summary, series and choices cached by then;
+    it says it is over only once the report is done."""
+    import threading
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    gate, reporting = threading.Event(), threading.Event()
+    real_report = data.build_report
+
+    def held(*args: Any, **kw: Any) -> Any:
+        reporting.set()
+        assert gate.wait(300)
+        return real_report(*args, **kw)
+
+    monkeypatch.setattr(data, "build_report", held)
+    try:
+        wb = data.workbench(str(store.resolve()))
+        assert wb.overview_warmed.wait(300)
+        assert reporting.wait(300) and not wb.warmed.is_set()  # the report is held: the warm-up is not over
+        computed: list[str] = []
+        for module, name in ((data, "find_spikes"), (data, "percentile_series"), (data.B, "summary"),
+                             (data.B, "dimension_values")):
+            monkeypatch.setattr(module, name, lambda *a, name=name, **k: computed.append(name))
+        key, f = (wb, str(wb.store), wb.version), data.Filters()
+        data.spike_marks(*key, f), data.summary(*key, f), data.over_time(*key, f), data.choices(*key)
+        assert computed == []  # each read from the cache the warm-up filled
+    finally:
+        gate.set()
+    assert wb.warmed.wait(300)
+
+
 def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
         incident_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Opening a store whose rows are ready starts the warm-up thread: the spike detection, then the full
@@ -352,7 +386,8 @@ def test_a_store_opened_ready_warms_the_overview_which_computes_nothing_twice(
     monkeypatch.setattr(data, "build_report", report)
     wb = data.workbench(str(store.resolve()))
     assert wb.warmer is not None and not wb.pending
-    assert wb.warmed.wait(300)  # what the server waits for before it answers (dashboard/server.py): the whole warm-up
+    assert wb.warmed.wait(300)  # the whole warm-up (a server answers once the Overview's numbers are in: below)
+    assert wb.overview_warmed.is_set()
     assert calls == ["find_spikes", "build_report"]
     monkeypatch.setenv("TAILSCOPE_STORE", str(store.resolve()))
     at = AppTest.from_file(str(APP), default_timeout=300)
