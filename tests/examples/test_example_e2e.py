@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 N_REQUESTS = 12
 
 
-def _disconnect_midstream(port: int) -> int:
-    """POST a streaming request, read two events, then close the socket; returns the events read."""
+def _disconnect_midstream(port: int) -> bytes:
+    """POST a streaming request, read until two events have arrived, then close the socket; returns the bytes read
+    (one read can hold more than two events when the server writes faster than this reads, as on a busy machine)."""
     body = json.dumps({"prompt": "go away early", "max_tokens": 200, "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -42,7 +43,7 @@ def _disconnect_midstream(port: int) -> int:
             if not chunk:
                 break
             data += chunk
-    return data.count(b"data: ")
+    return data
 
 
 def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) -> None:
@@ -57,7 +58,8 @@ def test_example_server_end_to_end(tmp_path: Path, spans: InMemorySpanExporter) 
         urls = [line.split()[1] for line in ready]
         port = int(urls[0].rsplit(":", 1)[1])
         results = run(urls, N_REQUESTS, concurrency=4, stream_ratio=0.75, seed=7)
-        assert _disconnect_midstream(port) == 2
+        cut = _disconnect_midstream(port)
+        assert cut.count(b"data: ") >= 2 and b"data: [DONE]" not in cut  # closed after two events, mid-stream
         timed_out = post_json(urls[1] + "/v1/completions", {"prompt": "slow", "max_tokens": 200, "timeout_s": 0.05})
     finally:
         proc.send_signal(signal.SIGTERM)
