@@ -53,6 +53,7 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
     # Slider's own, its dependencies (shared.S1.js is the HTML's already), then Button's (not ButtonGroup's), then
     # embed's; Button named by the sidebar and the page alike is named once; an element without a script, none
     assert heads[""].decode().splitlines() == [
+        f"<style>{P.STYLE}</style>",  # the dashboard's style, on every page
         '<link rel="preload" as="font" type="font/woff2" crossorigin '
         'href="./static/media/MaterialSymbols-Rounded.J1.woff2">',  # the icons' font, on every page
         '<link rel="modulepreload" crossorigin href="./static/js/Slider.B2.js">',
@@ -61,9 +62,11 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
         '<link rel="modulepreload" crossorigin href="./static/js/Button.E5.js">',
         '<link rel="modulepreload" crossorigin href="./static/js/embed.H8.js">']
     # a page names the other pages' once it is drawn (later_script): the Overview draws every element here, so none
-    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:5],
+    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:6],
                                                     P.later_script(["embed.H8.js"])]
-    assert P.page_heads(tmp_path / "nowhere") == {}
+    # without Streamlit's build where it is expected, each page's head gets the style only
+    assert P.page_heads(tmp_path / "nowhere", {"": (), "spike": ()}, style="a {b: c}") == {
+        "": b"<style>a {b: c}</style>", "spike": b"<style>a {b: c}</style>"}
 
 
 def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an_entry() -> None:
