@@ -47,7 +47,7 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "traces": ("TextInput", "Metric", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
     "replicas": ("Radio", "Selectbox", *CHART),
-    "whatif": ("NumberInput", "Selectbox", "Metric"),
+    "whatif": ("Slider", "NumberInput", "Selectbox", "Metric"),
     "capacity": ("Radio", "NumberInput", "Metric", *CHART),
     "cost": ("Radio", "NumberInput", "Metric", *CHART),
     "sql": ("Selectbox", "TextArea"),
