@@ -135,26 +135,22 @@ def later_script(files: Iterable[str], quiet_ms: int = QUIET_MS, tick_ms: int = 
     load event; at most a minute), adds the tags of `files` (as link_tags') when the browser is next idle, then
     imports each script in turn, one per idle moment: the scripts the other pages draw with, fetched, compiled and
     evaluated while the user reads this page, so that a first click to another page, even at once, does not wait
-    for them (a module is evaluated once per document: the page's own import of it later finds it done). A click
-    meanwhile pauses them: the next import waits until the page clicked to is drawn (at most a minute; not when they
-    started because the page was never drawn), so that the page does not wait for another page's script to be
-    evaluated; "" without files."""
+    for them (a module is evaluated once per document: the page's own import of it later finds it done); "" without
+    files."""
     hrefs = [f"./static/{'css' if name.endswith('.css') else 'js'}/{name}" for name in files]
     if not hrefs:
         return ""
     return ("<script>addEventListener('load',()=>{let n=0,k=0;const q=x=>document.querySelector(x),"
             "shown=x=>[...document.querySelectorAll(x)].filter(e=>e.checkVisibility()),"
-            "busy=()=>q('[data-testid=stApp]')?.getAttribute('data-test-script-state')!=='notRunning'"
-            "||!q('[data-testid=stHeading]')||!!q('[data-testid=stSkeleton]')"
+            "t=setInterval(()=>{"
+            "(q('[data-testid=stApp]')?.getAttribute('data-test-script-state')!=='notRunning'"
+            "||!q('[data-testid=stHeading]')||q('[data-testid=stSkeleton]')"
             "||!shown('[data-testid=stVegaLiteChart]').every(c=>c.querySelector('svg,canvas'))"
-            "||!shown('[data-testid=stDataFrame]').every(c=>c.querySelector('canvas')),"
-            "t=setInterval(()=>{busy()?k=0:k++;"
+            "||!shown('[data-testid=stDataFrame]').every(c=>c.querySelector('canvas')))"
+            "?k=0:k++;"
             f"if(k<{max(1, quiet_ms // tick_ms)}&&++n<{60_000 // tick_ms})return;"
-            "clearInterval(t);const idle=()=>new Promise(r=>(window.requestIdleCallback||setTimeout)(r)),"
-            f"held=k>={max(1, quiet_ms // tick_ms)},"  # drawn once: later runs hold the imports (not after the minute)
-            f"drawn=()=>new Promise(r=>{{let m=0;"
-            f"const w=()=>held&&busy()&&++m<{60_000 // tick_ms}?setTimeout(w,{tick_ms}):r();w()}});"
-            f"(async()=>{{for(const h of {json.dumps(hrefs)}){{await drawn();await idle();"
+            "clearInterval(t);const idle=()=>new Promise(r=>(window.requestIdleCallback||setTimeout)(r));"
+            f"(async()=>{{for(const h of {json.dumps(hrefs)}){{await idle();"
             "if(h.endsWith('.css')){const l=document.createElement('link');l.rel='preload';l.as='style';l.href=h;"
             "document.head.append(l)}else await import(h).catch(()=>{})}})()},"
             f"{tick_ms})}})</script>")

@@ -200,46 +200,6 @@ def test_the_other_pages_scripts_are_loaded_once_the_page_is_drawn_and_quiet() -
             browser.close()
 
 
-def test_a_click_pauses_the_other_pages_scripts_until_its_page_is_drawn() -> None:
-    """later_script in Debian's chromium on a fake clock: a rerun that starts as one import ends (a click to another
-    page) holds the next import until the app is drawn again, however long that takes (within the minute)."""
-    chromium = Path("/usr/bin/chromium")
-    need(chromium.exists(), "Debian's chromium", "run `make browser-deps`")
-    from playwright.sync_api import Route, sync_playwright
-
-    state = "document.querySelector('[data-testid=stApp]').setAttribute('data-test-script-state', '{}')"
-    html = ("<html><head>" + P.later_script(["a.js", "c.js"]) + "</head><body>"
-            '<div data-testid="stApp" data-test-script-state="notRunning">'
-            '<div data-testid="stHeading"><h1>Page</h1></div></div></body></html>')
-
-    def serve(route: Route) -> None:  # a.js: evaluated, then a click starts a run; c.js: evaluated
-        url = route.request.url
-        body = html if url.endswith("/") else "window.evaluated = (window.evaluated || 0) + 1;" + (
-            state.format("running") + ";" if url.endswith("/a.js") else "")
-        route.fulfill(body=body, content_type="text/html" if url.endswith("/") else "text/javascript")
-
-    def evaluated_after(page: Any, ms: int) -> int:
-        for _ in range(ms // (3 * P.TICK_MS)):  # bounded: imports resolve on the real event loop
-            page.clock.run_for(3 * P.TICK_MS)
-        return int(page.evaluate("window.evaluated || 0"))
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page()
-            page.route("http://tailscope.test/**", serve)
-            page.clock.install(time=0)
-            page.clock.pause_at(1_000)
-            page.goto("http://tailscope.test/")
-            assert evaluated_after(page, P.QUIET_MS + 3_000) == 1  # a.js, then the run it started holds c.js
-            assert evaluated_after(page, 20_000) == 1
-            page.evaluate(f"() => {state.format('notRunning')}")  # the page clicked to is drawn
-            assert evaluated_after(page, 3_000) == 2
-            page.close()
-        finally:
-            browser.close()
-
-
 #: AppTest's element types -> the Streamlit element script each loads in the browser (dashboard.preload's names).
 SCRIPTS = {"slider": "Slider", "multiselect": "Multiselect", "selectbox": "Selectbox", "radio": "Radio",
            "number_input": "NumberInput", "text_input": "TextInput", "text_area": "TextArea", "metric": "Metric",
