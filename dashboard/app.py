@@ -37,8 +37,4 @@ PAGES = [
 page = st.navigation(PAGES)
 db = data.open_store()
 sidebar.render(db)
-# a static table wider than the page (the Spike page's ten columns at 1,024 px) scrolls in its own box instead of
-# running past the page's right edge; in the sidebar, where the style element's empty block takes no visible room
-st.sidebar.markdown("<style>[data-testid=stMarkdownContainer] table {display: block; overflow-x: auto}</style>",
-                    unsafe_allow_html=True)
 page.run()

@@ -1,4 +1,5 @@
-"""Preload hints: the Streamlit element scripts each page draws with, named in the HTML of that page's URL.
+"""Preload hints: the Streamlit element scripts each page draws with, named in the HTML of that page's URL (with
+the dashboard's own style rules, `STYLE`).
 
 Streamlit's frontend loads an element's script (the slider's, the Vega-Lite chart's, the table's) only when the
 server's first message asks for that element, and that script's own dependencies after it: in a fresh browser
@@ -46,12 +47,19 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "traces": ("TextInput", "Metric", *CHART),
     "shape": ("Radio", "Selectbox", *CHART),
     "replicas": ("Radio", "Selectbox", *CHART),
-    "whatif": ("NumberInput", "Selectbox", "Metric"),
+    "whatif": ("Slider", "NumberInput", "Selectbox", "Metric"),
     "capacity": ("Radio", "NumberInput", "Metric", *CHART),
     "cost": ("Radio", "NumberInput", "Metric", *CHART),
     "sql": ("Selectbox", "TextArea"),
 }
 
+#: The dashboard's own style rules, in every page's HTML head: a static table wider than the page (the Spike page's
+#: ten columns at 1,024 px) scrolls in its own box instead of running past the page's right edge. In the head rather
+#: than written by the app (`st.markdown(..., unsafe_allow_html=True)` makes Streamlit's browser side load its
+#: raw-HTML Markdown support, about 190 KB of script, on every page; `st.html` its sanitizer): no request, no element,
+#: and in force from the first paint. Two attribute selectors outrank Streamlit's own one-class table rules, which
+#: its styling library adds to the head after this.
+STYLE = ("[data-testid=stMain] [data-testid=stMarkdownContainer] table {display: block; overflow-x: auto}")
 #: Milliseconds a page stays drawn and quiet before it loads the other pages' element scripts (`later_script`), and
 #: between two looks at whether it is.
 QUIET_MS = 500
@@ -149,15 +157,18 @@ def later_script(files: Iterable[str], quiet_ms: int = QUIET_MS, tick_ms: int = 
 
 
 def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = PAGE_ELEMENTS,
-               shared: tuple[str, ...] = SIDEBAR, later: tuple[str, ...] = LATER) -> dict[str, bytes]:
-    """Each page's URL path -> what to add to its HTML's head: tags for the sidebar's elements and the page's, then
-    a script that names the other pages' and `later`'s (elements no page draws at first) once this one is drawn
-    (`later_script`); {} when Streamlit's build is not where it is expected (nothing is then added)."""
+               shared: tuple[str, ...] = SIDEBAR, later: tuple[str, ...] = LATER, style: str = STYLE
+               ) -> dict[str, bytes]:
+    """Each page's URL path -> what to add to its HTML's head: `style` in a style element, tags for the sidebar's
+    elements and the page's, then a script that names the other pages' and `later`'s (elements no page draws at
+    first) once this one is drawn (`later_script`); only the style when Streamlit's build is not where it is
+    expected."""
     root = static_dir() if root is None else root
     index = root / "index.html"
     js_dir = root / "static" / "js"
+    styled = f"<style>{style}</style>"
     if not index.is_file() or not js_dir.is_dir():
-        return {}
+        return {path: styled.encode() for path in pages}
     listed = set(_LISTED.findall(index.read_text(encoding="utf-8", errors="replace")))
     deps = dependencies(js_dir)
     every = preload_files((*shared, *(e for elements in pages.values() for e in elements), *later), deps, listed)
@@ -167,7 +178,7 @@ def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = 
     for path, elements in pages.items():
         now = [*fonts, *preload_files((*shared, *elements), deps, listed)]
         rest = later_script(f for f in every if f not in now)
-        heads[path] = (link_tags(now) + ("\n" + rest if rest else "")).encode()
+        heads[path] = "\n".join(part for part in (styled, link_tags(now), rest) if part).encode()
     return heads
 
 

@@ -219,6 +219,10 @@ def test_click_through_every_page(context: Any, dashboard_url: str) -> None:
     page = _visit_pages(context, dashboard_url, PAGES, "dashboard", asked, narrow=True)
     outside = sorted({u for u in asked if not u.startswith((dashboard_url, "data:", "blob:"))})
     assert not outside, f"requests leaving the machine: {outside}"
+    # no page makes Streamlit's Markdown load its raw-HTML support (Markdown with unsafe_allow_html: about 190 KB) or
+    # its emoji plugin (text reading like a shortcode, `:06:` in a clock time: about 260 KB) (docs/dashboard.md)
+    plugins = sorted({u.rsplit("/", 1)[-1] for u in asked if re.search(r"/(rehype-raw|remark-emoji)\.[^/]*\.js$", u)})
+    assert not plugins, f"Markdown plugins loaded: {plugins}"
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Overview", exact=True).click()
     expect(page.get_by_role("heading", name="Overview", exact=True).first).to_be_visible()
     _settle(page)

@@ -53,6 +53,7 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
     # Slider's own, its dependencies (shared.S1.js is the HTML's already), then Button's (not ButtonGroup's), then
     # embed's; Button named by the sidebar and the page alike is named once; an element without a script, none
     assert heads[""].decode().splitlines() == [
+        f"<style>{P.STYLE}</style>",  # the dashboard's style, on every page
         '<link rel="preload" as="font" type="font/woff2" crossorigin '
         'href="./static/media/MaterialSymbols-Rounded.J1.woff2">',  # the icons' font, on every page
         '<link rel="modulepreload" crossorigin href="./static/js/Slider.B2.js">',
@@ -61,9 +62,11 @@ def test_a_page_names_its_elements_scripts_once_each_and_not_those_the_html_name
         '<link rel="modulepreload" crossorigin href="./static/js/Button.E5.js">',
         '<link rel="modulepreload" crossorigin href="./static/js/embed.H8.js">']
     # a page names the other pages' once it is drawn (later_script): the Overview draws every element here, so none
-    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:5],
+    assert heads["spike"].decode().splitlines() == [*heads[""].decode().splitlines()[:6],
                                                     P.later_script(["embed.H8.js"])]
-    assert P.page_heads(tmp_path / "nowhere") == {}
+    # without Streamlit's build where it is expected, each page's head gets the style only
+    assert P.page_heads(tmp_path / "nowhere", {"": (), "spike": ()}, style="a {b: c}") == {
+        "": b"<style>a {b: c}</style>", "spike": b"<style>a {b: c}</style>"}
 
 
 def test_every_element_named_is_in_the_installed_streamlit_and_every_page_has_an_entry() -> None:
@@ -195,3 +198,49 @@ def test_the_other_pages_scripts_are_loaded_once_the_page_is_drawn_and_quiet() -
                 page.close()
         finally:
             browser.close()
+
+
+#: AppTest's element types -> the Streamlit element script each loads in the browser (dashboard.preload's names).
+SCRIPTS = {"slider": "Slider", "multiselect": "Multiselect", "selectbox": "Selectbox", "radio": "Radio",
+           "number_input": "NumberInput", "text_input": "TextInput", "text_area": "TextArea", "metric": "Metric",
+           "vega_lite_chart": "ArrowVegaLiteChart", "dataframe": "DataFrame", "button": "Button",
+           "toggle": "Checkbox", "checkbox": "Checkbox"}
+#: The element types whose script is Streamlit's own bundle (Markdown, alerts, layout).
+BUNDLED = {"main", "sidebar", "title", "subheader", "header", "markdown", "caption", "info", "warning", "error",
+           "success", "flex_container", "column", "tab", "tab_container", "expander", "popover", "divider"}
+
+
+def _types(node: Any, out: set[str], skip: str = "") -> set[str]:
+    """The element types under `node` (AppTest's tree), not descending into elements of type `skip`."""
+    out.add(str(node.type))
+    children = getattr(node, "children", None) or {}
+    for child in children.values() if isinstance(children, dict) else children:
+        if child.type != skip:
+            _types(child, out, skip)
+    return out
+
+
+def test_each_page_names_the_scripts_of_the_elements_its_first_render_draws(incident_store: Path,
+                                                                             monkeypatch: Any) -> None:
+    """A page whose element is not named in its HTML loads that element's script only once the session asks for it
+    (a round of fetching on the path of its first render): every element a page draws is named, by the sidebar's
+    (`SIDEBAR`) or the page's own (`PAGE_ELEMENTS`); the sidebar's filters, in their closed popover, by `FILTERS`."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboard.conftest import APP
+
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    pages = sorted(p.stem for p in (ROOT / "dashboard" / "app_pages").glob("*.py") if p.stem != "__init__")
+    for page in pages:
+        at.switch_page(f"app_pages/{page}.py").run()
+        assert not at.exception, (page, [e.message for e in at.exception])
+        drawn = _types(at.main, set())
+        assert drawn - SCRIPTS.keys() - BUNDLED == set(), page  # a new kind of element: say which script it loads
+        named = {*P.SIDEBAR, *P.PAGE_ELEMENTS["" if page == "overview" else page]}
+        assert {SCRIPTS[t] for t in drawn if t in SCRIPTS} - named == set(), page
+    sidebar = _types(at.sidebar, set(), skip="popover")
+    assert {SCRIPTS[t] for t in sidebar if t in SCRIPTS} == set(P.SIDEBAR)
+    popover = {t for p in at.sidebar.get("popover") for t in _types(p, set())}
+    assert {SCRIPTS[t] for t in popover if t in SCRIPTS} == set(P.FILTERS)
