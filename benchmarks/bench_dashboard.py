@@ -10,12 +10,14 @@ reported apart. Then the query caches are cleared (st.cache_data is process-wide
 session and the warm-up filled it) and a second session renders each page once, then changes filters.
 
     python -m benchmarks.bench_dashboard [--store DIR] [--spans 10000000] [--keep] [--materialized [--live-hours N]]
-        [--pages overview,spike,...] [--first-only]
+        [--pages overview,spike,...] [--first-only] [--drop-kept-cost]
 
 `--materialized` first writes every stale hour's request file (analysis.engine.materialize, timed), as
 `tailscope collect` does for settled hours: the pages then read the hours in place; `--live-hours N` leaves the
 last N hours live (removing their files if written), as collect leaves the current hour and the one before.
-`--first-only` stops after the first session's Overview (a run short enough to alternate two trees many times).
+`--first-only` stops after the first session's Overview (a run short enough to alternate two trees many times);
+`--drop-kept-cost` empties the Cost page's live GPU-time sweep, which the store's warm-up keeps, before the second
+session too (the page's first visit after a refresh brought new spans).
 The measured session is cold: every result cache of the dashboard is emptied before it (`clear_caches` prints
 what it clears and what stays warm).
 
@@ -39,6 +41,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamlit.components.v2.component_manager import BidiComponentManager
     from streamlit.testing.v1 import AppTest
+
+    from dashboard.data import Workbench
 
 APP = Path(__file__).parents[1] / "dashboard" / "app.py"
 PAGES: tuple[str, ...] = ("overview", "spike", "alerts", "traces", "shape", "replicas", "whatif", "capacity", "cost",
@@ -125,9 +129,11 @@ def _session(components: BidiComponentManager, timeout: float) -> AppTest:
     return at
 
 
-def clear_caches() -> str:
+def clear_caches(drop_kept_cost: Workbench | None = None) -> str:
     """Empty the dashboard's result caches, as a server just started holds them, but for the opened store; a
-    sentence saying what was cleared and what stays warm.
+    sentence saying what was cleared and what stays warm. `drop_kept_cost`: a workbench whose live hours' GPU-time
+    sweep, kept by the store's warm-up for the Cost page (`Workbench.cost_runs`), is emptied too, as a refresh that
+    brought new spans empties it (Live mode: the Cost page's first visit after new data).
 
     st.cache_data is process-wide (the first session and the store's warm-up thread filled it); the
     st.cache_resource entries of dashboard.data hold results too (the replayed requests, the Cost and Capacity
@@ -144,13 +150,21 @@ def clear_caches() -> str:
                        and type(getattr(fn, "_info", None)).__name__ == "CachedResourceFuncInfo")
     for name in resources:
         getattr(data, name).clear()
-    return (f"st.cache_data cleared; st.cache_resource cleared: {', '.join(resources)}; kept: the opened store "
-            "(data.workbench); DuckDB's and the OS's file caches stay warm (the store was just read)")
+    sweeps = "the live hours' GPU-time sweep of the store's warm-up (Workbench.cost_runs)"
+    if drop_kept_cost is not None:
+        drop_kept_cost.cost_runs = data.KeptCostRuns()
+    dropped = drop_kept_cost is not None
+    return (f"st.cache_data cleared; st.cache_resource cleared: {', '.join(resources)}"
+            f"{'; emptied: ' + sweeps if dropped else ''}; kept: the opened store (data.workbench)"
+            f"{'' if dropped else ', ' + sweeps}; DuckDB's and the OS's file caches stay warm (the store was just "
+            "read)")
 
 
-def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False) -> list[tuple[str, float, float]]:
+def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False,
+        drop_kept_cost: bool = False) -> list[tuple[str, float, float]]:
     """Drive the app over `store`; (what, seconds, limit) per measurement. `pages`: the pages the second session
-    renders after the Overview (every page by default); `first_only`: only the first session's Overview."""
+    renders after the Overview (every page by default); `first_only`: only the first session's Overview;
+    `drop_kept_cost`: the second session also without the warm-up's live GPU-time sweep (`clear_caches`)."""
     os.environ["TAILSCOPE_STORE"] = str(store)
     anchor(store)
     components = server_components()
@@ -182,7 +196,7 @@ def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False) -
     results.append(("open store: every background step done", took, float("inf")))
     print(f"  {'open store: every background step done':<44} {took:7.3f} s", flush=True)
     # a second session with cold caches (what a visitor meets when nobody asked for these pages and filters yet)
-    print(f"  (cold: {clear_caches()})", flush=True)
+    print(f"  (cold: {clear_caches(wb if drop_kept_cost else None)})", flush=True)
     at = _session(components, 600)
     _timed("page overview (new session, cold query caches)", results, PAGE_LIMIT_S, at.run)
     for page in [p for p in PAGES[1:] if p in pages]:
@@ -227,6 +241,9 @@ def main() -> None:
     parser.add_argument("--live-hours", type=int, default=0, metavar="N",
                         help="with --materialized: leave the last N hours live (their request files removed if "
                              "written), as `tailscope collect` leaves the current hour and the one before")
+    parser.add_argument("--drop-kept-cost", action="store_true",
+                        help="the second session also without the live hours' GPU-time sweep the store's warm-up "
+                             "kept for the Cost page, as after a refresh that brought new spans (Live mode)")
     parser.add_argument("--first-only", action="store_true",
                         help="stop after the first session's Overview (the server's first complete page)")
     args = parser.parse_args()
@@ -244,7 +261,7 @@ def main() -> None:
         print(f"  materialized {hours} stale hour(s) in {time.perf_counter() - t0:.1f} s, {_cpu_s() - c0:.1f} CPU-s; "
               f"live (not materialized): {live} hour(s)", flush=True)
     try:
-        results = run(store, tuple(args.pages.split(",")), args.first_only)
+        results = run(store, tuple(args.pages.split(",")), args.first_only, args.drop_kept_cost)
         anchor(store)  # again, before the store is removed: the load may have changed during the run
     finally:
         if tmp is not None and not args.keep:

@@ -57,7 +57,8 @@ PRINTS: dict[str, tuple[str, ...]] = {
     "bench_watch": (r"slow_replica +1 ", r"\n +1h +12,600 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+"),
     "bench_dashboard": (r"\| page overview \(new session, cold query caches\) \| [\d.]+ \|", r"anchor \(spans scan",
                         r"materialized \d+ stale hour.*; live \(not materialized\): 1 hour",
-                        r"cold: st\.cache_data cleared; st\.cache_resource cleared: .*workload"),
+                        r"cold: st\.cache_data cleared; st\.cache_resource cleared: .*workload; "
+                        r"emptied: the live hours. GPU-time sweep"),
     "bench_dashboard_browser": (r"\| fresh session: SQL \| [\d.]+ \|", r"\| click: Overview \| [\d.]+ \|",
                                 r"anchor \(a bare Streamlit page"),
     "bench_collect": (r"\n +2,048 +512 +2 ", r"OTLP/http exporter: 560 spans", r"OTLP/grpc exporter: 560 spans"),
