@@ -256,15 +256,21 @@ def _keys_sql(pairs: str) -> str:
     values, whether all parse as numbers (and all are integers), the number buckets present and up to
     MAX_VALUES + 1 of its values, each with its bucket (0 when not a number). Each key's distinct values are
     gathered first (a set per key: cheaper than grouping by key and value, 1.0 against 1.3 CPU-s at 1 M spans with
-    40 attributes), so each is parsed once, however many requests carry it."""
-    ok = parses_sql("v")
-    return (f"SELECT k, present, nd, num, integral, keys, arrayMap(p -> p.1, vk) AS texts, "
-            f"arrayMap(p -> p.2, vk) AS text_keys FROM (SELECT k, any(present) AS present, count() AS nd, "
-            f"min(ok) AS num, min(if(ok, x = floor(x), true)) AS integral, groupUniqArrayIf(nk, ok) AS keys, "
-            f"groupArray({A.MAX_VALUES + 1})((v, nk)) AS vk "
-            f"FROM (SELECT k, present, v, {ok} AS ok, toFloat64OrZero(v) AS x, if(ok, {number_key_sql('v')}, 0) AS nk "
-            f"FROM (SELECT k, count() AS present, groupUniqArray(v) AS vals FROM ({pairs}) GROUP BY k) "
-            "ARRAY JOIN vals AS v) GROUP BY k)")
+    40 attributes), so each is parsed once, however many requests carry it: in lambdas over the set, not per row of
+    an ARRAY JOIN. Older releases (24.8) pay for planning each reference to a column of a subquery as large as
+    `pairs`, and the value's parse and bucket name it about ten times: spelled per row, the statement cost 1.2
+    CPU-s on 24.8, nearly all of it planning, against 0.2 on the newest release; a lambda's argument is no such
+    reference (0.5 on 24.8, the same 0.2 on the newest)."""
+    n = A.MAX_VALUES + 1
+    x = "toFloat64OrZero(v)"
+    nk = number_key_sql("v")
+    return (f"SELECT k, present, length(vals) AS nd, arrayAll(o -> o, oks) AS num, "
+            f"arrayAll((v, o) -> if(o, {x} = floor({x}), true), vals, oks) AS integral, "
+            f"arrayDistinct(arrayFilter((b, o) -> o, nks, oks)) AS keys, arraySlice(vals, 1, {n}) AS texts, "
+            f"arraySlice(nks, 1, {n}) AS text_keys "
+            f"FROM (SELECT k, present, vals, oks, arrayMap((v, o) -> if(o, {nk}, 0), vals, oks) AS nks "
+            f"FROM (SELECT k, present, vals, arrayMap(v -> {parses_sql('v')}, vals) AS oks "
+            f"FROM (SELECT k, count() AS present, groupUniqArray(v) AS vals FROM ({pairs}) GROUP BY k)))")
 
 
 def _value_code_sql(value: str, r: dict[str, Any], order: Sequence[Any]) -> str:
@@ -362,6 +368,7 @@ class _Reader:
         cols: list[str] = []
         per_source: dict[str, list[str]] = {"request": [], "stage": []}
         keys: dict[str, list[str]] = {"request": [], "stage": []}
+        cases: list[str] = []  # per coded request key, its place and the SQL of 1 + the code of its value `x`
         for source, pairs in (("request", request_pairs), ("stage", f"SELECT k, v FROM {ATTR_STAGE}")):
             try:
                 self.found[source] = self.client.query(_keys_sql(pairs)).to_pylist()
@@ -381,9 +388,9 @@ class _Reader:
                 self.width[name] = len(order)
                 keys[source].append(key)
                 j = len(keys[source])  # the key's place among its source's coded keys (`pos`)
-                if source == "request":  # 1 + its code where the request span holds the key, else 0
-                    at = f"indexOf(pos, {j})"
-                    code = f"if({at} = 0, toInt16(0), {_value_code_sql(f'vs[{at}]', r, order)})"
+                if source == "request":  # 1 + its code where the request span holds the key, else 0 (`m`)
+                    cases.append(f"p = {j}, toInt16({_value_code_sql('x', r, order)})")
+                    code = f"m[{j}]"
                 else:  # one row per request and key in ATTR_STAGE
                     code = f"maxIf({_value_code_sql('v', r, order)}, pos = {j})"
                 per_source[source].append(f"toInt16({code}) AS {name}")
@@ -401,9 +408,16 @@ class _Reader:
                     f"{_array(list(range(1, len(keys[src]) + 1)), 'UInt16')}, toUInt16(0))")
 
         if per_source["request"]:  # unmatched rows read 0 (join_use_nulls off): no code
+            # each span's codes as a map by the key's place, every value coded in one lambda (a lambda's argument
+            # costs nothing to plan; each reference to a column of this subquery, as large as `request_maps`, costs
+            # the older releases about 0.01 CPU-s: one per key, not three to ten); the first of a repeated key
+            # wins, as indexOf finds it, and a key the span lacks reads 0
+            codes = (f"mapFromArrays(pos, arrayMap((p, x) -> multiIf({', '.join(cases)}, toInt16(0)), pos, vs)) "
+                     "AS m")
             sql += (f" ANY LEFT JOIN (SELECT TraceId, SpanId, {', '.join(per_source['request'])} FROM (SELECT TraceId, "
-                    f"SpanId, arrayMap(x -> {place('request', 'x')}, mapKeys(a)) AS pos, mapValues(a) AS vs "
-                    f"FROM ({request_maps}))) AS r ON r.TraceId = f.trace_id AND r.SpanId = f.span_id")
+                    f"SpanId, {codes} FROM (SELECT TraceId, SpanId, arrayMap(x -> {place('request', 'x')}, "
+                    f"mapKeys(a)) AS pos, mapValues(a) AS vs FROM ({request_maps})))) AS r "
+                    "ON r.TraceId = f.trace_id AND r.SpanId = f.span_id")
         if per_source["stage"]:
             sql += (f" ANY LEFT JOIN (SELECT t, sid, {', '.join(per_source['stage'])} FROM (SELECT t, sid, v, "
                     f"{place('stage', 'k')} AS pos FROM {ATTR_STAGE}) GROUP BY t, sid) AS s "
