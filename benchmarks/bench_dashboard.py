@@ -151,9 +151,9 @@ def clear_caches(drop_kept_cost: Workbench | None = None) -> str:
     for name in resources:
         getattr(data, name).clear()
     sweeps = "the live hours' GPU-time sweep of the store's warm-up (Workbench.cost_runs)"
+    dropped = drop_kept_cost is not None
     if drop_kept_cost is not None:
         drop_kept_cost.cost_runs = data.KeptCostRuns()
-    dropped = drop_kept_cost is not None
     return (f"st.cache_data cleared; st.cache_resource cleared: {', '.join(resources)}"
             f"{'; emptied: ' + sweeps if dropped else ''}; kept: the opened store (data.workbench)"
             f"{'' if dropped else ', ' + sweeps}; DuckDB's and the OS's file caches stay warm (the store was just "

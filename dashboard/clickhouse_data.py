@@ -211,19 +211,17 @@ class ClickHouseBench:
         """`workload`."""
         return workload(self, f, FILTER_DIMENSIONS)
 
-    def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None) -> Any:
-        """`cost` at one price for every key (a table has no price file)."""
+    def cost(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int | None,
+             keys: tuple[str, ...] | None = None) -> Any:
+        """`cost` at one price for every key (a table has no price file); `keys`: as `cost`'s."""
         from analysis.cost import prices_for
 
-        return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s)
+        return cost(self, f, by, prices_for(None, None, gpu_hour_usd), bucket_s, keys)
 
     def cost_page(self, f: Filters, by: str, gpu_hour_usd: float | None, bucket_s: int,
                   keys: tuple[str, ...] | None = None) -> tuple[Any, pd.DataFrame]:
         """`cost` twice: the table (with `keys`, their totals), then the series (the server sweeps each)."""
-        from analysis.cost import prices_for
-
-        prices = prices_for(None, None, gpu_hour_usd)
-        return cost(self, f, by, prices, None, keys), cost(self, f, by, prices, bucket_s)
+        return self.cost(f, by, gpu_hour_usd, None, keys), self.cost(f, by, gpu_hour_usd, bucket_s)
 
     def run_sql(self, sql: str, timeout_s: float, limit: int) -> tuple[pd.DataFrame, bool]:
         """`run_sql`."""
