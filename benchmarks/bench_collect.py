@@ -51,6 +51,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from benchmarks import exit_on_termination
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 STAGES = ("network", "queue_wait", "preprocess", "prefill", "decode", "streaming")
@@ -684,4 +686,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_termination()
     main()

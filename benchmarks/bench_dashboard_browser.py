@@ -62,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import exit_on_termination
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 #: our packages: a server of another tree must load none of their compiled parts from this one
@@ -569,4 +571,5 @@ def versus(this: Results, other: Results) -> list[str]:
 
 
 if __name__ == "__main__":
+    exit_on_termination()
     main()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks import exit_on_termination
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -107,4 +109,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_termination()
     main()
