@@ -4,21 +4,16 @@
 from __future__ import annotations
 
 import http.client
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
-
 from sample_traces import tgi_incident
 from sample_traces.generate import DURATION_S, RATE
 from sample_traces.incidents import SimRequest, run
-from tailscope.cli import app
 from tests.intake.collect_helpers import running
-from tests.sample_traces.cli_checks import STAGES, ns_of, sql
+from tests.sample_traces.cli_checks import STAGES, first_spike, sql
 
-runner = CliRunner()
 #: (store, truth + requests that reached a replica, simulated replica → its address)
 Incident = tuple[Path, dict[str, Any], dict[str, str]]
 
@@ -50,19 +45,8 @@ def check_mapped_and_named(incident: Incident) -> None:
     assert row == {"n": truth["reached"], "replicas": len(addresses), "bad_sums": 0, "unnamed": 0}
 
 
-def report_spike(incident: Incident) -> dict[str, Any]:
-    """`tailscope report --json`'s first spike, checked against the truth's window and replica address."""
+def report_spike(incident: Incident, stage: str | None = None) -> dict[str, Any]:
+    """`tailscope report --json`'s first spike, checked against the truth's window, `stage` (default: the truth's)
+    and the slow replica's address (`cli_checks.first_spike`)."""
     store, truth, addresses = incident
-    result = runner.invoke(app, ["report", "--store", str(store), "--json"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["spikes"], report["errors"]
-    spike: dict[str, Any] = report["spikes"][0]
-    window = truth["window"]
-    slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
-    assert window["start_ns"] - slack <= start_ns < window["end_ns"]
-    assert window["start_ns"] < end_ns <= window["end_ns"] + slack
-    first = spike["dimensions"][0]
-    assert (first["dimension"], first["value"]) == (truth["dimension"], addresses[truth["value"]])
-    return spike
+    return first_spike(store, truth, stage=stage, value=addresses[truth["value"]])

@@ -15,17 +15,14 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from sample_traces import sglang_incident
-from tailscope.cli import app
 from tests import samples_cache
-from tests.sample_traces.cli_checks import STAGES, ns_of, sql
+from tests.sample_traces.cli_checks import STAGES, first_spike, sql
 from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
-runner = CliRunner()
 TRACES = sglang_incident.traces_path()
 TRUTH = json.loads(sglang_incident.truth_path().read_text())
 
@@ -44,19 +41,7 @@ def test_every_request_is_mapped_and_named_by_its_pod(store: Path) -> None:
 
 
 def test_report_finds_the_window_the_stage_and_the_pod(store: Path) -> None:
-    result = runner.invoke(app, ["report", "--store", str(store), "--json"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["spikes"], report["errors"]
-    spike = report["spikes"][0]
-    window = TRUTH["window"]
-    slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
-    assert window["start_ns"] - slack <= start_ns < window["end_ns"]
-    assert window["start_ns"] < end_ns <= window["end_ns"] + slack
-    assert spike["stages"][0]["stage"] == TRUTH["stage"]
-    first = spike["dimensions"][0]
-    assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
+    first_spike(store, TRUTH)
 
 
 @pytest.mark.parametrize("seed", [engine_seed("sglang", s) for s in ENGINE_SEEDS])

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from sample_traces import vllm_incident
-from tailscope.cli import app
 from tests import samples_cache
-from tests.sample_traces.cli_checks import STAGES, ns_of, sql
+from tests.sample_traces.cli_checks import STAGES, first_spike, sql
 from tests.sample_traces.engine_seeds import ENGINE_SEEDS, check_engine, engine_seed
 
 pytestmark = pytest.mark.slow  # an end-to-end run (CONTRIBUTING.md: make test-fast leaves it out)
 
-runner = CliRunner()
 TRACES = vllm_incident.traces_path()
 TRUTH = json.loads(vllm_incident.truth_path().read_text())
 
@@ -56,29 +52,12 @@ def test_the_slow_replica_shows_in_its_decode_time(store: Path) -> None:
     assert per_token[(False, True)] < 1.5 * per_token[(False, False)]
 
 
-def _report(store: Path) -> dict[str, Any]:
-    result = runner.invoke(app, ["report", "--store", str(store), "--json"])
-    assert result.exit_code == 0, result.output
-    report: dict[str, Any] = json.loads(result.stdout)
-    return report
-
-
 # History: with analysis/stats/spikes.py at 4260491 the report found nothing here (window p99s 30.8/35.3/26.6 s
 # against a baseline of 17.3 s; bootstrap p 0.025/0.027 per window > 0.01/10); since 49c13b9 (median-relative
 # baseline, run-level bootstrap) it reports 14:05-14:08, decode 0.97 of the excess, replica-07 first; with the
 # scan test the same window, at the scan's floor p = 0.001. Bounds: one report window of slack each side.
 def test_report_finds_the_window_the_stage_and_the_replica(store: Path) -> None:
-    report = _report(store)
-    assert report["spikes"], report["errors"]
-    spike = report["spikes"][0]
-    window = TRUTH["window"]
-    slack = report["window_s"] * 1_000_000_000
-    start_ns, end_ns = ns_of(spike["start"]), ns_of(spike["end"])
-    assert window["start_ns"] - slack <= start_ns < window["end_ns"]
-    assert window["start_ns"] < end_ns <= window["end_ns"] + slack
-    assert spike["stages"][0]["stage"] == TRUTH["stage"]
-    first = spike["dimensions"][0]
-    assert (first["dimension"], first["value"]) == (TRUTH["dimension"], TRUTH["value"])
+    first_spike(store, TRUTH)
 
 
 @pytest.mark.parametrize("seed", [engine_seed("vllm", s) for s in ENGINE_SEEDS])
