@@ -161,13 +161,7 @@ def hour_where(hours: list[int]) -> str:
     """SQL condition on span columns: the span starts in one of `hours`."""
     if not hours:
         return "FALSE"
-    runs: list[list[int]] = []
-    for h in sorted(set(hours)):
-        if runs and runs[-1][1] == h:
-            runs[-1][1] = h + HOUR_NS
-        else:
-            runs.append([h, h + HOUR_NS])
-    return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in runs) + ")"
+    return "(" + " OR ".join(f"(TimestampNs >= {a} AND TimestampNs < {b})" for a, b in M.hour_runs(hours)) + ")"
 
 
 def _hour_source(snap: Snapshot, hour_ns: int) -> tuple[str, str]:
