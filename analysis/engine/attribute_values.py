@@ -447,31 +447,49 @@ def keep_live_values(con: duckdb.DuckDBPyConnection, rows: str, gone: Sequence[i
             con.execute(f"DELETE FROM {table} WHERE hour IN (SELECT unnest(?))", [list(gone)])
     if staged is not None:
         for name, table in into.items():
-            verb = f"INSERT INTO {table}" if table in have else f"CREATE TABLE {table} AS"
-            con.execute(f"{verb} SELECT * FROM {staged[name]}")
-            con.execute(f"DROP TABLE {staged[name]}")
+            if table in have and con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]:
+                con.execute(f"INSERT INTO {table} SELECT * FROM {staged[name]}")
+                con.execute(f"DROP TABLE {staged[name]}")
+                continue
+            # nothing of the other hours to keep (every stale hour recomputed): the staged table becomes the kept
+            # one, renamed, not copied (the request maps of a big live hour cost a tenth of a CPU-second to copy)
+            if table in have:
+                con.execute(f"DROP TABLE {table}")
+            con.execute(f"ALTER TABLE {staged[name]} RENAME TO {table}")
         return
     keys = "SELECT * FROM _live_value_keys"
+    con.execute("CREATE OR REPLACE TEMP TABLE _live_value_keys AS SELECT row_number() OVER () AS rid, trace_id, "
+                f"span_id, start_ns FROM {rows} WHERE start_ns // {hour} * {hour} IN (SELECT unnest(?))",
+                [list(hours)])
+    # a request's row, keyed by its ids and its hour (a span stored twice, once in each of two hours, is two requests)
+    keyed = "JOIN _live_value_keys k USING (rid)"
     for h in hours:
-        con.execute("CREATE OR REPLACE TEMP TABLE _live_value_keys AS SELECT row_number() OVER () AS rid, trace_id, "
-                    f"span_id, start_ns FROM {rows} WHERE start_ns >= {h} AND start_ns < {h + hour}")
+        in_hour = f"{keys} WHERE start_ns >= {h} AND start_ns < {h + hour}"
         for name, sql in (
                 ("request", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.a FROM "
-                            f"({request_attribute_sql(keys, live_spans)}) s JOIN _live_value_keys k USING (rid)"),
-                ("stage", f"SELECT {h}::BIGINT AS hour, k.trace_id, k.span_id, s.k, s.v FROM "
-                          f"({stage_attribute_sql(keys, live_spans)}) s JOIN _live_value_keys k USING (rid)"),
+                            f"({request_attribute_sql(in_hour, live_spans)}) s {keyed}"),
                 ("resource", f"SELECT {h}::BIGINT AS hour, Replica AS replica, k, vs FROM "
                              f"({resource_attribute_sql(spans, f'TimestampNs >= {h} AND TimestampNs < {h + hour}')})"
                              )):
-            # the hour's bounds narrow the scan only (its requests' spans start in it, their stages beside it), as
-            # a report's time range does
-            p = {"lo": h, "hi": h + hour}
-            if into[name] in have:
-                con.execute(f"INSERT INTO {into[name]} {sql}", p)
-            else:
-                con.execute(f"CREATE TABLE {into[name]} AS {sql}", p)
-                have.add(into[name])
-        con.execute("DROP TABLE _live_value_keys")
+            # the hour's bounds narrow the scan only (its requests' spans start in it), as a report's time range does
+            _keep_into(con, into[name], sql, {"lo": h, "hi": h + hour}, have)
+    # the stage values of a run of consecutive hours in one query: a request's stage spans are those of its trace in
+    # its hour and the hour on each side (whatever the other rows), so an hour's query read its neighbours' spans again
+    for lo, hi in M.hour_runs(hours):
+        in_run = f"{keys} WHERE start_ns >= {lo} AND start_ns < {hi}"
+        _keep_into(con, into["stage"], f"SELECT k.start_ns // {hour} * {hour} AS hour, k.trace_id, k.span_id, s.k, "
+                                       f"s.v FROM ({stage_attribute_sql(in_run, live_spans)}) s {keyed}",
+                   {"lo": lo, "hi": hi}, have)
+    con.execute("DROP TABLE _live_value_keys")
+
+
+def _keep_into(con: duckdb.DuckDBPyConnection, table: str, sql: str, params: dict[str, int], have: set[str]) -> None:
+    """Add the rows of `sql` to `table`, made by this query when it is not in `have` (then added to it)."""
+    if table in have:
+        con.execute(f"INSERT INTO {table} {sql}", params)
+    else:
+        con.execute(f"CREATE TABLE {table} AS {sql}", params)
+        have.add(table)
 
 
 def live_values_sql(source: str, live_rows: str, values: Mapping[str, str] = LIVE_VALUES) -> str:

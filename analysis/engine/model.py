@@ -13,6 +13,8 @@ between engines: `DUCKDB` and `CLICKHOUSE`, re-exported here for the model's cal
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from analysis.engine.dialect import CLICKHOUSE as CLICKHOUSE
 from analysis.engine.dialect import CLICKHOUSE_SETTINGS as CLICKHOUSE_SETTINGS
 from analysis.engine.dialect import DUCKDB, Dialect, quote
@@ -30,6 +32,19 @@ def in_read_hours_sql(ts: str, start_ns: str, d: Dialect = DUCKDB) -> str:
     h = HOUR_NS
     hour = f"{d.int_div(start_ns, str(h))} * {h}"
     return f"{ts} >= {hour} + {min(READ_HOURS) * h} AND {ts} < {hour} + {(max(READ_HOURS) + 1) * h}"
+
+
+def hour_runs(hours: Iterable[int]) -> list[tuple[int, int]]:
+    """[start, end) ns of each run of consecutive hours (hour starts, ns) of `hours`, in order."""
+    runs: list[list[int]] = []
+    for h in sorted(set(hours)):
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + HOUR_NS
+        else:
+            runs.append([h, h + HOUR_NS])
+    return [(a, b) for a, b in runs]
+
+
 #: Columns of `requests`, in order.
 REQUEST_COLUMNS: tuple[str, ...] = (
     "trace_id", "span_id", "parent_span_id", "start", "start_ns", "end_ns", "e2e_ns", "status", "replica",

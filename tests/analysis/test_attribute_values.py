@@ -160,6 +160,53 @@ def test_the_report_is_the_same_with_and_without_materialized_hours(tmp_path: Pa
     assert after["spikes"][0]["dimensions"][0]["value"] == SLOW_NODE
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_kept_live_values_are_each_hours_own(tmp_path: Path, seed: int) -> None:
+    """`keep_live_values` reads the stage values of a run of consecutive hours in one query: its tables hold, for any
+    set of hours (consecutive or not), exactly the rows of each hour read on its own (the request, stage and resource
+    queries bounded to the hour), and each request's stage value is the rule's (agreed by its stage spans)."""
+    store, expected = hours_store(tmp_path / "s", seed, twice=5)
+    con = connect(store)
+    hours = sorted(int(h) for (h,) in con.sql(f"SELECT hour_ns FROM {LIVE_HOURS}").fetchall())
+    assert len(hours) >= 3
+    con.execute("CREATE TABLE keys AS SELECT trace_id, span_id, start_ns FROM requests")
+    cols = {"request": "hour, trace_id, span_id, a", "stage": "hour, trace_id, span_id, k, v",
+            "resource": "hour, replica, k, vs"}
+
+    def each_hour(h: int, source: str) -> list[tuple[Any, ...]]:
+        """The rows of hour `h` read on their own (the reference)."""
+        facts = (f"SELECT row_number() OVER () AS rid, trace_id, span_id, start_ns FROM keys "
+                 f"WHERE start_ns >= {h} AND start_ns < {h + HOUR_NS}")
+        p = {"lo": h, "hi": h + HOUR_NS}
+        if source == "resource":
+            where = f"TimestampNs >= {h} AND TimestampNs < {h + HOUR_NS}"
+            return con.sql(f"SELECT {h}::BIGINT, Replica, k, vs FROM ({AV.resource_attribute_sql('spans', where)})",
+                           params=p).fetchall()
+        sql = AV.request_attribute_sql(facts, AV.LIVE_SPANS) if source == "request" else \
+            AV.stage_attribute_sql(facts, AV.LIVE_SPANS)
+        got = "s.a" if source == "request" else "s.k, s.v"
+        return con.sql(f"SELECT {h}::BIGINT, f.trace_id, f.span_id, {got} FROM ({sql}) s JOIN ({facts}) f USING (rid)",
+                       params=p).fetchall()
+
+    def norm(rows: list[tuple[Any, ...]]) -> list[str]:
+        return sorted(json.dumps([sorted(c.items()) if isinstance(c, dict) else sorted(c) if isinstance(c, list)
+                                  else c for c in r], default=str) for r in rows)
+
+    for n, pick in enumerate((hours, [hours[0], hours[2]], hours[1:], [hours[-1]])):
+        into = {source: f"kept_{source}_{n}" for source in cols}
+        AV.keep_live_values(con, "keys", [], pick, into=into)
+        for source, table in into.items():
+            got = con.sql(f"SELECT {cols[source]} FROM {table}").fetchall()
+            assert norm(got) == norm([r for h in pick for r in each_hour(h, source)]), (pick, source)
+        phases = {str(t): str(v) for _, t, _, k, v in con.sql(f"SELECT {cols['stage']} FROM {into['stage']}").fetchall()
+                  if k == "phase"}
+        starts = dict(con.sql("SELECT trace_id, start_ns FROM keys").fetchall())
+        assert phases == {t: w["phase"] for t, w in expected.items()
+                          if "phase" in w and starts[t] // HOUR_NS * HOUR_NS in pick}
+        assert phases or n  # the rule's stage values were read (all hours: some request carries one)
+    con.close()
+
+
 def test_a_store_without_attributes_reads_no_value() -> None:
     assert AV.presence_only("tailscope.request") and AV.presence_only("gen_ai.request.model")
     assert AV.presence_only("server.duration_ms") and not AV.presence_only("k8s.node.name")

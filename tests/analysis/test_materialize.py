@@ -336,3 +336,27 @@ def test_the_c_sweep_gives_the_rows_of_the_model_sql(tmp_path: Path) -> None:
                                      "streaming_ns > 0 AND generation_ns > 0), count(*) FROM read_parquet(?)", [built])
     # each count on its own (409 and 84 of the 3,000 here); a tuple's `>` compared the second only on a tie
     assert n == 3000 and prefill > 100 and streaming > 50, (n, prefill, streaming)
+
+
+def test_the_sweeps_span_ids_are_the_columns_ids_with_64_bit_offsets() -> None:
+    """The kernel's span ids (`_span_ids`): the column's values (nulls kept) in one array, its offsets as int64
+    pointing into that array's data, whether DuckDB gave 32-bit string chunks or large strings, or nothing."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    rng = random.Random(5)
+    values = [None if rng.random() < 0.1 else "".join(rng.choice("abé") for _ in range(rng.randint(0, 20)))
+              for _ in range(2000)]
+    chunks = [pa.array(values[a:b], pa.string()) for a, b in ((0, 700), (700, 701), (701, 701), (701, 2000))]
+    for col in (pa.chunked_array(chunks), pa.chunked_array([c.cast(pa.large_string()) for c in chunks]),
+                pa.chunked_array([pa.array(values, pa.string()).slice(3)])):
+        ids, off = MZ._span_ids(col)
+        want = col.to_pylist()
+        assert ids.to_pylist() == want and off.dtype == np.int64 and off.size == len(want) + 1
+        data = ids.buffers()[2].to_pybytes()
+        assert [data[off[i]:off[i + 1]].decode() for i in range(len(want)) if want[i] is not None] == \
+            [v for v in want if v is not None]
+    ids, off = MZ._span_ids(pa.chunked_array([], pa.string()))
+    assert len(ids) == 0 and off.tolist() == [0]
