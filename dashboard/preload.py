@@ -49,7 +49,7 @@ PAGE_ELEMENTS: dict[str, tuple[str, ...]] = {
     "replicas": ("Radio", "Selectbox", *CHART),
     "whatif": ("Slider", "NumberInput", "Selectbox", "Metric"),
     "capacity": ("Radio", "NumberInput", "Metric", *CHART),
-    "cost": ("Radio", "NumberInput", "Metric", *CHART),
+    "cost": ("Radio", "NumberInput", "Metric"),  # its chart only once its expander is opened
     "sql": ("Selectbox", "TextArea"),
 }
 

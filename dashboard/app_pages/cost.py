@@ -82,34 +82,40 @@ if not priced:
 st.caption("GPU time: at each instant a replica's time is split equally among its requests in prefill, decode "
            "or (unsplit) generation; the p99 tail's share is the part spent on each group's slowest 1% (e2e).")
 assert series is not None
-if values:
-    series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
-# the cells the range's arrivals fill: none from its end on (the time filter's, else the end of the cell holding the
-# last request's start), where requests still running would draw their draining as a drop to zero; a cell the time
-# filter's end cuts is drawn, its GPUs read over the part of it observed (analysis.cost.cost_series)
-cell_ns = bucket * 1_000_000_000
-end_ns = f.until_ns if f.until_ns is not None else -(-(data.choices(*key)["max_ns"] + 1) // cell_ns) * cell_ns
-after = series["bucket_ns"] >= end_ns
-tail_s = float(series.loc[after & ~series["key"].isin(["(idle)", "(cold start)"]), "gpu_seconds"].sum())
-cut_ns = int(series.loc[after, "bucket_ns"].min()) if after.any() else end_ns
-series = series[~after].copy()
-series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
-series["clock"] = series["time"].dt.strftime("%H:%M:%S")
 st.subheader("GPU time over time")
-st.altair_chart(alt.Chart(series).mark_area().encode(
-    x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
-    y=alt.Y("sum(gpus):Q", stack=True, title="GPUs (GPU seconds a second)", axis=alt.Axis(format=",.1~f")),
-    color=alt.Color("key:N", title=by.replace("_", " ")),
-    tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
-             alt.Tooltip("gpus:Q", format=",.2f", title="GPUs"),
-             alt.Tooltip("gpu_seconds:Q", format=",.1f", title=f"GPU seconds in the {bucket} s")]),
-    width="stretch")
-st.caption(f"Each {bucket} s cell's GPU time over the part of it that was observed (from the first span of any "
-           "replica in the range to the last), so a cell at the edge of the data does not read low.")
-if after.any():
-    st.caption(formats.times(f"Not drawn: the cells from {charts.clock(cut_ns)} UTC on, which the range's arrivals "
-                             f"do not fill (requests still running: {tail_s:,.1f} GPU seconds, in the figures "
-                             "above)."))
+# lazy: the chart is sent and drawn only once the expander is opened (a page's first Vega-Lite chart costs a new
+# browser profile about as much as the rest of this page's first render together: docs/dashboard.md)
+over_time = st.expander(f"GPUs per {by.replace('_', ' ')}, each {bucket} s cell", key="cost_over_time",
+                        on_change="rerun")
+if over_time.open:
+    if values:
+        series = series[series["key"].isin([*values, "(idle)", "(cold start)"])]
+    # the cells the range's arrivals fill: none from its end on (the time filter's, else the end of the cell holding
+    # the last request's start), where requests still running would draw their draining as a drop to zero; a cell
+    # the time filter's end cuts is drawn, its GPUs read over the part of it observed (analysis.cost.cost_series)
+    cell_ns = bucket * 1_000_000_000
+    end_ns = f.until_ns if f.until_ns is not None else -(-(data.choices(*key)["max_ns"] + 1) // cell_ns) * cell_ns
+    after = series["bucket_ns"] >= end_ns
+    tail_s = float(series.loc[after & ~series["key"].isin(["(idle)", "(cold start)"]), "gpu_seconds"].sum())
+    cut_ns = int(series.loc[after, "bucket_ns"].min()) if after.any() else end_ns
+    series = series[~after].copy()
+    series["time"] = pd.to_datetime(series["bucket_ns"], unit="ns", utc=True)
+    series["clock"] = series["time"].dt.strftime("%H:%M:%S")
+    with over_time:
+        st.altair_chart(alt.Chart(series).mark_area().encode(
+            x=alt.X("time:T", title="UTC", scale=alt.Scale(type="utc"), axis=alt.Axis(format=charts.AXIS_CLOCK)),
+            y=alt.Y("sum(gpus):Q", stack=True, title="GPUs (GPU seconds a second)", axis=alt.Axis(format=",.1~f")),
+            color=alt.Color("key:N", title=by.replace("_", " ")),
+            tooltip=[alt.Tooltip("clock:N", title="time (UTC)"), alt.Tooltip("key:N", title=by.replace("_", " ")),
+                     alt.Tooltip("gpus:Q", format=",.2f", title="GPUs"),
+                     alt.Tooltip("gpu_seconds:Q", format=",.1f", title=f"GPU seconds in the {bucket} s")]),
+            width="stretch")
+        st.caption(f"Each {bucket} s cell's GPU time over the part of it that was observed (from the first span of "
+                   "any replica in the range to the last), so a cell at the edge of the data does not read low.")
+        if after.any():
+            st.caption(formats.times(f"Not drawn: the cells from {charts.clock(cut_ns)} UTC on, which the range's "
+                                     f"arrivals do not fill (requests still running: {tail_s:,.1f} GPU seconds, in "
+                                     "the figures above)."))
 st.subheader("Replicas")
 reps = pd.DataFrame(res["replicas"])
 formats.table(reps[["replica", "observed_seconds", "allocated_seconds", "cold_start_seconds", "idle_seconds",

@@ -104,9 +104,13 @@ else:
                     "excess.")
     else:
         st.caption("This window's p99 is not above the baseline's: there is no excess to share out. The chart "
-                   "still compares the two tails stage by stage.")
-    st.altair_chart(charts.stage_compare(stages, "spike tail" if ex.get("detected") else "window tail"),
-                    width="stretch")
+                   "below still compares the two tails stage by stage.")
+    # lazy: the chart is sent and drawn only once the expander is opened (a Vega-Lite view is the costliest element
+    # of a first render after the page's first chart: docs/dashboard.md); the sentence above names the top stage
+    by_stage = st.expander("Every stage: the tail against the baseline tail", key="spike_stages", on_change="rerun")
+    if by_stage.open:
+        by_stage.altair_chart(charts.stage_compare(stages, "spike tail" if ex.get("detected") else "window tail"),
+                              width="stretch")
 
 st.subheader("Who is in the tail: dimensions and counterfactual p99")
 columns = ["dimension", "value", "explained", "p99_without_ms", "baseline_p99_without_ms", "tail_share",

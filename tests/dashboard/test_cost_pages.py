@@ -66,6 +66,11 @@ def test_cost_page_shows_the_cost_table(incident_store: Path, monkeypatch: pytes
     assert dict(zip(table["tenant"], table["GPU seconds"], strict=True)) == {
         r["key"]: f"{r['gpu_ns'] / 1e9:,.1f}" for r in want["rows"]}
     assert sum(r["gpu_ns"] for r in want["rows"]) == want["totals"]["allocated_ns"]
+    # the chart over time sits in a closed expander: sent and drawn only once it is opened
+    assert not at.get("vega_lite_chart") and not [c for c in at.caption if c.value.startswith("Not drawn")]
+    at.session_state["cost_over_time"] = True
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
     # the time axis labels each tick by its granularity (a fixed HH:MM repeats itself at 30 s ticks)
     (chart,) = [c for c in at.get("vega_lite_chart") if "\"area\"" in c.proto.spec]
     area = json.loads(chart.proto.spec)
@@ -140,6 +145,7 @@ def test_cost_page_says_what_a_filter_narrows(incident_store: Path, monkeypatch:
     since, until = START_NS + 197 * 10**9, START_NS + 1_277 * 10**9
     at.query_params["tenant"] = "acme"
     at.query_params["since_ns"], at.query_params["until_ns"] = str(since), str(until)
+    at.session_state["cost_over_time"] = True  # the chart's expander opened
     at.switch_page("app_pages/cost.py").run()
     assert not at.exception, [e.message for e in at.exception]
     want = cost_table(connect(incident_store), by="tenant", since=since, until=until)

@@ -14,6 +14,7 @@ from analysis.engine.connect import connect
 from analysis.engine.percentiles import percentile_series
 from analysis.report import explain_window
 from analysis.stats.verdicts import against_baseline, detection_window_s
+from dashboard import data
 from dashboard.charts import STAGE_COLORS
 from tests.dashboard.conftest import APP, REQUESTS, shown_tables
 from tests.dashboard.incident_store import START_NS
@@ -194,6 +195,35 @@ def test_spike_page_names_the_slow_replica(incident_store: Path, monkeypatch: py
     assert "replica = replica-05" in lead
     stages = " ".join(m.value for m in at.markdown)
     assert "**decode**" in stages
+
+
+def test_spike_page_draws_every_stage_once_opened(incident_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the sentence naming the top stage, the chart of every stage (the tail against the baseline tail) sits in
+    a closed expander: sent and drawn only once it is opened, with the explanation's stage figures."""
+    import pyarrow as pa
+
+    at = _app(incident_store, monkeypatch)
+    at.switch_page("app_pages/spike.py").run()
+    assert not at.exception
+
+    def stage_charts() -> list:
+        return [c for c in at.get("vega_lite_chart") if "yOffset" in json.loads(c.proto.spec).get("encoding", {})]
+
+    assert len(at.get("vega_lite_chart")) == 2 and not stage_charts()  # the spike's chart and the counterfactual
+    at.session_state["spike_stages"] = True
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    (chart,) = stage_charts()
+    spec = json.loads(chart.proto.spec)
+    assert spec["encoding"]["opacity"]["scale"]["domain"] == ["baseline tail", "spike tail"]
+    drawn = pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pandas()
+    wb = data.workbench(str(incident_store))  # the explanation of the window shown (in the page's URL)
+    start_ns, end_ns = (int(str(at.query_params[k])) for k in ("start_ns", "end_ns"))
+    ex = data.explain(wb, str(incident_store), wb.version, data.Filters(), start_ns, end_ns)
+    assert ex["stages"]
+    assert sorted(zip(drawn["stage"], drawn["slice"], drawn["ms"], strict=True)) == sorted(
+        [(s["stage"], "spike tail", s["tail_ms"]) for s in ex["stages"]]
+        + [(s["stage"], "baseline tail", s["baseline_ms"]) for s in ex["stages"]])
 
 
 def test_spike_page_links_a_value_and_a_pair_to_their_filters(incident_store: Path,

@@ -224,7 +224,8 @@ def test_each_page_names_the_scripts_of_the_elements_its_first_render_draws(inci
                                                                              monkeypatch: Any) -> None:
     """A page whose element is not named in its HTML loads that element's script only once the session asks for it
     (a round of fetching on the path of its first render): every element a page draws is named, by the sidebar's
-    (`SIDEBAR`) or the page's own (`PAGE_ELEMENTS`); the sidebar's filters, in their closed popover, by `FILTERS`."""
+    (`SIDEBAR`) or the page's own (`PAGE_ELEMENTS`), and a page names none it does not draw; the sidebar's filters,
+    in their closed popover, by `FILTERS`."""
     from streamlit.testing.v1 import AppTest
 
     from tests.dashboard.conftest import APP
@@ -239,7 +240,12 @@ def test_each_page_names_the_scripts_of_the_elements_its_first_render_draws(inci
         drawn = _types(at.main, set())
         assert drawn - SCRIPTS.keys() - BUNDLED == set(), page  # a new kind of element: say which script it loads
         named = {*P.SIDEBAR, *P.PAGE_ELEMENTS["" if page == "overview" else page]}
-        assert {SCRIPTS[t] for t in drawn if t in SCRIPTS} - named == set(), page
+        scripts = {SCRIPTS[t] for t in drawn if t in SCRIPTS}
+        assert scripts - named == set(), page
+        # and the page names no script its first render does not draw (a chart's loaders come with its element):
+        # a new profile would fetch and compile it on the way for nothing
+        loaders = set(P.CHART) if "ArrowVegaLiteChart" in scripts else set()
+        assert named - scripts - set(P.SIDEBAR) - loaders == set(), page
     sidebar = _types(at.sidebar, set(), skip="popover")
     assert {SCRIPTS[t] for t in sidebar if t in SCRIPTS} == set(P.SIDEBAR)
     popover = {t for p in at.sidebar.get("popover") for t in _types(p, set())}
