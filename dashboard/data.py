@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import shutil
 import sys
 import tempfile
@@ -1410,6 +1411,66 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
     out["cold_start_ms"] = None if w.cold_start_ns is None else w.cold_start_ns / 1e6
     out["kernel"] = load_kernel() is not None
     return out
+
+
+def capacity_target(summary_: dict[str, Any], metric: str) -> float:
+    """The Capacity page's default p99 target (ms): the filtered requests' observed p99 of `metric` (e2e or ttft,
+    from `summary`) in whole ms, as every latency on the page reads, rounded up: the observed p99 meets its own
+    target (rounded down, a replay that reproduces the observed p99 missed it by a fraction of a ms and the page
+    said no count holds it); 1,000 ms when there is none."""
+    seen = summary_["e2e_p99_ms"] if metric == "e2e" else summary_["ttft_p99_ms"]
+    return float(math.ceil(seen or 1000.0))
+
+
+def capacity_price(db: Bench) -> float | None:
+    """The Capacity page's default USD per GPU-hour: the store's default price (`price_default`), None unset or 0."""
+    price = price_default(db)
+    return float(price) if price else None
+
+
+def scale_up_counts(curve: dict[str, Any]) -> tuple[int, int]:
+    """The Capacity page's default scale-up comparison, (start, top): from half to the fewest count for the target,
+    else (none holds it) to the observed count (a comparison from one replica to itself says nothing)."""
+    goal = curve["fewest_replicas"] or curve["observed_replicas"]
+    start = max(1, goal // 2)
+    return start, max(start, goal)
+
+
+def prewarm_capacity(db: Bench) -> None:
+    """The unfiltered Capacity page at its defaults (`capacity_target` for e2e, `capacity_price`): its curve
+    (`capacity_started`, on the pages' pool, where the page's own call finds it) and then its scale-up comparison
+    (`scale_up_counts`), into the query caches; nothing while the critical paths are still computed (the page
+    replays nothing then) or for no requests. Keyed by the store's version as the page's calls are: a refresh that
+    changed the data leaves it unused, never shown."""
+    key = (db, str(db.store), db.version)
+    f = Filters()
+    if getattr(db, "pending", None) or not detection(*key, f)["requests"]:
+        return
+    usd = capacity_price(db)
+    curve = capacity_started(*key, f, capacity_target(summary(*key, f), "e2e"), "e2e", usd).result()
+    if "error" not in curve:
+        capacity_scale_up(*key, f, *scale_up_counts(curve), usd)
+
+
+#: URL path of a page -> its unfiltered work, started when the page's HTML is asked for (`start_page_work`).
+PAGE_WORK: dict[str, Any] = {"capacity": prewarm_capacity}
+#: The thread that starts it (a page's own calls then find it computing: Streamlit's caches compute each key once).
+_PAGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page-work")
+
+
+def start_page_work(db: Bench, page: str) -> Future[None] | None:
+    """Start `page`'s unfiltered work (`PAGE_WORK`) in the background, or None when it has none: called when a browser
+    asks for the page's HTML without filters in its URL (dashboard/server.py), so that the work runs while the
+    browser loads the app and opens its session, instead of after. A failure is left for the page to report."""
+    work = PAGE_WORK.get(page)
+    if work is None:
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the page computes (and reports) it itself
+            work(db)
+
+    return _PAGE_WORK.submit(run)
 
 
 @st.cache_data(show_spinner="Replaying reactive scale-up…", max_entries=32)
