@@ -1422,8 +1422,9 @@ def capacity_target(summary_: dict[str, Any], metric: str) -> float:
     return float(math.ceil(seen or 1000.0))
 
 
-def capacity_price(db: Bench) -> float | None:
-    """The Capacity page's default USD per GPU-hour: the store's default price (`price_default`), None unset or 0."""
+def page_price(db: Bench) -> float | None:
+    """The Cost and Capacity pages' default USD per GPU-hour: the store's default price (`price_default`), None when
+    it is unset or 0 (the pages then show GPU time only)."""
     price = price_default(db)
     return float(price) if price else None
 
@@ -1437,23 +1438,35 @@ def scale_up_counts(curve: dict[str, Any]) -> tuple[int, int]:
 
 
 def prewarm_capacity(db: Bench) -> None:
-    """The unfiltered Capacity page at its defaults (`capacity_target` for e2e, `capacity_price`): its curve
+    """The unfiltered Capacity page at its defaults (`capacity_target` for e2e, `page_price`): its curve
     (`capacity_started`, on the pages' pool, where the page's own call finds it) and then its scale-up comparison
-    (`scale_up_counts`), into the query caches; nothing while the critical paths are still computed (the page
-    replays nothing then) or for no requests. Keyed by the store's version as the page's calls are: a refresh that
-    changed the data leaves it unused, never shown."""
+    (`scale_up_counts`), into the query caches; nothing for no requests. Keyed by the store's version as the page's
+    calls are: a refresh that changed the data leaves it unused, never shown."""
     key = (db, str(db.store), db.version)
     f = Filters()
-    if getattr(db, "pending", None) or not detection(*key, f)["requests"]:
+    if not detection(*key, f)["requests"]:
         return
-    usd = capacity_price(db)
+    usd = page_price(db)
     curve = capacity_started(*key, f, capacity_target(summary(*key, f), "e2e"), "e2e", usd).result()
     if "error" not in curve:
         capacity_scale_up(*key, f, *scale_up_counts(curve), usd)
 
 
+def prewarm_cost_page(db: Bench) -> None:
+    """The unfiltered Cost page at its defaults (grouped by the first of analysis.cost.COST_GROUPS, `page_price`):
+    its table and series (`cost_started`, on the pages' pool, where the page's own call finds it); nothing for no
+    requests. Keyed by the store's version as the page's calls are."""
+    from analysis.cost import COST_GROUPS
+
+    key = (db, str(db.store), db.version)
+    f = Filters()
+    if choices(*key)["requests"]:
+        # every argument as the page passes it: Streamlit's caches key on the arguments as passed
+        cost_started(*key, f, COST_GROUPS[0], cost_bucket_s(*key, f), page_price(db), None).result()
+
+
 #: URL path of a page -> its unfiltered work, started when the page's HTML is asked for (`start_page_work`).
-PAGE_WORK: dict[str, Any] = {"capacity": prewarm_capacity}
+PAGE_WORK: dict[str, Any] = {"capacity": prewarm_capacity, "cost": prewarm_cost_page}
 #: The thread that starts it (a page's own calls then find it computing: Streamlit's caches compute each key once).
 _PAGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page-work")
 
@@ -1461,9 +1474,11 @@ _PAGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-pag
 def start_page_work(db: Bench, page: str) -> Future[None] | None:
     """Start `page`'s unfiltered work (`PAGE_WORK`) in the background, or None when it has none: called when a browser
     asks for the page's HTML without filters in its URL (dashboard/server.py), so that the work runs while the
-    browser loads the app and opens its session, instead of after. A failure is left for the page to report."""
+    browser loads the app and opens its session, instead of after; nothing while the store's critical paths are
+    still computed (the Capacity page replays nothing then, and the background pass warms the caches once they are
+    done). A failure is left for the page to report."""
     work = PAGE_WORK.get(page)
-    if work is None:
+    if work is None or getattr(db, "pending", None):
         return None
 
     def run() -> None:

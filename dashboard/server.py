@@ -15,8 +15,9 @@ still to be computed (a big store never materialized) is served as soon as it op
 request facts meanwhile (docs/dashboard.md).
 
 Every page's HTML also names the element scripts the page draws (dashboard.preload), so that a new browser
-fetches and compiles them while it loads Streamlit's own; and the server's connections send each response at once
-(`nodelay_listeners`), not a Nagle delay after its headers.
+fetches and compiles them while it loads Streamlit's own; asking for the HTML of a page with long work (Capacity,
+Cost) starts that work on the opened store (`PageWork`), so that it runs while the browser loads; and the server's
+connections send each response at once (`nodelay_listeners`), not a Nagle delay after its headers.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def warm_store(argv: list[str] | None = None, wait_s: float = READY_WAIT_S) -> N
     """Open the store that `--store DIR` names in `argv` (the app's arguments; default sys.argv[1:]) as the first
     session would (dashboard.data.workbench), then wait up to `wait_s` for its warm-up to have the unfiltered
     Overview's numbers (not when its critical paths are still to be computed); nothing without --store (a
-    ClickHouse table, or the default store) or with another engine. A failure is left for the session that opens
-    the store to report."""
+    ClickHouse table, or the default store) or with another engine. The store opened is kept in `OPENED`. A failure
+    is left for the session that opens the store to report."""
     global OPENED
     args = sys.argv[1:] if argv is None else argv
     if not any(a == "--store" or a.startswith("--store=") for a in args):

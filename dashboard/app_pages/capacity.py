@@ -15,9 +15,9 @@ a, b, c = st.columns(3)
 metric = a.radio("p99 of", list(NAMES), horizontal=True, key="cap_metric", format_func=NAMES.__getitem__)
 target = b.number_input("p99 target (ms)", min_value=1.0, value=data.capacity_target(s, metric), step=100.0,
                         key="cap_target", format="%.0f")
-price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.capacity_price(db) or 0.0,
+price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.page_price(db) or 0.0,
                        step=0.1, key="cap_price")
-usd = float(price) if price else None  # as data.capacity_price: the unfiltered page's work started early is this one
+usd = float(price) if price else None  # as data.page_price: the unfiltered page's work started early is this one
 curve = data.finished(data.capacity_started(*key, f, float(target), metric, usd), data.detection(*key, f)["requests"],
                       "Replaying the queue for each replica count: the curve appears here when it is done.")
 if "error" in curve:

@@ -239,7 +239,8 @@ def test_the_capacity_pages_work_started_with_its_html_is_the_pages_own(incident
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The unfiltered Capacity page's work, started when a browser asks for its HTML (data.start_page_work), is the
     page's own: the page then replays and reads nothing (every replay and read of the workload fails from there) and
-    shows the curve and the scale-up comparison at its defaults. Other pages start nothing."""
+    shows the curve and the scale-up comparison at its defaults. Other pages start nothing, nor does a store whose
+    critical paths are still being computed."""
     import shutil
 
     import analysis.capacity as C
@@ -249,6 +250,9 @@ def test_the_capacity_pages_work_started_with_its_html_is_the_pages_own(incident
     wb = data.workbench(str(store.resolve()))
     assert wb.warmed.wait(300)
     assert data.start_page_work(wb, "spike") is None and data.start_page_work(wb, "") is None
+    wb.pending = {0}  # critical paths still to compute: the page replays nothing yet, so nothing starts
+    assert data.start_page_work(wb, "capacity") is None
+    wb.pending = set()
     job = data.start_page_work(wb, "capacity")
     assert job is not None
     job.result(300)
@@ -290,3 +294,33 @@ def test_a_replay_page_says_when_no_request_matches_the_filters(incident_store: 
     assert not at.exception, [e.message for e in at.exception]
     assert [i.value for i in at.info if "nothing to replay" in i.value] == [
         "No requests match the filters: nothing to replay."]
+
+
+def test_the_cost_pages_work_started_with_its_html_is_the_pages_own(incident_store: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the Capacity page's: the unfiltered Cost page's work started early (data.start_page_work) is the page's
+    own table and series, so the page computes no cost of its own and shows the table analysis.cost gives."""
+    import shutil
+
+    import analysis.cost as AC
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmed.wait(300)
+    job = data.start_page_work(wb, "cost")
+    assert job is not None
+    job.result(300)
+    want = cost_table(connect(store), by="tenant")
+
+    def no_work(*a: object, **k: object) -> None:
+        raise AssertionError("computed again")
+
+    for name in ("cost_page", "cost_table", "cost_series"):
+        monkeypatch.setattr(AC, name, no_work)
+    at = _app(store.resolve(), monkeypatch, "app_pages/cost.py")
+    assert not at.warning, [w.value for w in at.warning]
+    assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
+    table = shown_tables(at)[0]
+    assert dict(zip(table["tenant"], table["GPU seconds"], strict=True)) == {
+        r["key"]: f"{r['gpu_ns'] / 1e9:,.1f}" for r in want["rows"]}
