@@ -170,6 +170,8 @@ class Workbench:
     cost_lock: threading.Lock = field(default_factory=threading.Lock)
     #: the warm-up's sweep of those runs for the unfiltered Cost page (`warm_cost`), once started
     cost_warm: Future[None] | None = None
+    #: the warm-up's last step, after that sweep: the unfiltered Capacity page (`prewarm_capacity`), once started
+    capacity_warm: Future[None] | None = None
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -377,6 +379,18 @@ class Workbench:
                 prewarm_cost(self)
 
         self.cost_warm = _WARM_COST.submit(run)
+        self.warm_capacity()
+
+    def warm_capacity(self) -> None:
+        """Start `prewarm_capacity` in the same thread after the cost sweep, `capacity_warm`: the unfiltered Capacity
+        page's curve (its workload read and about thirty replays: 2-3 CPU-s at 1.4 M requests), computed once per
+        opening (not per refresh: a refresh that changed the data leaves it unused), so that a first visit of the
+        page finds it instead of waiting for it."""
+        def run() -> None:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm_capacity(self)
+
+        self.capacity_warm = _WARM_COST.submit(run)
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -1346,7 +1360,8 @@ BACKGROUND_STEP_S = 0.25
 #: How long a page waits for its background work before it leaves the note and stops (a rerun later reads the result).
 BACKGROUND_MAX_S = 3600.0
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
-#: The warm-up's cost sweep (`Workbench.warm_cost`): a thread of its own, so that it never queues a page's job.
+#: The warm-up's cost sweep, then its capacity curve (`Workbench.warm_cost`, `warm_capacity`): a thread of its own,
+#: so that it never queues a page's job (the curve's replays run on the pages' pool, where the page finds them).
 _WARM_COST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-warm-cost")
 
 

@@ -243,12 +243,11 @@ def test_the_capacity_pages_work_started_with_its_html_is_the_pages_own(incident
     critical paths are still being computed."""
     import shutil
 
-    import analysis.capacity as C
-
     store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
     shutil.copytree(incident_store, store)
+    monkeypatch.setattr(data.Workbench, "warm_capacity", lambda self: None)  # only the page's HTML starts it here
     wb = data.workbench(str(store.resolve()))
-    assert wb.warmed.wait(300)
+    assert wb.warmed.wait(300) and wb.capacity_warm is None
     assert data.start_page_work(wb, "spike") is None and data.start_page_work(wb, "") is None
     wb.pending = {0}  # critical paths still to compute: the page replays nothing yet, so nothing starts
     assert data.start_page_work(wb, "capacity") is None
@@ -256,6 +255,30 @@ def test_the_capacity_pages_work_started_with_its_html_is_the_pages_own(incident
     job = data.start_page_work(wb, "capacity")
     assert job is not None
     job.result(300)
+    _capacity_page_computes_nothing(store, wb, monkeypatch)
+
+
+def test_the_warm_up_computes_the_capacity_page_last(incident_store: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store opened ready: after the Overview, the report and the Cost page's sweep, the warm-up computes the
+    unfiltered Capacity page (curve and scale-up at its defaults), which then computes nothing of its own."""
+    import shutil
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmed.wait(300)
+    for step in (wb.cost_warm, wb.capacity_warm):
+        assert step is not None
+        step.result(300)
+    _capacity_page_computes_nothing(store, wb, monkeypatch)
+
+
+def _capacity_page_computes_nothing(store: Path, wb: data.Workbench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Capacity page over `store`, every replay and workload read failing: it shows what analysis.capacity gives
+    at its defaults (the curve's fewest count, the scale-up comparison), read from the caches."""
+    import analysis.capacity as C
+
     w = observed_workload(connect(store))
     key, f = (wb, str(wb.store), wb.version), data.Filters()
     target = data.capacity_target(data.summary(*key, f), "e2e")
