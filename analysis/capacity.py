@@ -93,13 +93,20 @@ def zero_wait_servers(arrivals: I64, services: I64) -> int:
     request j finds busy exactly the earlier requests i < j with e_i > a_j (each the last on its
     own server), and it waits iff those fill every server. Counted with one sort of the ends:
     #{i < j: e_i <= a_j} = #{all i: e_i <= a_j} - #{i >= j: a_i = a_j, s_i = 0}.
+    #{all i: e_i <= a_j} for every j at once: the ends and the arrivals, both sorted, merged by one stable sort (the
+    ends first among equals), a_j's place in it less j. Both sorts are adaptive ones (a stable sort of runs already
+    in order: the ends run nearly in arrival order), a few times cheaper here than a sort of arbitrary order and a
+    binary search per arrival.
     """
     n = int(arrivals.size)
     if n == 0:
         return 1
     a = np.asarray(arrivals, dtype=np.int64)
     s = np.asarray(services, dtype=np.int64)
-    ended = np.searchsorted(np.sort(a + s), a, side="right")
+    merged = np.argsort(np.concatenate([np.sort(a + s, kind="stable"), a]), kind="stable")
+    place = np.empty(2 * n, dtype=np.int64)
+    place[merged] = np.arange(2 * n)
+    ended = place[n:] - np.arange(n)
     zeros_from = np.concatenate([np.cumsum((s == 0)[::-1])[::-1], [0]])  # zero-service requests at index >= j
     group_end = np.searchsorted(a, a, side="right")  # first index after a_j's tie group
     ended_before = ended - (zeros_from[:n] - zeros_from[group_end])

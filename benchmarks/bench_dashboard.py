@@ -186,8 +186,9 @@ def run(store: Path, pages: tuple[str, ...] = PAGES, first_only: bool = False,
     for thread in (wb.worker, wb.warmer):  # the critical paths (a store not materialized), the warm-up
         if thread is not None:
             thread.join()
-    if wb.cost_warm is not None:  # the warm-up's last step: the live hours' GPU-time sweep for the Cost page
-        wb.cost_warm.result()
+    for step in (wb.cost_warm, wb.capacity_warm):  # the warm-up's last steps: the live hours' GPU-time sweep for
+        if step is not None:  # the Cost page, then the Capacity page's curve (else it could refill a cleared cache)
+            step.result()
     report = data.report_of(wb, str(store), wb.version, data.Filters()) or {}
     print(f"  (store: {wb.con.execute('SELECT count(*) FROM req').fetchone()} requests; spikes found: "
           f"{[(s['start'], s['end']) for s in report.get('spikes', [])]}; notes: {report.get('errors')})",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import shutil
 import sys
 import tempfile
@@ -169,6 +170,8 @@ class Workbench:
     cost_lock: threading.Lock = field(default_factory=threading.Lock)
     #: the warm-up's sweep of those runs for the unfiltered Cost page (`warm_cost`), once started
     cost_warm: Future[None] | None = None
+    #: the warm-up's last step, after that sweep: the unfiltered Capacity page (`prewarm_capacity`), once started
+    capacity_warm: Future[None] | None = None
     scratch: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -376,6 +379,18 @@ class Workbench:
                 prewarm_cost(self)
 
         self.cost_warm = _WARM_COST.submit(run)
+        self.warm_capacity()
+
+    def warm_capacity(self) -> None:
+        """Start `prewarm_capacity` in the same thread after the cost sweep, `capacity_warm`: the unfiltered Capacity
+        page's curve (its workload read and about thirty replays: 2-3 CPU-s at 1.4 M requests), computed once per
+        opening (not per refresh: a refresh that changed the data leaves it unused), so that a first visit of the
+        page finds it instead of waiting for it."""
+        def run() -> None:
+            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
+                prewarm_capacity(self)
+
+        self.capacity_warm = _WARM_COST.submit(run)
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -1345,7 +1360,8 @@ BACKGROUND_STEP_S = 0.25
 #: How long a page waits for its background work before it leaves the note and stops (a rerun later reads the result).
 BACKGROUND_MAX_S = 3600.0
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
-#: The warm-up's cost sweep (`Workbench.warm_cost`): a thread of its own, so that it never queues a page's job.
+#: The warm-up's cost sweep, then its capacity curve (`Workbench.warm_cost`, `warm_capacity`): a thread of its own,
+#: so that it never queues a page's job (the curve's replays run on the pages' pool, where the page finds them).
 _WARM_COST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-warm-cost")
 
 
@@ -1410,6 +1426,81 @@ def capacity_curve(_db: Bench, store: str, version: int, filters: Filters, targe
     out["cold_start_ms"] = None if w.cold_start_ns is None else w.cold_start_ns / 1e6
     out["kernel"] = load_kernel() is not None
     return out
+
+
+def capacity_target(summary_: dict[str, Any], metric: str) -> float:
+    """The Capacity page's default p99 target (ms): the filtered requests' observed p99 of `metric` (e2e or ttft,
+    from `summary`) in whole ms, as every latency on the page reads, rounded up: the observed p99 meets its own
+    target (rounded down, a replay that reproduces the observed p99 missed it by a fraction of a ms and the page
+    said no count holds it); 1,000 ms when there is none."""
+    seen = summary_["e2e_p99_ms"] if metric == "e2e" else summary_["ttft_p99_ms"]
+    return float(math.ceil(seen or 1000.0))
+
+
+def page_price(db: Bench) -> float | None:
+    """The Cost and Capacity pages' default USD per GPU-hour: the store's default price (`price_default`), None when
+    it is unset or 0 (the pages then show GPU time only)."""
+    price = price_default(db)
+    return float(price) if price else None
+
+
+def scale_up_counts(curve: dict[str, Any]) -> tuple[int, int]:
+    """The Capacity page's default scale-up comparison, (start, top): from half to the fewest count for the target,
+    else (none holds it) to the observed count (a comparison from one replica to itself says nothing)."""
+    goal = curve["fewest_replicas"] or curve["observed_replicas"]
+    start = max(1, goal // 2)
+    return start, max(start, goal)
+
+
+def prewarm_capacity(db: Bench) -> None:
+    """The unfiltered Capacity page at its defaults (`capacity_target` for e2e, `page_price`): its curve
+    (`capacity_started`, on the pages' pool, where the page's own call finds it) and then its scale-up comparison
+    (`scale_up_counts`), into the query caches; nothing for no requests. Keyed by the store's version as the page's
+    calls are: a refresh that changed the data leaves it unused, never shown."""
+    key = (db, str(db.store), db.version)
+    f = Filters()
+    if not detection(*key, f)["requests"]:
+        return
+    usd = page_price(db)
+    curve = capacity_started(*key, f, capacity_target(summary(*key, f), "e2e"), "e2e", usd).result()
+    if "error" not in curve:
+        capacity_scale_up(*key, f, *scale_up_counts(curve), usd)
+
+
+def prewarm_cost_page(db: Bench) -> None:
+    """The unfiltered Cost page at its defaults (grouped by the first of analysis.cost.COST_GROUPS, `page_price`):
+    its table and series (`cost_started`, on the pages' pool, where the page's own call finds it); nothing for no
+    requests. Keyed by the store's version as the page's calls are."""
+    from analysis.cost import COST_GROUPS
+
+    key = (db, str(db.store), db.version)
+    f = Filters()
+    if choices(*key)["requests"]:
+        # every argument as the page passes it: Streamlit's caches key on the arguments as passed
+        cost_started(*key, f, COST_GROUPS[0], cost_bucket_s(*key, f), page_price(db), None).result()
+
+
+#: URL path of a page -> its unfiltered work, started when the page's HTML is asked for (`start_page_work`).
+PAGE_WORK: dict[str, Any] = {"capacity": prewarm_capacity, "cost": prewarm_cost_page}
+#: The thread that starts it (a page's own calls then find it computing: Streamlit's caches compute each key once).
+_PAGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page-work")
+
+
+def start_page_work(db: Bench, page: str) -> Future[None] | None:
+    """Start `page`'s unfiltered work (`PAGE_WORK`) in the background, or None when it has none: called when a browser
+    asks for the page's HTML without filters in its URL (dashboard/server.py), so that the work runs while the
+    browser loads the app and opens its session, instead of after; nothing while the store's critical paths are
+    still computed (the Capacity page replays nothing then, and the background pass warms the caches once they are
+    done). A failure is left for the page to report."""
+    work = PAGE_WORK.get(page)
+    if work is None or getattr(db, "pending", None):
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the page computes (and reports) it itself
+            work(db)
+
+    return _PAGE_WORK.submit(run)
 
 
 @st.cache_data(show_spinner="Replaying reactive scale-up…", max_entries=32)

@@ -182,6 +182,14 @@ def page_heads(root: Path | None = None, pages: Mapping[str, tuple[str, ...]] = 
     return heads
 
 
+def page_of(scope: Mapping[str, Any]) -> str | None:
+    """The page whose HTML an ASGI request asks for (its URL path's last part: "" the default page), or None for a
+    request that is not an HTTP GET."""
+    if scope.get("type") != "http" or scope.get("method") != "GET":
+        return None
+    return str(scope.get("path", "")).rstrip("/").rsplit("/", 1)[-1]
+
+
 class PreloadHints:
     """ASGI middleware: the HTML answered for a page's URL gets that page's preload tags before `</head>`; every
     other response passes untouched. The HTML is asked for uncompressed (it is a few KB) so the tags can be added."""
@@ -191,8 +199,8 @@ class PreloadHints:
         self.heads = page_heads() if heads is None else dict(heads)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        page = str(scope.get("path", "")).rstrip("/").rsplit("/", 1)[-1]
-        tags = self.heads.get(page) if scope.get("type") == "http" and scope.get("method") == "GET" else None
+        page = page_of(scope)
+        tags = self.heads.get(page) if page is not None else None
         if not tags:
             await self.app(scope, receive, send)
             return

@@ -15,8 +15,9 @@ still to be computed (a big store never materialized) is served as soon as it op
 request facts meanwhile (docs/dashboard.md).
 
 Every page's HTML also names the element scripts the page draws (dashboard.preload), so that a new browser
-fetches and compiles them while it loads Streamlit's own; and the server's connections send each response at once
-(`nodelay_listeners`), not a Nagle delay after its headers.
+fetches and compiles them while it loads Streamlit's own; asking for the HTML of a page with long work (Capacity,
+Cost) starts that work on the opened store (`PageWork`), so that it runs while the browser loads; and the server's
+connections send each response at once (`nodelay_listeners`), not a Nagle delay after its headers.
 """
 
 from __future__ import annotations
@@ -31,18 +32,23 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.middleware import Middleware
 from streamlit.starlette import App
 
-from dashboard.preload import PreloadHints
+from dashboard.preload import PreloadHints, page_of
+
+if TYPE_CHECKING:
+    from dashboard.data import Workbench
 
 HERE = Path(__file__).parent
 #: the modules the router and every page import before drawing anything (app.py's own imports, and theirs)
 WARM_MODULES = ("dashboard.data", "dashboard.sidebar", "dashboard.charts", "dashboard.formats", "dashboard.links")
 #: the longest the server waits for its warm-up before it serves (seconds); a bigger store's goes on behind
 READY_WAIT_S = 30.0
+#: the store the start-up opened (`warm_store`), whose pages' unfiltered work `PageWork` starts
+OPENED: Workbench | None = None
 
 
 def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> None:
@@ -56,8 +62,9 @@ def warm_store(argv: list[str] | None = None, wait_s: float = READY_WAIT_S) -> N
     """Open the store that `--store DIR` names in `argv` (the app's arguments; default sys.argv[1:]) as the first
     session would (dashboard.data.workbench), then wait up to `wait_s` for its warm-up to have the unfiltered
     Overview's numbers (not when its critical paths are still to be computed); nothing without --store (a
-    ClickHouse table, or the default store) or with another engine. A failure is left for the session that opens
-    the store to report."""
+    ClickHouse table, or the default store) or with another engine. The store opened is kept in `OPENED`. A failure
+    is left for the session that opens the store to report."""
+    global OPENED
     args = sys.argv[1:] if argv is None else argv
     if not any(a == "--store" or a.startswith("--store=") for a in args):
         return
@@ -65,7 +72,7 @@ def warm_store(argv: list[str] | None = None, wait_s: float = READY_WAIT_S) -> N
         from dashboard import data
 
         if data.engine_args(args)[0] == "duckdb":
-            wb = data.workbench(str(data.store_path(args)))
+            wb = OPENED = data.workbench(str(data.store_path(args)))
             if not wb.pending:
                 wb.overview_warmed.wait(wait_s)
 
@@ -105,6 +112,25 @@ def nodelay_listeners(fd_dir: str = "/proc/self/fd" if os.path.isdir("/proc/self
     return done
 
 
+class PageWork:
+    """ASGI middleware: a browser asking for a page's HTML with no query string (no filters in its URL) starts that
+    page's unfiltered work on the store the start-up opened (dashboard.data.start_page_work: the Capacity page's
+    replays), which then runs while the browser loads the app and opens its session; the request itself passes
+    untouched. A session's own clicks fetch no HTML: only a page opened by its URL (a new tab, a reload, a link)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        page, db = page_of(scope), OPENED
+        if page and db is not None and not scope.get("query_string"):
+            from dashboard import data  # imported by the start-up that opened the store
+
+            if page in data.PAGE_WORK:
+                data.start_page_work(db, page)
+        await self.app(scope, receive, send)
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(_app: App) -> AsyncIterator[dict[str, Any]]:
     """Turn Nagle off for the connections to come (`nodelay_listeners`), start the warm-up in a thread and serve once
@@ -116,4 +142,4 @@ async def _lifespan(_app: App) -> AsyncIterator[dict[str, Any]]:
     yield {}
 
 
-app = App(HERE / "app.py", lifespan=_lifespan, middleware=[Middleware(PreloadHints)])
+app = App(HERE / "app.py", lifespan=_lifespan, middleware=[Middleware(PageWork), Middleware(PreloadHints)])

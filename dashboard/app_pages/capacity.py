@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -11,18 +9,15 @@ import streamlit as st
 from analysis.capacity import METRIC_NAMES as NAMES
 from dashboard import charts, data, formats, sidebar
 
-db, f, key, reps = sidebar.replay_page("Capacity")
+db, f, key = sidebar.replay_page("Capacity")
 s = data.summary(*key, f)
 a, b, c = st.columns(3)
 metric = a.radio("p99 of", list(NAMES), horizontal=True, key="cap_metric", format_func=NAMES.__getitem__)
-seen = s["e2e_p99_ms"] if metric == "e2e" else s["ttft_p99_ms"]
-# whole ms, as every latency on the page reads, rounded up: the observed p99 meets its own target (rounded down, a
-# replay that reproduces the observed p99 missed it by a fraction of a ms and the page said no count holds it)
-target = b.number_input("p99 target (ms)", min_value=1.0, value=float(math.ceil(seen or 1000.0)), step=100.0,
+target = b.number_input("p99 target (ms)", min_value=1.0, value=data.capacity_target(s, metric), step=100.0,
                         key="cap_target", format="%.0f")
-price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.price_default(db) or 0.0,
+price = c.number_input("USD per GPU-hour", min_value=0.0, value=data.page_price(db) or 0.0,
                        step=0.1, key="cap_price")
-usd = float(price) if price else None
+usd = float(price) if price else None  # as data.page_price: the unfiltered page's work started early is this one
 curve = data.finished(data.capacity_started(*key, f, float(target), metric, usd), data.detection(*key, f)["requests"],
                       "Replaying the queue for each replica count: the curve appears here when it is done.")
 if "error" in curve:
@@ -89,12 +84,9 @@ st.caption(f"A replica started when a request finds every slot busy serves after
            "Added replicas stay up to the end of the range, so the reactive cost is an upper bound. Service times are "
            "replayed as in the curve above (with the measured relation where the traces show it).")
 x, y = st.columns(2)
-# up to the fewest count for the target, else (none holds it) the observed count: a comparison from one replica to
-# itself says nothing
-goal = fewest or curve["observed_replicas"]
-start = x.number_input("start with", min_value=1, max_value=64, value=max(1, goal // 2), key="cap_start")
-top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), goal),
-                     key="cap_top")
+first, last = data.scale_up_counts(curve)
+start = x.number_input("start with", min_value=1, max_value=64, value=first, key="cap_start")
+top = y.number_input("scale up to", min_value=int(start), max_value=128, value=max(int(start), last), key="cap_top")
 up = data.capacity_scale_up(*key, f, int(start), int(top), usd)
 if "error" in up:
     st.warning(up["error"])

@@ -17,12 +17,11 @@ if not data.choices(*key)["requests"]:
     st.info("No requests in the store yet: no GPU time to share out.")
     st.stop()
 left, right = st.columns(2)
-by = left.radio("Per", ["tenant", "model", "model_version", "replica"], horizontal=True, key="cost_by",
-                format_func=lambda v: v.replace("_", " "))
-default = data.price_default(db)
-price = right.number_input("USD per GPU-hour", min_value=0.0, value=default or 0.0, step=0.1, key="cost_price",
-                           help="0 shows GPU time only. Per-replica and per-model prices: STORE/prices.toml "
-                                "(docs/cost.md; a store only).")
+# the first choice and the price as data.prewarm_cost_page's: the unfiltered page's work started early is this one
+by = left.radio("Per", list(COST_GROUPS), horizontal=True, key="cost_by", format_func=lambda v: v.replace("_", " "))
+price = right.number_input("USD per GPU-hour", min_value=0.0, value=data.page_price(db) or 0.0, step=0.1,
+                           key="cost_price", help="0 shows GPU time only. Per-replica and per-model prices: "
+                                                  "STORE/prices.toml (docs/cost.md; a store only).")
 usd = float(price) if price else None
 bucket = data.cost_bucket_s(*key, f)
 in_range = data.detection(*key, data.Filters(f.since_ns, f.until_ns))["requests"]  # the sweep's requests

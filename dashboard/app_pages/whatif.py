@@ -6,8 +6,8 @@ import streamlit as st
 
 from dashboard import charts, data, formats, sidebar
 
-db, f, key, reps = sidebar.replay_page("What-if")
-observed = len(reps)
+db, f, key = sidebar.replay_page("What-if")
+observed = len(data.replicas(*key, f))  # the replicas serving the filtered requests
 spikes = data.spike_marks(*key, f)["spikes"]  # windows only: no explanation needed here
 windows: dict[str, data.Filters] = {}
 for sp in spikes:

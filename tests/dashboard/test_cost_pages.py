@@ -239,3 +239,117 @@ def test_the_warm_up_keeps_the_live_hours_sweep_for_the_cost_page(tmp_path: Path
     add_request(more, "late", 3 * h - 30 * s, 3 * h - 10 * s, [("generation", 3 * h - 29 * s, 3 * h - 11 * s)])
     write(tmp_path, more)
     assert wb.refresh() and not wb.cost_runs
+
+
+def test_the_capacity_pages_work_started_with_its_html_is_the_pages_own(incident_store: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unfiltered Capacity page's work, started when a browser asks for its HTML (data.start_page_work), is the
+    page's own: the page then replays and reads nothing (every replay and read of the workload fails from there) and
+    shows the curve and the scale-up comparison at its defaults. Other pages start nothing, nor does a store whose
+    critical paths are still being computed."""
+    import shutil
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    monkeypatch.setattr(data.Workbench, "warm_capacity", lambda self: None)  # only the page's HTML starts it here
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmed.wait(300) and wb.capacity_warm is None
+    assert data.start_page_work(wb, "spike") is None and data.start_page_work(wb, "") is None
+    wb.pending = {0}  # critical paths still to compute: the page replays nothing yet, so nothing starts
+    assert data.start_page_work(wb, "capacity") is None
+    wb.pending = set()
+    job = data.start_page_work(wb, "capacity")
+    assert job is not None
+    job.result(300)
+    _capacity_page_computes_nothing(store, wb, monkeypatch)
+
+
+def test_the_warm_up_computes_the_capacity_page_last(incident_store: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store opened ready: after the Overview, the report and the Cost page's sweep, the warm-up computes the
+    unfiltered Capacity page (curve and scale-up at its defaults), which then computes nothing of its own."""
+    import shutil
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmed.wait(300)
+    for step in (wb.cost_warm, wb.capacity_warm):
+        assert step is not None
+        step.result(300)
+    _capacity_page_computes_nothing(store, wb, monkeypatch)
+
+
+def _capacity_page_computes_nothing(store: Path, wb: data.Workbench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Capacity page over `store`, every replay and workload read failing: it shows what analysis.capacity gives
+    at its defaults (the curve's fewest count, the scale-up comparison), read from the caches."""
+    import analysis.capacity as C
+
+    w = observed_workload(connect(store))
+    key, f = (wb, str(wb.store), wb.version), data.Filters()
+    target = data.capacity_target(data.summary(*key, f), "e2e")
+    want = capacity_curve(w, range(1, 65), target_p99_ms=target)
+    start, top = data.scale_up_counts(want)
+    up = scale_up(w, start, top)
+
+    def no_work(*a: object, **k: object) -> None:
+        raise AssertionError("computed again")
+
+    for name in ("capacity_curve", "scale_up", "observed_workload", "replay_batched", "replay"):
+        monkeypatch.setattr(C, name, no_work)
+    at = _app(store.resolve(), monkeypatch, "app_pages/capacity.py")
+    assert at.number_input(key="cap_target").value == target
+    assert _metric(at, "fewest replicas for the target") == ("none of 1–64" if want["fewest_replicas"] is None
+                                                             else str(want["fewest_replicas"]))
+    assert (at.number_input(key="cap_start").value, at.number_input(key="cap_top").value) == (start, top)
+    ups = [m.value for m in at.info if "reactive scale-up" in m.value]
+    assert ups and f"gives p99 {fmt_ms(up['reactive']['p99_ms'])} (adding {up['reactive']['added']})" in ups[0]
+
+
+@pytest.mark.parametrize("page", ["app_pages/capacity.py", "app_pages/whatif.py"])
+def test_a_replay_page_says_when_no_request_matches_the_filters(incident_store: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, page: str) -> None:
+    """A time range before the first request: the page says there is nothing to replay and replays nothing."""
+    import analysis.capacity as C
+
+    def no_work(*a: object, **k: object) -> None:
+        raise AssertionError("replayed")
+
+    monkeypatch.setattr(C, "observed_workload", no_work)
+    monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.query_params["since_ns"], at.query_params["until_ns"] = str(START_NS - 600 * 10**9), str(START_NS - 10**9)
+    at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [i.value for i in at.info if "nothing to replay" in i.value] == [
+        "No requests match the filters: nothing to replay."]
+
+
+def test_the_cost_pages_work_started_with_its_html_is_the_pages_own(incident_store: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the Capacity page's: the unfiltered Cost page's work started early (data.start_page_work) is the page's
+    own table and series, so the page computes no cost of its own and shows the table analysis.cost gives."""
+    import shutil
+
+    import analysis.cost as AC
+
+    store = tmp_path / "store"  # a path of its own: a workbench (cache_resource) not opened by another test
+    shutil.copytree(incident_store, store)
+    wb = data.workbench(str(store.resolve()))
+    assert wb.warmed.wait(300)
+    job = data.start_page_work(wb, "cost")
+    assert job is not None
+    job.result(300)
+    want = cost_table(connect(store), by="tenant")
+
+    def no_work(*a: object, **k: object) -> None:
+        raise AssertionError("computed again")
+
+    for name in ("cost_page", "cost_table", "cost_series"):
+        monkeypatch.setattr(AC, name, no_work)
+    at = _app(store.resolve(), monkeypatch, "app_pages/cost.py")
+    assert not at.warning, [w.value for w in at.warning]
+    assert _metric(at, "GPU-hours allocated") == f"{want['totals']['allocated_ns'] / 3.6e12:,.2f}"
+    table = shown_tables(at)[0]
+    assert dict(zip(table["tenant"], table["GPU seconds"], strict=True)) == {
+        r["key"]: f"{r['gpu_ns'] / 1e9:,.1f}" for r in want["rows"]}

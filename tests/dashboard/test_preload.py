@@ -1,5 +1,6 @@
 """dashboard.preload: the element scripts each page's HTML names, read from Streamlit's build, and the middleware
-that adds them to the HTML (and touches nothing else)."""
+that adds them to the HTML (and touches nothing else); dashboard.server's middleware that starts a page's work
+when its HTML is asked for."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dashboard import preload as P
 from tests.needs import need
@@ -250,3 +253,40 @@ def test_each_page_names_the_scripts_of_the_elements_its_first_render_draws(inci
     assert {SCRIPTS[t] for t in sidebar if t in SCRIPTS} == set(P.SIDEBAR)
     popover = {t for p in at.sidebar.get("popover") for t in _types(p, set())}
     assert {SCRIPTS[t] for t in popover if t in SCRIPTS} == set(P.FILTERS)
+
+
+def test_a_pages_html_without_filters_starts_its_work_on_the_store_the_start_up_opened(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """dashboard.server.PageWork: a GET of a page with work (the Capacity page's) starts it once the start-up has
+    opened a store; not with a query string (filters in the URL: other work), not for another method, a websocket,
+    a static file or a page without work; every request passes on untouched."""
+    from dashboard import data, server
+
+    started: list[tuple[object, str]] = []
+    monkeypatch.setattr(data, "start_page_work", lambda db, page: started.append((db, page)))
+    passed: list[dict[str, Any]] = []
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        passed.append(scope)
+
+    work = server.PageWork(inner)
+    asked: list[dict[str, Any]] = []
+
+    def ask(path: str, query: bytes = b"", method: str = "GET", kind: str = "http") -> None:
+        scope = {"type": kind, "method": method, "path": path, "query_string": query}
+        asked.append(scope)
+        asyncio.run(work(scope, None, None))
+
+    monkeypatch.setattr(server, "OPENED", None)
+    ask("/capacity")  # no store opened by the start-up (a ClickHouse table, the default store)
+    db = object()
+    monkeypatch.setattr(server, "OPENED", db)
+    ask("/capacity")
+    ask("/capacity", b"tenant=acme")
+    ask("/capacity", method="HEAD")
+    ask("/_stcore/stream", kind="websocket")
+    ask("/static/js/capacity.js")
+    ask("/spike")
+    ask("/")
+    assert started == [(db, "capacity")]
+    assert passed == asked
