@@ -47,8 +47,12 @@ CHILD = ("import sys, time\n"
          "print('done', flush=True)\n")
 
 
-def _reader(hour: Path, expect: int, stop: threading.Event, seen: list[int], errors: list[str]) -> None:
+def _reader(hour: Path, expect: int, go: threading.Event, stop: threading.Event, seen: list[int],
+            errors: list[str]) -> None:
+    """Count the hour's rows over and over, from `go` (the compactor about to start; a count never pauses, so
+    counting the untouched hour while the child imports would only take CPU from it) until `stop`."""
     con = duckdb.connect()
+    go.wait(60)
     for _ in range(100_000):  # bounded; ends when the trial does
         if stop.is_set():
             return
@@ -86,8 +90,8 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path: Path) -> N
         expect = sum(pq.read_metadata(f).num_rows for f in list_hour(hour).files)
         seen: list[int] = []
         errors: list[str] = []
-        stop, wrote = threading.Event(), Counter[tuple[str, str]]()
-        reader = threading.Thread(target=_reader, args=(hour, expect, stop, seen, errors))
+        go, stop, wrote = threading.Event(), threading.Event(), Counter[tuple[str, str]]()
+        reader = threading.Thread(target=_reader, args=(hour, expect, go, stop, seen, errors))
         writer = threading.Thread(target=_writer, args=(store, random.Random(trial), trial, stop, wrote))
         reader.start()
         writer.start()
@@ -95,6 +99,7 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path: Path) -> N
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(store), str(GRACE_S), quiet], cwd=ROOT,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        go.set()  # the reader counts from here: while the child imported, the hour could not change
         time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the pass: reading, writing, renaming, deleting
         if child.poll() is None:
             child.kill()
