@@ -1484,6 +1484,10 @@ def prewarm_cost_page(db: Bench) -> None:
 PAGE_WORK: dict[str, Any] = {"capacity": prewarm_capacity, "cost": prewarm_cost_page}
 #: The thread that starts it (a page's own calls then find it computing: Streamlit's caches compute each key once).
 _PAGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page-work")
+#: each store's and page's job while queued or running: a burst of requests for its HTML queues it once, not once a
+#: request (keyed by the workbench's id: the job holds the workbench, so the id is not reused while it may run)
+_PAGE_JOBS: dict[tuple[int, str], Future[None]] = {}
+_PAGE_JOBS_LOCK = threading.Lock()
 
 
 def start_page_work(db: Bench, page: str) -> Future[None] | None:
@@ -1491,7 +1495,8 @@ def start_page_work(db: Bench, page: str) -> Future[None] | None:
     asks for the page's HTML without filters in its URL (dashboard/server.py), so that the work runs while the
     browser loads the app and opens its session, instead of after; nothing while the store's critical paths are
     still computed (the Capacity page replays nothing then, and the background pass warms the caches once they are
-    done). A failure is left for the page to report."""
+    done). A failure is left for the page to report. While the page's job is queued or running, that job is
+    returned and nothing else is queued, so that whatever a client sends, the queue holds at most one job a page."""
     work = PAGE_WORK.get(page)
     if work is None or getattr(db, "pending", None):
         return None
@@ -1500,7 +1505,11 @@ def start_page_work(db: Bench, page: str) -> Future[None] | None:
         with contextlib.suppress(Exception):  # the page computes (and reports) it itself
             work(db)
 
-    return _PAGE_WORK.submit(run)
+    with _PAGE_JOBS_LOCK:
+        job = _PAGE_JOBS.get((id(db), page))
+        if job is None or job.done():
+            job = _PAGE_JOBS[id(db), page] = _PAGE_WORK.submit(run)
+        return job
 
 
 @st.cache_data(show_spinner="Replaying reactive scale-up…", max_entries=32)

@@ -353,3 +353,35 @@ def test_the_cost_pages_work_started_with_its_html_is_the_pages_own(incident_sto
     table = shown_tables(at)[0]
     assert dict(zip(table["tenant"], table["GPU seconds"], strict=True)) == {
         r["key"]: f"{r['gpu_ns'] / 1e9:,.1f}" for r in want["rows"]}
+
+
+def test_a_burst_of_html_requests_queues_a_pages_work_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a client sends, a page's early work (data.start_page_work) is queued once while it is queued or
+    running: a thousand requests for the page's HTML return the same job, which runs once; another store's page gets
+    its own job; once a job is done, the next request starts the work again."""
+    import threading
+    from types import SimpleNamespace
+    from typing import cast
+
+    gate, runs = threading.Event(), []
+
+    def work(db: object) -> None:
+        runs.append(db)
+        assert gate.wait(60)
+
+    monkeypatch.setitem(data.PAGE_WORK, "capacity", work)
+    db, other = (cast(data.Bench, SimpleNamespace(pending=set())) for _ in range(2))
+    try:
+        jobs = [data.start_page_work(db, "capacity") for _ in range(1000)]
+        first = jobs[0]
+        assert first is not None and all(job is first for job in jobs)
+        theirs = data.start_page_work(other, "capacity")
+        assert theirs is not None and theirs is not first
+    finally:
+        gate.set()  # a failure above leaves no job waiting on the gate
+    first.result(60)
+    theirs.result(60)
+    again = data.start_page_work(db, "capacity")
+    assert again is not None and again is not first
+    again.result(60)
+    assert [r is db for r in runs] == [True, False, True]
