@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,28 +369,25 @@ class Workbench:
         finally:
             self.overview_warmed.set()
             self.warmed.set()  # the cost sweep below is not waited for
+        self.warm_behind()
+
+    def warm_behind(self) -> None:
+        """The warm-up's steps after the Overview's numbers, once per opening: the Cost page's sweep, then the
+        unfiltered Capacity page."""
         self.warm_cost()
+        self.warm_capacity()
 
     def warm_cost(self) -> None:
         """Start `prewarm_cost` in its own (non-daemon) thread, `cost_warm`: an interpreter exiting meanwhile waits
         for its DuckDB queries instead of ending under them."""
-        def run() -> None:
-            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
-                prewarm_cost(self)
-
-        self.cost_warm = _WARM_COST.submit(run)
-        self.warm_capacity()
+        self.cost_warm = _WARM_COST.submit(_quietly(prewarm_cost, self))
 
     def warm_capacity(self) -> None:
         """Start `prewarm_capacity` in the same thread after the cost sweep, `capacity_warm`: the unfiltered Capacity
         page's curve (its workload read and about thirty replays: 2-3 CPU-s at 1.4 M requests), computed once per
         opening (not per refresh: a refresh that changed the data leaves it unused), so that a first visit of the
         page finds it instead of waiting for it."""
-        def run() -> None:
-            with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
-                prewarm_capacity(self)
-
-        self.capacity_warm = _WARM_COST.submit(run)
+        self.capacity_warm = _WARM_COST.submit(_quietly(prewarm_capacity, self))
 
     def _start_worker(self) -> None:
         if self.worker is not None and self.worker.is_alive():
@@ -430,7 +427,7 @@ class Workbench:
         with contextlib.suppress(Exception):  # a cache warm-up must never take the server down
             _IMPORTED.wait(IMPORT_WAIT_S)
             prewarm(self)
-        self.warm_cost()
+        self.warm_behind()
 
     def loading_note(self) -> str | None:
         """A sentence for the pages while critical paths are still being computed, else None."""
@@ -1365,6 +1362,16 @@ _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-page")
 _WARM_COST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailscope-warm-cost")
 
 
+def _quietly(work: Callable[[Any], None], db: Any) -> Callable[[], None]:
+    """`work(db)` with any failure swallowed, for work done ahead of a page: a cache warm-up must never take the
+    server down, and the page computes (and reports) whatever failed itself."""
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            work(db)
+
+    return run
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def cost_started(_db: Bench, store: str, version: int, filters: Filters, by: str, bucket_s: int,
                  gpu_hour_usd: float | None, keys: tuple[str, ...] | None = None
@@ -1500,15 +1507,10 @@ def start_page_work(db: Bench, page: str) -> Future[None] | None:
     work = PAGE_WORK.get(page)
     if work is None or getattr(db, "pending", None):
         return None
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # the page computes (and reports) it itself
-            work(db)
-
     with _PAGE_JOBS_LOCK:
         job = _PAGE_JOBS.get((id(db), page))
         if job is None or job.done():
-            job = _PAGE_JOBS[id(db), page] = _PAGE_WORK.submit(run)
+            job = _PAGE_JOBS[id(db), page] = _PAGE_WORK.submit(_quietly(work, db))
         return job
 
 
