@@ -236,6 +236,13 @@ def test_each_page_names_the_scripts_of_the_elements_its_first_render_draws(inci
     monkeypatch.setenv("TAILSCOPE_STORE", str(incident_store))
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
+    # the pages as drawn once the store's critical paths are computed (until then the replay pages stop early)
+    from dashboard import data
+
+    wb = data.workbench(str(data.store_path([])))  # the session's own (cached) workbench
+    if wb.worker is not None:
+        wb.worker.join(300)
+    assert not wb.pending
     pages = sorted(p.stem for p in (ROOT / "dashboard" / "app_pages").glob("*.py") if p.stem != "__init__")
     for page in pages:
         at.switch_page(f"app_pages/{page}.py").run()
